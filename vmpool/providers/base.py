@@ -1,0 +1,221 @@
+"""What vmpool asks of a cloud, and how it tells a failure worth retrying from one that is not.
+
+Workers call a provider outside Redis (DESIGN.md: "Provider calls happen outside Redis"),
+so everything here is about the provider's own contract:
+
+- ``create_vm`` is idempotent by name: a worker killed mid-create, or a job RQ runs twice,
+  calls it again with the same name and must get the same VM back, never a second one.
+- ``destroy_vm`` answers whether it destroyed something, and destroying twice is fine, so
+  the destroy job and the reconciler may both run.
+- ``inventory`` lists every VM the provider holds, so the reconciler can find VMs nobody
+  recorded (leaks) and records whose VM vanished.
+- A failure says whether retrying can help (:func:`is_permanent_error`), ported from
+  vmpooler's ``permanent_error?``, so the worker fails a request at once on a missing
+  template rather than burning every retry.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    from redis import Redis
+
+    from vmpool.keys import Keys
+
+__all__ = [
+    "PROVIDER_CLASSES",
+    "PROVIDER_NAME_RE",
+    "PermanentProviderError",
+    "Provider",
+    "ProviderError",
+    "ProviderVM",
+    "TransientProviderError",
+    "is_permanent_error",
+    "make_provider",
+    "providers_from_config",
+    "validate_provider_name",
+]
+
+# A provider's name becomes part of Redis keys (the simulated provider's inventory), so it
+# is held to the same alphabet as pool names: nothing that could split or glob a key.
+PROVIDER_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+
+# The provider classes make_provider knows. vmpooler names a provider instance in
+# ``:providers:`` and picks its implementation with ``provider_class``.
+PROVIDER_CLASSES = ("simulated",)
+
+
+class ProviderError(Exception):
+    """A provider call failed. ``permanent`` says retrying the same call cannot help."""
+
+    permanent: bool = False
+
+    def __init__(self, message: str, *, permanent: bool | None = None) -> None:
+        super().__init__(message)
+        if permanent is not None:
+            self.permanent = permanent
+
+
+class PermanentProviderError(ProviderError):
+    """Retrying cannot help: template not found, bad provider configuration, ..."""
+
+    permanent = True
+
+
+class TransientProviderError(ProviderError):
+    """The cloud hiccupped (API timeout, capacity, a flaky create); a retry may succeed."""
+
+    permanent = False
+
+
+# vmpooler's permanent_error? patterns, verbatim in meaning: messages a cloud SDK gives
+# when the request itself is wrong, whatever exception class carries them.
+_PERMANENT_MESSAGE_PATTERNS = tuple(
+    re.compile(pattern, re.IGNORECASE)
+    for pattern in (
+        r"template.*not found",
+        r"invalid.*path",
+        r"permission.*denied",
+        r"authentication.*failed",
+        r"configuration.*error",
+    )
+)
+
+# Ruby's ArgumentError / NoMethodError / NameError are programming or configuration
+# mistakes, never a cloud's mood; these are their Python analogues.
+_PERMANENT_EXCEPTION_TYPES: tuple[type[BaseException], ...] = (
+    TypeError,
+    AttributeError,
+    NameError,
+    ValueError,
+)
+
+
+def is_permanent_error(exc: BaseException) -> bool:
+    """True when retrying the failed provider call cannot help (vmpooler's ``permanent_error?``).
+
+    An explicit :class:`ProviderError` verdict wins over the message: a provider that says
+    "transient" knows better than a regex. Anything else is judged by its message and type.
+    """
+    if isinstance(exc, ProviderError):
+        if exc.permanent:
+            return True
+        # A transient ProviderError may still carry a message that gives it away (a
+        # wrapped SDK error); vmpooler checks the message of every error.
+        return _message_is_permanent(str(exc))
+    if _message_is_permanent(str(exc)):
+        return True
+    return isinstance(exc, _PERMANENT_EXCEPTION_TYPES)
+
+
+def _message_is_permanent(message: str) -> bool:
+    return any(pattern.search(message) for pattern in _PERMANENT_MESSAGE_PATTERNS)
+
+
+def validate_provider_name(name: str) -> str:
+    """Reject a provider name that could not safely be part of a Redis key."""
+    if not isinstance(name, str) or not PROVIDER_NAME_RE.match(name):
+        raise PermanentProviderError(
+            f"configuration error: invalid provider name {name!r}"
+            " (1-128 letters, digits, '-', '_' or '.')"
+        )
+    return name
+
+
+@dataclass(frozen=True)
+class ProviderVM:
+    """A VM as the cloud sees it. ``hostname`` is the bare name: the caller adds a domain.
+
+    ``state`` is ``"booting"`` until the VM answers, then ``"running"``; it is a snapshot
+    taken when the provider was asked, not a live view.
+    """
+
+    name: str
+    pool: str
+    template: str
+    state: str
+    created_at: float
+    hostname: str
+
+
+@runtime_checkable
+class Provider(Protocol):
+    """The calls vmpool makes on a cloud. Structural, so tests may pass any fake."""
+
+    name: str
+
+    def create_vm(self, pool: str, template: str, name: str) -> ProviderVM:
+        """Create VM ``name``; if it already exists, return it instead of making another."""
+        ...
+
+    def vm_ready(self, pool: str, name: str) -> bool:
+        """True once the VM has booted and would accept a connection."""
+        ...
+
+    def destroy_vm(self, pool: str, name: str) -> bool:
+        """Destroy the VM; True if it destroyed one, False if there was no such VM."""
+        ...
+
+    def get_vm(self, pool: str, name: str) -> ProviderVM | None:
+        """The VM as the cloud sees it now, or None if it holds no such VM."""
+        ...
+
+    def inventory(self) -> list[ProviderVM]:
+        """Every VM this provider instance holds, all pools."""
+        ...
+
+
+class _ProviderConfigLike(Protocol):
+    """What :func:`providers_from_config` reads of a ``vmpool.config.ProviderConfig``."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def provider_class(self) -> str: ...
+
+    @property
+    def options(self) -> Mapping[str, Any]: ...
+
+
+class _ConfigLike(Protocol):
+    """What :func:`providers_from_config` reads of the whole configuration."""
+
+    @property
+    def providers(self) -> Mapping[str, _ProviderConfigLike]: ...
+
+
+def make_provider(
+    redis: Redis,
+    keys: Keys,
+    name: str,
+    provider_class: str,
+    options: Mapping[str, Any],
+) -> Provider:
+    """Build one named provider instance; an unknown class is a configuration error.
+
+    The error is permanent because no retry makes an unknown class known: the caller (the
+    config loader, a worker starting up) should stop and say so.
+    """
+    validate_provider_name(name)
+    if provider_class == "simulated":
+        # Imported here because simulated.py imports this module.
+        from vmpool.providers.simulated import SimulatedProvider
+
+        return SimulatedProvider(redis, keys, name, options)
+    raise PermanentProviderError(
+        f"configuration error: provider {name!r} has unknown provider_class"
+        f" {provider_class!r} (known: {', '.join(PROVIDER_CLASSES)})"
+    )
+
+
+def providers_from_config(redis: Redis, keys: Keys, config: _ConfigLike) -> dict[str, Provider]:
+    """Every provider instance the configuration names, keyed as pools refer to them."""
+    return {
+        key: make_provider(redis, keys, provider.name, provider.provider_class, provider.options)
+        for key, provider in config.providers.items()
+    }

@@ -1,0 +1,389 @@
+"""A fake cloud whose VMs live in Redis, so workers, the API and the auditor share one view.
+
+Why Redis and not process memory: vmpool runs many worker processes (maybe on several
+machines); a VM one of them created must be visible to the one that destroys it and to the
+reconciler that audits the inventory. Why the server's clock (``TIME``) and not the local
+one: processes on different machines must agree on when a VM finished booting.
+
+Why deterministic: every random decision about a VM (its boot time, whether its create
+fails, whether it never becomes ready, whether the n-th destroy attempt fails) comes from
+``random.Random(f"{seed}:{provider}:{name}:{what}")``. A seeded chaos run therefore
+repeats exactly whatever order the workers happen to run in, and no global random state
+is touched.
+
+Storage (see vmpool/keys.py)::
+
+    keys.sim_vm(provider, name)      hash  name, pool, template, state, created_at,
+                                           ready_at, never_ready, destroy_attempts
+    keys.sim_inventory(provider)     set   every name the provider holds
+
+Invariant: a name is in the inventory set if and only if its hash exists. Create and
+destroy keep it by writing both in one Lua script; nothing else writes these keys.
+
+The stored ``state`` field is always ``booting``; the state a reader sees is derived from
+``ready_at`` against the server clock at read time, so no process has to flip it.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from vmpool.keys import validate_pool_name, validate_vm_name
+from vmpool.providers.base import (
+    PermanentProviderError,
+    ProviderVM,
+    TransientProviderError,
+    validate_provider_name,
+)
+
+if TYPE_CHECKING:
+    from redis import Redis
+
+    from vmpool.keys import Keys
+
+__all__ = ["SimulatedOptions", "SimulatedProvider"]
+
+log = logging.getLogger(__name__)
+
+# -- Lua scripts ---------------------------------------------------------------------------
+# Kept inline rather than as .lua files so they ship with the module whatever the
+# package-data globs say.
+
+_CREATE_LUA = """
+-- create: write one simulated VM unless it already exists.
+-- KEYS[1]  the VM hash (keys.sim_vm(provider, name))
+-- KEYS[2]  the provider's inventory set (keys.sim_inventory(provider))
+-- ARGV     name, pool, template, boot_seconds (decimal string), never_ready ("0"|"1")
+-- returns  {created (1 new | 0 existed), server time "%.6f", HGETALL of the VM hash...}
+-- invariant: the name is in KEYS[2] iff KEYS[1] exists; both change here together, so
+--   two racing creates of one name make exactly one VM and the loser gets the winner's.
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+local now_s = string.format('%.6f', now)
+if redis.call('EXISTS', KEYS[1]) == 1 then
+  return {0, now_s, redis.call('HGETALL', KEYS[1])}
+end
+redis.call('HSET', KEYS[1],
+  'name', ARGV[1], 'pool', ARGV[2], 'template', ARGV[3], 'state', 'booting',
+  'created_at', now_s,
+  'ready_at', string.format('%.6f', now + tonumber(ARGV[4])),
+  'never_ready', ARGV[5], 'destroy_attempts', '0')
+redis.call('SADD', KEYS[2], ARGV[1])
+return {1, now_s, redis.call('HGETALL', KEYS[1])}
+"""
+
+_DESTROY_ATTEMPT_LUA = """
+-- destroy_attempt: count one more attempt to destroy a VM, without resurrecting it.
+-- KEYS[1]  the VM hash
+-- ARGV     (none)
+-- returns  the attempt number (1, 2, ...), or 0 when the VM does not exist
+-- invariant: never creates the hash (a bare HINCRBY on a destroyed VM would).
+if redis.call('EXISTS', KEYS[1]) == 0 then
+  return 0
+end
+return redis.call('HINCRBY', KEYS[1], 'destroy_attempts', 1)
+"""
+
+_DESTROY_LUA = """
+-- destroy: remove one simulated VM.
+-- KEYS[1]  the VM hash
+-- KEYS[2]  the provider's inventory set
+-- ARGV[1]  the VM name
+-- returns  1 if a VM was destroyed, 0 if there was none (destroying twice is fine)
+-- invariant: the hash and the inventory membership go together.
+local existed = redis.call('DEL', KEYS[1])
+local member = redis.call('SREM', KEYS[2], ARGV[1])
+if existed == 1 or member == 1 then
+  return 1
+end
+return 0
+"""
+
+# The options the simulated provider reads; anything else in its config block is logged
+# and ignored, as vmpooler providers ignore options meant for others.
+_KNOWN_OPTIONS = frozenset(
+    {
+        "boot_seconds",
+        "create_fail_percent",
+        "ready_fail_percent",
+        "destroy_fail_percent",
+        "seed",
+        "create_latency_seconds",
+        "permanent_fail_templates",
+    }
+)
+
+
+def _config_error(message: str) -> PermanentProviderError:
+    return PermanentProviderError(f"configuration error: simulated provider: {message}")
+
+
+def _number(options: Mapping[str, Any], key: str, default: float, low: float = 0.0) -> float:
+    value = options.get(key, default)
+    # bool is an int in Python; "create_fail_percent: yes" is a mistake, not 1%.
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise _config_error(f"{key} must be a number, got {value!r}")
+    number = float(value)
+    if not math.isfinite(number) or number < low:
+        raise _config_error(f"{key} must be a finite number >= {low:g}, got {value!r}")
+    return number
+
+
+def _percent(options: Mapping[str, Any], key: str) -> float:
+    value = _number(options, key, 0.0)
+    if value > 100:
+        raise _config_error(f"{key} must be between 0 and 100, got {value!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class SimulatedOptions:
+    """The validated options of one simulated provider instance (see CONTRACT.md)."""
+
+    boot_min_s: float = 1.0
+    boot_max_s: float = 3.0
+    create_fail_percent: float = 0.0
+    ready_fail_percent: float = 0.0
+    destroy_fail_percent: float = 0.0
+    seed: int = 0
+    create_latency_s: float = 0.0
+    permanent_fail_templates: frozenset[str] = frozenset()
+
+    @classmethod
+    def parse(cls, options: Mapping[str, Any]) -> SimulatedOptions:
+        """Validate a raw options mapping; a bad value is a permanent configuration error."""
+        unknown = sorted(str(key) for key in options if key not in _KNOWN_OPTIONS)
+        if unknown:
+            log.warning("simulated provider: ignoring unknown options %s", ", ".join(unknown))
+
+        boot = options.get("boot_seconds", [1, 3])
+        if isinstance(boot, Sequence) and not isinstance(boot, str):
+            if len(boot) != 2:
+                raise _config_error(f"boot_seconds must be a number or [min, max], got {boot!r}")
+            boot_min = _number({"boot_seconds": boot[0]}, "boot_seconds", 0.0)
+            boot_max = _number({"boot_seconds": boot[1]}, "boot_seconds", 0.0)
+            if boot_min > boot_max:
+                raise _config_error(f"boot_seconds [min, max] has min > max: {boot!r}")
+        else:
+            boot_min = boot_max = _number(options, "boot_seconds", 0.0)
+
+        seed = options.get("seed", 0)
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            raise _config_error(f"seed must be an integer, got {seed!r}")
+
+        templates = options.get("permanent_fail_templates", ())
+        if isinstance(templates, str) or not isinstance(templates, Sequence | frozenset | set):
+            raise _config_error(
+                f"permanent_fail_templates must be a list of template names, got {templates!r}"
+            )
+        if not all(isinstance(template, str) for template in templates):
+            raise _config_error(
+                f"permanent_fail_templates must hold template names, got {templates!r}"
+            )
+
+        return cls(
+            boot_min_s=boot_min,
+            boot_max_s=boot_max,
+            create_fail_percent=_percent(options, "create_fail_percent"),
+            ready_fail_percent=_percent(options, "ready_fail_percent"),
+            destroy_fail_percent=_percent(options, "destroy_fail_percent"),
+            seed=seed,
+            create_latency_s=_number(options, "create_latency_seconds", 0.0),
+            permanent_fail_templates=frozenset(templates),
+        )
+
+
+class SimulatedProvider:
+    """A provider whose cloud is a pair of Redis keys per instance name.
+
+    Names are unique within one provider instance (as hostnames are in a real cloud), so
+    lookups go by name alone; the ``pool`` argument of get/ready/destroy is accepted for
+    the provider interface and not used as a filter, so a caller that recorded a VM under
+    the wrong pool can still find and destroy it.
+    """
+
+    def __init__(
+        self, redis: Redis, keys: Keys, name: str, options: Mapping[str, Any] | None = None
+    ) -> None:
+        self.name = validate_provider_name(name)
+        self.options = SimulatedOptions.parse(options or {})
+        self._redis = redis
+        self._keys = keys
+        self._create_script = redis.register_script(_CREATE_LUA)
+        self._destroy_attempt_script = redis.register_script(_DESTROY_ATTEMPT_LUA)
+        self._destroy_script = redis.register_script(_DESTROY_LUA)
+
+    def __repr__(self) -> str:
+        return f"SimulatedProvider(name={self.name!r}, options={self.options!r})"
+
+    # -- deterministic decisions -----------------------------------------------------------
+    def _rng(self, vm_name: str, what: str) -> random.Random:
+        """The one source of randomness for a decision about one VM: seeded, never global."""
+        return random.Random(f"{self.options.seed}:{self.name}:{vm_name}:{what}")
+
+    def _roll(self, vm_name: str, what: str, percent: float) -> bool:
+        # random() is in [0, 1): 0% never fires, 100% always does.
+        return percent > 0 and self._rng(vm_name, what).random() * 100 < percent
+
+    def boot_seconds_for(self, vm_name: str) -> float:
+        """How long VM ``vm_name`` takes to boot under this provider's seed."""
+        low, high = self.options.boot_min_s, self.options.boot_max_s
+        if low == high:
+            return low
+        return self._rng(vm_name, "boot").uniform(low, high)
+
+    def create_fails_for(self, vm_name: str) -> bool:
+        """Whether creating VM ``vm_name`` fails (create_fail_percent), under this seed."""
+        return self._roll(vm_name, "create", self.options.create_fail_percent)
+
+    def never_ready_for(self, vm_name: str) -> bool:
+        """Whether VM ``vm_name`` never becomes ready (ready_fail_percent), under this seed."""
+        return self._roll(vm_name, "ready", self.options.ready_fail_percent)
+
+    def destroy_fails_for(self, vm_name: str, attempt: int) -> bool:
+        """Whether the ``attempt``-th destroy of VM ``vm_name`` fails (destroy_fail_percent)."""
+        return self._roll(vm_name, f"destroy:{attempt}", self.options.destroy_fail_percent)
+
+    # -- the provider interface ------------------------------------------------------------
+    def create_vm(self, pool: str, template: str, name: str) -> ProviderVM:
+        """Create VM ``name`` in ``pool`` from ``template``, or return it if it exists.
+
+        Raises PermanentProviderError for a template listed in ``permanent_fail_templates``
+        and TransientProviderError for a seeded create failure; neither leaves anything in
+        the inventory.
+        """
+        validate_vm_name(name)
+        validate_pool_name(pool)
+        if template in self.options.permanent_fail_templates:
+            raise PermanentProviderError(
+                f"simulated provider {self.name!r}: template {template!r} not found"
+            )
+        if self.options.create_latency_s > 0:
+            time.sleep(self.options.create_latency_s)
+        if self.create_fails_for(name):
+            # A VM planted under this name (leak_vm) still exists: idempotence wins.
+            existing = self.get_vm(pool, name)
+            if existing is not None:
+                return existing
+            raise TransientProviderError(
+                f"simulated create failure for VM {name!r} in pool {pool!r}"
+                f" (provider {self.name!r})"
+            )
+        return self._write(
+            pool, template, name, self.boot_seconds_for(name), self.never_ready_for(name)
+        )
+
+    def vm_ready(self, pool: str, name: str) -> bool:
+        """True once the VM's boot time has passed on the server clock.
+
+        A VM that does not exist is not ready (False, not an error): the worker's boot
+        timeout then fails it, as vmpooler's failed socket check does.
+        """
+        vm = self.get_vm(pool, name)
+        return vm is not None and vm.state == "running"
+
+    def destroy_vm(self, pool: str, name: str) -> bool:
+        """Destroy the VM; True if one was destroyed, False if there was none.
+
+        A seeded failure (destroy_fail_percent) raises TransientProviderError and leaves
+        the VM in place; each attempt is counted in the VM's hash so the n-th retry gets
+        its own decision and a retried destroy eventually succeeds.
+        """
+        vm_key = self._keys.sim_vm(self.name, name)
+        attempt = int(self._destroy_attempt_script(keys=[vm_key]))
+        if attempt == 0:
+            return False
+        if self.destroy_fails_for(name, attempt):
+            raise TransientProviderError(
+                f"simulated destroy failure for VM {name!r} (attempt {attempt},"
+                f" provider {self.name!r})"
+            )
+        destroyed = self._destroy_script(
+            keys=[vm_key, self._keys.sim_inventory(self.name)], args=[name]
+        )
+        return bool(int(destroyed))
+
+    def get_vm(self, pool: str, name: str) -> ProviderVM | None:
+        """The VM as of the server's clock now, or None if the provider holds no such VM."""
+        pipe = self._redis.pipeline(transaction=True)
+        pipe.hgetall(self._keys.sim_vm(self.name, name))
+        pipe.time()
+        fields, server_time = pipe.execute()
+        if not fields:
+            return None
+        return self._to_vm(_decoded(fields), _seconds(server_time))
+
+    def inventory(self) -> list[ProviderVM]:
+        """Every VM this provider instance holds, all pools, sorted by name."""
+        members = self._redis.smembers(self._keys.sim_inventory(self.name))
+        names = sorted(_text(member) for member in members)
+        if not names:
+            return []
+        pipe = self._redis.pipeline(transaction=True)
+        for name in names:
+            pipe.hgetall(self._keys.sim_vm(self.name, name))
+        pipe.time()
+        *records, server_time = pipe.execute()
+        now = _seconds(server_time)
+        # A name destroyed between SMEMBERS and the pipeline has an empty hash: skip it.
+        return [self._to_vm(_decoded(fields), now) for fields in records if fields]
+
+    # -- test and chaos hooks --------------------------------------------------------------
+    def leak_vm(self, pool: str, template: str, name: str) -> ProviderVM:
+        """For tests and chaos runs: plant a VM nobody asked for, as a real cloud leaks one.
+
+        It skips every seeded failure and boots at once, so a reconciler test sees a
+        running VM that no vmpool record mentions.
+        """
+        validate_vm_name(name)
+        validate_pool_name(pool)
+        return self._write(pool, template, name, 0.0, False)
+
+    def count(self) -> int:
+        """For tests and chaos runs: how many VMs this provider holds."""
+        return int(self._redis.scard(self._keys.sim_inventory(self.name)))
+
+    # -- internals -------------------------------------------------------------------------
+    def _write(
+        self, pool: str, template: str, name: str, boot_s: float, never_ready: bool
+    ) -> ProviderVM:
+        reply = self._create_script(
+            keys=[self._keys.sim_vm(self.name, name), self._keys.sim_inventory(self.name)],
+            args=[name, pool, template, f"{boot_s:.6f}", "1" if never_ready else "0"],
+        )
+        _created, now, flat = reply
+        fields = dict(zip(flat[::2], flat[1::2], strict=True))
+        return self._to_vm(_decoded(fields), float(_text(now)))
+
+    @staticmethod
+    def _to_vm(fields: Mapping[str, str], now: float) -> ProviderVM:
+        ready = fields.get("never_ready") != "1" and float(fields["ready_at"]) <= now
+        return ProviderVM(
+            name=fields["name"],
+            pool=fields["pool"],
+            template=fields["template"],
+            state="running" if ready else "booting",
+            created_at=float(fields["created_at"]),
+            hostname=fields["name"],
+        )
+
+
+def _seconds(server_time: tuple[int, int]) -> float:
+    """A Redis TIME reply (seconds, microseconds) as float seconds."""
+    seconds, micros = server_time
+    return float(seconds) + float(micros) / 1_000_000
+
+
+def _text(value: str | bytes) -> str:
+    """Replies are str with decode_responses=True; accept a bytes client as well."""
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _decoded(fields: Mapping[Any, Any]) -> dict[str, str]:
+    return {_text(key): _text(value) for key, value in fields.items()}
