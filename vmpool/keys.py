@@ -110,6 +110,10 @@ class Keys:
     def vm_fence(self, name: str) -> str:
         return self.vm(name) + ":fence"
 
+    def vm_prefix(self) -> str:
+        """Prefix of VM hashes; scripts append a VM name to reach a request's VMs."""
+        return f"{self.prefix}:vm:"
+
     def vm_pattern(self) -> str:
         return f"{self.prefix}:vm:*"
 

@@ -1,0 +1,164 @@
+-- _prelude.lua: helpers shared by every store script. The store prepends the
+-- transition tables (vmpool/transitions.py: REQUEST_EDGES, VM_EDGES) and this file to
+-- each script body, so every script enforces the same table.
+--
+-- Calling convention of every store script:
+--   KEYS[1] request hash      KEYS[2] request VM set    KEYS[3] request audit stream
+--   KEYS[4] request fence     KEYS[5] open-request index (zset, score = fail_at)
+--   KEYS[6] provision queue (zset, score = created)
+--   KEYS[7] VM hash           KEYS[8] VM fence          (VM scripts only)
+--   ARGV[1] prefix of the per-pool VM indexes ("vmpool:pool:"; POOL:STATE appended)
+--   ARGV[2] prefix of VM hashes ("vmpool:vm:"; NAME appended)
+--   ARGV[3] actor (who asks: "api", "worker:<id>/<job>", "cli", ...)
+--   ARGV[4] request id; script-specific arguments from ARGV[5] on.
+-- The per-pool indexes and the VMs of a request are reached through the prefixes, not
+-- declared keys: vmpool runs on a single primary, not on Redis Cluster.
+--
+-- Every script returns {1, code, version} when it changed something, {0, code} when it
+-- refused; code says why. A refusal changes nothing.
+--
+-- Invariants protected here for all scripts: a missing record is never recreated
+-- (every script loads and checks its hash first); a status only moves along an edge of
+-- the table; every change bumps the request's version and appends one audit entry in
+-- the same atomic unit; time is the Redis server's TIME, never the caller's clock.
+
+local POOL_PREFIX = ARGV[1]
+local VM_PREFIX = ARGV[2]
+local ACTOR = ARGV[3]
+local RID = ARGV[4]
+
+local function server_now()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) + tonumber(t[2]) / 1000000
+end
+
+local function fmt(x)
+  return string.format('%.6f', x)
+end
+
+local function refuse(code)
+  return {0, code}
+end
+
+local function load_hash(key)
+  local flat = redis.call('HGETALL', key)
+  if #flat == 0 then
+    return nil
+  end
+  local h = {}
+  for i = 1, #flat, 2 do
+    h[flat[i]] = flat[i + 1]
+  end
+  return h
+end
+
+-- A fencing token of '' means "not taken under a lock"; otherwise it must be at least
+-- the newest grant, so a holder whose lock expired (and was granted again) is refused.
+local function fence_ok(fence_key, token)
+  if token == nil or token == '' then
+    return true
+  end
+  local current = tonumber(redis.call('GET', fence_key) or '0')
+  return tonumber(token) >= current
+end
+
+-- Appends one audit entry and bumps the request's version: contiguous versions are how
+-- the audit proves no transition was lost or made twice.
+local function audit(entity, from, to, reason, now)
+  local v = redis.call('HINCRBY', KEYS[1], 'version', 1)
+  redis.call('XADD', KEYS[3], '*', 'entity', entity, 'from', from, 'to', to,
+    'version', tostring(v), 'actor', ACTOR, 'reason', reason, 'time', fmt(now))
+  return v
+end
+
+local function pool_index(pool, state)
+  return POOL_PREFIX .. pool .. ':' .. state
+end
+
+-- Moves a VM along one edge of VM_EDGES and keeps its pool index in step.
+-- Returns false (and changes nothing) when the edge does not exist.
+local function move_vm(vm_key, vm, to, now, score, reason)
+  local from = vm.state
+  if not VM_EDGES[from] or not VM_EDGES[from][to] then
+    return false
+  end
+  if from ~= 'none' then
+    redis.call('ZREM', pool_index(vm.pool, from), vm.name)
+  end
+  if to ~= 'destroyed' then
+    redis.call('ZADD', pool_index(vm.pool, to), score, vm.name)
+  end
+  redis.call('HSET', vm_key, 'state', to, 'state_since', fmt(now))
+  if reason ~= '' then
+    redis.call('HSET', vm_key, 'reason', reason)
+  end
+  vm.state = to
+  return true
+end
+
+-- Moves the request's status along one edge of REQUEST_EDGES, with its audit entry.
+-- Returns the new version, or false when the edge does not exist.
+local function set_status(req, to, reason, now)
+  local from = req.status
+  if not REQUEST_EDGES[from] or not REQUEST_EDGES[from][to] then
+    return false
+  end
+  redis.call('HSET', KEYS[1], 'status', to, 'status_since', fmt(now))
+  req.status = to
+  return audit('request', from, to, reason, now)
+end
+
+-- Sends every live VM of the request to destruction (state completed).
+local function release_vms(reason, now)
+  local released = 0
+  for _, name in ipairs(redis.call('SMEMBERS', KEYS[2])) do
+    local vm_key = VM_PREFIX .. name
+    local vm = load_hash(vm_key)
+    if vm and (vm.state == 'reserved' or vm.state == 'pending' or vm.state == 'running') then
+      local from = vm.state
+      move_vm(vm_key, vm, 'completed', now, now, reason)
+      audit('vm:' .. name, from, 'completed', reason, now)
+      released = released + 1
+    end
+  end
+  return released
+end
+
+-- The request left the open set: drop it from the indexes and give its keys a TTL so
+-- Redis does not grow with history. The tombstone outlives any job that may still
+-- name the request (data_ttl, hours), so no late writer can find the key missing.
+local function close_request(ttl_s)
+  redis.call('ZREM', KEYS[5], RID)
+  redis.call('ZREM', KEYS[6], RID)
+  local ms = math.floor(ttl_s * 1000)
+  for i = 1, 4 do
+    redis.call('PEXPIRE', KEYS[i], ms)
+  end
+end
+
+local function fulfil(req, now)
+  local v = set_status(req, 'ready', 'all VMs ready', now)
+  -- a ready request must outlive its VMs' lifetime before it becomes a tombstone
+  close_request(tonumber(req.data_ttl) + tonumber(req.lifetime))
+  return v
+end
+
+local function fail_request(req, reason, now)
+  local v = set_status(req, 'failed', reason, now)
+  redis.call('HSET', KEYS[1], 'failure_reason', reason)
+  release_vms('request failed', now)
+  close_request(tonumber(req.data_ttl))
+  return tonumber(redis.call('HGET', KEYS[1], 'version')) or v
+end
+
+-- Expiry checks readiness inside the same unit: a request whose VMs are all attached
+-- is fulfilled, never failed.
+local function expire_or_fulfil(req, now)
+  if tonumber(req.have) >= tonumber(req.need) then
+    return 'fulfilled', fulfil(req, now)
+  end
+  local reason = 'The request failed to provision instances within the configured'
+    .. ' ondemand_request_ttl'
+  return 'failed', fail_request(req, reason, now)
+end
+

@@ -1,0 +1,45 @@
+-- create_request.lua: a new on-demand request, its data and its queue entries at once.
+-- KEYS: 1-6 as in _prelude.lua.
+-- ARGV: 1-4 as in _prelude.lua; 5 slots "alias:pool:n,alias:pool:n" (vmpooler's
+--   `requested` format); 6 ttl seconds; 7 grace seconds; 8 max_vm_retries;
+--   9 VM lifetime seconds; 10 data_ttl seconds; 11 token user ('' for none);
+--   12 token hash ('' for none).
+-- Returns: {1, 'created', version} or {0, 'exists' | 'empty'}.
+-- Invariant: the request's data and its index entries appear in one unit, so no worker
+-- can see an id without its data (vmpooler ZADDs before it HSETs); an id that exists,
+-- tombstones included, is never overwritten.
+if redis.call('EXISTS', KEYS[1]) == 1 then
+  return refuse('exists')
+end
+local now = server_now()
+local need = 0
+local fields = {}
+for alias, pool, n in string.gmatch(ARGV[5], '([^:,]+):([^:,]+):(%d+)') do
+  local count = tonumber(n)
+  if count > 0 then
+    need = need + count
+    local slot = alias .. ':' .. pool
+    fields['want:' .. slot] = (fields['want:' .. slot] or 0) + count
+    fields['live:' .. slot] = 0
+    fields['have:' .. slot] = 0
+  end
+end
+if need == 0 then
+  return refuse('empty')
+end
+local deadline = now + tonumber(ARGV[6])
+local fail_at = deadline + tonumber(ARGV[7])
+redis.call('HSET', KEYS[1],
+  'id', RID, 'status', 'none', 'version', 0, 'created', fmt(now),
+  'deadline', fmt(deadline), 'fail_at', fmt(fail_at), 'requested', ARGV[5],
+  'need', need, 'have', 0, 'unreserved', need, 'retries', 0, 'max_retries', ARGV[8],
+  'lifetime', ARGV[9], 'data_ttl', ARGV[10], 'token_user', ARGV[11],
+  'token_hash', ARGV[12], 'created_by', ACTOR)
+for field, value in pairs(fields) do
+  redis.call('HSET', KEYS[1], field, value)
+end
+local req = {status = 'none'}
+local v = set_status(req, 'pending', 'created', now)
+redis.call('ZADD', KEYS[5], fmt(fail_at), RID)
+redis.call('ZADD', KEYS[6], fmt(now), RID)
+return {1, 'created', v}

@@ -1,0 +1,28 @@
+-- end_vm_lifetime.lua: a running VM reached the end of its lifetime (running ->
+-- completed).
+-- KEYS: 1-8 as in _prelude.lua.
+-- ARGV: 1-4 as in _prelude.lua; 5 VM name; 6 '1' to end it now whatever its
+--   lifetime (operator action), else '0'.
+-- Returns: {1, 'completed', version} or {0, 'no_vm' | 'wrong_request' | 'vm_<state>' |
+--   'not_expired'}.
+-- Invariant: a VM of a ready request is destroyed only after the request is deleted or
+-- the VM's own lifetime (read from its record, against the server clock) is over.
+local vm = load_hash(KEYS[7])
+if not vm then
+  return refuse('no_vm')
+end
+if vm.request_id ~= RID then
+  return refuse('wrong_request')
+end
+if vm.state ~= 'running' then
+  return refuse('vm_' .. vm.state)
+end
+local now = server_now()
+if ARGV[6] ~= '1' and now < tonumber(vm.lifetime_end) then
+  return refuse('not_expired')
+end
+move_vm(KEYS[7], vm, 'completed', now, now, 'lifetime ended')
+if redis.call('EXISTS', KEYS[1]) == 0 then
+  return {1, 'completed', -1}
+end
+return {1, 'completed', audit('vm:' .. vm.name, 'running', 'completed', 'lifetime ended', now)}

@@ -1,0 +1,51 @@
+-- reserve_vm.lua: the intent record of one VM, written before the provider is called.
+-- KEYS: 1-8 as in _prelude.lua.
+-- ARGV: 1-4 as in _prelude.lua; 5 VM name; 6 alias; 7 pool; 8 template; 9 provider;
+--   10 domain ('' for none); 11 fencing token of the request's lock ('' for none).
+-- Returns: {1, 'reserved', version} or {0, 'no_request' | 'stale_fence' |
+--   'request_<status>' | 'past_deadline' | 'no_such_slot' | 'slot_full' | 'name_taken'}.
+-- Invariant: a request never has more live VMs in a slot than it asked for; a VM name
+-- is unique across the fleet (a record, tombstones included, is never reused); nothing
+-- is reserved for a request that is not pending or whose TTL has passed; a paused lock
+-- holder whose lock was granted again is refused.
+local req = load_hash(KEYS[1])
+if not req then
+  return refuse('no_request')
+end
+if not fence_ok(KEYS[4], ARGV[11]) then
+  return refuse('stale_fence')
+end
+if req.status ~= 'pending' then
+  return refuse('request_' .. req.status)
+end
+local now = server_now()
+if now >= tonumber(req.deadline) then
+  return refuse('past_deadline')
+end
+local slot = ARGV[6] .. ':' .. ARGV[7]
+local want = tonumber(req['want:' .. slot])
+if not want then
+  return refuse('no_such_slot')
+end
+if tonumber(req['live:' .. slot]) >= want then
+  return refuse('slot_full')
+end
+if redis.call('EXISTS', KEYS[7]) == 1 then
+  return refuse('name_taken')
+end
+local name = ARGV[5]
+local hostname = name
+if ARGV[10] ~= '' then
+  hostname = name .. '.' .. ARGV[10]
+end
+redis.call('HSET', KEYS[7], 'name', name, 'request_id', RID, 'alias', ARGV[6],
+  'pool', ARGV[7], 'template', ARGV[8], 'provider', ARGV[9], 'hostname', hostname,
+  'attempt', tonumber(req.retries) + 1, 'reserved_at', fmt(now),
+  'data_ttl', req.data_ttl, 'state', 'none')
+move_vm(KEYS[7], {name = name, pool = ARGV[7], state = 'none'}, 'reserved', now, now, '')
+redis.call('SADD', KEYS[2], name)
+redis.call('HINCRBY', KEYS[1], 'live:' .. slot, 1)
+if redis.call('HINCRBY', KEYS[1], 'unreserved', -1) <= 0 then
+  redis.call('ZREM', KEYS[6], RID)
+end
+return {1, 'reserved', audit('vm:' .. name, 'none', 'reserved', 'reserved', now)}

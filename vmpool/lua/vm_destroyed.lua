@@ -1,0 +1,29 @@
+-- vm_destroyed.lua: the provider destroyed the VM (completed -> destroyed). The record
+-- stays as a tombstone for data_ttl so its name is not reused.
+-- KEYS: 1-8 as in _prelude.lua.
+-- ARGV: 1-4 as in _prelude.lua; 5 VM name; 6 fencing token of the VM's lock ('').
+-- Returns: {1, 'destroyed', version} or {0, 'no_vm' | 'wrong_request' |
+--   'stale_fence' | 'vm_<state>'}.
+-- Invariant: only a VM already released (completed) is recorded destroyed; a running
+-- VM of a live request can never be marked destroyed.
+local vm = load_hash(KEYS[7])
+if not vm then
+  return refuse('no_vm')
+end
+if vm.request_id ~= RID then
+  return refuse('wrong_request')
+end
+if not fence_ok(KEYS[8], ARGV[6]) then
+  return refuse('stale_fence')
+end
+if vm.state ~= 'completed' then
+  return refuse('vm_' .. vm.state)
+end
+local now = server_now()
+move_vm(KEYS[7], vm, 'destroyed', now, now, '')
+redis.call('HSET', KEYS[7], 'destroyed_at', fmt(now))
+redis.call('PEXPIRE', KEYS[7], math.floor(tonumber(vm.data_ttl) * 1000))
+if redis.call('EXISTS', KEYS[1]) == 0 then
+  return {1, 'destroyed', -1}
+end
+return {1, 'destroyed', audit('vm:' .. vm.name, 'completed', 'destroyed', 'destroyed', now)}

@@ -1,0 +1,47 @@
+-- vm_failed.lua: a create or a boot failed (reserved|pending -> completed). Within
+-- max_vm_retries the slot is freed for a new reservation; past it, or on a permanent
+-- error, the request fails and all its VMs are released.
+-- KEYS: 1-8 as in _prelude.lua.
+-- ARGV: 1-4 as in _prelude.lua; 5 VM name; 6 fencing token of the VM's lock ('');
+--   7 reason; 8 '1' when the error is permanent (retrying cannot help), else '0'.
+-- Returns: {1, 'retry' | 'request_failed' | 'completed', version} or
+--   {0, 'no_vm' | 'wrong_request' | 'stale_fence' | 'vm_<state>'}.
+-- Invariant: only a pending request is failed (a ready one never); retries are counted
+-- once per failed VM, however many workers report it.
+local vm = load_hash(KEYS[7])
+if not vm then
+  return refuse('no_vm')
+end
+if vm.request_id ~= RID then
+  return refuse('wrong_request')
+end
+if not fence_ok(KEYS[8], ARGV[6]) then
+  return refuse('stale_fence')
+end
+if vm.state ~= 'reserved' and vm.state ~= 'pending' then
+  return refuse('vm_' .. vm.state)
+end
+local now = server_now()
+local from = vm.state
+local reason = ARGV[7]
+move_vm(KEYS[7], vm, 'completed', now, now, reason)
+redis.call('HSET', KEYS[7], 'error', reason)
+local req = load_hash(KEYS[1])
+if not req then
+  return {1, 'completed', -1}
+end
+local v = audit('vm:' .. vm.name, from, 'completed', reason, now)
+if req.status ~= 'pending' then
+  return {1, 'completed', v}
+end
+redis.call('HINCRBY', KEYS[1], 'live:' .. vm.alias .. ':' .. vm.pool, -1)
+if ARGV[8] == '1' then
+  return {1, 'request_failed', fail_request(req, 'Configuration error: ' .. reason, now)}
+end
+if tonumber(req.retries) >= tonumber(req.max_retries) then
+  return {1, 'request_failed', fail_request(req, 'Max retry attempts exceeded', now)}
+end
+redis.call('HINCRBY', KEYS[1], 'retries', 1)
+redis.call('HINCRBY', KEYS[1], 'unreserved', 1)
+redis.call('ZADD', KEYS[6], req.created, RID)
+return {1, 'retry', v}

@@ -1,0 +1,51 @@
+-- vm_ready.lua: the provider says the VM booted. Attach it to its request and fulfil
+-- the request if it was the last one, or send it to destruction.
+-- KEYS: 1-8 as in _prelude.lua.
+-- ARGV: 1-4 as in _prelude.lua; 5 VM name; 6 fencing token of the VM's lock ('').
+-- Returns: {1, 'running' | 'fulfilled', version} when attached; {1, 'completed',
+--   version} when the request is not pending, or its time (TTL + grace) is up, in
+--   which case the request is failed here and all its VMs released; or
+--   {0, 'no_vm' | 'wrong_request' | 'stale_fence' | 'vm_<state>'}.
+-- Invariant: a VM is attached only to a pending request within its time, in the same
+-- unit that checks it; a terminal request is never resurrected by a late VM; the
+-- request turns ready in the same unit as its last VM, never on a later sweep.
+local vm = load_hash(KEYS[7])
+if not vm then
+  return refuse('no_vm')
+end
+if vm.request_id ~= RID then
+  return refuse('wrong_request')
+end
+if not fence_ok(KEYS[8], ARGV[6]) then
+  return refuse('stale_fence')
+end
+if vm.state ~= 'pending' then
+  return refuse('vm_' .. vm.state)
+end
+local now = server_now()
+local req = load_hash(KEYS[1])
+if not req or req.status ~= 'pending' then
+  local why = 'request ' .. ((req and req.status) or 'missing')
+  move_vm(KEYS[7], vm, 'completed', now, now, why)
+  if not req then
+    return {1, 'completed', -1}
+  end
+  return {1, 'completed', audit('vm:' .. vm.name, 'pending', 'completed', why, now)}
+end
+if now >= tonumber(req.fail_at) then
+  -- The request's time is up and this VM is not attached, so it cannot be complete
+  -- unless it already was: expire it here rather than leave it to the sweep.
+  local _, v = expire_or_fulfil(req, now)
+  return {1, 'completed', v}
+end
+local lifetime_end = now + tonumber(req.lifetime)
+move_vm(KEYS[7], vm, 'running', now, fmt(lifetime_end), '')
+redis.call('HSET', KEYS[7], 'ready_at', fmt(now), 'lifetime_end', fmt(lifetime_end))
+local slot = vm.alias .. ':' .. vm.pool
+redis.call('HINCRBY', KEYS[1], 'have:' .. slot, 1)
+req.have = redis.call('HINCRBY', KEYS[1], 'have', 1)
+local v = audit('vm:' .. vm.name, 'pending', 'running', 'ready', now)
+if tonumber(req.have) >= tonumber(req.need) then
+  return {1, 'fulfilled', fulfil(req, now)}
+end
+return {1, 'running', v}

@@ -1,0 +1,496 @@
+"""The state store: every change of a request or a VM is one Lua script.
+
+Each method below runs one script from ``vmpool/lua/`` (their headers state keys,
+arguments, returns and the invariant each protects). A script checks its precondition
+(the record exists, the status, the deadline, the fencing token) and makes the change
+in one atomic unit, with the request's version bump and audit entry. A refused change
+comes back as an ``Outcome`` with ``ok=False`` and a ``code`` saying why; nothing here
+raises for a refusal.
+
+Nothing else in vmpool writes a status: not the API, not a job, not the CLI.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from importlib import resources
+from typing import Any
+
+import redis
+from redis.commands.core import Script
+
+from vmpool.keys import Keys, validate_pool_name, validate_request_id, validate_vm_name
+from vmpool.transitions import lua_tables
+
+SCRIPT_NAMES = (
+    "create_request",
+    "reserve_vm",
+    "vm_created",
+    "vm_ready",
+    "vm_failed",
+    "expire_request",
+    "delete_request",
+    "end_vm_lifetime",
+    "vm_destroyed",
+)
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, bytes):
+        return value.decode()
+    return str(value)
+
+
+def _float(value: Any, default: float | None = None) -> float | None:
+    if value is None or value == "" or value == b"":
+        return default
+    return float(_text(value))
+
+
+@dataclass(frozen=True)
+class Slot:
+    """Part of a request: ``count`` VMs of ``pool``, asked for under the name ``alias``."""
+
+    alias: str
+    pool: str
+    count: int
+
+    @property
+    def key(self) -> str:
+        return f"{self.alias}:{self.pool}"
+
+
+def encode_slots(slots: Iterable[Slot]) -> str:
+    """vmpooler's ``requested`` format: ``alias:pool:n,alias:pool:n``."""
+    merged: dict[tuple[str, str], int] = {}
+    for slot in slots:
+        validate_pool_name(slot.alias)
+        validate_pool_name(slot.pool)
+        if slot.count < 0:
+            raise ValueError(f"negative count for {slot.alias}")
+        merged[(slot.alias, slot.pool)] = merged.get((slot.alias, slot.pool), 0) + slot.count
+    return ",".join(f"{a}:{p}:{n}" for (a, p), n in merged.items() if n > 0)
+
+
+def decode_slots(requested: str) -> list[Slot]:
+    slots = []
+    for part in requested.split(","):
+        if part:
+            alias, pool, count = part.rsplit(":", 2)
+            slots.append(Slot(alias, pool, int(count)))
+    return slots
+
+
+@dataclass(frozen=True)
+class RequestSettings:
+    """Per-request policy, fixed when the request is created and kept in its record,
+    so that every later transition applies the policy the request was accepted under."""
+
+    ttl_s: float
+    grace_s: float = 0.0
+    max_vm_retries: int = 3
+    vm_lifetime_s: float = 12 * 3600
+    data_ttl_s: float = 168 * 3600
+
+    @classmethod
+    def from_config(cls, config: Any, *, authenticated: bool = False) -> RequestSettings:
+        return cls(
+            ttl_s=float(config.ondemand_request_ttl_s),
+            grace_s=float(config.ondemand_request_grace_s),
+            max_vm_retries=int(config.max_vm_retries),
+            vm_lifetime_s=float(
+                config.vm_lifetime_auth_s if authenticated else config.vm_lifetime_s
+            ),
+            data_ttl_s=float(config.data_ttl_s),
+        )
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What a transition did: ``ok`` and a ``code`` (``created``, ``fulfilled``,
+    ``request_failed``...), or a refusal (``ok=False``) whose code says why."""
+
+    ok: bool
+    code: str
+    version: int | None = None
+
+    @classmethod
+    def from_reply(cls, reply: Sequence[Any]) -> Outcome:
+        ok = int(reply[0]) == 1
+        version = int(reply[2]) if len(reply) > 2 and reply[2] is not None else None
+        if version is not None and version < 0:
+            version = None  # the request record had already expired
+        return cls(ok, _text(reply[1]), version)
+
+
+@dataclass(frozen=True)
+class VMRecord:
+    name: str
+    request_id: str
+    alias: str
+    pool: str
+    template: str
+    provider: str
+    hostname: str
+    state: str
+    state_since: float | None
+    attempt: int
+    reserved_at: float | None
+    created_at: float | None
+    ready_at: float | None
+    lifetime_end: float | None
+    reason: str
+    error: str
+
+    @classmethod
+    def from_hash(cls, h: Mapping[str, str]) -> VMRecord:
+        return cls(
+            name=h["name"],
+            request_id=h.get("request_id", ""),
+            alias=h.get("alias", ""),
+            pool=h.get("pool", ""),
+            template=h.get("template", ""),
+            provider=h.get("provider", ""),
+            hostname=h.get("hostname", h["name"]),
+            state=h.get("state", ""),
+            state_since=_float(h.get("state_since")),
+            attempt=int(h.get("attempt", "1") or 1),
+            reserved_at=_float(h.get("reserved_at")),
+            created_at=_float(h.get("created_at")),
+            ready_at=_float(h.get("ready_at")),
+            lifetime_end=_float(h.get("lifetime_end")),
+            reason=h.get("reason", ""),
+            error=h.get("error", ""),
+        )
+
+
+@dataclass(frozen=True)
+class SlotState:
+    alias: str
+    pool: str
+    want: int
+    live: int
+    have: int
+
+
+@dataclass(frozen=True)
+class RequestRecord:
+    id: str
+    status: str
+    version: int
+    created: float
+    deadline: float
+    fail_at: float
+    requested: str
+    slots: tuple[SlotState, ...]
+    need: int
+    have: int
+    unreserved: int
+    retries: int
+    max_retries: int
+    failure_reason: str
+    token_user: str
+    token_hash: str
+    vm_names: tuple[str, ...] = field(default=())
+
+    @classmethod
+    def from_hash(cls, h: Mapping[str, str], vm_names: Iterable[str] = ()) -> RequestRecord:
+        slots = tuple(
+            SlotState(
+                s.alias,
+                s.pool,
+                int(h.get(f"want:{s.key}", s.count)),
+                int(h.get(f"live:{s.key}", 0)),
+                int(h.get(f"have:{s.key}", 0)),
+            )
+            for s in decode_slots(h.get("requested", ""))
+        )
+        return cls(
+            id=h["id"],
+            status=h.get("status", ""),
+            version=int(h.get("version", 0)),
+            created=float(h.get("created", 0)),
+            deadline=float(h.get("deadline", 0)),
+            fail_at=float(h.get("fail_at", 0)),
+            requested=h.get("requested", ""),
+            slots=slots,
+            need=int(h.get("need", 0)),
+            have=int(h.get("have", 0)),
+            unreserved=int(h.get("unreserved", 0)),
+            retries=int(h.get("retries", 0)),
+            max_retries=int(h.get("max_retries", 0)),
+            failure_reason=h.get("failure_reason", ""),
+            token_user=h.get("token_user", ""),
+            token_hash=h.get("token_hash", ""),
+            vm_names=tuple(sorted(vm_names)),
+        )
+
+
+@dataclass(frozen=True)
+class AuditEntry:
+    stream_id: str
+    entity: str
+    src: str
+    dst: str
+    version: int
+    actor: str
+    reason: str
+    time: float
+
+
+def _decode_hash(raw: Mapping[Any, Any]) -> dict[str, str]:
+    return {_text(k): _text(v) for k, v in raw.items()}
+
+
+class Store:
+    """The request/VM state in Redis, changed only through checked atomic scripts.
+
+    ``redis`` may or may not decode responses; ``keys`` fixes the prefix. The store
+    keeps no state of its own beyond the registered scripts, so one per process (or per
+    thread) is fine.
+    """
+
+    def __init__(self, redis_client: redis.Redis, keys: Keys) -> None:
+        self.redis = redis_client
+        self.keys = keys
+        prelude = lua_tables() + _read_lua("_prelude")
+        self._scripts: dict[str, Script] = {
+            name: redis_client.register_script(prelude + _read_lua(name))
+            for name in SCRIPT_NAMES
+        }
+
+    # -- plumbing -------------------------------------------------------------------
+    def _request_keys(self, request_id: str) -> list[str]:
+        k = self.keys
+        return [
+            k.request(request_id),
+            k.request_vms(request_id),
+            k.request_audit(request_id),
+            k.request_fence(request_id),
+            k.open_requests,
+            k.provision_queue,
+        ]
+
+    def _run(
+        self,
+        script: str,
+        request_id: str,
+        actor: str,
+        args: Sequence[Any] = (),
+        vm_name: str | None = None,
+    ) -> Outcome:
+        keys = self._request_keys(request_id)
+        if vm_name is not None:
+            keys += [self.keys.vm(vm_name), self.keys.vm_fence(vm_name)]
+        argv = [
+            self.keys.pool_state_prefix(),
+            self.keys.vm_prefix(),
+            actor,
+            request_id,
+            *args,
+        ]
+        reply = self._scripts[script](keys=keys, args=argv)
+        return Outcome.from_reply(reply)
+
+    def _run_vm(self, script: str, name: str, actor: str, args: Sequence[Any] = ()) -> Outcome:
+        # A VM's request id is written once, at reservation, and never changes: reading
+        # it before the script is not a check-then-act gap (the script re-checks it).
+        raw = self.redis.hget(self.keys.vm(validate_vm_name(name)), "request_id")
+        if raw is None:
+            return Outcome(False, "no_vm")
+        return self._run(script, _text(raw), actor, args, vm_name=name)
+
+    @staticmethod
+    def _fence(token: int | None) -> str:
+        return "" if token is None else str(int(token))
+
+    # -- transitions ------------------------------------------------------------------
+    def create_request(
+        self,
+        request_id: str,
+        slots: Sequence[Slot],
+        settings: RequestSettings,
+        *,
+        actor: str,
+        token_user: str = "",
+        token_hash: str = "",
+    ) -> Outcome:
+        validate_request_id(request_id)
+        requested = encode_slots(slots)
+        if not requested:
+            return Outcome(False, "empty")
+        return self._run(
+            "create_request",
+            request_id,
+            actor,
+            [
+                requested,
+                repr(float(settings.ttl_s)),
+                repr(float(settings.grace_s)),
+                int(settings.max_vm_retries),
+                repr(float(settings.vm_lifetime_s)),
+                repr(float(settings.data_ttl_s)),
+                token_user,
+                token_hash,
+            ],
+        )
+
+    def reserve_vm(
+        self,
+        request_id: str,
+        *,
+        name: str,
+        alias: str,
+        pool: str,
+        template: str,
+        provider: str,
+        domain: str | None,
+        actor: str,
+        fence: int | None = None,
+    ) -> Outcome:
+        validate_vm_name(name)
+        return self._run(
+            "reserve_vm",
+            request_id,
+            actor,
+            [name, alias, pool, template, provider, domain or "", self._fence(fence)],
+            vm_name=name,
+        )
+
+    def vm_created(self, name: str, *, actor: str, fence: int | None = None) -> Outcome:
+        return self._run_vm("vm_created", name, actor, [name, self._fence(fence)])
+
+    def vm_ready(self, name: str, *, actor: str, fence: int | None = None) -> Outcome:
+        return self._run_vm("vm_ready", name, actor, [name, self._fence(fence)])
+
+    def vm_failed(
+        self,
+        name: str,
+        reason: str,
+        *,
+        actor: str,
+        permanent: bool = False,
+        fence: int | None = None,
+    ) -> Outcome:
+        return self._run_vm(
+            "vm_failed", name, actor, [name, self._fence(fence), reason, "1" if permanent else "0"]
+        )
+
+    def expire_request(self, request_id: str, *, actor: str) -> Outcome:
+        return self._run("expire_request", request_id, actor)
+
+    def delete_request(self, request_id: str, *, actor: str, user: str = "") -> Outcome:
+        return self._run("delete_request", request_id, actor, [user])
+
+    def end_vm_lifetime(self, name: str, *, actor: str, force: bool = False) -> Outcome:
+        return self._run_vm("end_vm_lifetime", name, actor, [name, "1" if force else "0"])
+
+    def vm_destroyed(self, name: str, *, actor: str, fence: int | None = None) -> Outcome:
+        return self._run_vm("vm_destroyed", name, actor, [name, self._fence(fence)])
+
+    # -- reads --------------------------------------------------------------------------
+    def server_time(self) -> float:
+        seconds, micros = self.redis.time()
+        return float(seconds) + float(micros) / 1e6
+
+    def get_request(self, request_id: str) -> RequestRecord | None:
+        pipe = self.redis.pipeline(transaction=True)
+        pipe.hgetall(self.keys.request(request_id))
+        pipe.smembers(self.keys.request_vms(request_id))
+        raw, names = pipe.execute()
+        if not raw:
+            return None
+        return RequestRecord.from_hash(_decode_hash(raw), (_text(n) for n in names))
+
+    def get_vm(self, name: str) -> VMRecord | None:
+        raw = self.redis.hgetall(self.keys.vm(name))
+        return VMRecord.from_hash(_decode_hash(raw)) if raw else None
+
+    def get_vms(self, names: Iterable[str]) -> list[VMRecord]:
+        names = list(names)
+        if not names:
+            return []
+        pipe = self.redis.pipeline(transaction=False)
+        for name in names:
+            pipe.hgetall(self.keys.vm(name))
+        return [VMRecord.from_hash(_decode_hash(raw)) for raw in pipe.execute() if raw]
+
+    def request_vms(self, request_id: str) -> list[VMRecord]:
+        names = self.redis.smembers(self.keys.request_vms(request_id))
+        return self.get_vms(sorted(_text(n) for n in names))
+
+    def hostnames(self, request_id: str) -> dict[str, list[str]]:
+        """Hostnames (FQDN) of the VMs attached to the request, by the alias asked for."""
+        by_alias: dict[str, list[str]] = {}
+        for vm in self.request_vms(request_id):
+            if vm.state == "running":
+                by_alias.setdefault(vm.alias, []).append(vm.hostname)
+        return {alias: sorted(names) for alias, names in by_alias.items()}
+
+    def history(self, request_id: str) -> list[AuditEntry]:
+        entries = []
+        rows: list[Any] = self.redis.xrange(self.keys.request_audit(request_id)) or []
+        for stream_id, raw in rows:
+            h = _decode_hash(raw or {})
+            entries.append(
+                AuditEntry(
+                    stream_id=_text(stream_id),
+                    entity=h.get("entity", ""),
+                    src=h.get("from", ""),
+                    dst=h.get("to", ""),
+                    version=int(h.get("version", 0)),
+                    actor=h.get("actor", ""),
+                    reason=h.get("reason", ""),
+                    time=float(h.get("time", 0)),
+                )
+            )
+        return entries
+
+    def due_for_expiry(self, limit: int = 1000, now: float | None = None) -> list[str]:
+        """Pending requests whose time is up, by score range: the cost follows the
+        number due, not the number open. The script re-checks each one."""
+        now = self.server_time() if now is None else now
+        ids = self.redis.zrangebyscore(self.keys.open_requests, "-inf", now, start=0, num=limit)
+        return [_text(i) for i in ids]
+
+    def open_requests(self, limit: int | None = None) -> list[str]:
+        end = -1 if limit is None else limit - 1
+        return [_text(i) for i in self.redis.zrange(self.keys.open_requests, 0, end)]
+
+    def provision_candidates(self, limit: int = 1000) -> list[str]:
+        """Requests with unreserved slots, oldest first."""
+        ids = self.redis.zrange(self.keys.provision_queue, 0, limit - 1)
+        return [_text(i) for i in ids]
+
+    def pool_vms(
+        self,
+        pool: str,
+        state: str,
+        *,
+        max_score: float | None = None,
+        limit: int | None = None,
+    ) -> list[str]:
+        """VM names of a pool in a state. Scores: entry time for reserved, pending and
+        completed; lifetime end for running (so ``max_score=now`` finds the expired)."""
+        key = self.keys.pool_state(pool, state)
+        hi: float | str = "+inf" if max_score is None else max_score
+        if limit is None:
+            names = self.redis.zrangebyscore(key, "-inf", hi)
+        else:
+            names = self.redis.zrangebyscore(key, "-inf", hi, start=0, num=limit)
+        return [_text(n) for n in names]
+
+    def pool_counts(self, pools: Iterable[str]) -> dict[str, dict[str, int]]:
+        pools = list(pools)
+        states = ("reserved", "pending", "running", "completed")
+        pipe = self.redis.pipeline(transaction=False)
+        for pool in pools:
+            for state in states:
+                pipe.zcard(self.keys.pool_state(pool, state))
+        counts = iter(pipe.execute())
+        return {pool: {state: int(next(counts)) for state in states} for pool in pools}
+
+
+def _read_lua(name: str) -> str:
+    return resources.files("vmpool").joinpath("lua", f"{name}.lua").read_text()
