@@ -1,0 +1,70 @@
+"""Helpers shared by the store tests: drive a request through the real transitions."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from vmpool.store import Outcome, RequestSettings, Slot, Store
+
+ACTOR = "test"
+
+
+def settings(ttl_s: float = 300, **kw: float) -> RequestSettings:
+    return RequestSettings(ttl_s=ttl_s, **kw)  # type: ignore[arg-type]
+
+
+def make_request(
+    store: Store,
+    rid: str,
+    n: int = 2,
+    *,
+    pool: str = "debian",
+    alias: str = "deb",
+    ttl_s: float = 300,
+    reserve: bool = True,
+    created: bool = True,
+    **kw: float,
+) -> list[str]:
+    """Create a request of ``n`` VMs; reserve and create them; return the VM names."""
+    assert store.create_request(rid, [Slot(alias, pool, n)], settings(ttl_s, **kw), actor=ACTOR).ok
+    names = []
+    if reserve:
+        for i in range(n):
+            name = f"{rid.lower().replace('_', '-').replace('.', '-')}-vm{i}"
+            out = store.reserve_vm(
+                rid, name=name, alias=alias, pool=pool, template="t", provider="sim",
+                domain="example.com", actor=ACTOR,
+            )
+            assert out.ok, out
+            names.append(name)
+            if created:
+                assert store.vm_created(name, actor=ACTOR).code == "pending"
+    return names
+
+
+def wait_until(pred: Callable[[], bool], timeout: float = 5.0, step: float = 0.01) -> None:
+    """Poll ``pred`` until true; fail the test at the deadline (no bare sleeps)."""
+    deadline = time.monotonic() + timeout
+    while not pred():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met before the deadline")
+        time.sleep(step)
+
+
+def refused(out: Outcome, code: str) -> bool:
+    return (not out.ok) and out.code == code
+
+
+def snapshot(client: object) -> dict[str, tuple[bytes | None, bool]]:
+    """Every key's serialized value and whether it has a TTL: equal snapshots before
+    and after a call prove the call changed nothing."""
+    import redis
+
+    assert isinstance(client, redis.Redis)
+    out: dict[str, tuple[bytes | None, bool]] = {}
+    raw = redis.Redis(connection_pool=client.connection_pool)
+    for key in sorted(str(k) for k in client.keys("*")):
+        dumped = raw.execute_command("DUMP", key, NEVER_DECODE=True)
+        out[key] = (dumped, client.pttl(key) > 0)
+    return out
