@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import pytest
 import redis
-from storehelp import ACTOR, make_request, refused, settings, snapshot, wait_until
 
 from vmpool.audit import check_trail
 from vmpool.keys import InvalidIdentifier, Keys
 from vmpool.store import Slot, Store, decode_slots, encode_slots
+
+from storehelp import ACTOR, make_request, refused, settings, snapshot, wait_until
 
 
 @pytest.fixture

@@ -24,12 +24,13 @@ from typing import Any
 
 import pytest
 import redis
-from naive_store import NaiveStore
-from storehelp import ACTOR, make_request, wait_until
 
 from vmpool.audit import check_trail
 from vmpool.keys import Keys
 from vmpool.store import Store
+
+from naive_store import NaiveStore
+from storehelp import ACTOR, make_request, wait_until
 
 SEED = int(os.environ.get("VMPOOL_RACE_SEED", "20261202"))
 PROCS = 4

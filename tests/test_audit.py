@@ -1,0 +1,137 @@
+"""`vmpool audit` reports each kind of violation.
+
+Each test breaks the state ON PURPOSE by writing Redis directly (the only place in the
+project where a status is written outside the store) and checks that the audit names
+the invariant. A clean system audits clean, so the report is not a constant.
+"""
+
+from __future__ import annotations
+
+import pytest
+import redis
+from click.testing import CliRunner
+
+from vmpool.audit import audit_state
+from vmpool.cli import cli
+from vmpool.keys import Keys
+from vmpool.providers.simulated import SimulatedProvider
+from vmpool.store import Store
+
+from storehelp import ACTOR, make_request, wait_until
+
+
+@pytest.fixture
+def store(redis_client: redis.Redis, keys: Keys) -> Store:
+    return Store(redis_client, keys)
+
+
+@pytest.fixture
+def provider(redis_client: redis.Redis, keys: Keys) -> SimulatedProvider:
+    return SimulatedProvider(redis_client, keys, "simulated", {"boot_seconds": 0})
+
+
+def invariants(store: Store, provider: SimulatedProvider) -> set[int]:
+    return {v.invariant for v in audit_state(store, {"simulated": provider},
+                                             sweep_interval_s=0.5)}
+
+
+def forge(store: Store, rid: str, entity: str, src: str, dst: str, *, skip: int = 0) -> None:
+    """Test-only corruption: append an audit entry and set the status, bypassing the
+    store, as a buggy writer (vmpooler's API, say) would."""
+    key = store.keys.request(rid)
+    version = int(store.redis.hget(key, "version") or 0) + 1 + skip
+    store.redis.hset(key, "version", version)
+    if entity == "request":
+        store.redis.hset(key, "status", dst)
+    store.redis.xadd(store.keys.request_audit(rid), {
+        "entity": entity, "from": src, "to": dst, "version": version, "actor": "forger",
+        "reason": "test", "time": 0})
+
+
+def ready_request(store: Store, provider: SimulatedProvider, rid: str) -> list[str]:
+    names = make_request(store, rid, 2)
+    for name in names:
+        provider.create_vm("debian", "t", name)
+        assert store.vm_ready(name, actor=ACTOR).ok
+    return names
+
+
+def test_clean_state_audits_clean(store: Store, provider: SimulatedProvider) -> None:
+    ready_request(store, provider, "ok1")
+    make_request(store, "ok2", 1)
+    assert invariants(store, provider) == set()
+
+
+def test_reports_a_resurrected_terminal_request(store: Store, provider: SimulatedProvider) -> None:
+    make_request(store, "r1", 1)
+    store.delete_request("r1", actor=ACTOR)
+    forge(store, "r1", "request", "deleted", "ready")
+    assert 1 in invariants(store, provider)
+
+
+def test_reports_a_ready_request_failed(store: Store, provider: SimulatedProvider) -> None:
+    ready_request(store, provider, "r1")
+    forge(store, "r1", "request", "ready", "failed")
+    assert 2 in invariants(store, provider)
+
+
+def test_reports_a_ready_requests_vm_released_early(
+    store: Store, provider: SimulatedProvider
+) -> None:
+    names = ready_request(store, provider, "r1")
+    forge(store, "r1", f"vm:{names[0]}", "running", "completed")
+    assert 2 in invariants(store, provider)
+
+
+def test_reports_a_leaked_vm(store: Store, provider: SimulatedProvider) -> None:
+    provider.leak_vm("debian", "t", "nobody-owns-me")
+    assert invariants(store, provider) == {3}
+
+
+def test_reports_a_vm_in_two_requests(store: Store, provider: SimulatedProvider) -> None:
+    names = ready_request(store, provider, "r1")
+    make_request(store, "r2", 1)
+    store.redis.sadd(store.keys.request_vms("r2"), names[0])
+    assert 3 in invariants(store, provider)
+
+
+def test_reports_a_destroyed_vm_the_provider_still_holds(
+    store: Store, provider: SimulatedProvider
+) -> None:
+    names = ready_request(store, provider, "r1")
+    store.delete_request("r1", actor=ACTOR)
+    store.vm_destroyed(names[0], actor=ACTOR)  # recorded destroyed, provider never asked
+    assert 3 in invariants(store, provider)
+
+
+def test_reports_a_request_that_never_settles(store: Store, provider: SimulatedProvider) -> None:
+    make_request(store, "r1", 1, ttl_s=0.05)
+    rec = store.get_request("r1")
+    assert rec is not None
+    wait_until(lambda: store.server_time() > rec.fail_at + 0.6)
+    assert 4 in invariants(store, provider)
+
+
+def test_reports_a_version_gap(store: Store, provider: SimulatedProvider) -> None:
+    names = make_request(store, "r1", 1)
+    forge(store, "r1", f"vm:{names[0]}", "pending", "completed", skip=3)
+    assert 5 in invariants(store, provider)
+
+
+def test_reports_a_transition_not_in_the_table(store: Store, provider: SimulatedProvider) -> None:
+    names = make_request(store, "r1", 1)
+    forge(store, "r1", f"vm:{names[0]}", "pending", "destroyed")
+    assert 5 in invariants(store, provider)
+
+
+def test_cli_audit_exit_codes(redis_url: str, store: Store, provider: SimulatedProvider) -> None:
+    runner = CliRunner()
+    ok = runner.invoke(cli, ["audit", "--redis-url", redis_url])
+    assert ok.exit_code == 0, ok.output
+    assert "clean" in ok.output
+    provider.leak_vm("debian-12-x86_64", "t", "leaky-vm")
+    bad = runner.invoke(cli, ["audit", "--redis-url", redis_url])
+    assert bad.exit_code == 1
+    assert "invariant 3: vm leaky-vm" in bad.output
+    as_json = runner.invoke(cli, ["audit", "--json", "--redis-url", redis_url])
+    assert as_json.exit_code == 1 and '"invariant": 3' in as_json.output
