@@ -30,10 +30,17 @@ from types import MappingProxyType
 from typing import IO, Any, Final, TypeVar
 
 import click
+import redis
 import yaml
 
 from vmpool import __version__
-from vmpool.config import Config, ConfigError, load_config, validate_redis_url
+from vmpool.config import (
+    Config,
+    ConfigError,
+    load_config,
+    mask_url_password,
+    validate_redis_url,
+)
 
 __all__ = [
     "CliError",
@@ -44,6 +51,8 @@ __all__ = [
     "json_option",
     "load_cli_config",
     "main",
+    "open_redis",
+    "require_redis_url",
 ]
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -59,6 +68,12 @@ F = TypeVar("F", bound=Callable[..., Any])
 _LAZY_COMMANDS: Final[Mapping[str, str]] = MappingProxyType(
     {
         # "request": "vmpool.cli_request:request_group",
+        "up": "vmpool.cli_up:up_command",
+        "pools": "vmpool.cli_admin:pools_command",
+        "audit": "vmpool.cli_admin:audit_command",
+        "worker": "vmpool.cli_fleet:worker_command",
+        "scheduler": "vmpool.cli_fleet:scheduler_command",
+        "enqueue": "vmpool.cli_fleet:enqueue_command",
     }
 )
 
@@ -135,6 +150,32 @@ def load_cli_config(config_path: str | None, redis_url: str | None = None) -> Co
         return _load(config_path, redis_url)
     except ConfigError as exc:
         raise CliError(str(exc)) from None
+
+
+def require_redis_url(config: Config) -> str:
+    """The Redis URL a command must use; one line and exit 2 when there is none."""
+    if not config.redis_url:
+        raise CliError(
+            "no Redis to use: pass --redis-url URL, set VMPOOL_REDIS_URL,"
+            " or set :redis: url in the config"
+        )
+    return config.redis_url
+
+
+def open_redis(config: Config, *, decode_responses: bool = True) -> redis.Redis:
+    """A client for the configured Redis, checked with PING; unreachable: one line, exit 1.
+
+    The store works with either kind of client; RQ needs ``decode_responses=False``.
+    """
+    url = require_redis_url(config)
+    client = redis.Redis.from_url(
+        url, decode_responses=decode_responses, socket_connect_timeout=5, socket_timeout=30
+    )
+    try:
+        client.ping()
+    except redis.RedisError as exc:
+        raise CliFailure(f"cannot reach Redis at {mask_url_password(url)}: {exc}") from None
+    return client
 
 
 def echo_json(data: Any) -> None:

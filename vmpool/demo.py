@@ -1,0 +1,218 @@
+"""The scripted burst of `vmpool up --demo`: a client's-eye run of the whole system.
+
+It talks to the HTTP API like vmfloaty or ABS would (POST, poll GET, DELETE), with a
+mix of requests: most on healthy pools, some deleted while their VMs boot, some on a
+pool whose provider fails creates and boots. When every request has settled it
+releases the ready ones, waits for their VMs to be destroyed, and reports: requests by
+outcome, time to ready (p50/p95), VMs created and destroyed, and `vmpool audit`.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections import Counter
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import IO, Any
+
+from vmpool.audit import Violation, audit_state
+from vmpool.store import Store
+
+
+@dataclass
+class DemoRequest:
+    request_id: str
+    counts: dict[str, int]
+    created_at: float
+    delete_after_s: float | None = None
+    outcome: str = "pending"  # pending | ready | failed | deleted
+    ready_after_s: float | None = None
+    deleted_by_demo: bool = False
+
+
+@dataclass
+class DemoReport:
+    outcomes: Counter[str] = field(default_factory=Counter)
+    time_to_ready_s: list[float] = field(default_factory=list)
+    vms_created: int = 0
+    vms_destroyed: int = 0
+    violations: list[Violation] = field(default_factory=list)
+    elapsed_s: float = 0.0
+
+    def percentile(self, p: float) -> float | None:
+        data = sorted(self.time_to_ready_s)
+        if not data:
+            return None
+        index = min(len(data) - 1, max(0, round(p / 100 * (len(data) - 1))))
+        return data[index]
+
+    def lines(self) -> list[str]:
+        def fmt(x: float | None) -> str:
+            return "-" if x is None else f"{x:.1f}s"
+
+        outcome_text = ", ".join(f"{k} {v}" for k, v in sorted(self.outcomes.items()))
+        out = [
+            "vmpool demo report",
+            f"  requests:       {sum(self.outcomes.values())} ({outcome_text})",
+            f"  time to ready:  p50 {fmt(self.percentile(50))}, p95 {fmt(self.percentile(95))}",
+            f"  VMs:            {self.vms_created} created, {self.vms_destroyed} destroyed",
+            f"  elapsed:        {self.elapsed_s:.1f}s",
+        ]
+        if self.violations:
+            out.append(f"  audit:          {len(self.violations)} violation(s)")
+            out += [f"    {v.line()}" for v in self.violations]
+        else:
+            out.append("  audit:          clean (invariants 1-5 hold)")
+        return out
+
+
+class ApiClient:
+    """The few calls of vmpooler's v3 on-demand API the demo needs (stdlib only)."""
+
+    def __init__(self, base_url: str, token: str | None = None, timeout_s: float = 10.0) -> None:
+        self.base = base_url.rstrip("/") + "/api/v3"
+        self.token = token
+        self.timeout_s = timeout_s
+
+    def _call(self, method: str, path: str, body: Any = None) -> tuple[int, dict[str, Any]]:
+        data = json.dumps(body).encode() if body is not None else None
+        req = urllib.request.Request(self.base + path, data=data, method=method)
+        req.add_header("Content-Type", "application/json")
+        if self.token:
+            req.add_header("X-AUTH-TOKEN", self.token)
+        try:
+            with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
+                return resp.status, json.loads(resp.read() or b"{}")
+        except urllib.error.HTTPError as err:
+            return err.code, json.loads(err.read() or b"{}")
+
+    def create(self, counts: Mapping[str, int]) -> str:
+        status, body = self._call("POST", "/ondemandvm", {k: str(v) for k, v in counts.items()})
+        if status != 201 or not body.get("ok"):
+            raise RuntimeError(f"POST /ondemandvm answered {status}: {body}")
+        return str(body["request_id"])
+
+    def get(self, request_id: str) -> tuple[int, dict[str, Any]]:
+        return self._call("GET", f"/ondemandvm/{request_id}")
+
+    def delete(self, request_id: str) -> tuple[int, dict[str, Any]]:
+        return self._call("DELETE", f"/ondemandvm/{request_id}")
+
+
+def plan_burst(
+    pools: list[str], flaky_pools: list[str], rng: random.Random, total: int = 24
+) -> list[tuple[dict[str, int], float | None]]:
+    """(counts, delete_after_s) per request: a quarter deleted midway, a sixth flaky."""
+    plan: list[tuple[dict[str, int], float | None]] = []
+    for i in range(total):
+        if flaky_pools and i % 6 == 5:
+            counts = {rng.choice(flaky_pools): rng.randint(1, 3)}
+        else:
+            counts = {rng.choice(pools): rng.randint(1, 3)}
+            if rng.random() < 0.3:
+                counts[rng.choice(pools)] = counts.get(rng.choice(pools), 0) + 1
+        delete_after = rng.uniform(0.5, 2.5) if i % 4 == 3 else None
+        plan.append((counts, delete_after))
+    return plan
+
+
+def _progress(out: IO[str], requests: list[DemoRequest], elapsed: float) -> None:
+    c = Counter(r.outcome for r in requests)
+    line = (
+        f"\r  {elapsed:5.1f}s  pending {c['pending']:3d}  ready {c['ready']:3d}  "
+        f"failed {c['failed']:3d}  deleted {c['deleted']:3d}"
+    )
+    if out.isatty():
+        out.write(line)
+    else:
+        out.write(line.lstrip("\r") + "\n")
+    out.flush()
+
+
+def _count_vms(store: Store) -> tuple[int, int]:
+    created = destroyed = 0
+    prefix = store.keys.vm_prefix()
+    names = []
+    for key in store.redis.scan_iter(match=store.keys.vm_pattern(), count=1000):
+        text = key.decode() if isinstance(key, bytes) else str(key)
+        if text.count(":") == 2:
+            names.append(text[len(prefix) :])
+    for vm in store.get_vms(names):
+        if vm.created_at is not None:
+            created += 1
+        if vm.state == "destroyed" and vm.created_at is not None:
+            destroyed += 1
+    return created, destroyed
+
+
+def run_demo(
+    api: ApiClient,
+    store: Store,
+    providers: Mapping[str, Any],
+    *,
+    pools: list[str],
+    flaky_pools: list[str],
+    sweep_interval_s: float,
+    settle_timeout_s: float = 150.0,
+    seed: int = 1,
+    total: int = 24,
+    out: IO[str] | None = None,
+    clock: Callable[[], float] = time.monotonic,
+) -> DemoReport:
+    out = out or sys.stdout
+    rng = random.Random(seed)
+    start = clock()
+    requests: list[DemoRequest] = []
+    out.write(f"demo: {total} on-demand requests against {api.base}\n")
+    for counts, delete_after in plan_burst(pools, flaky_pools, rng, total):
+        rid = api.create(counts)
+        requests.append(DemoRequest(rid, counts, clock(), delete_after))
+
+    last_progress = 0.0
+    deadline = start + settle_timeout_s
+    while any(r.outcome == "pending" for r in requests) and clock() < deadline:
+        for r in requests:
+            if r.outcome != "pending":
+                continue
+            now = clock()
+            if r.delete_after_s is not None and now - r.created_at >= r.delete_after_s:
+                api.delete(r.request_id)
+                r.deleted_by_demo = True
+            status, body = api.get(r.request_id)
+            if status == 200 and body.get("ready"):
+                r.outcome, r.ready_after_s = "ready", now - r.created_at
+            elif status == 200:
+                message = str(body.get("message", ""))
+                r.outcome = "deleted" if "deleted" in message else "failed"
+        if clock() - last_progress >= 1.0:
+            _progress(out, requests, clock() - start)
+            last_progress = clock()
+        time.sleep(0.25)  # the polling period of this client, as vmfloaty's 5 s
+    _progress(out, requests, clock() - start)
+    out.write("\n")
+
+    # A client gives back what it got; then the fleet destroys it.
+    for r in requests:
+        if r.outcome == "ready":
+            api.delete(r.request_id)
+    out.write("demo: released the ready requests; waiting for their VMs to be destroyed\n")
+    while clock() < deadline + 60:
+        by_pool = store.pool_counts(pools + flaky_pools)
+        if all(sum(states.values()) == 0 for states in by_pool.values()):
+            break
+        time.sleep(0.5)
+
+    report = DemoReport()
+    for r in requests:
+        report.outcomes[r.outcome] += 1
+        if r.ready_after_s is not None:
+            report.time_to_ready_s.append(r.ready_after_s)
+    report.vms_created, report.vms_destroyed = _count_vms(store)
+    report.violations = audit_state(store, providers, sweep_interval_s=sweep_interval_s)
+    report.elapsed_s = clock() - start
+    return report
