@@ -1,0 +1,251 @@
+"""Job ids, dedup, reclaim, dispatch and the schedule, against a real Redis."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+from rq import Queue
+from rq.job import Job, JobStatus
+
+from vmpool.config import load_config
+from workers import queues as q
+from workers.jobs import noop
+from workers.schedule import FleetScheduler, read_schedule_log, schedule_intervals
+from workers.worker import FleetJob, build_worker, current_fleet
+
+
+@pytest.fixture
+def conn(redis_url: str, redis_client: redis.Redis) -> Iterator[redis.Redis]:
+    """A bytes client (as RQ needs) on the flushed test database."""
+    client = redis.Redis.from_url(redis_url)
+    try:
+        yield client
+    finally:
+        client.close()
+
+
+# -- ids --------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "subject",
+    ["abc", "a.b", "a_b", "a__b", "a_.b", "a._b", "x-y", "3f2a9c1e-0b6d-4d2e-9a7f-1c2b3d4e5f60"],
+)
+def test_encode_roundtrip(subject: str) -> None:
+    enc = q.encode_subject(subject)
+    assert all(c.isalnum() or c in "_-" for c in enc)
+    assert q.decode_subject(enc) == subject
+
+
+def test_encoding_is_injective_on_tricky_pairs() -> None:
+    pairs = [("a.b", "a_-b"), ("a_b", "a__b"), ("a._b", "a_.b"), ("a-b", "a.b")]
+    for left, right in pairs:
+        assert q.encode_subject(left) != q.encode_subject(right)
+
+
+def test_uuid_ids_are_left_readable() -> None:
+    rid = "3f2a9c1e-0b6d-4d2e-9a7f-1c2b3d4e5f60"
+    assert q.job_id("provision", rid) == f"provision-{rid}"
+    assert q.job_id("create-vm", "deb-abc") == "create-vm-deb-abc"
+    assert q.job_id("sweep") == "sweep"
+
+
+@pytest.mark.parametrize("bad", ["", "a:b", "a b", "{x}", "a/b"])
+def test_bad_subjects_refused(bad: str) -> None:
+    with pytest.raises(ValueError):
+        q.encode_subject(bad)
+
+
+def test_subject_arity_checked() -> None:
+    with pytest.raises(ValueError):
+        q.job_id("provision")
+    with pytest.raises(ValueError):
+        q.job_id("sweep", "x")
+    with pytest.raises(ValueError):
+        q.job_id("nonsense")
+
+
+def test_every_job_has_an_entry_point() -> None:
+    import workers.jobs
+
+    for spec in q.JOBS.values():
+        module, _, attr = spec.func.rpartition(".")
+        assert module == "workers.jobs"
+        assert callable(getattr(workers.jobs, attr))
+        assert spec.queue in q.QUEUES
+
+
+def test_resolve_queue_names() -> None:
+    assert q.resolve_queue_names(None) == list(q.QUEUES)
+    assert q.resolve_queue_names("vms,vmpool-sweeps") == ["vmpool-vms", "vmpool-sweeps"]
+    with pytest.raises(ValueError):
+        q.resolve_queue_names("nope")
+
+
+# -- dedup ------------------------------------------------------------------------------
+def test_at_most_one_queued_copy(conn: redis.Redis) -> None:
+    assert q.enqueue(conn, "provision", "r.1") is True
+    assert q.enqueue(conn, "provision", "r.1") is False
+    assert q.enqueue(conn, "provision", "r_1") is True  # a different subject
+    queue = Queue(q.QUEUE_REQUESTS, connection=conn)
+    assert sorted(queue.job_ids) == sorted([q.job_id("provision", "r.1"), "provision-r__1"])
+    job = Job.fetch(q.job_id("provision", "r.1"), connection=conn)
+    assert job.args == ("r.1",)
+    assert job.result_ttl == 0
+    assert job.failure_ttl == q.FAILURE_TTL
+
+
+def test_jobs_go_to_their_queues(conn: redis.Redis) -> None:
+    for name, spec in q.JOBS.items():
+        subject = {None: None, "request": "rid-1", "vm": "vm-1"}[spec.subject]
+        assert q.enqueue(conn, name, subject)
+    for queue_name in q.QUEUES:
+        ids = Queue(queue_name, connection=conn).job_ids
+        assert ids and all(q.JOBS[_job_of(i)].queue == queue_name for i in ids)
+
+
+def _job_of(jid: str) -> str:
+    longest_first = sorted(q.JOBS, key=len, reverse=True)
+    return next(n for n in longest_first if jid == n or jid.startswith(n + "-"))
+
+
+def test_running_job_is_not_requeued_but_a_finished_one_is(conn: redis.Redis) -> None:
+    assert q.enqueue(conn, "sweep")
+    job = Job.fetch("sweep", connection=conn)
+    job.set_status(JobStatus.STARTED)
+    conn.hset(job.key, q.HEARTBEAT_FIELD, f"{_server_now(conn):.3f}")
+    Queue(q.QUEUE_SWEEPS, connection=conn).remove(job)
+    assert q.enqueue(conn, "sweep") is False  # live: heartbeat fresh
+    job.delete()  # what result_ttl=0 does on success
+    assert q.enqueue(conn, "sweep") is True
+
+
+def test_failed_duplicate_is_reclaimed(conn: redis.Redis) -> None:
+    assert q.enqueue(conn, "reap")
+    job = Job.fetch("reap", connection=conn)
+    Queue(q.QUEUE_SWEEPS, connection=conn).remove(job)
+    job.set_status(JobStatus.FAILED)
+    assert q.enqueue(conn, "reap") is True
+    assert Queue(q.QUEUE_SWEEPS, connection=conn).job_ids == ["reap"]
+
+
+def test_stale_started_duplicate_is_reclaimed(conn: redis.Redis) -> None:
+    assert q.enqueue(conn, "destroy", "vm-9")
+    job = Job.fetch("destroy-vm-9", connection=conn)
+    Queue(q.QUEUE_VMS, connection=conn).remove(job)
+    job.set_status(JobStatus.STARTED)
+    stale = _server_now(conn) - q.STALE_AFTER_SECONDS - 1
+    conn.hset(job.key, q.HEARTBEAT_FIELD, f"{stale:.3f}")
+    assert q.enqueue(conn, "destroy", "vm-9") is True
+    assert Queue(q.QUEUE_VMS, connection=conn).job_ids == ["destroy-vm-9"]
+
+
+def test_started_without_heartbeat_is_left_alone(conn: redis.Redis) -> None:
+    assert q.enqueue(conn, "reconcile")
+    job = Job.fetch("reconcile", connection=conn)
+    Queue(q.QUEUE_SWEEPS, connection=conn).remove(job)
+    job.set_status(JobStatus.STARTED)
+    assert q.enqueue(conn, "reconcile") is False
+
+
+def test_dispatcher_enqueues_each_step(conn: redis.Redis) -> None:
+    d = q.RQDispatcher(conn)
+    d.provision_request("r1")
+    d.check_request("r1")
+    d.create_vm("vm-a")
+    d.check_pending_vm("vm-a")
+    d.destroy_vm("vm-a")
+    d.create_vm("vm-a")  # duplicate: silently absorbed
+    assert sorted(Queue(q.QUEUE_REQUESTS, connection=conn).job_ids) == [
+        "check-request-r1",
+        "provision-r1",
+    ]
+    assert Queue(q.QUEUE_VMS, connection=conn).job_ids == [
+        "create-vm-vm-a",
+        "check-pending-vm-a",
+        "destroy-vm-a",
+    ]
+
+
+def _server_now(conn: redis.Redis) -> float:
+    sec, usec = conn.time()
+    return float(sec) + float(usec) / 1e6
+
+
+# -- the worker's Fleet -----------------------------------------------------------------
+def test_current_fleet_outside_a_vmpool_worker() -> None:
+    with pytest.raises(RuntimeError, match="vmpool worker"):
+        current_fleet()
+
+
+CONFIG = """
+:providers:
+  :simulated:
+    boot_seconds: 0
+:config:
+  ondemand_request_ttl: 1
+:pools:
+  - name: deb
+    template: deb
+    size: 0
+    provider: simulated
+"""
+
+
+@pytest.mark.parametrize("kind", ["simple", "fork"])
+def test_worker_hands_its_fleet_to_jobs(
+    kind: str, conn: redis.Redis, redis_url: str, tmp_path: Path
+) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text(CONFIG)
+    config = load_config(path)
+    assert q.enqueue(conn, "provision-sweep")
+    queue = Queue(q.QUEUE_SWEEPS, connection=conn)
+    queue.enqueue(noop, job_id="plain-noop", result_ttl=60)
+    worker = build_worker(redis_url, config, [q.QUEUE_SWEEPS], kind=kind)
+    assert worker.job_class is FleetJob
+    assert worker.work(burst=True)
+    assert Job.fetch("plain-noop", connection=conn).get_status() == JobStatus.FINISHED
+    # the sweep ran with the Fleet (result_ttl=0: its hash is gone, not failed)
+    assert not conn.exists(Job.key_for("provision-sweep"))
+    assert worker.failed_job_count == 0
+
+
+# -- the schedule -----------------------------------------------------------------------
+def test_schedule_two_replicas_enqueue_each_sweep_once(conn: redis.Redis, tmp_path: Path) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text(CONFIG + ":schedule:\n  sweep: 60\n  reap: 60\n")
+    intervals = schedule_intervals(load_config(path).schedule)
+    a, b = FleetScheduler(conn, interval=1), FleetScheduler(conn, interval=1)
+    a.install(intervals)
+    b.install(intervals)  # idempotent: same six templates
+    assert conn.zcard(FleetScheduler.scheduled_jobs_key) == len(intervals)
+    a.enqueue_jobs()
+    b.enqueue_jobs()  # nothing is due any more
+    a.enqueue_jobs()
+    log = read_schedule_log(conn)
+    assert sorted(job for _, job, _, _ in log) == sorted(intervals)
+    assert all(done for _, _, done, _ in log)
+    assert sorted(Queue(q.QUEUE_SWEEPS, connection=conn).job_ids) == sorted(intervals)
+
+
+def test_doubled_tick_enqueues_once(conn: redis.Redis) -> None:
+    a, b = FleetScheduler(conn, interval=1), FleetScheduler(conn, interval=1)
+    a.install({"sweep": 0.2})
+    due = list(a.get_jobs_to_queue())
+    assert [j.id for j in due] == ["schedule-sweep"]
+    a.enqueue_job(due[0])
+    b.enqueue_job(due[0])  # a replica that read the same due entry (lock lost)
+    assert Queue(q.QUEUE_SWEEPS, connection=conn).job_ids == ["sweep"]
+    assert [done for _, _, done, _ in read_schedule_log(conn)] == [True, False]
+
+
+def test_reschedule_uses_the_interval(conn: redis.Redis) -> None:
+    s = FleetScheduler(conn, interval=1)
+    s.install({"reap": 30})
+    before = _server_now(conn)
+    s.enqueue_jobs()
+    score = conn.zscore(FleetScheduler.scheduled_jobs_key, "schedule-reap")
+    assert score is not None and before + 29 < score < time.time() + 31

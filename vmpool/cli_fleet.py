@@ -1,0 +1,232 @@
+"""``vmpool worker``, ``vmpool scheduler`` and ``vmpool enqueue``: the fleet's commands.
+
+Redis URL: ``--redis-url``, else ``VMPOOL_REDIS_URL``, else the config's ``:redis:``
+url; with none, one line and exit 2. See docs/architecture.md for what runs where.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import click
+import redis
+
+from vmpool.cli import (
+    CliError,
+    common_options,
+    echo_json,
+    json_option,
+    load_cli_config,
+    open_redis,
+    require_redis_url,
+)
+from vmpool.keys import InvalidIdentifier, Keys
+
+__all__ = ["enqueue_command", "scheduler_command", "worker_command"]
+
+# The forms CONTRACT.md names, plus every job by its own name.
+_ENQUEUE_CHOICES = (
+    "sweep",
+    "provision",
+    "check-request",
+    "check-pending",
+    "reap",
+    "create-vm",
+    "destroy",
+    "provision-sweep",
+    "check-pending-sweep",
+    "destroy-sweep",
+    "reconcile",
+)
+
+
+def _setup_logging(verbose: bool) -> None:
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO,
+        format="%(asctime)s %(process)d %(levelname)s %(name)s: %(message)s",
+    )
+
+
+@click.command("worker")
+@common_options
+@click.option("--burst", is_flag=True, help="Quit when the queues are empty.")
+@click.option(
+    "--queues",
+    "queues_text",
+    metavar="Q,...",
+    default=None,
+    help="Queues to listen to, in priority order: requests, sweeps, vms (default: all).",
+)
+@click.option(
+    "--fork/--no-fork",
+    default=False,
+    help="Fork a work horse per job (RQ's Worker) instead of running jobs in-process"
+    " (SimpleWorker, the default; see docs/benchmarks.md).",
+)
+@click.option("--max-jobs", type=click.IntRange(min=1), default=None, help="Quit after N jobs.")
+@click.option("--name", default=None, help="Worker name (default: host-pid-random).")
+@click.option("--verbose", "-v", is_flag=True, help="Debug logging.")
+def worker_command(
+    config_path: str | None,
+    redis_url: str | None,
+    burst: bool,
+    queues_text: str | None,
+    fork: bool,
+    max_jobs: int | None,
+    name: str | None,
+    verbose: bool,
+) -> None:
+    """Run one RQ worker process on the vmpool queues."""
+    from workers.queues import resolve_queue_names
+    from workers.worker import build_worker
+
+    config = load_cli_config(config_path, redis_url)
+    try:
+        queues = resolve_queue_names(queues_text)
+    except ValueError as exc:
+        raise CliError(f"--queues: {exc}") from None
+    open_redis(config).close()  # unreachable: one line, before RQ's own noise
+    _setup_logging(verbose)
+    worker = build_worker(
+        require_redis_url(config), config, queues, kind="fork" if fork else "simple", name=name
+    )
+    worker.work(burst=burst, max_jobs=max_jobs, logging_level="DEBUG" if verbose else "INFO")
+
+
+@click.command("scheduler")
+@common_options
+@click.option(
+    "--interval",
+    type=click.FloatRange(min=0.1, max=60),
+    default=1.0,
+    show_default=True,
+    help="Seconds between ticks; a replica killed holding the tick lock stalls the"
+    " schedule for interval + 10 s.",
+)
+@click.option("--burst", is_flag=True, help="Install the schedule, run one tick, quit.")
+@click.option("--verbose", "-v", is_flag=True, help="Debug logging.")
+def scheduler_command(
+    config_path: str | None,
+    redis_url: str | None,
+    interval: float,
+    burst: bool,
+    verbose: bool,
+) -> None:
+    """Enqueue the periodic sweeps at the config's intervals (rq-scheduler).
+
+    Safe in several replicas: each sweep is enqueued at most once per interval.
+    """
+    from workers.schedule import FleetScheduler, schedule_intervals
+
+    config = load_cli_config(config_path, redis_url)
+    conn = open_redis(config, decode_responses=False)
+    _setup_logging(verbose)
+    logging.getLogger("rq_scheduler.scheduler").setLevel(
+        logging.DEBUG if verbose else logging.ERROR  # "lock taken" is routine here
+    )
+    scheduler = FleetScheduler(conn, interval=interval)
+    scheduler.install(schedule_intervals(config.schedule))
+    scheduler.run(burst=burst)
+
+
+@click.command("enqueue")
+@common_options
+@json_option
+@click.argument("job", type=click.Choice(_ENQUEUE_CHOICES))
+@click.argument("subject", required=False)
+@click.option(
+    "--pool",
+    default=None,
+    help="check-pending only: a check for every booting VM of this pool.",
+)
+def enqueue_command(
+    config_path: str | None,
+    redis_url: str | None,
+    as_json: bool,
+    job: str,
+    subject: str | None,
+    pool: str | None,
+) -> None:
+    """Put one job on the queues now, as the scheduler or a worker would.
+
+    \b
+      vmpool enqueue sweep | reap | reconcile | provision-sweep | destroy-sweep
+      vmpool enqueue provision ID | check-request ID
+      vmpool enqueue check-pending [NAME] [--pool P]   (neither: the pending sweep)
+      vmpool enqueue create-vm NAME | destroy NAME
+
+    A job already queued or running is not queued again ("already queued", exit 0).
+    """
+    from workers.queues import JOBS, enqueue, job_id
+
+    config = load_cli_config(config_path, redis_url)
+    plan = _plan(job, subject, pool, config.pools)
+    conn = open_redis(config, decode_responses=False)
+    if plan is None:  # check-pending --pool P: one check per booting VM of P
+        from vmpool.store import Store
+
+        assert pool is not None
+        names = Store(conn, Keys(config.key_prefix)).pool_vms(pool, "pending")
+        plan = [("check-pending", name) for name in names]
+    rows: list[dict[str, Any]] = []
+    try:
+        for name, subj in plan:
+            done = enqueue(conn, name, subj)
+            rows.append(
+                {
+                    "job": name,
+                    "subject": subj,
+                    "job_id": job_id(name, subj),
+                    "queue": JOBS[name].queue,
+                    "enqueued": done,
+                }
+            )
+    except redis.RedisError as exc:
+        raise CliError(f"enqueue failed: {exc}") from None
+    if as_json:
+        echo_json({"jobs": rows})
+        return
+    if not rows:
+        click.echo(f"no booting VMs in pool {pool}")
+    for row in rows:
+        state = "enqueued" if row["enqueued"] else "already queued"
+        click.echo(f"{state}: {row['job_id']} on {row['queue']}")
+
+
+def _plan(
+    job: str, subject: str | None, pool: str | None, pools: Any
+) -> list[tuple[str, str | None]] | None:
+    """What to enqueue: [(job, subject)], or None for 'every pending VM of --pool'."""
+    from workers.queues import JOBS, job_id
+
+    if pool is not None and job != "check-pending":
+        raise CliError("--pool goes with check-pending only")
+    if job == "check-pending":
+        if pool is not None:
+            if subject is not None:
+                raise CliError("check-pending takes a VM name or --pool, not both")
+            if pool not in pools:
+                raise CliError(f"--pool: no pool named {pool!r}")
+            return None
+        if subject is None:
+            return [("check-pending-sweep", None)]
+    spec = JOBS[job]
+    if spec.subject is None and subject is not None:
+        raise CliError(f"{job} takes no argument (got {subject!r})")
+    if spec.subject is not None and subject is None:
+        what = "request id" if spec.subject == "request" else "VM name"
+        raise CliError(f"{job} needs a {what}")
+    try:
+        job_id(job, subject)  # validates the subject
+        if subject is not None and spec.subject == "vm":
+            from vmpool.keys import validate_vm_name
+
+            validate_vm_name(subject)
+        elif subject is not None:
+            from vmpool.keys import validate_request_id
+
+            validate_request_id(subject)
+    except (ValueError, InvalidIdentifier) as exc:
+        raise CliError(str(exc)) from None
+    return [(job, subject)]

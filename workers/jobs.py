@@ -1,0 +1,84 @@
+"""RQ job entry points: one thin function per job, each calls ONE lifecycle function.
+
+A job parses its argument, takes the Fleet its worker bound to it
+(:func:`workers.worker.current_fleet`: the worker process builds one Fleet and hands it
+to each job through RQ's current-job context; no module globals), and calls the domain.
+All the logic, every check and every state change lives in :mod:`vmpool.lifecycle` and
+the store; these functions only adapt RQ's calling convention. The return value is for
+the worker log only (``result_ttl=0``: RQ keeps no results).
+
+Every job is idempotent and safe to run twice, late, or beside a copy of itself; none
+relies on RQ re-running it (no ``Retry``): the periodic sweeps re-find the work.
+"""
+
+from __future__ import annotations
+
+from vmpool import lifecycle
+from vmpool.keys import validate_request_id, validate_vm_name
+from workers.worker import current_fleet
+
+__all__ = [
+    "check_pending_sweep",
+    "check_pending_vm",
+    "check_request",
+    "create_vm",
+    "destroy_sweep",
+    "destroy_vm",
+    "noop",
+    "provision_request",
+    "provision_sweep",
+    "reap_running",
+    "reconcile",
+    "sweep_expired",
+]
+
+
+def noop() -> None:
+    """Does nothing (benchmarks: RQ's own per-job cost)."""
+
+
+# -- per request ----------------------------------------------------------------------
+def provision_request(request_id: str) -> list[str]:
+    return lifecycle.provision_request(current_fleet(), validate_request_id(request_id))
+
+
+def check_request(request_id: str) -> str:
+    return lifecycle.check_request(current_fleet(), validate_request_id(request_id))
+
+
+# -- per VM ---------------------------------------------------------------------------
+def create_vm(name: str) -> str:
+    return lifecycle.create_vm(current_fleet(), validate_vm_name(name))
+
+
+def check_pending_vm(name: str) -> str:
+    return lifecycle.check_pending_vm(current_fleet(), validate_vm_name(name))
+
+
+def destroy_vm(name: str) -> str:
+    return lifecycle.destroy_vm(current_fleet(), validate_vm_name(name))
+
+
+# -- periodic sweeps ------------------------------------------------------------------
+def sweep_expired() -> dict[str, int]:
+    return lifecycle.sweep_expired(current_fleet())
+
+
+def provision_sweep() -> int:
+    return lifecycle.provision_sweep(current_fleet())
+
+
+def check_pending_sweep() -> int:
+    return lifecycle.check_pending_sweep(current_fleet())
+
+
+def reap_running() -> int:
+    return lifecycle.reap_running(current_fleet())
+
+
+def destroy_sweep() -> int:
+    return lifecycle.destroy_sweep(current_fleet())
+
+
+def reconcile() -> dict[str, int]:
+    return lifecycle.reconcile(current_fleet())
