@@ -68,9 +68,6 @@ F = TypeVar("F", bound=Callable[..., Any])
 _LAZY_COMMANDS: Final[Mapping[str, str]] = MappingProxyType(
     {
         # "request": "vmpool.cli_request:request_group",
-        "worker": "vmpool.cli_fleet:worker_command",
-        "scheduler": "vmpool.cli_fleet:scheduler_command",
-        "enqueue": "vmpool.cli_fleet:enqueue_command",
         "up": "vmpool.cli_up:up_command",
         "pools": "vmpool.cli_admin:pools_command",
         "audit": "vmpool.cli_admin:audit_command",
