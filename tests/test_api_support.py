@@ -1,0 +1,132 @@
+"""Helpers shared by the API tests: configs, apps, state snapshots, driving to ready."""
+
+from __future__ import annotations
+
+import json
+import random
+from typing import Any
+
+import redis
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
+
+from vmpool.api import EnqueueFn, RedisClients, create_app
+from vmpool.auth import hash_password
+from vmpool.config import Config, parse_config
+from vmpool.keys import Keys
+from vmpool.store import Store
+
+API = "/api/v3"
+PASSWORD = "s3cret-pass"
+PASSWORD_HASH = hash_password(PASSWORD, iterations=1000, salt="testsalt")
+
+
+def spec_config(
+    *,
+    auth: bool = False,
+    rate_limit: int | None = None,
+    weights: dict[str, float] | None = None,
+    ttl_minutes: float = 5,
+) -> Config:
+    """vmpooler's ondemandvm_spec.rb configuration, in vmpool's loader."""
+    data: dict[str, Any] = {
+        "config": {
+            "site_name": "test pooler",
+            "vm_lifetime_auth": 2,
+            "max_ondemand_instances_per_request": 50,
+            "ondemand_request_ttl": ttl_minutes,
+            "backend_weight": {"compute1": 5, "compute2": 0} if weights is None else weights,
+        },
+        "dns_configs": {"mock": {"dns_class": "mock", "domain": "example.com"}},
+        "pools": [
+            {
+                "name": "pool1",
+                "alias": ["poolone", "pool2"],
+                "size": 0,
+                "clone_target": "compute1",
+                "dns_plugin": "mock",
+            },
+            {"name": "pool2", "size": 0, "clone_target": "compute2", "dns_plugin": "mock"},
+            {"name": "pool3", "size": 0, "clone_target": "compute1", "dns_plugin": "mock"},
+        ],
+    }
+    if auth:
+        data["auth"] = {
+            "provider": "static",
+            "users": {"jdoe": PASSWORD_HASH, "alice": PASSWORD_HASH},
+        }
+        if rate_limit is not None:
+            data["auth"]["rate_limit_per_minute"] = rate_limit
+    return parse_config(data, source="test", env={})
+
+
+class Recorder:
+    """An enqueue function that records its calls (and can be told to fail)."""
+
+    def __init__(self, fail: bool = False) -> None:
+        self.calls: list[tuple[str, str]] = []
+        self.fail = fail
+
+    def __call__(self, conn: redis.Redis, queue: str, request_id: str) -> bool:
+        self.calls.append((queue, request_id))
+        if self.fail:
+            raise redis.ConnectionError("queue unavailable")
+        return True
+
+
+def make_client(
+    config: Config, redis_url: str, enqueue: EnqueueFn | None = None, seed: int = 1
+) -> tuple[TestClient, FastAPI]:
+    app = create_app(
+        config, RedisClients.from_url(redis_url), enqueue=enqueue, rng=random.Random(seed)
+    )
+    return TestClient(app, raise_server_exceptions=False), app
+
+
+def pretty(obj: Any) -> str:
+    """Ruby's JSON.pretty_generate for the shapes vmpooler returns."""
+    return json.dumps(obj, indent=2, ensure_ascii=False)
+
+
+def snapshot(redis_url: str) -> dict[bytes, tuple[bytes, bytes | None]]:
+    """Every key with its type and DUMP: equal snapshots mean nothing was written."""
+    raw = redis.Redis.from_url(redis_url, decode_responses=False)
+    try:
+        out: dict[bytes, tuple[bytes, bytes | None]] = {}
+        for key in raw.scan_iter(count=1000):
+            out[key] = (raw.type(key), raw.dump(key))
+        return out
+    finally:
+        raw.close()
+
+
+def store_for(redis_client: redis.Redis, config: Config) -> Store:
+    return Store(redis_client, Keys(config.key_prefix))
+
+
+def drive_ready(store: Store, rid: str, domain: str = "example.com") -> list[str]:
+    """Reserve, create and ready every VM the request still needs, through the store's
+    transitions (as the workers would). Returns the short VM names."""
+    record = store.get_request(rid)
+    assert record is not None
+    names = []
+    i = 0
+    for slot in record.slots:
+        for _ in range(slot.want - slot.live):
+            name = f"vm-{rid[:8].lower()}-{i}"
+            i += 1
+            out = store.reserve_vm(
+                rid,
+                name=name,
+                alias=slot.alias,
+                pool=slot.pool,
+                template=slot.pool,
+                provider="simulated",
+                domain=domain,
+                actor="test",
+            )
+            assert out.ok, out
+            assert store.vm_created(name, actor="test").code == "pending"
+            assert store.vm_ready(name, actor="test").ok
+            names.append(name)
+    return names
