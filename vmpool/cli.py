@@ -67,13 +67,15 @@ F = TypeVar("F", bound=Callable[..., Any])
 # --------------------------------------------------------------------------------------
 _LAZY_COMMANDS: Final[Mapping[str, str]] = MappingProxyType(
     {
-        # "request": "vmpool.cli_request:request_group",
+        "request": "vmpool.cli_request:request_group",
         "up": "vmpool.cli_up:up_command",
         "pools": "vmpool.cli_admin:pools_command",
         "audit": "vmpool.cli_admin:audit_command",
         "worker": "vmpool.cli_fleet:worker_command",
         "scheduler": "vmpool.cli_fleet:scheduler_command",
         "enqueue": "vmpool.cli_fleet:enqueue_command",
+        "api": "vmpool.cli_api:api_command",
+        "token": "vmpool.cli_api:token_group",
     }
 )
 
