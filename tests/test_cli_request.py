@@ -1,0 +1,136 @@
+"""`vmpool request ...`, `vmpool pools` through click's runner against a real Redis."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import redis
+from click.testing import CliRunner
+
+from vmpool.cli import cli
+from vmpool.keys import Keys
+from vmpool.store import Store
+
+from storehelp import ACTOR, wait_until
+
+POOL = "debian-12-x86_64"  # from the built-in demo config, alias "debian"
+
+
+@pytest.fixture
+def run(redis_url: str, redis_client: redis.Redis) -> object:
+    runner = CliRunner()
+
+    def invoke(*args: str) -> object:
+        return runner.invoke(cli, [*args, "--redis-url", redis_url])
+
+    return invoke
+
+
+def test_create_prints_id_and_enqueues_provisioning(run, redis_client: redis.Redis) -> None:  # type: ignore[no-untyped-def]
+    result = run("request", "create", "debian=2", f"{POOL}=1")
+    assert result.exit_code == 0, result.output
+    rid = result.output.strip()
+    rec = Store(redis_client, Keys()).get_request(rid)
+    assert rec is not None and rec.status == "pending" and rec.need == 3
+    assert {(s.alias, s.want) for s in rec.slots} == {("debian", 2), (POOL, 1)}
+    jobs = redis_client.lrange("rq:queue:vmpool-requests", 0, -1)
+    assert any(rid in j for j in jobs)
+
+
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["nosuchpool=1"], "unknown pool or alias: nosuchpool"),
+        (["debian=x"], "positive integer"),
+        (["debian=0"], "positive integer"),
+        (["debian=11"], "exceeds the maximum 10"),
+        (["=3"], "expected POOL=N"),
+    ],
+)
+def test_create_bad_input_is_one_line_exit_2(run, redis_client: redis.Redis, args, needle) -> None:  # type: ignore[no-untyped-def]
+    result = run("request", "create", *args)
+    assert result.exit_code == 2
+    assert needle in result.output
+    assert "Traceback" not in result.output
+    assert redis_client.dbsize() == 0
+
+
+def test_create_duplicate_id(run) -> None:  # type: ignore[no-untyped-def]
+    assert run("request", "create", "debian=1", "--request-id", "abc-1").exit_code == 0
+    again = run("request", "create", "debian=1", "--request-id", "abc-1")
+    assert again.exit_code == 2 and "already been created" in again.output
+    bad = run("request", "create", "debian=1", "--request-id", "a/b")
+    assert bad.exit_code == 2
+
+
+def test_create_wait_prints_hostnames(run, redis_client: redis.Redis) -> None:  # type: ignore[no-untyped-def]
+    store = Store(redis_client, Keys())
+
+    def fake_worker() -> None:
+        """Plays the fleet's part through the store's own transitions."""
+        wait_until(lambda: bool(store.open_requests()), timeout=10)
+        rid = store.open_requests()[0]
+        for i in range(2):
+            name = f"wait-vm{i}"
+            store.reserve_vm(rid, name=name, alias="debian", pool=POOL, template="t",
+                             provider="simulated", domain="example.com", actor=ACTOR)
+            store.vm_created(name, actor=ACTOR)
+            store.vm_ready(name, actor=ACTOR)
+
+    worker = threading.Thread(target=fake_worker)
+    worker.start()
+    result = run("request", "create", "debian=2", "--wait", "--timeout", "20")
+    worker.join(10)
+    assert result.exit_code == 0, result.output
+    assert "wait-vm0.example.com" in result.output and "wait-vm1.example.com" in result.output
+
+
+def test_create_wait_on_failure_exits_1(run, redis_client: redis.Redis) -> None:  # type: ignore[no-untyped-def]
+    store = Store(redis_client, Keys())
+
+    def fail_it() -> None:
+        wait_until(lambda: bool(store.open_requests()), timeout=10)
+        rid = store.open_requests()[0]
+        store.reserve_vm(rid, name="doomed-vm", alias="debian", pool=POOL, template="t",
+                         provider="simulated", domain=None, actor=ACTOR)
+        store.vm_failed("doomed-vm", "template t not found", permanent=True, actor=ACTOR)
+
+    worker = threading.Thread(target=fail_it)
+    worker.start()
+    result = run("request", "create", "debian=1", "--wait", "--timeout", "20")
+    worker.join(10)
+    assert result.exit_code == 1
+    assert "failed: Configuration error" in result.output
+
+
+def test_get_delete_history(run, redis_client: redis.Redis) -> None:  # type: ignore[no-untyped-def]
+    rid = run("request", "create", "debian=1").output.strip()
+    got = run("request", "get", rid)
+    assert got.exit_code == 0 and "pending" in got.output and "0/1 ready" in got.output
+    as_json = run("request", "get", rid, "--json")
+    assert '"status": "pending"' in as_json.output
+    deleted = run("request", "delete", rid)
+    assert deleted.exit_code == 0 and "deleted" in deleted.output
+    again = run("request", "delete", rid)
+    assert "already been deleted" in again.output
+    hist = run("request", "history", rid)
+    assert hist.exit_code == 0
+    assert "none ->" in hist.output and "pending -> deleted" in hist.output
+    assert run("request", "get", "no-such-id").exit_code == 1
+    assert run("request", "get", "bad id!").exit_code == 2
+
+
+def test_pools_table(run, redis_client: redis.Redis) -> None:  # type: ignore[no-untyped-def]
+    run("request", "create", "debian=3")
+    table = run("pools")
+    assert table.exit_code == 0, table.output
+    line = next(row for row in table.output.splitlines() if row.startswith(POOL))
+    assert line.split()[-1] == "3"  # three VMs waiting in the on-demand queue
+    assert '"ondemand_queue": 3' in run("pools", "--json").output
+
+
+def test_no_redis_is_one_line_exit_2(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("VMPOOL_REDIS_URL", raising=False)
+    result = CliRunner().invoke(cli, ["request", "get", "abc"])
+    assert result.exit_code == 2 and "no Redis to use" in result.output

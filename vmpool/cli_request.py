@@ -1,0 +1,247 @@
+"""`vmpool request create|get|delete|history`: on-demand requests from the shell.
+
+These go straight to Redis through the store (the same atomic transitions the API
+uses), so an operator can work without the API running; provisioning is enqueued on
+the fleet's queues exactly as the API does it.
+"""
+
+from __future__ import annotations
+
+import random
+import sys
+import time
+import uuid
+from typing import Any
+
+import click
+import redis
+
+from vmpool.cli import (
+    CliError,
+    CliFailure,
+    common_options,
+    echo_json,
+    json_option,
+    load_cli_config,
+    open_redis,
+)
+from vmpool.config import Config
+from vmpool.keys import InvalidIdentifier, Keys, validate_request_id
+from vmpool.ondemand import RequestRejected, parse_pool_counts, plan_slots
+from vmpool.store import RequestRecord, RequestSettings, Store
+
+
+def _store(config: Config) -> Store:
+    return Store(open_redis(config), Keys(config.key_prefix))
+
+
+def _request_id(raw: str) -> str:
+    try:
+        return validate_request_id(raw)
+    except InvalidIdentifier as exc:
+        raise CliError(str(exc)) from None
+
+
+def _record(store: Store, rid: str) -> RequestRecord:
+    record = store.get_request(rid)
+    if record is None:
+        raise CliFailure(f"no request found for request_id '{rid}'")
+    return record
+
+
+def request_view(store: Store, record: RequestRecord) -> dict[str, Any]:
+    """The request as data: status, per-alias counts or hostnames, failure reason."""
+    hostnames = store.hostnames(record.id)
+    aliases: dict[str, Any] = {}
+    for slot in record.slots:
+        entry = aliases.setdefault(slot.alias, {"requested": 0, "ready": 0, "hostname": []})
+        entry["requested"] += slot.want
+        entry["ready"] += slot.have
+    for alias, names in hostnames.items():
+        aliases.setdefault(alias, {"requested": 0, "ready": 0, "hostname": []})["hostname"] = names
+    view: dict[str, Any] = {
+        "request_id": record.id,
+        "status": record.status,
+        "version": record.version,
+        "created": record.created,
+        "deadline": record.deadline,
+        "retries": record.retries,
+        "pools": aliases,
+    }
+    if record.failure_reason:
+        view["failure_reason"] = record.failure_reason
+    return view
+
+
+def _progress_line(record: RequestRecord, elapsed: float) -> str:
+    return (
+        f"{record.id}: {record.status}, {record.have}/{record.need} ready"
+        f" ({elapsed:.0f}s, retries {record.retries})"
+    )
+
+
+def wait_for(store: Store, rid: str, timeout_s: float, interval_s: float = 0.5) -> RequestRecord:
+    """Poll until the request leaves ``pending`` or the timeout; show progress on stderr."""
+    start = time.monotonic()
+    tty = sys.stderr.isatty()
+    last = ""
+    while True:
+        record = _record(store, rid)
+        line = _progress_line(record, time.monotonic() - start)
+        if line != last:
+            click.echo(("\r" + line) if tty else line, err=True, nl=not tty)
+            last = line
+        if record.status != "pending":
+            if tty:
+                click.echo("", err=True)
+            return record
+        if time.monotonic() - start > timeout_s:
+            if tty:
+                click.echo("", err=True)
+            raise CliFailure(f"request {rid} still pending after {timeout_s:.0f}s")
+        time.sleep(interval_s)
+
+
+@click.group("request")
+def request_group() -> None:
+    """Create, inspect and delete on-demand requests."""
+
+
+@request_group.command("create")
+@common_options
+@json_option
+@click.argument("pools", nargs=-1, required=True, metavar="POOL=N [POOL=N ...]")
+@click.option("--request-id", default=None, help="Use this id instead of a new uuid4.")
+@click.option("--wait", is_flag=True, help="Show progress until ready or failed.")
+@click.option("--timeout", "timeout_s", type=float, default=None,
+              help="Seconds --wait waits [default: the request's TTL + grace + 30].")
+def request_create(
+    config_path: str | None,
+    redis_url: str | None,
+    as_json: bool,
+    pools: tuple[str, ...],
+    request_id: str | None,
+    wait: bool,
+    timeout_s: float | None,
+) -> None:
+    """Ask for VMs: prints the request id; with --wait, then the hostnames."""
+    config = load_cli_config(config_path, redis_url)
+    try:
+        counts = parse_pool_counts(pools)
+        slots = plan_slots(config, counts, random.SystemRandom())
+    except (ValueError, RequestRejected) as exc:
+        raise CliError(str(exc)) from None
+    rid = _request_id(request_id) if request_id else str(uuid.uuid4())
+    store = _store(config)
+    outcome = store.create_request(
+        rid, slots, RequestSettings.from_config(config), actor="cli"
+    )
+    if not outcome.ok:
+        if outcome.code == "exists":
+            raise CliError(f"request_id '{rid}' has already been created")
+        raise CliError(f"request refused: {outcome.code}")
+    _enqueue_provision(config, rid)
+    if not wait:
+        if as_json:
+            echo_json({"ok": True, "request_id": rid})
+        else:
+            click.echo(rid)
+        return
+    click.echo(f"request {rid} created", err=True)
+    limit = timeout_s if timeout_s is not None else (
+        config.ondemand_request_ttl_s + config.ondemand_request_grace_s + 30
+    )
+    record = wait_for(store, rid, limit)
+    view = request_view(store, record)
+    if as_json:
+        echo_json(view)
+    else:
+        for entry in view["pools"].values():
+            for hostname in entry["hostname"]:
+                click.echo(hostname)
+    if record.status != "ready":
+        raise CliFailure(f"request {rid} {record.status}: {record.failure_reason or 'no VMs'}")
+
+
+def _enqueue_provision(config: Config, rid: str) -> None:
+    """Start provisioning now; if RQ is unreachable the provision sweep still finds it."""
+    from workers.queues import enqueue
+
+    conn = open_redis(config, decode_responses=False)
+    try:
+        enqueue(conn, "provision", rid)
+    except redis.RedisError as exc:
+        click.echo(f"warning: could not enqueue provisioning ({exc}); the sweep will", err=True)
+    finally:
+        conn.close()
+
+
+@request_group.command("get")
+@common_options
+@json_option
+@click.argument("request_id")
+def request_get(config_path: str | None, redis_url: str | None, as_json: bool,
+                request_id: str) -> None:
+    """Show a request: status, VMs ready per pool, hostnames."""
+    config = load_cli_config(config_path, redis_url)
+    rid = _request_id(request_id)
+    store = _store(config)
+    view = request_view(store, _record(store, rid))
+    if as_json:
+        echo_json(view)
+        return
+    click.echo(f"request {rid}: {view['status']} (version {view['version']})")
+    if "failure_reason" in view:
+        click.echo(f"  reason: {view['failure_reason']}")
+    for alias, entry in view["pools"].items():
+        click.echo(f"  {alias}: {entry['ready']}/{entry['requested']} ready")
+        for hostname in entry["hostname"]:
+            click.echo(f"    {hostname}")
+
+
+@request_group.command("delete")
+@common_options
+@json_option
+@click.argument("request_id")
+def request_delete(config_path: str | None, redis_url: str | None, as_json: bool,
+                   request_id: str) -> None:
+    """Give a request back: it turns deleted and its VMs are destroyed."""
+    config = load_cli_config(config_path, redis_url)
+    rid = _request_id(request_id)
+    outcome = _store(config).delete_request(rid, actor="cli")
+    messages = {
+        "deleted": "deleted; its VMs are being destroyed",
+        "already_deleted": "the request has already been deleted",
+        "request_failed": "the request failed; it stays failed",
+    }
+    if outcome.code == "no_request":
+        raise CliFailure(f"no request found for request_id '{rid}'")
+    if as_json:
+        echo_json({"ok": outcome.code in messages, "request_id": rid, "result": outcome.code})
+    else:
+        click.echo(f"request {rid}: {messages.get(outcome.code, outcome.code)}")
+
+
+@request_group.command("history")
+@common_options
+@json_option
+@click.argument("request_id")
+def request_history(config_path: str | None, redis_url: str | None, as_json: bool,
+                    request_id: str) -> None:
+    """The request's audit trail: every transition, its version, actor and time."""
+    config = load_cli_config(config_path, redis_url)
+    rid = _request_id(request_id)
+    store = _store(config)
+    _record(store, rid)
+    entries = store.history(rid)
+    if as_json:
+        echo_json([
+            {"version": e.version, "entity": e.entity, "from": e.src, "to": e.dst,
+             "actor": e.actor, "reason": e.reason, "time": e.time}
+            for e in entries
+        ])
+        return
+    for e in entries:
+        stamp = time.strftime("%H:%M:%S", time.gmtime(e.time)) + f".{int(e.time % 1 * 1000):03d}"
+        click.echo(f"v{e.version:<3} {stamp}  {e.entity:<28} {e.src:>9} -> {e.dst:<9}"
+                   f"  {e.actor}  {e.reason}")

@@ -1,0 +1,98 @@
+"""Turning "N VMs of these names" into a request: name resolution and backend choice.
+
+Shared by the HTTP API and `vmpool request create`, so both accept the same names,
+enforce the same maximum, and pick backends the same way (vmpooler's
+``evaluate_template_aliases``).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from vmpool.config import Config
+from vmpool.store import Slot
+
+
+@dataclass
+class RequestRejected(Exception):
+    """Why a request cannot be accepted; nothing has been written.
+
+    ``bad_templates`` lists names that are neither a pool nor an alias (vmpooler's 404);
+    ``maximum`` is set when a count exceeds ``max_ondemand_instances_per_request``
+    (vmpooler's 403).
+    """
+
+    message: str
+    bad_templates: tuple[str, ...] = ()
+    maximum: int | None = None
+
+    def __str__(self) -> str:
+        return self.message
+
+
+def choose_pools(config: Config, name: str, count: int, rng: random.Random) -> dict[str, int]:
+    """Pick a backend pool for each of ``count`` instances asked for under ``name``.
+
+    Candidates: ``name`` if it is a pool, plus every pool listing it as an alias. When
+    more than one candidate exists and every candidate's clone_target has a
+    ``backend_weight``, the pick is weighted by it (weight 0: never picked); otherwise
+    it is uniformly random. Returns pool -> count, in order of first pick.
+    """
+    candidates = config.resolve_name(name)
+    if not candidates:
+        return {}
+    weights: list[float] = []
+    for pool_name in candidates:
+        target = config.pools[pool_name].clone_target
+        if target is not None and target in config.backend_weight:
+            weights.append(float(config.backend_weight[target]))
+    weighted = len(candidates) > 1 and len(weights) == len(candidates) and sum(weights) > 0
+    picks: dict[str, int] = {}
+    for _ in range(count):
+        if weighted:
+            pick = rng.choices(candidates, weights=weights, k=1)[0]
+        else:
+            pick = rng.choice(candidates)
+        picks[pick] = picks.get(pick, 0) + 1
+    return picks
+
+
+def plan_slots(config: Config, counts: Mapping[str, int], rng: random.Random) -> list[Slot]:
+    """Slots for a request of ``counts`` (name -> positive count); RequestRejected when a
+    name is unknown (all unknown names are listed) or a count is over the maximum."""
+    unknown = [name for name in counts if not config.resolve_name(name)]
+    if unknown:
+        raise RequestRejected(
+            f"unknown pool or alias: {', '.join(unknown)}", bad_templates=tuple(unknown)
+        )
+    maximum = config.max_ondemand_instances_per_request
+    for count in counts.values():
+        if count > maximum:
+            raise RequestRejected(
+                f"requested amount of instances exceeds the maximum {maximum}", maximum=maximum
+            )
+    slots = []
+    for name, count in counts.items():
+        for pool, n in choose_pools(config, name, count, rng).items():
+            slots.append(Slot(name, pool, n))
+    return slots
+
+
+def parse_pool_counts(args: tuple[str, ...] | list[str]) -> dict[str, int]:
+    """``POOL=N`` arguments (vmfloaty's form) -> name -> count; a bare name means 1 and
+    a repeated name adds up. ValueError names the bad argument."""
+    counts: dict[str, int] = {}
+    for arg in args:
+        name, sep, raw = arg.partition("=")
+        if not name:
+            raise ValueError(f"{arg!r}: expected POOL=N")
+        if not sep:
+            raw = "1"
+        if not raw.isdigit() or int(raw) < 1:
+            raise ValueError(f"{arg!r}: the count must be a positive integer")
+        counts[name] = counts.get(name, 0) + int(raw)
+    if not counts:
+        raise ValueError("name at least one POOL=N")
+    return counts
