@@ -238,3 +238,25 @@ def test_tokens_and_passwords_never_logged(
     client.post(f"{API}/token", headers=basic("jdoe", "wrong-password"))
     assert token not in caplog.text
     assert PASSWORD not in caplog.text and "wrong-password" not in caplog.text
+
+
+def test_cli_token_create_and_revoke(redis_url: str, redis_client: redis.Redis) -> None:
+    from click.testing import CliRunner
+
+    from vmpool.cli import cli
+
+    runner = CliRunner()
+    r = runner.invoke(cli, ["token", "create", "jdoe", "--redis-url", redis_url])
+    assert r.exit_code == 0, r.output
+    token = r.output.strip()
+    assert len(token) == 32
+    info = TokenStore(redis_client, Keys("vmpool")).lookup(token, touch=False)
+    assert info is not None and info.user == "jdoe"
+    c, _ = make_client(spec_config(auth=True), redis_url)
+    assert c.post(f"{API}/ondemandvm/pool1", headers={"X-AUTH-TOKEN": token}).status_code == 201
+    r = runner.invoke(cli, ["token", "revoke", token, "--redis-url", redis_url])
+    assert r.exit_code == 0, r.output
+    r = runner.invoke(cli, ["token", "revoke", token, "--redis-url", redis_url])
+    assert r.exit_code == 1
+    r = runner.invoke(cli, ["token", "create", "jdoe", "--redis-url", "redis://127.0.0.1:1/0"])
+    assert r.exit_code == 1 and "Traceback" not in r.output
