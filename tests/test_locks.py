@@ -1,0 +1,181 @@
+"""Fenced locks (vmpool/locks.py) against a real Redis, with the store as the resource
+they protect."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import redis
+
+from vmpool.keys import Keys
+from vmpool.locks import FencedLock, LockBusy, LockLost
+from vmpool.store import RequestSettings, Slot, Store
+
+
+def poll(predicate: Callable[[], bool], timeout_s: float = 5.0, every_s: float = 0.02) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(every_s)
+    return predicate()
+
+
+def reserved_vm(store: Store, rid: str = "r1", name: str = "vm-one") -> str:
+    store.create_request(rid, [Slot("deb", "debian", 1)], RequestSettings(ttl_s=600), actor="t")
+    out = store.reserve_vm(
+        rid,
+        name=name,
+        alias="deb",
+        pool="debian",
+        template="debian-12",
+        provider="sim",
+        domain=None,
+        actor="t",
+    )
+    assert out.ok, out
+    return name
+
+
+def force_expire(client: redis.Redis, key: str) -> None:
+    """The lock's lease runs out while its holder is paused (what SIGSTOP does)."""
+    client.pexpire(key, 1)
+    assert poll(lambda: client.exists(key) == 0)
+
+
+def test_second_acquirer_is_busy_and_fences_increase(redis_client: redis.Redis, keys: Keys) -> None:
+    """Proves: while one holder has the lock, a non-blocking acquirer gets 'busy'; each
+    grant gets a larger fencing token than the one before."""
+    first = FencedLock(redis_client, keys, "request", "r1", expire_s=60, holder="a")
+    second = FencedLock(redis_client, keys, "request", "r1", expire_s=60, holder="b")
+    with first:
+        assert first.fence == 1
+        assert second.acquire() is False
+        with pytest.raises(LockBusy):
+            second.__enter__()
+        first.ensure_held()
+    assert redis_client.exists(keys.lock("request", "r1")) == 0
+    with second:
+        assert second.fence == 2
+    assert int(redis_client.get(keys.request_fence("r1")) or 0) == 2
+
+
+def test_lock_key_is_the_schema_key(redis_client: redis.Redis, keys: Keys) -> None:
+    """The lock lives at keys.lock(kind, subject) (under the prefix), not at
+    python-redis-lock's own 'lock:<name>'."""
+    with FencedLock(redis_client, keys, "vm", "vm-one", expire_s=60, holder="a") as lock:
+        assert redis_client.get(keys.lock("vm", "vm-one")) == lock.id
+        assert all(str(k).startswith("vmpool:") for k in redis_client.keys("*"))
+
+
+def test_stale_holder_is_refused_by_the_store(redis_client: redis.Redis, keys: Keys) -> None:
+    """Proves: a holder whose lock expired while it was paused, and was granted to
+    another worker, (1) is told by ensure_held (LockLost), and (2) even if it goes on
+    regardless, the store refuses its write with 'stale_fence' while the new holder's
+    write succeeds. The last step shows the test can fail: the very same stale write
+    without its fence goes through, which is what happens without fencing."""
+    store = Store(redis_client, keys)
+    name = reserved_vm(store)
+    stale = FencedLock(
+        redis_client, keys, "vm", name, expire_s=1, holder="paused", auto_renewal=False
+    )
+    assert stale.acquire()
+    force_expire(redis_client, keys.lock("vm", name))
+    fresh = FencedLock(redis_client, keys, "vm", name, expire_s=60, holder="fresh")
+    assert fresh.acquire()
+    assert fresh.fence > stale.fence
+
+    with pytest.raises(LockLost):
+        stale.ensure_held()
+    refused = store.vm_created(name, actor="paused", fence=stale.fence)
+    assert (refused.ok, refused.code) == (False, "stale_fence")
+    vm = store.get_vm(name)
+    assert vm is not None and vm.state == "reserved"
+
+    # Without the fence, the stale holder's write would have gone through:
+    unfenced = store.vm_created(name, actor="paused")
+    assert unfenced.ok and unfenced.code == "pending"
+    # ...and the rightful holder then finds its work already done by a stale writer.
+    assert store.vm_created(name, actor="fresh", fence=fresh.fence).code == "vm_pending"
+
+    stale.release()  # logs, does not raise, and leaves the new owner's lock alone
+    assert redis_client.get(keys.lock("vm", name)) == fresh.id
+    fresh.release()
+
+
+def test_request_fence_guards_reservations(redis_client: redis.Redis, keys: Keys) -> None:
+    """Proves: reserve_vm under a request lock that was lost and re-granted is refused,
+    so a paused provisioner cannot over-reserve; the new holder reserves normally."""
+    store = Store(redis_client, keys)
+    store.create_request("r2", [Slot("deb", "debian", 2)], RequestSettings(ttl_s=600), actor="t")
+    stale = FencedLock(redis_client, keys, "request", "r2", expire_s=1, auto_renewal=False)
+    assert stale.acquire()
+    force_expire(redis_client, keys.lock("request", "r2"))
+    fresh = FencedLock(redis_client, keys, "request", "r2", expire_s=60)
+    assert fresh.acquire()
+    common: dict[str, Any] = dict(
+        alias="deb", pool="debian", template="t", provider="sim", domain=None
+    )
+    out = store.reserve_vm("r2", name="vm-stale", actor="stale", fence=stale.fence, **common)
+    assert out.code == "stale_fence"
+    out = store.reserve_vm("r2", name="vm-fresh", actor="fresh", fence=fresh.fence, **common)
+    assert out.ok
+    fresh.release()
+
+
+def test_silent_renewal_death_is_noticed(redis_client: redis.Redis, keys: Keys) -> None:
+    """Proves: with auto-renewal on, a lost lock is still noticed by ensure_held.
+    python-redis-lock's renewal thread dies with NotAcquired and tells nobody; the
+    holder's own check is what catches it."""
+    lock = FencedLock(redis_client, keys, "vm", "vm-two", expire_s=1, holder="a")
+    assert lock.acquire()
+    key = keys.lock("vm", "vm-two")
+    redis_client.set(key, "someone-else", px=60_000)  # expired and taken by another
+    with pytest.raises(LockLost):
+        lock.ensure_held()
+    lock.release()
+    assert redis_client.get(key) == "someone-else"
+
+
+def test_auto_renewal_keeps_a_slow_holder(redis_client: redis.Redis, keys: Keys) -> None:
+    """Proves: a holder working longer than the expiry keeps its lock (renewal), so a
+    second acquirer stays 'busy' and the holder's fence stays current."""
+    lock = FencedLock(redis_client, keys, "vm", "vm-three", expire_s=1, holder="slow")
+    other = FencedLock(redis_client, keys, "vm", "vm-three", expire_s=1, holder="other")
+    with lock:
+        started = time.monotonic()
+        key = keys.lock("vm", "vm-three")
+        # 1.6 s of "work", longer than the 1 s expiry: the key must hold our id throughout
+        # (without renewal it is gone after 1 s and the poll below fails).
+        assert poll(
+            lambda: redis_client.get(key) != lock.id or time.monotonic() - started > 1.6, 3.0
+        )
+        assert redis_client.get(key) == lock.id
+        assert other.acquire() is False
+        lock.ensure_held()
+
+
+def test_blocking_acquire_waits_for_release(redis_client: redis.Redis, keys: Keys) -> None:
+    holder = FencedLock(redis_client, keys, "vm", "vm-four", expire_s=60)
+    assert holder.acquire()
+    waiter = FencedLock(
+        redis_client, keys, "vm", "vm-four", expire_s=60, blocking=True, timeout_s=1
+    )
+    assert waiter.acquire() is False  # timed out while held
+    holder.release()
+    assert waiter.acquire() is True
+    assert waiter.fence == 2
+    waiter.release()
+
+
+def test_fence_of_a_subject_without_record_gets_a_ttl(
+    redis_client: redis.Redis, keys: Keys
+) -> None:
+    """A lock taken on a VM with no record (reconcile of a leak) leaves no eternal key."""
+    with FencedLock(redis_client, keys, "vm", "vm-gone", expire_s=60, orphan_fence_ttl_s=30):
+        pass
+    ttl = redis_client.pttl(keys.vm_fence("vm-gone"))
+    assert 0 < ttl <= 30_000

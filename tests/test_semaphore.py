@@ -1,0 +1,115 @@
+"""The fleet-wide clone semaphore (vmpool/semaphore.py) against a real Redis."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+import pytest
+import redis
+
+from vmpool.keys import Keys
+from vmpool.semaphore import CloneSemaphore
+
+
+def poll(predicate: Callable[[], bool], timeout_s: float = 5.0, every_s: float = 0.02) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(every_s)
+    return predicate()
+
+
+def test_limit_holds_under_concurrent_acquirers(redis_url: str, keys: Keys) -> None:
+    """Proves: 24 threads, each with its own connection (as separate worker processes
+    would have), acquiring at the same moment get exactly `limit` slots. A check-then-add
+    done in two round trips would let several through at once; the barrier makes them
+    race for real, so this fails if the check and the add ever stop being one unit."""
+    limit = 5
+    clients = [redis.Redis.from_url(redis_url, decode_responses=True) for _ in range(24)]
+    clients[0].flushdb()
+    sems = [CloneSemaphore(c, keys, limit=limit, lease_s=60) for c in clients]
+    barrier = threading.Barrier(len(sems))
+    granted: list[str] = []
+    lock = threading.Lock()
+
+    def worker(i: int) -> None:
+        barrier.wait()
+        lease = sems[i].acquire(f"vm-{i}")
+        if lease is not None:
+            with lock:
+                granted.append(lease)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(len(sems))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(granted) == limit
+    assert sems[0].count() == limit
+    for c in clients:
+        c.close()
+
+
+def test_two_instances_share_one_limit(redis_client: redis.Redis, keys: Keys) -> None:
+    """Proves: the limit is fleet-wide, not per process: two semaphores (two workers)
+    see each other's leases; the second cannot exceed what the first left."""
+    a = CloneSemaphore(redis_client, keys, limit=2, lease_s=60)
+    b = CloneSemaphore(redis_client, keys, limit=2, lease_s=60)
+    assert a.acquire("vm-a") == "vm-a"
+    assert b.acquire("vm-b") == "vm-b"
+    assert a.acquire("vm-c") is None
+    assert b.acquire("vm-c") is None
+    assert b.release("vm-a") is True  # any process may release a lease by its id
+    assert a.acquire("vm-c") == "vm-c"
+    assert a.count() == b.count() == 2
+
+
+def test_reacquire_renews_without_taking_a_second_slot(
+    redis_client: redis.Redis, keys: Keys
+) -> None:
+    sem = CloneSemaphore(redis_client, keys, limit=2, lease_s=60)
+    assert sem.acquire("vm-a") == "vm-a"
+    assert sem.acquire("vm-a") == "vm-a"  # a create job run twice
+    assert sem.count() == 1
+    assert sem.acquire("vm-b") == "vm-b"
+    assert sem.acquire("vm-a") == "vm-a"  # renewal works even when full
+    assert sem.acquire("vm-c") is None
+
+
+def test_killed_holders_lease_comes_back_by_itself(redis_client: redis.Redis, keys: Keys) -> None:
+    """Proves: a holder that never releases (a SIGKILLed worker) loses its slot when
+    the lease expires, with nobody cleaning up; before expiry the slot stays taken."""
+    dead = CloneSemaphore(redis_client, keys, limit=1, lease_s=0.3)
+    alive = CloneSemaphore(redis_client, keys, limit=1, lease_s=60)
+    assert dead.acquire("vm-dead") == "vm-dead"
+    del dead  # "killed": it will never release
+    assert alive.acquire("vm-next") is None
+    assert poll(lambda: alive.acquire("vm-next") is not None, timeout_s=5)
+    assert alive.count() == 1
+    assert alive.holders() == ["vm-next"]
+
+
+def test_release_is_idempotent_and_reports(redis_client: redis.Redis, keys: Keys) -> None:
+    sem = CloneSemaphore(redis_client, keys, limit=1, lease_s=60)
+    assert sem.release("nobody") is False
+    sem.acquire("vm-a")
+    assert sem.release("vm-a") is True
+    assert sem.release("vm-a") is False
+    assert sem.count() == 0
+
+
+def test_rejects_nonsense_limits(redis_client: redis.Redis, keys: Keys) -> None:
+    with pytest.raises(ValueError):
+        CloneSemaphore(redis_client, keys, limit=0, lease_s=1)
+    with pytest.raises(ValueError):
+        CloneSemaphore(redis_client, keys, limit=1, lease_s=0)
+
+
+def test_keys_live_under_the_prefix(redis_client: redis.Redis) -> None:
+    keys = Keys("othertenant")
+    sem = CloneSemaphore(redis_client, keys, limit=1, lease_s=60)
+    sem.acquire("vm-a")
+    assert redis_client.keys("*") == ["othertenant:clone-slots"]
