@@ -290,7 +290,9 @@ def test_lifetime_end_and_destroy(store: Store) -> None:
     wait_until(lambda: store.server_time() > lifetime_end)
     assert store.pool_vms("debian", "running", max_score=store.server_time()) == [a]
     assert store.end_vm_lifetime(a, actor=ACTOR).code == "completed"
+    store.redis.incr(store.keys.vm_fence(a))  # a lock was granted on it once
     assert store.vm_destroyed(a, actor=ACTOR).code == "destroyed"
+    assert store.redis.pttl(store.keys.vm_fence(a)) > 0  # its fence is a tombstone too
     assert refused(store.vm_destroyed(a, actor=ACTOR), "vm_destroyed")
     assert store.redis.pttl(store.keys.vm(a)) > 0
     assert store.get_request("r1").status == "ready"  # type: ignore[union-attr]

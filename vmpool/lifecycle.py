@@ -445,11 +445,6 @@ def _destroy_at_provider(
     lock.ensure_held()
     outcome = fleet.store.vm_destroyed(name, actor=fleet.who("destroy"), fence=lock.fence)
     _note("vm_destroyed", name, outcome)
-    if outcome.ok:
-        # The record is a tombstone with a TTL now: let its fence counter share it.
-        ttl_ms = int(fleet.redis.pttl(fleet.keys.vm(name)))
-        if ttl_ms > 0:
-            fleet.redis.pexpire(fleet.keys.vm_fence(name), ttl_ms)
     return outcome.code
 
 

@@ -22,7 +22,10 @@ end
 local now = server_now()
 move_vm(KEYS[7], vm, 'destroyed', now, now, '')
 redis.call('HSET', KEYS[7], 'destroyed_at', fmt(now))
-redis.call('PEXPIRE', KEYS[7], math.floor(tonumber(vm.data_ttl) * 1000))
+-- the record is a tombstone now; its fence counter lives exactly as long
+local ttl_ms = math.floor(tonumber(vm.data_ttl) * 1000)
+redis.call('PEXPIRE', KEYS[7], ttl_ms)
+redis.call('PEXPIRE', KEYS[8], ttl_ms)
 if redis.call('EXISTS', KEYS[1]) == 0 then
   return {1, 'destroyed', -1}
 end
