@@ -709,8 +709,8 @@ def _rq_state(raw: redis.Redis) -> tuple[dict[str, int], list[dict[str, Any]]]:
     try:
         from rq import Queue, Worker
 
-        for queue in Queue.all(connection=raw):
-            queues[queue.name] = queue.count
+        for name in queue_names(raw):
+            queues[name] = Queue(name, connection=raw).count
         for worker in Worker.all(connection=raw):
             workers.append(
                 {
@@ -724,6 +724,23 @@ def _rq_state(raw: redis.Redis) -> tuple[dict[str, int], list[dict[str, Any]]]:
     except Exception as exc:  # an RQ quirk must not break /status
         log.warning("status: could not read RQ state: %s", exc)
     return queues, sorted(workers, key=lambda w: str(w["name"]))
+
+
+def queue_names(raw: redis.Redis) -> list[str]:
+    """The fleet's RQ queues (``workers.queues.QUEUES``) and any other queue RQ knows."""
+    from rq import Queue
+
+    names: list[str] = []
+    try:
+        from workers.queues import QUEUES
+
+        names.extend(QUEUES)
+    except ImportError:
+        pass
+    for queue in Queue.all(connection=raw):
+        if queue.name not in names:
+            names.append(queue.name)
+    return names
 
 
 def app_from_env() -> FastAPI:

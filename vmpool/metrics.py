@@ -256,7 +256,10 @@ class RedisStateCollector(Collector):
         try:
             from rq import Queue, Worker
 
-            for queue in Queue.all(connection=self.raw):
+            from vmpool.api import queue_names
+
+            for name in queue_names(self.raw):
+                queue = Queue(name, connection=self.raw)
                 depth.add_metric([queue.name], queue.count)
                 failed.add_metric([queue.name], queue.failed_job_registry.count)
             by_state: dict[str, int] = {}
