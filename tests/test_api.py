@@ -556,7 +556,7 @@ def test_apps_do_not_share_state(redis_url: str, redis_client: redis.Redis) -> N
 def test_selection_distribution_follows_weights(redis_url: str, redis_client: redis.Redis) -> None:
     from random import Random
 
-    from vmpool.api import choose_pools
+    from vmpool.ondemand import choose_pools
 
     cfg = spec_config(weights={"compute1": 3, "compute2": 1})
     picks: Counter[str] = Counter()

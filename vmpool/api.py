@@ -40,14 +40,14 @@ from vmpool.auth import TokenInfo, TokenStore, check_rate_limit, verify_password
 from vmpool.config import Config
 from vmpool.keys import InvalidIdentifier, Keys, validate_request_id
 from vmpool.metrics import ApiMetrics, RedisStateCollector
-from vmpool.store import RequestRecord, RequestSettings, Slot, Store
+from vmpool.ondemand import RequestRejected, plan_slots
+from vmpool.store import RequestRecord, RequestSettings, Store
 
 __all__ = [
     "MAX_BODY_BYTES",
     "EnqueueFn",
     "RedisClients",
     "app_from_env",
-    "choose_pools",
     "create_app",
 ]
 
@@ -144,38 +144,6 @@ async def read_body(request: Request, limit: int = MAX_BODY_BYTES) -> bytes:
             raise BodyTooLarge
         chunks.append(chunk)
     return b"".join(chunks)
-
-
-# --------------------------------------------------------------------------------------
-# Alias and backend selection (vmpooler's evaluate_template_aliases)
-# --------------------------------------------------------------------------------------
-
-
-def choose_pools(config: Config, name: str, count: int, rng: random.Random) -> dict[str, int]:
-    """Pick a backend pool for each of ``count`` instances asked for under ``name``.
-
-    Candidates: ``name`` if it is a pool, plus every pool listing it as an alias. When
-    more than one candidate exists and every candidate's clone_target has a
-    ``backend_weight``, the pick is weighted by it (weight 0: never picked); otherwise
-    it is uniformly random. Returns pool -> count, in order of first pick.
-    """
-    candidates = config.resolve_name(name)
-    if not candidates:
-        return {}
-    weights: list[float] = []
-    for pool_name in candidates:
-        target = config.pools[pool_name].clone_target
-        if target is not None and target in config.backend_weight:
-            weights.append(float(config.backend_weight[target]))
-    weighted = len(candidates) > 1 and len(weights) == len(candidates) and sum(weights) > 0
-    picks: dict[str, int] = {}
-    for _ in range(count):
-        if weighted:
-            pick = rng.choices(candidates, weights=weights, k=1)[0]
-        else:
-            pick = rng.choice(candidates)
-        picks[pick] = picks.get(pick, 0) + 1
-    return picks
 
 
 # --------------------------------------------------------------------------------------
@@ -441,23 +409,18 @@ def _install_routes(app: FastAPI, st: ApiState) -> None:
         payload: Mapping[str, int], request_id: str | None, token: TokenInfo | None
     ) -> Response:
         m = st.metrics
-        invalid = [name for name in payload if not config.resolve_name(name)]
-        if invalid:
-            for _ in invalid:
-                m.fail.labels("invalid", "unknown").inc()
-            return not_ok(404, bad_templates=invalid)
-        maximum = config.max_ondemand_instances_per_request
-        for name, count in payload.items():
-            if count > maximum:
-                m.fail.labels("toomanyrequests", name).inc()
-                return not_ok(
-                    403, message=f"requested amount of instances exceeds the maximum {maximum}"
-                )
+        try:
+            slots = plan_slots(config, payload, st.rng)
+        except RequestRejected as rejected:
+            if rejected.bad_templates:
+                for _ in rejected.bad_templates:
+                    m.fail.labels("invalid", "unknown").inc()
+                return not_ok(404, bad_templates=list(rejected.bad_templates))
+            for name, count in payload.items():
+                if rejected.maximum is not None and count > rejected.maximum:
+                    m.fail.labels("toomanyrequests", name).inc()
+            return not_ok(403, message=str(rejected))
         rid = request_id or str(uuid.uuid4())
-        slots: list[Slot] = []
-        for name, count in payload.items():
-            for pool, n in choose_pools(config, name, count, st.rng).items():
-                slots.append(Slot(name, pool, n))
         outcome = st.store.create_request(
             rid,
             slots,
