@@ -101,11 +101,13 @@ class Fleet:
             "PYTHONUNBUFFERED": "1",
         }
 
-    def start(self, label: str, *args: str) -> subprocess.Popen[bytes]:
+    def start(
+        self, label: str, *args: str, extra_env: dict[str, str] | None = None
+    ) -> subprocess.Popen[bytes]:
         log = (self.tmp / f"{label}.log").open("wb")
         proc = subprocess.Popen(
             [sys.executable, "-m", "vmpool.cli", *args],
-            env=self.env,
+            env={**self.env, **(extra_env or {})},
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
@@ -114,8 +116,11 @@ class Fleet:
         self.procs[label] = proc
         return proc
 
-    def worker(self, label: str, *args: str) -> subprocess.Popen[bytes]:
-        return self.start(label, "worker", "--name", f"{label}-{uuid.uuid4().hex[:6]}", *args)
+    def worker(
+        self, label: str, *args: str, extra_env: dict[str, str] | None = None
+    ) -> subprocess.Popen[bytes]:
+        name = f"{label}-{uuid.uuid4().hex[:6]}"
+        return self.start(label, "worker", "--name", name, *args, extra_env=extra_env)
 
     def scheduler(self, label: str) -> subprocess.Popen[bytes]:
         return self.start(label, "scheduler", "--interval", "0.5")
@@ -335,6 +340,40 @@ def test_paused_lock_holder_cannot_undo_a_ready_request(fleet: Fleet) -> None:
 
     assert fleet.status(rid) == "ready"
     assert fleet.request_path(rid) == ["pending", "ready"]  # one fulfilment
+    vm = fleet.store.get_vm(name)
+    assert vm is not None and vm.state == "running"
+    assert name in fleet.inventory()
+    assert fleet.audit() == []
+
+
+def test_paused_writer_is_refused_by_the_store(fleet: Fleet) -> None:
+    """The store, not the lock, is the safety argument. A worker stops itself (SIGSTOP,
+    via the ``create_vm.before_commit`` failpoint) AFTER it checked that it still holds
+    the VM's lock and BEFORE its write; its lock expires; another worker finishes the
+    request; the paused worker resumes and makes its write with its old fencing token:
+    the store refuses it ('stale_fence' in its log), and the request keeps its one
+    fulfilment and its running VM. Without the fence check the write would go through
+    (tests/test_locks.py shows the same write without a fence succeeding)."""
+    once = fleet.tmp / "failpoint-fired"
+    fleet.worker(
+        "w0", extra_env={"VMPOOL_FAILPOINTS": f"create_vm.before_commit=stop@{once}"}
+    )
+    rid = fleet.request("deb", 1)
+    wait_for(once.exists, 20, "w0 to reach the failpoint", step=0.02)
+    wait_for(
+        lambda: Path(f"/proc/{fleet.procs['w0'].pid}/stat").read_text().split()[2] == "T",
+        10, "w0 to be stopped", step=0.02,
+    )
+    name = fleet.store.request_vms(rid)[0].name
+    try:
+        fleet.worker("w1")
+        fleet.scheduler("s0")
+        wait_for(lambda: fleet.status(rid) == "ready", 60, "another worker to finish it")
+    finally:
+        fleet.signal("w0", signal.SIGCONT)
+    wait_for(lambda: "refused: stale_fence" in fleet.log("w0"), 20, "w0's refused write")
+    assert fleet.status(rid) == "ready"
+    assert fleet.request_path(rid) == ["pending", "ready"]
     vm = fleet.store.get_vm(name)
     assert vm is not None and vm.state == "running"
     assert name in fleet.inventory()

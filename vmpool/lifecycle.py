@@ -40,6 +40,7 @@ from redis import Redis
 from redis.exceptions import ResponseError
 
 from vmpool.config import Config, PoolConfig
+from vmpool.failpoints import failpoint
 from vmpool.keys import VM_NAME_RE, Keys
 from vmpool.locks import FencedLock, LockBusy, LockKind, LockLost
 from vmpool.names import NameGenerator
@@ -391,7 +392,9 @@ def _create_locked(fleet: Fleet, name: str, provider: Provider, lock: FencedLock
             if failed.ok:
                 return failed.code if failed.code != "completed" else "failed"
             return failed.code
+        failpoint("create_vm.after_provider")
         lock.ensure_held()
+        failpoint("create_vm.before_commit")  # a pause here is what the fence is for
         created = fleet.store.vm_created(name, actor=actor, fence=lock.fence)
         _note("vm_created", name, created)
         if created.ok and created.code == "pending":
@@ -498,6 +501,7 @@ def _check_pending_locked(fleet: Fleet, name: str, provider: Provider, lock: Fen
         reason = "VM vanished at the provider while booting"
     elif ready:
         lock.ensure_held()
+        failpoint("check_pending.before_commit")
         outcome = fleet.store.vm_ready(name, actor=actor, fence=lock.fence)
         _note("vm_ready", name, outcome)
         if outcome.ok and outcome.code == "completed":
