@@ -62,8 +62,8 @@ DEMO_CONFIG_YAML: Final[str] = """\
   :flakycloud:
     provider_class: simulated
     boot_seconds: [2, 5]
-    create_fail_percent: 30
-    ready_fail_percent: 20
+    create_fail_percent: 60
+    ready_fail_percent: 30
     seed: 7
 
 :redis:
@@ -106,6 +106,7 @@ DEMO_CONFIG_YAML: Final[str] = """\
     template: flaky-x86_64
     size: 0
     provider: flakycloud
+    timeout: 0.25
     domain: example.com
 """
 
