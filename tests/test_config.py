@@ -721,8 +721,8 @@ def test_demo_config() -> None:
     assert simulated.options["seed"] == 1
     flaky = config.providers["flakycloud"]
     assert flaky.provider_class == "simulated"
-    assert flaky.options["create_fail_percent"] == 30
-    assert flaky.options["ready_fail_percent"] == 20
+    assert flaky.options["create_fail_percent"] == 60
+    assert flaky.options["ready_fail_percent"] == 30
     assert flaky.options["seed"] == 7
     assert config.ondemand_request_ttl_s == 60
     assert config.timeout_s == 30
