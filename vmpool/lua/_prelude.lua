@@ -62,6 +62,23 @@ local function fence_ok(fence_key, token)
   return tonumber(token) >= current
 end
 
+-- The opening of every VM script: the VM's record exists, belongs to the request the
+-- caller named, and the caller's fencing token ('' when it holds no lock) is current.
+-- Returns the VM, or nil and the refusal to return.
+local function load_vm(token)
+  local vm = load_hash(KEYS[7])
+  if not vm then
+    return nil, refuse('no_vm')
+  end
+  if vm.request_id ~= RID then
+    return nil, refuse('wrong_request')
+  end
+  if not fence_ok(KEYS[8], token) then
+    return nil, refuse('stale_fence')
+  end
+  return vm, nil
+end
+
 -- Appends one audit entry and bumps the request's version: contiguous versions are how
 -- the audit proves no transition was lost or made twice.
 local function audit(entity, from, to, reason, now)

@@ -7,12 +7,9 @@
 --   'not_expired'}.
 -- Invariant: a VM of a ready request is destroyed only after the request is deleted or
 -- the VM's own lifetime (read from its record, against the server clock) is over.
-local vm = load_hash(KEYS[7])
-if not vm then
-  return refuse('no_vm')
-end
-if vm.request_id ~= RID then
-  return refuse('wrong_request')
+local vm, refusal = load_vm('')
+if refusal then
+  return refusal
 end
 if vm.state ~= 'running' then
   return refuse('vm_' .. vm.state)

@@ -7,15 +7,9 @@
 -- Invariant: a VM created for a request that went terminal meanwhile is destroyed,
 -- not attached. A refusal with 'vm_completed' tells the creator that the request let
 -- go of this VM while the provider worked: the creator must destroy what it made.
-local vm = load_hash(KEYS[7])
-if not vm then
-  return refuse('no_vm')
-end
-if vm.request_id ~= RID then
-  return refuse('wrong_request')
-end
-if not fence_ok(KEYS[8], ARGV[6]) then
-  return refuse('stale_fence')
+local vm, refusal = load_vm(ARGV[6])
+if refusal then
+  return refusal
 end
 if vm.state ~= 'reserved' then
   return refuse('vm_' .. vm.state)

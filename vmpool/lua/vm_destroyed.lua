@@ -6,15 +6,9 @@
 --   'stale_fence' | 'vm_<state>'}.
 -- Invariant: only a VM already released (completed) is recorded destroyed; a running
 -- VM of a live request can never be marked destroyed.
-local vm = load_hash(KEYS[7])
-if not vm then
-  return refuse('no_vm')
-end
-if vm.request_id ~= RID then
-  return refuse('wrong_request')
-end
-if not fence_ok(KEYS[8], ARGV[6]) then
-  return refuse('stale_fence')
+local vm, refusal = load_vm(ARGV[6])
+if refusal then
+  return refusal
 end
 if vm.state ~= 'completed' then
   return refuse('vm_' .. vm.state)

@@ -8,15 +8,9 @@
 --   {0, 'no_vm' | 'wrong_request' | 'stale_fence' | 'vm_<state>'}.
 -- Invariant: only a pending request is failed (a ready one never); retries are counted
 -- once per failed VM, however many workers report it.
-local vm = load_hash(KEYS[7])
-if not vm then
-  return refuse('no_vm')
-end
-if vm.request_id ~= RID then
-  return refuse('wrong_request')
-end
-if not fence_ok(KEYS[8], ARGV[6]) then
-  return refuse('stale_fence')
+local vm, refusal = load_vm(ARGV[6])
+if refusal then
+  return refusal
 end
 if vm.state ~= 'reserved' and vm.state ~= 'pending' then
   return refuse('vm_' .. vm.state)

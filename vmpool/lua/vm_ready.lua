@@ -9,15 +9,9 @@
 -- Invariant: a VM is attached only to a pending request within its time, in the same
 -- unit that checks it; a terminal request is never resurrected by a late VM; the
 -- request turns ready in the same unit as its last VM, never on a later sweep.
-local vm = load_hash(KEYS[7])
-if not vm then
-  return refuse('no_vm')
-end
-if vm.request_id ~= RID then
-  return refuse('wrong_request')
-end
-if not fence_ok(KEYS[8], ARGV[6]) then
-  return refuse('stale_fence')
+local vm, refusal = load_vm(ARGV[6])
+if refusal then
+  return refusal
 end
 if vm.state ~= 'pending' then
   return refuse('vm_' .. vm.state)
