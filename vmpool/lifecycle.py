@@ -345,23 +345,35 @@ def create_vm(fleet: Fleet, name: str) -> str:
     a worker died mid-create, finds the same VM. The clone slot is released in a
     ``finally`` once the create is over, whichever way it went.
     """
+    outcome = _under_vm_lock(fleet, name, "reserved", "create", _create_locked)
+    if outcome.startswith("vm_"):
+        fleet.slots.release(name)  # no longer reserved: whatever slot it held is free
+    return outcome
+
+
+LockedStep = Callable[[Fleet, str, Provider, FencedLock], str]
+
+
+def _under_vm_lock(fleet: Fleet, name: str, state: str, step: str, body: LockedStep) -> str:
+    """The shape of every per-VM job: a cheap read to skip work that is not due, then
+    ``body`` under the VM's lock (which re-reads and acts). Another worker holding the
+    lock is 'busy', not an error; a lock lost midway stops the step ('lock_lost')."""
     vm = fleet.store.get_vm(name)
     if vm is None:
         return "no_vm"
-    if vm.state != "reserved":
-        fleet.slots.release(name)
+    if vm.state != state:
         return f"vm_{vm.state}"
     provider = fleet.provider_for(vm)
     if provider is None:
         return "no_provider"
     try:
-        with _locked(fleet, "vm", name, "create") as lock:
-            return _create_locked(fleet, name, provider, lock)
+        with _locked(fleet, "vm", name, step) as lock:
+            return body(fleet, name, provider, lock)
     except LockBusy:
-        log.debug("create %s: another worker holds the VM", name)
+        log.debug("%s %s: another worker holds the VM", step, name)
         return "busy"
     except LockLost as exc:
-        log.warning("create %s stopped: %s", name, exc)
+        log.warning("%s %s stopped: %s", step, name, exc)
         return "lock_lost"
 
 
@@ -465,22 +477,7 @@ def check_pending_vm(fleet: Fleet, name: str) -> str:
     from the VM's created_at in server time, or vanished at the provider), 'busy',
     'provider_error', 'lock_lost', 'no_provider', or a refusal ('no_vm', 'vm_<state>').
     """
-    vm = fleet.store.get_vm(name)
-    if vm is None:
-        return "no_vm"
-    if vm.state != "pending":
-        return f"vm_{vm.state}"
-    provider = fleet.provider_for(vm)
-    if provider is None:
-        return "no_provider"
-    try:
-        with _locked(fleet, "vm", name, "check_pending") as lock:
-            return _check_pending_locked(fleet, name, provider, lock)
-    except LockBusy:
-        return "busy"
-    except LockLost as exc:
-        log.warning("check_pending %s stopped: %s", name, exc)
-        return "lock_lost"
+    return _under_vm_lock(fleet, name, "pending", "check_pending", _check_pending_locked)
 
 
 def _check_pending_locked(fleet: Fleet, name: str, provider: Provider, lock: FencedLock) -> str:
@@ -650,22 +647,7 @@ def destroy_vm(fleet: Fleet, name: str) -> str:
     and the next destroy sweep retries), 'busy', 'lock_lost', 'no_provider', or a
     refusal ('no_vm', 'vm_<state>': only a completed VM is destroyed).
     """
-    vm = fleet.store.get_vm(name)
-    if vm is None:
-        return "no_vm"
-    if vm.state != "completed":
-        return f"vm_{vm.state}"
-    provider = fleet.provider_for(vm)
-    if provider is None:
-        return "no_provider"
-    try:
-        with _locked(fleet, "vm", name, "destroy") as lock:
-            return _destroy_at_provider(fleet, name, provider, lock)
-    except LockBusy:
-        return "busy"
-    except LockLost as exc:
-        log.warning("destroy %s stopped: %s", name, exc)
-        return "lock_lost"
+    return _under_vm_lock(fleet, name, "completed", "destroy", _destroy_at_provider)
 
 
 # ------------------------------------------------------------------------------------
