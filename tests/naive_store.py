@@ -1,33 +1,73 @@
 """THE REFERENCE OF THE BUG — not vmpool's store. Never import this outside tests.
 
 A deliberately naive store with vmpooler 3.9's shape: each operation reads the request
-and VM records, decides in Python, then writes (HSET status, SMOVE-like index moves, an
-audit entry numbered from the version it read). Between the read and the write it calls
-``gap()``: the race tests pass a barrier there so that concurrent operations interleave
-deterministically, exactly as vmpooler's manager threads and API process do (see
-../shared/seed/vmpooler-ondemand-race-pr.txt). The same tests pointed at ``vmpool.store``
-pass; pointed at this, they find the seed's races.
+and VM records, decides in Python, then writes (HSET status, index moves, an audit
+entry numbered from the version it read). It has every guard the seed PR added
+(readiness before expiry, terminal requests are not resurrected, a failed request is
+not deleted), but each guard runs on what was *read*, in an earlier round trip than the
+write: that gap is the whole bug (see ../shared/seed/vmpooler-ondemand-race-pr.txt). It
+has no fencing either: vmpooler only had in-process mutexes, so ``fence`` is accepted
+and ignored.
 
-It shares vmpool's key schema and audit format so one checker judges both.
+Each operation exists in two shapes:
+
+- ``begin_<op>(...)`` runs the read phase and returns a :class:`TwoPhase` whose
+  ``commit()`` runs the write phase later. The model-based test
+  (tests/test_model.py) interleaves other actors' steps in between.
+- ``<op>(...)`` runs both phases with ``gap()`` in between: the multi-process race test
+  (tests/test_store_race.py) passes a barrier there so that concurrent operations
+  interleave deterministically, as vmpooler's manager threads and API process do.
+
+Both shapes run the same code: each operation is one generator that yields exactly
+once, between its reads and its writes. The same tests pointed at ``vmpool.store``
+pass; pointed at this, they find the seed's races. It shares vmpool's key schema and
+audit format so one checker judges both.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 
 import redis
 
 from vmpool.keys import Keys
 from vmpool.store import Outcome, Store
 
+Phases = Generator[None, None, Outcome]
+
+
+class TwoPhase:
+    """One operation split at its gap: constructing it runs the read phase;
+    ``commit()`` runs the write phase and returns the outcome; ``abandon()`` drops it
+    (the process died between the two)."""
+
+    def __init__(self, phases: Phases) -> None:
+        self._phases = phases
+        next(phases)  # the read phase, up to the gap
+
+    def commit(self) -> Outcome:
+        try:
+            next(self._phases)
+        except StopIteration as stop:
+            return stop.value  # type: ignore[no-any-return]
+        raise RuntimeError("a two-phase operation yields exactly once")
+
+    def abandon(self) -> None:
+        self._phases.close()
+
 
 class NaiveStore:
-    def __init__(self, client: redis.Redis, keys: Keys, gap: Callable[[], None]) -> None:
+    FENCED = False  # vmpooler has no fencing tokens: a paused thread writes anyway
+
+    def __init__(
+        self, client: redis.Redis, keys: Keys, gap: Callable[[], None] = lambda: None
+    ) -> None:
         self.redis = client
         self.keys = keys
         self.gap = gap
         self._real = Store(client, keys)  # for reads and for setting up requests only
 
+    # -- plumbing ---------------------------------------------------------------------
     def _now(self) -> float:
         return self._real.server_time()
 
@@ -49,15 +89,21 @@ class NaiveStore:
                 self._audit(rid, version, f"vm:{name}", str(state), "completed", why)
         return version
 
-    def vm_ready(self, name: str, *, actor: str) -> Outcome:
+    def _sync(self, phases: Phases) -> Outcome:
+        op = TwoPhase(phases)
+        self.gap()
+        return op.commit()
+
+    # -- the operations, each one generator: reads, yield (the gap), writes ----------
+    def _vm_ready(self, name: str) -> Phases:
         vm = self.redis.hgetall(self.keys.vm(name))
         rid = vm["request_id"]
         req = self.redis.hgetall(self.keys.request(rid))
-        self.gap()
+        yield
         version = int(req["version"])
         if vm["state"] != "pending":
             return Outcome(False, "vm_" + vm["state"])
-        if req["status"] in ("failed", "deleted"):
+        if req["status"] != "pending":  # the PR's guard: never resurrect a terminal request
             self.redis.hset(self.keys.vm(name), "state", "completed")
             self._audit(rid, version + 1, f"vm:{name}", "pending", "completed", "terminal")
             return Outcome(True, "completed")
@@ -70,40 +116,46 @@ class NaiveStore:
             return Outcome(True, "fulfilled")
         return Outcome(True, "running")
 
-    def expire_request(self, rid: str, *, actor: str) -> Outcome:
+    def _expire_request(self, rid: str) -> Phases:
         req = self.redis.hgetall(self.keys.request(rid))
         now = self._now()
-        self.gap()
+        yield
         if req.get("status") != "pending" or now < float(req["fail_at"]):
             return Outcome(False, "not_expired")
-        self.redis.hset(self.keys.request(rid), "status", "failed")
         version = int(req["version"]) + 1
+        if int(req.get("have", 0)) >= int(req["need"]):  # the PR: readiness before expiry
+            self.redis.hset(self.keys.request(rid), "status", "ready")
+            self._audit(rid, version, "request", "pending", "ready", "all VMs ready")
+            return Outcome(True, "fulfilled")
+        self.redis.hset(self.keys.request(rid), "status", "failed")
         self._audit(rid, version, "request", "pending", "failed", "ttl")
         self._release(rid, version, "request failed")
         return Outcome(True, "failed")
 
-    def delete_request(self, rid: str, *, actor: str, user: str = "") -> Outcome:
+    def _delete_request(self, rid: str) -> Phases:
         req = self.redis.hgetall(self.keys.request(rid))
-        self.gap()
+        yield
         if req.get("status") == "deleted":
             return Outcome(False, "already_deleted")
+        if req.get("status") == "failed":
+            return Outcome(False, "request_failed")
         self.redis.hset(self.keys.request(rid), "status", "deleted")
         version = int(req["version"]) + 1
         self._audit(rid, version, "request", str(req["status"]), "deleted", "deleted")
         self._release(rid, version, "request deleted")
         return Outcome(True, "deleted")
 
-    def vm_failed(self, name: str, reason: str, *, actor: str, permanent: bool = False) -> Outcome:
+    def _vm_failed(self, name: str, reason: str, permanent: bool) -> Phases:
         vm = self.redis.hgetall(self.keys.vm(name))
         rid = vm["request_id"]
         req = self.redis.hgetall(self.keys.request(rid))
-        self.gap()
+        yield
         if vm["state"] not in ("reserved", "pending"):
             return Outcome(False, "vm_" + vm["state"])
         self.redis.hset(self.keys.vm(name), "state", "completed")
         version = int(req["version"]) + 1
         self._audit(rid, version, f"vm:{name}", vm["state"], "completed", reason)
-        if req["status"] in ("failed", "deleted"):
+        if req["status"] != "pending":
             return Outcome(True, "completed")
         retries = self.redis.hincrby(self.keys.request(rid), "retries", 1)
         if permanent or retries > int(req["max_retries"]):
@@ -111,3 +163,45 @@ class NaiveStore:
             self._audit(rid, version + 1, "request", str(req["status"]), "failed", "retries")
             return Outcome(True, "request_failed")
         return Outcome(True, "retry")
+
+    # -- two-phase entry points (the model-based test) ----------------------------------
+    def begin_vm_ready(self, name: str, *, actor: str, fence: int | None = None) -> TwoPhase:
+        return TwoPhase(self._vm_ready(name))
+
+    def begin_expire_request(self, rid: str, *, actor: str) -> TwoPhase:
+        return TwoPhase(self._expire_request(rid))
+
+    def begin_delete_request(self, rid: str, *, actor: str, user: str = "") -> TwoPhase:
+        return TwoPhase(self._delete_request(rid))
+
+    def begin_vm_failed(
+        self,
+        name: str,
+        reason: str,
+        *,
+        actor: str,
+        permanent: bool = False,
+        fence: int | None = None,
+    ) -> TwoPhase:
+        return TwoPhase(self._vm_failed(name, reason, permanent))
+
+    # -- one-call entry points, gap() between the phases (the race test) ----------------
+    def vm_ready(self, name: str, *, actor: str, fence: int | None = None) -> Outcome:
+        return self._sync(self._vm_ready(name))
+
+    def expire_request(self, rid: str, *, actor: str) -> Outcome:
+        return self._sync(self._expire_request(rid))
+
+    def delete_request(self, rid: str, *, actor: str, user: str = "") -> Outcome:
+        return self._sync(self._delete_request(rid))
+
+    def vm_failed(
+        self,
+        name: str,
+        reason: str,
+        *,
+        actor: str,
+        permanent: bool = False,
+        fence: int | None = None,
+    ) -> Outcome:
+        return self._sync(self._vm_failed(name, reason, permanent))
