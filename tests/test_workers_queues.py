@@ -169,6 +169,114 @@ def test_dispatcher_enqueues_each_step(conn: redis.Redis) -> None:
     ]
 
 
+# -- enqueue_many (the sweeps' batched dispatch) ---------------------------------------
+def _hash(conn: redis.Redis, jid: str) -> dict[bytes, bytes]:
+    """A job hash minus the fields that are timestamps of the enqueue itself."""
+    h = conn.hgetall(Job.key_for(jid))
+    return {k: v for k, v in h.items() if k not in (b"created_at", b"enqueued_at")}
+
+
+def test_enqueue_many_builds_the_same_job_as_enqueue(conn: redis.Redis) -> None:
+    """Same id, same queue, same hash fields (args, ttls, timeout, description, status,
+    origin, serialized call) as the one-at-a-time path: RQ's job, built RQ's way."""
+    assert q.enqueue(conn, "check-pending", "vm.a_1") is True
+    one = _hash(conn, q.job_id("check-pending", "vm.a_1"))
+    conn.flushdb()
+    assert q.enqueue_many(conn, "check-pending", ["vm.a_1"]) == 1
+    many = _hash(conn, q.job_id("check-pending", "vm.a_1"))
+    assert many == one and many
+    assert Queue(q.QUEUE_VMS, connection=conn).job_ids == ["check-pending-vm_-a__1"]
+    job = Job.fetch("check-pending-vm_-a__1", connection=conn)
+    assert job.args == ("vm.a_1",)
+    assert job.result_ttl == 0
+    assert job.failure_ttl == q.FAILURE_TTL
+    assert job.timeout == q.JOBS["check-pending"].timeout
+    assert conn.sismember("rq:queues", f"rq:queue:{q.QUEUE_VMS}")
+
+
+def test_enqueue_many_dedups_against_enqueue_and_itself(conn: redis.Redis) -> None:
+    assert q.enqueue(conn, "destroy", "vm-a") is True
+    assert q.enqueue_many(conn, "destroy", ["vm-a", "vm-b", "vm-c", "vm-b"]) == 2
+    assert q.enqueue_many(conn, "destroy", ["vm-c", "vm-b", "vm-a"]) == 0
+    assert q.enqueue(conn, "destroy", "vm-b") is False
+    assert Queue(q.QUEUE_VMS, connection=conn).job_ids == [
+        "destroy-vm-a",
+        "destroy-vm-b",
+        "destroy-vm-c",
+    ]
+    # another job of the same subject is a different id
+    assert q.enqueue_many(conn, "create-vm", ["vm-a"]) == 1
+
+
+def test_enqueue_many_reclaims_dead_duplicates_only(conn: redis.Redis) -> None:
+    names = ["vm-failed", "vm-stale", "vm-live", "vm-nobeat", "vm-queued"]
+    assert q.enqueue_many(conn, "check-pending", names) == 5
+    queue = Queue(q.QUEUE_VMS, connection=conn)
+    now = _server_now(conn)
+    for name, status, beat in [
+        ("vm-failed", JobStatus.FAILED, None),
+        ("vm-stale", JobStatus.STARTED, now - q.STALE_AFTER_SECONDS - 1),
+        ("vm-live", JobStatus.STARTED, now),
+        ("vm-nobeat", JobStatus.STARTED, None),
+    ]:
+        job = Job.fetch(q.job_id("check-pending", name), connection=conn)
+        queue.remove(job)
+        job.set_status(status)
+        if beat is not None:
+            conn.hset(job.key, q.HEARTBEAT_FIELD, f"{beat:.3f}")
+    assert q.enqueue_many(conn, "check-pending", names) == 2  # failed + stale
+    assert queue.job_ids == [
+        "check-pending-vm-queued",
+        "check-pending-vm-failed",
+        "check-pending-vm-stale",
+    ]
+    for name in ("vm-failed", "vm-stale"):
+        job = Job.fetch(q.job_id("check-pending", name), connection=conn)
+        assert job.get_status() == JobStatus.QUEUED
+        assert conn.hget(job.key, q.HEARTBEAT_FIELD) is None  # a fresh hash
+
+
+def test_enqueue_many_empty_and_invalid(conn: redis.Redis) -> None:
+    assert q.enqueue_many(conn, "provision", []) == 0
+    assert conn.dbsize() == 0  # nothing sent
+    with pytest.raises(ValueError):
+        q.enqueue_many(conn, "provision", ["ok-1", "not ok"])
+    assert conn.dbsize() == 0  # validated before anything is sent
+    with pytest.raises(ValueError):
+        q.enqueue_many(conn, "sweep", ["x"])
+    with pytest.raises(ValueError):
+        q.enqueue_many(conn, "nonsense", ["x"])
+
+
+@pytest.mark.parametrize("chunk", [7, q.ENQUEUE_CHUNK])
+def test_enqueue_many_more_than_a_chunk(conn: redis.Redis, chunk: int) -> None:
+    n = 2 * chunk + 3
+    names = [f"vm-{i:05d}" for i in range(n)]
+    assert q.enqueue(conn, "create-vm", names[chunk]) is True  # a duplicate mid-batch
+    assert q.enqueue_many(conn, "create-vm", names, chunk=chunk) == n - 1
+    ids = Queue(q.QUEUE_VMS, connection=conn).job_ids
+    assert sorted(ids) == sorted(q.job_id("create-vm", name) for name in names)
+    assert len(ids) == n
+    assert q.enqueue_many(conn, "create-vm", names, chunk=chunk) == 0
+
+
+def test_dispatcher_batches(conn: redis.Redis) -> None:
+    d = q.RQDispatcher(conn)
+    d.provision_requests(["r1", "r2"])
+    d.create_vms(["vm-a"])
+    d.check_pending_vms(["vm-a", "vm-b"])
+    d.destroy_vms([])
+    d.destroy_vms(["vm-a"])
+    d.create_vm("vm-a")  # duplicate of a batched one: absorbed
+    assert Queue(q.QUEUE_REQUESTS, connection=conn).job_ids == ["provision-r1", "provision-r2"]
+    assert Queue(q.QUEUE_VMS, connection=conn).job_ids == [
+        "create-vm-vm-a",
+        "check-pending-vm-a",
+        "check-pending-vm-b",
+        "destroy-vm-a",
+    ]
+
+
 def _server_now(conn: redis.Redis) -> float:
     sec, usec = conn.time()
     return float(sec) + float(usec) / 1e6

@@ -31,7 +31,7 @@ from __future__ import annotations
 import logging
 import random
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -77,7 +77,11 @@ _REQUEST_LEVEL_REFUSALS = frozenset({"no_request", "stale_fence", "past_deadline
 
 class Dispatcher(Protocol):
     """Puts follow-up work on the queues (workers/queues.py, with RQ). Each call must be
-    cheap, idempotent and deduplicated per (job, subject) by the implementation."""
+    cheap, idempotent and deduplicated per (job, subject) by the implementation.
+
+    The plural methods are the batched forms the sweeps use: the same effect as the
+    singular call for each subject, in a constant number of Redis round trips per batch
+    (issue 3: never one round trip per open request per tick)."""
 
     def provision_request(self, request_id: str) -> None: ...
 
@@ -88,6 +92,14 @@ class Dispatcher(Protocol):
     def check_request(self, request_id: str) -> None: ...
 
     def destroy_vm(self, name: str) -> None: ...
+
+    def provision_requests(self, request_ids: Sequence[str]) -> None: ...
+
+    def create_vms(self, names: Sequence[str]) -> None: ...
+
+    def check_pending_vms(self, names: Sequence[str]) -> None: ...
+
+    def destroy_vms(self, names: Sequence[str]) -> None: ...
 
 
 @dataclass
@@ -110,6 +122,19 @@ class RecordingDispatcher:
 
     def destroy_vm(self, name: str) -> None:
         self.calls.append(("destroy_vm", name))
+
+    # A batch is recorded as its singular calls, in order (run_dispatched-style replay).
+    def provision_requests(self, request_ids: Sequence[str]) -> None:
+        self.calls.extend(("provision_request", rid) for rid in request_ids)
+
+    def create_vms(self, names: Sequence[str]) -> None:
+        self.calls.extend(("create_vm", name) for name in names)
+
+    def check_pending_vms(self, names: Sequence[str]) -> None:
+        self.calls.extend(("check_pending_vm", name) for name in names)
+
+    def destroy_vms(self, names: Sequence[str]) -> None:
+        self.calls.extend(("destroy_vm", name) for name in names)
 
     def take(self) -> list[tuple[str, str]]:
         """The calls recorded so far, and forget them."""
@@ -212,9 +237,9 @@ def _note(what: str, subject: str, outcome: Outcome) -> None:
 def _dispatch_released(fleet: Fleet, request_id: str) -> None:
     """Dispatch destroy_vm for every VM of the request that is on its way to destruction
     (after the request failed or was fulfilled late, its VMs are 'completed')."""
-    for vm in fleet.store.request_vms(request_id):
-        if vm.state == "completed":
-            fleet.dispatch.destroy_vm(vm.name)
+    released = [vm.name for vm in fleet.store.request_vms(request_id) if vm.state == "completed"]
+    if released:
+        fleet.dispatch.destroy_vms(released)
 
 
 def _after_vm_failed(fleet: Fleet, vm: VMRecord, outcome: Outcome) -> None:
@@ -544,11 +569,13 @@ def check_request(fleet: Fleet, request_id: str) -> str:
         if outcome.ok:
             _dispatch_released(fleet, request_id)
         return outcome.code
-    for vm in fleet.store.get_vms(req.vm_names):
-        if vm.state == "pending":
-            fleet.dispatch.check_pending_vm(vm.name)
-        elif vm.state == "reserved":
-            fleet.dispatch.create_vm(vm.name)
+    vms = fleet.store.get_vms(req.vm_names)
+    pending = [vm.name for vm in vms if vm.state == "pending"]
+    reserved = [vm.name for vm in vms if vm.state == "reserved"]
+    if pending:
+        fleet.dispatch.check_pending_vms(pending)
+    if reserved:
+        fleet.dispatch.create_vms(reserved)
     if req.unreserved > 0:
         fleet.dispatch.provision_request(request_id)
     return "pending"
@@ -585,10 +612,10 @@ def sweep_expired(fleet: Fleet, limit: int = 1000) -> dict[str, int]:
 
 
 def provision_sweep(fleet: Fleet) -> int:
-    """Dispatch provision_request for every request with unreserved slots."""
+    """Dispatch provision_request for every request with unreserved slots (one batch)."""
     candidates = fleet.store.provision_candidates()
-    for request_id in candidates:
-        fleet.dispatch.provision_request(request_id)
+    if candidates:
+        fleet.dispatch.provision_requests(candidates)
     return len(candidates)
 
 
@@ -601,43 +628,53 @@ def reserved_grace_s(config: Config) -> float:
 def check_pending_sweep(fleet: Fleet, pool: str | None = None) -> int:
     """Dispatch check_pending_vm for every pending VM of every configured pool (or of
     ``pool``), and create_vm again for reservations older than ``reserved_grace_s``
-    (a lost create job, or one that found no clone slot). Returns the dispatch count."""
+    (a lost create job, or one that found no clone slot). Returns the dispatch count.
+
+    Batched: one read per state for all pools (a pipeline), one dispatch batch per job,
+    so the round trips per tick do not grow with the number of pending VMs."""
     now = fleet.store.server_time()
     grace = reserved_grace_s(fleet.config)
-    dispatched = 0
-    for pool_name in [pool] if pool else list(fleet.config.pools):
-        for name in fleet.store.pool_vms(pool_name, "pending"):
-            fleet.dispatch.check_pending_vm(name)
-            dispatched += 1
-        for name in fleet.store.pool_vms(pool_name, "reserved", max_score=now - grace):
-            fleet.dispatch.create_vm(name)
-            dispatched += 1
-    return dispatched
+    pools = [pool] if pool else list(fleet.config.pools)
+    pending = _flat(fleet.store.pools_vms(pools, "pending"))
+    stale = _flat(fleet.store.pools_vms(pools, "reserved", max_score=now - grace))
+    if pending:
+        fleet.dispatch.check_pending_vms(pending)
+    if stale:
+        fleet.dispatch.create_vms(stale)
+    return len(pending) + len(stale)
+
+
+def _flat(by_pool: Mapping[str, Sequence[str]]) -> list[str]:
+    return [name for names in by_pool.values() for name in names]
 
 
 def reap_running(fleet: Fleet) -> int:
     """End the VMs whose lifetime is over (their running score is their lifetime end)
-    and dispatch their destruction. Returns how many were ended."""
+    and dispatch their destruction. Returns how many were ended.
+
+    Each ``end_vm_lifetime`` is its own atomic transition (one script per expired VM:
+    the cost follows the expired count, not the running count); the destroy dispatch
+    for all of them is one batch at the end (a pass that dies before it leaves the VMs
+    'completed', which destroy_sweep finds)."""
     now = fleet.store.server_time()
-    ended = 0
-    for pool in fleet.config.pools:
-        for name in fleet.store.pool_vms(pool, "running", max_score=now):
-            outcome = fleet.store.end_vm_lifetime(name, actor=fleet.who("reap"))
-            _note("end_vm_lifetime", name, outcome)
-            if outcome.ok:
-                ended += 1
-                fleet.dispatch.destroy_vm(name)
-    return ended
+    ended: list[str] = []
+    for name in _flat(fleet.store.pools_vms(list(fleet.config.pools), "running", max_score=now)):
+        outcome = fleet.store.end_vm_lifetime(name, actor=fleet.who("reap"))
+        _note("end_vm_lifetime", name, outcome)
+        if outcome.ok:
+            ended.append(name)
+    if ended:
+        fleet.dispatch.destroy_vms(ended)
+    return len(ended)
 
 
 def destroy_sweep(fleet: Fleet) -> int:
-    """Dispatch destroy_vm for every completed VM of every configured pool."""
-    dispatched = 0
-    for pool in fleet.config.pools:
-        for name in fleet.store.pool_vms(pool, "completed"):
-            fleet.dispatch.destroy_vm(name)
-            dispatched += 1
-    return dispatched
+    """Dispatch destroy_vm for every completed VM of every configured pool (one read
+    for all pools, one dispatch batch)."""
+    names = _flat(fleet.store.pools_vms(list(fleet.config.pools), "completed"))
+    if names:
+        fleet.dispatch.destroy_vms(names)
+    return len(names)
 
 
 def destroy_vm(fleet: Fleet, name: str) -> str:

@@ -491,6 +491,30 @@ class Store:
         counts = iter(pipe.execute())
         return {pool: {state: int(next(counts)) for state in states} for pool in pools}
 
+    def pools_vms(
+        self,
+        pools: Iterable[str],
+        state: str,
+        *,
+        max_score: float | None = None,
+        limit: int | None = None,
+    ) -> dict[str, list[str]]:
+        """:meth:`pool_vms` for several pools in one round trip (a non-transactional
+        pipeline): pool -> VM names in score order. The sweeps read through this."""
+        pools = list(dict.fromkeys(pools))
+        hi: float | str = "+inf" if max_score is None else max_score
+        pipe = self.redis.pipeline(transaction=False)
+        for pool in pools:
+            key = self.keys.pool_state(pool, state)
+            if limit is None:
+                pipe.zrangebyscore(key, "-inf", hi)
+            else:
+                pipe.zrangebyscore(key, "-inf", hi, start=0, num=limit)
+        replies = pipe.execute() if pools else []
+        return {
+            pool: [_text(n) for n in names] for pool, names in zip(pools, replies, strict=True)
+        }
+
 
 def _read_lua(name: str) -> str:
     return resources.files("vmpool").joinpath("lua", f"{name}.lua").read_text()

@@ -34,19 +34,34 @@ job, or a ``started`` job whose vmpool heartbeat (written every
 process that resumes after its job was reclaimed may run beside the new copy or delete
 its hash when it finishes (``result_ttl=0``); both are harmless because every job is
 idempotent and the periodic sweeps re-find any work a lost job leaves behind.
+
+:func:`enqueue_many` is the batched form the sweeps use, with the same guarantees (same
+ids, same job hash, ``unique``, the same reclaim), in a constant number of round trips
+per :data:`ENQUEUE_CHUNK` subjects instead of several per subject: the reclaim script
+runs for every id in ONE non-transactional pipeline (it answers "free" for an absent or
+plainly dead job, deleting the dead hash, and "live" otherwise); then each free job is
+built as RQ builds it and RQ's own unique-enqueue Lua script (``rq.scripts``) runs for
+all of them in a second pipeline. Each script is still its own atomic unit (a pipeline
+is not a transaction), so the per-job uniqueness is RQ's; a live duplicate costs one
+cheap script and no job building.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final
 
 import redis
+from redis.commands.core import Script
 from rq import Queue
 from rq.exceptions import DuplicateJobError
+from rq.job import Job
+from rq.scripts import UNIQUE_ENQUEUE_SCRIPT, _build_hset_args
 
 __all__ = [
+    "ENQUEUE_CHUNK",
     "FAILURE_TTL",
     "HEARTBEAT_FIELD",
     "HEARTBEAT_SECONDS",
@@ -61,6 +76,7 @@ __all__ = [
     "decode_subject",
     "encode_subject",
     "enqueue",
+    "enqueue_many",
     "job_id",
     "resolve_queue_names",
 ]
@@ -79,6 +95,9 @@ HEARTBEAT_SECONDS: Final = 2.0
 HEARTBEAT_FIELD: Final = "vmpool_heartbeat"
 # ... and a started job whose heartbeat is older than this is taken for dead.
 STALE_AFTER_SECONDS: Final = 10.0
+# enqueue_many sends at most this many jobs per pipeline (bounds one request's size and
+# the time the server spends on one batch; 500 scripts run in a few ms).
+ENQUEUE_CHUNK: Final = 500
 
 
 @dataclass(frozen=True)
@@ -232,6 +251,82 @@ def enqueue(conn: redis.Redis, job: str, subject: str | None = None) -> bool:
     return False
 
 
+def enqueue_many(
+    conn: redis.Redis, job: str, subjects: Sequence[str], *, chunk: int = ENQUEUE_CHUNK
+) -> int:
+    """:func:`enqueue` for many subjects of one job; returns how many were newly queued.
+
+    The same guarantees as :func:`enqueue` (deterministic ids, at most one live copy per
+    id, ``result_ttl=0``, :data:`FAILURE_TTL`, the job's timeout, a plainly dead
+    duplicate reclaimed and queued) in a constant number of round trips per ``chunk``
+    subjects: two pipelines (see the module docstring). A subject given twice is queued once.
+    Every subject is validated before anything is sent: one invalid subject raises
+    ValueError and nothing is queued.
+    """
+    spec = _lookup(job)
+    if spec.subject is None:
+        raise ValueError(f"job {job!r} takes no subject; use enqueue()")
+    if chunk < 1:
+        raise ValueError("chunk must be >= 1")
+    # job_id validates; dict.fromkeys keeps the first occurrence, in order.
+    items = list(dict.fromkeys((job_id(job, subject), subject) for subject in subjects))
+    if not items:
+        return 0
+    queue = Queue(spec.queue, connection=conn)
+    push = conn.register_script(UNIQUE_ENQUEUE_SCRIPT)
+    reclaim = conn.register_script(_RECLAIM_LUA)
+    queued = 0
+    for start in range(0, len(items), chunk):
+        part = items[start : start + chunk]
+        # Reclaim first: the script answers "free" for an absent or plainly dead job
+        # (deleting the dead hash) and "live" otherwise, so the live duplicates (the
+        # usual case when workers are behind) cost no job building at all. A copy that
+        # appears between the two pipelines is fresh and live: the push refuses it.
+        pipe = conn.pipeline(transaction=False)
+        for jid, _ in part:
+            reclaim(
+                keys=[Queue.job_class.key_for(jid)],
+                args=[HEARTBEAT_FIELD, STALE_AFTER_SECONDS],
+                client=pipe,
+            )
+        free = [item for item, ok in zip(part, pipe.execute(), strict=True) if ok]
+        if free:
+            queued += len(free) - len(_push_unique(conn, queue, spec, push, free))
+    return queued
+
+
+def _push_unique(
+    conn: redis.Redis,
+    queue: Queue,
+    spec: JobSpec,
+    push: Script,
+    items: Sequence[tuple[str, str]],
+) -> list[tuple[str, str]]:
+    """Build each job exactly as ``Queue.enqueue(..., unique=True)`` does (create_job,
+    origin, _prepare_for_queue, RQ's HSET fields) and run RQ's unique-enqueue script for
+    all of them in one non-transactional pipeline. Returns the items refused as
+    duplicates."""
+    pipe = conn.pipeline(transaction=False)
+    pipe.sadd(queue.redis_queues_keys, queue.key)  # what enqueue_job does first
+    for jid, subject in items:
+        rq_job: Job = queue.create_job(
+            spec.func,
+            args=(subject,),
+            job_id=jid,
+            result_ttl=0,
+            failure_ttl=FAILURE_TTL,
+            timeout=spec.timeout,
+            description=jid,
+        )
+        rq_job.origin = queue.name
+        queue._prepare_for_queue(rq_job)
+        ttl = rq_job.ttl if rq_job.ttl is not None else -1
+        hset: list[Any] = _build_hset_args(rq_job)  # type: ignore[no-untyped-call]
+        push(keys=[rq_job.key, queue.key], args=[rq_job.id, "R", ttl, *hset], client=pipe)
+    results = pipe.execute()[1:]
+    return [item for item, ok in zip(items, results, strict=True) if not ok]
+
+
 class RQDispatcher:
     """vmpool.lifecycle's Dispatcher: each follow-up step becomes a deduplicated RQ job.
 
@@ -256,3 +351,16 @@ class RQDispatcher:
 
     def destroy_vm(self, name: str) -> None:
         enqueue(self.conn, "destroy", name)
+
+    # Batched forms (the sweeps): a constant number of round trips per ENQUEUE_CHUNK.
+    def provision_requests(self, request_ids: Sequence[str]) -> None:
+        enqueue_many(self.conn, "provision", request_ids)
+
+    def create_vms(self, names: Sequence[str]) -> None:
+        enqueue_many(self.conn, "create-vm", names)
+
+    def check_pending_vms(self, names: Sequence[str]) -> None:
+        enqueue_many(self.conn, "check-pending", names)
+
+    def destroy_vms(self, names: Sequence[str]) -> None:
+        enqueue_many(self.conn, "destroy", names)
