@@ -502,11 +502,15 @@ def test_model_vmpool_store_holds_every_invariant(
     seen = cls.outcomes
     print(f"\nvmpool store, {EXAMPLES} examples of up to {STEPS} steps: {dict(seen)}")
     # the races were really run, on both sides: not a vacuous pass
-    for code in (
-        "check:fulfilled", "check:completed", "check:retry", "check:request_failed",
-        "check:stale:stale_fence", "sweep:failed", "delete:deleted", "delete:request_failed",
+    # (each group: one of these outcomes must occur; which one depends on the timing of
+    # the examples' setup on a loaded machine: a late ready VM is either moved to
+    # destruction by vm_ready or found already released)
+    for group in (
+        ("check:fulfilled",), ("check:completed", "check:vm_completed"), ("check:retry",),
+        ("check:request_failed",), ("check:stale:stale_fence",), ("sweep:failed",),
+        ("delete:deleted",), ("delete:request_failed",),
     ):
-        assert seen[code], (code, dict(seen))
+        assert any(seen[code] for code in group), (group, dict(seen))
 
 
 def shrunk_naive_failure(url: str, *, serial: bool) -> tuple[list[str], str]:
