@@ -28,7 +28,10 @@ for :data:`FAILURE_TTL` seconds only.
 A job hash that outlives its run would block its (job, subject) for as long as RQ takes
 to notice (about a minute for a killed worker). :func:`enqueue` therefore *reclaims* a
 duplicate that is plainly dead, in one Lua script: a ``failed``/``stopped``/``canceled``
-job, or a ``started`` job whose vmpool heartbeat (written every
+job, a ``queued`` job that is in no queue (a worker popped it with BLPOP and was killed,
+or lost the reply with its connection, before it marked the job started: RQ never runs
+or expires such a hash, so without this its id would be blocked forever), or a
+``started`` job whose vmpool heartbeat (written every
 :data:`HEARTBEAT_SECONDS` by the process running it, in Redis server time) is older than
 :data:`STALE_AFTER_SECONDS`. The hash is deleted and the enqueue retried once. A paused
 process that resumes after its job was reclaimed may run beside the new copy or delete
@@ -197,13 +200,20 @@ def resolve_queue_names(names: str | None) -> list[str]:
 
 
 # Deletes the hash of a duplicate job that is plainly dead (see the module docstring).
-# KEYS[1] job hash; ARGV[1] heartbeat field, ARGV[2] stale-after seconds.
+# KEYS[1] job hash, KEYS[2] its queue's list; ARGV[1] heartbeat field, ARGV[2]
+# stale-after seconds, ARGV[3] the job id.
 # Returns 1 when the id is free now (deleted, or already gone), 0 when it is live.
 _RECLAIM_LUA: Final = """
 local status = redis.call('HGET', KEYS[1], 'status')
 if not status then return 1 end
 if status == 'failed' or status == 'stopped' or status == 'canceled' then
   redis.call('DEL', KEYS[1]); return 1
+end
+if status == 'queued' then
+  -- 'queued' but in no queue: a worker popped it (BLPOP) and died, or lost the pop's
+  -- reply with its connection, before marking it started. Nothing would ever run it.
+  if not redis.call('LPOS', KEYS[2], ARGV[3]) then redis.call('DEL', KEYS[1]); return 1 end
+  return 0
 end
 if status == 'started' then
   local hb = tonumber(redis.call('HGET', KEYS[1], ARGV[1]))
@@ -216,10 +226,12 @@ return 0
 """
 
 
-def _reclaim(conn: redis.Redis, jid: str) -> bool:
+def _reclaim(conn: redis.Redis, queue: Queue, jid: str) -> bool:
     script = conn.register_script(_RECLAIM_LUA)
     key = Queue.job_class.key_for(jid)
-    return bool(script(keys=[key], args=[HEARTBEAT_FIELD, STALE_AFTER_SECONDS]))
+    return bool(
+        script(keys=[key, queue.key], args=[HEARTBEAT_FIELD, STALE_AFTER_SECONDS, jid])
+    )
 
 
 def enqueue(conn: redis.Redis, job: str, subject: str | None = None) -> bool:
@@ -246,7 +258,7 @@ def enqueue(conn: redis.Redis, job: str, subject: str | None = None) -> bool:
             )
             return True
         except DuplicateJobError:
-            if attempt or not _reclaim(conn, jid):
+            if attempt or not _reclaim(conn, queue, jid):
                 return False
     return False
 
@@ -285,8 +297,8 @@ def enqueue_many(
         pipe = conn.pipeline(transaction=False)
         for jid, _ in part:
             reclaim(
-                keys=[Queue.job_class.key_for(jid)],
-                args=[HEARTBEAT_FIELD, STALE_AFTER_SECONDS],
+                keys=[Queue.job_class.key_for(jid), queue.key],
+                args=[HEARTBEAT_FIELD, STALE_AFTER_SECONDS, jid],
                 client=pipe,
             )
         free = [item for item, ok in zip(part, pipe.execute(), strict=True) if ok]
