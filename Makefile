@@ -30,3 +30,13 @@ demo: venv
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+
+# The chaos soak (tests/chaos/soak.py, docs/reliability.md): vmpool's fleet as real
+# processes under seeded faults, checked at the end. TARGET=seed-reference runs the
+# reference of the seed's design instead (it must report violations).
+.PHONY: chaos
+SECONDS ?= 60
+SEED    ?= 1
+TARGET  ?= vmpool
+chaos: venv
+	$(PY) tests/chaos/soak.py --seconds $(SECONDS) --seed $(SEED) --target $(TARGET) $(CHAOS_ARGS)

@@ -1,0 +1,890 @@
+"""The chaos soak: vmpool's whole fleet as real processes, a client keeping its own
+history, and a seeded fault thread; checked at the end.
+
+    python tests/chaos/soak.py --seconds 60 --seed 1                    # vmpool
+    python tests/chaos/soak.py --seconds 60 --seed 1 --target seed-reference
+    python tests/chaos/soak.py --requests 10000 --seed 7 --json         # the long run
+
+What runs (all on loopback): one Redis (AOF, ``appendfsync always``, a fixed port and
+directory so that it can be restarted in place); two API processes (``vmpool api``) on
+two ports; four ``vmpool worker`` and two ``vmpool scheduler`` processes under
+:class:`vmpool.supervisor.Supervisor`, which restarts the ones that die. With
+``--target seed-reference`` the workers and schedulers are replaced by two replicas of
+the seed's manager design and the APIs delete the seed's way (``seed_reference.py``).
+
+The client (``history.py``) creates requests of 1-3 VMs on several pools (one of them a
+flaky simulated provider) against both APIs at random, deletes a share of them at
+random moments, polls all of them, deletes the ready ones, and records every operation.
+The fault thread (:class:`Nemesis`), seeded, injects one fault at a time:
+``kill_worker`` (SIGKILL), ``pause_worker`` (SIGSTOP past the lock expiry, then
+SIGCONT), ``client_kill`` (``CLIENT KILL TYPE normal``), ``redis_restart`` (SIGTERM,
+start again on the same port and directory), ``redis_kill9`` (SIGKILL, start again:
+``appendfsync always`` must lose nothing acknowledged), ``pause_scheduler``.
+
+At the end the load stops, the faults stop, every request settles (the client deletes
+the ready ones), every VM is destroyed, and the checks run: ``audit_state``; the client's
+history (``history.check_history``); each request's settle time against its TTL plus one
+sweep interval, from its audit trail in Redis server time (the time from each Redis
+stop until the fleet sweeps again is credited, and measured and reported beside the raw
+figures: see ``--no-outage-credit``);
+a canary write acknowledged before each Redis restart is still there after it; no VM
+left at the simulated providers or in a live record; no child process left behind.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import platform
+import random
+import signal
+import sys
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+import redis
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent.parent
+for _path in (str(HERE), str(HERE.parent)):
+    if _path not in sys.path:
+        sys.path.insert(0, _path)
+
+from history import Client, ClientOptions, check_history, ops_to_jsonl  # noqa: E402
+
+from vmpool.audit import audit_state  # noqa: E402
+from vmpool.config import Config, load_config  # noqa: E402
+from vmpool.keys import Keys  # noqa: E402
+from vmpool.providers import providers_from_config  # noqa: E402
+from vmpool.redis_server import RedisServer, free_port  # noqa: E402
+from vmpool.store import Store  # noqa: E402
+from vmpool.supervisor import ChildSpec, Supervisor  # noqa: E402
+
+TARGETS = ("vmpool", "seed-reference")
+FAULT_KINDS = {
+    "vmpool": (
+        "kill_worker",
+        "pause_worker",
+        "client_kill",
+        "redis_restart",
+        "redis_kill9",
+        "pause_scheduler",
+    ),
+    # the reference has manager replicas where vmpool has workers, and no scheduler
+    "seed-reference": ("kill_worker", "pause_worker", "client_kill", "redis_restart",
+                       "redis_kill9"),
+}
+HEALTHY_POOLS = ("debian", "centos", "win")  # aliases and names, as clients use them
+FLAKY_POOLS = ("flaky",)
+
+CONFIG = """\
+:providers:
+  :simulated:
+    boot_seconds: [0.3, 1.5]
+    seed: {seed}
+  :flakycloud:
+    provider_class: simulated
+    boot_seconds: [0.3, 2]
+    create_fail_percent: 25
+    ready_fail_percent: 15
+    destroy_fail_percent: 20
+    seed: {seed}
+:redis:
+  data_ttl: 3
+:config:
+  ondemand_request_ttl: {ttl_minutes}
+  timeout: 0.1
+  max_ondemand_instances_per_request: 10
+  ondemand_clone_limit: 40
+  max_vm_retries: 2
+  lock_expire: {lock_expire}
+  reconcile_grace: 5
+:schedule:
+  provision: 1
+  check_pending: 1
+  sweep: {sweep}
+  reap: 5
+  destroy: 1
+  reconcile: 3
+:pools:
+  - {{name: debian-12-x86_64, alias: [debian], size: 0, provider: simulated, domain: example.com}}
+  - {{name: centos-9-x86_64, alias: [centos], size: 0, provider: simulated}}
+  - {{name: win, template: win-2022, size: 0, provider: simulated, domain: example.com}}
+  - {{name: flaky, template: flaky, size: 0, provider: flakycloud}}
+"""
+
+
+@dataclass
+class SoakOptions:
+    seconds: float = 60.0
+    seed: int = 1
+    target: str = "vmpool"
+    requests: int | None = None  # stop creating after this many (else after `seconds`)
+    rate: float = 6.0  # requests created per second (the client's pacing)
+    ttl_s: float = 30.0
+    sweep_s: float = 2.0
+    lock_expire_s: float = 2.0
+    fault_gap_s: tuple[float, float] = (2.0, 5.0)
+    settle_timeout_s: float = 240.0
+    outage_credit: bool = True
+    workdir: str | None = None
+    keep_workdir: bool = False
+    log: IO[str] | None = None
+
+
+@dataclass
+class Fault:
+    kind: str
+    at: float  # wall clock (the Redis server's clock: the same machine)
+    target: str
+    duration_s: float = 0.0
+    note: str = ""
+
+
+@dataclass
+class Finding:
+    kind: str
+    subject: str
+    message: str
+
+
+@dataclass
+class SoakReport:
+    target: str
+    seed: int
+    command: str
+    requests: int = 0
+    outcomes: dict[str, int] = field(default_factory=dict)
+    faults: dict[str, int] = field(default_factory=dict)
+    violations: dict[str, int] = field(default_factory=dict)
+    examples: list[str] = field(default_factory=list)
+    settle: dict[str, Any] = field(default_factory=dict)
+    client_ops: dict[str, int] = field(default_factory=dict)
+    redis_downtime_s: list[float] = field(default_factory=list)
+    duration_s: float = 0.0
+    load_s: float = 0.0
+    machine: str = ""
+    workdir: str = ""
+    restarts: dict[str, int] = field(default_factory=dict)
+    trails: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def violation_count(self) -> int:
+        return sum(self.violations.values())
+
+    def lines(self) -> list[str]:
+        def kv(d: dict[str, Any]) -> str:
+            return ", ".join(f"{k} {v}" for k, v in sorted(d.items())) or "none"
+
+        s = self.settle
+        out = [
+            f"chaos soak against {self.target}, seed {self.seed}",
+            f"  command:     {self.command}",
+            f"  machine:     {self.machine}",
+            f"  duration:    {self.duration_s:.0f}s ({self.load_s:.0f}s of load)",
+            f"  requests:    {self.requests}",
+            f"  outcomes:    {kv(self.outcomes)}",
+            f"  client ops:  {kv(self.client_ops)}",
+            f"  faults:      {kv(self.faults)}",
+            f"  restarts:    {kv(self.restarts)}",
+            "  redis down:  "
+            + (", ".join(f"{d:.2f}s" for d in self.redis_downtime_s[:12]) or "never")
+            + (" ..." if len(self.redis_downtime_s) > 12 else ""),
+            f"  settle:      {s.get('measured', 0)} settled by the fleet; worst lateness"
+            f" {s.get('worst_lateness_s', 0):+.2f}s past TTL + sweep"
+            f" ({s.get('worst_request', '-')}), p99 {s.get('p99_lateness_s', 0):+.2f}s;"
+            f" late: {s.get('late', 0)} raw, {s.get('late_downtime_only_credit', 0)} after"
+            f" crediting Redis downtime (worst {s.get('worst_downtime_only_credit_s', 0):+.2f}s),"
+            f" {s.get('late_adjusted', 0)} after crediting Redis downtime + fleet recovery"
+            f" (worst {s.get('worst_adjusted_s', 0):+.2f}s; recovery mean"
+            f" {s.get('redis_recovery_s_mean', 0):.1f}s,"
+            f" max {s.get('redis_recovery_s_max', 0):.1f}s)",
+            f"  violations:  {self.violation_count} ({kv(self.violations)})",
+        ]
+        out += [f"    {line}" for line in self.examples[:25]]
+        return out
+
+
+def _log(opts: SoakOptions, message: str) -> None:
+    stream = opts.log or sys.stderr
+    stream.write(f"[soak {time.strftime('%H:%M:%S')}] {message}\n")
+    stream.flush()
+
+
+# -- the cluster -------------------------------------------------------------------------
+
+
+class Cluster:
+    """Redis with AOF on a fixed port and directory, and the supervised children."""
+
+    def __init__(self, workdir: Path, opts: SoakOptions) -> None:
+        self.workdir = workdir
+        self.opts = opts
+        (workdir / "redis").mkdir(parents=True, exist_ok=True)
+        self.redis = RedisServer(port=free_port(), directory=str(workdir / "redis"),
+                                 appendonly=True)
+        self.config_path = workdir / "vmpool.yaml"
+        self.config_path.write_text(
+            CONFIG.format(
+                seed=opts.seed,
+                ttl_minutes=f"{opts.ttl_s / 60:.6f}",
+                lock_expire=opts.lock_expire_s,
+                sweep=opts.sweep_s,
+            )
+        )
+        self.config: Config = load_config(self.config_path)
+        self.api_ports = [free_port(), free_port()]
+        self.sup: Supervisor | None = None
+        self._sup_log: IO[str] | None = None
+        self._sup_stop = threading.Event()
+        self._sup_thread: threading.Thread | None = None
+        self.paused: dict[int, str] = {}
+        self.outages: list[tuple[float, float]] = []  # (down, up), wall clock
+        # (down, the fleet sweeps again): Redis down, then workers and schedulers, which
+        # exit when Redis goes away, restarted by the supervisor
+        self.recoveries: list[tuple[float, float]] = []
+        self._redis_lock = threading.Lock()
+
+    @property
+    def redis_url(self) -> str:
+        return self.redis.url
+
+    def specs(self) -> list[ChildSpec]:
+        env = {"VMPOOL_REDIS_URL": self.redis_url, "VMPOOL_CONFIG": str(self.config_path)}
+        py = sys.executable
+        if self.opts.target == "vmpool":
+            base = [py, "-m", "vmpool.cli"]
+            specs = [
+                ChildSpec(f"api-{i + 1}", [*base, "api", "--port", str(port),
+                                           "--log-level", "warning"], env)
+                for i, port in enumerate(self.api_ports)
+            ]
+            specs += [ChildSpec(f"worker-{i + 1}", [*base, "worker"], env) for i in range(4)]
+            specs += [
+                ChildSpec(f"scheduler-{i + 1}", [*base, "scheduler"], env) for i in range(2)
+            ]
+            return specs
+        ref = [py, str(HERE / "seed_reference.py")]
+        specs = [
+            ChildSpec(f"api-{i + 1}", [*ref, "api", "--port", str(port)], env)
+            for i, port in enumerate(self.api_ports)
+        ]
+        specs += [
+            ChildSpec(f"worker-{i + 1}", [*ref, "manager", "--seed", f"{self.opts.seed}{i}"], env)
+            for i in range(2)
+        ]
+        return specs
+
+    def start(self) -> None:
+        self.redis.start()
+        self._sup_log = (self.workdir / "processes.log").open("w")
+        self.sup = Supervisor(
+            self.specs(),
+            output=self._sup_log,
+            backoff_initial_s=0.3,
+            backoff_max_s=2.0,
+            stable_after_s=10.0,
+            stop_timeout_s=10.0,
+        )
+        self.sup.start()
+        self._sup_thread = threading.Thread(target=self._supervise, daemon=True)
+        self._sup_thread.start()
+        self.wait_healthy(90)
+
+    def _supervise(self) -> None:
+        assert self.sup is not None
+        while not self._sup_stop.wait(0.2):
+            self.sup.poll()
+
+    def wait_healthy(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            apis = all(_http_ok(f"http://127.0.0.1:{p}/readyz") for p in self.api_ports)
+            if apis and self._workers_up():
+                return
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the cluster was not healthy within {timeout_s:.0f}s;"
+                                   f" see {self.workdir}/processes.log")
+            time.sleep(0.2)  # a poll with a deadline
+
+    def _workers_up(self) -> bool:
+        if self.opts.target != "vmpool":
+            return len(self.pids("worker")) == 2
+        try:
+            conn = self.admin()
+            try:
+                return len(list(conn.scan_iter(match="rq:worker:*", count=100))) >= 4
+            finally:
+                conn.close()
+        except redis.RedisError:
+            return False
+
+    def admin(self) -> redis.Redis:
+        return redis.Redis.from_url(self.redis_url, socket_timeout=5, socket_connect_timeout=2)
+
+    def pids(self, prefix: str) -> dict[str, int]:
+        assert self.sup is not None
+        return {n: p for n, p in self.sup.pids().items() if n.startswith(prefix)}
+
+    def restart_redis(self, sig: signal.Signals) -> tuple[float, str]:
+        """Stop Redis with ``sig`` and start it again on the same port and directory.
+        Writes a canary (acknowledged, so on disk) first and checks it after.
+        Returns (downtime, note)."""
+        with self._redis_lock:
+            conn = self.admin()
+            try:
+                canary = int(conn.incr("chaos:canary"))
+            finally:
+                conn.close()
+            proc = self.redis.process
+            assert proc is not None
+            down = time.time()
+            proc.send_signal(sig)
+            proc.wait(30)
+            self.redis.process = None
+            self.redis.start(timeout=60)
+            up = time.time()
+            conn = self.admin()
+            try:
+                after = int(conn.get("chaos:canary") or 0)
+            finally:
+                conn.close()
+            recovered = self.wait_sweeping(up)
+            self.outages.append((down, up))
+            self.recoveries.append((down, recovered))
+            note = "" if after >= canary else f"canary {canary} acknowledged, {after} after"
+            return up - down, note
+
+    def wait_sweeping(self, since: float, timeout_s: float = 60.0) -> float:
+        """When the fleet runs the expiry sweep again after ``since`` (a scheduler moved
+        it and a worker ran it: its job hash is gone). The reference has no RQ: it sweeps
+        as soon as Redis answers."""
+        if self.opts.target != "vmpool":
+            return since
+        from workers.schedule import read_schedule_log
+
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                conn = self.admin()
+                try:
+                    moved = [t for t, job, queued, _ in read_schedule_log(conn)
+                             if job == "sweep" and queued and t > since]
+                    if moved and not conn.exists("rq:job:sweep"):
+                        return time.time()
+                finally:
+                    conn.close()
+            except redis.RedisError:
+                pass
+            time.sleep(0.1)  # a poll with a deadline
+        return time.time()
+
+    def resume_all(self) -> None:
+        for pid in list(self.paused):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+            self.paused.pop(pid, None)
+
+    def restarts(self) -> dict[str, int]:
+        assert self.sup is not None
+        return {n: c.restarts for n, c in self.sup.children.items() if c.restarts}
+
+    def stop(self) -> list[int]:
+        """Stop every child and Redis; return the pids still alive (should be none)."""
+        self.resume_all()
+        self._sup_stop.set()
+        if self._sup_thread is not None:
+            self._sup_thread.join(5)
+        if self.sup is not None:
+            self.sup.stop()
+        if self._sup_log is not None:
+            self._sup_log.close()
+        self.redis.stop()
+        # What is left is found by what it is, never by a pid remembered from earlier (a
+        # reaped child's pid may belong to someone else by now): a process whose
+        # environment names our Redis URL (every child and grandchild inherits it), or a
+        # redis-server serving our directory.
+        left = []
+        for pid in self.our_processes():
+            left.append(pid)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        return left
+
+    def our_processes(self) -> list[int]:
+        marker_env = f"VMPOOL_REDIS_URL={self.redis_url}".encode()
+        marker_cmd = str(self.workdir / "redis").encode()
+        marker_title = f"{self.redis.host}:{self.redis.port}".encode()  # valkey's title
+        mine = os.getpid()
+        found = []
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit() or int(entry.name) == mine:
+                continue
+            try:
+                stat = (entry / "stat").read_text()
+                if stat.rsplit(")", 1)[-1].split()[0] == "Z":
+                    continue  # a zombie is not running
+                env = (entry / "environ").read_bytes().split(b"\0")
+                cmd = (entry / "cmdline").read_bytes()
+            except OSError:
+                continue
+            if marker_env in env or marker_cmd in cmd or (
+                b"-server" in cmd and marker_title in cmd
+            ):
+                found.append(int(entry.name))
+        return found
+
+
+def _http_ok(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as resp:
+            return bool(resp.status == 200)
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+# -- the fault thread --------------------------------------------------------------------
+
+
+class Nemesis:
+    """One fault at a time, drawn from a shuffled cycle of every kind (so a run of a few
+    cycles has every kind), at seeded random gaps; each fault bounded in time."""
+
+    def __init__(self, cluster: Cluster, opts: SoakOptions) -> None:
+        self.cluster = cluster
+        self.opts = opts
+        self.rng = random.Random(f"{opts.seed}:nemesis")
+        self.kinds = FAULT_KINDS[opts.target]
+        self.faults: list[Fault] = []
+        self.findings: list[Finding] = []
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def join(self) -> None:
+        self.stop.set()
+        self.thread.join(120)
+        self.cluster.resume_all()
+
+    def counts(self) -> dict[str, int]:
+        return dict(Counter(f.kind for f in self.faults))
+
+    def _run(self) -> None:
+        cycle: list[str] = []
+        while not self.stop.wait(self.rng.uniform(*self.opts.fault_gap_s)):
+            if not cycle:
+                cycle = list(self.kinds)
+                self.rng.shuffle(cycle)
+            kind = cycle.pop()
+            try:
+                fault = getattr(self, kind)()
+            except Exception as exc:  # a fault that could not be applied is logged
+                _log(self.opts, f"fault {kind} not applied: {type(exc).__name__}: {exc}")
+                continue
+            if fault is not None:
+                self.faults.append(fault)
+
+    def _pick(self, prefix: str, prefer_busy: bool = False) -> tuple[str, int] | None:
+        live = self.cluster.pids(prefix)
+        if not live:
+            return None
+        names = sorted(live)
+        if prefer_busy and self.opts.target == "vmpool":
+            busy = self._busy_pids()
+            preferred = [n for n in names if live[n] in busy]
+            if preferred:
+                names = preferred
+        name = self.rng.choice(names)
+        return name, live[name]
+
+    def _busy_pids(self) -> set[int]:
+        try:
+            conn = self.cluster.admin()
+        except redis.RedisError:
+            return set()
+        try:
+            out = set()
+            for key in conn.scan_iter(match="rq:worker:*", count=100):
+                state, pid = conn.hmget(key, ["state", "pid"])
+                if state == b"busy" and pid:
+                    out.add(int(pid))
+            return out
+        except redis.RedisError:
+            return set()
+        finally:
+            conn.close()
+
+    def _pause(self, kind: str, prefix: str, seconds: float, busy: bool) -> Fault | None:
+        picked = self._pick(prefix, prefer_busy=busy)
+        if picked is None:
+            return None
+        name, pid = picked
+        at = time.time()
+        os.kill(pid, signal.SIGSTOP)
+        self.cluster.paused[pid] = name
+        try:
+            self.stop.wait(seconds)  # bounded: cut short when the run ends
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+            self.cluster.paused.pop(pid, None)
+        return Fault(kind, at, name, time.time() - at)
+
+    def kill_worker(self) -> Fault | None:
+        picked = self._pick("worker", prefer_busy=True)
+        if picked is None:
+            return None
+        name, pid = picked
+        os.kill(pid, signal.SIGKILL)
+        return Fault("kill_worker", time.time(), name)
+
+    def pause_worker(self) -> Fault | None:
+        seconds = self.opts.lock_expire_s + self.rng.uniform(0.5, 2.5)
+        return self._pause("pause_worker", "worker", seconds, busy=True)
+
+    def pause_scheduler(self) -> Fault | None:
+        return self._pause("pause_scheduler", "scheduler", self.rng.uniform(3, 10), busy=False)
+
+    def client_kill(self) -> Fault | None:
+        conn = self.cluster.admin()
+        try:
+            killed = conn.execute_command("CLIENT", "KILL", "TYPE", "normal")
+        finally:
+            conn.close()
+        return Fault("client_kill", time.time(), "redis", note=f"{killed} connections")
+
+    def _restart(self, kind: str, sig: signal.Signals) -> Fault:
+        at = time.time()
+        downtime, note = self.cluster.restart_redis(sig)
+        if note:
+            self.findings.append(Finding("redis_lost_write", kind, note))
+        return Fault(kind, at, "redis", downtime, note)
+
+    def redis_restart(self) -> Fault:
+        return self._restart("redis_restart", signal.SIGTERM)
+
+    def redis_kill9(self) -> Fault:
+        return self._restart("redis_kill9", signal.SIGKILL)
+
+
+# -- the server-side checks ----------------------------------------------------------------
+
+
+def _overlap(a0: float, a1: float, windows: list[tuple[float, float]]) -> float:
+    return sum(max(0.0, min(a1, w1) - max(a0, w0)) for w0, w1 in windows)
+
+
+def settle_check(
+    store: Store, rids: list[str], sweep_s: float, outages: list[tuple[float, float]],
+    credit: bool,
+) -> tuple[dict[str, Any], list[Finding], Counter[str]]:
+    """Each request's time out of `pending` (audit trail, server time) against its
+    fail_at + one sweep interval. Returns stats, findings and the outcome paths."""
+    findings: list[Finding] = []
+    paths: Counter[str] = Counter()
+    worst = (-1e9, "-")
+    worst_adj = -1e9
+    late = late_adj = 0
+    laten: list[float] = []
+    for rid in rids:
+        record = store.get_request(rid)
+        if record is None:
+            paths["never created"] += 1
+            continue
+        trail = [e for e in store.history(rid) if e.entity == "request"]
+        paths["->".join(e.dst for e in trail)] += 1
+        left = next((e for e in trail if e.src == "pending"), None)
+        if left is None:
+            findings.append(Finding("unsettled", f"request {rid}", f"still {record.status}"))
+            continue
+        if left.dst == "deleted" and left.time < record.fail_at:
+            continue  # deleted in time by the client: no lateness to measure
+        lateness = left.time - (record.fail_at + sweep_s)
+        laten.append(lateness)
+        downtime = _overlap(record.fail_at, left.time, outages)
+        adjusted = lateness - downtime if credit else lateness
+        if lateness > worst[0]:
+            worst = (lateness, rid)
+        worst_adj = max(worst_adj, adjusted)
+        late += lateness > 0
+        if adjusted > 0:
+            late_adj += 1
+            findings.append(Finding(
+                "settle_late", f"request {rid}",
+                f"left pending {lateness:.2f}s after TTL + sweep"
+                f" ({downtime:.2f}s of it with Redis down or the fleet restarting) -> {left.dst}",
+            ))
+    laten.sort()
+    stats = {
+        "measured": len(laten),
+        "worst_lateness_s": round(worst[0], 3) if laten else 0.0,
+        "worst_request": worst[1],
+        "worst_adjusted_s": round(worst_adj, 3) if laten else 0.0,
+        "late": late,
+        "late_adjusted": late_adj,
+        "p50_lateness_s": round(laten[len(laten) // 2], 3) if laten else 0.0,
+        "p99_lateness_s": round(laten[int(len(laten) * 0.99)], 3) if laten else 0.0,
+    }
+    return stats, findings, paths
+
+
+def wait_drained(store: Store, config: Config, providers: dict[str, Any],
+                 timeout_s: float) -> list[Finding]:
+    """Poll until no VM is live or completed and every provider is empty."""
+    pools = list(config.pools)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        counts = store.pool_counts(pools)
+        live = {p: {s: n for s, n in c.items() if n} for p, c in counts.items()}
+        live = {p: c for p, c in live.items() if c}
+        held = {name: [vm.name for vm in p.inventory()] for name, p in providers.items()}
+        held = {name: vms for name, vms in held.items() if vms}
+        if not live and not held:
+            return []
+        if time.monotonic() > deadline:
+            out = [Finding("vm_unaccounted", f"provider {name}", f"still holds {sorted(vms)[:5]}"
+                           f" ({len(vms)} VMs)") for name, vms in held.items()]
+            out += [Finding("vm_not_destroyed", f"pool {p}", f"{c}") for p, c in live.items()]
+            return out
+        time.sleep(0.5)  # a poll with a deadline
+
+
+def live_vm_records(store: Store) -> list[Finding]:
+    """VM records not destroyed (the reference keeps no pool indexes: scan them all)."""
+    prefix = store.keys.vm_prefix()
+    names = []
+    for key in store.redis.scan_iter(match=store.keys.vm_pattern(), count=1000):
+        text = key.decode() if isinstance(key, bytes) else str(key)
+        if text.count(":") == 2:
+            names.append(text[len(prefix):])
+    return [Finding("vm_not_destroyed", f"vm {vm.name}", f"{vm.state} for {vm.request_id}")
+            for vm in store.get_vms(names) if vm.state != "destroyed"]
+
+
+# -- the run -------------------------------------------------------------------------------
+
+
+def run_soak(opts: SoakOptions, command: str = "") -> SoakReport:
+    if opts.target not in TARGETS:
+        raise ValueError(f"target must be one of {TARGETS}")
+    own_dir = opts.workdir is None
+    workdir = Path(opts.workdir or tempfile.mkdtemp(prefix=f"vmpool-chaos-{opts.seed}-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    report = SoakReport(opts.target, opts.seed, command or _command(opts),
+                        machine=_machine(), workdir=str(workdir))
+    started = time.monotonic()
+    cluster = Cluster(workdir, opts)
+    findings: list[Finding] = []
+    client: Client | None = None
+    nemesis: Nemesis | None = None
+    try:
+        cluster.start()
+        _log(opts, f"cluster up in {time.monotonic() - started:.1f}s: APIs"
+                   f" {cluster.api_ports}, Redis {cluster.redis_url}, workdir {workdir}")
+        client = Client(ClientOptions(
+            ports=cluster.api_ports, pools=HEALTHY_POOLS, flaky_pools=FLAKY_POOLS,
+            seed=opts.seed, rate_per_s=opts.rate, max_requests=opts.requests,
+        ))
+        nemesis = Nemesis(cluster, opts)
+        load_started = time.monotonic()
+        client.start()
+        nemesis.start()
+        # the load phase: until `seconds` (or, with --requests, until that many were sent)
+        last_note = time.monotonic()
+        while True:
+            elapsed = time.monotonic() - load_started
+            if opts.requests is not None:
+                if client.created >= opts.requests:
+                    break
+            elif elapsed >= opts.seconds:
+                break
+            time.sleep(0.5)  # the harness's own pacing
+            if time.monotonic() - last_note >= 30:
+                last_note = time.monotonic()
+                _log(opts, f"{elapsed:.0f}s: {client.created} requests sent,"
+                           f" {client.open_count()} open, faults {nemesis.counts()}")
+        client.stop_creating.set()
+        report.load_s = time.monotonic() - load_started
+        nemesis.join()
+        _log(opts, f"load over after {report.load_s:.0f}s ({client.created} requests);"
+                   f" faults {nemesis.counts()}; settling")
+        # settle: every request terminal, the ready ones deleted by the client
+        deadline = time.monotonic() + opts.settle_timeout_s
+        while not client.all_done() and time.monotonic() < deadline:
+            time.sleep(0.5)  # a poll with a deadline
+        if not client.all_done():
+            stuck = [t.rid for t in client.tracked.values() if not t.done]
+            findings.append(Finding("unsettled", "client",
+                                    f"{len(stuck)} requests not settled: {stuck[:5]}"))
+        client.join()
+        rids = sorted(client.tracked)
+        client.final_reads(rids)
+        _log(opts, "final reads done; waiting for every VM to be destroyed")
+
+        conn = redis.Redis.from_url(cluster.redis_url, decode_responses=True)
+        try:
+            store = Store(conn, Keys(cluster.config.key_prefix))
+            providers = providers_from_config(conn, store.keys, cluster.config)
+            if opts.target == "vmpool":
+                findings += wait_drained(store, cluster.config, dict(providers), 90)
+            else:
+                findings += wait_drained_reference(store, providers, 60)
+            findings += live_vm_records(store)
+            for v in audit_state(store, providers, sweep_interval_s=opts.sweep_s + 60):
+                kind = f"audit_invariant_{v.invariant}"
+                if v.invariant == 5 and v.message.startswith("version "):
+                    kind += "_version"  # two writers numbered their entries alike
+                findings.append(Finding(kind, v.subject, v.message))
+            stats, late, paths = settle_check(store, rids, opts.sweep_s, cluster.recoveries,
+                                              opts.outage_credit)
+            raw_stats, _, _ = settle_check(store, rids, opts.sweep_s, cluster.outages, True)
+            stats["late_downtime_only_credit"] = raw_stats["late_adjusted"]
+            stats["worst_downtime_only_credit_s"] = raw_stats["worst_adjusted_s"]
+            rec = [b - a for a, b in cluster.recoveries]
+            stats["redis_recovery_s_max"] = round(max(rec), 2) if rec else 0.0
+            stats["redis_recovery_s_mean"] = round(sum(rec) / len(rec), 2) if rec else 0.0
+            findings += late
+            report.settle = stats
+            report.outcomes = dict(paths)
+            for hv in check_history(client.ops, lambda rid: _asked(cluster.config, client, rid)):
+                findings.append(Finding(hv.kind, f"request {hv.rid}", hv.message))
+            report.trails = example_trails(store, findings)
+        finally:
+            conn.close()
+        (workdir / "history.jsonl").write_text(ops_to_jsonl(client.ops))
+        findings += nemesis.findings
+        report.requests = len(client.tracked)
+        report.client_ops = dict(Counter(f"{o.f}:{o.type}" for o in client.ops))
+        report.faults = nemesis.counts()
+        report.redis_downtime_s = [round(f.duration_s, 2) for f in nemesis.faults
+                                   if f.kind.startswith("redis_")]
+    finally:
+        if client is not None:
+            client.join(5)
+        if nemesis is not None:
+            nemesis.join()
+        with contextlib.suppress(Exception):
+            report.restarts = cluster.restarts()
+        left = cluster.stop()
+        if left:
+            findings.append(Finding("process_left", "harness", f"pids {left} still alive"))
+    report.violations = dict(Counter(f.kind for f in findings))
+    report.examples = [f"{f.kind}: {f.subject}: {f.message}" for f in findings]
+    report.duration_s = time.monotonic() - started
+    (workdir / "report.json").write_text(json.dumps(asdict_report(report), indent=2))
+    if own_dir and not opts.keep_workdir and not findings:
+        import shutil
+
+        shutil.rmtree(workdir, ignore_errors=True)
+    return report
+
+
+def example_trails(store: Store, findings: list[Finding], per_kind: int = 2) -> dict[str, Any]:
+    """The audit trail of a few requests per violation kind, for the report."""
+    out: dict[str, Any] = {}
+    seen: Counter[str] = Counter()
+    for f in findings:
+        if not f.subject.startswith("request ") or seen[f.kind] >= per_kind:
+            continue
+        rid = f.subject.split(" ", 1)[1]
+        if rid in out:
+            continue
+        seen[f.kind] += 1
+        out[rid] = {"kind": f.kind, "trail": [
+            f"v{e.version} {e.entity}: {e.src} -> {e.dst} by {e.actor} ({e.reason})"
+            for e in store.history(rid)
+        ]}
+    return out
+
+
+def wait_drained_reference(store: Store, providers: Any, timeout_s: float) -> list[Finding]:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        held = {n: [vm.name for vm in p.inventory()] for n, p in providers.items()}
+        held = {n: v for n, v in held.items() if v}
+        if not held:
+            return []
+        if time.monotonic() > deadline:
+            return [Finding("vm_unaccounted", f"provider {n}",
+                            f"still holds {len(v)} VMs, e.g. {sorted(v)[:5]}")
+                    for n, v in held.items()]
+        time.sleep(0.5)  # a poll with a deadline
+
+
+def _asked(config: Config, client: Client, rid: str) -> dict[str, int] | None:
+    tr = client.tracked.get(rid)
+    return None if tr is None else dict(tr.counts)
+
+
+def asdict_report(report: SoakReport) -> dict[str, Any]:
+    data = asdict(report)
+    data["violation_count"] = report.violation_count
+    return data
+
+
+def _machine() -> str:
+    return (f"{platform.node()}: {os.cpu_count()} cores, {platform.system()}"
+            f" {platform.release()}, Python {platform.python_version()}")
+
+
+def _command(opts: SoakOptions) -> str:
+    parts = ["python tests/chaos/soak.py", f"--target {opts.target}", f"--seed {opts.seed}"]
+    if opts.requests is not None:
+        parts.append(f"--requests {opts.requests}")
+    else:
+        parts.append(f"--seconds {opts.seconds:g}")
+    parts.append(f"--rate {opts.rate:g}")
+    return " ".join(parts)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seconds", type=float, default=60.0,
+                        help="seconds of load (ignored with --requests)")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--target", choices=TARGETS, default="vmpool")
+    parser.add_argument("--requests", type=int, default=None,
+                        help="create this many requests, then settle")
+    parser.add_argument("--rate", type=float, default=6.0, help="requests per second")
+    parser.add_argument("--ttl", type=float, default=30.0, help="request TTL, seconds")
+    parser.add_argument("--fault-gap", type=float, nargs=2, default=(2.0, 5.0),
+                        metavar=("MIN", "MAX"), help="seconds between two faults")
+    parser.add_argument("--no-outage-credit", action="store_true",
+                        help="count Redis downtime against the settle bound too")
+    parser.add_argument("--workdir", default=None, help="keep logs and history here")
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    args = parser.parse_args(argv)
+
+    def on_term(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt  # run_soak's finally stops every child it started
+
+    signal.signal(signal.SIGTERM, on_term)
+    opts = SoakOptions(
+        seconds=args.seconds, seed=args.seed, target=args.target, requests=args.requests,
+        rate=args.rate, ttl_s=args.ttl, fault_gap_s=tuple(args.fault_gap),
+        outage_credit=not args.no_outage_credit, workdir=args.workdir,
+    )
+    command = "python tests/chaos/soak.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    report = run_soak(opts, command)
+    if args.json:
+        print(json.dumps(asdict_report(report), indent=2))
+    else:
+        print("\n".join(report.lines()))
+    if args.target == "vmpool":
+        return 1 if report.violation_count else 0
+    return 0 if report.violation_count else 1  # the reference must be caught
+
+
+if __name__ == "__main__":
+    sys.exit(main())
