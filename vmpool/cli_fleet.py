@@ -6,7 +6,9 @@ url; with none, one line and exit 2. See docs/architecture.md for what runs wher
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import time
 from typing import Any
 
 import click
@@ -14,6 +16,7 @@ import redis
 
 from vmpool.cli import (
     CliError,
+    CliFailure,
     common_options,
     echo_json,
     json_option,
@@ -39,6 +42,28 @@ _ENQUEUE_CHOICES = (
     "destroy-sweep",
     "reconcile",
 )
+
+
+log = logging.getLogger(__name__)
+
+# Redis going away under a worker or a scheduler (a restart, a failover, a dropped
+# connection): redis-py raises these; BusyLoadingError (AOF replay) is a ConnectionError.
+REDIS_GONE = (redis.ConnectionError, redis.TimeoutError)
+
+
+def wait_for_redis(url: str, *, max_delay_s: float = 5.0) -> None:
+    """Block until Redis answers PING again, polling with a growing delay."""
+    delay = 0.25
+    while True:
+        client = redis.Redis.from_url(url, socket_connect_timeout=2, socket_timeout=2)
+        try:
+            client.ping()
+            return
+        except redis.RedisError:
+            time.sleep(delay)
+            delay = min(max_delay_s, delay * 2)
+        finally:
+            client.close()
 
 
 def _setup_logging(verbose: bool) -> None:
@@ -88,10 +113,26 @@ def worker_command(
         raise CliError(f"--queues: {exc}") from None
     open_redis(config).close()  # unreachable: one line, before RQ's own noise
     _setup_logging(verbose)
-    worker = build_worker(
-        require_redis_url(config), config, queues, kind="fork" if fork else "simple", name=name
-    )
-    worker.work(burst=burst, max_jobs=max_jobs, logging_level="DEBUG" if verbose else "INFO")
+    url = require_redis_url(config)
+    # RQ retries a lost connection inside its dequeue, but a heartbeat or a registry
+    # write that meets a dead Redis ends work() with the error. Exiting then would turn
+    # every Redis restart into a restart of every worker (a crash loop, with Kubernetes'
+    # growing backoff); instead wait for Redis and go on with a fresh worker. Nothing is
+    # lost either way: the job that was running is re-found by the sweeps.
+    while True:
+        worker = build_worker(url, config, queues, kind="fork" if fork else "simple", name=name)
+        try:
+            worker.work(
+                burst=burst, max_jobs=max_jobs, logging_level="DEBUG" if verbose else "INFO"
+            )
+            return
+        except REDIS_GONE as exc:
+            if burst:
+                raise CliFailure(f"lost Redis: {exc}") from None
+            log.warning("worker %s: lost Redis (%s); reconnecting", worker.name, exc)
+            wait_for_redis(url)
+            with contextlib.suppress(redis.RedisError):
+                worker.register_death()  # type: ignore[no-untyped-call]  # frees a fixed --name
 
 
 @click.command("scheduler")
@@ -125,9 +166,18 @@ def scheduler_command(
     logging.getLogger("rq_scheduler.scheduler").setLevel(
         logging.DEBUG if verbose else logging.ERROR  # "lock taken" is routine here
     )
-    scheduler = FleetScheduler(conn, interval=interval)
-    scheduler.install(schedule_intervals(config.schedule))
-    scheduler.run(burst=burst)
+    url = require_redis_url(config)
+    while True:  # as the worker: a Redis restart is waited out, not a crash
+        scheduler = FleetScheduler(conn, interval=interval)
+        try:
+            scheduler.install(schedule_intervals(config.schedule))
+            scheduler.run(burst=burst)
+            return
+        except REDIS_GONE as exc:
+            if burst:
+                raise CliFailure(f"lost Redis: {exc}") from None
+            log.warning("scheduler %s: lost Redis (%s); reconnecting", scheduler.name, exc)
+            wait_for_redis(url)
 
 
 @click.command("enqueue")
