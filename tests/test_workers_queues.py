@@ -12,6 +12,7 @@ from rq import Queue
 from rq.job import Job, JobStatus
 
 from vmpool.config import load_config
+from vmpool.keys import Keys
 from workers import queues as q
 from workers.jobs import noop
 from workers.schedule import FleetScheduler, read_schedule_log, schedule_intervals
@@ -319,6 +320,9 @@ def test_worker_hands_its_fleet_to_jobs(
     # the sweep ran with the Fleet (result_ttl=0: its hash is gone, not failed)
     assert not conn.exists(Job.key_for("provision-sweep"))
     assert worker.failed_job_count == 0
+    # every finished vmpool job is counted in Redis for /metrics (the horse's too)
+    counts = conn.hgetall(Keys(config.key_prefix).metrics("jobs"))
+    assert counts.get(b"provision_sweep:ok") == b"1", counts
 
 
 # -- the schedule -----------------------------------------------------------------------

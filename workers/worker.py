@@ -166,7 +166,9 @@ class FleetSimpleWorker(SimpleWorker):
             self.maintain_heartbeats(job, execution)
 
         with _Heartbeat(self.connection, job, rq_beat, float(self.job_monitoring_interval)):
-            return bool(super().perform_job(job, queue, execution))
+            ok = bool(super().perform_job(job, queue, execution))
+        _count_job(self.fleet, job, ok)
+        return ok
 
 
 class FleetForkWorker(Worker):
@@ -179,7 +181,23 @@ class FleetForkWorker(Worker):
         if isinstance(job, FleetJob):
             job.fleet = self.fleet
         with _Heartbeat(self.connection, job, None, 0.0):
-            return bool(super().perform_job(job, queue, execution))
+            ok = bool(super().perform_job(job, queue, execution))
+        _count_job(self.fleet, job, ok)  # in the horse: the counter lives in Redis
+        return ok
+
+
+def _count_job(fleet: Fleet | None, job: Job, ok: bool) -> None:
+    """One finished job for /metrics (``vmpool_worker_jobs``), counted in Redis so every
+    worker process, forked horses included, adds to the same counters."""
+    if fleet is None:
+        return
+    from vmpool.metrics import record_job
+
+    name = (job.func_name or "unknown").rsplit(".", 1)[-1]
+    try:
+        record_job(fleet.redis, fleet.keys, name, "ok" if ok else "failed")
+    except redis.RedisError as exc:  # a metric is never worth failing a job over
+        log.debug("job metric not recorded: %s", exc)
 
 
 WORKER_CLASSES: Final[dict[str, type[BaseWorker]]] = {
