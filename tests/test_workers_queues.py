@@ -354,25 +354,6 @@ def test_doubled_tick_enqueues_once(conn: redis.Redis) -> None:
     assert [done for _, _, done, _ in read_schedule_log(conn)] == [True, False]
 
 
-def test_reschedule_keeps_the_cadence(conn: redis.Redis) -> None:
-    """The next run is due one interval after the previous due time, not after the
-    (late) tick that moved it: tick delays do not accumulate into a longer period."""
-    s = FleetScheduler(conn, interval=1)
-    s.install({"sweep": 2})
-    due = _server_now(conn) - 0.7  # this tick is 0.7 s late
-    conn.zadd(FleetScheduler.scheduled_jobs_key, {"schedule-sweep": due})
-    s.enqueue_jobs()
-    score = conn.zscore(FleetScheduler.scheduled_jobs_key, "schedule-sweep")
-    assert score == pytest.approx(due + 2, abs=0.01)
-    # a stall longer than the interval: one interval from now, no catch-up burst
-    conn.delete("rq:job:sweep")
-    conn.zadd(FleetScheduler.scheduled_jobs_key, {"schedule-sweep": _server_now(conn) - 10})
-    before = _server_now(conn)
-    s.enqueue_jobs()
-    score = conn.zscore(FleetScheduler.scheduled_jobs_key, "schedule-sweep")
-    assert score is not None and before + 1.9 < score < before + 2.5
-
-
 def test_reschedule_uses_the_interval(conn: redis.Redis) -> None:
     s = FleetScheduler(conn, interval=1)
     s.install({"reap": 30})

@@ -123,15 +123,8 @@ class FleetScheduler(Scheduler):  # type: ignore[misc]
             return
         enqueued = enqueue(self.connection, name)
         now = self._now()
-        # Keep the cadence: the next run is due one interval after this one was due, so
-        # the tick's lateness does not add up run after run; after a stall longer than
-        # an interval, one interval from now (never a burst of catch-up runs).
-        due = self.connection.zscore(self.scheduled_jobs_key, job.id)
-        next_run = now + interval
-        if due is not None and float(due) + interval > now:
-            next_run = float(due) + interval
         with self.connection.pipeline() as pipe:
-            pipe.zadd(self.scheduled_jobs_key, {job.id: next_run})
+            pipe.zadd(self.scheduled_jobs_key, {job.id: now + interval})
             pipe.lpush(SCHEDULE_LOG, f"{now:.3f} {name} {int(enqueued)} {self.name}")
             pipe.ltrim(SCHEDULE_LOG, 0, _LOG_LENGTH - 1)
             pipe.execute()
