@@ -31,7 +31,7 @@ from vmpool.keys import Keys
 from vmpool.providers import providers_from_config
 from vmpool.store import RequestSettings, Slot, Store
 from workers.queues import enqueue
-from workers.schedule import read_schedule_log
+from workers.schedule import cadence, read_schedule_log
 
 pytestmark = pytest.mark.slow
 
@@ -210,8 +210,13 @@ def test_fleet_end_to_end_with_a_scheduler_killed(fleet: Fleet) -> None:
     for rid in doomed:
         assert fleet.store.delete_request(rid, actor="test").code == "deleted"
 
-    # Kill one scheduler (by pid) while the schedule runs.
-    wait_for(lambda: len(read_schedule_log(fleet.conn)) >= 6, 20, "the schedule to run")
+    # Both replicas take turns (the jitter: no replica is phase-locked out); then kill
+    # one (by pid) while the schedule runs.
+    wait_for(
+        lambda: len({m.replica for m in read_schedule_log(fleet.conn)}) == 2,
+        20,
+        "both scheduler replicas to move jobs",
+    )
     fleet.signal("s1", signal.SIGKILL)
     killed_at = fleet.store.server_time()
 
@@ -238,9 +243,11 @@ def test_fleet_end_to_end_with_a_scheduler_killed(fleet: Fleet) -> None:
         assert fleet.status(rid) == "deleted"
         assert fleet.request_path(rid)[-1] == "deleted"
 
-    # The survivor carries on; no periodic job is ever moved twice for one due time.
+    # The survivor carries on alone: no lock for the dead one to hold, so no stall. No
+    # periodic job is ever moved twice for one due time: each move consumed its own due
+    # time, and due times lie on the job's grid (exact: independent of machine load).
     wait_for(
-        lambda: sum(1 for t, *_ in read_schedule_log(fleet.conn) if t > killed_at + 3) >= 6,
+        lambda: sum(1 for m in read_schedule_log(fleet.conn) if m.time > killed_at + 3) >= 6,
         20,
         "the surviving scheduler to keep scheduling",
     )
@@ -248,15 +255,16 @@ def test_fleet_end_to_end_with_a_scheduler_killed(fleet: Fleet) -> None:
                  "destroy-sweep": 1, "reconcile": 2}
     log = read_schedule_log(fleet.conn)
     for job, every in intervals.items():
-        times = [t for t, j, _, _ in log if j == job]
-        gaps = [b - a for a, b in pairwise(times)]
-        assert gaps and min(gaps) > 0.8 * every, (job, gaps)
-        after = [t for t in times if t > killed_at]
+        dues = [m.due for m in log if m.job == job]
+        assert len(dues) >= 2, job
+        assert all(b - a >= cadence(every) - 1e-6 for a, b in pairwise(dues)), (job, dues)
+        after = [m.time for m in log if m.job == job and m.time > killed_at]
         assert after, job
+        # within the interval plus 3 s of slack for a loaded CI machine (the old
+        # rq-scheduler lock could stall the schedule for 11 s)
         assert max([after[0] - killed_at, *(b - a for a, b in pairwise(after))]) < (
-            every + 12
+            every + 3
         ), (job, after)
-    assert len({replica for *_, replica in log}) == 2  # both replicas took ticks
     assert fleet.audit() == []
 
 

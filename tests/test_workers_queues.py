@@ -1,8 +1,7 @@
-"""Job ids, dedup, reclaim, dispatch and the schedule, against a real Redis."""
+"""Job ids, dedup, reclaim and dispatch, against a real Redis (the schedule: test_schedule.py)."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,7 +14,6 @@ from vmpool.config import load_config
 from vmpool.keys import Keys
 from workers import queues as q
 from workers.jobs import noop
-from workers.schedule import FleetScheduler, read_schedule_log, schedule_intervals
 from workers.worker import FleetJob, build_worker, current_fleet
 
 
@@ -323,41 +321,3 @@ def test_worker_hands_its_fleet_to_jobs(
     # every finished vmpool job is counted in Redis for /metrics (the horse's too)
     counts = conn.hgetall(Keys(config.key_prefix).metrics("jobs"))
     assert counts.get(b"provision_sweep:ok") == b"1", counts
-
-
-# -- the schedule -----------------------------------------------------------------------
-def test_schedule_two_replicas_enqueue_each_sweep_once(conn: redis.Redis, tmp_path: Path) -> None:
-    path = tmp_path / "c.yaml"
-    path.write_text(CONFIG + ":schedule:\n  sweep: 60\n  reap: 60\n")
-    intervals = schedule_intervals(load_config(path).schedule)
-    a, b = FleetScheduler(conn, interval=1), FleetScheduler(conn, interval=1)
-    a.install(intervals)
-    b.install(intervals)  # idempotent: same six templates
-    assert conn.zcard(FleetScheduler.scheduled_jobs_key) == len(intervals)
-    a.enqueue_jobs()
-    b.enqueue_jobs()  # nothing is due any more
-    a.enqueue_jobs()
-    log = read_schedule_log(conn)
-    assert sorted(job for _, job, _, _ in log) == sorted(intervals)
-    assert all(done for _, _, done, _ in log)
-    assert sorted(Queue(q.QUEUE_SWEEPS, connection=conn).job_ids) == sorted(intervals)
-
-
-def test_doubled_tick_enqueues_once(conn: redis.Redis) -> None:
-    a, b = FleetScheduler(conn, interval=1), FleetScheduler(conn, interval=1)
-    a.install({"sweep": 0.2})
-    due = list(a.get_jobs_to_queue())
-    assert [j.id for j in due] == ["schedule-sweep"]
-    a.enqueue_job(due[0])
-    b.enqueue_job(due[0])  # a replica that read the same due entry (lock lost)
-    assert Queue(q.QUEUE_SWEEPS, connection=conn).job_ids == ["sweep"]
-    assert [done for _, _, done, _ in read_schedule_log(conn)] == [True, False]
-
-
-def test_reschedule_uses_the_interval(conn: redis.Redis) -> None:
-    s = FleetScheduler(conn, interval=1)
-    s.install({"reap": 30})
-    before = _server_now(conn)
-    s.enqueue_jobs()
-    score = conn.zscore(FleetScheduler.scheduled_jobs_key, "schedule-reap")
-    assert score is not None and before + 29 < score < time.time() + 31

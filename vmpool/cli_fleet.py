@@ -142,8 +142,7 @@ def worker_command(
     type=click.FloatRange(min=0.1, max=60),
     default=1.0,
     show_default=True,
-    help="Seconds between ticks; a replica killed holding the tick lock stalls the"
-    " schedule for interval + 10 s.",
+    help="Longest sleep between two ticks; a replica also wakes at each due time.",
 )
 @click.option("--burst", is_flag=True, help="Install the schedule, run one tick, quit.")
 @click.option("--verbose", "-v", is_flag=True, help="Debug logging.")
@@ -156,7 +155,8 @@ def scheduler_command(
 ) -> None:
     """Enqueue the periodic sweeps at the config's intervals (rq-scheduler).
 
-    Safe in several replicas: each sweep is enqueued at most once per interval.
+    Safe in several replicas, with no lock between them: each due time of each sweep is
+    moved once, and two runs of a sweep are queued at most its interval apart.
     """
     from workers.schedule import FleetScheduler, schedule_intervals
 
@@ -164,7 +164,7 @@ def scheduler_command(
     conn = open_redis(config, decode_responses=False)
     _setup_logging(verbose)
     logging.getLogger("rq_scheduler.scheduler").setLevel(
-        logging.DEBUG if verbose else logging.ERROR  # "lock taken" is routine here
+        logging.DEBUG if verbose else logging.WARNING  # birth and death are routine
     )
     url = require_redis_url(config)
     while True:  # as the worker: a Redis restart is waited out, not a crash

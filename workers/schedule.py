@@ -13,33 +13,51 @@ job                      interval field       what it finds
 ``reconcile``            ``reconcile``        provider inventory against the records
 =======================  ===================  =========================================
 
-How replicas share it. Every replica writes the same six *templates* at start: RQ job
-hashes with fixed ids ``schedule-<job>`` in one sorted set (score = next run, Redis
-server time), added with ``NX`` so a restart does not push the next run back. Each tick
-(``--interval``, default 1 s) a replica takes rq-scheduler's per-tick lock
-(``SET NX EX interval+10``), moves every due template and releases the lock. Moving a
-template does not enqueue the template itself (stock rq-scheduler would push that one
-job id again and again); it calls :func:`workers.queues.enqueue` for the sweep, which is
-``unique``: even two replicas ticking at once (the lock's DEL does not check its owner,
-so a replica paused past the lock TTL can release another's lock) enqueue each sweep at
-most once, and a sweep still queued or running is not queued again. The next run is
-``now + interval`` from the tick that moved it, so a stall never causes a burst.
+What the schedule promises: two runs of a job are *queued* at most its interval apart
+(while a scheduler replica runs and Redis answers). CONTRACT.md invariant 4 ("TTL plus
+one sweep interval") rests on it for the expiry ``sweep``.
 
-A replica SIGKILLed while it holds the lock stalls the schedule for at most
-``interval + 10`` s (11 s with the default 1 s tick); one killed between ticks costs
-nothing: the others keep ticking. Each move is logged to a capped list
-(:data:`SCHEDULE_LOG`, newest first: ``<server time> <job> <enqueued 0|1> <replica>``)
-for operators and for the tests that prove "never doubled, never stopped".
+How. Every replica writes the same six *templates* at start: RQ job hashes with fixed
+ids ``schedule-<job>`` in one sorted set (score = next due time, Redis server time),
+added with ``NX`` so a restart does not push the next run back. Due times lie on a grid:
+the next is the previous plus the job's :func:`cadence`, which is the interval less a
+small lead (a tenth of it, at most :data:`MAX_LEAD_S`). The lead absorbs the time from a
+due time to the move (a wake-up, a few round trips), so the moves themselves stay within
+the interval; a grid, unlike "now + interval" at each move, does not add those delays
+up run after run. After a stall the next due time is the first grid point still ahead,
+never a burst of catch-up runs.
+
+A replica sleeps until the earliest due time or its tick (``--interval``, default 1 s),
+whichever comes first, plus a random jitter of up to a twentieth of the tick, so the
+replicas take turns instead of one winning every due time. Awake, it reads the due
+templates and moves each one: it enqueues the job through :func:`workers.queues.enqueue`
+(``unique``: a sweep still queued or running is not queued again), then runs
+``schedule_move.lua``, which moves the template to its next due time and logs the move
+only if the score is still the due time it read. So there is no scheduler lock to hold:
+any number of replicas may wake at once, each due time is moved and logged once, a due
+time never goes backwards, and a replica frozen in the middle of its tick (SIGSTOP, a
+GC pause) delays nobody. Enqueueing before the move means a replica killed between the
+two leaves the template due for the next replica, so no run is lost. (rq-scheduler's own
+loop takes a lock with ``SET NX EX interval+10``; a replica frozen holding it stopped
+every sweep for up to 11 s, longer than the sweep interval. It is not used here.)
+
+Each move is logged to a capped list (:data:`SCHEDULE_LOG`, newest first:
+``<server time> <job> <enqueued 0|1> <due time> <replica>``), for operators and for the
+tests that prove "never doubled, never stopped".
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any, Final
+import math
+import random
+import time
+from collections.abc import Callable
+from importlib import resources
+from typing import TYPE_CHECKING, Any, Final, NamedTuple
 
 import redis
-from rq.job import Job
+from rq.exceptions import NoSuchJobError
 from rq_scheduler import Scheduler
 
 from workers.queues import JOBS, QUEUE_SWEEPS, enqueue
@@ -48,9 +66,13 @@ if TYPE_CHECKING:
     from vmpool.config import Schedule
 
 __all__ = [
+    "MAX_LEAD_S",
     "PERIODIC",
     "SCHEDULE_LOG",
     "FleetScheduler",
+    "ScheduleMove",
+    "cadence",
+    "next_due",
     "read_schedule_log",
     "schedule_intervals",
 ]
@@ -70,26 +92,70 @@ PERIODIC: Final[dict[str, str]] = {
 SCHEDULE_LOG: Final = "rq:scheduler:vmpool:log"
 _LOG_LENGTH: Final = 2000
 
+# How much earlier than its interval a job falls due (see the module docstring): a tenth
+# of the interval, at most this much. Measured, a move comes a few ms after its due time
+# and a queued sweep starts within tens of ms (docs/reliability.md); 0.25 s is ample.
+LEAD_FRACTION: Final = 0.1
+MAX_LEAD_S: Final = 0.25
+# The random part of each sleep, as a share of the tick: the replicas' turns.
+JITTER_FRACTION: Final = 0.05
+
+_MOVE_LUA: Final = resources.files("workers").joinpath("schedule_move.lua").read_text()
+
 
 def schedule_intervals(schedule: Schedule) -> dict[str, float]:
     """Seconds between runs, per periodic job."""
     return {job: float(getattr(schedule, field)) for job, field in PERIODIC.items()}
 
 
+def cadence(interval: float) -> float:
+    """The spacing of a job's due times: its interval less the lead."""
+    return interval - min(MAX_LEAD_S, interval * LEAD_FRACTION)
+
+
+def next_due(due: float, every: float, now: float) -> float:
+    """The first point of the grid ``due + k * every`` (k >= 1) after ``now``."""
+    steps = max(1, math.floor((now - due) / every) + 1)
+    return due + steps * every
+
+
+class ScheduleMove(NamedTuple):
+    """One row of the schedule log."""
+
+    time: float  # server time of the move
+    job: str
+    enqueued: bool  # False: that job was still queued or running
+    due: float  # the due time this move consumed
+    replica: str
+
+
 class FleetScheduler(Scheduler):  # type: ignore[misc]
-    """rq-scheduler with vmpool's keys, server time and deduplicated enqueues."""
+    """rq-scheduler with vmpool's keys, server time, a due-time grid, no lock, and
+    deduplicated enqueues. ``clock`` replaces the Redis server clock (tests only)."""
 
     redis_scheduler_namespace_prefix = "rq:scheduler_instance:vmpool:"
     scheduler_key = "rq:scheduler:vmpool"
-    scheduler_lock_key = "rq:scheduler_lock:vmpool"
+    scheduler_lock_key = "rq:scheduler_lock:vmpool"  # stock; unused by this loop
     scheduled_jobs_key = "rq:scheduler:vmpool:scheduled_jobs"
 
-    def __init__(self, connection: redis.Redis, interval: float = 1.0, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        connection: redis.Redis,
+        interval: float = 1.0,
+        clock: Callable[[], float] | None = None,
+        seed: int | None = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(
             queue_name=QUEUE_SWEEPS, connection=connection, interval=interval, **kwargs
         )
+        self._clock = clock
+        self._rng = random.Random(seed)
+        self._move_script = connection.register_script(_MOVE_LUA)
 
     def _now(self) -> float:
+        if self._clock is not None:
+            return self._clock()
         sec, usec = self.connection.time()
         return float(sec) + float(usec) / 1_000_000
 
@@ -110,32 +176,88 @@ class FleetScheduler(Scheduler):  # type: ignore[misc]
             template.save()
             self.connection.zadd(self.scheduled_jobs_key, {template.id: now}, nx=True)
 
-    def get_jobs_to_queue(self, with_times: bool = False) -> Iterator[Any]:
-        # Server time, sub-second (stock: the local clock, whole seconds).
-        return self.get_jobs(self._now(), with_times=with_times)  # type: ignore[no-any-return]
+    def due_templates(self) -> list[tuple[str, float]]:
+        """(template id, due time) of every template due now, earliest first."""
+        rows = self.connection.zrangebyscore(
+            self.scheduled_jobs_key, "-inf", self._now(), withscores=True
+        )
+        return [(_text(member), float(score)) for member, score in rows]
 
-    def enqueue_job(self, job: Job) -> None:
-        name = job.meta.get("vmpool_job")
-        interval = float(job.meta.get("vmpool_interval") or 0)
+    def move(self, template_id: str, due: float) -> bool:
+        """Enqueue the template's job and move it to its next due time, if ``due`` is
+        still its due time. True if this call moved it."""
+        try:
+            template = self.job_class.fetch(template_id, connection=self.connection)
+        except NoSuchJobError:
+            log.warning("dropping schedule entry %s: its template is gone", template_id)
+            self.connection.zrem(self.scheduled_jobs_key, template_id)
+            return False
+        name = template.meta.get("vmpool_job")
+        interval = float(template.meta.get("vmpool_interval") or 0)
         if name not in JOBS or interval <= 0:
-            log.warning("dropping unknown schedule entry %s", job.id)
-            self.cancel(job.id)
-            return
+            log.warning("dropping unknown schedule entry %s", template_id)
+            self.cancel(template_id)
+            return False
+        # A replica that lost the race usually sees it here, before enqueueing a sweep
+        # that may already have run; the script below is what decides.
+        score = self.connection.zscore(self.scheduled_jobs_key, template_id)
+        if score is None or float(score) != due:
+            return False
         enqueued = enqueue(self.connection, name)
         now = self._now()
-        with self.connection.pipeline() as pipe:
-            pipe.zadd(self.scheduled_jobs_key, {job.id: now + interval})
-            pipe.lpush(SCHEDULE_LOG, f"{now:.3f} {name} {int(enqueued)} {self.name}")
-            pipe.ltrim(SCHEDULE_LOG, 0, _LOG_LENGTH - 1)
-            pipe.execute()
-        log.debug("%s: %s", name, "enqueued" if enqueued else "already queued")
+        row = f"{now:.3f} {name} {int(enqueued)} {due!r} {self.name}"
+        moved = bool(
+            self._move_script(
+                keys=[self.scheduled_jobs_key, SCHEDULE_LOG],
+                args=[
+                    template_id, repr(due), repr(next_due(due, cadence(interval), now)),
+                    row, _LOG_LENGTH,
+                ],
+            )
+        )
+        if moved:
+            log.debug("%s: %s", name, "enqueued" if enqueued else "already queued")
+        return moved
+
+    def enqueue_jobs(self) -> list[str]:
+        """Move every due template; the ids this replica moved."""
+        return [tid for tid, due in self.due_templates() if self.move(tid, due)]
+
+    def seconds_to_next_tick(self) -> float:
+        """Until the earliest due time or one tick, whichever is sooner, plus jitter."""
+        first = self.connection.zrange(self.scheduled_jobs_key, 0, 0, withscores=True)
+        wait = float(self._interval)
+        if first:
+            wait = min(wait, max(0.0, float(first[0][1]) - self._now()))
+        return wait + self._rng.uniform(0.0, float(self._interval) * JITTER_FRACTION)
+
+    def tick(self) -> list[str]:
+        """One pass: the liveness heartbeat, then the due moves."""
+        self.heartbeat()
+        return self.enqueue_jobs()
+
+    def run(self, burst: bool = False) -> None:
+        """Tick until SIGTERM/SIGINT (rq-scheduler's handlers), or once with ``burst``."""
+        self.register_birth()
+        self._install_signal_handlers()
+        try:
+            while True:
+                self.tick()
+                if burst:
+                    return
+                time.sleep(self.seconds_to_next_tick())
+        finally:
+            self.register_death()
 
 
-def read_schedule_log(conn: redis.Redis) -> list[tuple[float, str, bool, str]]:
-    """The schedule log, oldest first: (server time, job, enqueued, replica)."""
-    rows: list[tuple[float, str, bool, str]] = []
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def read_schedule_log(conn: redis.Redis) -> list[ScheduleMove]:
+    """The schedule log, oldest first."""
+    rows: list[ScheduleMove] = []
     for raw in reversed(conn.lrange(SCHEDULE_LOG, 0, -1)):
-        text = raw.decode() if isinstance(raw, bytes) else str(raw)
-        when, job, enqueued, replica = text.split(" ", 3)
-        rows.append((float(when), job, enqueued == "1", replica))
+        when, job, enqueued, due, replica = _text(raw).split(" ", 4)
+        rows.append(ScheduleMove(float(when), job, enqueued == "1", float(due), replica))
     return rows

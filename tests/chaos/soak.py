@@ -377,8 +377,8 @@ class Cluster:
             try:
                 conn = self.admin()
                 try:
-                    moved = [t for t, job, queued, _ in read_schedule_log(conn)
-                             if job == "sweep" and queued and t > since]
+                    moved = [m.time for m in read_schedule_log(conn)
+                             if m.job == "sweep" and m.enqueued and m.time > since]
                     if moved and not conn.exists("rq:job:sweep"):
                         return time.time()
                 finally:

@@ -1,0 +1,195 @@
+"""The schedule (workers/schedule.py) in one process, with a fake clock where time matters.
+
+What these prove, each against a real Redis:
+- late wake-ups do not add up: due times stay on a grid, so the gap between two queued
+  sweeps stays within the interval however late each move comes (red against the old
+  "next = move time + interval": after 10 moves each 0.9 s late, 1029 instead of <= 1020);
+- a replica that read the schedule and then froze cannot, on resuming, enqueue again,
+  log again or move the next due time (red against the old unconditional reschedule,
+  which re-queued the sweep a worker had just run);
+- no lock: a replica frozen mid-tick does not stop the other one (the old loop skipped
+  every tick while a frozen replica held rq-scheduler's lock, for up to 11 s).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from itertools import pairwise
+from pathlib import Path
+
+import pytest
+import redis
+from rq import Queue
+
+from vmpool.config import load_config
+from workers import queues as q
+from workers.schedule import (
+    MAX_LEAD_S,
+    FleetScheduler,
+    cadence,
+    next_due,
+    read_schedule_log,
+    schedule_intervals,
+)
+
+KEY = FleetScheduler.scheduled_jobs_key
+CONFIG = """\
+:config: {}
+:pools:
+  - name: deb
+    size: 0
+    provider: simulated
+:providers:
+  :simulated: {}
+"""
+
+
+@pytest.fixture
+def conn(redis_url: str, redis_client: redis.Redis) -> Iterator[redis.Redis]:
+    """A bytes client (as RQ needs) on the flushed test database."""
+    client = redis.Redis.from_url(redis_url)
+    try:
+        yield client
+    finally:
+        client.close()
+
+
+class Clock:
+    """A settable clock standing in for Redis server time."""
+
+    def __init__(self, t: float) -> None:
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def _ran(conn: redis.Redis, job: str = "sweep") -> None:
+    """What a worker does with a queued sweep: pop it, run it, delete its hash."""
+    conn.lrem(f"rq:queue:{q.QUEUE_SWEEPS}", 0, job)
+    conn.delete(f"rq:job:{job}")
+
+
+def _due(conn: redis.Redis, job: str = "sweep") -> float:
+    score = conn.zscore(KEY, f"schedule-{job}")
+    assert score is not None
+    return float(score)
+
+
+def test_cadence_and_grid() -> None:
+    assert cadence(2) == pytest.approx(1.8)
+    assert cadence(60) == pytest.approx(60 - MAX_LEAD_S)
+    assert next_due(1000, 2, 1000.9) == 1002
+    assert next_due(1000, 2, 1002) == 1004  # strictly after now
+    assert next_due(1000, 2, 1007.5) == 1008  # after a stall: no catch-up burst
+
+
+def test_late_moves_do_not_add_up(conn: redis.Redis) -> None:
+    clock = Clock(1000.0)
+    s = FleetScheduler(conn, clock=clock)
+    s.install({"sweep": 2})
+    moves = []
+    for _ in range(10):
+        clock.t = _due(conn) + 0.15  # every move 0.15 s after its due time
+        assert s.enqueue_jobs() == ["schedule-sweep"]
+        moves.append(clock.t)
+        _ran(conn)
+    assert _due(conn) == pytest.approx(1000.0 + 10 * cadence(2))
+    gaps = [b - a for a, b in pairwise(moves)]
+    assert max(gaps) <= 2  # the promise: queued at most one interval apart
+
+
+def test_frozen_replica_resumes_without_effect(conn: redis.Redis) -> None:
+    clock = Clock(1000.0)
+    a, b = FleetScheduler(conn, clock=clock), FleetScheduler(conn, clock=clock)
+    a.install({"sweep": 2})
+    clock.t = 1000.1
+    stale = a.due_templates()  # a reads the schedule, then freezes
+    assert stale == [("schedule-sweep", 1000.0)]
+    assert b.enqueue_jobs() == ["schedule-sweep"]
+    after_b = _due(conn)
+    _ran(conn)  # a worker runs the sweep b queued
+    clock.t = 1000.5
+    assert a.move(*stale[0]) is False  # a resumes
+    assert Queue(q.QUEUE_SWEEPS, connection=conn).job_ids == []
+    assert _due(conn) == after_b
+    assert [(m.job, m.due, m.replica) for m in read_schedule_log(conn)] == [
+        ("sweep", 1000.0, b.name)
+    ]
+
+
+def test_lost_race_after_the_check_is_refused_by_the_script(conn: redis.Redis) -> None:
+    """The Lua check, not the Python pre-check, is what decides: b moves between a's
+    pre-check and a's script."""
+    clock = Clock(1000.0)
+    a, b = FleetScheduler(conn, clock=clock), FleetScheduler(conn, clock=clock)
+    a.install({"reap": 30})
+    clock.t = 1000.2
+    due = a.due_templates()[0]
+    real = a._move_script
+
+    def b_first(*args: object, **kwargs: object) -> object:
+        assert b.enqueue_jobs() == ["schedule-reap"]
+        return real(*args, **kwargs)
+
+    a._move_script = b_first
+    assert a.move(*due) is False
+    assert [m.replica for m in read_schedule_log(conn)] == [b.name]
+    assert Queue(q.QUEUE_SWEEPS, connection=conn).job_ids == ["reap"]  # queued once
+
+
+def test_no_lock_a_frozen_replica_does_not_stop_the_other(conn: redis.Redis) -> None:
+    clock = Clock(1000.0)
+    a, b = FleetScheduler(conn, clock=clock), FleetScheduler(conn, clock=clock)
+    a.install({"sweep": 2})
+    clock.t = 1000.05
+    a.due_templates()  # a is mid-tick when it freezes: it holds nothing
+    assert b.tick() == ["schedule-sweep"]
+
+
+def test_two_replicas_enqueue_each_sweep_once(conn: redis.Redis, tmp_path: Path) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text(CONFIG + ":schedule:\n  sweep: 60\n  reap: 60\n")
+    intervals = schedule_intervals(load_config(path).schedule)
+    a, b = FleetScheduler(conn), FleetScheduler(conn)
+    a.install(intervals)
+    b.install(intervals)  # idempotent: same six templates, due times kept
+    assert conn.zcard(KEY) == len(intervals)
+    a.enqueue_jobs()
+    assert b.enqueue_jobs() == []  # nothing is due any more
+    log = read_schedule_log(conn)
+    assert sorted(m.job for m in log) == sorted(intervals)
+    assert all(m.enqueued for m in log)
+    assert sorted(Queue(q.QUEUE_SWEEPS, connection=conn).job_ids) == sorted(intervals)
+
+
+def test_a_still_queued_sweep_is_not_queued_again(conn: redis.Redis) -> None:
+    clock = Clock(1000.0)
+    s = FleetScheduler(conn, clock=clock)
+    s.install({"sweep": 1})
+    clock.t = 1000.01
+    s.tick()
+    clock.t = _due(conn) + 0.01  # no worker took the first one
+    s.tick()
+    assert Queue(q.QUEUE_SWEEPS, connection=conn).job_ids == ["sweep"]
+    assert [m.enqueued for m in read_schedule_log(conn)] == [True, False]
+
+
+def test_sleep_until_the_earliest_due_time(conn: redis.Redis) -> None:
+    clock = Clock(1000.0)
+    s = FleetScheduler(conn, interval=1.0, clock=clock, seed=3)
+    s.install({"sweep": 2, "reap": 30})
+    s.tick()  # both moved: sweep due at 1001.8, reap at 1029.75
+    clock.t = 1001.5
+    for _ in range(20):
+        wait = s.seconds_to_next_tick()
+        assert 0.3 - 1e-9 <= wait <= 0.3 + 0.05 + 1e-9
+    clock.t = 1000.1  # the next due time is further than one tick away
+    assert 1.0 <= s.seconds_to_next_tick() <= 1.05
+
+
+def test_unknown_template_is_dropped(conn: redis.Redis) -> None:
+    s = FleetScheduler(conn)
+    conn.zadd(KEY, {"schedule-ghost": 0})
+    assert s.enqueue_jobs() == []
+    assert conn.zcard(KEY) == 0
