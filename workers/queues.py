@@ -54,6 +54,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from importlib import resources
 from typing import Any, Final
 
 import redis
@@ -199,31 +200,9 @@ def resolve_queue_names(names: str | None) -> list[str]:
     return out
 
 
-# Deletes the hash of a duplicate job that is plainly dead (see the module docstring).
-# KEYS[1] job hash, KEYS[2] its queue's list; ARGV[1] heartbeat field, ARGV[2]
-# stale-after seconds, ARGV[3] the job id.
-# Returns 1 when the id is free now (deleted, or already gone), 0 when it is live.
-_RECLAIM_LUA: Final = """
-local status = redis.call('HGET', KEYS[1], 'status')
-if not status then return 1 end
-if status == 'failed' or status == 'stopped' or status == 'canceled' then
-  redis.call('DEL', KEYS[1]); return 1
-end
-if status == 'queued' then
-  -- 'queued' but in no queue: a worker popped it (BLPOP) and died, or lost the pop's
-  -- reply with its connection, before marking it started. Nothing would ever run it.
-  if not redis.call('LPOS', KEYS[2], ARGV[3]) then redis.call('DEL', KEYS[1]); return 1 end
-  return 0
-end
-if status == 'started' then
-  local hb = tonumber(redis.call('HGET', KEYS[1], ARGV[1]))
-  if hb == nil then return 0 end
-  local t = redis.call('TIME')
-  local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
-  if now - hb > tonumber(ARGV[2]) then redis.call('DEL', KEYS[1]); return 1 end
-end
-return 0
-"""
+# Deletes the hash of a duplicate job that is plainly dead (keys, args, returns and the
+# invariant in the script's header).
+_RECLAIM_LUA: Final = resources.files("workers").joinpath("reclaim_job.lua").read_text()
 
 
 def _reclaim(conn: redis.Redis, queue: Queue, jid: str) -> bool:
