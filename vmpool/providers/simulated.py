@@ -32,6 +32,7 @@ import random
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from importlib import resources
 from typing import TYPE_CHECKING, Any
 
 from vmpool.keys import validate_pool_name, validate_vm_name
@@ -51,59 +52,17 @@ __all__ = ["SimulatedOptions", "SimulatedProvider"]
 
 log = logging.getLogger(__name__)
 
-# -- Lua scripts ---------------------------------------------------------------------------
-# Kept inline rather than as .lua files so they ship with the module whatever the
-# package-data globs say.
+# -- Lua scripts (next to this module; each file's header gives keys, args, returns and
+# the invariant it protects) ----------------------------------------------------------------
 
-_CREATE_LUA = """
--- create: write one simulated VM unless it already exists.
--- KEYS[1]  the VM hash (keys.sim_vm(provider, name))
--- KEYS[2]  the provider's inventory set (keys.sim_inventory(provider))
--- ARGV     name, pool, template, boot_seconds (decimal string), never_ready ("0"|"1")
--- returns  {created (1 new | 0 existed), server time "%.6f", HGETALL of the VM hash...}
--- invariant: the name is in KEYS[2] iff KEYS[1] exists; both change here together, so
---   two racing creates of one name make exactly one VM and the loser gets the winner's.
-local t = redis.call('TIME')
-local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
-local now_s = string.format('%.6f', now)
-if redis.call('EXISTS', KEYS[1]) == 1 then
-  return {0, now_s, redis.call('HGETALL', KEYS[1])}
-end
-redis.call('HSET', KEYS[1],
-  'name', ARGV[1], 'pool', ARGV[2], 'template', ARGV[3], 'state', 'booting',
-  'created_at', now_s,
-  'ready_at', string.format('%.6f', now + tonumber(ARGV[4])),
-  'never_ready', ARGV[5], 'destroy_attempts', '0')
-redis.call('SADD', KEYS[2], ARGV[1])
-return {1, now_s, redis.call('HGETALL', KEYS[1])}
-"""
 
-_DESTROY_ATTEMPT_LUA = """
--- destroy_attempt: count one more attempt to destroy a VM, without resurrecting it.
--- KEYS[1]  the VM hash
--- ARGV     (none)
--- returns  the attempt number (1, 2, ...), or 0 when the VM does not exist
--- invariant: never creates the hash (a bare HINCRBY on a destroyed VM would).
-if redis.call('EXISTS', KEYS[1]) == 0 then
-  return 0
-end
-return redis.call('HINCRBY', KEYS[1], 'destroy_attempts', 1)
-"""
+def _lua(name: str) -> str:
+    return resources.files("vmpool.providers").joinpath(name).read_text()
 
-_DESTROY_LUA = """
--- destroy: remove one simulated VM.
--- KEYS[1]  the VM hash
--- KEYS[2]  the provider's inventory set
--- ARGV[1]  the VM name
--- returns  1 if a VM was destroyed, 0 if there was none (destroying twice is fine)
--- invariant: the hash and the inventory membership go together.
-local existed = redis.call('DEL', KEYS[1])
-local member = redis.call('SREM', KEYS[2], ARGV[1])
-if existed == 1 or member == 1 then
-  return 1
-end
-return 0
-"""
+
+_CREATE_LUA = _lua("simulated_create.lua")
+_DESTROY_ATTEMPT_LUA = _lua("simulated_destroy_attempt.lua")
+_DESTROY_LUA = _lua("simulated_destroy.lua")
 
 # The options the simulated provider reads; anything else in its config block is logged
 # and ignored, as vmpooler providers ignore options meant for others.
