@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import json
 import os
 import platform
@@ -176,6 +177,7 @@ class SoakReport:
     workdir: str = ""
     restarts: dict[str, int] = field(default_factory=dict)
     trails: dict[str, Any] = field(default_factory=dict)
+    schedule: dict[str, Any] = field(default_factory=dict)
 
     @property
     def violation_count(self) -> int:
@@ -210,6 +212,18 @@ class SoakReport:
             f" max {s.get('redis_recovery_s_max', 0):.1f}s)",
             f"  violations:  {self.violation_count} ({kv(self.violations)})",
         ]
+        if self.schedule:
+            g = self.schedule
+            out.insert(-1, (
+                f"  schedule:    {g['moves']} sweep moves; move after due p50"
+                f" {g['delay_p50_s'] * 1000:.0f} ms, p99 {g['delay_p99_s'] * 1000:.0f} ms,"
+                f" max {g['delay_max_s'] * 1000:.0f} ms (away from Redis stops: p99"
+                f" {g['calm_delay_p99_s'] * 1000:.0f} ms,"
+                f" max {g['calm_delay_max_s'] * 1000:.0f} ms);"
+                f" longest gap between two moves"
+                f" {g['gap_max_s']:.2f}s ({g['gaps_over_interval']} over the interval;"
+                f" {g['gaps_over_interval_outside_outages']} outside Redis outages)"
+            ))
         out += [f"    {line}" for line in self.examples[:25]]
         return out
 
@@ -578,11 +592,67 @@ class Nemesis:
         return self._restart("redis_kill9", signal.SIGKILL)
 
 
+# -- the schedule, as the schedulers logged it ----------------------------------------------
+
+
+def collect_schedule(conn: redis.Redis, seen: dict[tuple[str, float], float]) -> None:
+    """Merge the schedule log (capped in Redis) into ``seen``: (job, due) -> move time."""
+    from workers.schedule import read_schedule_log
+
+    for move in read_schedule_log(conn):
+        seen.setdefault((move.job, move.due), move.time)
+
+
+def schedule_stats(
+    seen: dict[tuple[str, float], float], job: str, interval: float,
+    outages: list[tuple[float, float]],
+) -> dict[str, Any]:
+    """How late each move of ``job`` came after its due time, and the gaps between moves
+    (the schedule's promise: at most ``interval``)."""
+    rows = sorted((t, due) for (j, due), t in seen.items() if j == job)
+    if len(rows) < 2:
+        return {}
+    delays = sorted(t - due for t, due in rows)
+    gaps = [(a, b) for (a, _), (b, _) in itertools.pairwise(rows)]
+    over = [(a, b) for a, b in gaps if b - a > interval]
+    calm = sorted(t - due for t, due in rows if _overlap(due - 5, t, outages) == 0)
+    return {
+        "moves": len(rows),
+        "delay_p50_s": round(delays[len(delays) // 2], 4),
+        "delay_p99_s": round(delays[int(len(delays) * 0.99)], 4),
+        "delay_max_s": round(delays[-1], 4),
+        # the same, leaving out moves that were due within 5 s after a Redis stop
+        "calm_moves": len(calm),
+        "calm_delay_p99_s": round(calm[int(len(calm) * 0.99)], 4) if calm else 0.0,
+        "calm_delay_max_s": round(calm[-1], 4) if calm else 0.0,
+        "gap_max_s": round(max(b - a for a, b in gaps), 3),
+        "gaps_over_interval": len(over),
+        "gaps_over_interval_outside_outages": sum(
+            1 for a, b in over if _overlap(a, b, outages) == 0
+        ),
+    }
+
+
 # -- the server-side checks ----------------------------------------------------------------
 
 
 def _overlap(a0: float, a1: float, windows: list[tuple[float, float]]) -> float:
     return sum(max(0.0, min(a1, w1) - max(a0, w0)) for w0, w1 in windows)
+
+
+def _collect_schedule_quietly(
+    cluster: Cluster, opts: SoakOptions, seen: dict[tuple[str, float], float]
+) -> None:
+    if opts.target != "vmpool":
+        return
+    try:
+        conn = cluster.admin()
+        try:
+            collect_schedule(conn, seen)
+        finally:
+            conn.close()
+    except redis.RedisError:
+        pass  # Redis is down; the next collection has the rows (the log keeps 2000)
 
 
 def settle_check(
@@ -697,6 +767,7 @@ def run_soak(opts: SoakOptions, command: str = "") -> SoakReport:
             seed=opts.seed, rate_per_s=opts.rate, max_requests=opts.requests,
         ))
         nemesis = Nemesis(cluster, opts)
+        moves: dict[tuple[str, float], float] = {}  # (job, due) -> move time
         load_started = time.monotonic()
         client.start()
         nemesis.start()
@@ -712,11 +783,14 @@ def run_soak(opts: SoakOptions, command: str = "") -> SoakReport:
             time.sleep(0.5)  # the harness's own pacing
             if time.monotonic() - last_note >= 30:
                 last_note = time.monotonic()
+                _collect_schedule_quietly(cluster, opts, moves)
                 _log(opts, f"{elapsed:.0f}s: {client.created} requests sent,"
                            f" {client.open_count()} open, faults {nemesis.counts()}")
         client.stop_creating.set()
         report.load_s = time.monotonic() - load_started
         nemesis.join()
+        _collect_schedule_quietly(cluster, opts, moves)
+        report.schedule = schedule_stats(moves, "sweep", opts.sweep_s, cluster.outages)
         _log(opts, f"load over after {report.load_s:.0f}s ({client.created} requests);"
                    f" faults {nemesis.counts()}; settling")
         # settle: every request terminal, the ready ones deleted by the client
