@@ -63,6 +63,16 @@ def redis_client(redis_url: str) -> Iterator[redis.Redis]:
 
 
 @pytest.fixture
+def conn(redis_url: str, redis_client: redis.Redis) -> Iterator[redis.Redis]:
+    """A bytes client (as RQ needs) on the flushed test database."""
+    client = redis.Redis.from_url(redis_url)
+    try:
+        yield client
+    finally:
+        client.close()
+
+
+@pytest.fixture
 def keys() -> Keys:
     return Keys("vmpool")
 

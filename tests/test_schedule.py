@@ -13,7 +13,6 @@ What these prove, each against a real Redis:
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from itertools import pairwise
 from pathlib import Path
 
@@ -42,16 +41,6 @@ CONFIG = """\
 :providers:
   :simulated: {}
 """
-
-
-@pytest.fixture
-def conn(redis_url: str, redis_client: redis.Redis) -> Iterator[redis.Redis]:
-    """A bytes client (as RQ needs) on the flushed test database."""
-    client = redis.Redis.from_url(redis_url)
-    try:
-        yield client
-    finally:
-        client.close()
 
 
 class Clock:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -15,16 +14,6 @@ from vmpool.keys import Keys
 from workers import queues as q
 from workers.jobs import noop
 from workers.worker import FleetJob, build_worker, current_fleet
-
-
-@pytest.fixture
-def conn(redis_url: str, redis_client: redis.Redis) -> Iterator[redis.Redis]:
-    """A bytes client (as RQ needs) on the flushed test database."""
-    client = redis.Redis.from_url(redis_url)
-    try:
-        yield client
-    finally:
-        client.close()
 
 
 # -- ids --------------------------------------------------------------------------------
