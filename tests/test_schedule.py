@@ -8,7 +8,10 @@ What these prove, each against a real Redis:
   log again or move the next due time (red against the old unconditional reschedule,
   which re-queued the sweep a worker had just run);
 - no lock: a replica frozen mid-tick does not stop the other one (the old loop skipped
-  every tick while a frozen replica held rq-scheduler's lock, for up to 11 s).
+  every tick while a frozen replica held rq-scheduler's lock, for up to 11 s);
+- a run frozen mid-way (its worker SIGSTOPped or killed) does not hold back the next run
+  (red against one fixed id per job: no sweep was queued, [] instead of one);
+- at most one run of a job waits in its queue at a time.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from workers.schedule import (
     MAX_LEAD_S,
     FleetScheduler,
     cadence,
+    last_run_id,
     next_due,
     read_schedule_log,
     schedule_intervals,
@@ -53,10 +57,19 @@ class Clock:
         return self.t
 
 
-def _ran(conn: redis.Redis, job: str = "sweep") -> None:
-    """What a worker does with a queued sweep: pop it, run it, delete its hash."""
-    conn.lrem(f"rq:queue:{q.QUEUE_SWEEPS}", 0, job)
-    conn.delete(f"rq:job:{job}")
+def _queued(conn: redis.Redis) -> list[str]:
+    return list(Queue(q.QUEUE_SWEEPS, connection=conn).job_ids)
+
+
+def _ran(conn: redis.Redis) -> None:
+    """What the workers do with the queued sweeps: pop, run, delete their hashes."""
+    for jid in _queued(conn):
+        conn.lrem(f"rq:queue:{q.QUEUE_SWEEPS}", 0, jid)
+        conn.delete(f"rq:job:{jid}")
+
+
+def _run_of(job: str, due: float) -> str:
+    return q.job_id(job, run=round(due * 1000))
 
 
 def _due(conn: redis.Redis, job: str = "sweep") -> float:
@@ -100,7 +113,7 @@ def test_frozen_replica_resumes_without_effect(conn: redis.Redis) -> None:
     _ran(conn)  # a worker runs the sweep b queued
     clock.t = 1000.5
     assert a.move(*stale[0]) is False  # a resumes
-    assert Queue(q.QUEUE_SWEEPS, connection=conn).job_ids == []
+    assert _queued(conn) == []
     assert _due(conn) == after_b
     assert [(m.job, m.due, m.replica) for m in read_schedule_log(conn)] == [
         ("sweep", 1000.0, b.name)
@@ -124,7 +137,7 @@ def test_lost_race_after_the_check_is_refused_by_the_script(conn: redis.Redis) -
     a._move_script = b_first
     assert a.move(*due) is False
     assert [m.replica for m in read_schedule_log(conn)] == [b.name]
-    assert Queue(q.QUEUE_SWEEPS, connection=conn).job_ids == ["reap"]  # queued once
+    assert _queued(conn) == [_run_of("reap", 1000.0)]  # queued once
 
 
 def test_no_lock_a_frozen_replica_does_not_stop_the_other(conn: redis.Redis) -> None:
@@ -149,7 +162,7 @@ def test_two_replicas_enqueue_each_sweep_once(conn: redis.Redis, tmp_path: Path)
     log = read_schedule_log(conn)
     assert sorted(m.job for m in log) == sorted(intervals)
     assert all(m.enqueued for m in log)
-    assert sorted(Queue(q.QUEUE_SWEEPS, connection=conn).job_ids) == sorted(intervals)
+    assert sorted(j.split("_r")[0] for j in _queued(conn)) == sorted(intervals)
 
 
 def test_a_still_queued_sweep_is_not_queued_again(conn: redis.Redis) -> None:
@@ -160,8 +173,9 @@ def test_a_still_queued_sweep_is_not_queued_again(conn: redis.Redis) -> None:
     s.tick()
     clock.t = _due(conn) + 0.01  # no worker took the first one
     s.tick()
-    assert Queue(q.QUEUE_SWEEPS, connection=conn).job_ids == ["sweep"]
+    assert _queued(conn) == [_run_of("sweep", 1000.0)]
     assert [m.enqueued for m in read_schedule_log(conn)] == [True, False]
+    assert last_run_id(conn, "sweep") == _run_of("sweep", 1000.0)
 
 
 def test_sleep_until_the_earliest_due_time(conn: redis.Redis) -> None:
@@ -182,3 +196,30 @@ def test_unknown_template_is_dropped(conn: redis.Redis) -> None:
     conn.zadd(KEY, {"schedule-ghost": 0})
     assert s.enqueue_jobs() == []
     assert conn.zcard(KEY) == 0
+
+
+def _frozen_mid_run(conn: redis.Redis, jid: str) -> None:
+    """What a worker leaves when it pops a job, starts it and is then SIGSTOPped (or
+    SIGKILLed): the hash says 'started', with a fresh heartbeat, and no queue holds it."""
+    conn.lrem(f"rq:queue:{q.QUEUE_SWEEPS}", 0, jid)
+    sec, usec = conn.time()
+    conn.hset(f"rq:job:{jid}", mapping={"status": "started",
+                                        q.HEARTBEAT_FIELD: f"{sec + usec / 1e6:.3f}"})
+
+
+def test_a_frozen_run_does_not_block_the_next(conn: redis.Redis) -> None:
+    """A worker froze in the middle of a sweep. The next due time still queues a sweep
+    (red before: the frozen run held the one id 'sweep', so no sweep was queued until the
+    worker woke or its heartbeat went stale, and requests settled late in the soak)."""
+    clock = Clock(1000.0)
+    s = FleetScheduler(conn, clock=clock)
+    s.install({"sweep": 2})
+    clock.t = 1000.01
+    s.tick()
+    [first] = _queued(conn)
+    _frozen_mid_run(conn, first)
+    second_due = _due(conn)
+    clock.t = second_due + 0.01
+    s.tick()
+    assert _queued(conn) == [_run_of("sweep", second_due)]
+    assert conn.hget(f"rq:job:{first}", "status") == b"started"  # left alone

@@ -55,6 +55,18 @@ def test_subject_arity_checked() -> None:
         q.job_id("nonsense")
 
 
+def test_run_ids_of_periodic_jobs() -> None:
+    assert q.job_id("sweep", run=1796220642783) == "sweep_r1796220642783"
+    for bad in (-1, True, 1.5):
+        with pytest.raises(ValueError):
+            q.job_id("sweep", run=bad)  # type: ignore[arg-type]
+    with pytest.raises(ValueError):
+        q.job_id("create-vm", "deb-abc", run=1)  # per-subject jobs have no runs
+    # no subject-bearing id equals a run id: an encoded subject escapes every "_"
+    assert q.job_id("check-pending", "sweep_r1") == "check-pending-sweep__r1"
+    assert q.job_id("check-pending-sweep", run=1) == "check-pending-sweep_r1"
+
+
 def test_every_job_has_an_entry_point() -> None:
     import workers.jobs
 

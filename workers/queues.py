@@ -162,13 +162,26 @@ def decode_subject(encoded: str) -> str:
     return "".join(out)
 
 
-def job_id(job: str, subject: str | None = None) -> str:
-    """The deterministic RQ job id of ``job`` for ``subject``."""
+def job_id(job: str, subject: str | None = None, *, run: int | None = None) -> str:
+    """The deterministic RQ job id of ``job`` for ``subject``.
+
+    ``run`` (periodic jobs only) numbers one scheduled run: ``<job>_r<run>``. The
+    scheduler gives each due time its own id, so a run frozen or killed mid-way (its hash
+    still ``started``) does not hold the id of the next one (workers/schedule.py). In an
+    encoded subject every ``_`` is followed by ``_`` or ``-``, never by ``r``, so these
+    ids collide with no other.
+    """
     spec = _lookup(job)
     if spec.subject is None:
         if subject is not None:
             raise ValueError(f"job {job!r} takes no subject")
-        return spec.name
+        if run is None:
+            return spec.name
+        if isinstance(run, bool) or not isinstance(run, int) or run < 0:
+            raise ValueError(f"a run number is a non-negative integer, got {run!r}")
+        return f"{spec.name}_r{run}"
+    if run is not None:
+        raise ValueError(f"job {job!r} is not periodic: no run number")
     if subject is None:
         raise ValueError(f"job {job!r} needs a {spec.subject} subject")
     return f"{spec.name}-{encode_subject(subject)}"
@@ -213,14 +226,17 @@ def _reclaim(conn: redis.Redis, queue: Queue, jid: str) -> bool:
     )
 
 
-def enqueue(conn: redis.Redis, job: str, subject: str | None = None) -> bool:
+def enqueue(
+    conn: redis.Redis, job: str, subject: str | None = None, *, run: int | None = None
+) -> bool:
     """Put ``job`` for ``subject`` on its queue; False when a live copy already exists.
 
     ``conn`` is a bytes client (``decode_responses=False``), as RQ requires. Raises
-    ValueError for an unknown job or a missing/extra/invalid subject.
+    ValueError for an unknown job or a missing/extra/invalid subject. ``run``: see
+    :func:`job_id`.
     """
     spec = _lookup(job)
-    jid = job_id(job, subject)
+    jid = job_id(job, subject, run=run)
     queue = Queue(spec.queue, connection=conn)
     args = () if subject is None else (subject,)
     for attempt in range(2):

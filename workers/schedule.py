@@ -30,14 +30,25 @@ never a burst of catch-up runs.
 A replica sleeps until the earliest due time or its tick (``--interval``, default 1 s),
 whichever comes first, plus a random jitter of up to a twentieth of the tick, so the
 replicas take turns instead of one winning every due time. Awake, it reads the due
-templates and moves each one: it enqueues the job through :func:`workers.queues.enqueue`
-(``unique``: a sweep still queued or running is not queued again), then runs
-``schedule_move.lua``, which moves the template to its next due time and logs the move
-only if the score is still the due time it read. So there is no scheduler lock to hold:
-any number of replicas may wake at once, each due time is moved and logged once, a due
-time never goes backwards, and a replica frozen in the middle of its tick (SIGSTOP, a
-GC pause) delays nobody. Enqueueing before the move means a replica killed between the
-two leaves the template due for the next replica, so no run is lost. (rq-scheduler's own
+templates and moves each one: it enqueues a run of the job through
+:func:`workers.queues.enqueue`, then runs ``schedule_move.lua``, which moves the template
+to its next due time, logs the move and records the run, only if the score is still the
+due time it read.
+
+Each run has its own id, ``<job>_r<due time in ms>`` (``unique``, so two replicas
+enqueueing one due time queue it once), and the next run is queued unless the last one
+(:data:`LAST_RUNS`) still *waits* in its queue. So at most one run of a job waits at a
+time, however long the workers are busy; but a run that has *started* never blocks the
+next: a worker frozen (SIGSTOP) or killed in the middle of a sweep leaves its job
+``started``, and with one fixed id per job that held back every sweep until the worker
+woke or its heartbeat went stale (10 s), which made requests settle late in the soak.
+Two runs of a sweep may then overlap; every sweep is idempotent.
+
+There is no scheduler lock to hold: any number of replicas may wake at once, each due
+time is moved and logged once (the script's compare), a due time never goes backwards,
+and a replica frozen in the middle of its tick (SIGSTOP, a GC pause) delays nobody.
+Enqueueing before the move means a replica killed between the two leaves the template
+due for the next replica, so no run is lost. (rq-scheduler's own
 loop takes a lock with ``SET NX EX interval+10``; a replica frozen holding it stopped
 every sweep for up to 11 s, longer than the sweep interval. It is not used here.)
 
@@ -60,18 +71,20 @@ import redis
 from rq.exceptions import NoSuchJobError
 from rq_scheduler import Scheduler
 
-from workers.queues import JOBS, QUEUE_SWEEPS, enqueue
+from workers.queues import JOBS, QUEUE_SWEEPS, enqueue, job_id
 
 if TYPE_CHECKING:
     from vmpool.config import Schedule
 
 __all__ = [
+    "LAST_RUNS",
     "MAX_LEAD_S",
     "PERIODIC",
     "SCHEDULE_LOG",
     "FleetScheduler",
     "ScheduleMove",
     "cadence",
+    "last_run_id",
     "next_due",
     "read_schedule_log",
     "schedule_intervals",
@@ -90,6 +103,7 @@ PERIODIC: Final[dict[str, str]] = {
 }
 
 SCHEDULE_LOG: Final = "rq:scheduler:vmpool:log"
+LAST_RUNS: Final = "rq:scheduler:vmpool:last_runs"
 _LOG_LENGTH: Final = 2000
 
 # How much earlier than its interval a job falls due (see the module docstring): a
@@ -204,21 +218,34 @@ class FleetScheduler(Scheduler):  # type: ignore[misc]
         score = self.connection.zscore(self.scheduled_jobs_key, template_id)
         if score is None or float(score) != due:
             return False
-        enqueued = enqueue(self.connection, name)
+        run_id = ""
+        enqueued = False
+        if not self._still_waiting(name):
+            run = round(due * 1000)  # this due time's own id (see the module docstring)
+            run_id = job_id(name, run=run)
+            enqueued = enqueue(self.connection, name, run=run)
         now = self._now()
         row = f"{now:.3f} {name} {int(enqueued)} {due!r} {self.name}"
         moved = bool(
             self._move_script(
-                keys=[self.scheduled_jobs_key, SCHEDULE_LOG],
+                keys=[self.scheduled_jobs_key, SCHEDULE_LOG, LAST_RUNS],
                 args=[
                     template_id, repr(due), repr(next_due(due, cadence(interval), now)),
-                    row, _LOG_LENGTH,
+                    row, _LOG_LENGTH, name, run_id,
                 ],
             )
         )
         if moved:
             log.debug("%s: %s", name, "enqueued" if enqueued else "already queued")
         return moved
+
+    def _still_waiting(self, name: str) -> bool:
+        """Whether the job's last scheduled run still waits in its queue (not started)."""
+        last = self.connection.hget(LAST_RUNS, name)
+        if last is None:
+            return False
+        queue_key = f"rq:queue:{JOBS[name].queue}"
+        return self.connection.lpos(queue_key, last) is not None
 
     def enqueue_jobs(self) -> list[str]:
         """Move every due template; the ids this replica moved."""
@@ -253,6 +280,12 @@ class FleetScheduler(Scheduler):  # type: ignore[misc]
 
 def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
+
+
+def last_run_id(conn: redis.Redis, job: str) -> str | None:
+    """The RQ job id of the job's latest scheduled run (its hash is gone once it ran)."""
+    value = conn.hget(LAST_RUNS, job)
+    return None if value is None else _text(value)
 
 
 def read_schedule_log(conn: redis.Redis) -> list[ScheduleMove]:

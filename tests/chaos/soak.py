@@ -384,7 +384,7 @@ class Cluster:
         as soon as Redis answers."""
         if self.opts.target != "vmpool":
             return since
-        from workers.schedule import read_schedule_log
+        from workers.schedule import last_run_id, read_schedule_log
 
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
@@ -393,7 +393,8 @@ class Cluster:
                 try:
                     moved = [m.time for m in read_schedule_log(conn)
                              if m.job == "sweep" and m.enqueued and m.time > since]
-                    if moved and not conn.exists("rq:job:sweep"):
+                    last = last_run_id(conn, "sweep")
+                    if moved and last and not conn.exists(f"rq:job:{last}"):
                         return time.time()
                 finally:
                     conn.close()
