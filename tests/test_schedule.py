@@ -174,6 +174,7 @@ def test_a_still_queued_sweep_is_not_queued_again(conn: redis.Redis) -> None:
     clock.t = _due(conn) + 0.01  # no worker took the first one
     s.tick()
     assert _queued(conn) == [_run_of("sweep", 1000.0)]
+    assert 0 < conn.ttl(f"rq:job:{_run_of('sweep', 1000.0)}") <= q.RUN_WAIT_TTL
     assert [m.enqueued for m in read_schedule_log(conn)] == [True, False]
     assert last_run_id(conn, "sweep") == _run_of("sweep", 1000.0)
 

@@ -310,6 +310,8 @@ def test_worker_hands_its_fleet_to_jobs(
     path.write_text(CONFIG)
     config = load_config(path)
     assert q.enqueue(conn, "provision-sweep")
+    assert q.enqueue(conn, "reap", run=7)  # a scheduled run: its hash waits with a TTL
+    assert conn.ttl(Job.key_for("reap_r7")) > 0
     queue = Queue(q.QUEUE_SWEEPS, connection=conn)
     queue.enqueue(noop, job_id="plain-noop", result_ttl=60)
     worker = build_worker(redis_url, config, [q.QUEUE_SWEEPS], kind=kind)
@@ -318,7 +320,9 @@ def test_worker_hands_its_fleet_to_jobs(
     assert Job.fetch("plain-noop", connection=conn).get_status() == JobStatus.FINISHED
     # the sweep ran with the Fleet (result_ttl=0: its hash is gone, not failed)
     assert not conn.exists(Job.key_for("provision-sweep"))
+    assert not conn.exists(Job.key_for("reap_r7"))
     assert worker.failed_job_count == 0
     # every finished vmpool job is counted in Redis for /metrics (the horse's too)
     counts = conn.hgetall(Keys(config.key_prefix).metrics("jobs"))
     assert counts.get(b"provision_sweep:ok") == b"1", counts
+    assert counts.get(b"reap_running:ok") == b"1", counts

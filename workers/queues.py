@@ -74,6 +74,7 @@ __all__ = [
     "QUEUE_REQUESTS",
     "QUEUE_SWEEPS",
     "QUEUE_VMS",
+    "RUN_WAIT_TTL",
     "STALE_AFTER_SECONDS",
     "JobSpec",
     "RQDispatcher",
@@ -94,6 +95,11 @@ QUEUES: Final[tuple[str, ...]] = (QUEUE_REQUESTS, QUEUE_SWEEPS, QUEUE_VMS)
 # A failed job's hash (and so its block on re-enqueue) lives this long; the traceback is
 # in the worker's log. Reclaiming in enqueue() makes even this a soft limit.
 FAILURE_TTL: Final = 10
+# A scheduled run's hash expires if it waits this long in its queue without starting
+# (RQ persists the hash when a worker starts the job). Every run has its own id, so the
+# reclaim above never meets a run's id twice; without this, a run popped by a worker
+# killed before it started would leave its 'queued' hash behind forever.
+RUN_WAIT_TTL: Final = 600
 # The process running a job refreshes HEARTBEAT_FIELD on the job hash this often ...
 HEARTBEAT_SECONDS: Final = 2.0
 HEARTBEAT_FIELD: Final = "vmpool_heartbeat"
@@ -250,6 +256,7 @@ def enqueue(
                 failure_ttl=FAILURE_TTL,
                 job_timeout=spec.timeout,
                 description=jid,
+                ttl=None if run is None else RUN_WAIT_TTL,
             )
             return True
         except DuplicateJobError:

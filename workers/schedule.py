@@ -242,7 +242,7 @@ class FleetScheduler(Scheduler):  # type: ignore[misc]
 
     def _still_waiting(self, name: str) -> bool:
         """Whether the job's last scheduled run still waits in its queue (not started)."""
-        last = self.connection.hget(LAST_RUNS, name)
+        last = last_run_id(self.connection, name)
         if last is None:
             return False
         queue_key = f"rq:queue:{JOBS[name].queue}"
