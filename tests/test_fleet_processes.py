@@ -257,7 +257,7 @@ def test_fleet_end_to_end_with_a_scheduler_killed(fleet: Fleet) -> None:
     for job, every in intervals.items():
         dues = [m.due for m in log if m.job == job]
         assert len(dues) >= 2, job
-        assert all(b - a >= cadence(every) - 1e-6 for a, b in pairwise(dues)), (job, dues)
+        assert all(b - a >= cadence(job, every) - 1e-6 for a, b in pairwise(dues)), (job, dues)
         after = [m.time for m in log if m.job == job and m.time > killed_at]
         assert after, job
         # within the interval plus 3 s of slack for a loaded CI machine (the old

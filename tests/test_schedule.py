@@ -79,8 +79,9 @@ def _due(conn: redis.Redis, job: str = "sweep") -> float:
 
 
 def test_cadence_and_grid() -> None:
-    assert cadence(2) == pytest.approx(1.5)
-    assert cadence(60) == pytest.approx(60 - MAX_LEAD_S)
+    assert cadence("sweep", 2) == pytest.approx(1.5)
+    assert cadence("sweep", 60) == pytest.approx(60 - MAX_LEAD_S)
+    assert cadence("reap", 2) == 2  # not a promised bound: no lead, no extra work
     assert next_due(1000, 2, 1000.9) == 1002
     assert next_due(1000, 2, 1002) == 1004  # strictly after now
     assert next_due(1000, 2, 1007.5) == 1008  # after a stall: no catch-up burst
@@ -96,7 +97,7 @@ def test_late_moves_do_not_add_up(conn: redis.Redis) -> None:
         assert s.enqueue_jobs() == ["schedule-sweep"]
         moves.append(clock.t)
         _ran(conn)
-    assert _due(conn) == pytest.approx(1000.0 + 10 * cadence(2))
+    assert _due(conn) == pytest.approx(1000.0 + 10 * cadence("sweep", 2))
     gaps = [b - a for a, b in pairwise(moves)]
     assert max(gaps) <= 2  # the promise: queued at most one interval apart
 
@@ -183,7 +184,7 @@ def test_sleep_until_the_earliest_due_time(conn: redis.Redis) -> None:
     clock = Clock(1000.0)
     s = FleetScheduler(conn, interval=1.0, clock=clock, seed=3)
     s.install({"sweep": 2, "reap": 30})
-    s.tick()  # both moved: sweep due at 1001.5, reap at 1029
+    s.tick()  # both moved: sweep due at 1001.5, reap at 1030
     clock.t = 1001.2
     for _ in range(20):
         wait = s.seconds_to_next_tick()

@@ -13,19 +13,21 @@ job                      interval field       what it finds
 ``reconcile``            ``reconcile``        provider inventory against the records
 =======================  ===================  =========================================
 
-What the schedule promises: two runs of a job are *queued* at most its interval apart
-(while a scheduler replica runs and Redis answers). CONTRACT.md invariant 4 ("TTL plus
-one sweep interval") rests on it for the expiry ``sweep``.
+What the schedule is for: each job runs every interval, and two runs of the expiry
+``sweep`` are *queued* at most its interval apart (while a scheduler replica runs and
+Redis answers): CONTRACT.md invariant 4 ("TTL plus one sweep interval") rests on it.
 
 How. Every replica writes the same six *templates* at start: RQ job hashes with fixed
 ids ``schedule-<job>`` in one sorted set (score = next due time, Redis server time),
 added with ``NX`` so a restart does not push the next run back. Due times lie on a grid:
-the next is the previous plus the job's :func:`cadence`, which is the interval less a
-lead (a quarter of it, at most :data:`MAX_LEAD_S`). The lead absorbs the time from a
-due time to the move (a wake-up, a few round trips), so the moves themselves stay within
-the interval; a grid, unlike "now + interval" at each move, does not add those delays
-up run after run. After a stall the next due time is the first grid point still ahead,
-never a burst of catch-up runs.
+the next is the previous plus the job's :func:`cadence`. A grid, unlike "now + interval"
+at each move, does not let the delay from a due time to its move (a wake-up, a few
+round trips) add up run after run. After a stall the next due time is the first grid
+point still ahead, never a burst of catch-up runs. For the jobs whose interval is a
+promised bound (:data:`BOUNDED`: the expiry ``sweep``) the cadence is the interval less
+a lead (a quarter of it, at most :data:`MAX_LEAD_S`), which absorbs that delay, so the
+runs themselves stay within the interval; for the others it is the interval itself (a
+frequency, not a promise: a lead would only add work).
 
 A replica sleeps until the earliest due time or its tick (``--interval``, default 1 s),
 whichever comes first, plus a random jitter of up to a twentieth of the tick, so the
@@ -77,6 +79,7 @@ if TYPE_CHECKING:
     from vmpool.config import Schedule
 
 __all__ = [
+    "BOUNDED",
     "LAST_RUNS",
     "MAX_LEAD_S",
     "PERIODIC",
@@ -106,11 +109,12 @@ SCHEDULE_LOG: Final = "rq:scheduler:vmpool:log"
 LAST_RUNS: Final = "rq:scheduler:vmpool:last_runs"
 _LOG_LENGTH: Final = 2000
 
-# How much earlier than its interval a job falls due (see the module docstring): a
-# quarter of the interval, at most 1 s. Measured in the 10,600-request chaos soak
-# (docs/reliability.md), a sweep move came 55 ms (median) after its due time and at
-# worst 0.22 s away from Redis restarts, on a loaded 2-core machine; 0.5 s of lead for
-# the 2 s sweep covers that.
+# The jobs whose interval is a promised bound: due a lead earlier than their interval.
+BOUNDED: Final = frozenset({"sweep"})
+# The lead (see the module docstring): a quarter of the interval, at most 1 s. Measured
+# in the 10,600-request chaos soak (docs/reliability.md), a sweep move came 55 ms
+# (median) after its due time and at worst 0.22 s away from Redis restarts, on a loaded
+# 2-core machine; 0.5 s of lead for the 2 s sweep covers that.
 LEAD_FRACTION: Final = 0.25
 MAX_LEAD_S: Final = 1.0
 # The random part of each sleep, as a share of the tick: the replicas' turns.
@@ -124,8 +128,10 @@ def schedule_intervals(schedule: Schedule) -> dict[str, float]:
     return {job: float(getattr(schedule, field)) for job, field in PERIODIC.items()}
 
 
-def cadence(interval: float) -> float:
-    """The spacing of a job's due times: its interval less the lead."""
+def cadence(job: str, interval: float) -> float:
+    """The spacing of a job's due times: its interval, less the lead if it is bounded."""
+    if job not in BOUNDED:
+        return interval
     return interval - min(MAX_LEAD_S, interval * LEAD_FRACTION)
 
 
@@ -231,7 +237,7 @@ class FleetScheduler(Scheduler):  # type: ignore[misc]
             self._move_script(
                 keys=[self.scheduled_jobs_key, SCHEDULE_LOG, LAST_RUNS],
                 args=[
-                    template_id, repr(due), repr(next_due(due, cadence(interval), now)),
+                    template_id, repr(due), repr(next_due(due, cadence(name, interval), now)),
                     row, _LOG_LENGTH, name, run_id,
                 ],
             )
