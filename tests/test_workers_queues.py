@@ -326,3 +326,21 @@ def test_worker_hands_its_fleet_to_jobs(
     counts = conn.hgetall(Keys(config.key_prefix).metrics("jobs"))
     assert counts.get(b"provision_sweep:ok") == b"1", counts
     assert counts.get(b"reap_running:ok") == b"1", counts
+
+
+def test_a_queued_sweep_goes_before_a_flood_of_request_jobs(
+    conn: redis.Redis, redis_url: str, tmp_path: Path
+) -> None:
+    """The sweeps queue comes first. Red against the old order (requests, sweeps, VMs):
+    in the 10,600-request soak a provision-sweep after a Redis restart flooded the
+    requests queue, and the expiry sweep waited 7 s behind it (73 requests late)."""
+    path = tmp_path / "c.yaml"
+    path.write_text(CONFIG)
+    config = load_config(path)
+    flood = [f"00000000-0000-4000-8000-{i:012d}" for i in range(30)]
+    assert q.enqueue_many(conn, "provision", flood) == 30
+    assert q.enqueue(conn, "sweep", run=1)
+    worker = build_worker(redis_url, config, kind="simple")
+    assert worker.work(burst=True, max_jobs=1)
+    assert not conn.exists(Job.key_for("sweep_r1"))  # the one job it ran was the sweep
+    assert len(Queue(q.QUEUE_REQUESTS, connection=conn)) == 30

@@ -11,12 +11,17 @@ queue              jobs                                                       su
 ``vmpool-vms``      ``create-vm``, ``check-pending``, ``destroy``             VM name
 =================  =========================================================  ==========
 
-A worker listens to all three in that order (RQ dequeues by strict priority): request
-jobs first, so a new request starts at once however long the VM backlog; then the
-sweeps, of which at most six are ever queued (one per kind), so they cannot starve the
-VM jobs but are never stuck behind them either; then the VM jobs, the bulk of the work.
+A worker listens to the sweeps first, then the requests, then the VMs (RQ dequeues by
+strict priority). The sweeps first: only a handful are ever queued (at most one waiting
+run per kind, workers/schedule.py) and each is short, so they cannot starve the others,
+and the expiry sweep, on which CONTRACT.md's settle bound rests, is never stuck behind
+a flood of other jobs (in the chaos soak a provision-sweep after a Redis restart queued
+a hundred provision jobs, and with the requests first the expiry sweep waited 7 s).
+Then the request jobs, so a new request starts however long the VM backlog; then the
+VM jobs, the bulk of the work.
 
-Job ids are deterministic: ``<job>`` for a sweep, ``<job>-<subject>`` otherwise. RQ ids
+Job ids are deterministic: ``<job>`` for a sweep (``<job>_r<n>`` for a scheduled run),
+``<job>-<subject>`` otherwise. RQ ids
 allow only ``[A-Za-z0-9_-]``; VM names already fit, request ids may also contain ``.``,
 so a subject is encoded injectively: ``_`` -> ``__``, ``.`` -> ``_-`` (a uuid4 is left as
 it is). Every job is enqueued with ``unique=True``: while a job of that id exists
@@ -90,7 +95,7 @@ QUEUE_REQUESTS: Final = "vmpool-requests"
 QUEUE_SWEEPS: Final = "vmpool-sweeps"
 QUEUE_VMS: Final = "vmpool-vms"
 # The order a worker listens in (strict priority, see the module docstring).
-QUEUES: Final[tuple[str, ...]] = (QUEUE_REQUESTS, QUEUE_SWEEPS, QUEUE_VMS)
+QUEUES: Final[tuple[str, ...]] = (QUEUE_SWEEPS, QUEUE_REQUESTS, QUEUE_VMS)  # by priority
 
 # A failed job's hash (and so its block on re-enqueue) lives this long; the traceback is
 # in the worker's log. Reclaiming in enqueue() makes even this a soft limit.

@@ -37,14 +37,18 @@ templates and moves each one: it enqueues a run of the job through
 to its next due time, logs the move and records the run, only if the score is still the
 due time it read.
 
-Each run has its own id, ``<job>_r<due time in ms>`` (``unique``, so two replicas
-enqueueing one due time queue it once), and the next run is queued unless the last one
-(:data:`LAST_RUNS`) still *waits* in its queue. So at most one run of a job waits at a
-time, however long the workers are busy; but a run that has *started* never blocks the
-next: a worker frozen (SIGSTOP) or killed in the middle of a sweep leaves its job
-``started``, and with one fixed id per job that held back every sweep until the worker
-woke or its heartbeat went stale (10 s), which made requests settle late in the soak.
-Two runs of a sweep may then overlap; every sweep is idempotent.
+A job's runs share its one id (``unique``: while a run is queued or running, no other
+is queued; a dead one is reclaimed, workers/queues.py), except for the bounded jobs:
+each of their runs has its own id, ``<job>_r<due time in ms>`` (still ``unique``, so
+two replicas enqueueing one due time queue it once), and the next run is queued unless
+the last one (:data:`LAST_RUNS`) still *waits* in its queue. So at most one run of the
+expiry sweep waits at a time, however long the workers are busy, but a run that has
+*started* never blocks the next: a worker frozen (SIGSTOP) or killed in the middle of a
+sweep leaves its job ``started``, and with one fixed id that held back every sweep until
+the worker woke or its heartbeat went stale (10 s), which made requests settle late in
+the soak. Two expiry sweeps may then overlap, which is harmless: each expiry is its own
+atomic, checked transition. The other jobs keep one id, so a slow one (a reconcile took
+7 s in the soak) never runs beside itself.
 
 There is no scheduler lock to hold: any number of replicas may wake at once, each due
 time is moved and logged once (the script's compare), a due time never goes backwards,
@@ -109,7 +113,8 @@ SCHEDULE_LOG: Final = "rq:scheduler:vmpool:log"
 LAST_RUNS: Final = "rq:scheduler:vmpool:last_runs"
 _LOG_LENGTH: Final = 2000
 
-# The jobs whose interval is a promised bound: due a lead earlier than their interval.
+# The jobs whose interval is a promised bound: due a lead earlier than their interval,
+# and each run with its own id, so that a frozen run does not hold back the next.
 BOUNDED: Final = frozenset({"sweep"})
 # The lead (see the module docstring): a quarter of the interval, at most 1 s. Measured
 # in the 10,600-request chaos soak (docs/reliability.md), a sweep move came 55 ms
@@ -227,8 +232,9 @@ class FleetScheduler(Scheduler):  # type: ignore[misc]
             return False
         run_id = ""
         enqueued = False
-        if not self._still_waiting(name):
-            run = round(due * 1000)  # this due time's own id (see the module docstring)
+        # a bounded job's run gets this due time's own id (see the module docstring)
+        run = round(due * 1000) if name in BOUNDED else None
+        if run is None or not self._still_waiting(name):
             run_id = job_id(name, run=run)
             enqueued = enqueue(self.connection, name, run=run)
         now = self._now()
