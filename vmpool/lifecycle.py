@@ -597,6 +597,7 @@ def sweep_expired(fleet: Fleet, limit: int = 1000) -> dict[str, int]:
     """
     counts: Counter[str] = Counter()
     actor = fleet.who("sweep")
+    expired: list[str] = []
     for request_id in fleet.store.due_for_expiry(limit=limit):
         try:
             outcome = fleet.store.expire_request(request_id, actor=actor)
@@ -607,7 +608,17 @@ def sweep_expired(fleet: Fleet, limit: int = 1000) -> dict[str, int]:
         _note("expire", request_id, outcome)
         counts[outcome.code] += 1
         if outcome.ok:
-            _dispatch_released(fleet, request_id)
+            expired.append(request_id)
+    # Every expiry first, then the destroys in one batch: a request late in a long due
+    # list is not kept waiting behind the others' follow-up work (the settle bound).
+    released = [
+        vm.name
+        for request_id in expired
+        for vm in fleet.store.request_vms(request_id)
+        if vm.state == "completed"
+    ]
+    if released:
+        fleet.dispatch.destroy_vms(released)
     return dict(counts)
 
 
