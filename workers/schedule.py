@@ -117,8 +117,8 @@ _LOG_LENGTH: Final = 2000
 # and each run with its own id, so that a frozen run does not hold back the next.
 BOUNDED: Final = frozenset({"sweep"})
 # The lead (see the module docstring): a quarter of the interval, at most 1 s. Measured
-# in the 10,600-request chaos soak (docs/reliability.md), a sweep move came 55 ms
-# (median) after its due time and at worst 0.22 s away from Redis restarts, on a loaded
+# in the 10,600-request chaos soak (docs/reliability.md), a sweep move came 43 ms
+# (median) after its due time and at worst 0.20 s away from Redis restarts, on a loaded
 # 2-core machine; 0.5 s of lead for the 2 s sweep covers that.
 LEAD_FRACTION: Final = 0.25
 MAX_LEAD_S: Final = 1.0
