@@ -234,10 +234,16 @@ def _note(what: str, subject: str, outcome: Outcome) -> None:
         log.info("%s %s refused: %s", what, subject, outcome.code)
 
 
-def _dispatch_released(fleet: Fleet, request_id: str) -> None:
-    """Dispatch destroy_vm for every VM of the request that is on its way to destruction
-    (after the request failed or was fulfilled late, its VMs are 'completed')."""
-    released = [vm.name for vm in fleet.store.request_vms(request_id) if vm.state == "completed"]
+def _dispatch_released(fleet: Fleet, *request_ids: str) -> None:
+    """Dispatch destroy_vm, in one batch, for every VM of the requests that is on its way
+    to destruction (after a request failed or was fulfilled late, its VMs are
+    'completed')."""
+    released = [
+        vm.name
+        for request_id in request_ids
+        for vm in fleet.store.request_vms(request_id)
+        if vm.state == "completed"
+    ]
     if released:
         fleet.dispatch.destroy_vms(released)
 
@@ -611,14 +617,7 @@ def sweep_expired(fleet: Fleet, limit: int = 1000) -> dict[str, int]:
             expired.append(request_id)
     # Every expiry first, then the destroys in one batch: a request late in a long due
     # list is not kept waiting behind the others' follow-up work (the settle bound).
-    released = [
-        vm.name
-        for request_id in expired
-        for vm in fleet.store.request_vms(request_id)
-        if vm.state == "completed"
-    ]
-    if released:
-        fleet.dispatch.destroy_vms(released)
+    _dispatch_released(fleet, *expired)
     return dict(counts)
 
 
