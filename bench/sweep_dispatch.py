@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/sweep_dispatch.py [--sizes 100,1000,5000] [--reps 3] [--aof]
 
-Runs against a throw-away redis-server (``vmpool.redis_server.RedisServer``; no AOF
+Runs against a throw-away redis-server (``vmpool.local.redis_server.RedisServer``; no AOF
 unless ``--aof``, which turns on vmpool's production ``appendfsync always``). For each
 N, N pending VMs are made through the store's transitions (spread over two pools), then
 ``lifecycle.check_pending_sweep`` runs with each dispatcher, alternating, ``--reps``
@@ -36,10 +36,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from vmpool import lifecycle
 from vmpool.config import Config, parse_config
-from vmpool.keys import Keys
 from vmpool.lifecycle import Fleet
-from vmpool.redis_server import RedisServer
-from vmpool.store import RequestSettings, Slot, Store
+from vmpool.local.redis_server import RedisServer
+from vmpool.state.keys import Keys
+from vmpool.state.store import RequestSettings, Slot, Store
 from workers.queues import RQDispatcher
 
 POOLS = ("debian", "centos")

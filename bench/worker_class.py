@@ -29,9 +29,9 @@ from rq import Queue
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from vmpool.config import load_config
-from vmpool.keys import Keys
-from vmpool.redis_server import RedisServer
-from vmpool.store import RequestSettings, Slot, Store
+from vmpool.local.redis_server import RedisServer
+from vmpool.state.keys import Keys
+from vmpool.state.store import RequestSettings, Slot, Store
 from workers.queues import QUEUE_VMS, QUEUES, enqueue
 from workers.worker import build_worker
 

@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 import redis
 
-from vmpool.keys import Keys
-from vmpool.redis_server import RedisServer
+from vmpool.local.redis_server import RedisServer
+from vmpool.state.keys import Keys
 
 
 def _docker_answers() -> bool:

@@ -19,7 +19,7 @@ Each operation exists in two shapes:
   interleave deterministically, as vmpooler's manager threads and API process do.
 
 Both shapes run the same code: each operation is one generator that yields exactly
-once, between its reads and its writes. The same tests pointed at ``vmpool.store``
+once, between its reads and its writes. The same tests pointed at ``vmpool.state.store``
 pass; pointed at this, they find the seed's races. It shares vmpool's key schema and
 audit format so one checker judges both.
 """
@@ -30,8 +30,8 @@ from collections.abc import Callable, Generator
 
 import redis
 
-from vmpool.keys import Keys
-from vmpool.store import Outcome, Store
+from vmpool.state.keys import Keys
+from vmpool.state.store import Outcome, Store
 
 Phases = Generator[None, None, Outcome]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from vmpool.store import Outcome, RequestSettings, Slot, Store
+from vmpool.state.store import Outcome, RequestSettings, Slot, Store
 
 ACTOR = "test"
 

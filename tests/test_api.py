@@ -23,9 +23,9 @@ from test_api_support import (
     store_for,
 )
 
-from vmpool.auth import TokenStore
-from vmpool.keys import Keys
-from vmpool.store import Store
+from vmpool.state.keys import Keys
+from vmpool.state.store import Store
+from vmpool.state.tokens import TokenStore
 
 from storehelp import wait_until
 
@@ -251,7 +251,7 @@ def test_enqueue_failure_still_creates(redis_url: str, redis_client: redis.Redis
 def test_real_enqueue_puts_a_provision_job_on_rq(redis_url: str, redis_client: redis.Redis) -> None:
     from rq import Queue
 
-    from vmpool.api import RedisClients, create_app
+    from vmpool.api.app import RedisClients, create_app
     from workers.queues import JOBS, job_id
 
     c = TestClient(create_app(spec_config(), RedisClients.from_url(redis_url)))
@@ -480,7 +480,7 @@ def test_health_and_readiness(client: TestClient, redis_url: str) -> None:
 
 
 def test_readyz_without_redis_is_503() -> None:
-    from vmpool.api import create_app
+    from vmpool.api.app import create_app
 
     app = create_app(spec_config(), "redis://127.0.0.1:1/0", enqueue=None)
     c = TestClient(app, raise_server_exceptions=False)
@@ -496,7 +496,7 @@ def test_readyz_without_redis_is_503() -> None:
 
 
 def test_metrics(client: TestClient, store: Store, redis_client: redis.Redis) -> None:
-    from vmpool.metrics import record_error, record_job
+    from vmpool.api.metrics import record_error, record_job
 
     rid = client.post(f"{API}/ondemandvm", content='{"pool1":"1"}').json()["request_id"]
     client.post(f"{API}/ondemandvm", content='{"pool1":"1","request_id":"' + rid + '"}')
@@ -556,7 +556,7 @@ def test_apps_do_not_share_state(redis_url: str, redis_client: redis.Redis) -> N
 def test_selection_distribution_follows_weights(redis_url: str, redis_client: redis.Redis) -> None:
     from random import Random
 
-    from vmpool.ondemand import choose_pools
+    from vmpool.lifecycle.plan import choose_pools
 
     cfg = spec_config(weights={"compute1": 3, "compute2": 1})
     picks: Counter[str] = Counter()

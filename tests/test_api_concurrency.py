@@ -22,9 +22,9 @@ import pytest
 import redis
 import yaml
 
-from vmpool.audit import check_trail
-from vmpool.keys import Keys
-from vmpool.store import Store
+from vmpool.state.audit import check_trail
+from vmpool.state.keys import Keys
+from vmpool.state.store import Store
 
 from storehelp import wait_until
 
@@ -56,7 +56,7 @@ def api_server(tmp_path: Path, redis_url: str, redis_client: redis.Redis) -> Ite
         [
             sys.executable,
             "-m",
-            "vmpool.cli",
+            "vmpool.cli.main",
             "api",
             "--port",
             str(port),

@@ -10,11 +10,11 @@ import redis
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
-from vmpool.api import EnqueueFn, RedisClients, create_app
-from vmpool.auth import hash_password
+from vmpool.api.app import EnqueueFn, RedisClients, create_app
 from vmpool.config import Config, parse_config
-from vmpool.keys import Keys
-from vmpool.store import Store
+from vmpool.state.keys import Keys
+from vmpool.state.store import Store
+from vmpool.state.tokens import hash_password
 
 API = "/api/v3"
 PASSWORD = "s3cret-pass"

@@ -11,11 +11,11 @@ import pytest
 import redis
 from click.testing import CliRunner
 
-from vmpool.audit import audit_state
-from vmpool.cli import cli
-from vmpool.keys import Keys
+from vmpool.cli.main import cli
 from vmpool.providers.simulated import SimulatedProvider
-from vmpool.store import Store
+from vmpool.state.audit import audit_state
+from vmpool.state.keys import Keys
+from vmpool.state.store import Store
 
 from storehelp import ACTOR, make_request, wait_until
 

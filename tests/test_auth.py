@@ -18,7 +18,9 @@ from test_api_support import (
     store_for,
 )
 
-from vmpool.auth import (
+from vmpool.config import parse_config
+from vmpool.state.keys import Keys
+from vmpool.state.tokens import (
     TokenStore,
     check_rate_limit,
     generate_token,
@@ -26,8 +28,6 @@ from vmpool.auth import (
     token_sha256,
     verify_password,
 )
-from vmpool.config import parse_config
-from vmpool.keys import Keys
 
 REALM = 'Basic realm="Authentication required"'
 
@@ -243,7 +243,7 @@ def test_tokens_and_passwords_never_logged(
 def test_cli_token_create_and_revoke(redis_url: str, redis_client: redis.Redis) -> None:
     from click.testing import CliRunner
 
-    from vmpool.cli import cli
+    from vmpool.cli.main import cli
 
     runner = CliRunner()
     r = runner.invoke(cli, ["token", "create", "jdoe", "--redis-url", redis_url])

@@ -11,8 +11,8 @@ import click
 import pytest
 from click.testing import CliRunner, Result
 
-import vmpool.cli
-from vmpool.cli import CliError, CliFailure, cli, load_cli_config, main
+import vmpool.cli.main
+from vmpool.cli.main import CliError, CliFailure, cli, load_cli_config, main
 from vmpool.config import DEMO_SOURCE
 
 GOOD = """\
@@ -188,7 +188,7 @@ def test_main_turns_unexpected_errors_into_one_line(
         raise RuntimeError("redis went away\nsecond line")
 
     monkeypatch.delenv("VMPOOL_DEBUG", raising=False)
-    monkeypatch.setattr(vmpool.cli.cli, "main", boom)
+    monkeypatch.setattr(vmpool.cli.main.cli, "main", boom)
     with pytest.raises(SystemExit) as info:
         main()
     assert info.value.code == 1
@@ -207,7 +207,7 @@ def test_cli_failure_exits_1() -> None:
 
 def _vmpool_command() -> list[str]:
     script = Path(sys.executable).parent / "vmpool"
-    return [str(script)] if script.exists() else [sys.executable, "-m", "vmpool.cli"]
+    return [str(script)] if script.exists() else [sys.executable, "-m", "vmpool.cli.main"]
 
 
 def test_console_script_bad_config(tmp_path: Path) -> None:

@@ -8,9 +8,9 @@ import pytest
 import redis
 from click.testing import CliRunner
 
-from vmpool.cli import cli
-from vmpool.keys import Keys
-from vmpool.store import Store
+from vmpool.cli.main import cli
+from vmpool.state.keys import Keys
+from vmpool.state.store import Store
 
 from storehelp import ACTOR, wait_until
 

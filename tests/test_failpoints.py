@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from vmpool.failpoints import FailpointError, failpoint
+from vmpool.lifecycle.failpoints import FailpointError, failpoint
 
 
 def test_inert_without_configuration() -> None:

@@ -25,11 +25,11 @@ from typing import Any
 import pytest
 import redis
 
-from vmpool.audit import audit_state, check_trail
 from vmpool.config import Config, load_config
-from vmpool.keys import Keys
 from vmpool.providers import providers_from_config
-from vmpool.store import RequestSettings, Slot, Store
+from vmpool.state.audit import audit_state, check_trail
+from vmpool.state.keys import Keys
+from vmpool.state.store import RequestSettings, Slot, Store
 from workers.queues import enqueue
 from workers.schedule import cadence, read_schedule_log
 
@@ -106,7 +106,7 @@ class Fleet:
     ) -> subprocess.Popen[bytes]:
         log = (self.tmp / f"{label}.log").open("wb")
         proc = subprocess.Popen(
-            [sys.executable, "-m", "vmpool.cli", *args],
+            [sys.executable, "-m", "vmpool.cli.main", *args],
             env={**self.env, **(extra_env or {})},
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -391,7 +391,7 @@ def test_paused_writer_is_refused_by_the_store(fleet: Fleet) -> None:
 def test_cli_enqueue_and_errors(fleet: Fleet) -> None:
     def run(*args: str, env: dict[str, Any] | None = None) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [sys.executable, "-m", "vmpool.cli", *args],
+            [sys.executable, "-m", "vmpool.cli.main", *args],
             env=env or fleet.env,
             capture_output=True,
             text=True,

@@ -23,9 +23,9 @@ import pytest
 import redis
 
 from vmpool.config import load_config
-from vmpool.keys import Keys
-from vmpool.redis_server import RedisServer
-from vmpool.store import RequestSettings, Slot, Store
+from vmpool.local.redis_server import RedisServer
+from vmpool.state.keys import Keys
+from vmpool.state.store import RequestSettings, Slot, Store
 from workers.queues import enqueue
 
 from storehelp import wait_until
@@ -64,7 +64,7 @@ def test_worker_and_scheduler_survive_a_redis_restart(tmp_path: Path) -> None:
     for label, args in (("worker", ["worker"]), ("scheduler", ["scheduler"])):
         with (tmp_path / f"{label}.log").open("wb") as log:
             procs[label] = subprocess.Popen(
-                [sys.executable, "-m", "vmpool.cli", *args], env=env, stdout=log,
+                [sys.executable, "-m", "vmpool.cli.main", *args], env=env, stdout=log,
                 stderr=subprocess.STDOUT, start_new_session=True)
     client = redis.Redis.from_url(server.url, decode_responses=True)
     conn = redis.Redis.from_url(server.url)

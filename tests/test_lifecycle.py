@@ -14,12 +14,12 @@ import redis
 
 from vmpool import lifecycle
 from vmpool.config import Config, parse_config
-from vmpool.keys import VM_NAME_RE, Keys
 from vmpool.lifecycle import Fleet, RecordingDispatcher
-from vmpool.locks import FencedLock
-from vmpool.names import NameGenerator, generate_name
 from vmpool.providers import ProviderVM, SimulatedProvider
-from vmpool.store import RequestSettings, Slot, Store
+from vmpool.state.keys import VM_NAME_RE, Keys
+from vmpool.state.locks import FencedLock
+from vmpool.state.names import NameGenerator, generate_name
+from vmpool.state.store import RequestSettings, Slot, Store
 
 SIM = "sim"
 

@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 import redis
 
-from vmpool.keys import Keys
-from vmpool.locks import FencedLock, LockBusy, LockLost
-from vmpool.store import RequestSettings, Slot, Store
+from vmpool.state.keys import Keys
+from vmpool.state.locks import FencedLock, LockBusy, LockLost
+from vmpool.state.store import RequestSettings, Slot, Store
 
 
 def poll(predicate: Callable[[], bool], timeout_s: float = 5.0, every_s: float = 0.02) -> bool:

@@ -58,10 +58,10 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from vmpool.audit import audit_state, check_trail
-from vmpool.keys import Keys
-from vmpool.store import AuditEntry, Outcome, RequestSettings, Slot, Store
-from vmpool.transitions import REQUEST_TERMINAL
+from vmpool.state.audit import audit_state, check_trail
+from vmpool.state.keys import Keys
+from vmpool.state.store import AuditEntry, Outcome, RequestSettings, Slot, Store
+from vmpool.state.transitions import REQUEST_TERMINAL
 
 from naive_store import NaiveStore, TwoPhase
 from storehelp import wait_until

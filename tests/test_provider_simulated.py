@@ -16,7 +16,6 @@ from typing import Any
 import pytest
 import redis
 
-from vmpool.keys import InvalidIdentifier, Keys
 from vmpool.providers import (
     PermanentProviderError,
     Provider,
@@ -28,6 +27,7 @@ from vmpool.providers import (
     make_provider,
     providers_from_config,
 )
+from vmpool.state.keys import InvalidIdentifier, Keys
 
 FAST: dict[str, Any] = {"boot_seconds": 0}
 

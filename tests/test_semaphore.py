@@ -9,8 +9,8 @@ from collections.abc import Callable
 import pytest
 import redis
 
-from vmpool.keys import Keys
-from vmpool.semaphore import CloneSemaphore
+from vmpool.state.keys import Keys
+from vmpool.state.semaphore import CloneSemaphore
 
 
 def poll(predicate: Callable[[], bool], timeout_s: float = 5.0, every_s: float = 0.02) -> bool:

@@ -25,9 +25,9 @@ from typing import Any
 import pytest
 import redis
 
-from vmpool.audit import check_trail
-from vmpool.keys import Keys
-from vmpool.store import Store
+from vmpool.state.audit import check_trail
+from vmpool.state.keys import Keys
+from vmpool.state.store import Store
 
 from naive_store import NaiveStore
 from storehelp import ACTOR, make_request, wait_until

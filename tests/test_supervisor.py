@@ -9,7 +9,7 @@ import signal
 import sys
 import threading
 
-from vmpool.supervisor import ChildSpec, Supervisor
+from vmpool.local.supervisor import ChildSpec, Supervisor
 
 from storehelp import wait_until
 

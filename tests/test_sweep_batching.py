@@ -23,9 +23,9 @@ from rq import Queue
 
 from vmpool import lifecycle
 from vmpool.config import Config, parse_config
-from vmpool.keys import Keys
 from vmpool.lifecycle import Fleet
-from vmpool.store import RequestSettings, Slot, Store
+from vmpool.state.keys import Keys
+from vmpool.state.store import RequestSettings, Slot, Store
 from workers import queues as q
 
 SIM = "sim"

@@ -53,7 +53,7 @@ def test_up_runs_everything_restarts_a_dead_child_and_stops_cleanly(tmp_path: Pa
     env = {k: v for k, v in os.environ.items() if k not in ("VMPOOL_REDIS_URL", "VMPOOL_CONFIG")}
     env["PYTHONUNBUFFERED"] = "1"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "vmpool.cli", "up", "--workers", "1", "--port", "0"],
+        [sys.executable, "-m", "vmpool.cli.main", "up", "--workers", "1", "--port", "0"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, start_new_session=True,
     )
     out = Output(proc.stdout)
@@ -93,7 +93,7 @@ def test_up_runs_everything_restarts_a_dead_child_and_stops_cleanly(tmp_path: Pa
 
 def test_up_with_an_unreachable_redis_fails_in_one_line() -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "vmpool.cli", "up", "--redis-url", "redis://127.0.0.1:1/0",
+        [sys.executable, "-m", "vmpool.cli.main", "up", "--redis-url", "redis://127.0.0.1:1/0",
          "--ready-timeout", "5", "--port", "0"],
         capture_output=True, text=True, timeout=60,
     )

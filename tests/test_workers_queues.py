@@ -10,7 +10,7 @@ from rq import Queue
 from rq.job import Job, JobStatus
 
 from vmpool.config import load_config
-from vmpool.keys import Keys
+from vmpool.state.keys import Keys
 from workers import queues as q
 from workers.jobs import noop
 from workers.worker import FleetJob, build_worker, current_fleet

@@ -59,7 +59,6 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from importlib import resources
 from typing import Any, Final
 
 import redis
@@ -68,6 +67,8 @@ from rq import Queue
 from rq.exceptions import DuplicateJobError
 from rq.job import Job
 from rq.scripts import UNIQUE_ENQUEUE_SCRIPT, _build_hset_args
+
+from vmpool.state.lua import read_script
 
 __all__ = [
     "ENQUEUE_CHUNK",
@@ -226,7 +227,7 @@ def resolve_queue_names(names: str | None) -> list[str]:
 
 # Deletes the hash of a duplicate job that is plainly dead (keys, args, returns and the
 # invariant in the script's header).
-_RECLAIM_LUA: Final = resources.files("workers").joinpath("reclaim_job.lua").read_text()
+_RECLAIM_LUA: Final = read_script("workers", "reclaim_job.lua")
 
 
 def _reclaim(conn: redis.Redis, queue: Queue, jid: str) -> bool:

@@ -70,13 +70,13 @@ import math
 import random
 import time
 from collections.abc import Callable
-from importlib import resources
 from typing import TYPE_CHECKING, Any, Final, NamedTuple
 
 import redis
 from rq.exceptions import NoSuchJobError
 from rq_scheduler import Scheduler
 
+from vmpool.state.lua import read_script
 from workers.queues import JOBS, QUEUE_SWEEPS, enqueue, job_id
 
 if TYPE_CHECKING:
@@ -125,7 +125,7 @@ MAX_LEAD_S: Final = 1.0
 # The random part of each sleep, as a share of the tick: the replicas' turns.
 JITTER_FRACTION: Final = 0.05
 
-_MOVE_LUA: Final = resources.files("workers").joinpath("schedule_move.lua").read_text()
+_MOVE_LUA: Final = read_script("workers", "schedule_move.lua")
 
 
 def schedule_intervals(schedule: Schedule) -> dict[str, float]:

@@ -40,6 +40,7 @@ from rq.executions import Execution
 from rq.job import Job, get_current_job
 from rq.worker.base import BaseWorker
 
+from vmpool.state.lua import read_script
 from workers.queues import HEARTBEAT_FIELD, HEARTBEAT_SECONDS, QUEUES, RQDispatcher
 
 if TYPE_CHECKING:
@@ -70,13 +71,7 @@ RQ_SETTINGS: Final[dict[str, int]] = {
 }
 
 # HSET the vmpool heartbeat (server time) on a job hash that still exists.
-_BEAT_LUA: Final = """
-if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
-redis.call('HSET', KEYS[1], ARGV[1], string.format('%.3f', now))
-return 1
-"""
+_BEAT_LUA: Final = read_script("workers", "job_heartbeat.lua")
 
 
 class FleetJob(Job):
@@ -191,7 +186,7 @@ def _count_job(fleet: Fleet | None, job: Job, ok: bool) -> None:
     worker process, forked horses included, adds to the same counters."""
     if fleet is None:
         return
-    from vmpool.metrics import record_job
+    from vmpool.api.metrics import record_job
 
     name = (job.func_name or "unknown").rsplit(".", 1)[-1]
     try:

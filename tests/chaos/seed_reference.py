@@ -45,10 +45,10 @@ for _path in (str(HERE.parent),):
         sys.path.insert(0, _path)
 
 from vmpool.config import Config, load_config  # noqa: E402
-from vmpool.keys import Keys  # noqa: E402
-from vmpool.names import NameGenerator  # noqa: E402
 from vmpool.providers import Provider, providers_from_config  # noqa: E402
-from vmpool.store import Store  # noqa: E402
+from vmpool.state.keys import Keys  # noqa: E402
+from vmpool.state.names import NameGenerator  # noqa: E402
+from vmpool.state.store import Store  # noqa: E402
 
 from naive_store import NaiveStore  # noqa: E402
 
@@ -281,7 +281,7 @@ class Manager:
 
 def api_app(config: Config, url: str, seed: str) -> Any:
     """vmpool's HTTP app with the seed's DELETE: read, decide, write, release."""
-    from vmpool.api import create_app
+    from vmpool.api.app import create_app
 
     app = create_app(config, url, enqueue=None)  # the managers poll the provisioning queue
     st = app.state.vmpool
@@ -291,7 +291,7 @@ def api_app(config: Config, url: str, seed: str) -> Any:
 
     def delete_request(rid: str, *, actor: str, user: str = "") -> Any:
         if not client.exists(keys.request(rid)):
-            from vmpool.store import Outcome
+            from vmpool.state.store import Outcome
 
             return Outcome(False, "no_request")
         # api/v3.rb: HSET status deleted, then its VMs running -> completed (the naive

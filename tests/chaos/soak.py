@@ -8,7 +8,7 @@ history, and a seeded fault thread; checked at the end.
 What runs (all on loopback): one Redis (AOF, ``appendfsync always``, a fixed port and
 directory so that it can be restarted in place); two API processes (``vmpool api``) on
 two ports; four ``vmpool worker`` and two ``vmpool scheduler`` processes under
-:class:`vmpool.supervisor.Supervisor`, which restarts the ones that die. With
+:class:`vmpool.local.supervisor.Supervisor`, which restarts the ones that die. With
 ``--target seed-reference`` the workers and schedulers are replaced by two replicas of
 the seed's manager design and the APIs delete the seed's way (``seed_reference.py``).
 
@@ -62,13 +62,13 @@ for _path in (str(HERE), str(HERE.parent)):
 
 from history import Client, ClientOptions, check_history, ops_to_jsonl  # noqa: E402
 
-from vmpool.audit import audit_state  # noqa: E402
 from vmpool.config import Config, load_config  # noqa: E402
-from vmpool.keys import Keys  # noqa: E402
+from vmpool.local.redis_server import RedisServer, free_port  # noqa: E402
+from vmpool.local.supervisor import ChildSpec, Supervisor  # noqa: E402
 from vmpool.providers import providers_from_config  # noqa: E402
-from vmpool.redis_server import RedisServer, free_port  # noqa: E402
-from vmpool.store import Store  # noqa: E402
-from vmpool.supervisor import ChildSpec, Supervisor  # noqa: E402
+from vmpool.state.audit import audit_state  # noqa: E402
+from vmpool.state.keys import Keys  # noqa: E402
+from vmpool.state.store import Store  # noqa: E402
 
 TARGETS = ("vmpool", "seed-reference")
 FAULT_KINDS = {
@@ -276,7 +276,7 @@ class Cluster:
         env = {"VMPOOL_REDIS_URL": self.redis_url, "VMPOOL_CONFIG": str(self.config_path)}
         py = sys.executable
         if self.opts.target == "vmpool":
-            base = [py, "-m", "vmpool.cli"]
+            base = [py, "-m", "vmpool.cli.main"]
             specs = [
                 ChildSpec(f"api-{i + 1}", [*base, "api", "--port", str(port),
                                            "--log-level", "warning"], env)

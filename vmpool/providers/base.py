@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 if TYPE_CHECKING:
     from redis import Redis
 
-    from vmpool.keys import Keys
+    from vmpool.state.keys import Keys
 
 __all__ = [
     "PROVIDER_CLASSES",

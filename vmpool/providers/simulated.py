@@ -32,21 +32,21 @@ import random
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from importlib import resources
 from typing import TYPE_CHECKING, Any
 
-from vmpool.keys import validate_pool_name, validate_vm_name
 from vmpool.providers.base import (
     PermanentProviderError,
     ProviderVM,
     TransientProviderError,
     validate_provider_name,
 )
+from vmpool.state.keys import validate_pool_name, validate_vm_name
+from vmpool.state.lua import read_script
 
 if TYPE_CHECKING:
     from redis import Redis
 
-    from vmpool.keys import Keys
+    from vmpool.state.keys import Keys
 
 __all__ = ["SimulatedOptions", "SimulatedProvider"]
 
@@ -57,7 +57,7 @@ log = logging.getLogger(__name__)
 
 
 def _lua(name: str) -> str:
-    return resources.files("vmpool.providers").joinpath(name).read_text()
+    return read_script("vmpool.providers", name)
 
 
 _CREATE_LUA = _lua("simulated_create.lua")

@@ -20,8 +20,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import IO, Any
 
-from vmpool.audit import Violation, audit_state
-from vmpool.store import Store
+from vmpool.state.audit import Violation, audit_state
+from vmpool.state.store import Store
 
 
 @dataclass

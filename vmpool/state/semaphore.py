@@ -2,8 +2,9 @@
 
 vmpooler counts clones in progress in one process; vmpool has many worker processes on
 many machines, so the count lives in Redis: a zset whose members are lease ids and whose
-scores are the leases' expiry times (Redis server time). ``vmpool/lua/clone_semaphore.lua``
-drops expired leases, then checks the limit and adds the lease in one atomic unit.
+scores are the leases' expiry times (Redis server time).
+``vmpool/state/scripts/clone_semaphore.lua`` drops expired leases, then checks the limit
+and adds the lease in one atomic unit.
 
 Lease ids are VM names: a slot is taken for a VM when it is reserved
 (``lifecycle.provision_request``) and given back when its create finishes, however it
@@ -16,17 +17,16 @@ lock expiry, well above the slowest create) and the slot comes back by itself.
 
 from __future__ import annotations
 
-from importlib import resources
-
 import redis
 
-from vmpool.keys import Keys
+from vmpool.state.keys import Keys
+from vmpool.state.lua import read_script
 
 __all__ = ["CloneSemaphore"]
 
 
 def _script_text() -> str:
-    return resources.files("vmpool").joinpath("lua", "clone_semaphore.lua").read_text()
+    return read_script("vmpool.state.scripts", "clone_semaphore.lua")
 
 
 class CloneSemaphore:

@@ -16,7 +16,7 @@ from typing import Any
 import click
 import redis
 
-from vmpool.cli import (
+from vmpool.cli.main import (
     CliError,
     CliFailure,
     common_options,
@@ -26,9 +26,9 @@ from vmpool.cli import (
     open_redis,
 )
 from vmpool.config import Config
-from vmpool.keys import InvalidIdentifier, Keys, validate_request_id
-from vmpool.ondemand import RequestRejected, parse_pool_counts, plan_slots
-from vmpool.store import RequestRecord, RequestSettings, Store
+from vmpool.lifecycle.plan import RequestRejected, parse_pool_counts, plan_slots
+from vmpool.state.keys import InvalidIdentifier, Keys, validate_request_id
+from vmpool.state.store import RequestRecord, RequestSettings, Store
 
 
 def _store(config: Config) -> Store:

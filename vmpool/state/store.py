@@ -1,6 +1,6 @@
 """The state store: every change of a request or a VM is one Lua script.
 
-Each method below runs one script from ``vmpool/lua/`` (their headers state keys,
+Each method below runs one script from ``vmpool/state/scripts/`` (their headers state keys,
 arguments, returns and the invariant each protects). A script checks its precondition
 (the record exists, the status, the deadline, the fencing token) and makes the change
 in one atomic unit, with the request's version bump and audit entry. A refused change
@@ -14,15 +14,16 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from importlib import resources
 from typing import Any
 
 import redis
 from redis.commands.core import Script
 
-from vmpool.keys import Keys, validate_pool_name, validate_request_id, validate_vm_name
-from vmpool.transitions import lua_tables
+from vmpool.state.keys import Keys, validate_pool_name, validate_request_id, validate_vm_name
+from vmpool.state.lua import read_script
+from vmpool.state.transitions import lua_tables
 
+SCRIPTS_PACKAGE = "vmpool.state.scripts"
 SCRIPT_NAMES = (
     "create_request",
     "reserve_vm",
@@ -517,4 +518,4 @@ class Store:
 
 
 def _read_lua(name: str) -> str:
-    return resources.files("vmpool").joinpath("lua", f"{name}.lua").read_text()
+    return read_script(SCRIPTS_PACKAGE, f"{name}.lua")

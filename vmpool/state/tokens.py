@@ -24,7 +24,10 @@ from typing import Any
 
 import redis
 
-from vmpool.keys import Keys
+from vmpool.state.keys import Keys
+from vmpool.state.lua import read_script
+
+_SCRIPTS = "vmpool.state.scripts"
 
 __all__ = [
     "PBKDF2_ITERATIONS",
@@ -104,6 +107,10 @@ class TokenStore:
     def __init__(self, redis_client: redis.Redis, keys: Keys) -> None:
         self.redis = redis_client
         self.keys = keys
+        self._touch = redis_client.register_script(read_script(_SCRIPTS, "token_touch.lua"))
+        self._revoke_own = redis_client.register_script(
+            read_script(_SCRIPTS, "token_revoke_own.lua")
+        )
 
     def _now(self) -> str:
         seconds, micros = self.redis.time()
@@ -135,13 +142,7 @@ class TokenStore:
         if touch:
             # HSET only if the token still exists: a revoke racing with this use must
             # not be undone by a write that recreates the hash.
-            self.redis.eval(
-                "if redis.call('EXISTS', KEYS[1]) == 1 then"
-                " redis.call('HSET', KEYS[1], 'last', ARGV[1]) end return 0",
-                1,
-                key,
-                self._now(),
-            )
+            self._touch(keys=[key], args=[self._now()])
         return TokenInfo(sha, data["user"], data.get("created", ""), data.get("last", ""))
 
     def revoke(self, token: str, *, user: str | None = None) -> bool:
@@ -149,13 +150,7 @@ class TokenStore:
         key = self.keys.token(token_sha256(token))
         if user is None:
             return int(self.redis.delete(key)) > 0
-        deleted = self.redis.eval(
-            "if redis.call('HGET', KEYS[1], 'user') == ARGV[1] then"
-            " return redis.call('DEL', KEYS[1]) end return 0",
-            1,
-            key,
-            user,
-        )
+        deleted = self._revoke_own(keys=[key], args=[user])
         return int(deleted) > 0
 
 

@@ -1,6 +1,6 @@
 """The state machines of requests and VMs: the one table every script enforces.
 
-The Lua scripts in ``vmpool/lua/`` do not spell their own copy of these edges: the
+The Lua scripts in ``vmpool/state/scripts/`` do not spell their own copy of these edges: the
 store renders this table into each script (``lua_tables()``), so the table here, the
 scripts, the audit checker and the docs cannot disagree.
 

@@ -31,8 +31,8 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from vmpool.keys import INDEXED_VM_STATES, Keys
-from vmpool.store import Store
+from vmpool.state.keys import INDEXED_VM_STATES, Keys
+from vmpool.state.store import Store
 
 __all__ = [
     "ERRORS_METRIC",
@@ -256,7 +256,7 @@ class RedisStateCollector(Collector):
         try:
             from rq import Queue, Worker
 
-            from vmpool.api import queue_names
+            from vmpool.api.app import queue_names
 
             for name in queue_names(self.raw):
                 queue = Queue(name, connection=self.raw)

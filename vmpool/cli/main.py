@@ -60,22 +60,22 @@ F = TypeVar("F", bound=Callable[..., Any])
 # --------------------------------------------------------------------------------------
 # Commands defined in other modules: "command name" -> "module:attribute" (a click
 # command or group). Add one line per module, e.g.
-#     "request": "vmpool.cli_request:request_group",
+#     "request": "vmpool.cli.request:request_group",
 # Expected here: request, pools, token, audit, worker, scheduler, enqueue, api, up.
 # (A module may instead call ``cli.add_command(...)`` at import, or decorate with
 # ``@cli.command()``; it must then be imported at the bottom of this file.)
 # --------------------------------------------------------------------------------------
 _LAZY_COMMANDS: Final[Mapping[str, str]] = MappingProxyType(
     {
-        "request": "vmpool.cli_request:request_group",
-        "up": "vmpool.cli_up:up_command",
-        "pools": "vmpool.cli_admin:pools_command",
-        "audit": "vmpool.cli_admin:audit_command",
-        "worker": "vmpool.cli_fleet:worker_command",
-        "scheduler": "vmpool.cli_fleet:scheduler_command",
-        "enqueue": "vmpool.cli_fleet:enqueue_command",
-        "api": "vmpool.cli_api:api_command",
-        "token": "vmpool.cli_api:token_group",
+        "request": "vmpool.cli.request:request_group",
+        "up": "vmpool.cli.up:up_command",
+        "pools": "vmpool.cli.admin:pools_command",
+        "audit": "vmpool.cli.admin:audit_command",
+        "worker": "vmpool.cli.fleet:worker_command",
+        "scheduler": "vmpool.cli.fleet:scheduler_command",
+        "enqueue": "vmpool.cli.fleet:enqueue_command",
+        "api": "vmpool.cli.api:api_command",
+        "token": "vmpool.cli.api:token_group",
     }
 )
 

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import click
 
-from vmpool.audit import INVARIANTS, audit_state
-from vmpool.cli import (
+from vmpool.cli.main import (
     common_options,
     echo_json,
     json_option,
@@ -13,9 +12,10 @@ from vmpool.cli import (
     open_redis,
 )
 from vmpool.config import Config
-from vmpool.keys import Keys
 from vmpool.providers import providers_from_config
-from vmpool.store import Store
+from vmpool.state.audit import INVARIANTS, audit_state
+from vmpool.state.keys import Keys
+from vmpool.state.store import Store
 
 
 def pool_table(store: Store, config: Config) -> list[dict[str, object]]:

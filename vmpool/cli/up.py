@@ -23,16 +23,16 @@ from typing import IO
 import click
 import redis
 
-from vmpool.cli import CliFailure, common_options, load_cli_config
+from vmpool.cli.main import CliFailure, common_options, load_cli_config
 from vmpool.config import Config, mask_url_password
-from vmpool.redis_server import RedisServer, RedisServerError, free_port
-from vmpool.supervisor import ChildSpec, Supervisor
+from vmpool.local.redis_server import RedisServer, RedisServerError, free_port
+from vmpool.local.supervisor import ChildSpec, Supervisor
 
 
 def child_specs(
     *, workers: int, host: str, port: int, env: dict[str, str]
 ) -> list[ChildSpec]:
-    base = [sys.executable, "-m", "vmpool.cli"]
+    base = [sys.executable, "-m", "vmpool.cli.main"]
     specs = [ChildSpec("api", [*base, "api", "--host", host, "--port", str(port)], env)]
     specs += [ChildSpec(f"worker-{i + 1}", [*base, "worker"], env) for i in range(workers)]
     specs.append(ChildSpec("scheduler", [*base, "scheduler"], env))
@@ -169,10 +169,10 @@ def up_command(
 def _run_demo(
     config: Config, sup: Supervisor, stop: threading.Event, api_url: str, redis_url: str
 ) -> int:
-    from vmpool.demo import ApiClient, run_demo
-    from vmpool.keys import Keys
+    from vmpool.local.demo import ApiClient, run_demo
     from vmpool.providers import providers_from_config
-    from vmpool.store import Store
+    from vmpool.state.keys import Keys
+    from vmpool.state.store import Store
 
     client = redis.Redis.from_url(redis_url, decode_responses=True)
     store = Store(client, Keys(config.key_prefix))

@@ -13,9 +13,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from vmpool.keys import INDEXED_VM_STATES, Keys
-from vmpool.store import AuditEntry, RequestRecord, Store, VMRecord
-from vmpool.transitions import (
+from vmpool.state.keys import INDEXED_VM_STATES, Keys
+from vmpool.state.store import AuditEntry, RequestRecord, Store, VMRecord
+from vmpool.state.transitions import (
     NONE,
     REQUEST_LIVE,
     REQUEST_TERMINAL,

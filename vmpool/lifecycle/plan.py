@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from vmpool.config import Config
-from vmpool.store import Slot
+from vmpool.state.store import Slot
 
 
 @dataclass

@@ -7,10 +7,17 @@ import os
 import click
 import redis
 
-from vmpool.auth import TokenStore
-from vmpool.cli import CliError, CliFailure, common_options, echo_json, json_option, load_cli_config
+from vmpool.cli.main import (
+    CliError,
+    CliFailure,
+    common_options,
+    echo_json,
+    json_option,
+    load_cli_config,
+)
 from vmpool.config import Config, mask_url_password
-from vmpool.keys import Keys
+from vmpool.state.keys import Keys
+from vmpool.state.tokens import TokenStore
 
 __all__ = ["api_command", "token_group"]
 
@@ -62,7 +69,7 @@ def api_command(
         err=True,
     )
     if workers == 1:
-        from vmpool.api import create_app
+        from vmpool.api.app import create_app
 
         uvicorn.run(create_app(config, url), host=host, port=port, log_level=log_level)
         return
@@ -71,7 +78,7 @@ def api_command(
         os.environ["VMPOOL_CONFIG"] = os.path.abspath(config_path)
     os.environ["VMPOOL_REDIS_URL"] = url
     uvicorn.run(
-        "vmpool.api:app_from_env",
+        "vmpool.api.app:app_from_env",
         factory=True,
         host=host,
         port=port,

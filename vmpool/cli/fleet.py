@@ -14,7 +14,7 @@ from typing import Any
 import click
 import redis
 
-from vmpool.cli import (
+from vmpool.cli.main import (
     CliError,
     CliFailure,
     common_options,
@@ -24,7 +24,7 @@ from vmpool.cli import (
     open_redis,
     require_redis_url,
 )
-from vmpool.keys import InvalidIdentifier, Keys
+from vmpool.state.keys import InvalidIdentifier, Keys
 
 __all__ = ["enqueue_command", "scheduler_command", "worker_command"]
 
@@ -214,7 +214,7 @@ def enqueue_command(
     plan = _plan(job, subject, pool, config.pools)
     conn = open_redis(config, decode_responses=False)
     if plan is None:  # check-pending --pool P: one check per booting VM of P
-        from vmpool.store import Store
+        from vmpool.state.store import Store
 
         assert pool is not None
         names = Store(conn, Keys(config.key_prefix)).pool_vms(pool, "pending")
@@ -270,11 +270,11 @@ def _plan(
     try:
         job_id(job, subject)  # validates the subject
         if subject is not None and spec.subject == "vm":
-            from vmpool.keys import validate_vm_name
+            from vmpool.state.keys import validate_vm_name
 
             validate_vm_name(subject)
         elif subject is not None:
-            from vmpool.keys import validate_request_id
+            from vmpool.state.keys import validate_request_id
 
             validate_request_id(subject)
     except (ValueError, InvalidIdentifier) as exc:

@@ -8,7 +8,7 @@ is granted the same lock. Three things make that harmless:
 
 1. Every grant gets a fencing token: ``INCR`` of the subject's fence counter
    (``keys.request_fence(rid)`` / ``keys.vm_fence(name)``), issued by
-   ``vmpool/lua/lock_fence.lua`` only to the current owner of the lock, in the same
+   ``vmpool/state/scripts/lock_fence.lua`` only to the current owner of the lock, in the same
    atomic unit that checks the ownership. Tokens therefore increase in grant order.
 2. Every side-effecting store transition is passed ``fence=lock.fence``; the store
    refuses a token older than the newest grant (``stale_fence``), inside its script.
@@ -32,14 +32,14 @@ from __future__ import annotations
 import logging
 import math
 import os
-from importlib import resources
 from types import TracebackType
 from typing import Any, Literal
 
 import redis
 import redis_lock
 
-from vmpool.keys import Keys
+from vmpool.state.keys import Keys
+from vmpool.state.lua import read_script
 
 __all__ = ["FencedLock", "LockBusy", "LockKind", "LockLost"]
 
@@ -57,7 +57,7 @@ class LockLost(RuntimeError):
 
 
 def _fence_script_text() -> str:
-    return resources.files("vmpool").joinpath("lua", "lock_fence.lua").read_text()
+    return read_script("vmpool.state.scripts", "lock_fence.lua")
 
 
 class FencedLock:

@@ -36,12 +36,12 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from vmpool.auth import TokenInfo, TokenStore, check_rate_limit, verify_password
+from vmpool.api.metrics import ApiMetrics, RedisStateCollector
 from vmpool.config import Config
-from vmpool.keys import InvalidIdentifier, Keys, validate_request_id
-from vmpool.metrics import ApiMetrics, RedisStateCollector
-from vmpool.ondemand import RequestRejected, plan_slots
-from vmpool.store import RequestRecord, RequestSettings, Store
+from vmpool.lifecycle.plan import RequestRejected, plan_slots
+from vmpool.state.keys import InvalidIdentifier, Keys, validate_request_id
+from vmpool.state.store import RequestRecord, RequestSettings, Store
+from vmpool.state.tokens import TokenInfo, TokenStore, check_rate_limit, verify_password
 
 __all__ = [
     "MAX_BODY_BYTES",
@@ -51,7 +51,7 @@ __all__ = [
     "create_app",
 ]
 
-log = logging.getLogger("vmpool.api")
+log = logging.getLogger("vmpool.api.app")
 
 API = "/api/v3"
 MAX_BODY_BYTES = 64 * 1024
@@ -707,7 +707,7 @@ def queue_names(raw: redis.Redis) -> list[str]:
 
 
 def app_from_env() -> FastAPI:
-    """uvicorn factory (``vmpool.api:app_from_env``) for ``vmpool api --workers N``:
+    """uvicorn factory (``vmpool.api.app:app_from_env``) for ``vmpool api --workers N``:
     the config from ``VMPOOL_CONFIG``, Redis from ``VMPOOL_REDIS_URL`` or the config."""
     from vmpool.config import load_config
 

@@ -2,7 +2,7 @@
 
 ``workers/`` holds thin RQ entry points; each calls one function here. Every function is
 idempotent (safe to run twice, late, or beside a copy of itself): it re-reads the state
-it acts on, does provider work only under a fenced lock (:mod:`vmpool.locks`), records
+it acts on, does provider work only under a fenced lock (:mod:`vmpool.state.locks`), records
 the result through one checked store transition, and treats the store's refusals as the
 normal answer of a race it lost (logged at debug/info, never raised).
 
@@ -40,13 +40,13 @@ from redis import Redis
 from redis.exceptions import ResponseError
 
 from vmpool.config import Config, PoolConfig
-from vmpool.failpoints import failpoint
-from vmpool.keys import VM_NAME_RE, Keys
-from vmpool.locks import FencedLock, LockBusy, LockKind, LockLost
-from vmpool.names import NameGenerator
+from vmpool.lifecycle.failpoints import failpoint
 from vmpool.providers import Provider, ProviderVM, is_permanent_error, providers_from_config
-from vmpool.semaphore import CloneSemaphore
-from vmpool.store import Outcome, Store, VMRecord
+from vmpool.state.keys import VM_NAME_RE, Keys
+from vmpool.state.locks import FencedLock, LockBusy, LockKind, LockLost
+from vmpool.state.names import NameGenerator
+from vmpool.state.semaphore import CloneSemaphore
+from vmpool.state.store import Outcome, Store, VMRecord
 
 __all__ = [
     "Dispatcher",

@@ -1,0 +1,1 @@
+"""The ``vmpool`` command line (click)."""

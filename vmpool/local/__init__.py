@@ -1,0 +1,1 @@
+"""Everything on one machine: the supervisor, the embedded Redis server, the demo."""
