@@ -496,7 +496,7 @@ def test_readyz_without_redis_is_503() -> None:
 
 
 def test_metrics(client: TestClient, store: Store, redis_client: redis.Redis) -> None:
-    from vmpool.api.metrics import record_error, record_job
+    from vmpool.state.counters import record_error, record_job
 
     rid = client.post(f"{API}/ondemandvm", content='{"pool1":"1"}').json()["request_id"]
     client.post(f"{API}/ondemandvm", content='{"pool1":"1","request_id":"' + rid + '"}')

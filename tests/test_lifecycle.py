@@ -14,9 +14,10 @@ import redis
 
 from vmpool import lifecycle
 from vmpool.config import Config, parse_config
+from vmpool.ids import VM_NAME_RE
 from vmpool.lifecycle import Fleet, RecordingDispatcher
 from vmpool.providers import ProviderVM, SimulatedProvider
-from vmpool.state.keys import VM_NAME_RE, Keys
+from vmpool.state.keys import Keys
 from vmpool.state.locks import FencedLock
 from vmpool.state.names import NameGenerator, generate_name
 from vmpool.state.store import RequestSettings, Slot, Store
@@ -108,7 +109,7 @@ def test_hostnames_are_valid_and_seedable() -> None:
     gen = NameGenerator("x" * 32, random.Random(4))
     for _ in range(500):
         name = gen()
-        assert VM_NAME_RE.match(name) and len(name) <= 63 and name.startswith("x" * 32)
+        assert VM_NAME_RE.fullmatch(name) and len(name) <= 63 and name.startswith("x" * 32)
     with pytest.raises(ValueError):
         NameGenerator("Bad_Prefix")
 

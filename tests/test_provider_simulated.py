@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 import redis
 
+from vmpool.ids import InvalidIdentifier
 from vmpool.providers import (
     PermanentProviderError,
     Provider,
@@ -27,7 +28,7 @@ from vmpool.providers import (
     make_provider,
     providers_from_config,
 )
-from vmpool.state.keys import InvalidIdentifier, Keys
+from vmpool.state.keys import Keys
 
 FAST: dict[str, Any] = {"boot_seconds": 0}
 

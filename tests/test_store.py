@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 import redis
 
+from vmpool.ids import InvalidIdentifier
 from vmpool.state.audit import check_trail
-from vmpool.state.keys import InvalidIdentifier, Keys
+from vmpool.state.keys import Keys
 from vmpool.state.store import Slot, Store, decode_slots, encode_slots
 
 from storehelp import ACTOR, make_request, refused, settings, snapshot, wait_until

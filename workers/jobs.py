@@ -14,7 +14,7 @@ relies on RQ re-running it (no ``Retry``): the periodic sweeps re-find the work.
 from __future__ import annotations
 
 from vmpool import lifecycle
-from vmpool.state.keys import validate_request_id, validate_vm_name
+from vmpool.ids import validate_request_id, validate_vm_name
 from workers.worker import current_fleet
 
 __all__ = [

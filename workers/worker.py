@@ -40,6 +40,7 @@ from rq.executions import Execution
 from rq.job import Job, get_current_job
 from rq.worker.base import BaseWorker
 
+from vmpool.state.counters import record_job
 from vmpool.state.lua import read_script
 from workers.queues import HEARTBEAT_FIELD, HEARTBEAT_SECONDS, QUEUES, RQDispatcher
 
@@ -186,8 +187,6 @@ def _count_job(fleet: Fleet | None, job: Job, ok: bool) -> None:
     worker process, forked horses included, adds to the same counters."""
     if fleet is None:
         return
-    from vmpool.api.metrics import record_job
-
     name = (job.func_name or "unknown").rsplit(".", 1)[-1]
     try:
         record_job(fleet.redis, fleet.keys, name, "ok" if ok else "failed")

@@ -38,8 +38,9 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from vmpool.api.metrics import ApiMetrics, RedisStateCollector
 from vmpool.config import Config
+from vmpool.ids import InvalidIdentifier, validate_request_id
 from vmpool.lifecycle.plan import RequestRejected, plan_slots
-from vmpool.state.keys import InvalidIdentifier, Keys, validate_request_id
+from vmpool.state.keys import Keys
 from vmpool.state.store import RequestRecord, RequestSettings, Store
 from vmpool.state.tokens import TokenInfo, TokenStore, check_rate_limit, verify_password
 

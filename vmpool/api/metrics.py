@@ -11,8 +11,8 @@ one process, as the tests make them). Two kinds of metric:
   (vmpooler's ``time_to_ready_state``), and the workers' job counters.
 
 Workers run each job in a forked child, so they do not keep Prometheus counters in
-memory: they call :func:`record_job` / :func:`record_error`, which HINCRBY a hash under
-``keys.metrics(...)``, and every scrape reads those hashes.
+memory: they count in Redis (:mod:`vmpool.state.counters`), and every scrape reads
+those hashes.
 """
 
 from __future__ import annotations
@@ -31,23 +31,18 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from vmpool.state.keys import INDEXED_VM_STATES, Keys
+from vmpool.state.counters import ERRORS_METRIC, JOBS_METRIC
+from vmpool.state.keys import INDEXED_VM_STATES
 from vmpool.state.store import Store
 
 __all__ = [
-    "ERRORS_METRIC",
-    "JOBS_METRIC",
     "READY_BUCKETS",
     "ApiMetrics",
     "RedisStateCollector",
-    "record_error",
-    "record_job",
 ]
 
 log = logging.getLogger(__name__)
 
-JOBS_METRIC = "jobs"  # hash field "<job>:<outcome>" -> count
-ERRORS_METRIC = "errors"  # hash field "<kind>:<pool>" -> count (vmpooler_errors.<kind>.<pool>)
 # vmpooler's POOLER_READY_TIME_BUCKETS, with small ones added for fast clouds.
 READY_BUCKETS: Sequence[float] = (
     1.0,
@@ -71,16 +66,6 @@ REQUEST_STATUSES = ("pending", "ready", "failed", "deleted")
 
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
-
-
-def record_job(redis_client: redis.Redis, keys: Keys, job: str, outcome: str) -> None:
-    """Count one finished job (``outcome``: ok, failed, refused, ...), for /metrics."""
-    redis_client.hincrby(keys.metrics(JOBS_METRIC), f"{job}:{outcome}", 1)
-
-
-def record_error(redis_client: redis.Redis, keys: Keys, kind: str, pool: str) -> None:
-    """Count one error of a pool (vmpooler's ``vmpooler_errors.<kind>.<pool>``)."""
-    redis_client.hincrby(keys.metrics(ERRORS_METRIC), f"{kind}:{pool}", 1)
 
 
 class ApiMetrics:

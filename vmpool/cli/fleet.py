@@ -24,7 +24,8 @@ from vmpool.cli.main import (
     open_redis,
     require_redis_url,
 )
-from vmpool.state.keys import InvalidIdentifier, Keys
+from vmpool.ids import InvalidIdentifier
+from vmpool.state.keys import Keys
 
 __all__ = ["enqueue_command", "scheduler_command", "worker_command"]
 
@@ -270,11 +271,11 @@ def _plan(
     try:
         job_id(job, subject)  # validates the subject
         if subject is not None and spec.subject == "vm":
-            from vmpool.state.keys import validate_vm_name
+            from vmpool.ids import validate_vm_name
 
             validate_vm_name(subject)
         elif subject is not None:
-            from vmpool.state.keys import validate_request_id
+            from vmpool.ids import validate_request_id
 
             validate_request_id(subject)
     except (ValueError, InvalidIdentifier) as exc:

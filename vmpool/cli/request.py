@@ -26,8 +26,9 @@ from vmpool.cli.main import (
     open_redis,
 )
 from vmpool.config import Config
+from vmpool.ids import InvalidIdentifier, validate_request_id
 from vmpool.lifecycle.plan import RequestRejected, parse_pool_counts, plan_slots
-from vmpool.state.keys import InvalidIdentifier, Keys, validate_request_id
+from vmpool.state.keys import Keys
 from vmpool.state.store import RequestRecord, RequestSettings, Store
 
 

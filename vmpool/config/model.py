@@ -29,7 +29,7 @@ from urllib.parse import quote, urlsplit, urlunsplit
 
 import yaml
 
-from vmpool.state.keys import DEFAULT_PREFIX, InvalidIdentifier, validate_pool_name
+from vmpool.ids import DEFAULT_PREFIX, InvalidIdentifier, validate_pool_name
 
 __all__ = [
     "DEMO_CONFIG_YAML",

@@ -40,9 +40,10 @@ from redis import Redis
 from redis.exceptions import ResponseError
 
 from vmpool.config import Config, PoolConfig
+from vmpool.ids import VM_NAME_RE
 from vmpool.lifecycle.failpoints import failpoint
 from vmpool.providers import Provider, ProviderVM, is_permanent_error, providers_from_config
-from vmpool.state.keys import VM_NAME_RE, Keys
+from vmpool.state.keys import Keys
 from vmpool.state.locks import FencedLock, LockBusy, LockKind, LockLost
 from vmpool.state.names import NameGenerator
 from vmpool.state.semaphore import CloneSemaphore
@@ -756,9 +757,9 @@ def _reconcile_inventory(
     now: float,
     counts: Counter[str],
 ) -> None:
-    ours = [vm for vm in inventory if VM_NAME_RE.match(vm.name)]
+    ours = [vm for vm in inventory if VM_NAME_RE.fullmatch(vm.name)]
     for vm in inventory:
-        if not VM_NAME_RE.match(vm.name):
+        if not VM_NAME_RE.fullmatch(vm.name):
             log.warning(
                 "reconcile: %s holds %r, not a vmpool name; left alone", provider.name, vm.name
             )

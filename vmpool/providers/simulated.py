@@ -34,13 +34,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from vmpool.ids import validate_pool_name, validate_vm_name
 from vmpool.providers.base import (
     PermanentProviderError,
     ProviderVM,
     TransientProviderError,
     validate_provider_name,
 )
-from vmpool.state.keys import validate_pool_name, validate_vm_name
 from vmpool.state.lua import read_script
 
 if TYPE_CHECKING:

@@ -25,45 +25,21 @@ Layout (``P`` is the prefix)::
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
-DEFAULT_PREFIX = "vmpool"
+from vmpool.ids import (
+    DEFAULT_PREFIX,
+    InvalidIdentifier,
+    validate_pool_name,
+    validate_request_id,
+    validate_vm_name,
+)
 
-# vmpooler's clients send uuid4s; ABS sends its own ids. Letters, digits, '-', '_' and
-# '.' cover both, and nothing here can open a hash tag or split a key.
-REQUEST_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
-VM_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
-POOL_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+__all__ = ["DEFAULT_PREFIX", "INDEXED_VM_STATES", "VM_STATES", "InvalidIdentifier", "Keys"]
 
 VM_STATES = ("reserved", "pending", "running", "completed", "destroyed")
 # VM states that have a per-pool index; destroyed VMs keep only their tombstone hash.
 INDEXED_VM_STATES = ("reserved", "pending", "running", "completed")
-
-
-class InvalidIdentifier(ValueError):
-    """A request id, VM name or pool name that may not become part of a key."""
-
-
-def validate_request_id(request_id: str) -> str:
-    if not isinstance(request_id, str) or not REQUEST_ID_RE.match(request_id):
-        raise InvalidIdentifier(
-            "request_id must be 1-128 characters of letters, digits, '-', '_' or '.',"
-            " starting with a letter or digit"
-        )
-    return request_id
-
-
-def validate_vm_name(name: str) -> str:
-    if not isinstance(name, str) or not VM_NAME_RE.match(name):
-        raise InvalidIdentifier(f"invalid VM name {name!r}")
-    return name
-
-
-def validate_pool_name(name: str) -> str:
-    if not isinstance(name, str) or not POOL_NAME_RE.match(name):
-        raise InvalidIdentifier(f"invalid pool name {name!r}")
-    return name
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import random
 import re
 
-from vmpool.state.keys import VM_NAME_RE
+from vmpool.ids import VM_NAME_RE
 
 __all__ = ["ADJECTIVES", "NOUNS", "NameGenerator", "generate_name"]
 
@@ -73,7 +73,7 @@ def generate_name(prefix: str = "", rng: random.Random | None = None) -> str:
     name = f"{prefix}{rng.choice(ADJECTIVES)}-{rng.choice(NOUNS)}-{suffix}"
     if len(name) > MAX_NAME_LENGTH:  # a long prefix with long words: drop the noun
         name = f"{prefix}{rng.choice(ADJECTIVES)}-{suffix}"[:MAX_NAME_LENGTH]
-    if not VM_NAME_RE.match(name):  # pragma: no cover - guarded by the checks above
+    if not VM_NAME_RE.fullmatch(name):  # pragma: no cover - guarded by the checks above
         raise ValueError(f"generated an invalid hostname {name!r}")
     return name
 

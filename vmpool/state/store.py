@@ -19,7 +19,8 @@ from typing import Any
 import redis
 from redis.commands.core import Script
 
-from vmpool.state.keys import Keys, validate_pool_name, validate_request_id, validate_vm_name
+from vmpool.ids import validate_pool_name, validate_request_id, validate_vm_name
+from vmpool.state.keys import Keys
 from vmpool.state.lua import read_script
 from vmpool.state.transitions import lua_tables
 
