@@ -24,7 +24,9 @@ import redis
 from rq import Queue
 
 from vmpool.config import load_config
+from vmpool.state.keys import Keys
 from workers import queues as q
+from workers.table import QUEUE_SWEEPS, job_id, template_id
 from workers.schedule import (
     MAX_LEAD_S,
     FleetScheduler,
@@ -35,7 +37,8 @@ from workers.schedule import (
     schedule_intervals,
 )
 
-KEY = FleetScheduler.scheduled_jobs_key
+K = Keys()
+KEY = K.schedule_due
 CONFIG = """\
 :config: {}
 :pools:
@@ -58,30 +61,30 @@ class Clock:
 
 
 def _queued(conn: redis.Redis) -> list[str]:
-    return list(Queue(q.QUEUE_SWEEPS, connection=conn).job_ids)
+    return list(Queue(K.queue(QUEUE_SWEEPS), connection=conn).job_ids)
 
 
 def _ran(conn: redis.Redis) -> None:
     """What the workers do with the queued sweeps: pop, run, delete their hashes."""
     for jid in _queued(conn):
-        conn.lrem(f"rq:queue:{q.QUEUE_SWEEPS}", 0, jid)
-        conn.delete(f"rq:job:{jid}")
+        conn.lrem(K.rq_queue(QUEUE_SWEEPS), 0, jid)
+        conn.delete(K.rq_job(jid))
 
 
 def _run_of(job: str, due: float) -> str:
-    return q.job_id(job, run=round(due * 1000))
+    return job_id(K, job, run=round(due * 1000))
 
 
-def _due(conn: redis.Redis, job: str = "sweep") -> float:
-    score = conn.zscore(KEY, f"schedule-{job}")
+def _due(conn: redis.Redis, job: str = "sweep_expired") -> float:
+    score = conn.zscore(KEY, template_id(K, job))
     assert score is not None
     return float(score)
 
 
 def test_cadence_and_grid() -> None:
-    assert cadence("sweep", 2) == pytest.approx(1.5)
-    assert cadence("sweep", 60) == pytest.approx(60 - MAX_LEAD_S)
-    assert cadence("reap", 2) == 2  # not a promised bound: no lead, no extra work
+    assert cadence("sweep_expired", 2) == pytest.approx(1.5)
+    assert cadence("sweep_expired", 60) == pytest.approx(60 - MAX_LEAD_S)
+    assert cadence("reap_running", 2) == 2  # not a promised bound: no lead, no extra work
     assert next_due(1000, 2, 1000.9) == 1002
     assert next_due(1000, 2, 1002) == 1004  # strictly after now
     assert next_due(1000, 2, 1007.5) == 1008  # after a stall: no catch-up burst
@@ -89,35 +92,35 @@ def test_cadence_and_grid() -> None:
 
 def test_late_moves_do_not_add_up(conn: redis.Redis) -> None:
     clock = Clock(1000.0)
-    s = FleetScheduler(conn, clock=clock)
-    s.install({"sweep": 2})
+    s = FleetScheduler(conn, K, clock=clock)
+    s.install({"sweep_expired": 2})
     moves = []
     for _ in range(10):
         clock.t = _due(conn) + 0.15  # every move 0.15 s after its due time
-        assert s.enqueue_jobs() == ["schedule-sweep"]
+        assert s.enqueue_jobs() == [template_id(K, "sweep_expired")]
         moves.append(clock.t)
         _ran(conn)
-    assert _due(conn) == pytest.approx(1000.0 + 10 * cadence("sweep", 2))
+    assert _due(conn) == pytest.approx(1000.0 + 10 * cadence("sweep_expired", 2))
     gaps = [b - a for a, b in pairwise(moves)]
     assert max(gaps) <= 2  # the promise: queued at most one interval apart
 
 
 def test_frozen_replica_resumes_without_effect(conn: redis.Redis) -> None:
     clock = Clock(1000.0)
-    a, b = FleetScheduler(conn, clock=clock), FleetScheduler(conn, clock=clock)
-    a.install({"sweep": 2})
+    a, b = FleetScheduler(conn, K, clock=clock), FleetScheduler(conn, K, clock=clock)
+    a.install({"sweep_expired": 2})
     clock.t = 1000.1
     stale = a.due_templates()  # a reads the schedule, then freezes
-    assert stale == [("schedule-sweep", 1000.0)]
-    assert b.enqueue_jobs() == ["schedule-sweep"]
+    assert stale == [(template_id(K, "sweep_expired"), 1000.0)]
+    assert b.enqueue_jobs() == [template_id(K, "sweep_expired")]
     after_b = _due(conn)
     _ran(conn)  # a worker runs the sweep b queued
     clock.t = 1000.5
     assert a.move(*stale[0]) is False  # a resumes
     assert _queued(conn) == []
     assert _due(conn) == after_b
-    assert [(m.job, m.due, m.replica) for m in read_schedule_log(conn)] == [
-        ("sweep", 1000.0, b.name)
+    assert [(m.job, m.due, m.replica) for m in read_schedule_log(conn, K)] == [
+        ("sweep_expired", 1000.0, b.name)
     ]
 
 
@@ -125,42 +128,42 @@ def test_lost_race_after_the_check_is_refused_by_the_script(conn: redis.Redis) -
     """The Lua check, not the Python pre-check, is what decides: b moves between a's
     pre-check and a's script."""
     clock = Clock(1000.0)
-    a, b = FleetScheduler(conn, clock=clock), FleetScheduler(conn, clock=clock)
-    a.install({"reap": 30})
+    a, b = FleetScheduler(conn, K, clock=clock), FleetScheduler(conn, K, clock=clock)
+    a.install({"reap_running": 30})
     clock.t = 1000.2
     due = a.due_templates()[0]
     real = a._move_script
 
     def b_first(*args: object, **kwargs: object) -> object:
-        assert b.enqueue_jobs() == ["schedule-reap"]
+        assert b.enqueue_jobs() == [template_id(K, "reap_running")]
         return real(*args, **kwargs)
 
     a._move_script = b_first
     assert a.move(*due) is False
-    assert [m.replica for m in read_schedule_log(conn)] == [b.name]
-    assert _queued(conn) == ["reap"]  # queued once (not bounded: its one fixed id)
+    assert [m.replica for m in read_schedule_log(conn, K)] == [b.name]
+    assert _queued(conn) == [job_id(K, "reap_running")]  # queued once (not bounded: its one fixed id)
 
 
 def test_no_lock_a_frozen_replica_does_not_stop_the_other(conn: redis.Redis) -> None:
     clock = Clock(1000.0)
-    a, b = FleetScheduler(conn, clock=clock), FleetScheduler(conn, clock=clock)
-    a.install({"sweep": 2})
+    a, b = FleetScheduler(conn, K, clock=clock), FleetScheduler(conn, K, clock=clock)
+    a.install({"sweep_expired": 2})
     clock.t = 1000.05
     a.due_templates()  # a is mid-tick when it freezes: it holds nothing
-    assert b.tick() == ["schedule-sweep"]
+    assert b.tick() == [template_id(K, "sweep_expired")]
 
 
 def test_two_replicas_enqueue_each_sweep_once(conn: redis.Redis, tmp_path: Path) -> None:
     path = tmp_path / "c.yaml"
     path.write_text(CONFIG + ":schedule:\n  sweep: 60\n  reap: 60\n")
     intervals = schedule_intervals(load_config(path).schedule)
-    a, b = FleetScheduler(conn), FleetScheduler(conn)
+    a, b = FleetScheduler(conn, K), FleetScheduler(conn, K)
     a.install(intervals)
     b.install(intervals)  # idempotent: same six templates, due times kept
     assert conn.zcard(KEY) == len(intervals)
     a.enqueue_jobs()
     assert b.enqueue_jobs() == []  # nothing is due any more
-    log = read_schedule_log(conn)
+    log = read_schedule_log(conn, K)
     assert sorted(m.job for m in log) == sorted(intervals)
     assert all(m.enqueued for m in log)
     assert sorted(j.split("_r")[0] for j in _queued(conn)) == sorted(intervals)
@@ -168,22 +171,22 @@ def test_two_replicas_enqueue_each_sweep_once(conn: redis.Redis, tmp_path: Path)
 
 def test_a_still_queued_sweep_is_not_queued_again(conn: redis.Redis) -> None:
     clock = Clock(1000.0)
-    s = FleetScheduler(conn, clock=clock)
-    s.install({"sweep": 1})
+    s = FleetScheduler(conn, K, clock=clock)
+    s.install({"sweep_expired": 1})
     clock.t = 1000.01
     s.tick()
     clock.t = _due(conn) + 0.01  # no worker took the first one
     s.tick()
-    assert _queued(conn) == [_run_of("sweep", 1000.0)]
-    assert 0 < conn.ttl(f"rq:job:{_run_of('sweep', 1000.0)}") <= q.RUN_WAIT_TTL
-    assert [m.enqueued for m in read_schedule_log(conn)] == [True, False]
-    assert last_run_id(conn, "sweep") == _run_of("sweep", 1000.0)
+    assert _queued(conn) == [_run_of("sweep_expired", 1000.0)]
+    assert 0 < conn.ttl(K.rq_job(_run_of("sweep_expired", 1000.0))) <= q.RUN_WAIT_TTL
+    assert [m.enqueued for m in read_schedule_log(conn, K)] == [True, False]
+    assert last_run_id(conn, K, "sweep_expired") == _run_of("sweep_expired", 1000.0)
 
 
 def test_sleep_until_the_earliest_due_time(conn: redis.Redis) -> None:
     clock = Clock(1000.0)
-    s = FleetScheduler(conn, interval=1.0, clock=clock, seed=3)
-    s.install({"sweep": 2, "reap": 30})
+    s = FleetScheduler(conn, K, interval=1.0, clock=clock, seed=3)
+    s.install({"sweep_expired": 2, "reap_running": 30})
     s.tick()  # both moved: sweep due at 1001.5, reap at 1030
     clock.t = 1001.2
     for _ in range(20):
@@ -194,7 +197,7 @@ def test_sleep_until_the_earliest_due_time(conn: redis.Redis) -> None:
 
 
 def test_unknown_template_is_dropped(conn: redis.Redis) -> None:
-    s = FleetScheduler(conn)
+    s = FleetScheduler(conn, K)
     conn.zadd(KEY, {"schedule-ghost": 0})
     assert s.enqueue_jobs() == []
     assert conn.zcard(KEY) == 0
@@ -203,9 +206,9 @@ def test_unknown_template_is_dropped(conn: redis.Redis) -> None:
 def _frozen_mid_run(conn: redis.Redis, jid: str) -> None:
     """What a worker leaves when it pops a job, starts it and is then SIGSTOPped (or
     SIGKILLed): the hash says 'started', with a fresh heartbeat, and no queue holds it."""
-    conn.lrem(f"rq:queue:{q.QUEUE_SWEEPS}", 0, jid)
+    conn.lrem(K.rq_queue(QUEUE_SWEEPS), 0, jid)
     sec, usec = conn.time()
-    conn.hset(f"rq:job:{jid}", mapping={"status": "started",
+    conn.hset(K.rq_job(jid), mapping={"status": "started",
                                         q.HEARTBEAT_FIELD: f"{sec + usec / 1e6:.3f}"})
 
 
@@ -214,8 +217,8 @@ def test_a_frozen_run_does_not_block_the_next(conn: redis.Redis) -> None:
     (red before: the frozen run held the one id 'sweep', so no sweep was queued until the
     worker woke or its heartbeat went stale, and requests settled late in the soak)."""
     clock = Clock(1000.0)
-    s = FleetScheduler(conn, clock=clock)
-    s.install({"sweep": 2})
+    s = FleetScheduler(conn, K, clock=clock)
+    s.install({"sweep_expired": 2})
     clock.t = 1000.01
     s.tick()
     [first] = _queued(conn)
@@ -223,5 +226,5 @@ def test_a_frozen_run_does_not_block_the_next(conn: redis.Redis) -> None:
     second_due = _due(conn)
     clock.t = second_due + 0.01
     s.tick()
-    assert _queued(conn) == [_run_of("sweep", second_due)]
-    assert conn.hget(f"rq:job:{first}", "status") == b"started"  # left alone
+    assert _queued(conn) == [_run_of("sweep_expired", second_due)]
+    assert conn.hget(K.rq_job(first), "status") == b"started"  # left alone

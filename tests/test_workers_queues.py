@@ -12,160 +12,211 @@ from rq.job import Job, JobStatus
 from vmpool.config import load_config
 from vmpool.state.keys import Keys
 from workers import queues as q
+from workers.table import (
+    JOBS,
+    QUEUE_REQUESTS,
+    QUEUE_SWEEPS,
+    QUEUE_VMS,
+    QUEUES,
+    decode_fragment,
+    encode_fragment,
+    job_id,
+    template_id,
+)
 from workers.jobs import noop
 from workers.worker import FleetJob, build_worker, current_fleet
+
+K = Keys()  # the default prefix, `vmpool`
 
 
 # -- ids --------------------------------------------------------------------------------
 @pytest.mark.parametrize(
     "subject",
-    ["abc", "a.b", "a_b", "a__b", "a_.b", "a._b", "x-y", "3f2a9c1e-0b6d-4d2e-9a7f-1c2b3d4e5f60"],
+    ["abc", "a.b", "a_b", "a__b", "a_.b", "a._b", "x-y", "a:b", "a-_d",
+     "3f2a9c1e-0b6d-4d2e-9a7f-1c2b3d4e5f60"],
 )
-def test_encode_roundtrip(subject: str) -> None:
-    enc = q.encode_subject(subject)
+@pytest.mark.parametrize("keep_dashes", [False, True])
+def test_encode_roundtrip(subject: str, keep_dashes: bool) -> None:
+    enc = encode_fragment(subject, keep_dashes=keep_dashes)
     assert all(c.isalnum() or c in "_-" for c in enc)
-    assert q.decode_subject(enc) == subject
+    assert ("-" in enc) == (keep_dashes and "-" in subject)
+    assert decode_fragment(enc) == subject
 
 
 def test_encoding_is_injective_on_tricky_pairs() -> None:
-    pairs = [("a.b", "a_-b"), ("a_b", "a__b"), ("a._b", "a_.b"), ("a-b", "a.b")]
-    for left, right in pairs:
-        assert q.encode_subject(left) != q.encode_subject(right)
+    pairs = [("a.b", "a_ob"), ("a_b", "a__b"), ("a._b", "a_.b"), ("a-b", "a.b"),
+             ("a-b", "a_db"), ("a:b", "a_cb")]
+    for keep in (False, True):
+        for left, right in pairs:
+            assert encode_fragment(left, keep_dashes=keep) != encode_fragment(
+                right, keep_dashes=keep
+            )
 
 
-def test_uuid_ids_are_left_readable() -> None:
+def test_ids_carry_the_prefix_and_stay_readable() -> None:
     rid = "3f2a9c1e-0b6d-4d2e-9a7f-1c2b3d4e5f60"
-    assert q.job_id("provision", rid) == f"provision-{rid}"
-    assert q.job_id("create-vm", "deb-abc") == "create-vm-deb-abc"
-    assert q.job_id("sweep") == "sweep"
+    assert job_id(K, "provision_request", rid) == f"vmpool-provision_request-{rid}"
+    assert job_id(K, "create_vm", "deb-abc") == "vmpool-create_vm-deb-abc"
+    assert job_id(K, "sweep_expired") == "vmpool-sweep_expired"
+    assert job_id(Keys("ci:fleet-2"), "sweep_expired") == "ci_cfleet_d2-sweep_expired"
+    assert template_id(K, "reap_running") == "vmpool-schedule-reap_running"
 
 
-@pytest.mark.parametrize("bad", ["", "a:b", "a b", "{x}", "a/b"])
+def test_old_job_names_are_aliases() -> None:
+    assert job_id(K, "provision", "r1") == job_id(K, "provision_request", "r1")
+    assert job_id(K, "check-pending-sweep") == "vmpool-check_pending_sweep"
+
+
+def test_ids_of_two_fleets_never_collide() -> None:
+    """The tag holds no '-', so the first '-' ends it: prefix 'a-b' and prefix 'a'
+    with any job and subject give different ids."""
+    ids = {
+        job_id(Keys(prefix), job, subject)
+        for prefix in ("a", "a-b", "a_b", "a.b", "a:b", "a_d")
+        for job, subject in (("create_vm", "b-x"), ("provision_request", "x"),
+                             ("destroy_vm", "x"))
+    }
+    assert len(ids) == 18
+
+
+@pytest.mark.parametrize("bad", ["", "a b", "{x}", "a/b", "a\n"])
 def test_bad_subjects_refused(bad: str) -> None:
     with pytest.raises(ValueError):
-        q.encode_subject(bad)
+        encode_fragment(bad)
+    with pytest.raises(ValueError):
+        encode_fragment(bad + "\n")
 
 
 def test_subject_arity_checked() -> None:
     with pytest.raises(ValueError):
-        q.job_id("provision")
+        job_id(K, "provision_request")
     with pytest.raises(ValueError):
-        q.job_id("sweep", "x")
+        job_id(K, "sweep_expired", "x")
     with pytest.raises(ValueError):
-        q.job_id("nonsense")
+        job_id(K, "nonsense")
 
 
 def test_run_ids_of_periodic_jobs() -> None:
-    assert q.job_id("sweep", run=1796220642783) == "sweep_r1796220642783"
+    assert job_id(K, "sweep_expired", run=1796220642783) == "vmpool-sweep_expired_r1796220642783"
     for bad in (-1, True, 1.5):
         with pytest.raises(ValueError):
-            q.job_id("sweep", run=bad)  # type: ignore[arg-type]
+            job_id(K, "sweep_expired", run=bad)  # type: ignore[arg-type]
     with pytest.raises(ValueError):
-        q.job_id("create-vm", "deb-abc", run=1)  # per-subject jobs have no runs
+        job_id(K, "create_vm", "deb-abc", run=1)  # per-subject jobs have no runs
     # no subject-bearing id equals a run id: an encoded subject escapes every "_"
-    assert q.job_id("check-pending", "sweep_r1") == "check-pending-sweep__r1"
-    assert q.job_id("check-pending-sweep", run=1) == "check-pending-sweep_r1"
+    assert job_id(K, "check_pending_vm", "sweep_r1") == "vmpool-check_pending_vm-sweep__r1"
+    assert job_id(K, "check_pending_sweep", run=1) == "vmpool-check_pending_sweep_r1"
 
 
 def test_every_job_has_an_entry_point() -> None:
     import workers.jobs
 
-    for spec in q.JOBS.values():
+    for spec in JOBS.values():
         module, _, attr = spec.func.rpartition(".")
         assert module == "workers.jobs"
         assert callable(getattr(workers.jobs, attr))
-        assert spec.queue in q.QUEUES
+        assert spec.queue in QUEUES
 
 
 def test_resolve_queue_names() -> None:
-    assert q.resolve_queue_names(None) == list(q.QUEUES)
-    assert q.resolve_queue_names("vms,vmpool-sweeps") == ["vmpool-vms", "vmpool-sweeps"]
-    with pytest.raises(ValueError):
-        q.resolve_queue_names("nope")
+    assert q.resolve_queue_names(K, None) == ["vmpool-sweeps", "vmpool-requests", "vmpool-vms"]
+    assert q.resolve_queue_names(K, "vms,vmpool-sweeps") == ["vmpool-vms", "vmpool-sweeps"]
+    other = Keys("ci")
+    assert q.resolve_queue_names(other, "vms,ci-sweeps") == ["ci-vms", "ci-sweeps"]
+    for bad in ("nope", "ci-vms"):
+        with pytest.raises(ValueError):
+            q.resolve_queue_names(K, bad)
+
+
+def test_keys_spell_rq_keys_as_rq_does(conn: redis.Redis) -> None:
+    queue = Queue(K.queue(QUEUE_VMS), connection=conn)
+    assert K.rq_queue(QUEUE_VMS) == queue.key
+    assert K.rq_job("vmpool-x") == Job.key_for("vmpool-x")
 
 
 # -- dedup ------------------------------------------------------------------------------
 def test_at_most_one_queued_copy(conn: redis.Redis) -> None:
-    assert q.enqueue(conn, "provision", "r.1") is True
-    assert q.enqueue(conn, "provision", "r.1") is False
-    assert q.enqueue(conn, "provision", "r_1") is True  # a different subject
-    queue = Queue(q.QUEUE_REQUESTS, connection=conn)
-    assert sorted(queue.job_ids) == sorted([q.job_id("provision", "r.1"), "provision-r__1"])
-    job = Job.fetch(q.job_id("provision", "r.1"), connection=conn)
+    assert q.enqueue(conn, K, "provision_request", "r.1") is True
+    assert q.enqueue(conn, K, "provision_request", "r.1") is False
+    assert q.enqueue(conn, K, "provision_request", "r_1") is True  # a different subject
+    queue = Queue(K.queue(QUEUE_REQUESTS), connection=conn)
+    assert sorted(queue.job_ids) == sorted(
+        [job_id(K, "provision_request", "r.1"), "vmpool-provision_request-r__1"]
+    )
+    job = Job.fetch(job_id(K, "provision_request", "r.1"), connection=conn)
     assert job.args == ("r.1",)
     assert job.result_ttl == 0
     assert job.failure_ttl == q.FAILURE_TTL
 
 
 def test_jobs_go_to_their_queues(conn: redis.Redis) -> None:
-    for name, spec in q.JOBS.items():
+    for name, spec in JOBS.items():
         subject = {None: None, "request": "rid-1", "vm": "vm-1"}[spec.subject]
-        assert q.enqueue(conn, name, subject)
-    for queue_name in q.QUEUES:
-        ids = Queue(queue_name, connection=conn).job_ids
-        assert ids and all(q.JOBS[_job_of(i)].queue == queue_name for i in ids)
+        assert q.enqueue(conn, K, name, subject)
+    for short in QUEUES:
+        ids = Queue(K.queue(short), connection=conn).job_ids
+        assert ids and all(JOBS[_job_of(i)].queue == short for i in ids)
 
 
 def _job_of(jid: str) -> str:
-    longest_first = sorted(q.JOBS, key=len, reverse=True)
-    return next(n for n in longest_first if jid == n or jid.startswith(n + "-"))
+    return jid.split("-")[1]
 
 
 def test_running_job_is_not_requeued_but_a_finished_one_is(conn: redis.Redis) -> None:
-    assert q.enqueue(conn, "sweep")
-    job = Job.fetch("sweep", connection=conn)
+    assert q.enqueue(conn, K, "sweep_expired")
+    job = Job.fetch(job_id(K, "sweep_expired"), connection=conn)
     job.set_status(JobStatus.STARTED)
     conn.hset(job.key, q.HEARTBEAT_FIELD, f"{_server_now(conn):.3f}")
-    Queue(q.QUEUE_SWEEPS, connection=conn).remove(job)
-    assert q.enqueue(conn, "sweep") is False  # live: heartbeat fresh
+    Queue(K.queue(QUEUE_SWEEPS), connection=conn).remove(job)
+    assert q.enqueue(conn, K, "sweep_expired") is False  # live: heartbeat fresh
     job.delete()  # what result_ttl=0 does on success
-    assert q.enqueue(conn, "sweep") is True
+    assert q.enqueue(conn, K, "sweep_expired") is True
 
 
 def test_failed_duplicate_is_reclaimed(conn: redis.Redis) -> None:
-    assert q.enqueue(conn, "reap")
-    job = Job.fetch("reap", connection=conn)
-    Queue(q.QUEUE_SWEEPS, connection=conn).remove(job)
+    assert q.enqueue(conn, K, "reap_running")
+    job = Job.fetch(job_id(K, "reap_running"), connection=conn)
+    Queue(K.queue(QUEUE_SWEEPS), connection=conn).remove(job)
     job.set_status(JobStatus.FAILED)
-    assert q.enqueue(conn, "reap") is True
-    assert Queue(q.QUEUE_SWEEPS, connection=conn).job_ids == ["reap"]
+    assert q.enqueue(conn, K, "reap_running") is True
+    assert Queue(K.queue(QUEUE_SWEEPS), connection=conn).job_ids == [job_id(K, "reap_running")]
 
 
 def test_stale_started_duplicate_is_reclaimed(conn: redis.Redis) -> None:
-    assert q.enqueue(conn, "destroy", "vm-9")
-    job = Job.fetch("destroy-vm-9", connection=conn)
-    Queue(q.QUEUE_VMS, connection=conn).remove(job)
+    assert q.enqueue(conn, K, "destroy_vm", "vm-9")
+    job = Job.fetch(job_id(K, "destroy_vm", "vm-9"), connection=conn)
+    Queue(K.queue(QUEUE_VMS), connection=conn).remove(job)
     job.set_status(JobStatus.STARTED)
     stale = _server_now(conn) - q.STALE_AFTER_SECONDS - 1
     conn.hset(job.key, q.HEARTBEAT_FIELD, f"{stale:.3f}")
-    assert q.enqueue(conn, "destroy", "vm-9") is True
-    assert Queue(q.QUEUE_VMS, connection=conn).job_ids == ["destroy-vm-9"]
+    assert q.enqueue(conn, K, "destroy_vm", "vm-9") is True
+    assert Queue(K.queue(QUEUE_VMS), connection=conn).job_ids == [job_id(K, "destroy_vm", "vm-9")]
 
 
 def test_started_without_heartbeat_is_left_alone(conn: redis.Redis) -> None:
-    assert q.enqueue(conn, "reconcile")
-    job = Job.fetch("reconcile", connection=conn)
-    Queue(q.QUEUE_SWEEPS, connection=conn).remove(job)
+    assert q.enqueue(conn, K, "reconcile")
+    job = Job.fetch(job_id(K, "reconcile"), connection=conn)
+    Queue(K.queue(QUEUE_SWEEPS), connection=conn).remove(job)
     job.set_status(JobStatus.STARTED)
-    assert q.enqueue(conn, "reconcile") is False
+    assert q.enqueue(conn, K, "reconcile") is False
 
 
 def test_dispatcher_enqueues_each_step(conn: redis.Redis) -> None:
-    d = q.RQDispatcher(conn)
+    d = q.RQDispatcher(conn, K)
     d.provision_request("r1")
     d.check_request("r1")
     d.create_vm("vm-a")
     d.check_pending_vm("vm-a")
     d.destroy_vm("vm-a")
     d.create_vm("vm-a")  # duplicate: silently absorbed
-    assert sorted(Queue(q.QUEUE_REQUESTS, connection=conn).job_ids) == [
-        "check-request-r1",
-        "provision-r1",
+    assert sorted(Queue(K.queue(QUEUE_REQUESTS), connection=conn).job_ids) == [
+        "vmpool-check_request-r1",
+        "vmpool-provision_request-r1",
     ]
-    assert Queue(q.QUEUE_VMS, connection=conn).job_ids == [
-        "create-vm-vm-a",
-        "check-pending-vm-a",
-        "destroy-vm-a",
+    assert Queue(K.queue(QUEUE_VMS), connection=conn).job_ids == [
+        "vmpool-create_vm-vm-a",
+        "vmpool-check_pending_vm-vm-a",
+        "vmpool-destroy_vm-vm-a",
     ]
 
 
@@ -179,39 +230,39 @@ def _hash(conn: redis.Redis, jid: str) -> dict[bytes, bytes]:
 def test_enqueue_many_builds_the_same_job_as_enqueue(conn: redis.Redis) -> None:
     """Same id, same queue, same hash fields (args, ttls, timeout, description, status,
     origin, serialized call) as the one-at-a-time path: RQ's job, built RQ's way."""
-    assert q.enqueue(conn, "check-pending", "vm.a_1") is True
-    one = _hash(conn, q.job_id("check-pending", "vm.a_1"))
+    assert q.enqueue(conn, K, "check_pending_vm", "vm.a_1") is True
+    one = _hash(conn, job_id(K, "check_pending_vm", "vm.a_1"))
     conn.flushdb()
-    assert q.enqueue_many(conn, "check-pending", ["vm.a_1"]) == 1
-    many = _hash(conn, q.job_id("check-pending", "vm.a_1"))
+    assert q.enqueue_many(conn, K, "check_pending_vm", ["vm.a_1"]) == 1
+    many = _hash(conn, job_id(K, "check_pending_vm", "vm.a_1"))
     assert many == one and many
-    assert Queue(q.QUEUE_VMS, connection=conn).job_ids == ["check-pending-vm_-a__1"]
-    job = Job.fetch("check-pending-vm_-a__1", connection=conn)
+    assert Queue(K.queue(QUEUE_VMS), connection=conn).job_ids == ["vmpool-check_pending_vm-vm_oa__1"]
+    job = Job.fetch("vmpool-check_pending_vm-vm_oa__1", connection=conn)
     assert job.args == ("vm.a_1",)
     assert job.result_ttl == 0
     assert job.failure_ttl == q.FAILURE_TTL
-    assert job.timeout == q.JOBS["check-pending"].timeout
-    assert conn.sismember("rq:queues", f"rq:queue:{q.QUEUE_VMS}")
+    assert job.timeout == JOBS["check_pending_vm"].timeout
+    assert conn.sismember("rq:queues", K.rq_queue(QUEUE_VMS))
 
 
 def test_enqueue_many_dedups_against_enqueue_and_itself(conn: redis.Redis) -> None:
-    assert q.enqueue(conn, "destroy", "vm-a") is True
-    assert q.enqueue_many(conn, "destroy", ["vm-a", "vm-b", "vm-c", "vm-b"]) == 2
-    assert q.enqueue_many(conn, "destroy", ["vm-c", "vm-b", "vm-a"]) == 0
-    assert q.enqueue(conn, "destroy", "vm-b") is False
-    assert Queue(q.QUEUE_VMS, connection=conn).job_ids == [
-        "destroy-vm-a",
-        "destroy-vm-b",
-        "destroy-vm-c",
+    assert q.enqueue(conn, K, "destroy_vm", "vm-a") is True
+    assert q.enqueue_many(conn, K, "destroy_vm", ["vm-a", "vm-b", "vm-c", "vm-b"]) == 2
+    assert q.enqueue_many(conn, K, "destroy_vm", ["vm-c", "vm-b", "vm-a"]) == 0
+    assert q.enqueue(conn, K, "destroy_vm", "vm-b") is False
+    assert Queue(K.queue(QUEUE_VMS), connection=conn).job_ids == [
+        "vmpool-destroy_vm-vm-a",
+        "vmpool-destroy_vm-vm-b",
+        "vmpool-destroy_vm-vm-c",
     ]
     # another job of the same subject is a different id
-    assert q.enqueue_many(conn, "create-vm", ["vm-a"]) == 1
+    assert q.enqueue_many(conn, K, "create_vm", ["vm-a"]) == 1
 
 
 def test_enqueue_many_reclaims_dead_duplicates_only(conn: redis.Redis) -> None:
     names = ["vm-failed", "vm-stale", "vm-live", "vm-nobeat", "vm-queued"]
-    assert q.enqueue_many(conn, "check-pending", names) == 5
-    queue = Queue(q.QUEUE_VMS, connection=conn)
+    assert q.enqueue_many(conn, K, "check_pending_vm", names) == 5
+    queue = Queue(K.queue(QUEUE_VMS), connection=conn)
     now = _server_now(conn)
     for name, status, beat in [
         ("vm-failed", JobStatus.FAILED, None),
@@ -219,61 +270,61 @@ def test_enqueue_many_reclaims_dead_duplicates_only(conn: redis.Redis) -> None:
         ("vm-live", JobStatus.STARTED, now),
         ("vm-nobeat", JobStatus.STARTED, None),
     ]:
-        job = Job.fetch(q.job_id("check-pending", name), connection=conn)
+        job = Job.fetch(job_id(K, "check_pending_vm", name), connection=conn)
         queue.remove(job)
         job.set_status(status)
         if beat is not None:
             conn.hset(job.key, q.HEARTBEAT_FIELD, f"{beat:.3f}")
-    assert q.enqueue_many(conn, "check-pending", names) == 2  # failed + stale
+    assert q.enqueue_many(conn, K, "check_pending_vm", names) == 2  # failed + stale
     assert queue.job_ids == [
-        "check-pending-vm-queued",
-        "check-pending-vm-failed",
-        "check-pending-vm-stale",
+        "vmpool-check_pending_vm-vm-queued",
+        "vmpool-check_pending_vm-vm-failed",
+        "vmpool-check_pending_vm-vm-stale",
     ]
     for name in ("vm-failed", "vm-stale"):
-        job = Job.fetch(q.job_id("check-pending", name), connection=conn)
+        job = Job.fetch(job_id(K, "check_pending_vm", name), connection=conn)
         assert job.get_status() == JobStatus.QUEUED
         assert conn.hget(job.key, q.HEARTBEAT_FIELD) is None  # a fresh hash
 
 
 def test_enqueue_many_empty_and_invalid(conn: redis.Redis) -> None:
-    assert q.enqueue_many(conn, "provision", []) == 0
+    assert q.enqueue_many(conn, K, "provision_request", []) == 0
     assert conn.dbsize() == 0  # nothing sent
     with pytest.raises(ValueError):
-        q.enqueue_many(conn, "provision", ["ok-1", "not ok"])
+        q.enqueue_many(conn, K, "provision_request", ["ok-1", "not ok"])
     assert conn.dbsize() == 0  # validated before anything is sent
     with pytest.raises(ValueError):
-        q.enqueue_many(conn, "sweep", ["x"])
+        q.enqueue_many(conn, K, "sweep_expired", ["x"])
     with pytest.raises(ValueError):
-        q.enqueue_many(conn, "nonsense", ["x"])
+        q.enqueue_many(conn, K, "nonsense", ["x"])
 
 
 @pytest.mark.parametrize("chunk", [7, q.ENQUEUE_CHUNK])
 def test_enqueue_many_more_than_a_chunk(conn: redis.Redis, chunk: int) -> None:
     n = 2 * chunk + 3
     names = [f"vm-{i:05d}" for i in range(n)]
-    assert q.enqueue(conn, "create-vm", names[chunk]) is True  # a duplicate mid-batch
-    assert q.enqueue_many(conn, "create-vm", names, chunk=chunk) == n - 1
-    ids = Queue(q.QUEUE_VMS, connection=conn).job_ids
-    assert sorted(ids) == sorted(q.job_id("create-vm", name) for name in names)
+    assert q.enqueue(conn, K, "create_vm", names[chunk]) is True  # a duplicate mid-batch
+    assert q.enqueue_many(conn, K, "create_vm", names, chunk=chunk) == n - 1
+    ids = Queue(K.queue(QUEUE_VMS), connection=conn).job_ids
+    assert sorted(ids) == sorted(job_id(K, "create_vm", name) for name in names)
     assert len(ids) == n
-    assert q.enqueue_many(conn, "create-vm", names, chunk=chunk) == 0
+    assert q.enqueue_many(conn, K, "create_vm", names, chunk=chunk) == 0
 
 
 def test_dispatcher_batches(conn: redis.Redis) -> None:
-    d = q.RQDispatcher(conn)
+    d = q.RQDispatcher(conn, K)
     d.provision_requests(["r1", "r2"])
     d.create_vms(["vm-a"])
     d.check_pending_vms(["vm-a", "vm-b"])
     d.destroy_vms([])
     d.destroy_vms(["vm-a"])
     d.create_vm("vm-a")  # duplicate of a batched one: absorbed
-    assert Queue(q.QUEUE_REQUESTS, connection=conn).job_ids == ["provision-r1", "provision-r2"]
-    assert Queue(q.QUEUE_VMS, connection=conn).job_ids == [
-        "create-vm-vm-a",
-        "check-pending-vm-a",
-        "check-pending-vm-b",
-        "destroy-vm-a",
+    assert Queue(K.queue(QUEUE_REQUESTS), connection=conn).job_ids == ["vmpool-provision_request-r1", "vmpool-provision_request-r2"]
+    assert Queue(K.queue(QUEUE_VMS), connection=conn).job_ids == [
+        "vmpool-create_vm-vm-a",
+        "vmpool-check_pending_vm-vm-a",
+        "vmpool-check_pending_vm-vm-b",
+        "vmpool-destroy_vm-vm-a",
     ]
 
 
@@ -309,18 +360,18 @@ def test_worker_hands_its_fleet_to_jobs(
     path = tmp_path / "c.yaml"
     path.write_text(CONFIG)
     config = load_config(path)
-    assert q.enqueue(conn, "provision-sweep")
-    assert q.enqueue(conn, "reap", run=7)  # a scheduled run: its hash waits with a TTL
-    assert conn.ttl(Job.key_for("reap_r7")) > 0
-    queue = Queue(q.QUEUE_SWEEPS, connection=conn)
+    assert q.enqueue(conn, K, "provision_sweep")
+    assert q.enqueue(conn, K, "reap_running", run=7)  # a scheduled run: its hash waits with a TTL
+    assert conn.ttl(Job.key_for(job_id(K, "reap_running", run=7))) > 0
+    queue = Queue(K.queue(QUEUE_SWEEPS), connection=conn)
     queue.enqueue(noop, job_id="plain-noop", result_ttl=60)
-    worker = build_worker(redis_url, config, [q.QUEUE_SWEEPS], kind=kind)
+    worker = build_worker(redis_url, config, [K.queue(QUEUE_SWEEPS)], kind=kind)
     assert worker.job_class is FleetJob
     assert worker.work(burst=True)
     assert Job.fetch("plain-noop", connection=conn).get_status() == JobStatus.FINISHED
     # the sweep ran with the Fleet (result_ttl=0: its hash is gone, not failed)
-    assert not conn.exists(Job.key_for("provision-sweep"))
-    assert not conn.exists(Job.key_for("reap_r7"))
+    assert not conn.exists(Job.key_for(job_id(K, "provision_sweep")))
+    assert not conn.exists(Job.key_for(job_id(K, "reap_running", run=7)))
     assert worker.failed_job_count == 0
     # every finished vmpool job is counted in Redis for /metrics (the horse's too)
     counts = conn.hgetall(Keys(config.key_prefix).metrics("jobs"))
@@ -338,9 +389,9 @@ def test_a_queued_sweep_goes_before_a_flood_of_request_jobs(
     path.write_text(CONFIG)
     config = load_config(path)
     flood = [f"00000000-0000-4000-8000-{i:012d}" for i in range(30)]
-    assert q.enqueue_many(conn, "provision", flood) == 30
-    assert q.enqueue(conn, "sweep", run=1)
+    assert q.enqueue_many(conn, K, "provision_request", flood) == 30
+    assert q.enqueue(conn, K, "sweep_expired", run=1)
     worker = build_worker(redis_url, config, kind="simple")
     assert worker.work(burst=True, max_jobs=1)
-    assert not conn.exists(Job.key_for("sweep_r1"))  # the one job it ran was the sweep
-    assert len(Queue(q.QUEUE_REQUESTS, connection=conn)) == 30
+    assert not conn.exists(Job.key_for(job_id(K, "sweep_expired", run=1)))  # the one job it ran was the sweep
+    assert len(Queue(K.queue(QUEUE_REQUESTS), connection=conn)) == 30

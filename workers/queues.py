@@ -1,15 +1,9 @@
-"""Queues, job ids and the one way to put vmpool work on RQ: :func:`enqueue`.
+"""The one way to put vmpool work on RQ: :func:`enqueue` (and its batch form).
 
-Queues (RQ list keys ``rq:queue:<name>``; one Redis database serves one vmpool fleet):
-
-=================  =========================================================  ==========
-queue              jobs                                                       subject
-=================  =========================================================  ==========
-``vmpool-requests`` ``provision``, ``check-request``                          request id
-``vmpool-sweeps``   ``sweep``, ``provision-sweep``, ``check-pending-sweep``,  none
-                    ``reap``, ``destroy-sweep``, ``reconcile``
-``vmpool-vms``      ``create-vm``, ``check-pending``, ``destroy``             VM name
-=================  =========================================================  ==========
+The jobs, their queues and their ids come from the job table (:mod:`workers.table`);
+the queue names and RQ keys from :class:`vmpool.state.keys.Keys`, under the fleet's key
+prefix. Queues (``<prefix>-<short>``): ``sweeps`` (the periodic jobs), ``requests``
+(per request), ``vms`` (per VM).
 
 A worker listens to the sweeps first, then the requests, then the VMs (RQ dequeues by
 strict priority). The sweeps first: only a handful are ever queued (at most one waiting
@@ -20,15 +14,12 @@ a hundred provision jobs, and with the requests first the expiry sweep waited 7 
 Then the request jobs, so a new request starts however long the VM backlog; then the
 VM jobs, the bulk of the work.
 
-Job ids are deterministic: ``<job>`` for a sweep (``<job>_r<n>`` for a scheduled run),
-``<job>-<subject>`` otherwise. RQ ids
-allow only ``[A-Za-z0-9_-]``; VM names already fit, request ids may also contain ``.``,
-so a subject is encoded injectively: ``_`` -> ``__``, ``.`` -> ``_-`` (a uuid4 is left as
-it is). Every job is enqueued with ``unique=True``: while a job of that id exists
-(queued or running) a second enqueue raises ``DuplicateJobError``, which :func:`enqueue`
-turns into ``False``. ``result_ttl=0`` deletes the job hash as soon as it succeeds, so
-the next enqueue of the same (job, subject) goes through; a failed job keeps its hash
-for :data:`FAILURE_TTL` seconds only.
+Job ids are deterministic (:func:`workers.table.job_id`). Every job is enqueued with
+``unique=True``: while a job of that id exists (queued or running) a second enqueue
+raises ``DuplicateJobError``, which :func:`enqueue` turns into ``False``.
+``result_ttl=0`` deletes the job hash as soon as it succeeds, so the next enqueue of the
+same (job, subject) goes through; a failed job keeps its hash for :data:`FAILURE_TTL`
+seconds only.
 
 A job hash that outlives its run would block its (job, subject) for as long as RQ takes
 to notice (about a minute for a killed worker). :func:`enqueue` therefore *reclaims* a
@@ -56,9 +47,7 @@ cheap script and no job building.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any, Final
 
 import redis
@@ -68,35 +57,23 @@ from rq.exceptions import DuplicateJobError
 from rq.job import Job
 from rq.scripts import UNIQUE_ENQUEUE_SCRIPT, _build_hset_args
 
+from vmpool.state.keys import Keys
 from vmpool.state.lua import read_script
+from workers.table import QUEUES, JobSpec, job_id, lookup, queue_names
 
 __all__ = [
     "ENQUEUE_CHUNK",
     "FAILURE_TTL",
     "HEARTBEAT_FIELD",
     "HEARTBEAT_SECONDS",
-    "JOBS",
-    "QUEUES",
-    "QUEUE_REQUESTS",
-    "QUEUE_SWEEPS",
-    "QUEUE_VMS",
     "RUN_WAIT_TTL",
     "STALE_AFTER_SECONDS",
-    "JobSpec",
     "RQDispatcher",
-    "decode_subject",
-    "encode_subject",
     "enqueue",
     "enqueue_many",
-    "job_id",
+    "queue_names",
     "resolve_queue_names",
 ]
-
-QUEUE_REQUESTS: Final = "vmpool-requests"
-QUEUE_SWEEPS: Final = "vmpool-sweeps"
-QUEUE_VMS: Final = "vmpool-vms"
-# The order a worker listens in (strict priority, see the module docstring).
-QUEUES: Final[tuple[str, ...]] = (QUEUE_SWEEPS, QUEUE_REQUESTS, QUEUE_VMS)  # by priority
 
 # A failed job's hash (and so its block on re-enqueue) lives this long; the traceback is
 # in the worker's log. Reclaiming in enqueue() makes even this a soft limit.
@@ -116,110 +93,21 @@ STALE_AFTER_SECONDS: Final = 10.0
 ENQUEUE_CHUNK: Final = 500
 
 
-@dataclass(frozen=True)
-class JobSpec:
-    name: str
-    func: str  # dotted path, imported by the worker only
-    queue: str
-    subject: str | None  # "request" | "vm" | None
-    timeout: int  # seconds; RQ's hard limit for one run
-
-
-def _spec(name: str, func: str, queue: str, subject: str | None, timeout: int) -> JobSpec:
-    return JobSpec(name, f"workers.jobs.{func}", queue, subject, timeout)
-
-
-JOBS: Final[dict[str, JobSpec]] = {
-    s.name: s
-    for s in (
-        _spec("provision", "provision_request", QUEUE_REQUESTS, "request", 120),
-        _spec("check-request", "check_request", QUEUE_REQUESTS, "request", 120),
-        _spec("create-vm", "create_vm", QUEUE_VMS, "vm", 600),
-        _spec("check-pending", "check_pending_vm", QUEUE_VMS, "vm", 120),
-        _spec("destroy", "destroy_vm", QUEUE_VMS, "vm", 600),
-        _spec("sweep", "sweep_expired", QUEUE_SWEEPS, None, 300),
-        _spec("provision-sweep", "provision_sweep", QUEUE_SWEEPS, None, 300),
-        _spec("check-pending-sweep", "check_pending_sweep", QUEUE_SWEEPS, None, 300),
-        _spec("reap", "reap_running", QUEUE_SWEEPS, None, 300),
-        _spec("destroy-sweep", "destroy_sweep", QUEUE_SWEEPS, None, 300),
-        _spec("reconcile", "reconcile", QUEUE_SWEEPS, None, 600),
-    )
-}
-
-_SUBJECT_RE: Final = re.compile(r"^[A-Za-z0-9_.-]{1,200}$")
-_ENCODED_RE: Final = re.compile(r"^(?:[A-Za-z0-9-]|__|_-)+$")
-
-
-def encode_subject(subject: str) -> str:
-    """A request id or VM name as a fragment of an RQ job id (injective)."""
-    if not isinstance(subject, str) or not _SUBJECT_RE.match(subject):
-        raise ValueError(f"not a request id or VM name: {subject!r}")
-    return subject.replace("_", "__").replace(".", "_-")
-
-
-def decode_subject(encoded: str) -> str:
-    """The inverse of :func:`encode_subject`."""
-    if not _ENCODED_RE.match(encoded):
-        raise ValueError(f"not an encoded subject: {encoded!r}")
-    out: list[str] = []
-    i = 0
-    while i < len(encoded):
-        ch = encoded[i]
-        if ch == "_":
-            out.append("_" if encoded[i + 1] == "_" else ".")
-            i += 2
-        else:
-            out.append(ch)
-            i += 1
-    return "".join(out)
-
-
-def job_id(job: str, subject: str | None = None, *, run: int | None = None) -> str:
-    """The deterministic RQ job id of ``job`` for ``subject``.
-
-    ``run`` (periodic jobs only) numbers one scheduled run: ``<job>_r<run>``. The
-    scheduler gives each due time its own id, so a run frozen or killed mid-way (its hash
-    still ``started``) does not hold the id of the next one (workers/schedule.py). In an
-    encoded subject every ``_`` is followed by ``_`` or ``-``, never by ``r``, so these
-    ids collide with no other.
-    """
-    spec = _lookup(job)
-    if spec.subject is None:
-        if subject is not None:
-            raise ValueError(f"job {job!r} takes no subject")
-        if run is None:
-            return spec.name
-        if isinstance(run, bool) or not isinstance(run, int) or run < 0:
-            raise ValueError(f"a run number is a non-negative integer, got {run!r}")
-        return f"{spec.name}_r{run}"
-    if run is not None:
-        raise ValueError(f"job {job!r} is not periodic: no run number")
-    if subject is None:
-        raise ValueError(f"job {job!r} needs a {spec.subject} subject")
-    return f"{spec.name}-{encode_subject(subject)}"
-
-
-def _lookup(job: str) -> JobSpec:
-    try:
-        return JOBS[job]
-    except KeyError:
-        raise ValueError(f"unknown job {job!r}; one of: {', '.join(JOBS)}") from None
-
-
-def resolve_queue_names(names: str | None) -> list[str]:
-    """``--queues`` text (comma-separated; ``vms`` or ``vmpool-vms``) as queue names."""
+def resolve_queue_names(keys: Keys, names: str | None) -> list[str]:
+    """``--queues`` text (comma-separated short or full names: ``vms`` or
+    ``<prefix>-vms``) as the fleet's RQ queue names, in listening order."""
     if not names or not names.strip():
-        return list(QUEUES)
+        return queue_names(keys)
     out: list[str] = []
     for raw in names.split(","):
         name = raw.strip()
         if not name:
             continue
-        full = name if name.startswith("vmpool-") else f"vmpool-{name}"
-        if full not in QUEUES:
+        short = name.removeprefix(keys.queue(""))
+        if short not in QUEUES:
             raise ValueError(f"unknown queue {name!r}; one of: {', '.join(QUEUES)}")
-        if full not in out:
-            out.append(full)
+        if keys.queue(short) not in out:
+            out.append(keys.queue(short))
     if not out:
         raise ValueError("no queue named")
     return out
@@ -230,26 +118,34 @@ def resolve_queue_names(names: str | None) -> list[str]:
 _RECLAIM_LUA: Final = read_script("workers", "reclaim_job.lua")
 
 
-def _reclaim(conn: redis.Redis, queue: Queue, jid: str) -> bool:
+def _reclaim(conn: redis.Redis, keys: Keys, spec: JobSpec, jid: str) -> bool:
     script = conn.register_script(_RECLAIM_LUA)
-    key = Queue.job_class.key_for(jid)
     return bool(
-        script(keys=[key, queue.key], args=[HEARTBEAT_FIELD, STALE_AFTER_SECONDS, jid])
+        script(
+            keys=[keys.rq_job(jid), keys.rq_queue(spec.queue)],
+            args=[HEARTBEAT_FIELD, STALE_AFTER_SECONDS, jid],
+        )
     )
 
 
 def enqueue(
-    conn: redis.Redis, job: str, subject: str | None = None, *, run: int | None = None
+    conn: redis.Redis,
+    keys: Keys,
+    job: str,
+    subject: str | None = None,
+    *,
+    run: int | None = None,
 ) -> bool:
     """Put ``job`` for ``subject`` on its queue; False when a live copy already exists.
 
-    ``conn`` is a bytes client (``decode_responses=False``), as RQ requires. Raises
-    ValueError for an unknown job or a missing/extra/invalid subject. ``run``: see
-    :func:`job_id`.
+    ``conn`` is a bytes client (``decode_responses=False``), as RQ requires; ``keys``
+    names the fleet (queue names and job ids carry its prefix). Raises ValueError for an
+    unknown job or a missing/extra/invalid subject. ``run``: see
+    :func:`workers.table.job_id`.
     """
-    spec = _lookup(job)
-    jid = job_id(job, subject, run=run)
-    queue = Queue(spec.queue, connection=conn)
+    spec = lookup(job)
+    jid = job_id(keys, job, subject, run=run)
+    queue = Queue(keys.queue(spec.queue), connection=conn)
     args = () if subject is None else (subject,)
     for attempt in range(2):
         try:
@@ -266,13 +162,18 @@ def enqueue(
             )
             return True
         except DuplicateJobError:
-            if attempt or not _reclaim(conn, queue, jid):
+            if attempt or not _reclaim(conn, keys, spec, jid):
                 return False
     return False
 
 
 def enqueue_many(
-    conn: redis.Redis, job: str, subjects: Sequence[str], *, chunk: int = ENQUEUE_CHUNK
+    conn: redis.Redis,
+    keys: Keys,
+    job: str,
+    subjects: Sequence[str],
+    *,
+    chunk: int = ENQUEUE_CHUNK,
 ) -> int:
     """:func:`enqueue` for many subjects of one job; returns how many were newly queued.
 
@@ -283,16 +184,16 @@ def enqueue_many(
     Every subject is validated before anything is sent: one invalid subject raises
     ValueError and nothing is queued.
     """
-    spec = _lookup(job)
+    spec = lookup(job)
     if spec.subject is None:
         raise ValueError(f"job {job!r} takes no subject; use enqueue()")
     if chunk < 1:
         raise ValueError("chunk must be >= 1")
     # job_id validates; dict.fromkeys keeps the first occurrence, in order.
-    items = list(dict.fromkeys((job_id(job, subject), subject) for subject in subjects))
+    items = list(dict.fromkeys((job_id(keys, job, subject), subject) for subject in subjects))
     if not items:
         return 0
-    queue = Queue(spec.queue, connection=conn)
+    queue = Queue(keys.queue(spec.queue), connection=conn)
     push = conn.register_script(UNIQUE_ENQUEUE_SCRIPT)
     reclaim = conn.register_script(_RECLAIM_LUA)
     queued = 0
@@ -305,7 +206,7 @@ def enqueue_many(
         pipe = conn.pipeline(transaction=False)
         for jid, _ in part:
             reclaim(
-                keys=[Queue.job_class.key_for(jid), queue.key],
+                keys=[keys.rq_job(jid), queue.key],
                 args=[HEARTBEAT_FIELD, STALE_AFTER_SECONDS, jid],
                 client=pipe,
             )
@@ -354,33 +255,40 @@ class RQDispatcher:
     the work, and the periodic sweeps re-find anything a lost job leaves behind.
     """
 
-    def __init__(self, conn: redis.Redis) -> None:
+    def __init__(self, conn: redis.Redis, keys: Keys) -> None:
         self.conn = conn
+        self.keys = keys
+
+    def _one(self, job: str, subject: str) -> None:
+        enqueue(self.conn, self.keys, job, subject)
+
+    def _many(self, job: str, subjects: Sequence[str]) -> None:
+        enqueue_many(self.conn, self.keys, job, subjects)
 
     def provision_request(self, request_id: str) -> None:
-        enqueue(self.conn, "provision", request_id)
+        self._one("provision_request", request_id)
 
     def create_vm(self, name: str) -> None:
-        enqueue(self.conn, "create-vm", name)
+        self._one("create_vm", name)
 
     def check_pending_vm(self, name: str) -> None:
-        enqueue(self.conn, "check-pending", name)
+        self._one("check_pending_vm", name)
 
     def check_request(self, request_id: str) -> None:
-        enqueue(self.conn, "check-request", request_id)
+        self._one("check_request", request_id)
 
     def destroy_vm(self, name: str) -> None:
-        enqueue(self.conn, "destroy", name)
+        self._one("destroy_vm", name)
 
     # Batched forms (the sweeps): a constant number of round trips per ENQUEUE_CHUNK.
     def provision_requests(self, request_ids: Sequence[str]) -> None:
-        enqueue_many(self.conn, "provision", request_ids)
+        self._many("provision_request", request_ids)
 
     def create_vms(self, names: Sequence[str]) -> None:
-        enqueue_many(self.conn, "create-vm", names)
+        self._many("create_vm", names)
 
     def check_pending_vms(self, names: Sequence[str]) -> None:
-        enqueue_many(self.conn, "check-pending", names)
+        self._many("check_pending_vm", names)
 
     def destroy_vms(self, names: Sequence[str]) -> None:
-        enqueue_many(self.conn, "destroy", names)
+        self._many("destroy_vm", names)

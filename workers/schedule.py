@@ -1,33 +1,25 @@
 """The periodic work: rq-scheduler puts each sweep on the queues at its config interval.
 
-The schedule (``:schedule:`` in the config, seconds; docs/architecture.md):
-
-=======================  ===================  =========================================
-job                      interval field       what it finds
-=======================  ===================  =========================================
-``sweep``                ``sweep``            pending requests past their TTL (+ grace)
-``provision-sweep``      ``provision``        requests with unreserved slots
-``check-pending-sweep``  ``check_pending``    VMs booting: ready yet? timed out?
-``reap``                 ``reap``             running VMs past their lifetime
-``destroy-sweep``        ``destroy``          completed VMs still to destroy
-``reconcile``            ``reconcile``        provider inventory against the records
-=======================  ===================  =========================================
+The periodic jobs are the rows of the job table (:mod:`workers.table`) marked
+``periodic``; each one's interval is the ``:schedule:`` setting of the same name
+(seconds; :class:`vmpool.config.Schedule`, docs/architecture.md).
 
 What the schedule is for: each job runs every interval, and two runs of the expiry
-``sweep`` are *queued* at most its interval apart (while a scheduler replica runs and
-Redis answers): CONTRACT.md invariant 4 ("TTL plus one sweep interval") rests on it.
+sweep (``sweep_expired``) are *queued* at most its interval apart (while a scheduler
+replica runs and Redis answers): CONTRACT.md invariant 4 ("TTL plus one sweep
+interval") rests on it.
 
 How. Every replica writes the same six *templates* at start: RQ job hashes with fixed
-ids ``schedule-<job>`` in one sorted set (score = next due time, Redis server time),
-added with ``NX`` so a restart does not push the next run back. Due times lie on a grid:
-the next is the previous plus the job's :func:`cadence`. A grid, unlike "now + interval"
-at each move, does not let the delay from a due time to its move (a wake-up, a few
-round trips) add up run after run. After a stall the next due time is the first grid
-point still ahead, never a burst of catch-up runs. For the jobs whose interval is a
-promised bound (:data:`BOUNDED`: the expiry ``sweep``) the cadence is the interval less
-a lead (a quarter of it, at most :data:`MAX_LEAD_S`), which absorbs that delay, so the
-runs themselves stay within the interval; for the others it is the interval itself (a
-frequency, not a promise: a lead would only add work).
+ids (:func:`workers.table.template_id`) in one sorted set (score = next due time, Redis
+server time), added with ``NX`` so a restart does not push the next run back. Due times
+lie on a grid: the next is the previous plus the job's :func:`cadence`. A grid, unlike
+"now + interval" at each move, does not let the delay from a due time to its move (a
+wake-up, a few round trips) add up run after run. After a stall the next due time is the
+first grid point still ahead, never a burst of catch-up runs. For the jobs whose
+interval is a promised bound (the table's ``bounded`` rows: the expiry sweep) the
+cadence is the interval less a lead (a quarter of it, at most :data:`MAX_LEAD_S`), which
+absorbs that delay, so the runs themselves stay within the interval; for the others it
+is the interval itself (a frequency, not a promise: a lead would only add work).
 
 A replica sleeps until the earliest due time or its tick (``--interval``, default 1 s),
 whichever comes first, plus a random jitter of up to a twentieth of the tick, so the
@@ -39,9 +31,9 @@ due time it read.
 
 A job's runs share its one id (``unique``: while a run is queued or running, no other
 is queued; a dead one is reclaimed, workers/queues.py), except for the bounded jobs:
-each of their runs has its own id, ``<job>_r<due time in ms>`` (still ``unique``, so
+each of their runs has its own id, ``..._r<due time in ms>`` (still ``unique``, so
 two replicas enqueueing one due time queue it once), and the next run is queued unless
-the last one (:data:`LAST_RUNS`) still *waits* in its queue. So at most one run of the
+the last one (``keys.schedule_last_runs``) still *waits* in its queue. So at most one run of the
 expiry sweep waits at a time, however long the workers are busy, but a run that has
 *started* never blocks the next: a worker frozen (SIGSTOP) or killed in the middle of a
 sweep leaves its job ``started``, and with one fixed id that held back every sweep until
@@ -58,7 +50,7 @@ due for the next replica, so no run is lost. (rq-scheduler's own
 loop takes a lock with ``SET NX EX interval+10``; a replica frozen holding it stopped
 every sweep for up to 11 s, longer than the sweep interval. It is not used here.)
 
-Each move is logged to a capped list (:data:`SCHEDULE_LOG`, newest first:
+Each move is logged to a capped list (``keys.schedule_log``, newest first:
 ``<server time> <job> <enqueued 0|1> <due time> <replica>``), for operators and for the
 tests that prove "never doubled, never stopped".
 """
@@ -76,18 +68,16 @@ import redis
 from rq.exceptions import NoSuchJobError
 from rq_scheduler import Scheduler
 
+from vmpool.state.keys import Keys
 from vmpool.state.lua import read_script
-from workers.queues import JOBS, QUEUE_SWEEPS, enqueue, job_id
+from workers.queues import enqueue
+from workers.table import JOBS, PERIODIC, QUEUE_SWEEPS, job_id, template_id
 
 if TYPE_CHECKING:
     from vmpool.config import Schedule
 
 __all__ = [
-    "BOUNDED",
-    "LAST_RUNS",
     "MAX_LEAD_S",
-    "PERIODIC",
-    "SCHEDULE_LOG",
     "FleetScheduler",
     "ScheduleMove",
     "cadence",
@@ -99,23 +89,7 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-# job name -> the Schedule field that holds its interval
-PERIODIC: Final[dict[str, str]] = {
-    "sweep": "sweep",
-    "provision-sweep": "provision",
-    "check-pending-sweep": "check_pending",
-    "reap": "reap",
-    "destroy-sweep": "destroy",
-    "reconcile": "reconcile",
-}
-
-SCHEDULE_LOG: Final = "rq:scheduler:vmpool:log"
-LAST_RUNS: Final = "rq:scheduler:vmpool:last_runs"
 _LOG_LENGTH: Final = 2000
-
-# The jobs whose interval is a promised bound: due a lead earlier than their interval,
-# and each run with its own id, so that a frozen run does not hold back the next.
-BOUNDED: Final = frozenset({"sweep"})
 # The lead (see the module docstring): a quarter of the interval, at most 1 s. Measured
 # in the 10,600-request chaos soak (docs/reliability.md), a sweep move came 43 ms
 # (median) after its due time and at worst 0.20 s away from Redis restarts, on a loaded
@@ -129,13 +103,14 @@ _MOVE_LUA: Final = read_script("workers", "schedule_move.lua")
 
 
 def schedule_intervals(schedule: Schedule) -> dict[str, float]:
-    """Seconds between runs, per periodic job."""
-    return {job: float(getattr(schedule, field)) for job, field in PERIODIC.items()}
+    """Seconds between runs, per periodic job (its ``:schedule:`` setting of one name)."""
+    return {spec.name: float(getattr(schedule, spec.name)) for spec in PERIODIC}
 
 
 def cadence(job: str, interval: float) -> float:
-    """The spacing of a job's due times: its interval, less the lead if it is bounded."""
-    if job not in BOUNDED:
+    """The spacing of a job's due times: its interval, less the lead if it is bounded
+    (a due a lead early, and each run its own id, so a frozen run holds back no other)."""
+    if not JOBS[job].bounded:
         return interval
     return interval - min(MAX_LEAD_S, interval * LEAD_FRACTION)
 
@@ -160,22 +135,25 @@ class FleetScheduler(Scheduler):  # type: ignore[misc]
     """rq-scheduler with vmpool's keys, server time, a due-time grid, no lock, and
     deduplicated enqueues. ``clock`` replaces the Redis server clock (tests only)."""
 
-    redis_scheduler_namespace_prefix = "rq:scheduler_instance:vmpool:"
-    scheduler_key = "rq:scheduler:vmpool"
-    scheduler_lock_key = "rq:scheduler_lock:vmpool"  # stock; unused by this loop
-    scheduled_jobs_key = "rq:scheduler:vmpool:scheduled_jobs"
-
     def __init__(
         self,
         connection: redis.Redis,
+        keys: Keys,
         interval: float = 1.0,
         clock: Callable[[], float] | None = None,
         seed: int | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(
-            queue_name=QUEUE_SWEEPS, connection=connection, interval=interval, **kwargs
+            queue_name=keys.queue(QUEUE_SWEEPS), connection=connection, interval=interval,
+            **kwargs,
         )
+        # rq-scheduler reads its keys from these attributes: ours, under the prefix.
+        self.keys = keys
+        self.redis_scheduler_namespace_prefix = keys.scheduler_prefix
+        self.scheduler_key = keys.schedulers
+        self.scheduler_lock_key = keys.scheduler_lock  # never taken by this loop
+        self.scheduled_jobs_key = keys.schedule_due
         self._clock = clock
         self._rng = random.Random(seed)
         self._move_script = connection.register_script(_MOVE_LUA)
@@ -194,7 +172,7 @@ class FleetScheduler(Scheduler):  # type: ignore[misc]
                 raise ValueError(f"bad periodic job {job!r} every {seconds!r} s")
             template = self._create_job(
                 "workers.jobs.noop",
-                id=f"schedule-{job}",
+                id=template_id(self.keys, job),
                 commit=False,
                 result_ttl=-1,
                 description=f"every {seconds:g} s: enqueue {job}",
@@ -221,7 +199,7 @@ class FleetScheduler(Scheduler):  # type: ignore[misc]
             return False
         name = template.meta.get("vmpool_job")
         interval = float(template.meta.get("vmpool_interval") or 0)
-        if name not in JOBS or interval <= 0:
+        if name not in JOBS or not JOBS[name].periodic or interval <= 0:
             log.warning("dropping unknown schedule entry %s", template_id)
             self.cancel(template_id)
             return False
@@ -233,15 +211,16 @@ class FleetScheduler(Scheduler):  # type: ignore[misc]
         run_id = ""
         enqueued = False
         # a bounded job's run gets this due time's own id (see the module docstring)
-        run = round(due * 1000) if name in BOUNDED else None
+        run = round(due * 1000) if JOBS[name].bounded else None
         if run is None or not self._still_waiting(name):
-            run_id = job_id(name, run=run)
-            enqueued = enqueue(self.connection, name, run=run)
+            run_id = job_id(self.keys, name, run=run)
+            enqueued = enqueue(self.connection, self.keys, name, run=run)
         now = self._now()
         row = f"{now:.3f} {name} {int(enqueued)} {due!r} {self.name}"
         moved = bool(
             self._move_script(
-                keys=[self.scheduled_jobs_key, SCHEDULE_LOG, LAST_RUNS],
+                keys=[self.scheduled_jobs_key, self.keys.schedule_log,
+                      self.keys.schedule_last_runs],
                 args=[
                     template_id, repr(due), repr(next_due(due, cadence(name, interval), now)),
                     row, _LOG_LENGTH, name, run_id,
@@ -254,10 +233,10 @@ class FleetScheduler(Scheduler):  # type: ignore[misc]
 
     def _still_waiting(self, name: str) -> bool:
         """Whether the job's last scheduled run still waits in its queue (not started)."""
-        last = last_run_id(self.connection, name)
+        last = last_run_id(self.connection, self.keys, name)
         if last is None:
             return False
-        queue_key = f"rq:queue:{JOBS[name].queue}"
+        queue_key = self.keys.rq_queue(JOBS[name].queue)
         return self.connection.lpos(queue_key, last) is not None
 
     def enqueue_jobs(self) -> list[str]:
@@ -295,16 +274,16 @@ def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
-def last_run_id(conn: redis.Redis, job: str) -> str | None:
+def last_run_id(conn: redis.Redis, keys: Keys, job: str) -> str | None:
     """The RQ job id of the job's latest scheduled run (its hash is gone once it ran)."""
-    value = conn.hget(LAST_RUNS, job)
+    value = conn.hget(keys.schedule_last_runs, job)
     return None if value is None else _text(value)
 
 
-def read_schedule_log(conn: redis.Redis) -> list[ScheduleMove]:
+def read_schedule_log(conn: redis.Redis, keys: Keys) -> list[ScheduleMove]:
     """The schedule log, oldest first."""
     rows: list[ScheduleMove] = []
-    for raw in reversed(conn.lrange(SCHEDULE_LOG, 0, -1)):
+    for raw in reversed(conn.lrange(keys.schedule_log, 0, -1)):
         when, job, enqueued, due, replica = _text(raw).split(" ", 4)
         rows.append(ScheduleMove(float(when), job, enqueued == "1", float(due), replica))
     return rows

@@ -40,13 +40,14 @@ from rq.executions import Execution
 from rq.job import Job, get_current_job
 from rq.worker.base import BaseWorker
 
+from vmpool.lifecycle import Fleet
 from vmpool.state.counters import record_job
+from vmpool.state.keys import DEFAULT_PREFIX, Keys
 from vmpool.state.lua import read_script
-from workers.queues import HEARTBEAT_FIELD, HEARTBEAT_SECONDS, QUEUES, RQDispatcher
+from workers.queues import HEARTBEAT_FIELD, HEARTBEAT_SECONDS, RQDispatcher, queue_names
 
 if TYPE_CHECKING:
     from vmpool.config import Config
-    from vmpool.lifecycle import Fleet
 
 __all__ = [
     "RQ_SETTINGS",
@@ -207,16 +208,14 @@ def worker_name() -> str:
 
 def build_fleet(redis_url: str, config: Config, conn: redis.Redis, actor: str) -> Fleet:
     """The per-process Fleet: a decoding client for the domain, RQ dispatch on ``conn``."""
-    from vmpool.lifecycle import Fleet  # the domain; imported where it is used
-
     client = redis.Redis.from_url(redis_url, decode_responses=True)
-    return Fleet.build(client, config, RQDispatcher(conn), actor)
+    return Fleet.build(client, config, RQDispatcher(conn, Keys(config.key_prefix)), actor)
 
 
 def build_worker(
     redis_url: str,
     config: Config | None,
-    queues: Sequence[str] = QUEUES,
+    queues: Sequence[str] | None = None,
     *,
     kind: str = "simple",
     name: str | None = None,
@@ -224,9 +223,12 @@ def build_worker(
 ) -> BaseWorker:
     """A worker of ``kind`` ("simple" | "fork") on ``queues`` holding its Fleet.
 
+    ``queues``: RQ queue names (default: all of the fleet's, in priority order).
     ``config`` None builds a worker without a Fleet (benchmarks of no-op jobs only).
     """
     cls = WORKER_CLASSES[kind]
+    if queues is None:
+        queues = queue_names(Keys(config.key_prefix if config else DEFAULT_PREFIX))
     conn = redis.Redis.from_url(redis_url)  # bytes, as RQ requires
     name = name or worker_name()
     settings: dict[str, Any] = {**RQ_SETTINGS, **overrides}

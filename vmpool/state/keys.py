@@ -20,7 +20,20 @@ Layout (``P`` is the prefix)::
     P:sim:PROVIDER:vm:NAME       hash   a VM of the simulated provider's fake cloud
     P:sim:PROVIDER:inventory     set    the names the simulated provider holds
     P:lock:KIND:SUBJECT          string python-redis-lock locks (per request or VM)
+    P:lock:KIND:SUBJECT:signal   list   the lock's release signal (waiters BLPOP it)
     P:clone-slots                zset   the fleet-wide clone semaphore's leases
+    P:metrics:NAME               hash   fleet-wide counters (vmpool.state.counters)
+    P:workers                    zset   vmpool worker heartbeats
+    P:schedule:due               zset   the scheduler's templates, score = next due time
+    P:schedule:log               list   every move of the schedule, newest first
+    P:schedule:last-runs         hash   periodic job -> the RQ id of its last run
+    P:schedule:schedulers        zset   live scheduler replicas (rq-scheduler's registry)
+    P:schedule:scheduler:NAME    hash   one scheduler replica (rq-scheduler's birth record)
+
+RQ's own keys follow from names this module gives: the queue ``P-<short>`` (so
+``rq:queue:P-<short>``, :meth:`Keys.rq_queue`, and RQ's registries per queue name) and
+job ids that start with the encoded prefix (``rq:job:<id>``, workers/table.py). Two
+fleets with different prefixes in one database share no key, queue or job.
 """
 
 from __future__ import annotations
@@ -40,6 +53,9 @@ __all__ = ["DEFAULT_PREFIX", "INDEXED_VM_STATES", "VM_STATES", "InvalidIdentifie
 VM_STATES = ("reserved", "pending", "running", "completed", "destroyed")
 # VM states that have a per-pool index; destroyed VMs keep only their tombstone hash.
 INDEXED_VM_STATES = ("reserved", "pending", "running", "completed")
+# RQ's namespaces (rq.Queue.redis_queue_namespace_prefix, rq.job.Job's): a test checks.
+RQ_QUEUE_NAMESPACE = "rq:queue:"
+RQ_JOB_NAMESPACE = "rq:job:"
 
 
 @dataclass(frozen=True)
@@ -126,6 +142,9 @@ class Keys:
     def lock(self, kind: str, subject: str) -> str:
         return f"{self.prefix}:lock:{kind}:{subject}"
 
+    def lock_signal(self, kind: str, subject: str) -> str:
+        return self.lock(kind, subject) + ":signal"
+
     @property
     def clone_slots(self) -> str:
         return f"{self.prefix}:clone-slots"
@@ -136,3 +155,44 @@ class Keys:
     @property
     def workers_heartbeat(self) -> str:
         return f"{self.prefix}:workers"
+
+    # -- RQ: queues, jobs and the scheduler (RQ's spelling, our names) ----------------
+    def queue(self, short: str) -> str:
+        """The RQ queue name of the fleet's queue ``short`` (sweeps, requests, vms)."""
+        return f"{self.prefix}-{short}"
+
+    def rq_queue(self, short: str) -> str:
+        """The Redis list RQ keeps that queue in (``rq.Queue(name).key``)."""
+        return f"{RQ_QUEUE_NAMESPACE}{self.queue(short)}"
+
+    @staticmethod
+    def rq_job(job_id: str) -> str:
+        """The hash RQ keeps a job in (``rq.job.Job.key_for(job_id)``)."""
+        return f"{RQ_JOB_NAMESPACE}{job_id}"
+
+    @property
+    def schedule_due(self) -> str:
+        return f"{self.prefix}:schedule:due"
+
+    @property
+    def schedule_log(self) -> str:
+        return f"{self.prefix}:schedule:log"
+
+    @property
+    def schedule_last_runs(self) -> str:
+        return f"{self.prefix}:schedule:last-runs"
+
+    @property
+    def schedulers(self) -> str:
+        return f"{self.prefix}:schedule:schedulers"
+
+    @property
+    def scheduler_prefix(self) -> str:
+        """Prefix of one scheduler replica's hash; rq-scheduler appends its name."""
+        return f"{self.prefix}:schedule:scheduler:"
+
+    @property
+    def scheduler_lock(self) -> str:
+        """rq-scheduler's tick lock; vmpool's loop never takes it (workers/schedule.py)."""
+        return f"{self.prefix}:schedule:lock"
+

@@ -113,7 +113,7 @@ class FencedLock:
         )
         # Keep the lock's keys under vmpool's prefix (the library would add "lock:").
         self._lock._name = self.key
-        self._lock._signal = self.key + ":signal"
+        self._lock._signal = keys.lock_signal(kind, subject)
         self._fence_script = redis_client.register_script(_fence_script_text())
         self.fence: int = 0
         self._held = False

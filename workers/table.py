@@ -1,0 +1,190 @@
+"""The job table: every job vmpool runs, once. Everything else is derived from it.
+
+One row per job: its **name** (the one name used everywhere: the RQ job function in
+:mod:`workers.jobs`, the lifecycle function in :mod:`vmpool.lifecycle`, the job id, the
+``:schedule:`` key of a periodic job, ``vmpool enqueue``, the ``job`` label of the
+``vmpool_worker_jobs`` metric and the docs), its **queue**, its **subject** (what its one
+argument names: a request id, a VM name, or nothing), RQ's hard **timeout** for one run,
+and whether it is **periodic** (the scheduler enqueues it every ``:schedule:`` interval of
+the same name) and **bounded** (its interval is a promised bound, see
+:mod:`workers.schedule`). ``aliases`` are the names older releases used, still accepted by
+``vmpool enqueue`` (and, for the schedule, by the config file).
+
+Job ids (RQ allows ``[A-Za-z0-9_-]`` only) carry the fleet's key prefix, so two fleets in
+one Redis database never share a job::
+
+    <tag>-<job>                  a periodic job's single id (it never overlaps itself)
+    <tag>-<job>_r<due ms>        one scheduled run of a bounded job
+    <tag>-<job>-<subject>        a job about one request or VM
+    <tag>-schedule-<job>         the scheduler's template of a periodic job
+
+``<tag>`` is the key prefix encoded by :func:`encode_fragment` (``vmpool`` stays
+``vmpool``); the subject too. The encoding is injective and the tag holds no ``-``, so
+the first ``-`` ends the tag; job names hold no ``-`` either, and ``_r<digits>`` ends
+no job name, so no two (prefix, job, subject, run) share an id.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Final, Literal
+
+from vmpool.state.keys import Keys
+
+__all__ = [
+    "JOBS",
+    "PERIODIC",
+    "QUEUES",
+    "QUEUE_REQUESTS",
+    "QUEUE_SWEEPS",
+    "QUEUE_VMS",
+    "JobSpec",
+    "decode_fragment",
+    "encode_fragment",
+    "job_id",
+    "lookup",
+    "queue_names",
+    "template_id",
+]
+
+# Queues by their short name; the RQ queue name is ``keys.queue(short)``
+# (``<prefix>-<short>``: ``vmpool-sweeps`` with the default prefix).
+QUEUE_SWEEPS: Final = "sweeps"
+QUEUE_REQUESTS: Final = "requests"
+QUEUE_VMS: Final = "vms"
+# The order a worker listens in: strict priority (see workers/queues.py for why).
+QUEUES: Final[tuple[str, ...]] = (QUEUE_SWEEPS, QUEUE_REQUESTS, QUEUE_VMS)
+
+Subject = Literal["request", "vm"]
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    name: str
+    queue: str  # short queue name, one of QUEUES
+    subject: Subject | None
+    timeout: int  # seconds; RQ's hard limit for one run
+    summary: str  # one line, for `vmpool enqueue --help` and the docs
+    periodic: bool = False
+    bounded: bool = False
+    aliases: tuple[str, ...] = ()
+
+    @property
+    def func(self) -> str:
+        """The dotted path RQ imports in the worker (never imported by the enqueuer)."""
+        return f"workers.jobs.{self.name}"
+
+
+_ROWS: Final = (
+    JobSpec("provision_request", QUEUE_REQUESTS, "request", 120,
+            "reserve VMs for a request's unreserved slots", aliases=("provision",)),
+    JobSpec("check_request", QUEUE_REQUESTS, "request", 120,
+            "re-check one request: fulfil, expire or provision it", aliases=("check-request",)),
+    JobSpec("create_vm", QUEUE_VMS, "vm", 600,
+            "create one reserved VM at its provider", aliases=("create-vm",)),
+    JobSpec("check_pending_vm", QUEUE_VMS, "vm", 120,
+            "is one booting VM ready, or past its timeout?", aliases=("check-pending",)),
+    JobSpec("destroy_vm", QUEUE_VMS, "vm", 600,
+            "destroy one completed VM at its provider", aliases=("destroy",)),
+    JobSpec("sweep_expired", QUEUE_SWEEPS, None, 300,
+            "expire pending requests past their TTL (plus grace)",
+            periodic=True, bounded=True, aliases=("sweep",)),
+    JobSpec("provision_sweep", QUEUE_SWEEPS, None, 300,
+            "find requests with unreserved slots", periodic=True, aliases=("provision-sweep",)),
+    JobSpec("check_pending_sweep", QUEUE_SWEEPS, None, 300,
+            "find booting VMs to check", periodic=True, aliases=("check-pending-sweep",)),
+    JobSpec("reap_running", QUEUE_SWEEPS, None, 300,
+            "end running VMs past their lifetime", periodic=True, aliases=("reap",)),
+    JobSpec("destroy_sweep", QUEUE_SWEEPS, None, 300,
+            "find completed VMs still to destroy", periodic=True, aliases=("destroy-sweep",)),
+    JobSpec("reconcile", QUEUE_SWEEPS, None, 600,
+            "provider inventory against the records", periodic=True),
+)  # fmt: skip
+
+JOBS: Final[Mapping[str, JobSpec]] = MappingProxyType({spec.name: spec for spec in _ROWS})
+PERIODIC: Final[tuple[JobSpec, ...]] = tuple(spec for spec in _ROWS if spec.periodic)
+_BY_ALIAS: Final[Mapping[str, JobSpec]] = MappingProxyType(
+    {alias: spec for spec in _ROWS for alias in spec.aliases}
+)
+
+
+def lookup(name: str) -> JobSpec:
+    """The job called ``name`` (or an older alias of it); ValueError if none is."""
+    spec = JOBS.get(name) or _BY_ALIAS.get(name)
+    if spec is None:
+        raise ValueError(f"unknown job {name!r}; one of: {', '.join(JOBS)}")
+    return spec
+
+
+def queue_names(keys: Keys) -> list[str]:
+    """The fleet's RQ queue names, in the order workers listen to them."""
+    return [keys.queue(short) for short in QUEUES]
+
+
+# -- job ids ----------------------------------------------------------------------------
+# '_' opens an escape; '-' (which ends the tag) and the characters RQ refuses get one.
+_ESCAPES: Final = {"_": "__", "-": "_d", ".": "_o", ":": "_c"}
+_UNESCAPES: Final = {v[1]: k for k, v in _ESCAPES.items()}
+_FRAGMENT_RE: Final = re.compile(r"[A-Za-z0-9_.:-]{1,200}")
+_ENCODED_RE: Final = re.compile(r"(?:[A-Za-z0-9]|_[_doc])+")
+
+
+def encode_fragment(text: str, *, keep_dashes: bool = False) -> str:
+    """``text`` (a key prefix, request id or VM name) as part of an RQ job id, injectively.
+
+    ``keep_dashes`` leaves ``-`` as it is: for the subject, the last part of an id, so
+    that VM names stay readable in the dashboard (``vmpool-create_vm-wild-glen-x1y2z``).
+    """
+    if not isinstance(text, str) or not _FRAGMENT_RE.fullmatch(text):
+        raise ValueError(f"not a key prefix, request id or VM name: {text!r}")
+    return "".join("-" if ch == "-" and keep_dashes else _ESCAPES.get(ch, ch) for ch in text)
+
+
+def decode_fragment(encoded: str) -> str:
+    """The inverse of :func:`encode_fragment` (either form)."""
+    if not _ENCODED_RE.fullmatch(encoded.replace("-", "_d")):
+        raise ValueError(f"not an encoded fragment: {encoded!r}")
+    out: list[str] = []
+    i = 0
+    while i < len(encoded):
+        if encoded[i] == "_":
+            out.append(_UNESCAPES[encoded[i + 1]])
+            i += 2
+        else:
+            out.append(encoded[i])
+            i += 1
+    return "".join(out)
+
+
+def job_id(keys: Keys, job: str, subject: str | None = None, *, run: int | None = None) -> str:
+    """The deterministic RQ job id of ``job`` for ``subject`` in the fleet of ``keys``.
+
+    ``run`` (bounded periodic jobs only) numbers one scheduled run: ``..._r<run>``
+    (workers/schedule.py gives each due time its own id).
+    """
+    spec = lookup(job)
+    head = f"{encode_fragment(keys.prefix)}-{spec.name}"
+    if spec.subject is None:
+        if subject is not None:
+            raise ValueError(f"job {spec.name!r} takes no subject")
+        if run is None:
+            return head
+        if isinstance(run, bool) or not isinstance(run, int) or run < 0:
+            raise ValueError(f"a run number is a non-negative integer, got {run!r}")
+        return f"{head}_r{run}"
+    if run is not None:
+        raise ValueError(f"job {spec.name!r} is not periodic: no run number")
+    if subject is None:
+        raise ValueError(f"job {spec.name!r} needs a {spec.subject} subject")
+    return f"{head}-{encode_fragment(subject, keep_dashes=True)}"
+
+
+def template_id(keys: Keys, job: str) -> str:
+    """The id of the scheduler's template job of periodic ``job``."""
+    spec = lookup(job)
+    if not spec.periodic:
+        raise ValueError(f"job {spec.name!r} is not periodic")
+    return f"{encode_fragment(keys.prefix)}-schedule-{spec.name}"
