@@ -1,4 +1,5 @@
-"""`vmpool config check|show`: exit statuses, one-line errors, JSON output."""
+"""`vmpool config check|show`, the shared options and the command context: exit
+statuses, one-line errors, JSON output."""
 
 from __future__ import annotations
 
@@ -12,7 +13,9 @@ import pytest
 from click.testing import CliRunner, Result
 
 import vmpool.cli.main
-from vmpool.cli.main import CliError, CliFailure, cli, load_cli_config, main
+from vmpool.cli.context import CliContext
+from vmpool.cli.errors import CliError, CliFailure
+from vmpool.cli.main import cli, main
 from vmpool.config import DEMO_SOURCE
 
 GOOD = """\
@@ -161,13 +164,59 @@ def test_show_bad_file(tmp_path: Path) -> None:
     assert_one_line_error(run("config", "show", "--config", str(path)), "pools[0].size")
 
 
-def test_load_cli_config(tmp_path: Path) -> None:
-    config = load_cli_config(str(write(tmp_path, GOOD)), "redis://h:1/0")
+def test_context_config(tmp_path: Path) -> None:
+    config = CliContext(config_path=str(write(tmp_path, GOOD)), redis_url="redis://h:1/0").config
     assert config.redis_url == "redis://h:1/0"
     with pytest.raises(CliError) as info:
-        load_cli_config(str(write(tmp_path, BAD, "bad.yaml")))
+        _ = CliContext(config_path=str(write(tmp_path, BAD, "bad.yaml"))).config
     assert info.value.exit_code == 2
     assert CliFailure("x").exit_code == 1
+
+
+def test_context_redis_url_required_unless_a_fallback() -> None:
+    with pytest.raises(CliError, match="no Redis to use"):
+        _ = CliContext().redis_url
+    assert CliContext(fallback_redis_url="redis://h:1/0").redis_url == "redis://h:1/0"
+    given = CliContext(redis_url="redis://given:2/0", fallback_redis_url="redis://h:1/0")
+    assert given.redis_url == "redis://given:2/0"
+
+
+def test_context_unreachable_redis_is_exit_1() -> None:
+    cli_ctx = CliContext(redis_url="redis://127.0.0.1:1/0")
+    with pytest.raises(CliFailure, match="cannot reach Redis at redis://127.0.0.1:1/0"):
+        _ = cli_ctx.redis
+    cli_ctx.close()
+
+
+def test_context_builds_once_and_closes(redis_url: str) -> None:
+    cli_ctx = CliContext(redis_url=redis_url)
+    assert cli_ctx.store is cli_ctx.store
+    assert cli_ctx.store.redis is cli_ctx.redis
+    assert cli_ctx.keys.prefix == cli_ctx.config.key_prefix
+    assert cli_ctx.rq_redis.ping()
+    assert cli_ctx.check_redis() == redis_url
+    cli_ctx.close()
+    assert "redis" not in vars(cli_ctx) and "rq_redis" not in vars(cli_ctx)
+
+
+def test_every_command_takes_the_shared_options() -> None:
+    """--config and --redis-url on every command; --json on those that print data."""
+    printing = {"config check", "config show", "request create", "request get",
+                "request delete", "request history", "pools", "audit", "token create",
+                "token revoke", "enqueue"}
+    ctx = click.Context(cli)
+    seen = set()
+    for name in cli.list_commands(ctx):
+        command = cli.get_command(ctx, name)
+        assert command is not None
+        subs = command.commands if isinstance(command, click.Group) else {"": command}
+        for sub_name, sub in subs.items():
+            full = f"{name} {sub_name}".strip()
+            seen.add(full)
+            options = {opt for param in sub.params for opt in param.opts}
+            assert {"--config", "--redis-url"} <= options, full
+            assert ("--json" in options) == (full in printing), full
+    assert printing <= seen and {"api", "worker", "scheduler", "up"} <= seen
 
 
 def test_help_and_version() -> None:

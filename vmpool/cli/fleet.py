@@ -14,16 +14,9 @@ from typing import Any
 import click
 import redis
 
-from vmpool.cli.main import (
-    CliError,
-    CliFailure,
-    common_options,
-    echo_json,
-    json_option,
-    load_cli_config,
-    open_redis,
-    require_redis_url,
-)
+from vmpool.cli.context import CliContext, echo_json, with_context
+from vmpool.cli.errors import CliError, CliFailure
+from vmpool.config import Config
 from vmpool.ids import InvalidIdentifier
 from vmpool.state.keys import Keys
 
@@ -75,7 +68,7 @@ def _setup_logging(verbose: bool) -> None:
 
 
 @click.command("worker")
-@common_options
+@with_context()
 @click.option("--burst", is_flag=True, help="Quit when the queues are empty.")
 @click.option(
     "--queues",
@@ -94,8 +87,7 @@ def _setup_logging(verbose: bool) -> None:
 @click.option("--name", default=None, help="Worker name (default: host-pid-random).")
 @click.option("--verbose", "-v", is_flag=True, help="Debug logging.")
 def worker_command(
-    config_path: str | None,
-    redis_url: str | None,
+    cli: CliContext,
     burst: bool,
     queues_text: str | None,
     fork: bool,
@@ -105,23 +97,40 @@ def worker_command(
 ) -> None:
     """Run one RQ worker process on the vmpool queues."""
     from workers.queues import resolve_queue_names
-    from workers.worker import build_worker
 
-    config = load_cli_config(config_path, redis_url)
     try:
-        queues = resolve_queue_names(queues_text)
+        queues = resolve_queue_names(cli.keys, queues_text)
     except ValueError as exc:
         raise CliError(f"--queues: {exc}") from None
-    open_redis(config).close()  # unreachable: one line, before RQ's own noise
+    url = cli.check_redis()  # unreachable: one line, before RQ's own noise
     _setup_logging(verbose)
-    url = require_redis_url(config)
-    # RQ retries a lost connection inside its dequeue, but a heartbeat or a registry
-    # write that meets a dead Redis ends work() with the error. Exiting then would turn
-    # every Redis restart into a restart of every worker (a crash loop, with Kubernetes'
-    # growing backoff); instead wait for Redis and go on with a fresh worker. Nothing is
-    # lost either way: the job that was running is re-found by the sweeps.
+    _work(url, cli.config, queues, kind="fork" if fork else "simple", name=name,
+          burst=burst, max_jobs=max_jobs, verbose=verbose)
+
+
+def _work(
+    url: str,
+    config: Config,
+    queues: list[str],
+    *,
+    kind: str,
+    name: str | None,
+    burst: bool,
+    max_jobs: int | None,
+    verbose: bool,
+) -> None:
+    """Run workers until one returns: a lost Redis is waited out with a fresh worker.
+
+    RQ retries a lost connection inside its dequeue, but a heartbeat or a registry write
+    that meets a dead Redis ends work() with the error. Exiting then would turn every
+    Redis restart into a restart of every worker (a crash loop, with Kubernetes' growing
+    backoff); instead wait for Redis and go on with a fresh worker. Nothing is lost
+    either way: the job that was running is re-found by the sweeps.
+    """
+    from workers.worker import build_worker
+
     while True:
-        worker = build_worker(url, config, queues, kind="fork" if fork else "simple", name=name)
+        worker = build_worker(url, config, queues, kind=kind, name=name)
         try:
             worker.work(
                 burst=burst, max_jobs=max_jobs, logging_level="DEBUG" if verbose else "INFO"
@@ -137,7 +146,7 @@ def worker_command(
 
 
 @click.command("scheduler")
-@common_options
+@with_context()
 @click.option(
     "--interval",
     type=click.FloatRange(min=0.1, max=60),
@@ -147,13 +156,7 @@ def worker_command(
 )
 @click.option("--burst", is_flag=True, help="Install the schedule, run one tick, quit.")
 @click.option("--verbose", "-v", is_flag=True, help="Debug logging.")
-def scheduler_command(
-    config_path: str | None,
-    redis_url: str | None,
-    interval: float,
-    burst: bool,
-    verbose: bool,
-) -> None:
+def scheduler_command(cli: CliContext, interval: float, burst: bool, verbose: bool) -> None:
     """Enqueue the periodic sweeps at the config's intervals (rq-scheduler).
 
     Safe in several replicas, with no lock between them: each due time of each sweep is
@@ -161,29 +164,26 @@ def scheduler_command(
     """
     from workers.schedule import FleetScheduler, schedule_intervals
 
-    config = load_cli_config(config_path, redis_url)
-    conn = open_redis(config, decode_responses=False)
+    conn = cli.rq_redis
     _setup_logging(verbose)
     logging.getLogger("rq_scheduler.scheduler").setLevel(
         logging.DEBUG if verbose else logging.WARNING  # birth and death are routine
     )
-    url = require_redis_url(config)
     while True:  # as the worker: a Redis restart is waited out, not a crash
-        scheduler = FleetScheduler(conn, interval=interval)
+        scheduler = FleetScheduler(conn, cli.keys, interval=interval)
         try:
-            scheduler.install(schedule_intervals(config.schedule))
+            scheduler.install(schedule_intervals(cli.config.schedule))
             scheduler.run(burst=burst)
             return
         except REDIS_GONE as exc:
             if burst:
                 raise CliFailure(f"lost Redis: {exc}") from None
             log.warning("scheduler %s: lost Redis (%s); reconnecting", scheduler.name, exc)
-            wait_for_redis(url)
+            wait_for_redis(cli.redis_url)
 
 
 @click.command("enqueue")
-@common_options
-@json_option
+@with_context(json=True)
 @click.argument("job", type=click.Choice(_ENQUEUE_CHOICES))
 @click.argument("subject", required=False)
 @click.option(
@@ -192,9 +192,7 @@ def scheduler_command(
     help="check-pending only: a check for every booting VM of this pool.",
 )
 def enqueue_command(
-    config_path: str | None,
-    redis_url: str | None,
-    as_json: bool,
+    cli: CliContext,
     job: str,
     subject: str | None,
     pool: str | None,
@@ -211,9 +209,9 @@ def enqueue_command(
     """
     from workers.queues import JOBS, enqueue, job_id
 
-    config = load_cli_config(config_path, redis_url)
+    config, as_json = cli.config, cli.as_json
     plan = _plan(job, subject, pool, config.pools)
-    conn = open_redis(config, decode_responses=False)
+    conn = cli.rq_redis
     if plan is None:  # check-pending --pool P: one check per booting VM of P
         from vmpool.state.store import Store
 

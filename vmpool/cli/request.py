@@ -16,24 +16,13 @@ from typing import Any
 import click
 import redis
 
-from vmpool.cli.main import (
-    CliError,
-    CliFailure,
-    common_options,
-    echo_json,
-    json_option,
-    load_cli_config,
-    open_redis,
-)
-from vmpool.config import Config
+from vmpool.cli.context import CliContext, echo_json, with_context
+from vmpool.cli.errors import CliError, CliFailure
 from vmpool.ids import InvalidIdentifier, validate_request_id
 from vmpool.lifecycle.plan import RequestRejected, parse_pool_counts, plan_slots
-from vmpool.state.keys import Keys
 from vmpool.state.store import RequestRecord, RequestSettings, Store
 
-
-def _store(config: Config) -> Store:
-    return Store(open_redis(config), Keys(config.key_prefix))
+__all__ = ["request_group", "request_view", "wait_for"]
 
 
 def _request_id(raw: str) -> str:
@@ -109,52 +98,36 @@ def request_group() -> None:
 
 
 @request_group.command("create")
-@common_options
-@json_option
+@with_context(json=True)
 @click.argument("pools", nargs=-1, required=True, metavar="POOL=N [POOL=N ...]")
 @click.option("--request-id", default=None, help="Use this id instead of a new uuid4.")
 @click.option("--wait", is_flag=True, help="Show progress until ready or failed.")
 @click.option("--timeout", "timeout_s", type=float, default=None,
               help="Seconds --wait waits [default: the request's TTL + grace + 30].")
 def request_create(
-    config_path: str | None,
-    redis_url: str | None,
-    as_json: bool,
+    cli: CliContext,
     pools: tuple[str, ...],
     request_id: str | None,
     wait: bool,
     timeout_s: float | None,
 ) -> None:
     """Ask for VMs: prints the request id; with --wait, then the hostnames."""
-    config = load_cli_config(config_path, redis_url)
-    try:
-        counts = parse_pool_counts(pools)
-        slots = plan_slots(config, counts, random.SystemRandom())
-    except (ValueError, RequestRejected) as exc:
-        raise CliError(str(exc)) from None
-    rid = _request_id(request_id) if request_id else str(uuid.uuid4())
-    store = _store(config)
-    outcome = store.create_request(
-        rid, slots, RequestSettings.from_config(config), actor="cli"
-    )
-    if not outcome.ok:
-        if outcome.code == "exists":
-            raise CliError(f"request_id '{rid}' has already been created")
-        raise CliError(f"request refused: {outcome.code}")
-    _enqueue_provision(config, rid)
+    rid = _create(cli, pools, request_id)
+    _enqueue_provision(cli, rid)
     if not wait:
-        if as_json:
+        if cli.as_json:
             echo_json({"ok": True, "request_id": rid})
         else:
             click.echo(rid)
         return
     click.echo(f"request {rid} created", err=True)
+    config = cli.config
     limit = timeout_s if timeout_s is not None else (
         config.ondemand_request_ttl_s + config.ondemand_request_grace_s + 30
     )
-    record = wait_for(store, rid, limit)
-    view = request_view(store, record)
-    if as_json:
+    record = wait_for(cli.store, rid, limit)
+    view = request_view(cli.store, record)
+    if cli.as_json:
         echo_json(view)
     else:
         for entry in view["pools"].values():
@@ -164,31 +137,42 @@ def request_create(
         raise CliFailure(f"request {rid} {record.status}: {record.failure_reason or 'no VMs'}")
 
 
-def _enqueue_provision(config: Config, rid: str) -> None:
+def _create(cli: CliContext, pools: tuple[str, ...], request_id: str | None) -> str:
+    """Create the request (input checked before Redis is touched); its id."""
+    try:
+        counts = parse_pool_counts(pools)
+        slots = plan_slots(cli.config, counts, random.SystemRandom())
+    except (ValueError, RequestRejected) as exc:
+        raise CliError(str(exc)) from None
+    rid = _request_id(request_id) if request_id else str(uuid.uuid4())
+    outcome = cli.store.create_request(
+        rid, slots, RequestSettings.from_config(cli.config), actor="cli"
+    )
+    if not outcome.ok:
+        if outcome.code == "exists":
+            raise CliError(f"request_id '{rid}' has already been created")
+        raise CliError(f"request refused: {outcome.code}")
+    return rid
+
+
+def _enqueue_provision(cli: CliContext, rid: str) -> None:
     """Start provisioning now; if RQ is unreachable the provision sweep still finds it."""
     from workers.queues import enqueue
 
-    conn = open_redis(config, decode_responses=False)
     try:
-        enqueue(conn, "provision", rid)
+        enqueue(cli.rq_redis, cli.keys, "provision_request", rid)
     except redis.RedisError as exc:
         click.echo(f"warning: could not enqueue provisioning ({exc}); the sweep will", err=True)
-    finally:
-        conn.close()
 
 
 @request_group.command("get")
-@common_options
-@json_option
+@with_context(json=True)
 @click.argument("request_id")
-def request_get(config_path: str | None, redis_url: str | None, as_json: bool,
-                request_id: str) -> None:
+def request_get(cli: CliContext, request_id: str) -> None:
     """Show a request: status, VMs ready per pool, hostnames."""
-    config = load_cli_config(config_path, redis_url)
     rid = _request_id(request_id)
-    store = _store(config)
-    view = request_view(store, _record(store, rid))
-    if as_json:
+    view = request_view(cli.store, _record(cli.store, rid))
+    if cli.as_json:
         echo_json(view)
         return
     click.echo(f"request {rid}: {view['status']} (version {view['version']})")
@@ -200,42 +184,38 @@ def request_get(config_path: str | None, redis_url: str | None, as_json: bool,
             click.echo(f"    {hostname}")
 
 
+_DELETE_MESSAGES = {
+    "deleted": "deleted; its VMs are being destroyed",
+    "already_deleted": "the request has already been deleted",
+    "request_failed": "the request failed; it stays failed",
+}
+
+
 @request_group.command("delete")
-@common_options
-@json_option
+@with_context(json=True)
 @click.argument("request_id")
-def request_delete(config_path: str | None, redis_url: str | None, as_json: bool,
-                   request_id: str) -> None:
+def request_delete(cli: CliContext, request_id: str) -> None:
     """Give a request back: it turns deleted and its VMs are destroyed."""
-    config = load_cli_config(config_path, redis_url)
     rid = _request_id(request_id)
-    outcome = _store(config).delete_request(rid, actor="cli")
-    messages = {
-        "deleted": "deleted; its VMs are being destroyed",
-        "already_deleted": "the request has already been deleted",
-        "request_failed": "the request failed; it stays failed",
-    }
+    outcome = cli.store.delete_request(rid, actor="cli")
     if outcome.code == "no_request":
         raise CliFailure(f"no request found for request_id '{rid}'")
-    if as_json:
-        echo_json({"ok": outcome.code in messages, "request_id": rid, "result": outcome.code})
+    if cli.as_json:
+        ok = outcome.code in _DELETE_MESSAGES
+        echo_json({"ok": ok, "request_id": rid, "result": outcome.code})
     else:
-        click.echo(f"request {rid}: {messages.get(outcome.code, outcome.code)}")
+        click.echo(f"request {rid}: {_DELETE_MESSAGES.get(outcome.code, outcome.code)}")
 
 
 @request_group.command("history")
-@common_options
-@json_option
+@with_context(json=True)
 @click.argument("request_id")
-def request_history(config_path: str | None, redis_url: str | None, as_json: bool,
-                    request_id: str) -> None:
+def request_history(cli: CliContext, request_id: str) -> None:
     """The request's audit trail: every transition, its version, actor and time."""
-    config = load_cli_config(config_path, redis_url)
     rid = _request_id(request_id)
-    store = _store(config)
-    _record(store, rid)
-    entries = store.history(rid)
-    if as_json:
+    _record(cli.store, rid)
+    entries = cli.store.history(rid)
+    if cli.as_json:
         echo_json([
             {"version": e.version, "entity": e.entity, "from": e.src, "to": e.dst,
              "actor": e.actor, "reason": e.reason, "time": e.time}

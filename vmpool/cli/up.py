@@ -9,6 +9,7 @@ with AOF and fsync always, and stopped on exit.
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import sys
 import tempfile
@@ -23,10 +24,13 @@ from typing import IO
 import click
 import redis
 
-from vmpool.cli.main import CliFailure, common_options, load_cli_config
+from vmpool.cli.context import CliContext, with_context
+from vmpool.cli.errors import CliFailure
 from vmpool.config import Config, mask_url_password
 from vmpool.local.redis_server import RedisServer, RedisServerError, free_port
 from vmpool.local.supervisor import ChildSpec, Supervisor
+
+__all__ = ["child_specs", "up_command", "wait_healthy"]
 
 
 def child_specs(
@@ -81,7 +85,7 @@ def wait_healthy(
 
 
 @click.command("up")
-@common_options
+@with_context()
 @click.option("--workers", "n_workers", type=click.IntRange(1, 64), default=2, show_default=True,
               help="Worker processes to run.")
 @click.option("--host", default="127.0.0.1", show_default=True, help="API bind address.")
@@ -91,24 +95,45 @@ def wait_healthy(
 @click.option("--ready-timeout", type=float, default=90.0, show_default=True,
               help="Seconds to wait for every process to be healthy.")
 def up_command(
-    config_path: str | None,
-    redis_url: str | None,
-    n_workers: int,
-    host: str,
-    port: int | None,
-    demo: bool,
-    ready_timeout: float,
+    cli: CliContext, n_workers: int, host: str, port: int | None, demo: bool, ready_timeout: float
 ) -> None:
     """Run Redis (embedded unless given), the API, workers and the scheduler.
 
     Prints the API URL and the Redis URL once everything is healthy. Ctrl-C (SIGINT) or
     SIGTERM stops every child and leaves no process behind.
     """
-    config = load_cli_config(config_path, redis_url)
+    config = cli.config
+    port = _api_port(host, port, demo)
+    stop = _stop_on_signals()
+    # Undone in reverse: the children, then the demo's log file, then the embedded Redis.
+    with contextlib.ExitStack() as undo:
+        url = config.redis_url or _embedded_redis(undo)
+        env = {"VMPOOL_REDIS_URL": url}
+        if cli.config_path:
+            env["VMPOOL_CONFIG"] = str(Path(cli.config_path).resolve())
+        sup = Supervisor(
+            child_specs(workers=n_workers, host=host, port=port, env=env),
+            output=_demo_log(undo) if demo else sys.stdout,
+        )
+        undo.callback(_stop_children, sup)
+        sup.start()
+        api_url = f"http://{host}:{port}"
+        wait_healthy(sup, api_url=api_url, redis_url=url, workers=n_workers,
+                     stop=stop, timeout_s=ready_timeout)
+        code = 0 if stop.is_set() else _serve(config, sup, stop, api_url, url, demo=demo)
+    if code:
+        sys.exit(code)
+
+
+def _api_port(host: str, port: int | None, demo: bool) -> int:
+    """``--port``: 0 is any free port; unset, 8080 (a free port for the demo)."""
     if port is None:
-        port = free_port(host) if demo else 8080
-    elif port == 0:
-        port = free_port(host)
+        return free_port(host) if demo else 8080
+    return free_port(host) if port == 0 else port
+
+
+def _stop_on_signals() -> threading.Event:
+    """An event that SIGINT and SIGTERM set: the supervisor stops everything on it."""
     stop = threading.Event()
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
@@ -116,84 +141,55 @@ def up_command(
 
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
+    return stop
 
-    embedded: RedisServer | None = None
-    url = config.redis_url
-    if not url:
-        try:
-            embedded = RedisServer(appendonly=True).start()
-        except RedisServerError as exc:
-            raise CliFailure(str(exc)) from None
-        url = embedded.url
-    log_file: IO[str] | None = None
+
+def _embedded_redis(undo: contextlib.ExitStack) -> str:
+    """Start a redis-server of our own (stopped by ``undo``); its URL."""
     try:
-        env = {"VMPOOL_REDIS_URL": url}
-        if config_path:
-            env["VMPOOL_CONFIG"] = str(Path(config_path).resolve())
-        output: IO[str] = sys.stdout
-        if demo:
-            log_file = tempfile.NamedTemporaryFile(  # noqa: SIM115 - closed in finally
-                "w", prefix="vmpool-demo-", suffix=".log", delete=False
-            )
-            output = log_file
-            click.echo(f"logs of every process: {log_file.name}")
-        sup = Supervisor(
-            child_specs(workers=n_workers, host=host, port=port, env=env), output=output
+        server = RedisServer(appendonly=True).start()
+    except RedisServerError as exc:
+        raise CliFailure(str(exc)) from None
+    undo.callback(server.stop)
+    return server.url
+
+
+def _demo_log(undo: contextlib.ExitStack) -> IO[str]:
+    """The demo keeps its report on the terminal: the processes' logs go to a file."""
+    log_file = undo.enter_context(
+        tempfile.NamedTemporaryFile(  # noqa: SIM115 - entered in undo: closed on exit
+            "w", prefix="vmpool-demo-", suffix=".log", delete=False
         )
-        api_url = f"http://{host}:{port}"
-        sup.start()
-        try:
-            wait_healthy(sup, api_url=api_url, redis_url=url, workers=n_workers,
-                         stop=stop, timeout_s=ready_timeout)
-            if stop.is_set():
-                return
-            click.echo(f"vmpool is up: API {api_url}  Redis {mask_url_password(url)}")
-            click.echo("  processes: " + ", ".join(f"{n} ({p})" for n, p in sup.pids().items()))
-            if demo:
-                code = _run_demo(config, sup, stop, api_url, url)
-                if code:
-                    sys.exit(code)
-                return
-            click.echo("Ctrl-C to stop.")
-            sup.run(stop)
-        finally:
-            click.echo("stopping every process ...")
-            sup.stop()
-    finally:
-        if log_file is not None:
-            log_file.close()
-        if embedded is not None:
-            embedded.stop()
+    )
+    click.echo(f"logs of every process: {log_file.name}")
+    return log_file
 
 
-def _run_demo(
-    config: Config, sup: Supervisor, stop: threading.Event, api_url: str, redis_url: str
+def _stop_children(sup: Supervisor) -> None:
+    click.echo("stopping every process ...")
+    sup.stop()
+
+
+def _serve(
+    config: Config,
+    sup: Supervisor,
+    stop: threading.Event,
+    api_url: str,
+    redis_url: str,
+    *,
+    demo: bool,
 ) -> int:
-    from vmpool.local.demo import ApiClient, run_demo
-    from vmpool.providers import providers_from_config
-    from vmpool.state.keys import Keys
-    from vmpool.state.store import Store
+    """Announce the healthy stack, then run the demo or supervise until stopped; the
+    exit status."""
+    click.echo(f"vmpool is up: API {api_url}  Redis {mask_url_password(redis_url)}")
+    click.echo("  processes: " + ", ".join(f"{n} ({p})" for n, p in sup.pids().items()))
+    if demo:
+        from vmpool.local.demo import run_demo_on
 
-    client = redis.Redis.from_url(redis_url, decode_responses=True)
-    store = Store(client, Keys(config.key_prefix))
-    providers = providers_from_config(client, store.keys, config)
-    flaky = [name for name, pool in config.pools.items()
-             if config.providers[pool.provider].options.get("create_fail_percent")]
-    healthy = [name for name in config.pools if name not in flaky]
-    watcher = threading.Thread(target=sup.run, args=(stop,), daemon=True)
-    watcher.start()
-    try:
-        report = run_demo(
-            ApiClient(api_url),
-            store,
-            providers,
-            pools=healthy,
-            flaky_pools=flaky,
-            sweep_interval_s=config.schedule.sweep,
-        )
-    finally:
-        stop.set()
-        watcher.join(timeout=5)
-    for line in report.lines():
-        click.echo(line)
-    return 1 if report.violations else 0
+        report = run_demo_on(config, sup, stop, api_url=api_url, redis_url=redis_url)
+        for line in report.lines():
+            click.echo(line)
+        return 1 if report.violations else 0
+    click.echo("Ctrl-C to stop.")
+    sup.run(stop)
+    return 0

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import random
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -20,7 +21,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import IO, Any
 
+import redis
+
+from vmpool.config import Config
+from vmpool.local.supervisor import Supervisor
+from vmpool.providers import providers_from_config
 from vmpool.state.audit import Violation, audit_state
+from vmpool.state.keys import Keys
 from vmpool.state.store import Store
 
 
@@ -164,49 +171,18 @@ def run_demo(
     out: IO[str] | None = None,
     clock: Callable[[], float] = time.monotonic,
 ) -> DemoReport:
+    """Send the burst, follow every request until it settles, give back the ready ones,
+    wait for their VMs to be destroyed, and report (with an audit of the end state)."""
     out = out or sys.stdout
-    rng = random.Random(seed)
     start = clock()
-    requests: list[DemoRequest] = []
     out.write(f"demo: {total} on-demand requests against {api.base}\n")
-    for counts, delete_after in plan_burst(pools, flaky_pools, rng, total):
-        rid = api.create(counts)
-        requests.append(DemoRequest(rid, counts, clock(), delete_after))
-
-    last_progress = 0.0
+    requests = [
+        DemoRequest(api.create(counts), counts, clock(), delete_after)
+        for counts, delete_after in plan_burst(pools, flaky_pools, random.Random(seed), total)
+    ]
     deadline = start + settle_timeout_s
-    while any(r.outcome == "pending" for r in requests) and clock() < deadline:
-        for r in requests:
-            if r.outcome != "pending":
-                continue
-            now = clock()
-            if r.delete_after_s is not None and now - r.created_at >= r.delete_after_s:
-                api.delete(r.request_id)
-                r.deleted_by_demo = True
-            status, body = api.get(r.request_id)
-            if status == 200 and body.get("ready"):
-                r.outcome, r.ready_after_s = "ready", now - r.created_at
-            elif status == 200:
-                message = str(body.get("message", ""))
-                r.outcome = "deleted" if "deleted" in message else "failed"
-        if clock() - last_progress >= 1.0:
-            _progress(out, requests, clock() - start)
-            last_progress = clock()
-        time.sleep(0.25)  # the polling period of this client, as vmfloaty's 5 s
-    _progress(out, requests, clock() - start)
-    out.write("\n")
-
-    # A client gives back what it got; then the fleet destroys it.
-    for r in requests:
-        if r.outcome == "ready":
-            api.delete(r.request_id)
-    out.write("demo: released the ready requests; waiting for their VMs to be destroyed\n")
-    while clock() < deadline + 60:
-        by_pool = store.pool_counts(pools + flaky_pools)
-        if all(sum(states.values()) == 0 for states in by_pool.values()):
-            break
-        time.sleep(0.5)
-
+    _settle(api, requests, out, start=start, deadline=deadline, clock=clock)
+    _release(api, requests, store, pools + flaky_pools, out, until=deadline + 60, clock=clock)
     report = DemoReport()
     for r in requests:
         report.outcomes[r.outcome] += 1
@@ -216,3 +192,89 @@ def run_demo(
     report.violations = audit_state(store, providers, sweep_interval_s=sweep_interval_s)
     report.elapsed_s = clock() - start
     return report
+
+
+def _settle(
+    api: ApiClient,
+    requests: list[DemoRequest],
+    out: IO[str],
+    *,
+    start: float,
+    deadline: float,
+    clock: Callable[[], float],
+) -> None:
+    """Poll every pending request (deleting those due for it) until none is pending."""
+    last_progress = 0.0
+    while any(r.outcome == "pending" for r in requests) and clock() < deadline:
+        for r in requests:
+            if r.outcome == "pending":
+                _follow(api, r, clock())
+        if clock() - last_progress >= 1.0:
+            _progress(out, requests, clock() - start)
+            last_progress = clock()
+        time.sleep(0.25)  # the polling period of this client, as vmfloaty's 5 s
+    _progress(out, requests, clock() - start)
+    out.write("\n")
+
+
+def _follow(api: ApiClient, r: DemoRequest, now: float) -> None:
+    """One poll of a pending request, as a client would: delete it when due, then GET."""
+    if r.delete_after_s is not None and now - r.created_at >= r.delete_after_s:
+        api.delete(r.request_id)
+        r.deleted_by_demo = True
+    status, body = api.get(r.request_id)
+    if status == 200 and body.get("ready"):
+        r.outcome, r.ready_after_s = "ready", now - r.created_at
+    elif status == 200:
+        message = str(body.get("message", ""))
+        r.outcome = "deleted" if "deleted" in message else "failed"
+
+
+def _release(
+    api: ApiClient,
+    requests: list[DemoRequest],
+    store: Store,
+    pools: list[str],
+    out: IO[str],
+    *,
+    until: float,
+    clock: Callable[[], float],
+) -> None:
+    """A client gives back what it got; then wait for the fleet to destroy it."""
+    for r in requests:
+        if r.outcome == "ready":
+            api.delete(r.request_id)
+    out.write("demo: released the ready requests; waiting for their VMs to be destroyed\n")
+    while clock() < until:
+        by_pool = store.pool_counts(pools)
+        if all(sum(states.values()) == 0 for states in by_pool.values()):
+            break
+        time.sleep(0.5)
+
+
+def run_demo_on(
+    config: Config, sup: Supervisor, stop: threading.Event, *, api_url: str, redis_url: str
+) -> DemoReport:
+    """The demo against the stack ``sup`` runs (`vmpool up --demo`), supervising it
+    meanwhile; ``stop`` is set once the demo is done, which ends the supervision."""
+    client = redis.Redis.from_url(redis_url, decode_responses=True)
+    store = Store(client, Keys(config.key_prefix))
+    providers = providers_from_config(client, store.keys, config)
+    flaky = [name for name, pool in config.pools.items()
+             if config.providers[pool.provider].options.get("create_fail_percent")]
+    healthy = [name for name in config.pools if name not in flaky]
+    watcher = threading.Thread(target=sup.run, args=(stop,), daemon=True)
+    watcher.start()
+    try:
+        return run_demo(
+            ApiClient(api_url),
+            store,
+            providers,
+            pools=healthy,
+            flaky_pools=flaky,
+            sweep_interval_s=config.schedule.sweep,
+        )
+    finally:
+        stop.set()
+        watcher.join(timeout=5)
+        client.close()

@@ -1,0 +1,37 @@
+"""``vmpool audit``: CONTRACT.md's invariants over the live state and the providers."""
+
+from __future__ import annotations
+
+import click
+
+from vmpool.cli.context import CliContext, echo_json, with_context
+from vmpool.providers import providers_from_config
+from vmpool.state.audit import INVARIANTS, audit_state
+
+__all__ = ["audit_command"]
+
+
+@click.command("audit")
+@with_context(json=True)
+def audit_command(cli: CliContext) -> None:
+    """Check invariants 1-5 of CONTRACT.md over the live state and the providers.
+
+    Exit 0 when every invariant holds; exit 1 and one line per violation otherwise.
+    """
+    providers = providers_from_config(cli.redis, cli.keys, cli.config)
+    violations = audit_state(cli.store, providers, sweep_interval_s=cli.config.schedule.sweep)
+    if cli.as_json:
+        echo_json(
+            {
+                "ok": not violations,
+                "invariants": {str(k): v for k, v in INVARIANTS.items()},
+                "violations": [v.as_dict() for v in violations],
+            }
+        )
+    else:
+        for violation in violations:
+            click.echo(violation.line())
+        if not violations:
+            click.echo("audit: clean (invariants 1-5 hold)")
+    if violations:
+        raise SystemExit(1)

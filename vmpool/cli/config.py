@@ -1,0 +1,61 @@
+"""``vmpool config check|show``: validate a config file, print the effective config."""
+
+from __future__ import annotations
+
+import click
+import yaml
+
+from vmpool.cli.context import CliContext, echo_json, with_context
+from vmpool.cli.errors import CliError
+from vmpool.config import ConfigError
+
+__all__ = ["config_group"]
+
+
+def _plural(count: int, noun: str) -> str:
+    return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
+
+
+@click.group("config")
+def config_group() -> None:
+    """Validate or show the configuration."""
+
+
+@config_group.command("check")
+@with_context(json=True)
+def config_check(cli: CliContext) -> None:
+    """Validate a config file: exit 0 when usable (warnings on stderr), else 2."""
+    try:
+        config = cli.load_config()
+    except ConfigError as exc:
+        if cli.as_json:  # the JSON on stdout, and the one line on stderr all the same
+            echo_json({"ok": False, "source": exc.source, "error": str(exc)})
+        raise CliError(str(exc)) from None
+    if cli.as_json:
+        echo_json(
+            {
+                "ok": True,
+                "source": config.source,
+                "pools": list(config.pools),
+                "providers": list(config.providers),
+                "warnings": list(config.warnings),
+            }
+        )
+        return
+    click.echo(
+        f"OK: {config.source}: {_plural(len(config.pools), 'pool')},"
+        f" {_plural(len(config.providers), 'provider')}"
+    )
+    for warning in config.warnings:
+        click.echo(f"warning: {warning}", err=True)
+
+
+@config_group.command("show")
+@with_context(json=True)
+def config_show(cli: CliContext) -> None:
+    """Print the effective configuration (secrets masked, durations in seconds)."""
+    data = cli.config.to_public_dict()
+    if cli.as_json:
+        echo_json(data)
+        return
+    click.echo(yaml.safe_dump(data, sort_keys=False, default_flow_style=False).rstrip())
