@@ -66,7 +66,7 @@ def test_generates_a_request_id(client: TestClient, store: Store, enq: Recorder)
     record = store.get_request(rid)
     assert record is not None and record.status == "pending"
     assert record.requested == "pool1:pool1:1"
-    assert enq.calls == [("provision", rid)]
+    assert enq.calls == [rid]
     # The request and its queue entry exist together (one atomic unit).
     assert rid in store.provision_candidates()
     assert rid in store.open_requests()
@@ -252,17 +252,19 @@ def test_real_enqueue_puts_a_provision_job_on_rq(redis_url: str, redis_client: r
     from rq import Queue
 
     from vmpool.api.app import RedisClients, create_app
-    from workers.queues import JOBS, job_id
+    from workers.table import JOBS, job_id
 
-    c = TestClient(create_app(spec_config(), RedisClients.from_url(redis_url)))
+    cfg = spec_config()
+    keys = Keys(cfg.key_prefix)
+    c = TestClient(create_app(cfg, RedisClients.from_url(redis_url)))
     r = c.post(f"{API}/ondemandvm/pool1+pool3")
     assert r.status_code == 201
     rid = r.json()["request_id"]
     raw = redis.Redis.from_url(redis_url)
-    queue = Queue(JOBS["provision"].queue, connection=raw)
-    assert job_id("provision", rid) in queue.job_ids
+    queue_name = keys.queue(JOBS["provision_request"].queue)
+    assert job_id(keys, "provision_request", rid) in Queue(queue_name, connection=raw).job_ids
     status = c.get(f"{API}/status").json()
-    assert status["queues"][JOBS["provision"].queue] == 1
+    assert status["queues"][queue_name] == 1
 
 
 # -- POST /ondemandvm/<a+a+b> (vmfloaty's form) -------------------------------------------

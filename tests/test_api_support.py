@@ -61,14 +61,15 @@ def spec_config(
 
 
 class Recorder:
-    """An enqueue function that records its calls (and can be told to fail)."""
+    """An enqueue function that records the request ids it is given (and can be told
+    to fail)."""
 
     def __init__(self, fail: bool = False) -> None:
-        self.calls: list[tuple[str, str]] = []
+        self.calls: list[str] = []
         self.fail = fail
 
-    def __call__(self, conn: redis.Redis, queue: str, request_id: str) -> bool:
-        self.calls.append((queue, request_id))
+    def __call__(self, request_id: str) -> bool:
+        self.calls.append(request_id)
         if self.fail:
             raise redis.ConnectionError("queue unavailable")
         return True

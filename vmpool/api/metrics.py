@@ -30,15 +30,19 @@ from prometheus_client.core import (
     Metric,
 )
 from prometheus_client.registry import Collector
+from rq import Queue, Worker
+from rq.worker import BaseWorker
 
 from vmpool.state.counters import ERRORS_METRIC, JOBS_METRIC
-from vmpool.state.keys import INDEXED_VM_STATES
+from vmpool.state.keys import INDEXED_VM_STATES, Keys
 from vmpool.state.store import Store
+from workers.queues import queue_names
 
 __all__ = [
     "READY_BUCKETS",
     "ApiMetrics",
     "RedisStateCollector",
+    "fleet_workers",
 ]
 
 log = logging.getLogger(__name__)
@@ -62,6 +66,13 @@ READY_BUCKETS: Sequence[float] = (
 )
 SCAN_LIMIT = 50_000  # records read per scrape, at most (per kind)
 REQUEST_STATUSES = ("pending", "ready", "failed", "deleted")
+
+
+def fleet_workers(raw: redis.Redis, keys: Keys) -> list[BaseWorker]:
+    """The RQ workers registered in this database that listen to one of the fleet's
+    queues (another fleet's, under another key prefix, are not ours to report)."""
+    ours = set(queue_names(keys))
+    return [w for w in Worker.all(connection=raw) if ours.intersection(w.queue_names())]
 
 
 def _text(value: Any) -> str:
@@ -239,16 +250,12 @@ class RedisStateCollector(Collector):
             "vmpool_workers", "RQ workers registered, by state", labels=["state"]
         )
         try:
-            from rq import Queue, Worker
-
-            from vmpool.api.app import queue_names
-
-            for name in queue_names(self.raw):
+            for name in queue_names(self.keys):
                 queue = Queue(name, connection=self.raw)
                 depth.add_metric([queue.name], queue.count)
                 failed.add_metric([queue.name], queue.failed_job_registry.count)
             by_state: dict[str, int] = {}
-            for worker in Worker.all(connection=self.raw):
+            for worker in fleet_workers(self.raw, self.keys):
                 state = _text(worker.get_state())
                 by_state[state] = by_state.get(state, 0) + 1
             for state, n in sorted(by_state.items()):

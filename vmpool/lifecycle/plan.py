@@ -8,7 +8,7 @@ enforce the same maximum, and pick backends the same way (vmpooler's
 from __future__ import annotations
 
 import random
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from vmpool.config import Config
@@ -59,14 +59,22 @@ def choose_pools(config: Config, name: str, count: int, rng: random.Random) -> d
     return picks
 
 
-def plan_slots(config: Config, counts: Mapping[str, int], rng: random.Random) -> list[Slot]:
-    """Slots for a request of ``counts`` (name -> positive count); RequestRejected when a
-    name is unknown (all unknown names are listed) or a count is over the maximum."""
-    unknown = [name for name in counts if not config.resolve_name(name)]
+def check_names(config: Config, names: Iterable[str]) -> None:
+    """RequestRejected listing, in order, every name that is neither a pool nor an alias.
+
+    The one check of requested names; the API calls it before it parses the counts
+    (vmpooler answers an unknown name before a bad count)."""
+    unknown = [name for name in names if not config.resolve_name(name)]
     if unknown:
         raise RequestRejected(
             f"unknown pool or alias: {', '.join(unknown)}", bad_templates=tuple(unknown)
         )
+
+
+def plan_slots(config: Config, counts: Mapping[str, int], rng: random.Random) -> list[Slot]:
+    """Slots for a request of ``counts`` (name -> positive count); RequestRejected when a
+    name is unknown (all unknown names are listed) or a count is over the maximum."""
+    check_names(config, counts)
     maximum = config.max_ondemand_instances_per_request
     for count in counts.values():
         if count > maximum:

@@ -1,0 +1,178 @@
+"""What the route handlers depend on: the app's state, and who is calling.
+
+Everything one app needs lives in one :class:`ApiState` on ``app.state.vmpool`` (no
+module-level state, so several apps share a process, as the tests make them); handlers
+get it through :data:`State`. The two kinds of caller identity are dependencies too:
+:data:`Token` (``X-AUTH-TOKEN``, for POST and DELETE when ``:auth:`` is configured) and
+:data:`BasicUser` (HTTP Basic, for the token endpoints). Both refuse with vmpooler's 401
+``{"ok": false}``; the Redis work they do runs in FastAPI's thread pool (plain ``def``).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import logging
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Annotated, Any
+
+import redis
+from fastapi import Depends, Request
+
+from vmpool.api.errors import Rejected
+from vmpool.api.metrics import ApiMetrics
+from vmpool.config import AuthConfig, Config
+from vmpool.state.keys import Keys
+from vmpool.state.store import Store
+from vmpool.state.tokens import TokenInfo, TokenStore, check_rate_limit, verify_password
+
+__all__ = [
+    "ApiState",
+    "BasicUser",
+    "EnqueueFn",
+    "RedisClients",
+    "State",
+    "Token",
+    "api_state",
+    "basic_user",
+    "counted",
+    "token_auth",
+]
+
+log = logging.getLogger(__name__)
+
+REALM = 'Basic realm="Authentication required"'
+# Compared against when the user is unknown, so a wrong user costs what a wrong password does.
+_DUMMY_HASH = "sha256$x$" + "0" * 64
+
+# Called with a new request's id to start its provisioning; None: no call (the
+# periodic provision sweep finds new requests on its own).
+EnqueueFn = Callable[[str], Any]
+
+
+@dataclass(frozen=True)
+class RedisClients:
+    """``text`` decodes responses (the store, tokens); ``raw`` does not (RQ needs that)."""
+
+    text: redis.Redis
+    raw: redis.Redis
+
+    @classmethod
+    def from_url(cls, url: str) -> RedisClients:
+        return cls(
+            redis.Redis.from_url(url, decode_responses=True, health_check_interval=30),
+            redis.Redis.from_url(url, decode_responses=False, health_check_interval=30),
+        )
+
+
+@dataclass
+class ApiState:
+    """One app's config, Redis clients, stores and counters."""
+
+    config: Config
+    clients: RedisClients
+    keys: Keys
+    store: Store
+    tokens: TokenStore
+    metrics: ApiMetrics
+    enqueue: EnqueueFn | None
+    rng: random.Random
+    started: float  # time.monotonic() when the app was built (/status's uptime)
+
+
+def api_state(request: Request) -> ApiState:
+    state = request.app.state.vmpool
+    assert isinstance(state, ApiState)
+    return state
+
+
+State = Annotated[ApiState, Depends(api_state)]
+
+
+def counted(method: str, subject: str, operation: str) -> Any:
+    """A route dependency counting the call as vmpooler's ``http_requests_vm_total`` does.
+
+    Declared on the route (``dependencies=[...]``), it runs before the auth dependency,
+    so refused calls are counted too, as vmpooler counts them."""
+
+    async def count(request: Request) -> None:
+        api_state(request).metrics.http_requests_vm.labels(method, subject, operation).inc()
+
+    return Depends(count)
+
+
+def _unauthorized() -> Rejected:
+    return Rejected(401, {"WWW-Authenticate": REALM})
+
+
+def token_auth(request: Request) -> TokenInfo | None:
+    """The caller's token when auth is on (401 without a valid one, 429 over the rate
+    limit); None when auth is off."""
+    st = api_state(request)
+    auth = st.config.auth
+    if auth is None:
+        return None
+    token = request.headers.get("x-auth-token", "")
+    info = st.tokens.lookup(token) if token else None
+    if info is None:
+        raise _unauthorized()
+    if auth.rate_limit_per_minute:
+        decision = check_rate_limit(
+            st.clients.text, st.keys, info.sha256, auth.rate_limit_per_minute
+        )
+        if not decision.allowed:
+            raise Rejected(
+                429,
+                {"Retry-After": str(decision.retry_after)},
+                error="Rate limit exceeded",
+                limit=decision.limit,
+                period=decision.period,
+                retry_after=decision.retry_after,
+            )
+    return info
+
+
+Token = Annotated[TokenInfo | None, Depends(token_auth)]
+
+
+def basic_user(request: Request) -> str:
+    """The user of valid HTTP Basic credentials (401 otherwise); 404 when auth is off
+    (vmpooler has no token endpoints then)."""
+    auth = api_state(request).config.auth
+    if auth is None:
+        raise Rejected(404)
+    user, password = _basic_credentials(request.headers.get("authorization", ""))
+    if not _password_ok(auth, user, password):
+        log.info("token: failed login for user %r", user)
+        raise _unauthorized()
+    return user
+
+
+BasicUser = Annotated[str, Depends(basic_user)]
+
+
+def _basic_credentials(header: str) -> tuple[str, str]:
+    """(user, password) from an ``Authorization: Basic ...`` header; 401 when malformed."""
+    scheme, _, encoded = header.partition(" ")
+    if scheme.lower() != "basic" or not encoded:
+        raise _unauthorized()
+    try:
+        decoded = base64.b64decode(encoded.strip(), validate=True).decode("utf-8")
+    except (binascii.Error, ValueError):
+        raise _unauthorized() from None
+    user, sep, password = decoded.partition(":")
+    if not sep or not user:
+        raise _unauthorized()
+    return user, password
+
+
+def _password_ok(auth: AuthConfig, user: str, password: str) -> bool:
+    if auth.provider == "dummy":
+        return user != password  # vmpooler's dummy provider: anyone but user == password
+    stored = auth.users.get(user)
+    if stored is None:
+        verify_password(password, _DUMMY_HASH)  # the same work either way
+        return False
+    return verify_password(password, stored)

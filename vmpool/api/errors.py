@@ -1,0 +1,92 @@
+"""The API's refusals, and the handlers that turn every exception into one JSON reply.
+
+A user never sees a traceback: a refusal raised anywhere (a dependency, the parsing of
+a body) carries its status and fields; an HTTP error from routing is vmpooler's
+``{"ok": false}``; a Redis outage is a 503 the client can retry; anything else is a 500
+whose details stay in the log.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+import redis
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.responses import Response
+
+from vmpool.api.responses import not_ok, reply
+
+__all__ = ["MAX_BODY_BYTES", "BodyTooLarge", "Rejected", "install_error_handlers"]
+
+log = logging.getLogger(__name__)
+
+# The largest request body the API reads (vmpooler's bodies are a few names and counts).
+MAX_BODY_BYTES = 64 * 1024
+
+
+class Rejected(Exception):
+    """A refusal: the reply is ``{"ok": false, **fields}`` with ``status`` and ``headers``."""
+
+    def __init__(
+        self, status: int, headers: Mapping[str, str] | None = None, **fields: Any
+    ) -> None:
+        super().__init__(f"rejected with {status}")
+        self.status = status
+        self.headers = dict(headers or {})
+        self.fields = fields
+
+    def response(self) -> Response:
+        return reply(self.status, {"ok": False, **self.fields}, self.headers)
+
+
+class BodyTooLarge(Exception):
+    """The request body is over :data:`MAX_BODY_BYTES`."""
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    code = getattr(exc, "status_code", 500)
+    if code in (404, 405):
+        # Sinatra has no "method not allowed": a route that does not match is a 404.
+        return not_ok(404)
+    if code == 413:
+        return not_ok(413, message=f"request body exceeds {MAX_BODY_BYTES} bytes")
+    if 400 <= code < 500:
+        return not_ok(code)
+    return not_ok(code, message="internal error")
+
+
+async def _validation_error(request: Request, exc: Exception) -> Response:
+    return not_ok(400, message="invalid request")
+
+
+async def _too_large(request: Request, exc: Exception) -> Response:
+    return not_ok(413, message=f"request body exceeds {MAX_BODY_BYTES} bytes")
+
+
+async def _rejected(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, Rejected)
+    return exc.response()
+
+
+async def _redis_down(request: Request, exc: Exception) -> Response:
+    log.error("Redis error serving %s %s: %s", request.method, request.url.path, exc)
+    return not_ok(503, message="the state store is unavailable; retry later")
+
+
+async def _unexpected(request: Request, exc: Exception) -> Response:
+    log.exception("unexpected error serving %s %s", request.method, request.url.path)
+    return not_ok(500, message="internal error")
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """Register the handlers above on ``app`` (the most specific class wins)."""
+    app.add_exception_handler(StarletteHTTPException, _http_error)
+    app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_exception_handler(BodyTooLarge, _too_large)
+    app.add_exception_handler(Rejected, _rejected)
+    app.add_exception_handler(redis.RedisError, _redis_down)
+    app.add_exception_handler(Exception, _unexpected)

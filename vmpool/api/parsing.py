@@ -1,0 +1,142 @@
+"""From an HTTP request to "N VMs of these names": bounded bodies, JSON, counts.
+
+Plain functions, each testable without an app. They raise :class:`Rejected` (vmpooler's
+400s, and its 404 for a ``null`` body) and let the plan's ``RequestRejected`` through
+for an unknown name: the names are checked once, by :mod:`vmpool.lifecycle.plan`.
+The order of the checks is vmpooler's: the body's shape, then the names, then the counts.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Mapping, Sized
+from dataclasses import dataclass
+from typing import Any
+
+from starlette.requests import Request
+
+from vmpool.api.errors import MAX_BODY_BYTES, BodyTooLarge, Rejected
+from vmpool.config import Config
+from vmpool.ids import InvalidIdentifier, validate_request_id
+from vmpool.lifecycle.plan import check_names
+
+__all__ = [
+    "MAX_NAMES",
+    "Ondemand",
+    "ondemand_from_json",
+    "ondemand_from_path",
+    "parse_count",
+    "parse_json_body",
+    "read_body",
+]
+
+MAX_NAMES = 100  # distinct names in one request
+_DIGITS = re.compile(r"^[0-9]+$")
+_UNPARSABLE = "JSON payload could not be parsed"
+
+
+@dataclass(frozen=True)
+class Ondemand:
+    """What a POST /ondemandvm asks for: name -> count, and the client's request id."""
+
+    counts: dict[str, int]
+    request_id: str | None = None
+
+
+async def read_body(request: Request, limit: int = MAX_BODY_BYTES) -> bytes:
+    """The body, read up to ``limit`` bytes (BodyTooLarge past it, whatever the
+    Content-Length claims)."""
+    length = request.headers.get("content-length")
+    if length is not None:
+        try:
+            if int(length) > limit:
+                raise BodyTooLarge
+        except ValueError:
+            pass
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise BodyTooLarge
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _no_constants(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def parse_json_body(body: bytes) -> Any:
+    """Strict JSON (no NaN or Infinity) in UTF-8; 400 otherwise."""
+    try:
+        return json.loads(body.decode("utf-8"), parse_constant=_no_constants)
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        raise Rejected(400, message=_UNPARSABLE) from None
+
+
+def parse_count(name: str, value: Any, maximum: int) -> int:
+    """A count as vmpooler's clients send it: ``n`` or ``"n"``; a positive integer.
+
+    A count too large to hold is ``maximum + 1``, so the plan refuses it as over the
+    maximum (vmpooler's 403) rather than as malformed."""
+    bad = Rejected(400, message=f"invalid count for '{name}': must be a positive integer")
+    if isinstance(value, bool):
+        raise bad
+    if isinstance(value, int):
+        count = value
+    elif isinstance(value, float):
+        if not math.isfinite(value) or not value.is_integer():
+            raise bad
+        count = int(value) if abs(value) < 1e18 else (maximum + 1 if value > 0 else -1)
+    elif isinstance(value, str):
+        text = value.strip()
+        if not _DIGITS.match(text):
+            raise bad
+        count = int(text) if len(text) <= 18 else maximum + 1
+    else:
+        raise bad
+    if count < 1:
+        raise bad
+    return count
+
+
+def ondemand_from_json(data: Any, config: Config) -> Ondemand:
+    """The parsed JSON body of POST /ondemandvm: ``{"<name>": n, ..., "request_id": id}``."""
+    if data is None:
+        raise Rejected(404)  # vmpooler: a `null` body is a 404 {"ok": false}
+    if not isinstance(data, Mapping):
+        raise Rejected(400, message=_UNPARSABLE)
+    request_id = _request_id(data["request_id"]) if "request_id" in data else None
+    names = [k for k in data if k != "request_id"]
+    _check_name_count(names)
+    check_names(config, names)
+    maximum = config.max_ondemand_instances_per_request
+    counts = {name: parse_count(name, data[name], maximum) for name in names}
+    if not counts:
+        raise Rejected(400, message="no instances requested")
+    return Ondemand(counts, request_id)
+
+
+def ondemand_from_path(names: str) -> Ondemand:
+    """vmfloaty's path form, ``<name>+<name>+...``: a repeated name raises its count.
+    The names are checked by the plan, with the counts."""
+    counts: dict[str, int] = {}
+    for name in names.split("+"):
+        counts[name] = counts.get(name, 0) + 1
+    _check_name_count(counts)
+    return Ondemand(counts)
+
+
+def _request_id(raw: Any) -> str:
+    try:
+        return validate_request_id(raw)
+    except InvalidIdentifier as exc:
+        raise Rejected(400, message=str(exc)) from None
+
+
+def _check_name_count(names: Sized) -> None:
+    if len(names) > MAX_NAMES:
+        raise Rejected(400, message=f"at most {MAX_NAMES} names in one request")

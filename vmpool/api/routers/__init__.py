@@ -1,0 +1,1 @@
+"""One router per resource: on-demand requests, tokens, status, health and metrics."""

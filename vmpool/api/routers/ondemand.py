@@ -1,0 +1,205 @@
+"""vmpooler's on-demand requests: POST /ondemandvm (JSON and vmfloaty's path form),
+GET and DELETE /ondemandvm/<id>.
+
+The API writes no request or VM state itself: POST goes through
+``Store.create_request`` (the record and its queue entries in one atomic unit), then
+asks the fleet to provision it; DELETE goes through ``Store.delete_request``. A refusal
+writes nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+from fastapi import APIRouter, Request
+from starlette.concurrency import run_in_threadpool
+from starlette.responses import Response
+
+from vmpool.api.deps import ApiState, State, Token, counted
+from vmpool.api.metrics import ApiMetrics
+from vmpool.api.parsing import (
+    Ondemand,
+    ondemand_from_json,
+    ondemand_from_path,
+    parse_json_body,
+    read_body,
+)
+from vmpool.api.responses import not_ok, reply
+from vmpool.ids import InvalidIdentifier, validate_request_id
+from vmpool.lifecycle.plan import RequestRejected, plan_slots
+from vmpool.state.store import RequestRecord, RequestSettings, Store
+from vmpool.state.tokens import TokenInfo
+
+__all__ = ["create_request", "delete_request", "request_status", "router"]
+
+log = logging.getLogger(__name__)
+
+DELETED_MESSAGE = "The request has been deleted"
+
+router = APIRouter()
+
+
+@router.post("/ondemandvm", dependencies=[counted("post", "ondemand", "requestid")])
+async def post_ondemand(request: Request, st: State, token: Token) -> Response:
+    data = parse_json_body(await read_body(request))
+    try:
+        wanted = ondemand_from_json(data, st.config)
+    except RequestRejected as rejected:
+        return refused(st.metrics, rejected, {})
+    return await run_in_threadpool(create_request, st, wanted, token)
+
+
+# vmpooler counts this route under the (misnamed) delete.ondemand.template.
+@router.post("/ondemandvm/{template}", dependencies=[counted("delete", "ondemand", "template")])
+async def post_ondemand_path(template: str, request: Request, st: State, token: Token) -> Response:
+    await read_body(request)  # ignored, but bounded
+    return await run_in_threadpool(create_request, st, ondemand_from_path(template), token)
+
+
+@router.get("/ondemandvm/{request_id}", dependencies=[counted("get", "ondemand", "request")])
+async def get_ondemand(request_id: str, st: State) -> Response:
+    return await run_in_threadpool(request_status, st.store, request_id)
+
+
+@router.delete("/ondemandvm/{request_id}")
+async def delete_ondemand(request_id: str, st: State, token: Token) -> Response:
+    # Counted after the auth check, as vmpooler counts it.
+    st.metrics.http_requests_vm.labels("delete", "ondemand", "request").inc()
+    return await run_in_threadpool(delete_request, st.store, request_id, token)
+
+
+def create_request(st: ApiState, wanted: Ondemand, token: TokenInfo | None) -> Response:
+    """Plan ``wanted`` against the config, create the request, start its provisioning."""
+    try:
+        slots = plan_slots(st.config, wanted.counts, st.rng)
+    except RequestRejected as rejected:
+        return refused(st.metrics, rejected, wanted.counts)
+    rid = wanted.request_id or str(uuid.uuid4())
+    outcome = st.store.create_request(
+        rid,
+        slots,
+        RequestSettings.from_config(st.config, authenticated=token is not None),
+        actor="api",
+        token_user=token.user if token else "",
+        token_hash=token.sha256 if token else "",
+    )
+    if not outcome.ok:
+        if outcome.code == "exists":
+            st.metrics.generate.labels("duplicaterequests").inc()
+            return not_ok(
+                409, request_id=rid, message=f"request_id '{rid}' has already been created"
+            )
+        log.warning("create_request %s refused: %s", rid, outcome.code)
+        return not_ok(400, message=f"request refused: {outcome.code}")
+    st.metrics.generate.labels("success").inc()
+    log.info(
+        "request %s created: %s%s",
+        rid,
+        ",".join(f"{s.alias}:{s.pool}:{s.count}" for s in slots),
+        f" for {token.user}" if token else "",
+    )
+    _start_provisioning(st, rid)
+    return reply(201, {"ok": True, "request_id": rid})
+
+
+def refused(metrics: ApiMetrics, rejected: RequestRejected, counts: Mapping[str, int]) -> Response:
+    """vmpooler's answer to a plan refused: 404 naming unknown names, else 403 (a count
+    over the maximum); counted as vmpooler counts them."""
+    if rejected.bad_templates:
+        for _ in rejected.bad_templates:
+            metrics.fail.labels("invalid", "unknown").inc()
+        return not_ok(404, bad_templates=list(rejected.bad_templates))
+    for name, count in counts.items():
+        if rejected.maximum is not None and count > rejected.maximum:
+            metrics.fail.labels("toomanyrequests", name).inc()
+    return not_ok(403, message=str(rejected))
+
+
+def _start_provisioning(st: ApiState, rid: str) -> None:
+    if st.enqueue is None:
+        return
+    try:
+        st.enqueue(rid)
+    except Exception as exc:  # the request exists; the provision sweep finds it
+        st.metrics.enqueue_failures.inc()
+        log.warning(
+            "request %s: enqueue of its provisioning failed (%s); the sweep will pick it up",
+            rid,
+            type(exc).__name__,
+        )
+
+
+def _not_found(rid: str) -> Response:
+    return not_ok(404, message=f"no request found for request_id '{rid}'")
+
+
+def request_status(store: Store, rid: str) -> Response:
+    """GET /ondemandvm/<id>: 202 while pending, 200 once ready, failed or deleted."""
+    try:
+        validate_request_id(rid)
+    except InvalidIdentifier:
+        return _not_found(rid)
+    record = store.get_request(rid)
+    if record is None:
+        return _not_found(rid)
+    body: dict[str, Any] = {"ok": True, "request_id": rid, "ready": False}
+    if record.status == "ready":
+        body["ready"] = True
+        hostnames = store.hostnames(rid)
+        for slot in record.slots:
+            body.setdefault(slot.alias, {"hostname": list(hostnames.get(slot.alias, []))})
+        return reply(200, body)
+    if record.status == "failed":
+        body["message"] = (
+            "The request failed to provision instances within the configured"
+            f" ondemand_request_ttl '{_ttl_minutes(record)}'"
+        )
+        return reply(200, body)
+    if record.status == "deleted":
+        body["message"] = DELETED_MESSAGE
+        return reply(200, body)
+    body.update(_progress(record))
+    return reply(202, body)
+
+
+def _progress(record: RequestRecord) -> dict[str, dict[str, str]]:
+    """A pending request's VMs ready and still pending, per alias asked for."""
+    per_alias: dict[str, list[int]] = {}
+    for slot in record.slots:
+        counts = per_alias.setdefault(slot.alias, [0, 0])
+        counts[0] += slot.have
+        counts[1] += max(0, slot.want - slot.have)
+    return {
+        alias: {"ready": str(ready), "pending": str(pending)}
+        for alias, (ready, pending) in per_alias.items()
+    }
+
+
+def _ttl_minutes(record: RequestRecord) -> str:
+    """The request's TTL as vmpooler prints its config value (minutes, e.g. '5', '0.5')."""
+    minutes = round((record.deadline - record.created) / 60.0, 4)
+    return str(int(minutes)) if float(minutes).is_integer() else str(minutes)
+
+
+def delete_request(store: Store, rid: str, token: TokenInfo | None) -> Response:
+    """DELETE /ondemandvm/<id>: the request and its VMs released for destruction."""
+    try:
+        validate_request_id(rid)
+    except InvalidIdentifier:
+        return _not_found(rid)
+    outcome = store.delete_request(rid, actor="api", user=token.user if token else "")
+    if outcome.ok or outcome.code == "request_failed":
+        if outcome.ok:
+            log.info("request %s deleted%s", rid, f" by {token.user}" if token else "")
+        return reply(200, {"ok": True})
+    if outcome.code == "already_deleted":
+        return reply(200, {"ok": True, "message": "the request has already been deleted"})
+    if outcome.code == "no_request":
+        return _not_found(rid)
+    if outcome.code == "forbidden":
+        return not_ok(403, message=f"request_id '{rid}' belongs to another user")
+    log.warning("delete of %s refused: %s", rid, outcome.code)
+    return not_ok(409, message=f"request_id '{rid}' cannot be deleted: {outcome.code}")

@@ -1,0 +1,36 @@
+"""vmpooler's tokens: POST /token mints one for the HTTP Basic user, DELETE
+/token/<token> revokes one of that user's. Both are 404 when ``:auth:`` is off."""
+
+from __future__ import annotations
+
+import logging
+from functools import partial
+
+from fastapi import APIRouter
+from starlette.concurrency import run_in_threadpool
+from starlette.responses import Response
+
+from vmpool.api.deps import BasicUser, State
+from vmpool.api.responses import not_ok, reply
+
+__all__ = ["router"]
+
+log = logging.getLogger(__name__)
+
+router = APIRouter()
+
+
+@router.post("/token")
+async def post_token(st: State, user: BasicUser) -> Response:
+    token = await run_in_threadpool(st.tokens.create, user)
+    log.info("token created for user %r", user)
+    return reply(200, {"ok": True, "token": token})
+
+
+@router.delete("/token/{token}")
+async def delete_token(token: str, st: State, user: BasicUser) -> Response:
+    revoked = await run_in_threadpool(partial(st.tokens.revoke, token, user=user))
+    if not revoked:
+        return not_ok(404)
+    log.info("token revoked by user %r", user)
+    return reply(200, {"ok": True})
