@@ -217,8 +217,44 @@ def test_data_ttl_under_redis_as_vmpooler_has_it(tmp_path: Path) -> None:
 
 
 def test_schedule_section(tmp_path: Path) -> None:
-    config = load(tmp_path, ":schedule: {sweep: 0.5, reap: 60}\n")
-    assert config.schedule == Schedule(sweep=0.5, reap=60)
+    config = load(tmp_path, ":schedule: {sweep_expired: 0.5, reap_running: 60}\n")
+    assert config.schedule == Schedule(sweep_expired=0.5, reap_running=60)
+    assert config.to_public_dict()["schedule"] == {
+        "sweep_expired": 0.5,
+        "provision_sweep": 5,
+        "check_pending_sweep": 2,
+        "reap_running": 60,
+        "destroy_sweep": 5,
+        "reconcile": 30,
+    }
+
+
+def test_schedule_old_key_names_still_load(tmp_path: Path) -> None:
+    config = load(
+        tmp_path,
+        ":schedule: {sweep: 0.5, provision: 1, check_pending: 3, reap: 60, destroy: 4}\n"
+        "pools: [{name: p1}]\n",
+    )
+    assert config.warnings == ()
+    assert config.schedule == Schedule(
+        sweep_expired=0.5,
+        provision_sweep=1,
+        check_pending_sweep=3,
+        reap_running=60,
+        destroy_sweep=4,
+    )
+
+
+def test_schedule_key_given_in_both_spellings_is_an_error(tmp_path: Path) -> None:
+    message = error(tmp_path, ":schedule: {sweep: 1, sweep_expired: 2}\n")
+    assert message.endswith(
+        ": schedule.sweep_expired: given twice (as 'sweep' and 'sweep_expired')"
+    )
+
+
+def test_schedule_error_names_the_key_as_written(tmp_path: Path) -> None:
+    message = error(tmp_path, ":schedule: {reap: 0}\n")
+    assert ": schedule.reap: must be a positive number, got 0" in message
 
 
 def test_backend_weight_and_clone_target(tmp_path: Path) -> None:
@@ -463,7 +499,7 @@ def test_global_domain_is_a_warning_and_ignored(tmp_path: Path) -> None:
         (":config: {lock_expire: 0}\n", "config.lock_expire", "positive number"),
         (":config: {reconcile_grace: -5}\n", "config.reconcile_grace", "non-negative"),
         (":config: {ready_ttl: 0}\n", "config.ready_ttl", "positive number"),
-        (":schedule: {sweep: 0}\n", "schedule.sweep", "positive number"),
+        (":schedule: {sweep_expired: 0}\n", "schedule.sweep_expired", "positive number"),
         (":schedule: [1]\n", "schedule", "must be a mapping"),
         (":redis: {url: 'http://x'}\n", "redis.url", "redis://"),
         (":redis: {url: 'redis://:pw@'}\n", "redis.url", "no host"),
@@ -731,7 +767,12 @@ def test_demo_config() -> None:
     assert config.ondemand_clone_limit == 20
     assert config.reconcile_grace_s == 30
     assert config.schedule == Schedule(
-        provision=1, check_pending=1, sweep=2, reap=5, destroy=1, reconcile=10
+        sweep_expired=2,
+        provision_sweep=1,
+        check_pending_sweep=1,
+        reap_running=5,
+        destroy_sweep=1,
+        reconcile=10,
     )
 
 

@@ -19,7 +19,9 @@ def audit_command(cli: CliContext) -> None:
     Exit 0 when every invariant holds; exit 1 and one line per violation otherwise.
     """
     providers = providers_from_config(cli.redis, cli.keys, cli.config)
-    violations = audit_state(cli.store, providers, sweep_interval_s=cli.config.schedule.sweep)
+    violations = audit_state(
+        cli.store, providers, sweep_interval_s=cli.config.schedule.sweep_expired
+    )
     if cli.as_json:
         echo_json(
             {

@@ -34,6 +34,7 @@ from vmpool.ids import DEFAULT_PREFIX, InvalidIdentifier, validate_pool_name
 __all__ = [
     "DEMO_CONFIG_YAML",
     "DEMO_SOURCE",
+    "SCHEDULE_KEY_ALIASES",
     "AuthConfig",
     "Config",
     "ConfigError",
@@ -81,11 +82,11 @@ DEMO_CONFIG_YAML: Final[str] = """\
   reconcile_grace: 30
 
 :schedule:
-  provision: 1
-  check_pending: 1
-  sweep: 2
-  reap: 5
-  destroy: 1
+  sweep_expired: 2
+  provision_sweep: 1
+  check_pending_sweep: 1
+  reap_running: 5
+  destroy_sweep: 1
   reconcile: 10
 
 :pools:
@@ -154,11 +155,11 @@ class ProviderConfig:
 class Schedule:
     """Seconds between the periodic jobs (top-level ``:schedule:``, a vmpool extension)."""
 
-    provision: float = 5
-    check_pending: float = 2
-    sweep: float = 5
-    reap: float = 30
-    destroy: float = 5
+    sweep_expired: float = 5
+    provision_sweep: float = 5
+    check_pending_sweep: float = 2
+    reap_running: float = 30
+    destroy_sweep: float = 5
     reconcile: float = 30
 
 
@@ -247,14 +248,7 @@ class Config:
             "redis_url": mask_url_password(self.redis_url) if self.redis_url else None,
             "lock_expire_s": self.lock_expire_s,
             "reconcile_grace_s": self.reconcile_grace_s,
-            "schedule": {
-                "provision": self.schedule.provision,
-                "check_pending": self.schedule.check_pending,
-                "sweep": self.schedule.sweep,
-                "reap": self.schedule.reap,
-                "destroy": self.schedule.destroy,
-                "reconcile": self.schedule.reconcile,
-            },
+            "schedule": {key: getattr(self.schedule, key) for key in _SCHEDULE_KEYS},
             "auth": None
             if self.auth is None
             else {
@@ -513,12 +507,22 @@ _PROVIDER_IGNORED: Final = frozenset(
 _PERCENT_OPTIONS: Final = ("create_fail_percent", "ready_fail_percent", "destroy_fail_percent")
 
 _SCHEDULE_KEYS: Final = (
-    "provision",
-    "check_pending",
-    "sweep",
-    "reap",
-    "destroy",
+    "sweep_expired",
+    "provision_sweep",
+    "check_pending_sweep",
+    "reap_running",
+    "destroy_sweep",
     "reconcile",
+)
+# The names the :schedule: keys had before each took its periodic job's name.
+SCHEDULE_KEY_ALIASES: Final = MappingProxyType(
+    {
+        "sweep": "sweep_expired",
+        "provision": "provision_sweep",
+        "check_pending": "check_pending_sweep",
+        "reap": "reap_running",
+        "destroy": "destroy_sweep",
+    }
 )
 
 _HOSTNAME_PREFIX_RE: Final = re.compile(r"^[a-z0-9][a-z0-9-]{0,31}$")
@@ -1150,13 +1154,22 @@ class _Parser:
         )
 
     def schedule(self, value: Any) -> Schedule:
-        section = self.mapping(value, "schedule")
-        self.warn_unknown(section, "schedule", frozenset(_SCHEDULE_KEYS))
+        section = dict(self.mapping(value, "schedule"))
+        self.warn_unknown(
+            section, "schedule", frozenset(_SCHEDULE_KEYS) | set(SCHEDULE_KEY_ALIASES)
+        )
+        for old, new in SCHEDULE_KEY_ALIASES.items():
+            if old in section and new in section:
+                raise self.fail(f"schedule.{new}", f"given twice (as {old!r} and {new!r})")
         defaults = Schedule()
-        values = {
-            key: self.duration(section, "schedule", key, unit=1.0, default_s=getattr(defaults, key))
-            for key in _SCHEDULE_KEYS
-        }
+        values = {}
+        for key in _SCHEDULE_KEYS:
+            old = next(
+                (o for o, n in SCHEDULE_KEY_ALIASES.items() if n == key and o in section), key
+            )
+            values[key] = self.duration(
+                section, "schedule", old, unit=1.0, default_s=getattr(defaults, key)
+            )
         return Schedule(**values)
 
     def auth(self, value: Any) -> AuthConfig | None:

@@ -272,7 +272,7 @@ def run_demo_on(
             providers,
             pools=healthy,
             flaky_pools=flaky,
-            sweep_interval_s=config.schedule.sweep,
+            sweep_interval_s=config.schedule.sweep_expired,
         )
     finally:
         stop.set()
