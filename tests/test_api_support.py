@@ -27,6 +27,7 @@ def spec_config(
     rate_limit: int | None = None,
     weights: dict[str, float] | None = None,
     ttl_minutes: float = 5,
+    key_prefix: str | None = None,
 ) -> Config:
     """vmpooler's ondemandvm_spec.rb configuration, in vmpool's loader."""
     data: dict[str, Any] = {
@@ -50,6 +51,8 @@ def spec_config(
             {"name": "pool3", "size": 0, "clone_target": "compute1", "dns_plugin": "mock"},
         ],
     }
+    if key_prefix is not None:
+        data["redis"] = {"key_prefix": key_prefix}
     if auth:
         data["auth"] = {
             "provider": "static",

@@ -1,0 +1,177 @@
+"""The API's parts on their own: request parsing (payload -> counts), the status
+summary, the dependencies' order, and an app that reports only its own fleet."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import pytest
+import redis
+from fastapi.testclient import TestClient
+from rq import Queue, Worker
+from test_api_support import API, make_client, spec_config
+
+from vmpool.api.app import RedisClients, create_app
+from vmpool.api.errors import Rejected
+from vmpool.api.parsing import (
+    MAX_NAMES,
+    Ondemand,
+    ondemand_from_json,
+    ondemand_from_path,
+    parse_count,
+    parse_json_body,
+)
+from vmpool.api.routers.status import pools_status
+from vmpool.lifecycle.plan import RequestRejected
+from vmpool.state.keys import Keys
+from workers.queues import queue_names
+
+# -- parsing ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("value", "count"),
+    [(1, 1), ("2", 2), (" 3 ", 3), (4.0, 4), ("9" * 19, 51), (1e30, 51)],
+)
+def test_parse_count_accepts(value: Any, count: int) -> None:
+    assert parse_count("p", value, 50) == count
+
+
+@pytest.mark.parametrize("value", [0, -1, "0", "1.5", 1.5, True, None, [], "x", float("nan")])
+def test_parse_count_refuses(value: Any) -> None:
+    with pytest.raises(Rejected) as caught:
+        parse_count("p", value, 50)
+    assert caught.value.status == 400
+    assert caught.value.fields == {"message": "invalid count for 'p': must be a positive integer"}
+
+
+@pytest.mark.parametrize("body", [b"", b"{", b"NaN", b'{"a": Infinity}', b"\xff"])
+def test_parse_json_body_refuses(body: bytes) -> None:
+    with pytest.raises(Rejected) as caught:
+        parse_json_body(body)
+    assert (caught.value.status, caught.value.fields) == (
+        400,
+        {"message": "JSON payload could not be parsed"},
+    )
+
+
+def test_ondemand_from_json() -> None:
+    cfg = spec_config()
+    wanted = ondemand_from_json({"pool1": "2", "poolone": 1, "request_id": "abc-1"}, cfg)
+    assert wanted == Ondemand({"pool1": 2, "poolone": 1}, "abc-1")
+    assert ondemand_from_json({"pool3": 1}, cfg).request_id is None
+
+
+@pytest.mark.parametrize(
+    ("data", "status"),
+    [
+        (None, 404),
+        ([], 400),
+        ("pool1", 400),
+        ({}, 400),
+        ({"request_id": "x"}, 400),
+        ({"pool1": 1, "request_id": "../x"}, 400),
+        ({"pool1": 0}, 400),
+        ({f"p{i}": 1 for i in range(MAX_NAMES + 1)}, 400),
+    ],
+)
+def test_ondemand_from_json_refuses(data: Any, status: int) -> None:
+    with pytest.raises(Rejected) as caught:
+        ondemand_from_json(data, spec_config())
+    assert caught.value.status == status
+
+
+def test_unknown_names_come_before_bad_counts() -> None:
+    """vmpooler answers an unknown name (404) before it looks at the counts."""
+    with pytest.raises(RequestRejected) as caught:
+        ondemand_from_json({"pool1": "x", "nope": "y", "b/c": 1}, spec_config())
+    assert caught.value.bad_templates == ("nope", "b/c")
+
+
+def test_ondemand_from_path() -> None:
+    assert ondemand_from_path("pool1+pool3+pool1") == Ondemand({"pool1": 2, "pool3": 1})
+    # Names are the plan's to check: the path form passes them on as they are.
+    assert ondemand_from_path("nope") == Ondemand({"nope": 1})
+    with pytest.raises(Rejected):
+        ondemand_from_path("+".join(f"p{i}" for i in range(MAX_NAMES + 1)))
+
+
+# -- status ----------------------------------------------------------------------------
+
+
+def test_pools_status() -> None:
+    cfg = spec_config()
+    zero = {"reserved": 0, "pending": 0, "running": 0, "completed": 0}
+    counts = {"pool1": {"reserved": 1, "pending": 2, "running": 3, "completed": 4}}
+    counts |= {"pool2": zero, "pool3": zero}
+    pools, totals = pools_status(cfg, counts)
+    assert list(pools) == ["pool1", "pool2", "pool3"]
+    assert pools["pool1"] == {
+        "ready": 0,
+        "running": 3,
+        "pending": 3,
+        "max": 0,
+        "lastBoot": None,
+        "reserved": 1,
+        "booting": 2,
+        "completed": 4,
+        "alias": ["poolone", "pool2"],
+    }
+    assert "alias" not in pools["pool3"]
+    assert totals == {"pending": 3, "running": 3, "completed": 4}
+
+
+# -- dependencies ------------------------------------------------------------------------
+
+
+def test_refused_calls_are_counted(redis_url: str, redis_client: redis.Redis) -> None:
+    """vmpooler counts a POST before it checks the token, a DELETE after."""
+    c, _ = make_client(spec_config(auth=True), redis_url)
+    assert c.post(f"{API}/ondemandvm", content='{"pool1": 1}').status_code == 401
+    assert c.post(f"{API}/ondemandvm/pool1").status_code == 401
+    assert c.delete(f"{API}/ondemandvm/abc").status_code == 401
+    text = c.get("/metrics").text
+    for labels in [
+        'method="post",operation="requestid",subject="ondemand"} 1.0',
+        'method="delete",operation="template",subject="ondemand"} 1.0',
+    ]:
+        assert "vmpooler_http_requests_vm_total{" + labels in text
+    assert 'operation="request",subject="ondemand"' not in text
+
+
+# -- one fleet per key prefix ------------------------------------------------------------
+
+
+def test_an_app_reports_only_its_own_fleet(redis_url: str, redis_client: redis.Redis) -> None:
+    raw = redis.Redis.from_url(redis_url)
+    mine, theirs = Keys("vmpool"), Keys("other")
+    for keys, name in [(mine, "w-mine"), (theirs, "w-theirs")]:
+        queues = [Queue(q, connection=raw) for q in queue_names(keys)]
+        Worker(queues, connection=raw, name=name).register_birth()
+    app = create_app(
+        spec_config(),
+        RedisClients.from_url(redis_url),
+        enqueue=None,
+        rng=random.Random(1),
+    )
+    c = TestClient(app)
+    status = c.get(f"{API}/status").json()
+    assert sorted(status["queues"]) == sorted(queue_names(mine))
+    assert [w["name"] for w in status["workers"]] == ["w-mine"]
+    text = c.get("/metrics").text
+    assert 'vmpool_queue_depth{queue="vmpool-requests"}' in text
+    assert "other-" not in text
+    workers = [line for line in text.splitlines() if line.startswith("vmpool_workers{")]
+    assert sum(float(line.rsplit(" ", 1)[1]) for line in workers) == 1.0
+
+
+def test_the_default_enqueue_uses_the_key_prefix(redis_url: str, redis_client: redis.Redis) -> None:
+    cfg = spec_config(key_prefix="other")
+    c = TestClient(create_app(cfg, RedisClients.from_url(redis_url)))
+    rid = c.post(f"{API}/ondemandvm", content='{"pool1": 1}').json()["request_id"]
+    raw = redis.Redis.from_url(redis_url)
+    keys = Keys("other")
+    assert Queue(keys.queue("requests"), connection=raw).count == 1
+    assert Queue(Keys("vmpool").queue("requests"), connection=raw).count == 0
+    assert c.get(f"{API}/ondemandvm/{rid}").status_code == 202
