@@ -68,7 +68,7 @@ def run_dispatched(fleet: Fleet, max_rounds: int = 200) -> list[tuple[str, str, 
         if not calls:
             return done
         for job, subject in calls:
-            done.append((job, subject, lifecycle.JOBS[job](fleet, subject)))
+            done.append((job, subject, getattr(lifecycle, job)(fleet, subject)))
     raise AssertionError("dispatch did not settle")
 
 

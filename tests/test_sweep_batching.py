@@ -27,6 +27,7 @@ from vmpool.lifecycle import Fleet
 from vmpool.state.keys import Keys
 from vmpool.state.store import RequestSettings, Slot, Store
 from workers import queues as q
+from workers.table import QUEUE_REQUESTS, QUEUE_VMS, job_id
 
 SIM = "sim"
 POOLS = ("debian", "centos")
@@ -99,7 +100,9 @@ def rig(request: Any, redis_url: str, redis_client: redis.Redis) -> Iterator[Rig
     rq_client = counter.client(redis_url, decode=False)
     dispatcher_class = q.RQDispatcher if request.param == "batched" else PerSubjectDispatcher
     config = make_config()
-    fleet = Fleet.build(store_client, config, dispatcher_class(rq_client), "worker:t:1")
+    fleet = Fleet.build(
+        store_client, config, dispatcher_class(rq_client, Keys(config.key_prefix)), "worker:t:1"
+    )
     conn = redis.Redis.from_url(redis_url)
     try:
         yield Rig(counter, fleet, Store(redis_client, fleet.keys), conn)
@@ -147,10 +150,12 @@ def measure(rig: Rig, sweep: Any, state: str, n: int) -> tuple[int, int]:
     names = make_vms(rig, n, state, tag=f"n{n}")
     cold = round_trips(rig, sweep)
     warm = round_trips(rig, sweep)
-    queued = {i.decode() for i in rig.conn.lrange(f"rq:queue:{q.QUEUE_VMS}", 0, -1)}
-    job = "check-pending" if sweep is lifecycle.check_pending_sweep else "destroy"
-    assert queued == {q.job_id(job, name) for name in names}  # each queued exactly once
-    assert len(Queue(q.QUEUE_VMS, connection=rig.conn)) == n
+    queue_key = rig.fleet.keys.rq_queue(QUEUE_VMS)
+    queued = {i.decode() for i in rig.conn.lrange(queue_key, 0, -1)}
+    job = "check_pending_vm" if sweep is lifecycle.check_pending_sweep else "destroy_vm"
+    # each queued exactly once
+    assert queued == {job_id(rig.fleet.keys, job, name) for name in names}
+    assert len(Queue(rig.fleet.keys.queue(QUEUE_VMS), connection=rig.conn)) == n
     return cold, warm
 
 
@@ -190,7 +195,7 @@ def test_provision_sweep_round_trips_do_not_grow(rig: Rig) -> None:
             slots = [Slot("debian", "debian", 1)]
             assert rig.setup.create_request(f"r{n}-{i}", slots, settings, actor="t").ok
         cold = round_trips(rig, lifecycle.provision_sweep)
-        assert len(Queue(q.QUEUE_REQUESTS, connection=rig.conn)) == n
+        assert len(Queue(rig.fleet.keys.queue(QUEUE_REQUESTS), connection=rig.conn)) == n
         return cold
 
     requests(2)  # warm up
@@ -206,12 +211,13 @@ def test_chunks_cost_a_constant_each(redis_url: str, redis_client: redis.Redis) 
     counter = RoundTrips()
     conn = counter.client(redis_url, decode=False)
     try:
-        q.enqueue_many(conn, "destroy", ["warm-up"])
+        q.enqueue_many(conn, Keys(), "destroy_vm", ["warm-up"])
         costs = []
         for n in (10, 40):  # 2 and 8 chunks of 5
             redis_client.flushdb()
             before = counter.count
-            assert q.enqueue_many(conn, "destroy", [f"vm-{i}" for i in range(n)], chunk=5) == n
+            names = [f"vm-{i}" for i in range(n)]
+            assert q.enqueue_many(conn, Keys(), "destroy_vm", names, chunk=5) == n
             costs.append(counter.count - before)
         assert costs[1] <= 4 * costs[0] + 2, costs
         # two pipelines per chunk (reclaim checks, pushes), each SCRIPT EXISTS + itself

@@ -1,4 +1,52 @@
-"""The on-demand lifecycle: what each job does, as plain functions of a Fleet."""
+"""The on-demand lifecycle: what each job does, as plain functions of a :class:`Fleet`.
 
-from vmpool.lifecycle.fleet import *  # noqa: F403
-from vmpool.lifecycle.fleet import JOBS, __all__  # noqa: F401
+``workers/`` holds thin RQ entry points; each calls the function of the same name here
+(the job table, :mod:`workers.table`, names them). Every function is idempotent (safe to
+run twice, late, or beside a copy of itself): it re-reads the state it acts on, does
+provider work only under a fenced lock (:mod:`vmpool.state.locks`), records the result
+through one checked store transition, and treats the store's refusals as the normal
+answer of a race it lost (logged, never raised).
+
+- :mod:`~vmpool.lifecycle.fleet`: the Fleet (what a worker process holds) and the
+  Dispatcher (how follow-up work is queued);
+- :mod:`~vmpool.lifecycle.requests`: provision, check and expire requests;
+- :mod:`~vmpool.lifecycle.vms`: create, check, reap and destroy VMs;
+- :mod:`~vmpool.lifecycle.reconcile`: the provider's inventory against the records;
+- :mod:`~vmpool.lifecycle.plan`: a request's counts as slots of pools (API and CLI).
+"""
+
+from vmpool.lifecycle.fleet import Dispatcher, Fleet, RecordingDispatcher
+from vmpool.lifecycle.reconcile import reconcile
+from vmpool.lifecycle.requests import (
+    check_request,
+    provision_request,
+    provision_sweep,
+    sweep_expired,
+)
+from vmpool.lifecycle.vms import (
+    check_pending_sweep,
+    check_pending_vm,
+    create_vm,
+    destroy_sweep,
+    destroy_vm,
+    reap_running,
+    reserved_grace_s,
+)
+
+__all__ = [
+    "Dispatcher",
+    "Fleet",
+    "RecordingDispatcher",
+    "check_pending_sweep",
+    "check_pending_vm",
+    "check_request",
+    "create_vm",
+    "destroy_sweep",
+    "destroy_vm",
+    "provision_request",
+    "provision_sweep",
+    "reap_running",
+    "reconcile",
+    "reserved_grace_s",
+    "sweep_expired",
+]

@@ -1,0 +1,223 @@
+"""``reconcile``: the provider's inventory held against the records.
+
+Finds what no job will: VMs the provider holds that no record owns (leaks, destroyed
+after a grace), reservations whose creator died (finished or cleaned up), and records
+whose VM the provider lost.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+
+from vmpool.ids import VM_NAME_RE
+from vmpool.lifecycle.fleet import Fleet, after_vm_failed, note_outcome
+from vmpool.lifecycle.vms import destroy_at_provider
+from vmpool.providers import Provider, ProviderVM
+from vmpool.state.locks import FencedLock, LockBusy, LockLost
+from vmpool.state.store import VMRecord
+
+__all__ = ["reconcile"]
+
+log = logging.getLogger(__name__)
+
+# ------------------------------------------------------------------------------------
+# reconcile
+# ------------------------------------------------------------------------------------
+
+
+def reconcile(fleet: Fleet) -> dict[str, int]:
+    """Provider inventory against the records; finish or undo what a crash left.
+
+    The inventory is read FIRST, then the records (Karpenter's and Nodepool's order): a
+    VM is reserved before it is created, so any VM in the inventory already had its
+    record when the records are read, and a record missing then is a leak (or a
+    tombstone that expired), never an in-flight create. Still, a VM nobody records is
+    destroyed only once it is older than ``reconcile_grace_s`` (by the provider's clock).
+
+    - provider VM, record completed -> destroy_vm dispatched; record destroyed (a paused
+      creator made it after the destroy) or missing (past the grace) -> destroyed here.
+    - reserved VM older than ``2 * lock_expire_s`` whose create job died (its VM lock is
+      free): the provider has it -> vm_created; else the request is past its deadline
+      (or gone) -> vm_failed; else create_vm dispatched again.
+    - pending VM (pending since before the inventory was read) that the provider no
+      longer holds -> vm_failed.
+    """
+    counts: Counter[str] = Counter()
+    inventory_started = fleet.store.server_time()
+    inventories: dict[str, list[ProviderVM]] = {}
+    for provider_name, provider in fleet.providers.items():
+        try:
+            inventories[provider_name] = provider.inventory()
+        except Exception as exc:
+            log.warning("reconcile: inventory of %s failed: %s", provider_name, exc)
+            counts["inventory_error"] += 1
+    now = fleet.store.server_time()
+
+    for provider_name, inventory in inventories.items():
+        _reconcile_inventory(
+            fleet, provider_name, fleet.providers[provider_name], inventory, now, counts
+        )
+
+    held = {(p, vm.name) for p, inv in inventories.items() for vm in inv}
+    stuck_before = now - 2.0 * fleet.config.lock_expire_s
+    for pool in fleet.config.pools:
+        for name in fleet.store.pool_vms(pool, "reserved", max_score=stuck_before):
+            _reconcile_reserved(fleet, name, counts)
+        for name in fleet.store.pool_vms(pool, "pending", max_score=inventory_started):
+            vm = fleet.store.get_vm(name)
+            if vm is None or vm.provider not in inventories or (vm.provider, name) in held:
+                continue
+            _reconcile_lost(fleet, vm, counts)
+    return dict(counts)
+
+
+def _reconcile_inventory(
+    fleet: Fleet,
+    provider_name: str,
+    provider: Provider,
+    inventory: list[ProviderVM],
+    now: float,
+    counts: Counter[str],
+) -> None:
+    ours = [vm for vm in inventory if VM_NAME_RE.fullmatch(vm.name)]
+    for vm in inventory:
+        if not VM_NAME_RE.fullmatch(vm.name):
+            log.warning(
+                "reconcile: %s holds %r, not a vmpool name; left alone", provider.name, vm.name
+            )
+    records = {r.name: r for r in fleet.store.get_vms(vm.name for vm in ours)}
+    for pvm in ours:
+        record = records.get(pvm.name)
+        if record is None:
+            if now - pvm.created_at < fleet.config.reconcile_grace_s:
+                counts["unrecorded_in_grace"] += 1
+                continue
+            _destroy_unowned(fleet, provider, pvm, "leaked", counts)
+        elif record.provider != provider_name:
+            log.warning(
+                "reconcile: %s holds %s, recorded under provider %r; left alone",
+                provider_name,
+                pvm.name,
+                record.provider,
+            )
+        elif record.state == "completed":
+            fleet.dispatch.destroy_vm(pvm.name)
+            counts["destroy_dispatched"] += 1
+        elif record.state == "destroyed":
+            _destroy_unowned(fleet, provider, pvm, "resurrected", counts)
+
+
+def _destroy_unowned(
+    fleet: Fleet, provider: Provider, pvm: ProviderVM, why: str, counts: Counter[str]
+) -> None:
+    """Destroy a provider VM no live record can claim (missing or destroyed record).
+    Under the VM's lock, so it does not race a late create of the same name."""
+    try:
+        with fleet.lock("vm", pvm.name, "reconcile") as lock:
+            record = fleet.store.get_vm(pvm.name)
+            if record is not None and record.state != "destroyed":
+                counts["skipped_recorded"] += 1  # a record appeared: not ours to destroy
+                return
+            lock.ensure_held()
+            provider.destroy_vm(pvm.pool, pvm.name)
+            log.info("reconcile: destroyed %s VM %s at %s", why, pvm.name, provider.name)
+            counts[f"{why}_destroyed"] += 1
+    except LockBusy:
+        counts["busy"] += 1
+    except LockLost as exc:
+        log.warning("reconcile %s stopped: %s", pvm.name, exc)
+        counts["lock_lost"] += 1
+    except Exception as exc:
+        log.warning("reconcile: destroy of %s VM %s failed: %s", why, pvm.name, exc)
+        counts["provider_error"] += 1
+
+
+def _reconcile_reserved(fleet: Fleet, name: str, counts: Counter[str]) -> None:
+    vm = fleet.store.get_vm(name)
+    if vm is None or vm.state != "reserved":
+        return
+    provider = fleet.provider_for(vm)
+    if provider is None:
+        counts["no_provider"] += 1
+        return
+    redispatch = False
+    try:
+        with fleet.lock("vm", name, "reconcile") as lock:
+            redispatch = _finish_reservation(fleet, name, provider, lock, counts)
+    except LockBusy:
+        counts["busy"] += 1  # a create is running: not abandoned
+    except LockLost as exc:
+        log.warning("reconcile %s stopped: %s", name, exc)
+        counts["lock_lost"] += 1
+    except Exception as exc:
+        log.warning("reconcile %s: provider error: %s", name, exc)
+        counts["provider_error"] += 1
+    if redispatch:  # after our lock is released, so the create job can take it
+        fleet.dispatch.create_vm(name)
+
+
+def _finish_reservation(
+    fleet: Fleet, name: str, provider: Provider, lock: FencedLock, counts: Counter[str]
+) -> bool:
+    """Returns True when create_vm should be dispatched again."""
+    vm = fleet.store.get_vm(name)
+    if vm is None or vm.state != "reserved":
+        return False
+    actor = fleet.who("reconcile")
+    if provider.get_vm(vm.pool, name) is not None:
+        lock.ensure_held()
+        outcome = fleet.store.vm_created(name, actor=actor, fence=lock.fence)
+        note_outcome("vm_created", name, outcome)
+        fleet.slots.release(name)
+        if outcome.ok and outcome.code == "pending":
+            fleet.dispatch.check_pending_vm(name)
+            counts["reservation_created"] += 1
+        elif outcome.ok or outcome.code == "vm_completed":
+            destroy_at_provider(fleet, name, provider, lock)
+            counts["reservation_released"] += 1
+        return False
+    req = fleet.store.get_request(vm.request_id)
+    if req is None or req.status != "pending" or fleet.store.server_time() >= req.deadline:
+        lock.ensure_held()
+        outcome = fleet.store.vm_failed(
+            name, "create abandoned: the creating worker died", actor=actor, fence=lock.fence
+        )
+        note_outcome("vm_failed", name, outcome)
+        fleet.slots.release(name)
+        after_vm_failed(fleet, vm, outcome)
+        counts["reservation_failed"] += 1
+        return False
+    counts["reservation_redispatched"] += 1
+    return True
+
+
+def _reconcile_lost(fleet: Fleet, vm: VMRecord, counts: Counter[str]) -> None:
+    provider = fleet.provider_for(vm)
+    if provider is None:
+        return
+    try:
+        with fleet.lock("vm", vm.name, "reconcile") as lock:
+            current = fleet.store.get_vm(vm.name)
+            if current is None or current.state != "pending":
+                return
+            if provider.get_vm(vm.pool, vm.name) is not None:  # re-check, one VM
+                return
+            lock.ensure_held()
+            outcome = fleet.store.vm_failed(
+                vm.name,
+                "VM vanished at the provider",
+                actor=fleet.who("reconcile"),
+                fence=lock.fence,
+            )
+            note_outcome("vm_failed", vm.name, outcome)
+            after_vm_failed(fleet, current, outcome)
+            counts["pending_lost"] += 1
+    except LockBusy:
+        counts["busy"] += 1
+    except LockLost as exc:
+        log.warning("reconcile %s stopped: %s", vm.name, exc)
+        counts["lock_lost"] += 1
+    except Exception as exc:
+        log.warning("reconcile %s: provider error: %s", vm.name, exc)
+        counts["provider_error"] += 1

@@ -1,0 +1,206 @@
+"""The request's side of the lifecycle: reserving its VMs, re-checking it, expiring it.
+
+``provision_request`` reserves VMs for a request's unreserved slots within the fleet's
+clone limit (under the request's fenced lock); ``check_request`` re-checks one request;
+``sweep_expired`` and ``provision_sweep`` are the periodic sweeps that find the requests
+needing work from Redis state alone. Every state change is one checked store transition
+(:mod:`vmpool.state.store`); a refusal is the normal answer of a race lost.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+
+from redis.exceptions import ResponseError
+
+from vmpool.config import PoolConfig
+from vmpool.lifecycle.fleet import Fleet, dispatch_released, note_outcome
+from vmpool.state.locks import FencedLock, LockBusy, LockLost
+
+__all__ = ["check_request", "provision_request", "provision_sweep", "sweep_expired"]
+
+log = logging.getLogger(__name__)
+
+# How many hostnames to draw for one VM before giving up on it this round ('name_taken'
+# from reserve_vm means the name exists, tombstones included; collisions are rare).
+MAX_NAME_ATTEMPTS = 8
+
+# Refusals of reserve_vm that concern the whole request: stop reserving for it.
+_REQUEST_LEVEL_REFUSALS = frozenset({"no_request", "stale_fence", "past_deadline"})
+
+# ------------------------------------------------------------------------------------
+# provision_request: reservations within the clone limit
+# ------------------------------------------------------------------------------------
+
+
+def provision_request(fleet: Fleet, request_id: str) -> list[str]:
+    """Reserve VMs for the request's unreserved slots, within the fleet-wide clone limit,
+    and dispatch create_vm for each. Returns the names reserved by this call.
+
+    Runs under the request's lock; each reservation passes its fence, so a holder paused
+    past its lock's expiry cannot over-reserve (the store refuses 'stale_fence', and
+    'slot_full' bounds the slot whatever the lock does). One clone slot is taken per VM
+    before it is reserved and handed to create_vm, which gives it back.
+
+    A slot whose pool is no longer in the configuration is skipped with an error in the
+    log: no VM exists yet, so there is nothing to fail; the request stays pending and its
+    expiry fails it (with the usual TTL reason) unless the pool comes back meanwhile.
+    """
+    reserved: list[str] = []
+    try:
+        with fleet.lock("request", request_id, "provision") as lock:
+            _reserve_for(fleet, request_id, lock, reserved)
+    except LockBusy:
+        log.debug("provision %s: another worker holds the request", request_id)
+    except LockLost as exc:
+        log.warning("provision %s stopped: %s", request_id, exc)
+    return reserved
+
+
+def _reserve_for(fleet: Fleet, request_id: str, lock: FencedLock, reserved: list[str]) -> None:
+    req = fleet.store.get_request(request_id)
+    if req is None or req.status != "pending" or req.unreserved <= 0:
+        return
+    for slot in req.slots:
+        missing = slot.want - slot.live
+        if missing <= 0:
+            continue
+        pool = fleet.config.pools.get(slot.pool)
+        if pool is None or pool.provider not in fleet.providers:
+            log.error(
+                "request %s asks for pool %r, which is not configured (or has no provider);"
+                " skipping the slot",
+                request_id,
+                slot.pool,
+            )
+            continue
+        for _ in range(missing):
+            code = _reserve_one(fleet, request_id, slot.alias, pool, lock, reserved)
+            if code == "clone_limit" or code in _REQUEST_LEVEL_REFUSALS:
+                return
+            if code.startswith("request_"):
+                return
+            if code != "reserved":
+                break  # slot_full, no_such_slot, names exhausted: next slot
+
+
+def _reserve_one(
+    fleet: Fleet,
+    request_id: str,
+    alias: str,
+    pool: PoolConfig,
+    lock: FencedLock,
+    reserved: list[str],
+) -> str:
+    for _ in range(MAX_NAME_ATTEMPTS):
+        name = fleet.names()
+        if fleet.slots.acquire(name) is None:
+            log.info("provision %s: clone limit reached, the rest waits", request_id)
+            return "clone_limit"
+        try:
+            lock.ensure_held()
+            outcome = fleet.store.reserve_vm(
+                request_id,
+                name=name,
+                alias=alias,
+                pool=pool.name,
+                template=pool.template,
+                provider=pool.provider,
+                domain=pool.domain,
+                actor=fleet.who("provision"),
+                fence=lock.fence,
+            )
+        except BaseException:
+            fleet.slots.release(name)
+            raise
+        note_outcome("reserve", name, outcome)
+        if outcome.ok:
+            reserved.append(name)
+            fleet.dispatch.create_vm(name)
+            return "reserved"
+        fleet.slots.release(name)
+        if outcome.code != "name_taken":
+            return outcome.code
+    log.warning("provision %s: %d hostnames in a row were taken", request_id, MAX_NAME_ATTEMPTS)
+    return "names_exhausted"
+
+
+# ------------------------------------------------------------------------------------
+# check_request and the sweeps
+# ------------------------------------------------------------------------------------
+
+
+def check_request(fleet: Fleet, request_id: str) -> str:
+    """One request: expire it if its time is up, else push its work along.
+
+    Returns the expiry outcome ('fulfilled' / 'failed'), 'pending' (work dispatched),
+    'no_request' or 'request_<status>' for a request that is not pending.
+    """
+    req = fleet.store.get_request(request_id)
+    if req is None:
+        return "no_request"
+    if req.status != "pending":
+        if req.status in ("failed", "deleted"):
+            dispatch_released(fleet, request_id)
+        return f"request_{req.status}"
+    if fleet.store.server_time() >= req.fail_at:
+        outcome = fleet.store.expire_request(request_id, actor=fleet.who("check_request"))
+        note_outcome("expire", request_id, outcome)
+        if outcome.ok:
+            dispatch_released(fleet, request_id)
+        return outcome.code
+    vms = fleet.store.get_vms(req.vm_names)
+    pending = [vm.name for vm in vms if vm.state == "pending"]
+    reserved = [vm.name for vm in vms if vm.state == "reserved"]
+    if pending:
+        fleet.dispatch.check_pending_vms(pending)
+    if reserved:
+        fleet.dispatch.create_vms(reserved)
+    if req.unreserved > 0:
+        fleet.dispatch.provision_request(request_id)
+    return "pending"
+
+
+def sweep_expired(fleet: Fleet, limit: int = 1000) -> dict[str, int]:
+    """Expire every request whose time (TTL + grace) is up; count the outcomes.
+
+    The candidates come from one score-range read of the open-request index
+    (``store.due_for_expiry``), so the cost follows the number due, not the number open.
+    Each candidate then gets its own ``expire_request`` script, deliberately not one
+    script for the batch: each expiry is its own atomic unit with its own version bump
+    and audit entry on its own request's keys (one ``{rid}`` hash tag per script, as a
+    Redis Cluster would require); a long batch script would stall every other client
+    for the whole batch; and a script that fails halfway does not roll back, so one bad
+    record must not stop or half-apply the others. The script re-checks the deadline and
+    readiness inside the unit: a request whose VMs are all attached is fulfilled, never
+    failed.
+    """
+    counts: Counter[str] = Counter()
+    actor = fleet.who("sweep")
+    expired: list[str] = []
+    for request_id in fleet.store.due_for_expiry(limit=limit):
+        try:
+            outcome = fleet.store.expire_request(request_id, actor=actor)
+        except ResponseError as exc:  # one bad record must not stop the sweep
+            log.error("expire %s: script error: %s", request_id, exc)
+            counts["error"] += 1
+            continue
+        note_outcome("expire", request_id, outcome)
+        counts[outcome.code] += 1
+        if outcome.ok:
+            expired.append(request_id)
+    # Every expiry first, then the destroys in one batch: a request late in a long due
+    # list is not kept waiting behind the others' follow-up work (the settle bound).
+    dispatch_released(fleet, *expired)
+    return dict(counts)
+
+
+def provision_sweep(fleet: Fleet) -> int:
+    """Dispatch provision_request for every request with unreserved slots (one batch)."""
+    candidates = fleet.store.provision_candidates()
+    if candidates:
+        fleet.dispatch.provision_requests(candidates)
+    return len(candidates)
+
+

@@ -1,0 +1,295 @@
+"""The VM's side of the lifecycle: create, check while booting, reap, destroy.
+
+``create_vm`` calls the provider for a reserved VM, ``check_pending_vm`` asks whether a
+booting VM is ready (or past its timeout), ``destroy_vm`` gives a completed VM back; the
+sweeps (``check_pending_sweep``, ``reap_running``, ``destroy_sweep``) find the VMs that
+need work. Provider work runs under the VM's fenced lock; every state change is one
+checked store transition.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping, Sequence
+
+from vmpool.config import Config
+from vmpool.lifecycle.failpoints import failpoint
+from vmpool.lifecycle.fleet import Fleet, after_vm_failed, dispatch_released, note_outcome
+from vmpool.providers import Provider, is_permanent_error
+from vmpool.state.locks import FencedLock, LockBusy, LockLost
+
+__all__ = [
+    "check_pending_sweep",
+    "check_pending_vm",
+    "create_vm",
+    "destroy_at_provider",
+    "destroy_sweep",
+    "destroy_vm",
+    "reap_running",
+    "reserved_grace_s",
+]
+
+log = logging.getLogger(__name__)
+
+# ------------------------------------------------------------------------------------
+# create_vm
+# ------------------------------------------------------------------------------------
+
+
+def create_vm(fleet: Fleet, name: str) -> str:
+    """Create a reserved VM at its provider and record it pending.
+
+    Returns: 'pending' (created; check_pending_vm dispatched), 'completed' (the request
+    let go of the VM while the provider worked: destroyed at the provider at once),
+    'retry' / 'request_failed' / 'failed' (the provider refused; vm_failed recorded),
+    'busy' (another worker holds the VM), 'throttled' (no clone slot free; the pending
+    sweep dispatches it again), 'lock_lost', 'no_provider', or the store's refusal
+    ('no_vm', 'vm_<state>', 'stale_fence').
+
+    The create is idempotent at the provider (by name), so a second run, or a run after
+    a worker died mid-create, finds the same VM. The clone slot is released in a
+    ``finally`` once the create is over, whichever way it went.
+    """
+    outcome = _under_vm_lock(fleet, name, "reserved", "create", _create_locked)
+    if outcome.startswith("vm_"):
+        fleet.slots.release(name)  # no longer reserved: whatever slot it held is free
+    return outcome
+
+
+LockedStep = Callable[[Fleet, str, Provider, FencedLock], str]
+
+
+def _under_vm_lock(fleet: Fleet, name: str, state: str, step: str, body: LockedStep) -> str:
+    """The shape of every per-VM job: a cheap read to skip work that is not due, then
+    ``body`` under the VM's lock (which re-reads and acts). Another worker holding the
+    lock is 'busy', not an error; a lock lost midway stops the step ('lock_lost')."""
+    vm = fleet.store.get_vm(name)
+    if vm is None:
+        return "no_vm"
+    if vm.state != state:
+        return f"vm_{vm.state}"
+    provider = fleet.provider_for(vm)
+    if provider is None:
+        return "no_provider"
+    try:
+        with fleet.lock("vm", name, step) as lock:
+            return body(fleet, name, provider, lock)
+    except LockBusy:
+        log.debug("%s %s: another worker holds the VM", step, name)
+        return "busy"
+    except LockLost as exc:
+        log.warning("%s %s stopped: %s", step, name, exc)
+        return "lock_lost"
+
+
+def _create_locked(fleet: Fleet, name: str, provider: Provider, lock: FencedLock) -> str:
+    vm = fleet.store.get_vm(name)  # re-read under the lock
+    if vm is None:
+        return "no_vm"
+    if vm.state != "reserved":
+        fleet.slots.release(name)
+        return f"vm_{vm.state}"
+    if fleet.slots.acquire(name) is None:  # renews our lease, or takes a free slot
+        log.info("create %s: clone limit reached, waiting for a slot", name)
+        return "throttled"
+    actor = fleet.who("create")
+    try:
+        lock.ensure_held()
+        try:
+            provider.create_vm(vm.pool, vm.template, name)
+        except Exception as exc:  # any provider failure is recorded, never raised
+            permanent = is_permanent_error(exc)
+            log.info("create %s failed (permanent=%s): %s", name, permanent, exc)
+            lock.ensure_held()
+            failed = fleet.store.vm_failed(
+                name, f"create failed: {exc}", actor=actor, permanent=permanent, fence=lock.fence
+            )
+            note_outcome("vm_failed", name, failed)
+            after_vm_failed(fleet, vm, failed)
+            if failed.ok:
+                return failed.code if failed.code != "completed" else "failed"
+            return failed.code
+        failpoint("create_vm.after_provider")
+        lock.ensure_held()
+        failpoint("create_vm.before_commit")  # a pause here is what the fence is for
+        created = fleet.store.vm_created(name, actor=actor, fence=lock.fence)
+        note_outcome("vm_created", name, created)
+        if created.ok and created.code == "pending":
+            fleet.dispatch.check_pending_vm(name)
+            return "pending"
+        if created.code == "stale_fence":
+            # Another worker holds the VM now and will finish (or undo) this create; but
+            # if the record already let go of the VM, what we made is nobody's.
+            _destroy_if_released(fleet, name, provider)
+            return "stale_fence"
+        # 'completed' (request gone), 'vm_completed' (released meanwhile), ...: the VM we
+        # made belongs to nobody; destroy it now rather than wait for the reconciler.
+        destroy_at_provider(fleet, name, provider, lock, pool=vm.pool)
+        return "completed" if created.ok else created.code
+    finally:
+        fleet.slots.release(name)
+
+
+def _destroy_if_released(fleet: Fleet, name: str, provider: Provider) -> None:
+    """Without the lock: destroy at the provider only if the record can never need the
+    VM again (completed or destroyed are final), else leave it to the lock holder."""
+    vm = fleet.store.get_vm(name)
+    if vm is None or vm.state in ("completed", "destroyed"):
+        try:
+            provider.destroy_vm(vm.pool if vm else "", name)
+        except Exception as exc:
+            log.warning("destroy of released %s failed (reconcile retries): %s", name, exc)
+
+
+def destroy_at_provider(
+    fleet: Fleet, name: str, provider: Provider, lock: FencedLock, pool: str = ""
+) -> str:
+    """Under the VM's lock: destroy at the provider, then record it destroyed. A VM
+    whose record is gone (its tombstone expired) is destroyed at the provider only."""
+    vm = fleet.store.get_vm(name)
+    if vm is None:
+        lock.ensure_held()
+        try:
+            provider.destroy_vm(pool, name)
+        except Exception as exc:
+            log.warning("destroy of unrecorded %s failed (reconcile retries): %s", name, exc)
+        return "no_vm"
+    if vm.state != "completed":
+        return f"vm_{vm.state}"
+    lock.ensure_held()
+    try:
+        provider.destroy_vm(vm.pool, name)
+    except Exception as exc:
+        log.warning("destroy %s failed; it stays completed for the next sweep: %s", name, exc)
+        return "provider_error"
+    lock.ensure_held()
+    outcome = fleet.store.vm_destroyed(name, actor=fleet.who("destroy"), fence=lock.fence)
+    note_outcome("vm_destroyed", name, outcome)
+    return outcome.code
+
+
+# ------------------------------------------------------------------------------------
+# check_pending_vm
+# ------------------------------------------------------------------------------------
+
+
+def check_pending_vm(fleet: Fleet, name: str) -> str:
+    """Ask the provider whether a pending VM booted.
+
+    Returns: 'running' / 'fulfilled' (attached; the request turned ready in the same
+    step) / 'completed' (the request is gone or out of time: to destruction), 'booting'
+    (not yet), 'retry' / 'request_failed' / 'failed' (past the pool's timeout, counted
+    from the VM's created_at in server time, or vanished at the provider), 'busy',
+    'provider_error', 'lock_lost', 'no_provider', or a refusal ('no_vm', 'vm_<state>').
+    """
+    return _under_vm_lock(fleet, name, "pending", "check_pending", _check_pending_locked)
+
+
+def _check_pending_locked(fleet: Fleet, name: str, provider: Provider, lock: FencedLock) -> str:
+    vm = fleet.store.get_vm(name)
+    if vm is None:
+        return "no_vm"
+    if vm.state != "pending":
+        return f"vm_{vm.state}"
+    actor = fleet.who("check_pending")
+    reason = ""
+    try:
+        held = provider.get_vm(vm.pool, name)
+        ready = held is not None and provider.vm_ready(vm.pool, name)
+    except Exception as exc:
+        log.warning("check_pending %s: provider error, next check retries: %s", name, exc)
+        return "provider_error"
+    if held is None:
+        reason = "VM vanished at the provider while booting"
+    elif ready:
+        lock.ensure_held()
+        failpoint("check_pending.before_commit")
+        outcome = fleet.store.vm_ready(name, actor=actor, fence=lock.fence)
+        note_outcome("vm_ready", name, outcome)
+        if outcome.ok and outcome.code == "completed":
+            fleet.dispatch.destroy_vm(name)
+            dispatch_released(fleet, vm.request_id)
+        return outcome.code
+    else:
+        timeout_s = fleet.pool_timeout_s(vm.pool)
+        since = vm.created_at if vm.created_at is not None else vm.state_since
+        if since is None or fleet.store.server_time() - since < timeout_s:
+            return "booting"
+        reason = f"timeout: not ready {timeout_s:g}s after create"
+    lock.ensure_held()
+    failed = fleet.store.vm_failed(name, reason, actor=actor, fence=lock.fence)
+    note_outcome("vm_failed", name, failed)
+    after_vm_failed(fleet, vm, failed)
+    if failed.ok:
+        return failed.code if failed.code != "completed" else "failed"
+    return failed.code
+
+
+def reserved_grace_s(config: Config) -> float:
+    """How long a reservation may wait for its create job before the pending sweep
+    dispatches the create again (it is idempotent; a running one answers 'busy')."""
+    return max(10.0, 2.0 * config.schedule.check_pending_sweep)
+
+
+def check_pending_sweep(fleet: Fleet, pool: str | None = None) -> int:
+    """Dispatch check_pending_vm for every pending VM of every configured pool (or of
+    ``pool``), and create_vm again for reservations older than ``reserved_grace_s``
+    (a lost create job, or one that found no clone slot). Returns the dispatch count.
+
+    Batched: one read per state for all pools (a pipeline), one dispatch batch per job,
+    so the round trips per tick do not grow with the number of pending VMs."""
+    now = fleet.store.server_time()
+    grace = reserved_grace_s(fleet.config)
+    pools = [pool] if pool else list(fleet.config.pools)
+    pending = _flat(fleet.store.pools_vms(pools, "pending"))
+    stale = _flat(fleet.store.pools_vms(pools, "reserved", max_score=now - grace))
+    if pending:
+        fleet.dispatch.check_pending_vms(pending)
+    if stale:
+        fleet.dispatch.create_vms(stale)
+    return len(pending) + len(stale)
+
+
+def _flat(by_pool: Mapping[str, Sequence[str]]) -> list[str]:
+    return [name for names in by_pool.values() for name in names]
+
+
+def reap_running(fleet: Fleet) -> int:
+    """End the VMs whose lifetime is over (their running score is their lifetime end)
+    and dispatch their destruction. Returns how many were ended.
+
+    Each ``end_vm_lifetime`` is its own atomic transition (one script per expired VM:
+    the cost follows the expired count, not the running count); the destroy dispatch
+    for all of them is one batch at the end (a pass that dies before it leaves the VMs
+    'completed', which destroy_sweep finds)."""
+    now = fleet.store.server_time()
+    ended: list[str] = []
+    for name in _flat(fleet.store.pools_vms(list(fleet.config.pools), "running", max_score=now)):
+        outcome = fleet.store.end_vm_lifetime(name, actor=fleet.who("reap"))
+        note_outcome("end_vm_lifetime", name, outcome)
+        if outcome.ok:
+            ended.append(name)
+    if ended:
+        fleet.dispatch.destroy_vms(ended)
+    return len(ended)
+
+
+def destroy_sweep(fleet: Fleet) -> int:
+    """Dispatch destroy_vm for every completed VM of every configured pool (one read
+    for all pools, one dispatch batch)."""
+    names = _flat(fleet.store.pools_vms(list(fleet.config.pools), "completed"))
+    if names:
+        fleet.dispatch.destroy_vms(names)
+    return len(names)
+
+
+def destroy_vm(fleet: Fleet, name: str) -> str:
+    """Destroy a completed VM at its provider, then record it destroyed.
+
+    Returns 'destroyed', 'provider_error' (a transient failure: the VM stays completed
+    and the next destroy sweep retries), 'busy', 'lock_lost', 'no_provider', or a
+    refusal ('no_vm', 'vm_<state>': only a completed VM is destroyed).
+    """
+    return _under_vm_lock(fleet, name, "completed", "destroy", destroy_at_provider)
+
+
