@@ -12,6 +12,7 @@ from rq.job import Job, JobStatus
 from vmpool.config import load_config
 from vmpool.state.keys import Keys
 from workers import queues as q
+from workers.jobs import noop
 from workers.table import (
     JOBS,
     QUEUE_REQUESTS,
@@ -23,7 +24,6 @@ from workers.table import (
     job_id,
     template_id,
 )
-from workers.jobs import noop
 from workers.worker import FleetJob, build_worker, current_fleet
 
 K = Keys()  # the default prefix, `vmpool`
@@ -236,7 +236,8 @@ def test_enqueue_many_builds_the_same_job_as_enqueue(conn: redis.Redis) -> None:
     assert q.enqueue_many(conn, K, "check_pending_vm", ["vm.a_1"]) == 1
     many = _hash(conn, job_id(K, "check_pending_vm", "vm.a_1"))
     assert many == one and many
-    assert Queue(K.queue(QUEUE_VMS), connection=conn).job_ids == ["vmpool-check_pending_vm-vm_oa__1"]
+    jid = "vmpool-check_pending_vm-vm_oa__1"
+    assert Queue(K.queue(QUEUE_VMS), connection=conn).job_ids == [jid]
     job = Job.fetch("vmpool-check_pending_vm-vm_oa__1", connection=conn)
     assert job.args == ("vm.a_1",)
     assert job.result_ttl == 0
@@ -319,7 +320,10 @@ def test_dispatcher_batches(conn: redis.Redis) -> None:
     d.destroy_vms([])
     d.destroy_vms(["vm-a"])
     d.create_vm("vm-a")  # duplicate of a batched one: absorbed
-    assert Queue(K.queue(QUEUE_REQUESTS), connection=conn).job_ids == ["vmpool-provision_request-r1", "vmpool-provision_request-r2"]
+    assert Queue(K.queue(QUEUE_REQUESTS), connection=conn).job_ids == [
+        "vmpool-provision_request-r1",
+        "vmpool-provision_request-r2",
+    ]
     assert Queue(K.queue(QUEUE_VMS), connection=conn).job_ids == [
         "vmpool-create_vm-vm-a",
         "vmpool-check_pending_vm-vm-a",
@@ -393,5 +397,6 @@ def test_a_queued_sweep_goes_before_a_flood_of_request_jobs(
     assert q.enqueue(conn, K, "sweep_expired", run=1)
     worker = build_worker(redis_url, config, kind="simple")
     assert worker.work(burst=True, max_jobs=1)
-    assert not conn.exists(Job.key_for(job_id(K, "sweep_expired", run=1)))  # the one job it ran was the sweep
+    # the one job it ran was the sweep
+    assert not conn.exists(Job.key_for(job_id(K, "sweep_expired", run=1)))
     assert len(Queue(K.queue(QUEUE_REQUESTS), connection=conn)) == 30
