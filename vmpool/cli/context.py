@@ -27,13 +27,14 @@ from json import dumps
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
 
 import click
-from redis import Redis, RedisError
 
 from vmpool.cli.errors import CliError, CliFailure
 from vmpool.config import Config, ConfigError, load_config, mask_url_password, validate_redis_url
 from vmpool.state.keys import Keys
 
-if TYPE_CHECKING:  # built on first use only: `vmpool config check` needs neither
+if TYPE_CHECKING:  # imported on first use only: `vmpool config check` needs none of them
+    from redis import Redis
+
     from vmpool.state.store import Store
     from vmpool.state.tokens import TokenStore
 
@@ -134,6 +135,8 @@ class CliContext:
         return self.redis_url
 
     def _connect(self, *, decode_responses: bool) -> Redis:
+        from redis import Redis, RedisError
+
         url = self.redis_url
         client = Redis.from_url(
             url, decode_responses=decode_responses, socket_connect_timeout=5, socket_timeout=30
