@@ -1,5 +1,4 @@
-"""`vmpool config check|show`, the shared options and the command context: exit
-statuses, one-line errors, JSON output."""
+"""`vmpool config check|show|schema`: exit statuses, one-line errors, JSON output."""
 
 from __future__ import annotations
 
@@ -8,14 +7,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-import click
 import pytest
 from click.testing import CliRunner, Result
 
-import vmpool.cli.main
 from vmpool.cli.context import CliContext
 from vmpool.cli.errors import CliError, CliFailure
-from vmpool.cli.main import cli, main
+from vmpool.cli.main import cli
 from vmpool.config import DEMO_SOURCE
 
 GOOD = """\
@@ -173,50 +170,12 @@ def test_context_config(tmp_path: Path) -> None:
     assert CliFailure("x").exit_code == 1
 
 
-def test_context_redis_url_required_unless_a_fallback() -> None:
-    with pytest.raises(CliError, match="no Redis to use"):
-        _ = CliContext().redis_url
-    assert CliContext(fallback_redis_url="redis://h:1/0").redis_url == "redis://h:1/0"
-    given = CliContext(redis_url="redis://given:2/0", fallback_redis_url="redis://h:1/0")
-    assert given.redis_url == "redis://given:2/0"
 
 
-def test_context_unreachable_redis_is_exit_1() -> None:
-    cli_ctx = CliContext(redis_url="redis://127.0.0.1:1/0")
-    with pytest.raises(CliFailure, match="cannot reach Redis at redis://127.0.0.1:1/0"):
-        _ = cli_ctx.redis
-    cli_ctx.close()
 
 
-def test_context_builds_once_and_closes(redis_url: str) -> None:
-    cli_ctx = CliContext(redis_url=redis_url)
-    assert cli_ctx.store is cli_ctx.store
-    assert cli_ctx.store.redis is cli_ctx.redis
-    assert cli_ctx.keys.prefix == cli_ctx.config.key_prefix
-    assert cli_ctx.rq_redis.ping()
-    assert cli_ctx.check_redis() == redis_url
-    cli_ctx.close()
-    assert "redis" not in vars(cli_ctx) and "rq_redis" not in vars(cli_ctx)
 
 
-def test_every_command_takes_the_shared_options() -> None:
-    """--config and --redis-url on every command; --json on those that print data."""
-    printing = {"config check", "config show", "request create", "request get",
-                "request delete", "request history", "pools", "audit", "token create",
-                "token revoke", "enqueue"}
-    ctx = click.Context(cli)
-    seen = set()
-    for name in cli.list_commands(ctx):
-        command = cli.get_command(ctx, name)
-        assert command is not None
-        subs = command.commands if isinstance(command, click.Group) else {"": command}
-        for sub_name, sub in subs.items():
-            full = f"{name} {sub_name}".strip()
-            seen.add(full)
-            options = {opt for param in sub.params for opt in param.opts}
-            assert {"--config", "--redis-url"} <= options, full
-            assert ("--json" in options) == (full in printing), full
-    assert printing <= seen and {"api", "worker", "scheduler", "up"} <= seen
 
 
 def test_help_and_version() -> None:
@@ -230,28 +189,8 @@ def test_help_and_version() -> None:
     assert run("--version").exit_code == 0
 
 
-def test_main_turns_unexpected_errors_into_one_line(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
-    def boom(*args: object, **kwargs: object) -> None:
-        raise RuntimeError("redis went away\nsecond line")
-
-    monkeypatch.delenv("VMPOOL_DEBUG", raising=False)
-    monkeypatch.setattr(vmpool.cli.main.cli, "main", boom)
-    with pytest.raises(SystemExit) as info:
-        main()
-    assert info.value.code == 1
-    assert capsys.readouterr().err == "vmpool: error: RuntimeError: redis went away second line\n"
 
 
-def test_cli_failure_exits_1() -> None:
-    @click.command()
-    def failing() -> None:
-        raise CliFailure("2 invariants broken")
-
-    result = CliRunner().invoke(failing, [])
-    assert result.exit_code == 1
-    assert result.stderr == "vmpool: error: 2 invariants broken\n"
 
 
 def _vmpool_command() -> list[str]:
