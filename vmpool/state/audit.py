@@ -10,10 +10,10 @@ the providers' inventories (invariants 3 and 4, and the trails). Each problem is
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from vmpool.state.keys import INDEXED_VM_STATES, Keys
+from vmpool.state.keys import INDEXED_VM_STATES
 from vmpool.state.store import AuditEntry, RequestRecord, Store, VMRecord
 from vmpool.state.transitions import (
     NONE,
@@ -46,59 +46,62 @@ class Violation:
         return asdict(self)
 
 
+@dataclass
+class _Trail:
+    """What a trail has said so far, while it is read oldest entry first."""
+
+    subject: str
+    status: str = NONE
+    was_ready: bool = False
+    expected_version: int = 1
+    vm_states: dict[str, str] = field(default_factory=dict)
+    out: list[Violation] = field(default_factory=list)
+
+    def flag(self, invariant: int, message: str) -> None:
+        self.out.append(Violation(invariant, self.subject, message))
+
+
 def check_trail(request_id: str, entries: Sequence[AuditEntry]) -> list[Violation]:
     """Invariants 1, 2 and 5 over one request's audit trail, oldest entry first."""
-    out: list[Violation] = []
-    subject = f"request {request_id}"
-    status = NONE
-    vm_states: dict[str, str] = {}
-    was_ready = False
-    expected_version = 1
+    trail = _Trail(f"request {request_id}")
     for e in entries:
-        if e.version != expected_version:
-            out.append(
-                Violation(5, subject, f"version {e.version} where {expected_version} was due")
-            )
-        expected_version = e.version + 1
+        if e.version != trail.expected_version:
+            trail.flag(5, f"version {e.version} where {trail.expected_version} was due")
+        trail.expected_version = e.version + 1
         if e.entity == "request":
-            if e.src != status:
-                out.append(
-                    Violation(5, subject, f"entry {e.version} moves from {e.src} but was {status}")
-                )
-            if status in REQUEST_TERMINAL:
-                out.append(
-                    Violation(1, subject, f"left terminal {status} for {e.dst} at v{e.version}")
-                )
-            elif was_ready and e.dst == "failed":
-                out.append(Violation(2, subject, f"ready request failed at v{e.version}"))
-            elif not request_transition_allowed(e.src, e.dst):
-                out.append(Violation(5, subject, f"{e.src} -> {e.dst} is not allowed"))
-            status = e.dst
-            was_ready = was_ready or e.dst == "ready"
+            _request_entry(trail, e)
         elif e.entity.startswith("vm:"):
-            name = e.entity[3:]
-            current = vm_states.get(name, NONE)
-            if e.src != current:
-                out.append(
-                    Violation(5, subject, f"VM {name} moves from {e.src} but was {current}")
-                )
-            if not vm_transition_allowed(e.src, e.dst):
-                out.append(Violation(5, subject, f"VM {name}: {e.src} -> {e.dst} is not allowed"))
-            if (
-                e.src == "running"
-                and e.dst == "completed"
-                and status == "ready"
-                and e.reason != "lifetime ended"
-            ):
-                out.append(
-                    Violation(2, subject, f"VM {name} of the ready request released: {e.reason}")
-                )
-            if e.dst == "running" and status != "pending":
-                out.append(Violation(1, subject, f"VM {name} attached to a {status} request"))
-            vm_states[name] = e.dst
+            _vm_entry(trail, e, e.entity[3:])
         else:
-            out.append(Violation(5, subject, f"unknown entity {e.entity!r}"))
-    return out
+            trail.flag(5, f"unknown entity {e.entity!r}")
+    return trail.out
+
+
+def _request_entry(trail: _Trail, e: AuditEntry) -> None:
+    if e.src != trail.status:
+        trail.flag(5, f"entry {e.version} moves from {e.src} but was {trail.status}")
+    if trail.status in REQUEST_TERMINAL:
+        trail.flag(1, f"left terminal {trail.status} for {e.dst} at v{e.version}")
+    elif trail.was_ready and e.dst == "failed":
+        trail.flag(2, f"ready request failed at v{e.version}")
+    elif not request_transition_allowed(e.src, e.dst):
+        trail.flag(5, f"{e.src} -> {e.dst} is not allowed")
+    trail.status = e.dst
+    trail.was_ready = trail.was_ready or e.dst == "ready"
+
+
+def _vm_entry(trail: _Trail, e: AuditEntry, name: str) -> None:
+    current = trail.vm_states.get(name, NONE)
+    if e.src != current:
+        trail.flag(5, f"VM {name} moves from {e.src} but was {current}")
+    if not vm_transition_allowed(e.src, e.dst):
+        trail.flag(5, f"VM {name}: {e.src} -> {e.dst} is not allowed")
+    released = e.src == "running" and e.dst == "completed"
+    if released and trail.status == "ready" and e.reason != "lifetime ended":
+        trail.flag(2, f"VM {name} of the ready request released: {e.reason}")
+    if e.dst == "running" and trail.status != "pending":
+        trail.flag(1, f"VM {name} attached to a {trail.status} request")
+    trail.vm_states[name] = e.dst
 
 
 def _scan(store: Store, pattern: str) -> Iterable[str]:
@@ -114,45 +117,74 @@ def audit_state(
     now: float | None = None,
 ) -> list[Violation]:
     """All five invariants over what Redis and the providers hold right now."""
-    keys: Keys = store.keys
     now = store.server_time() if now is None else now
-    out: list[Violation] = []
+    requests = _read_requests(store)
+    out = _check_requests(store, requests, now, sweep_interval_s)
+    vms = _read_vms(store)
+    out += _check_vm_owners(requests, vms)
+    out += _check_indexes(store, vms)
+    out += _check_inventory(providers, vms)
+    return out
 
+
+def _read_requests(store: Store) -> dict[str, RequestRecord]:
     requests: dict[str, RequestRecord] = {}
-    for key in _scan(store, keys.request_pattern()):
-        rid = keys.request_id_from_key(key)
+    for key in _scan(store, store.keys.request_pattern()):
+        rid = store.keys.request_id_from_key(key)
         record = store.get_request(rid)
         if record is not None:
             requests[rid] = record
+    return requests
 
+
+def _check_requests(
+    store: Store, requests: Mapping[str, RequestRecord], now: float, sweep_interval_s: float
+) -> list[Violation]:
+    """Invariants 1, 2 and 5 per trail; 4 (settled in time); 3 (one request per VM)."""
+    out: list[Violation] = []
     owner_of: dict[str, str] = {}
     for rid, req in requests.items():
         out += check_trail(rid, store.history(rid))
         if req.status == "pending" and now > req.fail_at + sweep_interval_s:
-            out.append(
-                Violation(
-                    4, f"request {rid}", f"still pending {now - req.fail_at:.1f}s past its TTL"
-                )
-            )
+            late = f"still pending {now - req.fail_at:.1f}s past its TTL"
+            out.append(Violation(4, f"request {rid}", late))
         for name in req.vm_names:
             if name in owner_of and owner_of[name] != rid:
                 out.append(Violation(3, f"vm {name}", f"in requests {owner_of[name]} and {rid}"))
             owner_of[name] = rid
+    return out
 
-    vms: dict[str, VMRecord] = {}
-    vm_prefix = keys.vm_prefix()
-    names = [k[len(vm_prefix) :] for k in _scan(store, keys.vm_pattern()) if k.count(":") == 2]
-    for vm in store.get_vms(names):
-        vms[vm.name] = vm
+
+def _read_vms(store: Store) -> dict[str, VMRecord]:
+    """Every VM record. A VM name holds no ':', so the ``...:fence`` keys are skipped
+    whatever characters the key prefix has."""
+    vm_prefix = store.keys.vm_prefix()
+    names = [
+        name
+        for key in _scan(store, store.keys.vm_pattern())
+        if ":" not in (name := key[len(vm_prefix) :])
+    ]
+    return {vm.name: vm for vm in store.get_vms(names)}
+
+
+def _check_vm_owners(
+    requests: Mapping[str, RequestRecord], vms: Mapping[str, VMRecord]
+) -> list[Violation]:
+    out: list[Violation] = []
+    for vm in vms.values():
         owner = requests.get(vm.request_id)
         if owner is not None and vm.name not in owner.vm_names:
             out.append(Violation(3, f"vm {vm.name}", f"not in its request {vm.request_id}"))
         if vm.state == "running" and owner is not None and owner.status not in REQUEST_LIVE:
             out.append(Violation(3, f"vm {vm.name}", f"running for a {owner.status} request"))
+    return out
 
-    # The per-pool indexes agree with the records.
-    pool_prefix = keys.pool_state_prefix()
-    for key in _scan(store, keys.pool_state_pattern()):
+
+def _check_indexes(store: Store, vms: Mapping[str, VMRecord]) -> list[Violation]:
+    """The per-pool indexes agree with the records."""
+    out: list[Violation] = []
+    pool_prefix = store.keys.pool_state_prefix()
+    for key in _scan(store, store.keys.pool_state_pattern()):
         pool, _, state = key[len(pool_prefix) :].rpartition(":")
         if state not in INDEXED_VM_STATES:
             continue
@@ -162,20 +194,25 @@ def audit_state(
             if vm_rec is None or vm_rec.state != state or vm_rec.pool != pool:
                 seen = "missing" if vm_rec is None else vm_rec.state
                 out.append(Violation(3, f"vm {name}", f"indexed {pool}:{state} but is {seen}"))
+    return out
 
-    # Every VM a provider holds is accounted for.
+
+def _check_inventory(
+    providers: Mapping[str, Any], vms: Mapping[str, VMRecord]
+) -> list[Violation]:
+    """Every VM a provider holds is accounted for (invariant 3: none leaks)."""
+    out: list[Violation] = []
     for provider_name, provider in providers.items():
         for pvm in provider.inventory():
             vm_rec = vms.get(pvm.name)
             if vm_rec is None:
                 # a create in flight has a reserved record; anything else is a leak
-                out.append(
-                    Violation(3, f"vm {pvm.name}", f"held by {provider_name} with no record")
-                )
+                problem = f"held by {provider_name} with no record"
             elif vm_rec.state == "destroyed":
-                out.append(
-                    Violation(3, f"vm {pvm.name}", f"held by {provider_name} but destroyed")
-                )
+                problem = f"held by {provider_name} but destroyed"
             elif vm_rec.state not in VM_LIVE and vm_rec.state != "completed":
-                out.append(Violation(3, f"vm {pvm.name}", f"in unknown state {vm_rec.state}"))
+                problem = f"in unknown state {vm_rec.state}"
+            else:
+                continue
+            out.append(Violation(3, f"vm {pvm.name}", problem))
     return out
