@@ -8,7 +8,8 @@ import redis
 from vmpool.ids import InvalidIdentifier
 from vmpool.state.audit import check_trail
 from vmpool.state.keys import Keys
-from vmpool.state.store import Slot, Store, decode_slots, encode_slots
+from vmpool.state.records import Slot, decode_slots, encode_slots
+from vmpool.state.store import Store
 
 from storehelp import ACTOR, make_request, refused, settings, snapshot, wait_until
 

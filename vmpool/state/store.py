@@ -12,17 +12,39 @@ Nothing else in vmpool writes a status: not the API, not a job, not the CLI.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import redis
 from redis.commands.core import Script
 
-from vmpool.ids import validate_pool_name, validate_request_id, validate_vm_name
+from vmpool.ids import validate_request_id, validate_vm_name
 from vmpool.state.keys import Keys
 from vmpool.state.lua import read_script
+from vmpool.state.records import (
+    AuditEntry,
+    Outcome,
+    RequestRecord,
+    RequestSettings,
+    Slot,
+    VMRecord,
+    decode_hash,
+    encode_slots,
+    text,
+)
 from vmpool.state.transitions import lua_tables
+
+# The records are defined in vmpool.state.records; the store hands them out.
+__all__ = [
+    "SCRIPT_NAMES",
+    "AuditEntry",
+    "Outcome",
+    "RequestRecord",
+    "RequestSettings",
+    "Slot",
+    "Store",
+    "VMRecord",
+]
 
 SCRIPTS_PACKAGE = "vmpool.state.scripts"
 SCRIPT_NAMES = (
@@ -36,213 +58,6 @@ SCRIPT_NAMES = (
     "end_vm_lifetime",
     "vm_destroyed",
 )
-
-
-def _text(value: Any) -> str:
-    if isinstance(value, bytes):
-        return value.decode()
-    return str(value)
-
-
-def _float(value: Any, default: float | None = None) -> float | None:
-    if value is None or value == "" or value == b"":
-        return default
-    return float(_text(value))
-
-
-@dataclass(frozen=True)
-class Slot:
-    """Part of a request: ``count`` VMs of ``pool``, asked for under the name ``alias``."""
-
-    alias: str
-    pool: str
-    count: int
-
-    @property
-    def key(self) -> str:
-        return f"{self.alias}:{self.pool}"
-
-
-def encode_slots(slots: Iterable[Slot]) -> str:
-    """vmpooler's ``requested`` format: ``alias:pool:n,alias:pool:n``."""
-    merged: dict[tuple[str, str], int] = {}
-    for slot in slots:
-        validate_pool_name(slot.alias)
-        validate_pool_name(slot.pool)
-        if slot.count < 0:
-            raise ValueError(f"negative count for {slot.alias}")
-        merged[(slot.alias, slot.pool)] = merged.get((slot.alias, slot.pool), 0) + slot.count
-    return ",".join(f"{a}:{p}:{n}" for (a, p), n in merged.items() if n > 0)
-
-
-def decode_slots(requested: str) -> list[Slot]:
-    slots = []
-    for part in requested.split(","):
-        if part:
-            alias, pool, count = part.rsplit(":", 2)
-            slots.append(Slot(alias, pool, int(count)))
-    return slots
-
-
-@dataclass(frozen=True)
-class RequestSettings:
-    """Per-request policy, fixed when the request is created and kept in its record,
-    so that every later transition applies the policy the request was accepted under."""
-
-    ttl_s: float
-    grace_s: float = 0.0
-    max_vm_retries: int = 3
-    vm_lifetime_s: float = 12 * 3600
-    data_ttl_s: float = 168 * 3600
-
-    @classmethod
-    def from_config(cls, config: Any, *, authenticated: bool = False) -> RequestSettings:
-        return cls(
-            ttl_s=float(config.ondemand_request_ttl_s),
-            grace_s=float(config.ondemand_request_grace_s),
-            max_vm_retries=int(config.max_vm_retries),
-            vm_lifetime_s=float(
-                config.vm_lifetime_auth_s if authenticated else config.vm_lifetime_s
-            ),
-            data_ttl_s=float(config.data_ttl_s),
-        )
-
-
-@dataclass(frozen=True)
-class Outcome:
-    """What a transition did: ``ok`` and a ``code`` (``created``, ``fulfilled``,
-    ``request_failed``...), or a refusal (``ok=False``) whose code says why."""
-
-    ok: bool
-    code: str
-    version: int | None = None
-
-    @classmethod
-    def from_reply(cls, reply: Sequence[Any]) -> Outcome:
-        ok = int(reply[0]) == 1
-        version = int(reply[2]) if len(reply) > 2 and reply[2] is not None else None
-        if version is not None and version < 0:
-            version = None  # the request record had already expired
-        return cls(ok, _text(reply[1]), version)
-
-
-@dataclass(frozen=True)
-class VMRecord:
-    name: str
-    request_id: str
-    alias: str
-    pool: str
-    template: str
-    provider: str
-    hostname: str
-    state: str
-    state_since: float | None
-    attempt: int
-    reserved_at: float | None
-    created_at: float | None
-    ready_at: float | None
-    lifetime_end: float | None
-    reason: str
-    error: str
-
-    @classmethod
-    def from_hash(cls, h: Mapping[str, str]) -> VMRecord:
-        return cls(
-            name=h["name"],
-            request_id=h.get("request_id", ""),
-            alias=h.get("alias", ""),
-            pool=h.get("pool", ""),
-            template=h.get("template", ""),
-            provider=h.get("provider", ""),
-            hostname=h.get("hostname", h["name"]),
-            state=h.get("state", ""),
-            state_since=_float(h.get("state_since")),
-            attempt=int(h.get("attempt", "1") or 1),
-            reserved_at=_float(h.get("reserved_at")),
-            created_at=_float(h.get("created_at")),
-            ready_at=_float(h.get("ready_at")),
-            lifetime_end=_float(h.get("lifetime_end")),
-            reason=h.get("reason", ""),
-            error=h.get("error", ""),
-        )
-
-
-@dataclass(frozen=True)
-class SlotState:
-    alias: str
-    pool: str
-    want: int
-    live: int
-    have: int
-
-
-@dataclass(frozen=True)
-class RequestRecord:
-    id: str
-    status: str
-    version: int
-    created: float
-    deadline: float
-    fail_at: float
-    requested: str
-    slots: tuple[SlotState, ...]
-    need: int
-    have: int
-    unreserved: int
-    retries: int
-    max_retries: int
-    failure_reason: str
-    token_user: str
-    token_hash: str
-    vm_names: tuple[str, ...] = field(default=())
-
-    @classmethod
-    def from_hash(cls, h: Mapping[str, str], vm_names: Iterable[str] = ()) -> RequestRecord:
-        slots = tuple(
-            SlotState(
-                s.alias,
-                s.pool,
-                int(h.get(f"want:{s.key}", s.count)),
-                int(h.get(f"live:{s.key}", 0)),
-                int(h.get(f"have:{s.key}", 0)),
-            )
-            for s in decode_slots(h.get("requested", ""))
-        )
-        return cls(
-            id=h["id"],
-            status=h.get("status", ""),
-            version=int(h.get("version", 0)),
-            created=float(h.get("created", 0)),
-            deadline=float(h.get("deadline", 0)),
-            fail_at=float(h.get("fail_at", 0)),
-            requested=h.get("requested", ""),
-            slots=slots,
-            need=int(h.get("need", 0)),
-            have=int(h.get("have", 0)),
-            unreserved=int(h.get("unreserved", 0)),
-            retries=int(h.get("retries", 0)),
-            max_retries=int(h.get("max_retries", 0)),
-            failure_reason=h.get("failure_reason", ""),
-            token_user=h.get("token_user", ""),
-            token_hash=h.get("token_hash", ""),
-            vm_names=tuple(sorted(vm_names)),
-        )
-
-
-@dataclass(frozen=True)
-class AuditEntry:
-    stream_id: str
-    entity: str
-    src: str
-    dst: str
-    version: int
-    actor: str
-    reason: str
-    time: float
-
-
-def _decode_hash(raw: Mapping[Any, Any]) -> dict[str, str]:
-    return {_text(k): _text(v) for k, v in raw.items()}
 
 
 class Store:
@@ -301,7 +116,7 @@ class Store:
         raw = self.redis.hget(self.keys.vm(validate_vm_name(name)), "request_id")
         if raw is None:
             return Outcome(False, "no_vm")
-        return self._run(script, _text(raw), actor, args, vm_name=name)
+        return self._run(script, text(raw), actor, args, vm_name=name)
 
     @staticmethod
     def _fence(token: int | None) -> str:
@@ -403,11 +218,11 @@ class Store:
         raw, names = pipe.execute()
         if not raw:
             return None
-        return RequestRecord.from_hash(_decode_hash(raw), (_text(n) for n in names))
+        return RequestRecord.from_hash(decode_hash(raw), (text(n) for n in names))
 
     def get_vm(self, name: str) -> VMRecord | None:
         raw = self.redis.hgetall(self.keys.vm(name))
-        return VMRecord.from_hash(_decode_hash(raw)) if raw else None
+        return VMRecord.from_hash(decode_hash(raw)) if raw else None
 
     def get_vms(self, names: Iterable[str]) -> list[VMRecord]:
         names = list(names)
@@ -416,11 +231,11 @@ class Store:
         pipe = self.redis.pipeline(transaction=False)
         for name in names:
             pipe.hgetall(self.keys.vm(name))
-        return [VMRecord.from_hash(_decode_hash(raw)) for raw in pipe.execute() if raw]
+        return [VMRecord.from_hash(decode_hash(raw)) for raw in pipe.execute() if raw]
 
     def request_vms(self, request_id: str) -> list[VMRecord]:
         names = self.redis.smembers(self.keys.request_vms(request_id))
-        return self.get_vms(sorted(_text(n) for n in names))
+        return self.get_vms(sorted(text(n) for n in names))
 
     def hostnames(self, request_id: str) -> dict[str, list[str]]:
         """Hostnames (FQDN) of the VMs attached to the request, by the alias asked for."""
@@ -434,10 +249,10 @@ class Store:
         entries = []
         rows: list[Any] = self.redis.xrange(self.keys.request_audit(request_id)) or []
         for stream_id, raw in rows:
-            h = _decode_hash(raw or {})
+            h = decode_hash(raw or {})
             entries.append(
                 AuditEntry(
-                    stream_id=_text(stream_id),
+                    stream_id=text(stream_id),
                     entity=h.get("entity", ""),
                     src=h.get("from", ""),
                     dst=h.get("to", ""),
@@ -454,16 +269,16 @@ class Store:
         number due, not the number open. The script re-checks each one."""
         now = self.server_time() if now is None else now
         ids = self.redis.zrangebyscore(self.keys.open_requests, "-inf", now, start=0, num=limit)
-        return [_text(i) for i in ids]
+        return [text(i) for i in ids]
 
     def open_requests(self, limit: int | None = None) -> list[str]:
         end = -1 if limit is None else limit - 1
-        return [_text(i) for i in self.redis.zrange(self.keys.open_requests, 0, end)]
+        return [text(i) for i in self.redis.zrange(self.keys.open_requests, 0, end)]
 
     def provision_candidates(self, limit: int = 1000) -> list[str]:
         """Requests with unreserved slots, oldest first."""
         ids = self.redis.zrange(self.keys.provision_queue, 0, limit - 1)
-        return [_text(i) for i in ids]
+        return [text(i) for i in ids]
 
     def pool_vms(
         self,
@@ -481,7 +296,7 @@ class Store:
             names = self.redis.zrangebyscore(key, "-inf", hi)
         else:
             names = self.redis.zrangebyscore(key, "-inf", hi, start=0, num=limit)
-        return [_text(n) for n in names]
+        return [text(n) for n in names]
 
     def pool_counts(self, pools: Iterable[str]) -> dict[str, dict[str, int]]:
         pools = list(pools)
@@ -514,7 +329,7 @@ class Store:
                 pipe.zrangebyscore(key, "-inf", hi, start=0, num=limit)
         replies = pipe.execute() if pools else []
         return {
-            pool: [_text(n) for n in names] for pool, names in zip(pools, replies, strict=True)
+            pool: [text(n) for n in names] for pool, names in zip(pools, replies, strict=True)
         }
 
 

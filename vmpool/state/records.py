@@ -1,0 +1,234 @@
+"""The records the store reads and writes: requests, VMs, slots, audit entries, outcomes.
+
+Plain frozen dataclasses built from Redis hashes (``from_hash``); nothing here talks to
+Redis. The store (:mod:`vmpool.state.store`) is what reads and changes them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from vmpool.ids import validate_pool_name
+
+__all__ = [
+    "AuditEntry",
+    "Outcome",
+    "RequestRecord",
+    "RequestSettings",
+    "Slot",
+    "SlotState",
+    "VMRecord",
+    "decode_hash",
+    "decode_slots",
+    "encode_slots",
+    "text",
+]
+
+
+def text(value: Any) -> str:
+    if isinstance(value, bytes):
+        return value.decode()
+    return str(value)
+
+
+def _float(value: Any, default: float | None = None) -> float | None:
+    if value is None or value == "" or value == b"":
+        return default
+    return float(text(value))
+
+
+@dataclass(frozen=True)
+class Slot:
+    """Part of a request: ``count`` VMs of ``pool``, asked for under the name ``alias``."""
+
+    alias: str
+    pool: str
+    count: int
+
+    @property
+    def key(self) -> str:
+        return f"{self.alias}:{self.pool}"
+
+
+def encode_slots(slots: Iterable[Slot]) -> str:
+    """vmpooler's ``requested`` format: ``alias:pool:n,alias:pool:n``."""
+    merged: dict[tuple[str, str], int] = {}
+    for slot in slots:
+        validate_pool_name(slot.alias)
+        validate_pool_name(slot.pool)
+        if slot.count < 0:
+            raise ValueError(f"negative count for {slot.alias}")
+        merged[(slot.alias, slot.pool)] = merged.get((slot.alias, slot.pool), 0) + slot.count
+    return ",".join(f"{a}:{p}:{n}" for (a, p), n in merged.items() if n > 0)
+
+
+def decode_slots(requested: str) -> list[Slot]:
+    slots = []
+    for part in requested.split(","):
+        if part:
+            alias, pool, count = part.rsplit(":", 2)
+            slots.append(Slot(alias, pool, int(count)))
+    return slots
+
+
+@dataclass(frozen=True)
+class RequestSettings:
+    """Per-request policy, fixed when the request is created and kept in its record,
+    so that every later transition applies the policy the request was accepted under."""
+
+    ttl_s: float
+    grace_s: float = 0.0
+    max_vm_retries: int = 3
+    vm_lifetime_s: float = 12 * 3600
+    data_ttl_s: float = 168 * 3600
+
+    @classmethod
+    def from_config(cls, config: Any, *, authenticated: bool = False) -> RequestSettings:
+        return cls(
+            ttl_s=float(config.ondemand_request_ttl_s),
+            grace_s=float(config.ondemand_request_grace_s),
+            max_vm_retries=int(config.max_vm_retries),
+            vm_lifetime_s=float(
+                config.vm_lifetime_auth_s if authenticated else config.vm_lifetime_s
+            ),
+            data_ttl_s=float(config.data_ttl_s),
+        )
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What a transition did: ``ok`` and a ``code`` (``created``, ``fulfilled``,
+    ``request_failed``...), or a refusal (``ok=False``) whose code says why."""
+
+    ok: bool
+    code: str
+    version: int | None = None
+
+    @classmethod
+    def from_reply(cls, reply: Sequence[Any]) -> Outcome:
+        ok = int(reply[0]) == 1
+        version = int(reply[2]) if len(reply) > 2 and reply[2] is not None else None
+        if version is not None and version < 0:
+            version = None  # the request record had already expired
+        return cls(ok, text(reply[1]), version)
+
+
+@dataclass(frozen=True)
+class VMRecord:
+    name: str
+    request_id: str
+    alias: str
+    pool: str
+    template: str
+    provider: str
+    hostname: str
+    state: str
+    state_since: float | None
+    attempt: int
+    reserved_at: float | None
+    created_at: float | None
+    ready_at: float | None
+    lifetime_end: float | None
+    reason: str
+    error: str
+
+    @classmethod
+    def from_hash(cls, h: Mapping[str, str]) -> VMRecord:
+        return cls(
+            name=h["name"],
+            request_id=h.get("request_id", ""),
+            alias=h.get("alias", ""),
+            pool=h.get("pool", ""),
+            template=h.get("template", ""),
+            provider=h.get("provider", ""),
+            hostname=h.get("hostname", h["name"]),
+            state=h.get("state", ""),
+            state_since=_float(h.get("state_since")),
+            attempt=int(h.get("attempt", "1") or 1),
+            reserved_at=_float(h.get("reserved_at")),
+            created_at=_float(h.get("created_at")),
+            ready_at=_float(h.get("ready_at")),
+            lifetime_end=_float(h.get("lifetime_end")),
+            reason=h.get("reason", ""),
+            error=h.get("error", ""),
+        )
+
+
+@dataclass(frozen=True)
+class SlotState:
+    alias: str
+    pool: str
+    want: int
+    live: int
+    have: int
+
+
+@dataclass(frozen=True)
+class RequestRecord:
+    id: str
+    status: str
+    version: int
+    created: float
+    deadline: float
+    fail_at: float
+    requested: str
+    slots: tuple[SlotState, ...]
+    need: int
+    have: int
+    unreserved: int
+    retries: int
+    max_retries: int
+    failure_reason: str
+    token_user: str
+    token_hash: str
+    vm_names: tuple[str, ...] = field(default=())
+
+    @classmethod
+    def from_hash(cls, h: Mapping[str, str], vm_names: Iterable[str] = ()) -> RequestRecord:
+        slots = tuple(
+            SlotState(
+                s.alias,
+                s.pool,
+                int(h.get(f"want:{s.key}", s.count)),
+                int(h.get(f"live:{s.key}", 0)),
+                int(h.get(f"have:{s.key}", 0)),
+            )
+            for s in decode_slots(h.get("requested", ""))
+        )
+        return cls(
+            id=h["id"],
+            status=h.get("status", ""),
+            version=int(h.get("version", 0)),
+            created=float(h.get("created", 0)),
+            deadline=float(h.get("deadline", 0)),
+            fail_at=float(h.get("fail_at", 0)),
+            requested=h.get("requested", ""),
+            slots=slots,
+            need=int(h.get("need", 0)),
+            have=int(h.get("have", 0)),
+            unreserved=int(h.get("unreserved", 0)),
+            retries=int(h.get("retries", 0)),
+            max_retries=int(h.get("max_retries", 0)),
+            failure_reason=h.get("failure_reason", ""),
+            token_user=h.get("token_user", ""),
+            token_hash=h.get("token_hash", ""),
+            vm_names=tuple(sorted(vm_names)),
+        )
+
+
+@dataclass(frozen=True)
+class AuditEntry:
+    stream_id: str
+    entity: str
+    src: str
+    dst: str
+    version: int
+    actor: str
+    reason: str
+    time: float
+
+
+def decode_hash(raw: Mapping[Any, Any]) -> dict[str, str]:
+    return {text(k): text(v) for k, v in raw.items()}
