@@ -45,6 +45,7 @@ __all__ = [
     "decode_fragment",
     "encode_fragment",
     "job_id",
+    "jobs_markdown",
     "lookup",
     "queue_names",
     "template_id",
@@ -188,3 +189,23 @@ def template_id(keys: Keys, job: str) -> str:
     if not spec.periodic:
         raise ValueError(f"job {spec.name!r} is not periodic")
     return f"{encode_fragment(keys.prefix)}-schedule-{spec.name}"
+
+
+def jobs_markdown() -> str:
+    """The job table as the Markdown table docs/architecture.md carries (a test keeps the
+    two equal, so the docs' list is derived from this table, never retyped)."""
+    rows = [
+        "| job | queue | argument | periodic (`:schedule:` key) | old names | what it does |",
+        "|---|---|---|---|---|---|",
+    ]
+    for spec in JOBS.values():
+        periodic = f"yes (`{spec.name}`)" if spec.periodic else "no"
+        if spec.bounded:
+            periodic += ", bounded"
+        aliases = ", ".join(f"`{a}`" for a in spec.aliases) or "-"
+        argument = {"request": "request id", "vm": "VM name", None: "-"}[spec.subject]
+        rows.append(
+            f"| `{spec.name}` | {spec.queue} | {argument} | {periodic} | {aliases}"
+            f" | {spec.summary} |"
+        )
+    return "\n".join(rows) + "\n"
