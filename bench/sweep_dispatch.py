@@ -8,7 +8,7 @@ N, N pending VMs are made through the store's transitions (spread over two pools
 ``lifecycle.check_pending_sweep`` runs with each dispatcher, alternating, ``--reps``
 times:
 
-- ``cold``: no job queued yet, so every VM's check-pending job is new;
+- ``cold``: no job queued yet, so every VM's check_pending_vm job is new;
 - ``warm``: the sweep again right after, with every job still queued (workers behind):
   every enqueue is a duplicate, whose reclaim check runs.
 
@@ -41,6 +41,7 @@ from vmpool.local.redis_server import RedisServer
 from vmpool.state.keys import Keys
 from vmpool.state.store import RequestSettings, Slot, Store
 from workers.queues import RQDispatcher
+from workers.table import QUEUE_VMS
 
 POOLS = ("debian", "centos")
 
@@ -101,24 +102,26 @@ def make_pending(store: Store, config: Config, n: int) -> None:
 
 
 def clear_rq(conn: redis.Redis) -> None:
-    keys = list(conn.scan_iter(match="rq:*", count=1000))
-    for i in range(0, len(keys), 1000):
-        conn.unlink(*keys[i : i + 1000])
+    """Delete every key of RQ's (the database is the bench's own)."""
+    found = list(conn.scan_iter(match="rq:*", count=1000))
+    for i in range(0, len(found), 1000):
+        conn.unlink(*found[i : i + 1000])
 
 
 def run(url: str, sizes: list[int], reps: int) -> list[dict[str, Any]]:
     config = make_config()
+    keys = Keys(config.key_prefix)
     plain = redis.Redis.from_url(url)
     rows = []
     for n in sizes:
         plain.flushdb()
-        store = Store(redis.Redis.from_url(url, decode_responses=True), Keys("vmpool"))
+        store = Store(redis.Redis.from_url(url, decode_responses=True), keys)
         make_pending(store, config, n)
         fleets = {}
         for mode, cls in (("per_vm", PerVMDispatcher), ("batched", RQDispatcher)):
             counter = Counter()
             fleet = Fleet.build(
-                counter.client(url, True), config, cls(counter.client(url, False)), "bench"
+                counter.client(url, True), config, cls(counter.client(url, False), keys), "bench"
             )
             fleets[mode] = (fleet, counter)
         times: dict[tuple[str, str], list[float]] = {}
@@ -133,7 +136,7 @@ def run(url: str, sizes: list[int], reps: int) -> list[dict[str, Any]]:
                     dispatched = lifecycle.check_pending_sweep(fleet)
                     elapsed = time.perf_counter() - start
                     assert dispatched == n, dispatched
-                    assert plain.llen("rq:queue:vmpool-vms") == n
+                    assert plain.llen(keys.rq_queue(QUEUE_VMS)) == n
                     if rep:
                         times.setdefault((mode, phase), []).append(elapsed)
                         trips[(mode, phase)] = counter.n - before

@@ -6,8 +6,8 @@ Runs against a throw-away redis-server. For each class, one burst worker (built 
 ``workers.worker.build_worker``, so with vmpool's heartbeats and settings):
 - ``noop``: N no-op jobs enqueued in one pipeline, then drained;
 - ``real``: N one-VM requests (simulated provider, boot 0 s) created in the store and
-  ``provision`` enqueued for each; the burst worker runs the whole chain
-  (provision -> create-vm -> check-pending: the request turns ready) until the queues
+  ``provision_request`` enqueued for each; the burst worker runs the whole chain
+  (provision_request -> create_vm -> check_pending_vm: the request turns ready) until the queues
   are empty. jobs/s counts every job the worker ran.
 Prints jobs/s per class and the SimpleWorker/Worker ratio.
 """
@@ -24,7 +24,6 @@ from pathlib import Path
 
 import redis
 import rq
-from rq import Queue
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -32,7 +31,8 @@ from vmpool.config import load_config
 from vmpool.local.redis_server import RedisServer
 from vmpool.state.keys import Keys
 from vmpool.state.store import RequestSettings, Slot, Store
-from workers.queues import QUEUE_VMS, QUEUES, enqueue
+from workers.queues import enqueue
+from workers.table import QUEUE_VMS
 from workers.worker import build_worker
 
 CONFIG = """
@@ -43,7 +43,7 @@ CONFIG = """
   ondemand_request_ttl: 10
   ondemand_clone_limit: 100000
 :schedule:
-  check_pending: 1
+  check_pending_sweep: 1
 :pools:
   - name: deb
     template: deb
@@ -55,12 +55,13 @@ CONFIG = """
 def run_noop(url: str, kind: str, n: int) -> float:
     conn = redis.Redis.from_url(url)
     conn.flushdb()
-    queue = Queue(QUEUE_VMS, connection=conn)
+    queue_name = Keys().queue(QUEUE_VMS)  # build_worker(config=None): the default prefix
+    queue = rq.Queue(queue_name, connection=conn)
     with conn.pipeline() as pipe:
         for _ in range(n):
             queue.enqueue("workers.jobs.noop", result_ttl=0, pipeline=pipe)
         pipe.execute()
-    worker = build_worker(url, None, [QUEUE_VMS], kind=kind)
+    worker = build_worker(url, None, [queue_name], kind=kind)
     start = time.perf_counter()
     worker.work(burst=True, logging_level="WARNING")
     elapsed = time.perf_counter() - start
@@ -73,13 +74,14 @@ def run_real(url: str, kind: str, n: int, config_path: str) -> tuple[float, int]
     conn = redis.Redis.from_url(url)
     conn.flushdb()
     config = load_config(config_path)
-    store = Store(redis.Redis.from_url(url, decode_responses=True), Keys(config.key_prefix))
+    keys = Keys(config.key_prefix)
+    store = Store(redis.Redis.from_url(url, decode_responses=True), keys)
     settings = RequestSettings.from_config(config)
     for i in range(n):
         rid = f"bench-{i}"
         assert store.create_request(rid, [Slot("deb", "deb", 1)], settings, actor="bench").ok
-        enqueue(conn, "provision", rid)
-    worker = build_worker(url, config, QUEUES, kind=kind)
+        enqueue(conn, keys, "provision_request", rid)
+    worker = build_worker(url, config, kind=kind)  # all of the fleet's queues
     start = time.perf_counter()
     worker.work(burst=True, logging_level="WARNING")
     elapsed = time.perf_counter() - start

@@ -53,6 +53,7 @@ from pathlib import Path
 from typing import IO, Any
 
 import redis
+from rq import Worker
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
@@ -69,6 +70,8 @@ from vmpool.providers import providers_from_config  # noqa: E402
 from vmpool.state.audit import audit_state  # noqa: E402
 from vmpool.state.keys import Keys  # noqa: E402
 from vmpool.state.store import Store  # noqa: E402
+from workers.schedule import last_run_id, read_schedule_log  # noqa: E402
+from workers.table import queue_names  # noqa: E402
 
 TARGETS = ("vmpool", "seed-reference")
 FAULT_KINDS = {
@@ -84,6 +87,8 @@ FAULT_KINDS = {
     "seed-reference": ("kill_worker", "pause_worker", "client_kill", "redis_restart",
                        "redis_kill9"),
 }
+# the periodic job whose interval is the settle bound (CONTRACT.md invariant 4)
+SWEEP_JOB = "sweep_expired"
 HEALTHY_POOLS = ("debian", "centos", "win")  # aliases and names, as clients use them
 FLAKY_POOLS = ("flaky",)
 
@@ -110,11 +115,11 @@ CONFIG = """\
   lock_expire: {lock_expire}
   reconcile_grace: 5
 :schedule:
-  provision: 1
-  check_pending: 1
-  sweep: {sweep}
-  reap: 5
-  destroy: 1
+  provision_sweep: 1
+  check_pending_sweep: 1
+  sweep_expired: {sweep}
+  reap_running: 5
+  destroy_sweep: 1
   reconcile: 3
 :pools:
   - {{name: debian-12-x86_64, alias: [debian], size: 0, provider: simulated, domain: example.com}}
@@ -256,6 +261,7 @@ class Cluster:
             )
         )
         self.config: Config = load_config(self.config_path)
+        self.keys = Keys(self.config.key_prefix)
         self.api_ports = [free_port(), free_port()]
         self.sup: Supervisor | None = None
         self._sup_log: IO[str] | None = None
@@ -336,7 +342,7 @@ class Cluster:
         try:
             conn = self.admin()
             try:
-                return len(list(conn.scan_iter(match="rq:worker:*", count=100))) >= 4
+                return len(fleet_workers(conn, self.keys)) >= 4
             finally:
                 conn.close()
         except redis.RedisError:
@@ -384,17 +390,15 @@ class Cluster:
         as soon as Redis answers."""
         if self.opts.target != "vmpool":
             return since
-        from workers.schedule import last_run_id, read_schedule_log
-
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             try:
                 conn = self.admin()
                 try:
-                    moved = [m.time for m in read_schedule_log(conn)
-                             if m.job == "sweep" and m.enqueued and m.time > since]
-                    last = last_run_id(conn, "sweep")
-                    if moved and last and not conn.exists(f"rq:job:{last}"):
+                    moved = [m.time for m in read_schedule_log(conn, self.keys)
+                             if m.job == SWEEP_JOB and m.enqueued and m.time > since]
+                    last = last_run_id(conn, self.keys, SWEEP_JOB)
+                    if moved and last and not conn.exists(self.keys.rq_job(last)):
                         return time.time()
                 finally:
                     conn.close()
@@ -457,6 +461,13 @@ class Cluster:
             ):
                 found.append(int(entry.name))
         return found
+
+
+def fleet_workers(conn: redis.Redis, keys: Keys) -> list[Worker]:
+    """The live RQ workers listening to the fleet's queues (RQ's registry, which drops
+    a worker whose hash expired)."""
+    ours = set(queue_names(keys))
+    return [w for w in Worker.all(connection=conn) if ours.intersection(w.queue_names())]
 
 
 def _http_ok(url: str) -> bool:
@@ -529,12 +540,8 @@ class Nemesis:
         except redis.RedisError:
             return set()
         try:
-            out = set()
-            for key in conn.scan_iter(match="rq:worker:*", count=100):
-                state, pid = conn.hmget(key, ["state", "pid"])
-                if state == b"busy" and pid:
-                    out.add(int(pid))
-            return out
+            return {w.pid for w in fleet_workers(conn, self.cluster.keys)
+                    if w.get_state() == "busy" and w.pid}
         except redis.RedisError:
             return set()
         finally:
@@ -596,11 +603,11 @@ class Nemesis:
 # -- the schedule, as the schedulers logged it ----------------------------------------------
 
 
-def collect_schedule(conn: redis.Redis, seen: dict[tuple[str, float], float]) -> None:
+def collect_schedule(
+    conn: redis.Redis, keys: Keys, seen: dict[tuple[str, float], float]
+) -> None:
     """Merge the schedule log (capped in Redis) into ``seen``: (job, due) -> move time."""
-    from workers.schedule import read_schedule_log
-
-    for move in read_schedule_log(conn):
+    for move in read_schedule_log(conn, keys):
         seen.setdefault((move.job, move.due), move.time)
 
 
@@ -649,7 +656,7 @@ def _collect_schedule_quietly(
     try:
         conn = cluster.admin()
         try:
-            collect_schedule(conn, seen)
+            collect_schedule(conn, cluster.keys, seen)
         finally:
             conn.close()
     except redis.RedisError:
@@ -791,7 +798,7 @@ def run_soak(opts: SoakOptions, command: str = "") -> SoakReport:
         report.load_s = time.monotonic() - load_started
         nemesis.join()
         _collect_schedule_quietly(cluster, opts, moves)
-        report.schedule = schedule_stats(moves, "sweep", opts.sweep_s, cluster.outages)
+        report.schedule = schedule_stats(moves, SWEEP_JOB, opts.sweep_s, cluster.outages)
         _log(opts, f"load over after {report.load_s:.0f}s ({client.created} requests);"
                    f" faults {nemesis.counts()}; settling")
         # settle: every request terminal, the ready ones deleted by the client
@@ -809,7 +816,7 @@ def run_soak(opts: SoakOptions, command: str = "") -> SoakReport:
 
         conn = redis.Redis.from_url(cluster.redis_url, decode_responses=True)
         try:
-            store = Store(conn, Keys(cluster.config.key_prefix))
+            store = Store(conn, cluster.keys)
             providers = providers_from_config(conn, store.keys, cluster.config)
             if opts.target == "vmpool":
                 findings += wait_drained(store, cluster.config, dict(providers), 90)
