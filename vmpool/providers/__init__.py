@@ -1,7 +1,9 @@
-"""Cloud providers: what vmpool asks of a cloud (base) and the simulated cloud it ships.
+"""Cloud providers: what vmpool asks of a cloud (base), the classes it implements
+(registry: ``provider_class`` name -> class and options model) and the simulated cloud.
 
 Import from here; ``make_provider`` / ``providers_from_config`` build instances from the
-configuration, so callers never name an implementation class.
+configuration, so callers never name an implementation class. Nothing here imports the
+configuration: it is read through the few attributes the registry needs.
 """
 
 from vmpool.providers.base import (
@@ -11,9 +13,8 @@ from vmpool.providers.base import (
     ProviderVM,
     TransientProviderError,
     is_permanent_error,
-    make_provider,
-    providers_from_config,
 )
+from vmpool.providers.registry import make_provider, providers_from_config
 from vmpool.providers.simulated import SimulatedOptions, SimulatedProvider
 
 __all__ = [

@@ -17,36 +17,20 @@ so everything here is about the provider's own contract:
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
-if TYPE_CHECKING:
-    from redis import Redis
-
-    from vmpool.state.keys import Keys
+from vmpool.ids import InvalidIdentifier, validate_pool_name
 
 __all__ = [
-    "PROVIDER_CLASSES",
-    "PROVIDER_NAME_RE",
     "PermanentProviderError",
     "Provider",
     "ProviderError",
     "ProviderVM",
     "TransientProviderError",
     "is_permanent_error",
-    "make_provider",
-    "providers_from_config",
     "validate_provider_name",
 ]
-
-# A provider's name becomes part of Redis keys (the simulated provider's inventory), so it
-# is held to the same alphabet as pool names: nothing that could split or glob a key.
-PROVIDER_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
-
-# The provider classes make_provider knows. vmpooler names a provider instance in
-# ``:providers:`` and picks its implementation with ``provider_class``.
-PROVIDER_CLASSES = ("simulated",)
 
 
 class ProviderError(Exception):
@@ -117,13 +101,18 @@ def _message_is_permanent(message: str) -> bool:
 
 
 def validate_provider_name(name: str) -> str:
-    """Reject a provider name that could not safely be part of a Redis key."""
-    if not isinstance(name, str) or not PROVIDER_NAME_RE.match(name):
+    """Reject a provider name that could not safely be part of a Redis key.
+
+    A provider's name becomes part of Redis keys (the simulated provider's inventory), so
+    it is held to the pool names' alphabet: nothing that could split or glob a key.
+    """
+    try:
+        return validate_pool_name(name)
+    except InvalidIdentifier:
         raise PermanentProviderError(
             f"configuration error: invalid provider name {name!r}"
             " (1-128 letters, digits, '-', '_' or '.')"
-        )
-    return name
+        ) from None
 
 
 @dataclass(frozen=True)
@@ -167,55 +156,3 @@ class Provider(Protocol):
     def inventory(self) -> list[ProviderVM]:
         """Every VM this provider instance holds, all pools."""
         ...
-
-
-class _ProviderConfigLike(Protocol):
-    """What :func:`providers_from_config` reads of a ``vmpool.config.ProviderConfig``."""
-
-    @property
-    def name(self) -> str: ...
-
-    @property
-    def provider_class(self) -> str: ...
-
-    @property
-    def options(self) -> Mapping[str, Any]: ...
-
-
-class _ConfigLike(Protocol):
-    """What :func:`providers_from_config` reads of the whole configuration."""
-
-    @property
-    def providers(self) -> Mapping[str, _ProviderConfigLike]: ...
-
-
-def make_provider(
-    redis: Redis,
-    keys: Keys,
-    name: str,
-    provider_class: str,
-    options: Mapping[str, Any],
-) -> Provider:
-    """Build one named provider instance; an unknown class is a configuration error.
-
-    The error is permanent because no retry makes an unknown class known: the caller (the
-    config loader, a worker starting up) should stop and say so.
-    """
-    validate_provider_name(name)
-    if provider_class == "simulated":
-        # Imported here because simulated.py imports this module.
-        from vmpool.providers.simulated import SimulatedProvider
-
-        return SimulatedProvider(redis, keys, name, options)
-    raise PermanentProviderError(
-        f"configuration error: provider {name!r} has unknown provider_class"
-        f" {provider_class!r} (known: {', '.join(PROVIDER_CLASSES)})"
-    )
-
-
-def providers_from_config(redis: Redis, keys: Keys, config: _ConfigLike) -> dict[str, Provider]:
-    """Every provider instance the configuration names, keyed as pools refer to them."""
-    return {
-        key: make_provider(redis, keys, provider.name, provider.provider_class, provider.options)
-        for key, provider in config.providers.items()
-    }

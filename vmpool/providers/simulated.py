@@ -27,12 +27,20 @@ The stored ``state`` field is always ``booting``; the state a reader sees is der
 from __future__ import annotations
 
 import logging
-import math
 import random
 import time
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Annotated, Any
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidatorFunctionWrapHandler,
+    WrapValidator,
+    model_validator,
+)
 
 from vmpool.ids import validate_pool_name, validate_vm_name
 from vmpool.providers.base import (
@@ -40,6 +48,15 @@ from vmpool.providers.base import (
     ProviderVM,
     TransientProviderError,
     validate_provider_name,
+)
+from vmpool.providers.options import (
+    expect,
+    invalid,
+    key_path,
+    problems,
+    real,
+    show,
+    strict_integer,
 )
 from vmpool.state.lua import read_script
 
@@ -64,98 +81,117 @@ _CREATE_LUA = _lua("simulated_create.lua")
 _DESTROY_ATTEMPT_LUA = _lua("simulated_destroy_attempt.lua")
 _DESTROY_LUA = _lua("simulated_destroy.lua")
 
-# The options the simulated provider reads; anything else in its config block is logged
-# and ignored, as vmpooler providers ignore options meant for others.
-_KNOWN_OPTIONS = frozenset(
-    {
-        "boot_seconds",
-        "create_fail_percent",
-        "ready_fail_percent",
-        "destroy_fail_percent",
-        "seed",
-        "create_latency_seconds",
-        "permanent_fail_templates",
-    }
-)
+# -- options -------------------------------------------------------------------------------
+
+NonNegativeReal = Annotated[
+    float, Field(ge=0, allow_inf_nan=False), expect("a non-negative number", real)
+]
+Percent = Annotated[float, Field(ge=0, le=100), expect("a number from 0 to 100", real)]
 
 
-def _config_error(message: str) -> PermanentProviderError:
-    return PermanentProviderError(f"configuration error: simulated provider: {message}")
+def _boot_pair(value: Any, handler: ValidatorFunctionWrapHandler) -> tuple[float, float]:
+    """A number means [number, number]; a problem with it is named as the number's."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        try:
+            low, high = handler((value, value))
+        except ValidationError as exc:
+            raise invalid(problems(exc)[0][1]) from None
+    elif isinstance(value, (list, tuple)) and len(value) == 2:
+        low, high = handler(tuple(value))
+    else:
+        raise invalid(f"must be a number or [min, max], got {show(value)}")
+    if low > high:
+        raise invalid(f"[min, max] needs min <= max, got {show(value)}")
+    return low, high
 
 
-def _number(options: Mapping[str, Any], key: str, default: float, low: float = 0.0) -> float:
-    value = options.get(key, default)
-    # bool is an int in Python; "create_fail_percent: yes" is a mistake, not 1%.
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise _config_error(f"{key} must be a number, got {value!r}")
-    number = float(value)
-    if not math.isfinite(number) or number < low:
-        raise _config_error(f"{key} must be a finite number >= {low:g}, got {value!r}")
-    return number
+def _template_names(value: Any) -> frozenset[str]:
+    if not isinstance(value, (list, tuple, set, frozenset)):
+        raise TypeError("not a list")
+    if not all(isinstance(name, str) for name in value):
+        raise TypeError("not names")
+    return frozenset(value)
 
 
-def _percent(options: Mapping[str, Any], key: str) -> float:
-    value = _number(options, key, 0.0)
-    if value > 100:
-        raise _config_error(f"{key} must be between 0 and 100, got {value!r}")
-    return value
+BootSeconds = Annotated[
+    tuple[NonNegativeReal, NonNegativeReal],
+    WrapValidator(
+        _boot_pair, json_schema_input_type=NonNegativeReal | tuple[NonNegativeReal, NonNegativeReal]
+    ),
+]
+TemplateNames = Annotated[frozenset[str], expect("a list of template names", _template_names)]
 
 
-@dataclass(frozen=True)
-class SimulatedOptions:
-    """The validated options of one simulated provider instance (see CONTRACT.md)."""
+# The configuration validates a :providers: entry with this model (through the registry)
+# and the provider validates its options with it again when it is built: one set of
+# rules, one wording.
+class SimulatedOptions(BaseModel):
+    """Options of the simulated provider, a fake cloud whose VMs live in Redis (with
+    seeded failures, for demos and tests). A null option counts as absent."""
 
-    boot_min_s: float = 1.0
-    boot_max_s: float = 3.0
-    create_fail_percent: float = 0.0
-    ready_fail_percent: float = 0.0
-    destroy_fail_percent: float = 0.0
-    seed: int = 0
-    create_latency_s: float = 0.0
-    permanent_fail_templates: frozenset[str] = frozenset()
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    boot_seconds: BootSeconds = Field(
+        (1.0, 3.0),
+        description="How long a VM takes to boot, in seconds: a number, or [min, max] for"
+        " a seeded random time in between",
+        json_schema_extra={"unit": "seconds"},
+    )
+    create_fail_percent: Percent = Field(
+        0.0, description="Share of creates that fail with a transient error, in percent"
+    )
+    ready_fail_percent: Percent = Field(
+        0.0, description="Share of created VMs that never become ready, in percent"
+    )
+    destroy_fail_percent: Percent = Field(
+        0.0, description="Share of destroy attempts that fail (and are retried), in percent"
+    )
+    seed: Annotated[int, expect("an integer", strict_integer)] = Field(
+        0, description="Seeds every random decision, so that a run repeats exactly"
+    )
+    create_latency_seconds: NonNegativeReal = Field(
+        0.0,
+        description="How long each create call takes, in seconds",
+        json_schema_extra={"unit": "seconds"},
+    )
+    permanent_fail_templates: TemplateNames = Field(
+        frozenset(),
+        description="Templates whose create fails permanently, as a template not found does",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_is_absent(cls, data: Any) -> Any:
+        if isinstance(data, Mapping):
+            return {key: value for key, value in data.items() if value is not None}
+        return data
+
+    @property
+    def boot_min_s(self) -> float:
+        return self.boot_seconds[0]
+
+    @property
+    def boot_max_s(self) -> float:
+        return self.boot_seconds[1]
+
+    @property
+    def create_latency_s(self) -> float:
+        return self.create_latency_seconds
 
     @classmethod
     def parse(cls, options: Mapping[str, Any]) -> SimulatedOptions:
         """Validate a raw options mapping; a bad value is a permanent configuration error."""
-        unknown = sorted(str(key) for key in options if key not in _KNOWN_OPTIONS)
+        unknown = sorted(str(key) for key in options if key not in cls.model_fields)
         if unknown:
+            # As vmpooler providers ignore options meant for others.
             log.warning("simulated provider: ignoring unknown options %s", ", ".join(unknown))
-
-        boot = options.get("boot_seconds", [1, 3])
-        if isinstance(boot, Sequence) and not isinstance(boot, str):
-            if len(boot) != 2:
-                raise _config_error(f"boot_seconds must be a number or [min, max], got {boot!r}")
-            boot_min = _number({"boot_seconds": boot[0]}, "boot_seconds", 0.0)
-            boot_max = _number({"boot_seconds": boot[1]}, "boot_seconds", 0.0)
-            if boot_min > boot_max:
-                raise _config_error(f"boot_seconds [min, max] has min > max: {boot!r}")
-        else:
-            boot_min = boot_max = _number(options, "boot_seconds", 0.0)
-
-        seed = options.get("seed", 0)
-        if isinstance(seed, bool) or not isinstance(seed, int):
-            raise _config_error(f"seed must be an integer, got {seed!r}")
-
-        templates = options.get("permanent_fail_templates", ())
-        if isinstance(templates, str) or not isinstance(templates, Sequence | frozenset | set):
-            raise _config_error(
-                f"permanent_fail_templates must be a list of template names, got {templates!r}"
-            )
-        if not all(isinstance(template, str) for template in templates):
-            raise _config_error(
-                f"permanent_fail_templates must hold template names, got {templates!r}"
-            )
-
-        return cls(
-            boot_min_s=boot_min,
-            boot_max_s=boot_max,
-            create_fail_percent=_percent(options, "create_fail_percent"),
-            ready_fail_percent=_percent(options, "ready_fail_percent"),
-            destroy_fail_percent=_percent(options, "destroy_fail_percent"),
-            seed=seed,
-            create_latency_s=_number(options, "create_latency_seconds", 0.0),
-            permanent_fail_templates=frozenset(templates),
-        )
+        try:
+            return cls.model_validate(options)
+        except ValidationError as exc:
+            where, problem = problems(exc)[0]
+            raise PermanentProviderError(
+                f"configuration error: simulated provider: {key_path(where)}: {problem}"
+            ) from None
 
 
 class SimulatedProvider:

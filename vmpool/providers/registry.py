@@ -1,0 +1,107 @@
+"""The provider classes vmpool implements, by the name ``provider_class`` gives them.
+
+vmpooler names provider instances under ``:providers:`` and picks each one's
+implementation with ``provider_class`` (default: the instance's own name). Each class
+comes with its options model: the configuration validates a ``:providers:`` entry with
+it, and the class validates its options with it again when it is built. Adding a cloud
+is one row here: nothing else lists the classes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, Final, Protocol
+
+from pydantic import BaseModel
+
+from vmpool.providers.base import PermanentProviderError, Provider, validate_provider_name
+from vmpool.providers.simulated import SimulatedOptions, SimulatedProvider
+
+if TYPE_CHECKING:
+    from redis import Redis
+
+    from vmpool.state.keys import Keys
+
+__all__ = [
+    "DEFAULT_PROVIDER",
+    "PROVIDER_CLASSES",
+    "ProviderClass",
+    "make_provider",
+    "provider_class",
+    "providers_from_config",
+]
+
+
+@dataclass(frozen=True)
+class ProviderClass:
+    """One implementation: its ``provider_class`` name, its options, how to build one."""
+
+    name: str
+    options: type[BaseModel]
+    build: Callable[[Redis, Keys, str, Mapping[str, Any]], Provider]
+
+
+PROVIDER_CLASSES: Final[Mapping[str, ProviderClass]] = MappingProxyType(
+    {"simulated": ProviderClass("simulated", SimulatedOptions, SimulatedProvider)}
+)
+
+# The provider instance a pool uses when it names none (vmpooler's default is vsphere;
+# vmpool ships no real cloud yet).
+DEFAULT_PROVIDER: Final = "simulated"
+
+
+def provider_class(name: str) -> ProviderClass | None:
+    """The implementation called ``name``, or None when vmpool has none of that name."""
+    return PROVIDER_CLASSES.get(name)
+
+
+class _ProviderConfigLike(Protocol):
+    """What :func:`providers_from_config` reads of a ``vmpool.config.ProviderConfig``."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def provider_class(self) -> str: ...
+
+    @property
+    def options(self) -> Mapping[str, Any]: ...
+
+
+class _ConfigLike(Protocol):
+    """What :func:`providers_from_config` reads of the whole configuration."""
+
+    @property
+    def providers(self) -> Mapping[str, _ProviderConfigLike]: ...
+
+
+def make_provider(
+    redis: Redis,
+    keys: Keys,
+    name: str,
+    provider_class: str,
+    options: Mapping[str, Any],
+) -> Provider:
+    """Build one named provider instance; an unknown class is a configuration error.
+
+    The error is permanent because no retry makes an unknown class known: the caller (the
+    config loader, a worker starting up) should stop and say so.
+    """
+    validate_provider_name(name)
+    implementation = PROVIDER_CLASSES.get(provider_class)
+    if implementation is None:
+        raise PermanentProviderError(
+            f"configuration error: provider {name!r} has unknown provider_class"
+            f" {provider_class!r} (known: {', '.join(PROVIDER_CLASSES)})"
+        )
+    return implementation.build(redis, keys, name, options)
+
+
+def providers_from_config(redis: Redis, keys: Keys, config: _ConfigLike) -> dict[str, Provider]:
+    """Every provider instance the configuration names, keyed as pools refer to them."""
+    return {
+        key: make_provider(redis, keys, provider.name, provider.provider_class, provider.options)
+        for key, provider in config.providers.items()
+    }
