@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import pickle
 import textwrap
 from pathlib import Path
@@ -16,11 +17,13 @@ from vmpool.config import (
     ConfigError,
     Schedule,
     demo_config,
+    json_schema,
     load_config,
     mask_url_password,
     parse_config,
     validate_redis_url,
 )
+from vmpool.providers import PermanentProviderError, SimulatedOptions
 
 HASH = "sha256$salt$" + "ab" * 32
 PBKDF2 = "pbkdf2_sha256$260000$salt$" + "cd" * 32
@@ -624,6 +627,18 @@ def test_a_pool_naming_simulated_gets_a_default_instance(tmp_path: Path) -> None
     assert config.providers["simulated"].options == {}
 
 
+def test_provider_options_are_checked_by_the_provider_class_model(tmp_path: Path) -> None:
+    # One model, found through the provider registry, checks the file and the provider.
+    problem = "boot_seconds[1]: must be a non-negative number, got -2"
+    with pytest.raises(PermanentProviderError) as info:
+        SimulatedOptions.parse({"boot_seconds": [1, -2]})
+    assert str(info.value).endswith(f"simulated provider: {problem}")
+    message = error(
+        tmp_path, ":providers: {flaky: {provider_class: simulated, boot_seconds: [1, -2]}}\n"
+    )
+    assert message.endswith(f": providers.flaky.{problem}")
+
+
 # -- names ----------------------------------------------------------------------------
 
 
@@ -790,3 +805,33 @@ def test_load_config_without_path_or_env_is_the_demo() -> None:
 def test_demo_takes_env_overrides() -> None:
     config = load_config(env={"ONDEMAND_REQUEST_TTL": "2"})
     assert config.ondemand_request_ttl_s == 120
+
+
+# -- schema ---------------------------------------------------------------------------
+
+
+def test_json_schema() -> None:
+    schema = json_schema()
+    json.dumps(schema)  # plain data
+    assert schema["title"] == "vmpool configuration"
+    assert set(schema["properties"]) == {
+        "config",
+        "pools",
+        "providers",
+        "redis",
+        "auth",
+        "dns_configs",
+        "schedule",
+    }
+    defs = schema["$defs"]
+    ttl = defs["ConfigSection"]["properties"]["ondemand_request_ttl"]
+    assert (ttl["default"], ttl["unit"], ttl["exclusiveMinimum"]) == (5, "minutes", 0)
+    assert "minutes" in ttl["description"]
+    assert defs["ConfigSection"]["properties"]["vm_lifetime"]["unit"] == "hours"
+    assert list(defs["Schedule"]["properties"]) == list(Schedule.model_fields)
+    assert defs["RedisSection"]["properties"]["port"]["maximum"] == 65535
+    entries = schema["properties"]["providers"]["additionalProperties"]["anyOf"]
+    simulated = entries[0]["properties"]
+    assert simulated["provider_class"]["const"] == "simulated"
+    assert simulated["create_fail_percent"]["maximum"] == 100
+    assert all("description" in field for field in defs["ConfigSection"]["properties"].values())

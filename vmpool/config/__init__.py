@@ -1,4 +1,42 @@
-"""The configuration: one YAML file in vmpooler's format, validated up front."""
+"""The configuration: one YAML file in vmpooler's format, validated up front.
 
-from vmpool.config.model import *  # noqa: F403
-from vmpool.config.model import __all__  # noqa: F401
+- :mod:`~vmpool.config.settings`: every setting's type, bounds, default, unit, meaning
+  (pydantic models of the file; :mod:`~vmpool.config.fields` holds the types);
+- :mod:`~vmpool.config.vmpooler`: vmpooler's format (leading colons, ignored and unknown
+  keys, old key names, environment overrides);
+- :mod:`~vmpool.config.build`: the resolved :class:`Config` (seconds, inherited defaults,
+  references, provider options through the provider registry);
+- :mod:`~vmpool.config.loader`: file -> YAML -> the above; :mod:`~vmpool.config.demo`:
+  the built-in demo; :mod:`~vmpool.config.schema`: the file's JSON Schema.
+
+A problem with the file is a :class:`ConfigError` whose text is one line:
+``<file>: <key path>: <problem>``. Keys vmpool does not know are warnings
+(:attr:`Config.warnings`), never a crash.
+"""
+
+from vmpool.config.demo import DEMO_CONFIG_YAML, DEMO_SOURCE
+from vmpool.config.errors import ConfigError
+from vmpool.config.loader import demo_config, load_config, parse_config
+from vmpool.config.model import AuthConfig, Config, PoolConfig, ProviderConfig
+from vmpool.config.redis_url import mask_url_password, validate_redis_url
+from vmpool.config.schema import json_schema
+from vmpool.config.settings import Schedule
+from vmpool.config.vmpooler import SCHEDULE_KEY_ALIASES
+
+__all__ = [
+    "DEMO_CONFIG_YAML",
+    "DEMO_SOURCE",
+    "SCHEDULE_KEY_ALIASES",
+    "AuthConfig",
+    "Config",
+    "ConfigError",
+    "PoolConfig",
+    "ProviderConfig",
+    "Schedule",
+    "demo_config",
+    "json_schema",
+    "load_config",
+    "mask_url_password",
+    "parse_config",
+    "validate_redis_url",
+]

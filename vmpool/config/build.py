@@ -1,0 +1,194 @@
+"""From a validated file to the :class:`~vmpool.config.Config` vmpool runs with.
+
+What happens here is what no single setting can check alone: durations turned into
+seconds (each field declares its unit), defaults taken from other settings (a pool's
+timeout is ``config.timeout`` unless it has its own), references followed (a pool's
+provider and dns_plugin), each provider's options validated by its class's own model
+(from the provider registry), and the Redis URL composed from its parts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from types import MappingProxyType
+from urllib.parse import quote
+
+from pydantic import BaseModel, ValidationError
+
+from vmpool.config.errors import ConfigError
+from vmpool.config.fields import in_seconds
+from vmpool.config.model import AuthConfig, Config, PoolConfig, ProviderConfig
+from vmpool.config.settings import AuthSection, ConfigFile, PoolSection, RedisSection
+from vmpool.config.vmpooler import REDIS_URL_PARTS, implemented
+from vmpool.providers.options import key_path, problems
+from vmpool.providers.registry import DEFAULT_PROVIDER, provider_class
+
+__all__ = ["build"]
+
+
+def build(file: ConfigFile, *, source: str, warnings: tuple[str, ...]) -> Config:
+    """The configuration ``file`` describes; ConfigError when a reference is broken."""
+    cfg = file.config
+    vm_lifetime_s = _seconds(cfg, "vm_lifetime")
+    data_ttl_s = in_seconds(cfg, "data_ttl") or _seconds(file.redis, "data_ttl")
+    providers, unimplemented = _providers(file, source)
+    pools = _Pools(file, source, providers, unimplemented).build()
+    return Config(
+        pools=MappingProxyType(pools),
+        providers=MappingProxyType(providers),
+        ondemand_request_ttl_s=_seconds(cfg, "ondemand_request_ttl"),
+        ondemand_request_grace_s=_seconds(cfg, "ondemand_request_grace"),
+        max_ondemand_instances_per_request=cfg.max_ondemand_instances_per_request,
+        ondemand_clone_limit=cfg.ondemand_clone_limit,
+        max_vm_retries=cfg.max_vm_retries,
+        vm_lifetime_s=vm_lifetime_s,
+        vm_lifetime_auth_s=in_seconds(cfg, "vm_lifetime_auth") or vm_lifetime_s,
+        timeout_s=_seconds(cfg, "timeout"),
+        data_ttl_s=data_ttl_s,
+        hostname_prefix=cfg.prefix,
+        key_prefix=file.redis.key_prefix,
+        backend_weight=MappingProxyType(dict(cfg.backend_weight)),
+        redis_url=_redis_url(file.redis),
+        lock_expire_s=_seconds(cfg, "lock_expire"),
+        reconcile_grace_s=_seconds(cfg, "reconcile_grace"),
+        schedule=file.schedule,
+        auth=None if file.auth is None else _auth(file.auth),
+        source=source,
+        warnings=warnings,
+    )
+
+
+def _seconds(section: BaseModel, name: str) -> float:
+    value = in_seconds(section, name)
+    if value is None:
+        raise TypeError(f"{type(section).__name__}.{name} has no default")
+    return value
+
+
+def _providers(file: ConfigFile, source: str) -> tuple[dict[str, ProviderConfig], dict[str, str]]:
+    """The instances of implemented classes, and the others' classes by instance name."""
+    providers: dict[str, ProviderConfig] = {}
+    unimplemented: dict[str, str] = {}
+    for name, entry in file.providers.items():
+        class_name = str(entry.get("provider_class", name))
+        options = {key: value for key, value in entry.items() if key != "provider_class"}
+        implementation = provider_class(class_name)
+        if implementation is None:
+            unimplemented[name] = class_name
+            continue
+        try:
+            implementation.options.model_validate(options)
+        except ValidationError as exc:
+            loc, problem = problems(exc)[0]
+            raise ConfigError(source, key_path(loc, f"providers.{name}"), problem) from None
+        providers[name] = ProviderConfig(name, class_name, MappingProxyType(options))
+    return providers, unimplemented
+
+
+class _Pools:
+    """The pools of one file, each with its defaults applied and references followed."""
+
+    def __init__(
+        self,
+        file: ConfigFile,
+        source: str,
+        providers: dict[str, ProviderConfig],
+        unimplemented: Mapping[str, str],
+    ) -> None:
+        self.file = file
+        self.source = source
+        self.providers = providers
+        self.unimplemented = unimplemented
+        self.timeout_s = _seconds(file.config, "timeout")
+        self.ready_ttl_s = in_seconds(file.config, "ready_ttl")
+        self.domains = {name: dns.domain for name, dns in file.dns_configs.items()}
+
+    def build(self) -> dict[str, PoolConfig]:
+        pools: dict[str, PoolConfig] = {}
+        index_of: dict[str, int] = {}
+        for i, pool in enumerate(self.file.pools):
+            path = f"pools[{i}]"
+            if pool.name in pools:
+                raise ConfigError(
+                    self.source,
+                    f"{path}.name",
+                    f"duplicate pool name {pool.name!r} (also pools[{index_of[pool.name]}])",
+                )
+            index_of[pool.name] = i
+            pools[pool.name] = self.pool(pool, path)
+        return pools
+
+    def pool(self, pool: PoolSection, path: str) -> PoolConfig:
+        provider = self.provider(pool.provider, f"{path}.provider")
+        domain = self.domain(pool, path)
+        ready_ttl_s = in_seconds(pool, "ready_ttl")
+        return PoolConfig(
+            name=pool.name,
+            alias=tuple(dict.fromkeys(alias for alias in pool.alias if alias != pool.name)),
+            template=pool.template or pool.name,
+            size=pool.size,
+            timeout_s=in_seconds(pool, "timeout") or self.timeout_s,
+            provider=provider,
+            ready_ttl_s=self.ready_ttl_s if ready_ttl_s is None else ready_ttl_s,
+            domain=domain,
+            clone_target=pool.clone_target or self.file.config.clone_target,
+        )
+
+    def provider(self, name: str, path: str) -> str:
+        if name in self.providers:
+            return name
+        if name in self.unimplemented:
+            raise ConfigError(
+                self.source,
+                path,
+                f"provider {name!r} has provider_class {self.unimplemented[name]!r}: only"
+                f" {implemented()} implemented",
+            )
+        if name == DEFAULT_PROVIDER:
+            # The default provider needs no :providers: entry: an instance with its
+            # default options.
+            self.providers[name] = ProviderConfig(name, name, MappingProxyType({}))
+            return name
+        raise ConfigError(
+            self.source,
+            path,
+            f"provider {name!r} is not under :providers: and only {implemented()} implemented"
+            f" (define it there with provider_class: {DEFAULT_PROVIDER})",
+        )
+
+    def domain(self, pool: PoolSection, path: str) -> str | None:
+        """The pool's own domain, else its dns_plugin's."""
+        if pool.dns_plugin is None:
+            return pool.domain
+        if pool.dns_plugin not in self.domains:
+            raise ConfigError(
+                self.source,
+                f"{path}.dns_plugin",
+                f"unknown dns config {pool.dns_plugin!r} (not under :dns_configs:)",
+            )
+        return pool.domain or self.domains[pool.dns_plugin]
+
+
+def _redis_url(redis: RedisSection) -> str | None:
+    """``url``, else one composed of the parts given, else None (none given)."""
+    if redis.url is not None:
+        return redis.url
+    if not redis.model_fields_set & set(REDIS_URL_PARTS):
+        return None
+    server = redis.server or "localhost"
+    if ":" in server and not server.startswith("["):
+        server = f"[{server}]"  # an IPv6 literal
+    auth = ""
+    if redis.password:
+        auth = f"{quote(redis.username or '', safe='')}:{quote(redis.password, safe='')}@"
+    elif redis.username:
+        auth = f"{quote(redis.username, safe='')}@"
+    return f"redis://{auth}{server}:{redis.port}/{redis.db}"
+
+
+def _auth(auth: AuthSection) -> AuthConfig:
+    return AuthConfig(
+        provider=auth.provider,
+        users=MappingProxyType(dict(auth.users)),
+        rate_limit_per_minute=auth.rate_limit_per_minute,
+    )

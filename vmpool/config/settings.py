@@ -1,0 +1,205 @@
+"""Every setting of the configuration file: its type, bounds, default, unit and meaning.
+
+This is the one place those are written. The models describe the file as vmpool reads
+it once :mod:`vmpool.config.vmpooler` has taken vmpooler's spelling off it (leading
+colons, old key names, environment overrides, keys vmpool ignores), and in the file's
+units: vmpooler gives timeouts and TTLs in minutes and lifetimes in hours.
+:mod:`vmpool.config.build` turns a validated :class:`ConfigFile` into the
+:class:`vmpool.config.Config` the rest of vmpool reads, every duration in seconds.
+
+:class:`Schedule` is both a section of the file and the value ``Config.schedule`` holds:
+its keys are the periodic jobs' names, in seconds already.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from vmpool.config.fields import (
+    Aliases,
+    AuthProvider,
+    Domain,
+    HostnamePrefix,
+    KeyPrefix,
+    NonNegativeInt,
+    NonNegativeNumber,
+    Password,
+    PasswordHash,
+    PoolName,
+    Port,
+    PositiveInt,
+    PositiveNumber,
+    RedisUrl,
+    Text,
+    hours,
+    minutes,
+    seconds,
+)
+from vmpool.ids import DEFAULT_PREFIX
+from vmpool.providers.registry import DEFAULT_PROVIDER
+
+__all__ = [
+    "AuthSection",
+    "ConfigFile",
+    "ConfigSection",
+    "DnsConfig",
+    "PoolSection",
+    "RedisSection",
+    "Schedule",
+]
+
+
+class _Section(BaseModel):
+    # Defaults are validated too, so that a duration is a float whether given or not.
+    model_config = ConfigDict(frozen=True, extra="ignore", validate_default=True)
+
+
+class Schedule(_Section):
+    """Seconds between the runs of each periodic job (top-level ``:schedule:``, a vmpool
+    extension). Each key is the job's name; the names older releases used still load."""
+
+    # Built in code as well as read from a file: a misspelt keyword is an error here.
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"additionalProperties": True})
+
+    sweep_expired: PositiveNumber = seconds(5, "Expire on-demand requests past their TTL")
+    provision_sweep: PositiveNumber = seconds(5, "Find requests with VMs still to reserve")
+    check_pending_sweep: PositiveNumber = seconds(2, "Find booting VMs to check")
+    reap_running: PositiveNumber = seconds(30, "End running VMs past their lifetime")
+    destroy_sweep: PositiveNumber = seconds(5, "Find completed VMs still to destroy")
+    reconcile: PositiveNumber = seconds(30, "Compare the providers' inventories with Redis")
+
+
+class ConfigSection(_Section):
+    """``:config:``, vmpooler's global settings."""
+
+    ondemand_request_ttl: PositiveNumber = minutes(
+        5, "How long an on-demand request may take to become ready before it fails"
+    )
+    ondemand_request_grace: NonNegativeNumber = seconds(
+        0, "How late after its TTL a request may still become ready"
+    )
+    max_ondemand_instances_per_request: PositiveInt = Field(
+        default=10, description="The most VMs one on-demand request may ask for"
+    )
+    ondemand_clone_limit: PositiveInt = Field(
+        default=10, description="The most VMs being created at once, over the whole fleet"
+    )
+    max_vm_retries: NonNegativeInt = Field(
+        default=3, description="How many times a failed create or boot is retried with a new VM"
+    )
+    vm_lifetime: PositiveNumber = hours(12, "How long a VM handed out may run")
+    vm_lifetime_auth: PositiveNumber | None = hours(
+        None, "How long a VM handed out to an authenticated user may run (default: vm_lifetime)"
+    )
+    timeout: PositiveNumber = minutes(
+        15, "How long a VM may take to boot (default of every pool's timeout)"
+    )
+    data_ttl: PositiveNumber | None = hours(
+        None, "How long finished records are kept (default: redis.data_ttl)"
+    )
+    prefix: HostnamePrefix = Field(default="", description="The start of every VM hostname")
+    backend_weight: dict[str, NonNegativeNumber] = Field(
+        default_factory=dict, description="Weights of the clone targets"
+    )
+    lock_expire: PositiveNumber = seconds(60, "How long a request's lock lives unless renewed")
+    reconcile_grace: NonNegativeNumber = seconds(
+        120, "How old a VM nobody recorded must be before the reconciler destroys it"
+    )
+    ready_ttl: PositiveNumber | None = minutes(
+        None, "How long a ready VM may wait in its pool (default of every pool's ready_ttl)"
+    )
+    clone_target: Text | None = Field(
+        default=None, description="Where VMs are cloned (default of every pool's clone_target)"
+    )
+
+
+class PoolSection(_Section):
+    """One entry of ``:pools:``."""
+
+    name: PoolName = Field(description="The pool's name, as clients request it")
+    alias: Aliases = Field(
+        default=(), description="Other names that select this pool: one or a list"
+    )
+    template: Text | None = Field(
+        default=None, description="The template VMs are made from (default: name)"
+    )
+    size: NonNegativeInt = Field(default=0, description="How many ready VMs the pool keeps")
+    timeout: PositiveNumber | None = minutes(
+        None, "How long a VM may take to boot (default: config.timeout)"
+    )
+    provider: Text = Field(
+        default=DEFAULT_PROVIDER, description="The provider instance (a key of :providers:)"
+    )
+    ready_ttl: PositiveNumber | None = minutes(
+        None, "How long a ready VM may wait in the pool (default: config.ready_ttl)"
+    )
+    domain: Domain | None = Field(default=None, description="The DNS domain of the VMs' hostnames")
+    dns_plugin: Text | None = Field(
+        default=None,
+        description="A key of :dns_configs: whose domain the pool takes (unless `domain`)",
+    )
+    clone_target: Text | None = Field(
+        default=None, description="Where VMs are cloned (default: config.clone_target)"
+    )
+
+
+class RedisSection(_Section):
+    """``:redis:``: where the state lives. ``url`` wins over the separate parts."""
+
+    url: RedisUrl | None = Field(
+        default=None, description="redis://, rediss:// (TLS) or unix:// URL"
+    )
+    server: Text | None = Field(default=None, description="Host name (default: localhost)")
+    port: Port = Field(default=6379, description="TCP port")
+    username: Text | None = Field(default=None, description="User name (Redis ACL)")
+    password: Password | None = Field(default=None, description="Password")
+    db: NonNegativeInt = Field(default=0, description="Database number")
+    key_prefix: KeyPrefix = Field(
+        default=DEFAULT_PREFIX, description="The start of every Redis key"
+    )
+    data_ttl: PositiveNumber = hours(168, "How long finished records are kept")
+
+
+class AuthSection(_Section):
+    """``:auth:``: who may create and delete requests. Absent: anyone may."""
+
+    provider: AuthProvider = Field(
+        default="static", description="'static' users, or 'dummy' (anyone)"
+    )
+    users: dict[str, PasswordHash] = Field(
+        default_factory=dict,
+        description="User name -> password hash (pbkdf2_sha256$... or sha256$...)",
+    )
+    rate_limit_per_minute: PositiveInt | None = Field(
+        default=None, description="Requests per minute per token (default: no limit)"
+    )
+
+
+class DnsConfig(_Section):
+    """One entry of ``:dns_configs:``; vmpool reads only its domain."""
+
+    domain: Domain | None = Field(default=None, description="The DNS domain")
+
+
+class ConfigFile(_Section):
+    """A vmpool configuration file, in vmpooler's format.
+
+    Every key may carry one leading colon (``:config:``), as vmpooler writes Ruby symbols.
+    Unknown keys are warnings; vmpooler's keys vmpool has no use for are accepted
+    silently. Environment variables override some settings (ONDEMAND_REQUEST_TTL,
+    TIMEOUT, VM_LIFETIME, ..., VMPOOL_REDIS_URL), as vmpooler's do.
+    """
+
+    config: ConfigSection = ConfigSection()
+    pools: list[PoolSection] = Field(default_factory=list)
+    providers: dict[str, dict[str, Any]] = Field(
+        default_factory=dict,
+        description="Provider instances by name: `provider_class` (default: the name) and"
+        " the class's options",
+    )
+    redis: RedisSection = RedisSection()
+    auth: AuthSection | None = None
+    dns_configs: dict[str, DnsConfig] = Field(default_factory=dict)
+    schedule: Schedule = Schedule()

@@ -1,0 +1,425 @@
+"""vmpooler's file format: what is taken off a file before its settings are validated.
+
+- vmpooler writes its keys as Ruby symbols (``:config:``, ``:pools:``); YAML gives Python
+  the string ``":config"``. Every mapping key at every level loses one leading colon, so
+  ``:config:`` and ``config:`` (and ``:name:`` inside a pool) mean the same thing; a
+  pool's ``provider`` and ``dns_plugin`` may name their target as a symbol too.
+- Keys vmpool does not know are warnings, never a crash; vmpooler's keys vmpool has no
+  use for are accepted silently, so a vmpooler config loads as it is. A null value is
+  an absent one.
+- Some settings are overridden by environment variables, as in vmpooler.
+- The ``:schedule:`` keys took their periodic jobs' names; the old names still load.
+
+:func:`read` returns the sections ready for :class:`vmpool.config.settings.ConfigFile`,
+the warnings, and where each overridden or renamed setting came from, so that a
+message names the key (or variable) the user wrote.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any, Final
+
+from pydantic_core import PydanticCustomError
+
+from vmpool.config.errors import ConfigError, one_line
+from vmpool.config.fields import NAME_RULE, text
+from vmpool.config.settings import (
+    AuthSection,
+    ConfigFile,
+    ConfigSection,
+    PoolSection,
+    RedisSection,
+    Schedule,
+)
+from vmpool.ids import InvalidIdentifier, validate_pool_name
+from vmpool.providers.options import key_path, show
+from vmpool.providers.registry import DEFAULT_PROVIDER, PROVIDER_CLASSES, provider_class
+
+__all__ = [
+    "ENVIRONMENT",
+    "REDIS_URL_PARTS",
+    "SCHEDULE_KEY_ALIASES",
+    "FileData",
+    "implemented",
+    "read",
+    "where",
+]
+
+Loc = tuple[int | str, ...]
+
+# -- vmpooler keys vmpool accepts and ignores ----------------------------------------------
+
+IGNORED_SECTIONS: Final = frozenset(
+    ["statsd", "graphite", "graphs", "prometheus", "tracing", "ldap", "tagfilter"]
+)
+CONFIG_IGNORED: Final = frozenset(
+    [
+        "site_name",
+        "logfile",
+        "task_limit",
+        "timeout_notification",
+        "vm_checktime",
+        "max_lifetime_upper_limit",
+        "migration_limit",
+        "max_tries",
+        "retry_factor",
+        "create_folders",
+        "create_template_delta_disks",
+        "create_linked_clones",
+        "experimental_features",
+        "purge_unconfigured_folders",
+        "purge_unconfigured_resources",
+        "usage_stats",
+        "request_logger",
+        "extra_config",
+        "allowed_tags",
+        "manage_host_selection",
+        "host_selection_max_age",
+        "utilization_limit",
+        "check_ready_vm_hostname_for_mismatch",
+        "skip_dns_check_before_creating_vm",
+        "dlq_enabled",
+        "dlq_ttl",
+        "dlq_max_entries",
+        "purge_enabled",
+        "purge_interval",
+        "purge_dry_run",
+        "max_pending_age",
+        "max_ready_age",
+        "max_running_age",
+        "max_completed_age",
+        "max_orphaned_age",
+        "health_check_enabled",
+        "health_check_interval",
+        "health_thresholds",
+        "rate_limiting_enabled",
+        "rate_limits",
+        "connection_pool_monitor_enabled",
+        "connection_pool_monitor_interval",
+        "connection_pool_timeout_min",
+        "connection_pool_timeout_max",
+        "connection_pool_timeout_initial",
+        "adaptive_timeout_enabled",
+    ]
+)
+CONFIG_IGNORED_PREFIXES: Final = ("check_loop_delay_", "circuit_breaker_", "adaptive_timeout_")
+POOL_IGNORED: Final = frozenset(
+    [
+        "folder",
+        "datastore",
+        "datacenter",
+        "create_linked_clone",
+        "timeout_notification",
+        "snapshot_mainMem_ioBlockPages",
+        "snapshot_mainMem_ioBlockPages_size",
+        "check_hostname_for_mismatch",
+        "host_filter",
+        "network",
+        "zone",
+        "project",
+        "machine_type",
+        "network_name",
+        "subnetwork_name",
+        "disk_type",
+    ]
+)
+POOL_IGNORED_PREFIXES: Final = ("check_loop_delay_",)
+REDIS_IGNORED: Final = frozenset(
+    ["connection_pool_size", "connection_pool_timeout", "reconnect_attempts"]
+)
+PROVIDER_IGNORED: Final = frozenset(
+    [
+        "connection_pool_size",
+        "connection_pool_timeout",
+        "purge_unconfigured_folders",
+        "folder_whitelist",
+    ]
+)
+AUTH_IGNORED: Final = frozenset({"ldap"})
+
+# vmpooler keys vmpool knows but no longer honours: a warning of their own.
+CONFIG_REMOVED: Final = MappingProxyType(
+    {
+        "domain": "vmpooler v3 removed the global domain; set `domain` (or `dns_plugin`) on"
+        " each pool instead. Ignored"
+    }
+)
+
+# The names the :schedule: keys had before each took its periodic job's name.
+SCHEDULE_KEY_ALIASES: Final = MappingProxyType(
+    {
+        "sweep": "sweep_expired",
+        "provision": "provision_sweep",
+        "check_pending": "check_pending_sweep",
+        "reap": "reap_running",
+        "destroy": "destroy_sweep",
+    }
+)
+
+# Environment variable -> the setting it overrides (section, key). REDIS_DATA_TTL
+# overrides config.data_ttl instead when the file sets that; VMPOOL_REDIS_URL also
+# makes the file's separate Redis parts irrelevant.
+ENVIRONMENT: Final = (
+    ("ONDEMAND_REQUEST_TTL", "config", "ondemand_request_ttl"),
+    ("MAX_ONDEMAND_INSTANCES_PER_REQUEST", "config", "max_ondemand_instances_per_request"),
+    ("ONDEMAND_CLONE_LIMIT", "config", "ondemand_clone_limit"),
+    ("VM_LIFETIME", "config", "vm_lifetime"),
+    ("VM_LIFETIME_AUTH", "config", "vm_lifetime_auth"),
+    ("TIMEOUT", "config", "timeout"),
+    ("PREFIX", "config", "prefix"),
+    ("REDIS_DATA_TTL", "redis", "data_ttl"),
+    ("VMPOOL_REDIS_URL", "redis", "url"),
+)
+# The :redis: keys a URL is composed of when `url` is not given.
+REDIS_URL_PARTS: Final = ("server", "port", "username", "password", "db")
+
+
+def _fields(model: type[Any]) -> frozenset[str]:
+    return frozenset(model.model_fields)
+
+
+@dataclass(frozen=True)
+class FileData:
+    """A file read in vmpooler's format: its sections for
+    :class:`~vmpool.config.settings.ConfigFile`, its warnings, and the key (or
+    environment variable) each renamed or overridden setting was given as."""
+
+    sections: dict[str, Any]
+    warnings: tuple[str, ...]
+    origins: Mapping[Loc, str]
+
+
+def read(data: Any, *, source: str, env: Mapping[str, str]) -> FileData:
+    """Take vmpooler's spelling off already-parsed YAML; ConfigError on a shape problem."""
+    reader = _Reader(source)
+    top = reader.top(data)
+    reader.config(top)
+    reader.section(top, "redis", _fields(RedisSection), REDIS_IGNORED)
+    reader.data_ttl(top)
+    reader.environment(top, env)
+    reader.providers(top)
+    reader.dns_configs(top)
+    reader.pools(top)
+    reader.unused_providers(top)
+    reader.redis_url_parts(top)
+    reader.schedule(top)
+    reader.auth(top)
+    return FileData(top, tuple(reader.warnings), MappingProxyType(reader.origins))
+
+
+def where(loc: Loc, origins: Mapping[Loc, str]) -> str:
+    """The key path a message about ``loc`` names: as the user wrote it."""
+    return origins.get(tuple(loc)) or key_path(loc)
+
+
+def implemented() -> str:
+    """The provider classes vmpool implements, for messages: "`simulated` is"."""
+    names = [f"`{name}`" for name in PROVIDER_CLASSES]
+    if len(names) == 1:
+        return f"{names[0]} is"
+    return f"{', '.join(names[:-1])} and {names[-1]} are"
+
+
+class _Reader:
+    """One read of one file: its name for messages, the warnings, the origins."""
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+        self.warnings: list[str] = []
+        self.origins: dict[Loc, str] = {}
+
+    def fail(self, key: str, problem: str) -> ConfigError:
+        return ConfigError(self.source, key, problem)
+
+    def warn(self, key: str, message: str) -> None:
+        self.warnings.append(one_line(f"{self.source}: {key}: {message}"))
+
+    def text(self, value: Any, path: str) -> str:
+        try:
+            return text(value)
+        except PydanticCustomError as exc:
+            raise self.fail(path, exc.message()) from None
+
+    def mapping(self, value: Any, path: str) -> dict[str, Any]:
+        if value is None:
+            return {}
+        if not isinstance(value, dict):
+            raise self.fail(path, f"must be a mapping, got {show(value)}")
+        return value
+
+    def known(
+        self,
+        mapping: Mapping[str, Any],
+        path: str,
+        known: frozenset[str],
+        ignored: frozenset[str] = frozenset(),
+        prefixes: tuple[str, ...] = (),
+    ) -> dict[str, Any]:
+        """The known keys that have a value; a warning for each key nobody knows."""
+        for key in mapping:
+            if key not in known and key not in ignored and not key.startswith(prefixes):
+                self.warn(f"{path}.{key}", "unknown key, ignored")
+        return {key: value for key, value in mapping.items() if key in known and value is not None}
+
+    def section(
+        self,
+        top: dict[str, Any],
+        name: str,
+        known: frozenset[str],
+        ignored: frozenset[str] = frozenset(),
+        prefixes: tuple[str, ...] = (),
+    ) -> dict[str, Any]:
+        top[name] = self.known(self.mapping(top.get(name), name), name, known, ignored, prefixes)
+        return top[name]  # type: ignore[no-any-return]
+
+    # -- the sections, in the order their warnings come --------------------------------------
+    def top(self, data: Any) -> dict[str, Any]:
+        if data is None:
+            data = {}
+        if not isinstance(data, Mapping):
+            raise self.fail("top level", f"must be a mapping of sections, got {show(data)}")
+        top = self.normalize(data, "")
+        sections = _fields(ConfigFile)
+        for key in top:
+            if key not in sections and key not in IGNORED_SECTIONS:
+                self.warn(key, "unknown section, ignored")
+        return {key: value for key, value in top.items() if key in sections}
+
+    def normalize(self, value: Any, path: str) -> Any:
+        """Strip one leading colon from every mapping key, recursively."""
+        if isinstance(value, list):
+            return [self.normalize(item, f"{path}[{i}]") for i, item in enumerate(value)]
+        if not isinstance(value, Mapping):
+            return value
+        out: dict[str, Any] = {}
+        written: dict[str, Any] = {}
+        for raw_key, item in value.items():
+            if isinstance(raw_key, bool) or not isinstance(raw_key, (str, int)):
+                raise self.fail(path or "top level", f"keys must be strings, got {show(raw_key)}")
+            key = str(raw_key)
+            key = key[1:] if key.startswith(":") else key
+            full = f"{path}.{key}" if path else key
+            if key in out:
+                raise self.fail(full, f"given twice (as {show(written[key])} and {show(raw_key)})")
+            written[key] = raw_key
+            out[key] = self.normalize(item, full)
+        return out
+
+    def config(self, top: dict[str, Any]) -> None:
+        ignored = CONFIG_IGNORED | frozenset(CONFIG_REMOVED)
+        raw = self.mapping(top.get("config"), "config")
+        self.section(top, "config", _fields(ConfigSection), ignored, CONFIG_IGNORED_PREFIXES)
+        for key, message in CONFIG_REMOVED.items():
+            if raw.get(key) is not None:
+                self.warn(f"config.{key}", message)
+
+    def data_ttl(self, top: dict[str, Any]) -> None:
+        """vmpooler keeps data_ttl under :redis:; CONTRACT.md lists it under :config:, which
+        wins: the other is then neither used nor checked."""
+        if "data_ttl" in top["config"]:
+            top["redis"].pop("data_ttl", None)
+
+    def environment(self, top: dict[str, Any], env: Mapping[str, str]) -> None:
+        for variable, section, key in ENVIRONMENT:
+            value = (env.get(variable) or "").strip()
+            if not value:
+                continue
+            if variable == "REDIS_DATA_TTL" and "data_ttl" in top["config"]:
+                section = "config"
+            if variable == "VMPOOL_REDIS_URL":
+                for part in REDIS_URL_PARTS:
+                    top["redis"].pop(part, None)
+            top[section][key] = value
+            self.origins[(section, key)] = f"environment {variable}"
+
+    def providers(self, top: dict[str, Any]) -> None:
+        """Each entry's ``provider_class`` made explicit; unknown options of an
+        implemented class warned about (and kept: the class ignores them)."""
+        section = self.mapping(top.get("providers"), "providers")
+        for name, raw in section.items():
+            path = f"providers.{name}"
+            try:
+                validate_pool_name(name)
+            except InvalidIdentifier:
+                raise self.fail(path, f"provider names must be {NAME_RULE}") from None
+            entry = dict(self.mapping(raw, path))
+            given = entry.get("provider_class")
+            entry["provider_class"] = (
+                name if given is None else self.text(given, f"{path}.provider_class")
+            )
+            implementation = provider_class(entry["provider_class"])
+            if implementation is not None:
+                known = _fields(implementation.options) | {"provider_class"}
+                self.known(entry, path, known, PROVIDER_IGNORED)
+            section[name] = entry
+        top["providers"] = section
+
+    def dns_configs(self, top: dict[str, Any]) -> None:
+        section = self.mapping(top.get("dns_configs"), "dns_configs")
+        top["dns_configs"] = {name: {} if raw is None else raw for name, raw in section.items()}
+
+    def pools(self, top: dict[str, Any]) -> None:
+        pools = top.get("pools")
+        if pools is None:
+            top.pop("pools", None)
+            self.warn("pools", "no pools configured")
+            return
+        if not isinstance(pools, list):
+            raise self.fail("pools", f"must be a list of pools, got {show(pools)}")
+        known = _fields(PoolSection)
+        for i, raw in enumerate(pools):
+            path = f"pools[{i}]"
+            if not isinstance(raw, dict):
+                raise self.fail(path, f"must be a mapping with at least `name`, got {show(raw)}")
+            pool = self.known(raw, path, known, POOL_IGNORED, POOL_IGNORED_PREFIXES)
+            if pool.get("name") is None:
+                raise self.fail(f"{path}.name", "missing: every pool needs a name")
+            for ref in ("provider", "dns_plugin"):
+                if ref in pool:
+                    pool[ref] = self.text(pool[ref], f"{path}.{ref}").lstrip(":")
+            pools[i] = pool
+
+    def unused_providers(self, top: dict[str, Any]) -> None:
+        used = {pool.get("provider", DEFAULT_PROVIDER) for pool in top.get("pools", [])}
+        for name, entry in top["providers"].items():
+            if provider_class(entry["provider_class"]) is None and name not in used:
+                self.warn(
+                    f"providers.{name}",
+                    f"provider_class {entry['provider_class']!r} is not implemented (only"
+                    f" {implemented()}); no pool uses it, ignored",
+                )
+
+    def redis_url_parts(self, top: dict[str, Any]) -> None:
+        """A URL makes the separate parts irrelevant: they are neither used nor checked."""
+        redis = top["redis"]
+        if redis.get("url") is None:
+            return
+        given = [part for part in REDIS_URL_PARTS if part in redis]
+        if given:
+            self.warn("redis.url", f"set, so {', '.join(given)} ignored")
+        for part in given:
+            del redis[part]
+
+    def schedule(self, top: dict[str, Any]) -> None:
+        known = _fields(Schedule) | frozenset(SCHEDULE_KEY_ALIASES)
+        section = self.section(top, "schedule", known)
+        for old, new in SCHEDULE_KEY_ALIASES.items():
+            if old not in section:
+                continue
+            if new in section:
+                raise self.fail(f"schedule.{new}", f"given twice (as {old!r} and {new!r})")
+            section[new] = section.pop(old)
+            self.origins[("schedule", new)] = f"schedule.{old}"
+
+    def auth(self, top: dict[str, Any]) -> None:
+        """No ``:auth:`` (or a null one) means no authentication at all."""
+        if top.get("auth") is None:
+            top.pop("auth", None)
+            return
+        section = self.section(top, "auth", _fields(AuthSection), AUTH_IGNORED)
+        provider = section.get("provider")
+        if isinstance(provider, str) and provider.strip() == "dummy":
+            self.warn("auth.provider", "dummy authentication accepts anyone; for testing only")
