@@ -1,0 +1,64 @@
+"""The effective configuration is the same as the code before pydantic made it.
+
+tests/golden/configs.jsonl holds, one per line, a config the test suite built (``data``:
+the parsed YAML, ``source``, ``env``: the variables vmpool reads) and ``public``: its
+``to_public_dict()`` as the old hand-written parser produced it. tests/golden/demo.json
+is the old ``vmpool config show --json`` of the built-in demo. Only the ``:schedule:``
+keys differ: they took their periodic jobs' names (the alias table), with the same
+values. Comparing JSON text, not dicts, also holds every number's type (``900.0``
+stays ``900.0``, not ``900``), which ``vmpool config show`` prints.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from vmpool.cli.main import cli
+from vmpool.config import SCHEDULE_KEY_ALIASES, demo_config, parse_config
+from vmpool.config.vmpooler import ENVIRONMENT
+
+GOLDEN = Path(__file__).parent / "golden"
+RECORDED = [
+    json.loads(line) for line in (GOLDEN / "configs.jsonl").read_text().splitlines() if line.strip()
+]
+
+
+def renamed(public: dict[str, Any]) -> dict[str, Any]:
+    """``public`` as recorded, its schedule keys spelt as today."""
+    schedule = {
+        SCHEDULE_KEY_ALIASES.get(key, key): value for key, value in public["schedule"].items()
+    }
+    return {**public, "schedule": schedule}
+
+
+def as_text(public: dict[str, Any]) -> str:
+    return json.dumps(public, sort_keys=True)
+
+
+def test_the_recording_is_there() -> None:
+    assert len(RECORDED) > 40
+    assert {"data", "source", "env", "public"} <= set(RECORDED[0])
+
+
+@pytest.mark.parametrize("case", RECORDED, ids=[case["source"][-40:] for case in RECORDED])
+def test_recorded_config_parses_to_the_same_public_dict(case: dict[str, Any]) -> None:
+    config = parse_config(case["data"], source=case["source"], env=case["env"])
+    assert as_text(config.to_public_dict()) == as_text(renamed(case["public"]))
+
+
+def test_demo_config_is_the_same() -> None:
+    recorded = json.loads((GOLDEN / "demo.json").read_text())
+    assert as_text(demo_config().to_public_dict()) == as_text(renamed(recorded))
+
+
+def test_config_show_json_of_the_demo_is_the_same() -> None:
+    clean = {name: None for name, _, _ in ENVIRONMENT} | {"VMPOOL_CONFIG": None}
+    result = CliRunner().invoke(cli, ["config", "show", "--json"], env=clean)
+    assert result.exit_code == 0, result.output
+    recorded = json.loads((GOLDEN / "demo.json").read_text())
+    assert as_text(json.loads(result.stdout)) == as_text(renamed(recorded))
