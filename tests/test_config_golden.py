@@ -20,7 +20,7 @@ from click.testing import CliRunner
 
 from vmpool.cli.main import cli
 from vmpool.config import SCHEDULE_KEY_ALIASES, demo_config, parse_config
-from vmpool.config.vmpooler import ENVIRONMENT
+from vmpool.config.vmpooler_keys import ENVIRONMENT
 
 GOLDEN = Path(__file__).parent / "golden"
 RECORDED = [

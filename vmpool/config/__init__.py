@@ -21,7 +21,7 @@ from vmpool.config.model import AuthConfig, Config, PoolConfig, ProviderConfig
 from vmpool.config.redis_url import mask_url_password, validate_redis_url
 from vmpool.config.schema import json_schema
 from vmpool.config.settings import Schedule
-from vmpool.config.vmpooler import SCHEDULE_KEY_ALIASES
+from vmpool.config.vmpooler_keys import SCHEDULE_KEY_ALIASES
 
 __all__ = [
     "DEMO_CONFIG_YAML",

@@ -19,7 +19,8 @@ from vmpool.config.errors import ConfigError
 from vmpool.config.fields import in_seconds
 from vmpool.config.model import AuthConfig, Config, PoolConfig, ProviderConfig
 from vmpool.config.settings import AuthSection, ConfigFile, PoolSection, RedisSection
-from vmpool.config.vmpooler import REDIS_URL_PARTS, implemented
+from vmpool.config.vmpooler import implemented
+from vmpool.config.vmpooler_keys import REDIS_URL_PARTS
 from vmpool.providers.options import key_path, problems
 from vmpool.providers.registry import DEFAULT_PROVIDER, provider_class
 

@@ -1,0 +1,149 @@
+"""vmpooler's keys, as facts of the file format: the ones vmpool accepts and ignores
+(so that a vmpooler config loads as it is), the ones it renamed, and the environment
+variables that override settings. :mod:`vmpool.config.vmpooler` applies them."""
+
+from __future__ import annotations
+
+from types import MappingProxyType
+from typing import Final
+
+__all__ = [
+    "AUTH_IGNORED",
+    "CONFIG_IGNORED",
+    "CONFIG_IGNORED_PREFIXES",
+    "CONFIG_REMOVED",
+    "ENVIRONMENT",
+    "IGNORED_SECTIONS",
+    "POOL_IGNORED",
+    "POOL_IGNORED_PREFIXES",
+    "PROVIDER_IGNORED",
+    "REDIS_IGNORED",
+    "REDIS_URL_PARTS",
+    "SCHEDULE_KEY_ALIASES",
+]
+
+# -- vmpooler keys vmpool accepts and ignores ----------------------------------------------
+
+IGNORED_SECTIONS: Final = frozenset(
+    ["statsd", "graphite", "graphs", "prometheus", "tracing", "ldap", "tagfilter"]
+)
+CONFIG_IGNORED: Final = frozenset(
+    [
+        "site_name",
+        "logfile",
+        "task_limit",
+        "timeout_notification",
+        "vm_checktime",
+        "max_lifetime_upper_limit",
+        "migration_limit",
+        "max_tries",
+        "retry_factor",
+        "create_folders",
+        "create_template_delta_disks",
+        "create_linked_clones",
+        "experimental_features",
+        "purge_unconfigured_folders",
+        "purge_unconfigured_resources",
+        "usage_stats",
+        "request_logger",
+        "extra_config",
+        "allowed_tags",
+        "manage_host_selection",
+        "host_selection_max_age",
+        "utilization_limit",
+        "check_ready_vm_hostname_for_mismatch",
+        "skip_dns_check_before_creating_vm",
+        "dlq_enabled",
+        "dlq_ttl",
+        "dlq_max_entries",
+        "purge_enabled",
+        "purge_interval",
+        "purge_dry_run",
+        "max_pending_age",
+        "max_ready_age",
+        "max_running_age",
+        "max_completed_age",
+        "max_orphaned_age",
+        "health_check_enabled",
+        "health_check_interval",
+        "health_thresholds",
+        "rate_limiting_enabled",
+        "rate_limits",
+        "connection_pool_monitor_enabled",
+        "connection_pool_monitor_interval",
+        "connection_pool_timeout_min",
+        "connection_pool_timeout_max",
+        "connection_pool_timeout_initial",
+        "adaptive_timeout_enabled",
+    ]
+)
+CONFIG_IGNORED_PREFIXES: Final = ("check_loop_delay_", "circuit_breaker_", "adaptive_timeout_")
+POOL_IGNORED: Final = frozenset(
+    [
+        "folder",
+        "datastore",
+        "datacenter",
+        "create_linked_clone",
+        "timeout_notification",
+        "snapshot_mainMem_ioBlockPages",
+        "snapshot_mainMem_ioBlockPages_size",
+        "check_hostname_for_mismatch",
+        "host_filter",
+        "network",
+        "zone",
+        "project",
+        "machine_type",
+        "network_name",
+        "subnetwork_name",
+        "disk_type",
+    ]
+)
+POOL_IGNORED_PREFIXES: Final = ("check_loop_delay_",)
+REDIS_IGNORED: Final = frozenset(
+    ["connection_pool_size", "connection_pool_timeout", "reconnect_attempts"]
+)
+PROVIDER_IGNORED: Final = frozenset(
+    [
+        "connection_pool_size",
+        "connection_pool_timeout",
+        "purge_unconfigured_folders",
+        "folder_whitelist",
+    ]
+)
+AUTH_IGNORED: Final = frozenset({"ldap"})
+
+# vmpooler keys vmpool knows but no longer honours: a warning of their own.
+CONFIG_REMOVED: Final = MappingProxyType(
+    {
+        "domain": "vmpooler v3 removed the global domain; set `domain` (or `dns_plugin`) on"
+        " each pool instead. Ignored"
+    }
+)
+
+# The names the :schedule: keys had before each took its periodic job's name.
+SCHEDULE_KEY_ALIASES: Final = MappingProxyType(
+    {
+        "sweep": "sweep_expired",
+        "provision": "provision_sweep",
+        "check_pending": "check_pending_sweep",
+        "reap": "reap_running",
+        "destroy": "destroy_sweep",
+    }
+)
+
+# Environment variable -> the setting it overrides (section, key). REDIS_DATA_TTL
+# overrides config.data_ttl instead when the file sets that; VMPOOL_REDIS_URL also
+# makes the file's separate Redis parts irrelevant.
+ENVIRONMENT: Final = (
+    ("ONDEMAND_REQUEST_TTL", "config", "ondemand_request_ttl"),
+    ("MAX_ONDEMAND_INSTANCES_PER_REQUEST", "config", "max_ondemand_instances_per_request"),
+    ("ONDEMAND_CLONE_LIMIT", "config", "ondemand_clone_limit"),
+    ("VM_LIFETIME", "config", "vm_lifetime"),
+    ("VM_LIFETIME_AUTH", "config", "vm_lifetime_auth"),
+    ("TIMEOUT", "config", "timeout"),
+    ("PREFIX", "config", "prefix"),
+    ("REDIS_DATA_TTL", "redis", "data_ttl"),
+    ("VMPOOL_REDIS_URL", "redis", "url"),
+)
+# The :redis: keys a URL is composed of when `url` is not given.
+REDIS_URL_PARTS: Final = ("server", "port", "username", "password", "db")
