@@ -6,6 +6,7 @@ import json
 import pickle
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -23,6 +24,7 @@ from vmpool.config import (
     parse_config,
     validate_redis_url,
 )
+from vmpool.config.settings import AuthSection, ConfigSection, PoolSection, RedisSection
 from vmpool.providers import PermanentProviderError, SimulatedOptions
 
 HASH = "sha256$salt$" + "ab" * 32
@@ -835,3 +837,37 @@ def test_json_schema() -> None:
     assert simulated["provider_class"]["const"] == "simulated"
     assert simulated["create_fail_percent"]["maximum"] == 100
     assert all("description" in field for field in defs["ConfigSection"]["properties"].values())
+
+
+SECTION_MODELS = {
+    "config": ConfigSection,
+    "redis": RedisSection,
+    "schedule": Schedule,
+    "auth": AuthSection,
+}
+ODD_VALUES: list[Any] = [{"a": 1}, [[1]], "x y z", -5, True, 1e400, "", [None]]
+
+
+@pytest.mark.parametrize(
+    ("section", "key"),
+    [(name, key) for name, model in SECTION_MODELS.items() for key in model.model_fields]
+    + [("pools[0]", key) for key in PoolSection.model_fields if key != "name"]
+    + [("providers.simulated", key) for key in SimulatedOptions.model_fields],
+)
+def test_every_setting_fails_in_one_line_of_its_own(tmp_path: Path, section: str, key: str) -> None:
+    """No value, however odd, gets pydantic's own text or a traceback: one line naming
+    the file and the key (the test reads each section's keys from the settings)."""
+    for value in ODD_VALUES:
+        if section == "pools[0]":
+            data: dict[str, Any] = {"pools": [{"name": "p1", key: value}]}
+        elif section.startswith("providers."):
+            data = {"providers": {"simulated": {key: value}}}
+        else:
+            data = {section: {key: value}}
+        try:
+            parse_config(data, source="f.yaml", env={})
+        except ConfigError as exc:
+            message = str(exc)
+            assert "\n" not in message
+            assert message.startswith(f"f.yaml: {section}.{key}"), message
+            assert "Input should" not in message and "pydantic" not in message, message
