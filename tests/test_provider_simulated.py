@@ -22,12 +22,14 @@ from vmpool.providers import (
     Provider,
     ProviderError,
     ProviderVM,
+    SimulatedOptions,
     SimulatedProvider,
     TransientProviderError,
     is_permanent_error,
     make_provider,
     providers_from_config,
 )
+from vmpool.providers.registry import DEFAULT_PROVIDER, PROVIDER_CLASSES, provider_class
 from vmpool.state.keys import Keys
 
 FAST: dict[str, Any] = {"boot_seconds": 0}
@@ -476,6 +478,26 @@ def test_make_provider_unknown_class(redis_client: redis.Redis, keys: Keys) -> N
 def test_make_provider_bad_name(redis_client: redis.Redis, keys: Keys, name: str) -> None:
     with pytest.raises(PermanentProviderError, match="configuration error"):
         make_provider(redis_client, keys, name, "simulated", {})
+
+
+def test_registry_pairs_each_class_with_its_options_model() -> None:
+    simulated = provider_class("simulated")
+    assert simulated is not None
+    assert simulated.options is SimulatedOptions
+    assert simulated.build is SimulatedProvider
+    assert provider_class("vsphere") is None
+    assert DEFAULT_PROVIDER in PROVIDER_CLASSES
+
+
+def test_options_model_wording_and_defaults() -> None:
+    assert SimulatedOptions.parse({"boot_seconds": 4}).boot_seconds == (4.0, 4.0)
+    assert SimulatedOptions.parse({"seed": None}).seed == 0  # null is absent
+    with pytest.raises(PermanentProviderError) as info:
+        SimulatedOptions.parse({"boot_seconds": [1, 2, 3]})
+    assert str(info.value) == (
+        "configuration error: simulated provider: boot_seconds: must be a number or"
+        " [min, max], got [1, 2, 3]"
+    )
 
 
 @dataclass(frozen=True)

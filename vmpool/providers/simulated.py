@@ -11,7 +11,7 @@ fails, whether it never becomes ready, whether the n-th destroy attempt fails) c
 repeats exactly whatever order the workers happen to run in, and no global random state
 is touched.
 
-Storage (see vmpool/keys.py)::
+Storage (see vmpool/state/keys.py)::
 
     keys.sim_vm(provider, name)      hash  name, pool, template, state, created_at,
                                            ready_at, never_ready, destroy_attempts
