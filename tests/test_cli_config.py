@@ -212,3 +212,15 @@ def test_console_script_bad_config(tmp_path: Path) -> None:
     assert proc.stderr.count("\n") == 1
     assert proc.stderr.startswith(f"vmpool: error: {path}: pools[0].size: ")
     assert "Traceback" not in proc.stderr
+
+
+def test_schema_prints_the_json_schema(tmp_path: Path) -> None:
+    from vmpool.config import json_schema
+
+    result = run("config", "schema")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout) == json_schema()
+    # The same with --json, and a bad --config is not read.
+    again = run("config", "schema", "--json", "--config", str(write(tmp_path, BAD)))
+    assert again.exit_code == 0, again.output
+    assert again.stdout == result.stdout

@@ -41,7 +41,7 @@ def test_context_builds_once_and_closes(redis_url: str) -> None:
 
 def test_every_command_takes_the_shared_options() -> None:
     """--config and --redis-url on every command; --json on those that print data."""
-    printing = {"config check", "config show", "request create", "request get",
+    printing = {"config check", "config show", "config schema", "request create", "request get",
                 "request delete", "request history", "pools", "audit", "token create",
                 "token revoke", "enqueue"}
     ctx = click.Context(cli)

@@ -1,4 +1,5 @@
-"""``vmpool config check|show``: validate a config file, print the effective config."""
+"""``vmpool config check|show|schema``: validate a config file, print the effective config,
+print the JSON Schema of the file format."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import yaml
 
 from vmpool.cli.context import CliContext, echo_json, with_context
 from vmpool.cli.errors import CliError
-from vmpool.config import ConfigError
+from vmpool.config import ConfigError, json_schema
 
 __all__ = ["config_group"]
 
@@ -18,7 +19,7 @@ def _plural(count: int, noun: str) -> str:
 
 @click.group("config")
 def config_group() -> None:
-    """Validate or show the configuration."""
+    """Validate or show the configuration, or print its JSON Schema."""
 
 
 @config_group.command("check")
@@ -59,3 +60,10 @@ def config_show(cli: CliContext) -> None:
         echo_json(data)
         return
     click.echo(yaml.safe_dump(data, sort_keys=False, default_flow_style=False).rstrip())
+
+
+@config_group.command("schema")
+@with_context(json=True)
+def config_schema(cli: CliContext) -> None:
+    """Print the JSON Schema of the config file (JSON, --json or not; no file is read)."""
+    echo_json(json_schema())
