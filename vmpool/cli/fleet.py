@@ -1,4 +1,4 @@
-"""``vmpool worker``, ``vmpool scheduler`` and ``vmpool enqueue``: the fleet's commands.
+"""``vmpool worker`` and ``vmpool scheduler``: the fleet's long-running processes.
 
 Redis URL: ``--redis-url``, else ``VMPOOL_REDIS_URL``, else the config's ``:redis:``
 url; with none, one line and exit 2. See docs/architecture.md for what runs where.
@@ -9,34 +9,15 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from typing import Any
 
 import click
 import redis
 
-from vmpool.cli.context import CliContext, echo_json, with_context
+from vmpool.cli.context import CliContext, with_context
 from vmpool.cli.errors import CliError, CliFailure
 from vmpool.config import Config
-from vmpool.ids import InvalidIdentifier
-from vmpool.state.keys import Keys
 
-__all__ = ["enqueue_command", "scheduler_command", "worker_command"]
-
-# The forms CONTRACT.md names, plus every job by its own name.
-_ENQUEUE_CHOICES = (
-    "sweep",
-    "provision",
-    "check-request",
-    "check-pending",
-    "reap",
-    "create-vm",
-    "destroy",
-    "provision-sweep",
-    "check-pending-sweep",
-    "destroy-sweep",
-    "reconcile",
-)
-
+__all__ = ["scheduler_command", "wait_for_redis", "worker_command"]
 
 log = logging.getLogger(__name__)
 
@@ -180,102 +161,3 @@ def scheduler_command(cli: CliContext, interval: float, burst: bool, verbose: bo
                 raise CliFailure(f"lost Redis: {exc}") from None
             log.warning("scheduler %s: lost Redis (%s); reconnecting", scheduler.name, exc)
             wait_for_redis(cli.redis_url)
-
-
-@click.command("enqueue")
-@with_context(json=True)
-@click.argument("job", type=click.Choice(_ENQUEUE_CHOICES))
-@click.argument("subject", required=False)
-@click.option(
-    "--pool",
-    default=None,
-    help="check-pending only: a check for every booting VM of this pool.",
-)
-def enqueue_command(
-    cli: CliContext,
-    job: str,
-    subject: str | None,
-    pool: str | None,
-) -> None:
-    """Put one job on the queues now, as the scheduler or a worker would.
-
-    \b
-      vmpool enqueue sweep | reap | reconcile | provision-sweep | destroy-sweep
-      vmpool enqueue provision ID | check-request ID
-      vmpool enqueue check-pending [NAME] [--pool P]   (neither: the pending sweep)
-      vmpool enqueue create-vm NAME | destroy NAME
-
-    A job already queued or running is not queued again ("already queued", exit 0).
-    """
-    from workers.queues import JOBS, enqueue, job_id
-
-    config, as_json = cli.config, cli.as_json
-    plan = _plan(job, subject, pool, config.pools)
-    conn = cli.rq_redis
-    if plan is None:  # check-pending --pool P: one check per booting VM of P
-        from vmpool.state.store import Store
-
-        assert pool is not None
-        names = Store(conn, Keys(config.key_prefix)).pool_vms(pool, "pending")
-        plan = [("check-pending", name) for name in names]
-    rows: list[dict[str, Any]] = []
-    try:
-        for name, subj in plan:
-            done = enqueue(conn, name, subj)
-            rows.append(
-                {
-                    "job": name,
-                    "subject": subj,
-                    "job_id": job_id(name, subj),
-                    "queue": JOBS[name].queue,
-                    "enqueued": done,
-                }
-            )
-    except redis.RedisError as exc:
-        raise CliError(f"enqueue failed: {exc}") from None
-    if as_json:
-        echo_json({"jobs": rows})
-        return
-    if not rows:
-        click.echo(f"no booting VMs in pool {pool}")
-    for row in rows:
-        state = "enqueued" if row["enqueued"] else "already queued"
-        click.echo(f"{state}: {row['job_id']} on {row['queue']}")
-
-
-def _plan(
-    job: str, subject: str | None, pool: str | None, pools: Any
-) -> list[tuple[str, str | None]] | None:
-    """What to enqueue: [(job, subject)], or None for 'every pending VM of --pool'."""
-    from workers.queues import JOBS, job_id
-
-    if pool is not None and job != "check-pending":
-        raise CliError("--pool goes with check-pending only")
-    if job == "check-pending":
-        if pool is not None:
-            if subject is not None:
-                raise CliError("check-pending takes a VM name or --pool, not both")
-            if pool not in pools:
-                raise CliError(f"--pool: no pool named {pool!r}")
-            return None
-        if subject is None:
-            return [("check-pending-sweep", None)]
-    spec = JOBS[job]
-    if spec.subject is None and subject is not None:
-        raise CliError(f"{job} takes no argument (got {subject!r})")
-    if spec.subject is not None and subject is None:
-        what = "request id" if spec.subject == "request" else "VM name"
-        raise CliError(f"{job} needs a {what}")
-    try:
-        job_id(job, subject)  # validates the subject
-        if subject is not None and spec.subject == "vm":
-            from vmpool.ids import validate_vm_name
-
-            validate_vm_name(subject)
-        elif subject is not None:
-            from vmpool.ids import validate_request_id
-
-            validate_request_id(subject)
-    except (ValueError, InvalidIdentifier) as exc:
-        raise CliError(str(exc)) from None
-    return [(job, subject)]

@@ -37,7 +37,7 @@ COMMANDS: Final[Mapping[str, str]] = MappingProxyType(
         "api": "vmpool.cli.api:api_command",
         "worker": "vmpool.cli.fleet:worker_command",
         "scheduler": "vmpool.cli.fleet:scheduler_command",
-        "enqueue": "vmpool.cli.fleet:enqueue_command",
+        "enqueue": "vmpool.cli.enqueue:enqueue_command",
         "up": "vmpool.cli.up:up_command",
     }
 )
