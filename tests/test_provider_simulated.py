@@ -71,7 +71,7 @@ def test_create_then_get_then_ready_after_boot(redis_client: redis.Redis, keys: 
     # created_at is the server's clock, not this process's.
     assert before - 0.01 <= vm.created_at <= server_now(redis_client) + 0.01
     assert provider.get_vm("centos-7", "vm-a") is not None
-    assert wait_for(lambda: provider.vm_ready("centos-7", "vm-a"))
+    assert wait_for(lambda: provider.is_ready("centos-7", "vm-a"))
     got = provider.get_vm("centos-7", "vm-a")
     assert got is not None and got.state == "running"
     assert server_now(redis_client) >= vm.created_at + 0.2
@@ -81,7 +81,7 @@ def test_vm_is_booting_until_boot_time_passes(redis_client: redis.Redis, keys: K
     provider = sim(redis_client, keys, boot_seconds=600)
     vm = provider.create_vm("pool", "tmpl", "vm-slow")
     assert vm.state == "booting"
-    assert not provider.vm_ready("pool", "vm-slow")
+    assert not provider.is_ready("pool", "vm-slow")
     got = provider.get_vm("pool", "vm-slow")
     assert got is not None and got.state == "booting"
 
@@ -89,7 +89,7 @@ def test_vm_is_booting_until_boot_time_passes(redis_client: redis.Redis, keys: K
 def test_boot_zero_is_running_at_once(redis_client: redis.Redis, keys: Keys) -> None:
     provider = sim(redis_client, keys)
     assert provider.create_vm("pool", "tmpl", "vm-0").state == "running"
-    assert provider.vm_ready("pool", "vm-0")
+    assert provider.is_ready("pool", "vm-0")
 
 
 def test_boot_range_is_within_bounds(redis_client: redis.Redis, keys: Keys) -> None:
@@ -105,7 +105,7 @@ def test_boot_range_is_within_bounds(redis_client: redis.Redis, keys: Keys) -> N
 def test_missing_vm(redis_client: redis.Redis, keys: Keys) -> None:
     provider = sim(redis_client, keys)
     assert provider.get_vm("pool", "vm-nope") is None
-    assert provider.vm_ready("pool", "vm-nope") is False
+    assert provider.is_ready("pool", "vm-nope") is False
     assert provider.destroy_vm("pool", "vm-nope") is False
     # Asking about a missing VM must not create its hash.
     assert not redis_client.exists(keys.sim_vm("sim", "vm-nope"))
@@ -251,7 +251,7 @@ def test_ready_fail_vms_never_become_ready(redis_client: redis.Redis, keys: Keys
     assert vm.state == "booting"
     # Boot time is 0: by the time the server clock has moved on it would be ready.
     assert wait_for(lambda: server_now(redis_client) > vm.created_at + 0.05)
-    assert not provider.vm_ready("pool", "vm-a")
+    assert not provider.is_ready("pool", "vm-a")
     got = provider.get_vm("pool", "vm-a")
     assert got is not None and got.state == "booting"
     assert provider.destroy_vm("pool", "vm-a") is True

@@ -7,8 +7,9 @@ One row per job: its **name** (the one name used everywhere: the RQ job function
 argument names: a request id, a VM name, or nothing), RQ's hard **timeout** for one run,
 and whether it is **periodic** (the scheduler enqueues it every ``:schedule:`` interval of
 the same name) and **bounded** (its interval is a promised bound, see
-:mod:`workers.schedule`). ``aliases`` are the names older releases used, still accepted by
-``vmpool enqueue`` (and, for the schedule, by the config file).
+:mod:`workers.schedule`). ``aliases`` are the job names older releases used, still
+accepted by ``vmpool enqueue`` (the config's older ``:schedule:`` keys are the config's own
+aliases: ``vmpool.config.SCHEDULE_KEY_ALIASES``).
 
 Job ids (RQ allows ``[A-Za-z0-9_-]`` only) carry the fleet's key prefix, so two fleets in
 one Redis database never share a job::

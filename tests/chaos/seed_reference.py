@@ -243,7 +243,7 @@ class Manager:
                 return
             provider = self.providers[vm.provider]
             with self._stripe(self.vm_mutex, name):
-                ready = provider.get_vm(vm.pool, name) is not None and provider.vm_ready(
+                ready = provider.get_vm(vm.pool, name) is not None and provider.is_ready(
                     vm.pool, name)
                 if ready:
                     # move_pending_vm_to_ready under the PR's request_mutex

@@ -195,7 +195,7 @@ def _check_pending_locked(fleet: Fleet, name: str, provider: Provider, lock: Fen
     reason = ""
     try:
         held = provider.get_vm(vm.pool, name)
-        ready = held is not None and provider.vm_ready(vm.pool, name)
+        ready = held is not None and provider.is_ready(vm.pool, name)
     except Exception as exc:
         log.warning("check_pending %s: provider error, next check retries: %s", name, exc)
         return "provider_error"

@@ -141,7 +141,7 @@ class Provider(Protocol):
         """Create VM ``name``; if it already exists, return it instead of making another."""
         ...
 
-    def vm_ready(self, pool: str, name: str) -> bool:
+    def is_ready(self, pool: str, name: str) -> bool:
         """True once the VM has booted and would accept a connection."""
         ...
 

@@ -274,7 +274,7 @@ class SimulatedProvider:
             pool, template, name, self.boot_seconds_for(name), self.never_ready_for(name)
         )
 
-    def vm_ready(self, pool: str, name: str) -> bool:
+    def is_ready(self, pool: str, name: str) -> bool:
         """True once the VM's boot time has passed on the server clock.
 
         A VM that does not exist is not ready (False, not an error): the worker's boot
