@@ -3,7 +3,7 @@ Redis and the simulated provider, with workers and schedulers killed and paused.
 
 Every process is started with subprocess, bounded by deadlines, and SIGKILLed by pid at
 the end of its test. Requests are created the way the API creates them: one
-``store.create_request`` then ``enqueue(conn, "provision", rid)``.
+``store.create_request`` then ``enqueue(conn, keys, "provision_request", rid)``.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from vmpool.state.keys import Keys
 from vmpool.state.store import RequestSettings, Slot, Store
 from workers.queues import enqueue
 from workers.schedule import cadence, read_schedule_log
+from workers.table import job_id
 
 pytestmark = pytest.mark.slow
 
@@ -144,7 +145,7 @@ class Fleet:
         rid = rid or f"r-{uuid.uuid4().hex[:12]}"
         settings = RequestSettings.from_config(self.config)
         assert self.store.create_request(rid, [Slot(pool, pool, n)], settings, actor="test").ok
-        enqueue(self.conn, "provision", rid)
+        enqueue(self.conn, self.store.keys, "provision_request", rid)
         return rid
 
     def status(self, rid: str) -> str:
@@ -180,7 +181,7 @@ def fleet(tmp_path: Path, redis_url: str, redis_client: redis.Redis) -> Iterator
 
 
 def _running_job_worker(f: Fleet, job_id: str) -> str | None:
-    raw = f.conn.hmget(f"rq:job:{job_id}", ["status", "worker_name"])
+    raw = f.conn.hmget(f.store.keys.rq_job(job_id), ["status", "worker_name"])
     if raw[0] == b"started" and raw[1]:
         return str(raw[1].decode())
     return None
@@ -213,7 +214,7 @@ def test_fleet_end_to_end_with_a_scheduler_killed(fleet: Fleet) -> None:
     # Both replicas take turns (the jitter: no replica is phase-locked out); then kill
     # one (by pid) while the schedule runs.
     wait_for(
-        lambda: len({m.replica for m in read_schedule_log(fleet.conn)}) == 2,
+        lambda: len({m.replica for m in read_schedule_log(fleet.conn, fleet.store.keys)}) == 2,
         20,
         "both scheduler replicas to move jobs",
     )
@@ -247,13 +248,17 @@ def test_fleet_end_to_end_with_a_scheduler_killed(fleet: Fleet) -> None:
     # periodic job is ever moved twice for one due time: each move consumed its own due
     # time, and due times lie on the job's grid (exact: independent of machine load).
     wait_for(
-        lambda: sum(1 for m in read_schedule_log(fleet.conn) if m.time > killed_at + 3) >= 6,
+        lambda: sum(
+            1 for m in read_schedule_log(fleet.conn, fleet.store.keys) if m.time > killed_at + 3
+        )
+        >= 6,
         20,
         "the surviving scheduler to keep scheduling",
     )
-    intervals = {"sweep": 1, "provision-sweep": 1, "check-pending-sweep": 1, "reap": 2,
-                 "destroy-sweep": 1, "reconcile": 2}
-    log = read_schedule_log(fleet.conn)
+    # the config gives the older :schedule: keys (sweep, provision, ...): still honoured
+    intervals = {"sweep_expired": 1, "provision_sweep": 1, "check_pending_sweep": 1,
+                 "reap_running": 2, "destroy_sweep": 1, "reconcile": 2}
+    log = read_schedule_log(fleet.conn, fleet.store.keys)
     for job, every in intervals.items():
         dues = [m.due for m in log if m.job == job]
         assert len(dues) >= 2, job
@@ -281,7 +286,7 @@ def test_worker_killed_mid_create_leaks_nothing(fleet: Fleet) -> None:
 
     def create_running() -> bool:
         for vm in fleet.store.request_vms(rid):
-            name = _running_job_worker(fleet, f"create-vm-{vm.name}")
+            name = _running_job_worker(fleet, job_id(fleet.store.keys, "create_vm", vm.name))
             if name:
                 holder.append(name)
                 return True
@@ -398,13 +403,14 @@ def test_cli_enqueue_and_errors(fleet: Fleet) -> None:
             timeout=60,
         )
 
-    first = run("enqueue", "sweep", "--json")
+    first = run("enqueue", "sweep_expired", "--json")
     assert first.returncode == 0, first.stderr
     assert '"enqueued": true' in first.stdout
-    again = run("enqueue", "sweep")
-    assert again.returncode == 0 and "already queued: sweep" in again.stdout
+    again = run("enqueue", "sweep")  # the older name of the same job
+    assert again.returncode == 0, again.stderr
+    assert "already queued: vmpool-sweep_expired on vmpool-sweeps" in again.stdout
     assert run("enqueue", "provision", "a.b").returncode == 0
-    assert "provision-a_-b" in run("enqueue", "provision", "a.b").stdout
+    assert "vmpool-provision_request-a_ob" in run("enqueue", "provision_request", "a.b").stdout
     bad = run("enqueue", "provision")
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1
     assert run("enqueue", "sweep", "--pool", "deb").returncode == 2

@@ -48,7 +48,7 @@ def make_ready(store: Store, conn: redis.Redis, config_path: Path) -> str:
     assert store.create_request(
         rid, [Slot("deb", "deb", 2)], RequestSettings.from_config(config), actor="test"
     ).ok
-    enqueue(conn, "provision", rid)
+    enqueue(conn, store.keys, "provision_request", rid)
     return rid
 
 
