@@ -29,6 +29,7 @@ from vmpool.cli.errors import CliFailure
 from vmpool.config import Config, mask_url_password
 from vmpool.local.redis_server import RedisServer, RedisServerError, free_port
 from vmpool.local.supervisor import ChildSpec, Supervisor
+from vmpool.state.keys import Keys
 
 __all__ = ["child_specs", "up_command", "wait_healthy"]
 
@@ -51,12 +52,15 @@ def _api_ready(url: str) -> bool:
         return False
 
 
-def _workers_registered(redis_url: str) -> int:
-    from rq import Worker
+def _workers_registered(redis_url: str, keys: Keys) -> int:
+    """Workers on this fleet's queues (another fleet may share the Redis database)."""
+    from rq import Queue, Worker
+
+    from workers.table import QUEUE_SWEEPS
 
     conn = redis.Redis.from_url(redis_url, socket_connect_timeout=2)
     try:
-        return int(Worker.count(connection=conn))
+        return int(Worker.count(queue=Queue(keys.queue(QUEUE_SWEEPS), connection=conn)))
     except redis.RedisError:
         return 0
     finally:
@@ -68,6 +72,7 @@ def wait_healthy(
     *,
     api_url: str,
     redis_url: str,
+    keys: Keys,
     workers: int,
     stop: threading.Event,
     timeout_s: float,
@@ -77,7 +82,7 @@ def wait_healthy(
     deadline = time.monotonic() + timeout_s
     while not stop.is_set():
         sup.poll()
-        if _api_ready(api_url) and _workers_registered(redis_url) >= workers:
+        if _api_ready(api_url) and _workers_registered(redis_url, keys) >= workers:
             return
         if time.monotonic() > deadline:
             raise CliFailure(f"vmpool did not become healthy within {timeout_s:.0f}s")
@@ -118,7 +123,7 @@ def up_command(
         undo.callback(_stop_children, sup)
         sup.start()
         api_url = f"http://{host}:{port}"
-        wait_healthy(sup, api_url=api_url, redis_url=url, workers=n_workers,
+        wait_healthy(sup, api_url=api_url, redis_url=url, keys=cli.keys, workers=n_workers,
                      stop=stop, timeout_s=ready_timeout)
         code = 0 if stop.is_set() else _serve(config, sup, stop, api_url, url, demo=demo)
     if code:
