@@ -79,7 +79,7 @@ def _api_state(
     keys = Keys(config.key_prefix)
     store = Store(clients.text, keys)
     metrics = ApiMetrics()
-    metrics.registry.register(RedisStateCollector(store, clients.raw, config.pools))
+    metrics.registry.register(RedisStateCollector.from_config(store, clients.raw, config))
     if enqueue == "rq":
         enqueue = RQDispatcher(clients.raw, keys).provision_request
     return ApiState(

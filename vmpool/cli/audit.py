@@ -7,13 +7,21 @@ import click
 from vmpool.cli.context import CliContext, echo_json, with_context
 from vmpool.providers import providers_from_config
 from vmpool.state.audit import INVARIANTS, audit_state
+from vmpool.state.counters import record_audit
 
 __all__ = ["audit_command"]
 
 
 @click.command("audit")
 @with_context(json=True)
-def audit_command(cli: CliContext) -> None:
+@click.option(
+    "--metrics",
+    "record",
+    is_flag=True,
+    help="Also record the result in Redis for /metrics (vmpool_audit_violations,"
+    " vmpool_audit_last_run_timestamp_seconds), as the Kubernetes CronJob runs it.",
+)
+def audit_command(cli: CliContext, record: bool) -> None:
     """Check invariants 1-5 of CONTRACT.md over the live state and the providers.
 
     Exit 0 when every invariant holds; exit 1 and one line per violation otherwise.
@@ -22,6 +30,9 @@ def audit_command(cli: CliContext) -> None:
     violations = audit_state(
         cli.store, providers, sweep_interval_s=cli.config.schedule.sweep_expired
     )
+    if record:
+        # Recorded before the exit status, so an alert sees a failing run too.
+        record_audit(cli.redis, cli.keys, len(violations))
     if cli.as_json:
         echo_json(
             {

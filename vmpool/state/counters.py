@@ -1,24 +1,108 @@
 """Fleet-wide counters kept in Redis, so every process adds to the same totals.
 
 Workers may run each job in a forked child, and the API runs in several replicas, so no
-process keeps these in memory: :func:`record_job` / :func:`record_error` HINCRBY a hash
-under ``keys.metrics(...)``, and every scrape of ``/metrics`` (vmpool.api.metrics) reads
-those hashes.
+process keeps these in memory. Three kinds of writer:
+
+* the store's transition scripts, in the same atomic unit as the transition: requests
+  finished by outcome (``keys.requests_finished``) and the ready-time histogram of each
+  pool (``keys.time_to_ready(pool)``). :func:`lua_metrics` renders their keys and the
+  histogram's bucket bounds into the scripts' prelude, so the bounds are defined here
+  once and the scripts and the scrape cannot disagree;
+* the workers: :func:`record_job` / :func:`record_error` HINCRBY a hash;
+* ``vmpool audit --metrics``: :func:`record_audit`.
+
+Every scrape of ``/metrics`` (vmpool.api.fleet_metrics) reads those hashes.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Final
 
 import redis
 
 from vmpool.state.keys import Keys
 
-__all__ = ["ERRORS_METRIC", "JOBS_METRIC", "record_error", "record_job"]
+__all__ = [
+    "ERRORS_METRIC",
+    "FINISHED_OUTCOMES",
+    "JOBS_METRIC",
+    "READY_BUCKETS",
+    "READY_OVERFLOW",
+    "READY_SUM",
+    "bucket_field",
+    "cumulative_buckets",
+    "lua_metrics",
+    "record_audit",
+    "record_error",
+    "record_job",
+]
 
 JOBS_METRIC: Final = "jobs"  # hash field "<job>:<outcome>" -> count
 # hash field "<kind>:<pool>" -> count (vmpooler's vmpooler_errors.<kind>.<pool>)
 ERRORS_METRIC: Final = "errors"
+
+# How a request leaves ``pending``, once each: fulfilled, failed, or deleted before it
+# was ready (a ready request deleted later was already counted as ready, so the
+# outcomes add up to the requests finished and a failure ratio means what it says).
+FINISHED_OUTCOMES: Final[tuple[str, ...]] = ("ready", "failed", "deleted")
+
+# Upper bounds (seconds) of the ready-time histogram: vmpooler's
+# POOLER_READY_TIME_BUCKETS (30 to 1600 s), with small ones added for fast clouds.
+# Changing them splits history: a bucket's past counts stay under its old bound.
+READY_BUCKETS: Final[Sequence[float]] = (
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+    120.0,
+    180.0,
+    240.0,
+    300.0,
+    500.0,
+    800.0,
+    1200.0,
+    1600.0,
+)
+READY_OVERFLOW: Final = "+Inf"  # the field of observations above the last bound
+READY_SUM: Final = "sum"  # the field holding the sum of all observations (seconds)
+
+
+def bucket_field(bound: float) -> str:
+    """The hash field (and Prometheus ``le`` label) of a bucket: ``1.0``, ``2.5``..."""
+    return repr(float(bound))
+
+
+def lua_metrics(keys: Keys) -> str:
+    """The metric keys of ``keys``' fleet and the ready-time buckets as Lua source, for
+    the store to prepend to every script (before ``_prelude.lua``, which uses them).
+    Each bucket holds only its own observations; :func:`cumulative_buckets` adds them
+    up at scrape time, so one observation costs one HINCRBY, not one per bound."""
+    bounds = ", ".join(repr(float(b)) for b in READY_BUCKETS)
+    fields = ", ".join(repr(bucket_field(b)) for b in READY_BUCKETS)
+    return (
+        f"local METRIC_FINISHED = {keys.requests_finished!r}\n"
+        f"local METRIC_READY_PREFIX = {keys.time_to_ready_prefix()!r}\n"
+        f"local READY_BOUNDS = {{{bounds}}}\n"
+        f"local READY_FIELDS = {{{fields}}}\n"
+        f"local READY_OVERFLOW = {READY_OVERFLOW!r}\n"
+        f"local READY_SUM = {READY_SUM!r}\n"
+    )
+
+
+def cumulative_buckets(counts: Mapping[str, float]) -> tuple[list[tuple[str, float]], float]:
+    """One pool's histogram hash (fields as numbers) as Prometheus wants it: ``(le,
+    count)`` pairs, each counting the observations at or below ``le``, ending with
+    ``+Inf``; and the sum of the observations."""
+    out: list[tuple[str, float]] = []
+    total = 0.0
+    for bound in READY_BUCKETS:
+        total += counts.get(bucket_field(bound), 0.0)
+        out.append((bucket_field(bound), total))
+    out.append((READY_OVERFLOW, total + counts.get(READY_OVERFLOW, 0.0)))
+    return out, counts.get(READY_SUM, 0.0)
 
 
 def record_job(redis_client: redis.Redis, keys: Keys, job: str, outcome: str) -> None:
@@ -29,3 +113,14 @@ def record_job(redis_client: redis.Redis, keys: Keys, job: str, outcome: str) ->
 def record_error(redis_client: redis.Redis, keys: Keys, kind: str, pool: str) -> None:
     """Count one error of a pool (vmpooler's ``vmpooler_errors.<kind>.<pool>``)."""
     redis_client.hincrby(keys.metrics(ERRORS_METRIC), f"{kind}:{pool}", 1)
+
+
+def record_audit(redis_client: redis.Redis, keys: Keys, violations: int) -> float:
+    """Record the result of an audit run: its number of violations and when it ran
+    (Redis server time, so every replica's scrape agrees). Returns that time."""
+    seconds, micros = redis_client.time()
+    now = float(seconds) + float(micros) / 1e6
+    redis_client.hset(
+        keys.audit_result, mapping={"violations": int(violations), "time": repr(now)}
+    )
+    return now

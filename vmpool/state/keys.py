@@ -23,6 +23,9 @@ Layout (``P`` is the prefix)::
     P:lock:KIND:SUBJECT:signal   list   the lock's release signal (waiters BLPOP it)
     P:clone-slots                zset   the fleet-wide clone semaphore's leases
     P:metrics:NAME               hash   fleet-wide counters (vmpool.state.counters)
+    P:metrics:requests_finished  hash   requests finished, by outcome (the store's scripts)
+    P:metrics:time_to_ready:POOL hash   ready-time histogram of a pool: bucket -> count, sum
+    P:metrics:audit              hash   the last `vmpool audit --metrics`: violations, time
     P:workers                    zset   vmpool worker heartbeats
     P:schedule:due               zset   the scheduler's templates, score = next due time
     P:schedule:log               list   every move of the schedule, newest first
@@ -151,6 +154,24 @@ class Keys:
 
     def metrics(self, name: str) -> str:
         return f"{self.prefix}:metrics:{name}"
+
+    @property
+    def requests_finished(self) -> str:
+        """Hash: outcome (ready, failed, deleted) -> requests that finished so."""
+        return self.metrics("requests_finished")
+
+    def time_to_ready(self, pool: str) -> str:
+        """Hash: the ready-time histogram of one pool (bucket bound -> count, ``sum``)."""
+        return self.time_to_ready_prefix() + validate_pool_name(pool)
+
+    def time_to_ready_prefix(self) -> str:
+        """Prefix of the ready-time histograms; the scripts append the VM's pool."""
+        return self.metrics("time_to_ready") + ":"
+
+    @property
+    def audit_result(self) -> str:
+        """Hash: the last recorded audit's ``violations`` and ``time`` (server time)."""
+        return self.metrics("audit")
 
     @property
     def workers_heartbeat(self) -> str:

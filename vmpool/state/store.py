@@ -19,6 +19,7 @@ import redis
 from redis.commands.core import Script
 
 from vmpool.ids import validate_request_id, validate_vm_name
+from vmpool.state.counters import lua_metrics
 from vmpool.state.keys import Keys
 from vmpool.state.lua import read_script
 from vmpool.state.records import (
@@ -71,7 +72,9 @@ class Store:
     def __init__(self, redis_client: redis.Redis, keys: Keys) -> None:
         self.redis = redis_client
         self.keys = keys
-        prelude = lua_tables() + _read_lua("_prelude")
+        # The fleet's metric keys are rendered in (per prefix), as the table is: the
+        # scripts count in the same unit as the transition they count.
+        prelude = lua_tables() + lua_metrics(keys) + _read_lua("_prelude")
         self._scripts: dict[str, Script] = {
             name: redis_client.register_script(prelude + _read_lua(name))
             for name in SCRIPT_NAMES

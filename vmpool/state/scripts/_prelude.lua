@@ -1,6 +1,9 @@
 -- _prelude.lua: helpers shared by every store script. The store prepends the
--- transition tables (vmpool/transitions.py: REQUEST_EDGES, VM_EDGES) and this file to
--- each script body, so every script enforces the same table.
+-- transition tables (vmpool/state/transitions.py: REQUEST_EDGES, VM_EDGES), the metric
+-- block (vmpool/state/counters.py lua_metrics: METRIC_FINISHED, METRIC_READY_PREFIX,
+-- READY_BOUNDS, READY_FIELDS, READY_OVERFLOW, READY_SUM: the fleet's metric keys and
+-- the ready-time buckets) and this file to each script body, so every script enforces
+-- the same table and counts into the same keys.
 --
 -- Calling convention of every store script:
 --   KEYS[1] request hash      KEYS[2] request VM set    KEYS[3] request audit stream
@@ -21,6 +24,9 @@
 -- (every script loads and checks its hash first); a status only moves along an edge of
 -- the table; every change bumps the request's version and appends one audit entry in
 -- the same atomic unit; time is the Redis server's TIME, never the caller's clock.
+-- The metrics (requests finished, ready times) are counted in the unit of the
+-- transition they count, so they only grow, count each transition once, and a
+-- refusal (which changes nothing) counts nothing.
 
 local POOL_PREFIX = ARGV[1]
 local VM_PREFIX = ARGV[2]
@@ -113,8 +119,26 @@ local function move_vm(vm_key, vm, to, now, score, reason)
   return true
 end
 
+-- One observation of the ready-time histogram of a pool: the bucket of the smallest
+-- bound at or above it (buckets are not cumulative here; the scrape adds them up).
+local function observe_ready_time(pool, seconds)
+  local field = READY_OVERFLOW
+  for i, bound in ipairs(READY_BOUNDS) do
+    if seconds <= bound then
+      field = READY_FIELDS[i]
+      break
+    end
+  end
+  local key = METRIC_READY_PREFIX .. pool
+  redis.call('HINCRBY', key, field, 1)
+  redis.call('HINCRBYFLOAT', key, READY_SUM, fmt(seconds))
+end
+
 -- Moves the request's status along one edge of REQUEST_EDGES, with its audit entry.
 -- Returns the new version, or false when the edge does not exist.
+-- A request finishes when it leaves pending (to ready, failed or deleted): counted
+-- here, once, whichever script moves it; a ready request deleted later is not counted
+-- again, so the outcomes add up to the requests finished.
 local function set_status(req, to, reason, now)
   local from = req.status
   if not REQUEST_EDGES[from] or not REQUEST_EDGES[from][to] then
@@ -122,6 +146,9 @@ local function set_status(req, to, reason, now)
   end
   redis.call('HSET', KEYS[1], 'status', to, 'status_since', fmt(now))
   req.status = to
+  if from == 'pending' then
+    redis.call('HINCRBY', METRIC_FINISHED, to, 1)
+  end
   return audit('request', from, to, reason, now)
 end
 

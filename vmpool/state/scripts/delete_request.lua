@@ -7,6 +7,8 @@
 --   'request_failed' | 'forbidden'}.
 -- Invariant: terminal states are absorbing: a failed request stays failed and a
 -- deleted one is not deleted twice; a token deletes only its own user's requests.
+-- Metrics: a pending request deleted here counts as finished (deleted); a ready one
+-- was counted when it became ready and is not counted again.
 local req = load_hash(KEYS[1])
 if not req then
   return refuse('no_request')

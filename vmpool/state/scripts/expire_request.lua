@@ -7,6 +7,8 @@
 -- Invariant: expiry reads the deadline from the request's own hash, inside the unit,
 -- against the server's clock: a missing index score never means "expired", a request
 -- that is not pending is never touched, and a complete request is never failed.
+-- Metrics: the request counts as finished (ready or failed) in this unit; a refusal
+-- counts nothing.
 local req = load_hash(KEYS[1])
 if not req then
   redis.call('ZREM', KEYS[5], RID)

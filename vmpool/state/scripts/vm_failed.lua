@@ -8,6 +8,7 @@
 --   {0, 'no_vm' | 'wrong_request' | 'stale_fence' | 'vm_<state>'}.
 -- Invariant: only a pending request is failed (a ready one never); retries are counted
 -- once per failed VM, however many workers report it.
+-- Metrics: a request failed here counts as finished (failed) in this unit.
 local vm, refusal = load_vm(ARGV[6])
 if refusal then
   return refusal

@@ -9,6 +9,8 @@
 -- Invariant: a VM is attached only to a pending request within its time, in the same
 -- unit that checks it; a terminal request is never resurrected by a late VM; the
 -- request turns ready in the same unit as its last VM, never on a later sweep.
+-- Metrics: an attached VM adds its ready time (now - reserved_at) to its pool's
+-- histogram; a fulfilled (or, past its time, failed) request counts as finished.
 local vm, refusal = load_vm(ARGV[6])
 if refusal then
   return refusal
@@ -35,6 +37,9 @@ end
 local lifetime_end = now + tonumber(req.lifetime)
 move_vm(KEYS[7], vm, 'running', now, fmt(lifetime_end), '')
 redis.call('HSET', KEYS[7], 'ready_at', fmt(now), 'lifetime_end', fmt(lifetime_end))
+if vm.reserved_at then
+  observe_ready_time(vm.pool, math.max(0, now - tonumber(vm.reserved_at)))
+end
 local slot = vm.alias .. ':' .. vm.pool
 redis.call('HINCRBY', KEYS[1], 'have:' .. slot, 1)
 req.have = redis.call('HINCRBY', KEYS[1], 'have', 1)

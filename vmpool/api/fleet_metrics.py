@@ -1,0 +1,359 @@
+"""The fleet's metrics, read from Redis at each scrape: the same on every API replica.
+
+Every read is O(pools + queues + periodic jobs + workers), never O(requests or VMs): no
+SCAN, no walk over records. One scrape is a few round trips: Redis server ``TIME``, one
+pipeline of counts (ZCARD of the pool indexes and the open-request index, LLEN of the
+fleet's RQ queues, ZSCORE of the schedule's templates, the counter and histogram hashes
+of :mod:`vmpool.state.counters`), and two pipelines over the fleet's RQ workers.
+
+Counters and the ready-time histogram are kept in Redis by the transitions themselves
+(the store's scripts, the workers, ``vmpool audit --metrics``), so they only grow and
+every replica reports the same totals: aggregate them over replicas with ``max``, not
+``sum`` (docs/metrics.md).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Iterator, Mapping
+from datetime import timezone
+from typing import Any, Final
+
+import redis
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector
+from rq import Worker
+from rq.registry import FailedJobRegistry
+from rq.utils import utcparse
+from rq.worker import BaseWorker
+from rq.worker_registration import WORKERS_BY_QUEUE_KEY
+
+from vmpool.config import Config, Schedule
+from vmpool.state.counters import (
+    ERRORS_METRIC,
+    FINISHED_OUTCOMES,
+    JOBS_METRIC,
+    cumulative_buckets,
+)
+from vmpool.state.keys import INDEXED_VM_STATES, Keys
+from vmpool.state.store import Store
+from workers.table import PERIODIC, QUEUES, template_id
+from workers.worker import RQ_SETTINGS
+
+__all__ = ["RedisStateCollector", "fleet_workers"]
+
+log = logging.getLogger(__name__)
+
+# A worker is alive while RQ's heartbeat (its last_heartbeat, written by the worker
+# every few seconds, idle or busy) is younger than the worker_ttl vmpool's workers run
+# with: past it RQ itself takes the worker for dead.
+WORKER_TTL_S: Final = float(RQ_SETTINGS["worker_ttl"])
+
+
+def fleet_workers(raw: redis.Redis, keys: Keys) -> list[BaseWorker]:
+    """The RQ workers registered on one of the fleet's queues (RQ's per-queue worker
+    sets), by name; another fleet's, under another key prefix, are not ours to report."""
+    found: dict[str, BaseWorker] = {}
+    for short in QUEUES:
+        for key in raw.smembers(WORKERS_BY_QUEUE_KEY % keys.queue(short)):
+            worker = Worker.find_by_key(_text(key), connection=raw)
+            if worker is not None:
+                found[worker.name] = worker
+    return [found[name] for name in sorted(found)]
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+class RedisStateCollector(Collector):
+    """Reads the fleet's state from Redis on every scrape.
+
+    ``pools`` are the configured pools (the only ``pool`` label values); the clone limit
+    and the schedule come from the config (:meth:`from_config`); without them their
+    gauges have no sample.
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        raw_redis: redis.Redis,
+        pools: Iterable[str],
+        *,
+        clone_limit: int | None = None,
+        schedule: Schedule | None = None,
+    ) -> None:
+        self.store = store
+        self.keys = store.keys
+        self.raw = raw_redis
+        self.pools = list(pools)
+        self.clone_limit = clone_limit
+        self.schedule = schedule
+
+    @classmethod
+    def from_config(
+        cls, store: Store, raw_redis: redis.Redis, config: Config
+    ) -> RedisStateCollector:
+        return cls(
+            store,
+            raw_redis,
+            config.pools,
+            clone_limit=config.ondemand_clone_limit,
+            schedule=config.schedule,
+        )
+
+    def describe(self) -> Iterable[Metric]:
+        return []
+
+    def collect(self) -> Iterable[Metric]:
+        # Read everything before yielding anything, so a scrape that loses Redis half
+        # way reports redis_up 0 alone, not half a scrape.
+        try:
+            families = list(self._collect())
+        except redis.RedisError as exc:
+            log.warning("metrics: Redis unavailable during scrape: %s", exc)
+            return [_gauge("vmpool_redis_up", "1 when Redis answered this scrape", 0)]
+        return [_gauge("vmpool_redis_up", "1 when Redis answered this scrape", 1), *families]
+
+    def _collect(self) -> Iterator[Metric]:
+        now = self.store.server_time()
+        reads = self._read(now)
+        yield from self._vms_and_requests(reads)
+        yield from self._queues(reads)
+        yield from self._clone_slots(reads)
+        yield from self._schedule(reads, now)
+        yield from self._ready_times(reads)
+        yield from self._counters(reads)
+        yield from self._audit(reads)
+        yield from self._workers(now)
+
+    def _read(self, now: float) -> dict[tuple[str, ...], Any]:
+        """Every count the scrape reports, in one pipeline; reply by name."""
+        k = self.keys
+        pipe = self.store.redis.pipeline(transaction=False)
+        names: list[tuple[str, ...]] = []
+
+        def add(name: tuple[str, ...], _queued: Any) -> None:
+            names.append(name)  # the pipeline replies in the order commands were queued
+
+        for pool in self.pools:
+            for state in INDEXED_VM_STATES:
+                add(("vms", pool, state), pipe.zcard(k.pool_state(pool, state)))
+            add(("ready_time", pool), pipe.hgetall(k.time_to_ready(pool)))
+        add(("open",), pipe.zcard(k.open_requests))
+        add(("provisioning",), pipe.zcard(k.provision_queue))
+        for short in QUEUES:
+            add(("depth", k.queue(short)), pipe.llen(k.rq_queue(short)))
+            failed = FailedJobRegistry(k.queue(short), connection=self.raw).key
+            add(("failed", k.queue(short)), pipe.zcard(failed))
+        # a lease is live until its score (expiry, server time)
+        add(("clone_slots",), pipe.zcount(k.clone_slots, f"({now!r}", "+inf"))
+        for spec in PERIODIC:
+            add(("due", spec.name), pipe.zscore(k.schedule_due, template_id(k, spec.name)))
+        add(("finished",), pipe.hgetall(k.requests_finished))
+        add(("jobs",), pipe.hgetall(k.metrics(JOBS_METRIC)))
+        add(("errors",), pipe.hgetall(k.metrics(ERRORS_METRIC)))
+        add(("audit",), pipe.hgetall(k.audit_result))
+        return dict(zip(names, pipe.execute(), strict=True))
+
+    def _vms_and_requests(self, reads: Mapping[tuple[str, ...], Any]) -> Iterator[Metric]:
+        vms = GaugeMetricFamily(
+            "vmpool_vms", "VMs by pool and state (the pool indexes)", labels=["pool", "state"]
+        )
+        for pool in self.pools:
+            for state in INDEXED_VM_STATES:
+                vms.add_metric([pool, state], int(reads["vms", pool, state]))
+        yield vms
+        yield _gauge(
+            "vmpool_requests_open",
+            "Requests pending (the open-request index)",
+            int(reads[("open",)]),
+        )
+        yield _gauge(
+            "vmpool_requests_provisioning",
+            "Requests with VMs still to reserve",
+            int(reads[("provisioning",)]),
+        )
+
+    def _queues(self, reads: Mapping[tuple[str, ...], Any]) -> Iterator[Metric]:
+        depth = GaugeMetricFamily(
+            "vmpool_queue_depth", "Jobs waiting in each of the fleet's RQ queues", labels=["queue"]
+        )
+        failed = GaugeMetricFamily(
+            "vmpool_queue_failed_jobs", "Jobs in each RQ queue's failed registry", labels=["queue"]
+        )
+        for short in QUEUES:
+            name = self.keys.queue(short)
+            depth.add_metric([name], int(reads["depth", name]))
+            failed.add_metric([name], int(reads["failed", name]))
+        yield depth
+        yield failed
+
+    def _clone_slots(self, reads: Mapping[tuple[str, ...], Any]) -> Iterator[Metric]:
+        yield _gauge(
+            "vmpool_clone_slots_in_use",
+            "Live leases of the fleet-wide clone semaphore (clones in progress)",
+            int(reads[("clone_slots",)]),
+        )
+        limit = GaugeMetricFamily(
+            "vmpool_clone_slots_limit", "The fleet-wide clone limit (ondemand_clone_limit)"
+        )
+        if self.clone_limit is not None:
+            limit.add_metric([], self.clone_limit)
+        yield limit
+
+    def _schedule(self, reads: Mapping[tuple[str, ...], Any], now: float) -> Iterator[Metric]:
+        lag = GaugeMetricFamily(
+            "vmpool_schedule_lag_seconds",
+            "How far each periodic job's next due time is behind Redis server time"
+            " (0 while not yet due; no sample before a scheduler wrote its template)",
+            labels=["job"],
+        )
+        interval = GaugeMetricFamily(
+            "vmpool_schedule_interval_seconds",
+            "Each periodic job's interval (the :schedule: setting of its name)",
+            labels=["job"],
+        )
+        for spec in PERIODIC:
+            due = reads["due", spec.name]
+            if due is not None:
+                lag.add_metric([spec.name], max(0.0, now - float(due)))
+            if self.schedule is not None:
+                interval.add_metric([spec.name], float(getattr(self.schedule, spec.name)))
+        yield lag
+        yield interval
+
+    def _ready_times(self, reads: Mapping[tuple[str, ...], Any]) -> Iterator[Metric]:
+        """One histogram under two names: vmpool's, and vmpooler's for its dashboards."""
+        ours = HistogramMetricFamily(
+            "vmpool_time_to_ready_seconds",
+            "Seconds from a VM's reservation to its being ready, by pool",
+            labels=["pool"],
+        )
+        theirs = HistogramMetricFamily(
+            "vmpooler_time_to_ready_state",
+            "vmpooler's name for vmpool_time_to_ready_seconds (same data)",
+            labels=["pool"],
+        )
+        for pool in self.pools:
+            buckets, total = cumulative_buckets(_numbers(reads["ready_time", pool]))
+            ours.add_metric([pool], buckets, total)
+            theirs.add_metric([pool], buckets, total)
+        yield ours
+        yield theirs
+
+    def _counters(self, reads: Mapping[tuple[str, ...], Any]) -> Iterator[Metric]:
+        finished = CounterMetricFamily(
+            "vmpool_requests_finished",
+            "Requests that left pending, by outcome: ready, failed, deleted (before ready)",
+            labels=["outcome"],
+        )
+        counts = _numbers(reads[("finished",)])
+        for outcome in FINISHED_OUTCOMES:
+            finished.add_metric([outcome], counts.get(outcome, 0.0))
+        yield finished
+        jobs = CounterMetricFamily(
+            "vmpool_worker_jobs",
+            "Jobs finished by the workers, by job and outcome",
+            labels=["job", "outcome"],
+        )
+        for field, value in sorted(_numbers(reads[("jobs",)]).items()):
+            job, _, outcome = field.rpartition(":")
+            jobs.add_metric([job or field, outcome], value)
+        yield jobs
+        errors = CounterMetricFamily(
+            "vmpooler_errors",
+            "Errors by kind and pool (vmpooler_errors.<kind>.<pool>), configured pools only",
+            labels=["type", "pool"],
+        )
+        for field, value in sorted(_numbers(reads[("errors",)]).items()):
+            kind, _, pool = field.partition(":")
+            if pool in self.pools:
+                errors.add_metric([kind, pool], value)
+        yield errors
+
+    def _audit(self, reads: Mapping[tuple[str, ...], Any]) -> Iterator[Metric]:
+        result = _numbers(reads[("audit",)])
+        violations = GaugeMetricFamily(
+            "vmpool_audit_violations",
+            "Violations found by the last `vmpool audit --metrics` (no sample before one)",
+        )
+        last_run = GaugeMetricFamily(
+            "vmpool_audit_last_run_timestamp_seconds",
+            "When the last `vmpool audit --metrics` ran (Unix time, Redis server clock)",
+        )
+        if "violations" in result and "time" in result:
+            violations.add_metric([], result["violations"])
+            last_run.add_metric([], result["time"])
+        yield violations
+        yield last_run
+
+    def _workers(self, now: float) -> Iterator[Metric]:
+        """Registered workers by state, and those whose heartbeat is fresh."""
+        by_state: dict[str, int] = {}
+        alive = 0
+        for state, beat in _worker_beats(self.raw, self.keys):
+            by_state[state] = by_state.get(state, 0) + 1
+            if beat is not None and now - beat <= WORKER_TTL_S:
+                alive += 1
+        registered = GaugeMetricFamily(
+            "vmpool_workers", "RQ workers registered on the fleet's queues, by state",
+            labels=["state"],
+        )
+        for state, n in sorted(by_state.items()):
+            registered.add_metric([state], n)
+        yield registered
+        yield _gauge(
+            "vmpool_workers_alive",
+            f"Workers of the fleet whose RQ heartbeat is under {WORKER_TTL_S:g} s old",
+            alive,
+        )
+
+
+def _worker_beats(raw: redis.Redis, keys: Keys) -> list[tuple[str, float | None]]:
+    """(state, last heartbeat as Unix time) of each worker registered on a fleet queue,
+    in two pipelines; a registration whose worker hash is gone is skipped."""
+    pipe = raw.pipeline(transaction=False)
+    for short in QUEUES:
+        pipe.smembers(WORKERS_BY_QUEUE_KEY % keys.queue(short))
+    worker_keys = sorted({_text(k) for members in pipe.execute() for k in members})
+    pipe = raw.pipeline(transaction=False)
+    for key in worker_keys:
+        pipe.hmget(key, "birth", "state", "last_heartbeat")
+    out: list[tuple[str, float | None]] = []
+    for birth, state, beat in pipe.execute() if worker_keys else []:
+        if birth is None:
+            continue
+        # RQ writes the state only once the worker starts working ("?" before, as RQ)
+        out.append((_text(state) if state is not None else "?", _heartbeat(beat)))
+    return out
+
+
+def _heartbeat(value: Any) -> float | None:
+    if not value:
+        return None
+    try:
+        return utcparse(_text(value)).replace(tzinfo=timezone.utc).timestamp()
+    except ValueError:
+        return None
+
+
+def _gauge(name: str, documentation: str, value: float) -> GaugeMetricFamily:
+    family = GaugeMetricFamily(name, documentation)
+    family.add_metric([], value)
+    return family
+
+
+def _numbers(raw: Mapping[Any, Any] | None) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for key, value in (raw or {}).items():
+        try:
+            out[_text(key)] = float(_text(value))
+        except ValueError:
+            continue
+    return out
