@@ -103,3 +103,47 @@ def test_up_with_an_unreachable_redis_fails_in_one_line() -> None:
     )
     assert result.returncode == 1
     assert "Traceback" not in result.stdout + result.stderr
+
+
+def test_up_with_the_dashboard_serves_the_fleets_queues() -> None:
+    """`vmpool up --dashboard` starts rq-dashboard on the fleet's Redis, prints its URL
+    once it answers, shows the fleet's queues, and stops it with everything else."""
+    pytest.importorskip("rq_dashboard", reason="the `dashboard` extra is not installed")
+    env = {k: v for k, v in os.environ.items() if k not in ("VMPOOL_REDIS_URL", "VMPOOL_CONFIG")}
+    env["PYTHONUNBUFFERED"] = "1"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "vmpool.cli.main", "up", "--workers", "1", "--port", "0",
+         "--dashboard", "--dashboard-port", "0"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+    )
+    out = Output(proc.stdout)
+    try:
+        wait_until(lambda: "vmpool is up" in out.text(), timeout=90, step=0.1)
+        board = re.search(r"rq-dashboard: (http://\S+)", out.text())
+        assert board, out.text()
+        with urllib.request.urlopen(board.group(1) + "/0/data/queues.json", timeout=10) as resp:
+            names = {q["name"] for q in json.load(resp)["queues"]}
+        # RQ lists a queue once a job was put on it: the scheduler's sweeps are
+        assert "vmpool-sweeps" in names, names
+        pid = int(re.findall(r"dashboard \((\d+)\)", out.text())[-1])
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=60) == 0, out.text()
+        wait_until(lambda: not alive(pid), timeout=10)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+
+
+def test_up_dashboard_without_the_extra_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without rq-dashboard installed, --dashboard is a usage error: exit 2, one line,
+    naming the extra to install, before anything is started."""
+    from click.testing import CliRunner
+
+    import vmpool.cli.up as up
+
+    monkeypatch.setattr(up, "dashboard_installed", lambda: False)
+    res = CliRunner().invoke(up.up_command, ["--dashboard"])
+    assert res.exit_code == 2
+    assert "pip install 'vmpool[dashboard]'" in res.output
+    assert res.output.strip().count("\n") == 0

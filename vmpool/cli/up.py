@@ -25,8 +25,14 @@ import click
 import redis
 
 from vmpool.cli.context import CliContext, with_context
-from vmpool.cli.errors import CliFailure
+from vmpool.cli.errors import CliError, CliFailure
 from vmpool.config import Config, mask_url_password
+from vmpool.local.dashboard import (
+    DEFAULT_PORT,
+    dashboard_answers,
+    dashboard_installed,
+    dashboard_spec,
+)
 from vmpool.local.redis_server import RedisServer, RedisServerError, free_port
 from vmpool.local.supervisor import ChildSpec, Supervisor
 from vmpool.state.keys import Keys
@@ -76,13 +82,16 @@ def wait_healthy(
     workers: int,
     stop: threading.Event,
     timeout_s: float,
+    dashboard_url: str | None = None,
 ) -> None:
-    """Poll until the API answers /readyz and every worker has registered, restarting
-    children that die meanwhile; CliFailure at the deadline."""
+    """Poll until the API answers /readyz, every worker has registered and the
+    dashboard (if any) serves, restarting children that die meanwhile; CliFailure at
+    the deadline."""
     deadline = time.monotonic() + timeout_s
     while not stop.is_set():
         sup.poll()
-        if _api_ready(api_url) and _workers_registered(redis_url, keys) >= workers:
+        board_ok = dashboard_url is None or dashboard_answers(dashboard_url)
+        if board_ok and _api_ready(api_url) and _workers_registered(redis_url, keys) >= workers:
             return
         if time.monotonic() > deadline:
             raise CliFailure(f"vmpool did not become healthy within {timeout_s:.0f}s")
@@ -99,8 +108,19 @@ def wait_healthy(
 @click.option("--demo", is_flag=True, help="Run the scripted demo burst, report, and stop.")
 @click.option("--ready-timeout", type=float, default=90.0, show_default=True,
               help="Seconds to wait for every process to be healthy.")
+@click.option("--dashboard", is_flag=True,
+              help="Also run rq-dashboard on the same Redis (the `dashboard` extra).")
+@click.option("--dashboard-port", type=click.IntRange(0, 65535), default=DEFAULT_PORT,
+              show_default=True, help="rq-dashboard's port (0: a free port).")
 def up_command(
-    cli: CliContext, n_workers: int, host: str, port: int | None, demo: bool, ready_timeout: float
+    cli: CliContext,
+    n_workers: int,
+    host: str,
+    port: int | None,
+    demo: bool,
+    ready_timeout: float,
+    dashboard: bool,
+    dashboard_port: int,
 ) -> None:
     """Run Redis (embedded unless given), the API, workers and the scheduler.
 
@@ -108,7 +128,10 @@ def up_command(
     SIGTERM stops every child and leaves no process behind.
     """
     config = cli.config
+    if dashboard and not dashboard_installed():
+        raise CliError("--dashboard needs rq-dashboard: pip install 'vmpool[dashboard]'")
     port = _api_port(host, port, demo)
+    board_url = f"http://{host}:{dashboard_port or free_port(host)}" if dashboard else None
     stop = _stop_on_signals()
     # Undone in reverse: the children, then the demo's log file, then the embedded Redis.
     with contextlib.ExitStack() as undo:
@@ -116,15 +139,18 @@ def up_command(
         env = {"VMPOOL_REDIS_URL": url}
         if cli.config_path:
             env["VMPOOL_CONFIG"] = str(Path(cli.config_path).resolve())
-        sup = Supervisor(
-            child_specs(workers=n_workers, host=host, port=port, env=env),
-            output=_demo_log(undo) if demo else sys.stdout,
-        )
+        specs = child_specs(workers=n_workers, host=host, port=port, env=env)
+        if board_url is not None:
+            board_port = int(board_url.rsplit(":", 1)[1])
+            specs.append(dashboard_spec(host=host, port=board_port, redis_url=url))
+        sup = Supervisor(specs, output=_demo_log(undo) if demo else sys.stdout)
         undo.callback(_stop_children, sup)
         sup.start()
         api_url = f"http://{host}:{port}"
         wait_healthy(sup, api_url=api_url, redis_url=url, keys=cli.keys, workers=n_workers,
-                     stop=stop, timeout_s=ready_timeout)
+                     stop=stop, timeout_s=ready_timeout, dashboard_url=board_url)
+        if board_url is not None and not stop.is_set():
+            click.echo(f"rq-dashboard: {board_url}")
         code = 0 if stop.is_set() else _serve(config, sup, stop, api_url, url, demo=demo)
     if code:
         sys.exit(code)
