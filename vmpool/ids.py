@@ -9,6 +9,8 @@ spells these patterns.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
 from typing import Final
 
 __all__ = [
@@ -16,11 +18,18 @@ __all__ = [
     "KEY_PREFIX_RE",
     "POOL_NAME_RE",
     "REQUEST_ID_RE",
+    "TOKEN_RE",
+    "USER_NAME_RE",
+    "VALIDATORS",
     "VM_NAME_RE",
     "InvalidIdentifier",
+    "shown",
+    "validate",
     "validate_key_prefix",
     "validate_pool_name",
     "validate_request_id",
+    "validate_token",
+    "validate_user_name",
     "validate_vm_name",
 ]
 
@@ -32,14 +41,34 @@ REQUEST_ID_RE: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 VM_NAME_RE: Final = re.compile(r"[a-z0-9][a-z0-9-]{0,62}")
 POOL_NAME_RE: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 KEY_PREFIX_RE: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}")
+# API token text as a client sends it in X-AUTH-TOKEN: vmpooler's (and ours) are 32 of
+# [a-z0-9]; letters, digits, '_' and '-' leave room for other minting schemes
+# (base64url) while nothing unbounded or unprintable is ever hashed, looked up or logged.
+TOKEN_RE: Final = re.compile(r"[A-Za-z0-9_-]{1,128}")
+# A user name (the HTTP Basic user, the owner stored with a token, `vmpool token create
+# USER`): login names and e-mail-like names; no space, ':' (HTTP Basic's separator) or
+# control character, so it is safe in a log line and a token record.
+USER_NAME_RE: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.@+-]{0,63}")
+_SHOWN_MAX: Final = 40
 
 
 class InvalidIdentifier(ValueError):
-    """A request id, VM name, pool name or key prefix that may not become part of a key."""
+    """A name of some kind (request id, VM name, pool name, key prefix, token, user)
+    that does not match its validator."""
 
 
 def _full(pattern: re.Pattern[str], value: object) -> bool:
     return isinstance(value, str) and pattern.fullmatch(value) is not None
+
+
+def shown(value: object) -> str:
+    """``value`` as it may appear in a message or a log line: its repr (control
+    characters escaped), cut to a bounded length, so hostile input is never echoed
+    unbounded."""
+    text = repr(value)
+    if len(text) <= _SHOWN_MAX:
+        return text
+    return f"{text[:_SHOWN_MAX]}...({len(text)} chars)"
 
 
 def validate_request_id(request_id: str) -> str:
@@ -53,19 +82,54 @@ def validate_request_id(request_id: str) -> str:
 
 def validate_vm_name(name: str) -> str:
     if not _full(VM_NAME_RE, name):
-        raise InvalidIdentifier(f"invalid VM name {name!r}")
+        raise InvalidIdentifier(f"invalid VM name {shown(name)}")
     return name
 
 
 def validate_pool_name(name: str) -> str:
     if not _full(POOL_NAME_RE, name):
-        raise InvalidIdentifier(f"invalid pool name {name!r}")
+        raise InvalidIdentifier(f"invalid pool name {shown(name)}")
     return name
 
 
 def validate_key_prefix(prefix: str) -> str:
     if not _full(KEY_PREFIX_RE, prefix):
         raise InvalidIdentifier(
-            f"must be 1-64 letters, digits, '_', '.', ':' or '-', got {prefix!r}"
+            f"must be 1-64 letters, digits, '_', '.', ':' or '-', got {shown(prefix)}"
         )
     return prefix
+
+
+def validate_token(token: str) -> str:
+    """API token text (never echoed: a token is a secret, even a malformed one)."""
+    if not _full(TOKEN_RE, token):
+        raise InvalidIdentifier("a token is 1-128 letters, digits, '_' or '-'")
+    return token
+
+
+def validate_user_name(user: str) -> str:
+    if not _full(USER_NAME_RE, user):
+        raise InvalidIdentifier(
+            "a user name is 1-64 letters, digits, '_', '.', '@', '+' or '-',"
+            f" starting with a letter or digit; got {shown(user)}"
+        )
+    return user
+
+
+# Each kind of name and its validator, for code that checks a name by its kind (the
+# job table's subjects: "request", "vm").
+VALIDATORS: Final[Mapping[str, Callable[[str], str]]] = MappingProxyType(
+    {
+        "request": validate_request_id,
+        "vm": validate_vm_name,
+        "pool": validate_pool_name,
+        "key_prefix": validate_key_prefix,
+        "token": validate_token,
+        "user": validate_user_name,
+    }
+)
+
+
+def validate(kind: str, value: str) -> str:
+    """``value`` checked by the validator of ``kind`` (a key of :data:`VALIDATORS`)."""
+    return VALIDATORS[kind](value)

@@ -8,7 +8,8 @@ process keeps these in memory. Three kinds of writer:
   pool (``keys.time_to_ready(pool)``). :func:`lua_metrics` renders their keys and the
   histogram's bucket bounds into the scripts' prelude, so the bounds are defined here
   once and the scripts and the scrape cannot disagree;
-* the workers: :func:`record_job` / :func:`record_error` HINCRBY a hash;
+* the workers: :func:`record_job` / :func:`record_error` HINCRBY a hash, and
+  :func:`record_skipped` counts the subjects a batch skipped as invalid;
 * ``vmpool audit --metrics``: :func:`record_audit`.
 
 Every scrape of ``/metrics`` (vmpool.api.fleet_metrics) reads those hashes.
@@ -30,17 +31,21 @@ __all__ = [
     "READY_BUCKETS",
     "READY_OVERFLOW",
     "READY_SUM",
+    "SKIPPED_METRIC",
     "bucket_field",
     "cumulative_buckets",
     "lua_metrics",
     "record_audit",
     "record_error",
     "record_job",
+    "record_skipped",
 ]
 
 JOBS_METRIC: Final = "jobs"  # hash field "<job>:<outcome>" -> count
 # hash field "<kind>:<pool>" -> count (vmpooler's vmpooler_errors.<kind>.<pool>)
 ERRORS_METRIC: Final = "errors"
+# hash field "<job>:<reason>" -> subjects a batch enqueue skipped (workers/queues.py)
+SKIPPED_METRIC: Final = "skipped"
 
 # How a request leaves ``pending``, once each: fulfilled, failed, or deleted before it
 # was ready (a ready request deleted later was already counted as ready, so the
@@ -113,6 +118,14 @@ def record_job(redis_client: redis.Redis, keys: Keys, job: str, outcome: str) ->
 def record_error(redis_client: redis.Redis, keys: Keys, kind: str, pool: str) -> None:
     """Count one error of a pool (vmpooler's ``vmpooler_errors.<kind>.<pool>``)."""
     redis_client.hincrby(keys.metrics(ERRORS_METRIC), f"{kind}:{pool}", 1)
+
+
+def record_skipped(
+    redis_client: redis.Redis, keys: Keys, job: str, reason: str, count: int = 1
+) -> None:
+    """Count ``count`` subjects of ``job`` skipped by a batch for ``reason`` (e.g.
+    ``bad_subject``: a name its kind's validator refuses), so a skipped item is seen."""
+    redis_client.hincrby(keys.metrics(SKIPPED_METRIC), f"{job}:{reason}", count)
 
 
 def record_audit(redis_client: redis.Redis, keys: Keys, violations: int) -> float:
