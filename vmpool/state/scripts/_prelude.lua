@@ -85,6 +85,35 @@ local function load_vm(token)
   return vm, nil
 end
 
+-- The request a VM belongs to, or nil when it is gone. A request id can be taken again
+-- once every key of its old request expired (data_ttl), while a VM of the old request
+-- may still be booting or waiting for destruction: reserve_vm stamps the request's
+-- `created` time on the VM, and a request with another `created` is a stranger the VM
+-- must neither attach to, count in, nor write into the trail of. (VMs reserved before
+-- the stamp existed carry none and keep the old behaviour.)
+local function request_of(vm)
+  local req = load_hash(KEYS[1])
+  if req and vm.request_created and req.created ~= vm.request_created then
+    return nil
+  end
+  return req
+end
+
+-- A destroyed VM's record stays as a tombstone so its name is not reused; reserve_vm
+-- checks only that record, which is correct because the tombstone is kept at least as
+-- long as its request's trail (the only trail that names it): here, when the VM gets
+-- its TTL, and in close_request, when the trail gets its TTL. A trail with no TTL yet
+-- (the request is open) gets one at close_request, which extends this one.
+local function keep_tombstone(vm_key, fence_key, data_ttl_s)
+  local ms = math.floor(tonumber(data_ttl_s) * 1000)
+  local trail_ms = redis.call('PTTL', KEYS[3])
+  if trail_ms > ms then
+    ms = trail_ms
+  end
+  redis.call('PEXPIRE', vm_key, ms)
+  redis.call('PEXPIRE', fence_key, ms)
+end
+
 -- Appends one audit entry and bumps the request's version: contiguous versions are how
 -- the audit proves no transition was lost or made twice.
 local function audit(entity, from, to, reason, now)
@@ -177,6 +206,16 @@ local function close_request(ttl_s)
   local ms = math.floor(ttl_s * 1000)
   for i = 1, 4 do
     redis.call('PEXPIRE', KEYS[i], ms)
+  end
+  -- VM tombstones already set must outlive the trail that names them (keep_tombstone);
+  -- a VM with no TTL is not destroyed yet and gets its TTL from keep_tombstone later.
+  for _, name in ipairs(redis.call('SMEMBERS', KEYS[2])) do
+    local vm_key = VM_PREFIX .. name
+    local left = redis.call('PTTL', vm_key)
+    if left >= 0 and left < ms then
+      redis.call('PEXPIRE', vm_key, ms)
+      redis.call('PEXPIRE', vm_key .. ':fence', ms)  -- Keys.vm_fence
+    end
   end
 end
 

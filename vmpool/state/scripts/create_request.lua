@@ -7,8 +7,11 @@
 -- Returns: {1, 'created', version} or {0, 'exists' | 'empty'}.
 -- Invariant: the request's data and its index entries appear in one unit, so no worker
 -- can see an id without its data (vmpooler ZADDs before it HSETs); an id that exists,
--- tombstones included, is never overwritten.
-if redis.call('EXISTS', KEYS[1]) == 1 then
+-- tombstones included, is never overwritten. Ids are never reused: while any key of an
+-- earlier request of this id is left (its hash, VM set, trail or fence: each has its own
+-- PEXPIRE, so one may outlive another), the id is taken; a new request sharing an old
+-- trail or VM set would mix two stories and release the other's VMs.
+if redis.call('EXISTS', KEYS[1], KEYS[2], KEYS[3], KEYS[4]) > 0 then
   return refuse('exists')
 end
 local now = server_now()

@@ -7,6 +7,11 @@
 --   'not_expired'}.
 -- Invariant: a VM of a ready request is destroyed only after the request is deleted or
 -- the VM's own lifetime (read from its record, against the server clock) is over.
+-- A VM attached to a request that is still pending (its lifetime, counted from its own
+-- ready time, ran out before the last VM booted) gives its slot back in the same unit:
+-- the request's `have` counts live attached VMs only, so the request never turns ready
+-- (vm_ready, expire_request) with fewer live VMs than asked, and a replacement may be
+-- reserved while the request's time lasts.
 local vm, refusal = load_vm('')
 if refusal then
   return refusal
@@ -19,7 +24,16 @@ if ARGV[6] ~= '1' and now < tonumber(vm.lifetime_end) then
   return refuse('not_expired')
 end
 move_vm(KEYS[7], vm, 'completed', now, now, 'lifetime ended')
-if redis.call('EXISTS', KEYS[1]) == 0 then
+local req = request_of(vm)
+if not req then
   return {1, 'completed', -1}
+end
+if req.status == 'pending' then
+  local slot = vm.alias .. ':' .. vm.pool
+  redis.call('HINCRBY', KEYS[1], 'have:' .. slot, -1)
+  redis.call('HINCRBY', KEYS[1], 'have', -1)
+  redis.call('HINCRBY', KEYS[1], 'live:' .. slot, -1)
+  redis.call('HINCRBY', KEYS[1], 'unreserved', 1)
+  redis.call('ZADD', KEYS[6], req.created, RID)
 end
 return {1, 'completed', audit('vm:' .. vm.name, 'running', 'completed', 'lifetime ended', now)}

@@ -5,7 +5,9 @@
 -- Returns: {1, 'reserved', version} or {0, 'no_request' | 'stale_fence' |
 --   'request_<status>' | 'past_deadline' | 'no_such_slot' | 'slot_full' | 'name_taken'}.
 -- Invariant: a request never has more live VMs in a slot than it asked for; a VM name
--- is unique across the fleet (a record, tombstones included, is never reused); nothing
+-- is unique across the fleet (a record, tombstones included, is never reused; the one
+-- EXISTS on the record also covers the trails naming it, because a tombstone is kept
+-- at least as long as its request's trail: keep_tombstone, close_request); nothing
 -- is reserved for a request that is not pending or whose TTL has passed; a paused lock
 -- holder whose lock was granted again is refused.
 local req = load_hash(KEYS[1])
@@ -41,7 +43,7 @@ end
 redis.call('HSET', KEYS[7], 'name', name, 'request_id', RID, 'alias', ARGV[6],
   'pool', ARGV[7], 'template', ARGV[8], 'provider', ARGV[9], 'hostname', hostname,
   'attempt', tonumber(req.retries) + 1, 'reserved_at', fmt(now),
-  'data_ttl', req.data_ttl, 'state', 'none')
+  'data_ttl', req.data_ttl, 'request_created', req.created, 'state', 'none')
 move_vm(KEYS[7], {name = name, pool = ARGV[7], state = 'none'}, 'reserved', now, now, '')
 redis.call('SADD', KEYS[2], name)
 redis.call('HINCRBY', KEYS[1], 'live:' .. slot, 1)

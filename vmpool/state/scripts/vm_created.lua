@@ -15,7 +15,7 @@ if vm.state ~= 'reserved' then
   return refuse('vm_' .. vm.state)
 end
 local now = server_now()
-local req = load_hash(KEYS[1])
+local req = request_of(vm)
 if req and req.status == 'pending' then
   move_vm(KEYS[7], vm, 'pending', now, now, '')
   redis.call('HSET', KEYS[7], 'created_at', fmt(now))

@@ -1,5 +1,6 @@
 -- vm_destroyed.lua: the provider destroyed the VM (completed -> destroyed). The record
--- stays as a tombstone for data_ttl so its name is not reused.
+-- stays as a tombstone for data_ttl, and at least as long as its request's trail, so
+-- its name is not reused (keep_tombstone in _prelude.lua).
 -- KEYS: 1-8 as in _prelude.lua.
 -- ARGV: 1-4 as in _prelude.lua; 5 VM name; 6 fencing token of the VM's lock ('').
 -- Returns: {1, 'destroyed', version} or {0, 'no_vm' | 'wrong_request' |
@@ -17,10 +18,8 @@ local now = server_now()
 move_vm(KEYS[7], vm, 'destroyed', now, now, '')
 redis.call('HSET', KEYS[7], 'destroyed_at', fmt(now))
 -- the record is a tombstone now; its fence counter lives exactly as long
-local ttl_ms = math.floor(tonumber(vm.data_ttl) * 1000)
-redis.call('PEXPIRE', KEYS[7], ttl_ms)
-redis.call('PEXPIRE', KEYS[8], ttl_ms)
-if redis.call('EXISTS', KEYS[1]) == 0 then
+keep_tombstone(KEYS[7], KEYS[8], vm.data_ttl)
+if not request_of(vm) then
   return {1, 'destroyed', -1}
 end
 return {1, 'destroyed', audit('vm:' .. vm.name, 'completed', 'destroyed', 'destroyed', now)}

@@ -21,7 +21,7 @@ local from = vm.state
 local reason = ARGV[7]
 move_vm(KEYS[7], vm, 'completed', now, now, reason)
 redis.call('HSET', KEYS[7], 'error', reason)
-local req = load_hash(KEYS[1])
+local req = request_of(vm)
 if not req then
   return {1, 'completed', -1}
 end

@@ -19,7 +19,7 @@ if vm.state ~= 'pending' then
   return refuse('vm_' .. vm.state)
 end
 local now = server_now()
-local req = load_hash(KEYS[1])
+local req = request_of(vm)
 if not req or req.status ~= 'pending' then
   local why = 'request ' .. ((req and req.status) or 'missing')
   move_vm(KEYS[7], vm, 'completed', now, now, why)
@@ -44,6 +44,8 @@ local slot = vm.alias .. ':' .. vm.pool
 redis.call('HINCRBY', KEYS[1], 'have:' .. slot, 1)
 req.have = redis.call('HINCRBY', KEYS[1], 'have', 1)
 local v = audit('vm:' .. vm.name, 'pending', 'running', 'ready', now)
+-- `have` counts the request's live attached VMs: end_vm_lifetime takes back a VM whose
+-- lifetime ended while the request was pending, so this never fulfils a request short.
 if tonumber(req.have) >= tonumber(req.need) then
   return {1, 'fulfilled', fulfil(req, now)}
 end
