@@ -10,6 +10,7 @@ from rq import Queue
 from rq.job import Job, JobStatus
 
 from vmpool.config import load_config
+from vmpool.state.counters import SKIPPED_METRIC
 from vmpool.state.keys import Keys
 from workers import queues as q
 from workers.jobs import noop
@@ -22,6 +23,7 @@ from workers.table import (
     decode_fragment,
     encode_fragment,
     job_id,
+    lookup,
     template_id,
 )
 from workers.worker import FleetJob, build_worker, current_fleet
@@ -230,20 +232,21 @@ def _hash(conn: redis.Redis, jid: str) -> dict[bytes, bytes]:
 def test_enqueue_many_builds_the_same_job_as_enqueue(conn: redis.Redis) -> None:
     """Same id, same queue, same hash fields (args, ttls, timeout, description, status,
     origin, serialized call) as the one-at-a-time path: RQ's job, built RQ's way."""
-    assert q.enqueue(conn, K, "check_pending_vm", "vm.a_1") is True
-    one = _hash(conn, job_id(K, "check_pending_vm", "vm.a_1"))
+    # a request id with '.' and '_' (escaped in the id); VM names hold neither
+    assert q.enqueue(conn, K, "check_request", "r.a_1") is True
+    one = _hash(conn, job_id(K, "check_request", "r.a_1"))
     conn.flushdb()
-    assert q.enqueue_many(conn, K, "check_pending_vm", ["vm.a_1"]) == 1
-    many = _hash(conn, job_id(K, "check_pending_vm", "vm.a_1"))
+    assert q.enqueue_many(conn, K, "check_request", ["r.a_1"]) == 1
+    many = _hash(conn, job_id(K, "check_request", "r.a_1"))
     assert many == one and many
-    jid = "vmpool-check_pending_vm-vm_oa__1"
-    assert Queue(K.queue(QUEUE_VMS), connection=conn).job_ids == [jid]
-    job = Job.fetch("vmpool-check_pending_vm-vm_oa__1", connection=conn)
-    assert job.args == ("vm.a_1",)
+    jid = "vmpool-check_request-r_oa__1"
+    assert Queue(K.queue(QUEUE_REQUESTS), connection=conn).job_ids == [jid]
+    job = Job.fetch(jid, connection=conn)
+    assert job.args == ("r.a_1",)
     assert job.result_ttl == 0
     assert job.failure_ttl == q.FAILURE_TTL
-    assert job.timeout == JOBS["check_pending_vm"].timeout
-    assert conn.sismember("rq:queues", K.rq_queue(QUEUE_VMS))
+    assert job.timeout == JOBS["check_request"].timeout
+    assert conn.sismember("rq:queues", K.rq_queue(QUEUE_REQUESTS))
 
 
 def test_enqueue_many_dedups_against_enqueue_and_itself(conn: redis.Redis) -> None:
@@ -291,13 +294,50 @@ def test_enqueue_many_reclaims_dead_duplicates_only(conn: redis.Redis) -> None:
 def test_enqueue_many_empty_and_invalid(conn: redis.Redis) -> None:
     assert q.enqueue_many(conn, K, "provision_request", []) == 0
     assert conn.dbsize() == 0  # nothing sent
-    with pytest.raises(ValueError):
-        q.enqueue_many(conn, K, "provision_request", ["ok-1", "not ok"])
-    assert conn.dbsize() == 0  # validated before anything is sent
-    with pytest.raises(ValueError):
+    # a batch of nothing but bad subjects queues nothing and raises nothing
+    assert q.enqueue_many(conn, K, "provision_request", ["not ok", "x\n"]) == 0
+    assert Queue(K.queue(QUEUE_REQUESTS), connection=conn).job_ids == []
+    with pytest.raises(ValueError):  # a bad job, unlike a bad subject, is the caller's bug
         q.enqueue_many(conn, K, "sweep_expired", ["x"])
     with pytest.raises(ValueError):
         q.enqueue_many(conn, K, "nonsense", ["x"])
+
+
+HOSTILE_SUBJECTS = ["poison\n", "a b", "{tag}", "", "x" * 5000, "UPPER-vm\r\n", "\x00", "ü"]
+
+
+@pytest.mark.parametrize(
+    ("job", "good"),
+    [("provision_request", ["r-1", "R.2", "3f2a9c1e-0b6d-4d2e-9a7f-1c2b3d4e5f60"]),
+     ("create_vm", ["vm-a", "vm-b"]), ("destroy_vm", ["vm-c"])],
+)
+def test_one_hostile_subject_never_fails_the_batch(
+    conn: redis.Redis, caplog: pytest.LogCaptureFixture, job: str, good: list[str]
+) -> None:
+    """Issue 11: one request id RQ refuses ('poison\n', accepted by an older API) made
+    every provision sweep raise inside enqueue_many and queue nothing, for everyone. Red
+    on the old enqueue_many (ValueError, nothing queued): now each bad subject is
+    skipped, logged once at warning (bounded: never the whole 5000 characters), counted
+    in Redis, and the good ones are queued."""
+    batch = [HOSTILE_SUBJECTS[0], good[0], *HOSTILE_SUBJECTS[1:], *good[1:], "poison\n"]
+    with caplog.at_level("WARNING", logger="workers.queues"):
+        assert q.enqueue_many(conn, K, job, batch) == len(good)
+    queue = Queue(K.queue(lookup(job).queue), connection=conn)
+    assert sorted(queue.job_ids) == sorted(job_id(K, job, s) for s in good)
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == len(HOSTILE_SUBJECTS)  # once each, the repeat is not logged again
+    assert all(len(w) < 300 and "\n" not in w for w in warnings), warnings
+    skipped = conn.hgetall(K.metrics(SKIPPED_METRIC))
+    assert skipped == {f"{job}:bad_subject".encode(): str(len(HOSTILE_SUBJECTS) + 1).encode()}
+
+
+def test_a_subject_of_the_wrong_kind_is_skipped(conn: redis.Redis) -> None:
+    """Subjects are checked by their kind's validator (vmpool.ids), not only by what an
+    RQ job id can hold: an upper-case or dotted VM name is no VM name."""
+    assert q.enqueue_many(conn, K, "create_vm", ["Vm-A", "vm.b", "vm-ok"]) == 1
+    assert Queue(K.queue(QUEUE_VMS), connection=conn).job_ids == [job_id(K, "create_vm", "vm-ok")]
+    with pytest.raises(ValueError):  # the single form still refuses loudly (CLI: exit 2)
+        q.enqueue(conn, K, "create_vm", "Vm-A")
 
 
 @pytest.mark.parametrize("chunk", [7, q.ENQUEUE_CHUNK])

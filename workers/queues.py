@@ -34,7 +34,11 @@ process that resumes after its job was reclaimed may run beside the new copy or 
 its hash when it finishes (``result_ttl=0``); both are harmless because every job is
 idempotent and the periodic sweeps re-find any work a lost job leaves behind.
 
-:func:`enqueue_many` is the batched form the sweeps use, with the same guarantees (same
+:func:`enqueue_many` is the batched form the sweeps use. A subject its kind's validator
+(:mod:`vmpool.ids`) refuses is skipped, logged and counted (``record_skipped``), never
+fatal to the batch: the sweeps feed it ids read back from Redis, and one record an older
+release let in (``poison\n``, which RQ refuses as a job id) once made every provision
+sweep raise and queue nothing, for every request. Otherwise it has the same guarantees (same
 ids, same job hash, ``unique``, the same reclaim), in a constant number of round trips
 per :data:`ENQUEUE_CHUNK` subjects instead of several per subject: the reclaim script
 runs for every id in ONE non-transactional pipeline (it answers "free" for an absent or
@@ -47,6 +51,7 @@ cheap script and no job building.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from typing import Any, Final
 
@@ -57,6 +62,8 @@ from rq.exceptions import DuplicateJobError
 from rq.job import Job
 from rq.scripts import UNIQUE_ENQUEUE_SCRIPT, _build_hset_args
 
+from vmpool.ids import shown, validate
+from vmpool.state.counters import record_skipped
 from vmpool.state.keys import Keys
 from vmpool.state.lua import read_script
 from workers.table import QUEUES, JobSpec, job_id, lookup, queue_names
@@ -74,6 +81,8 @@ __all__ = [
     "queue_names",
     "resolve_queue_names",
 ]
+
+log = logging.getLogger(__name__)
 
 # A failed job's hash (and so its block on re-enqueue) lives this long; the traceback is
 # in the worker's log. Reclaiming in enqueue() makes even this a soft limit.
@@ -144,6 +153,8 @@ def enqueue(
     :func:`workers.table.job_id`.
     """
     spec = lookup(job)
+    if spec.subject is not None and subject is not None:
+        validate(spec.subject, subject)  # InvalidIdentifier, a ValueError
     jid = job_id(keys, job, subject, run=run)
     queue = Queue(keys.queue(spec.queue), connection=conn)
     args = () if subject is None else (subject,)
@@ -181,16 +192,15 @@ def enqueue_many(
     id, ``result_ttl=0``, :data:`FAILURE_TTL`, the job's timeout, a plainly dead
     duplicate reclaimed and queued) in a constant number of round trips per ``chunk``
     subjects: two pipelines (see the module docstring). A subject given twice is queued once.
-    Every subject is validated before anything is sent: one invalid subject raises
-    ValueError and nothing is queued.
+    A subject that is no valid name of its kind is skipped (logged once, counted), and
+    the others are queued; an unknown job, or one without a subject, raises ValueError.
     """
     spec = lookup(job)
     if spec.subject is None:
         raise ValueError(f"job {job!r} takes no subject; use enqueue()")
     if chunk < 1:
         raise ValueError("chunk must be >= 1")
-    # job_id validates; dict.fromkeys keeps the first occurrence, in order.
-    items = list(dict.fromkeys((job_id(keys, job, subject), subject) for subject in subjects))
+    items = _valid_items(conn, keys, spec, subjects)
     if not items:
         return 0
     queue = Queue(keys.queue(spec.queue), connection=conn)
@@ -214,6 +224,32 @@ def enqueue_many(
         if free:
             queued += len(free) - len(_push_unique(conn, queue, spec, push, free))
     return queued
+
+
+def _valid_items(
+    conn: redis.Redis, keys: Keys, spec: JobSpec, subjects: Sequence[str]
+) -> list[tuple[str, str]]:
+    """(job id, subject) of each valid subject, first occurrence first. Each invalid
+    one is skipped and counted; each distinct one is logged once, shown bounded and
+    escaped (the input may be anything a client or an old record held)."""
+    assert spec.subject is not None
+    items: dict[tuple[str, str], None] = {}
+    logged: set[str] = set()
+    skipped = 0
+    for subject in subjects:
+        try:
+            validate(spec.subject, subject)
+            items[(job_id(keys, spec.name, subject), subject)] = None
+        except ValueError:
+            skipped += 1
+            if shown(subject) not in logged:
+                logged.add(shown(subject))
+                log.warning(
+                    "%s: skipped %s: not a valid %s name", spec.name, shown(subject), spec.subject
+                )
+    if skipped:
+        record_skipped(conn, keys, spec.name, "bad_subject", skipped)
+    return list(items)
 
 
 def _push_unique(
