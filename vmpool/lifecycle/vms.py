@@ -96,7 +96,8 @@ def _create_locked(fleet: Fleet, name: str, provider: Provider, lock: FencedLock
     try:
         lock.ensure_held()
         try:
-            provider.create_vm(vm.pool, vm.template, name)
+            with fleet.slots.renewing(name):  # the slot is held as long as the call runs
+                provider.create_vm(vm.pool, vm.template, name)
         except Exception as exc:  # any provider failure is recorded, never raised
             permanent = is_permanent_error(exc)
             log.info("create %s failed (permanent=%s): %s", name, permanent, exc)
