@@ -152,7 +152,11 @@ def test_post_token_rejects_bad_credentials(
     assert r.status_code == 401
     assert r.text == pretty({"ok": False})
     assert r.headers["www-authenticate"] == REALM
-    assert snapshot(redis_url) == before
+    # Nothing written but the failed-login counts (tests/test_login.py), each with a TTL.
+    after = snapshot(redis_url)
+    counts = [k for k in after if k.startswith(b"vmpool:login-failures:")]
+    assert {k: v for k, v in after.items() if k not in counts} == before
+    assert all(0 < redis.Redis.from_url(redis_url).ttl(k) <= 300 for k in counts)
 
 
 def test_token_routes_without_auth_are_404(redis_url: str, redis_client: redis.Redis) -> None:
@@ -212,7 +216,8 @@ def test_rate_limit_429(redis_url: str, redis_client: redis.Redis) -> None:
     assert body["ok"] is False and body["error"] == "Rate limit exceeded"
     assert body["limit"] == 3 and body["period"] == 60 and 1 <= body["retry_after"] <= 60
     assert r.headers["retry-after"] == str(body["retry_after"])
-    # Another token has its own budget; GET is not limited.
+    # Another user has their own budget (a second token of jdoe does not:
+    # tests/test_login.py); GET is not limited.
     other = mint(c, "alice")
     assert c.post(f"{API}/ondemandvm/pool1", headers={"X-AUTH-TOKEN": other}).status_code == 201
     assert c.get("/api/v3/status").status_code == 200

@@ -28,10 +28,18 @@ from vmpool.state.store import Store
 from vmpool.state.tokens import TokenStore
 from workers.queues import RQDispatcher
 
-__all__ = ["API_PREFIX", "EnqueueFn", "RedisClients", "app_from_env", "create_app"]
+__all__ = [
+    "API_PREFIX",
+    "LISTEN_HOST_ENV",
+    "EnqueueFn",
+    "RedisClients",
+    "app_from_env",
+    "create_app",
+]
 
 API_PREFIX = "/api/v3"
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+LISTEN_HOST_ENV = "VMPOOL_API_HOST"  # set by `vmpool api` for its uvicorn workers
 
 
 def create_app(
@@ -40,14 +48,18 @@ def create_app(
     *,
     enqueue: EnqueueFn | Literal["rq"] | None = "rq",
     rng: random.Random | None = None,
+    listen_host: str | None = None,
 ) -> FastAPI:
     """The API app for ``config`` over the Redis at ``redis_url_or_clients``.
 
     ``enqueue(request_id)`` starts a new request's provisioning: ``"rq"`` (the default)
     puts a provision job on the fleet's RQ queues; ``None`` enqueues nothing (the
     periodic provision sweep finds new requests). ``rng`` picks backends (tests seed it).
+    ``listen_host``: the address the server binds (``/status`` warns when auth is off
+    on one that is not loopback).
     """
     st = _api_state(config, redis_url_or_clients, enqueue, rng)
+    st.listen_host = listen_host
     app = FastAPI(
         title="vmpool",
         description="vmpooler v3 compatible on-demand VM API",
@@ -100,4 +112,4 @@ def app_from_env() -> FastAPI:
     the config from ``VMPOOL_CONFIG``, Redis from ``VMPOOL_REDIS_URL`` or the config."""
     config = load_config()
     url = os.environ.get("VMPOOL_REDIS_URL") or config.redis_url or DEFAULT_REDIS_URL
-    return create_app(config, url)
+    return create_app(config, url, listen_host=os.environ.get(LISTEN_HOST_ENV) or None)

@@ -26,7 +26,15 @@ from vmpool.api.metrics import ApiMetrics
 from vmpool.config import AuthConfig, Config
 from vmpool.state.keys import Keys
 from vmpool.state.store import Store
-from vmpool.state.tokens import TokenInfo, TokenStore, check_rate_limit, verify_password
+from vmpool.state.tokens import (
+    TokenInfo,
+    TokenStore,
+    check_user_rate_limit,
+    dummy_hash,
+    login_retry_after,
+    record_failed_login,
+    verify_password,
+)
 
 __all__ = [
     "ApiState",
@@ -44,8 +52,6 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 REALM = 'Basic realm="Authentication required"'
-# Compared against when the user is unknown, so a wrong user costs what a wrong password does.
-_DUMMY_HASH = "sha256$x$" + "0" * 64
 
 # Called with a new request's id to start its provisioning; None: no call (the
 # periodic provision sweep finds new requests on its own).
@@ -80,6 +86,7 @@ class ApiState:
     enqueue: EnqueueFn | None
     rng: random.Random
     started: float  # time.monotonic() when the app was built (/status's uptime)
+    listen_host: str | None = None  # the address served on, when known (/status warns)
 
 
 def api_state(request: Request) -> ApiState:
@@ -119,8 +126,9 @@ def token_auth(request: Request) -> TokenInfo | None:
     if info is None:
         raise _unauthorized()
     if auth.rate_limit_per_minute:
-        decision = check_rate_limit(
-            st.clients.text, st.keys, info.sha256, auth.rate_limit_per_minute
+        # Per user: a user's every token draws on one budget.
+        decision = check_user_rate_limit(
+            st.clients.text, st.keys, info.user, auth.rate_limit_per_minute
         )
         if not decision.allowed:
             raise Rejected(
@@ -139,13 +147,32 @@ Token = Annotated[TokenInfo | None, Depends(token_auth)]
 
 def basic_user(request: Request) -> str:
     """The user of valid HTTP Basic credentials (401 otherwise); 404 when auth is off
-    (vmpooler has no token endpoints then)."""
-    auth = api_state(request).config.auth
+    (vmpooler has no token endpoints then); 429 with Retry-After while the client's
+    address or the user name has too many failed logins (counted in Redis, so every
+    replica refuses alike)."""
+    st = api_state(request)
+    auth = st.config.auth
     if auth is None:
         raise Rejected(404)
     user, password = _basic_credentials(request.headers.get("authorization", ""))
+    address = request.client.host if request.client else "unknown"
+    r = st.clients.text
+    wait = login_retry_after(
+        r,
+        st.keys,
+        user,
+        address,
+        max_per_user=auth.max_failed_logins_per_user,
+        max_per_address=auth.max_failed_logins_per_address,
+    )
+    if wait:
+        log.warning("token: login refused, too many failed logins (user %r)", user)
+        raise Rejected(
+            429, {"Retry-After": str(wait)}, error="Too many failed logins", retry_after=wait
+        )
     if not _password_ok(auth, user, password):
         log.info("token: failed login for user %r", user)
+        record_failed_login(r, st.keys, user, address, window_s=auth.failed_login_window_s)
         raise _unauthorized()
     return user
 
@@ -173,6 +200,7 @@ def _password_ok(auth: AuthConfig, user: str, password: str) -> bool:
         return user != password  # vmpooler's dummy provider: anyone but user == password
     stored = auth.users.get(user)
     if stored is None:
-        verify_password(password, _DUMMY_HASH)  # the same work either way
+        # The same PBKDF2 a known user's hash runs: a wrong name costs a wrong password's.
+        verify_password(password, dummy_hash(auth.users.values()))
         return False
     return verify_password(password, stored)

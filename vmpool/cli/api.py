@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 
 import click
@@ -10,6 +11,8 @@ from vmpool.cli.context import LOCAL_REDIS_URL, CliContext, with_context
 from vmpool.config import mask_url_password
 
 __all__ = ["api_command"]
+
+log = logging.getLogger(__name__)
 
 
 @click.command("api")
@@ -34,15 +37,21 @@ def api_command(cli: CliContext, host: str, port: int, workers: int, log_level: 
         f" {workers} worker{'s' if workers != 1 else ''})",
         err=True,
     )
-    if workers == 1:
-        from vmpool.api.app import create_app
+    from vmpool.api.app import LISTEN_HOST_ENV, create_app
+    from vmpool.api.routers.status import exposure_warning
 
-        uvicorn.run(create_app(cli.config, url), host=host, port=port, log_level=log_level)
+    warning = exposure_warning(cli.config.auth is not None, host)
+    if warning:
+        log.warning("vmpool api: %s", warning)
+    if workers == 1:
+        app = create_app(cli.config, url, listen_host=host)
+        uvicorn.run(app, host=host, port=port, log_level=log_level)
         return
     # Several processes: each builds its app from the environment (uvicorn's factory).
     if cli.config_path:
         os.environ["VMPOOL_CONFIG"] = os.path.abspath(cli.config_path)
     os.environ["VMPOOL_REDIS_URL"] = url
+    os.environ[LISTEN_HOST_ENV] = host
     uvicorn.run(
         "vmpool.api.app:app_from_env",
         factory=True,

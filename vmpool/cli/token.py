@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
+from datetime import datetime, timezone
+
 import click
 
 from vmpool.cli.context import LOCAL_REDIS_URL, CliContext, echo_json, with_context
 from vmpool.cli.errors import CliError, CliFailure
+from vmpool.ids import InvalidIdentifier, validate_token, validate_user_name
 
 __all__ = ["token_group"]
+
+DEFAULT_MAX_TOKENS = 100  # as :auth: max_tokens_per_user's default
+
+
+def _utc(epoch: float) -> str:
+    return datetime.fromtimestamp(epoch, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 @click.group("token")
@@ -20,13 +29,26 @@ def token_group() -> None:
 @click.argument("user")
 def token_create(cli: CliContext, user: str) -> None:
     """Mint a token for USER and print it (shown once; only its SHA-256 is stored)."""
-    if not user.strip():
-        raise CliError("USER must not be empty")
-    token = cli.tokens.create(user)
+    try:
+        validate_user_name(user)  # the same rule as everywhere a user name is taken in
+    except InvalidIdentifier as exc:
+        raise CliError(f"USER: {exc}") from None
+    auth = cli.config.auth
+    minted = cli.tokens.mint(
+        user,
+        ttl_s=auth.token_ttl_s if auth else None,
+        max_tokens=auth.max_tokens_per_user if auth else DEFAULT_MAX_TOKENS,
+    )
+    expires = None if minted.expires is None else _utc(minted.expires)
     if cli.as_json:
-        echo_json({"ok": True, "user": user, "token": token})
-    else:
-        click.echo(token)
+        body: dict[str, object] = {"ok": True, "user": user, "token": minted.token}
+        if expires:
+            body["expires"] = expires
+        echo_json(body)
+        return
+    click.echo(minted.token)  # alone on stdout, for scripts
+    if expires:
+        click.echo(f"expires {expires}", err=True)
 
 
 @token_group.command("revoke")
@@ -34,6 +56,10 @@ def token_create(cli: CliContext, user: str) -> None:
 @click.argument("token")
 def token_revoke(cli: CliContext, token: str) -> None:
     """Revoke TOKEN (exit 1 when no such token exists)."""
+    try:
+        validate_token(token)
+    except InvalidIdentifier as exc:  # its message never echoes the token
+        raise CliError(f"TOKEN: {exc}") from None
     revoked = cli.tokens.revoke(token)
     if cli.as_json:
         echo_json({"ok": revoked})

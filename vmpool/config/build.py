@@ -192,4 +192,9 @@ def _auth(auth: AuthSection) -> AuthConfig:
         provider=auth.provider,
         users=MappingProxyType(dict(auth.users)),
         rate_limit_per_minute=auth.rate_limit_per_minute,
+        token_ttl_s=in_seconds(auth, "token_ttl"),
+        max_tokens_per_user=auth.max_tokens_per_user,
+        max_failed_logins_per_user=auth.max_failed_logins_per_user,
+        max_failed_logins_per_address=auth.max_failed_logins_per_address,
+        failed_login_window_s=in_seconds(auth, "failed_login_window") or 300.0,
     )

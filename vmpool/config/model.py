@@ -46,6 +46,11 @@ class AuthConfig:
     provider: str
     users: Mapping[str, str]
     rate_limit_per_minute: int | None
+    token_ttl_s: float | None = None
+    max_tokens_per_user: int = 100
+    max_failed_logins_per_user: int = 10
+    max_failed_logins_per_address: int = 50
+    failed_login_window_s: float = 300.0
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ its keys are the periodic jobs' names, in seconds already.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -38,6 +38,7 @@ from vmpool.config.fields import (
     seconds,
 )
 from vmpool.ids import DEFAULT_PREFIX
+from vmpool.providers.options import expect, integer, number
 from vmpool.providers.registry import DEFAULT_PROVIDER
 
 __all__ = [
@@ -162,6 +163,21 @@ class RedisSection(_Section):
     data_ttl: PositiveNumber = hours(168, "How long finished records are kept")
 
 
+# The :auth: section's own bounds: a token lives at most a year (Redis' EXPIRE takes it);
+# a count or window of 0 would refuse every login.
+_TokenTtlHours = Annotated[
+    float,
+    Field(ge=1 / 3600, le=8760, allow_inf_nan=False),
+    expect("a number of hours from 1/3600 (1 second) to 8760 (a year)", number),
+]
+_AuthCount = Annotated[int, Field(ge=1, le=10_000), expect("an integer from 1 to 10000", integer)]
+_WindowSeconds = Annotated[
+    float,
+    Field(ge=1, le=86400, allow_inf_nan=False),
+    expect("a number of seconds from 1 to 86400 (a day)", number),
+]
+
+
 class AuthSection(_Section):
     """``:auth:``: who may create and delete requests. Absent: anyone may."""
 
@@ -173,7 +189,22 @@ class AuthSection(_Section):
         description="User name -> password hash (pbkdf2_sha256$... or sha256$...)",
     )
     rate_limit_per_minute: PositiveInt | None = Field(
-        default=None, description="Requests per minute per token (default: no limit)"
+        default=None, description="POST and DELETE calls per minute per user (default: no limit)"
+    )
+    token_ttl: _TokenTtlHours | None = hours(
+        None, "How long a token minted by POST /token lives (default: no expiry)"
+    )
+    max_tokens_per_user: _AuthCount = Field(
+        default=100, description="Live tokens a user may hold; one more drops the oldest"
+    )
+    max_failed_logins_per_user: _AuthCount = Field(
+        default=10, description="Failed logins of one user name per window before 429"
+    )
+    max_failed_logins_per_address: _AuthCount = Field(
+        default=50, description="Failed logins from one client address per window before 429"
+    )
+    failed_login_window: _WindowSeconds = seconds(
+        300, "How long failed logins are counted (from the first failure)"
     )
 
 

@@ -295,11 +295,18 @@ class _Reader:
             self.origins[("schedule", new)] = f"schedule.{old}"
 
     def auth(self, top: dict[str, Any]) -> None:
-        """No ``:auth:`` (or a null one) means no authentication at all."""
-        if top.get("auth") is None:
-            top.pop("auth", None)
+        """No ``:auth:`` means no authentication at all. One present but empty (null,
+        ``{}``, every line commented out) is an error: a commented-out section must not
+        quietly turn auth off."""
+        if "auth" not in top:
             return
         section = self.section(top, "auth", _fields(AuthSection), AUTH_IGNORED)
+        if not section:
+            raise self.fail(
+                "auth",
+                "present but empty (no key with a value); give its provider and users, or remove"
+                " the section to run without authentication",
+            )
         provider = section.get("provider")
         if isinstance(provider, str) and provider.strip() == "dummy":
             self.warn("auth.provider", "dummy authentication accepts anyone; for testing only")

@@ -17,6 +17,9 @@ Layout (``P`` is the prefix)::
     P:vm:NAME:fence              string fencing counter of the VM's lock grants
     P:pool:POOL:STATE            zset   VMs of a pool in a state; score depends on state
     P:token:SHA256               hash   an API token (stored hashed): user, created, last
+    P:user-tokens:SHA256         zset   a user's tokens (by user name's sha256), score = created
+    P:ratelimit:user:SHA256:W    string a user's POST/DELETE calls in minute W
+    P:login-failures:KIND:SHA256 string failed logins of a user or client address (TTL window)
     P:sim:PROVIDER:vm:NAME       hash   a VM of the simulated provider's fake cloud
     P:sim:PROVIDER:inventory     set    the names the simulated provider holds
     P:lock:KIND:SUBJECT          string python-redis-lock locks (per request or VM)
@@ -133,6 +136,23 @@ class Keys:
 
     def rate_limit(self, token_sha256: str, window: int) -> str:
         return f"{self.prefix}:ratelimit:{token_sha256}:{window}"
+
+    # User names and client addresses come from the caller: keys carry their SHA-256
+    # (fixed length, no colon, nothing an attacker spells into the key space).
+    def user_rate_limit(self, user_sha256: str, window: int) -> str:
+        return f"{self.prefix}:ratelimit:user:{user_sha256}:{window}"
+
+    def user_tokens(self, user_sha256: str) -> str:
+        return f"{self.prefix}:user-tokens:{user_sha256}"
+
+    def token_prefix(self) -> str:
+        """Prefix of token hashes; token_create.lua appends a token's SHA-256."""
+        return f"{self.prefix}:token:"
+
+    def login_failures(self, kind: str, subject_sha256: str) -> str:
+        if kind not in ("user", "address"):
+            raise ValueError(f"no login-failure count by {kind!r}")
+        return f"{self.prefix}:login-failures:{kind}:{subject_sha256}"
 
     # -- simulated provider ---------------------------------------------------------
     def sim_vm(self, provider: str, name: str) -> str:

@@ -10,7 +10,19 @@ Password hashes in the config (``:auth: users:``) take one of two forms:
   with the UTF-8 salt (``hash_password`` writes these);
 * ``sha256$<salt>$<hex>``: ``sha256(salt + password)``, for configs written by hand.
 
-Every comparison is constant-time (``hmac.compare_digest``).
+Every comparison is constant-time (``hmac.compare_digest``). A login for an unknown
+user is checked against :func:`dummy_hash`, so it runs the PBKDF2 a known user's does.
+
+Tokens may expire (``:auth: token_ttl``: the hash gets a TTL), and a user's tokens are
+bounded: ``P:user-tokens:<sha256 of the user>`` indexes them, and minting one more than
+``max_tokens_per_user`` drops the oldest (clients that mint a token per run keep
+working; an unbounded list would let one user fill Redis).
+
+Two counters refuse a caller with 429: the POST/DELETE calls of one *user* per minute
+(:func:`check_user_rate_limit`; per user, so minting more tokens buys no more calls),
+and failed logins per client address and per user name in a TTL window
+(:func:`login_retry_after`, :func:`record_failed_login`). Both live in Redis, so every
+API replica shares them. User names and addresses appear in keys only as SHA-256.
 """
 
 from __future__ import annotations
@@ -19,6 +31,7 @@ import hashlib
 import hmac
 import secrets
 import string
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,12 +44,17 @@ _SCRIPTS = "vmpool.state.scripts"
 
 __all__ = [
     "PBKDF2_ITERATIONS",
+    "MintedToken",
     "RateDecision",
     "TokenInfo",
     "TokenStore",
     "check_rate_limit",
+    "check_user_rate_limit",
+    "dummy_hash",
     "generate_token",
     "hash_password",
+    "login_retry_after",
+    "record_failed_login",
     "token_sha256",
     "verify_password",
 ]
@@ -84,6 +102,20 @@ def verify_password(password: str, stored: str) -> bool:
     return False
 
 
+def dummy_hash(stored: Iterable[str]) -> str:
+    """A hash no password matches that costs what the costliest of ``stored`` does: a
+    login for an unknown user is verified against it, so it runs the same PBKDF2 (the
+    same iterations) as a wrong password for a known user, and timing tells no names."""
+    iterations = 0
+    for value in stored:
+        parts = value.split("$")
+        if parts[0] == "pbkdf2_sha256" and len(parts) == 4 and parts[1].isdigit():
+            iterations = max(iterations, int(parts[1]))
+    if iterations == 0 and any(value.startswith("sha256$") for value in stored):
+        return "sha256$dummy$" + "0" * 64
+    return f"pbkdf2_sha256${min(iterations or PBKDF2_ITERATIONS, 10_000_000)}$dummy${'0' * 64}"
+
+
 def generate_token() -> str:
     """A new token: 32 characters of [a-z0-9], the first a letter (as vmpooler's)."""
     return secrets.choice(_FIRST) + "".join(secrets.choice(_REST) for _ in range(TOKEN_LENGTH - 1))
@@ -93,12 +125,24 @@ def token_sha256(token: str) -> str:
     return hashlib.sha256(token.encode("utf-8", "surrogateescape")).hexdigest()
 
 
+def _sha(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8", "surrogateescape")).hexdigest()
+
+
 @dataclass(frozen=True)
 class TokenInfo:
     sha256: str
     user: str
     created: str
     last: str
+    expires: str = ""  # seconds since the epoch, as text; "" for none
+
+
+@dataclass(frozen=True)
+class MintedToken:
+    token: str  # the plain token: shown once, never stored or logged
+    expires: float | None  # seconds since the epoch (the Redis server's clock); None: never
+    dropped: int  # older tokens of the user dropped to stay within the bound
 
 
 class TokenStore:
@@ -111,21 +155,41 @@ class TokenStore:
         self._revoke_own = redis_client.register_script(
             read_script(_SCRIPTS, "token_revoke_own.lua")
         )
+        self._create = redis_client.register_script(read_script(_SCRIPTS, "token_create.lua"))
 
     def _now(self) -> str:
         seconds, micros = self.redis.time()
         return f"{float(seconds) + float(micros) / 1e6:.6f}"
 
-    def create(self, user: str) -> str:
+    def create(self, user: str, *, ttl_s: float | None = None, max_tokens: int = 100) -> str:
         """Mint a token for ``user``; returns the plain token (shown once, never stored)."""
+        return self.mint(user, ttl_s=ttl_s, max_tokens=max_tokens).token
+
+    def mint(self, user: str, *, ttl_s: float | None = None, max_tokens: int = 100) -> MintedToken:
+        """Mint a token for ``user`` that lives ``ttl_s`` seconds (None: until revoked);
+        beyond ``max_tokens`` live tokens of the user, the oldest are dropped."""
         if not user:
             raise ValueError("user must not be empty")
+        if max_tokens < 1 or (ttl_s is not None and ttl_s <= 0):
+            raise ValueError("max_tokens and ttl_s must be positive")
         token = generate_token()
-        self.redis.hset(
-            self.keys.token(token_sha256(token)),
-            mapping={"user": user, "created": self._now(), "last": ""},
+        sha = token_sha256(token)
+        now = self._now()
+        ttl_ms = 0 if ttl_s is None else max(1, round(ttl_s * 1000))
+        expires = None if ttl_s is None else float(now) + ttl_ms / 1000
+        dropped = self._create(
+            keys=[self.keys.token(sha), self.keys.user_tokens(_sha(user))],
+            args=[
+                user,
+                now,
+                ttl_ms,
+                max_tokens,
+                self.keys.token_prefix(),
+                sha,
+                "" if expires is None else f"{expires:.6f}",
+            ],
         )
-        return token
+        return MintedToken(token, expires, int(dropped))
 
     def lookup(self, token: str, *, touch: bool = True) -> TokenInfo | None:
         """The token's record, or None; ``touch`` records the time of use in ``last``."""
@@ -143,7 +207,13 @@ class TokenStore:
             # HSET only if the token still exists: a revoke racing with this use must
             # not be undone by a write that recreates the hash.
             self._touch(keys=[key], args=[self._now()])
-        return TokenInfo(sha, data["user"], data.get("created", ""), data.get("last", ""))
+        return TokenInfo(
+            sha,
+            data["user"],
+            data.get("created", ""),
+            data.get("last", ""),
+            data.get("expires", ""),
+        )
 
     def revoke(self, token: str, *, user: str | None = None) -> bool:
         """Delete the token; with ``user``, only if it belongs to that user."""
@@ -162,18 +232,78 @@ class RateDecision:
     retry_after: int
 
 
+def check_user_rate_limit(
+    redis_client: redis.Redis, keys: Keys, user: str, limit_per_minute: int
+) -> RateDecision:
+    """Count one call of ``user`` (whichever of their tokens it came with) in the current
+    minute; refuse once the count exceeds ``limit_per_minute``."""
+    return _count_call(
+        redis_client, lambda w: keys.user_rate_limit(_sha(user), w), limit_per_minute
+    )
+
+
 def check_rate_limit(
     redis_client: redis.Redis, keys: Keys, token_sha: str, limit_per_minute: int
 ) -> RateDecision:
     """Count one call of the token in the current minute (a fixed window in Redis, on the
-    server's clock); refuse once the count exceeds ``limit_per_minute``."""
+    server's clock); refuse once the count exceeds ``limit_per_minute``. The API counts
+    per user (:func:`check_user_rate_limit`)."""
+    return _count_call(redis_client, lambda w: keys.rate_limit(token_sha, w), limit_per_minute)
+
+
+def _count_call(
+    redis_client: redis.Redis, key_of: Callable[[int], str], limit_per_minute: int
+) -> RateDecision:
     seconds, _micros = redis_client.time()
     now = int(seconds)
     window = now // RATE_PERIOD_S
-    key = keys.rate_limit(token_sha, window)
+    key = key_of(window)
     pipe = redis_client.pipeline(transaction=True)
     pipe.incr(key)
     pipe.expire(key, RATE_PERIOD_S * 2)
     count = int(pipe.execute()[0])
     retry_after = max(1, (window + 1) * RATE_PERIOD_S - now)
     return RateDecision(count <= limit_per_minute, limit_per_minute, RATE_PERIOD_S, retry_after)
+
+
+# -- failed logins -------------------------------------------------------------------------
+
+
+def _login_keys(keys: Keys, user: str, address: str) -> list[str]:
+    return [keys.login_failures("address", _sha(address)), keys.login_failures("user", _sha(user))]
+
+
+def login_retry_after(
+    redis_client: redis.Redis,
+    keys: Keys,
+    user: str,
+    address: str,
+    *,
+    max_per_user: int,
+    max_per_address: int,
+) -> int:
+    """Seconds until ``user`` may try again from ``address`` (0: now): non-zero while
+    either has ``max_per_...`` failed logins in its window. Checked before the password,
+    so a limited caller costs no PBKDF2."""
+    pipe = redis_client.pipeline(transaction=False)
+    for key in _login_keys(keys, user, address):
+        pipe.get(key)
+        pipe.pttl(key)
+    addr_count, addr_ttl, user_count, user_ttl = pipe.execute()
+    wait_ms = 0
+    for count, ttl, limit in (
+        (addr_count, addr_ttl, max_per_address),
+        (user_count, user_ttl, max_per_user),
+    ):
+        if count is not None and int(count) >= limit:
+            wait_ms = max(wait_ms, int(ttl) if int(ttl) > 0 else 1000)
+    return 0 if wait_ms == 0 else max(1, -(-wait_ms // 1000))
+
+
+def record_failed_login(
+    redis_client: redis.Redis, keys: Keys, user: str, address: str, *, window_s: float
+) -> None:
+    """Count one failed login against ``address`` and ``user`` (one script: each count
+    gets its TTL window with its first failure)."""
+    script = redis_client.register_script(read_script(_SCRIPTS, "login_failed.lua"))
+    script(keys=_login_keys(keys, user, address), args=[max(1, round(window_s * 1000))])

@@ -3,6 +3,7 @@ and workers."""
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import time
 from collections.abc import Mapping
@@ -21,7 +22,14 @@ from vmpool.config import Config
 from vmpool.state.keys import Keys
 from workers.queues import queue_names
 
-__all__ = ["pools_status", "router", "rq_status", "status_body"]
+__all__ = [
+    "exposure_warning",
+    "is_loopback",
+    "pools_status",
+    "router",
+    "rq_status",
+    "status_body",
+]
 
 log = logging.getLogger(__name__)
 
@@ -35,11 +43,34 @@ async def get_status(st: State) -> Response:
     return reply(200, await run_in_threadpool(status_body, st))
 
 
+def exposure_warning(auth_on: bool, host: str | None) -> str | None:
+    """The warning for auth off on an address others can reach; None when auth is on,
+    or the address is loopback (or unknown: an app built without a server)."""
+    if auth_on or host is None or is_loopback(host):
+        return None
+    return (
+        f"auth is off and the API listens on {host}: anyone who can reach it may create"
+        " and delete requests (configure :auth:, or bind to 127.0.0.1)"
+    )
+
+
+def is_loopback(host: str) -> bool:
+    """True for ``localhost`` and loopback addresses; any other name or address (the
+    wildcards ``0.0.0.0`` and ``::`` included) may be reachable from elsewhere."""
+    name = host.strip().strip("[]").lower()
+    if name == "localhost" or name.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
+
+
 def status_body(st: ApiState) -> dict[str, Any]:
     pools, totals = pools_status(st.config, st.store.pool_counts(st.config.pools))
     queues, workers = rq_status(st.clients.raw, st.keys)
     r = st.clients.text
-    return {
+    body: dict[str, Any] = {
         "pools": pools,
         "queue": {
             "pending": totals["pending"],
@@ -59,7 +90,12 @@ def status_body(st: ApiState) -> dict[str, Any]:
             "uptime": round(time.monotonic() - st.started, 1),
         },
         "workers": workers,
+        "auth": "off" if st.config.auth is None else "on",
     }
+    warning = exposure_warning(st.config.auth is not None, st.listen_host)
+    if warning:
+        body["warnings"] = [warning]
+    return dict(sorted(body.items()))  # vmpooler sorts the top level
 
 
 def pools_status(
