@@ -1,14 +1,14 @@
 """A Redis restart is waited out by workers and schedulers, not turned into a crash.
 
-Before the reconnect loop in vmpool/cli_fleet.py, RQ's work() (and rq-scheduler's
-run()) could end with the ConnectionError of a heartbeat or registry write that met the
-dead Redis, exiting the process (the chaos soak counted ~75 restarts per worker over 67
-Redis restarts). This test restarts Redis under one worker and one scheduler, on the
-same port and AOF directory, and shows both processes survive and the fleet still
-works. Which path RQ takes depends on where the worker is when Redis goes (its own
-dequeue loop retries; a heartbeat raises), so this test fails against the old code
-only when Redis dies under a heartbeat: it is a regression guard, the soak's restart
-counts are the evidence."""
+Before the reconnect loop of `vmpool worker` and `vmpool scheduler` (vmpool/cli/fleet.py),
+RQ's work() (and rq-scheduler's run()) could end with the ConnectionError of a
+heartbeat or registry write that met the dead Redis, exiting the process (the chaos soak
+counted ~75 restarts per worker over 67 Redis restarts). This test restarts Redis under
+one worker and one scheduler, on the same port and AOF directory, and shows both
+processes survive and the fleet still works. Which path RQ takes depends on where the
+worker is when Redis goes, so this test is a regression guard for the whole fleet; the
+worker's own paths (the suspension check, a frozen Redis, a 10-second outage, SIGTERM)
+are pinned down one by one in tests/test_worker_lifecycle.py."""
 
 from __future__ import annotations
 

@@ -13,6 +13,11 @@ Worker class (see docs/benchmarks.md for the figures, docs/architecture.md for t
 argument): :class:`FleetSimpleWorker` (no fork per job) is the default; the forking
 :class:`FleetForkWorker` stays available (``vmpool worker --fork``) for isolation.
 
+Redis outages, fatal errors and the alive file of Kubernetes' liveness probe: both
+classes are :class:`workers.loop.SteadyLoop`, see there. While a job runs, its
+heartbeat thread touches the alive file, for as long as the job's timeout plus
+:data:`HUNG_AFTER_S` (past that the job, and so the loop, is wedged).
+
 Abandoned jobs: RQ notices a dead worker's job when its StartedJobRegistry entry
 expires (``min(job_monitoring_interval, timeout) + 60`` s) and a maintenance pass runs.
 :data:`RQ_SETTINGS` keep that near a minute, for both classes: the SimpleWorker
@@ -29,6 +34,7 @@ import logging
 import os
 import socket
 import threading
+import time
 import uuid
 from collections.abc import Callable, Sequence
 from types import TracebackType
@@ -44,6 +50,7 @@ from vmpool.lifecycle import Fleet
 from vmpool.state.counters import record_job
 from vmpool.state.keys import DEFAULT_PREFIX, Keys
 from vmpool.state.lua import read_script
+from workers.loop import REDIS_GONE, AliveFile, RedisOutage, SteadyLoop
 from workers.queues import HEARTBEAT_FIELD, HEARTBEAT_SECONDS, RQDispatcher, queue_names
 
 if TYPE_CHECKING:
@@ -72,6 +79,10 @@ RQ_SETTINGS: Final[dict[str, int]] = {
     "worker_ttl": 30,
 }
 
+# A job running this long past its timeout no longer vouches for the loop: RQ's fork
+# monitor kills a horse at the same point.
+HUNG_AFTER_S: Final = 60.0
+
 # HSET the vmpool heartbeat (server time) on a job hash that still exists.
 _BEAT_LUA: Final = read_script("workers", "job_heartbeat.lua")
 
@@ -96,40 +107,59 @@ def current_fleet() -> Fleet:
 
 class _Heartbeat:
     """While a job runs: the vmpool heartbeat every HEARTBEAT_SECONDS and, when given,
-    RQ's own heartbeats every ``rq_every`` seconds, from a daemon thread."""
+    RQ's own heartbeats every ``rq_every`` seconds, from a daemon thread; the alive
+    file too, within the job's time budget."""
 
     def __init__(
         self,
-        conn: redis.Redis,
+        worker: SteadyLoop,
         job: Job,
         rq_beat: Callable[[], None] | None,
         rq_every: float,
+        *,
+        alive: AliveFile | None,
     ) -> None:
-        self._script = conn.register_script(_BEAT_LUA)
+        self._script = worker.connection.register_script(_BEAT_LUA)
         self._key = job.key
         self._rq_beat = rq_beat
         self._rq_every = rq_every
+        self._outage: RedisOutage = worker.outage
+        self._alive = alive
+        budget = job.timeout or Queue.DEFAULT_TIMEOUT  # what RQ's death penalty uses
+        self._alive_until = None if budget < 0 else time.monotonic() + budget + HUNG_AFTER_S
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"heartbeat-{job.id}", daemon=True)
 
     def _beat(self) -> None:
         self._script(keys=[self._key], args=[HEARTBEAT_FIELD])
 
+    def _touch_alive(self) -> None:
+        if self._alive is not None and (
+            self._alive_until is None or time.monotonic() < self._alive_until
+        ):
+            self._alive.touch()
+
     def _run(self) -> None:
         since_rq = 0.0
         while not self._stop.wait(HEARTBEAT_SECONDS):
+            self._touch_alive()
             try:
                 self._beat()
+                self._outage.back()
                 since_rq += HEARTBEAT_SECONDS
                 if self._rq_beat is not None and since_rq >= self._rq_every:
                     since_rq = 0.0
                     self._rq_beat()
+            except REDIS_GONE as exc:  # an outage: said once, the next beat may land
+                self._outage.lost(exc)
             except Exception:  # a missed beat is not fatal; the next one may work
                 log.warning("job heartbeat failed", exc_info=True)
 
     def __enter__(self) -> _Heartbeat:
         try:
             self._beat()
+        except REDIS_GONE as exc:
+            self._outage.lost(exc)
         except redis.RedisError:
             log.warning("first job heartbeat failed", exc_info=True)
         self._thread.start()
@@ -145,7 +175,7 @@ class _Heartbeat:
         self._thread.join(timeout=5)
 
 
-class FleetSimpleWorker(SimpleWorker):
+class FleetSimpleWorker(SteadyLoop, SimpleWorker):
     """Runs jobs in its own process (no fork), with its Fleet and live heartbeats."""
 
     fleet: Fleet | None = None
@@ -162,22 +192,25 @@ class FleetSimpleWorker(SimpleWorker):
         def rq_beat() -> None:
             self.maintain_heartbeats(job, execution)
 
-        with _Heartbeat(self.connection, job, rq_beat, float(self.job_monitoring_interval)):
+        beats = _Heartbeat(self, job, rq_beat, float(self.job_monitoring_interval),
+                           alive=self.alive)
+        with beats:
             ok = bool(super().perform_job(job, queue, execution))
         _count_job(self.fleet, job, ok)
         return ok
 
 
-class FleetForkWorker(Worker):
-    """Forks a work horse per job (RQ's default). The parent keeps RQ's heartbeats; the
-    horse writes the vmpool heartbeat, so it stops exactly when the job's process dies."""
+class FleetForkWorker(SteadyLoop, Worker):
+    """Forks a work horse per job (RQ's default). The parent keeps RQ's heartbeats (and
+    the alive file: its monitor kills a hung horse); the horse writes the vmpool
+    heartbeat, so it stops exactly when the job's process dies."""
 
     fleet: Fleet | None = None
 
     def perform_job(self, job: Job, queue: Queue, execution: Execution) -> bool:
         if isinstance(job, FleetJob):
             job.fleet = self.fleet
-        with _Heartbeat(self.connection, job, None, 0.0):
+        with _Heartbeat(self, job, None, 0.0, alive=None):
             ok = bool(super().perform_job(job, queue, execution))
         _count_job(self.fleet, job, ok)  # in the horse: the counter lives in Redis
         return ok
@@ -195,7 +228,7 @@ def _count_job(fleet: Fleet | None, job: Job, ok: bool) -> None:
         log.debug("job metric not recorded: %s", exc)
 
 
-WORKER_CLASSES: Final[dict[str, type[BaseWorker]]] = {
+WORKER_CLASSES: Final[dict[str, type[SteadyLoop]]] = {
     "simple": FleetSimpleWorker,
     "fork": FleetForkWorker,
 }
@@ -219,12 +252,14 @@ def build_worker(
     *,
     kind: str = "simple",
     name: str | None = None,
+    alive: AliveFile | None = None,
     **overrides: Any,
-) -> BaseWorker:
+) -> SteadyLoop:
     """A worker of ``kind`` ("simple" | "fork") on ``queues`` holding its Fleet.
 
     ``queues``: RQ queue names (default: all of the fleet's, in priority order).
     ``config`` None builds a worker without a Fleet (benchmarks of no-op jobs only).
+    ``alive``: the file to touch while the loop lives (workers/loop.py).
     """
     cls = WORKER_CLASSES[kind]
     if queues is None:
@@ -239,6 +274,7 @@ def build_worker(
         job_class=FleetJob,
         **settings,
     )
+    worker.alive = alive
     if config is not None:
         fleet = build_fleet(redis_url, config, conn, actor=f"worker:{name}")
         if isinstance(worker, FleetSimpleWorker | FleetForkWorker):

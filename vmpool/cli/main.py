@@ -39,6 +39,7 @@ COMMANDS: Final[Mapping[str, str]] = MappingProxyType(
         "scheduler": "vmpool.cli.fleet:scheduler_command",
         "enqueue": "vmpool.cli.enqueue:enqueue_command",
         "up": "vmpool.cli.up:up_command",
+        "probe": "vmpool.cli.probe:probe_group",
     }
 )
 

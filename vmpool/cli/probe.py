@@ -1,0 +1,95 @@
+"""``vmpool probe worker``: is the worker loop alive? For Kubernetes' exec probes.
+
+It reads the modification time of the file ``vmpool worker --alive-file`` touches on
+every turn of its loop, while a job runs (up to the job's timeout plus a minute) and
+while it waits out a Redis outage (workers/loop.py). It never connects to Redis: a
+worker waiting for Redis is alive, and an unreachable Redis has its own alert.
+
+Exit status: 0 the file is fresher than ``--max-age``; 1 it is older (one line
+naming its age); 2 bad usage or no file (one line).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any, Final
+
+import click
+
+from vmpool.cli.context import CliContext, with_context
+from vmpool.cli.errors import CliError, CliFailure
+
+__all__ = ["ALIVE_FILE_ENV", "probe_group"]
+
+# Where `vmpool worker` and this probe find the file when no --alive-file is given.
+ALIVE_FILE_ENV: Final = "VMPOOL_WORKER_ALIVE_FILE"
+
+
+class _OneLineUsage(click.Command):
+    """Bad usage as one line and exit 2, like every other failure here: a probe's
+    output is read in `kubectl describe pod`, not in a terminal."""
+
+    def make_context(
+        self,
+        info_name: str | None,
+        args: list[str],
+        parent: click.Context | None = None,
+        **extra: Any,
+    ) -> click.Context:
+        try:
+            return super().make_context(info_name, args, parent=parent, **extra)
+        except click.UsageError as exc:
+            raise CliError(f"{self.name}: {exc.format_message()}") from None
+
+
+class _OneLineGroup(click.Group):
+    def resolve_command(
+        self, ctx: click.Context, args: list[str]
+    ) -> tuple[str | None, click.Command | None, list[str]]:
+        try:
+            return super().resolve_command(ctx, args)
+        except click.UsageError as exc:
+            raise CliError(f"{self.name}: {exc.format_message()}") from None
+
+
+@click.group("probe", cls=_OneLineGroup)
+def probe_group() -> None:
+    """Health checks for Kubernetes' probes (no Redis needed)."""
+
+
+@probe_group.command("worker", cls=_OneLineUsage)
+@with_context()
+@click.option(
+    "--max-age",
+    type=click.FloatRange(min=0, min_open=True),
+    default=60.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="Alive while the file was touched less than this long ago.",
+)
+@click.option(
+    "--alive-file",
+    "path",
+    metavar="PATH",
+    envvar=ALIVE_FILE_ENV,
+    default=None,
+    help=f"The file `vmpool worker` touches [env {ALIVE_FILE_ENV}].",
+)
+def probe_worker_command(cli: CliContext, max_age: float, path: str | None) -> None:
+    """Exit 0 when the worker loop touched its alive file within --max-age seconds."""
+    # ``cli`` is never touched: the config is not loaded and Redis never connected.
+    if not path:
+        raise CliError(f"no alive file to read: pass --alive-file PATH or set {ALIVE_FILE_ENV}")
+    try:
+        touched = os.stat(path).st_mtime
+    except FileNotFoundError:
+        raise CliError(f"no alive file at {path}: the worker loop has not started") from None
+    except OSError as exc:
+        raise CliError(f"cannot read {path}: {exc.strerror}") from None
+    age = max(0.0, time.time() - touched)
+    if age >= max_age:
+        raise CliFailure(
+            f"worker loop stale: {path} last touched {age:.0f} s ago (max {max_age:g} s)"
+        )
+    click.echo(f"worker loop alive: {path} touched {age:.1f} s ago")

@@ -1,0 +1,236 @@
+"""RQ's work loop kept running through a Redis outage, stopped only by a real error.
+
+RQ's ``work()`` ends on any error in its own steps (the suspension check, the
+maintenance pass, a heartbeat, the bookkeeping around a job): it logs "found an
+unhandled exception, quitting" (or "Redis connection timeout, quitting") and returns
+as if it were done. So a Redis restart or stall met at the wrong moment ended
+`vmpool worker` with status 0 (25 such exits in the chaos soak), and Kubernetes
+restarted the pod. :class:`SteadyLoop`, mixed into vmpool's worker classes, wraps
+those steps: a lost Redis is waited out in place (PING with backoff on a
+short-timeout client, one warning per outage and one line when it is back, the
+alive file touched meanwhile), and any other error is kept in ``fatal_error`` so
+the command exits 1 instead of 0.
+
+The alive file (:class:`AliveFile`) is the loop's liveness signal for Kubernetes
+(``vmpool probe worker``): touched on every turn of the loop, every RQ heartbeat
+(each dequeue timeout while idle, each second while suspended), while a job runs
+(workers/worker.py) and while an outage is waited out.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+from typing import Any, Final, TypeVar
+
+import redis
+from redis.client import Pipeline, PubSub, PubSubWorkerThread
+from rq.exceptions import StopRequested
+from rq.executions import Execution
+from rq.job import Job
+from rq.queue import Queue
+from rq.worker.base import BaseWorker
+
+from vmpool.lifecycle.failpoints import failpoint
+
+__all__ = ["REDIS_GONE", "AliveFile", "RedisOutage", "SteadyLoop", "wait_for_redis"]
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+# Redis going away (a restart, a failover, a dropped connection, a stall past the
+# socket timeout): redis-py raises these; BusyLoadingError (AOF replay) is a
+# ConnectionError.
+REDIS_GONE: Final = (redis.ConnectionError, redis.TimeoutError)
+
+# While waiting for Redis: each PING gives up after this, so the alive file keeps
+# being touched even when Redis's address swallows packets.
+PING_TIMEOUT_S: Final = 2.0
+MAX_WAIT_DELAY_S: Final = 2.0  # how late a worker may notice Redis is back
+
+
+class AliveFile:
+    """A file whose modification time is the worker loop's last sign of life."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self._warned = False
+
+    def touch(self) -> None:
+        try:
+            self.path.touch()
+        except OSError as exc:  # the probe will say so; the loop itself goes on
+            if not self._warned:
+                self._warned = True
+                log.warning("cannot touch the alive file %s: %s", self.path, exc)
+
+    def remove(self) -> None:
+        self.path.unlink(missing_ok=True)
+
+
+class RedisOutage:
+    """One warning when Redis goes away and one line when it answers again, however
+    many threads and attempts meet the outage in between."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._since: float | None = None
+        self._lock = threading.Lock()
+
+    def lost(self, exc: BaseException) -> None:
+        with self._lock:
+            if self._since is None:
+                self._since = time.monotonic()
+                reason = " ".join(str(exc).split()) or type(exc).__name__
+                log.warning("worker %s: lost Redis (%s); waiting for it", self.name, reason)
+
+    def back(self) -> None:
+        if self._since is None:  # the common case, without the lock
+            return
+        with self._lock:
+            if self._since is not None:
+                log.warning("worker %s: Redis is back after %.1f s", self.name,
+                            time.monotonic() - self._since)
+                self._since = None
+
+
+def wait_for_redis(conn: redis.Redis, *, tick: Callable[[], None] | None = None) -> None:
+    """Block until the Redis of ``conn`` answers PING, with a growing delay; ``tick``
+    runs before each attempt (it may raise to stop waiting)."""
+    pool = conn.connection_pool
+    kwargs: dict[str, Any] = {**pool.connection_kwargs, "socket_timeout": PING_TIMEOUT_S,
+                              "socket_connect_timeout": PING_TIMEOUT_S}
+    probe = redis.Redis(connection_pool=redis.ConnectionPool(
+        connection_class=pool.connection_class, max_connections=1, **kwargs))
+    delay = 0.25
+    try:
+        while True:
+            if tick is not None:
+                tick()
+            try:
+                if probe.ping():
+                    return
+            except redis.RedisError:  # down, loading its AOF, or not answering yet
+                pass
+            time.sleep(delay)
+            delay = min(MAX_WAIT_DELAY_S, delay * 2)
+    finally:
+        probe.close()
+
+
+class SteadyLoop(BaseWorker):
+    """The steps of RQ's loop, guarded (see the module docstring)."""
+
+    alive: AliveFile | None = None
+    fatal_error: BaseException | None = None
+    # RQ's dequeue sleeps up to this between two attempts, touching nothing (RQ: 60 s,
+    # as long as the probe's max age).
+    max_connection_wait_time = 10.0
+    _patient = True  # False in burst mode: a run meant to end ends on a lost Redis
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.outage = RedisOutage(self.name)
+
+    def check_for_suspension(self, burst: bool) -> None:
+        # The top of every turn of the loop.
+        self._patient = not burst
+        self._touch_alive()
+        self._guarded(partial(self._check_for_suspension, burst), again=True, default=None)
+
+    def _check_for_suspension(self, burst: bool) -> None:
+        failpoint("worker.loop")
+        super().check_for_suspension(burst)
+
+    def run_maintenance_tasks(self) -> None:
+        step = super().run_maintenance_tasks
+        self._guarded(step, again=False, default=None)  # skipped: the next pass comes
+
+    def dequeue_job_and_maintain_ttl(
+        self, timeout: int | None, max_idle_time: int | None = None
+    ) -> tuple[Job, Queue] | None:
+        step = partial(super().dequeue_job_and_maintain_ttl, timeout, max_idle_time)
+        return self._guarded(step, again=True, default=None)  # None would end the loop
+
+    def execute_job(self, job: Job, queue: Queue) -> None:
+        # Not run again after an outage: the sweeps find what this job left undone.
+        self._guarded(partial(super().execute_job, job, queue), again=False, default=None)
+
+    def heartbeat(self, timeout: int | None = None, pipeline: Pipeline | None = None) -> None:
+        # RQ beats each turn, each dequeue timeout and each suspended second. A job's
+        # own thread (workers/worker.py) beats for the alive file by the job's budget.
+        if threading.current_thread() is threading.main_thread():
+            self._touch_alive()
+        if pipeline is not None:  # only queued: whoever executes it meets Redis
+            super().heartbeat(timeout, pipeline)
+            return
+        self._guarded(partial(super().heartbeat, timeout), again=True, default=None)
+
+    def maintain_heartbeats(self, job: Job, execution: Execution) -> None:
+        # While a job runs (the fork parent's monitor, the simple worker's job thread):
+        # a missed beat is not worth ending the job's monitoring over.
+        try:
+            super().maintain_heartbeats(job, execution)
+        except REDIS_GONE as exc:
+            self.outage.lost(exc)
+        else:
+            self.outage.back()
+
+    def _pubsub_exception_handler(
+        self, exc: Exception, pubsub: PubSub, pubsub_thread: PubSubWorkerThread
+    ) -> None:
+        # RQ's handler logs every 2 s of an outage; one warning is enough.
+        if not isinstance(exc, REDIS_GONE):
+            super()._pubsub_exception_handler(exc, pubsub, pubsub_thread)
+            return
+        self.outage.lost(exc)
+        time.sleep(2.0)  # as RQ's: redis-py resubscribes once connected again
+
+    def teardown(self) -> None:
+        try:
+            super().teardown()  # type: ignore[no-untyped-call]
+        except REDIS_GONE as exc:  # stopping while Redis is away: its key expires
+            log.warning("worker %s: death not recorded (%s)", self.name, exc)
+
+    def _guarded(self, step: Callable[[], T], *, again: bool, default: T) -> T:
+        """``step``; a lost Redis is waited out, then the step runs ``again`` or
+        ``default`` is returned; any other error is kept as fatal and raised on."""
+        while True:
+            try:
+                result = step()
+            except StopRequested:
+                raise
+            except REDIS_GONE as exc:
+                self._wait_out(exc)
+                if again:
+                    continue
+                return default
+            except Exception as exc:
+                self.fatal_error = exc
+                raise
+            # A later step that runs means RQ went on after that error: not fatal.
+            self.fatal_error = None
+            self.outage.back()
+            return result
+
+    def _wait_out(self, exc: Exception) -> None:
+        if not self._patient:
+            self.fatal_error = exc
+            raise exc
+        self.outage.lost(exc)
+        wait_for_redis(self.connection, tick=self._tick)
+        self.outage.back()
+
+    def _tick(self) -> None:
+        self._touch_alive()
+        if self._stop_requested:  # SIGTERM during a job, then the outage: stop now
+            raise StopRequested()
+
+    def _touch_alive(self) -> None:
+        if self.alive is not None:
+            self.alive.touch()
