@@ -253,3 +253,35 @@ def test_vmpool_api_warns_at_start_when_auth_is_off_and_exposed(
     caplog.clear()
     r = CliRunner().invoke(cli, ["api", "--host", "127.0.0.1", "--redis-url", redis_url])
     assert r.exit_code == 0 and "auth is off" not in caplog.text + r.output
+
+
+def test_dummy_hash_matches_the_costliest_configured_hash() -> None:
+    from vmpool.state.tokens import PBKDF2_ITERATIONS, dummy_hash, hash_password, verify_password
+
+    mixed = [hash_password("a", iterations=10, salt="s"), hash_password("b", iterations=70)]
+    assert dummy_hash(mixed).startswith("pbkdf2_sha256$70$")
+    plain = "sha256$s$" + hashlib.sha256(b"spw").hexdigest()
+    assert dummy_hash([plain]).startswith("sha256$")
+    assert dummy_hash([]).startswith(f"pbkdf2_sha256${PBKDF2_ITERATIONS}$")
+    for stored in (mixed, [plain]):
+        assert not verify_password("", dummy_hash(stored))  # no password matches it
+
+
+@pytest.mark.parametrize(
+    ("text", "key"),
+    [
+        ("token_ttl: 0", "auth.token_ttl"),
+        ("token_ttl: 1.0e+9", "auth.token_ttl"),
+        ("max_tokens_per_user: 0", "auth.max_tokens_per_user"),
+        ("max_failed_logins_per_user: -1", "auth.max_failed_logins_per_user"),
+        ("max_failed_logins_per_address: x", "auth.max_failed_logins_per_address"),
+        ("failed_login_window: 0", "auth.failed_login_window"),
+    ],
+)
+def test_auth_limits_out_of_range_are_one_line_errors(tmp_path: Path, text: str, key: str) -> None:
+    path = tmp_path / "vmpool.yaml"
+    path.write_text(f":auth:\n  provider: dummy\n  {text}\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(path, env={})
+    assert str(info.value).startswith(f"{path}: {key}: must be ")
+    assert "\n" not in str(info.value)
