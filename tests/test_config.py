@@ -259,7 +259,9 @@ def test_schedule_key_given_in_both_spellings_is_an_error(tmp_path: Path) -> Non
 
 def test_schedule_error_names_the_key_as_written(tmp_path: Path) -> None:
     message = error(tmp_path, ":schedule: {reap: 0}\n")
-    assert ": schedule.reap: must be a positive number, got 0" in message
+    assert (
+        ": schedule.reap: must be a number of seconds from 0.1 to 86400 (a day), got 0" in message
+    )
 
 
 def test_backend_weight_and_clone_target(tmp_path: Path) -> None:
@@ -451,13 +453,29 @@ def test_global_domain_is_a_warning_and_ignored(tmp_path: Path) -> None:
         (":pools: [{name: 'a b'}]\n", "pools[0].name", "letters, digits"),
         (":pools: [{name: '-x'}]\n", "pools[0].name", "letters, digits"),
         (":pools: [{name: p1}, {name: p2}, {name: p1}]\n", "pools[2].name", "duplicate"),
-        (":pools: [{name: p1}, {name: p2, size: abc}]\n", "pools[1].size", "non-negative integer"),
-        (":pools: [{name: p1, size: -1}]\n", "pools[0].size", "non-negative integer"),
-        (":pools: [{name: p1, size: 1.5}]\n", "pools[0].size", "non-negative integer"),
-        (":pools: [{name: p1, size: true}]\n", "pools[0].size", "non-negative integer"),
-        (":pools: [{name: p1, timeout: 0}]\n", "pools[0].timeout", "positive number"),
-        (":pools: [{name: p1, timeout: -3}]\n", "pools[0].timeout", "positive number"),
-        (":pools: [{name: p1, ready_ttl: 0}]\n", "pools[0].ready_ttl", "positive number"),
+        (
+            ":pools: [{name: p1}, {name: p2, size: abc}]\n",
+            "pools[1].size",
+            "a non-negative integer (0 to 10000)",
+        ),
+        (
+            ":pools: [{name: p1, size: -1}]\n",
+            "pools[0].size",
+            "a non-negative integer (0 to 10000)",
+        ),
+        (
+            ":pools: [{name: p1, size: 1.5}]\n",
+            "pools[0].size",
+            "a non-negative integer (0 to 10000)",
+        ),
+        (
+            ":pools: [{name: p1, size: true}]\n",
+            "pools[0].size",
+            "a non-negative integer (0 to 10000)",
+        ),
+        (":pools: [{name: p1, timeout: 0}]\n", "pools[0].timeout", "minutes from 1/60"),
+        (":pools: [{name: p1, timeout: -3}]\n", "pools[0].timeout", "minutes from 1/60"),
+        (":pools: [{name: p1, ready_ttl: 0}]\n", "pools[0].ready_ttl", "minutes from 1/60"),
         (":pools: [{name: p1, alias: {a: 1}}]\n", "pools[0].alias", "list of names"),
         (":pools: [{name: p1, alias: [ok, 'no way']}]\n", "pools[0].alias[1]", "letters"),
         (":pools: [{name: p1, template: [x]}]\n", "pools[0].template", "must be a string"),
@@ -486,25 +504,45 @@ def test_global_domain_is_a_warning_and_ignored(tmp_path: Path) -> None:
         (":providers: {simulated: {seed: abc}}\n", "providers.simulated.seed", "integer"),
         (":providers: {simulated: [1]}\n", "providers.simulated", "must be a mapping"),
         (":providers: {'bad name': {}}\n", "providers.bad name", "provider names"),
-        (":config: {ondemand_request_ttl: 0}\n", "config.ondemand_request_ttl", "positive"),
-        (":config: {ondemand_request_ttl: -1}\n", "config.ondemand_request_ttl", "positive"),
+        (
+            ":config: {ondemand_request_ttl: 0}\n",
+            "config.ondemand_request_ttl",
+            "minutes from 1/60",
+        ),
+        (
+            ":config: {ondemand_request_ttl: -1}\n",
+            "config.ondemand_request_ttl",
+            "to 525600 (a year)",
+        ),
         (":config: {ondemand_request_ttl: soon}\n", "config.ondemand_request_ttl", "got 'soon'"),
-        (":config: {ondemand_request_grace: -1}\n", "config.ondemand_request_grace", "non-neg"),
-        (":config: {max_ondemand_instances_per_request: 0}\n", "max_ondemand", "positive int"),
-        (":config: {ondemand_clone_limit: x}\n", "config.ondemand_clone_limit", "positive int"),
-        (":config: {max_vm_retries: -1}\n", "config.max_vm_retries", "non-negative integer"),
-        (":config: {vm_lifetime: 0}\n", "config.vm_lifetime", "positive number"),
-        (":config: {vm_lifetime_auth: []}\n", "config.vm_lifetime_auth", "positive number"),
-        (":config: {timeout: .nan}\n", "config.timeout", "positive number"),
-        (":config: {data_ttl: 0}\n", "config.data_ttl", "positive number"),
-        (":redis: {data_ttl: -2}\n", "redis.data_ttl", "positive number"),
+        (
+            ":config: {ondemand_request_grace: -1}\n",
+            "config.ondemand_request_grace",
+            "seconds from 0 to 86400",
+        ),
+        (
+            ":config: {max_ondemand_instances_per_request: 0}\n",
+            "max_ondemand",
+            "an integer from 1 to 10000",
+        ),
+        (
+            ":config: {ondemand_clone_limit: x}\n",
+            "config.ondemand_clone_limit",
+            "an integer from 1 to 1000000",
+        ),
+        (":config: {max_vm_retries: -1}\n", "config.max_vm_retries", "an integer from 0 to 100"),
+        (":config: {vm_lifetime: 0}\n", "config.vm_lifetime", "hours from 1/3600"),
+        (":config: {vm_lifetime_auth: []}\n", "config.vm_lifetime_auth", "hours from 1/3600"),
+        (":config: {timeout: .nan}\n", "config.timeout", "minutes from 1/60"),
+        (":config: {data_ttl: 0}\n", "config.data_ttl", "hours from 1/3600 (1 second) to 8760"),
+        (":redis: {data_ttl: -2}\n", "redis.data_ttl", "hours from 1/3600"),
         (":config: {prefix: Bad_Prefix}\n", "config.prefix", "lowercase"),
         (":config: {backend_weight: [1]}\n", "config.backend_weight", "must be a mapping"),
         (":config: {backend_weight: {a: -1}}\n", "config.backend_weight.a", "non-negative"),
-        (":config: {lock_expire: 0}\n", "config.lock_expire", "positive number"),
-        (":config: {reconcile_grace: -5}\n", "config.reconcile_grace", "non-negative"),
-        (":config: {ready_ttl: 0}\n", "config.ready_ttl", "positive number"),
-        (":schedule: {sweep_expired: 0}\n", "schedule.sweep_expired", "positive number"),
+        (":config: {lock_expire: 0}\n", "config.lock_expire", "seconds from 1 to 86400"),
+        (":config: {reconcile_grace: -5}\n", "config.reconcile_grace", "seconds from 0 to 86400"),
+        (":config: {ready_ttl: 0}\n", "config.ready_ttl", "minutes from 1/60"),
+        (":schedule: {sweep_expired: 0}\n", "schedule.sweep_expired", "seconds from 0.1 to 86400"),
         (":schedule: [1]\n", "schedule", "must be a mapping"),
         (":redis: {url: 'http://x'}\n", "redis.url", "redis://"),
         (":redis: {url: 'redis://:pw@'}\n", "redis.url", "no host"),
@@ -533,7 +571,9 @@ def test_error_format_matches_the_contract(tmp_path: Path) -> None:
     path = write(tmp_path, ":pools:\n  - name: p0\n  - name: p1\n    size: abc\n")
     with pytest.raises(ConfigError) as info:
         load_config(path, env={})
-    assert str(info.value) == (f"{path}: pools[1].size: must be a non-negative integer, got 'abc'")
+    assert str(info.value) == (
+        f"{path}: pools[1].size: must be a non-negative integer (0 to 10000), got 'abc'"
+    )
     assert info.value.source == str(path)
     assert info.value.key == "pools[1].size"
 
@@ -827,7 +867,13 @@ def test_json_schema() -> None:
     }
     defs = schema["$defs"]
     ttl = defs["ConfigSection"]["properties"]["ondemand_request_ttl"]
-    assert (ttl["default"], ttl["unit"], ttl["exclusiveMinimum"]) == (5, "minutes", 0)
+    assert (ttl["default"], ttl["unit"], ttl["minimum"], ttl["maximum"]) == (
+        5,
+        "minutes",
+        1 / 60,
+        525600,
+    )
+    assert ttl["description"].endswith("Range: 0.0166667 to 525600 minutes.")
     assert "minutes" in ttl["description"]
     assert defs["ConfigSection"]["properties"]["vm_lifetime"]["unit"] == "hours"
     assert list(defs["Schedule"]["properties"]) == list(Schedule.model_fields)

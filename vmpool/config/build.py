@@ -18,7 +18,13 @@ from pydantic import BaseModel, ValidationError
 from vmpool.config.errors import ConfigError
 from vmpool.config.fields import in_seconds
 from vmpool.config.model import AuthConfig, Config, PoolConfig, ProviderConfig
-from vmpool.config.settings import AuthSection, ConfigFile, PoolSection, RedisSection
+from vmpool.config.settings import (
+    AuthSection,
+    ConfigFile,
+    ConfigSection,
+    PoolSection,
+    RedisSection,
+)
 from vmpool.config.vmpooler import implemented
 from vmpool.config.vmpooler_keys import REDIS_URL_PARTS
 from vmpool.providers.options import key_path, problems
@@ -40,6 +46,7 @@ def build(file: ConfigFile, *, source: str, warnings: tuple[str, ...]) -> Config
         ondemand_request_ttl_s=_seconds(cfg, "ondemand_request_ttl"),
         ondemand_request_grace_s=_seconds(cfg, "ondemand_request_grace"),
         max_ondemand_instances_per_request=cfg.max_ondemand_instances_per_request,
+        max_ondemand_instances_total=_total(cfg, len(pools)),
         ondemand_clone_limit=cfg.ondemand_clone_limit,
         max_vm_retries=cfg.max_vm_retries,
         vm_lifetime_s=vm_lifetime_s,
@@ -57,6 +64,14 @@ def build(file: ConfigFile, *, source: str, warnings: tuple[str, ...]) -> Config
         source=source,
         warnings=warnings,
     )
+
+
+def _total(cfg: ConfigSection, pools: int) -> int:
+    """The most VMs of one request over all its names: the setting, else what asking
+    every pool for its maximum adds up to (so a config without it keeps its meaning)."""
+    if cfg.max_ondemand_instances_total is not None:
+        return cfg.max_ondemand_instances_total
+    return cfg.max_ondemand_instances_per_request * max(1, pools)
 
 
 def _seconds(section: BaseModel, name: str) -> float:

@@ -32,23 +32,34 @@ from vmpool.ids import (
 from vmpool.providers.options import expect, integer, invalid, number, problems, show
 
 __all__ = [
+    "DAY_S",
     "NAME_RULE",
     "UNITS",
+    "YEAR_S",
     "Aliases",
     "AuthProvider",
     "Domain",
+    "FleetCount",
+    "GraceSeconds",
     "HostnamePrefix",
+    "InstanceCount",
+    "IntervalSeconds",
     "KeyPrefix",
+    "LockSeconds",
     "NonNegativeInt",
     "NonNegativeNumber",
     "Password",
     "PasswordHash",
     "PoolName",
+    "PoolSize",
     "Port",
     "PositiveInt",
     "PositiveNumber",
     "RedisUrl",
+    "RetryCount",
     "Text",
+    "TtlHours",
+    "TtlMinutes",
     "hours",
     "in_seconds",
     "minutes",
@@ -66,6 +77,64 @@ NonNegativeNumber = Annotated[
 ]
 PositiveInt = Annotated[int, Field(ge=1), expect("a positive integer", integer)]
 NonNegativeInt = Annotated[int, Field(ge=0), expect("a non-negative integer", integer)]
+
+# -- bounded durations and counts ----------------------------------------------------------
+# Every duration and count the fleet acts on has an upper bound as well as a lower one:
+# an unbounded value loads fine and breaks at run time instead (a data_ttl of 1e300 hours
+# made the PEXPIRE inside a transition script fail after the status was written; a TTL
+# of 1e-9 minutes rounded to PEXPIRE 0, which deletes the tombstone at once). A year is
+# far below Redis' PEXPIRE limit (2**63 ms) and above any lifetime vmpooler users set.
+
+YEAR_S: Final = 365 * 86400.0
+DAY_S: Final = 86400.0
+
+TtlMinutes = Annotated[
+    float,
+    Field(ge=1 / 60, le=YEAR_S / 60, allow_inf_nan=False),
+    expect("a number of minutes from 1/60 (1 second) to 525600 (a year)", number),
+]
+TtlHours = Annotated[
+    float,
+    Field(ge=1 / 3600, le=YEAR_S / 3600, allow_inf_nan=False),
+    expect("a number of hours from 1/3600 (1 second) to 8760 (a year)", number),
+]
+# A lock shorter than a second expires under an ordinary pause; one longer than a day
+# keeps a dead worker's VM or request locked for that long.
+LockSeconds = Annotated[
+    float,
+    Field(ge=1, le=DAY_S, allow_inf_nan=False),
+    expect("a number of seconds from 1 to 86400 (a day)", number),
+]
+GraceSeconds = Annotated[
+    float,
+    Field(ge=0, le=DAY_S, allow_inf_nan=False),
+    expect("a number of seconds from 0 to 86400 (a day)", number),
+]
+# Below 0.1 s a periodic job would be queued faster than a worker can take it; above a
+# day the expiry sweep's interval would be the bound of CONTRACT invariant 4.
+IntervalSeconds = Annotated[
+    float,
+    Field(ge=0.1, le=DAY_S, allow_inf_nan=False),
+    expect("a number of seconds from 0.1 to 86400 (a day)", number),
+]
+MAX_COUNT: Final = 10_000
+InstanceCount = Annotated[
+    int, Field(ge=1, le=MAX_COUNT), expect(f"an integer from 1 to {MAX_COUNT}", integer)
+]
+PoolSize = Annotated[
+    int,
+    Field(ge=0, le=MAX_COUNT),
+    expect(f"a non-negative integer (0 to {MAX_COUNT})", integer),
+]
+# The clone limit is a semaphore's size, not a number of VMs asked for at once: a
+# million stands for "no limit" (the benches use that), and still fits a sorted set.
+MAX_FLEET_COUNT: Final = 1_000_000
+FleetCount = Annotated[
+    int,
+    Field(ge=1, le=MAX_FLEET_COUNT),
+    expect(f"an integer from 1 to {MAX_FLEET_COUNT}", integer),
+]
+RetryCount = Annotated[int, Field(ge=0, le=100), expect("an integer from 0 to 100", integer)]
 
 
 def text(value: Any) -> str:

@@ -60,6 +60,7 @@ class Config:
     ondemand_request_ttl_s: float
     ondemand_request_grace_s: float
     max_ondemand_instances_per_request: int
+    max_ondemand_instances_total: int
     ondemand_clone_limit: int
     max_vm_retries: int
     vm_lifetime_s: float
@@ -106,6 +107,7 @@ class Config:
             "ondemand_request_ttl_s": self.ondemand_request_ttl_s,
             "ondemand_request_grace_s": self.ondemand_request_grace_s,
             "max_ondemand_instances_per_request": self.max_ondemand_instances_per_request,
+            "max_ondemand_instances_total": self.max_ondemand_instances_total,
             "ondemand_clone_limit": self.ondemand_clone_limit,
             "max_vm_retries": self.max_vm_retries,
             "vm_lifetime_s": self.vm_lifetime_s,

@@ -25,7 +25,21 @@ def json_schema() -> dict[str, Any]:
     schema["properties"]["providers"]["additionalProperties"] = {
         "anyOf": [_provider_entry(name) for name in PROVIDER_CLASSES]
     }
+    for definition in schema.get("$defs", {}).values():
+        for prop in definition.get("properties", {}).values():
+            _describe_range(prop)
     return schema
+
+
+def _describe_range(prop: dict[str, Any]) -> None:
+    """Append a bounded setting's range to its description, in the file's unit (the
+    bounds themselves live in the field types, vmpool.config.fields)."""
+    bounded = [o for o in prop.get("anyOf", [prop]) if "maximum" in o]
+    if not bounded or "description" not in prop:
+        return
+    low = bounded[0].get("minimum", bounded[0].get("exclusiveMinimum"))
+    unit = f" {prop['unit']}" if "unit" in prop else ""
+    prop["description"] += f" Range: {low:g} to {bounded[0]['maximum']:g}{unit}."
 
 
 def _provider_entry(name: str) -> dict[str, Any]:

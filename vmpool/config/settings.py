@@ -21,18 +21,26 @@ from vmpool.config.fields import (
     Aliases,
     AuthProvider,
     Domain,
+    FleetCount,
+    GraceSeconds,
     HostnamePrefix,
+    InstanceCount,
+    IntervalSeconds,
     KeyPrefix,
+    LockSeconds,
     NonNegativeInt,
     NonNegativeNumber,
     Password,
     PasswordHash,
     PoolName,
+    PoolSize,
     Port,
     PositiveInt,
-    PositiveNumber,
     RedisUrl,
+    RetryCount,
     Text,
+    TtlHours,
+    TtlMinutes,
     hours,
     minutes,
     seconds,
@@ -64,51 +72,56 @@ class Schedule(_Section):
     # Built in code as well as read from a file: a misspelt keyword is an error here.
     model_config = ConfigDict(extra="forbid", json_schema_extra={"additionalProperties": True})
 
-    sweep_expired: PositiveNumber = seconds(5, "Expire on-demand requests past their TTL")
-    provision_sweep: PositiveNumber = seconds(5, "Find requests with VMs still to reserve")
-    check_pending_sweep: PositiveNumber = seconds(2, "Find booting VMs to check")
-    reap_running: PositiveNumber = seconds(30, "End running VMs past their lifetime")
-    destroy_sweep: PositiveNumber = seconds(5, "Find completed VMs still to destroy")
-    reconcile: PositiveNumber = seconds(30, "Compare the providers' inventories with Redis")
+    sweep_expired: IntervalSeconds = seconds(5, "Expire on-demand requests past their TTL")
+    provision_sweep: IntervalSeconds = seconds(5, "Find requests with VMs still to reserve")
+    check_pending_sweep: IntervalSeconds = seconds(2, "Find booting VMs to check")
+    reap_running: IntervalSeconds = seconds(30, "End running VMs past their lifetime")
+    destroy_sweep: IntervalSeconds = seconds(5, "Find completed VMs still to destroy")
+    reconcile: IntervalSeconds = seconds(30, "Compare the providers' inventories with Redis")
 
 
 class ConfigSection(_Section):
     """``:config:``, vmpooler's global settings."""
 
-    ondemand_request_ttl: PositiveNumber = minutes(
+    ondemand_request_ttl: TtlMinutes = minutes(
         5, "How long an on-demand request may take to become ready before it fails"
     )
-    ondemand_request_grace: NonNegativeNumber = seconds(
+    ondemand_request_grace: GraceSeconds = seconds(
         0, "How late after its TTL a request may still become ready"
     )
-    max_ondemand_instances_per_request: PositiveInt = Field(
-        default=10, description="The most VMs one on-demand request may ask for"
+    max_ondemand_instances_per_request: InstanceCount = Field(
+        default=10, description="The most VMs one on-demand request may ask for of one name"
     )
-    ondemand_clone_limit: PositiveInt = Field(
+    max_ondemand_instances_total: InstanceCount | None = Field(
+        default=None,
+        description="The most VMs one on-demand request may ask for over all its names"
+        " (default: max_ondemand_instances_per_request times the number of pools)",
+    )
+    ondemand_clone_limit: FleetCount = Field(
         default=10, description="The most VMs being created at once, over the whole fleet"
     )
-    max_vm_retries: NonNegativeInt = Field(
+    max_vm_retries: RetryCount = Field(
         default=3, description="How many times a failed create or boot is retried with a new VM"
     )
-    vm_lifetime: PositiveNumber = hours(12, "How long a VM handed out may run")
-    vm_lifetime_auth: PositiveNumber | None = hours(
+    vm_lifetime: TtlHours = hours(12, "How long a VM handed out may run")
+    vm_lifetime_auth: TtlHours | None = hours(
         None, "How long a VM handed out to an authenticated user may run (default: vm_lifetime)"
     )
-    timeout: PositiveNumber = minutes(
+    timeout: TtlMinutes = minutes(
         15, "How long a VM may take to boot (default of every pool's timeout)"
     )
-    data_ttl: PositiveNumber | None = hours(
+    data_ttl: TtlHours | None = hours(
         None, "How long finished records are kept (default: redis.data_ttl)"
     )
     prefix: HostnamePrefix = Field(default="", description="The start of every VM hostname")
     backend_weight: dict[str, NonNegativeNumber] = Field(
         default_factory=dict, description="Weights of the clone targets"
     )
-    lock_expire: PositiveNumber = seconds(60, "How long a request's lock lives unless renewed")
-    reconcile_grace: NonNegativeNumber = seconds(
+    lock_expire: LockSeconds = seconds(60, "How long a request's lock lives unless renewed")
+    reconcile_grace: GraceSeconds = seconds(
         120, "How old a VM nobody recorded must be before the reconciler destroys it"
     )
-    ready_ttl: PositiveNumber | None = minutes(
+    ready_ttl: TtlMinutes | None = minutes(
         None, "How long a ready VM may wait in its pool (default of every pool's ready_ttl)"
     )
     clone_target: Text | None = Field(
@@ -126,14 +139,14 @@ class PoolSection(_Section):
     template: Text | None = Field(
         default=None, description="The template VMs are made from (default: name)"
     )
-    size: NonNegativeInt = Field(default=0, description="How many ready VMs the pool keeps")
-    timeout: PositiveNumber | None = minutes(
+    size: PoolSize = Field(default=0, description="How many ready VMs the pool keeps")
+    timeout: TtlMinutes | None = minutes(
         None, "How long a VM may take to boot (default: config.timeout)"
     )
     provider: Text = Field(
         default=DEFAULT_PROVIDER, description="The provider instance (a key of :providers:)"
     )
-    ready_ttl: PositiveNumber | None = minutes(
+    ready_ttl: TtlMinutes | None = minutes(
         None, "How long a ready VM may wait in the pool (default: config.ready_ttl)"
     )
     domain: Domain | None = Field(default=None, description="The DNS domain of the VMs' hostnames")
@@ -160,7 +173,7 @@ class RedisSection(_Section):
     key_prefix: KeyPrefix = Field(
         default=DEFAULT_PREFIX, description="The start of every Redis key"
     )
-    data_ttl: PositiveNumber = hours(168, "How long finished records are kept")
+    data_ttl: TtlHours = hours(168, "How long finished records are kept")
 
 
 # The :auth: section's own bounds: a token lives at most a year (Redis' EXPIRE takes it);

@@ -20,8 +20,8 @@ class RequestRejected(Exception):
     """Why a request cannot be accepted; nothing has been written.
 
     ``bad_templates`` lists names that are neither a pool nor an alias (vmpooler's 404);
-    ``maximum`` is set when a count exceeds ``max_ondemand_instances_per_request``
-    (vmpooler's 403).
+    ``maximum`` is set when a count exceeds ``max_ondemand_instances_per_request``, or
+    the sum of the counts ``max_ondemand_instances_total`` (vmpooler's 403).
     """
 
     message: str
@@ -73,19 +73,29 @@ def check_names(config: Config, names: Iterable[str]) -> None:
 
 def plan_slots(config: Config, counts: Mapping[str, int], rng: random.Random) -> list[Slot]:
     """Slots for a request of ``counts`` (name -> positive count); RequestRejected when a
-    name is unknown (all unknown names are listed) or a count is over the maximum."""
+    name is unknown (all unknown names are listed), a count is over the maximum per name,
+    or the counts add up to more than the maximum of one request."""
     check_names(config, counts)
-    maximum = config.max_ondemand_instances_per_request
-    for count in counts.values():
-        if count > maximum:
-            raise RequestRejected(
-                f"requested amount of instances exceeds the maximum {maximum}", maximum=maximum
-            )
+    check_counts(config, counts)
     slots = []
     for name, count in counts.items():
         for pool, n in choose_pools(config, name, count, rng).items():
             slots.append(Slot(name, pool, n))
     return slots
+
+
+def check_counts(config: Config, counts: Mapping[str, int]) -> None:
+    """RequestRejected (vmpooler's 403 wording) when one count is over the maximum per
+    name, or all of them together over the maximum of one request: per name alone, a
+    request naming many pools (or one pool by many aliases) could ask for any number."""
+    for maximum, asked in (
+        (config.max_ondemand_instances_per_request, max(counts.values(), default=0)),
+        (config.max_ondemand_instances_total, sum(counts.values())),
+    ):
+        if asked > maximum:
+            raise RequestRejected(
+                f"requested amount of instances exceeds the maximum {maximum}", maximum=maximum
+            )
 
 
 def parse_pool_counts(args: tuple[str, ...] | list[str]) -> dict[str, int]:
