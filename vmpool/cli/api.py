@@ -8,6 +8,7 @@ import os
 import click
 
 from vmpool.cli.context import LOCAL_REDIS_URL, CliContext, with_context
+from vmpool.cli.strict import check_redis_at_start, strict_option
 from vmpool.config import mask_url_password
 
 __all__ = ["api_command"]
@@ -27,11 +28,15 @@ log = logging.getLogger(__name__)
     help="uvicorn worker processes.",
 )
 @click.option("--log-level", default="info", show_default=True)
-def api_command(cli: CliContext, host: str, port: int, workers: int, log_level: str) -> None:
+@strict_option
+def api_command(
+    cli: CliContext, host: str, port: int, workers: int, log_level: str, strict: bool
+) -> None:
     """Serve the HTTP API (vmpooler v3 compatible) with uvicorn."""
     import uvicorn
 
     url = cli.redis_url
+    check_redis_at_start(url, who="vmpool api", strict=strict)
     click.echo(
         f"vmpool api: http://{host}:{port}/api/v3 (redis {mask_url_password(url)},"
         f" {workers} worker{'s' if workers != 1 else ''})",

@@ -8,6 +8,7 @@ from vmpool.cli.context import CliContext, echo_json, with_context
 from vmpool.providers import providers_from_config
 from vmpool.state.audit import INVARIANTS, audit_state
 from vmpool.state.counters import record_audit
+from vmpool.state.redis_check import RedisCheck, check_redis
 
 __all__ = ["audit_command"]
 
@@ -30,6 +31,7 @@ def audit_command(cli: CliContext, record: bool) -> None:
     violations = audit_state(
         cli.store, providers, sweep_interval_s=cli.config.schedule.sweep_expired
     )
+    redis_settings = check_redis(cli.redis)
     if record:
         # Recorded before the exit status, so an alert sees a failing run too.
         record_audit(cli.redis, cli.keys, len(violations))
@@ -39,12 +41,23 @@ def audit_command(cli: CliContext, record: bool) -> None:
                 "ok": not violations,
                 "invariants": {str(k): v for k, v in INVARIANTS.items()},
                 "violations": [v.as_dict() for v in violations],
+                "redis": redis_settings.as_dict(),
             }
         )
     else:
+        # Not an invariant (the exit status is the invariants'), but what they rest on.
+        click.echo(_redis_line(redis_settings), err=True)
         for violation in violations:
             click.echo(violation.line())
         if not violations:
             click.echo("audit: clean (invariants 1-5 hold)")
     if violations:
         raise SystemExit(1)
+
+
+def _redis_line(check: RedisCheck) -> str:
+    head = (
+        f"redis: {check.status} (maxmemory-policy {check.maxmemory_policy},"
+        f" appendonly {check.appendonly})"
+    )
+    return "; ".join([head, *check.problems()])

@@ -26,6 +26,7 @@ import redis
 
 from vmpool.cli.context import CliContext, with_context
 from vmpool.cli.errors import CliError, CliFailure
+from vmpool.cli.strict import STRICT_ENV, check_redis_at_start, strict_option
 from vmpool.config import Config, mask_url_password
 from vmpool.local.dashboard import (
     DEFAULT_PORT,
@@ -112,6 +113,7 @@ def wait_healthy(
               help="Also run rq-dashboard on the same Redis (the `dashboard` extra).")
 @click.option("--dashboard-port", type=click.IntRange(0, 65535), default=DEFAULT_PORT,
               show_default=True, help="rq-dashboard's port (0: a free port).")
+@strict_option
 def up_command(
     cli: CliContext,
     n_workers: int,
@@ -121,6 +123,7 @@ def up_command(
     ready_timeout: float,
     dashboard: bool,
     dashboard_port: int,
+    strict: bool,
 ) -> None:
     """Run Redis (embedded unless given), the API, workers and the scheduler.
 
@@ -136,7 +139,10 @@ def up_command(
     # Undone in reverse: the children, then the demo's log file, then the embedded Redis.
     with contextlib.ExitStack() as undo:
         url = config.redis_url or _embedded_redis(undo)
+        check_redis_at_start(url, who="vmpool up", strict=strict)  # before any child
         env = {"VMPOOL_REDIS_URL": url}
+        if strict:
+            env[STRICT_ENV] = "1"  # each child checks again when it (re)starts
         if cli.config_path:
             env["VMPOOL_CONFIG"] = str(Path(cli.config_path).resolve())
         specs = child_specs(workers=n_workers, host=host, port=port, env=env)

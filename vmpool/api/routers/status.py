@@ -20,6 +20,7 @@ from vmpool.api.metrics import fleet_workers
 from vmpool.api.responses import reply
 from vmpool.config import Config
 from vmpool.state.keys import Keys
+from vmpool.state.redis_check import check_redis
 from workers.queues import queue_names
 
 __all__ = [
@@ -91,6 +92,8 @@ def status_body(st: ApiState) -> dict[str, Any]:
         },
         "workers": workers,
         "auth": "off" if st.config.auth is None else "on",
+        # the settings vmpool's guarantees assume (noeviction, AOF), or "unknown"
+        "redis": check_redis(r).as_dict(),
     }
     warning = exposure_warning(st.config.auth is not None, st.listen_host)
     if warning:

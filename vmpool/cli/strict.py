@@ -1,0 +1,48 @@
+"""``--strict``: refuse to start on a Redis not set up as vmpool assumes.
+
+Every long-running command (api, worker, scheduler, up) checks Redis's
+``maxmemory-policy`` and persistence when it starts (vmpool/state/redis_check.py): a
+warning per problem, or, with ``--strict`` (``VMPOOL_STRICT=1``), one line and exit 1.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TypeVar
+
+import click
+import redis
+
+from vmpool.cli.errors import CliFailure
+from vmpool.config import mask_url_password
+from vmpool.state.redis_check import RedisCheck, RedisMisconfigured, startup_check
+
+__all__ = ["STRICT_ENV", "check_redis_at_start", "strict_option"]
+
+STRICT_ENV = "VMPOOL_STRICT"
+
+F = TypeVar("F", bound=Callable[..., object])
+
+
+def strict_option(func: F) -> F:
+    return click.option(
+        "--strict",
+        is_flag=True,
+        envvar=STRICT_ENV,
+        help="Refuse to start (exit 1) when Redis's maxmemory-policy is not noeviction or"
+        f" appendonly is off; without it, a warning [env {STRICT_ENV}].",
+    )(func)
+
+
+def check_redis_at_start(url: str, *, who: str, strict: bool) -> RedisCheck | None:
+    """The start-up check on its own short-lived connection. An unreachable Redis is
+    left to the command's own handling (it waits, or says so in one line): None."""
+    client = redis.Redis.from_url(url, socket_connect_timeout=5, socket_timeout=10)
+    try:
+        return startup_check(client, who=who, strict=strict)
+    except RedisMisconfigured as exc:
+        raise CliFailure(f"{exc} (redis {mask_url_password(url)})") from None
+    except redis.ConnectionError:
+        return None
+    finally:
+        client.close()
