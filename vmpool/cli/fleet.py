@@ -2,44 +2,34 @@
 
 Redis URL: ``--redis-url``, else ``VMPOOL_REDIS_URL``, else the config's ``:redis:``
 url; with none, one line and exit 2. See docs/architecture.md for what runs where.
+
+A worker waits out a Redis outage of any length inside its loop (workers/loop.py),
+finishes its job on SIGTERM and exits 0 (RQ's warm shutdown; a second SIGTERM is a
+cold one), and exits 1 only on a real error. ``--alive-file`` is what
+``vmpool probe worker`` reads for Kubernetes' liveness probe.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-import time
+from typing import TYPE_CHECKING
 
 import click
 import redis
 
 from vmpool.cli.context import CliContext, with_context
 from vmpool.cli.errors import CliError, CliFailure
+from vmpool.cli.probe import ALIVE_FILE_ENV
 from vmpool.cli.strict import check_redis_at_start, strict_option
 from vmpool.config import Config
 
-__all__ = ["scheduler_command", "wait_for_redis", "worker_command"]
+if TYPE_CHECKING:
+    from workers.loop import AliveFile, SteadyLoop
+
+__all__ = ["scheduler_command", "worker_command"]
 
 log = logging.getLogger(__name__)
-
-# Redis going away under a worker or a scheduler (a restart, a failover, a dropped
-# connection): redis-py raises these; BusyLoadingError (AOF replay) is a ConnectionError.
-REDIS_GONE = (redis.ConnectionError, redis.TimeoutError)
-
-
-def wait_for_redis(url: str, *, max_delay_s: float = 5.0) -> None:
-    """Block until Redis answers PING again, polling with a growing delay."""
-    delay = 0.25
-    while True:
-        client = redis.Redis.from_url(url, socket_connect_timeout=2, socket_timeout=2)
-        try:
-            client.ping()
-            return
-        except redis.RedisError:
-            time.sleep(delay)
-            delay = min(max_delay_s, delay * 2)
-        finally:
-            client.close()
 
 
 def _setup_logging(verbose: bool) -> None:
@@ -67,6 +57,15 @@ def _setup_logging(verbose: bool) -> None:
 )
 @click.option("--max-jobs", type=click.IntRange(min=1), default=None, help="Quit after N jobs.")
 @click.option("--name", default=None, help="Worker name (default: host-pid-random).")
+@click.option(
+    "--alive-file",
+    "alive_path",
+    metavar="PATH",
+    envvar=ALIVE_FILE_ENV,
+    default=None,
+    help="Touch PATH while the worker loop lives, for `vmpool probe worker`"
+    f" [env {ALIVE_FILE_ENV}; default: none].",
+)
 @click.option("--verbose", "-v", is_flag=True, help="Debug logging.")
 @strict_option
 def worker_command(
@@ -76,21 +75,33 @@ def worker_command(
     fork: bool,
     max_jobs: int | None,
     name: str | None,
+    alive_path: str | None,
     verbose: bool,
     strict: bool,
 ) -> None:
     """Run one RQ worker process on the vmpool queues."""
+    from workers.loop import AliveFile
     from workers.queues import resolve_queue_names
 
     try:
         queues = resolve_queue_names(cli.keys, queues_text)
     except ValueError as exc:
         raise CliError(f"--queues: {exc}") from None
-    url = cli.check_redis()  # unreachable: one line, before RQ's own noise
-    check_redis_at_start(url, who="vmpool worker", strict=strict)
-    _setup_logging(verbose)
-    _work(url, cli.config, queues, kind="fork" if fork else "simple", name=name,
-          burst=burst, max_jobs=max_jobs, verbose=verbose)
+    alive = AliveFile(alive_path) if alive_path else None
+    if alive is not None:
+        try:
+            alive.path.touch()  # a path it cannot write: one line now, not a dead probe
+        except OSError as exc:
+            raise CliError(f"--alive-file: cannot write {alive_path}: {exc.strerror}") from None
+    try:
+        url = cli.check_redis()  # unreachable: one line, before RQ's own noise
+        check_redis_at_start(url, who="vmpool worker", strict=strict)
+        _setup_logging(verbose)
+        _work(url, cli.config, queues, kind="fork" if fork else "simple", name=name,
+              burst=burst, max_jobs=max_jobs, verbose=verbose, alive=alive)
+    finally:
+        if alive is not None:
+            alive.remove()  # a restarted container starts with no stale sign of life
 
 
 def _work(
@@ -103,31 +114,46 @@ def _work(
     burst: bool,
     max_jobs: int | None,
     verbose: bool,
+    alive: AliveFile | None,
 ) -> None:
-    """Run workers until one returns: a lost Redis is waited out with a fresh worker.
+    """Run the worker until its loop ends; exit 1 if an error ended it.
 
-    RQ retries a lost connection inside its dequeue, but a heartbeat or a registry write
-    that meets a dead Redis ends work() with the error. Exiting then would turn every
-    Redis restart into a restart of every worker (a crash loop, with Kubernetes' growing
-    backoff); instead wait for Redis and go on with a fresh worker. Nothing is lost
-    either way: the job that was running is re-found by the sweeps.
+    Inside its loop the worker waits out a lost Redis itself (workers/loop.py). Here
+    only a Redis lost while it registers, before the loop, is waited out, with a fresh
+    worker. In burst mode a lost Redis ends the run with exit 1.
     """
+    from workers.loop import REDIS_GONE, wait_for_redis
     from workers.worker import build_worker
 
     while True:
-        worker = build_worker(url, config, queues, kind=kind, name=name)
+        worker = build_worker(url, config, queues, kind=kind, name=name, alive=alive)
         try:
             worker.work(
                 burst=burst, max_jobs=max_jobs, logging_level="DEBUG" if verbose else "INFO"
             )
-            return
         except REDIS_GONE as exc:
             if burst:
                 raise CliFailure(f"lost Redis: {exc}") from None
             log.warning("worker %s: lost Redis (%s); reconnecting", worker.name, exc)
-            wait_for_redis(url)
+            wait_for_redis(worker.connection, tick=alive.touch if alive else None)
             with contextlib.suppress(redis.RedisError):
                 worker.register_death()  # type: ignore[no-untyped-call]  # frees a fixed --name
+            continue
+        _raise_fatal(worker)
+        return
+
+
+def _raise_fatal(worker: SteadyLoop) -> None:
+    """RQ's work() returns as if done after an error it swallowed: exit 1 on it (RQ
+    has logged the traceback)."""
+    from workers.loop import REDIS_GONE
+
+    exc = worker.fatal_error
+    if exc is None:
+        return
+    if isinstance(exc, REDIS_GONE):  # burst mode only: otherwise it was waited out
+        raise CliFailure(f"lost Redis: {exc}")
+    raise CliFailure(f"worker {worker.name} stopped on an error: {type(exc).__name__}: {exc}")
 
 
 @click.command("scheduler")
@@ -150,6 +176,7 @@ def scheduler_command(
     Safe in several replicas, with no lock between them: each due time of each sweep is
     moved once, and two runs of a sweep are queued at most its interval apart.
     """
+    from workers.loop import REDIS_GONE, wait_for_redis
     from workers.schedule import FleetScheduler, schedule_intervals
 
     conn = cli.rq_redis
@@ -168,4 +195,4 @@ def scheduler_command(
             if burst:
                 raise CliFailure(f"lost Redis: {exc}") from None
             log.warning("scheduler %s: lost Redis (%s); reconnecting", scheduler.name, exc)
-            wait_for_redis(cli.redis_url)
+            wait_for_redis(conn)
