@@ -11,7 +11,7 @@ temporary directory.
 
 Every process is started by this module, waited for with a deadline, and stopped by
 its pid at the end of its test. The worker's SIGTERM and Redis-outage behaviour are
-tested with the worker itself (tests/test_fleet_*.py).
+tested with the worker itself (tests/test_worker_lifecycle.py).
 """
 
 from __future__ import annotations
