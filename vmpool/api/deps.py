@@ -24,6 +24,7 @@ from fastapi import Depends, Request
 from vmpool.api.errors import Rejected
 from vmpool.api.metrics import ApiMetrics
 from vmpool.config import AuthConfig, Config
+from vmpool.ids import InvalidIdentifier, validate_token
 from vmpool.state.keys import Keys
 from vmpool.state.store import Store
 from vmpool.state.tokens import (
@@ -114,6 +115,16 @@ def _unauthorized() -> Rejected:
     return Rejected(401, {"WWW-Authenticate": REALM})
 
 
+def _well_formed(token: str) -> bool:
+    """Whether ``token`` is token text at all (vmpool.ids): anything else is refused
+    with the same 401 as an unknown token, before it is hashed or looked up."""
+    try:
+        validate_token(token)
+    except InvalidIdentifier:
+        return False
+    return True
+
+
 def token_auth(request: Request) -> TokenInfo | None:
     """The caller's token when auth is on (401 without a valid one, 429 over the rate
     limit); None when auth is off."""
@@ -122,7 +133,7 @@ def token_auth(request: Request) -> TokenInfo | None:
     if auth is None:
         return None
     token = request.headers.get("x-auth-token", "")
-    info = st.tokens.lookup(token) if token else None
+    info = st.tokens.lookup(token) if _well_formed(token) else None
     if info is None:
         raise _unauthorized()
     if auth.rate_limit_per_minute:
