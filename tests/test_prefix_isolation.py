@@ -20,7 +20,7 @@ from pathlib import Path
 import redis
 
 from vmpool.config import Config, load_config
-from vmpool.providers import providers_from_config
+from vmpool.providers import SimulatedProvider, providers_from_config
 from vmpool.state.audit import audit_state
 from vmpool.state.keys import Keys
 from vmpool.state.records import RequestSettings, Slot
@@ -129,3 +129,54 @@ def _every_key_is_a_fleets(client: redis.Redis) -> None:
             if any(Keys(p).queue(q) in key for q in QUEUES) or tags[p] in key
         ]
         assert len(owners) == 1, key
+
+
+ODD_PREFIX = "a:b.c-d_e"  # one of each character a key prefix may hold beyond [A-Za-z0-9]
+
+
+def test_a_prefix_with_every_allowed_character_works_end_to_end(
+    redis_url: str, redis_client: redis.Redis, tmp_path: Path
+) -> None:
+    """A full request lifecycle (create, provision, ready, delete, destroy) through real
+    RQ workers under the prefix "a:b.c-d_e", with `vmpool audit` (the function and the
+    command) clean at each stage. The audit used to drop every VM record when the
+    prefix held a ':' (it kept only keys with exactly two ':'; fixed in 1735e68, this
+    test keeps it fixed): with two VMs at the provider and none read back, it reported
+    both as leaked, so a clean audit here also proves the VMs were read."""
+    from click.testing import CliRunner
+
+    from vmpool.cli.main import cli
+
+    path = tmp_path / "odd.yaml"
+    path.write_text(CONFIG.format(prefix=f"'{ODD_PREFIX}'"))
+    config = load_config(path)
+    assert config.key_prefix == ODD_PREFIX
+    keys = Keys(ODD_PREFIX)
+    store = Store(redis_client, keys)
+    rid = "req-odd"
+    _request(redis_client, config, rid)
+    worker = build_worker(redis_url, config, kind="simple")
+    deadline = time.monotonic() + 30
+    while (rec := store.get_request(rid)) is None or rec.status != "ready":
+        assert time.monotonic() < deadline, "not provisioned in time"
+        worker.work(burst=True)
+        RQDispatcher(redis.Redis.from_url(redis_url), keys).check_request(rid)
+
+    providers = providers_from_config(redis_client, keys, config)
+    (sim,) = providers.values()
+    assert isinstance(sim, SimulatedProvider)
+    assert sim.count() == 2
+    assert len(store.get_vms(rec.vm_names)) == 2
+    assert audit_state(store, providers, sweep_interval_s=5) == []
+    audit = CliRunner().invoke(cli, ["audit", "--config", str(path), "--redis-url", redis_url])
+    assert audit.exit_code == 0 and "clean" in audit.stdout, audit.output
+
+    assert store.delete_request(rid, actor="test").ok
+    RQDispatcher(redis.Redis.from_url(redis_url), keys).destroy_vms(list(rec.vm_names))
+    while sim.count() > 0:
+        assert time.monotonic() < deadline, "not destroyed in time"
+        worker.work(burst=True)
+    assert {vm.state for vm in store.get_vms(rec.vm_names)} == {"destroyed"}
+    assert audit_state(store, providers, sweep_interval_s=5) == []
+    assert [k for k in redis_client.scan_iter(match="*")
+            if not k.startswith((f"{ODD_PREFIX}:", "rq:"))] == []
