@@ -232,3 +232,61 @@ def test_a_frozen_run_does_not_block_the_next(conn: redis.Redis) -> None:
     s.tick()
     assert _queued(conn) == [_run_of("sweep_expired", second_due)]
     assert conn.hget(K.rq_job(first), "status") == b"started"  # left alone
+
+
+# -- config changes take effect (issue 11) ----------------------------------------------
+
+
+def test_a_shorter_interval_applies_when_a_scheduler_starts(conn: redis.Redis) -> None:
+    """The interval of reap_running goes from 30 s to 2 s and a scheduler restarts: the
+    next run comes within the new interval (red before: install kept the old due time
+    with ZADD NX, so the job waited out the old 30 s, due at 1030 instead of <= 1007)."""
+    clock = Clock(1000.0)
+    old = FleetScheduler(conn, K, clock=clock)
+    old.install({"reap_running": 30})
+    clock.t = 1000.01
+    old.tick()
+    assert _due(conn, "reap_running") == pytest.approx(1030.0)
+    clock.t = 1005.0
+    FleetScheduler(conn, K, clock=clock).install({"reap_running": 2})
+    assert _due(conn, "reap_running") == pytest.approx(1002.0)  # the last due + 2 s
+    new = FleetScheduler(conn, K, clock=clock)
+    assert new.enqueue_jobs() == [template_id(K, "reap_running")]  # overdue: runs now
+    assert _due(conn, "reap_running") == pytest.approx(1006.0)  # then on the new grid
+
+
+def test_an_unchanged_interval_keeps_its_due_time_at_restart(conn: redis.Redis) -> None:
+    clock = Clock(1000.0)
+    s = FleetScheduler(conn, K, clock=clock)
+    s.install({"reap_running": 30})
+    clock.t = 1000.01
+    s.tick()
+    clock.t = 1010.0
+    FleetScheduler(conn, K, clock=clock).install({"reap_running": 30})
+    assert _due(conn, "reap_running") == pytest.approx(1030.0)  # not pushed, not pulled
+
+
+def test_a_job_of_a_newer_version_is_left_alone(
+    conn: redis.Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A newer scheduler installed a template for a job this version does not know: this
+    one neither runs it nor cancels it, and says so once (red before: move() cancelled
+    the template, so an older replica in a rolling upgrade deleted the newer one's job)."""
+    clock = Clock(1000.0)
+    s = FleetScheduler(conn, K, clock=clock, interval=1.0, seed=1)
+    future = "schedule-" + "future_sweep"
+    template = s._create_job(
+        "workers.jobs.noop", id=future, commit=False, result_ttl=-1,
+        meta={"vmpool_job": "future_sweep", "vmpool_interval": 3.0},
+    )
+    template.save()
+    conn.zadd(KEY, {future: 999.0})
+    with caplog.at_level("WARNING", logger="workers.schedule"):
+        assert s.enqueue_jobs() == []
+        assert s.enqueue_jobs() == []
+    assert conn.zscore(KEY, future) == 999.0
+    assert conn.exists(K.rq_job(future)) == 1
+    assert _queued(conn) == []
+    assert sum("future_sweep" in r.getMessage() for r in caplog.records) == 1
+    # it is not due for this replica: the sleep is a tick, not a busy loop on it
+    assert s.seconds_to_next_tick() >= 1.0

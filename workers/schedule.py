@@ -11,7 +11,11 @@ interval") rests on it.
 
 How. Every replica writes the same six *templates* at start: RQ job hashes with fixed
 ids (:func:`workers.table.template_id`) in one sorted set (score = next due time, Redis
-server time), added with ``NX`` so a restart does not push the next run back. Due times
+server time), added with ``NX`` so a restart does not push the next run back. A template
+whose interval changed (a new config) has its due time moved to where the new interval
+puts it, the last due time plus the new cadence, if that is sooner (``LT``): a shorter
+interval applies at once, not after one more run of the old one; a longer one after the
+run already due. Due times
 lie on a grid: the next is the previous plus the job's :func:`cadence`. A grid, unlike
 "now + interval" at each move, does not let the delay from a due time to its move (a
 wake-up, a few round trips) add up run after run. After a stall the next due time is the
@@ -28,6 +32,9 @@ templates and moves each one: it enqueues a run of the job through
 :func:`workers.queues.enqueue`, then runs ``schedule_move.lua``, which moves the template
 to its next due time, logs the move and records the run, only if the score is still the
 due time it read.
+
+A template this version does not know (a job of a newer release, during a rolling
+upgrade) is left alone and logged once: the replica that knows it runs it.
 
 A job's runs share its one id (``unique``: while a run is queued or running, no other
 is queued; a dead one is reclaimed, workers/queues.py), except for the bounded jobs:
@@ -157,6 +164,8 @@ class FleetScheduler(Scheduler):  # type: ignore[misc]
         self._clock = clock
         self._rng = random.Random(seed)
         self._move_script = connection.register_script(_MOVE_LUA)
+        # templates of jobs this version does not know: never moved, cancelled or waited on
+        self._foreign: set[str] = set()
 
     def _now(self) -> float:
         if self._clock is not None:
@@ -165,11 +174,13 @@ class FleetScheduler(Scheduler):  # type: ignore[misc]
         return float(sec) + float(usec) / 1_000_000
 
     def install(self, intervals: dict[str, float]) -> None:
-        """Write the templates (idempotent; every replica does it at start)."""
+        """Write the templates (idempotent; every replica does it at start); a changed
+        interval moves the next due time (see the module docstring)."""
         now = self._now()
         for job, seconds in intervals.items():
             if job not in JOBS or seconds <= 0:
                 raise ValueError(f"bad periodic job {job!r} every {seconds!r} s")
+            previous = self._installed_interval(template_id(self.keys, job))
             template = self._create_job(
                 "workers.jobs.noop",
                 id=template_id(self.keys, job),
@@ -180,13 +191,34 @@ class FleetScheduler(Scheduler):  # type: ignore[misc]
             )
             template.save()
             self.connection.zadd(self.scheduled_jobs_key, {template.id: now}, nx=True)
+            if previous is not None and previous != seconds:
+                self._reschedule(job, template.id, previous, seconds)
+
+    def _installed_interval(self, template: str) -> float | None:
+        """The interval the installed template of that id runs at; None if there is none."""
+        try:
+            job = self.job_class.fetch(template, connection=self.connection)
+        except NoSuchJobError:
+            return None
+        interval = job.meta.get("vmpool_interval")
+        return float(interval) if isinstance(interval, (int, float)) else None
+
+    def _reschedule(self, job: str, template: str, old: float, new: float) -> None:
+        """Move the due time to the last one plus the new cadence, if that is sooner."""
+        score = self.connection.zscore(self.scheduled_jobs_key, template)
+        if score is None:
+            return
+        due = float(score) - cadence(job, old) + cadence(job, new)
+        self.connection.zadd(self.scheduled_jobs_key, {template: due}, lt=True)
+        log.info("%s: interval %g s -> %g s, next due time moved if sooner", job, old, new)
 
     def due_templates(self) -> list[tuple[str, float]]:
         """(template id, due time) of every template due now, earliest first."""
         rows = self.connection.zrangebyscore(
             self.scheduled_jobs_key, "-inf", self._now(), withscores=True
         )
-        return [(_text(member), float(score)) for member, score in rows]
+        due = [(_text(member), float(score)) for member, score in rows]
+        return [(tid, score) for tid, score in due if tid not in self._foreign]
 
     def move(self, template_id: str, due: float) -> bool:
         """Enqueue the template's job and move it to its next due time, if ``due`` is
@@ -200,8 +232,13 @@ class FleetScheduler(Scheduler):  # type: ignore[misc]
         name = template.meta.get("vmpool_job")
         interval = float(template.meta.get("vmpool_interval") or 0)
         if name not in JOBS or not JOBS[name].periodic or interval <= 0:
-            log.warning("dropping unknown schedule entry %s", template_id)
-            self.cancel(template_id)
+            # A newer release's job (a rolling upgrade): its replicas run it. Cancelling
+            # it here deleted their template; leave it, and say so once.
+            self._foreign.add(template_id)
+            log.warning(
+                "schedule entry %s (job %r) is unknown to this version: left alone",
+                template_id, name,
+            )
             return False
         # A replica that lost the race usually sees it here, before enqueueing a sweep
         # that may already have run; the script below is what decides.
@@ -245,10 +282,14 @@ class FleetScheduler(Scheduler):  # type: ignore[misc]
 
     def seconds_to_next_tick(self) -> float:
         """Until the earliest due time or one tick, whichever is sooner, plus jitter."""
-        first = self.connection.zrange(self.scheduled_jobs_key, 0, 0, withscores=True)
+        # the earliest template that is ours: a foreign one due forever must not spin us
+        rows = self.connection.zrange(
+            self.scheduled_jobs_key, 0, len(self._foreign), withscores=True
+        )
+        first = [score for member, score in rows if _text(member) not in self._foreign]
         wait = float(self._interval)
         if first:
-            wait = min(wait, max(0.0, float(first[0][1]) - self._now()))
+            wait = min(wait, max(0.0, float(first[0]) - self._now()))
         return wait + self._rng.uniform(0.0, float(self._interval) * JITTER_FRACTION)
 
     def tick(self) -> list[str]:
