@@ -7,6 +7,7 @@ import dataclasses
 import random
 import time
 from collections.abc import Callable
+from types import MappingProxyType
 from typing import Any
 
 import pytest
@@ -515,3 +516,57 @@ def test_fleet_build_uses_config_prefix(redis_client: redis.Redis) -> None:
     fleet = Fleet.build(redis_client, config, RecordingDispatcher(), "worker:x:1")
     assert fleet.keys == Keys("tenant")
     assert set(fleet.providers) == {SIM}
+
+
+# -- pools removed from the config (issue 11) -------------------------------------------
+
+
+def _without_pool(config: Config, pool: str) -> Config:
+    """``config`` as the next release of the file has it: ``pool`` removed."""
+    pools = {name: p for name, p in config.pools.items() if name != pool}
+    return dataclasses.replace(config, pools=MappingProxyType(pools))
+
+
+def test_running_vms_of_a_removed_pool_are_still_reaped_and_destroyed(
+    redis_client: redis.Redis,
+) -> None:
+    """The pool 'centos' leaves the config while one of its VMs runs: its lifetime still
+    ends and the VM is destroyed, its provider being configured (red before: the sweeps
+    read only the configured pools' indexes, reap_running found 0 and the VM ran on)."""
+    old = make_fleet(redis_client, make_config())
+    create_request(old.store, "r1", [Slot("cent", "centos", 1)], old.config, vm_lifetime_s=0.3)
+    old.dispatch.provision_request("r1")
+    run_dispatched(old)
+    [vm] = old.store.request_vms("r1")
+    assert vm.state == "running"
+    new = make_fleet(redis_client, _without_pool(old.config, "centos"))
+    assert poll(lambda: new.store.server_time() > (vm.lifetime_end or 0), timeout_s=5)
+    assert lifecycle.reap_running(new) == 1
+    run_dispatched(new)
+    after = new.store.get_vm(vm.name)
+    assert after is not None and after.state == "destroyed"
+    assert provider(new).count() == 0
+
+
+def test_booting_and_released_vms_of_a_removed_pool_are_finished(
+    redis_client: redis.Redis,
+) -> None:
+    """A booting VM of a removed pool is still checked (its request turns ready) and a
+    released one still destroyed, by the reap pass over the pools no longer configured
+    (red before: neither was ever found again)."""
+    old = make_fleet(redis_client, make_config())
+    for rid in ("booting", "released"):
+        create_request(old.store, rid, [Slot("cent", "centos", 1)], old.config)
+        [name] = lifecycle.provision_request(old, rid)
+        assert lifecycle.create_vm(old, name) == "pending"
+    [released] = old.store.request_vms("released")
+    assert lifecycle.check_pending_vm(old, released.name) == "fulfilled"
+    assert old.store.delete_request("released", actor="api").ok
+    recorder(old).take()  # every dispatched job is lost
+    new = make_fleet(redis_client, _without_pool(old.config, "centos"))
+    lifecycle.reap_running(new)
+    run_dispatched(new)
+    req = new.store.get_request("booting")
+    assert req is not None and req.status == "ready"
+    gone = new.store.get_vm(released.name)
+    assert gone is not None and gone.state == "destroyed"

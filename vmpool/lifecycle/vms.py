@@ -5,6 +5,11 @@ booting VM is ready (or past its timeout), ``destroy_vm`` gives a completed VM b
 sweeps (``check_pending_sweep``, ``reap_running``, ``destroy_sweep``) find the VMs that
 need work. Provider work runs under the VM's fenced lock; every state change is one
 checked store transition.
+
+A pool removed from the config (or renamed) keeps its VMs: the reap pass finds the pools
+whose indexes still hold VMs (``retired_pools``) and does for them what the frequent
+sweeps do for configured pools, as long as each VM's provider is configured; a VM whose
+provider is gone too is left alone, and ``vmpool audit`` reports it.
 """
 
 from __future__ import annotations
@@ -13,9 +18,11 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 
 from vmpool.config import Config
+from vmpool.ids import InvalidIdentifier, validate_pool_name
 from vmpool.lifecycle.failpoints import failpoint
 from vmpool.lifecycle.fleet import Fleet, after_vm_failed, dispatch_released, note_outcome
 from vmpool.providers import Provider, is_permanent_error
+from vmpool.state.keys import INDEXED_VM_STATES
 from vmpool.state.locks import FencedLock, LockBusy, LockLost
 
 __all__ = [
@@ -27,6 +34,7 @@ __all__ = [
     "destroy_vm",
     "reap_running",
     "reserved_grace_s",
+    "retired_pools",
 ]
 
 log = logging.getLogger(__name__)
@@ -262,17 +270,73 @@ def reap_running(fleet: Fleet) -> int:
     Each ``end_vm_lifetime`` is its own atomic transition (one script per expired VM:
     the cost follows the expired count, not the running count); the destroy dispatch
     for all of them is one batch at the end (a pass that dies before it leaves the VMs
-    'completed', which destroy_sweep finds)."""
+    'completed', which destroy_sweep finds). The pools no longer configured are
+    included, and their other work dispatched (``_finish_retired``)."""
     now = fleet.store.server_time()
+    retired = retired_pools(fleet)
+    pools = [*fleet.config.pools, *retired]
     ended: list[str] = []
-    for name in _flat(fleet.store.pools_vms(list(fleet.config.pools), "running", max_score=now)):
+    for name in _flat(fleet.store.pools_vms(pools, "running", max_score=now)):
         outcome = fleet.store.end_vm_lifetime(name, actor=fleet.who("reap"))
         note_outcome("end_vm_lifetime", name, outcome)
         if outcome.ok:
             ended.append(name)
     if ended:
-        fleet.dispatch.destroy_vms(ended)
+        fleet.dispatch.destroy_vms(_reachable(fleet, ended))
+    if retired:
+        _finish_retired(fleet, retired, now)
     return len(ended)
+
+
+def retired_pools(fleet: Fleet) -> list[str]:
+    """The pools whose VM indexes exist in Redis but which the config no longer names.
+
+    One SCAN of the keyspace, so only the reap pass (every 30 s by default) runs it and
+    the frequent sweeps keep their fixed number of round trips."""
+    keys = fleet.store.keys
+    prefix = keys.pool_state_prefix()
+    found: set[str] = set()
+    for raw in fleet.store.redis.scan_iter(match=keys.pool_state_pattern(), count=1000):
+        key = raw.decode() if isinstance(raw, bytes) else str(raw)
+        pool, _, state = key[len(prefix) :].rpartition(":")
+        if state in INDEXED_VM_STATES and pool not in fleet.config.pools and _is_pool(pool):
+            found.add(pool)
+    return sorted(found)
+
+
+def _is_pool(name: str) -> bool:
+    """Whether ``name`` is a pool name (not a key of another fleet whose prefix starts
+    like ours and goes on with ':pool:')."""
+    try:
+        validate_pool_name(name)
+    except InvalidIdentifier:
+        return False
+    return True
+
+
+def _finish_retired(fleet: Fleet, pools: list[str], now: float) -> None:
+    """For pools no longer configured, what check_pending_sweep and destroy_sweep do for
+    the configured ones: check booting VMs, create again stale reservations, destroy
+    released VMs; each only if its provider is configured."""
+    store = fleet.store
+    grace = reserved_grace_s(fleet.config)
+    pending = _reachable(fleet, _flat(store.pools_vms(pools, "pending")))
+    stale = _reachable(fleet, _flat(store.pools_vms(pools, "reserved", max_score=now - grace)))
+    completed = _reachable(fleet, _flat(store.pools_vms(pools, "completed")))
+    if pending:
+        fleet.dispatch.check_pending_vms(pending)
+    if stale:
+        fleet.dispatch.create_vms(stale)
+    if completed:
+        fleet.dispatch.destroy_vms(completed)
+
+
+def _reachable(fleet: Fleet, names: list[str]) -> list[str]:
+    """The VMs among ``names`` whose provider is configured (one read for all); the
+    others are left alone (the audit reports them), not dispatched to fail every pass."""
+    if not names:
+        return []
+    return [vm.name for vm in fleet.store.get_vms(names) if vm.provider in fleet.providers]
 
 
 def destroy_sweep(fleet: Fleet) -> int:
