@@ -31,8 +31,9 @@ def provider(redis_client: redis.Redis, keys: Keys) -> SimulatedProvider:
 
 
 def invariants(store: Store, provider: SimulatedProvider) -> set[int]:
-    return {v.invariant for v in audit_state(store, {"simulated": provider},
-                                             sweep_interval_s=0.5)}
+    # storehelp records its VMs under the provider name "sim": the same fake cloud
+    providers = {"simulated": provider, "sim": provider}
+    return {v.invariant for v in audit_state(store, providers, sweep_interval_s=0.5)}
 
 
 def forge(store: Store, rid: str, entity: str, src: str, dst: str, *, skip: int = 0) -> None:
@@ -135,3 +136,30 @@ def test_cli_audit_exit_codes(redis_url: str, store: Store, provider: SimulatedP
     assert "invariant 3: vm leaky-vm" in bad.output
     as_json = runner.invoke(cli, ["audit", "--json", "--redis-url", redis_url])
     assert as_json.exit_code == 1 and '"invariant": 3' in as_json.output
+
+
+def test_reports_a_vm_whose_provider_is_not_configured(
+    redis_url: str, store: Store, provider: SimulatedProvider
+) -> None:
+    """A VM whose provider left the config can be neither checked nor destroyed: the
+    audit names it, its provider and why (red before: the audit skipped it silently and
+    exited 0, while the VM ran on at a provider nobody asks any more)."""
+    [name] = make_request(store, "r1", 1)  # recorded under the provider "sim"
+    found = audit_state(store, {"simulated": provider}, sweep_interval_s=60)
+    assert [v.line() for v in found] == [
+        f"invariant 3: vm {name}: its provider 'sim' is not configured: it cannot be"
+        " checked or destroyed"
+    ]
+    assert audit_state(store, {"simulated": provider, "sim": provider}, sweep_interval_s=60) == []
+    result = CliRunner().invoke(cli, ["audit", "--redis-url", redis_url])  # the demo config
+    assert result.exit_code == 1, result.output
+    assert f"vm {name}: its provider 'sim' is not configured" in result.output
+
+
+def test_destroyed_vms_of_an_unconfigured_provider_are_not_reported(
+    store: Store, provider: SimulatedProvider
+) -> None:
+    [name] = make_request(store, "r1", 1)
+    store.delete_request("r1", actor=ACTOR)
+    assert store.vm_destroyed(name, actor=ACTOR).ok
+    assert audit_state(store, {"simulated": provider}, sweep_interval_s=60) == []

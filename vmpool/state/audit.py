@@ -116,7 +116,11 @@ def audit_state(
     sweep_interval_s: float,
     now: float | None = None,
 ) -> list[Violation]:
-    """All five invariants over what Redis and the providers hold right now."""
+    """All five invariants over what Redis and the providers hold right now.
+
+    ``providers`` are the configured provider instances by name; a VM whose provider is
+    not among them is reported (invariant 3: it can never be destroyed). An empty
+    mapping skips every provider check (a store-only audit)."""
     now = store.server_time() if now is None else now
     requests = _read_requests(store)
     out = _check_requests(store, requests, now, sweep_interval_s)
@@ -124,6 +128,7 @@ def audit_state(
     out += _check_vm_owners(requests, vms)
     out += _check_indexes(store, vms)
     out += _check_inventory(providers, vms)
+    out += _check_reachable(providers, vms)
     return out
 
 
@@ -195,6 +200,24 @@ def _check_indexes(store: Store, vms: Mapping[str, VMRecord]) -> list[Violation]
                 seen = "missing" if vm_rec is None else vm_rec.state
                 out.append(Violation(3, f"vm {name}", f"indexed {pool}:{state} but is {seen}"))
     return out
+
+
+def _check_reachable(
+    providers: Mapping[str, Any], vms: Mapping[str, VMRecord]
+) -> list[Violation]:
+    """Every VM not yet destroyed names a configured provider: one whose provider left
+    the config is never checked, reaped at its provider or destroyed (invariant 3)."""
+    if not providers:
+        return []
+    return [
+        Violation(
+            3,
+            f"vm {vm.name}",
+            f"its provider {vm.provider!r} is not configured: it cannot be checked or destroyed",
+        )
+        for vm in vms.values()
+        if vm.state in INDEXED_VM_STATES and vm.provider not in providers
+    ]
 
 
 def _check_inventory(
