@@ -33,7 +33,8 @@ __all__ = [
 ]
 
 MAX_NAMES = 100  # distinct names in one request
-_DIGITS = re.compile(r"^[0-9]+$")
+# Matched whole (fullmatch): '$' alone would also match before a final newline.
+_DIGITS = re.compile(r"[0-9]+")
 _UNPARSABLE = "JSON payload could not be parsed"
 
 
@@ -93,7 +94,7 @@ def parse_count(name: str, value: Any, maximum: int) -> int:
         count = int(value) if abs(value) < 1e18 else (maximum + 1 if value > 0 else -1)
     elif isinstance(value, str):
         text = value.strip()
-        if not _DIGITS.match(text):
+        if not _DIGITS.fullmatch(text):
             raise bad
         count = int(text) if len(text) <= 18 else maximum + 1
     else:
