@@ -9,11 +9,16 @@ was written (PEXPIRE refuses a time that large); a TTL of 1e-9 minutes loaded to
 from __future__ import annotations
 
 import random
+from pathlib import Path
 from typing import Any
 
 import pytest
 import redis
+import yaml
+from click.testing import CliRunner
+from test_api_support import make_client
 
+from vmpool.cli.main import cli
 from vmpool.config import ConfigError, json_schema, parse_config
 from vmpool.lifecycle.plan import RequestRejected, plan_slots
 from vmpool.state.keys import Keys
@@ -155,3 +160,34 @@ def test_total_defaults_to_per_request_maximum_times_pools() -> None:
     )
     assert config.max_ondemand_instances_total == 8
     plan_slots(config, {"a": 4, "b": 4}, random.Random(1))
+
+
+def _two_pools_yaml(tmp_path: Path) -> Path:
+    path = tmp_path / "vmpool.yaml"
+    path.write_text(yaml.safe_dump(TWO_POOLS))
+    return path
+
+
+def test_api_answers_vmpoolers_403_for_the_total(redis_url: str, redis_client: redis.Redis) -> None:
+    """Each count within its maximum (5), the sum (10) over the total (6): 403 with
+    vmpooler's body, nothing written."""
+    config = parse_config(TWO_POOLS, source="f.yaml", env={})
+    client, _ = make_client(config, redis_url)
+    response = client.post("/api/v3/ondemandvm", json={"a": 5, "b": 5})
+    assert response.status_code == 403
+    assert response.json() == {
+        "ok": False,
+        "message": "requested amount of instances exceeds the maximum 6",
+    }
+    assert client.post("/api/v3/ondemandvm/a+a+a+b+b+b+b").status_code == 403  # 7 by path
+    assert client.post("/api/v3/ondemandvm", json={"a": 3, "b": 3}).status_code == 201
+
+
+def test_cli_exits_2_for_the_total(redis_url: str, tmp_path: Path) -> None:
+    path = _two_pools_yaml(tmp_path)
+    result = CliRunner().invoke(
+        cli, ["request", "create", "a=5", "b=5", "--config", str(path), "--redis-url", redis_url]
+    )
+    assert result.exit_code == 2, result.output
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and "exceeds the maximum 6" in lines[0], result.output
