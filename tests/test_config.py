@@ -473,9 +473,21 @@ def test_global_domain_is_a_warning_and_ignored(tmp_path: Path) -> None:
             "pools[0].size",
             "a non-negative integer (0 to 10000)",
         ),
-        (":pools: [{name: p1, timeout: 0}]\n", "pools[0].timeout", "minutes from 1/60"),
-        (":pools: [{name: p1, timeout: -3}]\n", "pools[0].timeout", "minutes from 1/60"),
-        (":pools: [{name: p1, ready_ttl: 0}]\n", "pools[0].ready_ttl", "minutes from 1/60"),
+        (
+            ":pools: [{name: p1, timeout: 0}]\n",
+            "pools[0].timeout",
+            "minutes from 1/600 (0.1 second)",
+        ),
+        (
+            ":pools: [{name: p1, timeout: -3}]\n",
+            "pools[0].timeout",
+            "minutes from 1/600 (0.1 second)",
+        ),
+        (
+            ":pools: [{name: p1, ready_ttl: 0}]\n",
+            "pools[0].ready_ttl",
+            "minutes from 1/600 (0.1 second)",
+        ),
         (":pools: [{name: p1, alias: {a: 1}}]\n", "pools[0].alias", "list of names"),
         (":pools: [{name: p1, alias: [ok, 'no way']}]\n", "pools[0].alias[1]", "letters"),
         (":pools: [{name: p1, template: [x]}]\n", "pools[0].template", "must be a string"),
@@ -507,7 +519,7 @@ def test_global_domain_is_a_warning_and_ignored(tmp_path: Path) -> None:
         (
             ":config: {ondemand_request_ttl: 0}\n",
             "config.ondemand_request_ttl",
-            "minutes from 1/60",
+            "minutes from 1/600 (0.1 second)",
         ),
         (
             ":config: {ondemand_request_ttl: -1}\n",
@@ -531,17 +543,21 @@ def test_global_domain_is_a_warning_and_ignored(tmp_path: Path) -> None:
             "an integer from 1 to 1000000",
         ),
         (":config: {max_vm_retries: -1}\n", "config.max_vm_retries", "an integer from 0 to 100"),
-        (":config: {vm_lifetime: 0}\n", "config.vm_lifetime", "hours from 1/3600"),
-        (":config: {vm_lifetime_auth: []}\n", "config.vm_lifetime_auth", "hours from 1/3600"),
-        (":config: {timeout: .nan}\n", "config.timeout", "minutes from 1/60"),
-        (":config: {data_ttl: 0}\n", "config.data_ttl", "hours from 1/3600 (1 second) to 8760"),
-        (":redis: {data_ttl: -2}\n", "redis.data_ttl", "hours from 1/3600"),
+        (":config: {vm_lifetime: 0}\n", "config.vm_lifetime", "hours from 1/36000 (0.1 second)"),
+        (
+            ":config: {vm_lifetime_auth: []}\n",
+            "config.vm_lifetime_auth",
+            "hours from 1/36000 (0.1 second)",
+        ),
+        (":config: {timeout: .nan}\n", "config.timeout", "minutes from 1/600 (0.1 second)"),
+        (":config: {data_ttl: 0}\n", "config.data_ttl", "hours from 1/60 (1 minute) to 8760"),
+        (":redis: {data_ttl: -2}\n", "redis.data_ttl", "hours from 1/60 (1 minute)"),
         (":config: {prefix: Bad_Prefix}\n", "config.prefix", "lowercase"),
         (":config: {backend_weight: [1]}\n", "config.backend_weight", "must be a mapping"),
         (":config: {backend_weight: {a: -1}}\n", "config.backend_weight.a", "non-negative"),
         (":config: {lock_expire: 0}\n", "config.lock_expire", "seconds from 1 to 86400"),
         (":config: {reconcile_grace: -5}\n", "config.reconcile_grace", "seconds from 0 to 86400"),
-        (":config: {ready_ttl: 0}\n", "config.ready_ttl", "minutes from 1/60"),
+        (":config: {ready_ttl: 0}\n", "config.ready_ttl", "minutes from 1/600 (0.1 second)"),
         (":schedule: {sweep_expired: 0}\n", "schedule.sweep_expired", "seconds from 0.1 to 86400"),
         (":schedule: [1]\n", "schedule", "must be a mapping"),
         (":redis: {url: 'http://x'}\n", "redis.url", "redis://"),
@@ -870,10 +886,10 @@ def test_json_schema() -> None:
     assert (ttl["default"], ttl["unit"], ttl["minimum"], ttl["maximum"]) == (
         5,
         "minutes",
-        1 / 60,
+        0.1 / 60,
         525600,
     )
-    assert ttl["description"].endswith("Range: 0.0166667 to 525600 minutes.")
+    assert ttl["description"].endswith("Range: 0.00166667 to 525600 minutes.")
     assert "minutes" in ttl["description"]
     assert defs["ConfigSection"]["properties"]["vm_lifetime"]["unit"] == "hours"
     assert list(defs["Schedule"]["properties"]) == list(Schedule.model_fields)

@@ -38,6 +38,7 @@ __all__ = [
     "YEAR_S",
     "Aliases",
     "AuthProvider",
+    "DataTtlHours",
     "Domain",
     "FleetCount",
     "GraceSeconds",
@@ -81,22 +82,30 @@ NonNegativeInt = Annotated[int, Field(ge=0), expect("a non-negative integer", in
 # -- bounded durations and counts ----------------------------------------------------------
 # Every duration and count the fleet acts on has an upper bound as well as a lower one:
 # an unbounded value loads fine and breaks at run time instead (a data_ttl of 1e300 hours
-# made the PEXPIRE inside a transition script fail after the status was written; a TTL
-# of 1e-9 minutes rounded to PEXPIRE 0, which deletes the tombstone at once). A year is
-# far below Redis' PEXPIRE limit (2**63 ms) and above any lifetime vmpooler users set.
+# made the PEXPIRE inside a transition script fail after the status was written; a
+# data_ttl of 1e-9 hours rounded to PEXPIRE 0, which deletes the tombstone at once). A
+# year is far below Redis' PEXPIRE limit (2**63 ms) and above any lifetime vmpooler
+# users set. Request TTLs, timeouts and lifetimes go down to 0.1 s (the tests use
+# sub-second TTLs; below that the sweeps cannot tell them from 0); a record's tombstone
+# (data_ttl) lives at least a minute, longer than the jobs that may still name it.
 
 YEAR_S: Final = 365 * 86400.0
 DAY_S: Final = 86400.0
 
 TtlMinutes = Annotated[
     float,
-    Field(ge=1 / 60, le=YEAR_S / 60, allow_inf_nan=False),
-    expect("a number of minutes from 1/60 (1 second) to 525600 (a year)", number),
+    Field(ge=0.1 / 60, le=YEAR_S / 60, allow_inf_nan=False),
+    expect("a number of minutes from 1/600 (0.1 second) to 525600 (a year)", number),
 ]
 TtlHours = Annotated[
     float,
-    Field(ge=1 / 3600, le=YEAR_S / 3600, allow_inf_nan=False),
-    expect("a number of hours from 1/3600 (1 second) to 8760 (a year)", number),
+    Field(ge=0.1 / 3600, le=YEAR_S / 3600, allow_inf_nan=False),
+    expect("a number of hours from 1/36000 (0.1 second) to 8760 (a year)", number),
+]
+DataTtlHours = Annotated[
+    float,
+    Field(ge=1 / 60, le=YEAR_S / 3600, allow_inf_nan=False),
+    expect("a number of hours from 1/60 (1 minute) to 8760 (a year)", number),
 ]
 # A lock shorter than a second expires under an ordinary pause; one longer than a day
 # keeps a dead worker's VM or request locked for that long.

@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from vmpool.config.fields import (
     Aliases,
     AuthProvider,
+    DataTtlHours,
     Domain,
     FleetCount,
     GraceSeconds,
@@ -110,7 +111,7 @@ class ConfigSection(_Section):
     timeout: TtlMinutes = minutes(
         15, "How long a VM may take to boot (default of every pool's timeout)"
     )
-    data_ttl: TtlHours | None = hours(
+    data_ttl: DataTtlHours | None = hours(
         None, "How long finished records are kept (default: redis.data_ttl)"
     )
     prefix: HostnamePrefix = Field(default="", description="The start of every VM hostname")
@@ -173,7 +174,7 @@ class RedisSection(_Section):
     key_prefix: KeyPrefix = Field(
         default=DEFAULT_PREFIX, description="The start of every Redis key"
     )
-    data_ttl: TtlHours = hours(168, "How long finished records are kept")
+    data_ttl: DataTtlHours = hours(168, "How long finished records are kept")
 
 
 # The :auth: section's own bounds: a token lives at most a year (Redis' EXPIRE takes it);
