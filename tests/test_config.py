@@ -554,7 +554,7 @@ def test_global_domain_is_a_warning_and_ignored(tmp_path: Path) -> None:
         (":redis: {data_ttl: -2}\n", "redis.data_ttl", "hours from 1/60 (1 minute)"),
         (":config: {prefix: Bad_Prefix}\n", "config.prefix", "lowercase"),
         (":config: {backend_weight: [1]}\n", "config.backend_weight", "must be a mapping"),
-        (":config: {backend_weight: {a: -1}}\n", "config.backend_weight.a", "non-negative"),
+        (":config: {backend_weight: {a: -1}}\n", "config.backend_weight.a", "from 0 to 1000000"),
         (":config: {lock_expire: 0}\n", "config.lock_expire", "seconds from 1 to 86400"),
         (":config: {reconcile_grace: -5}\n", "config.reconcile_grace", "seconds from 0 to 86400"),
         (":config: {ready_ttl: 0}\n", "config.ready_ttl", "minutes from 1/600 (0.1 second)"),

@@ -191,3 +191,22 @@ def test_cli_exits_2_for_the_total(redis_url: str, tmp_path: Path) -> None:
     assert result.exit_code == 2, result.output
     lines = result.output.strip().splitlines()
     assert len(lines) == 1 and "exceeds the maximum 6" in lines[0], result.output
+
+
+def test_backend_weights_are_bounded() -> None:
+    """Two weights of 1e308 loaded, and then every request of the alias over both pools
+    raised inside the plan (their sum is not finite: ValueError, an API 500) instead of a
+    config error."""
+    data: dict[str, Any] = {
+        "config": {"backend_weight": {"c1": 1e308, "c2": 1e308}},
+        "pools": [
+            {"name": "a", "alias": ["x"], "clone_target": "c1"},
+            {"name": "b", "alias": ["x"], "clone_target": "c2"},
+        ],
+    }
+    with pytest.raises(ConfigError) as info:
+        parse_config(data, source="f.yaml", env={})
+    assert str(info.value).startswith("f.yaml: config.backend_weight.c1: must be a number from 0")
+    data["config"]["backend_weight"] = {"c1": 1_000_000, "c2": 0}
+    config = parse_config(data, source="f.yaml", env={})
+    assert [s.pool for s in plan_slots(config, {"x": 3}, random.Random(1))] == ["a"]

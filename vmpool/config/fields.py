@@ -61,6 +61,7 @@ __all__ = [
     "Text",
     "TtlHours",
     "TtlMinutes",
+    "Weight",
     "hours",
     "in_seconds",
     "minutes",
@@ -142,6 +143,14 @@ FleetCount = Annotated[
     int,
     Field(ge=1, le=MAX_FLEET_COUNT),
     expect(f"an integer from 1 to {MAX_FLEET_COUNT}", integer),
+]
+# Backend weights are summed by random.choices, which refuses a total that is not finite
+# (two weights of 1e308 loaded, and every request of their alias then failed).
+MAX_WEIGHT: Final = 1_000_000.0
+Weight = Annotated[
+    float,
+    Field(ge=0, le=MAX_WEIGHT, allow_inf_nan=False),
+    expect("a number from 0 to 1000000", number),
 ]
 RetryCount = Annotated[int, Field(ge=0, le=100), expect("an integer from 0 to 100", integer)]
 

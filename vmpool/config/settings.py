@@ -30,7 +30,6 @@ from vmpool.config.fields import (
     KeyPrefix,
     LockSeconds,
     NonNegativeInt,
-    NonNegativeNumber,
     Password,
     PasswordHash,
     PoolName,
@@ -42,6 +41,7 @@ from vmpool.config.fields import (
     Text,
     TtlHours,
     TtlMinutes,
+    Weight,
     hours,
     minutes,
     seconds,
@@ -115,7 +115,7 @@ class ConfigSection(_Section):
         None, "How long finished records are kept (default: redis.data_ttl)"
     )
     prefix: HostnamePrefix = Field(default="", description="The start of every VM hostname")
-    backend_weight: dict[str, NonNegativeNumber] = Field(
+    backend_weight: dict[str, Weight] = Field(
         default_factory=dict, description="Weights of the clone targets"
     )
     lock_expire: LockSeconds = seconds(60, "How long a request's lock lives unless renewed")
