@@ -265,3 +265,19 @@ def test_cli_token_create_and_revoke(redis_url: str, redis_client: redis.Redis) 
     assert r.exit_code == 1
     r = runner.invoke(cli, ["token", "create", "jdoe", "--redis-url", "redis://127.0.0.1:1/0"])
     assert r.exit_code == 1 and "Traceback" not in r.output
+
+
+def test_a_user_name_vmpool_ids_refuses_gets_no_token(
+    redis_url: str, redis_client: redis.Redis
+) -> None:
+    """Proves: a Basic user name that is not a valid user (vmpool.ids) is a failed login,
+    even with the dummy provider that accepts any user whose password differs (before,
+    'a\\nb' got a token owned by a name with a newline in it)."""
+    cfg = parse_config(
+        {"auth": {"provider": "dummy"}, "pools": [{"name": "p"}]}, source="t", env={}
+    )
+    c, _ = make_client(cfg, redis_url)
+    for bad in ("a\nb", "a b", "x" * 200, "-lead"):
+        r = c.post(f"{API}/token", headers=basic(bad, "other"))
+        assert r.status_code == 401 and r.json() == {"ok": False}, bad
+    assert not list(redis_client.scan_iter(match="*:token:*"))

@@ -24,7 +24,7 @@ from fastapi import Depends, Request
 from vmpool.api.errors import Rejected
 from vmpool.api.metrics import ApiMetrics
 from vmpool.config import AuthConfig, Config
-from vmpool.ids import InvalidIdentifier, validate_token
+from vmpool.ids import InvalidIdentifier, validate_token, validate_user_name
 from vmpool.state.keys import Keys
 from vmpool.state.store import Store
 from vmpool.state.tokens import (
@@ -181,11 +181,21 @@ def basic_user(request: Request) -> str:
         raise Rejected(
             429, {"Retry-After": str(wait)}, error="Too many failed logins", retry_after=wait
         )
-    if not _password_ok(auth, user, password):
+    if not _valid_user_name(user) or not _password_ok(auth, user, password):
         log.info("token: failed login for user %r", user)
         record_failed_login(r, st.keys, user, address, window_s=auth.failed_login_window_s)
         raise _unauthorized()
     return user
+
+
+def _valid_user_name(user: str) -> bool:
+    """A user name that may become a token's owner (vmpool.ids): a refused one is a
+    failed login like a wrong password (the dummy provider would mint it a token)."""
+    try:
+        validate_user_name(user)
+    except InvalidIdentifier:
+        return False
+    return True
 
 
 BasicUser = Annotated[str, Depends(basic_user)]
