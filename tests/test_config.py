@@ -505,10 +505,13 @@ def test_global_domain_is_a_warning_and_ignored(tmp_path: Path) -> None:
             "only `simulated` is implemented",
         ),
         (":providers: {simulated: {boot_seconds: fast}}\n", "boot_seconds", "number or [min"),
-        (":providers: {simulated: {boot_seconds: -1}}\n", "boot_seconds", "non-negative"),
+        (":providers: {simulated: {boot_seconds: -1}}\n", "boot_seconds", "from 0 to 86400"),
+        (":providers: {simulated: {boot_seconds: 1.0e+300}}\n", "boot_seconds", "(a day)"),
+        (":providers: {simulated: {create_latency_seconds: 1.0e+300}}\n",
+         "create_latency_seconds", "from 0 to 86400"),
         (":providers: {simulated: {boot_seconds: [5, 2]}}\n", "boot_seconds", "min <= max"),
         (":providers: {simulated: {boot_seconds: [1, 2, 3]}}\n", "boot_seconds", "[min, max]"),
-        (":providers: {simulated: {boot_seconds: [-1, 2]}}\n", "boot_seconds[0]", "non-neg"),
+        (":providers: {simulated: {boot_seconds: [-1, 2]}}\n", "boot_seconds[0]", "from 0"),
         (":providers: {simulated: {create_fail_percent: 101}}\n", "create_fail", "0 to 100"),
         (":providers: {simulated: {ready_fail_percent: -1}}\n", "ready_fail", "0 to 100"),
         (":providers: {simulated: {destroy_fail_percent: '5'}}\n", "destroy_fail", "0 to 100"),
@@ -687,7 +690,7 @@ def test_a_pool_naming_simulated_gets_a_default_instance(tmp_path: Path) -> None
 
 def test_provider_options_are_checked_by_the_provider_class_model(tmp_path: Path) -> None:
     # One model, found through the provider registry, checks the file and the provider.
-    problem = "boot_seconds[1]: must be a non-negative number, got -2"
+    problem = "boot_seconds[1]: must be a number of seconds from 0 to 86400 (a day), got -2"
     with pytest.raises(PermanentProviderError) as info:
         SimulatedOptions.parse({"boot_seconds": [1, -2]})
     assert str(info.value).endswith(f"simulated provider: {problem}")

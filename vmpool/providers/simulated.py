@@ -83,8 +83,13 @@ _DESTROY_LUA = _lua("simulated_destroy.lua")
 
 # -- options -------------------------------------------------------------------------------
 
+# Simulated times: at most a day (a larger value would only make time.sleep overflow or
+# a VM never boot; either is a config mistake, so it is a config error).
+MAX_SIMULATED_SECONDS = 86400.0
 NonNegativeReal = Annotated[
-    float, Field(ge=0, allow_inf_nan=False), expect("a non-negative number", real)
+    float,
+    Field(ge=0, le=MAX_SIMULATED_SECONDS, allow_inf_nan=False),
+    expect("a number of seconds from 0 to 86400 (a day)", real),
 ]
 Percent = Annotated[float, Field(ge=0, le=100), expect("a number from 0 to 100", real)]
 
