@@ -285,3 +285,17 @@ def test_docs_list_every_exported_metric(client: TestClient) -> None:
             continue  # prometheus_client's creation time of each in-process counter
         name = f"{family.name}_total" if family.type == "counter" else family.name
         assert f"| `{name}` |" in docs, f"docs/metrics.md has no row for {name}"
+
+
+def test_skipped_items_of_a_batch_are_exported(
+    client: TestClient, conn: redis.Redis, store: Store
+) -> None:
+    """A batch that skips a hostile subject counts it; the scrape shows the count by job
+    and reason (an operator's sign that a bad id sits in an index or queue)."""
+    from workers.queues import enqueue_many
+
+    raw = redis.Redis(connection_pool=conn.connection_pool)
+    assert enqueue_many(raw, store.keys, "provision_request", ["ok-1", "poison\n"]) == 1
+    s = scrape(client)
+    labels = {"job": "provision_request", "reason": "bad_subject"}
+    assert value(s, "vmpool_skipped_items_total", **labels) == 1

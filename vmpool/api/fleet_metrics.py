@@ -38,6 +38,7 @@ from vmpool.state.counters import (
     ERRORS_METRIC,
     FINISHED_OUTCOMES,
     JOBS_METRIC,
+    SKIPPED_METRIC,
     cumulative_buckets,
 )
 from vmpool.state.keys import INDEXED_VM_STATES, Keys
@@ -129,6 +130,7 @@ class RedisStateCollector(Collector):
         yield from self._schedule(reads, now)
         yield from self._ready_times(reads)
         yield from self._counters(reads)
+        yield from _skipped(reads)
         yield from self._audit(reads)
         yield from self._workers(now)
 
@@ -158,6 +160,7 @@ class RedisStateCollector(Collector):
         add(("finished",), pipe.hgetall(k.requests_finished))
         add(("jobs",), pipe.hgetall(k.metrics(JOBS_METRIC)))
         add(("errors",), pipe.hgetall(k.metrics(ERRORS_METRIC)))
+        add(("skipped",), pipe.hgetall(k.metrics(SKIPPED_METRIC)))
         add(("audit",), pipe.hgetall(k.audit_result))
         return dict(zip(names, pipe.execute(), strict=True))
 
@@ -357,3 +360,17 @@ def _numbers(raw: Mapping[Any, Any] | None) -> dict[str, float]:
         except ValueError:
             continue
     return out
+
+
+def _skipped(reads: Mapping[tuple[str, ...], Any]) -> Iterator[Metric]:
+    """Items a batch skipped as invalid (vmpool.state.counters.record_skipped): the job
+    names come from the job table and the reasons from the code, so the labels stay few."""
+    skipped = CounterMetricFamily(
+        "vmpool_skipped_items",
+        "Subjects a batched enqueue skipped as invalid, by job and reason",
+        labels=["job", "reason"],
+    )
+    for field, value in sorted(_numbers(reads[("skipped",)]).items()):
+        job, _, reason = field.rpartition(":")
+        skipped.add_metric([job or field, reason], value)
+    yield skipped
