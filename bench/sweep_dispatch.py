@@ -39,7 +39,8 @@ from vmpool.config import Config, parse_config
 from vmpool.lifecycle import Fleet
 from vmpool.local.redis_server import RedisServer
 from vmpool.state.keys import Keys
-from vmpool.state.store import RequestSettings, Slot, Store
+from vmpool.state.records import RequestSettings, Slot
+from vmpool.state.store import Store
 from workers.queues import RQDispatcher
 from workers.table import QUEUE_VMS
 

@@ -30,7 +30,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from vmpool.config import load_config
 from vmpool.local.redis_server import RedisServer
 from vmpool.state.keys import Keys
-from vmpool.state.store import RequestSettings, Slot, Store
+from vmpool.state.records import RequestSettings, Slot
+from vmpool.state.store import Store
 from workers.queues import enqueue
 from workers.table import QUEUE_VMS
 from workers.worker import build_worker

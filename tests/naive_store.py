@@ -31,7 +31,8 @@ from collections.abc import Callable, Generator
 import redis
 
 from vmpool.state.keys import Keys
-from vmpool.state.store import Outcome, Store
+from vmpool.state.records import Outcome
+from vmpool.state.store import Store
 
 Phases = Generator[None, None, Outcome]
 

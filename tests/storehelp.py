@@ -5,7 +5,8 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from vmpool.state.store import Outcome, RequestSettings, Slot, Store
+from vmpool.state.records import Outcome, RequestSettings, Slot
+from vmpool.state.store import Store
 
 ACTOR = "test"
 

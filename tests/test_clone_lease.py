@@ -15,8 +15,8 @@ from vmpool.config import Config, parse_config
 from vmpool.lifecycle import Fleet, RecordingDispatcher
 from vmpool.providers import ProviderVM, SimulatedProvider
 from vmpool.state.names import NameGenerator
+from vmpool.state.records import RequestSettings, Slot
 from vmpool.state.semaphore import CloneSemaphore
-from vmpool.state.store import RequestSettings, Slot
 
 SIM = "sim"
 

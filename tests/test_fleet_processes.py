@@ -29,7 +29,8 @@ from vmpool.config import Config, load_config
 from vmpool.providers import providers_from_config
 from vmpool.state.audit import audit_state, check_trail
 from vmpool.state.keys import Keys
-from vmpool.state.store import RequestSettings, Slot, Store
+from vmpool.state.records import RequestSettings, Slot
+from vmpool.state.store import Store
 from workers.queues import enqueue
 from workers.schedule import cadence, read_schedule_log
 from workers.table import job_id

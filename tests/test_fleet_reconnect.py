@@ -25,7 +25,8 @@ import redis
 from vmpool.config import load_config
 from vmpool.local.redis_server import RedisServer
 from vmpool.state.keys import Keys
-from vmpool.state.store import RequestSettings, Slot, Store
+from vmpool.state.records import RequestSettings, Slot
+from vmpool.state.store import Store
 from workers.queues import enqueue
 
 from storehelp import wait_until

@@ -12,7 +12,8 @@ import redis
 
 from vmpool.state.audit import check_trail
 from vmpool.state.keys import Keys
-from vmpool.state.store import Slot, Store
+from vmpool.state.records import Slot
+from vmpool.state.store import Store
 
 from storehelp import ACTOR, make_request, refused, settings, wait_until
 

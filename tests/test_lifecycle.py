@@ -21,7 +21,8 @@ from vmpool.providers import ProviderVM, SimulatedProvider
 from vmpool.state.keys import Keys
 from vmpool.state.locks import FencedLock
 from vmpool.state.names import NameGenerator, generate_name
-from vmpool.state.store import RequestSettings, Slot, Store
+from vmpool.state.records import RequestSettings, Slot
+from vmpool.state.store import Store
 
 SIM = "sim"
 

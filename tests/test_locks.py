@@ -12,7 +12,8 @@ import redis
 
 from vmpool.state.keys import Keys
 from vmpool.state.locks import FencedLock, LockBusy, LockLost
-from vmpool.state.store import RequestSettings, Slot, Store
+from vmpool.state.records import RequestSettings, Slot
+from vmpool.state.store import Store
 
 
 def poll(predicate: Callable[[], bool], timeout_s: float = 5.0, every_s: float = 0.02) -> bool:

@@ -22,7 +22,8 @@ from vmpool.state.counters import (
 )
 from vmpool.state.keys import Keys
 from vmpool.state.lua import read_script
-from vmpool.state.store import Outcome, Store
+from vmpool.state.records import Outcome
+from vmpool.state.store import Store
 from vmpool.state.transitions import lua_tables
 
 from storehelp import ACTOR, make_request, refused, snapshot, wait_until

@@ -23,8 +23,9 @@ from vmpool.config import Config
 from vmpool.providers.simulated import SimulatedProvider
 from vmpool.state.counters import record_error
 from vmpool.state.keys import Keys
+from vmpool.state.records import Slot
 from vmpool.state.semaphore import CloneSemaphore
-from vmpool.state.store import Slot, Store
+from vmpool.state.store import Store
 from workers.table import PERIODIC, template_id
 
 from storehelp import ACTOR, settings, wait_until

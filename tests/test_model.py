@@ -60,7 +60,8 @@ from hypothesis.stateful import (
 
 from vmpool.state.audit import audit_state, check_trail
 from vmpool.state.keys import Keys
-from vmpool.state.store import AuditEntry, Outcome, RequestSettings, Slot, Store
+from vmpool.state.records import AuditEntry, Outcome, RequestSettings, Slot
+from vmpool.state.store import Store
 from vmpool.state.transitions import REQUEST_TERMINAL
 
 from naive_store import NaiveStore, TwoPhase

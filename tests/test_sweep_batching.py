@@ -25,7 +25,8 @@ from vmpool import lifecycle
 from vmpool.config import Config, parse_config
 from vmpool.lifecycle import Fleet
 from vmpool.state.keys import Keys
-from vmpool.state.store import RequestSettings, Slot, Store
+from vmpool.state.records import RequestSettings, Slot
+from vmpool.state.store import Store
 from workers import queues as q
 from workers.table import QUEUE_REQUESTS, QUEUE_VMS, job_id
 

@@ -291,7 +291,7 @@ def api_app(config: Config, url: str, seed: str) -> Any:
 
     def delete_request(rid: str, *, actor: str, user: str = "") -> Any:
         if not client.exists(keys.request(rid)):
-            from vmpool.state.store import Outcome
+            from vmpool.state.records import Outcome
 
             return Outcome(False, "no_request")
         # api/v3.rb: HSET status deleted, then its VMs running -> completed (the naive

@@ -20,7 +20,8 @@ from vmpool.cli.context import CliContext, echo_json, with_context
 from vmpool.cli.errors import CliError, CliFailure
 from vmpool.ids import InvalidIdentifier, validate_request_id
 from vmpool.lifecycle.plan import RequestRejected, parse_pool_counts, plan_slots
-from vmpool.state.store import RequestRecord, RequestSettings, Store
+from vmpool.state.records import RequestRecord, RequestSettings
+from vmpool.state.store import Store
 
 __all__ = ["request_group", "request_view", "wait_for"]
 

@@ -41,8 +41,9 @@ from vmpool.providers import Provider, providers_from_config
 from vmpool.state.keys import Keys
 from vmpool.state.locks import FencedLock, LockKind
 from vmpool.state.names import NameGenerator
+from vmpool.state.records import Outcome, VMRecord
 from vmpool.state.semaphore import CloneSemaphore
-from vmpool.state.store import Outcome, Store, VMRecord
+from vmpool.state.store import Store
 
 __all__ = [
     "Dispatcher",

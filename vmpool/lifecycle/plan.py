@@ -12,7 +12,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from vmpool.config import Config
-from vmpool.state.store import Slot
+from vmpool.state.records import Slot
 
 
 @dataclass

@@ -15,7 +15,7 @@ from vmpool.lifecycle.fleet import Fleet, after_vm_failed, note_outcome
 from vmpool.lifecycle.vms import destroy_at_provider
 from vmpool.providers import Provider, ProviderVM
 from vmpool.state.locks import FencedLock, LockBusy, LockLost
-from vmpool.state.store import VMRecord
+from vmpool.state.records import VMRecord
 
 __all__ = ["reconcile"]
 

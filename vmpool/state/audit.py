@@ -14,7 +14,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from vmpool.state.keys import INDEXED_VM_STATES
-from vmpool.state.store import AuditEntry, RequestRecord, Store, VMRecord
+from vmpool.state.records import AuditEntry, RequestRecord, VMRecord
+from vmpool.state.store import Store
 from vmpool.state.transitions import (
     NONE,
     REQUEST_LIVE,

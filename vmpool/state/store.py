@@ -35,17 +35,7 @@ from vmpool.state.records import (
 )
 from vmpool.state.transitions import lua_tables
 
-# The records are defined in vmpool.state.records; the store hands them out.
-__all__ = [
-    "SCRIPT_NAMES",
-    "AuditEntry",
-    "Outcome",
-    "RequestRecord",
-    "RequestSettings",
-    "Slot",
-    "Store",
-    "VMRecord",
-]
+__all__ = ["SCRIPT_NAMES", "Store"]
 
 SCRIPTS_PACKAGE = "vmpool.state.scripts"
 SCRIPT_NAMES = (

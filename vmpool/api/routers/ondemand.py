@@ -30,7 +30,8 @@ from vmpool.api.parsing import (
 from vmpool.api.responses import not_ok, reply
 from vmpool.ids import InvalidIdentifier, validate_request_id
 from vmpool.lifecycle.plan import RequestRejected, plan_slots
-from vmpool.state.store import RequestRecord, RequestSettings, Store
+from vmpool.state.records import RequestRecord, RequestSettings
+from vmpool.state.store import Store
 from vmpool.state.tokens import TokenInfo
 
 __all__ = ["create_request", "delete_request", "request_status", "router"]
