@@ -571,3 +571,12 @@ def test_booting_and_released_vms_of_a_removed_pool_are_finished(
     assert req is not None and req.status == "ready"
     gone = new.store.get_vm(released.name)
     assert gone is not None and gone.state == "destroyed"
+
+
+def test_a_hostname_prefix_with_a_final_newline_is_refused() -> None:
+    """Proves: the prefix check is a full match: a NameGenerator refuses "ci-\\n" when
+    it is built (the old `^...$` with re.match let it through, and only the last-resort
+    check on each generated name caught it)."""
+    with pytest.raises(ValueError):
+        NameGenerator("ci-\n")
+    assert generate_name("ci-").startswith("ci-")

@@ -53,12 +53,13 @@ NOUNS = (
 SUFFIX_ALPHABET = "abcdefghijklmnopqrstuvwxyz0123456789"
 SUFFIX_LENGTH = 5  # 36**5 ~ 60 million per word pair: collisions stay rare at fleet scale
 MAX_NAME_LENGTH = 63
-_PREFIX_RE = re.compile(r"^[a-z0-9-]*$")
+_PREFIX_RE = re.compile(r"[a-z0-9-]*")
 
 
 def _check_prefix(prefix: str) -> str:
     # Room for the shortest body ("odd-art-xxxxx" is 13 characters); config allows <= 32.
-    if not _PREFIX_RE.match(prefix) or len(prefix) > MAX_NAME_LENGTH - 20:
+    # fullmatch: `$` alone would also match before a final newline
+    if not _PREFIX_RE.fullmatch(prefix) or len(prefix) > MAX_NAME_LENGTH - 20:
         raise ValueError(f"hostname prefix must be lowercase [a-z0-9-], got {prefix!r}")
     if prefix.startswith("-"):
         raise ValueError(f"hostname prefix may not start with '-', got {prefix!r}")
