@@ -71,7 +71,7 @@ from vmpool.state.audit import audit_state  # noqa: E402
 from vmpool.state.keys import Keys  # noqa: E402
 from vmpool.state.store import Store  # noqa: E402
 from workers.schedule import last_run_id, read_schedule_log  # noqa: E402
-from workers.table import queue_names  # noqa: E402
+from workers.table import job_id, queue_names  # noqa: E402
 
 TARGETS = ("vmpool", "seed-reference")
 FAULT_KINDS = {
@@ -734,8 +734,38 @@ def wait_drained(store: Store, config: Config, providers: dict[str, Any],
             out = [Finding("vm_unaccounted", f"provider {name}", f"still holds {sorted(vms)[:5]}"
                            f" ({len(vms)} VMs)") for name, vms in held.items()]
             out += [Finding("vm_not_destroyed", f"pool {p}", f"{c}") for p, c in live.items()]
+            out += [Finding("stuck_vm", f"vm {name}", text)
+                    for name, text in stuck_vm_evidence(store, pools).items()]
             return out
         time.sleep(0.5)  # a poll with a deadline
+
+
+def stuck_vm_evidence(store: Store, pools: list[str], limit: int = 5) -> dict[str, str]:
+    """For a VM still live or completed at the end: its record, the RQ job hashes that
+    would move it on, and its lock, so a failed drain explains itself in the report."""
+    keys = store.keys
+    names = [n for by in ("reserved", "pending", "completed")
+             for ns in store.pools_vms(pools, by).values() for n in ns][:limit]
+    out: dict[str, str] = {}
+    for vm in store.get_vms(names):
+        parts = [f"state={vm.state} since={vm.state_since} request={vm.request_id}"]
+        for job in ("create_vm", "check_pending_vm", "destroy_vm"):
+            jid = job_id(keys, job, vm.name)
+            raw = store.redis.hgetall(keys.rq_job(jid))
+            fields = {(k.decode() if isinstance(k, bytes) else k):
+                      (v.decode(errors="replace") if isinstance(v, bytes) else v)
+                      for k, v in raw.items()
+                      if (k.decode() if isinstance(k, bytes) else k) in _JOB_FIELDS}
+            parts.append(f"{job}={fields or 'absent'}")
+        lock = keys.lock("vm", vm.name)
+        parts.append(f"lock={store.redis.get(lock)!r} pttl={store.redis.pttl(lock)}")
+        parts.append(f"fence={store.redis.get(keys.vm_fence(vm.name))!r}")
+        out[vm.name] = "; ".join(parts)
+    return out
+
+
+_JOB_FIELDS = ("status", "vmpool_heartbeat", "started_at", "enqueued_at", "worker_name",
+               "origin", "ended_at")
 
 
 def live_vm_records(store: Store) -> list[Finding]:
