@@ -180,3 +180,31 @@ def test_fence_of_a_subject_without_record_gets_a_ttl(
         pass
     ttl = redis_client.pttl(keys.vm_fence("vm-gone"))
     assert 0 < ttl <= 30_000
+
+
+def test_error_after_grant_leaves_no_renewed_lease(
+    redis_client: redis.Redis, keys: Keys, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Proves: when the fencing-token script fails after the lock was granted (Redis
+    restarting between the SET NX and the token: seen in the chaos soak, seed 11), the
+    lease is not kept alive by the library's renewal thread. Before the fix the thread
+    went on renewing the lock of a job that had already failed, in a worker that lived
+    on, and every later job on that VM answered 'busy': a completed VM was never
+    destroyed. The key must now expire within its lease."""
+    lock = FencedLock(redis_client, keys, "vm", "vm-one", expire_s=1, holder="w")
+
+    def broken(*_args: Any, **_kwargs: Any) -> int:
+        raise redis.ConnectionError("Redis is loading the dataset in memory")
+
+    monkeypatch.setattr(lock, "_fence_script", broken)
+    with pytest.raises(redis.ConnectionError):
+        lock.acquire()
+    assert lock.held is False
+    # Renewal (every 2/3 of the 1 s lease) would keep the key forever; without it the
+    # key is gone within the lease (or at once, if the release went through).
+    key = lock.key  # the lock object stays referenced: its renewal thread could live on
+    assert poll(lambda: redis_client.exists(key) == 0, timeout_s=4.0)
+    other = FencedLock(redis_client, keys, "vm", "vm-one", expire_s=1, holder="x")
+    assert other.acquire() is True  # the next job on the VM is not 'busy'
+    other.release()
+    assert lock.fence == 0

@@ -136,12 +136,20 @@ class FencedLock:
         if not granted:
             log.debug("lock %s is busy", self.key)
             return False
-        token = int(
-            self._fence_script(
-                keys=[self.key, self.fence_key, self.subject_key],
-                args=[self.id, self.orphan_fence_ttl_ms],
+        try:
+            token = int(
+                self._fence_script(
+                    keys=[self.key, self.fence_key, self.subject_key],
+                    args=[self.id, self.orphan_fence_ttl_ms],
+                )
             )
-        )
+        except BaseException:
+            # Granted but no token (Redis restarting, a lost reply): the caller sees the
+            # error and never releases, so stop the renewal here, or the library's thread
+            # keeps the lease alive for as long as the process lives and every later job
+            # on the subject is 'busy' (seen in the chaos soak).
+            self._abandon()
+            raise
         if token == 0:
             # Lost between the SET NX and the token (a pause longer than the expiry).
             log.warning("lock %s was lost before its fencing token was issued", self.key)
@@ -162,6 +170,15 @@ class FencedLock:
             self._lock.release()
         except redis_lock.NotAcquired:
             log.warning("lock %s (fence %d) had expired before its release", self.key, self.fence)
+
+    def _abandon(self) -> None:
+        """Give up a grant that never got its token: stop the renewal, then release the
+        key if Redis answers (else it expires with its lease)."""
+        self._stop_renewal()
+        try:
+            self._lock.release()
+        except (redis_lock.NotAcquired, redis.RedisError):
+            log.warning("lock %s: granted without a token; left to expire", self.key)
 
     def _stop_renewal(self) -> None:
         stopper = getattr(self._lock, "_stop_lock_renewer", None)
