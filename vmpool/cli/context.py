@@ -134,6 +134,42 @@ class CliContext:
         self._connect(decode_responses=False).close()
         return self.redis_url
 
+    def wait_for_redis(
+        self, seconds: float, *, tick: Callable[[], None] | None = None, every_s: float = 10.0
+    ) -> str:
+        """:meth:`check_redis`, but a Redis that does not answer yet is waited for up to
+        ``seconds`` (a pod started before its Redis, or during a restart), with a line on
+        stderr every ``every_s``; ``tick`` runs between attempts (the alive file)."""
+        import time
+
+        from redis import Redis, RedisError
+
+        url = self.redis_url
+        deadline = time.monotonic() + seconds
+        next_note = time.monotonic()
+        delay = 0.25
+        while True:
+            client = Redis.from_url(url, socket_connect_timeout=5, socket_timeout=10)
+            try:
+                client.ping()
+                return url
+            except RedisError as exc:
+                now = time.monotonic()
+                if now >= deadline:
+                    raise CliFailure(
+                        f"cannot reach Redis at {mask_url_password(url)}: {exc}"
+                        + (f" (waited {seconds:g}s)" if seconds > 0 else "")
+                    ) from None
+                if now >= next_note:
+                    click.echo(f"waiting for Redis at {mask_url_password(url)}: {exc}", err=True)
+                    next_note = now + every_s
+            finally:
+                client.close()
+            if tick is not None:
+                tick()
+            time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
+            delay = min(5.0, delay * 2)
+
     def _connect(self, *, decode_responses: bool) -> Redis:
         from redis import Redis, RedisError
 

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, TypeVar
 
 import click
 import redis
@@ -27,9 +28,30 @@ from vmpool.config import Config
 if TYPE_CHECKING:
     from workers.loop import AliveFile, SteadyLoop
 
-__all__ = ["scheduler_command", "worker_command"]
+__all__ = ["WAIT_FOR_REDIS_ENV", "scheduler_command", "worker_command"]
 
 log = logging.getLogger(__name__)
+
+WAIT_FOR_REDIS_ENV = "VMPOOL_WAIT_FOR_REDIS"
+F = TypeVar("F", bound=Callable[..., object])
+
+
+def wait_for_redis_option(func: F) -> F:
+    """``--wait-for-redis SECONDS``: how long a starting process waits for a Redis that
+    does not answer yet. 0 (the default) fails at once, one line; the Kubernetes
+    manifests set it, so a pod started before Redis (or during its restart) waits
+    instead of entering CrashLoopBackOff, whose back-off outlasts the outage."""
+    return click.option(
+        "--wait-for-redis",
+        "wait_s",
+        type=click.FloatRange(min=0, max=86400),
+        default=0.0,
+        envvar=WAIT_FOR_REDIS_ENV,
+        show_default=True,
+        metavar="SECONDS",
+        help="At start, wait this long for Redis to answer (a line every 10 s)"
+        f" [env {WAIT_FOR_REDIS_ENV}].",
+    )(func)
 
 
 def _setup_logging(verbose: bool) -> None:
@@ -67,6 +89,7 @@ def _setup_logging(verbose: bool) -> None:
     f" [env {ALIVE_FILE_ENV}; default: none].",
 )
 @click.option("--verbose", "-v", is_flag=True, help="Debug logging.")
+@wait_for_redis_option
 @strict_option
 def worker_command(
     cli: CliContext,
@@ -77,6 +100,7 @@ def worker_command(
     name: str | None,
     alive_path: str | None,
     verbose: bool,
+    wait_s: float,
     strict: bool,
 ) -> None:
     """Run one RQ worker process on the vmpool queues."""
@@ -94,7 +118,8 @@ def worker_command(
         except OSError as exc:
             raise CliError(f"--alive-file: cannot write {alive_path}: {exc.strerror}") from None
     try:
-        url = cli.check_redis()  # unreachable: one line, before RQ's own noise
+        # unreachable (after --wait-for-redis): one line, before RQ's own noise
+        url = cli.wait_for_redis(wait_s, tick=alive.touch if alive else None)
         check_redis_at_start(url, who="vmpool worker", strict=strict)
         _setup_logging(verbose)
         _work(url, cli.config, queues, kind="fork" if fork else "simple", name=name,
@@ -167,9 +192,10 @@ def _raise_fatal(worker: SteadyLoop) -> None:
 )
 @click.option("--burst", is_flag=True, help="Install the schedule, run one tick, quit.")
 @click.option("--verbose", "-v", is_flag=True, help="Debug logging.")
+@wait_for_redis_option
 @strict_option
 def scheduler_command(
-    cli: CliContext, interval: float, burst: bool, verbose: bool, strict: bool
+    cli: CliContext, interval: float, burst: bool, verbose: bool, wait_s: float, strict: bool
 ) -> None:
     """Enqueue the periodic sweeps at the config's intervals (rq-scheduler).
 
@@ -179,6 +205,7 @@ def scheduler_command(
     from workers.loop import REDIS_GONE, wait_for_redis
     from workers.schedule import FleetScheduler, schedule_intervals
 
+    cli.wait_for_redis(wait_s)
     conn = cli.rq_redis
     check_redis_at_start(cli.redis_url, who="vmpool scheduler", strict=strict)
     _setup_logging(verbose)
