@@ -197,9 +197,13 @@ def selector_matches(selector: dict[str, Any], labels: dict[str, str]) -> bool:
 
 
 def rendered_config(objs: tuple[dict[str, Any], ...], tmp: Path) -> Path:
-    """The vmpool.yaml the api pods mount, written to ``tmp``."""
+    """The vmpool.yaml the api pods mount, written to ``tmp`` beside the users.yaml of
+    the Secret vmpool-users (one projected volume holds both)."""
     path = tmp / "vmpool.yaml"
     path.write_text(generated(objs, "ConfigMap", "vmpool-config")["data"]["vmpool.yaml"])
+    users = generated(objs, "Secret", "vmpool-users")
+    for key, value in users.get("data", {}).items():
+        (tmp / key).write_text(base64.b64decode(value).decode())
     return path
 
 
@@ -1021,3 +1025,23 @@ def test_rq_dashboard_options() -> None:
     env = {v["name"] for v in dashboard["env"] if v["name"].startswith("RQ_DASHBOARD_")}
     assert env == {"RQ_DASHBOARD_REDIS_URL", "RQ_DASHBOARD_USERNAME", "RQ_DASHBOARD_PASSWORD"}
     assert env <= options
+
+
+def test_api_users_come_from_a_secret_not_the_configmap(tmp_path: Path) -> None:
+    """Proves: in every overlay the API users' password hashes are in the Secret
+    vmpool-users (mounted beside vmpool.yaml, named by :auth: users_file), none in a
+    ConfigMap, and the config the pods load has those users."""
+    from vmpool.config import load_config
+
+    for target in TARGETS:
+        objs = render(target)
+        for config_map in find(objs, "ConfigMap"):
+            text = json.dumps(config_map.get("data", {}))
+            assert "pbkdf2_sha256$" not in text and "sha256$" not in text, target
+        secret = generated(objs, "Secret", "vmpool-users")
+        users = yaml.safe_load(base64.b64decode(secret["data"]["users.yaml"]).decode())
+        auth = load_config(rendered_config(objs, tmp_path), env={}).auth
+        assert auth is not None and set(auth.users) == set(users) and users, target
+        for kind in ("api", "worker", "scheduler"):
+            volumes = json.dumps(pod_spec(workload(objs, kind)).get("volumes", []))
+            assert secret["metadata"]["name"] in volumes, (target, kind)

@@ -126,9 +126,14 @@ def local_pod(objs: list[dict[str, Any]], component: str, root: Path) -> Pod:
         volume = volumes.get(mount["name"], {})
         local = root / "mnt" / mount["mountPath"].strip("/")
         local.mkdir(parents=True, exist_ok=True)
-        if "configMap" in volume:
-            for key, text in config_maps[volume["configMap"]["name"]]["data"].items():
-                (local / key).write_text(text)
+        sources = volume.get("projected", {}).get("sources", [volume])
+        for source in sources:
+            if "configMap" in source:
+                for key, text in config_maps[source["configMap"]["name"]]["data"].items():
+                    (local / key).write_text(text)
+            if "secret" in source:
+                for key, text in secrets[source["secret"]["name"]].items():
+                    (local / key).write_text(text)
         files[mount["mountPath"]] = local
     env: dict[str, str] = {}
     for var in container.get("env", []):

@@ -25,6 +25,7 @@ from vmpool.config.settings import (
     PoolSection,
     RedisSection,
 )
+from vmpool.config.users_file import read_users_file
 from vmpool.config.vmpooler import implemented
 from vmpool.config.vmpooler_keys import REDIS_URL_PARTS
 from vmpool.providers.options import key_path, problems
@@ -60,7 +61,7 @@ def build(file: ConfigFile, *, source: str, warnings: tuple[str, ...]) -> Config
         lock_expire_s=_seconds(cfg, "lock_expire"),
         reconcile_grace_s=_seconds(cfg, "reconcile_grace"),
         schedule=file.schedule,
-        auth=None if file.auth is None else _auth(file.auth),
+        auth=None if file.auth is None else _auth(file.auth, source),
         source=source,
         warnings=warnings,
     )
@@ -202,10 +203,13 @@ def _redis_url(redis: RedisSection) -> str | None:
     return f"redis://{auth}{server}:{redis.port}/{redis.db}"
 
 
-def _auth(auth: AuthSection) -> AuthConfig:
+def _auth(auth: AuthSection, source: str) -> AuthConfig:
+    users = dict(auth.users)
+    if auth.users_file:
+        users = read_users_file(auth.users_file, source, users)
     return AuthConfig(
         provider=auth.provider,
-        users=MappingProxyType(dict(auth.users)),
+        users=MappingProxyType(users),
         rate_limit_per_minute=auth.rate_limit_per_minute,
         token_ttl_s=in_seconds(auth, "token_ttl"),
         max_tokens_per_user=auth.max_tokens_per_user,

@@ -202,6 +202,11 @@ class AuthSection(_Section):
         default_factory=dict,
         description="User name -> password hash (pbkdf2_sha256$... or sha256$...)",
     )
+    users_file: Text | None = Field(
+        default=None,
+        description="A YAML file mapping more users to password hashes (a mounted Kubernetes"
+        " Secret); relative to the config file",
+    )
     rate_limit_per_minute: PositiveInt | None = Field(
         default=None, description="POST and DELETE calls per minute per user (default: no limit)"
     )
