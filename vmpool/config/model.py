@@ -150,6 +150,6 @@ def _public_auth(auth: AuthConfig) -> dict[str, Any]:
 
 def _mask_option(key: str, value: Any) -> Any:
     lowered = key.lower()
-    if any(word in lowered for word in ("password", "secret", "token", "credential")):
+    if any(word in lowered for word in ("password", "secret", "token", "credential", "access_key")):
         return "***"
     return value
