@@ -59,6 +59,8 @@ def build(file: ConfigFile, *, source: str, warnings: tuple[str, ...]) -> Config
         redis_url=_redis_url(file.redis),
         lock_expire_s=_seconds(cfg, "lock_expire"),
         reconcile_grace_s=_seconds(cfg, "reconcile_grace"),
+        provider_circuit_failures=cfg.provider_circuit_failures,
+        provider_circuit_cooldown_s=_seconds(cfg, "provider_circuit_cooldown"),
         schedule=file.schedule,
         auth=None if file.auth is None else _auth(file.auth),
         source=source,

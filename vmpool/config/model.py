@@ -73,6 +73,8 @@ class Config:
     redis_url: str | None
     lock_expire_s: float
     reconcile_grace_s: float
+    provider_circuit_failures: int
+    provider_circuit_cooldown_s: float
     schedule: Schedule
     auth: AuthConfig | None
     source: str

@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from vmpool.config.fields import (
     Aliases,
     AuthProvider,
+    CircuitFailures,
     DataTtlHours,
     Domain,
     FleetCount,
@@ -124,6 +125,13 @@ class ConfigSection(_Section):
     )
     ready_ttl: TtlMinutes | None = minutes(
         None, "How long a ready VM may wait in its pool (default of every pool's ready_ttl)"
+    )
+    provider_circuit_failures: CircuitFailures = Field(
+        default=5,
+        description="Consecutive failed creates at one provider that stop its pools creating",
+    )
+    provider_circuit_cooldown: LockSeconds = seconds(
+        60, "How long a provider's pools stop creating once its circuit opened"
     )
     clone_target: Text | None = Field(
         default=None, description="Where VMs are cloned (default of every pool's clone_target)"

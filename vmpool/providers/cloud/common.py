@@ -97,6 +97,8 @@ class CloudProvider:
 
     options_model: ClassVar[type[CloudOptions]] = CloudOptions
     provider_class: ClassVar[str] = ""
+    tags_request_id: ClassVar[bool] = True  # create_vm(..., request_id=) tags it
+    circuit_breaker: ClassVar[bool] = True  # failed creates count toward the breaker
 
     def __init__(
         self,
