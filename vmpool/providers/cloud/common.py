@@ -276,7 +276,7 @@ class CloudProvider:
 
 def _template(node: Node) -> str:
     extra = getattr(node, "extra", None) or {}
-    image = getattr(node, "image", None) or extra.get("image_id") or extra.get("image") or ""
+    image = getattr(node, "image", None) or extra.get("image_id") or extra.get("imageId") or ""
     return str(getattr(image, "id", image) if not isinstance(image, str) else image)
 
 

@@ -116,8 +116,19 @@ class EC2Provider(CloudProvider):
         return f"vmpool-{digest[:48]}"
 
     def list_fleet(self) -> list[Node]:
+        """One DescribeInstances (libcloud's ``list_nodes`` adds a DescribeAddresses;
+        an instance's elastic address is its ``ipAddress`` here already)."""
+        from libcloud.compute.drivers.ec2 import NAMESPACE
+        from libcloud.utils.xml import findall
+
         filters = {f"tag:{TAG_FLEET}": self.fleet_id, "instance-state-name": LIVE_STATES}
-        return list(self.driver.list_nodes(ex_filters=filters))
+        driver = self.driver
+        params = {"Action": "DescribeInstances", **driver._build_filters(filters)}
+        reply = driver.connection.request(driver.path, params=params).object
+        nodes: list[Node] = []
+        for reservation in findall(reply, "reservationSet/item", NAMESPACE):
+            nodes += driver._to_nodes(reservation, "instancesSet/item")
+        return nodes
 
     def tags_of(self, node: Node) -> Mapping[str, str]:
         return dict(node.extra.get("tags") or {})

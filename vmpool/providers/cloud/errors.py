@@ -82,6 +82,8 @@ def _http_code(exc: BaseException) -> int | None:
 
 def _cloud_message(exc: BaseException) -> str:
     message = getattr(exc, "message", None) or getattr(exc, "value", None) or str(exc)
+    if isinstance(message, dict):  # Google's error item: {'reason', 'message', ...}
+        message = f"{message.get('reason', '')}: {message.get('message', '')}".strip(": ")
     code = _http_code(exc)
     text = str(message).strip() or type(exc).__name__
     return f"{text} (HTTP {code})" if code else text

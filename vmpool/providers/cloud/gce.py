@@ -30,7 +30,7 @@ from pydantic import Field
 from vmpool.providers.base import PermanentProviderError
 from vmpool.providers.cloud.common import TAG_FLEET, CloudOptions, CloudProvider, Node
 
-__all__ = ["GCEOptions", "GCEProvider"]
+__all__ = ["GCEOptions", "GCEProvider", "driver_class"]
 
 # GCE instance status -> the state names the rest of vmpool reads.
 _STATES = {
@@ -78,8 +78,6 @@ class GCEProvider(CloudProvider):
         return re.sub(r"[^a-z0-9_-]", "-", value.lower())[:63]
 
     def make_driver(self) -> Any:
-        from libcloud.compute.drivers.gce import GCENodeDriver
-
         path = self.options.credentials_file or os.environ.get("GOOGLE_APPLICATION_CREDENTIALS")
         if not path:
             raise PermanentProviderError(
@@ -94,7 +92,7 @@ class GCEProvider(CloudProvider):
                 f"configuration error: provider {self.name!r}: cannot read the service"
                 f" account key file ({type(exc).__name__})"
             ) from None
-        return GCENodeDriver(email, path, project=self.options.project, auth_type="SA")
+        return driver_class()(email, path, project=self.options.project, auth_type="SA")
 
     def _zone_path(self) -> str:
         return f"/zones/{self.options.zone}/instances"
@@ -156,3 +154,26 @@ def _node(item: Mapping[str, Any]) -> GCENode:
         private_ips=private,
         extra={"labels": dict(item.get("labels") or {}), "image": ""},
     )
+
+
+def driver_class() -> Any:
+    """libcloud's GCE driver whose errors carry the response's headers, so that a
+    ``Retry-After`` reaches the provider's backoff (libcloud's Google errors drop them)."""
+    from libcloud.common.google import GoogleBaseError
+    from libcloud.compute.drivers.gce import GCEConnection, GCENodeDriver, GCEResponse
+
+    class HeaderedResponse(GCEResponse):  # type: ignore[misc]
+        def parse_body(self) -> Any:
+            try:
+                return super().parse_body()
+            except GoogleBaseError as exc:
+                exc.headers = dict(self.headers or {})
+                raise
+
+    class HeaderedConnection(GCEConnection):  # type: ignore[misc]
+        responseCls = HeaderedResponse
+
+    class HeaderedGCEDriver(GCENodeDriver):  # type: ignore[misc]
+        connectionCls = HeaderedConnection
+
+    return HeaderedGCEDriver
