@@ -43,7 +43,7 @@ def make_config(**config: Any) -> Config:
         ":pools": [
             {"name": "bare", "template": "ami-1", "provider": "aws"},
             {"name": "named", "template": "ami-1", "provider": "aws",
-             "domain": "vms.example.com"},
+             "domain": "vms.example.com", "amisize": "t3.large"},
         ],
     }  # fmt: skip
     return parse_config(data, source="test", env={})
@@ -128,6 +128,15 @@ def test_hostname_is_the_clouds_address_without_a_domain(cloud_fleet: Any) -> No
     assert bare.hostname == "127.0.0.1"
     assert named.hostname == f"{named.name}.vms.example.com"
     assert fleet.store.hostnames("r-bare") == {"bare": ["127.0.0.1"]}
+
+
+def test_the_pools_amisize_wins_over_the_providers_instance_type(cloud_fleet: Any) -> None:
+    fleet, cloud = cloud_fleet
+    request(fleet, "bare", 1, "r-small")
+    request(fleet, "named", 1, "r-large")
+    run(fleet)
+    sizes = {i.tags["vmpool-pool"]: i.size for i in cloud.instances.values()}
+    assert sizes == {"bare": "t3.micro", "named": "t3.large"}
 
 
 def test_permanent_error_fails_fast_with_the_clouds_message(

@@ -287,3 +287,29 @@ def test_ec2_endpoint_and_options_are_checked() -> None:
         EC2Provider(None, Keys("f"), "aws", {"ready_check": "ping"})
     with pytest.raises(PermanentProviderError, match=r"providers\.gce\.project"):
         GCEProvider(None, Keys("f"), "gce", {"zone": "z"})
+
+
+def test_vmpool_runs_without_libcloud() -> None:
+    """The demo needs no `cloud` extra: with libcloud unimportable, the CLI, the API,
+    the lifecycle and the provider registry import, and a cloud provider can even be
+    built (it imports libcloud only when it first talks to its cloud)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "class Block:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name == 'libcloud' or name.startswith('libcloud.'):\n"
+        "            raise ImportError('blocked: ' + name)\n"
+        "sys.meta_path.insert(0, Block())\n"
+        "import vmpool.cli.main, vmpool.api.app, vmpool.lifecycle, workers.jobs\n"
+        "from vmpool.providers.registry import make_provider\n"
+        "from vmpool.state.keys import Keys\n"
+        "make_provider(None, Keys('x'), 'aws', 'ec2', {'region': 'eu-west-1'})\n"
+        "assert not any(m.startswith('libcloud') for m in sys.modules)\n"
+        "print('ok')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]

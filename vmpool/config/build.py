@@ -150,6 +150,7 @@ class _Pools:
             ready_ttl_s=self.ready_ttl_s if ready_ttl_s is None else ready_ttl_s,
             domain=domain,
             clone_target=pool.clone_target or self.file.config.clone_target,
+            size_hint=pool.amisize or pool.machine_type or pool.flavor,
         )
 
     def provider(self, name: str, path: str) -> str:

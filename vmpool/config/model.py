@@ -29,6 +29,9 @@ class PoolConfig:
     ready_ttl_s: float | None
     domain: str | None
     clone_target: str | None
+    # the instance size a cloud provider creates (amisize, machine_type or flavor); None:
+    # the provider's own option
+    size_hint: str | None
 
 
 @dataclass(frozen=True)

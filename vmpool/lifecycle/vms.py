@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 from vmpool.config import Config
 from vmpool.ids import InvalidIdentifier, validate_pool_name
+from vmpool.lifecycle.cloudsteps import circuit_closed, circuit_open, count_failure, size_hint
 from vmpool.lifecycle.failpoints import failpoint
 from vmpool.lifecycle.fleet import Fleet, after_vm_failed, note_outcome
 from vmpool.lifecycle.pending import check_batched, observe_pending
@@ -27,7 +28,6 @@ from vmpool.providers import (
     StatusBatch,
     create_for_request,
     is_permanent_error,
-    uses_circuit,
 )
 from vmpool.state.keys import INDEXED_VM_STATES
 from vmpool.state.locks import FencedLock, LockBusy, LockLost
@@ -106,7 +106,7 @@ def _create_locked(fleet: Fleet, name: str, provider: Provider, lock: FencedLock
     if vm.state != "reserved":
         fleet.slots.release(name)
         return f"vm_{vm.state}"
-    if _circuit_open(fleet, provider, vm):
+    if circuit_open(fleet, provider, vm):
         return "circuit_open"
     if fleet.slots.acquire(name) is None:  # renews our lease, or takes a free slot
         log.info("create %s: clone limit reached, waiting for a slot", name)
@@ -116,12 +116,13 @@ def _create_locked(fleet: Fleet, name: str, provider: Provider, lock: FencedLock
         lock.ensure_held()
         try:
             with fleet.slots.renewing(name):  # the slot is held as long as the call runs
-                create_for_request(provider, vm.pool, vm.template, name, vm.request_id)
+                create_for_request(
+                    provider, vm.pool, vm.template, name, vm.request_id, size_hint(fleet, vm)
+                )
         except Exception as exc:  # any provider failure is recorded, never raised
             return _create_failed(fleet, provider, vm, lock, exc)
         failpoint("create_vm.after_provider")
-        if uses_circuit(provider):
-            fleet.circuit.success(vm.provider)
+        circuit_closed(fleet, provider, vm)
         lock.ensure_held()
         failpoint("create_vm.before_commit")  # a pause here is what the fence is for
         created = fleet.store.vm_created(name, actor=actor, fence=lock.fence)
@@ -149,7 +150,7 @@ def _create_failed(
     cloud's message in the reason) and count it toward the provider's breaker."""
     permanent = is_permanent_error(exc)
     log.info("create %s failed (permanent=%s): %s", vm.name, permanent, exc)
-    reason = f"create failed: {exc}" + _count_failure(fleet, provider, vm, exc, permanent)
+    reason = f"create failed: {exc}" + count_failure(fleet, provider, vm, exc, permanent)
     lock.ensure_held()
     failed = fleet.store.vm_failed(
         vm.name, reason, actor=fleet.who("create"), permanent=permanent, fence=lock.fence
@@ -159,36 +160,6 @@ def _create_failed(
     if failed.ok:
         return failed.code if failed.code != "completed" else "failed"
     return failed.code
-
-
-def _circuit_open(fleet: Fleet, provider: Provider, vm: VMRecord) -> bool:
-    """Whether the provider's circuit breaker holds creates back; if so the VM's clone
-    slot is given back and the VM stays reserved (the sweep dispatches it again)."""
-    if not uses_circuit(provider) or not fleet.circuit.is_open(vm.provider):
-        return False
-    log.info("create %s: provider %s circuit open, waiting", vm.name, vm.provider)
-    fleet.slots.release(vm.name)
-    return True
-
-
-def _count_failure(
-    fleet: Fleet, provider: Provider, vm: VMRecord, exc: Exception, permanent: bool
-) -> str:
-    """Count a transient create failure toward the provider's circuit breaker (a
-    permanent one is the request's mistake, not the cloud's health); the words the
-    VM's trail gets when this failure opened the circuit."""
-    if permanent or not uses_circuit(provider):
-        return ""
-    if not fleet.circuit.failure(vm.provider, str(exc)):
-        return ""
-    log.warning(
-        "provider %s: circuit open after %d consecutive failed creates; its pools stop"
-        " creating for %gs",
-        vm.provider,
-        fleet.circuit.threshold,
-        fleet.circuit.cooldown_s,
-    )
-    return f" (provider {vm.provider} circuit open for {fleet.circuit.cooldown_s:g}s)"
 
 
 def _destroy_if_released(fleet: Fleet, name: str, provider: Provider) -> None:

@@ -188,10 +188,16 @@ def uses_circuit(provider: object) -> bool:
 
 
 def create_for_request(
-    provider: Provider, pool: str, template: str, name: str, request_id: str
+    provider: Provider,
+    pool: str,
+    template: str,
+    name: str,
+    request_id: str,
+    size: str | None = None,
 ) -> ProviderVM:
-    """``provider.create_vm``, with the request id when the provider tags VMs with it."""
+    """``provider.create_vm``, with the request id (and the pool's instance size) when
+    the provider takes them (the cloud providers: ``tags_request_id``)."""
     if takes_request_id(provider):
         create = getattr(provider, "create_vm")  # noqa: B009 (its signature is wider)
-        return create(pool, template, name, request_id=request_id)  # type: ignore[no-any-return]
+        return create(pool, template, name, request_id=request_id, size=size)  # type: ignore[no-any-return]
     return provider.create_vm(pool, template, name)

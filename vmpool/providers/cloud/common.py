@@ -134,8 +134,11 @@ class CloudProvider:
     def make_driver(self) -> Any:
         raise NotImplementedError
 
-    def launch(self, pool: str, template: str, name: str, tags: Mapping[str, str]) -> Node:
-        """One create call; the node carries ``tags`` from its first moment."""
+    def launch(
+        self, pool: str, template: str, name: str, tags: Mapping[str, str], size: str | None
+    ) -> Node:
+        """One create call; the node carries ``tags`` from its first moment. ``size``:
+        the pool's instance size, None for the provider's option."""
         raise NotImplementedError
 
     def list_fleet(self) -> list[Node]:
@@ -160,7 +163,9 @@ class CloudProvider:
             self._driver = self.make_driver()
         return self._driver
 
-    def create_vm(self, pool: str, template: str, name: str, request_id: str = "") -> ProviderVM:
+    def create_vm(
+        self, pool: str, template: str, name: str, request_id: str = "", size: str | None = None
+    ) -> ProviderVM:
         """Find the VM by its tag, else launch it; a transient failure is retried after
         looking again, so a create whose answer was lost is not made twice."""
         tags = self.tags(pool, name, request_id)
@@ -170,7 +175,8 @@ class CloudProvider:
             if found:
                 return self._vm(found[0])
             try:
-                node = self._call("create", lambda: self.launch(pool, template, name, tags), 0)
+                launch = partial(self.launch, pool, template, name, tags, size)
+                node = self._call("create", launch, 0)
                 return self._vm(node, tags)
             except ProviderError as exc:
                 if exc.permanent or attempt >= self.options.retries:

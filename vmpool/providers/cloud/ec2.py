@@ -90,11 +90,14 @@ class EC2Provider(CloudProvider):
         driver_class = _driver_class(tolerant=self.options.endpoint is not None)
         return driver_class(key, secret, token=token, **self.driver_kwargs())
 
-    def launch(self, pool: str, template: str, name: str, tags: Mapping[str, str]) -> Node:
+    def launch(
+        self, pool: str, template: str, name: str, tags: Mapping[str, str], size: str | None
+    ) -> Node:
         from libcloud.compute.base import NodeImage, NodeSize
 
         o = self.options
-        size = NodeSize(o.instance_type, o.instance_type, 0, 0, 0, 0, self.driver)
+        kind = size or o.instance_type
+        node_size = NodeSize(kind, kind, 0, 0, 0, 0, self.driver)
         kwargs: dict[str, Any] = {
             "ex_metadata": {"Name": name, **tags},
             "ex_clienttoken": self.client_token(name),
@@ -108,7 +111,7 @@ class EC2Provider(CloudProvider):
         if o.user_data:
             kwargs["ex_userdata"] = o.user_data
         image = NodeImage(template, template, self.driver)
-        return self.driver.create_node(name=name, size=size, image=image, **kwargs)
+        return self.driver.create_node(name=name, size=node_size, image=image, **kwargs)
 
     def client_token(self, name: str) -> str:
         """The same token for every create of one VM of one fleet (EC2: at most 64 ASCII)."""

@@ -97,7 +97,9 @@ class GCEProvider(CloudProvider):
     def _zone_path(self) -> str:
         return f"/zones/{self.options.zone}/instances"
 
-    def insert_body(self, template: str, name: str, tags: Mapping[str, str]) -> dict[str, Any]:
+    def insert_body(
+        self, template: str, name: str, tags: Mapping[str, str], size: str | None = None
+    ) -> dict[str, Any]:
         o = self.options
         image = template if "/" in template else f"projects/{o.project}/global/images/{template}"
         nic: dict[str, Any] = {"network": f"global/networks/{o.network}"}
@@ -108,7 +110,7 @@ class GCEProvider(CloudProvider):
             nic["accessConfigs"] = [{"type": "ONE_TO_ONE_NAT", "name": "External NAT"}]
         return {
             "name": name,
-            "machineType": f"zones/{o.zone}/machineTypes/{o.machine_type}",
+            "machineType": f"zones/{o.zone}/machineTypes/{size or o.machine_type}",
             "labels": dict(tags),
             "disks": [
                 {"boot": True, "autoDelete": True, "initializeParams": {"sourceImage": image}}
@@ -116,8 +118,10 @@ class GCEProvider(CloudProvider):
             "networkInterfaces": [nic],
         }
 
-    def launch(self, pool: str, template: str, name: str, tags: Mapping[str, str]) -> Node:
-        body = self.insert_body(template, name, tags)
+    def launch(
+        self, pool: str, template: str, name: str, tags: Mapping[str, str], size: str | None
+    ) -> Node:
+        body = self.insert_body(template, name, tags, size)
         try:
             self.driver.connection.request(self._zone_path(), method="POST", data=body)
         except Exception as exc:

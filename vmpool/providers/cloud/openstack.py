@@ -71,7 +71,9 @@ class OpenStackProvider(CloudProvider):
         (username, password), kwargs = self.driver_args()
         return get_driver(Provider.OPENSTACK)(username, password, **kwargs)
 
-    def launch(self, pool: str, template: str, name: str, tags: Mapping[str, str]) -> Node:
+    def launch(
+        self, pool: str, template: str, name: str, tags: Mapping[str, str], size: str | None
+    ) -> Node:
         from libcloud.compute.base import NodeImage, NodeSize
         from libcloud.compute.drivers.openstack import OpenStackNetwork
 
@@ -83,9 +85,10 @@ class OpenStackProvider(CloudProvider):
             kwargs["ex_keyname"] = o.key_name
         if o.security_groups:
             kwargs["ex_security_groups"] = [_Group(g) for g in o.security_groups]
-        size = NodeSize(o.flavor, o.flavor, 0, 0, 0, 0, self.driver)
+        flavor = size or o.flavor
+        node_size = NodeSize(flavor, flavor, 0, 0, 0, 0, self.driver)
         image = NodeImage(template, template, self.driver)
-        return self.driver.create_node(name=name, size=size, image=image, **kwargs)
+        return self.driver.create_node(name=name, size=node_size, image=image, **kwargs)
 
     def list_fleet(self) -> list[Node]:
         return list(self.driver.list_nodes())
