@@ -203,6 +203,22 @@ def test_retries_are_bounded(monkeypatch: pytest.MonkeyPatch, kind: str) -> None
 
 
 @cloud_kinds
+def test_statuses_does_not_wait_out_a_backoff(monkeypatch: pytest.MonkeyPatch,
+                                              kind: str) -> None:
+    """The pending sweep's batched call fails at once on throttling (the next sweep asks
+    again): a sweep never sleeps through retries while other sweeps wait behind it."""
+    s = mock_cloud(monkeypatch, kind, backoff=5)
+    assert s.cloud is not None and isinstance(s.provider, CloudProvider)
+    status, body = THROTTLES[kind]
+    s.cloud.fail("list", status, body, {"Retry-After": "3"}, times=1)
+    with pytest.raises(Exception) as info:
+        s.provider.statuses(["vm-a"])
+    assert not getattr(info.value, "permanent", True)
+    assert s.slept == [] and s.cloud.calls["list"] == 1
+    assert s.provider.statuses(["vm-a"]) == {"vm-a": None}
+
+
+@cloud_kinds
 def test_a_lost_answer_does_not_make_two_instances(monkeypatch: pytest.MonkeyPatch,
                                                    kind: str) -> None:
     """The cloud made the instance but its answer was a 503: the retry looks the VM up

@@ -28,6 +28,7 @@ import socket
 import time
 from collections import Counter
 from collections.abc import Callable, Collection, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, TypeVar
 
@@ -60,6 +61,8 @@ TAG_REQUEST = "vmpool-request"
 TAG_VM = "vmpool-vm"
 TAG_CREATED = "vmpool-created"
 TAG_KEYS = (TAG_FLEET, TAG_POOL, TAG_REQUEST, TAG_VM, TAG_CREATED)
+# ssh ready checks run at once by one statuses() call (each waits ssh_timeout at most).
+SSH_CHECKS = 32
 
 Seconds = Annotated[
     float,
@@ -193,9 +196,14 @@ class CloudProvider:
 
     def statuses(self, names: Collection[str]) -> dict[str, ProviderVM | None]:
         """Every VM of ``names`` as the cloud sees it now ('running' once the ready
-        check passes), None for those it does not hold: one list call for all."""
-        nodes = self._by_name()
-        return {name: self._vm(nodes[name]) if name in nodes else None for name in names}
+        check passes), None for those it does not hold: one list call for all, not
+        retried (the next check asks again, so a sweep never waits out a backoff).
+        The ssh checks of the running VMs run side by side, ``ssh_timeout`` each."""
+        nodes = self._by_name(retries=0)
+        held = [nodes[name] for name in names if name in nodes]
+        with ThreadPoolExecutor(max_workers=max(1, min(SSH_CHECKS, len(held)))) as pool:
+            vms = dict(zip((id(n) for n in held), pool.map(self._vm, held), strict=True))
+        return {name: vms[id(nodes[name])] if name in nodes else None for name in names}
 
     def destroy_vm(self, pool: str, name: str) -> bool:
         found = self._find(name)
@@ -218,13 +226,13 @@ class CloudProvider:
         }
         return {key: self.label(value) for key, value in raw.items()}
 
-    def _fleet_nodes(self) -> list[Node]:
+    def _fleet_nodes(self, retries: int | None = None) -> list[Node]:
         fleet = self.label(self.fleet_id)
-        nodes = self._call("list", self.list_fleet)
+        nodes = self._call("list", self.list_fleet, retries)
         return [n for n in nodes if self.tags_of(n).get(TAG_FLEET) == fleet and _alive(n)]
 
-    def _by_name(self) -> dict[str, Node]:
-        nodes = self._fleet_nodes()
+    def _by_name(self, retries: int | None = None) -> dict[str, Node]:
+        nodes = self._fleet_nodes(retries)
         return {self.tags_of(n)[TAG_VM]: n for n in nodes if self.tags_of(n).get(TAG_VM)}
 
     def _find(self, name: str) -> list[Node]:
