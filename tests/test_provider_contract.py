@@ -235,11 +235,12 @@ def test_a_lost_answer_does_not_make_two_instances(monkeypatch: pytest.MonkeyPat
 def test_ec2_create_carries_a_stable_client_token(monkeypatch: pytest.MonkeyPatch) -> None:
     s = mock_cloud(monkeypatch, "ec2")
     assert isinstance(s.provider, EC2Provider)
-    token = s.provider.client_token("vm-a")
-    assert token == s.provider.client_token("vm-a") != s.provider.client_token("vm-b")
+    token = s.provider.client_token("vm-a", "req-1")
+    assert token == s.provider.client_token("vm-a", "req-1") != s.provider.client_token("vm-b")
+    assert token != s.provider.client_token("vm-a", "req-2")  # a name used again later
     assert len(token) <= 64
     other = mock_cloud(monkeypatch, "ec2", fleet="fleet-b").provider
-    assert isinstance(other, EC2Provider) and other.client_token("vm-a") != token
+    assert isinstance(other, EC2Provider) and other.client_token("vm-a", "req-1") != token
 
 
 @pytest.fixture
@@ -282,6 +283,9 @@ def test_secrets_never_shown(monkeypatch: pytest.MonkeyPatch,
     for secret in ("AKIDSECRETVALUE", "very-secret-key", "session-secret", "os-secret"):
         assert secret not in shown and secret not in caplog.text
     assert provider.credentials()[:2] == ("AKIDSECRETVALUE", "very-secret-key")
+    # A secret of the wrong type is no error that would quote it: a number is its text.
+    numeric = EC2Provider(None, Keys("f"), "aws", {"secret_access_key": 987654321})
+    assert "987654321" not in repr(numeric.options)
 
 
 def test_credentials_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -32,7 +32,7 @@ from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, SecretStr, ValidationError
 
 from vmpool.providers.base import (
     PermanentProviderError,
@@ -48,7 +48,7 @@ if TYPE_CHECKING:
 
     from vmpool.state.keys import Keys
 
-__all__ = ["TAG_KEYS", "CloudOptions", "CloudProvider", "Node"]
+__all__ = ["TAG_KEYS", "CloudOptions", "CloudProvider", "Node", "Secret"]
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +64,17 @@ TAG_KEYS = (TAG_FLEET, TAG_POOL, TAG_REQUEST, TAG_VM, TAG_CREATED)
 # ssh ready checks run at once by one statuses() call (each waits ssh_timeout at most).
 SSH_CHECKS = 32
 
+
+
+def _secret_text(value: Any) -> Any:
+    """A number given for a secret is its text: never a type error that would quote it."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return str(value)
+    return value
+
+
+# A secret option: shown as '**********' by any repr, log line or error message.
+Secret = Annotated[SecretStr, BeforeValidator(_secret_text)]
 Seconds = Annotated[
     float,
     Field(ge=0, le=3600, allow_inf_nan=False),

@@ -2,8 +2,8 @@
 
 Tags go out as the launch's TagSpecification (libcloud's ``ex_metadata``), with
 ``Name`` set to the VM name too; the fleet is listed with one DescribeInstances filtered
-by ``tag:vmpool-fleet``; every RunInstances carries a ClientToken derived from the fleet
-and the VM name, so EC2 itself answers a repeated create with the first instance.
+by ``tag:vmpool-fleet``; every RunInstances carries a ClientToken derived from the fleet,
+the request and the VM name, so EC2 itself answers a repeated create with the first instance.
 Requests are signed with SigV4 (right for every region and endpoint).
 """
 
@@ -16,10 +16,17 @@ from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import Field, field_validator
 
 from vmpool.providers.base import PermanentProviderError
-from vmpool.providers.cloud.common import TAG_FLEET, CloudOptions, CloudProvider, Node
+from vmpool.providers.cloud.common import (
+    TAG_FLEET,
+    TAG_REQUEST,
+    CloudOptions,
+    CloudProvider,
+    Node,
+    Secret,
+)
 
 __all__ = ["EC2Options", "EC2Provider"]
 
@@ -36,9 +43,9 @@ class EC2Options(CloudOptions):
     endpoint: str | None = Field(
         None, description="An EC2-compatible endpoint URL (default: the region's)"
     )
-    access_key_id: SecretStr | None = Field(None, description="Access key id (secret)")
-    secret_access_key: SecretStr | None = Field(None, description="Secret access key (secret)")
-    session_token: SecretStr | None = Field(None, description="Session token (secret)")
+    access_key_id: Secret | None = Field(None, description="Access key id (secret)")
+    secret_access_key: Secret | None = Field(None, description="Secret access key (secret)")
+    session_token: Secret | None = Field(None, description="Session token (secret)")
     instance_type: str = Field("t3.micro", description="The instance type (vmpooler: amisize)")
     subnet_id: str | None = Field(None, description="The subnet instances start in")
     security_group_ids: list[str] = Field(default_factory=list, description="Security groups")
@@ -100,7 +107,7 @@ class EC2Provider(CloudProvider):
         node_size = NodeSize(kind, kind, 0, 0, 0, 0, self.driver)
         kwargs: dict[str, Any] = {
             "ex_metadata": {"Name": name, **tags},
-            "ex_clienttoken": self.client_token(name),
+            "ex_clienttoken": self.client_token(name, tags.get(TAG_REQUEST, "")),
         }
         if o.subnet_id:
             kwargs["ex_subnet"] = _Subnet(o.subnet_id)
@@ -113,9 +120,12 @@ class EC2Provider(CloudProvider):
         image = NodeImage(template, template, self.driver)
         return self.driver.create_node(name=name, size=node_size, image=image, **kwargs)
 
-    def client_token(self, name: str) -> str:
-        """The same token for every create of one VM of one fleet (EC2: at most 64 ASCII)."""
-        digest = hashlib.sha256(f"{self.fleet_id}\0{self.name}\0{name}".encode()).hexdigest()
+    def client_token(self, name: str, request_id: str = "") -> str:
+        """The same token for every create of one VM of one request of one fleet (EC2:
+        at most 64 ASCII); the request id keeps a name used again later (after its VM
+        was terminated) from getting the old, terminated instance back."""
+        seed = f"{self.fleet_id}\0{self.name}\0{name}\0{request_id}"
+        digest = hashlib.sha256(seed.encode()).hexdigest()
         return f"vmpool-{digest[:48]}"
 
     def list_fleet(self) -> list[Node]:

@@ -12,10 +12,10 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from pydantic import Field, SecretStr
+from pydantic import Field
 
 from vmpool.providers.base import PermanentProviderError
-from vmpool.providers.cloud.common import CloudOptions, CloudProvider, Node
+from vmpool.providers.cloud.common import CloudOptions, CloudProvider, Node, Secret
 
 __all__ = ["OpenStackOptions", "OpenStackProvider"]
 
@@ -27,7 +27,7 @@ class OpenStackOptions(CloudOptions):
 
     auth_url: str | None = Field(None, description="Keystone URL (default: OS_AUTH_URL)")
     username: str | None = Field(None, description="User (default: OS_USERNAME)")
-    password: SecretStr | None = Field(None, description="Password (secret; OS_PASSWORD)")
+    password: Secret | None = Field(None, description="Password (secret; OS_PASSWORD)")
     project_name: str | None = Field(None, description="Project (default: OS_PROJECT_NAME)")
     domain_name: str | None = Field(None, description="User domain (OS_USER_DOMAIN_NAME)")
     region: str | None = Field(None, description="Region (default: OS_REGION_NAME)")
