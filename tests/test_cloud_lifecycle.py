@@ -115,6 +115,28 @@ def test_pending_sweep_is_one_list_call_per_provider(cloud_fleet: Any) -> None:
     assert cloud.calls["list"] - before == 4
 
 
+def test_a_vm_missing_from_a_fresh_list_is_booting_not_vanished(cloud_fleet: Any) -> None:
+    """A cloud's list may lag its create: a VM missing from it within VANISH_GRACE_S of
+    its create stays pending (per-VM check and sweep alike); past it, it failed."""
+    from vmpool.lifecycle.pending import VANISH_GRACE_S
+
+    fleet, cloud = cloud_fleet
+    rid = request(fleet, "bare", 1, "r-lag")
+    run(fleet, skip=("check_pending_vm",))
+    (vm,) = fleet.store.request_vms(rid)
+    for instance in cloud.instances.values():
+        instance.state = "terminated"  # not listed any more
+    assert lifecycle.check_pending_vm(fleet, vm.name) == "booting"
+    lifecycle.check_pending_sweep(fleet)
+    assert fleet.store.get_vm(vm.name).state == "pending"  # type: ignore[union-attr]
+    old = fleet.store.server_time() - VANISH_GRACE_S - 1
+    fleet.redis.hset(fleet.keys.vm(vm.name), "created_at", repr(old))
+    lifecycle.check_pending_sweep(fleet)
+    failed = fleet.store.get_vm(vm.name)
+    assert failed is not None and failed.state == "completed"
+    assert "vanished" in failed.reason
+
+
 def test_hostname_is_the_clouds_address_without_a_domain(cloud_fleet: Any) -> None:
     fleet, _ = cloud_fleet
     request(fleet, "bare", 1, "r-bare")

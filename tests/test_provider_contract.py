@@ -333,3 +333,33 @@ def test_vmpool_runs_without_libcloud() -> None:
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=60)
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
+
+
+def test_gce_and_openstack_credentials(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
+    """Without credentials a provider says which ones it lacks (a permanent
+    configuration error), and reads the OS_* variables when the options leave them out."""
+    monkeypatch.delenv("GOOGLE_APPLICATION_CREDENTIALS", raising=False)
+    gce = GCEProvider(None, Keys("f"), "gce", {"project": "p", "zone": "z"})
+    with pytest.raises(PermanentProviderError, match="credentials_file"):
+        gce.make_driver()
+    broken = tmp_path / "sa.json"
+    broken.write_text('{"private_key": "never shown"}')
+    bad = GCEProvider(None, Keys("f"), "gce", {"project": "p", "zone": "z",
+                                               "credentials_file": str(broken)})
+    with pytest.raises(PermanentProviderError, match="cannot read") as info:
+        bad.make_driver()
+    assert "never shown" not in str(info.value)
+
+    for name in ("OS_AUTH_URL", "OS_USERNAME", "OS_PASSWORD", "OS_PROJECT_NAME"):
+        monkeypatch.delenv(name, raising=False)
+    nova = OpenStackProvider(None, Keys("f"), "os", {"flavor": "m1"})
+    with pytest.raises(PermanentProviderError, match="auth_url, username and password"):
+        nova.driver_args()
+    monkeypatch.setenv("OS_AUTH_URL", "https://keystone.example:5000")
+    monkeypatch.setenv("OS_USERNAME", "ci")
+    monkeypatch.setenv("OS_PASSWORD", "os-env-secret")
+    monkeypatch.setenv("OS_PROJECT_NAME", "proj")
+    (user, password), kwargs = nova.driver_args()
+    assert (user, password) == ("ci", "os-env-secret")
+    assert kwargs["ex_force_auth_url"] == "https://keystone.example:5000"
+    assert kwargs["ex_tenant_name"] == "proj" and kwargs["ex_domain_name"] == "Default"

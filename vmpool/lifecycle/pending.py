@@ -33,14 +33,24 @@ VANISH_GRACE_S = 30.0
 
 
 def observe_pending(
-    fleet: Fleet, vm: VMRecord, lock: FencedLock, held: ProviderVM | None, ready: bool
+    fleet: Fleet,
+    vm: VMRecord,
+    lock: FencedLock,
+    held: ProviderVM | None,
+    ready: bool,
+    *,
+    listed: bool = False,
 ) -> str:
     """Record what the cloud said of pending ``vm`` (re-read under ``lock``).
+    ``listed``: the answer came from a list that may lag a create (a batching
+    provider), so a VM missing from it is given ``VANISH_GRACE_S``.
 
     Returns the store's code ('running', 'fulfilled', 'completed', 'retry',
     'request_failed', 'failed', or a refusal) or 'booting' when nothing changed."""
     name = vm.name
     actor = fleet.who("check_pending")
+    if held is None and listed and _age(vm, fleet.store.server_time()) < VANISH_GRACE_S:
+        return "booting"
     if held is None:
         reason = "VM vanished at the provider while booting"
     elif ready:
@@ -106,10 +116,14 @@ def check_batched(fleet: Fleet, names: Sequence[str]) -> list[str]:
     return rest
 
 
+def _age(vm: VMRecord, now: float) -> float:
+    since = vm.created_at if vm.created_at is not None else vm.state_since
+    return now - since if since is not None else 0.0
+
+
 def _due(fleet: Fleet, vm: VMRecord, held: ProviderVM | None, now: float) -> bool:
     """Whether the answer changes anything (so the VM's lock is worth taking)."""
-    since = vm.created_at if vm.created_at is not None else vm.state_since
-    age = now - since if since is not None else 0.0
+    age = _age(vm, now)
     if held is None:
         return age >= VANISH_GRACE_S
     return held.state == "running" or age >= fleet.pool_timeout_s(vm.pool)
@@ -121,9 +135,8 @@ def _observe_locked(fleet: Fleet, name: str, held: ProviderVM | None) -> str:
             vm = fleet.store.get_vm(name)  # re-read under the lock
             if vm is None or vm.state != "pending":
                 return "no_vm" if vm is None else f"vm_{vm.state}"
-            return observe_pending(
-                fleet, vm, lock, held, held is not None and held.state == "running"
-            )
+            ready = held is not None and held.state == "running"
+            return observe_pending(fleet, vm, lock, held, ready, listed=True)
     except LockBusy:
         return "busy"
     except LockLost as exc:

@@ -223,6 +223,7 @@ def _check_pending_locked(fleet: Fleet, name: str, provider: Provider, lock: Fen
         return "no_vm"
     if vm.state != "pending":
         return f"vm_{vm.state}"
+    listed = isinstance(provider, StatusBatch)
     try:
         if isinstance(provider, StatusBatch):  # one cloud call, not two
             held = provider.statuses([name]).get(name)
@@ -233,7 +234,7 @@ def _check_pending_locked(fleet: Fleet, name: str, provider: Provider, lock: Fen
     except Exception as exc:
         log.warning("check_pending %s: provider error, next check retries: %s", name, exc)
         return "provider_error"
-    return observe_pending(fleet, vm, lock, held, ready)
+    return observe_pending(fleet, vm, lock, held, ready, listed=listed)
 
 
 def reserved_grace_s(config: Config) -> float:
