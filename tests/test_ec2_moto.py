@@ -8,6 +8,8 @@ on loopback, tests/motohelp.py) and a real Redis.
   never touched.
 - A worker SIGKILLed in the middle of a create (after RunInstances, before the record)
   leaves no instance behind once its request is deleted and reconcile has run.
+- `vmpool up` with the same config, driven through the HTTP API: 10 requests ready
+  (hostnames: the instances' addresses, the pool has no domain), deleted, terminated.
 
 Every process is started by the test, bounded by deadlines and SIGKILLed by pid (its
 process group: the worker and its work horse) at the end.
@@ -229,3 +231,71 @@ def test_worker_killed_mid_create_leaves_no_instance(fleet: MotoFleet, tmp_path:
     assert not fleet.ours()
     still = {i["InstanceId"] for i in fleet.instances()}
     assert foreign <= still
+
+
+def test_vmpool_up_on_ec2_through_the_api(tmp_path: Path, redis_url: str,
+                                          redis_client: redis.Redis, moto: MotoServer) -> None:
+    """`vmpool up` with the EC2 pool: 10 requests made and deleted through the HTTP API
+    (as a client would), instances running and tagged in moto, then all terminated."""
+    import json
+    import re
+    import urllib.request
+
+    moto.reset()
+    config = tmp_path / "vmpool.yaml"
+    config.write_text(CONFIG.format(endpoint=moto.url))
+    env = {k: v for k, v in os.environ.items() if k not in ("VMPOOL_REDIS_URL", "VMPOOL_CONFIG")}
+    log = tmp_path / "up.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "vmpool.cli.main", "up", "--config", str(config),
+             "--redis-url", redis_url, "--workers", "2", "--port", "0"],
+            stdout=out, stderr=subprocess.STDOUT, env={**env, "PYTHONUNBUFFERED": "1"},
+            start_new_session=True,
+        )
+
+    def call(method: str, path: str, body: str | None = None) -> tuple[int, Any]:
+        req = urllib.request.Request(api + path, method=method,
+                                     data=body.encode() if body else None)
+        try:
+            with urllib.request.urlopen(req, timeout=10) as resp:
+                return resp.status, json.load(resp)
+        except urllib.error.HTTPError as exc:
+            return exc.code, json.load(exc)
+
+    try:
+        wait_for(lambda: "vmpool is up" in log.read_text(errors="replace"), 90, "vmpool up")
+        found = re.search(r"API (http://\S+)", log.read_text(errors="replace"))
+        assert found, log.read_text(errors="replace")
+        api = found.group(1)
+        rids = [call("POST", "/api/v3/ondemandvm", '{"ubuntu": "1"}')[1]["request_id"]
+                for _ in range(10)]
+
+        def all_ready() -> bool:
+            return all(call("GET", f"/api/v3/ondemandvm/{rid}")[0] == 200 for rid in rids)
+
+        wait_for(all_ready, 90, "10 requests ready through the API")
+        hostnames = {call("GET", f"/api/v3/ondemandvm/{rid}")[1]["ubuntu"]["hostname"][0]
+                     for rid in rids}
+        ec2 = boto_ec2(moto)
+
+        def running() -> list[dict[str, Any]]:
+            reply = ec2.describe_instances(Filters=[
+                {"Name": "tag:vmpool-fleet", "Values": ["vmpool"]},
+                {"Name": "instance-state-name", "Values": ["pending", "running"]}])
+            return [i for r in reply["Reservations"] for i in r["Instances"]]
+
+        instances = running()
+        assert len(instances) == 10
+        assert {i["PublicIpAddress"] for i in instances} == hostnames  # no domain: the address
+        for rid in rids:
+            assert call("DELETE", f"/api/v3/ondemandvm/{rid}")[0] == 200
+        wait_for(lambda: not running(), 60, "every instance terminated")
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(10)
