@@ -77,6 +77,19 @@ def keys() -> Keys:
     return Keys("vmpool")
 
 
+@pytest.fixture(scope="session")
+def moto(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """moto's EC2 server, one process for the session, killed by pid at its end
+    (tests/motohelp.py); each test using it resets it first."""
+    from motohelp import MotoServer
+
+    server = MotoServer.start(tmp_path_factory.mktemp("moto") / "moto.log")
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
 def pytest_configure(config: Any) -> None:
     # Child processes started by tests find the same server through this variable.
     os.environ.setdefault("VMPOOL_TESTING", "1")

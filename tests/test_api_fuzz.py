@@ -115,7 +115,8 @@ def test_fuzz_paths(
     redis_client.flushdb()
     before = snapshot(redis_url)
     path_segment = segment if raw else quote(segment, safe="+")
-    if (raw and any(c in segment for c in "?#%\\")) or any(ord(c) < 33 for c in segment):
+    unprintable = any(ord(c) < 33 or c == "\x7f" for c in segment)  # httpx refuses DEL too
+    if (raw and any(c in segment for c in "?#%\\")) or unprintable:
         path_segment = quote(segment, safe="+")
     r = client.request(method, f"{API}/ondemandvm/{path_segment}")
     assert r.status_code < 500, (segment, r.status_code, r.text)

@@ -497,12 +497,12 @@ def test_global_domain_is_a_warning_and_ignored(tmp_path: Path) -> None:
         (
             ":providers: {vsphere: {server: v}}\n:pools: [{name: p1, provider: vsphere}]\n",
             "pools[0].provider",
-            "only `simulated` is implemented",
+            "only `simulated`, `ec2`, `gce` and `openstack` are implemented",
         ),
         (
             ":providers: {x: {provider_class: dummy}}\n:pools: [{name: p1, provider: x}]\n",
             "pools[0].provider",
-            "only `simulated` is implemented",
+            "only `simulated`, `ec2`, `gce` and `openstack` are implemented",
         ),
         (":providers: {simulated: {boot_seconds: fast}}\n", "boot_seconds", "number or [min"),
         (":providers: {simulated: {boot_seconds: -1}}\n", "boot_seconds", "from 0 to 86400"),

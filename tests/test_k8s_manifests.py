@@ -77,6 +77,7 @@ ALERTS = {
     "VmpoolNoWorkerAlive",
     "VmpoolRedisUnreachable",
     "VmpoolCloneSlotsSaturated",
+    "VmpoolProviderCircuitOpen",
 }
 
 

@@ -531,6 +531,6 @@ def test_providers_from_config(redis_client: redis.Redis, keys: Keys) -> None:
 
 
 def test_providers_from_config_unknown_class(redis_client: redis.Redis, keys: Keys) -> None:
-    config = FakeConfig(providers={"aws": FakeProviderConfig("aws", "ec2")})
+    config = FakeConfig(providers={"vs": FakeProviderConfig("vs", "vsphere")})
     with pytest.raises(PermanentProviderError):
         providers_from_config(redis_client, keys, config)

@@ -4,7 +4,8 @@ Every read is O(pools + queues + periodic jobs + workers), never O(requests or V
 SCAN, no walk over records. One scrape is a few round trips: Redis server ``TIME``, one
 pipeline of counts (ZCARD of the pool indexes and the open-request index, LLEN of the
 fleet's RQ queues, ZSCORE of the schedule's templates, the counter and histogram hashes
-of :mod:`vmpool.state.counters`), and two pipelines over the fleet's RQ workers.
+of :mod:`vmpool.state.counters`), two pipelines over the fleet's RQ workers, and one
+over the providers' circuit breakers.
 
 Counters and the ready-time histogram are kept in Redis by the transitions themselves
 (the store's scripts, the workers, ``vmpool audit --metrics``), so they only grow and
@@ -33,6 +34,7 @@ from rq.utils import utcparse
 from rq.worker import BaseWorker
 from rq.worker_registration import WORKERS_BY_QUEUE_KEY
 
+from vmpool.api.provider_metrics import circuit_families
 from vmpool.config import Config, Schedule
 from vmpool.state.counters import (
     ERRORS_METRIC,
@@ -88,6 +90,7 @@ class RedisStateCollector(Collector):
         *,
         clone_limit: int | None = None,
         schedule: Schedule | None = None,
+        providers: Iterable[str] = (),
     ) -> None:
         self.store = store
         self.keys = store.keys
@@ -95,6 +98,7 @@ class RedisStateCollector(Collector):
         self.pools = list(pools)
         self.clone_limit = clone_limit
         self.schedule = schedule
+        self.providers = list(providers)
 
     @classmethod
     def from_config(
@@ -106,6 +110,7 @@ class RedisStateCollector(Collector):
             config.pools,
             clone_limit=config.ondemand_clone_limit,
             schedule=config.schedule,
+            providers=config.providers,
         )
 
     def describe(self) -> Iterable[Metric]:
@@ -133,6 +138,7 @@ class RedisStateCollector(Collector):
         yield from _skipped(reads)
         yield from self._audit(reads)
         yield from self._workers(now)
+        yield from circuit_families(self.store.redis, self.keys, self.providers)
 
     def _read(self, now: float) -> dict[tuple[str, ...], Any]:
         """Every count the scrape reports, in one pipeline; reply by name."""

@@ -60,6 +60,8 @@ def build(file: ConfigFile, *, source: str, warnings: tuple[str, ...]) -> Config
         redis_url=_redis_url(file.redis),
         lock_expire_s=_seconds(cfg, "lock_expire"),
         reconcile_grace_s=_seconds(cfg, "reconcile_grace"),
+        provider_circuit_failures=cfg.provider_circuit_failures,
+        provider_circuit_cooldown_s=_seconds(cfg, "provider_circuit_cooldown"),
         schedule=file.schedule,
         auth=None if file.auth is None else _auth(file.auth, source),
         source=source,
@@ -149,6 +151,7 @@ class _Pools:
             ready_ttl_s=self.ready_ttl_s if ready_ttl_s is None else ready_ttl_s,
             domain=domain,
             clone_target=pool.clone_target or self.file.config.clone_target,
+            size_hint=pool.amisize or pool.machine_type or pool.flavor,
         )
 
     def provider(self, name: str, path: str) -> str:

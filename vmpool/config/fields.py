@@ -38,6 +38,7 @@ __all__ = [
     "YEAR_S",
     "Aliases",
     "AuthProvider",
+    "CircuitFailures",
     "DataTtlHours",
     "Domain",
     "FleetCount",
@@ -151,6 +152,10 @@ Weight = Annotated[
     float,
     Field(ge=0, le=MAX_WEIGHT, allow_inf_nan=False),
     expect("a number from 0 to 1000000", number),
+]
+# Consecutive failed creates that open a provider's circuit (vmpool/state/circuit.py).
+CircuitFailures = Annotated[
+    int, Field(ge=1, le=1000), expect("an integer from 1 to 1000", integer)
 ]
 RetryCount = Annotated[int, Field(ge=0, le=100), expect("an integer from 0 to 100", integer)]
 

@@ -29,6 +29,9 @@ class PoolConfig:
     ready_ttl_s: float | None
     domain: str | None
     clone_target: str | None
+    # the instance size a cloud provider creates (amisize, machine_type or flavor); None:
+    # the provider's own option
+    size_hint: str | None
 
 
 @dataclass(frozen=True)
@@ -73,6 +76,8 @@ class Config:
     redis_url: str | None
     lock_expire_s: float
     reconcile_grace_s: float
+    provider_circuit_failures: int
+    provider_circuit_cooldown_s: float
     schedule: Schedule
     auth: AuthConfig | None
     source: str
@@ -150,6 +155,6 @@ def _public_auth(auth: AuthConfig) -> dict[str, Any]:
 
 def _mask_option(key: str, value: Any) -> Any:
     lowered = key.lower()
-    if any(word in lowered for word in ("password", "secret", "token", "credential")):
+    if any(word in lowered for word in ("password", "secret", "token", "credential", "access_key")):
         return "***"
     return value

@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from vmpool.config.fields import (
     Aliases,
     AuthProvider,
+    CircuitFailures,
     DataTtlHours,
     Domain,
     FleetCount,
@@ -125,6 +126,13 @@ class ConfigSection(_Section):
     ready_ttl: TtlMinutes | None = minutes(
         None, "How long a ready VM may wait in its pool (default of every pool's ready_ttl)"
     )
+    provider_circuit_failures: CircuitFailures = Field(
+        default=5,
+        description="Consecutive failed creates at one provider that stop its pools creating",
+    )
+    provider_circuit_cooldown: LockSeconds = seconds(
+        60, "How long a provider's pools stop creating once its circuit opened"
+    )
     clone_target: Text | None = Field(
         default=None, description="Where VMs are cloned (default of every pool's clone_target)"
     )
@@ -157,6 +165,15 @@ class PoolSection(_Section):
     )
     clone_target: Text | None = Field(
         default=None, description="Where VMs are cloned (default: config.clone_target)"
+    )
+    amisize: Text | None = Field(
+        default=None, description="EC2: the instance type (default: the provider's)"
+    )
+    machine_type: Text | None = Field(
+        default=None, description="GCE: the machine type (default: the provider's)"
+    )
+    flavor: Text | None = Field(
+        default=None, description="OpenStack: the flavor id (default: the provider's)"
     )
 
 

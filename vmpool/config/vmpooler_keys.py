@@ -92,7 +92,6 @@ POOL_IGNORED: Final = frozenset(
         "network",
         "zone",
         "project",
-        "machine_type",
         "network_name",
         "subnetwork_name",
         "disk_type",

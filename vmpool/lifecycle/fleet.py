@@ -38,6 +38,7 @@ from redis import Redis
 
 from vmpool.config import Config
 from vmpool.providers import Provider, providers_from_config
+from vmpool.state.circuit import ProviderCircuit
 from vmpool.state.keys import Keys
 from vmpool.state.locks import FencedLock, LockKind
 from vmpool.state.names import NameGenerator
@@ -139,12 +140,19 @@ class Fleet:
     clone_slots: CloneSemaphore | None = None
     rng: random.Random = field(default_factory=random.SystemRandom)
     names: NameGenerator = field(init=False)
+    circuit: ProviderCircuit = field(init=False)
 
     def __post_init__(self) -> None:
         if self.clone_slots is None:
             self.clone_slots = CloneSemaphore(
                 self.redis, self.keys, self.config.ondemand_clone_limit, self.lease_s
             )
+        self.circuit = ProviderCircuit(
+            self.redis,
+            self.keys,
+            self.config.provider_circuit_failures,
+            self.config.provider_circuit_cooldown_s,
+        )
         self.names = NameGenerator(self.config.hostname_prefix, self.rng)
 
     @classmethod

@@ -19,11 +19,19 @@ from collections.abc import Callable, Mapping, Sequence
 
 from vmpool.config import Config
 from vmpool.ids import InvalidIdentifier, validate_pool_name
+from vmpool.lifecycle.cloudsteps import circuit_closed, circuit_open, count_failure, size_hint
 from vmpool.lifecycle.failpoints import failpoint
-from vmpool.lifecycle.fleet import Fleet, after_vm_failed, dispatch_released, note_outcome
-from vmpool.providers import Provider, is_permanent_error
+from vmpool.lifecycle.fleet import Fleet, after_vm_failed, note_outcome
+from vmpool.lifecycle.pending import check_batched, observe_pending
+from vmpool.providers import (
+    Provider,
+    StatusBatch,
+    create_for_request,
+    is_permanent_error,
+)
 from vmpool.state.keys import INDEXED_VM_STATES
 from vmpool.state.locks import FencedLock, LockBusy, LockLost
+from vmpool.state.records import VMRecord
 
 __all__ = [
     "check_pending_sweep",
@@ -51,7 +59,8 @@ def create_vm(fleet: Fleet, name: str) -> str:
     let go of the VM while the provider worked: destroyed at the provider at once),
     'retry' / 'request_failed' / 'failed' (the provider refused; vm_failed recorded),
     'busy' (another worker holds the VM), 'throttled' (no clone slot free; the pending
-    sweep dispatches it again), 'lock_lost', 'no_provider', or the store's refusal
+    sweep dispatches it again), 'circuit_open' (the provider's circuit breaker is open;
+    likewise), 'lock_lost', 'no_provider', or the store's refusal
     ('no_vm', 'vm_<state>', 'stale_fence').
 
     The create is idempotent at the provider (by name), so a second run, or a run after
@@ -97,6 +106,8 @@ def _create_locked(fleet: Fleet, name: str, provider: Provider, lock: FencedLock
     if vm.state != "reserved":
         fleet.slots.release(name)
         return f"vm_{vm.state}"
+    if circuit_open(fleet, provider, vm):
+        return "circuit_open"
     if fleet.slots.acquire(name) is None:  # renews our lease, or takes a free slot
         log.info("create %s: clone limit reached, waiting for a slot", name)
         return "throttled"
@@ -105,20 +116,13 @@ def _create_locked(fleet: Fleet, name: str, provider: Provider, lock: FencedLock
         lock.ensure_held()
         try:
             with fleet.slots.renewing(name):  # the slot is held as long as the call runs
-                provider.create_vm(vm.pool, vm.template, name)
+                create_for_request(
+                    provider, vm.pool, vm.template, name, vm.request_id, size_hint(fleet, vm)
+                )
         except Exception as exc:  # any provider failure is recorded, never raised
-            permanent = is_permanent_error(exc)
-            log.info("create %s failed (permanent=%s): %s", name, permanent, exc)
-            lock.ensure_held()
-            failed = fleet.store.vm_failed(
-                name, f"create failed: {exc}", actor=actor, permanent=permanent, fence=lock.fence
-            )
-            note_outcome("vm_failed", name, failed)
-            after_vm_failed(fleet, vm, failed)
-            if failed.ok:
-                return failed.code if failed.code != "completed" else "failed"
-            return failed.code
+            return _create_failed(fleet, provider, vm, lock, exc)
         failpoint("create_vm.after_provider")
+        circuit_closed(fleet, provider, vm)
         lock.ensure_held()
         failpoint("create_vm.before_commit")  # a pause here is what the fence is for
         created = fleet.store.vm_created(name, actor=actor, fence=lock.fence)
@@ -137,6 +141,25 @@ def _create_locked(fleet: Fleet, name: str, provider: Provider, lock: FencedLock
         return "completed" if created.ok else created.code
     finally:
         fleet.slots.release(name)
+
+
+def _create_failed(
+    fleet: Fleet, provider: Provider, vm: VMRecord, lock: FencedLock, exc: Exception
+) -> str:
+    """Record a failed create (vm_failed, permanent when retrying cannot help, with the
+    cloud's message in the reason) and count it toward the provider's breaker."""
+    permanent = is_permanent_error(exc)
+    log.info("create %s failed (permanent=%s): %s", vm.name, permanent, exc)
+    reason = f"create failed: {exc}" + count_failure(fleet, provider, vm, exc, permanent)
+    lock.ensure_held()
+    failed = fleet.store.vm_failed(
+        vm.name, reason, actor=fleet.who("create"), permanent=permanent, fence=lock.fence
+    )
+    note_outcome("vm_failed", vm.name, failed)
+    after_vm_failed(fleet, vm, failed)
+    if failed.ok:
+        return failed.code if failed.code != "completed" else "failed"
+    return failed.code
 
 
 def _destroy_if_released(fleet: Fleet, name: str, provider: Provider) -> None:
@@ -200,38 +223,18 @@ def _check_pending_locked(fleet: Fleet, name: str, provider: Provider, lock: Fen
         return "no_vm"
     if vm.state != "pending":
         return f"vm_{vm.state}"
-    actor = fleet.who("check_pending")
-    reason = ""
+    listed = isinstance(provider, StatusBatch)
     try:
-        held = provider.get_vm(vm.pool, name)
-        ready = held is not None and provider.is_ready(vm.pool, name)
+        if isinstance(provider, StatusBatch):  # one cloud call, not two
+            held = provider.statuses([name]).get(name)
+            ready = held is not None and held.state == "running"
+        else:
+            held = provider.get_vm(vm.pool, name)
+            ready = held is not None and provider.is_ready(vm.pool, name)
     except Exception as exc:
         log.warning("check_pending %s: provider error, next check retries: %s", name, exc)
         return "provider_error"
-    if held is None:
-        reason = "VM vanished at the provider while booting"
-    elif ready:
-        lock.ensure_held()
-        failpoint("check_pending.before_commit")
-        outcome = fleet.store.vm_ready(name, actor=actor, fence=lock.fence)
-        note_outcome("vm_ready", name, outcome)
-        if outcome.ok and outcome.code == "completed":
-            fleet.dispatch.destroy_vm(name)
-            dispatch_released(fleet, vm.request_id)
-        return outcome.code
-    else:
-        timeout_s = fleet.pool_timeout_s(vm.pool)
-        since = vm.created_at if vm.created_at is not None else vm.state_since
-        if since is None or fleet.store.server_time() - since < timeout_s:
-            return "booting"
-        reason = f"timeout: not ready {timeout_s:g}s after create"
-    lock.ensure_held()
-    failed = fleet.store.vm_failed(name, reason, actor=actor, fence=lock.fence)
-    note_outcome("vm_failed", name, failed)
-    after_vm_failed(fleet, vm, failed)
-    if failed.ok:
-        return failed.code if failed.code != "completed" else "failed"
-    return failed.code
+    return observe_pending(fleet, vm, lock, held, ready, listed=listed)
 
 
 def reserved_grace_s(config: Config) -> float:
@@ -246,12 +249,15 @@ def check_pending_sweep(fleet: Fleet, pool: str | None = None) -> int:
     (a lost create job, or one that found no clone slot). Returns the dispatch count.
 
     Batched: one read per state for all pools (a pipeline), one dispatch batch per job,
-    so the round trips per tick do not grow with the number of pending VMs."""
+    so the round trips per tick do not grow with the number of pending VMs. The VMs of
+    a provider that answers for many at once (the clouds) are checked here instead,
+    one list call per provider (``pending.check_batched``)."""
     now = fleet.store.server_time()
     grace = reserved_grace_s(fleet.config)
     pools = [pool] if pool else list(fleet.config.pools)
     pending = _flat(fleet.store.pools_vms(pools, "pending"))
     stale = _flat(fleet.store.pools_vms(pools, "reserved", max_score=now - grace))
+    pending = check_batched(fleet, pending)  # a batching provider's VMs: checked here
     if pending:
         fleet.dispatch.check_pending_vms(pending)
     if stale:

@@ -11,8 +11,12 @@ from vmpool.providers.base import (
     Provider,
     ProviderError,
     ProviderVM,
+    StatusBatch,
     TransientProviderError,
+    create_for_request,
     is_permanent_error,
+    takes_request_id,
+    uses_circuit,
 )
 from vmpool.providers.registry import make_provider, providers_from_config
 from vmpool.providers.simulated import SimulatedOptions, SimulatedProvider
@@ -24,8 +28,12 @@ __all__ = [
     "ProviderVM",
     "SimulatedOptions",
     "SimulatedProvider",
+    "StatusBatch",
     "TransientProviderError",
+    "create_for_request",
     "is_permanent_error",
     "make_provider",
     "providers_from_config",
+    "takes_request_id",
+    "uses_circuit",
 ]

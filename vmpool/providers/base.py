@@ -17,6 +17,7 @@ so everything here is about the provider's own contract:
 from __future__ import annotations
 
 import re
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -27,8 +28,12 @@ __all__ = [
     "Provider",
     "ProviderError",
     "ProviderVM",
+    "StatusBatch",
     "TransientProviderError",
+    "create_for_request",
     "is_permanent_error",
+    "takes_request_id",
+    "uses_circuit",
     "validate_provider_name",
 ]
 
@@ -156,3 +161,43 @@ class Provider(Protocol):
     def inventory(self) -> list[ProviderVM]:
         """Every VM this provider instance holds, all pools."""
         ...
+
+
+@runtime_checkable
+class StatusBatch(Protocol):
+    """A provider that answers for many VMs with one cloud call (the cloud providers).
+
+    The pending sweep asks it once per provider per tick instead of dispatching one
+    check per VM; a provider without it is checked VM by VM, as before."""
+
+    def statuses(self, names: Collection[str]) -> Mapping[str, ProviderVM | None]:
+        """Each of ``names`` as the cloud sees it now (``state`` 'running' once it
+        passes the ready check), None for a VM the cloud does not hold."""
+        ...
+
+
+def takes_request_id(provider: object) -> bool:
+    """Whether ``create_vm`` takes ``request_id=`` (to tag the VM with it at launch)."""
+    return bool(getattr(provider, "tags_request_id", False))
+
+
+def uses_circuit(provider: object) -> bool:
+    """Whether the provider's failed creates count toward its circuit breaker (the real
+    clouds; the simulated cloud's failures are the chaos tests' input, not an outage)."""
+    return bool(getattr(provider, "circuit_breaker", False))
+
+
+def create_for_request(
+    provider: Provider,
+    pool: str,
+    template: str,
+    name: str,
+    request_id: str,
+    size: str | None = None,
+) -> ProviderVM:
+    """``provider.create_vm``, with the request id (and the pool's instance size) when
+    the provider takes them (the cloud providers: ``tags_request_id``)."""
+    if takes_request_id(provider):
+        create = getattr(provider, "create_vm")  # noqa: B009 (its signature is wider)
+        return create(pool, template, name, request_id=request_id, size=size)  # type: ignore[no-any-return]
+    return provider.create_vm(pool, template, name)

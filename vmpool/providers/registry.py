@@ -17,6 +17,14 @@ from typing import TYPE_CHECKING, Any, Final, Protocol
 from pydantic import BaseModel
 
 from vmpool.providers.base import PermanentProviderError, Provider, validate_provider_name
+from vmpool.providers.cloud import (
+    EC2Options,
+    EC2Provider,
+    GCEOptions,
+    GCEProvider,
+    OpenStackOptions,
+    OpenStackProvider,
+)
 from vmpool.providers.simulated import SimulatedOptions, SimulatedProvider
 
 if TYPE_CHECKING:
@@ -44,11 +52,16 @@ class ProviderClass:
 
 
 PROVIDER_CLASSES: Final[Mapping[str, ProviderClass]] = MappingProxyType(
-    {"simulated": ProviderClass("simulated", SimulatedOptions, SimulatedProvider)}
+    {
+        "simulated": ProviderClass("simulated", SimulatedOptions, SimulatedProvider),
+        "ec2": ProviderClass("ec2", EC2Options, EC2Provider),
+        "gce": ProviderClass("gce", GCEOptions, GCEProvider),
+        "openstack": ProviderClass("openstack", OpenStackOptions, OpenStackProvider),
+    }
 )
 
-# The provider instance a pool uses when it names none (vmpooler's default is vsphere;
-# vmpool ships no real cloud yet).
+# The provider instance a pool uses when it names none (vmpooler's default is vsphere,
+# which vmpool does not ship: docs/providers.md).
 DEFAULT_PROVIDER: Final = "simulated"
 
 

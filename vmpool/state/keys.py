@@ -168,6 +168,10 @@ class Keys:
     def lock_signal(self, kind: str, subject: str) -> str:
         return self.lock(kind, subject) + ":signal"
 
+    def provider_circuit(self, provider: str) -> str:
+        """Hash: one provider's circuit breaker (vmpool/state/circuit.py)."""
+        return f"{self.prefix}:provider-circuit:{validate_pool_name(provider)}"
+
     @property
     def clone_slots(self) -> str:
         return f"{self.prefix}:clone-slots"

@@ -171,8 +171,12 @@ class Store:
     def vm_created(self, name: str, *, actor: str, fence: int | None = None) -> Outcome:
         return self._run_vm("vm_created", name, actor, [name, self._fence(fence)])
 
-    def vm_ready(self, name: str, *, actor: str, fence: int | None = None) -> Outcome:
-        return self._run_vm("vm_ready", name, actor, [name, self._fence(fence)])
+    def vm_ready(
+        self, name: str, *, actor: str, fence: int | None = None, hostname: str = ""
+    ) -> Outcome:
+        """``hostname``: the address the cloud reports, for a VM whose pool has no
+        domain (recorded in the same unit as the VM turning running); '' keeps it."""
+        return self._run_vm("vm_ready", name, actor, [name, self._fence(fence), hostname])
 
     def vm_failed(
         self,

@@ -133,6 +133,10 @@ def _start_provisioning(st: ApiState, rid: str) -> None:
         )
 
 
+# vm_failed.lua's words before the reason of a request failed by a permanent error.
+PERMANENT_PREFIX = "Configuration error: "
+
+
 def _not_found(rid: str) -> Response:
     return not_ok(404, message=f"no request found for request_id '{rid}'")
 
@@ -158,6 +162,9 @@ def request_status(store: Store, rid: str) -> Response:
             "The request failed to provision instances within the configured"
             f" ondemand_request_ttl '{_ttl_minutes(record)}'"
         )
+        if record.failure_reason.startswith(PERMANENT_PREFIX):
+            # a vmpool extension: the permanent error (the cloud's message) that failed it
+            body["reason"] = record.failure_reason
         return reply(200, body)
     if record.status == "deleted":
         body["message"] = DELETED_MESSAGE

@@ -19,6 +19,7 @@ from vmpool.api.deps import ApiState, State
 from vmpool.api.metrics import fleet_workers
 from vmpool.api.responses import reply
 from vmpool.config import Config
+from vmpool.state.circuit import read_states
 from vmpool.state.keys import Keys
 from vmpool.state.redis_check import check_redis
 from workers.queues import queue_names
@@ -94,6 +95,10 @@ def status_body(st: ApiState) -> dict[str, Any]:
         "auth": "off" if st.config.auth is None else "on",
         # the settings vmpool's guarantees assume (noeviction, AOF), or "unknown"
         "redis": check_redis(r).as_dict(),
+        # vmpool: each provider's circuit breaker (vmpool/state/circuit.py)
+        "providers": {
+            s.provider: s.as_dict() for s in read_states(r, st.keys, st.config.providers)
+        },
     }
     warning = exposure_warning(st.config.auth is not None, st.listen_host)
     if warning:

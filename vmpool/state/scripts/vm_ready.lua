@@ -1,7 +1,9 @@
 -- vm_ready.lua: the provider says the VM booted. Attach it to its request and fulfil
 -- the request if it was the last one, or send it to destruction.
 -- KEYS: 1-8 as in _prelude.lua.
--- ARGV: 1-4 as in _prelude.lua; 5 VM name; 6 fencing token of the VM's lock ('').
+-- ARGV: 1-4 as in _prelude.lua; 5 VM name; 6 fencing token of the VM's lock ('');
+--   7 the hostname the client is to get (the cloud's address), '' to keep the one
+--   reserve_vm wrote (name.domain).
 -- Returns: {1, 'running' | 'fulfilled', version} when attached; {1, 'completed',
 --   version} when the request is not pending, or its time (TTL + grace) is up, in
 --   which case the request is failed here and all its VMs released; or
@@ -37,6 +39,9 @@ end
 local lifetime_end = now + tonumber(req.lifetime)
 move_vm(KEYS[7], vm, 'running', now, fmt(lifetime_end), '')
 redis.call('HSET', KEYS[7], 'ready_at', fmt(now), 'lifetime_end', fmt(lifetime_end))
+if ARGV[7] and ARGV[7] ~= '' then
+  redis.call('HSET', KEYS[7], 'hostname', ARGV[7])
+end
 if vm.reserved_at then
   observe_ready_time(vm.pool, math.max(0, now - tonumber(vm.reserved_at)))
 end

@@ -1,0 +1,341 @@
+"""In-memory EC2, GCE and OpenStack APIs behind libcloud's MockHttp (tests only).
+
+Each fake keeps the instances a test made, answers the few calls vmpool's providers
+make (create with tags, list filtered by the fleet tag, get, destroy) in the cloud's
+own wire format, and can be told to fail the next calls of one kind (``fail``) with a
+status, body and headers, to test throttling and permanent errors. A created instance
+is 'pending' until the first list after its create, then 'running', with the address
+``127.0.0.1`` (so an ssh ready check can be pointed at a local listening socket).
+
+``install(monkeypatch, kind)`` points libcloud's driver connection at the fake and
+returns ``(fake, driver)``: build the provider with ``driver=driver``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import parse_qs, urlparse
+
+import pytest
+from libcloud.test import MockHttp
+
+Reply = tuple[int, str, dict[str, str], str]
+
+EC2_NS = "http://ec2.amazonaws.com/doc/2016-11-15/"
+
+
+@dataclass
+class Instance:
+    id: str
+    name: str
+    image: str
+    size: str
+    tags: dict[str, str]
+    state: str = "pending"
+    listed: int = 0
+
+
+@dataclass
+class FakeCloud:
+    """The cloud's state; ``calls`` counts API calls by kind (create, list, get, destroy)."""
+
+    instances: dict[str, Instance] = field(default_factory=dict)
+    calls: Counter[str] = field(default_factory=Counter)
+    failures: dict[str, list[Reply]] = field(default_factory=dict)
+    ids: Any = field(default_factory=lambda: itertools.count(1))
+    missing_images: set[str] = field(default_factory=set)
+    lost_answers: int = 0  # creates that succeed but whose answer is a 503
+
+    def answer(self, reply: Reply, lost: Reply) -> Reply:
+        """``reply``, or ``lost`` while answers are to be lost (the create went through)."""
+        if self.lost_answers > 0:
+            self.lost_answers -= 1
+            return lost
+        return reply
+
+    def fail(self, kind: str, status: int, body: str, headers: dict[str, str] | None = None,
+             times: int = 1) -> None:
+        self.failures.setdefault(kind, []).extend(
+            [(status, body, headers or {}, "error")] * times
+        )
+
+    def take_failure(self, kind: str) -> Reply | None:
+        self.calls[kind] += 1
+        queue = self.failures.get(kind)
+        return queue.pop(0) if queue else None
+
+    def create(self, name: str, image: str, size: str, tags: dict[str, str]) -> Instance:
+        instance = Instance(f"i-{next(self.ids):08x}", name, image, size, dict(tags))
+        self.instances[instance.id] = instance
+        return instance
+
+    def live(self) -> list[Instance]:
+        found = [i for i in self.instances.values() if i.state != "terminated"]
+        for instance in found:
+            instance.listed += 1
+            if instance.listed > 1 and instance.state == "pending":
+                instance.state = "running"
+        return found
+
+    def by_name(self, name: str) -> Instance | None:
+        return next((i for i in self.live() if i.name == name), None)
+
+
+def _ok(body: Any, status: int = 200) -> Reply:
+    text = body if isinstance(body, str) else json.dumps(body)
+    return status, text, {"content-type": "application/json"}, "OK"
+
+
+# -- EC2 -----------------------------------------------------------------------------------
+
+def _ec2_item(i: Instance) -> str:
+    tags = "".join(
+        f"<item><key>{k}</key><value>{v}</value></item>" for k, v in i.tags.items()
+    )
+    code = {"pending": 0, "running": 16, "shutting-down": 32, "terminated": 48}[i.state]
+    return (
+        f"<item><instanceId>{i.id}</instanceId><imageId>{i.image}</imageId>"
+        f"<instanceState><code>{code}</code><name>{i.state}</name></instanceState>"
+        f"<privateDnsName/><dnsName/><instanceType>{i.size}</instanceType>"
+        "<launchTime>2026-01-01T00:00:00.000Z</launchTime>"
+        "<privateIpAddress>10.0.0.9</privateIpAddress><ipAddress>127.0.0.1</ipAddress>"
+        f"<tagSet>{tags}</tagSet></item>"
+    )
+
+
+def ec2_error(code: str, message: str) -> str:
+    return (
+        f"<Response><Errors><Error><Code>{code}</Code><Message>{message}</Message>"
+        "</Error></Errors><RequestID>req-1</RequestID></Response>"
+    )
+
+
+class EC2Mock(MockHttp):  # type: ignore[misc]
+    cloud: FakeCloud
+
+    def _get_request(self, method: str, url: str, body: Any = None, headers: Any = None) -> Reply:
+        params = {k: v[0] for k, v in parse_qs(urlparse(url).query).items()}
+        if body:
+            params.update({k: v[0] for k, v in parse_qs(str(body)).items()})
+        action = params.get("Action", "")
+        kind = {"RunInstances": "create", "DescribeInstances": "list",
+                "TerminateInstances": "destroy"}.get(action, action)
+        failure = self.cloud.take_failure(kind)
+        if failure:
+            return failure
+        return getattr(self, f"_ec2_{kind}")(params)
+
+    def _ec2_create(self, params: dict[str, str]) -> Reply:
+        image = params["ImageId"]
+        if image in self.cloud.missing_images:
+            return 400, ec2_error(
+                "InvalidAMIID.NotFound", f"The image id '[{image}]' does not exist"
+            ), {}, "Bad Request"
+        tags = {}
+        for n in itertools.count(1):
+            key = params.get(f"TagSpecification.1.Tag.{n}.Key")
+            if key is None:
+                break
+            tags[key] = params.get(f"TagSpecification.1.Tag.{n}.Value", "")
+        instance = self.cloud.create(tags.get("Name", ""), image, params["InstanceType"], tags)
+        lost = (503, ec2_error("Unavailable", "The server is unavailable"), {}, "Unavailable")
+        return self.cloud.answer(_ok(
+            f'<RunInstancesResponse xmlns="{EC2_NS}"><reservationId>r-1</reservationId>'
+            f"<ownerId>1</ownerId><groupSet/><instancesSet>{_ec2_item(instance)}"
+            "</instancesSet></RunInstancesResponse>"
+        ), lost)
+
+    def _ec2_list(self, params: dict[str, str]) -> Reply:
+        filters: dict[str, set[str]] = {}
+        for n in itertools.count(1):
+            name = params.get(f"Filter.{n}.Name")
+            if name is None:
+                break
+            values = {v for k, v in params.items() if k.startswith(f"Filter.{n}.Value.")}
+            filters[name] = values
+        found = []
+        for i in self.cloud.live():
+            tagged = all(i.tags.get(f[4:]) in v for f, v in filters.items() if f[:4] == "tag:")
+            if tagged and i.state in filters.get("instance-state-name", {i.state}):
+                found.append(i)
+        items = "".join(_ec2_item(i) for i in found)
+        return _ok(
+            f'<DescribeInstancesResponse xmlns="{EC2_NS}"><reservationSet><item>'
+            "<reservationId>r-1</reservationId><ownerId>1</ownerId><groupSet/>"
+            f"<instancesSet>{items}</instancesSet></item></reservationSet>"
+            "</DescribeInstancesResponse>"
+        )
+
+    def _ec2_destroy(self, params: dict[str, str]) -> Reply:
+        instance = self.cloud.instances[params["InstanceId.1"]]
+        instance.state = "terminated"
+        return _ok(
+            f'<TerminateInstancesResponse xmlns="{EC2_NS}"><instancesSet><item>'
+            f"<instanceId>{instance.id}</instanceId><currentState><code>32</code>"
+            "<name>shutting-down</name></currentState><previousState><code>16</code>"
+            "<name>running</name></previousState></item></instancesSet>"
+            "</TerminateInstancesResponse>"
+        )
+
+
+# -- GCE -----------------------------------------------------------------------------------
+
+def gce_error(status: int, reason: str, message: str) -> str:
+    return json.dumps(
+        {"error": {"code": status, "message": message,
+                   "errors": [{"reason": reason, "message": message, "domain": "global"}]}}
+    )
+
+
+def _gce_item(i: Instance) -> dict[str, Any]:
+    status = {"pending": "PROVISIONING", "running": "RUNNING"}.get(i.state, "STOPPING")
+    return {
+        "id": i.id, "name": i.name, "status": status, "labels": i.tags,
+        "networkInterfaces": [
+            {"networkIP": "10.0.0.9", "accessConfigs": [{"natIP": "127.0.0.1"}]}
+        ],
+    }
+
+
+class GCEMock(MockHttp):  # type: ignore[misc]
+    cloud: FakeCloud
+
+    def _get_request(self, method: str, url: str, body: Any = None, headers: Any = None) -> Reply:
+        parsed = urlparse(url)
+        path = parsed.path.rstrip("/")
+        tail = path.split("/instances", 1)[1] if "/instances" in path else None
+        if tail is None:
+            return 404, gce_error(404, "notFound", f"no such path {path}"), {}, "Not Found"
+        kind = {"POST": "create", "GET": "list", "DELETE": "destroy"}[method]
+        failure = self.cloud.take_failure(kind)
+        if failure:
+            return failure
+        if method == "POST":
+            return self._insert(json.loads(body))
+        if method == "DELETE":
+            found = self.cloud.by_name(tail.lstrip("/"))
+            if found is None:
+                return 404, gce_error(404, "notFound", "instance not found"), {}, "Not Found"
+            found.state = "terminated"
+            return _ok({"kind": "compute#operation", "name": "op-2", "status": "PENDING"})
+        query = parse_qs(parsed.query).get("filter", [""])[0]
+        key, _, value = query.removeprefix("labels.").partition("=")
+        items = [_gce_item(i) for i in self.cloud.live() if i.tags.get(key) == value]
+        return _ok({"kind": "compute#instanceList", "items": items})
+
+    def _insert(self, body: dict[str, Any]) -> Reply:
+        image = body["disks"][0]["initializeParams"]["sourceImage"]
+        if image.rsplit("/", 1)[-1] in self.cloud.missing_images:
+            message = f"The resource '{image}' was not found"
+            return 404, gce_error(404, "notFound", message), {}, "Not Found"
+        if self.cloud.by_name(body["name"]) is not None:
+            message = f"The resource '{body['name']}' already exists"
+            return 409, gce_error(409, "alreadyExists", message), {}, "Conflict"
+        size = body["machineType"].rsplit("/", 1)[-1]
+        self.cloud.create(body["name"], image, size, body.get("labels", {}))
+        lost = (503, gce_error(503, "backendError", "Backend Error"), {}, "Unavailable")
+        op = _ok({"kind": "compute#operation", "name": "op-1", "status": "PENDING"})
+        return self.cloud.answer(op, lost)
+
+
+# -- OpenStack -----------------------------------------------------------------------------
+
+OPENSTACK_BASE = "http://127.0.0.1:8774/v2.1/tenant"
+
+
+def _os_server(i: Instance) -> dict[str, Any]:
+    status = {"pending": "BUILD", "running": "ACTIVE"}.get(i.state, "DELETED")
+    return {
+        "id": i.id, "name": i.name, "status": status, "metadata": i.tags,
+        "addresses": {"net": [{"addr": "127.0.0.1", "version": 4,
+                               "OS-EXT-IPS:type": "floating"}]},
+        "image": {"id": i.image}, "flavor": {"id": i.size}, "tenant_id": "tenant",
+        "user_id": "u", "created": "2026-01-01T00:00:00Z", "updated": "2026-01-01T00:00:00Z",
+        "hostId": "h", "key_name": None, "accessIPv4": "", "accessIPv6": "",
+        "links": [{"rel": "self", "href": f"{OPENSTACK_BASE}/servers/{i.id}"}],
+    }
+
+
+class OpenStackMock(MockHttp):  # type: ignore[misc]
+    cloud: FakeCloud
+
+    def _get_request(self, method: str, url: str, body: Any = None, headers: Any = None) -> Reply:
+        path = urlparse(url).path.rstrip("/").split("/tenant", 1)[1]
+        if method == "POST" and path == "/servers":
+            return self._failure("create") or self._create(json.loads(body)["server"])
+        if method == "GET" and path == "/servers/detail":
+            return self._failure("list") or _ok(
+                {"servers": [_os_server(i) for i in self.cloud.live()]}
+            )
+        server_id = path.rsplit("/", 1)[-1]
+        instance = self.cloud.instances.get(server_id)
+        if method == "DELETE":
+            failure = self._failure("destroy")
+            if failure:
+                return failure
+            if instance is not None:
+                instance.state = "terminated"
+            return 204, "", {}, "No Content"
+        self.cloud.calls["get"] += 1
+        if instance is None:
+            return 404, json.dumps({"itemNotFound": {"message": "nope", "code": 404}}), {}, "NF"
+        return _ok({"server": _os_server(instance)})
+
+    def _failure(self, kind: str) -> Reply | None:
+        return self.cloud.take_failure(kind)
+
+    def _create(self, server: dict[str, Any]) -> Reply:
+        image = server.get("imageRef", "")
+        if image in self.cloud.missing_images:
+            body = {"badRequest": {"message": f"Image {image} could not be found.", "code": 400}}
+            return 400, json.dumps(body), {"content-type": "application/json"}, "Bad Request"
+        instance = self.cloud.create(
+            server["name"], image, server.get("flavorRef", ""), server.get("metadata", {})
+        )
+        lost = (503, json.dumps({"computeFault": {"message": "down", "code": 503}}), {}, "down")
+        return self.cloud.answer(_ok({"server": {"id": instance.id, "adminPass": "x"}}, 202), lost)
+
+
+# -- wiring --------------------------------------------------------------------------------
+
+def install(monkeypatch: pytest.MonkeyPatch, kind: str) -> tuple[FakeCloud, Any]:
+    """Point libcloud's ``kind`` driver at a new fake; the fake and a driver for it."""
+    cloud = FakeCloud()
+    if kind == "ec2":
+        from libcloud.compute.drivers.ec2 import EC2NodeDriver
+
+        monkeypatch.setattr(EC2Mock, "cloud", cloud, raising=False)
+        monkeypatch.setattr(EC2NodeDriver.connectionCls, "conn_class", EC2Mock)
+        return cloud, EC2NodeDriver("AKIDFAKE", "fake-secret", region="us-east-1",
+                                    signature_version="4")
+    if kind == "gce":
+        from libcloud.common import google
+        from libcloud.compute.drivers.gce import GCENodeDriver
+
+        from vmpool.providers.cloud.gce import driver_class
+
+        token = {"access_token": "t", "token_type": "Bearer",
+                 "expire_time": "2099-01-01T00:00:00Z", "expires_in": 3600}
+        monkeypatch.setattr(google.GoogleOAuth2Credential, "_get_token_from_file",
+                            lambda self: token)
+        monkeypatch.setattr(google.GoogleOAuth2Credential, "_write_token_to_file",
+                            lambda self: None)
+        monkeypatch.setattr(google.GoogleAuthType, "_is_gce", staticmethod(lambda: False))
+        monkeypatch.setattr(GCEMock, "cloud", cloud, raising=False)
+        monkeypatch.setattr(GCENodeDriver.connectionCls, "conn_class", GCEMock)
+        return cloud, driver_class()("sa@example.iam.gserviceaccount.com", "key",
+                                    project="proj", auth_type="IA")
+    from libcloud.compute.drivers.openstack import OpenStack_2_NodeDriver
+
+    monkeypatch.setattr(OpenStackMock, "cloud", cloud, raising=False)
+    monkeypatch.setattr(OpenStack_2_NodeDriver.connectionCls, "conn_class", OpenStackMock)
+    driver = OpenStack_2_NodeDriver(
+        "user", "password", ex_force_auth_token="token", ex_force_base_url=OPENSTACK_BASE,
+        ex_force_auth_url="http://127.0.0.1:5000", ex_force_auth_version="3.x_password",
+        ex_tenant_name="tenant", ex_domain_name="Default",
+    )
+    return cloud, driver

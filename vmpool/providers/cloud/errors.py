@@ -1,0 +1,168 @@
+"""Which cloud failures a retry can fix, read from libcloud's exceptions.
+
+Transient (retried with backoff, ``Retry-After`` respected): throttling (429,
+``RequestLimitExceeded``, ``Throttling``), 5xx, timeouts and connection errors,
+capacity (``InsufficientInstanceCapacity``, GCE's quota and resource exhaustion).
+Permanent (the VM fails at once, with the cloud's message): bad credentials, missing
+image or key pair, invalid parameters, quota limits, any other 4xx.
+
+libcloud is imported only when a cloud call has failed, so a fleet without a cloud
+provider never imports it (the demo runs without the ``cloud`` extra).
+"""
+
+from __future__ import annotations
+
+import socket
+import ssl
+from typing import Any, Final
+
+from vmpool.providers.base import (
+    PermanentProviderError,
+    ProviderError,
+    TransientProviderError,
+    is_permanent_error,
+)
+
+__all__ = ["TRANSIENT_CODES", "classify", "retry_after_of"]
+
+# Error codes (EC2's, OpenStack's and GCE's reasons) that say "later", whatever the HTTP
+# status carrying them.
+TRANSIENT_CODES: Final = (
+    "RequestLimitExceeded",
+    "Throttling",
+    "ThrottlingException",
+    "InsufficientInstanceCapacity",
+    "InsufficientHostCapacity",
+    "InsufficientCapacity",
+    "Unavailable",
+    "ServiceUnavailable",
+    "InternalError",
+    "InternalFailure",
+    "RESOURCE_EXHAUSTED",
+    "ZONE_RESOURCE_POOL_EXHAUSTED",
+    "rateLimitExceeded",
+    "userRateLimitExceeded",
+    "backendError",
+)
+
+
+def retry_after_of(exc: BaseException) -> float | None:
+    """The seconds the cloud asked us to wait (``Retry-After``), when it said."""
+    value = getattr(exc, "retry_after", None)
+    if value is None:
+        headers = getattr(exc, "headers", None) or {}
+        value = {str(k).lower(): v for k, v in dict(headers).items()}.get("retry-after")
+    try:
+        seconds = float(value) if value is not None else None
+    except (TypeError, ValueError):
+        return None
+    return seconds if seconds is not None and seconds >= 0 else None
+
+
+def _transient(message: str, exc: BaseException) -> TransientProviderError:
+    error = TransientProviderError(message)
+    error.retry_after = retry_after_of(exc)  # type: ignore[attr-defined]
+    return error
+
+
+def _says_later(message: str) -> bool:
+    return any(code.lower() in message.lower() for code in TRANSIENT_CODES)
+
+
+def _http_code(exc: BaseException) -> int | None:
+    """The HTTP status of a failed call (libcloud puts it in ``code`` or, for Google,
+    ``http_code``, whose ``code`` is a reason such as ``notFound``)."""
+    for attr in ("http_code", "code"):
+        try:
+            return int(getattr(exc, attr))
+        except (TypeError, ValueError, AttributeError):
+            continue
+    return None
+
+
+def _cloud_message(exc: BaseException) -> str:
+    message = getattr(exc, "message", None) or getattr(exc, "value", None) or str(exc)
+    if isinstance(message, dict):  # Google's error item: {'reason', 'message', ...}
+        message = f"{message.get('reason', '')}: {message.get('message', '')}".strip(": ")
+    code = _http_code(exc)
+    text = str(message).strip() or type(exc).__name__
+    return f"{text} (HTTP {code})" if code else text
+
+
+def classify(exc: BaseException) -> ProviderError:
+    """``exc`` as a :class:`ProviderError` whose ``permanent`` says whether to retry,
+    carrying the cloud's own message (and ``retry_after`` when the cloud gave one)."""
+    if isinstance(exc, ProviderError):
+        return exc
+    if isinstance(exc, (socket.timeout, TimeoutError, ConnectionError, ssl.SSLError)):
+        return _transient(f"{type(exc).__name__}: {exc}", exc)
+    verdict = _libcloud_verdict(exc)
+    if verdict is not None:
+        return verdict
+    message = _cloud_message(exc)
+    if isinstance(exc, OSError) or _says_later(message):
+        return _transient(message, exc)
+    if is_permanent_error(exc):
+        return PermanentProviderError(message)
+    return _transient(message, exc)
+
+
+def _libcloud_verdict(exc: BaseException) -> ProviderError | None:
+    from libcloud.common import exceptions as lc_exc  # only once something failed
+    from libcloud.common import types as lc_types
+    from libcloud.compute import types as compute_types
+
+    message = _cloud_message(exc)
+    permanent: tuple[type[BaseException], ...] = (
+        lc_types.InvalidCredsError,
+        compute_types.KeyPairDoesNotExistError,
+    )
+    idempotent = _optional(("libcloud.compute.drivers.ec2", "IdempotentParamError"))
+    if isinstance(exc, lc_exc.RateLimitReachedError):
+        return _transient(f"rate limited: {message}", exc)
+    if isinstance(exc, (*permanent, *idempotent)):
+        return PermanentProviderError(message)
+    google = _google_verdict(exc, message)
+    if google is not None:
+        return google
+    if isinstance(exc, lc_types.ServiceUnavailableError):
+        return _transient(message, exc)
+    code = _http_code(exc)
+    if code is None:
+        return None
+    if code == 429 or code >= 500 or _says_later(message):
+        return _transient(message, exc)
+    if 400 <= code < 500:
+        return PermanentProviderError(message)
+    return None
+
+
+def _google_verdict(exc: BaseException, message: str) -> ProviderError | None:
+    found = _optional(
+        ("libcloud.common.google", "QuotaExceededError"),
+        ("libcloud.common.google", "GoogleBaseError"),
+    )
+    if len(found) < 2:
+        return None
+    quota, base = found
+    if isinstance(exc, quota):
+        return _transient(message, exc)  # GCE quota: back off, it frees up
+    if isinstance(exc, base):
+        code = _http_code(exc)
+        if _says_later(message) or (code is not None and (code == 429 or code >= 500)):
+            return _transient(message, exc)
+        return PermanentProviderError(message)
+    return None
+
+
+def _optional(*names: tuple[str, str]) -> tuple[type[BaseException], ...]:
+    """Exception classes that exist in this libcloud (modules import lazily)."""
+    import importlib
+
+    found: list[Any] = []
+    for module, attr in names:
+        try:
+            found.append(getattr(importlib.import_module(module), attr))
+        except (ImportError, AttributeError):
+            continue
+    return tuple(found)
