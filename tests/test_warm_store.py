@@ -5,6 +5,8 @@ test drives the real scripts on a real Redis and runs the audit over what they l
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
+from typing import Any
 
 import redis
 
@@ -13,6 +15,7 @@ from vmpool.state.keys import Keys
 from vmpool.state.records import RequestSettings, Slot
 from vmpool.state.store import Store
 
+from naive_store import naive_checkout
 from storehelp import ACTOR, make_request, refused
 
 POOL = "debian"
@@ -237,4 +240,83 @@ def test_request_vm_extension_keeps_the_request_trail(redis_client: redis.Redis)
     assert store.vm_ready(names[0], actor=ACTOR).code == "fulfilled"
     assert store.extend_vm(names[0], 2, actor=ACTOR).code == "extended"
     assert store.history("r3")[-1].dst == "running"
+    clean(store)
+
+
+def _two_crossed_clients(checkout: Any) -> list[bool]:
+    """Two clients each asking for one VM of pool a and one of pool b, one in the order
+    (a, b) and one (b, a), with one ready VM in each pool, released together and made to
+    take their first VM before either takes its second (a barrier in the gap)."""
+    barrier = threading.Barrier(2)
+    results: list[bool] = []
+
+    def gap_after_first() -> Callable[[], None]:
+        calls = [0]
+
+        def gap() -> None:
+            calls[0] += 1
+            if calls[0] == 2:
+                barrier.wait(timeout=5)
+
+        return gap
+
+    def client(order: dict[str, int]) -> None:
+        results.append(checkout(order, gap_after_first()))
+
+    threads = [
+        threading.Thread(target=client, args=({"pa": 1, "pb": 1},)),
+        threading.Thread(target=client, args=({"pb": 1, "pa": 1},)),
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=10)
+    return results
+
+
+def test_naive_checkout_loses_a_satisfiable_claim(
+    redis_url: str, redis_client: redis.Redis
+) -> None:
+    """Proves the race the one-script checkout closes: with vmpooler's shape (one atomic
+    move per VM, the taken ones put back on a short pool), two clients that each take
+    their first VM before their second both find the other pool empty and both get 503,
+    although the two ready VMs could serve one of them whole."""
+    keys = Keys()
+    store = Store(redis_client, keys)
+    warm(store, 1, pool="pa")
+    warm(store, 1, pool="pb")
+
+    def naive(order: dict[str, int], gap: Callable[[], None]) -> bool:
+        client = redis.Redis.from_url(redis_url, decode_responses=True)
+        try:
+            return bool(naive_checkout(client, keys, order, gap))
+        finally:
+            client.close()
+
+    assert _two_crossed_clients(naive) == [False, False]
+
+
+def test_checkout_serves_one_of_two_crossed_clients(
+    redis_url: str, redis_client: redis.Redis
+) -> None:
+    """Proves: the same two crossed clients against vmpool's checkout (one script, every
+    VM chosen before any moves): exactly one gets both VMs, the other 503, nothing lost."""
+    keys = Keys()
+    store = Store(redis_client, keys)
+    warm(store, 1, pool="pa")
+    warm(store, 1, pool="pb")
+    barrier = threading.Barrier(2)
+
+    def real(order: dict[str, int], gap: Callable[[], None]) -> bool:
+        client = redis.Redis.from_url(redis_url, decode_responses=True)
+        try:
+            barrier.wait(timeout=5)  # both start together; the script has no gap
+            out = Store(client, keys).checkout(
+                order, owner="u", owner_hash="", lifetime_s=60, actor=ACTOR
+            )
+            return out.ok
+        finally:
+            client.close()
+
+    assert sorted(_two_crossed_clients(real)) == [False, True]
     clean(store)
