@@ -77,8 +77,15 @@ class NaiveStore:
         self.redis.hset(self.keys.request(rid), "version", version)
         self.redis.xadd(
             self.keys.request_audit(rid),
-            {"entity": entity, "from": src, "to": dst, "version": version,
-             "actor": "naive", "reason": why, "time": self._now()},
+            {
+                "entity": entity,
+                "from": src,
+                "to": dst,
+                "version": version,
+                "actor": "naive",
+                "reason": why,
+                "time": self._now(),
+            },
         )
 
     def _release(self, rid: str, version: int, why: str) -> int:
@@ -206,3 +213,26 @@ class NaiveStore:
         fence: int | None = None,
     ) -> Outcome:
         return self._sync(self._vm_failed(name, reason, permanent))
+
+
+def naive_checkout(
+    client: redis.Redis, keys: Keys, counts: dict[str, int], gap: Callable[[], None]
+) -> list[str]:
+    """vmpooler's checkout (api/v3.rb atomically_allocate_vms): each VM taken from its
+    pool's ready set by its own atomic move (vmpooler's SMOVE), pool after pool, and the
+    VMs already taken put back when a later pool is empty (return_vm_to_ready_state).
+    Each move is atomic; the whole is not: between two moves (``gap``) other clients
+    see a partial claim. Returns the VMs handed out ([] for vmpooler's 503)."""
+    taken: list[tuple[str, str, float]] = []
+    for pool, n in counts.items():
+        ready = keys.pool_state(pool, "ready")
+        for _ in range(n):
+            gap()
+            popped = client.zpopmin(ready)
+            if not popped:
+                for p, name, score in taken:  # put back what was taken
+                    client.zadd(keys.pool_state(p, "ready"), {name: score})
+                return []
+            name, score = popped[0]
+            taken.append((pool, name if isinstance(name, str) else name.decode(), score))
+    return [name for _, name, _ in taken]

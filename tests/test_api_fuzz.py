@@ -277,6 +277,9 @@ def test_fuzz_every_route_then_the_fleet_still_provisions(
         if method == "HEAD" or (url == "/metrics" and r.status_code == 200):
             return
         reply = r.json()
+        if url.rstrip("/") == f"{API}/vm" and method == "GET" and r.status_code == 200:
+            assert isinstance(reply, list), r.text  # vmpooler's pool names: an array
+            return
         assert isinstance(reply, dict), (method, url, r.text)
         if r.status_code >= 400:
             assert reply.get("ok") is False, (method, url, r.status_code, r.text)

@@ -102,13 +102,13 @@ def test_ondemand_from_path() -> None:
 
 def test_pools_status() -> None:
     cfg = spec_config()
-    zero = {"reserved": 0, "pending": 0, "running": 0, "completed": 0}
-    counts = {"pool1": {"reserved": 1, "pending": 2, "running": 3, "completed": 4}}
+    zero = {"reserved": 0, "pending": 0, "ready": 0, "running": 0, "completed": 0}
+    counts = {"pool1": {"reserved": 1, "pending": 2, "ready": 5, "running": 3, "completed": 4}}
     counts |= {"pool2": zero, "pool3": zero}
     pools, totals = pools_status(cfg, counts)
     assert list(pools) == ["pool1", "pool2", "pool3"]
     assert pools["pool1"] == {
-        "ready": 0,
+        "ready": 5,
         "running": 3,
         "pending": 3,
         "max": 0,
@@ -119,7 +119,7 @@ def test_pools_status() -> None:
         "alias": ["poolone", "pool2"],
     }
     assert "alias" not in pools["pool3"]
-    assert totals == {"pending": 3, "running": 3, "completed": 4}
+    assert totals == {"pending": 3, "ready": 5, "running": 3, "completed": 4}
 
 
 # -- dependencies ------------------------------------------------------------------------

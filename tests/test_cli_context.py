@@ -43,7 +43,8 @@ def test_every_command_takes_the_shared_options() -> None:
     """--config and --redis-url on every command; --json on those that print data."""
     printing = {"config check", "config show", "config schema", "request create", "request get",
                 "request delete", "request history", "pools", "audit", "token create",
-                "token revoke", "enqueue"}
+                "token revoke", "enqueue", "vm get", "vm list", "vm show", "vm extend",
+                "vm delete"}
     ctx = click.Context(cli)
     seen = set()
     for name in cli.list_commands(ctx):

@@ -231,6 +231,8 @@ def test_schedule_section(tmp_path: Path) -> None:
         "reap_running": 60,
         "destroy_sweep": 5,
         "reconcile": 30,
+        "top_up_pools": 5,
+        "check_ready": 60,
     }
 
 
@@ -883,6 +885,7 @@ def test_json_schema() -> None:
         "auth",
         "dns_configs",
         "schedule",
+        "tagfilter",
     }
     defs = schema["$defs"]
     ttl = defs["ConfigSection"]["properties"]["ondemand_request_ttl"]

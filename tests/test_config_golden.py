@@ -36,6 +36,20 @@ def renamed(public: dict[str, Any]) -> dict[str, Any]:
     return {**public, "schedule": schedule}
 
 
+# Settings added after the recording (issue 12, warm pools): not in it, so not compared.
+ADDED_TOP = ("task_limit", "max_lifetime_upper_limit_s", "tagfilter")
+ADDED_POOL = ("ondemand_from_ready",)
+ADDED_SCHEDULE = ("top_up_pools", "check_ready")
+
+
+def recorded_keys(public: dict[str, Any]) -> dict[str, Any]:
+    """Today's ``public`` without the settings added since the recording."""
+    out = {k: v for k, v in public.items() if k not in ADDED_TOP}
+    out["pools"] = [{k: v for k, v in p.items() if k not in ADDED_POOL} for p in public["pools"]]
+    out["schedule"] = {k: v for k, v in public["schedule"].items() if k not in ADDED_SCHEDULE}
+    return out
+
+
 def as_text(public: dict[str, Any]) -> str:
     return json.dumps(public, sort_keys=True)
 
@@ -48,12 +62,12 @@ def test_the_recording_is_there() -> None:
 @pytest.mark.parametrize("case", RECORDED, ids=[case["source"][-40:] for case in RECORDED])
 def test_recorded_config_parses_to_the_same_public_dict(case: dict[str, Any]) -> None:
     config = parse_config(case["data"], source=case["source"], env=case["env"])
-    assert as_text(config.to_public_dict()) == as_text(renamed(case["public"]))
+    assert as_text(recorded_keys(config.to_public_dict())) == as_text(renamed(case["public"]))
 
 
 def test_demo_config_is_the_same() -> None:
     recorded = json.loads((GOLDEN / "demo.json").read_text())
-    assert as_text(demo_config().to_public_dict()) == as_text(renamed(recorded))
+    assert as_text(recorded_keys(demo_config().to_public_dict())) == as_text(renamed(recorded))
 
 
 def test_config_show_json_of_the_demo_is_the_same() -> None:
@@ -61,4 +75,4 @@ def test_config_show_json_of_the_demo_is_the_same() -> None:
     result = CliRunner().invoke(cli, ["config", "show", "--json"], env=clean)
     assert result.exit_code == 0, result.output
     recorded = json.loads((GOLDEN / "demo.json").read_text())
-    assert as_text(json.loads(result.stdout)) == as_text(renamed(recorded))
+    assert as_text(recorded_keys(json.loads(result.stdout))) == as_text(renamed(recorded))

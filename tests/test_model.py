@@ -11,7 +11,10 @@ where the real actor does a round trip to Redis before it writes:
 - the expiry sweep *reads* (is the request due?) and later *commits* ``expire_request``;
 - a lock *expires*: another worker is granted the VM's lock (its fence counter is
   incremented), so the worker still holding the old token is stale;
-- a worker *crashes* between its read and its commit (the read is dropped).
+- a worker *crashes* between its read and its commit (the read is dropped);
+- warm pools (vmpool's store only): the top-up job makes a VM *ready in the pool*, the API
+  *checks VMs out* (all or nothing, one owner), a request *claims* ready VMs, a holder
+  *gives a VM back* or *extends its lifetime*, and the reaper *ends* a held VM.
 
 Time: each request is created either with a long TTL or already past its deadline
 (hypothesis chooses; the rule waits, polling the server clock with a deadline, until
@@ -198,6 +201,7 @@ class StoreMachine(RuleBasedStateMachine):
         self.wrote = False  # a step wrote to Redis since the last full audit
         self.inflight = {"manager": 0, "api": 0}  # reads not yet committed, by process
         self.checks_inflight = 0
+        self.warm_made = 0
 
     def _fence(self, vm: str) -> int:
         return int(self.client.get(self.keys.vm_fence(vm)) or 0)
@@ -238,7 +242,9 @@ class StoreMachine(RuleBasedStateMachine):
     def _provision(self, rid: str, n: int, ttl: float) -> list[str] | None:
         """Create the request, reserve and create its n VMs; None when the TTL ran out."""
         out = self.store.create_request(
-            rid, [Slot("deb", "debian", n)], RequestSettings(ttl_s=ttl, max_vm_retries=1),
+            rid,
+            [Slot("deb", "debian", n)],
+            RequestSettings(ttl_s=ttl, max_vm_retries=1),
             actor=ACTOR,
         )
         assert out.ok, out
@@ -246,8 +252,14 @@ class StoreMachine(RuleBasedStateMachine):
         for i in range(n):
             name = f"{rid}-vm{i}"
             out = self.store.reserve_vm(
-                rid, name=name, alias="deb", pool="debian", template="t", provider="sim",
-                domain=None, actor=ACTOR,
+                rid,
+                name=name,
+                alias="deb",
+                pool="debian",
+                template="t",
+                provider="sim",
+                domain=None,
+                actor=ACTOR,
             )
             if not out.ok:
                 assert out.code == "past_deadline", out
@@ -286,8 +298,7 @@ class StoreMachine(RuleBasedStateMachine):
         self.checks_inflight -= op.what == "check"
 
     @precondition(
-        lambda self: self._free("manager")
-        and any(v != "booting" for v in self.provider.values())
+        lambda self: self._free("manager") and any(v != "booting" for v in self.provider.values())
     )
     @rule(target=checks, request=requests, index=st.integers(0, 1))
     def check_pending_read(self, request: Req, index: int) -> Any:
@@ -301,7 +312,10 @@ class StoreMachine(RuleBasedStateMachine):
             op = self.actors.begin_vm_ready(vm, actor=ACTOR, fence=token)
         else:
             op = self.actors.begin_vm_failed(
-                vm, "boot failed", actor=ACTOR, fence=token,
+                vm,
+                "boot failed",
+                actor=ACTOR,
+                fence=token,
                 permanent=self.provider[vm] == "failed_permanently",
             )
         return self._begun("manager", Inflight("check", request.rid, op, vm, token))
@@ -379,9 +393,13 @@ class StoreMachine(RuleBasedStateMachine):
         for req in self.created:
             trail = [
                 AuditEntry(
-                    stream_id=sid, entity=h.get("entity", ""), src=h.get("from", ""),
-                    dst=h.get("to", ""), version=int(h.get("version", 0)),
-                    actor=h.get("actor", ""), reason=h.get("reason", ""),
+                    stream_id=sid,
+                    entity=h.get("entity", ""),
+                    src=h.get("from", ""),
+                    dst=h.get("to", ""),
+                    version=int(h.get("version", 0)),
+                    actor=h.get("actor", ""),
+                    reason=h.get("reason", ""),
                     time=float(h.get("time", 0)),
                 )
                 for sid, h in next(replies)
@@ -430,12 +448,113 @@ class StoreMachine(RuleBasedStateMachine):
         assert not problems, "invariants broken:\n" + "\n".join(problems)
 
 
-def machine(kind: str, url: str, *, serial: bool = False) -> type[StoreMachine]:
+class WarmStoreMachine(StoreMachine):
+    """The same actors plus the warm-pool ones, against vmpool's store (the naive
+    reference has no pools). A machine of its own, so the on-demand races above keep
+    their whole step budget in the first machine."""
+
+    # -- warm pools (vmpool's store only: the naive reference has no pools) --------------
+    def _held(self, index: int) -> str | None:
+        held = self.store.pool_vms("debian", "running")
+        return held[index % len(held)] if held else None
+
+    @precondition(lambda self: self.warm_made < 4)
+    @rule()
+    def pool_vm_ready(self) -> None:
+        """The top-up job makes one warm VM of the pool (size 3) and it boots."""
+        name = f"warm-{self.warm_made}"
+        self.warm_made += 1
+        self.wrote = True
+        out = self.store.reserve_pool_vm(
+            name,
+            pool="debian",
+            template="t",
+            provider="sim",
+            domain=None,
+            size=3,
+            data_ttl_s=600,
+            actor=ACTOR,
+        )
+        self.outcomes[f"warm:{out.code}"] += 1
+        if out.ok:
+            assert self.store.vm_created(name, actor=ACTOR).code == "pending"
+            assert self.store.vm_ready(name, actor=ACTOR).code == "ready"
+
+    @rule(n=st.integers(1, 2), user=st.sampled_from(["alice", "bob"]))
+    def api_checkout(self, n: int, user: str) -> None:
+        """POST /vm/debian+...: n ready VMs to one owner, or none at all."""
+        before = set(self.store.pool_vms("debian", "ready"))
+        self.wrote = True
+        out = self.store.checkout(
+            {"debian": n}, owner=user, owner_hash="", lifetime_s=600, actor=ACTOR
+        )
+        self.outcomes[f"checkout:{out.code}"] += 1
+        after = set(self.store.pool_vms("debian", "ready"))
+        names = {name for name, _ in out.vms}
+        if out.ok and (len(names) != n or not names <= before or after != before - names):
+            self.problems.append(f"checkout of {n} handed out {sorted(names)} of {sorted(before)}")
+        if not out.ok and after != before:
+            self.problems.append(f"a refused checkout changed the ready set: {out}")
+
+    @precondition(lambda self: len(self.created) < MAX_REQUESTS)
+    @rule(target=StoreMachine.requests, n=st.integers(1, 2))
+    def create_unreserved_request(self, n: int) -> Any:
+        """A client asks for n VMs; none reserved yet (the claim may take ready ones)."""
+        rid = f"req-{len(self.created)}"
+        out = self.store.create_request(
+            rid, [Slot("deb", "debian", n)], RequestSettings(ttl_s=LONG_TTL_S), actor=ACTOR
+        )
+        assert out.ok, out
+        self.wrote = True
+        req = Req(rid, ())
+        self.created.append(req)
+        return req
+
+    @rule(request=StoreMachine.requests)
+    def claim_for_request(self, request: Req) -> None:
+        """The provisioner lets a request take ready VMs of its pool first."""
+        self.wrote = True
+        out = self.store.claim_for_request(request.rid, ["debian"], actor=ACTOR)
+        self.outcomes[f"claim:{out.code}"] += 1
+
+    @rule(index=st.integers(0, 7), user=st.sampled_from(["", "alice", "bob"]))
+    def api_give_back(self, index: int, user: str) -> None:
+        """DELETE /vm/<host>: a held VM (checked out, or a request's) given back."""
+        name = self._held(index)
+        if name is not None:
+            self.wrote = True
+            self.outcomes[
+                f"give_back:{self.store.give_back(name, actor=ACTOR, user=user).code}"
+            ] += 1
+
+    @rule(index=st.integers(0, 7), hours=st.integers(1, 48), user=st.sampled_from(["", "bob"]))
+    def api_extend(self, index: int, hours: int, user: str) -> None:
+        """PUT /vm/<host> {"lifetime": hours}: a held VM's lifetime set anew."""
+        name = self._held(index)
+        if name is not None:
+            self.wrote = True
+            out = self.store.extend_vm(name, hours, actor=ACTOR, user=user)
+            self.outcomes[f"extend:{out.code}"] += 1
+
+    @rule(index=st.integers(0, 7))
+    def reaper_ends_held(self, index: int) -> None:
+        """The reaper (or an operator) ends a held VM's lifetime now."""
+        name = self._held(index)
+        if name is not None:
+            self.wrote = True
+            self.outcomes[
+                f"reap:{self.store.end_vm_lifetime(name, actor=ACTOR, force=True).code}"
+            ] += 1
+
+
+def machine(kind: str, url: str, *, serial: bool = False, warm: bool = False) -> type[StoreMachine]:
     name = "NaiveStoreMachine" if kind == "naive" else "VmpoolStoreMachine"
     if serial:
         name = "NaiveStoreOneManagerOneApiMachine"
+    if warm:
+        name = "VmpoolWarmPoolMachine"
     attrs = {"kind": kind, "url": url, "serial": serial, "outcomes": Counter()}
-    return type(name, (StoreMachine,), attrs)
+    return type(name, (WarmStoreMachine if warm else StoreMachine,), attrs)
 
 
 def model_settings(max_examples: int = EXAMPLES, steps: int = STEPS) -> settings:
@@ -507,9 +626,43 @@ def test_model_vmpool_store_holds_every_invariant(
     # the examples' setup on a loaded machine: a late ready VM is either moved to
     # destruction by vm_ready or found already released)
     for group in (
-        ("check:fulfilled",), ("check:completed", "check:vm_completed"), ("check:retry",),
-        ("check:request_failed",), ("check:stale:stale_fence",), ("sweep:failed",),
-        ("delete:deleted",), ("delete:request_failed",),
+        ("check:fulfilled",),
+        ("check:completed", "check:vm_completed"),
+        ("check:retry",),
+        ("check:request_failed",),
+        ("check:stale:stale_fence",),
+        ("sweep:failed",),
+        ("delete:deleted",),
+        ("delete:request_failed",),
+    ):
+        assert any(seen[code] for code in group), (group, dict(seen))
+
+
+@pytest.mark.slow
+def test_model_warm_pools_hold_every_invariant(redis_url: str, redis_client: redis.Redis) -> None:
+    """Proves: with the warm-pool actors among the on-demand ones (ready in the pool,
+    checkout all or nothing, claim for a request, give back, lifetime extension, reap of
+    a held VM), whatever interleaving hypothesis tries keeps every invariant: a checkout
+    hands out exactly what it took from the ready set or nothing, no VM has two holders
+    or is ready and held at once, and every trail (the VMs' own included) is clean."""
+    cls = machine("vmpool", redis_url, warm=True)
+    try:
+        run_state_machine_as_test(cls, settings=model_settings())
+    finally:
+        if cls.client is not None:
+            cls.client.close()
+    seen = cls.outcomes
+    print(f"\nwarm pools, {EXAMPLES} examples of up to {STEPS} steps: {dict(seen)}")
+    for group in (
+        ("checkout:checked_out",),
+        ("checkout:short",),
+        ("claim:claimed", "claim:fulfilled"),
+        ("give_back:completed",),
+        ("give_back:forbidden",),
+        ("extend:extended",),
+        ("reap:completed",),
+        ("check:fulfilled", "claim:fulfilled"),
+        ("delete:deleted",),
     ):
         assert any(seen[code] for code in group), (group, dict(seen))
 

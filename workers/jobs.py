@@ -20,6 +20,7 @@ from workers.worker import current_fleet
 __all__ = [
     "check_pending_sweep",
     "check_pending_vm",
+    "check_ready",
     "check_request",
     "create_vm",
     "destroy_sweep",
@@ -30,6 +31,7 @@ __all__ = [
     "reap_running",
     "reconcile",
     "sweep_expired",
+    "top_up_pools",
 ]
 
 
@@ -82,3 +84,11 @@ def destroy_sweep() -> int:
 
 def reconcile() -> dict[str, int]:
     return lifecycle.reconcile(current_fleet())
+
+
+def top_up_pools() -> dict[str, int]:
+    return lifecycle.top_up_pools(current_fleet())
+
+
+def check_ready() -> dict[str, int]:
+    return lifecycle.check_ready(current_fleet())

@@ -104,6 +104,10 @@ _ROWS: Final = (
             "find completed VMs still to destroy", periodic=True, aliases=("destroy-sweep",)),
     JobSpec("reconcile", QUEUE_SWEEPS, None, 600,
             "provider inventory against the records", periodic=True),
+    JobSpec("top_up_pools", QUEUE_SWEEPS, None, 300,
+            "clone what each warm pool is short of its size", periodic=True),
+    JobSpec("check_ready", QUEUE_SWEEPS, None, 300,
+            "re-check ready VMs; recycle those past ready_ttl or failing", periodic=True),
 )  # fmt: skip
 
 JOBS: Final[Mapping[str, JobSpec]] = MappingProxyType({spec.name: spec for spec in _ROWS})

@@ -311,7 +311,8 @@ class RedisStateCollector(Collector):
             if beat is not None and now - beat <= WORKER_TTL_S:
                 alive += 1
         registered = GaugeMetricFamily(
-            "vmpool_workers", "RQ workers registered on the fleet's queues, by state",
+            "vmpool_workers",
+            "RQ workers registered on the fleet's queues, by state",
             labels=["state"],
         )
         for state, n in sorted(by_state.items()):

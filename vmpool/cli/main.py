@@ -40,6 +40,7 @@ COMMANDS: Final[Mapping[str, str]] = MappingProxyType(
         "enqueue": "vmpool.cli.enqueue:enqueue_command",
         "up": "vmpool.cli.up:up_command",
         "probe": "vmpool.cli.probe:probe_group",
+        "vm": "vmpool.cli.vm:vm_group",
     }
 )
 

@@ -33,7 +33,7 @@ def pool_table(store: Store, config: Config) -> list[dict[str, object]]:
                 "pool": name,
                 "alias": list(pool.alias),
                 "size": pool.size,
-                "ready": 0,  # warm pools (size > 0) are not provisioned yet
+                "ready": c["ready"],
                 "pending": c["reserved"] + c["pending"],
                 "running": c["running"],
                 "completed": c["completed"],

@@ -9,6 +9,7 @@ provider and dns_plugin), each provider's options validated by its class's own m
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from types import MappingProxyType
 from urllib.parse import quote
@@ -66,7 +67,22 @@ def build(file: ConfigFile, *, source: str, warnings: tuple[str, ...]) -> Config
         auth=None if file.auth is None else _auth(file.auth, source),
         source=source,
         warnings=warnings,
+        task_limit=cfg.task_limit,
+        max_lifetime_upper_limit_s=in_seconds(cfg, "max_lifetime_upper_limit"),
+        tagfilter=MappingProxyType(_tagfilter(file, source)),
     )
+
+
+def _tagfilter(file: ConfigFile, source: str) -> dict[str, str]:
+    """vmpooler's :tagfilter: (tag name -> regular expression), each one compiled once
+    here so a bad one is a config error, not a 500 on PUT /vm/<hostname>."""
+    for name, pattern in file.tagfilter.items():
+        try:
+            re.compile(pattern)
+        except re.error as exc:
+            problem = f"not a regular expression: {exc}"
+            raise ConfigError(source, f"tagfilter.{name}", problem) from None
+    return dict(file.tagfilter)
 
 
 def _total(cfg: ConfigSection, pools: int) -> int:
@@ -152,6 +168,7 @@ class _Pools:
             domain=domain,
             clone_target=pool.clone_target or self.file.config.clone_target,
             size_hint=pool.amisize or pool.machine_type or pool.flavor,
+            ondemand_from_ready=pool.ondemand_from_ready,
         )
 
     def provider(self, name: str, path: str) -> str:

@@ -32,6 +32,7 @@ class PoolConfig:
     # the instance size a cloud provider creates (amisize, machine_type or flavor); None:
     # the provider's own option
     size_hint: str | None
+    ondemand_from_ready: bool = True
 
 
 @dataclass(frozen=True)
@@ -82,6 +83,9 @@ class Config:
     auth: AuthConfig | None
     source: str
     warnings: tuple[str, ...] = field(default=())
+    task_limit: int = 10
+    max_lifetime_upper_limit_s: float | None = None
+    tagfilter: Mapping[str, str] = field(default_factory=dict)
 
     def pool(self, name: str) -> PoolConfig:
         """The pool called ``name``; KeyError if there is none (aliases do not count)."""
@@ -128,6 +132,9 @@ class Config:
             "schedule": self.schedule.model_dump(),
             "auth": None if self.auth is None else _public_auth(self.auth),
             "warnings": list(self.warnings),
+            "task_limit": self.task_limit,
+            "max_lifetime_upper_limit_s": self.max_lifetime_upper_limit_s,
+            "tagfilter": dict(self.tagfilter),
         }
 
 
@@ -142,6 +149,7 @@ def _public_pool(pool: PoolConfig) -> dict[str, Any]:
         "ready_ttl_s": pool.ready_ttl_s,
         "domain": pool.domain,
         "clone_target": pool.clone_target,
+        "ondemand_from_ready": pool.ondemand_from_ready,
     }
 
 

@@ -80,6 +80,10 @@ class Schedule(_Section):
     reap_running: IntervalSeconds = seconds(30, "End running VMs past their lifetime")
     destroy_sweep: IntervalSeconds = seconds(5, "Find completed VMs still to destroy")
     reconcile: IntervalSeconds = seconds(30, "Compare the providers' inventories with Redis")
+    top_up_pools: IntervalSeconds = seconds(5, "Clone what each warm pool is short of its size")
+    check_ready: IntervalSeconds = seconds(
+        60, "Re-check the ready VMs of the warm pools; recycle those past ready_ttl"
+    )
 
 
 class ConfigSection(_Section):
@@ -136,6 +140,12 @@ class ConfigSection(_Section):
     clone_target: Text | None = Field(
         default=None, description="Where VMs are cloned (default of every pool's clone_target)"
     )
+    task_limit: FleetCount = Field(
+        default=10, description="The most VMs one warm pool's top-up reserves at a time"
+    )
+    max_lifetime_upper_limit: TtlHours | None = hours(
+        None, "The longest lifetime PUT /vm/<hostname> may set (default: no limit)"
+    )
 
 
 class PoolSection(_Section):
@@ -174,6 +184,10 @@ class PoolSection(_Section):
     )
     flavor: Text | None = Field(
         default=None, description="OpenStack: the flavor id (default: the provider's)"
+    )
+    ondemand_from_ready: bool = Field(
+        default=True,
+        description="On-demand requests take this pool's ready VMs before cloning (vmpool)",
     )
 
 
@@ -269,4 +283,8 @@ class ConfigFile(_Section):
     redis: RedisSection = RedisSection()
     auth: AuthSection | None = None
     dns_configs: dict[str, DnsConfig] = Field(default_factory=dict)
+    tagfilter: dict[str, Text] = Field(
+        default_factory=dict,
+        description="Tag name -> regular expression: a tag's value is what its groups match",
+    )
     schedule: Schedule = Schedule()

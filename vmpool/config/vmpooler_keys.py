@@ -25,16 +25,14 @@ __all__ = [
 # -- vmpooler keys vmpool accepts and ignores ----------------------------------------------
 
 IGNORED_SECTIONS: Final = frozenset(
-    ["statsd", "graphite", "graphs", "prometheus", "tracing", "ldap", "tagfilter"]
+    ["statsd", "graphite", "graphs", "prometheus", "tracing", "ldap"]
 )
 CONFIG_IGNORED: Final = frozenset(
     [
         "site_name",
         "logfile",
-        "task_limit",
         "timeout_notification",
         "vm_checktime",
-        "max_lifetime_upper_limit",
         "migration_limit",
         "max_tries",
         "retry_factor",

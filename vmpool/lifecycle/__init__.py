@@ -11,6 +11,7 @@ answer of a race it lost (logged, never raised).
   Dispatcher (how follow-up work is queued);
 - :mod:`~vmpool.lifecycle.requests`: provision, check and expire requests;
 - :mod:`~vmpool.lifecycle.vms`: create, check, reap and destroy VMs;
+- :mod:`~vmpool.lifecycle.warm`: warm pools: top up, re-check, recycle, lend to requests;
 - :mod:`~vmpool.lifecycle.reconcile`: the provider's inventory against the records;
 - :mod:`~vmpool.lifecycle.plan`: a request's counts as slots of pools (API and CLI).
 """
@@ -32,6 +33,7 @@ from vmpool.lifecycle.vms import (
     reap_running,
     reserved_grace_s,
 )
+from vmpool.lifecycle.warm import check_ready, claim_ready, top_up_pools
 
 __all__ = [
     "Dispatcher",
@@ -39,7 +41,9 @@ __all__ = [
     "RecordingDispatcher",
     "check_pending_sweep",
     "check_pending_vm",
+    "check_ready",
     "check_request",
+    "claim_ready",
     "create_vm",
     "destroy_sweep",
     "destroy_vm",
@@ -49,4 +53,5 @@ __all__ = [
     "reconcile",
     "reserved_grace_s",
     "sweep_expired",
+    "top_up_pools",
 ]

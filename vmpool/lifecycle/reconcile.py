@@ -177,7 +177,8 @@ def _finish_reservation(
             destroy_at_provider(fleet, name, provider, lock)
             counts["reservation_released"] += 1
         return False
-    req = fleet.store.get_request(vm.request_id)
+    # a warm-pool VM (no request) abandoned mid-create fails; the top-up replaces it
+    req = fleet.store.get_request(vm.request_id) if vm.request_id else None
     if req is None or req.status != "pending" or fleet.store.server_time() >= req.deadline:
         lock.ensure_held()
         outcome = fleet.store.vm_failed(

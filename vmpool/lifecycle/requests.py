@@ -16,6 +16,7 @@ from redis.exceptions import ResponseError
 
 from vmpool.config import PoolConfig
 from vmpool.lifecycle.fleet import Fleet, dispatch_released, note_outcome
+from vmpool.lifecycle.warm import claim_ready
 from vmpool.state.locks import FencedLock, LockBusy, LockLost
 
 __all__ = ["check_request", "provision_request", "provision_sweep", "sweep_expired"]
@@ -62,6 +63,10 @@ def _reserve_for(fleet: Fleet, request_id: str, lock: FencedLock, reserved: list
     req = fleet.store.get_request(request_id)
     if req is None or req.status != "pending" or req.unreserved <= 0:
         return
+    if claim_ready(fleet, req):  # ready VMs of warm pools first; clone the shortfall
+        req = fleet.store.get_request(request_id)
+        if req is None or req.status != "pending" or req.unreserved <= 0:
+            return
     for slot in req.slots:
         missing = slot.want - slot.live
         if missing <= 0:

@@ -20,7 +20,7 @@ from vmpool.state.transitions import (
     NONE,
     REQUEST_LIVE,
     REQUEST_TERMINAL,
-    VM_LIVE,
+    VM_AT_PROVIDER,
     request_transition_allowed,
     vm_transition_allowed,
 )
@@ -31,7 +31,12 @@ INVARIANTS = {
     3: "every provider VM is accounted for; none is assigned to two requests",
     4: "every request settles within its TTL plus one sweep interval",
     5: "audit trails have contiguous versions and only allowed transitions",
+    6: "a VM is held by at most one owner (a checkout or one request)",
+    7: "a VM is never at once ready in a pool and held",
+    8: "a held VM past its lifetime is reaped within one reap interval",
 }
+# The reasons under which a ready request's VM may leave it (invariant 2).
+RELEASE_REASONS = frozenset({"lifetime ended", "given back"})
 
 
 @dataclass(frozen=True)
@@ -93,16 +98,36 @@ def _request_entry(trail: _Trail, e: AuditEntry) -> None:
 
 def _vm_entry(trail: _Trail, e: AuditEntry, name: str) -> None:
     current = trail.vm_states.get(name, NONE)
+    if current == NONE and (e.src, e.dst) == ("ready", "running"):
+        current = "ready"  # claimed from a warm pool: its earlier life is in its own trail
     if e.src != current:
         trail.flag(5, f"VM {name} moves from {e.src} but was {current}")
     if not vm_transition_allowed(e.src, e.dst):
         trail.flag(5, f"VM {name}: {e.src} -> {e.dst} is not allowed")
     released = e.src == "running" and e.dst == "completed"
-    if released and trail.status == "ready" and e.reason != "lifetime ended":
+    if released and trail.status == "ready" and e.reason not in RELEASE_REASONS:
         trail.flag(2, f"VM {name} of the ready request released: {e.reason}")
-    if e.dst == "running" and trail.status != "pending":
+    if e.dst == "running" and e.src != "running" and trail.status != "pending":
         trail.flag(1, f"VM {name} attached to a {trail.status} request")
     trail.vm_states[name] = e.dst
+
+
+def check_vm_trail(name: str, entries: Sequence[AuditEntry]) -> list[Violation]:
+    """Invariant 5 over a warm-pool VM's own trail (Keys.vm_audit), oldest first."""
+    out: list[Violation] = []
+    state, expected = NONE, 1
+    for e in entries:
+        if e.version != expected:
+            out.append(Violation(5, f"vm {name}", f"version {e.version} where {expected} was due"))
+        expected = e.version + 1
+        if e.entity != f"vm:{name}" or e.src != state:
+            out.append(
+                Violation(5, f"vm {name}", f"entry {e.version} moves from {e.src} but was {state}")
+            )
+        if not vm_transition_allowed(e.src, e.dst):
+            out.append(Violation(5, f"vm {name}", f"{e.src} -> {e.dst} is not allowed"))
+        state = e.dst
+    return out
 
 
 def _scan(store: Store, pattern: str) -> Iterable[str]:
@@ -115,9 +140,13 @@ def audit_state(
     providers: Mapping[str, Any],
     *,
     sweep_interval_s: float,
+    reap_interval_s: float | None = None,
     now: float | None = None,
 ) -> list[Violation]:
-    """All five invariants over what Redis and the providers hold right now.
+    """Every invariant over what Redis and the providers hold right now.
+
+    ``reap_interval_s`` (the ``reap_running`` interval) enables invariant 8; without it
+    a held VM's lifetime is not judged.
 
     ``providers`` are the configured provider instances by name; a VM whose provider is
     not among them is reported (invariant 3: it can never be destroyed). An empty
@@ -127,6 +156,7 @@ def audit_state(
     out = _check_requests(store, requests, now, sweep_interval_s)
     vms = _read_vms(store)
     out += _check_vm_owners(requests, vms)
+    out += _check_holders(store, vms, now, reap_interval_s)
     out += _check_indexes(store, vms)
     out += _check_inventory(providers, vms)
     out += _check_reachable(providers, vms)
@@ -186,6 +216,32 @@ def _check_vm_owners(
     return out
 
 
+def _check_holders(
+    store: Store, vms: Mapping[str, VMRecord], now: float, reap_interval_s: float | None
+) -> list[Violation]:
+    """Invariants 6, 7 and 8, and invariant 5 over the warm-pool VMs' own trails."""
+    out: list[Violation] = []
+    for vm in vms.values():
+        subject = f"vm {vm.name}"
+        if vm.request_id and vm.owner:
+            out.append(
+                Violation(
+                    6, subject, f"checked out by {vm.owner} and held by request {vm.request_id}"
+                )
+            )
+        if vm.state == "ready" and (vm.request_id or vm.owner or vm.checkout_at is not None):
+            out.append(Violation(7, subject, "ready in its pool but held"))
+        if vm.state == "running" and not vm.request_id and vm.checkout_at is None:
+            out.append(Violation(6, subject, "running but held by nobody"))
+        end = vm.lifetime_end
+        overdue = end is not None and reap_interval_s is not None and now > end + reap_interval_s
+        if vm.state == "running" and end is not None and overdue:
+            out.append(Violation(8, subject, f"{now - end:.1f}s past its lifetime"))
+        if not vm.request_id:
+            out += check_vm_trail(vm.name, store.vm_history(vm.name))
+    return out
+
+
 def _check_indexes(store: Store, vms: Mapping[str, VMRecord]) -> list[Violation]:
     """The per-pool indexes agree with the records."""
     out: list[Violation] = []
@@ -203,9 +259,7 @@ def _check_indexes(store: Store, vms: Mapping[str, VMRecord]) -> list[Violation]
     return out
 
 
-def _check_reachable(
-    providers: Mapping[str, Any], vms: Mapping[str, VMRecord]
-) -> list[Violation]:
+def _check_reachable(providers: Mapping[str, Any], vms: Mapping[str, VMRecord]) -> list[Violation]:
     """Every VM not yet destroyed names a configured provider: one whose provider left
     the config is never checked, reaped at its provider or destroyed (invariant 3)."""
     if not providers:
@@ -221,9 +275,7 @@ def _check_reachable(
     ]
 
 
-def _check_inventory(
-    providers: Mapping[str, Any], vms: Mapping[str, VMRecord]
-) -> list[Violation]:
+def _check_inventory(providers: Mapping[str, Any], vms: Mapping[str, VMRecord]) -> list[Violation]:
     """Every VM a provider holds is accounted for (invariant 3: none leaks)."""
     out: list[Violation] = []
     for provider_name, provider in providers.items():
@@ -234,7 +286,7 @@ def _check_inventory(
                 problem = f"held by {provider_name} with no record"
             elif vm_rec.state == "destroyed":
                 problem = f"held by {provider_name} but destroyed"
-            elif vm_rec.state not in VM_LIVE and vm_rec.state != "completed":
+            elif vm_rec.state not in VM_AT_PROVIDER:
                 problem = f"in unknown state {vm_rec.state}"
             else:
                 continue

@@ -15,7 +15,9 @@ Layout (``P`` is the prefix)::
     P:requests:provision         zset   requests with unreserved slots, score = created
     P:vm:NAME                    hash   a VM record: state, pool, alias, request, ...
     P:vm:NAME:fence              string fencing counter of the VM's lock grants
+    P:vm:NAME:audit              stream a warm-pool VM's own trail (while no request holds it)
     P:pool:POOL:STATE            zset   VMs of a pool in a state; score depends on state
+                                        (ready: the warm pool, score = ready time)
     P:token:SHA256               hash   an API token (stored hashed): user, created, last
     P:user-tokens:SHA256         zset   a user's tokens (by user name's sha256), score = created
     P:ratelimit:user:SHA256:W    string a user's POST/DELETE calls in minute W
@@ -56,9 +58,9 @@ from vmpool.ids import (
 
 __all__ = ["DEFAULT_PREFIX", "INDEXED_VM_STATES", "VM_STATES", "InvalidIdentifier", "Keys"]
 
-VM_STATES = ("reserved", "pending", "running", "completed", "destroyed")
+VM_STATES = ("reserved", "pending", "ready", "running", "completed", "destroyed")
 # VM states that have a per-pool index; destroyed VMs keep only their tombstone hash.
-INDEXED_VM_STATES = ("reserved", "pending", "running", "completed")
+INDEXED_VM_STATES = ("reserved", "pending", "ready", "running", "completed")
 # RQ's namespaces (rq.Queue.redis_queue_namespace_prefix, rq.job.Job's): a test checks.
 RQ_QUEUE_NAMESPACE = "rq:queue:"
 RQ_JOB_NAMESPACE = "rq:job:"
@@ -107,6 +109,11 @@ class Keys:
 
     def vm_fence(self, name: str) -> str:
         return self.vm(name) + ":fence"
+
+    def vm_audit(self, name: str) -> str:
+        """A warm-pool VM's own trail (vmpool/state/pool_store.py); the scripts reach
+        it as the VM hash's key plus ``:audit``."""
+        return self.vm(name) + ":audit"
 
     def vm_prefix(self) -> str:
         """Prefix of VM hashes; scripts append a VM name to reach a request's VMs."""

@@ -133,6 +133,17 @@ class VMRecord:
     lifetime_end: float | None
     reason: str
     error: str
+    # warm pools (vmpool/state/pool_store.py): who checked the VM out and when, whether
+    # its holder gave it back, its tags (vmpooler's tag:<name> fields)
+    owner: str = ""
+    checkout_at: float | None = None
+    given_back: bool = False
+    tags: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def held_by_checkout(self) -> bool:
+        """A warm-pool VM handed out by a checkout (no request holds it)."""
+        return not self.request_id and self.checkout_at is not None
 
     @classmethod
     def from_hash(cls, h: Mapping[str, str]) -> VMRecord:
@@ -153,6 +164,10 @@ class VMRecord:
             lifetime_end=_float(h.get("lifetime_end")),
             reason=h.get("reason", ""),
             error=h.get("error", ""),
+            owner=h.get("owner", ""),
+            checkout_at=_float(h.get("checkout_at")),
+            given_back=h.get("given_back", "") == "1",
+            tags={k[4:]: v for k, v in h.items() if k.startswith("tag:")},
         )
 
 

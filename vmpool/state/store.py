@@ -22,6 +22,7 @@ from vmpool.ids import validate_request_id, validate_vm_name
 from vmpool.state.counters import lua_metrics
 from vmpool.state.keys import Keys
 from vmpool.state.lua import read_script
+from vmpool.state.pool_store import PoolStore
 from vmpool.state.records import (
     AuditEntry,
     Outcome,
@@ -51,8 +52,9 @@ SCRIPT_NAMES = (
 )
 
 
-class Store:
+class Store(PoolStore):
     """The request/VM state in Redis, changed only through checked atomic scripts.
+    Warm pools (ready VMs, checkouts, claims): :class:`~vmpool.state.pool_store.PoolStore`.
 
     ``redis`` may or may not decode responses; ``keys`` fixes the prefix. The store
     keeps no state of its own beyond the registered scripts, so one per process (or per
@@ -109,6 +111,8 @@ class Store:
         raw = self.redis.hget(self.keys.vm(validate_vm_name(name)), "request_id")
         if raw is None:
             return Outcome(False, "no_vm")
+        if not text(raw):  # a warm-pool VM: no request (vmpool.state.pool_store)
+            return self._run_pool_vm(script, name, actor, args)
         return self._run(script, text(raw), actor, args, vm_name=name)
 
     @staticmethod
@@ -238,13 +242,17 @@ class Store:
         """Hostnames (FQDN) of the VMs attached to the request, by the alias asked for."""
         by_alias: dict[str, list[str]] = {}
         for vm in self.request_vms(request_id):
-            if vm.state == "running":
+            # a VM given back (DELETE /vm/<host>) stays listed, as vmpooler lists it
+            if vm.state == "running" or vm.given_back:
                 by_alias.setdefault(vm.alias, []).append(vm.hostname)
         return {alias: sorted(names) for alias, names in by_alias.items()}
 
     def history(self, request_id: str) -> list[AuditEntry]:
+        return self._trail(self.keys.request_audit(request_id))
+
+    def _trail(self, key: str) -> list[AuditEntry]:
         entries = []
-        rows: list[Any] = self.redis.xrange(self.keys.request_audit(request_id)) or []
+        rows: list[Any] = self.redis.xrange(key) or []
         for stream_id, raw in rows:
             h = decode_hash(raw or {})
             entries.append(
@@ -297,7 +305,7 @@ class Store:
 
     def pool_counts(self, pools: Iterable[str]) -> dict[str, dict[str, int]]:
         pools = list(pools)
-        states = ("reserved", "pending", "running", "completed")
+        states = ("reserved", "pending", "ready", "running", "completed")
         pipe = self.redis.pipeline(transaction=False)
         for pool in pools:
             for state in states:

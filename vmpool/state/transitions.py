@@ -17,9 +17,15 @@ VM::
     (none) -> reserved -> pending -> running -> completed -> destroyed
                    \\          \\------------------^
                     \\------------------------------^
+    warm pool:            pending -> ready -> running (claimed: a checkout or a request)
+                                          \\-> completed (recycled, failed its check)
+    held:                 running -> running (lifetime extended, tagged)
 
 ``reserved`` is the intent record written before the provider is called; ``completed``
 means "on its way to destruction"; ``destroyed`` is a tombstone kept for ``data_ttl``.
+``ready`` is a warm-pool VM nobody holds (vmpool/state/pool_store.py); a request's own
+VMs never pass through it. ``running -> running`` is a change in place of a held VM
+(its lifetime or tags), checked, versioned and in the trail like any other edge.
 """
 
 from __future__ import annotations
@@ -41,13 +47,16 @@ REQUEST_LIVE = frozenset({"pending", "ready"})
 VM_TRANSITIONS: Mapping[str, frozenset[str]] = {
     NONE: frozenset({"reserved"}),
     "reserved": frozenset({"pending", "completed"}),
-    "pending": frozenset({"running", "completed"}),
-    "running": frozenset({"completed"}),
+    "pending": frozenset({"running", "ready", "completed"}),
+    "ready": frozenset({"running", "completed"}),
+    "running": frozenset({"running", "completed"}),
     "completed": frozenset({"destroyed"}),
     "destroyed": frozenset(),
 }
 # VM states in which the VM still counts toward its request's slot.
 VM_LIVE = frozenset({"reserved", "pending", "running"})
+# VM states in which the provider may hold the VM (what the inventory may show).
+VM_AT_PROVIDER = VM_LIVE | {"ready", "completed"}
 
 
 def request_transition_allowed(src: str, dst: str) -> bool:

@@ -74,9 +74,10 @@ def status_body(st: ApiState) -> dict[str, Any]:
     r = st.clients.text
     body: dict[str, Any] = {
         "pools": pools,
+        "capacity": _capacity(st.config, totals["ready"]),
         "queue": {
             "pending": totals["pending"],
-            "ready": 0,
+            "ready": totals["ready"],
             "running": totals["running"],
             "completed": totals["completed"],
             "total": sum(totals.values()),
@@ -100,10 +101,20 @@ def status_body(st: ApiState) -> dict[str, Any]:
             s.provider: s.as_dict() for s in read_states(r, st.keys, st.config.providers)
         },
     }
+    empty = [name for name, entry in pools.items() if entry["ready"] == 0 and entry["max"]]
+    if empty:  # vmpooler's "empty" pools: a warm pool with no ready VM
+        body["status"].update(ok=False, empty=empty, message=f"Found {len(empty)} empty pools.")
     warning = exposure_warning(st.config.auth is not None, st.listen_host)
     if warning:
         body["warnings"] = [warning]
     return dict(sorted(body.items()))  # vmpooler sorts the top level
+
+
+def _capacity(config: Config, ready: int) -> dict[str, Any]:
+    """vmpooler's capacity: ready VMs against the pools' sizes."""
+    total = sum(pool.size for pool in config.pools.values())
+    percent = round(ready / total * 100.0, 1) if total else 0
+    return {"current": ready, "total": total, "percent": percent}
 
 
 def pools_status(
@@ -112,12 +123,12 @@ def pools_status(
     """Each pool's entry in vmpooler's shape (``pending`` is reserved plus booting), and
     the totals over all pools by pending, running and completed."""
     pools: dict[str, Any] = {}
-    totals = dict.fromkeys(("pending", "running", "completed"), 0)
+    totals = dict.fromkeys(("pending", "ready", "running", "completed"), 0)
     for name, pool in config.pools.items():
         c = counts[name]
         pending = c["reserved"] + c["pending"]
         entry: dict[str, Any] = {
-            "ready": 0,
+            "ready": c["ready"],
             "running": c["running"],
             "pending": pending,
             "max": pool.size,
@@ -130,6 +141,7 @@ def pools_status(
             entry["alias"] = list(pool.alias)
         pools[name] = entry
         totals["pending"] += pending
+        totals["ready"] += c["ready"]
         totals["running"] += c["running"]
         totals["completed"] += c["completed"]
     return pools, totals

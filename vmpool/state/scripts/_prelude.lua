@@ -116,11 +116,17 @@ end
 
 -- Appends one audit entry and bumps the request's version: contiguous versions are how
 -- the audit proves no transition was lost or made twice.
-local function audit(entity, from, to, reason, now)
-  local v = redis.call('HINCRBY', KEYS[1], 'version', 1)
-  redis.call('XADD', KEYS[3], '*', 'entity', entity, 'from', from, 'to', to,
+-- audit_at writes to any record's trail (a warm-pool VM's own: its hash and
+-- Keys.vm_audit); audit to the script's own record (KEYS[1], trail KEYS[3]).
+local function audit_at(record_key, trail_key, entity, from, to, reason, now)
+  local v = redis.call('HINCRBY', record_key, 'version', 1)
+  redis.call('XADD', trail_key, '*', 'entity', entity, 'from', from, 'to', to,
     'version', tostring(v), 'actor', ACTOR, 'reason', reason, 'time', fmt(now))
   return v
+end
+
+local function audit(entity, from, to, reason, now)
+  return audit_at(KEYS[1], KEYS[3], entity, from, to, reason, now)
 end
 
 local function pool_index(pool, state)

@@ -1,0 +1,72 @@
+"""`vmpool vm get|list|show|extend|delete` through click's runner against a real Redis."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import redis
+from click.testing import CliRunner
+
+from vmpool.cli.main import cli
+from vmpool.state.keys import Keys
+from vmpool.state.store import Store
+
+POOL = "debian-12-x86_64"  # from the built-in demo config, alias "debian"
+
+
+@pytest.fixture
+def run(redis_url: str, redis_client: redis.Redis) -> object:
+    runner = CliRunner()
+
+    def invoke(*args: str) -> object:
+        return runner.invoke(cli, [*args, "--redis-url", redis_url])
+
+    return invoke
+
+
+def warm(store: Store, n: int) -> list[str]:
+    names = []
+    for i in range(n):
+        name = f"cli-warm-{i}"
+        assert store.reserve_pool_vm(
+            name,
+            pool=POOL,
+            template="t",
+            provider="simulated",
+            domain="example.com",
+            size=n,
+            data_ttl_s=60,
+            actor="test",
+        ).ok
+        store.vm_created(name, actor="test")
+        store.vm_ready(name, actor="test")
+        names.append(name)
+    return names
+
+
+def test_vm_commands(run, redis_client: redis.Redis) -> None:  # type: ignore[no-untyped-def]
+    """Proves: get checks out all or nothing (exit 1 and nothing taken when short),
+    list/show read, extend sets the lifetime, delete gives the VM back; bad input is
+    one line and exit 2."""
+    store = Store(redis_client, Keys())
+    warm(store, 2)
+    short = run("vm", "get", "debian=3")
+    assert short.exit_code == 1 and "nothing checked out" in short.output
+    assert len(store.pool_vms(POOL, "ready")) == 2
+    got = run("vm", "get", "debian", "--owner", "ops")
+    assert got.exit_code == 0, got.output
+    host = got.output.strip()
+    name = host.split(".")[0]
+    listed = run("vm", "list", "--json")
+    rows = {r["name"]: r for r in json.loads(listed.output)}
+    assert rows[name]["state"] == "running" and rows[name]["holder"] == "ops"
+    assert run("vm", "extend", host, "5").exit_code == 0
+    shown = json.loads(run("vm", "show", name, "--json").output)
+    assert shown["trail"][-1]["reason"] == "lifetime set to 5h"
+    assert run("vm", "delete", name).exit_code == 0
+    again = run("vm", "delete", name)
+    assert again.exit_code == 1 and "vm_completed" in again.output
+    bad = run("vm", "show", "Not_A_Name!")
+    assert bad.exit_code == 2 and "Traceback" not in bad.output
+    assert run("vm", "get", "nosuch").exit_code == 2

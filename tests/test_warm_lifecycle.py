@@ -1,0 +1,136 @@
+"""Warm pools in the lifecycle (vmpool/lifecycle/warm.py): top-up, check_ready, the
+on-demand request that takes ready VMs first. In-process against a real Redis and the
+simulated provider, with the recording Dispatcher standing in for RQ."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import redis
+from test_lifecycle import SIM, make_fleet, run_dispatched
+
+from vmpool import lifecycle
+from vmpool.config import Config, parse_config
+from vmpool.lifecycle import Fleet
+from vmpool.state.audit import audit_state
+from vmpool.state.records import RequestSettings, Slot
+
+from storehelp import wait_until
+
+
+def warm_config(size: int = 3, **pool: Any) -> Config:
+    data = {
+        ":providers": {SIM: {"provider_class": "simulated", "boot_seconds": 0, "seed": 1}},
+        ":config": {"ondemand_request_ttl": 10, "ondemand_clone_limit": 10, "timeout": 1},
+        ":pools": [
+            {"name": "debian", "template": "debian-12", "size": size, "provider": SIM,
+             "domain": "example.com", **pool},
+        ],
+    }  # fmt: skip
+    return parse_config(data, source="test", env={})
+
+
+def filled(fleet: Fleet) -> list[str]:
+    lifecycle.top_up_pools(fleet)
+    run_dispatched(fleet)
+    return fleet.store.pool_vms("debian", "ready")
+
+
+def clean(fleet: Fleet) -> None:
+    problems = audit_state(fleet.store, fleet.providers, sweep_interval_s=60, reap_interval_s=60)
+    assert not problems, [p.line() for p in problems]
+
+
+def test_top_up_fills_the_pool_to_its_size_and_no_further(redis_client: redis.Redis) -> None:
+    """Proves: one top-up reserves the whole deficit, the ordinary create and pending
+    jobs make the VMs ready, and a second top-up (the pool full) reserves nothing."""
+    fleet = make_fleet(redis_client, warm_config(3))
+    assert len(filled(fleet)) == 3
+    assert lifecycle.top_up_pools(fleet) == {}
+    assert fleet.store.warm_counts(["debian"])["debian"] == {"ready": 3, "warming": 0}
+    clean(fleet)
+
+
+def test_two_top_ups_at_once_do_not_overfill(redis_client: redis.Redis) -> None:
+    """Proves: two top-up runs that both read the pool empty (two workers) reserve at
+    most the size between them: the size is checked inside pool_reserve's unit."""
+    fleet_a = make_fleet(redis_client, warm_config(3), actor="worker:a")
+    fleet_b = make_fleet(redis_client, warm_config(3), actor="worker:b", seed=8)
+    counts = fleet_a.store.warm_counts(["debian"])
+    made = 0
+    for fleet in (fleet_a, fleet_b):  # both act on the same stale read
+        for _ in range(3 - counts["debian"]["ready"] - counts["debian"]["warming"]):
+            out = fleet.store.reserve_pool_vm(
+                fleet.names(),
+                pool="debian",
+                template="t",
+                provider=SIM,
+                domain=None,
+                size=3,
+                data_ttl_s=60,
+                actor=fleet.actor,
+            )
+            made += out.ok
+    assert made == 3
+    assert fleet_a.store.warm_counts(["debian"])["debian"]["warming"] == 3
+
+
+def test_request_takes_ready_vms_and_clones_the_shortfall(redis_client: redis.Redis) -> None:
+    """Proves the acceptance case: a request for 3 VMs of a pool with 2 ready takes the 2
+    at once and clones 1; its trail shows which came from the pool; the pool refills."""
+    fleet = make_fleet(redis_client, warm_config(2))
+    ready = filled(fleet)
+    assert len(ready) == 2
+    store = fleet.store
+    assert store.create_request(
+        "acc", [Slot("debian", "debian", 3)], RequestSettings(ttl_s=60), actor="api"
+    ).ok
+    cloned = lifecycle.provision_request(fleet, "acc")
+    assert len(cloned) == 1
+    trail = store.history("acc")
+    from_pool = sorted(e.entity[3:] for e in trail if e.reason == "claimed from the pool")
+    reserved = [e.entity[3:] for e in trail if e.dst == "reserved"]
+    assert from_pool == sorted(ready) and reserved == cloned
+    run_dispatched(fleet)
+    req = store.get_request("acc")
+    assert req is not None and req.status == "ready"
+    assert len(filled(fleet)) == 2  # the pool refilled
+    clean(fleet)
+
+
+def test_ondemand_from_ready_off_clones_everything(redis_client: redis.Redis) -> None:
+    """Proves: with the pool's switch off, the request clones all it asked for and the
+    ready VMs stay in the pool."""
+    fleet = make_fleet(redis_client, warm_config(2, ondemand_from_ready=False))
+    ready = filled(fleet)
+    assert fleet.store.create_request(
+        "off", [Slot("debian", "debian", 2)], RequestSettings(ttl_s=60), actor="api"
+    ).ok
+    assert len(lifecycle.provision_request(fleet, "off")) == 2
+    assert sorted(fleet.store.pool_vms("debian", "ready")) == sorted(ready)
+
+
+def test_check_ready_recycles_and_top_up_replaces(redis_client: redis.Redis) -> None:
+    """Proves: a ready VM gone at the provider fails its check and is destroyed, a VM
+    past ready_ttl is recycled, a healthy one stays; the next top-up replaces them."""
+    fleet = make_fleet(redis_client, warm_config(2))
+    first, second = filled(fleet)
+    provider = fleet.providers[SIM]
+    provider.destroy_vm("debian", first)  # the VM vanished behind vmpool's back
+    assert lifecycle.check_ready(fleet) == {"failed its check": 1}
+    run_dispatched(fleet)
+    vm = fleet.store.get_vm(first)
+    assert vm is not None and vm.state == "destroyed"
+    assert fleet.store.pool_vms("debian", "ready") == [second]
+    assert len(filled(fleet)) == 2
+    aged = make_fleet(redis_client, warm_config(2, ready_ttl=1 / 600))  # 0.1 s
+    recycled: list[int] = []
+
+    def recycle() -> bool:
+        recycled.append(lifecycle.check_ready(aged).get("ready_ttl", 0))
+        return sum(recycled) == 2
+
+    wait_until(recycle)
+    run_dispatched(aged)
+    assert fleet.store.pool_vms("debian", "ready") == []
+    clean(fleet)

@@ -1,0 +1,241 @@
+"""vmpooler's per-VM API: GET /vm, checkout (POST /vm, POST /vm/<pool>+<pool>), GET,
+PUT and DELETE /vm/<hostname>, GET /token/<token>, GET /summary, and vmpooler's "not
+supported" answer for snapshots, disks and pool resets.
+
+The API writes no state itself: a checkout is ``Store.checkout`` (one script: all or
+nothing, each ready VM to one client), a give-back ``Store.give_back``, a modification
+``Store.extend_vm`` / ``Store.tag_vm``. Content types are not checked: vmfloaty posts the
+path form with no body and sends PUT's JSON labelled as a form.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+from fastapi import APIRouter, Request
+from starlette.concurrency import run_in_threadpool
+from starlette.responses import Response
+
+from vmpool.api.deps import ApiState, State, Token, counted
+from vmpool.api.errors import Rejected
+from vmpool.api.parsing import parse_count, parse_json_body, read_body
+from vmpool.api.responses import PrettyJSON, not_ok, reply
+from vmpool.api.vm_views import (
+    checkout_body,
+    filter_tags,
+    modify_failures,
+    short_hostname,
+    summary_body,
+    vm_body,
+)
+from vmpool.ids import InvalidIdentifier, validate_vm_name
+from vmpool.state.counters import READY_SUM
+from vmpool.state.records import VMRecord
+from vmpool.state.tokens import TokenInfo
+
+__all__ = ["router"]
+
+log = logging.getLogger(__name__)
+
+MAX_CHECKOUT = 100  # vmpooler's validate_vm_count
+
+router = APIRouter()
+
+
+@router.get("/vm")
+async def list_pools(st: State) -> Response:
+    return PrettyJSON(list(st.config.pools), status_code=200)
+
+
+@router.post("/vm", dependencies=[counted("post", "vm", "checkout")])
+async def checkout_json(request: Request, st: State, token: Token) -> Response:
+    raw = await read_body(request)
+    data = parse_json_body(raw) if raw.strip() else {}
+    if not isinstance(data, Mapping):
+        raise Rejected(400, error="Request body must be a JSON object")
+    counts = {str(name): parse_count(str(name), n, MAX_CHECKOUT) for name, n in data.items()}
+    return await run_in_threadpool(checkout, st, counts, token)
+
+
+@router.post("/vm/{template}", dependencies=[counted("get", "vm", "template")])
+async def checkout_path(template: str, request: Request, st: State, token: Token) -> Response:
+    await read_body(request)  # ignored, but bounded
+    counts: dict[str, int] = {}
+    for name in template.split("+"):
+        counts[name] = counts.get(name, 0) + 1
+    return await run_in_threadpool(checkout, st, counts, token)
+
+
+def _choose(st: ApiState, counts: Mapping[str, int]) -> list[tuple[str, str, int]] | None:
+    """(name asked, pool, count) for each name: the pool of that name, or among the
+    pools an alias selects the first with enough ready VMs. None: an unknown name."""
+    candidates = {name: st.config.resolve_name(name) for name in counts}
+    if not counts or not all(candidates.values()):
+        return None
+    pools = sorted({p for c in candidates.values() for p in c})
+    ready = {p: c["ready"] for p, c in st.store.pool_counts(pools).items()}
+    wanted = []
+    for name, n in counts.items():
+        pool = next((p for p in candidates[name] if ready[p] >= n), candidates[name][0])
+        ready[pool] -= n
+        wanted.append((name, pool, n))
+    return wanted
+
+
+def checkout(st: ApiState, counts: Mapping[str, int], token: TokenInfo | None) -> Response:
+    """vmpooler's checkout, all or nothing: 200 with the hostnames, 503 ``{"ok":
+    false}`` when any pool is short (nothing handed out), 404 for an unknown name."""
+    if any(n > MAX_CHECKOUT for n in counts.values()):
+        return not_ok(400, error=f"VM count must be at most {MAX_CHECKOUT}")
+    wanted = _choose(st, counts)
+    if wanted is None:
+        return not_ok(404)
+    per_pool: dict[str, int] = {}
+    for _, pool, n in wanted:
+        per_pool[pool] = per_pool.get(pool, 0) + n
+    lifetime = st.config.vm_lifetime_auth_s if token else st.config.vm_lifetime_s
+    out = st.store.checkout(
+        per_pool,
+        owner=token.user if token else "",
+        owner_hash=token.sha256 if token else "",
+        lifetime_s=lifetime,
+        actor="api",
+    )
+    if not out.ok:
+        log.info("checkout of %s refused: %s %s", dict(per_pool), out.code, out.short)
+        return not_ok(503)
+    log.info("checked out %s%s", [n for n, _ in out.vms], f" to {token.user}" if token else "")
+    return reply(200, checkout_body(wanted, out.vms, st.config))
+
+
+def _vm(st: ApiState, hostname: str) -> VMRecord | None:
+    name = short_hostname(hostname)
+    try:
+        validate_vm_name(name)
+    except InvalidIdentifier:
+        return None
+    return st.store.get_vm(name)
+
+
+@router.get("/vm/{hostname}", dependencies=[counted("get", "vm", "hostname")])
+async def get_vm(hostname: str, st: State) -> Response:
+    def body() -> Response:
+        vm = _vm(st, hostname)
+        if vm is None:
+            return not_ok(404)
+        return reply(200, {"ok": True, vm.name: vm_body(vm, st.config, st.store.server_time())})
+
+    return await run_in_threadpool(body)
+
+
+@router.put("/vm/{hostname}", dependencies=[counted("put", "vm", "modify")])
+async def modify_vm(hostname: str, request: Request, st: State, token: Token) -> Response:
+    raw = await read_body(request)  # JSON whatever the content type says (vmfloaty)
+    return await run_in_threadpool(modify, st, hostname, raw, token)
+
+
+def modify(st: ApiState, hostname: str, raw: bytes, token: TokenInfo | None) -> Response:
+    vm = _vm(st, hostname)
+    if vm is None:
+        return not_ok(404)
+    data = parse_json_body(raw) if raw.strip() else {}
+    if not isinstance(data, Mapping):
+        return not_ok(400, error="Request body must be a JSON object")
+    failures = modify_failures(data, st.config)
+    if failures:
+        return not_ok(400, failure=failures)
+    user = token.user if token else ""
+    for param, arg in data.items():
+        if param == "lifetime":
+            out = st.store.extend_vm(vm.name, int(str(arg).strip()), actor="api", user=user)
+        else:
+            out = st.store.tag_vm(vm.name, filter_tags(arg, st.config.tagfilter), actor="api",
+                                  user=user)  # fmt: skip
+        if out.code == "forbidden":
+            return not_ok(403, message=f"{vm.name} is held by another user")
+        if not out.ok and out.code != "no_tags":
+            return not_ok(400, failure=[f"{vm.name} is not running ({out.code})"])
+    return reply(200, {"ok": True})
+
+
+@router.delete("/vm/{hostname}", dependencies=[counted("delete", "vm", "hostname")])
+async def delete_vm(hostname: str, st: State, token: Token) -> Response:
+    def give_back() -> Response:
+        vm = _vm(st, hostname)
+        if vm is None:
+            return not_ok(404)
+        out = st.store.give_back(vm.name, actor="api", user=token.user if token else "")
+        if out.ok:
+            log.info("VM %s given back%s", vm.name, f" by {token.user}" if token else "")
+            return reply(200, {"ok": True})
+        if out.code == "forbidden":
+            return not_ok(403, message=f"{vm.name} is held by another user")
+        return not_ok(404)
+
+    return await run_in_threadpool(give_back)
+
+
+@router.get("/token/{token}")
+async def get_token(token: str, st: State) -> Response:
+    return await run_in_threadpool(token_body, st, token)
+
+
+def token_body(st: ApiState, token: str) -> Response:
+    """vmpooler's GET /token/<token>: the token's record and its running VMs (short
+    names, as vmfloaty's ``list --active`` needs them); 404 when auth is off."""
+    info = st.tokens.lookup(token, touch=False) if st.config.auth is not None else None
+    if info is None:
+        return not_ok(404)
+    entry: dict[str, Any] = {"user": info.user, "created": info.created, "last": info.last}
+    owners: dict[str, str] = {}
+    running = []
+    for vm in st.store.held_vms(st.config.pools):
+        if vm.request_id:
+            if vm.request_id not in owners:
+                req = st.store.get_request(vm.request_id)
+                owners[vm.request_id] = req.token_hash if req else ""
+            mine = owners[vm.request_id] == info.sha256
+        else:
+            mine = st.store.owner_token(vm.name) == info.sha256
+        if mine:
+            running.append(vm.name)
+    if running:
+        entry["vms"] = {"running": running}
+    return reply(200, {"ok": True, token: entry})
+
+
+@router.get("/summary")
+async def get_summary(st: State) -> Response:
+    def body() -> Response:
+        r = st.clients.text
+        times: dict[str, tuple[int, float]] = {}
+        for pool in st.config.pools:
+            h = r.hgetall(st.keys.time_to_ready(pool))
+            count = sum(int(float(v)) for k, v in h.items() if k != READY_SUM)
+            times[pool] = (count, float(h.get(READY_SUM, 0) or 0))
+        today = datetime.fromtimestamp(st.store.server_time(), UTC).date().isoformat()
+        return reply(200, summary_body(times, today))
+
+    return await run_in_threadpool(body)
+
+
+# -- what vmpool does not do: vmpooler's answer with experimental features off -----------
+def _not_supported() -> Response:
+    return not_ok(405)
+
+
+for _path in (
+    "/vm/{hostname}/snapshot",
+    "/vm/{hostname}/snapshot/{snapshot}",
+    "/vm/{hostname}/disk/{size}",
+    "/poolreset",
+    "/config/poolsize",
+    "/config/pooltemplate",
+    "/config/clonetarget",
+):
+    router.add_api_route(_path, _not_supported, methods=["POST"])
+for _path in ("/config/poolsize/{pool}", "/config/pooltemplate/{pool}"):
+    router.add_api_route(_path, _not_supported, methods=["DELETE"])

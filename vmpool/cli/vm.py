@@ -1,0 +1,170 @@
+"""`vmpool vm get|list|show|extend|delete`: warm-pool VMs and held VMs from the shell.
+
+Straight to Redis through the store, as an admin: the same atomic transitions the API
+uses (checkout, give back, lifetime extension), without an owner check. A VM given back
+is destroyed by the fleet's destroy sweep.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict
+from typing import Any
+
+import click
+
+from vmpool.cli.context import CliContext, echo_json, with_context
+from vmpool.cli.errors import CliError, CliFailure
+from vmpool.ids import InvalidIdentifier, validate_vm_name
+from vmpool.state.records import VMRecord
+
+__all__ = ["vm_group"]
+
+
+def _name(raw: str) -> str:
+    try:
+        return validate_vm_name(raw.split(".", 1)[0].lower())
+    except InvalidIdentifier as exc:
+        raise CliError(str(exc)) from None
+
+
+def _record(cli: CliContext, name: str) -> VMRecord:
+    vm = cli.store.get_vm(name)
+    if vm is None:
+        raise CliFailure(f"no VM {name}")
+    return vm
+
+
+def _counts(cli: CliContext, pools: tuple[str, ...]) -> dict[str, int]:
+    """POOL or POOL=N arguments (a repeated pool adds up) -> pool -> count."""
+    counts: dict[str, int] = {}
+    for arg in pools:
+        name, _, n = arg.partition("=")
+        try:
+            count = int(n) if n else 1
+        except ValueError:
+            raise CliError(f"{arg!r}: the count after '=' is not an integer") from None
+        if count <= 0:
+            raise CliError(f"{arg!r}: the count must be positive")
+        chosen = cli.config.resolve_name(name)
+        if not chosen:
+            raise CliError(f"unknown pool {name!r}")
+        counts[chosen[0]] = counts.get(chosen[0], 0) + count
+    return counts
+
+
+@click.group("vm")
+def vm_group() -> None:
+    """Check VMs out of warm pools, list, show, extend and give back held VMs."""
+
+
+@vm_group.command("get")
+@with_context(json=True)
+@click.argument("pools", nargs=-1, required=True, metavar="POOL[=N] ...")
+@click.option("--owner", default="", help="Record this user as the owner.")
+def vm_get(cli: CliContext, pools: tuple[str, ...], owner: str) -> None:
+    """Check ready VMs out: all or nothing (exit 1 when a pool is short)."""
+    counts = _counts(cli, pools)
+    out = cli.store.checkout(
+        counts, owner=owner, owner_hash="", lifetime_s=cli.config.vm_lifetime_s, actor="cli"
+    )
+    if not out.ok:
+        raise CliFailure(f"not enough ready VMs in pool {out.short or '?'}: nothing checked out")
+    hosts = []
+    for name, pool in out.vms:
+        domain = cli.config.pools[pool].domain if pool in cli.config.pools else None
+        hosts.append(f"{name}.{domain}" if domain else name)
+    if cli.as_json:
+        echo_json({"ok": True, "hostnames": hosts})
+    else:
+        for host in hosts:
+            click.echo(host)
+
+
+def _row(vm: VMRecord, now: float) -> dict[str, Any]:
+    holder = f"request {vm.request_id}" if vm.request_id else (vm.owner or "-")
+    remaining = "-"
+    if vm.state == "running" and vm.lifetime_end is not None:
+        remaining = f"{(vm.lifetime_end - now) / 3600:.2f}h"
+    return {"name": vm.name, "pool": vm.pool, "state": vm.state, "holder": holder,
+            "remaining": remaining}  # fmt: skip
+
+
+@vm_group.command("list")
+@with_context(json=True)
+def vm_list(cli: CliContext) -> None:
+    """Ready and held VMs of every configured pool."""
+    pools = list(cli.config.pools)
+    names = [
+        name
+        for state in ("ready", "running")
+        for by_pool in cli.store.pools_vms(pools, state).values()
+        for name in by_pool
+    ]
+    now = cli.store.server_time()
+    rows = [_row(vm, now) for vm in cli.store.get_vms(names)]
+    if cli.as_json:
+        echo_json(rows)
+        return
+    for row in rows:
+        click.echo(f"{row['name']:<32} {row['pool']:<16} {row['state']:<8} "
+                   f"{row['remaining']:>9}  {row['holder']}")  # fmt: skip
+
+
+@vm_group.command("show")
+@with_context(json=True)
+@click.argument("host")
+def vm_show(cli: CliContext, host: str) -> None:
+    """One VM's record, and its own trail while no request holds it."""
+    vm = _record(cli, _name(host))
+    trail = cli.store.vm_history(vm.name)
+    if cli.as_json:
+        data = asdict(vm)
+        data["tags"] = dict(vm.tags)
+        data["trail"] = [
+            {"version": e.version, "from": e.src, "to": e.dst, "actor": e.actor,
+             "reason": e.reason, "time": e.time}
+            for e in trail
+        ]  # fmt: skip
+        echo_json(data)
+        return
+    for key, value in asdict(vm).items():
+        if value not in (None, "", {}):
+            click.echo(f"{key}: {dict(value) if key == 'tags' else value}")
+    for e in trail:
+        stamp = time.strftime("%H:%M:%S", time.gmtime(e.time))
+        click.echo(f"  v{e.version:<3} {stamp} {e.src:>9} -> {e.dst:<9} {e.actor}  {e.reason}")
+
+
+@vm_group.command("extend")
+@with_context(json=True)
+@click.argument("host")
+@click.argument("hours", type=click.IntRange(min=1))
+def vm_extend(cli: CliContext, host: str, hours: int) -> None:
+    """Set a held VM's lifetime to HOURS from its checkout."""
+    name = _name(host)
+    limit = cli.config.max_lifetime_upper_limit_s
+    if limit is not None and hours * 3600 >= limit:
+        raise CliError(f"a lifetime of {hours}h exceeds the maximum of {int(limit // 3600)}h")
+    out = cli.store.extend_vm(name, hours, actor="cli")
+    if not out.ok:
+        raise CliFailure(f"{name}: not extended ({out.code})")
+    if cli.as_json:
+        echo_json({"ok": True, "name": name, "lifetime_hours": hours})
+    else:
+        click.echo(f"{name}: lifetime {hours}h")
+
+
+@vm_group.command("delete")
+@with_context(json=True)
+@click.argument("host")
+def vm_delete(cli: CliContext, host: str) -> None:
+    """Give a held VM back: it is destroyed (its request, if any, is left as it is)."""
+    name = _name(host)
+    out = cli.store.give_back(name, actor="cli")
+    if not out.ok:
+        raise CliFailure(f"{name}: not given back ({out.code})")
+    if cli.as_json:
+        echo_json({"ok": True, "name": name})
+    else:
+        click.echo(f"{name}: given back; it is being destroyed")

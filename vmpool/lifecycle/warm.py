@@ -1,0 +1,159 @@
+"""Warm pools: a pool with ``size: N`` is kept at N ready VMs.
+
+``top_up_pools`` (periodic) reserves, for each pool, the VMs it is short of (size minus
+ready minus the pool's own reserved and booting VMs), at most ``task_limit`` per pool
+per run and each within the fleet's clone limit (the clone semaphore every create
+shares), and dispatches ``create_vm`` for them; the ordinary create and pending-check
+jobs then make them ready (the store runs the warm-pool variant of each transition for
+a VM no request holds). ``check_ready`` (periodic, vmpooler's check_ready) recycles
+ready VMs past the pool's ``ready_ttl``, those the provider no longer holds or says are
+not ready, and those beyond a pool's size (the size shrank); each goes to destruction
+and the next top-up replaces it. ``claim_ready`` lets an on-demand request take ready
+VMs of its pools before any is cloned (``ondemand_from_ready``, per pool).
+
+Every state change is one checked store transition (vmpool/state/pool_store.py); the
+pool's size is enforced inside ``pool_reserve``'s unit, so two top-ups at once never
+over-fill a pool.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from vmpool.config import PoolConfig
+from vmpool.lifecycle.fleet import Fleet, note_outcome
+from vmpool.state.records import RequestRecord, VMRecord
+
+__all__ = ["MAX_NAME_ATTEMPTS", "check_ready", "claim_ready", "top_up_pools"]
+
+log = logging.getLogger(__name__)
+
+MAX_NAME_ATTEMPTS = 8  # hostnames drawn for one VM before giving up this round
+
+
+def top_up_pools(fleet: Fleet) -> dict[str, int]:
+    """Reserve what each warm pool is short of and dispatch the creates. Returns the
+    VMs reserved per pool."""
+    pools = [
+        pool
+        for pool in fleet.config.pools.values()
+        if pool.size > 0 and pool.provider in fleet.providers
+    ]
+    if not pools:
+        return {}
+    counts = fleet.store.warm_counts(pool.name for pool in pools)
+    made: dict[str, int] = {}
+    names: list[str] = []
+    for pool in pools:
+        have = counts[pool.name]
+        deficit = min(pool.size - have["ready"] - have["warming"], fleet.config.task_limit)
+        for _ in range(max(0, deficit)):
+            code = _reserve_warm(fleet, pool, names)
+            if code != "reserved":
+                log.info("top-up %s stopped: %s", pool.name, code)
+                break
+            made[pool.name] = made.get(pool.name, 0) + 1
+    if names:
+        fleet.dispatch.create_vms(names)
+    return made
+
+
+def _reserve_warm(fleet: Fleet, pool: PoolConfig, names: list[str]) -> str:
+    """One warm VM of ``pool`` reserved, holding a clone slot that its create job takes
+    over (as provision_request does for a request's VMs)."""
+    for _ in range(MAX_NAME_ATTEMPTS):
+        name = fleet.names()
+        if fleet.slots.acquire(name) is None:
+            return "clone_limit"
+        try:
+            outcome = fleet.store.reserve_pool_vm(
+                name,
+                pool=pool.name,
+                template=pool.template,
+                provider=pool.provider,
+                domain=pool.domain,
+                size=pool.size,
+                data_ttl_s=fleet.config.data_ttl_s,
+                actor=fleet.who("top_up_pools"),
+            )
+        except BaseException:
+            fleet.slots.release(name)
+            raise
+        note_outcome("reserve_pool_vm", name, outcome)
+        if outcome.ok:
+            names.append(name)
+            return "reserved"
+        fleet.slots.release(name)
+        if outcome.code != "name_taken":
+            return outcome.code
+    return "names_exhausted"
+
+
+def check_ready(fleet: Fleet) -> dict[str, int]:
+    """Recycle the ready VMs that must go: past ``ready_ttl``, failing the provider's
+    check, or beyond the pool's size. Returns counts by reason."""
+    now = fleet.store.server_time()
+    by_pool = fleet.store.pools_vms(list(fleet.config.pools), "ready")
+    counts: dict[str, int] = {}
+    recycled: list[str] = []
+    for pool_name, names in by_pool.items():
+        pool = fleet.config.pools[pool_name]
+        excess = max(0, len(names) - pool.size)
+        for i, vm in enumerate(fleet.store.get_vms(names)):
+            reason, min_age = _why_recycle(fleet, pool, vm, now, excess=i < excess)
+            if not reason:
+                continue
+            outcome = fleet.store.recycle_vm(
+                vm.name, reason, actor=fleet.who("check_ready"), min_ready_s=min_age
+            )
+            note_outcome("recycle", vm.name, outcome)
+            if outcome.ok:
+                recycled.append(vm.name)
+                counts[reason] = counts.get(reason, 0) + 1
+    if recycled:
+        fleet.dispatch.destroy_vms(recycled)
+    return counts
+
+
+def _why_recycle(
+    fleet: Fleet, pool: PoolConfig, vm: VMRecord, now: float, *, excess: bool
+) -> tuple[str, float | None]:
+    """(reason, least ready age the script must re-check) or ('', None) to keep it."""
+    ttl = pool.ready_ttl_s
+    if ttl is not None and vm.ready_at is not None and now - vm.ready_at >= ttl:
+        return "ready_ttl", ttl
+    if excess:
+        return "pool shrank", None
+    provider = fleet.providers.get(vm.provider)
+    if provider is None:
+        return "", None  # left alone; the audit reports a VM whose provider is gone
+    try:
+        ok = provider.get_vm(vm.pool, vm.name) is not None and provider.is_ready(
+            vm.pool, vm.name
+        )
+    except Exception as exc:  # a provider hiccup is not a failed VM: next check retries
+        log.warning("check_ready %s: provider error: %s", vm.name, exc)
+        return "", None
+    return ("failed its check", None) if not ok else ("", None)
+
+
+def claim_ready(fleet: Fleet, req: RequestRecord) -> list[str]:
+    """Let a pending request take ready VMs of its pools (those whose
+    ``ondemand_from_ready`` is on) before anything is cloned for it; returns the VMs
+    it took. The claim is one unit, bounded by the request's slots."""
+    lending = sorted(
+        {
+            slot.pool
+            for slot in req.slots
+            if slot.want > slot.live
+            and (pool := fleet.config.pools.get(slot.pool)) is not None
+            and pool.ondemand_from_ready
+        }
+    )
+    if not lending or req.status != "pending":
+        return []
+    claim = fleet.store.claim_for_request(req.id, lending, actor=fleet.who("provision"))
+    if claim.ok:
+        log.info("request %s took ready VMs: %s", req.id, ", ".join(claim.names))
+        return list(claim.names)
+    return []

@@ -1,0 +1,21 @@
+-- pool_end_lifetime.lua: a checked-out VM reached the end of its lifetime (running ->
+-- completed).
+-- KEYS: the pool layout (_pool.lua).
+-- ARGV: 1-4 as in _prelude.lua (4 is ''); 5 VM name; 6 '1' to end it now whatever its
+--   lifetime (operator action), else '0'.
+-- Returns: {1, 'completed', version} or {0, 'no_vm' | 'wrong_request' | 'vm_<state>' |
+--   'not_expired'}.
+-- Invariant: a held VM is reaped only once its own lifetime (server clock) is over.
+local vm, refusal = load_vm('')
+if refusal then
+  return refusal
+end
+if vm.state ~= 'running' then
+  return refuse('vm_' .. vm.state)
+end
+local now = server_now()
+if ARGV[6] ~= '1' and now < tonumber(vm.lifetime_end) then
+  return refuse('not_expired')
+end
+move_vm(KEYS[7], vm, 'completed', now, now, 'lifetime ended')
+return {1, 'completed', audit('vm:' .. vm.name, 'running', 'completed', 'lifetime ended', now)}

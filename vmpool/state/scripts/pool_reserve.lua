@@ -1,0 +1,27 @@
+-- pool_reserve.lua: the intent record of one warm-pool VM (none -> reserved), written
+-- before the provider is called, only while the pool is short of its size.
+-- KEYS: the pool layout (_pool.lua).
+-- ARGV: 1-4 as in _prelude.lua (4 is ''); 5 VM name; 6 pool; 7 template; 8 provider;
+--   9 domain ('' for none); 10 the pool's size; 11 data_ttl seconds.
+-- Returns: {1, 'reserved', version} or {0, 'name_taken' | 'pool_full'}.
+-- Invariant: a pool never holds more warm VMs (ready, plus its own reserved and
+-- booting) than its size, however many top-up jobs run at once; a VM name is unique
+-- across the fleet (a record or a trail, tombstones included, is never reused).
+if redis.call('EXISTS', KEYS[7], KEYS[3]) > 0 then
+  return refuse('name_taken')
+end
+local pool = ARGV[6]
+if warm_count(pool) >= tonumber(ARGV[10]) then
+  return refuse('pool_full')
+end
+local now = server_now()
+local name = ARGV[5]
+local hostname = name
+if ARGV[9] ~= '' then
+  hostname = name .. '.' .. ARGV[9]
+end
+redis.call('HSET', KEYS[7], 'name', name, 'request_id', '', 'alias', pool, 'pool', pool,
+  'template', ARGV[7], 'provider', ARGV[8], 'hostname', hostname, 'attempt', 1,
+  'reserved_at', fmt(now), 'data_ttl', ARGV[11], 'state', 'none', 'version', 0)
+move_vm(KEYS[7], {name = name, pool = pool, state = 'none'}, 'reserved', now, now, '')
+return {1, 'reserved', audit('vm:' .. name, 'none', 'reserved', 'reserved for the pool', now)}

@@ -1,0 +1,17 @@
+-- pool_vm_created.lua: the provider created a warm-pool VM (reserved -> pending).
+-- KEYS: the pool layout (_pool.lua).
+-- ARGV: 1-4 as in _prelude.lua (4 is ''); 5 VM name; 6 fencing token of the VM's lock.
+-- Returns: {1, 'pending', version} or {0, 'no_vm' | 'wrong_request' | 'stale_fence' |
+--   'vm_<state>'}.
+-- Invariant: only a reserved VM of no request moves; a paused lock holder is refused.
+local vm, refusal = load_vm(ARGV[6])
+if refusal then
+  return refusal
+end
+if vm.state ~= 'reserved' then
+  return refuse('vm_' .. vm.state)
+end
+local now = server_now()
+move_vm(KEYS[7], vm, 'pending', now, now, '')
+redis.call('HSET', KEYS[7], 'created_at', fmt(now))
+return {1, 'pending', audit('vm:' .. vm.name, 'reserved', 'pending', 'created', now)}

@@ -1,0 +1,20 @@
+-- pool_vm_destroyed.lua: the provider destroyed a warm-pool VM (completed ->
+-- destroyed); its record, fence and trail stay as a tombstone for data_ttl.
+-- KEYS: the pool layout (_pool.lua).
+-- ARGV: 1-4 as in _prelude.lua (4 is ''); 5 VM name; 6 fencing token of the VM's lock.
+-- Returns: {1, 'destroyed', version} or {0, 'no_vm' | 'wrong_request' | 'stale_fence'
+--   | 'vm_<state>'}.
+-- Invariant: only a released VM is recorded destroyed; its name is never reused.
+local vm, refusal = load_vm(ARGV[6])
+if refusal then
+  return refusal
+end
+if vm.state ~= 'completed' then
+  return refuse('vm_' .. vm.state)
+end
+local now = server_now()
+move_vm(KEYS[7], vm, 'destroyed', now, now, '')
+redis.call('HSET', KEYS[7], 'destroyed_at', fmt(now))
+local v = audit('vm:' .. vm.name, 'completed', 'destroyed', 'destroyed', now)
+keep_pool_tombstone(vm)
+return {1, 'destroyed', v}

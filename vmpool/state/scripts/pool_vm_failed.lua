@@ -1,0 +1,20 @@
+-- pool_vm_failed.lua: a warm-pool VM failed to be created or to boot (reserved |
+-- pending -> completed). No retry of its own: the next top-up replaces it.
+-- KEYS: the pool layout (_pool.lua).
+-- ARGV: 1-4 as in _prelude.lua (4 is ''); 5 VM name; 6 fencing token of the VM's lock;
+--   7 reason; 8 '1' when permanent (recorded only).
+-- Returns: {1, 'completed', version} or {0, 'no_vm' | 'wrong_request' | 'stale_fence'
+--   | 'vm_<state>'}.
+-- Invariant: only a VM still being made fails; a paused lock holder is refused.
+local vm, refusal = load_vm(ARGV[6])
+if refusal then
+  return refusal
+end
+if vm.state ~= 'reserved' and vm.state ~= 'pending' then
+  return refuse('vm_' .. vm.state)
+end
+local now = server_now()
+local from = vm.state
+move_vm(KEYS[7], vm, 'completed', now, now, ARGV[7])
+redis.call('HSET', KEYS[7], 'error', ARGV[7])
+return {1, 'completed', audit('vm:' .. vm.name, from, 'completed', ARGV[7], now)}

@@ -1,0 +1,22 @@
+-- pool_vm_ready.lua: a warm-pool VM booted: it joins its pool's ready set
+-- (pending -> ready, score = ready time).
+-- KEYS: the pool layout (_pool.lua).
+-- ARGV: 1-4 as in _prelude.lua (4 is ''); 5 VM name; 6 fencing token of the VM's lock.
+-- Returns: {1, 'ready', version} or {0, 'no_vm' | 'wrong_request' | 'stale_fence' |
+--   'vm_<state>'}.
+-- Invariant: a VM enters the ready set only from booting, with no owner; the ready set
+-- and the records agree. Metrics: its ready time joins its pool's histogram.
+local vm, refusal = load_vm(ARGV[6])
+if refusal then
+  return refusal
+end
+if vm.state ~= 'pending' then
+  return refuse('vm_' .. vm.state)
+end
+local now = server_now()
+move_vm(KEYS[7], vm, 'ready', now, fmt(now), '')
+redis.call('HSET', KEYS[7], 'ready_at', fmt(now))
+if vm.reserved_at then
+  observe_ready_time(vm.pool, math.max(0, now - tonumber(vm.reserved_at)))
+end
+return {1, 'ready', audit('vm:' .. vm.name, 'pending', 'ready', 'ready in the pool', now)}
