@@ -9,7 +9,7 @@ Layout (``P`` is the prefix)::
 
     P:request:{RID}              hash   the request: status, version, slots, deadlines
     P:request:{RID}:vms          set    every VM ever reserved for the request
-    P:request:{RID}:audit        stream one entry per transition (from, to, version, ...)
+    P:request:{RID}:audit        list   one packed entry per transition (records.decode_trail)
     P:request:{RID}:fence        string fencing counter of the request's lock grants
     P:requests:open              zset   pending requests, score = failure deadline (s)
     P:requests:provision         zset   requests with unreserved slots, score = created

@@ -30,6 +30,8 @@ from vmpool.state.records import (
     Slot,
     VMRecord,
     decode_hash,
+    decode_stream_trail,
+    decode_trail,
     encode_slots,
     text,
 )
@@ -239,23 +241,15 @@ class Store:
         return {alias: sorted(names) for alias, names in by_alias.items()}
 
     def history(self, request_id: str) -> list[AuditEntry]:
-        entries = []
-        rows: list[Any] = self.redis.xrange(self.keys.request_audit(request_id)) or []
-        for stream_id, raw in rows:
-            h = decode_hash(raw or {})
-            entries.append(
-                AuditEntry(
-                    stream_id=text(stream_id),
-                    entity=h.get("entity", ""),
-                    src=h.get("from", ""),
-                    dst=h.get("to", ""),
-                    version=int(h.get("version", 0)),
-                    actor=h.get("actor", ""),
-                    reason=h.get("reason", ""),
-                    time=float(h.get("time", 0)),
-                )
-            )
-        return entries
+        """The request's trail, oldest first: a list of packed entries, or the stream an
+        older release wrote (``records.decode_trail`` / ``decode_stream_trail``)."""
+        key = self.keys.request_audit(request_id)
+        try:
+            return decode_trail(self.redis.lrange(key, 0, -1) or [])
+        except redis.ResponseError as exc:
+            if "WRONGTYPE" not in str(exc):
+                raise
+        return decode_stream_trail(self.redis.xrange(key) or [])
 
     def due_for_expiry(self, limit: int = 1000, now: float | None = None) -> list[str]:
         """Pending requests whose time is up, by score range: the cost follows the

@@ -6,7 +6,7 @@
 -- the same table and counts into the same keys.
 --
 -- Calling convention of every store script:
---   KEYS[1] request hash      KEYS[2] request VM set    KEYS[3] request audit stream
+--   KEYS[1] request hash      KEYS[2] request VM set    KEYS[3] request audit trail
 --   KEYS[4] request fence     KEYS[5] open-request index (zset, score = fail_at)
 --   KEYS[6] provision queue (zset, score = created)
 --   KEYS[7] VM hash           KEYS[8] VM fence          (VM scripts only)
@@ -116,10 +116,20 @@ end
 
 -- Appends one audit entry and bumps the request's version: contiguous versions are how
 -- the audit proves no transition was lost or made twice.
+-- The trail is a list of packed entries, one JSON array each
+-- [entity, from, to, version, actor, reason, time] (vmpool.state.records.decode_trail
+-- reads it): tens of bytes per entry, where a stream cost about 4 KB per request (issue
+-- 15). A trail written as a stream by an older release (a request open across the
+-- upgrade) keeps growing as a stream: RPUSH meets WRONGTYPE and XADD runs instead.
+-- The name and arguments of this function are its interface (other scripts call it).
 local function audit(entity, from, to, reason, now)
   local v = redis.call('HINCRBY', KEYS[1], 'version', 1)
-  redis.call('XADD', KEYS[3], '*', 'entity', entity, 'from', from, 'to', to,
-    'version', tostring(v), 'actor', ACTOR, 'reason', reason, 'time', fmt(now))
+  local packed = cjson.encode({entity, from, to, v, ACTOR, reason, fmt(now)})
+  local pushed = redis.pcall('RPUSH', KEYS[3], packed)
+  if type(pushed) == 'table' and pushed.err then
+    redis.call('XADD', KEYS[3], '*', 'entity', entity, 'from', from, 'to', to,
+      'version', tostring(v), 'actor', ACTOR, 'reason', reason, 'time', fmt(now))
+  end
   return v
 end
 
