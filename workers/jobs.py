@@ -18,13 +18,16 @@ from vmpool.ids import validate_request_id, validate_vm_name
 from workers.worker import current_fleet
 
 __all__ = [
+    "check_pending_batch",
     "check_pending_sweep",
     "check_pending_vm",
     "check_request",
     "create_vm",
+    "create_vm_batch",
     "destroy_sweep",
     "destroy_vm",
     "noop",
+    "provision_batch",
     "provision_request",
     "provision_sweep",
     "reap_running",
@@ -82,3 +85,16 @@ def destroy_sweep() -> int:
 
 def reconcile() -> dict[str, int]:
     return lifecycle.reconcile(current_fleet())
+
+
+# Batch jobs (issue 15): one job runs many subjects of a work set (vmpool.lifecycle.batch).
+def provision_batch() -> dict[str, int]:
+    return lifecycle.provision_batch(current_fleet())
+
+
+def create_vm_batch() -> dict[str, int]:
+    return lifecycle.create_vm_batch(current_fleet())
+
+
+def check_pending_batch() -> dict[str, int]:
+    return lifecycle.check_pending_batch(current_fleet())

@@ -50,9 +50,10 @@ from vmpool.lifecycle import Fleet
 from vmpool.state.counters import record_job
 from vmpool.state.keys import DEFAULT_PREFIX, Keys
 from vmpool.state.lua import read_script
+from workers.batching import BatchDispatcher
 from workers.dequeue import StampingQueue
 from workers.loop import REDIS_GONE, AliveFile, RedisOutage, SteadyLoop
-from workers.queues import HEARTBEAT_FIELD, HEARTBEAT_SECONDS, RQDispatcher, queue_names
+from workers.queues import HEARTBEAT_FIELD, HEARTBEAT_SECONDS, queue_names
 
 if TYPE_CHECKING:
     from vmpool.config import Config
@@ -259,7 +260,7 @@ def worker_name() -> str:
 def build_fleet(redis_url: str, config: Config, conn: redis.Redis, actor: str) -> Fleet:
     """The per-process Fleet: a decoding client for the domain, RQ dispatch on ``conn``."""
     client = redis.Redis.from_url(redis_url, decode_responses=True)
-    return Fleet.build(client, config, RQDispatcher(conn, Keys(config.key_prefix)), actor)
+    return Fleet.build(client, config, BatchDispatcher(conn, Keys(config.key_prefix)), actor)
 
 
 def build_worker(

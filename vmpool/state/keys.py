@@ -22,8 +22,9 @@ Layout (``P`` is the prefix)::
     P:login-failures:KIND:SHA256 string failed logins of a user or client address (TTL window)
     P:sim:PROVIDER:vm:NAME       hash   a VM of the simulated provider's fake cloud
     P:sim:PROVIDER:inventory     set    the names the simulated provider holds
-    P:lock:KIND:SUBJECT          string python-redis-lock locks (per request or VM)
-    P:lock:KIND:SUBJECT:signal   list   the lock's release signal (waiters BLPOP it)
+    P:lock:KIND:SUBJECT          string a lock (per request or VM): the holder's id
+    P:lock:KIND:SUBJECT:signal   list   unused since issue 15 (python-redis-lock's signal)
+    P:work:JOB                   zset   subjects waiting for a batch job, score = claimable from
     P:clone-slots                zset   the fleet-wide clone semaphore's leases
     P:metrics:NAME               hash   fleet-wide counters (vmpool.state.counters)
     P:metrics:requests_finished  hash   requests finished, by outcome (the store's scripts)
@@ -167,6 +168,11 @@ class Keys:
 
     def lock_signal(self, kind: str, subject: str) -> str:
         return self.lock(kind, subject) + ":signal"
+
+    def work_set(self, job: str) -> str:
+        """Zset: the subjects of per-subject ``job`` waiting for a batch job
+        (vmpool.state.workset), score = server time from which they may be claimed."""
+        return f"{self.prefix}:work:{job}"
 
     @property
     def clone_slots(self) -> str:
