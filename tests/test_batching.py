@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 import redis
+from test_lifecycle import create_request, make_config, make_fleet
 
 from vmpool import lifecycle
 from vmpool.lifecycle import Fleet
@@ -23,8 +24,6 @@ from vmpool.state.records import Slot
 from vmpool.state.workset import WorkSet
 from workers.batching import LANES, BatchDispatcher, ensure_lanes
 from workers.table import job_id
-
-from test_lifecycle import create_request, make_config, make_fleet
 
 
 def _batched_fleet(redis_client: redis.Redis, redis_url: str, **overrides: Any) -> Fleet:
