@@ -7,8 +7,9 @@ turns on ``appendonly yes, appendfsync always`` as ``vmpool up`` runs it). Every
 is taken ``--runs`` times; the table shows min / median. Figures:
 
 - fleet: 2 worker processes (vmpool's SimpleWorker) deliver N one-VM requests
-  (simulated provider, boot 0 s) to ready; baseline: the same 2 workers running N RQ
-  no-op jobs. Work is put on the queues before the workers start and released to them
+  (simulated provider, boot 0 s) to ready, each request dispatched as POST
+  /ondemandvm dispatches it; baseline: the same 2 workers running N RQ no-op jobs.
+  Work is put on the queues before the workers start and released to them
   at once (RENAME) when both are listening. Also: Redis commands and server µs per VM.
 - sweep: Redis server ms (INFO commandstats) of one check_pending_sweep with N pending
   VMs, cold (no job queued) and warm (every job still queued); baseline: a 1 s tick.
@@ -45,7 +46,8 @@ from vmpool.local.redis_server import RedisServer  # noqa: E402
 from vmpool.state.keys import Keys  # noqa: E402
 from vmpool.state.records import RequestSettings, Slot  # noqa: E402
 from vmpool.state.store import Store  # noqa: E402
-from workers.queues import RQDispatcher, enqueue_many  # noqa: E402
+from workers.batching import BatchDispatcher  # noqa: E402
+from workers.queues import RQDispatcher  # noqa: E402
 from workers.table import queue_names  # noqa: E402
 
 POOLS = ("debian", "centos")
@@ -152,7 +154,9 @@ def fleet_real(url: str, n: int, cfg_path: str) -> tuple[float, float, float]:
     for i, rid in enumerate(rids):
         pool = POOLS[i % 2]
         assert store.create_request(rid, [Slot(pool, pool, 1)], settings, actor="bench").ok
-    enqueue_many(conn, keys, "provision_request", rids)
+    dispatch = BatchDispatcher(conn, keys)  # what POST /ondemandvm does, once per request
+    for rid in rids:
+        dispatch.provision_request(rid)
     _hold_queues(conn, keys)
     finished = keys.requests_finished
     done = lambda: int(conn.hget(finished, "ready") or 0) >= n  # noqa: E731
