@@ -26,6 +26,7 @@ BENCHES: dict[str, list[str]] = {
     "sweep_dispatch": ["--sizes", "100,1000,5000", "--reps", "5"],
     "targets": ["--runs", "3", "--vms", "300", "--pending", "1000,10000"],
     "targets_aof": ["--runs", "3", "--vms", "300", "--pending", "10000", "--aof"],
+    "api_rps": ["--runs", "3", "--seconds", "5", "--connections", "16"],
 }
 SCRIPT_OF = {"targets_aof": "targets"}
 

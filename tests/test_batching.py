@@ -16,13 +16,13 @@ import redis
 from test_lifecycle import create_request, make_config, make_fleet
 
 from vmpool import lifecycle
-from vmpool.lifecycle import Fleet
+from vmpool.lifecycle import Fleet, batch
 from vmpool.lifecycle.batch import run_batch
 from vmpool.state.audit import check_trail
 from vmpool.state.keys import Keys
 from vmpool.state.records import Slot
 from vmpool.state.workset import WorkSet
-from workers.batching import LANES, BatchDispatcher, ensure_lanes
+from workers.batching import LANES, BatchDispatcher, continue_batch, ensure_lanes
 from workers.table import job_id
 
 
@@ -73,13 +73,22 @@ def test_a_dead_claimer_loses_nothing_and_cannot_remove_a_newer_claim(
     assert sorted(dead.subjects) == ["vm-a", "vm-b"]
     assert work.claim("create_vm", 5, lease_s=60).subjects == ["vm-c"]  # claimed: hidden
     assert work.claim("create_vm", 5, lease_s=60).subjects == []
-    # the dead claimer's lease ends (aged here rather than waited for)
+    # the dead claimer's lease ends (aged here rather than waited for; the new claim's
+    # longer lease stands for the time that really passed, so its score differs)
     redis_client.zadd(keys.work_set("create_vm"), {"vm-a": 1, "vm-b": 1}, xx=True)
-    again = work.claim("create_vm", 5, lease_s=60)
+    again = work.claim("create_vm", 5, lease_s=120)
     assert sorted(again.subjects) == ["vm-a", "vm-b"]
     assert work.done("create_vm", dead, dead.subjects) == 0  # not its claim any more
     assert work.done("create_vm", again, again.subjects) == 2
     assert work.size("create_vm") == 1  # vm-c, still claimed by its (live) job
+    # a job that ran out of time releases what it did not run: claimable at once
+    live = WorkSet(redis_client, keys)
+    assert live.claim("create_vm", 5, lease_s=60).subjects == []
+    redis_client.zadd(keys.work_set("create_vm"), {"vm-c": 1}, xx=True)
+    late = live.claim("create_vm", 5, lease_s=90)
+    assert late.subjects == ["vm-c"]
+    assert live.release("create_vm", late, late.subjects) == 1
+    assert live.claim("create_vm", 5, lease_s=60).subjects == ["vm-c"]
 
 
 def test_one_bad_subject_does_not_stop_the_batch(
@@ -121,3 +130,21 @@ def test_lanes_are_bounded_and_cost_constant_round_trips(conn: redis.Redis, keys
     assert ensure_lanes(conn, keys, "create_vm_batch", want=10) == 0  # all live
     queued = conn.lrange(keys.rq_queue("vms"), 0, -1)
     assert queued == [job_id(keys, "create_vm_batch", run=i).encode() for i in range(LANES)]
+
+
+def test_a_batch_yields_on_time_and_queues_its_continuation(
+    redis_client: redis.Redis, redis_url: str, conn: redis.Redis, monkeypatch: Any
+) -> None:
+    """Proves: a batch job stops claiming once its time is over, says there is more, and
+    its continuation (the other id of its lane, since its own is still live) is queued
+    at the back of the queue; the subjects stay in the set for it."""
+    fleet = _batched_fleet(redis_client, redis_url)
+    WorkSet(fleet.redis, fleet.keys).add("create_vm", ["a-1", "a-2"])
+    monkeypatch.setattr(batch, "BATCH_TIME_S", 0.0)
+    assert run_batch(fleet, "create_vm", lambda f, s: "pending") == {"more": 1}
+    assert WorkSet(fleet.redis, fleet.keys).size("create_vm") == 2
+    current = job_id(fleet.keys, "create_vm_batch", run=1)
+    assert continue_batch(conn, fleet.keys, "create_vm_batch", current)
+    assert conn.lrange(fleet.keys.rq_queue("vms"), 0, -1) == [
+        job_id(fleet.keys, "create_vm_batch", run=1 + LANES).encode()
+    ]

@@ -12,6 +12,11 @@ script: a constant number of round trips whatever the number of subjects. Up to
 ``ceil(subjects / CLAIM_SIZE)`` lanes are queued (at most :data:`LANES`), so a burst
 of work is shared by that many workers.
 
+Each lane has two job ids, ``_r<lane>`` and ``_r<lane + LANES>``: a batch job that
+stopped on time with work left queues the other id of its lane (:func:`continue_batch`;
+its own id is still live while it runs), at the back of the queue. A lane is free when
+both its ids are.
+
 A subject added while every lane's job exists and is about to finish waits for the
 next dispatch of it: the periodic sweeps re-dispatch every booting VM each
 ``check_pending_sweep`` tick, every stale reservation after ``reserved_grace_s``, and
@@ -28,9 +33,10 @@ from typing import Any, Final
 
 import redis
 from rq import Queue
-from rq.job import Job
+from rq.job import Job, get_current_job
 from rq.scripts import UNIQUE_ENQUEUE_SCRIPT, _build_hset_args
 
+from vmpool.lifecycle import Fleet
 from vmpool.lifecycle.batch import BATCHED, CLAIM_SIZE
 from vmpool.state.keys import Keys
 from vmpool.state.workset import WorkSet
@@ -41,10 +47,11 @@ from workers.queues import (
     RUN_WAIT_TTL,
     STALE_AFTER_SECONDS,
     RQDispatcher,
+    enqueue,
 )
 from workers.table import job_id, lookup
 
-__all__ = ["LANES", "BatchDispatcher", "ensure_lanes"]
+__all__ = ["LANES", "BatchDispatcher", "continue_batch", "continued", "ensure_lanes"]
 
 # Batch jobs of one kind that may be queued or running at once.
 LANES: Final = 4
@@ -52,15 +59,17 @@ _BATCH_OF: Final = {job: batch for batch, job in BATCHED.items()}
 
 
 def ensure_lanes(conn: redis.Redis, keys: Keys, batch_job: str, want: int = 1) -> int:
-    """Queue up to ``want`` lanes of ``batch_job`` whose ids are free (absent or plainly
-    dead); returns how many were queued. Two pipelines at most."""
+    """Queue up to ``want`` lanes of ``batch_job`` whose two ids are both free (absent
+    or plainly dead); returns how many were queued. Two pipelines at most."""
     spec = lookup(batch_job)
-    ids = [job_id(keys, batch_job, run=lane) for lane in range(LANES)]
+    ids = [job_id(keys, batch_job, run=run) for run in range(2 * LANES)]
     reclaim = conn.register_script(_RECLAIM_LUA)
     pipe = conn.pipeline(transaction=False)
     for jid in ids:
         reclaim(keys=[keys.rq_job(jid)], args=[HEARTBEAT_FIELD, STALE_AFTER_SECONDS], client=pipe)
-    free = [jid for jid, ok in zip(ids, pipe.execute(), strict=True) if ok][: max(0, want)]
+    ok = pipe.execute()
+    free = [ids[lane] for lane in range(LANES) if ok[lane] and ok[lane + LANES]]
+    free = free[: max(0, want)]
     if not free:
         return 0
     queue = Queue(keys.queue(spec.queue), connection=conn)
@@ -77,6 +86,25 @@ def ensure_lanes(conn: redis.Redis, keys: Keys, batch_job: str, want: int = 1) -
         hset: list[Any] = _build_hset_args(job)  # type: ignore[no-untyped-call]
         push(keys=[job.key, queue.key], args=[job.id, "R", RUN_WAIT_TTL, *hset], client=pipe)
     return sum(1 for ok in pipe.execute()[1:] if ok)
+
+
+def continue_batch(conn: redis.Redis, keys: Keys, batch_job: str, current_id: str) -> bool:
+    """Queue the continuation of the batch job ``current_id`` (the other id of its lane),
+    for a job that stopped on time with work left. False if it could not (a live copy:
+    that copy does the work)."""
+    for run in range(2 * LANES):
+        if job_id(keys, batch_job, run=run) == current_id:
+            return enqueue(conn, keys, batch_job, run=(run + LANES) % (2 * LANES))
+    return ensure_lanes(conn, keys, batch_job) > 0  # not a lane id (vmpool enqueue ...)
+
+
+def continued(fleet: Fleet, batch_job: str, counts: dict[str, int]) -> dict[str, int]:
+    """After a batch job ran (in the worker): queue its continuation if it stopped on
+    time with work left (``counts['more']``). Returns ``counts``."""
+    current = get_current_job()
+    if counts.get("more") and current is not None and isinstance(fleet.dispatch, RQDispatcher):
+        continue_batch(fleet.dispatch.conn, fleet.keys, batch_job, current.id)
+    return counts
 
 
 class BatchDispatcher(RQDispatcher):

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from vmpool import lifecycle
 from vmpool.ids import validate_request_id, validate_vm_name
+from workers.batching import continued
 from workers.worker import current_fleet
 
 __all__ = [
@@ -87,14 +88,18 @@ def reconcile() -> dict[str, int]:
     return lifecycle.reconcile(current_fleet())
 
 
-# Batch jobs (issue 15): one job runs many subjects of a work set (vmpool.lifecycle.batch).
+# Batch jobs (issue 15): one job runs many subjects of a work set (vmpool.lifecycle.batch);
+# one that stopped on time with work left queues its continuation (workers.batching).
 def provision_batch() -> dict[str, int]:
-    return lifecycle.provision_batch(current_fleet())
+    fleet = current_fleet()
+    return continued(fleet, "provision_batch", lifecycle.provision_batch(fleet))
 
 
 def create_vm_batch() -> dict[str, int]:
-    return lifecycle.create_vm_batch(current_fleet())
+    fleet = current_fleet()
+    return continued(fleet, "create_vm_batch", lifecycle.create_vm_batch(fleet))
 
 
 def check_pending_batch() -> dict[str, int]:
-    return lifecycle.check_pending_batch(current_fleet())
+    fleet = current_fleet()
+    return continued(fleet, "check_pending_batch", lifecycle.check_pending_batch(fleet))

@@ -56,9 +56,18 @@ class WorkSet:
         return Claim(text(reply[0]), [text(s) for s in reply[1:]])
 
     def done(self, job: str, claim: Claim, subjects: Sequence[str]) -> int:
+        """Remove finished ``subjects`` of ``claim`` (those still claimed by it)."""
+        return self._end(job, claim, "done", subjects)
+
+    def release(self, job: str, claim: Claim, subjects: Sequence[str]) -> int:
+        """Make unprocessed ``subjects`` of ``claim`` claimable again at once."""
+        return self._end(job, claim, "release", subjects)
+
+    def _end(self, job: str, claim: Claim, mode: str, subjects: Sequence[str]) -> int:
         if not subjects:
             return 0
-        return int(self._done(keys=[self.keys.work_set(job)], args=[claim.score, *subjects]))
+        keys = [self.keys.work_set(job)]
+        return int(self._done(keys=keys, args=[claim.score, mode, *subjects]))
 
     def size(self, job: str) -> int:
         return int(self.redis.zcard(self.keys.work_set(job)))
