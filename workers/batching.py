@@ -47,6 +47,7 @@ from workers.queues import (
     RUN_WAIT_TTL,
     STALE_AFTER_SECONDS,
     RQDispatcher,
+    _valid_items,
     enqueue,
 )
 from workers.table import job_id, lookup
@@ -115,6 +116,9 @@ class BatchDispatcher(RQDispatcher):
         self.work = WorkSet(conn, keys)
 
     def _batch(self, job: str, subjects: Sequence[str]) -> None:
+        # A subject that is no valid name of its kind is skipped, logged and counted,
+        # as enqueue_many does (the sweeps feed ids read back from Redis).
+        subjects = [s for _, s in _valid_items(self.conn, self.keys, lookup(job), subjects)]
         if not subjects:
             return
         self.work.add(job, subjects)
