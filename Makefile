@@ -40,3 +40,10 @@ SEED    ?= 1
 TARGET  ?= vmpool
 chaos: venv
 	$(PY) tests/chaos/soak.py --seconds $(SECONDS) --seed $(SEED) --target $(TARGET) $(CHAOS_ARGS)
+
+# Every benchmark in bench/, each table rewritten in docs/benchmarks.md (bench/run_all.py).
+# BENCH=name[,name] runs only those. Minutes long; run it on an otherwise idle machine.
+.PHONY: bench
+BENCH ?=
+bench: venv
+	$(PY) bench/run_all.py $(if $(BENCH),--only $(BENCH))

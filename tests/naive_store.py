@@ -26,6 +26,7 @@ audit format so one checker judges both.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Generator
 
 import redis
@@ -75,17 +76,9 @@ class NaiveStore:
     def _audit(self, rid: str, version: int, entity: str, src: str, dst: str, why: str) -> None:
         # the version written is the one read plus one: two racing writers both write it
         self.redis.hset(self.keys.request(rid), "version", version)
-        self.redis.xadd(
+        self.redis.rpush(  # the trail's packed form (records.decode_trail)
             self.keys.request_audit(rid),
-            {
-                "entity": entity,
-                "from": src,
-                "to": dst,
-                "version": version,
-                "actor": "naive",
-                "reason": why,
-                "time": self._now(),
-            },
+            json.dumps([entity, src, dst, version, "naive", why, f"{self._now():.6f}"]),
         )
 
     def _release(self, rid: str, version: int, why: str) -> int:

@@ -261,8 +261,10 @@ def test_real_enqueue_puts_a_provision_job_on_rq(redis_url: str, redis_client: r
     assert r.status_code == 201
     rid = r.json()["request_id"]
     raw = redis.Redis.from_url(redis_url)
-    queue_name = keys.queue(JOBS["provision_request"].queue)
-    assert job_id(keys, "provision_request", rid) in Queue(queue_name, connection=raw).job_ids
+    queue_name = keys.queue(JOBS["provision_batch"].queue)
+    # issue 15: the request waits in provision_request's work set for a batch job
+    assert raw.zscore(keys.work_set("provision_request"), rid) is not None
+    assert job_id(keys, "provision_batch", run=0) in Queue(queue_name, connection=raw).job_ids
     status = c.get(f"{API}/status").json()
     assert status["queues"][queue_name] == 1
 

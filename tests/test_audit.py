@@ -7,6 +7,8 @@ the invariant. A clean system audits clean, so the report is not a constant.
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import redis
 from click.testing import CliRunner
@@ -44,9 +46,8 @@ def forge(store: Store, rid: str, entity: str, src: str, dst: str, *, skip: int 
     store.redis.hset(key, "version", version)
     if entity == "request":
         store.redis.hset(key, "status", dst)
-    store.redis.xadd(store.keys.request_audit(rid), {
-        "entity": entity, "from": src, "to": dst, "version": version, "actor": "forger",
-        "reason": "test", "time": 0})
+    store.redis.rpush(store.keys.request_audit(rid), json.dumps(
+        [entity, src, dst, version, "forger", "test", "0"]))
 
 
 def ready_request(store: Store, provider: SimulatedProvider, rid: str) -> list[str]:

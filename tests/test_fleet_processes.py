@@ -33,7 +33,6 @@ from vmpool.state.records import RequestSettings, Slot
 from vmpool.state.store import Store
 from workers.queues import enqueue
 from workers.schedule import cadence, read_schedule_log
-from workers.table import job_id
 
 pytestmark = pytest.mark.slow
 
@@ -181,13 +180,6 @@ def fleet(tmp_path: Path, redis_url: str, redis_client: redis.Redis) -> Iterator
         conn.close()
 
 
-def _running_job_worker(f: Fleet, job_id: str) -> str | None:
-    raw = f.conn.hmget(f.store.keys.rq_job(job_id), ["status", "worker_name"])
-    if raw[0] == b"started" and raw[1]:
-        return str(raw[1].decode())
-    return None
-
-
 # ---------------------------------------------------------------------------------------
 def test_fleet_end_to_end_with_a_scheduler_killed(fleet: Fleet) -> None:
     """50 requests of 1-5 VMs all ready, one path each; requests deleted while booting
@@ -286,10 +278,13 @@ def test_worker_killed_mid_create_leaks_nothing(fleet: Fleet) -> None:
     holder: list[str] = []
 
     def create_running() -> bool:
+        # The worker inside a create holds the VM's lock, whichever job runs the create
+        # (create_vm, or create_vm_batch since issue 15): its id is
+        # "worker:<worker name>/create:<random>".
         for vm in fleet.store.request_vms(rid):
-            name = _running_job_worker(fleet, job_id(fleet.store.keys, "create_vm", vm.name))
-            if name:
-                holder.append(name)
+            owner = fleet.store.redis.get(fleet.store.keys.lock("vm", vm.name))
+            if vm.state == "reserved" and owner and str(owner).startswith("worker:"):
+                holder.append(str(owner).removeprefix("worker:").split("/", 1)[0])
                 return True
         return False
 

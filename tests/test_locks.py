@@ -11,7 +11,7 @@ import pytest
 import redis
 
 from vmpool.state.keys import Keys
-from vmpool.state.locks import FencedLock, LockBusy, LockLost
+from vmpool.state.locks import FencedLock, LockBusy, LockLost, LockRenewer
 from vmpool.state.records import RequestSettings, Slot
 from vmpool.state.store import Store
 
@@ -185,26 +185,33 @@ def test_fence_of_a_subject_without_record_gets_a_ttl(
 def test_error_after_grant_leaves_no_renewed_lease(
     redis_client: redis.Redis, keys: Keys, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Proves: when the fencing-token script fails after the lock was granted (Redis
-    restarting between the SET NX and the token: seen in the chaos soak, seed 11), the
-    lease is not kept alive by the library's renewal thread. Before the fix the thread
+    """Proves: when the grant's reply is lost (Redis restarting right after the grant
+    ran: seen in the chaos soak, seed 11), the lease is not kept alive by a renewal
+    thread. The lock was then a SET NX (which started python-redis-lock's renewal
+    thread) followed by the fencing-token script; when the second failed, the thread
     went on renewing the lock of a job that had already failed, in a worker that lived
     on, and every later job on that VM answered 'busy': a completed VM was never
-    destroyed. The key must now expire within its lease."""
-    lock = FencedLock(redis_client, keys, "vm", "vm-one", expire_s=1, holder="w")
+    destroyed. Whatever the grant's shape, the key must now expire within its lease."""
+    renewer = LockRenewer()
+    lock = FencedLock(redis_client, keys, "vm", "vm-one", expire_s=1, holder="w",
+                      renewer=renewer)
+    granted = lock._grant
 
-    def broken(*_args: Any, **_kwargs: Any) -> int:
-        raise redis.ConnectionError("Redis is loading the dataset in memory")
+    def lost_reply(*args: Any, **kwargs: Any) -> int:
+        granted(*args, **kwargs)  # the grant happens in Redis ...
+        raise redis.ConnectionError("Connection reset by peer")  # ... its answer is lost
 
-    monkeypatch.setattr(lock, "_fence_script", broken)
+    monkeypatch.setattr(lock, "_grant", lost_reply)
     with pytest.raises(redis.ConnectionError):
         lock.acquire()
     assert lock.held is False
+    assert redis_client.exists(lock.key) == 1  # granted in Redis, unknown to the holder
     # Renewal (every 2/3 of the 1 s lease) would keep the key forever; without it the
-    # key is gone within the lease (or at once, if the release went through).
-    key = lock.key  # the lock object stays referenced: its renewal thread could live on
+    # key is gone within the lease.
+    key = lock.key  # the lock object stays referenced: a renewal could live on
     assert poll(lambda: redis_client.exists(key) == 0, timeout_s=4.0)
-    other = FencedLock(redis_client, keys, "vm", "vm-one", expire_s=1, holder="x")
+    other = FencedLock(redis_client, keys, "vm", "vm-one", expire_s=1, holder="x",
+                       renewer=renewer)
     assert other.acquire() is True  # the next job on the VM is not 'busy'
     other.release()
     assert lock.fence == 0

@@ -63,7 +63,7 @@ from hypothesis.stateful import (
 
 from vmpool.state.audit import audit_state, check_trail
 from vmpool.state.keys import Keys
-from vmpool.state.records import AuditEntry, Outcome, RequestSettings, Slot
+from vmpool.state.records import AuditEntry, Outcome, RequestSettings, Slot, decode_trail
 from vmpool.state.store import Store
 from vmpool.state.transitions import REQUEST_TERMINAL
 
@@ -384,26 +384,14 @@ class StoreMachine(RuleBasedStateMachine):
         """Every request's trail, record and VM states, in one round trip."""
         pipe = self.client.pipeline(transaction=True)
         for req in self.created:
-            pipe.xrange(self.keys.request_audit(req.rid))
+            pipe.lrange(self.keys.request_audit(req.rid), 0, -1)
             pipe.hgetall(self.keys.request(req.rid))
             for vm in req.vms:
                 pipe.hget(self.keys.vm(vm), "state")
         replies = iter(pipe.execute())
         out = []
         for req in self.created:
-            trail = [
-                AuditEntry(
-                    stream_id=sid,
-                    entity=h.get("entity", ""),
-                    src=h.get("from", ""),
-                    dst=h.get("to", ""),
-                    version=int(h.get("version", 0)),
-                    actor=h.get("actor", ""),
-                    reason=h.get("reason", ""),
-                    time=float(h.get("time", 0)),
-                )
-                for sid, h in next(replies)
-            ]
+            trail = decode_trail(next(replies))
             record = next(replies)
             vm_states = [next(replies) or "" for _ in req.vms]
             out.append((req, trail, record, vm_states))

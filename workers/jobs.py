@@ -15,17 +15,21 @@ from __future__ import annotations
 
 from vmpool import lifecycle
 from vmpool.ids import validate_request_id, validate_vm_name
+from workers.batching import continued
 from workers.worker import current_fleet
 
 __all__ = [
+    "check_pending_batch",
     "check_pending_sweep",
     "check_pending_vm",
     "check_ready",
     "check_request",
     "create_vm",
+    "create_vm_batch",
     "destroy_sweep",
     "destroy_vm",
     "noop",
+    "provision_batch",
     "provision_request",
     "provision_sweep",
     "reap_running",
@@ -92,3 +96,18 @@ def top_up_pools() -> dict[str, int]:
 
 def check_ready() -> dict[str, int]:
     return lifecycle.check_ready(current_fleet())
+# Batch jobs (issue 15): one job runs many subjects of a work set (vmpool.lifecycle.batch);
+# one that stopped on time with work left queues its continuation (workers.batching).
+def provision_batch() -> dict[str, int]:
+    fleet = current_fleet()
+    return continued(fleet, "provision_batch", lifecycle.provision_batch(fleet))
+
+
+def create_vm_batch() -> dict[str, int]:
+    fleet = current_fleet()
+    return continued(fleet, "create_vm_batch", lifecycle.create_vm_batch(fleet))
+
+
+def check_pending_batch() -> dict[str, int]:
+    fleet = current_fleet()
+    return continued(fleet, "check_pending_batch", lifecycle.check_pending_batch(fleet))

@@ -24,12 +24,16 @@ seconds only.
 A job hash that outlives its run would block its (job, subject) for as long as RQ takes
 to notice (about a minute for a killed worker). :func:`enqueue` therefore *reclaims* a
 duplicate that is plainly dead, in one Lua script: a ``failed``/``stopped``/``canceled``
-job, a ``queued`` job that is in no queue (a worker popped it with BLPOP and was killed,
-or lost the reply with its connection, before it marked the job started: RQ never runs
-or expires such a hash, so without this its id would be blocked forever), or a
-``started`` job whose vmpool heartbeat (written every
-:data:`HEARTBEAT_SECONDS` by the process running it, in Redis server time) is older than
-:data:`STALE_AFTER_SECONDS`. The hash is deleted and the enqueue retried once. A paused
+job, or a ``queued`` or ``started`` job whose vmpool heartbeat is older than
+:data:`STALE_AFTER_SECONDS`. A vmpool worker pops a job and stamps that heartbeat on
+its hash in one script (:mod:`workers.dequeue`, ``pop_job.lua``), then beats every
+:data:`HEARTBEAT_SECONDS` (Redis server time) while it runs it; so a ``queued`` hash
+with a stale beat was popped by a worker that was killed, or lost the reply with its
+connection, before it marked the job started (RQ never runs or expires such a hash:
+without this its id would be blocked forever), and a ``queued`` hash without a beat is
+still in its queue. Every check is O(1) in the queue's length (issue 15: the former
+LPOS over the queue made a warm sweep of 10,000 VMs cost seconds of Redis time).
+The hash is deleted and the enqueue retried once. A paused
 process that resumes after its job was reclaimed may run beside the new copy or delete
 its hash when it finishes (``result_ttl=0``); both are harmless because every job is
 idempotent and the periodic sweeps re-find any work a lost job leaves behind.
@@ -131,8 +135,8 @@ def _reclaim(conn: redis.Redis, keys: Keys, spec: JobSpec, jid: str) -> bool:
     script = conn.register_script(_RECLAIM_LUA)
     return bool(
         script(
-            keys=[keys.rq_job(jid), keys.rq_queue(spec.queue)],
-            args=[HEARTBEAT_FIELD, STALE_AFTER_SECONDS, jid],
+            keys=[keys.rq_job(jid)],
+            args=[HEARTBEAT_FIELD, STALE_AFTER_SECONDS],
         )
     )
 
@@ -216,8 +220,8 @@ def enqueue_many(
         pipe = conn.pipeline(transaction=False)
         for jid, _ in part:
             reclaim(
-                keys=[keys.rq_job(jid), queue.key],
-                args=[HEARTBEAT_FIELD, STALE_AFTER_SECONDS, jid],
+                keys=[keys.rq_job(jid)],
+                args=[HEARTBEAT_FIELD, STALE_AFTER_SECONDS],
                 client=pipe,
             )
         free = [item for item, ok in zip(part, pipe.execute(), strict=True) if ok]

@@ -2,30 +2,28 @@
 -- dead, so that the enqueue which found the duplicate can go through.
 --
 -- KEYS[1]  the job hash (rq:job:<id>)
--- KEYS[2]  the job's queue list (rq:queue:<name>)
--- ARGV[1]  the heartbeat field vmpool's workers write into a running job's hash
+-- ARGV[1]  the heartbeat field vmpool's workers write into a popped or running job's hash
 -- ARGV[2]  seconds after which a heartbeat is stale
--- ARGV[3]  the job id
 -- Returns  1 if the id is free now (no hash, or this call deleted a dead one), 0 if a
 --          live copy holds it.
 --
--- Dead means: 'failed', 'stopped' or 'canceled'; 'queued' but in no queue (a worker
--- popped it with BLPOP and died, or lost the pop's reply with its connection, before it
--- marked the job started: nothing would ever run that hash, and RQ never expires it);
--- 'started' with a heartbeat older than ARGV[2] (Redis server time). A 'started' job
--- without a heartbeat is left to RQ. Invariant: a live job (queued in its queue, or
--- running with a fresh heartbeat) is never deleted, so unique ids keep at most one live
--- copy of each (job, subject).
+-- Dead means: 'failed', 'stopped' or 'canceled'; 'queued' or 'started' with a heartbeat
+-- older than ARGV[2] (Redis server time). A vmpool worker pops a job and stamps its
+-- heartbeat in one unit (pop_job.lua) and beats while it runs it, so a 'queued' hash
+-- with a heartbeat was popped, and one whose beat went stale was popped by a worker
+-- that died (or lost the pop's reply with its connection) before it marked the job
+-- started: nothing would ever run that hash, and RQ never expires it. A 'queued' hash
+-- without a heartbeat is in its queue: live. A 'started' job without a heartbeat is
+-- left to RQ. Every check is O(1): nothing here grows with the queue.
+-- Invariant: a live job (queued in its queue, or popped/running with a fresh
+-- heartbeat) is never deleted, so unique ids keep at most one live copy of each
+-- (job, subject).
 local status = redis.call('HGET', KEYS[1], 'status')
 if not status then return 1 end
 if status == 'failed' or status == 'stopped' or status == 'canceled' then
   redis.call('DEL', KEYS[1]); return 1
 end
-if status == 'queued' then
-  if not redis.call('LPOS', KEYS[2], ARGV[3]) then redis.call('DEL', KEYS[1]); return 1 end
-  return 0
-end
-if status == 'started' then
+if status == 'queued' or status == 'started' then
   local hb = tonumber(redis.call('HGET', KEYS[1], ARGV[1]))
   if hb == nil then return 0 end
   local t = redis.call('TIME')

@@ -50,8 +50,10 @@ from vmpool.lifecycle import Fleet
 from vmpool.state.counters import record_job
 from vmpool.state.keys import DEFAULT_PREFIX, Keys
 from vmpool.state.lua import read_script
+from workers.batching import BatchDispatcher
+from workers.dequeue import StampingQueue
 from workers.loop import REDIS_GONE, AliveFile, RedisOutage, SteadyLoop
-from workers.queues import HEARTBEAT_FIELD, HEARTBEAT_SECONDS, RQDispatcher, queue_names
+from workers.queues import HEARTBEAT_FIELD, HEARTBEAT_SECONDS, queue_names
 
 if TYPE_CHECKING:
     from vmpool.config import Config
@@ -179,6 +181,10 @@ class FleetSimpleWorker(SteadyLoop, SimpleWorker):
     """Runs jobs in its own process (no fork), with its Fleet and live heartbeats."""
 
     fleet: Fleet | None = None
+    queue_class = StampingQueue  # pops and stamps the heartbeat in one unit
+
+    def validate_queues(self) -> None:
+        _any_rq_queues(self.queues)
 
     def get_heartbeat_ttl(self, job: Job, working_time: float = 0.0) -> int:
         # Like the forking Worker (short TTL, refreshed by _Heartbeat), not
@@ -206,6 +212,10 @@ class FleetForkWorker(SteadyLoop, Worker):
     heartbeat, so it stops exactly when the job's process dies."""
 
     fleet: Fleet | None = None
+    queue_class = StampingQueue  # pops and stamps the heartbeat in one unit
+
+    def validate_queues(self) -> None:
+        _any_rq_queues(self.queues)
 
     def perform_job(self, job: Job, queue: Queue, execution: Execution) -> bool:
         if isinstance(job, FleetJob):
@@ -214,6 +224,14 @@ class FleetForkWorker(SteadyLoop, Worker):
             ok = bool(super().perform_job(job, queue, execution))
         _count_job(self.fleet, job, ok)  # in the horse: the counter lives in Redis
         return ok
+
+
+def _any_rq_queues(queues: Sequence[Queue]) -> None:
+    """RQ wants every queue to be of ``queue_class``; its dequeue is a class method, so
+    a plain ``Queue`` listens just as well (callers and tests build plain ones)."""
+    for queue in queues:
+        if not isinstance(queue, Queue):
+            raise TypeError(f"{queue!r} is not an RQ Queue")
 
 
 def _count_job(fleet: Fleet | None, job: Job, ok: bool) -> None:
@@ -242,7 +260,7 @@ def worker_name() -> str:
 def build_fleet(redis_url: str, config: Config, conn: redis.Redis, actor: str) -> Fleet:
     """The per-process Fleet: a decoding client for the domain, RQ dispatch on ``conn``."""
     client = redis.Redis.from_url(redis_url, decode_responses=True)
-    return Fleet.build(client, config, RQDispatcher(conn, Keys(config.key_prefix)), actor)
+    return Fleet.build(client, config, BatchDispatcher(conn, Keys(config.key_prefix)), actor)
 
 
 def build_worker(

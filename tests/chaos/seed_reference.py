@@ -27,6 +27,7 @@ pipelined write); we sleep a uniform 0..``REF_GAP_MS`` ms (default 10) to stand 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import random
 import sys
@@ -78,10 +79,10 @@ class Reference:
         # the steps the seed's fix is not about number their entries atomically, so that
         # the violations reported are the races of the naive store's steps, not ours
         version = int(self.redis.hincrby(self.keys.request(rid), "version", 1))
-        self.redis.xadd(
+        self.redis.rpush(  # the trail's packed form (records.decode_trail)
             self.keys.request_audit(rid),
-            {"entity": entity, "from": src, "to": dst, "version": version,
-             "actor": ACTOR, "reason": why, "time": self.store.server_time()},
+            json.dumps([entity, src, dst, version, ACTOR, why,
+                        f"{self.store.server_time():.6f}"]),
         )
 
     def reserve(self, rid: str, name: str, alias: str, pool: Any) -> bool:

@@ -5,6 +5,10 @@ its hash with status ``queued`` and no TTL while it is in no queue. ``unique=Tru
 refused every later enqueue of that id, forever: in the soak, ``provision_sweep`` was
 lost 2.5 minutes in, ``check_pending_sweep`` after 11, and VMs stayed ``completed``
 because their ``destroy_vm`` ids were blocked. The reclaim must free such an id.
+
+Since issue 15 a worker pops through ``pop_job.lua``, which stamps the job's heartbeat
+in the same unit, and the reclaim frees a popped ``queued`` hash once that beat is
+stale (O(1), no LPOS over the queue); here the beat is aged instead of waited for.
 """
 
 from __future__ import annotations
@@ -12,13 +16,21 @@ from __future__ import annotations
 import redis
 
 from vmpool.state.keys import Keys
-from workers.queues import enqueue, enqueue_many
+from workers.dequeue import pop_job
+from workers.queues import HEARTBEAT_FIELD, STALE_AFTER_SECONDS, enqueue, enqueue_many
 from workers.table import QUEUE_SWEEPS, QUEUE_VMS, job_id
 
 
 def _pop(conn: redis.Redis, keys: Keys, queue: str) -> bytes | None:
-    """What a worker's BLPOP does just before it is killed."""
-    return conn.lpop(keys.rq_queue(queue))  # type: ignore[return-value]
+    """What a worker's dequeue does just before it is killed; then time passes: its
+    stamp is older than STALE_AFTER_SECONDS (aged here rather than waited for)."""
+    found = pop_job(conn, [keys.rq_queue(queue)])
+    assert found is not None
+    jid: bytes = found[1]
+    beat = float(conn.hget(keys.rq_job(jid.decode()), HEARTBEAT_FIELD) or 0)
+    assert beat > 0  # popped and stamped in one unit
+    conn.hset(keys.rq_job(jid.decode()), HEARTBEAT_FIELD, f"{beat - STALE_AFTER_SECONDS - 1:.3f}")
+    return jid
 
 
 def test_a_sweep_popped_by_a_dead_worker_can_be_enqueued_again(

@@ -26,7 +26,7 @@ from vmpool.config import Config, load_config
 from vmpool.state.keys import Keys
 from vmpool.state.store import Store
 from vmpool.state.tokens import TokenStore
-from workers.queues import RQDispatcher
+from workers.batching import BatchDispatcher
 
 __all__ = [
     "API_PREFIX",
@@ -94,7 +94,7 @@ def _api_state(
     metrics = ApiMetrics()
     metrics.registry.register(RedisStateCollector.from_config(store, clients.raw, config))
     if enqueue == "rq":
-        enqueue = RQDispatcher(clients.raw, keys).provision_request
+        enqueue = BatchDispatcher(clients.raw, keys).provision_request  # issue 15: batched
     return ApiState(
         config=config,
         clients=clients,

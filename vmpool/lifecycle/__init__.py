@@ -16,6 +16,7 @@ answer of a race it lost (logged, never raised).
 - :mod:`~vmpool.lifecycle.plan`: a request's counts as slots of pools (API and CLI).
 """
 
+from vmpool.lifecycle.batch import check_pending_batch, create_vm_batch, provision_batch
 from vmpool.lifecycle.fleet import Dispatcher, Fleet, RecordingDispatcher
 from vmpool.lifecycle.reconcile import reconcile
 from vmpool.lifecycle.requests import (
@@ -39,14 +40,17 @@ __all__ = [
     "Dispatcher",
     "Fleet",
     "RecordingDispatcher",
+    "check_pending_batch",
     "check_pending_sweep",
     "check_pending_vm",
     "check_ready",
     "check_request",
     "claim_ready",
     "create_vm",
+    "create_vm_batch",
     "destroy_sweep",
     "destroy_vm",
+    "provision_batch",
     "provision_request",
     "provision_sweep",
     "reap_running",

@@ -40,7 +40,7 @@ from vmpool.config import Config
 from vmpool.providers import Provider, providers_from_config
 from vmpool.state.circuit import ProviderCircuit
 from vmpool.state.keys import Keys
-from vmpool.state.locks import FencedLock, LockKind
+from vmpool.state.locks import FencedLock, LockKind, LockRenewer
 from vmpool.state.names import NameGenerator
 from vmpool.state.records import Outcome, VMRecord
 from vmpool.state.semaphore import CloneSemaphore
@@ -141,6 +141,8 @@ class Fleet:
     rng: random.Random = field(default_factory=random.SystemRandom)
     names: NameGenerator = field(init=False)
     circuit: ProviderCircuit = field(init=False)
+    # One renewal thread for every lock this process holds (not one per lock).
+    lock_renewer: LockRenewer = field(default_factory=LockRenewer)
 
     def __post_init__(self) -> None:
         if self.clone_slots is None:
@@ -192,6 +194,7 @@ class Fleet:
             expire_s=self.config.lock_expire_s,
             holder=self.who(job),
             orphan_fence_ttl_s=self.config.data_ttl_s,
+            renewer=self.lock_renewer,
         )
 
     def provider_for(self, vm: VMRecord) -> Provider | None:

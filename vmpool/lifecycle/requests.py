@@ -104,7 +104,7 @@ def _reserve_one(
             log.info("provision %s: clone limit reached, the rest waits", request_id)
             return "clone_limit"
         try:
-            lock.ensure_held()
+            # No ensure_held() first: the fence refuses a stale holder inside the write.
             outcome = fleet.store.reserve_vm(
                 request_id,
                 name=name,

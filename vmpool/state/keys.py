@@ -9,7 +9,7 @@ Layout (``P`` is the prefix)::
 
     P:request:{RID}              hash   the request: status, version, slots, deadlines
     P:request:{RID}:vms          set    every VM ever reserved for the request
-    P:request:{RID}:audit        stream one entry per transition (from, to, version, ...)
+    P:request:{RID}:audit        list   one packed entry per transition (records.decode_trail)
     P:request:{RID}:fence        string fencing counter of the request's lock grants
     P:requests:open              zset   pending requests, score = failure deadline (s)
     P:requests:provision         zset   requests with unreserved slots, score = created
@@ -24,8 +24,9 @@ Layout (``P`` is the prefix)::
     P:login-failures:KIND:SHA256 string failed logins of a user or client address (TTL window)
     P:sim:PROVIDER:vm:NAME       hash   a VM of the simulated provider's fake cloud
     P:sim:PROVIDER:inventory     set    the names the simulated provider holds
-    P:lock:KIND:SUBJECT          string python-redis-lock locks (per request or VM)
-    P:lock:KIND:SUBJECT:signal   list   the lock's release signal (waiters BLPOP it)
+    P:lock:KIND:SUBJECT          string a lock (per request or VM): the holder's id
+    P:lock:KIND:SUBJECT:signal   list   unused since issue 15 (python-redis-lock's signal)
+    P:work:JOB                   zset   subjects waiting for a batch job, score = claimable from
     P:clone-slots                zset   the fleet-wide clone semaphore's leases
     P:metrics:NAME               hash   fleet-wide counters (vmpool.state.counters)
     P:metrics:requests_finished  hash   requests finished, by outcome (the store's scripts)
@@ -178,6 +179,11 @@ class Keys:
     def provider_circuit(self, provider: str) -> str:
         """Hash: one provider's circuit breaker (vmpool/state/circuit.py)."""
         return f"{self.prefix}:provider-circuit:{validate_pool_name(provider)}"
+
+    def work_set(self, job: str) -> str:
+        """Zset: the subjects of per-subject ``job`` waiting for a batch job
+        (vmpool.state.workset), score = server time from which they may be claimed."""
+        return f"{self.prefix}:work:{job}"
 
     @property
     def clone_slots(self) -> str:

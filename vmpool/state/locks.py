@@ -1,4 +1,4 @@
-"""Per-request and per-VM locks with fencing tokens, over python-redis-lock.
+"""Per-request and per-VM locks with fencing tokens.
 
 Why locks at all: two workers creating the same VM, or reserving for the same request,
 at once would waste provider work. The locks are an efficiency measure; safety rests
@@ -8,23 +8,29 @@ is granted the same lock. Three things make that harmless:
 
 1. Every grant gets a fencing token: ``INCR`` of the subject's fence counter
    (``keys.request_fence(rid)`` / ``keys.vm_fence(name)``), issued by
-   ``vmpool/state/scripts/lock_fence.lua`` only to the current owner of the lock, in the same
-   atomic unit that checks the ownership. Tokens therefore increase in grant order.
+   ``vmpool/state/scripts/lock_fence.lua`` in the same atomic unit that takes the lock
+   (``SET NX PX``). Tokens therefore increase in grant order.
 2. Every side-effecting store transition is passed ``fence=lock.fence``; the store
    refuses a token older than the newest grant (``stale_fence``), inside its script.
-3. python-redis-lock's auto-renewal thread dies silently when the lock is lost
-   (``NotAcquired`` in a daemon thread; the holder is never told), so the holder calls
-   :meth:`FencedLock.ensure_held` before every side effect (a provider call, a store
-   transition): a token-checked extend, which raises :class:`LockLost` if another id
-   owns the key or nobody does. That check narrows the window; the fence closes it.
+3. The holder may call :meth:`FencedLock.ensure_held` before a side effect the fence
+   cannot guard (a provider call): a token-checked extend, which raises
+   :class:`LockLost` if another id owns the key or nobody does. Before a store write it
+   is not needed (the fence refuses a stale holder inside the write); it narrows the
+   window, the fence closes it.
+
+Renewal: a :class:`LockRenewer` (one daemon thread, shared by every lock of a process
+that is given it: the Fleet holds one) extends each held lock every third of its expiry
+with the same token-checked script; a lock it finds lost is marked lost (and
+:meth:`FencedLock.ensure_held` raises). A lock given no renewer gets a renewer of its
+own. Issue 15: the former python-redis-lock grant cost four round trips and a thread
+started and joined per lock; now a grant is one script and a release another.
 
 Acquisition is non-blocking by default: a job that finds the lock taken returns
 ``busy`` (another worker is on it; the periodic sweeps bring the work back if that
-worker dies).
+worker dies). ``blocking=True`` polls the grant with a backoff up to ``timeout_s``.
 
-Keys: python-redis-lock names its keys ``lock:<name>`` and ``lock-signal:<name>``;
-vmpool keeps every key under its own prefix, so the lock key is exactly
-``keys.lock(kind, subject)`` and its wake-up list that key plus ``:signal``.
+Keys: the lock key is exactly ``keys.lock(kind, subject)``; its value is the holder's
+lock id (fresh per grant).
 """
 
 from __future__ import annotations
@@ -32,16 +38,17 @@ from __future__ import annotations
 import logging
 import math
 import os
+import threading
+import time
 from types import TracebackType
-from typing import Any, Literal
+from typing import Literal
 
 import redis
-import redis_lock
 
 from vmpool.state.keys import Keys
 from vmpool.state.lua import read_script
 
-__all__ = ["FencedLock", "LockBusy", "LockKind", "LockLost"]
+__all__ = ["FencedLock", "LockBusy", "LockKind", "LockLost", "LockRenewer"]
 
 log = logging.getLogger(__name__)
 
@@ -56,12 +63,69 @@ class LockLost(RuntimeError):
     """The lock expired or went to another holder while this one still worked."""
 
 
-def _fence_script_text() -> str:
-    return read_script("vmpool.state.scripts", "lock_fence.lua")
+_GRANT_LUA = read_script("vmpool.state.scripts", "lock_fence.lua")
+_EXTEND_LUA = read_script("vmpool.state.scripts", "lock_extend.lua")
+# A blocking acquire polls the grant this often at most.
+_POLL_MAX_S = 0.1
+# An idle renewer thread ends after this long without a lock.
+RENEWER_LINGER_S = 30.0
+
+
+class LockRenewer:
+    """One daemon thread extending every lock it is given, each every third of its
+    expiry, until the lock is released or found lost. Started on first use; it idles
+    (waiting on a condition, no Redis traffic) while no lock is held, and ends after
+    :data:`RENEWER_LINGER_S` without any (a process holding locks now and then keeps
+    one thread, not one per lock)."""
+
+    def __init__(self) -> None:
+        self._cv = threading.Condition()
+        self._locks: dict[int, tuple[FencedLock, float]] = {}
+        self._thread: threading.Thread | None = None
+
+    def add(self, lock: FencedLock) -> None:
+        with self._cv:
+            self._locks[id(lock)] = (lock, time.monotonic() + lock.expire_s / 3)
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(
+                    target=self._run, name="lock-renewer", daemon=True
+                )
+                self._thread.start()
+            self._cv.notify()
+
+    def remove(self, lock: FencedLock) -> None:
+        with self._cv:
+            self._locks.pop(id(lock), None)
+
+    def _due(self) -> list[FencedLock] | None:
+        with self._cv:
+            while True:
+                if not self._locks:
+                    self._cv.wait(RENEWER_LINGER_S)
+                    if not self._locks:
+                        self._thread = None  # add() starts another
+                        return None
+                now = time.monotonic()
+                due = [lk for lk, at in self._locks.values() if at <= now]
+                if due:
+                    for lk in due:
+                        self._locks[id(lk)] = (lk, now + lk.expire_s / 3)
+                    return due
+                nxt = min((at for _, at in self._locks.values()), default=None)
+                self._cv.wait(None if nxt is None else nxt - now)
+
+    def _run(self) -> None:
+        while (due := self._due()) is not None:
+            for lock in due:
+                try:
+                    if not lock._renew():
+                        self.remove(lock)
+                except redis.RedisError as exc:  # the next round may land
+                    log.warning("lock %s: renewal failed: %s", lock.key, exc)
 
 
 class FencedLock:
-    """A python-redis-lock lock on one request or VM, with a fencing token per grant.
+    """A lock on one request or VM, with a fencing token per grant.
 
     Use as a context manager (``__enter__`` raises :class:`LockBusy` when the lock is
     taken) or with :meth:`acquire` / :meth:`release`. After a grant, :attr:`fence` is the
@@ -81,6 +145,7 @@ class FencedLock:
         timeout_s: float | None = None,
         auto_renewal: bool = True,
         orphan_fence_ttl_s: float | None = None,
+        renewer: LockRenewer | None = None,
     ) -> None:
         if kind == "request":
             self.fence_key = keys.request_fence(subject)
@@ -96,67 +161,50 @@ class FencedLock:
         self.redis = redis_client
         self.blocking = blocking
         self.timeout_s = timeout_s
-        # python-redis-lock takes whole seconds; never round a short expiry down to 0
-        # (which would mean "never expires").
+        # Whole seconds, as before; never round a short expiry down to 0.
         self.expire_s = max(1, math.ceil(expire_s))
         self.orphan_fence_ttl_ms = (
             "" if orphan_fence_ttl_s is None else str(max(1, int(orphan_fence_ttl_s * 1000)))
         )
         # A fresh id per FencedLock (so per grant): the holder for humans, then random.
         self.id = f"{holder or 'pid' + str(os.getpid())}:{os.urandom(9).hex()}"
-        self._lock: Any = redis_lock.Lock(
-            redis_client,
-            self.key,
-            expire=self.expire_s,
-            id=self.id,
-            auto_renewal=auto_renewal,
-        )
-        # Keep the lock's keys under vmpool's prefix (the library would add "lock:").
-        self._lock._name = self.key
-        self._lock._signal = keys.lock_signal(kind, subject)
-        self._fence_script = redis_client.register_script(_fence_script_text())
+        self._renewer = (renewer or LockRenewer()) if auto_renewal else None
+        self._grant = redis_client.register_script(_GRANT_LUA)
+        self._extend = redis_client.register_script(_EXTEND_LUA)
         self.fence: int = 0
         self._held = False
+        self._lost = False
 
     # -- grant and release -------------------------------------------------------------
+    def _try_grant(self) -> int:
+        return int(
+            self._grant(
+                keys=[self.key, self.fence_key, self.subject_key],
+                args=[self.id, self.orphan_fence_ttl_ms, self.expire_s * 1000],
+            )
+        )
+
     def acquire(self) -> bool:
         """Try to take the lock; True with :attr:`fence` set, False if someone holds it."""
         if self._held:
             raise RuntimeError(f"{self.key}: already acquired by this FencedLock")
-        if self.blocking:
-            timeout = None if self.timeout_s is None else max(1, math.ceil(self.timeout_s))
-            granted = bool(self._lock.acquire(blocking=True, timeout=timeout))
-        elif self.redis.exists(self.key):
-            # Busy is the normal answer of a non-blocking acquire; checking first spares
-            # the library's WARNING log line for it. (A lock freed just after this read
-            # is reported busy: harmless, the sweeps bring the work back.)
-            granted = False
-        else:
-            granted = bool(self._lock.acquire(blocking=False))
-        if not granted:
+        token = self._try_grant()
+        if not token and self.blocking:
+            deadline = None if self.timeout_s is None else time.monotonic() + self.timeout_s
+            delay = 0.01
+            while not token and (deadline is None or time.monotonic() < deadline):
+                left = _POLL_MAX_S if deadline is None else deadline - time.monotonic()
+                time.sleep(max(0.0, min(delay, left)))
+                delay = min(2 * delay, _POLL_MAX_S)
+                token = self._try_grant()
+        if not token:
             log.debug("lock %s is busy", self.key)
-            return False
-        try:
-            token = int(
-                self._fence_script(
-                    keys=[self.key, self.fence_key, self.subject_key],
-                    args=[self.id, self.orphan_fence_ttl_ms],
-                )
-            )
-        except BaseException:
-            # Granted but no token (Redis restarting, a lost reply): the caller sees the
-            # error and never releases, so stop the renewal here, or the library's thread
-            # keeps the lease alive for as long as the process lives and every later job
-            # on the subject is 'busy' (seen in the chaos soak).
-            self._abandon()
-            raise
-        if token == 0:
-            # Lost between the SET NX and the token (a pause longer than the expiry).
-            log.warning("lock %s was lost before its fencing token was issued", self.key)
-            self._stop_renewal()
             return False
         self.fence = token
         self._held = True
+        self._lost = False
+        if self._renewer is not None:
+            self._renewer.add(self)
         log.debug("lock %s granted, fence %d", self.key, token)
         return True
 
@@ -166,46 +214,43 @@ class FencedLock:
         if not self._held:
             return
         self._held = False
-        try:
-            self._lock.release()
-        except redis_lock.NotAcquired:
+        if self._renewer is not None:
+            self._renewer.remove(self)
+        if not int(self._extend(keys=[self.key], args=[self.id, "0"])):
             log.warning("lock %s (fence %d) had expired before its release", self.key, self.fence)
 
-    def _abandon(self) -> None:
-        """Give up a grant that never got its token: stop the renewal, then release the
-        key if Redis answers (else it expires with its lease)."""
-        self._stop_renewal()
-        try:
-            self._lock.release()
-        except (redis_lock.NotAcquired, redis.RedisError):
-            log.warning("lock %s: granted without a token; left to expire", self.key)
-
-    def _stop_renewal(self) -> None:
-        stopper = getattr(self._lock, "_stop_lock_renewer", None)
-        if callable(stopper):
-            stopper()
+    def _renew(self) -> bool:
+        """One token-checked extend (the renewer's); False, and marked lost, if the
+        lock is no longer ours."""
+        if not self._held:
+            return False
+        if int(self._extend(keys=[self.key], args=[self.id, self.expire_s * 1000])):
+            return True
+        self._lost = True
+        log.warning("lock %s (fence %d) was lost while held", self.key, self.fence)
+        return False
 
     # -- ownership ---------------------------------------------------------------------
     def owner(self) -> str | None:
         """The id that owns the lock key now (None when nobody does)."""
-        owner: Any = self._lock.get_owner_id()
-        return None if owner is None else str(owner)
+        owner = self.redis.get(self.key)
+        if owner is None:
+            return None
+        return owner.decode() if isinstance(owner, bytes) else str(owner)
 
     def ensure_held(self) -> None:
         """Raise :class:`LockLost` unless this holder still owns the lock.
 
-        A token-checked extend (python-redis-lock's EXTEND script): it checks the key
-        holds our id and pushes the expiry out again, in one unit. Call it before every
-        side effect; the store's fence check remains the guarantee.
+        A token-checked extend (``lock_extend.lua``): it checks the key holds our id and
+        pushes the expiry out again, in one unit. Call it before a side effect the fence
+        cannot guard (a provider call); the store's fence check remains the guarantee.
         """
         if not self._held:
             raise LockLost(f"{self.key}: not held")
-        try:
-            self._lock.extend()
-        except redis_lock.NotAcquired as exc:
+        if self._lost or not self._renew():
             raise LockLost(
                 f"{self.key}: lock lost (fence {self.fence}, owner now {self.owner()!r})"
-            ) from exc
+            )
 
     @property
     def held(self) -> bool:

@@ -6,6 +6,7 @@ Redis. The store (:mod:`vmpool.state.store`) is what reads and changes them.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,6 +23,8 @@ __all__ = [
     "VMRecord",
     "decode_hash",
     "decode_slots",
+    "decode_stream_trail",
+    "decode_trail",
     "encode_slots",
     "text",
 ]
@@ -235,6 +238,9 @@ class RequestRecord:
 
 @dataclass(frozen=True)
 class AuditEntry:
+    """One trail entry. ``stream_id``: its position in the trail ("0", "1", ...), or
+    the stream id of a trail an older release wrote as a stream."""
+
     stream_id: str
     entity: str
     src: str
@@ -247,3 +253,44 @@ class AuditEntry:
 
 def decode_hash(raw: Mapping[Any, Any]) -> dict[str, str]:
     return {text(k): text(v) for k, v in raw.items()}
+
+
+def decode_trail(rows: Sequence[Any]) -> list[AuditEntry]:
+    """A trail as the scripts write it (``_prelude.lua``'s ``audit``): a list of JSON
+    arrays ``[entity, from, to, version, actor, reason, time]``."""
+    entries = []
+    for i, row in enumerate(rows):
+        entity, src, dst, version, actor, reason, at = json.loads(text(row))
+        entries.append(
+            AuditEntry(
+                stream_id=str(i),
+                entity=str(entity),
+                src=str(src),
+                dst=str(dst),
+                version=int(version),
+                actor=str(actor),
+                reason=str(reason),
+                time=float(at),
+            )
+        )
+    return entries
+
+
+def decode_stream_trail(rows: Sequence[Any]) -> list[AuditEntry]:
+    """A trail an older release wrote as a stream (XRANGE's reply)."""
+    entries = []
+    for stream_id, raw in rows:
+        h = decode_hash(raw or {})
+        entries.append(
+            AuditEntry(
+                stream_id=text(stream_id),
+                entity=h.get("entity", ""),
+                src=h.get("from", ""),
+                dst=h.get("to", ""),
+                version=int(h.get("version", 0)),
+                actor=h.get("actor", ""),
+                reason=h.get("reason", ""),
+                time=float(h.get("time", 0)),
+            )
+        )
+    return entries

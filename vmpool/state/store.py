@@ -31,6 +31,8 @@ from vmpool.state.records import (
     Slot,
     VMRecord,
     decode_hash,
+    decode_stream_trail,
+    decode_trail,
     encode_slots,
     text,
 )
@@ -251,23 +253,14 @@ class Store(PoolStore):
         return self._trail(self.keys.request_audit(request_id))
 
     def _trail(self, key: str) -> list[AuditEntry]:
-        entries = []
-        rows: list[Any] = self.redis.xrange(key) or []
-        for stream_id, raw in rows:
-            h = decode_hash(raw or {})
-            entries.append(
-                AuditEntry(
-                    stream_id=text(stream_id),
-                    entity=h.get("entity", ""),
-                    src=h.get("from", ""),
-                    dst=h.get("to", ""),
-                    version=int(h.get("version", 0)),
-                    actor=h.get("actor", ""),
-                    reason=h.get("reason", ""),
-                    time=float(h.get("time", 0)),
-                )
-            )
-        return entries
+        """A trail, oldest first: a list of packed entries, or the stream an older
+        release wrote (``records.decode_trail`` / ``decode_stream_trail``)."""
+        try:
+            return decode_trail(self.redis.lrange(key, 0, -1) or [])
+        except redis.ResponseError as exc:
+            if "WRONGTYPE" not in str(exc):
+                raise
+        return decode_stream_trail(self.redis.xrange(key) or [])
 
     def due_for_expiry(self, limit: int = 1000, now: float | None = None) -> list[str]:
         """Pending requests whose time is up, by score range: the cost follows the

@@ -6,7 +6,7 @@
 -- the same table and counts into the same keys.
 --
 -- Calling convention of every store script:
---   KEYS[1] request hash      KEYS[2] request VM set    KEYS[3] request audit stream
+--   KEYS[1] request hash      KEYS[2] request VM set    KEYS[3] request audit trail
 --   KEYS[4] request fence     KEYS[5] open-request index (zset, score = fail_at)
 --   KEYS[6] provision queue (zset, score = created)
 --   KEYS[7] VM hash           KEYS[8] VM fence          (VM scripts only)
@@ -116,12 +116,22 @@ end
 
 -- Appends one audit entry and bumps the request's version: contiguous versions are how
 -- the audit proves no transition was lost or made twice.
+-- The trail is a list of packed entries, one JSON array each
+-- [entity, from, to, version, actor, reason, time] (vmpool.state.records.decode_trail
+-- reads it): tens of bytes per entry, where a stream cost about 4 KB per request (issue
+-- 15). A trail written as a stream by an older release (a request open across the
+-- upgrade) keeps growing as a stream: RPUSH meets WRONGTYPE and XADD runs instead.
 -- audit_at writes to any record's trail (a warm-pool VM's own: its hash and
--- Keys.vm_audit); audit to the script's own record (KEYS[1], trail KEYS[3]).
+-- Keys.vm_audit); audit to the script's own record (KEYS[1], trail KEYS[3]). The names
+-- and arguments of these functions are their interface (other scripts call them).
 local function audit_at(record_key, trail_key, entity, from, to, reason, now)
   local v = redis.call('HINCRBY', record_key, 'version', 1)
-  redis.call('XADD', trail_key, '*', 'entity', entity, 'from', from, 'to', to,
-    'version', tostring(v), 'actor', ACTOR, 'reason', reason, 'time', fmt(now))
+  local packed = cjson.encode({entity, from, to, v, ACTOR, reason, fmt(now)})
+  local pushed = redis.pcall('RPUSH', trail_key, packed)
+  if type(pushed) == 'table' and pushed.err then
+    redis.call('XADD', trail_key, '*', 'entity', entity, 'from', from, 'to', to,
+      'version', tostring(v), 'actor', ACTOR, 'reason', reason, 'time', fmt(now))
+  end
   return v
 end
 

@@ -32,15 +32,18 @@ if need == 0 then
 end
 local deadline = now + tonumber(ARGV[6])
 local fail_at = deadline + tonumber(ARGV[7])
-redis.call('HSET', KEYS[1],
+-- One HSET for the record and its slots (issue 15: fewer commands per script).
+local record = {
   'id', RID, 'status', 'none', 'version', 0, 'created', fmt(now),
   'deadline', fmt(deadline), 'fail_at', fmt(fail_at), 'requested', ARGV[5],
   'need', need, 'have', 0, 'unreserved', need, 'retries', 0, 'max_retries', ARGV[8],
   'lifetime', ARGV[9], 'data_ttl', ARGV[10], 'token_user', ARGV[11],
-  'token_hash', ARGV[12], 'created_by', ACTOR)
+  'token_hash', ARGV[12], 'created_by', ACTOR}
 for field, value in pairs(fields) do
-  redis.call('HSET', KEYS[1], field, value)
+  record[#record + 1] = field
+  record[#record + 1] = value
 end
+redis.call('HSET', KEYS[1], unpack(record))
 local req = {status = 'none'}
 local v = set_status(req, 'pending', 'created', now)
 redis.call('ZADD', KEYS[5], fmt(fail_at), RID)

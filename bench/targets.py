@@ -1,0 +1,373 @@
+"""Issue 15's target table: each figure as a ratio against a baseline of the same run.
+
+    .venv/bin/python bench/targets.py [--runs 3] [--vms 300] [--pending 1000,10000] [--aof]
+
+Runs against a throw-away redis-server (``RedisServer``; no AOF unless ``--aof``, which
+turns on ``appendonly yes, appendfsync always`` as ``vmpool up`` runs it). Every figure
+is taken ``--runs`` times; the table shows min / median. Figures:
+
+- fleet: 2 worker processes (vmpool's SimpleWorker) deliver N one-VM requests
+  (simulated provider, boot 0 s) to ready, each request dispatched as POST
+  /ondemandvm dispatches it; baseline: the same 2 workers running N RQ no-op jobs.
+  Work is put on the queues before the workers start and released to them
+  at once (RENAME) when both are listening. Also: Redis commands and server µs per VM.
+- sweep: Redis server ms (INFO commandstats) of one check_pending_sweep with N pending
+  VMs, cold (no job queued) and warm (every job still queued); baseline: a 1 s tick.
+- transitions: create_request/s from one client; baseline: trivial EVALSHA/s.
+- expiry: one sweep_expired expiring 100 requests among 100 open vs among N open.
+- memory: Redis bytes per finished (ready) one-VM request, records + trail + indexes;
+  baseline: bytes per open request.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import redis
+import rq
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from vmpool import lifecycle  # noqa: E402
+from vmpool.config import Config, parse_config  # noqa: E402
+from vmpool.lifecycle import Fleet, RecordingDispatcher  # noqa: E402
+from vmpool.local.redis_server import RedisServer  # noqa: E402
+from vmpool.state.keys import Keys  # noqa: E402
+from vmpool.state.records import RequestSettings, Slot  # noqa: E402
+from vmpool.state.store import Store  # noqa: E402
+from workers.batching import BatchDispatcher  # noqa: E402
+from workers.queues import RQDispatcher  # noqa: E402
+from workers.table import queue_names  # noqa: E402
+
+POOLS = ("debian", "centos")
+WORKER_CODE = (
+    "import sys; from vmpool.config import load_config; from workers.worker import build_worker;"
+    "cfg = load_config(sys.argv[2]) if sys.argv[2] != '-' else None;"
+    "build_worker(sys.argv[1], cfg).work(logging_level='WARNING')"
+)
+
+
+def config_data() -> dict[str, Any]:
+    return {
+        ":providers": {"sim": {"provider_class": "simulated", "boot_seconds": 0}},
+        ":config": {"ondemand_request_ttl": 3600, "ondemand_clone_limit": 1000000},
+        ":pools": [{"name": p, "template": p, "size": 0, "provider": "sim"} for p in POOLS],
+    }
+
+
+def make_config() -> Config:
+    return parse_config(config_data(), source="bench", env={})
+
+
+def server_stats(conn: redis.Redis) -> tuple[int, float]:
+    """(commands, server µs) since the last CONFIG RESETSTAT."""
+    stats = conn.info("commandstats")
+    calls = sum(int(v["calls"]) for k, v in stats.items() if k != "cmdstat_config")
+    usec = sum(float(v["usec"]) for k, v in stats.items() if k != "cmdstat_config")
+    return calls, usec
+
+
+# -- fleet ------------------------------------------------------------------------------
+def _hold_queues(conn: redis.Redis, keys: Keys) -> None:
+    for q in queue_names(keys):
+        if conn.exists(f"rq:queue:{q}"):
+            conn.rename(f"rq:queue:{q}", f"bench:held:{q}")
+
+
+def _release_queues(conn: redis.Redis, keys: Keys) -> None:
+    with conn.pipeline(transaction=True) as pipe:
+        for q in queue_names(keys):
+            pipe.renamenx(f"bench:held:{q}", f"rq:queue:{q}")
+        pipe.execute(raise_on_error=False)
+
+
+def _run_workers(url: str, cfg: str, done: Callable[[], bool], conn: redis.Redis) -> float:
+    """Start 2 workers, release the held queues once both listen, time until ``done``."""
+    procs = [
+        subprocess.Popen([sys.executable, "-c", WORKER_CODE, url, cfg], cwd=ROOT)
+        for _ in range(2)
+    ]
+    try:
+        deadline = time.monotonic() + 60
+        while conn.scard("rq:workers") < 2:
+            assert time.monotonic() < deadline, "workers did not start"
+            time.sleep(0.05)
+        time.sleep(0.3)  # both in their dequeue
+        conn.config_resetstat()
+        start = time.perf_counter()
+        _release_queues(conn, Keys())
+        deadline = time.monotonic() + 600
+        while not done():
+            assert time.monotonic() < deadline, "fleet did not finish"
+            time.sleep(0.01)
+        return time.perf_counter() - start
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait(10)
+
+
+def fleet_noop(url: str, n: int) -> float:
+    conn = redis.Redis.from_url(url)
+    conn.flushdb()
+    keys = Keys()
+    queue = rq.Queue(keys.queue("vms"), connection=conn)
+    with conn.pipeline() as pipe:
+        for _ in range(n):
+            queue.enqueue("workers.jobs.noop", result_ttl=0, pipeline=pipe)
+        pipe.execute()
+    _hold_queues(conn, keys)
+    done = lambda: conn.llen(f"bench:held:{keys.queue('vms')}") == 0 and not any(  # noqa: E731
+        conn.llen(f"rq:queue:{q}") for q in queue_names(keys)
+    ) and _jobs_done(conn) >= n
+    return n / _run_workers(url, "-", done, conn)
+
+
+def _jobs_done(conn: redis.Redis) -> int:
+    total = 0
+    for w in conn.smembers("rq:workers"):
+        vals = conn.hmget(w, ["successful_job_count", "failed_job_count"])
+        total += sum(int(v or 0) for v in vals)
+    return total
+
+
+def fleet_real(url: str, n: int, cfg_path: str) -> tuple[float, float, float]:
+    """(VMs/s, commands per VM, server µs per VM)."""
+    conn = redis.Redis.from_url(url)
+    conn.flushdb()
+    config = make_config()
+    keys = Keys(config.key_prefix)
+    store = Store(redis.Redis.from_url(url, decode_responses=True), keys)
+    settings = RequestSettings.from_config(config)
+    rids = [f"bench-{i}" for i in range(n)]
+    for i, rid in enumerate(rids):
+        pool = POOLS[i % 2]
+        assert store.create_request(rid, [Slot(pool, pool, 1)], settings, actor="bench").ok
+    dispatch = BatchDispatcher(conn, keys)  # what POST /ondemandvm does, once per request
+    for rid in rids:
+        dispatch.provision_request(rid)
+    _hold_queues(conn, keys)
+    finished = keys.requests_finished
+    done = lambda: int(conn.hget(finished, "ready") or 0) >= n  # noqa: E731
+    elapsed = _run_workers(url, cfg_path, done, conn)
+    calls, usec = server_stats(conn)
+    return n / elapsed, calls / n, usec / n
+
+
+# -- sweep ------------------------------------------------------------------------------
+def make_pending(store: Store, config: Config, n: int) -> None:
+    settings = RequestSettings.from_config(config)
+    for p, pool in enumerate(POOLS):
+        want = n // len(POOLS) + (1 if p < n % len(POOLS) else 0)
+        rid = f"bench-{pool}"
+        assert store.create_request(rid, [Slot(pool, pool, want)], settings, actor="b").ok
+        for i in range(want):
+            name = f"b-{pool}-{i:06d}"
+            assert store.reserve_vm(
+                rid, name=name, alias=pool, pool=pool, template=pool, provider="sim",
+                domain=None, actor="b",
+            ).ok  # fmt: skip
+            assert store.vm_created(name, actor="b").ok
+
+
+def sweep_ms(url: str, n: int, runs: int) -> dict[str, list[float]]:
+    """Server ms of one cold and one warm check_pending_sweep at ``n`` pending, per run."""
+    plain = redis.Redis.from_url(url)
+    plain.flushdb()
+    config = make_config()
+    keys = Keys(config.key_prefix)
+    text = redis.Redis.from_url(url, decode_responses=True)
+    make_pending(Store(text, keys), config, n)
+    fleet = Fleet.build(text, config, RQDispatcher(plain, keys), "bench")
+    out: dict[str, list[float]] = {"cold": [], "warm": [], "cold_wall": []}
+    for _ in range(runs):
+        for rq_key in list(plain.scan_iter(match="rq:*", count=1000)):
+            plain.unlink(rq_key)
+        for phase in ("cold", "warm"):
+            plain.config_resetstat()
+            start = time.perf_counter()
+            assert lifecycle.check_pending_sweep(fleet) == n
+            wall = time.perf_counter() - start
+            out[phase].append(server_stats(plain)[1] / 1e3)
+            if phase == "cold":
+                out["cold_wall"].append(wall * 1e3)
+    return out
+
+
+# -- transitions ------------------------------------------------------------------------
+def transitions(url: str, n: int) -> tuple[float, float]:
+    """(create_request/s, trivial EVALSHA/s) from one client."""
+    text = redis.Redis.from_url(url, decode_responses=True)
+    text.flushdb()
+    store = Store(text, Keys())
+    settings = RequestSettings(ttl_s=3600)
+    trivial = text.register_script("return 1")
+    trivial()
+    start = time.perf_counter()
+    for _ in range(n):
+        trivial()
+    evalsha = n / (time.perf_counter() - start)
+    assert store.create_request("warm", [Slot("a", "a", 1)], settings, actor="b").ok
+    start = time.perf_counter()
+    for i in range(n):
+        store.create_request(f"t-{i}", [Slot("a", "a", 1)], settings, actor="b")
+    return n / (time.perf_counter() - start), evalsha
+
+
+# -- expiry -----------------------------------------------------------------------------
+def _open_requests(store: Store, n: int, tag: str, ttl: float) -> None:
+    settings = RequestSettings(ttl_s=ttl)
+    for i in range(n):
+        assert store.create_request(f"{tag}-{i}", [Slot("a", "a", 1)], settings, actor="b").ok
+
+
+def expiry_ms(url: str, total: int, runs: int) -> list[float]:
+    """Wall ms of sweep_expired expiring 100 due requests among ``total`` open, per run."""
+    text = redis.Redis.from_url(url, decode_responses=True)
+    text.flushdb()
+    config = make_config()
+    store = Store(text, Keys())
+    _open_requests(store, total - 100, "open", 3600)
+    fleet = Fleet.build(text, config, RecordingDispatcher(), "bench")
+    out = []
+    for run in range(runs + 1):  # run 0 warms up (script loads), unrecorded
+        _open_requests(store, 100, f"due{run}", 0.001)
+        time.sleep(0.01)
+        start = time.perf_counter()
+        counts = lifecycle.sweep_expired(fleet)
+        if run:
+            out.append((time.perf_counter() - start) * 1e3)
+        assert counts.get("failed") == 100, counts
+    return out
+
+
+# -- memory -----------------------------------------------------------------------------
+def _bytes(conn: redis.Redis) -> int:
+    """MEMORY USAGE summed over every key (the bench's database holds only its own)."""
+    total = 0
+    for key in conn.scan_iter(count=1000):
+        total += int(conn.memory_usage(key, samples=0) or 0)
+    return total
+
+
+def memory_per_request(url: str, n: int) -> tuple[float, float]:
+    """(bytes per open request, bytes per finished one), one VM each."""
+    text = redis.Redis.from_url(url, decode_responses=True)
+    text.flushdb()
+    store = Store(text, Keys())
+    settings = RequestSettings(ttl_s=3600)
+    for i in range(n):
+        assert store.create_request(f"m-{i}", [Slot("a", "a", 1)], settings, actor="api").ok
+    opened = _bytes(text)
+    who = "worker:bench-host-1234-abcdef/"
+    for i in range(n):
+        rid, name = f"m-{i}", f"vm-{i:06d}"
+        assert store.reserve_vm(
+            rid, name=name, alias="a", pool="a", template="a", provider="sim", domain=None,
+            actor=who + "provision_request", fence="1",
+        ).ok  # fmt: skip
+        assert store.vm_created(name, actor=who + "create_vm", fence="1").ok
+        assert store.vm_ready(name, actor=who + "check_pending_vm", fence="1").ok
+    done = _bytes(text)
+    return opened / n, done / n
+
+
+# -- report -----------------------------------------------------------------------------
+def mm(values: list[float], fmt: str = "{:.0f}") -> str:
+    return f"{fmt.format(min(values))} / {fmt.format(statistics.median(values))}"
+
+
+def measure(url: str, args: argparse.Namespace, cfg_path: str) -> list[str]:
+    rows = []
+    noop, real, cmds, usec = [], [], [], []
+    for _ in range(args.runs):
+        noop.append(fleet_noop(url, args.vms))
+        vms, c, u = fleet_real(url, args.vms, cfg_path)
+        real.append(vms)
+        cmds.append(c)
+        usec.append(u)
+    ratios = [r / b for r, b in zip(real, noop, strict=True)]
+    rows.append(
+        f"| fleet VMs/s ÷ RQ no-op jobs/s (2 workers, {args.vms} one-VM requests) |"
+        f" {mm(real)} VMs/s ÷ {mm(noop)} jobs/s | {mm(ratios, '{:.2f}')} |"
+    )
+    rows.append(
+        f"| Redis commands / server µs per VM end to end | {mm(cmds)} cmds,"
+        f" {mm(usec)} µs | {3600e6 / statistics.median(usec):,.0f} VMs/hour of server time |"
+    )
+    for n in args.pending:
+        sw = sweep_ms(url, n, args.runs)
+        rows.append(
+            f"| check-pending sweep, {n} pending, Redis server ms (cold / warm) ÷ 1 s tick |"
+            f" cold {mm(sw['cold'], '{:.1f}')}, warm {mm(sw['warm'], '{:.1f}')}"
+            f" (cold client wall {mm(sw['cold_wall'])} ms) |"
+            f" {mm([w / 1e3 for w in sw['warm']], '{:.3f}')} |"
+        )
+    tr = [transitions(url, args.transitions) for _ in range(args.runs)]
+    rows.append(
+        f"| transitions/s ÷ trivial EVALSHA/s (create_request, one client) |"
+        f" {mm([t for t, _ in tr])} ÷ {mm([e for _, e in tr])} |"
+        f" {mm([t / e for t, e in tr], '{:.2f}')} |"
+    )
+    small = expiry_ms(url, 100, args.runs)
+    big = expiry_ms(url, args.open, args.runs)
+    rows.append(
+        f"| expiry sweep of 100 due, {args.open} open ÷ 100 open (ms) |"
+        f" {mm(big, '{:.1f}')} ÷ {mm(small, '{:.1f}')} |"
+        f" {mm([b / s for b, s in zip(big, small, strict=True)], '{:.2f}')} |"
+    )
+    mem = [memory_per_request(url, 1000) for _ in range(args.runs)]
+    rows.append(
+        "| Redis bytes per finished one-VM request ÷ per open request |"
+        f" {mm([d for _, d in mem])} ÷ {mm([o for o, _ in mem])} |"
+        f" {mm([d / o for o, d in mem], '{:.2f}')} |"
+    )
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--vms", type=int, default=300)
+    parser.add_argument("--pending", default="1000,10000")
+    parser.add_argument("--transitions", type=int, default=3000)
+    parser.add_argument("--open", type=int, default=20000)
+    parser.add_argument("--aof", action="store_true", help="appendonly yes, appendfsync always")
+    args = parser.parse_args()
+    args.pending = [int(s) for s in args.pending.split(",") if s]
+    server = RedisServer(appendonly=args.aof).start()
+    with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
+        import yaml
+
+        yaml.safe_dump(config_data(), f)
+    try:
+        version = redis.Redis.from_url(server.url).info("server")["redis_version"]
+        print(
+            f"# nproc={os.cpu_count()} python={platform.python_version()} rq={rq.__version__}"
+            f" redis-py={redis.__version__} redis-server={version} aof={args.aof}"
+            f" runs={args.runs} loadavg={os.getloadavg()[0]:.2f}"
+        )
+        rows = measure(server.url, args, f.name)
+    finally:
+        server.stop()
+        os.unlink(f.name)
+    print("| figure | measured (min / median) | ratio (min / median) |")
+    print("|---|---|---|")
+    for row in rows:
+        print(row)
+    print(f"# loadavg after: {os.getloadavg()[0]:.2f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,150 @@
+"""Batch jobs (issue 15): one RQ job runs the per-subject work of many subjects.
+
+Proves: the batched path brings requests to ready with every VM's change its own
+checked transition (the trail is complete and the audit clean); the work set
+deduplicates; a batch whose worker died loses nothing (its claimed subjects come back
+after the lease, and the dead claimer cannot remove a newer claim); the clone limit
+holds in a batch; the dispatcher queues a bounded number of batch jobs in a constant
+number of round trips.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import redis
+from test_lifecycle import create_request, make_config, make_fleet
+
+from vmpool import lifecycle
+from vmpool.lifecycle import Fleet, batch
+from vmpool.lifecycle.batch import run_batch
+from vmpool.state.audit import check_trail
+from vmpool.state.keys import Keys
+from vmpool.state.records import Slot
+from vmpool.state.workset import WorkSet
+from workers.batching import LANES, BatchDispatcher, continue_batch, ensure_lanes
+from workers.table import job_id
+
+
+def _batched_fleet(redis_client: redis.Redis, redis_url: str, **overrides: Any) -> Fleet:
+    fleet = make_fleet(redis_client, make_config(**overrides))
+    fleet.dispatch = BatchDispatcher(redis.Redis.from_url(redis_url), fleet.keys)
+    return fleet
+
+
+def _drain(fleet: Fleet) -> None:
+    """Run the batch jobs in-process (as the workers would) until every set is empty."""
+    work = WorkSet(fleet.redis, fleet.keys)
+    for _ in range(50):
+        lifecycle.provision_batch(fleet)
+        lifecycle.create_vm_batch(fleet)
+        lifecycle.check_pending_batch(fleet)
+        if not any(work.size(j) for j in ("provision_request", "create_vm", "check_pending_vm")):
+            return
+    raise AssertionError("the work sets did not drain")
+
+
+def test_batches_bring_requests_to_ready_one_transition_each(
+    redis_client: redis.Redis, redis_url: str
+) -> None:
+    fleet = _batched_fleet(redis_client, redis_url)
+    rids = [f"r{i}" for i in range(5)]
+    for rid in rids:
+        create_request(fleet.store, rid, [Slot("deb", "debian", 2)], fleet.config)
+    fleet.dispatch.provision_requests(rids)
+    fleet.dispatch.provision_requests(rids)  # dispatched twice: the set holds each once
+    assert WorkSet(fleet.redis, fleet.keys).size("provision_request") == 5
+    _drain(fleet)
+    for rid in rids:
+        req = fleet.store.get_request(rid)
+        assert req is not None and req.status == "ready"
+        trail = fleet.store.history(rid)
+        assert check_trail(rid, trail) == []
+        # one reserve, one create, one ready per VM: nothing made twice
+        assert sum(1 for e in trail if e.entity.startswith("vm:")) == 2 * 3
+
+
+def test_a_dead_claimer_loses_nothing_and_cannot_remove_a_newer_claim(
+    redis_client: redis.Redis, keys: Keys
+) -> None:
+    work = WorkSet(redis_client, keys)
+    work.add("create_vm", ["vm-a", "vm-b", "vm-c"])
+    dead = work.claim("create_vm", 2, lease_s=60)
+    assert sorted(dead.subjects) == ["vm-a", "vm-b"]
+    assert work.claim("create_vm", 5, lease_s=60).subjects == ["vm-c"]  # claimed: hidden
+    assert work.claim("create_vm", 5, lease_s=60).subjects == []
+    # the dead claimer's lease ends (aged here rather than waited for; the new claim's
+    # longer lease stands for the time that really passed, so its score differs)
+    redis_client.zadd(keys.work_set("create_vm"), {"vm-a": 1, "vm-b": 1}, xx=True)
+    again = work.claim("create_vm", 5, lease_s=120)
+    assert sorted(again.subjects) == ["vm-a", "vm-b"]
+    assert work.done("create_vm", dead, dead.subjects) == 0  # not its claim any more
+    assert work.done("create_vm", again, again.subjects) == 2
+    assert work.size("create_vm") == 1  # vm-c, still claimed by its (live) job
+    # a job that ran out of time releases what it did not run: claimable at once
+    live = WorkSet(redis_client, keys)
+    assert live.claim("create_vm", 5, lease_s=60).subjects == []
+    redis_client.zadd(keys.work_set("create_vm"), {"vm-c": 1}, xx=True)
+    late = live.claim("create_vm", 5, lease_s=90)
+    assert late.subjects == ["vm-c"]
+    assert live.release("create_vm", late, late.subjects) == 1
+    assert live.claim("create_vm", 5, lease_s=60).subjects == ["vm-c"]
+
+
+def test_one_bad_subject_does_not_stop_the_batch(
+    redis_client: redis.Redis, redis_url: str
+) -> None:
+    fleet = _batched_fleet(redis_client, redis_url)
+    WorkSet(fleet.redis, fleet.keys).add("create_vm", ["a-1", "boom", "a-2"])
+    seen: list[str] = []
+
+    def fn(_: Fleet, subject: str) -> str:
+        seen.append(subject)
+        if subject == "boom":
+            raise RuntimeError("provider exploded")
+        return "pending"
+
+    counts = run_batch(fleet, "create_vm", fn)
+    assert sorted(seen) == ["a-1", "a-2", "boom"]
+    assert counts == {"pending": 2, "error": 1}
+    assert WorkSet(fleet.redis, fleet.keys).size("create_vm") == 0
+
+
+def test_the_clone_limit_holds_in_a_batch(redis_client: redis.Redis, redis_url: str) -> None:
+    fleet = _batched_fleet(redis_client, redis_url, ondemand_clone_limit=3)
+    create_request(fleet.store, "big", [Slot("deb", "debian", 8)], fleet.config)
+    fleet.dispatch.provision_request("big")
+    lifecycle.provision_batch(fleet)
+    req = fleet.store.get_request("big")
+    assert req is not None and len(req.vm_names) == 3  # reserved within the limit only
+    _drain(fleet)  # creates free the slots; the next provision reserves more
+    for _ in range(10):
+        lifecycle.provision_sweep(fleet)
+        _drain(fleet)
+    req = fleet.store.get_request("big")
+    assert req is not None and req.status == "ready"
+
+
+def test_lanes_are_bounded_and_cost_constant_round_trips(conn: redis.Redis, keys: Keys) -> None:
+    assert ensure_lanes(conn, keys, "create_vm_batch", want=10) == LANES
+    assert ensure_lanes(conn, keys, "create_vm_batch", want=10) == 0  # all live
+    queued = conn.lrange(keys.rq_queue("vms"), 0, -1)
+    assert queued == [job_id(keys, "create_vm_batch", run=i).encode() for i in range(LANES)]
+
+
+def test_a_batch_yields_on_time_and_queues_its_continuation(
+    redis_client: redis.Redis, redis_url: str, conn: redis.Redis, monkeypatch: Any
+) -> None:
+    """Proves: a batch job stops claiming once its time is over, says there is more, and
+    its continuation (the other id of its lane, since its own is still live) is queued
+    at the back of the queue; the subjects stay in the set for it."""
+    fleet = _batched_fleet(redis_client, redis_url)
+    WorkSet(fleet.redis, fleet.keys).add("create_vm", ["a-1", "a-2"])
+    monkeypatch.setattr(batch, "BATCH_TIME_S", 0.0)
+    assert run_batch(fleet, "create_vm", lambda f, s: "pending") == {"more": 1}
+    assert WorkSet(fleet.redis, fleet.keys).size("create_vm") == 2
+    current = job_id(fleet.keys, "create_vm_batch", run=1)
+    assert continue_batch(conn, fleet.keys, "create_vm_batch", current)
+    assert conn.lrange(fleet.keys.rq_queue("vms"), 0, -1) == [
+        job_id(fleet.keys, "create_vm_batch", run=1 + LANES).encode()
+    ]

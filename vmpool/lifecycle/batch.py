@@ -1,0 +1,123 @@
+"""Batch jobs: one RQ job runs the per-subject work of many subjects (issue 15).
+
+A job that handles one VM pays RQ's whole price (dequeue, bookkeeping: tens of Redis
+commands) for one VM. The dispatcher of a worker fleet (``workers.batching``) therefore
+puts the subjects of ``provision_request``, ``create_vm`` and ``check_pending_vm`` into
+the job's work set (:mod:`vmpool.state.workset`) and queues a batch job, which claims
+them :data:`CLAIM_SIZE` at a time and runs the very same per-subject function for each
+(:func:`vmpool.lifecycle.create_vm` etc., unchanged): each subject's change is still
+its own checked transition under its own lock, the clone limit is still the
+semaphore's, and a subject is still deduplicated (the set holds it once; its lock and
+transitions refuse a second runner). A worker killed mid-batch loses nothing: its
+claimed subjects stay in the set and are claimed again when the lease
+(:func:`lease_s`) ends, and the periodic sweeps re-dispatch any work as before.
+
+Each batch function loops until the set has nothing claimable or it has run for
+:data:`BATCH_TIME_S`, then returns the count of each outcome, with ``more: 1`` when it
+stopped on time with work left: the job's entry point then queues its continuation
+(``workers.batching.continue_batch``) at the back of the queue, so a long backlog never
+holds a worker away from the sweeps (which RQ's priority order serves first only at a
+dequeue: the expiry sweep's settle bound needs workers to come back to the queues).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter
+from collections.abc import Callable
+
+from vmpool.lifecycle.fleet import Fleet
+from vmpool.lifecycle.requests import provision_request
+from vmpool.lifecycle.vms import check_pending_vm, create_vm
+from vmpool.state.workset import WorkSet
+
+__all__ = [
+    "BATCHED",
+    "BATCH_TIME_S",
+    "CLAIM_SIZE",
+    "check_pending_batch",
+    "create_vm_batch",
+    "lease_s",
+    "provision_batch",
+    "run_batch",
+]
+
+log = logging.getLogger(__name__)
+
+# Subjects claimed per round trip; small enough that a slow provider call does not keep
+# many subjects waiting behind it in one job while other workers idle.
+CLAIM_SIZE = 20
+# A batch job claims again only within this many seconds of its start.
+BATCH_TIME_S = 1.0
+
+# The per-subject job each batch job runs, by batch job name.
+BATCHED: dict[str, str] = {
+    "provision_batch": "provision_request",
+    "create_vm_batch": "create_vm",
+    "check_pending_batch": "check_pending_vm",
+}
+
+
+def lease_s(fleet: Fleet) -> float:
+    """How long a claim is its job's alone: the lock expiry (so a dead worker's subjects
+    come back about when its locks do). A claim outliving it lets a second job try the
+    subject, which its lock and checked transitions make harmless."""
+    return float(fleet.config.lock_expire_s)
+
+
+def run_batch(fleet: Fleet, job: str, fn: Callable[[Fleet, str], object]) -> dict[str, int]:
+    """Claim subjects of ``job``'s work set and run ``fn(fleet, subject)`` for each until
+    none is claimable ('more' absent) or :data:`BATCH_TIME_S` is over ('more': 1; the
+    claimed subjects not yet run are released at once). A claim is sized to what fits
+    in the time left at the pace so far (1 to :data:`CLAIM_SIZE`). An exception of one
+    subject is logged and counted ('error'); the subject is done (the sweeps re-find
+    real work), the others go on."""
+    work = WorkSet(fleet.redis, fleet.keys)
+    counts: Counter[str] = Counter()
+    started = time.monotonic()
+    ran = 0
+    while True:
+        elapsed = time.monotonic() - started
+        if elapsed >= BATCH_TIME_S:
+            counts["more"] = 1
+            return dict(counts)
+        size = CLAIM_SIZE
+        if ran and elapsed > 0:  # what fits in the time left at the pace so far
+            size = int((BATCH_TIME_S - elapsed) * ran / elapsed)
+        claim = work.claim(job, max(1, min(CLAIM_SIZE, size)), lease_s(fleet))
+        if not claim.subjects:
+            return dict(counts)
+        done: list[str] = []
+        for subject in claim.subjects:
+            if done and time.monotonic() - started >= BATCH_TIME_S:
+                break
+            counts[_run_one(fleet, job, fn, subject)] += 1
+            done.append(subject)
+        ran += len(done)
+        work.done(job, claim, done)
+        work.release(job, claim, claim.subjects[len(done) :])
+
+
+def _run_one(fleet: Fleet, job: str, fn: Callable[[Fleet, str], object], subject: str) -> str:
+    try:
+        outcome = fn(fleet, subject)
+    except Exception:
+        log.exception("%s %s failed in a batch", job, subject)
+        return "error"
+    return outcome if isinstance(outcome, str) else "done"
+
+
+def provision_batch(fleet: Fleet) -> dict[str, int]:
+    """provision_request for every request in its work set."""
+    return run_batch(fleet, "provision_request", provision_request)
+
+
+def create_vm_batch(fleet: Fleet) -> dict[str, int]:
+    """create_vm for every reserved VM in its work set."""
+    return run_batch(fleet, "create_vm", create_vm)
+
+
+def check_pending_batch(fleet: Fleet) -> dict[str, int]:
+    """check_pending_vm for every booting VM in its work set."""
+    return run_batch(fleet, "check_pending_vm", check_pending_vm)

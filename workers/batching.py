@@ -1,0 +1,144 @@
+"""The batching dispatcher: per-subject work goes to a work set and one batch job.
+
+:class:`BatchDispatcher` is the worker fleet's Dispatcher (issue 15). For the three
+kinds of per-subject work that make up a VM's way to ready (``provision_request``,
+``create_vm``, ``check_pending_vm``) it adds the subjects to the job's work set
+(:class:`vmpool.state.workset.WorkSet`, a ``ZADD NX``: the set is the dedup) and makes
+sure a batch job (:mod:`vmpool.lifecycle.batch`) is queued to run them: one of
+:data:`LANES` job ids per batch job (``<tag>-create_vm_batch_r<lane>``), each
+``unique`` as every vmpool job. :func:`ensure_lanes` costs one pipeline of reclaim
+checks for the lane ids and, when some are free, one pipeline of RQ's unique-enqueue
+script: a constant number of round trips whatever the number of subjects. Up to
+``ceil(subjects / CLAIM_SIZE)`` lanes are queued (at most :data:`LANES`), so a burst
+of work is shared by that many workers.
+
+Each lane has two job ids, ``_r<lane>`` and ``_r<lane + LANES>``: a batch job that
+stopped on time with work left queues the other id of its lane (:func:`continue_batch`;
+its own id is still live while it runs), at the back of the queue. A lane is free when
+both its ids are.
+
+A subject added while every lane's job exists and is about to finish waits for the
+next dispatch of it: the periodic sweeps re-dispatch every booting VM each
+``check_pending_sweep`` tick, every stale reservation after ``reserved_grace_s``, and
+every request with unreserved slots each ``provision_sweep`` tick (the same bound as a
+per-subject job lost today). The other jobs (destroy_vm, check_request) stay one job
+per subject.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any, Final
+
+import redis
+from rq import Queue
+from rq.job import Job, get_current_job
+from rq.scripts import UNIQUE_ENQUEUE_SCRIPT, _build_hset_args
+
+from vmpool.lifecycle import Fleet
+from vmpool.lifecycle.batch import BATCHED, CLAIM_SIZE
+from vmpool.state.keys import Keys
+from vmpool.state.workset import WorkSet
+from workers.queues import (
+    _RECLAIM_LUA,
+    FAILURE_TTL,
+    HEARTBEAT_FIELD,
+    RUN_WAIT_TTL,
+    STALE_AFTER_SECONDS,
+    RQDispatcher,
+    _valid_items,
+    enqueue,
+)
+from workers.table import job_id, lookup
+
+__all__ = ["LANES", "BatchDispatcher", "continue_batch", "continued", "ensure_lanes"]
+
+# Batch jobs of one kind that may be queued or running at once.
+LANES: Final = 4
+_BATCH_OF: Final = {job: batch for batch, job in BATCHED.items()}
+
+
+def ensure_lanes(conn: redis.Redis, keys: Keys, batch_job: str, want: int = 1) -> int:
+    """Queue up to ``want`` lanes of ``batch_job`` whose two ids are both free (absent
+    or plainly dead); returns how many were queued. Two pipelines at most."""
+    spec = lookup(batch_job)
+    ids = [job_id(keys, batch_job, run=run) for run in range(2 * LANES)]
+    reclaim = conn.register_script(_RECLAIM_LUA)
+    pipe = conn.pipeline(transaction=False)
+    for jid in ids:
+        reclaim(keys=[keys.rq_job(jid)], args=[HEARTBEAT_FIELD, STALE_AFTER_SECONDS], client=pipe)
+    ok = pipe.execute()
+    free = [ids[lane] for lane in range(LANES) if ok[lane] and ok[lane + LANES]]
+    free = free[: max(0, want)]
+    if not free:
+        return 0
+    queue = Queue(keys.queue(spec.queue), connection=conn)
+    push = conn.register_script(UNIQUE_ENQUEUE_SCRIPT)
+    pipe = conn.pipeline(transaction=False)
+    pipe.sadd(queue.redis_queues_keys, queue.key)
+    for jid in free:
+        job: Job = queue.create_job(
+            spec.func, args=(), job_id=jid, result_ttl=0, failure_ttl=FAILURE_TTL,
+            timeout=spec.timeout, description=jid, ttl=RUN_WAIT_TTL,
+        )  # fmt: skip
+        job.origin = queue.name
+        queue._prepare_for_queue(job)
+        hset: list[Any] = _build_hset_args(job)  # type: ignore[no-untyped-call]
+        push(keys=[job.key, queue.key], args=[job.id, "R", RUN_WAIT_TTL, *hset], client=pipe)
+    return sum(1 for ok in pipe.execute()[1:] if ok)
+
+
+def continue_batch(conn: redis.Redis, keys: Keys, batch_job: str, current_id: str) -> bool:
+    """Queue the continuation of the batch job ``current_id`` (the other id of its lane),
+    for a job that stopped on time with work left. False if it could not (a live copy:
+    that copy does the work)."""
+    for run in range(2 * LANES):
+        if job_id(keys, batch_job, run=run) == current_id:
+            return enqueue(conn, keys, batch_job, run=(run + LANES) % (2 * LANES))
+    return ensure_lanes(conn, keys, batch_job) > 0  # not a lane id (vmpool enqueue ...)
+
+
+def continued(fleet: Fleet, batch_job: str, counts: dict[str, int]) -> dict[str, int]:
+    """After a batch job ran (in the worker): queue its continuation if it stopped on
+    time with work left (``counts['more']``). Returns ``counts``."""
+    current = get_current_job()
+    if counts.get("more") and current is not None and isinstance(fleet.dispatch, RQDispatcher):
+        continue_batch(fleet.dispatch.conn, fleet.keys, batch_job, current.id)
+    return counts
+
+
+class BatchDispatcher(RQDispatcher):
+    """RQDispatcher whose VM-bound work is batched (see the module docstring)."""
+
+    def __init__(self, conn: redis.Redis, keys: Keys) -> None:
+        super().__init__(conn, keys)
+        self.work = WorkSet(conn, keys)
+
+    def _batch(self, job: str, subjects: Sequence[str]) -> None:
+        # A subject that is no valid name of its kind is skipped, logged and counted,
+        # as enqueue_many does (the sweeps feed ids read back from Redis).
+        subjects = [s for _, s in _valid_items(self.conn, self.keys, lookup(job), subjects)]
+        if not subjects:
+            return
+        self.work.add(job, subjects)
+        want = min(LANES, math.ceil(len(subjects) / CLAIM_SIZE))
+        ensure_lanes(self.conn, self.keys, _BATCH_OF[job], want)
+
+    def provision_request(self, request_id: str) -> None:
+        self._batch("provision_request", [request_id])
+
+    def create_vm(self, name: str) -> None:
+        self._batch("create_vm", [name])
+
+    def check_pending_vm(self, name: str) -> None:
+        self._batch("check_pending_vm", [name])
+
+    def provision_requests(self, request_ids: Sequence[str]) -> None:
+        self._batch("provision_request", request_ids)
+
+    def create_vms(self, names: Sequence[str]) -> None:
+        self._batch("create_vm", names)
+
+    def check_pending_vms(self, names: Sequence[str]) -> None:
+        self._batch("check_pending_vm", names)
