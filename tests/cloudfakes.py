@@ -49,6 +49,15 @@ class FakeCloud:
     ids: Any = field(default_factory=lambda: itertools.count(1))
     missing_images: set[str] = field(default_factory=set)
     lost_answers: int = 0  # creates that succeed but whose answer is a 503
+    page_size: int | None = None  # lists answer in pages of this many (EC2, GCE)
+
+    def page(self, found: list[Any], token: str | None) -> tuple[list[Any], str | None]:
+        """One page of ``found`` from ``token`` (an offset), and the next token."""
+        start = int(token or 0)
+        if self.page_size is None:
+            return found[start:], None
+        end = start + self.page_size
+        return found[start:end], (str(end) if end < len(found) else None)
 
     def answer(self, reply: Reply, lost: Reply) -> Reply:
         """``reply``, or ``lost`` while answers are to be lost (the create went through)."""
@@ -162,11 +171,13 @@ class EC2Mock(MockHttp):  # type: ignore[misc]
             tagged = all(i.tags.get(f[4:]) in v for f, v in filters.items() if f[:4] == "tag:")
             if tagged and i.state in filters.get("instance-state-name", {i.state}):
                 found.append(i)
-        items = "".join(_ec2_item(i) for i in found)
+        page, token = self.cloud.page(found, params.get("NextToken"))
+        items = "".join(_ec2_item(i) for i in page)
+        more = f"<nextToken>{token}</nextToken>" if token else ""
         return _ok(
             f'<DescribeInstancesResponse xmlns="{EC2_NS}"><reservationSet><item>'
             "<reservationId>r-1</reservationId><ownerId>1</ownerId><groupSet/>"
-            f"<instancesSet>{items}</instancesSet></item></reservationSet>"
+            f"<instancesSet>{items}</instancesSet></item></reservationSet>{more}"
             "</DescribeInstancesResponse>"
         )
 
@@ -222,10 +233,14 @@ class GCEMock(MockHttp):  # type: ignore[misc]
                 return 404, gce_error(404, "notFound", "instance not found"), {}, "Not Found"
             found.state = "terminated"
             return _ok({"kind": "compute#operation", "name": "op-2", "status": "PENDING"})
-        query = parse_qs(parsed.query).get("filter", [""])[0]
-        key, _, value = query.removeprefix("labels.").partition("=")
-        items = [_gce_item(i) for i in self.cloud.live() if i.tags.get(key) == value]
-        return _ok({"kind": "compute#instanceList", "items": items})
+        query = parse_qs(parsed.query)
+        key, _, value = query.get("filter", [""])[0].removeprefix("labels.").partition("=")
+        found = [_gce_item(i) for i in self.cloud.live() if i.tags.get(key) == value]
+        items, token = self.cloud.page(found, query.get("pageToken", [None])[0])
+        reply: dict[str, Any] = {"kind": "compute#instanceList", "items": items}
+        if token:
+            reply["nextPageToken"] = token
+        return _ok(reply)
 
     def _insert(self, body: dict[str, Any]) -> Reply:
         image = body["disks"][0]["initializeParams"]["sourceImage"]

@@ -223,3 +223,27 @@ def test_circuit_opens_once_for_workers_failing_together(redis_client: redis.Red
     assert circuit.is_open("aws") and circuit.states(["aws"])[0].opened == 1
     circuit.success("aws")
     assert not circuit.is_open("aws")
+
+
+def test_a_batched_answer_older_than_a_delete_changes_nothing(cloud_fleet: Any) -> None:
+    """The sweep's list is taken, then (before the sweep records anything) the request
+    is deleted and its VMs released: the sweep re-reads each VM under its lock and
+    attaches none of them; the released VMs go to destruction, never to 'running'."""
+    fleet, cloud = cloud_fleet
+    rid = request(fleet, "bare", 3, "r-raced")
+    run(fleet, skip=("check_pending_vm",))
+    for instance in cloud.instances.values():
+        instance.state = "running"
+    provider = fleet.providers["aws"]
+    answer = provider.statuses
+
+    def statuses_then_delete(names: Any) -> Any:
+        seen = answer(names)  # the cloud says: all running
+        assert fleet.store.delete_request(rid, actor="test").code == "deleted"
+        return seen
+
+    provider.statuses = statuses_then_delete  # type: ignore[method-assign]
+    lifecycle.check_pending_sweep(fleet)
+    vms = fleet.store.request_vms(rid)
+    assert vms and all(vm.state == "completed" for vm in vms)
+    assert all(e.dst != "running" for e in fleet.store.history(rid))

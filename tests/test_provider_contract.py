@@ -151,6 +151,22 @@ def test_statuses_is_one_list_call_for_any_number(monkeypatch: pytest.MonkeyPatc
     assert all(seen[name] is not None for name in names)
 
 
+@pytest.mark.parametrize("kind", ["ec2", "gce"])
+def test_a_paged_list_is_read_to_its_end(monkeypatch: pytest.MonkeyPatch, kind: str) -> None:
+    """A list answered in pages (EC2's NextToken, GCE's nextPageToken) is read whole: a
+    VM on the last page is not taken for vanished."""
+    s = mock_cloud(monkeypatch, kind)
+    assert s.cloud is not None and isinstance(s.provider, CloudProvider)
+    names = [f"vm-{i}" for i in range(5)]
+    for name in names:
+        s.provider.create_vm("pool-1", "img-1", name)
+    s.cloud.page_size = 2
+    before = s.cloud.calls["list"]
+    seen = s.provider.statuses(names)
+    assert all(seen[name] is not None for name in names)
+    assert s.cloud.calls["list"] - before == 3  # pages of 2, 2 and 1
+
+
 @cloud_kinds
 def test_permanent_error_fails_at_once_with_the_clouds_message(
     monkeypatch: pytest.MonkeyPatch, kind: str

@@ -4,9 +4,10 @@ After ``threshold`` consecutive transient create failures at one provider (a clo
 is down, throttling hard, out of capacity), the provider's pools stop creating for
 ``cooldown_s``: reservations wait (the pending sweep dispatches their creates again)
 instead of burning every request's retries against a cloud that cannot answer. After
-the cool-down one create goes through; its failure opens the circuit again at once, its
-success closes it. The count and the check are one Lua unit
-(``vmpool/state/scripts/provider_circuit.lua``), so workers failing together open it once.
+the cool-down creates go through again; the first failure opens the circuit again at
+once (the count is still at the threshold), a success closes it. The count and the
+check are one Lua unit (``vmpool/state/scripts/provider_circuit.lua``), so workers
+failing together open it once.
 Time is the Redis server's.
 """
 

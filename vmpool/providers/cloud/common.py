@@ -81,6 +81,7 @@ Seconds = Annotated[
     expect("a number of seconds from 0 to 3600", number),
 ]
 Retries = Annotated[int, Field(ge=0, le=20), expect("an integer from 0 to 20", integer)]
+ReadyCheck = Annotated[Literal["ssh", "state"], expect("ssh or state")]
 PortNumber = Annotated[int, Field(ge=1, le=65535), expect("a port from 1 to 65535", integer)]
 
 
@@ -93,7 +94,7 @@ class CloudOptions(BaseModel):
     fleet_id: str | None = Field(
         None, description="The fleet tag's value (default: the Redis key prefix)"
     )
-    ready_check: Literal["ssh", "state"] = Field(
+    ready_check: ReadyCheck = Field(
         "ssh",
         description="ssh: TCP connect to ssh_port (vmpooler's check); state: running with"
         " an address",

@@ -132,16 +132,20 @@ class EC2Provider(CloudProvider):
         """One DescribeInstances (libcloud's ``list_nodes`` adds a DescribeAddresses;
         an instance's elastic address is its ``ipAddress`` here already)."""
         from libcloud.compute.drivers.ec2 import NAMESPACE
-        from libcloud.utils.xml import findall
+        from libcloud.utils.xml import findall, findtext
 
         filters = {f"tag:{TAG_FLEET}": self.fleet_id, "instance-state-name": LIVE_STATES}
         driver = self.driver
         params = {"Action": "DescribeInstances", **driver._build_filters(filters)}
-        reply = driver.connection.request(driver.path, params=params).object
         nodes: list[Node] = []
-        for reservation in findall(reply, "reservationSet/item", NAMESPACE):
-            nodes += driver._to_nodes(reservation, "instancesSet/item")
-        return nodes
+        while True:  # one page, unless EC2 answers with a NextToken
+            reply = driver.connection.request(driver.path, params=params).object
+            for reservation in findall(reply, "reservationSet/item", NAMESPACE):
+                nodes += driver._to_nodes(reservation, "instancesSet/item")
+            token = findtext(reply, "nextToken", NAMESPACE)
+            if not token:
+                return nodes
+            params = {**params, "NextToken": token}
 
     def tags_of(self, node: Node) -> Mapping[str, str]:
         return dict(node.extra.get("tags") or {})

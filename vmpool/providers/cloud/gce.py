@@ -133,8 +133,14 @@ class GCEProvider(CloudProvider):
 
     def list_fleet(self) -> list[Node]:
         params = {"filter": f"labels.{TAG_FLEET}={self.label(self.fleet_id)}"}
-        reply = self.driver.connection.request(self._zone_path(), method="GET", params=params)
-        return [_node(item) for item in (reply.object or {}).get("items", [])]
+        nodes: list[Node] = []
+        while True:  # one page (up to 500 instances), unless GCE gives a nextPageToken
+            reply = self.driver.connection.request(self._zone_path(), method="GET", params=params)
+            page = reply.object or {}
+            nodes += [_node(item) for item in page.get("items", [])]
+            if not page.get("nextPageToken"):
+                return nodes
+            params = {**params, "pageToken": page["nextPageToken"]}
 
     def remove(self, node: Node) -> None:
         self.driver.connection.request(f"{self._zone_path()}/{node.name}", method="DELETE")

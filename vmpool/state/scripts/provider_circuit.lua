@@ -12,7 +12,7 @@
 -- Invariant: the circuit opens exactly once per run of `threshold` consecutive failures
 -- however many workers fail together (the count and the check are one atomic unit), and
 -- a failure after the cool-down, with the count still at the threshold, opens it again
--- at once (half-open: one create is let through, and only a success closes it).
+-- at once (creates are let through again after the cool-down; only a success closes it).
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
 if ARGV[1] == 'success' then
