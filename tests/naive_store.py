@@ -222,7 +222,8 @@ def naive_checkout(
     pool's ready set by its own atomic move (vmpooler's SMOVE), pool after pool, and the
     VMs already taken put back when a later pool is empty (return_vm_to_ready_state).
     Each move is atomic; the whole is not: between two moves, and before the put-back
-    (``gap``), other clients see a partial claim. Returns the VMs handed out ([] for vmpooler's 503)."""
+    (``gap``), other clients see a partial claim. Returns the VMs handed out ([] for
+    vmpooler's 503)."""
     taken: list[tuple[str, str, float]] = []
     for pool, n in counts.items():
         ready = keys.pool_state(pool, "ready")
