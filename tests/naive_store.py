@@ -214,8 +214,9 @@ def naive_checkout(
     """vmpooler's checkout (api/v3.rb atomically_allocate_vms): each VM taken from its
     pool's ready set by its own atomic move (vmpooler's SMOVE), pool after pool, and the
     VMs already taken put back when a later pool is empty (return_vm_to_ready_state).
-    Each move is atomic; the whole is not: between two moves (``gap``) other clients
-    see a partial claim. Returns the VMs handed out ([] for vmpooler's 503)."""
+    Each move is atomic; the whole is not: between two moves, and before the put-back
+    (``gap``), other clients see a partial claim. Returns the VMs handed out ([] for
+    vmpooler's 503)."""
     taken: list[tuple[str, str, float]] = []
     for pool, n in counts.items():
         ready = keys.pool_state(pool, "ready")
@@ -223,6 +224,7 @@ def naive_checkout(
             gap()
             popped = client.zpopmin(ready)
             if not popped:
+                gap()  # vmpooler puts the VMs back in a later loop, round trips later
                 for p, name, score in taken:  # put back what was taken
                     client.zadd(keys.pool_state(p, "ready"), {name: score})
                 return []
