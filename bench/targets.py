@@ -181,19 +181,23 @@ def make_pending(store: Store, config: Config, n: int) -> None:
             assert store.vm_created(name, actor="b").ok
 
 
-def sweep_ms(url: str, n: int, runs: int) -> dict[str, list[float]]:
-    """Server ms of one cold and one warm check_pending_sweep at ``n`` pending, per run."""
+def sweep_ms(url: str, n: int, runs: int, batched: bool = False) -> dict[str, list[float]]:
+    """Server ms of one cold and one warm check_pending_sweep at ``n`` pending, per run.
+    ``batched``: with the workers' BatchDispatcher (work set + batch job), else with
+    RQDispatcher (one deduplicated RQ job per VM)."""
     plain = redis.Redis.from_url(url)
     plain.flushdb()
     config = make_config()
     keys = Keys(config.key_prefix)
     text = redis.Redis.from_url(url, decode_responses=True)
     make_pending(Store(text, keys), config, n)
-    fleet = Fleet.build(text, config, RQDispatcher(plain, keys), "bench")
+    dispatcher = BatchDispatcher(plain, keys) if batched else RQDispatcher(plain, keys)
+    fleet = Fleet.build(text, config, dispatcher, "bench")
     out: dict[str, list[float]] = {"cold": [], "warm": [], "cold_wall": []}
     for _ in range(runs):
         for rq_key in list(plain.scan_iter(match="rq:*", count=1000)):
             plain.unlink(rq_key)
+        plain.delete(keys.work_set("check_pending_vm"))
         for phase in ("cold", "warm"):
             plain.config_resetstat()
             start = time.perf_counter()
@@ -307,13 +311,14 @@ def measure(url: str, args: argparse.Namespace, cfg_path: str) -> list[str]:
         f" {mm(usec)} µs | {3600e6 / statistics.median(usec):,.0f} VMs/hour of server time |"
     )
     for n in args.pending:
-        sw = sweep_ms(url, n, args.runs)
-        rows.append(
-            f"| check-pending sweep, {n} pending, Redis server ms (cold / warm) ÷ 1 s tick |"
-            f" cold {mm(sw['cold'], '{:.1f}')}, warm {mm(sw['warm'], '{:.1f}')}"
-            f" (cold client wall {mm(sw['cold_wall'])} ms) |"
-            f" {mm([w / 1e3 for w in sw['warm']], '{:.3f}')} |"
-        )
+        for batched, how in ((False, "one RQ job per VM"), (True, "work set + batch job")):
+            sw = sweep_ms(url, n, args.runs, batched)
+            rows.append(
+                f"| check-pending sweep, {n} pending, {how}: Redis server ms (cold / warm)"
+                f" ÷ 1 s tick | cold {mm(sw['cold'], '{:.1f}')}, warm {mm(sw['warm'], '{:.1f}')}"
+                f" (cold client wall {mm(sw['cold_wall'])} ms) |"
+                f" {mm([w / 1e3 for w in sw['warm']], '{:.3f}')} |"
+            )
     tr = [transitions(url, args.transitions) for _ in range(args.runs)]
     rows.append(
         f"| transitions/s ÷ trivial EVALSHA/s (create_request, one client) |"

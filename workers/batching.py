@@ -59,16 +59,27 @@ LANES: Final = 4
 _BATCH_OF: Final = {job: batch for batch, job in BATCHED.items()}
 
 
-def ensure_lanes(conn: redis.Redis, keys: Keys, batch_job: str, want: int = 1) -> int:
+def ensure_lanes(
+    conn: redis.Redis,
+    keys: Keys,
+    batch_job: str,
+    want: int = 1,
+    add: tuple[WorkSet, str, Sequence[str]] | None = None,
+) -> int:
     """Queue up to ``want`` lanes of ``batch_job`` whose two ids are both free (absent
-    or plainly dead); returns how many were queued. Two pipelines at most."""
+    or plainly dead); returns how many were queued. Two pipelines at most. ``add``
+    (work set, job, subjects): added to the work set first, in the first pipeline (the
+    subjects are in the set before any lane is checked)."""
     spec = lookup(batch_job)
     ids = [job_id(keys, batch_job, run=run) for run in range(2 * LANES)]
     reclaim = conn.register_script(_RECLAIM_LUA)
     pipe = conn.pipeline(transaction=False)
+    if add is not None:
+        add[0].add(add[1], add[2], client=pipe)
+    skip = len(pipe)  # the add's reply, if any
     for jid in ids:
         reclaim(keys=[keys.rq_job(jid)], args=[HEARTBEAT_FIELD, STALE_AFTER_SECONDS], client=pipe)
-    ok = pipe.execute()
+    ok = pipe.execute()[skip:]
     free = [ids[lane] for lane in range(LANES) if ok[lane] and ok[lane + LANES]]
     free = free[: max(0, want)]
     if not free:
@@ -121,9 +132,8 @@ class BatchDispatcher(RQDispatcher):
         subjects = [s for _, s in _valid_items(self.conn, self.keys, lookup(job), subjects)]
         if not subjects:
             return
-        self.work.add(job, subjects)
         want = min(LANES, math.ceil(len(subjects) / CLAIM_SIZE))
-        ensure_lanes(self.conn, self.keys, _BATCH_OF[job], want)
+        ensure_lanes(self.conn, self.keys, _BATCH_OF[job], want, add=(self.work, job, subjects))
 
     def provision_request(self, request_id: str) -> None:
         self._batch("provision_request", [request_id])
