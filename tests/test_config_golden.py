@@ -37,7 +37,7 @@ def renamed(public: dict[str, Any]) -> dict[str, Any]:
 
 
 # Settings added after the recording (issue 12, warm pools): not in it, so not compared.
-ADDED_TOP = ("task_limit", "max_lifetime_upper_limit_s", "tagfilter")
+ADDED_TOP = ("task_limit", "max_lifetime_upper_limit_s", "tagfilter", "batch_lanes")
 ADDED_POOL = ("ondemand_from_ready",)
 ADDED_SCHEDULE = ("top_up_pools", "check_ready")
 

@@ -36,6 +36,7 @@ from rq import Queue
 from rq.job import Job, get_current_job
 from rq.scripts import UNIQUE_ENQUEUE_SCRIPT, _build_hset_args
 
+from vmpool.config import Config
 from vmpool.lifecycle import Fleet
 from vmpool.lifecycle.batch import BATCHED, CLAIM_SIZE
 from vmpool.state.keys import Keys
@@ -52,10 +53,26 @@ from workers.queues import (
 )
 from workers.table import job_id, lookup
 
-__all__ = ["LANES", "BatchDispatcher", "continue_batch", "continued", "ensure_lanes"]
+__all__ = ["LANES", "BatchDispatcher", "continue_batch", "continued", "ensure_lanes", "lanes_for"]
 
-# Batch jobs of one kind that may be queued or running at once.
+# Batch jobs of one kind that may be queued or running at once, when no config says
+# (``:config: batch_lanes``; see :func:`lanes_for`).
 LANES: Final = 4
+# Most lanes of one batch job: each dispatch checks both ids of every lane.
+MAX_LANES: Final = 64
+
+
+def lanes_for(config: Config | None, batch_job: str) -> int:
+    """How many lanes ``batch_job`` has: ``batch_lanes``; for creates at least the clone
+    limit (a create batch runs its provider calls one after the other, so its lanes are
+    how many creates run at once: the clone limit must be what bounds them, not this),
+    at most :data:`MAX_LANES`."""
+    if config is None:
+        return LANES
+    lanes = config.batch_lanes
+    if batch_job == "create_vm_batch":
+        lanes = max(lanes, config.ondemand_clone_limit)
+    return max(1, min(MAX_LANES, lanes))
 _BATCH_OF: Final = {job: batch for batch, job in BATCHED.items()}
 
 
@@ -65,13 +82,14 @@ def ensure_lanes(
     batch_job: str,
     want: int = 1,
     add: tuple[WorkSet, str, Sequence[str]] | None = None,
+    lanes: int = LANES,
 ) -> int:
-    """Queue up to ``want`` lanes of ``batch_job`` whose two ids are both free (absent
-    or plainly dead); returns how many were queued. Two pipelines at most. ``add``
-    (work set, job, subjects): added to the work set first, in the first pipeline (the
-    subjects are in the set before any lane is checked)."""
+    """Queue up to ``want`` of the ``lanes`` lanes of ``batch_job`` whose two ids are
+    both free (absent or plainly dead); returns how many were queued. Two pipelines at
+    most. ``add`` (work set, job, subjects): added to the work set first, in the first
+    pipeline (the subjects are in the set before any lane is checked)."""
     spec = lookup(batch_job)
-    ids = [job_id(keys, batch_job, run=run) for run in range(2 * LANES)]
+    ids = [job_id(keys, batch_job, run=run) for run in range(2 * lanes)]
     reclaim = conn.register_script(_RECLAIM_LUA)
     pipe = conn.pipeline(transaction=False)
     if add is not None:
@@ -80,7 +98,7 @@ def ensure_lanes(
     for jid in ids:
         reclaim(keys=[keys.rq_job(jid)], args=[HEARTBEAT_FIELD, STALE_AFTER_SECONDS], client=pipe)
     ok = pipe.execute()[skip:]
-    free = [ids[lane] for lane in range(LANES) if ok[lane] and ok[lane + LANES]]
+    free = [ids[lane] for lane in range(lanes) if ok[lane] and ok[lane + lanes]]
     free = free[: max(0, want)]
     if not free:
         return 0
@@ -100,14 +118,20 @@ def ensure_lanes(
     return sum(1 for ok in pipe.execute()[1:] if ok)
 
 
-def continue_batch(conn: redis.Redis, keys: Keys, batch_job: str, current_id: str) -> bool:
+def continue_batch(
+    conn: redis.Redis, keys: Keys, batch_job: str, current_id: str, lanes: int = LANES
+) -> bool:
     """Queue the continuation of the batch job ``current_id`` (the other id of its lane),
     for a job that stopped on time with work left. False if it could not (a live copy:
-    that copy does the work)."""
-    for run in range(2 * LANES):
+    that copy does the work). A run id beyond ``lanes`` (the config had more lanes when
+    it was queued) continues on a lane of today's."""
+    for run in range(2 * MAX_LANES):
         if job_id(keys, batch_job, run=run) == current_id:
-            return enqueue(conn, keys, batch_job, run=(run + LANES) % (2 * LANES))
-    return ensure_lanes(conn, keys, batch_job) > 0  # not a lane id (vmpool enqueue ...)
+            if run < 2 * lanes:
+                return enqueue(conn, keys, batch_job, run=(run + lanes) % (2 * lanes))
+            break
+    # not a lane id (vmpool enqueue ...), or one of more lanes than the config has now
+    return ensure_lanes(conn, keys, batch_job, lanes=lanes) > 0
 
 
 def continued(fleet: Fleet, batch_job: str, counts: dict[str, int]) -> dict[str, int]:
@@ -115,16 +139,18 @@ def continued(fleet: Fleet, batch_job: str, counts: dict[str, int]) -> dict[str,
     time with work left (``counts['more']``). Returns ``counts``."""
     current = get_current_job()
     if counts.get("more") and current is not None and isinstance(fleet.dispatch, RQDispatcher):
-        continue_batch(fleet.dispatch.conn, fleet.keys, batch_job, current.id)
+        lanes = lanes_for(fleet.config, batch_job)
+        continue_batch(fleet.dispatch.conn, fleet.keys, batch_job, current.id, lanes)
     return counts
 
 
 class BatchDispatcher(RQDispatcher):
     """RQDispatcher whose VM-bound work is batched (see the module docstring)."""
 
-    def __init__(self, conn: redis.Redis, keys: Keys) -> None:
+    def __init__(self, conn: redis.Redis, keys: Keys, config: Config | None = None) -> None:
         super().__init__(conn, keys)
         self.work = WorkSet(conn, keys)
+        self.config = config
 
     def _batch(self, job: str, subjects: Sequence[str]) -> None:
         # A subject that is no valid name of its kind is skipped, logged and counted,
@@ -132,8 +158,11 @@ class BatchDispatcher(RQDispatcher):
         subjects = [s for _, s in _valid_items(self.conn, self.keys, lookup(job), subjects)]
         if not subjects:
             return
-        want = min(LANES, math.ceil(len(subjects) / CLAIM_SIZE))
-        ensure_lanes(self.conn, self.keys, _BATCH_OF[job], want, add=(self.work, job, subjects))
+        batch_job = _BATCH_OF[job]
+        lanes = lanes_for(self.config, batch_job)
+        want = min(lanes, math.ceil(len(subjects) / CLAIM_SIZE))
+        ensure_lanes(self.conn, self.keys, batch_job, want, add=(self.work, job, subjects),
+                     lanes=lanes)
 
     def provision_request(self, request_id: str) -> None:
         self._batch("provision_request", [request_id])

@@ -260,7 +260,8 @@ def worker_name() -> str:
 def build_fleet(redis_url: str, config: Config, conn: redis.Redis, actor: str) -> Fleet:
     """The per-process Fleet: a decoding client for the domain, RQ dispatch on ``conn``."""
     client = redis.Redis.from_url(redis_url, decode_responses=True)
-    return Fleet.build(client, config, BatchDispatcher(conn, Keys(config.key_prefix)), actor)
+    dispatch = BatchDispatcher(conn, Keys(config.key_prefix), config)
+    return Fleet.build(client, config, dispatch, actor)
 
 
 def build_worker(

@@ -94,7 +94,7 @@ def _api_state(
     metrics = ApiMetrics()
     metrics.registry.register(RedisStateCollector.from_config(store, clients.raw, config))
     if enqueue == "rq":
-        enqueue = BatchDispatcher(clients.raw, keys).provision_request  # issue 15: batched
+        enqueue = BatchDispatcher(clients.raw, keys, config).provision_request  # issue 15: batched
     return ApiState(
         config=config,
         clients=clients,

@@ -68,6 +68,7 @@ def build(file: ConfigFile, *, source: str, warnings: tuple[str, ...]) -> Config
         source=source,
         warnings=warnings,
         task_limit=cfg.task_limit,
+        batch_lanes=cfg.batch_lanes,
         max_lifetime_upper_limit_s=in_seconds(cfg, "max_lifetime_upper_limit"),
         tagfilter=MappingProxyType(_tagfilter(file, source)),
     )

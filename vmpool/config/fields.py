@@ -38,6 +38,7 @@ __all__ = [
     "YEAR_S",
     "Aliases",
     "AuthProvider",
+    "BatchLanes",
     "CircuitFailures",
     "DataTtlHours",
     "Domain",
@@ -158,6 +159,14 @@ CircuitFailures = Annotated[
     int, Field(ge=1, le=1000), expect("an integer from 1 to 1000", integer)
 ]
 RetryCount = Annotated[int, Field(ge=0, le=100), expect("an integer from 0 to 100", integer)]
+# Batch jobs of one kind queued or running at once (workers/batching.py): each dispatch
+# checks two job ids per lane, so the bound keeps that a small constant.
+MAX_BATCH_LANES: Final = 64
+BatchLanes = Annotated[
+    int,
+    Field(ge=1, le=MAX_BATCH_LANES),
+    expect(f"an integer from 1 to {MAX_BATCH_LANES}", integer),
+]
 
 
 def text(value: Any) -> str:

@@ -84,6 +84,7 @@ class Config:
     source: str
     warnings: tuple[str, ...] = field(default=())
     task_limit: int = 10
+    batch_lanes: int = 4
     max_lifetime_upper_limit_s: float | None = None
     tagfilter: Mapping[str, str] = field(default_factory=dict)
 
@@ -133,6 +134,7 @@ class Config:
             "auth": None if self.auth is None else _public_auth(self.auth),
             "warnings": list(self.warnings),
             "task_limit": self.task_limit,
+            "batch_lanes": self.batch_lanes,
             "max_lifetime_upper_limit_s": self.max_lifetime_upper_limit_s,
             "tagfilter": dict(self.tagfilter),
         }

@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from vmpool.config.fields import (
     Aliases,
     AuthProvider,
+    BatchLanes,
     CircuitFailures,
     DataTtlHours,
     Domain,
@@ -139,6 +140,11 @@ class ConfigSection(_Section):
     )
     clone_target: Text | None = Field(
         default=None, description="Where VMs are cloned (default of every pool's clone_target)"
+    )
+    batch_lanes: BatchLanes = Field(
+        default=4,
+        description="Batch jobs of one kind (provision, check pending) queued or running at"
+        " once; creates get max(this, ondemand_clone_limit), at most 64",
     )
     task_limit: FleetCount = Field(
         default=10, description="The most VMs one warm pool's top-up reserves at a time"
