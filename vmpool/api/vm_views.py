@@ -8,6 +8,7 @@ Pure functions of records, config and the server's clock: the router
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
@@ -79,7 +80,9 @@ def vm_body(vm: VMRecord, config: Config, now: float) -> dict[str, Any]:
             entry["state"] = "ready" if vm.state == "ready" else "pending"
     if vm.tags:
         entry["tags"] = dict(vm.tags)
-    entry["ip"] = ""  # vmpooler answers "" when its DNS lookup fails; vmpool looks up none
+    # vmpooler answers "" when its DNS lookup fails; vmpool looks up none, but a cloud VM
+    # of a pool without a domain is known by the address its cloud reported.
+    entry["ip"] = vm.hostname if _is_address(vm.hostname) else ""
     pool = config.pools.get(vm.pool)
     domain = pool.domain if pool is not None else None
     if domain:
@@ -194,3 +197,11 @@ def summary_body(ready_times: Mapping[str, tuple[int, float]], today: str) -> di
         "tag": {},
         "daily": [{"date": today, "boot": boot, "clone": clone, "tag": {}}],
     }
+
+
+def _is_address(text: str) -> bool:
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        return False
+    return True
