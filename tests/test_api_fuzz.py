@@ -272,7 +272,13 @@ def test_fuzz_every_route_then_the_fleet_still_provisions(
         url = _fill(route[0], params)
         r = client.request(method, url, content=body, headers=headers)
         seen.add(r.status_code)
-        assert 200 <= r.status_code < 300 or 400 <= r.status_code < 500, (
+        # The one 5xx by design: a checkout of ready VMs a pool does not have answers
+        # vmpooler's 503 {"ok": false} (nothing handed out), which vmfloaty relies on.
+        checkout_short = (
+            r.status_code == 503 and method == "POST" and url.startswith(f"{API}/vm")
+            and r.json() == {"ok": False}
+        )  # fmt: skip
+        assert 200 <= r.status_code < 300 or 400 <= r.status_code < 500 or checkout_short, (
             method, url, headers, body, r.status_code, r.text)  # fmt: skip
         if method == "HEAD" or (url == "/metrics" and r.status_code == 200):
             return

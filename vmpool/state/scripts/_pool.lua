@@ -56,3 +56,20 @@ local function may_act(vm, user)
   local holder = holder_of(vm)
   return user == '' or holder == '' or holder == user
 end
+
+-- The held VM (ARGV[5]) a per-VM endpoint acts on, if ``user`` may act on it: nil and
+-- the refusal otherwise ('no_vm', 'wrong_request', 'vm_<state>' for a VM not held,
+-- 'forbidden' for another user's).
+local function held_vm_for(user)
+  local vm, refusal = load_vm('')
+  if refusal then
+    return nil, refusal
+  end
+  if vm.state ~= 'running' then
+    return nil, refuse('vm_' .. vm.state)
+  end
+  if not may_act(vm, user) then
+    return nil, refuse('forbidden')
+  end
+  return vm, nil
+end

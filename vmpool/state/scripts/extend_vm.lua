@@ -8,15 +8,9 @@
 --   'forbidden'}.
 -- Invariant: only a held VM's lifetime changes, by its holder, and its running score
 -- (the reaper's index) moves in the same unit; the request's records outlive the VM.
-local vm, refusal = load_vm('')
+local vm, refusal = held_vm_for(ARGV[6])
 if refusal then
   return refusal
-end
-if vm.state ~= 'running' then
-  return refuse('vm_' .. vm.state)
-end
-if not may_act(vm, ARGV[6]) then
-  return refuse('forbidden')
 end
 local now = server_now()
 local start = tonumber(vm.checkout_at or vm.ready_at or fmt(now))

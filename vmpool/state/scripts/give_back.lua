@@ -11,15 +11,9 @@
 -- fulfilled by it, and keeps counting it as delivered (vmpooler's GET
 -- /ondemandvm/<id> goes on listing it: the VM stays in the request's set, marked
 -- given_back).
-local vm, refusal = load_vm('')
+local vm, refusal = held_vm_for(ARGV[6])
 if refusal then
   return refusal
-end
-if vm.state ~= 'running' then
-  return refuse('vm_' .. vm.state)
-end
-if not may_act(vm, ARGV[6]) then
-  return refuse('forbidden')
 end
 local now = server_now()
 move_vm(KEYS[7], vm, 'completed', now, now, 'given back')

@@ -7,15 +7,9 @@
 -- Returns: {1, 'tagged', version} or {0, 'no_vm' | 'wrong_request' | 'vm_<state>' |
 --   'forbidden' | 'no_tags'}.
 -- Invariant: only a held VM is tagged, by its holder; each tagging is in the trail.
-local vm, refusal = load_vm('')
+local vm, refusal = held_vm_for(ARGV[6])
 if refusal then
   return refusal
-end
-if vm.state ~= 'running' then
-  return refuse('vm_' .. vm.state)
-end
-if not may_act(vm, ARGV[6]) then
-  return refuse('forbidden')
 end
 if #ARGV < 8 then
   return refuse('no_tags')
