@@ -163,10 +163,28 @@ def test_create_lanes_follow_the_clone_limit(
     for i in range(20):
         dispatch.create_vm(f"vm-{i}")  # one by one, as provision_request dispatches them
         dispatch.provision_request(f"r{i}")
-    queued = conn.lrange(fleet.keys.rq_queue("vms"), 0, -1)
-    assert queued == [job_id(fleet.keys, "create_vm_batch", run=i).encode() for i in range(12)]
+    queued = set(conn.lrange(fleet.keys.rq_queue("vms"), 0, -1))
+    lanes = {job_id(fleet.keys, "create_vm_batch", run=i).encode() for i in range(12)}
+    # Each dispatch checks a window of 4 lanes from a random one (its cost does not grow
+    # with the lanes); 20 dispatches leave more than the old cap of 4 queued, all of them
+    # lanes of the 12 (the chance of staying at 4 is about 1e-17).
+    assert 4 < len(queued) <= 12 and queued <= lanes, queued
     requests = conn.lrange(fleet.keys.rq_queue("requests"), 0, -1)
     assert requests == [job_id(fleet.keys, "provision_batch", run=i).encode() for i in range(2)]
     # a run of a lane the config no longer has continues on a lane it has
     assert continue_batch(conn, fleet.keys, "provision_batch",
                           job_id(fleet.keys, "provision_batch", run=40), lanes=2) is False
+
+
+def test_a_dispatch_costs_the_same_with_many_lanes(conn: redis.Redis, keys: Keys) -> None:
+    """Proves: with 64 lanes (a clone limit of 64 or more) one dispatch runs the reclaim
+    check for a window of lanes only (8 ids), not for all 128 ids."""
+
+    def scripts_run() -> int:
+        stats = conn.info("commandstats")
+        return sum(int(v["calls"]) for k, v in stats.items() if k in ("cmdstat_evalsha",
+                                                                          "cmdstat_eval"))
+
+    before = scripts_run()
+    assert ensure_lanes(conn, keys, "create_vm_batch", want=1, lanes=64) == 1
+    assert scripts_run() - before <= 2 * 4 + 1  # the window's reclaims + one enqueue

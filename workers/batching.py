@@ -28,6 +28,7 @@ per subject.
 from __future__ import annotations
 
 import math
+import random
 from collections.abc import Sequence
 from typing import Any, Final
 
@@ -58,8 +59,12 @@ __all__ = ["LANES", "BatchDispatcher", "continue_batch", "continued", "ensure_la
 # Batch jobs of one kind that may be queued or running at once, when no config says
 # (``:config: batch_lanes``; see :func:`lanes_for`).
 LANES: Final = 4
-# Most lanes of one batch job: each dispatch checks both ids of every lane.
+# Most lanes of one batch job.
 MAX_LANES: Final = 64
+# Lanes one dispatch checks (at least; more when it wants more): a window of them from a
+# random lane, so the cost of a dispatch does not grow with the number of lanes.
+PROBE: Final = 4
+_BATCH_OF: Final = {job: batch for batch, job in BATCHED.items()}
 
 
 def lanes_for(config: Config | None, batch_job: str) -> int:
@@ -73,7 +78,6 @@ def lanes_for(config: Config | None, batch_job: str) -> int:
     if batch_job == "create_vm_batch":
         lanes = max(lanes, config.ondemand_clone_limit)
     return max(1, min(MAX_LANES, lanes))
-_BATCH_OF: Final = {job: batch for batch, job in BATCHED.items()}
 
 
 def ensure_lanes(
@@ -83,22 +87,31 @@ def ensure_lanes(
     want: int = 1,
     add: tuple[WorkSet, str, Sequence[str]] | None = None,
     lanes: int = LANES,
+    rng: random.Random | None = None,
 ) -> int:
     """Queue up to ``want`` of the ``lanes`` lanes of ``batch_job`` whose two ids are
     both free (absent or plainly dead); returns how many were queued. Two pipelines at
     most. ``add`` (work set, job, subjects): added to the work set first, in the first
-    pipeline (the subjects are in the set before any lane is checked)."""
+    pipeline (the subjects are in the set before any lane is checked).
+
+    Only a window of ``max(want, PROBE)`` lanes is checked, from a random one: with many
+    lanes (creates follow the clone limit) a dispatch costs the same as with four. When
+    every lane of the window is live, none is queued: the live ones drain the work set
+    (a batch job claims until it is empty, then its continuation), as before."""
     spec = lookup(batch_job)
-    ids = [job_id(keys, batch_job, run=run) for run in range(2 * lanes)]
+    window = min(lanes, max(want, PROBE))
+    start = (rng or random).randrange(lanes) if window < lanes else 0
+    probed = [(start + i) % lanes for i in range(window)]
+    ids = {run: job_id(keys, batch_job, run=run) for lane in probed for run in (lane, lane + lanes)}
     reclaim = conn.register_script(_RECLAIM_LUA)
     pipe = conn.pipeline(transaction=False)
     if add is not None:
         add[0].add(add[1], add[2], client=pipe)
     skip = len(pipe)  # the add's reply, if any
-    for jid in ids:
+    for jid in ids.values():
         reclaim(keys=[keys.rq_job(jid)], args=[HEARTBEAT_FIELD, STALE_AFTER_SECONDS], client=pipe)
-    ok = pipe.execute()[skip:]
-    free = [ids[lane] for lane in range(lanes) if ok[lane] and ok[lane + lanes]]
+    ok = dict(zip(ids, pipe.execute()[skip:], strict=True))
+    free = [ids[lane] for lane in probed if ok[lane] and ok[lane + lanes]]
     free = free[: max(0, want)]
     if not free:
         return 0
