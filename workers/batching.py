@@ -68,16 +68,16 @@ _BATCH_OF: Final = {job: batch for batch, job in BATCHED.items()}
 
 
 def lanes_for(config: Config | None, batch_job: str) -> int:
-    """How many lanes ``batch_job`` has: ``batch_lanes``; for creates at least the clone
-    limit (a create batch runs its provider calls one after the other, so its lanes are
-    how many creates run at once: the clone limit must be what bounds them, not this),
-    at most :data:`MAX_LANES`."""
+    """How many lanes ``batch_job`` has: ``:config: batch_lanes`` (at most
+    :data:`MAX_LANES`). A create batch runs its provider calls one after the other, so
+    for creates this is also how many run at once: the clouds here answer a create at
+    once (the VM boots afterwards), but a provider whose create blocks (a vSphere clone)
+    wants as many lanes as clone slots. More lanes than needed cost RQ jobs that find
+    little to do (measured: docs/benchmarks.md)."""
+    del batch_job  # one setting for every kind today; the argument is the place for more
     if config is None:
         return LANES
-    lanes = config.batch_lanes
-    if batch_job == "create_vm_batch":
-        lanes = max(lanes, config.ondemand_clone_limit)
-    return max(1, min(MAX_LANES, lanes))
+    return max(1, min(MAX_LANES, config.batch_lanes))
 
 
 def ensure_lanes(

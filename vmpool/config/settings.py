@@ -143,8 +143,8 @@ class ConfigSection(_Section):
     )
     batch_lanes: BatchLanes = Field(
         default=4,
-        description="Batch jobs of one kind (provision, check pending) queued or running at"
-        " once; creates get max(this, ondemand_clone_limit), at most 64",
+        description="Batch jobs of one kind (provision, create, check pending) queued or"
+        " running at once: for creates, how many provider calls run at once",
     )
     task_limit: FleetCount = Field(
         default=10, description="The most VMs one warm pool's top-up reserves at a time"
