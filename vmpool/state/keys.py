@@ -25,7 +25,6 @@ Layout (``P`` is the prefix)::
     P:sim:PROVIDER:vm:NAME       hash   a VM of the simulated provider's fake cloud
     P:sim:PROVIDER:inventory     set    the names the simulated provider holds
     P:lock:KIND:SUBJECT          string a lock (per request or VM): the holder's id
-    P:lock:KIND:SUBJECT:signal   list   unused since issue 15 (python-redis-lock's signal)
     P:work:JOB                   zset   subjects waiting for a batch job, score = claimable from
     P:clone-slots                zset   the fleet-wide clone semaphore's leases
     P:metrics:NAME               hash   fleet-wide counters (vmpool.state.counters)
@@ -172,9 +171,6 @@ class Keys:
     # -- coordination ---------------------------------------------------------------
     def lock(self, kind: str, subject: str) -> str:
         return f"{self.prefix}:lock:{kind}:{subject}"
-
-    def lock_signal(self, kind: str, subject: str) -> str:
-        return self.lock(kind, subject) + ":signal"
 
     def provider_circuit(self, provider: str) -> str:
         """Hash: one provider's circuit breaker (vmpool/state/circuit.py)."""
