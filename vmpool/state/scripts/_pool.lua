@@ -61,12 +61,9 @@ end
 -- the refusal otherwise ('no_vm', 'wrong_request', 'vm_<state>' for a VM not held,
 -- 'forbidden' for another user's).
 local function held_vm_for(user)
-  local vm, refusal = load_vm('')
+  local vm, refusal = load_vm_in('', 'running')
   if refusal then
     return nil, refusal
-  end
-  if vm.state ~= 'running' then
-    return nil, refuse('vm_' .. vm.state)
   end
   if not may_act(vm, user) then
     return nil, refuse('forbidden')

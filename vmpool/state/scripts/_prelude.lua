@@ -85,6 +85,19 @@ local function load_vm(token)
   return vm, nil
 end
 
+-- load_vm, and the VM is in ``state`` (or ``other``): the edge the script takes starts
+-- there. Otherwise nil and 'vm_<its state>'.
+local function load_vm_in(token, state, other)
+  local vm, refusal = load_vm(token)
+  if refusal then
+    return nil, refusal
+  end
+  if vm.state ~= state and vm.state ~= (other or state) then
+    return nil, refuse('vm_' .. vm.state)
+  end
+  return vm, nil
+end
+
 -- The request a VM belongs to, or nil when it is gone. A request id can be taken again
 -- once every key of its old request expired (data_ttl), while a VM of the old request
 -- may still be booting or waiting for destruction: reserve_vm stamps the request's

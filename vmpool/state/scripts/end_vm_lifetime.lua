@@ -12,12 +12,9 @@
 -- the request's `have` counts live attached VMs only, so the request never turns ready
 -- (vm_ready, expire_request) with fewer live VMs than asked, and a replacement may be
 -- reserved while the request's time lasts.
-local vm, refusal = load_vm('')
+local vm, refusal = load_vm_in('', 'running')
 if refusal then
   return refusal
-end
-if vm.state ~= 'running' then
-  return refuse('vm_' .. vm.state)
 end
 local now = server_now()
 if ARGV[6] ~= '1' and now < tonumber(vm.lifetime_end) then

@@ -6,12 +6,9 @@
 -- Returns: {1, 'completed', version} or {0, 'no_vm' | 'wrong_request' | 'vm_<state>' |
 --   'not_expired'}.
 -- Invariant: a held VM is reaped only once its own lifetime (server clock) is over.
-local vm, refusal = load_vm('')
+local vm, refusal = load_vm_in('', 'running')
 if refusal then
   return refusal
-end
-if vm.state ~= 'running' then
-  return refuse('vm_' .. vm.state)
 end
 local now = server_now()
 if ARGV[6] ~= '1' and now < tonumber(vm.lifetime_end) then

@@ -7,12 +7,9 @@
 --   'not_due'}.
 -- Invariant: only a VM nobody holds is recycled (a claim in between wins: the VM is
 -- running then, and refused here); the ready_ttl is judged on the server clock.
-local vm, refusal = load_vm('')
+local vm, refusal = load_vm_in('', 'ready')
 if refusal then
   return refusal
-end
-if vm.state ~= 'ready' then
-  return refuse('vm_' .. vm.state)
 end
 local now = server_now()
 if ARGV[7] ~= '' and now - tonumber(vm.ready_at) < tonumber(ARGV[7]) then

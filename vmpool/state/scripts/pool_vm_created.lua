@@ -4,12 +4,9 @@
 -- Returns: {1, 'pending', version} or {0, 'no_vm' | 'wrong_request' | 'stale_fence' |
 --   'vm_<state>'}.
 -- Invariant: only a reserved VM of no request moves; a paused lock holder is refused.
-local vm, refusal = load_vm(ARGV[6])
+local vm, refusal = load_vm_in(ARGV[6], 'reserved')
 if refusal then
   return refusal
-end
-if vm.state ~= 'reserved' then
-  return refuse('vm_' .. vm.state)
 end
 local now = server_now()
 move_vm(KEYS[7], vm, 'pending', now, now, '')

@@ -5,12 +5,9 @@
 -- Returns: {1, 'destroyed', version} or {0, 'no_vm' | 'wrong_request' | 'stale_fence'
 --   | 'vm_<state>'}.
 -- Invariant: only a released VM is recorded destroyed; its name is never reused.
-local vm, refusal = load_vm(ARGV[6])
+local vm, refusal = load_vm_in(ARGV[6], 'completed')
 if refusal then
   return refusal
-end
-if vm.state ~= 'completed' then
-  return refuse('vm_' .. vm.state)
 end
 local now = server_now()
 move_vm(KEYS[7], vm, 'destroyed', now, now, '')

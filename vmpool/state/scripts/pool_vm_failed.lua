@@ -6,12 +6,9 @@
 -- Returns: {1, 'completed', version} or {0, 'no_vm' | 'wrong_request' | 'stale_fence'
 --   | 'vm_<state>'}.
 -- Invariant: only a VM still being made fails; a paused lock holder is refused.
-local vm, refusal = load_vm(ARGV[6])
+local vm, refusal = load_vm_in(ARGV[6], 'reserved', 'pending')
 if refusal then
   return refusal
-end
-if vm.state ~= 'reserved' and vm.state ~= 'pending' then
-  return refuse('vm_' .. vm.state)
 end
 local now = server_now()
 local from = vm.state

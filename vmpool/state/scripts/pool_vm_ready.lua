@@ -6,12 +6,9 @@
 --   'vm_<state>'}.
 -- Invariant: a VM enters the ready set only from booting, with no owner; the ready set
 -- and the records agree. Metrics: its ready time joins its pool's histogram.
-local vm, refusal = load_vm(ARGV[6])
+local vm, refusal = load_vm_in(ARGV[6], 'pending')
 if refusal then
   return refusal
-end
-if vm.state ~= 'pending' then
-  return refuse('vm_' .. vm.state)
 end
 local now = server_now()
 move_vm(KEYS[7], vm, 'ready', now, fmt(now), '')

@@ -7,12 +7,9 @@
 -- Invariant: a VM created for a request that went terminal meanwhile is destroyed,
 -- not attached. A refusal with 'vm_completed' tells the creator that the request let
 -- go of this VM while the provider worked: the creator must destroy what it made.
-local vm, refusal = load_vm(ARGV[6])
+local vm, refusal = load_vm_in(ARGV[6], 'reserved')
 if refusal then
   return refusal
-end
-if vm.state ~= 'reserved' then
-  return refuse('vm_' .. vm.state)
 end
 local now = server_now()
 local req = request_of(vm)

@@ -7,12 +7,9 @@
 --   'stale_fence' | 'vm_<state>'}.
 -- Invariant: only a VM already released (completed) is recorded destroyed; a running
 -- VM of a live request can never be marked destroyed.
-local vm, refusal = load_vm(ARGV[6])
+local vm, refusal = load_vm_in(ARGV[6], 'completed')
 if refusal then
   return refusal
-end
-if vm.state ~= 'completed' then
-  return refuse('vm_' .. vm.state)
 end
 local now = server_now()
 move_vm(KEYS[7], vm, 'destroyed', now, now, '')

@@ -9,12 +9,9 @@
 -- Invariant: only a pending request is failed (a ready one never); retries are counted
 -- once per failed VM, however many workers report it.
 -- Metrics: a request failed here counts as finished (failed) in this unit.
-local vm, refusal = load_vm(ARGV[6])
+local vm, refusal = load_vm_in(ARGV[6], 'reserved', 'pending')
 if refusal then
   return refusal
-end
-if vm.state ~= 'reserved' and vm.state ~= 'pending' then
-  return refuse('vm_' .. vm.state)
 end
 local now = server_now()
 local from = vm.state

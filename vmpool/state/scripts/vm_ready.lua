@@ -13,12 +13,9 @@
 -- request turns ready in the same unit as its last VM, never on a later sweep.
 -- Metrics: an attached VM adds its ready time (now - reserved_at) to its pool's
 -- histogram; a fulfilled (or, past its time, failed) request counts as finished.
-local vm, refusal = load_vm(ARGV[6])
+local vm, refusal = load_vm_in(ARGV[6], 'pending')
 if refusal then
   return refusal
-end
-if vm.state ~= 'pending' then
-  return refuse('vm_' .. vm.state)
 end
 local now = server_now()
 local req = request_of(vm)
