@@ -1,8 +1,11 @@
 """Ready latency: from a VM being up at its provider to its request answering ready.
 
-    .venv/bin/python bench/ready_latency.py [--requests 100] [--rate 10] [--intervals 2,0.25]
+    .venv/bin/python bench/ready_latency.py [--requests 100] [--rate 10]
+        [--modes 2:vm,0.25:vm,0.25:list]
 
-For each ``check_pending_sweep`` interval given, runs the whole fleet with ``vmpool up``
+For each mode given (``check_pending_sweep`` interval ``:`` ``vm`` for a simulated
+provider checked VM by VM, as before issue 15's list call, or ``list`` for the default
+one, which answers the sweep for all booting VMs at once), runs the whole fleet with ``vmpool up``
 (its Redis, API, 2 workers and schedulers; the simulated provider, boots of 0.5-1.5 s)
 and posts one-VM requests through the API at ``--rate`` per second. Once all are ready it
 reads, per VM, the server time the simulated cloud had it up (``ready_at`` of its record
@@ -10,7 +13,9 @@ at the provider) and the server time vmpool recorded it ready (``ready_at`` of t
 record: the same transition turns its request ready, so a GET from then on answers
 ready). The figure is the gap, p50 / p99 / max, as a ratio of the interval (the
 baseline: a request is found ready by the next pending check), with the Redis commands
-per second the whole fleet spent meanwhile (INFO commandstats) for the cost.
+per second the whole fleet spent meanwhile (INFO commandstats) for the cost: measured
+idle for ``--idle`` seconds first (workers, schedulers and sweeps with nothing to do),
+then per VM above that idle rate.
 """
 
 from __future__ import annotations
@@ -38,7 +43,7 @@ from vmpool.state.store import Store  # noqa: E402
 
 CONFIG = """\
 :providers:
-  :simulated: {{boot_seconds: [0.5, 1.5], seed: 3}}
+  :simulated: {{boot_seconds: [0.5, 1.5], seed: 3, batch_status: {listing}}}
 :config: {{ondemand_request_ttl: 10, max_ondemand_instances_per_request: 5}}
 :schedule: {{check_pending_sweep: {interval}}}
 :pools:
@@ -70,10 +75,12 @@ def _percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def measure(interval: float, requests: int, rate: float) -> dict[str, float]:
+def measure(
+    interval: float, listing: bool, requests: int, rate: float, idle_s: float
+) -> dict[str, float]:
     work = Path(tempfile.mkdtemp(prefix="vmpool-ready-"))
     cfg = work / "vmpool.yaml"
-    cfg.write_text(CONFIG.format(interval=interval))
+    cfg.write_text(CONFIG.format(interval=interval, listing=str(listing).lower()))
     port = free_port()
     log = (work / "up.log").open("wb")
     up = subprocess.Popen(
@@ -91,6 +98,9 @@ def measure(interval: float, requests: int, rate: float) -> dict[str, float]:
         store = Store(client, keys)
         _wait(lambda: _answers(port), 60, "the API")
         client.config_resetstat()
+        time.sleep(idle_s)  # the fixed cost: a fleet with nothing to do
+        idle_rate = _calls(client) / idle_s
+        client.config_resetstat()
         start = time.monotonic()
         rids = []
         for i in range(requests):
@@ -98,7 +108,7 @@ def measure(interval: float, requests: int, rate: float) -> dict[str, float]:
             time.sleep(max(0.0, start + (i + 1) / rate - time.monotonic()))
         _wait(lambda: all(_status(store, r) == "ready" for r in rids), 120, "every request")
         elapsed = time.monotonic() - start
-        calls = sum(int(v["calls"]) for v in client.info("commandstats").values())
+        calls = _calls(client)
         gaps = []
         for rid in rids:
             for vm in store.request_vms(rid):
@@ -115,8 +125,13 @@ def measure(interval: float, requests: int, rate: float) -> dict[str, float]:
         log.close()
     return {
         "p50": _percentile(gaps, 0.5), "p99": _percentile(gaps, 0.99), "max": max(gaps),
-        "cmds_per_s": calls / elapsed,
+        "cmds_per_s": calls / elapsed, "idle_per_s": idle_rate,
+        "cmds_per_vm": (calls - idle_rate * elapsed) / len(gaps),
     }  # fmt: skip
+
+
+def _calls(client: redis.Redis) -> int:
+    return sum(int(v["calls"]) for v in client.info("commandstats").values())
 
 
 def _answers(port: int) -> bool:
@@ -136,18 +151,22 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=100)
     parser.add_argument("--rate", type=float, default=10.0)
-    parser.add_argument("--intervals", default="2,0.25")
+    parser.add_argument("--modes", default="2:vm,0.25:vm,0.25:list")
+    parser.add_argument("--idle", type=float, default=5.0)
     args = parser.parse_args()
     print(f"# nproc={os.cpu_count()} python={platform.python_version()}"
           f" loadavg={os.getloadavg()[0]:.2f} requests={args.requests} rate={args.rate}")
     print()
-    print("| check_pending_sweep interval | last VM up → ready: p50 / p99 / max (s) |"
-          " p99 ÷ interval | Redis commands/s, whole fleet |")
-    print("|---|---|---|---|")
-    for interval in (float(x) for x in args.intervals.split(",")):
-        m = measure(interval, args.requests, args.rate)
-        print(f"| {interval:g} s | {m['p50']:.3f} / {m['p99']:.3f} / {m['max']:.3f} |"
-              f" {m['p99'] / interval:.2f} | {m['cmds_per_s']:.0f} |")
+    print("| check_pending_sweep interval, provider | last VM up → ready: p50 / p99 / max (s)"
+          " | p99 ÷ interval | Redis commands/s idle | commands per VM above idle |")
+    print("|---|---|---|---|---|")
+    for mode in args.modes.split(","):
+        interval_text, _, how = mode.partition(":")
+        interval, listing = float(interval_text), how == "list"
+        m = measure(interval, listing, args.requests, args.rate, args.idle)
+        what = "one list call per sweep" if listing else "checked VM by VM"
+        print(f"| {interval:g} s, {what} | {m['p50']:.3f} / {m['p99']:.3f} / {m['max']:.3f} |"
+              f" {m['p99'] / interval:.2f} | {m['idle_per_s']:.0f} | {m['cmds_per_vm']:.0f} |")
     print(f"\n# loadavg after: {os.getloadavg()[0]:.2f}")
 
 

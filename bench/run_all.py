@@ -27,7 +27,7 @@ BENCHES: dict[str, list[str]] = {
     "targets": ["--runs", "3", "--vms", "300", "--pending", "1000,10000"],
     "targets_aof": ["--runs", "3", "--vms", "300", "--pending", "10000", "--aof"],
     "api_rps": ["--runs", "3", "--seconds", "5", "--connections", "16"],
-    "ready_latency": ["--requests", "100", "--rate", "10", "--intervals", "2,1,0.25"],
+    "ready_latency": ["--requests", "100", "--rate", "10", "--modes", "2:vm,0.25:vm,0.25:list"],
 }
 SCRIPT_OF = {"targets_aof": "targets"}
 

@@ -131,6 +131,8 @@ def test_a_vm_missing_from_a_fresh_list_is_booting_not_vanished(cloud_fleet: Any
     assert fleet.store.get_vm(vm.name).state == "pending"  # type: ignore[union-attr]
     old = fleet.store.server_time() - VANISH_GRACE_S - 1
     fleet.redis.hset(fleet.keys.vm(vm.name), "created_at", repr(old))
+    # the pending index's score is the create time too (the sweep reads only the index)
+    fleet.redis.zadd(fleet.keys.pool_state(vm.pool, "pending"), {vm.name: old})
     lifecycle.check_pending_sweep(fleet)
     failed = fleet.store.get_vm(vm.name)
     assert failed is not None and failed.state == "completed"

@@ -227,7 +227,7 @@ def test_schedule_section(tmp_path: Path) -> None:
     assert config.to_public_dict()["schedule"] == {
         "sweep_expired": 0.5,
         "provision_sweep": 5,
-        "check_pending_sweep": 2,
+        "check_pending_sweep": 0.25,
         "reap_running": 60,
         "destroy_sweep": 5,
         "reconcile": 30,

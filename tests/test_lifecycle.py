@@ -418,8 +418,10 @@ def test_reap_running_ends_expired_vms_only(fleet: Fleet) -> None:
     assert lifecycle.destroy_vm(fleet, long_vm.name) == "vm_running"
 
 
-def test_sweeps_find_the_work_from_state_alone(fleet: Fleet) -> None:
-    """A lost job delays work, loses nothing: the sweeps rediscover it from Redis."""
+def test_sweeps_find_the_work_from_state_alone(redis_client: redis.Redis) -> None:
+    """A lost job delays work, loses nothing: the sweeps rediscover it from Redis. (A
+    provider checked VM by VM: the pending sweep dispatches the check.)"""
+    fleet = make_fleet(redis_client, make_config({"batch_status": False}))
     create_request(fleet.store, "r1", [Slot("deb", "debian", 2)], fleet.config)
     assert lifecycle.provision_sweep(fleet) == 1
     assert recorder(fleet).take() == [("provision_request", "r1")]
@@ -434,6 +436,68 @@ def test_sweeps_find_the_work_from_state_alone(fleet: Fleet) -> None:
     assert sorted(recorder(fleet).take()) == sorted(
         [("check_pending_vm", names[0]), ("create_vm", names[1])]
     )
+
+
+def test_a_listing_provider_is_checked_by_the_sweep_itself(fleet: Fleet) -> None:
+    """The default simulated provider answers for all booting VMs with one list call
+    (as the clouds): the pending sweep records a booted VM ready itself, with no job
+    dispatched, and leaves a booting one alone (no lock, no job). With the per-VM
+    dispatch of the old sweep this fails: the sweep would dispatch a check and record
+    nothing."""
+    slow = make_fleet(fleet.redis, make_config({"boot_seconds": 3600}))
+    create_request(fleet.store, "up", [Slot("deb", "debian", 1)], fleet.config)
+    create_request(fleet.store, "slow", [Slot("cent", "centos", 1)], fleet.config)
+    [up] = lifecycle.provision_request(fleet, "up")
+    [booting] = lifecycle.provision_request(slow, "slow")
+    assert lifecycle.create_vm(fleet, up) == "pending"
+    assert lifecycle.create_vm(slow, booting) == "pending"
+    recorder(fleet).take()
+    assert lifecycle.check_pending_sweep(fleet) == 0  # nothing left to dispatch
+    assert recorder(fleet).take() == []
+    vm_up, vm_booting = fleet.store.get_vm(up), fleet.store.get_vm(booting)
+    assert vm_up is not None and vm_up.state == "running"
+    assert vm_booting is not None and vm_booting.state == "pending"
+    assert not fleet.redis.exists(fleet.store.keys.lock("vm", booting))
+
+
+def test_a_vm_missing_from_the_simulated_list_fails_at_once(fleet: Fleet) -> None:
+    """The simulated cloud's list has no lag (``list_lag_s`` 0): a booting VM it no
+    longer holds is failed by the next sweep, not 30 s later as a cloud's would be."""
+    create_request(fleet.store, "r1", [Slot("deb", "debian", 1)], fleet.config)
+    [name] = lifecycle.provision_request(fleet, "r1")
+    slow = make_fleet(fleet.redis, make_config({"boot_seconds": 3600}))
+    assert lifecycle.create_vm(slow, name) == "pending"
+    assert provider(fleet).destroy_vm("debian", name)
+    lifecycle.check_pending_sweep(fleet)
+    trail = [e for e in fleet.store.history("r1") if e.entity == f"vm:{name}"]
+    assert any(e.src == "pending" and "vanished" in e.reason for e in trail), trail
+
+
+def test_a_vm_of_another_provider_than_its_pools_is_checked_by_its_own(
+    redis_client: redis.Redis,
+) -> None:
+    """A pool whose provider changed since its VM was created: the listing sweep asks
+    the pool's provider, which does not hold the VM; the VM is not failed as vanished
+    but dispatched to the per-VM check, which asks the VM's own provider."""
+    old = make_fleet(redis_client, make_config({"boot_seconds": 3600}))
+    create_request(old.store, "r1", [Slot("deb", "debian", 1)], old.config)
+    [name] = lifecycle.provision_request(old, "r1")
+    assert lifecycle.create_vm(old, name) == "pending"
+    data_moved = make_config()
+    other = dataclasses.replace(
+        data_moved,
+        pools={
+            pool: dataclasses.replace(cfg, provider="sim2")
+            for pool, cfg in data_moved.pools.items()
+        },
+    )
+    moved = make_fleet(redis_client, other)
+    moved.providers = {**moved.providers, "sim2": moved.providers[SIM].__class__(
+        redis_client, moved.store.keys, "sim2", {})}  # fmt: skip
+    assert lifecycle.check_pending_sweep(moved) == 1
+    assert recorder(moved).take() == [("check_pending_vm", name)]
+    vm = moved.store.get_vm(name)
+    assert vm is not None and vm.state == "pending"
 
 
 # -- reconcile -------------------------------------------------------------------------

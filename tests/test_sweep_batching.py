@@ -77,7 +77,10 @@ class PerSubjectDispatcher(q.RQDispatcher):
 
 def make_config() -> Config:
     data = {
-        ":providers": {SIM: {"provider_class": "simulated", "boot_seconds": 0, "seed": 1}},
+        # checked VM by VM: this measures the sweep's dispatch (the listing sweep's own
+        # cost is in test_lifecycle and bench/targets.py)
+        ":providers": {SIM: {"provider_class": "simulated", "boot_seconds": 0, "seed": 1,
+                             "batch_status": False}},
         ":config": {"ondemand_request_ttl": 60, "ondemand_clone_limit": 100000},
         ":pools": [
             {"name": p, "template": f"{p}-t", "size": 0, "provider": SIM} for p in POOLS
@@ -239,3 +242,39 @@ def test_pools_vms_matches_pool_vms(redis_client: redis.Redis) -> None:
         assert got == {p: store.pool_vms(p, "pending", **kwargs) for p in pools}
     assert store.pools_vms([], "pending") == {}
     assert store.pools_vms(["a"], "pending", max_score=1) == {"a": ["a-0", "a-1"]}
+
+
+def test_the_listing_sweep_costs_the_same_for_300_booting_vms_as_for_3(
+    redis_url: str, redis_client: redis.Redis
+) -> None:
+    """Proves: with a provider that lists (the default simulated one, as the clouds), a
+    check-pending sweep over 300 booting VMs costs the same round trips as over 3: one
+    index read for all pools, one list call, no lock and no job for a VM still booting.
+    Then it records the booted ones itself, one checked transition each. (Checked VM by
+    VM, as in the test above, each booting VM costs a dispatch instead.)"""
+    from vmpool.lifecycle.pending import check_batched
+    from vmpool.providers.simulated import ListingSimulatedProvider
+
+    counter = RoundTrips()
+    client = counter.client(redis_url, decode=True)
+    data = make_config()
+    listing = {**data.providers[SIM].options, "batch_status": True, "boot_seconds": 3600}
+    config = dataclasses.replace(
+        data, providers={SIM: dataclasses.replace(data.providers[SIM], options=listing)}
+    )
+    fleet = Fleet.build(client, config, q.RQDispatcher(client, Keys()), "worker:t:1")
+    sim = fleet.providers[SIM]
+    assert isinstance(sim, ListingSimulatedProvider)
+    setup = Store(redis_client, fleet.keys)
+    costs = []
+    for n in (3, 300):
+        redis_client.flushdb()
+        rig = Rig(counter, fleet, setup, redis_client)
+        names = make_vms(rig, n, "pending", tag=f"n{n}")
+        for name in names:
+            sim.create_vm(name.split("-")[1], "t", name)
+        before = counter.count
+        assert check_batched(fleet, list(POOLS)) == []
+        costs.append(counter.count - before)
+        assert not list(redis_client.scan_iter(match="*lock*"))  # no VM was locked
+    assert costs[1] == costs[0] <= 3, costs  # server time, index, one list call

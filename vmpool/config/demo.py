@@ -42,7 +42,7 @@ DEMO_CONFIG_YAML: Final[str] = """\
 :schedule:
   sweep_expired: 2
   provision_sweep: 1
-  check_pending_sweep: 1
+  check_pending_sweep: 0.25
   reap_running: 5
   destroy_sweep: 1
   reconcile: 10

@@ -77,7 +77,9 @@ class Schedule(_Section):
 
     sweep_expired: IntervalSeconds = seconds(5, "Expire on-demand requests past their TTL")
     provision_sweep: IntervalSeconds = seconds(5, "Find requests with VMs still to reserve")
-    check_pending_sweep: IntervalSeconds = seconds(2, "Find booting VMs to check")
+    check_pending_sweep: IntervalSeconds = seconds(
+        0.25, "Check booting VMs (a list call per provider) and re-create stale reservations"
+    )
     reap_running: IntervalSeconds = seconds(30, "End running VMs past their lifetime")
     destroy_sweep: IntervalSeconds = seconds(5, "Find completed VMs still to destroy")
     reconcile: IntervalSeconds = seconds(30, "Compare the providers' inventories with Redis")

@@ -15,21 +15,32 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from dataclasses import dataclass
 
+from vmpool.ids import InvalidIdentifier, validate_vm_name
 from vmpool.lifecycle.failpoints import failpoint
 from vmpool.lifecycle.fleet import Fleet, after_vm_failed, dispatch_released, note_outcome
 from vmpool.providers import ProviderVM, StatusBatch
 from vmpool.state.locks import FencedLock, LockBusy, LockLost
 from vmpool.state.records import VMRecord
 
-__all__ = ["VANISH_GRACE_S", "check_batched", "observe_pending"]
+__all__ = ["VANISH_GRACE_S", "Booting", "check_batched", "list_lag_s", "observe_pending"]
 
 log = logging.getLogger(__name__)
 
 # A cloud's list may lag its create by a moment (EC2's DescribeInstances is eventually
 # consistent): a VM created less than this long ago and missing from a list is booting,
-# not vanished. The per-VM check and the reconciler are not affected.
+# not vanished. The per-VM check and the reconciler are not affected. A provider states
+# its own lag as ``list_lag_s`` (the simulated one: 0, its list is its keys).
 VANISH_GRACE_S = 30.0
+
+
+def list_lag_s(provider: object) -> float:
+    """How long after its create a VM missing from ``provider``'s list may only be
+    lagging: 0 for a provider asked VM by VM (its answer is the truth)."""
+    if not isinstance(provider, StatusBatch):
+        return 0.0
+    return float(getattr(provider, "list_lag_s", VANISH_GRACE_S))
 
 
 def observe_pending(
@@ -39,17 +50,17 @@ def observe_pending(
     held: ProviderVM | None,
     ready: bool,
     *,
-    listed: bool = False,
+    lag_s: float = 0.0,
 ) -> str:
     """Record what the cloud said of pending ``vm`` (re-read under ``lock``).
-    ``listed``: the answer came from a list that may lag a create (a batching
-    provider), so a VM missing from it is given ``VANISH_GRACE_S``.
+    ``lag_s``: the answer came from a list that may lag a create by that long
+    (:func:`list_lag_s`), so a VM missing from it is booting until it is that old.
 
     Returns the store's code ('running', 'fulfilled', 'completed', 'retry',
     'request_failed', 'failed', or a refusal) or 'booting' when nothing changed."""
     name = vm.name
     actor = fleet.who("check_pending")
-    if held is None and listed and _age(vm, fleet.store.server_time()) < VANISH_GRACE_S:
+    if held is None and lag_s > 0 and _age(vm, fleet.store.server_time()) < lag_s:
         return "booting"
     if held is None:
         reason = "VM vanished at the provider while booting"
@@ -87,33 +98,67 @@ def _hostname(vm: VMRecord, held: ProviderVM) -> str:
     return ""
 
 
-def check_batched(fleet: Fleet, names: Sequence[str]) -> list[str]:
-    """Check the pending VMs of batching providers, one list call per provider; return
-    the names left for per-VM checks (their provider does not batch). Without a
-    batching provider configured this costs nothing (no read)."""
-    batching = {n for n, p in fleet.providers.items() if isinstance(p, StatusBatch)}
-    if not batching or not names:
-        return list(names)
+@dataclass(frozen=True)
+class Booting:
+    """A pending VM as its pool's index holds it (``since``: the score, when it went
+    pending): all the pending sweep reads of it before a cloud answer is due."""
+
+    name: str
+    pool: str
+    since: float
+
+
+def check_batched(fleet: Fleet, pools: Sequence[str]) -> list[str]:
+    """Check the pending VMs of ``pools`` whose pool's provider answers for many at once
+    (:class:`~vmpool.providers.StatusBatch`): one index read for all pools, one list
+    call per provider, and a lock only for a VM whose answer changes something (up,
+    vanished past the provider's list lag, or past its pool's timeout). Returns the
+    names left for per-VM checks: those of providers that do not batch, and any VM
+    whose record names another provider than its pool's (checked by its own).
+
+    So a booting VM costs the sweep its share of the index read and of the list call
+    (the simulated cloud: one HGETALL), not a job, a lock and a record read per tick:
+    that is what makes a short ``check_pending_sweep`` cheap (docs/benchmarks.md)."""
+    listing: dict[str, list[Booting]] = {}
     rest: list[str] = []
-    by_provider: dict[str, list[VMRecord]] = {}
-    for vm in fleet.store.get_vms(names):
-        if vm.provider in batching:
-            by_provider.setdefault(vm.provider, []).append(vm)
-        else:
-            rest.append(vm.name)
+    for pool, entries in fleet.store.pools_vm_scores(pools, "pending").items():
+        pool_config = fleet.config.pools.get(pool)
+        provider_name = pool_config.provider if pool_config is not None else ""
+        if not isinstance(fleet.providers.get(provider_name), StatusBatch):
+            rest.extend(name for name, _ in entries)
+            continue
+        for name, since in entries:
+            if _is_vm_name(name):
+                listing.setdefault(provider_name, []).append(Booting(name, pool, since))
+            else:  # the dispatcher skips, logs and counts it, as for every sweep
+                rest.append(name)
+    if not listing:
+        return rest
     now = fleet.store.server_time()
-    for provider_name, vms in by_provider.items():
+    for provider_name, booting in listing.items():
         provider = fleet.providers[provider_name]
         assert isinstance(provider, StatusBatch)
         try:
-            seen = provider.statuses([vm.name for vm in vms])
+            seen = provider.statuses([vm.name for vm in booting])
         except Exception as exc:
             log.warning("check_pending: %s did not answer: %s", provider_name, exc)
             continue
-        for vm in vms:
-            if _due(fleet, vm, seen.get(vm.name), now):
-                _observe_locked(fleet, vm.name, seen.get(vm.name))
+        lag = list_lag_s(provider)
+        for vm in booting:
+            held = seen.get(vm.name)
+            if not _due(fleet, vm, held, now, lag):
+                continue
+            if _observe_locked(fleet, vm.name, provider_name, held, lag) == "other_provider":
+                rest.append(vm.name)
     return rest
+
+
+def _is_vm_name(name: str) -> bool:
+    try:
+        validate_vm_name(name)
+    except InvalidIdentifier:
+        return False
+    return True
 
 
 def _age(vm: VMRecord, now: float) -> float:
@@ -121,22 +166,28 @@ def _age(vm: VMRecord, now: float) -> float:
     return now - since if since is not None else 0.0
 
 
-def _due(fleet: Fleet, vm: VMRecord, held: ProviderVM | None, now: float) -> bool:
-    """Whether the answer changes anything (so the VM's lock is worth taking)."""
-    age = _age(vm, now)
+def _due(fleet: Fleet, vm: Booting, held: ProviderVM | None, now: float, lag: float) -> bool:
+    """Whether the answer changes anything (so the VM's lock is worth taking). The
+    index's score stands in for the record's created_at here; the record decides under
+    the lock."""
+    age = now - vm.since
     if held is None:
-        return age >= VANISH_GRACE_S
+        return age >= lag
     return held.state == "running" or age >= fleet.pool_timeout_s(vm.pool)
 
 
-def _observe_locked(fleet: Fleet, name: str, held: ProviderVM | None) -> str:
+def _observe_locked(
+    fleet: Fleet, name: str, provider_name: str, held: ProviderVM | None, lag: float
+) -> str:
     try:
         with fleet.lock("vm", name, "check_pending") as lock:
             vm = fleet.store.get_vm(name)  # re-read under the lock
             if vm is None or vm.state != "pending":
                 return "no_vm" if vm is None else f"vm_{vm.state}"
+            if vm.provider != provider_name:  # the pool changed provider since its create
+                return "other_provider"
             ready = held is not None and held.state == "running"
-            return observe_pending(fleet, vm, lock, held, ready, listed=True)
+            return observe_pending(fleet, vm, lock, held, ready, lag_s=lag)
     except LockBusy:
         return "busy"
     except LockLost as exc:

@@ -22,7 +22,7 @@ from vmpool.ids import InvalidIdentifier, validate_pool_name
 from vmpool.lifecycle.cloudsteps import circuit_closed, circuit_open, count_failure, size_hint
 from vmpool.lifecycle.failpoints import failpoint
 from vmpool.lifecycle.fleet import Fleet, after_vm_failed, note_outcome
-from vmpool.lifecycle.pending import check_batched, observe_pending
+from vmpool.lifecycle.pending import check_batched, list_lag_s, observe_pending
 from vmpool.providers import (
     Provider,
     StatusBatch,
@@ -223,7 +223,6 @@ def _check_pending_locked(fleet: Fleet, name: str, provider: Provider, lock: Fen
         return "no_vm"
     if vm.state != "pending":
         return f"vm_{vm.state}"
-    listed = isinstance(provider, StatusBatch)
     try:
         if isinstance(provider, StatusBatch):  # one cloud call, not two
             held = provider.statuses([name]).get(name)
@@ -234,7 +233,7 @@ def _check_pending_locked(fleet: Fleet, name: str, provider: Provider, lock: Fen
     except Exception as exc:
         log.warning("check_pending %s: provider error, next check retries: %s", name, exc)
         return "provider_error"
-    return observe_pending(fleet, vm, lock, held, ready, listed=listed)
+    return observe_pending(fleet, vm, lock, held, ready, lag_s=list_lag_s(provider))
 
 
 def reserved_grace_s(config: Config) -> float:
@@ -255,9 +254,8 @@ def check_pending_sweep(fleet: Fleet, pool: str | None = None) -> int:
     now = fleet.store.server_time()
     grace = reserved_grace_s(fleet.config)
     pools = [pool] if pool else list(fleet.config.pools)
-    pending = _flat(fleet.store.pools_vms(pools, "pending"))
     stale = _flat(fleet.store.pools_vms(pools, "reserved", max_score=now - grace))
-    pending = check_batched(fleet, pending)  # a batching provider's VMs: checked here
+    pending = check_batched(fleet, pools)  # a batching provider's VMs: checked here
     if pending:
         fleet.dispatch.check_pending_vms(pending)
     if stale:

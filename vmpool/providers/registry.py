@@ -25,7 +25,7 @@ from vmpool.providers.cloud import (
     OpenStackOptions,
     OpenStackProvider,
 )
-from vmpool.providers.simulated import SimulatedOptions, SimulatedProvider
+from vmpool.providers.simulated import SimulatedOptions, simulated_provider
 
 if TYPE_CHECKING:
     from redis import Redis
@@ -53,7 +53,7 @@ class ProviderClass:
 
 PROVIDER_CLASSES: Final[Mapping[str, ProviderClass]] = MappingProxyType(
     {
-        "simulated": ProviderClass("simulated", SimulatedOptions, SimulatedProvider),
+        "simulated": ProviderClass("simulated", SimulatedOptions, simulated_provider),
         "ec2": ProviderClass("ec2", EC2Options, EC2Provider),
         "gce": ProviderClass("gce", GCEOptions, GCEProvider),
         "openstack": ProviderClass("openstack", OpenStackOptions, OpenStackProvider),

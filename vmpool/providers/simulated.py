@@ -29,7 +29,7 @@ from __future__ import annotations
 import logging
 import random
 import time
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import TYPE_CHECKING, Annotated, Any
 
 from pydantic import (
@@ -65,7 +65,12 @@ if TYPE_CHECKING:
 
     from vmpool.state.keys import Keys
 
-__all__ = ["SimulatedOptions", "SimulatedProvider"]
+__all__ = [
+    "ListingSimulatedProvider",
+    "SimulatedOptions",
+    "SimulatedProvider",
+    "simulated_provider",
+]
 
 log = logging.getLogger(__name__)
 
@@ -158,6 +163,11 @@ class SimulatedOptions(BaseModel):
         0.0,
         description="How long each create call takes, in seconds",
         json_schema_extra={"unit": "seconds"},
+    )
+    batch_status: Annotated[bool, Field(strict=True), expect("true or false")] = Field(
+        True,
+        description="Answer the pending sweep for every booting VM with one list call, as"
+        " the clouds do; false: one check per VM, as a provider without a list call",
     )
     permanent_fail_templates: TemplateNames = Field(
         frozenset(),
@@ -372,6 +382,48 @@ class SimulatedProvider:
             created_at=float(fields["created_at"]),
             hostname=fields["name"],
         )
+
+
+
+class ListingSimulatedProvider(SimulatedProvider):
+    """The simulated provider with a list call (:class:`~vmpool.providers.StatusBatch`),
+    as the clouds have: what ``provider_class: simulated`` builds unless its option
+    ``batch_status`` is false."""
+
+    # The simulated cloud's answers are its Redis keys, so a VM it created is in its
+    # next list at once: a VM missing from a list vanished (no grace, as a real cloud's
+    # eventually consistent list needs: ``vmpool.lifecycle.pending.list_lag_s``).
+    list_lag_s = 0.0
+
+    def statuses(self, names: Collection[str]) -> dict[str, ProviderVM | None]:
+        """Each of ``names`` as of the server's clock now, None for a VM not held: one
+        round trip for any number (:class:`~vmpool.providers.StatusBatch`, what a
+        cloud's list call is), so the pending sweep checks every booting VM of this
+        provider at once and takes a lock only for those whose answer changes
+        something."""
+        ordered = list(dict.fromkeys(names))
+        if not ordered:
+            return {}
+        pipe = self._redis.pipeline(transaction=True)
+        for name in ordered:
+            pipe.hgetall(self._keys.sim_vm(self.name, name))
+        pipe.time()
+        *records, server_time = pipe.execute()
+        now = _seconds(server_time)
+        return {
+            name: self._to_vm(_decoded(fields), now) if fields else None
+            for name, fields in zip(ordered, records, strict=True)
+        }
+
+
+
+def simulated_provider(
+    redis: Redis, keys: Keys, name: str, options: Mapping[str, Any] | None = None
+) -> SimulatedProvider:
+    """The simulated provider that ``options`` ask for (``batch_status``)."""
+    if SimulatedOptions.parse(options or {}).batch_status:
+        return ListingSimulatedProvider(redis, keys, name, options)
+    return SimulatedProvider(redis, keys, name, options)
 
 
 def _seconds(server_time: tuple[int, int]) -> float:
