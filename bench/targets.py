@@ -30,6 +30,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -166,46 +167,76 @@ def fleet_real(url: str, n: int, cfg_path: str) -> tuple[float, float, float]:
 
 
 # -- sweep ------------------------------------------------------------------------------
-def make_pending(store: Store, config: Config, n: int) -> None:
+# How a sweep meets its pending VMs: (dispatcher, provider lists?, row label).
+SWEEP_MODES: dict[str, tuple[bool, bool, str]] = {
+    "vm_rq": (False, False, "checked VM by VM, one RQ job per VM"),
+    "vm_batch": (True, False, "checked VM by VM, work set + batch job"),
+    "list": (True, True, "one list call (the default)"),
+}
+
+
+def sweep_config(listing: bool) -> Config:
+    data = config_data()
+    data[":providers"]["sim"].update(boot_seconds=3600, batch_status=listing)
+    return parse_config(data, source="bench", env={})
+
+
+def make_pending(url: str, config: Config, n: int) -> None:
+    """``n`` VMs pending in the records and booting at the simulated cloud (an hour's
+    boot), made by 4 client threads (the setup is not measured)."""
+    keys = Keys(config.key_prefix)
     settings = RequestSettings.from_config(config)
+    client = redis.Redis.from_url(url, decode_responses=True, max_connections=8)
+    store = Store(client, keys)
+    sim = Fleet.build(client, config, RecordingDispatcher(), "b").providers["sim"]
+    work: list[tuple[str, str]] = []
     for p, pool in enumerate(POOLS):
         want = n // len(POOLS) + (1 if p < n % len(POOLS) else 0)
         rid = f"bench-{pool}"
         assert store.create_request(rid, [Slot(pool, pool, want)], settings, actor="b").ok
-        for i in range(want):
-            name = f"b-{pool}-{i:06d}"
-            assert store.reserve_vm(
-                rid, name=name, alias=pool, pool=pool, template=pool, provider="sim",
-                domain=None, actor="b",
-            ).ok  # fmt: skip
-            assert store.vm_created(name, actor="b").ok
+        work += [(pool, f"b-{pool}-{i:06d}") for i in range(want)]
+
+    def make(item: tuple[str, str]) -> None:
+        pool, name = item
+        assert store.reserve_vm(
+            f"bench-{pool}", name=name, alias=pool, pool=pool, template=pool, provider="sim",
+            domain=None, actor="b",
+        ).ok  # fmt: skip
+        sim.create_vm(pool, pool, name)
+        assert store.vm_created(name, actor="b").ok
+
+    with ThreadPoolExecutor(4) as pool_:
+        list(pool_.map(make, work))
 
 
-def sweep_ms(url: str, n: int, runs: int, batched: bool = False) -> dict[str, list[float]]:
-    """Server ms of one cold and one warm check_pending_sweep at ``n`` pending, per run.
-    ``batched``: with the workers' BatchDispatcher (work set + batch job), else with
-    RQDispatcher (one deduplicated RQ job per VM)."""
+def sweep_ms(url: str, n: int, runs: int) -> dict[str, dict[str, list[float]]]:
+    """Per mode (:data:`SWEEP_MODES`): Redis server ms of one cold and one warm
+    check_pending_sweep at ``n`` pending, per run, and the cold one's client wall ms.
+    Cold: no job queued; warm: again at once (the per-VM modes' jobs still queued)."""
     plain = redis.Redis.from_url(url)
     plain.flushdb()
-    config = make_config()
-    keys = Keys(config.key_prefix)
+    make_pending(url, sweep_config(True), n)
     text = redis.Redis.from_url(url, decode_responses=True)
-    make_pending(Store(text, keys), config, n)
-    dispatcher = BatchDispatcher(plain, keys) if batched else RQDispatcher(plain, keys)
-    fleet = Fleet.build(text, config, dispatcher, "bench")
-    out: dict[str, list[float]] = {"cold": [], "warm": [], "cold_wall": []}
-    for _ in range(runs):
-        for rq_key in list(plain.scan_iter(match="rq:*", count=1000)):
-            plain.unlink(rq_key)
-        plain.delete(keys.work_set("check_pending_vm"))
-        for phase in ("cold", "warm"):
-            plain.config_resetstat()
-            start = time.perf_counter()
-            assert lifecycle.check_pending_sweep(fleet) == n
-            wall = time.perf_counter() - start
-            out[phase].append(server_stats(plain)[1] / 1e3)
-            if phase == "cold":
-                out["cold_wall"].append(wall * 1e3)
+    out: dict[str, dict[str, list[float]]] = {}
+    for mode, (batched, listing, _) in SWEEP_MODES.items():
+        config = sweep_config(listing)
+        keys = Keys(config.key_prefix)
+        dispatcher = BatchDispatcher(plain, keys) if batched else RQDispatcher(plain, keys)
+        fleet = Fleet.build(text, config, dispatcher, "bench")
+        got: dict[str, list[float]] = {"cold": [], "warm": [], "cold_wall": []}
+        for _ in range(runs):
+            for rq_key in list(plain.scan_iter(match="rq:*", count=1000)):
+                plain.unlink(rq_key)
+            plain.delete(keys.work_set("check_pending_vm"))
+            for phase in ("cold", "warm"):
+                plain.config_resetstat()
+                start = time.perf_counter()
+                assert lifecycle.check_pending_sweep(fleet) == (0 if listing else n)
+                wall = time.perf_counter() - start
+                got[phase].append(server_stats(plain)[1] / 1e3)
+                if phase == "cold":
+                    got["cold_wall"].append(wall * 1e3)
+        out[mode] = got
     return out
 
 
@@ -279,10 +310,10 @@ def memory_per_request(url: str, n: int) -> tuple[float, float]:
         rid, name = f"m-{i}", f"vm-{i:06d}"
         assert store.reserve_vm(
             rid, name=name, alias="a", pool="a", template="a", provider="sim", domain=None,
-            actor=who + "provision_request", fence="1",
+            actor=who + "provision_request", fence=1,
         ).ok  # fmt: skip
-        assert store.vm_created(name, actor=who + "create_vm", fence="1").ok
-        assert store.vm_ready(name, actor=who + "check_pending_vm", fence="1").ok
+        assert store.vm_created(name, actor=who + "create_vm", fence=1).ok
+        assert store.vm_ready(name, actor=who + "check_pending_vm", fence=1).ok
     done = _bytes(text)
     return opened / n, done / n
 
@@ -311,8 +342,9 @@ def measure(url: str, args: argparse.Namespace, cfg_path: str) -> list[str]:
         f" {mm(usec)} µs | {3600e6 / statistics.median(usec):,.0f} VMs/hour of server time |"
     )
     for n in args.pending:
-        for batched, how in ((False, "one RQ job per VM"), (True, "work set + batch job")):
-            sw = sweep_ms(url, n, args.runs, batched)
+        modes = sweep_ms(url, n, args.runs)
+        for mode, sw in modes.items():
+            how = SWEEP_MODES[mode][2]
             rows.append(
                 f"| check-pending sweep, {n} pending, {how}: Redis server ms (cold / warm)"
                 f" ÷ 1 s tick | cold {mm(sw['cold'], '{:.1f}')}, warm {mm(sw['warm'], '{:.1f}')}"

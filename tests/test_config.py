@@ -847,7 +847,7 @@ def test_demo_config() -> None:
     assert config.schedule == Schedule(
         sweep_expired=2,
         provision_sweep=1,
-        check_pending_sweep=1,
+        check_pending_sweep=0.25,
         reap_running=5,
         destroy_sweep=1,
         reconcile=10,

@@ -484,7 +484,14 @@ def test_registry_pairs_each_class_with_its_options_model() -> None:
     simulated = provider_class("simulated")
     assert simulated is not None
     assert simulated.options is SimulatedOptions
-    assert simulated.build is SimulatedProvider
+    from vmpool.providers.simulated import ListingSimulatedProvider, simulated_provider
+
+    assert simulated.build is simulated_provider
+    client = redis.Redis()  # never connected: building registers scripts lazily
+    listing = simulated.build(client, Keys(), "sim", {})
+    per_vm = simulated.build(client, Keys(), "sim", {"batch_status": False})
+    assert type(listing) is ListingSimulatedProvider  # the default: the sweep lists
+    assert type(per_vm) is SimulatedProvider
     assert provider_class("vsphere") is None
     assert DEFAULT_PROVIDER in PROVIDER_CLASSES
 
