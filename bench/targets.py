@@ -1,6 +1,7 @@
 """Issue 15's target table: each figure as a ratio against a baseline of the same run.
 
-    .venv/bin/python bench/targets.py [--runs 3] [--vms 300] [--pending 1000,10000] [--aof]
+    .venv/bin/python bench/targets.py [--runs 3] [--vms 300] [--pending 1000,10000]
+        [--open 100000] [--small-open 1000] [--aof]
 
 Runs against a throw-away redis-server (``RedisServer``; no AOF unless ``--aof``, which
 turns on ``appendonly yes, appendfsync always`` as ``vmpool up`` runs it). Every figure
@@ -14,7 +15,8 @@ is taken ``--runs`` times; the table shows min / median. Figures:
 - sweep: Redis server ms (INFO commandstats) of one check_pending_sweep with N pending
   VMs, cold (no job queued) and warm (every job still queued); baseline: a 1 s tick.
 - transitions: create_request/s from one client; baseline: trivial EVALSHA/s.
-- expiry: one sweep_expired expiring 100 requests among 100 open vs among N open.
+- expiry: one sweep_expired expiring 100 requests among ``--small-open`` open (1,000)
+  vs among ``--open`` (100,000), measured alternately.
 - memory: Redis bytes per finished (ready) one-VM request, records + trail + indexes;
   baseline: bytes per open request.
 """
@@ -22,6 +24,7 @@ is taken ``--runs`` times; the table shows min / median. Figures:
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import platform
 import statistics
@@ -263,28 +266,48 @@ def transitions(url: str, n: int) -> tuple[float, float]:
 # -- expiry -----------------------------------------------------------------------------
 def _open_requests(store: Store, n: int, tag: str, ttl: float) -> None:
     settings = RequestSettings(ttl_s=ttl)
-    for i in range(n):
+
+    def one(i: int) -> None:
         assert store.create_request(f"{tag}-{i}", [Slot("a", "a", 1)], settings, actor="b").ok
 
+    with ThreadPoolExecutor(4) as threads:  # setup, not measured
+        list(threads.map(one, range(n)))
 
-def expiry_ms(url: str, total: int, runs: int) -> list[float]:
-    """Wall ms of sweep_expired expiring 100 due requests among ``total`` open, per run."""
-    text = redis.Redis.from_url(url, decode_responses=True)
-    text.flushdb()
-    config = make_config()
-    store = Store(text, Keys())
-    _open_requests(store, total - 100, "open", 3600)
-    fleet = Fleet.build(text, config, RecordingDispatcher(), "bench")
-    out = []
+
+def expiry_ms(url: str, sizes: tuple[int, int], runs: int) -> dict[int, list[tuple[float, float]]]:
+    """Per open count: (wall ms, Redis server ms) of sweep_expired expiring 100 due
+    requests among that many open, per run. The two sizes live in two databases of one
+    server and are measured alternately (small, big, small, ...), after a GC, so neither
+    gets the quieter half of the run."""
+    fleets: dict[int, tuple[Store, Fleet]] = {}
+    for db, total in enumerate(sizes):
+        text = redis.Redis.from_url(_db_url(url, db), decode_responses=True)
+        text.flushdb()
+        store = Store(text, Keys())
+        _open_requests(store, total - 100, "open", 3600)
+        fleets[total] = (store, Fleet.build(text, make_config(), RecordingDispatcher(), "bench"))
+    out: dict[int, list[tuple[float, float]]] = {total: [] for total in sizes}
     for run in range(runs + 1):  # run 0 warms up (script loads), unrecorded
-        _open_requests(store, 100, f"due{run}", 0.001)
-        time.sleep(0.01)
-        start = time.perf_counter()
-        counts = lifecycle.sweep_expired(fleet)
-        if run:
-            out.append((time.perf_counter() - start) * 1e3)
-        assert counts.get("failed") == 100, counts
+        for total, (store, fleet) in fleets.items():
+            _open_requests(store, 100, f"due{run}", 0.001)
+            time.sleep(0.01)
+            gc.collect()
+            store.redis.config_resetstat()
+            start = time.perf_counter()
+            counts = lifecycle.sweep_expired(fleet)
+            wall = (time.perf_counter() - start) * 1e3
+            assert counts.get("failed") == 100, counts
+            if run:
+                out[total].append((wall, server_stats(store.redis)[1] / 1e3))
+    for db in range(len(sizes)):
+        redis.Redis.from_url(_db_url(url, db)).flushdb()
     return out
+
+
+def _db_url(url: str, db: int) -> str:
+    """``url`` with database ``db`` (a URL's own path wins over ``from_url(db=)``)."""
+    base, _, last = url.rpartition("/")
+    return f"{base}/{db}" if last.isdigit() and base.count("/") >= 2 else f"{url}/{db}"
 
 
 # -- memory -----------------------------------------------------------------------------
@@ -357,12 +380,15 @@ def measure(url: str, args: argparse.Namespace, cfg_path: str) -> list[str]:
         f" {mm([t for t, _ in tr])} ÷ {mm([e for _, e in tr])} |"
         f" {mm([t / e for t, e in tr], '{:.2f}')} |"
     )
-    small = expiry_ms(url, 100, args.runs)
-    big = expiry_ms(url, args.open, args.runs)
+    exp = expiry_ms(url, (args.small_open, args.open), args.runs)
+    small, big = exp[args.small_open], exp[args.open]
     rows.append(
-        f"| expiry sweep of 100 due, {args.open} open ÷ 100 open (ms) |"
-        f" {mm(big, '{:.1f}')} ÷ {mm(small, '{:.1f}')} |"
-        f" {mm([b / s for b, s in zip(big, small, strict=True)], '{:.2f}')} |"
+        f"| expiry sweep of 100 due, {args.open} open ÷ {args.small_open} open: wall ms"
+        f" (Redis server ms) | {mm([w for w, _ in big], '{:.1f}')}"
+        f" ({mm([r for _, r in big], '{:.1f}')}) ÷ {mm([w for w, _ in small], '{:.1f}')}"
+        f" ({mm([r for _, r in small], '{:.1f}')}) |"
+        f" {mm([b[0] / s[0] for b, s in zip(big, small, strict=True)], '{:.2f}')}"
+        f" (server {mm([b[1] / s[1] for b, s in zip(big, small, strict=True)], '{:.2f}')}) |"
     )
     mem = [memory_per_request(url, 1000) for _ in range(args.runs)]
     rows.append(
@@ -379,7 +405,8 @@ def main() -> None:
     parser.add_argument("--vms", type=int, default=300)
     parser.add_argument("--pending", default="1000,10000")
     parser.add_argument("--transitions", type=int, default=3000)
-    parser.add_argument("--open", type=int, default=20000)
+    parser.add_argument("--open", type=int, default=100000)
+    parser.add_argument("--small-open", type=int, default=1000)
     parser.add_argument("--aof", action="store_true", help="appendonly yes, appendfsync always")
     args = parser.parse_args()
     args.pending = [int(s) for s in args.pending.split(",") if s]
