@@ -6,9 +6,9 @@ kinds of per-subject work that make up a VM's way to ready (``provision_request`
 (:class:`vmpool.state.workset.WorkSet`, a ``ZADD NX``: the set is the dedup) and makes
 sure a batch job (:mod:`vmpool.lifecycle.batch`) is queued to run them: one of
 :data:`LANES` job ids per batch job (``<tag>-create_vm_batch_r<lane>``), each
-``unique`` as every vmpool job. :func:`ensure_lanes` costs one pipeline of reclaim
-checks for the lane ids and, when some are free, one pipeline of RQ's unique-enqueue
-script: a constant number of round trips whatever the number of subjects. Up to
+``unique`` as every vmpool job. :func:`ensure_lanes` costs one script (the work-set add
+and the reclaim checks of the lane ids) and, when some are free, one pipeline of RQ's
+unique-enqueue script: a constant number of round trips whatever the number of subjects. Up to
 ``ceil(subjects / CLAIM_SIZE)`` lanes are queued (at most :data:`LANES`), so a burst
 of work is shared by that many workers.
 
@@ -41,6 +41,7 @@ from vmpool.config import Config
 from vmpool.lifecycle import Fleet
 from vmpool.lifecycle.batch import BATCHED, CLAIM_SIZE
 from vmpool.state.keys import Keys
+from vmpool.state.lua import read_script
 from vmpool.state.workset import WorkSet
 from workers.queues import (
     _RECLAIM_LUA,
@@ -65,6 +66,12 @@ MAX_LANES: Final = 64
 # random lane, so the cost of a dispatch does not grow with the number of lanes.
 PROBE: Final = 4
 _BATCH_OF: Final = {job: batch for batch, job in BATCHED.items()}
+# The work-set add and the lanes' reclaim checks of one dispatch, one script: the text of
+# reclaim_job.lua becomes its function reclaim(KEYS, ARGV) (see lanes_probe.lua).
+_PROBE_LUA: Final = (
+    f"local function reclaim(KEYS, ARGV)\n{_RECLAIM_LUA}\nend\n"
+    + read_script("workers", "lanes_probe.lua")
+)
 
 
 def lanes_for(config: Config | None, batch_job: str) -> int:
@@ -90,9 +97,11 @@ def ensure_lanes(
     rng: random.Random | None = None,
 ) -> int:
     """Queue up to ``want`` of the ``lanes`` lanes of ``batch_job`` whose two ids are
-    both free (absent or plainly dead); returns how many were queued. Two pipelines at
-    most. ``add`` (work set, job, subjects): added to the work set first, in the first
-    pipeline (the subjects are in the set before any lane is checked).
+    both free (absent or plainly dead); returns how many were queued. One script
+    (lanes_probe.lua: the add and the reclaim checks), then, only when some lanes are
+    free, one pipeline of RQ's unique-enqueue script. ``add`` (work set, job, subjects):
+    added to the work set first, in the same script (the subjects are in the set before
+    any lane is checked).
 
     Only a window of ``max(want, PROBE)`` lanes is checked, from a random one: with many
     lanes (creates follow the clone limit) a dispatch costs the same as with four. When
@@ -102,17 +111,18 @@ def ensure_lanes(
     window = min(lanes, max(want, PROBE))
     start = (rng or random).randrange(lanes) if window < lanes else 0
     probed = [(start + i) % lanes for i in range(window)]
-    ids = {run: job_id(keys, batch_job, run=run) for lane in probed for run in (lane, lane + lanes)}
-    reclaim = conn.register_script(_RECLAIM_LUA)
-    pipe = conn.pipeline(transaction=False)
-    if add is not None:
-        add[0].add(add[1], add[2], client=pipe)
-    skip = len(pipe)  # the add's reply, if any
-    for jid in ids.values():
-        reclaim(keys=[keys.rq_job(jid)], args=[HEARTBEAT_FIELD, STALE_AFTER_SECONDS], client=pipe)
-    ok = dict(zip(ids, pipe.execute()[skip:], strict=True))
-    free = [ids[lane] for lane in probed if ok[lane] and ok[lane + lanes]]
-    free = free[: max(0, want)]
+    job_keys = [
+        keys.rq_job(job_id(keys, batch_job, run=run))
+        for lane in probed
+        for run in (lane, lane + lanes)
+    ]
+    work_key = add[0].keys.work_set(add[1]) if add else keys.work_set(BATCHED[batch_job])
+    subjects = list(add[2]) if add else []
+    found = conn.register_script(_PROBE_LUA)(
+        keys=[work_key, *job_keys],
+        args=[HEARTBEAT_FIELD, STALE_AFTER_SECONDS, max(0, want), *subjects],
+    )
+    free = [job_id(keys, batch_job, run=probed[int(i) - 1]) for i in found]
     if not free:
         return 0
     queue = Queue(keys.queue(spec.queue), connection=conn)
