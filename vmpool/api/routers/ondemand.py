@@ -18,7 +18,7 @@ from fastapi import APIRouter, Request
 from starlette.concurrency import run_in_threadpool
 from starlette.responses import Response
 
-from vmpool.api.deps import ApiState, State, Token, counted
+from vmpool.api.deps import ApiState, State, Token, api_state, authenticate, counted
 from vmpool.api.metrics import ApiMetrics
 from vmpool.api.parsing import (
     Ondemand,
@@ -43,8 +43,15 @@ DELETED_MESSAGE = "The request has been deleted"
 router = APIRouter()
 
 
-@router.post("/ondemandvm", dependencies=[counted("post", "ondemand", "requestid")])
-async def post_ondemand(request: Request, st: State, token: Token) -> Response:
+# The two POST routes take the request alone and do what dependencies did (the state,
+# the vmpooler counter, then auth: that order) inline: FastAPI's dependency solving and
+# the thread hop of the sync auth dependency cost more than the rest of a POST's Python
+# when auth is off (issue 15, profiled: docs/benchmarks.md).
+@router.post("/ondemandvm")
+async def post_ondemand(request: Request) -> Response:
+    st = api_state(request)
+    st.metrics.http_requests_vm.labels("post", "ondemand", "requestid").inc()
+    token = await authenticate(request, st)
     data = parse_json_body(await read_body(request))
     try:
         wanted = ondemand_from_json(data, st.config)
@@ -54,10 +61,14 @@ async def post_ondemand(request: Request, st: State, token: Token) -> Response:
 
 
 # vmpooler counts this route under the (misnamed) delete.ondemand.template.
-@router.post("/ondemandvm/{template}", dependencies=[counted("delete", "ondemand", "template")])
-async def post_ondemand_path(template: str, request: Request, st: State, token: Token) -> Response:
+@router.post("/ondemandvm/{template}")
+async def post_ondemand_path(request: Request) -> Response:
+    st = api_state(request)
+    st.metrics.http_requests_vm.labels("delete", "ondemand", "template").inc()
+    token = await authenticate(request, st)
     await read_body(request)  # ignored, but bounded
-    return await run_in_threadpool(create_request, st, ondemand_from_path(template), token)
+    wanted = ondemand_from_path(request.path_params["template"])
+    return await run_in_threadpool(create_request, st, wanted, token)
 
 
 @router.get("/ondemandvm/{request_id}", dependencies=[counted("get", "ondemand", "request")])
@@ -96,12 +107,13 @@ def create_request(st: ApiState, wanted: Ondemand, token: TokenInfo | None) -> R
         log.warning("create_request %s refused: %s", rid, outcome.code)
         return not_ok(400, message=f"request refused: {outcome.code}")
     st.metrics.generate.labels("success").inc()
-    log.info(
-        "request %s created: %s%s",
-        rid,
-        ",".join(f"{s.alias}:{s.pool}:{s.count}" for s in slots),
-        f" for {token.user}" if token else "",
-    )
+    if log.isEnabledFor(logging.INFO):  # the line is built only when it is written
+        log.info(
+            "request %s created: %s%s",
+            rid,
+            ",".join(f"{s.alias}:{s.pool}:{s.count}" for s in slots),
+            f" for {token.user}" if token else "",
+        )
     _start_provisioning(st, rid)
     return reply(201, {"ok": True, "request_id": rid})
 
