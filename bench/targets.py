@@ -293,7 +293,42 @@ def mm(values: list[float], fmt: str = "{:.0f}") -> str:
 
 
 def measure(url: str, args: argparse.Namespace, cfg_path: str) -> list[str]:
-    rows = []
+    rows: list[str] = []
+    if _wanted(args, "fleet"):
+        rows += _fleet_rows(url, args, cfg_path)
+    if _wanted(args, "sweep"):
+        rows += _sweep_rows(url, args)
+    if _wanted(args, "transitions"):
+        tr = [transitions(url, args.transitions) for _ in range(args.runs)]
+        rows.append(
+            f"| transitions/s ÷ trivial EVALSHA/s (create_request, one client) |"
+            f" {mm([t for t, _ in tr])} ÷ {mm([e for _, e in tr])} |"
+            f" {mm([t / e for t, e in tr], '{:.2f}')} |"
+        )
+    if _wanted(args, "expiry"):
+        small = expiry_ms(url, 100, args.runs)
+        big = expiry_ms(url, args.open, args.runs)
+        rows.append(
+            f"| expiry sweep of 100 due, {args.open} open ÷ 100 open (ms) |"
+            f" {mm(big, '{:.1f}')} ÷ {mm(small, '{:.1f}')} |"
+            f" {mm([b / s for b, s in zip(big, small, strict=True)], '{:.2f}')} |"
+        )
+    if _wanted(args, "memory"):
+        mem = [memory_per_request(url, 1000) for _ in range(args.runs)]
+        rows.append(
+            "| Redis bytes per finished one-VM request ÷ per open request |"
+            f" {mm([d for _, d in mem])} ÷ {mm([o for o, _ in mem])} |"
+            f" {mm([d / o for o, d in mem], '{:.2f}')} |"
+        )
+    return rows
+
+
+def _wanted(args: argparse.Namespace, part: str) -> bool:
+    """Whether ``--only`` (None: every part) asks for ``part``."""
+    return args.only is None or args.only == part
+
+
+def _fleet_rows(url: str, args: argparse.Namespace, cfg_path: str) -> list[str]:
     noop, real, cmds, usec = [], [], [], []
     for _ in range(args.runs):
         noop.append(fleet_noop(url, args.vms))
@@ -302,14 +337,16 @@ def measure(url: str, args: argparse.Namespace, cfg_path: str) -> list[str]:
         cmds.append(c)
         usec.append(u)
     ratios = [r / b for r, b in zip(real, noop, strict=True)]
-    rows.append(
+    return [
         f"| fleet VMs/s ÷ RQ no-op jobs/s (2 workers, {args.vms} one-VM requests) |"
-        f" {mm(real)} VMs/s ÷ {mm(noop)} jobs/s | {mm(ratios, '{:.2f}')} |"
-    )
-    rows.append(
+        f" {mm(real)} VMs/s ÷ {mm(noop)} jobs/s | {mm(ratios, '{:.2f}')} |",
         f"| Redis commands / server µs per VM end to end | {mm(cmds)} cmds,"
-        f" {mm(usec)} µs | {3600e6 / statistics.median(usec):,.0f} VMs/hour of server time |"
-    )
+        f" {mm(usec)} µs | {3600e6 / statistics.median(usec):,.0f} VMs/hour of server time |",
+    ]
+
+
+def _sweep_rows(url: str, args: argparse.Namespace) -> list[str]:
+    rows = []
     for n in args.pending:
         for batched, how in ((False, "one RQ job per VM"), (True, "work set + batch job")):
             sw = sweep_ms(url, n, args.runs, batched)
@@ -319,25 +356,6 @@ def measure(url: str, args: argparse.Namespace, cfg_path: str) -> list[str]:
                 f" (cold client wall {mm(sw['cold_wall'])} ms) |"
                 f" {mm([w / 1e3 for w in sw['warm']], '{:.3f}')} |"
             )
-    tr = [transitions(url, args.transitions) for _ in range(args.runs)]
-    rows.append(
-        f"| transitions/s ÷ trivial EVALSHA/s (create_request, one client) |"
-        f" {mm([t for t, _ in tr])} ÷ {mm([e for _, e in tr])} |"
-        f" {mm([t / e for t, e in tr], '{:.2f}')} |"
-    )
-    small = expiry_ms(url, 100, args.runs)
-    big = expiry_ms(url, args.open, args.runs)
-    rows.append(
-        f"| expiry sweep of 100 due, {args.open} open ÷ 100 open (ms) |"
-        f" {mm(big, '{:.1f}')} ÷ {mm(small, '{:.1f}')} |"
-        f" {mm([b / s for b, s in zip(big, small, strict=True)], '{:.2f}')} |"
-    )
-    mem = [memory_per_request(url, 1000) for _ in range(args.runs)]
-    rows.append(
-        "| Redis bytes per finished one-VM request ÷ per open request |"
-        f" {mm([d for _, d in mem])} ÷ {mm([o for o, _ in mem])} |"
-        f" {mm([d / o for o, d in mem], '{:.2f}')} |"
-    )
     return rows
 
 
@@ -349,6 +367,11 @@ def main() -> None:
     parser.add_argument("--transitions", type=int, default=3000)
     parser.add_argument("--open", type=int, default=20000)
     parser.add_argument("--aof", action="store_true", help="appendonly yes, appendfsync always")
+    parser.add_argument(
+        "--only",
+        choices=("fleet", "sweep", "transitions", "expiry", "memory"),
+        help="measure this part of the table alone (while iterating)",
+    )
     args = parser.parse_args()
     args.pending = [int(s) for s in args.pending.split(",") if s]
     server = RedisServer(appendonly=args.aof).start()
