@@ -30,6 +30,7 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, Final
 
 import redis
@@ -41,7 +42,7 @@ from vmpool.config import Config
 from vmpool.lifecycle import Fleet
 from vmpool.lifecycle.batch import BATCHED, CLAIM_SIZE
 from vmpool.state.keys import Keys
-from vmpool.state.lua import read_script
+from vmpool.state.lua import ScriptCall, read_script
 from vmpool.state.workset import WorkSet
 from workers.queues import (
     _RECLAIM_LUA,
@@ -55,7 +56,17 @@ from workers.queues import (
 )
 from workers.table import job_id, lookup
 
-__all__ = ["LANES", "BatchDispatcher", "continue_batch", "continued", "ensure_lanes", "lanes_for"]
+__all__ = [
+    "LANES",
+    "BatchDispatcher",
+    "LaneProbe",
+    "continue_batch",
+    "continued",
+    "ensure_lanes",
+    "lanes_for",
+    "probe_lanes",
+    "queue_free_lanes",
+]
 
 # Batch jobs of one kind that may be queued or running at once, when no config says
 # (``:config: batch_lanes``; see :func:`lanes_for`).
@@ -107,24 +118,55 @@ def ensure_lanes(
     lanes (creates follow the clone limit) a dispatch costs the same as with four. When
     every lane of the window is live, none is queued: the live ones drain the work set
     (a batch job claims until it is empty, then its continuation), as before."""
-    spec = lookup(batch_job)
+    probe = probe_lanes(conn, keys, batch_job, want, add, lanes, rng)
+    return queue_free_lanes(conn, keys, probe, probe.call.run())
+
+
+@dataclass(frozen=True)
+class LaneProbe:
+    """The lane check of one dispatch (:func:`probe_lanes`): the script call to run, and
+    what :func:`queue_free_lanes` needs to read its reply."""
+
+    call: ScriptCall
+    batch_job: str
+    free_ids: list[str]  # per probed lane, in probe order: the id to queue when free
+
+
+def probe_lanes(
+    conn: redis.Redis,
+    keys: Keys,
+    batch_job: str,
+    want: int = 1,
+    add: tuple[WorkSet, str, Sequence[str]] | None = None,
+    lanes: int = LANES,
+    rng: random.Random | None = None,
+    run_ids: Sequence[str] | None = None,
+) -> LaneProbe:
+    """:func:`ensure_lanes`'s script call, to run alone or pipelined after the caller's
+    own script (the API's create_request, which adds the request to the work set).
+    ``run_ids``: the job ids of ``batch_job`` by run, ``2 * lanes`` of them, when the
+    caller keeps them (else made here)."""
     window = min(lanes, max(want, PROBE))
     start = (rng or random).randrange(lanes) if window < lanes else 0
     probed = [(start + i) % lanes for i in range(window)]
-    job_keys = [
-        keys.rq_job(job_id(keys, batch_job, run=run))
-        for lane in probed
-        for run in (lane, lane + lanes)
-    ]
+    runs = [run for lane in probed for run in (lane, lane + lanes)]
+    ids = [run_ids[run] if run_ids else job_id(keys, batch_job, run=run) for run in runs]
     work_key = add[0].keys.work_set(add[1]) if add else keys.work_set(BATCHED[batch_job])
-    subjects = list(add[2]) if add else []
-    found = conn.register_script(_PROBE_LUA)(
-        keys=[work_key, *job_keys],
-        args=[HEARTBEAT_FIELD, STALE_AFTER_SECONDS, max(0, want), *subjects],
+    call = ScriptCall(
+        conn.register_script(_PROBE_LUA),
+        [work_key, *(keys.rq_job(jid) for jid in ids)],
+        [HEARTBEAT_FIELD, STALE_AFTER_SECONDS, max(0, want), *(add[2] if add else ())],
     )
-    free = [job_id(keys, batch_job, run=probed[int(i) - 1]) for i in found]
+    return LaneProbe(call, batch_job, ids[::2])
+
+
+def queue_free_lanes(conn: redis.Redis, keys: Keys, probe: LaneProbe, found: Any) -> int:
+    """Queue the lanes ``probe``'s reply ``found`` says are free (one pipeline of RQ's
+    unique-enqueue script, none when no lane is free); returns how many were queued."""
+    free = [probe.free_ids[int(i) - 1] for i in found or ()]
     if not free:
         return 0
+    spec = lookup(probe.batch_job)
     queue = Queue(keys.queue(spec.queue), connection=conn)
     push = conn.register_script(UNIQUE_ENQUEUE_SCRIPT)
     pipe = conn.pipeline(transaction=False)
@@ -174,6 +216,7 @@ class BatchDispatcher(RQDispatcher):
         super().__init__(conn, keys)
         self.work = WorkSet(conn, keys)
         self.config = config
+        self._run_ids: dict[tuple[str, int], list[str]] = {}  # (batch job, lanes): ids by run
 
     def _batch(self, job: str, subjects: Sequence[str]) -> None:
         # A subject that is no valid name of its kind is skipped, logged and counted,
@@ -189,6 +232,22 @@ class BatchDispatcher(RQDispatcher):
 
     def provision_request(self, request_id: str) -> None:
         self._batch("provision_request", [request_id])
+
+    def provision_probe(self) -> LaneProbe:
+        """The lane check of :meth:`provision_request` without its work-set add, for a
+        caller whose own script adds the request (create_request.lua's KEYS[7]: the API
+        pipelines the two, one round trip per POST); its reply goes to
+        :meth:`queue_lanes`."""
+        batch_job = _BATCH_OF["provision_request"]
+        lanes = lanes_for(self.config, batch_job)
+        run_ids = self._run_ids.get((batch_job, lanes))
+        if run_ids is None:  # the same ids every POST: made once (issue 15, profiled)
+            run_ids = [job_id(self.keys, batch_job, run=run) for run in range(2 * lanes)]
+            self._run_ids[(batch_job, lanes)] = run_ids
+        return probe_lanes(self.conn, self.keys, batch_job, lanes=lanes, run_ids=run_ids)
+
+    def queue_lanes(self, probe: LaneProbe, found: Any) -> int:
+        return queue_free_lanes(self.conn, self.keys, probe, found)
 
     def create_vm(self, name: str) -> None:
         self._batch("create_vm", [name])

@@ -21,7 +21,7 @@ from redis.commands.core import Script
 from vmpool.ids import validate_request_id, validate_vm_name
 from vmpool.state.counters import lua_metrics
 from vmpool.state.keys import Keys
-from vmpool.state.lua import read_script
+from vmpool.state.lua import ScriptCall, read_script
 from vmpool.state.pool_store import PoolStore
 from vmpool.state.records import (
     AuditEntry,
@@ -97,13 +97,7 @@ class Store(PoolStore):
         keys = self._request_keys(request_id)
         if vm_name is not None:
             keys += [self.keys.vm(vm_name), self.keys.vm_fence(vm_name)]
-        argv = [
-            self.keys.pool_state_prefix(),
-            self.keys.vm_prefix(),
-            actor,
-            request_id,
-            *args,
-        ]
+        argv = self._argv(actor, request_id, args)
         reply = self._scripts[script](keys=keys, args=argv)
         return Outcome.from_reply(reply)
 
@@ -131,15 +125,41 @@ class Store(PoolStore):
         actor: str,
         token_user: str = "",
         token_hash: str = "",
+        work_set: str | None = None,
     ) -> Outcome:
+        """Create the request (pending, its first trail entry, its queue entries).
+        ``work_set``: a work-set key (``Keys.work_set('provision_request')``) the id is
+        added to in the same unit (create_request.lua)."""
+        call = self.create_request_call(
+            request_id, slots, settings, actor=actor, token_user=token_user,
+            token_hash=token_hash, work_set=work_set,
+        )  # fmt: skip
+        return call if isinstance(call, Outcome) else Outcome.from_reply(call.run())
+
+    def create_request_call(
+        self,
+        request_id: str,
+        slots: Sequence[Slot],
+        settings: RequestSettings,
+        *,
+        actor: str,
+        token_user: str = "",
+        token_hash: str = "",
+        work_set: str | None = None,
+    ) -> ScriptCall | Outcome:
+        """:meth:`create_request` as a script call to run (alone or pipelined with
+        others: :func:`vmpool.state.lua.run_pipelined_async`; its reply makes an Outcome with
+        ``Outcome.from_reply``), or the Outcome of a refusal made without Redis."""
         validate_request_id(request_id)
         requested = encode_slots(slots)
         if not requested:
             return Outcome(False, "empty")
-        return self._run(
-            "create_request",
-            request_id,
+        keys = self._request_keys(request_id)
+        if work_set is not None:
+            keys.append(work_set)
+        args = self._argv(
             actor,
+            request_id,
             [
                 requested,
                 repr(float(settings.ttl_s)),
@@ -151,6 +171,7 @@ class Store(PoolStore):
                 token_hash,
             ],
         )
+        return ScriptCall(self._scripts["create_request"], keys, args)
 
     def reserve_vm(
         self,

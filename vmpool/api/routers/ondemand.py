@@ -11,14 +11,23 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
+import redis.asyncio as aredis
 from fastapi import APIRouter, Request
 from starlette.concurrency import run_in_threadpool
 from starlette.responses import Response
 
-from vmpool.api.deps import ApiState, State, Token, api_state, authenticate, counted
+from vmpool.api.deps import (
+    ApiState,
+    EnqueueFn,
+    State,
+    Token,
+    api_state,
+    authenticate,
+    counted,
+)
 from vmpool.api.metrics import ApiMetrics
 from vmpool.api.parsing import (
     Ondemand,
@@ -30,9 +39,11 @@ from vmpool.api.parsing import (
 from vmpool.api.responses import not_ok, reply
 from vmpool.ids import InvalidIdentifier, validate_request_id
 from vmpool.lifecycle.plan import RequestRejected, plan_slots
-from vmpool.state.records import RequestRecord, RequestSettings
+from vmpool.state.lua import run_pipelined_async
+from vmpool.state.records import Outcome, RequestRecord, RequestSettings, Slot
 from vmpool.state.store import Store
 from vmpool.state.tokens import TokenInfo
+from workers.batching import BatchDispatcher
 
 __all__ = ["create_request", "delete_request", "request_status", "router"]
 
@@ -57,7 +68,7 @@ async def post_ondemand(request: Request) -> Response:
         wanted = ondemand_from_json(data, st.config)
     except RequestRejected as rejected:
         return refused(st.metrics, rejected, {})
-    return await run_in_threadpool(create_request, st, wanted, token)
+    return await create_request(st, wanted, token)
 
 
 # vmpooler counts this route under the (misnamed) delete.ondemand.template.
@@ -68,7 +79,7 @@ async def post_ondemand_path(request: Request) -> Response:
     token = await authenticate(request, st)
     await read_body(request)  # ignored, but bounded
     wanted = ondemand_from_path(request.path_params["template"])
-    return await run_in_threadpool(create_request, st, wanted, token)
+    return await create_request(st, wanted, token)
 
 
 @router.get("/ondemandvm/{request_id}", dependencies=[counted("get", "ondemand", "request")])
@@ -83,21 +94,17 @@ async def delete_ondemand(request_id: str, st: State, token: Token) -> Response:
     return await run_in_threadpool(delete_request, st.store, request_id, token)
 
 
-def create_request(st: ApiState, wanted: Ondemand, token: TokenInfo | None) -> Response:
+async def create_request(st: ApiState, wanted: Ondemand, token: TokenInfo | None) -> Response:
     """Plan ``wanted`` against the config, create the request, start its provisioning."""
     try:
         slots = plan_slots(st.config, wanted.counts, st.rng)
     except RequestRejected as rejected:
         return refused(st.metrics, rejected, wanted.counts)
     rid = wanted.request_id or str(uuid.uuid4())
-    outcome = st.store.create_request(
-        rid,
-        slots,
-        RequestSettings.from_config(st.config, authenticated=token is not None),
-        actor="api",
-        token_user=token.user if token else "",
-        token_hash=token.sha256 if token else "",
-    )
+    if st.batch is not None and st.clients.aio is not None:
+        outcome = await _create_pipelined(st, st.batch, st.clients.aio.get(), rid, slots, token)
+    else:
+        outcome = await run_in_threadpool(_create_then_enqueue, st, rid, slots, token)
     if not outcome.ok:
         if outcome.code == "exists":
             st.metrics.generate.labels("duplicaterequests").inc()
@@ -114,8 +121,57 @@ def create_request(st: ApiState, wanted: Ondemand, token: TokenInfo | None) -> R
             ",".join(f"{s.alias}:{s.pool}:{s.count}" for s in slots),
             f" for {token.user}" if token else "",
         )
-    _start_provisioning(st, rid)
     return reply(201, {"ok": True, "request_id": rid})
+
+
+def _create_then_enqueue(
+    st: ApiState, rid: str, slots: Sequence[Slot], token: TokenInfo | None
+) -> Outcome:
+    """Create the request, then call the app's ``enqueue`` (in the thread pool)."""
+    user, sha = (token.user, token.sha256) if token else ("", "")
+    settings = RequestSettings.from_config(st.config, authenticated=token is not None)
+    outcome = st.store.create_request(
+        rid, slots, settings, actor="api", token_user=user, token_hash=sha
+    )
+    if outcome.ok:
+        _start_provisioning(st, rid)
+    return outcome
+
+
+async def _create_pipelined(
+    st: ApiState,
+    batch: BatchDispatcher,
+    client: aredis.Redis,
+    rid: str,
+    slots: Sequence[Slot],
+    token: TokenInfo | None,
+) -> Outcome:
+    """Create the request and start its provisioning in one round trip, awaited on the
+    loop: create_request.lua adds the new id to the provision work set in its own unit,
+    and the lane check runs after it in the same pipeline (each its own atomic script).
+    Only when a lane is free (none live) is one queued (RQ, in the thread pool)."""
+    user, sha = (token.user, token.sha256) if token else ("", "")
+    settings = RequestSettings.from_config(st.config, authenticated=token is not None)
+    call = st.store.create_request_call(
+        rid, slots, settings, actor="api", token_user=user, token_hash=sha,
+        work_set=st.keys.work_set("provision_request"),
+    )  # fmt: skip
+    if isinstance(call, Outcome):
+        return call
+    probe = batch.provision_probe()
+    created, found = await run_pipelined_async(client, [call, probe.call])
+    if isinstance(created, Exception):
+        raise created
+    outcome = Outcome.from_reply(created)
+
+    def queue_lanes(_: str) -> None:
+        if isinstance(found, Exception):
+            raise found
+        batch.queue_lanes(probe, found)
+
+    if outcome.ok and (isinstance(found, Exception) or found):
+        await run_in_threadpool(_start_provisioning, st, rid, queue_lanes)
+    return outcome
 
 
 def refused(metrics: ApiMetrics, rejected: RequestRejected, counts: Mapping[str, int]) -> Response:
@@ -131,11 +187,14 @@ def refused(metrics: ApiMetrics, rejected: RequestRejected, counts: Mapping[str,
     return not_ok(403, message=str(rejected))
 
 
-def _start_provisioning(st: ApiState, rid: str) -> None:
-    if st.enqueue is None:
+def _start_provisioning(st: ApiState, rid: str, enqueue: EnqueueFn | None = None) -> None:
+    """``enqueue`` (else the app's) for the new request; a failure is counted and
+    logged, not raised: the request exists, and the provision sweep finds it."""
+    enqueue = enqueue or st.enqueue
+    if enqueue is None:
         return
     try:
-        st.enqueue(rid)
+        enqueue(rid)
     except Exception as exc:  # the request exists; the provision sweep finds it
         st.metrics.enqueue_failures.inc()
         log.warning(
