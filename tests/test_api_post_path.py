@@ -9,7 +9,7 @@ import random
 
 import redis
 from fastapi.testclient import TestClient
-from test_api_support import API, spec_config
+from test_api_support import API, drive_ready, spec_config
 
 from vmpool.api.app import RedisClients, create_app
 from vmpool.state.keys import Keys
@@ -95,3 +95,29 @@ def test_create_request_adds_to_the_work_set_only_when_it_creates(
     redis_client.zrem(work_set, "r2")
     assert not store.create_request("r2", slots, settings, actor="t", work_set=work_set).ok
     assert redis_client.zscore(work_set, "r2") is None
+
+
+def test_a_get_reads_in_pipelines_not_a_round_trip_per_key(
+    redis_url: str, redis_client: redis.Redis
+) -> None:
+    """Proves: GET /ondemandvm/<id> of a ready request reads the record and its VM set
+    once (one MULTI/EXEC pipeline) and then every VM's hash in one more pipeline (the VM
+    set was read twice before, and the VMs after it); GET /vm/<host> is one pipeline of
+    the VM's hash and the server's time. The answers are vmpooler's, unchanged."""
+    client, keys = _batched_client(redis_url)
+    r = client.post(f"{API}/ondemandvm", json={"pool1": 2, "poolone": 1})
+    rid = json.loads(r.text)["request_id"]
+    names = drive_ready(Store(redis_client, keys), rid)
+    redis_client.config_resetstat()
+    r = client.get(f"{API}/ondemandvm/{rid}")
+    assert r.status_code == 200 and r.json()["ready"] is True, r.text
+    hosts = sorted(h for alias in ("pool1", "poolone") for h in r.json()[alias]["hostname"])
+    assert hosts == sorted(f"{n}.example.com" for n in names)
+    assert _calls(redis_client, "smembers") == 1
+    assert _calls(redis_client, "hgetall") == 1 + len(names)
+    assert _calls(redis_client, "exec") == 1
+    redis_client.config_resetstat()
+    r = client.get(f"{API}/vm/{names[0]}.example.com")
+    assert r.status_code == 200 and names[0] in r.json(), r.text
+    assert (_calls(redis_client, "hgetall"), _calls(redis_client, "time")) == (1, 1)
+    assert client.get(f"{API}/vm/nosuchvm").status_code == 404

@@ -19,6 +19,7 @@ import redis
 from redis.commands.core import Script
 
 from vmpool.ids import validate_request_id, validate_vm_name
+from vmpool.state import reads
 from vmpool.state.counters import lua_metrics
 from vmpool.state.keys import Keys
 from vmpool.state.lua import ScriptCall, read_script
@@ -232,17 +233,13 @@ class Store(PoolStore):
 
     # -- reads --------------------------------------------------------------------------
     def server_time(self) -> float:
-        seconds, micros = self.redis.time()
-        return float(seconds) + float(micros) / 1e6
+        return reads.time_from(self.redis.time())
 
     def get_request(self, request_id: str) -> RequestRecord | None:
         pipe = self.redis.pipeline(transaction=True)
-        pipe.hgetall(self.keys.request(request_id))
-        pipe.smembers(self.keys.request_vms(request_id))
+        reads.queue_request(pipe, self.keys, request_id)
         raw, names = pipe.execute()
-        if not raw:
-            return None
-        return RequestRecord.from_hash(decode_hash(raw), (text(n) for n in names))
+        return reads.request_from(raw, names)
 
     def get_vm(self, name: str) -> VMRecord | None:
         raw = self.redis.hgetall(self.keys.vm(name))
@@ -253,9 +250,8 @@ class Store(PoolStore):
         if not names:
             return []
         pipe = self.redis.pipeline(transaction=False)
-        for name in names:
-            pipe.hgetall(self.keys.vm(name))
-        return [VMRecord.from_hash(decode_hash(raw)) for raw in pipe.execute() if raw]
+        reads.queue_vms(pipe, self.keys, names)
+        return reads.vms_from(pipe.execute())
 
     def request_vms(self, request_id: str) -> list[VMRecord]:
         names = self.redis.smembers(self.keys.request_vms(request_id))
@@ -263,12 +259,7 @@ class Store(PoolStore):
 
     def hostnames(self, request_id: str) -> dict[str, list[str]]:
         """Hostnames (FQDN) of the VMs attached to the request, by the alias asked for."""
-        by_alias: dict[str, list[str]] = {}
-        for vm in self.request_vms(request_id):
-            # a VM given back (DELETE /vm/<host>) stays listed, as vmpooler lists it
-            if vm.state == "running" or vm.given_back:
-                by_alias.setdefault(vm.alias, []).append(vm.hostname)
-        return {alias: sorted(names) for alias, names in by_alias.items()}
+        return reads.hostnames_by_alias(self.request_vms(request_id))
 
     def history(self, request_id: str) -> list[AuditEntry]:
         return self._trail(self.keys.request_audit(request_id))

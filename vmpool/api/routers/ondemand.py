@@ -26,7 +26,6 @@ from vmpool.api.deps import (
     Token,
     api_state,
     authenticate,
-    counted,
 )
 from vmpool.api.metrics import ApiMetrics
 from vmpool.api.parsing import (
@@ -39,6 +38,7 @@ from vmpool.api.parsing import (
 from vmpool.api.responses import not_ok, reply
 from vmpool.ids import InvalidIdentifier, validate_request_id
 from vmpool.lifecycle.plan import RequestRejected, plan_slots
+from vmpool.state import reads
 from vmpool.state.lua import run_pipelined_async
 from vmpool.state.records import Outcome, RequestRecord, RequestSettings, Slot
 from vmpool.state.store import Store
@@ -82,9 +82,16 @@ async def post_ondemand_path(request: Request) -> Response:
     return await create_request(st, wanted, token)
 
 
-@router.get("/ondemandvm/{request_id}", dependencies=[counted("get", "ondemand", "request")])
-async def get_ondemand(request_id: str, st: State) -> Response:
-    return await run_in_threadpool(request_status, st.store, request_id)
+# As the POST routes: the request alone, the counter inline; the reads awaited on the
+# loop in one pipeline (two when ready: the record, then its VMs).
+@router.get("/ondemandvm/{request_id}")
+async def get_ondemand(request: Request) -> Response:
+    st = api_state(request)
+    st.metrics.http_requests_vm.labels("get", "ondemand", "request").inc()
+    rid: str = request.path_params["request_id"]
+    if st.clients.aio is None:
+        return await run_in_threadpool(request_status, st.store, rid)
+    return await request_status_async(st, st.clients.aio.get(), rid)
 
 
 @router.delete("/ondemandvm/{request_id}")
@@ -213,18 +220,50 @@ def _not_found(rid: str) -> Response:
 
 
 def request_status(store: Store, rid: str) -> Response:
-    """GET /ondemandvm/<id>: 202 while pending, 200 once ready, failed or deleted."""
-    try:
-        validate_request_id(rid)
-    except InvalidIdentifier:
+    """GET /ondemandvm/<id> on the store's client (in the thread pool)."""
+    if not _well_formed(rid):
         return _not_found(rid)
     record = store.get_request(rid)
     if record is None:
         return _not_found(rid)
+    ready = record.status == "ready"
+    vms = store.get_vms(sorted(record.vm_names)) if ready else []
+    return status_reply(rid, record, reads.hostnames_by_alias(vms))
+
+
+async def request_status_async(st: ApiState, client: aredis.Redis, rid: str) -> Response:
+    """GET /ondemandvm/<id> awaited on the loop: one pipeline for the record and its
+    VM set (MULTI/EXEC: one snapshot), one more for the VMs' hashes when it is ready."""
+    if not _well_formed(rid):
+        return _not_found(rid)
+    pipe = client.pipeline(transaction=True)
+    reads.queue_request(pipe, st.keys, rid)
+    raw, names = await pipe.execute()
+    record = reads.request_from(raw, names)
+    if record is None:
+        return _not_found(rid)
+    hostnames: dict[str, list[str]] = {}
+    if record.status == "ready" and record.vm_names:
+        pipe = client.pipeline(transaction=False)
+        reads.queue_vms(pipe, st.keys, sorted(record.vm_names))
+        hostnames = reads.hostnames_by_alias(reads.vms_from(await pipe.execute()))
+    return status_reply(rid, record, hostnames)
+
+
+def _well_formed(rid: str) -> bool:
+    try:
+        validate_request_id(rid)
+    except InvalidIdentifier:
+        return False
+    return True
+
+
+def status_reply(rid: str, record: RequestRecord, hostnames: Mapping[str, list[str]]) -> Response:
+    """The answer to GET /ondemandvm/<id>: 202 while pending, 200 once ready (with
+    ``hostnames`` by alias), failed or deleted."""
     body: dict[str, Any] = {"ok": True, "request_id": rid, "ready": False}
     if record.status == "ready":
         body["ready"] = True
-        hostnames = store.hostnames(rid)
         for slot in record.slots:
             body.setdefault(slot.alias, {"hostname": list(hostnames.get(slot.alias, []))})
         return reply(200, body)
