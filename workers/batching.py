@@ -216,7 +216,9 @@ class BatchDispatcher(RQDispatcher):
         super().__init__(conn, keys)
         self.work = WorkSet(conn, keys)
         self.config = config
-        self._run_ids: dict[tuple[str, int], list[str]] = {}  # (batch job, lanes): ids by run
+        # Per (batch job, lanes): its job ids by run, and its probe when that never varies.
+        self._run_ids: dict[tuple[str, int], list[str]] = {}
+        self._probes: dict[tuple[str, int], LaneProbe] = {}
 
     def _batch(self, job: str, subjects: Sequence[str]) -> None:
         # A subject that is no valid name of its kind is skipped, logged and counted,
@@ -240,11 +242,17 @@ class BatchDispatcher(RQDispatcher):
         :meth:`queue_lanes`."""
         batch_job = _BATCH_OF["provision_request"]
         lanes = lanes_for(self.config, batch_job)
+        probe = self._probes.get((batch_job, lanes))
+        if probe is not None:
+            return probe
         run_ids = self._run_ids.get((batch_job, lanes))
         if run_ids is None:  # the same ids every POST: made once (issue 15, profiled)
             run_ids = [job_id(self.keys, batch_job, run=run) for run in range(2 * lanes)]
             self._run_ids[(batch_job, lanes)] = run_ids
-        return probe_lanes(self.conn, self.keys, batch_job, lanes=lanes, run_ids=run_ids)
+        probe = probe_lanes(self.conn, self.keys, batch_job, lanes=lanes, run_ids=run_ids)
+        if lanes <= PROBE:  # the window is every lane, from lane 0: the same call each time
+            self._probes[(batch_job, lanes)] = probe
+        return probe
 
     def queue_lanes(self, probe: LaneProbe, found: Any) -> int:
         return queue_free_lanes(self.conn, self.keys, probe, found)
