@@ -210,23 +210,29 @@ def sweep_ms(url: str, n: int, runs: int, batched: bool = False) -> dict[str, li
 
 
 # -- transitions ------------------------------------------------------------------------
-def transitions(url: str, n: int) -> tuple[float, float]:
-    """(create_request/s, trivial EVALSHA/s) from one client."""
+def transitions(url: str, n: int, rounds: int = 10) -> tuple[float, float]:
+    """(create_request/s, trivial EVALSHA/s) from one client, side by side: ``rounds``
+    alternating slices of ``n / rounds`` calls each, so that both see the same load on a
+    shared machine (one block after the other let a burst of load land on one alone)."""
     text = redis.Redis.from_url(url, decode_responses=True)
     text.flushdb()
     store = Store(text, Keys())
     settings = RequestSettings(ttl_s=3600)
     trivial = text.register_script("return 1")
     trivial()
-    start = time.perf_counter()
-    for _ in range(n):
-        trivial()
-    evalsha = n / (time.perf_counter() - start)
     assert store.create_request("warm", [Slot("a", "a", 1)], settings, actor="b").ok
-    start = time.perf_counter()
-    for i in range(n):
-        store.create_request(f"t-{i}", [Slot("a", "a", 1)], settings, actor="b")
-    return n / (time.perf_counter() - start), evalsha
+    per = max(1, n // rounds)
+    t_trivial = t_create = 0.0
+    for r in range(rounds):
+        start = time.perf_counter()
+        for _ in range(per):
+            trivial()
+        t_trivial += time.perf_counter() - start
+        start = time.perf_counter()
+        for i in range(per):
+            store.create_request(f"t-{r}-{i}", [Slot("a", "a", 1)], settings, actor="b")
+        t_create += time.perf_counter() - start
+    return per * rounds / t_create, per * rounds / t_trivial
 
 
 # -- expiry -----------------------------------------------------------------------------
