@@ -3,8 +3,10 @@ GET and DELETE /ondemandvm/<id>.
 
 The API writes no request or VM state itself: POST goes through
 ``Store.create_request`` (the record and its queue entries in one atomic unit), then
-asks the fleet to provision it; DELETE goes through ``Store.delete_request``. A refusal
-writes nothing.
+asks the fleet to provision it (with the batching dispatcher: the id joins the
+provision work set in that same unit and the lanes are checked in the same pipeline,
+one round trip awaited on the loop); DELETE goes through ``Store.delete_request``. A
+refusal writes nothing.
 """
 
 from __future__ import annotations
