@@ -244,23 +244,29 @@ def sweep_ms(url: str, n: int, runs: int) -> dict[str, dict[str, list[float]]]:
 
 
 # -- transitions ------------------------------------------------------------------------
-def transitions(url: str, n: int) -> tuple[float, float]:
-    """(create_request/s, trivial EVALSHA/s) from one client."""
+def transitions(url: str, n: int, rounds: int = 10) -> tuple[float, float]:
+    """(create_request/s, trivial EVALSHA/s) from one client, side by side: ``rounds``
+    alternating slices of ``n / rounds`` calls each, so that both see the same load on a
+    shared machine (one block after the other let a burst of load land on one alone)."""
     text = redis.Redis.from_url(url, decode_responses=True)
     text.flushdb()
     store = Store(text, Keys())
     settings = RequestSettings(ttl_s=3600)
     trivial = text.register_script("return 1")
     trivial()
-    start = time.perf_counter()
-    for _ in range(n):
-        trivial()
-    evalsha = n / (time.perf_counter() - start)
     assert store.create_request("warm", [Slot("a", "a", 1)], settings, actor="b").ok
-    start = time.perf_counter()
-    for i in range(n):
-        store.create_request(f"t-{i}", [Slot("a", "a", 1)], settings, actor="b")
-    return n / (time.perf_counter() - start), evalsha
+    per = max(1, n // rounds)
+    t_trivial = t_create = 0.0
+    for r in range(rounds):
+        start = time.perf_counter()
+        for _ in range(per):
+            trivial()
+        t_trivial += time.perf_counter() - start
+        start = time.perf_counter()
+        for i in range(per):
+            store.create_request(f"t-{r}-{i}", [Slot("a", "a", 1)], settings, actor="b")
+        t_create += time.perf_counter() - start
+    return per * rounds / t_create, per * rounds / t_trivial
 
 
 # -- expiry -----------------------------------------------------------------------------
@@ -347,7 +353,49 @@ def mm(values: list[float], fmt: str = "{:.0f}") -> str:
 
 
 def measure(url: str, args: argparse.Namespace, cfg_path: str) -> list[str]:
-    rows = []
+    rows: list[str] = []
+    if _wanted(args, "fleet"):
+        rows += _fleet_rows(url, args, cfg_path)
+    if _wanted(args, "sweep"):
+        rows += _sweep_rows(url, args)
+    if _wanted(args, "transitions"):
+        tr = [transitions(url, args.transitions) for _ in range(args.runs)]
+        rows.append(
+            f"| transitions/s ÷ trivial EVALSHA/s (create_request, one client) |"
+            f" {mm([t for t, _ in tr])} ÷ {mm([e for _, e in tr])} |"
+            f" {mm([t / e for t, e in tr], '{:.2f}')} |"
+        )
+    if _wanted(args, "expiry"):
+        rows.append(_expiry_row(url, args))
+    if _wanted(args, "memory"):
+        mem = [memory_per_request(url, 1000) for _ in range(args.runs)]
+        rows.append(
+            "| Redis bytes per finished one-VM request ÷ per open request |"
+            f" {mm([d for _, d in mem])} ÷ {mm([o for o, _ in mem])} |"
+            f" {mm([d / o for o, d in mem], '{:.2f}')} |"
+        )
+    return rows
+
+
+def _wanted(args: argparse.Namespace, part: str) -> bool:
+    """Whether ``--only`` (None: every part) asks for ``part``."""
+    return args.only is None or args.only == part
+
+
+def _expiry_row(url: str, args: argparse.Namespace) -> str:
+    exp = expiry_ms(url, (args.small_open, args.open), args.runs)
+    small, big = exp[args.small_open], exp[args.open]
+    return (
+        f"| expiry sweep of 100 due, {args.open} open ÷ {args.small_open} open: wall ms"
+        f" (Redis server ms) | {mm([w for w, _ in big], '{:.1f}')}"
+        f" ({mm([r for _, r in big], '{:.1f}')}) ÷ {mm([w for w, _ in small], '{:.1f}')}"
+        f" ({mm([r for _, r in small], '{:.1f}')}) |"
+        f" {mm([b[0] / s[0] for b, s in zip(big, small, strict=True)], '{:.2f}')}"
+        f" (server {mm([b[1] / s[1] for b, s in zip(big, small, strict=True)], '{:.2f}')}) |"
+    )
+
+
+def _fleet_rows(url: str, args: argparse.Namespace, cfg_path: str) -> list[str]:
     noop, real, cmds, usec = [], [], [], []
     for _ in range(args.runs):
         noop.append(fleet_noop(url, args.vms))
@@ -356,14 +404,16 @@ def measure(url: str, args: argparse.Namespace, cfg_path: str) -> list[str]:
         cmds.append(c)
         usec.append(u)
     ratios = [r / b for r, b in zip(real, noop, strict=True)]
-    rows.append(
+    return [
         f"| fleet VMs/s ÷ RQ no-op jobs/s (2 workers, {args.vms} one-VM requests) |"
-        f" {mm(real)} VMs/s ÷ {mm(noop)} jobs/s | {mm(ratios, '{:.2f}')} |"
-    )
-    rows.append(
+        f" {mm(real)} VMs/s ÷ {mm(noop)} jobs/s | {mm(ratios, '{:.2f}')} |",
         f"| Redis commands / server µs per VM end to end | {mm(cmds)} cmds,"
-        f" {mm(usec)} µs | {3600e6 / statistics.median(usec):,.0f} VMs/hour of server time |"
-    )
+        f" {mm(usec)} µs | {3600e6 / statistics.median(usec):,.0f} VMs/hour of server time |",
+    ]
+
+
+def _sweep_rows(url: str, args: argparse.Namespace) -> list[str]:
+    rows = []
     for n in args.pending:
         modes = sweep_ms(url, n, args.runs)
         for mode, sw in modes.items():
@@ -374,28 +424,6 @@ def measure(url: str, args: argparse.Namespace, cfg_path: str) -> list[str]:
                 f" (cold client wall {mm(sw['cold_wall'])} ms) |"
                 f" {mm([w / 1e3 for w in sw['warm']], '{:.3f}')} |"
             )
-    tr = [transitions(url, args.transitions) for _ in range(args.runs)]
-    rows.append(
-        f"| transitions/s ÷ trivial EVALSHA/s (create_request, one client) |"
-        f" {mm([t for t, _ in tr])} ÷ {mm([e for _, e in tr])} |"
-        f" {mm([t / e for t, e in tr], '{:.2f}')} |"
-    )
-    exp = expiry_ms(url, (args.small_open, args.open), args.runs)
-    small, big = exp[args.small_open], exp[args.open]
-    rows.append(
-        f"| expiry sweep of 100 due, {args.open} open ÷ {args.small_open} open: wall ms"
-        f" (Redis server ms) | {mm([w for w, _ in big], '{:.1f}')}"
-        f" ({mm([r for _, r in big], '{:.1f}')}) ÷ {mm([w for w, _ in small], '{:.1f}')}"
-        f" ({mm([r for _, r in small], '{:.1f}')}) |"
-        f" {mm([b[0] / s[0] for b, s in zip(big, small, strict=True)], '{:.2f}')}"
-        f" (server {mm([b[1] / s[1] for b, s in zip(big, small, strict=True)], '{:.2f}')}) |"
-    )
-    mem = [memory_per_request(url, 1000) for _ in range(args.runs)]
-    rows.append(
-        "| Redis bytes per finished one-VM request ÷ per open request |"
-        f" {mm([d for _, d in mem])} ÷ {mm([o for o, _ in mem])} |"
-        f" {mm([d / o for o, d in mem], '{:.2f}')} |"
-    )
     return rows
 
 
@@ -408,6 +436,11 @@ def main() -> None:
     parser.add_argument("--open", type=int, default=100000)
     parser.add_argument("--small-open", type=int, default=1000)
     parser.add_argument("--aof", action="store_true", help="appendonly yes, appendfsync always")
+    parser.add_argument(
+        "--only",
+        choices=("fleet", "sweep", "transitions", "expiry", "memory"),
+        help="measure this part of the table alone (while iterating)",
+    )
     args = parser.parse_args()
     args.pending = [int(s) for s in args.pending.split(",") if s]
     server = RedisServer(appendonly=args.aof).start()

@@ -23,6 +23,8 @@ from test_api_support import (
     store_for,
 )
 
+from vmpool.api.app import RedisClients
+from vmpool.state import reads
 from vmpool.state.keys import Keys
 from vmpool.state.store import Store
 from vmpool.state.tokens import TokenStore
@@ -536,14 +538,22 @@ def test_metrics(client: TestClient, store: Store, redis_client: redis.Redis) ->
         assert line in text, line
 
 
-def test_no_traceback_on_unexpected_errors(redis_url: str, redis_client: redis.Redis) -> None:
+@pytest.mark.parametrize("path", ["thread pool", "asyncio"])
+def test_no_traceback_on_unexpected_errors(
+    redis_url: str, redis_client: redis.Redis, path: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     cfg = spec_config()
     c, app = make_client(cfg, redis_url)
 
     def boom(*a: object, **k: object) -> object:
         raise RuntimeError("secret internals")
 
-    app.state.vmpool.store.get_request = boom
+    st = app.state.vmpool
+    if path == "thread pool":  # no asyncio client: the store's reads in the thread pool
+        st.clients = RedisClients(st.clients.text, st.clients.raw)
+        st.store.get_request = boom
+    else:
+        monkeypatch.setattr(reads, "request_from", boom)
     r = c.get(f"{API}/ondemandvm/abc")
     assert r.status_code == 500
     assert r.json() == {"ok": False, "message": "internal error"}

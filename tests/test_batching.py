@@ -175,14 +175,27 @@ def test_lanes_follow_the_config(
 
 
 def test_a_dispatch_costs_the_same_with_many_lanes(conn: redis.Redis, keys: Keys) -> None:
-    """Proves: with 64 lanes (a clone limit of 64 or more) one dispatch runs the reclaim
-    check for a window of lanes only (8 ids), not for all 128 ids."""
+    """Proves: with 64 lanes (a clone limit of 64 or more) one dispatch checks a window
+    of lanes only, and all in one script: the work-set add and the window's reclaim
+    checks are one EVALSHA (they were a SCRIPT EXISTS and a pipeline of 8 reclaim
+    scripts), plus one enqueue when a lane is free."""
 
-    def scripts_run() -> int:
+    def calls(*names: str) -> int:
         stats = conn.info("commandstats")
-        return sum(int(v["calls"]) for k, v in stats.items() if k in ("cmdstat_evalsha",
-                                                                          "cmdstat_eval"))
+        return sum(int(v["calls"]) for k, v in stats.items() if k in names)
 
-    before = scripts_run()
-    assert ensure_lanes(conn, keys, "create_vm_batch", want=1, lanes=64) == 1
-    assert scripts_run() - before <= 2 * 4 + 1  # the window's reclaims + one enqueue
+    work = WorkSet(conn, keys)
+    scripts = ("cmdstat_evalsha", "cmdstat_eval")
+    before = calls(*scripts)
+    add = (work, "create_vm", ["vm-1"])
+    assert ensure_lanes(conn, keys, "create_vm_batch", want=1, add=add, lanes=64) == 1
+    # the probe (its first EVALSHA meets NOSCRIPT and is sent again) + one enqueue
+    assert calls(*scripts) - before <= 3
+    before, before_exists = calls(*scripts), calls("cmdstat_script|exists")
+    for lane in range(64):  # every lane live: the next dispatch queues nothing
+        conn.hset(keys.rq_job(job_id(keys, "create_vm_batch", run=lane)), "status", "queued")
+    add = (work, "create_vm", ["vm-2"])
+    assert ensure_lanes(conn, keys, "create_vm_batch", want=1, add=add, lanes=64) == 0
+    assert calls(*scripts) - before == 1  # the probe alone, no SCRIPT EXISTS round trip
+    assert calls("cmdstat_script|exists") == before_exists
+    assert work.size("create_vm") == 2

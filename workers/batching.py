@@ -6,9 +6,9 @@ kinds of per-subject work that make up a VM's way to ready (``provision_request`
 (:class:`vmpool.state.workset.WorkSet`, a ``ZADD NX``: the set is the dedup) and makes
 sure a batch job (:mod:`vmpool.lifecycle.batch`) is queued to run them: one of
 :data:`LANES` job ids per batch job (``<tag>-create_vm_batch_r<lane>``), each
-``unique`` as every vmpool job. :func:`ensure_lanes` costs one pipeline of reclaim
-checks for the lane ids and, when some are free, one pipeline of RQ's unique-enqueue
-script: a constant number of round trips whatever the number of subjects. Up to
+``unique`` as every vmpool job. :func:`ensure_lanes` costs one script (the work-set add
+and the reclaim checks of the lane ids) and, when some are free, one pipeline of RQ's
+unique-enqueue script: a constant number of round trips whatever the number of subjects. Up to
 ``ceil(subjects / CLAIM_SIZE)`` lanes are queued (at most :data:`LANES`), so a burst
 of work is shared by that many workers.
 
@@ -30,6 +30,7 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, Final
 
 import redis
@@ -41,6 +42,7 @@ from vmpool.config import Config
 from vmpool.lifecycle import Fleet
 from vmpool.lifecycle.batch import BATCHED, CLAIM_SIZE
 from vmpool.state.keys import Keys
+from vmpool.state.lua import ScriptCall, read_script
 from vmpool.state.workset import WorkSet
 from workers.queues import (
     _RECLAIM_LUA,
@@ -54,7 +56,17 @@ from workers.queues import (
 )
 from workers.table import job_id, lookup
 
-__all__ = ["LANES", "BatchDispatcher", "continue_batch", "continued", "ensure_lanes", "lanes_for"]
+__all__ = [
+    "LANES",
+    "BatchDispatcher",
+    "LaneProbe",
+    "continue_batch",
+    "continued",
+    "ensure_lanes",
+    "lanes_for",
+    "probe_lanes",
+    "queue_free_lanes",
+]
 
 # Batch jobs of one kind that may be queued or running at once, when no config says
 # (``:config: batch_lanes``; see :func:`lanes_for`).
@@ -65,6 +77,12 @@ MAX_LANES: Final = 64
 # random lane, so the cost of a dispatch does not grow with the number of lanes.
 PROBE: Final = 4
 _BATCH_OF: Final = {job: batch for batch, job in BATCHED.items()}
+# The work-set add and the lanes' reclaim checks of one dispatch, one script: the text of
+# reclaim_job.lua becomes its function reclaim(KEYS, ARGV) (see lanes_probe.lua).
+_PROBE_LUA: Final = (
+    f"local function reclaim(KEYS, ARGV)\n{_RECLAIM_LUA}\nend\n"
+    + read_script("workers", "lanes_probe.lua")
+)
 
 
 def lanes_for(config: Config | None, batch_job: str) -> int:
@@ -90,31 +108,65 @@ def ensure_lanes(
     rng: random.Random | None = None,
 ) -> int:
     """Queue up to ``want`` of the ``lanes`` lanes of ``batch_job`` whose two ids are
-    both free (absent or plainly dead); returns how many were queued. Two pipelines at
-    most. ``add`` (work set, job, subjects): added to the work set first, in the first
-    pipeline (the subjects are in the set before any lane is checked).
+    both free (absent or plainly dead); returns how many were queued. One script
+    (lanes_probe.lua: the add and the reclaim checks), then, only when some lanes are
+    free, one pipeline of RQ's unique-enqueue script. ``add`` (work set, job, subjects):
+    added to the work set first, in the same script (the subjects are in the set before
+    any lane is checked).
 
     Only a window of ``max(want, PROBE)`` lanes is checked, from a random one: with many
     lanes (creates follow the clone limit) a dispatch costs the same as with four. When
     every lane of the window is live, none is queued: the live ones drain the work set
     (a batch job claims until it is empty, then its continuation), as before."""
-    spec = lookup(batch_job)
+    probe = probe_lanes(conn, keys, batch_job, want, add, lanes, rng)
+    return queue_free_lanes(conn, keys, probe, probe.call.run())
+
+
+@dataclass(frozen=True)
+class LaneProbe:
+    """The lane check of one dispatch (:func:`probe_lanes`): the script call to run, and
+    what :func:`queue_free_lanes` needs to read its reply."""
+
+    call: ScriptCall
+    batch_job: str
+    free_ids: list[str]  # per probed lane, in probe order: the id to queue when free
+
+
+def probe_lanes(
+    conn: redis.Redis,
+    keys: Keys,
+    batch_job: str,
+    want: int = 1,
+    add: tuple[WorkSet, str, Sequence[str]] | None = None,
+    lanes: int = LANES,
+    rng: random.Random | None = None,
+    run_ids: Sequence[str] | None = None,
+) -> LaneProbe:
+    """:func:`ensure_lanes`'s script call, to run alone or pipelined after the caller's
+    own script (the API's create_request, which adds the request to the work set).
+    ``run_ids``: the job ids of ``batch_job`` by run, ``2 * lanes`` of them, when the
+    caller keeps them (else made here)."""
     window = min(lanes, max(want, PROBE))
     start = (rng or random).randrange(lanes) if window < lanes else 0
     probed = [(start + i) % lanes for i in range(window)]
-    ids = {run: job_id(keys, batch_job, run=run) for lane in probed for run in (lane, lane + lanes)}
-    reclaim = conn.register_script(_RECLAIM_LUA)
-    pipe = conn.pipeline(transaction=False)
-    if add is not None:
-        add[0].add(add[1], add[2], client=pipe)
-    skip = len(pipe)  # the add's reply, if any
-    for jid in ids.values():
-        reclaim(keys=[keys.rq_job(jid)], args=[HEARTBEAT_FIELD, STALE_AFTER_SECONDS], client=pipe)
-    ok = dict(zip(ids, pipe.execute()[skip:], strict=True))
-    free = [ids[lane] for lane in probed if ok[lane] and ok[lane + lanes]]
-    free = free[: max(0, want)]
+    runs = [run for lane in probed for run in (lane, lane + lanes)]
+    ids = [run_ids[run] if run_ids else job_id(keys, batch_job, run=run) for run in runs]
+    work_key = add[0].keys.work_set(add[1]) if add else keys.work_set(BATCHED[batch_job])
+    call = ScriptCall(
+        conn.register_script(_PROBE_LUA),
+        [work_key, *(keys.rq_job(jid) for jid in ids)],
+        [HEARTBEAT_FIELD, STALE_AFTER_SECONDS, max(0, want), *(add[2] if add else ())],
+    )
+    return LaneProbe(call, batch_job, ids[::2])
+
+
+def queue_free_lanes(conn: redis.Redis, keys: Keys, probe: LaneProbe, found: Any) -> int:
+    """Queue the lanes ``probe``'s reply ``found`` says are free (one pipeline of RQ's
+    unique-enqueue script, none when no lane is free); returns how many were queued."""
+    free = [probe.free_ids[int(i) - 1] for i in found or ()]
     if not free:
         return 0
+    spec = lookup(probe.batch_job)
     queue = Queue(keys.queue(spec.queue), connection=conn)
     push = conn.register_script(UNIQUE_ENQUEUE_SCRIPT)
     pipe = conn.pipeline(transaction=False)
@@ -164,6 +216,9 @@ class BatchDispatcher(RQDispatcher):
         super().__init__(conn, keys)
         self.work = WorkSet(conn, keys)
         self.config = config
+        # Per (batch job, lanes): its job ids by run, and its probe when that never varies.
+        self._run_ids: dict[tuple[str, int], list[str]] = {}
+        self._probes: dict[tuple[str, int], LaneProbe] = {}
 
     def _batch(self, job: str, subjects: Sequence[str]) -> None:
         # A subject that is no valid name of its kind is skipped, logged and counted,
@@ -179,6 +234,28 @@ class BatchDispatcher(RQDispatcher):
 
     def provision_request(self, request_id: str) -> None:
         self._batch("provision_request", [request_id])
+
+    def provision_probe(self) -> LaneProbe:
+        """The lane check of :meth:`provision_request` without its work-set add, for a
+        caller whose own script adds the request (create_request.lua's KEYS[7]: the API
+        pipelines the two, one round trip per POST); its reply goes to
+        :meth:`queue_lanes`."""
+        batch_job = _BATCH_OF["provision_request"]
+        lanes = lanes_for(self.config, batch_job)
+        probe = self._probes.get((batch_job, lanes))
+        if probe is not None:
+            return probe
+        run_ids = self._run_ids.get((batch_job, lanes))
+        if run_ids is None:  # the same ids every POST: made once (issue 15, profiled)
+            run_ids = [job_id(self.keys, batch_job, run=run) for run in range(2 * lanes)]
+            self._run_ids[(batch_job, lanes)] = run_ids
+        probe = probe_lanes(self.conn, self.keys, batch_job, lanes=lanes, run_ids=run_ids)
+        if lanes <= PROBE:  # the window is every lane, from lane 0: the same call each time
+            self._probes[(batch_job, lanes)] = probe
+        return probe
+
+    def queue_lanes(self, probe: LaneProbe, found: Any) -> int:
+        return queue_free_lanes(self.conn, self.keys, probe, found)
 
     def create_vm(self, name: str) -> None:
         self._batch("create_vm", [name])

@@ -18,13 +18,15 @@
 -- Invariant: a live job (queued in its queue, or popped/running with a fresh
 -- heartbeat) is never deleted, so unique ids keep at most one live copy of each
 -- (job, subject).
-local status = redis.call('HGET', KEYS[1], 'status')
+-- (The status and the heartbeat in one HMGET: a live lane costs one call, issue 15.)
+local got = redis.call('HMGET', KEYS[1], 'status', ARGV[1])
+local status = got[1]
 if not status then return 1 end
 if status == 'failed' or status == 'stopped' or status == 'canceled' then
   redis.call('DEL', KEYS[1]); return 1
 end
 if status == 'queued' or status == 'started' then
-  local hb = tonumber(redis.call('HGET', KEYS[1], ARGV[1]))
+  local hb = tonumber(got[2])
   if hb == nil then return 0 end
   local t = redis.call('TIME')
   local now = tonumber(t[1]) + tonumber(t[2]) / 1000000

@@ -93,8 +93,10 @@ def _api_state(
     store = Store(clients.text, keys)
     metrics = ApiMetrics()
     metrics.registry.register(RedisStateCollector.from_config(store, clients.raw, config))
+    batch = None
     if enqueue == "rq":
-        enqueue = BatchDispatcher(clients.raw, keys, config).provision_request  # issue 15: batched
+        batch = BatchDispatcher(clients.raw, keys, config)
+        enqueue = batch.provision_request  # issue 15: batched
     return ApiState(
         config=config,
         clients=clients,
@@ -105,6 +107,7 @@ def _api_state(
         enqueue=enqueue,
         rng=rng or random.SystemRandom(),
         started=time.monotonic(),
+        batch=batch,
     )
 
 

@@ -10,16 +10,20 @@ get it through :data:`State`. The two kinds of caller identity are dependencies 
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import logging
 import random
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Annotated, Any
 
 import redis
+import redis.asyncio as aredis
 from fastapi import Depends, Request
+from starlette.concurrency import run_in_threadpool
 
 from vmpool.api.errors import Rejected
 from vmpool.api.metrics import ApiMetrics
@@ -36,15 +40,18 @@ from vmpool.state.tokens import (
     record_failed_login,
     verify_password,
 )
+from workers.batching import BatchDispatcher
 
 __all__ = [
     "ApiState",
     "BasicUser",
     "EnqueueFn",
+    "LoopClients",
     "RedisClients",
     "State",
     "Token",
     "api_state",
+    "authenticate",
     "basic_user",
     "counted",
     "token_auth",
@@ -59,18 +66,46 @@ REALM = 'Basic realm="Authentication required"'
 EnqueueFn = Callable[[str], Any]
 
 
+class LoopClients:
+    """One asyncio Redis client (decoding) per event loop, made on first use in it.
+
+    A redis.asyncio connection belongs to the loop it was opened in; uvicorn runs one
+    loop per process, but a test client may run each request in a loop of its own. The
+    hot paths (POST /ondemandvm, GET /ondemandvm/<id>) await Redis on the loop: a thread
+    hop per request cost more Python than the request's own work (issue 15, profiled:
+    docs/benchmarks.md)."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self._by_loop: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, aredis.Redis] = (
+            weakref.WeakKeyDictionary()
+        )
+
+    def get(self) -> aredis.Redis:
+        loop = asyncio.get_running_loop()
+        client = self._by_loop.get(loop)
+        if client is None:
+            client = aredis.Redis.from_url(self.url, decode_responses=True)
+            self._by_loop[loop] = client
+        return client
+
+
 @dataclass(frozen=True)
 class RedisClients:
-    """``text`` decodes responses (the store, tokens); ``raw`` does not (RQ needs that)."""
+    """``text`` decodes responses (the store, tokens); ``raw`` does not (RQ needs that);
+    ``aio``: asyncio clients for the hot paths (None: they run ``text`` in the thread
+    pool instead)."""
 
     text: redis.Redis
     raw: redis.Redis
+    aio: LoopClients | None = None
 
     @classmethod
     def from_url(cls, url: str) -> RedisClients:
         return cls(
             redis.Redis.from_url(url, decode_responses=True, health_check_interval=30),
             redis.Redis.from_url(url, decode_responses=False, health_check_interval=30),
+            LoopClients(url),
         )
 
 
@@ -88,6 +123,10 @@ class ApiState:
     rng: random.Random
     started: float  # time.monotonic() when the app was built (/status's uptime)
     listen_host: str | None = None  # the address served on, when known (/status warns)
+    # The fleet's batching dispatcher when ``enqueue`` is its provision_request: then a
+    # POST creates the request, adds it to the provision work set and checks the lanes
+    # in one round trip (routers/ondemand.py).
+    batch: BatchDispatcher | None = None
 
 
 def api_state(request: Request) -> ApiState:
@@ -154,6 +193,14 @@ def token_auth(request: Request) -> TokenInfo | None:
 
 
 Token = Annotated[TokenInfo | None, Depends(token_auth)]
+
+
+async def authenticate(request: Request, st: ApiState) -> TokenInfo | None:
+    """:func:`token_auth` for a handler that takes the request alone: no thread hop when
+    auth is off (nothing to look up), Redis in the thread pool when it is on."""
+    if st.config.auth is None:
+        return None
+    return await run_in_threadpool(token_auth, request)
 
 
 def basic_user(request: Request) -> str:

@@ -83,25 +83,29 @@ def parse_count(name: str, value: Any, maximum: int) -> int:
 
     A count too large to hold is ``maximum + 1``, so the plan refuses it as over the
     maximum (vmpooler's 403) rather than as malformed."""
-    bad = Rejected(400, message=f"invalid count for '{name}': must be a positive integer")
     if isinstance(value, bool):
-        raise bad
+        raise _bad_count(name)
     if isinstance(value, int):
         count = value
     elif isinstance(value, float):
         if not math.isfinite(value) or not value.is_integer():
-            raise bad
+            raise _bad_count(name)
         count = int(value) if abs(value) < 1e18 else (maximum + 1 if value > 0 else -1)
     elif isinstance(value, str):
         text = value.strip()
         if not _DIGITS.fullmatch(text):
-            raise bad
+            raise _bad_count(name)
         count = int(text) if len(text) <= 18 else maximum + 1
     else:
-        raise bad
+        raise _bad_count(name)
     if count < 1:
-        raise bad
+        raise _bad_count(name)
     return count
+
+
+def _bad_count(name: str) -> Rejected:
+    # made only when raised: a refusal builds its body (issue 15: less Python per POST)
+    return Rejected(400, message=f"invalid count for '{name}': must be a positive integer")
 
 
 def ondemand_from_json(data: Any, config: Config) -> Ondemand:

@@ -6,15 +6,24 @@ workers' in ``workers/``), and each file opens with a header comment: its keys,
 arguments, return values and the invariant it protects. Modules read them through
 :func:`read_script` only, so there is one way a script reaches Redis: the text of the
 file (plus, for the store, the rendered transition table), registered with redis-py's
-``register_script`` (EVALSHA, loading on NOSCRIPT).
+``register_script`` (EVALSHA, loading on NOSCRIPT). :func:`run_pipelined_async` runs several
+registered scripts in one round trip.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
 from functools import cache
 from importlib import resources
+from typing import Any
 
-__all__ = ["read_script"]
+import redis
+import redis.asyncio as aredis
+from redis.commands.core import Script
+from redis.exceptions import NoScriptError
+
+__all__ = ["ScriptCall", "read_script", "run_pipelined_async"]
 
 
 @cache
@@ -24,3 +33,41 @@ def read_script(package: str, name: str) -> str:
     if not name.endswith(".lua"):
         raise ValueError(f"not a Lua script file name: {name!r}")
     return resources.files(package).joinpath(name).read_text(encoding="utf-8")
+
+
+@dataclass(frozen=True)
+class ScriptCall:
+    """One call of a registered script, to run alone or with others (run_pipelined_async)."""
+
+    script: Script
+    keys: list[Any]
+    args: list[Any]
+
+    def run(self, client: redis.Redis | None = None) -> Any:
+        return self.script(keys=self.keys, args=self.args, client=client)
+
+
+async def run_pipelined_async(client: aredis.Redis, calls: Sequence[ScriptCall]) -> list[Any]:
+    """The replies of ``calls`` run in order in one round trip on an asyncio client: a
+    pipeline of EVALSHA, with no SCRIPT EXISTS round trip first (redis-py's pipeline
+    sends one whenever it holds a script). Each call is still its own atomic script;
+    the pipeline adds no atomicity across them. A call the server answered NOSCRIPT did
+    not run: its script is loaded and it runs again, alone (so after the calls that
+    followed it: rare, after a Redis restart or SCRIPT FLUSH). A call that failed
+    otherwise has its exception in its place, not raised, so that one call's error does
+    not hide another's outcome."""
+    pipe = client.pipeline(transaction=False)
+    for call in calls:
+        pipe.evalsha(call.script.sha, len(call.keys), *call.keys, *call.args)
+    replies = await pipe.execute(raise_on_error=False)
+    out = []
+    for call, reply in zip(calls, replies, strict=True):
+        if isinstance(reply, NoScriptError):
+            try:
+                await client.script_load(call.script.script)
+                sha = call.script.sha
+                reply = await client.evalsha(sha, len(call.keys), *call.keys, *call.args)
+            except redis.ResponseError as exc:
+                reply = exc
+        out.append(reply)
+    return out

@@ -19,9 +19,10 @@ import redis
 from redis.commands.core import Script
 
 from vmpool.ids import validate_request_id, validate_vm_name
+from vmpool.state import reads
 from vmpool.state.counters import lua_metrics
 from vmpool.state.keys import Keys
-from vmpool.state.lua import read_script
+from vmpool.state.lua import ScriptCall, read_script
 from vmpool.state.pool_store import PoolStore
 from vmpool.state.records import (
     AuditEntry,
@@ -97,13 +98,7 @@ class Store(PoolStore):
         keys = self._request_keys(request_id)
         if vm_name is not None:
             keys += [self.keys.vm(vm_name), self.keys.vm_fence(vm_name)]
-        argv = [
-            self.keys.pool_state_prefix(),
-            self.keys.vm_prefix(),
-            actor,
-            request_id,
-            *args,
-        ]
+        argv = self._argv(actor, request_id, args)
         reply = self._scripts[script](keys=keys, args=argv)
         return Outcome.from_reply(reply)
 
@@ -131,15 +126,41 @@ class Store(PoolStore):
         actor: str,
         token_user: str = "",
         token_hash: str = "",
+        work_set: str | None = None,
     ) -> Outcome:
+        """Create the request (pending, its first trail entry, its queue entries).
+        ``work_set``: a work-set key (``Keys.work_set('provision_request')``) the id is
+        added to in the same unit (create_request.lua)."""
+        call = self.create_request_call(
+            request_id, slots, settings, actor=actor, token_user=token_user,
+            token_hash=token_hash, work_set=work_set,
+        )  # fmt: skip
+        return call if isinstance(call, Outcome) else Outcome.from_reply(call.run())
+
+    def create_request_call(
+        self,
+        request_id: str,
+        slots: Sequence[Slot],
+        settings: RequestSettings,
+        *,
+        actor: str,
+        token_user: str = "",
+        token_hash: str = "",
+        work_set: str | None = None,
+    ) -> ScriptCall | Outcome:
+        """:meth:`create_request` as a script call to run (alone or pipelined with
+        others: :func:`vmpool.state.lua.run_pipelined_async`; its reply makes an Outcome with
+        ``Outcome.from_reply``), or the Outcome of a refusal made without Redis."""
         validate_request_id(request_id)
         requested = encode_slots(slots)
         if not requested:
             return Outcome(False, "empty")
-        return self._run(
-            "create_request",
-            request_id,
+        keys = self._request_keys(request_id)
+        if work_set is not None:
+            keys.append(work_set)
+        args = self._argv(
             actor,
+            request_id,
             [
                 requested,
                 repr(float(settings.ttl_s)),
@@ -151,6 +172,7 @@ class Store(PoolStore):
                 token_hash,
             ],
         )
+        return ScriptCall(self._scripts["create_request"], keys, args)
 
     def reserve_vm(
         self,
@@ -211,17 +233,13 @@ class Store(PoolStore):
 
     # -- reads --------------------------------------------------------------------------
     def server_time(self) -> float:
-        seconds, micros = self.redis.time()
-        return float(seconds) + float(micros) / 1e6
+        return reads.time_from(self.redis.time())
 
     def get_request(self, request_id: str) -> RequestRecord | None:
         pipe = self.redis.pipeline(transaction=True)
-        pipe.hgetall(self.keys.request(request_id))
-        pipe.smembers(self.keys.request_vms(request_id))
+        reads.queue_request(pipe, self.keys, request_id)
         raw, names = pipe.execute()
-        if not raw:
-            return None
-        return RequestRecord.from_hash(decode_hash(raw), (text(n) for n in names))
+        return reads.request_from(raw, names)
 
     def get_vm(self, name: str) -> VMRecord | None:
         raw = self.redis.hgetall(self.keys.vm(name))
@@ -232,9 +250,8 @@ class Store(PoolStore):
         if not names:
             return []
         pipe = self.redis.pipeline(transaction=False)
-        for name in names:
-            pipe.hgetall(self.keys.vm(name))
-        return [VMRecord.from_hash(decode_hash(raw)) for raw in pipe.execute() if raw]
+        reads.queue_vms(pipe, self.keys, names)
+        return reads.vms_from(pipe.execute())
 
     def request_vms(self, request_id: str) -> list[VMRecord]:
         names = self.redis.smembers(self.keys.request_vms(request_id))
@@ -242,12 +259,7 @@ class Store(PoolStore):
 
     def hostnames(self, request_id: str) -> dict[str, list[str]]:
         """Hostnames (FQDN) of the VMs attached to the request, by the alias asked for."""
-        by_alias: dict[str, list[str]] = {}
-        for vm in self.request_vms(request_id):
-            # a VM given back (DELETE /vm/<host>) stays listed, as vmpooler lists it
-            if vm.state == "running" or vm.given_back:
-                by_alias.setdefault(vm.alias, []).append(vm.hostname)
-        return {alias: sorted(names) for alias, names in by_alias.items()}
+        return reads.hostnames_by_alias(self.request_vms(request_id))
 
     def history(self, request_id: str) -> list[AuditEntry]:
         return self._trail(self.keys.request_audit(request_id))

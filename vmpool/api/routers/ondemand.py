@@ -3,22 +3,32 @@ GET and DELETE /ondemandvm/<id>.
 
 The API writes no request or VM state itself: POST goes through
 ``Store.create_request`` (the record and its queue entries in one atomic unit), then
-asks the fleet to provision it; DELETE goes through ``Store.delete_request``. A refusal
-writes nothing.
+asks the fleet to provision it (with the batching dispatcher: the id joins the
+provision work set in that same unit and the lanes are checked in the same pipeline,
+one round trip awaited on the loop); DELETE goes through ``Store.delete_request``. A
+refusal writes nothing.
 """
 
 from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
+import redis.asyncio as aredis
 from fastapi import APIRouter, Request
 from starlette.concurrency import run_in_threadpool
 from starlette.responses import Response
 
-from vmpool.api.deps import ApiState, State, Token, counted
+from vmpool.api.deps import (
+    ApiState,
+    EnqueueFn,
+    State,
+    Token,
+    api_state,
+    authenticate,
+)
 from vmpool.api.metrics import ApiMetrics
 from vmpool.api.parsing import (
     Ondemand,
@@ -30,9 +40,12 @@ from vmpool.api.parsing import (
 from vmpool.api.responses import not_ok, reply
 from vmpool.ids import InvalidIdentifier, validate_request_id
 from vmpool.lifecycle.plan import RequestRejected, plan_slots
-from vmpool.state.records import RequestRecord, RequestSettings
+from vmpool.state import reads
+from vmpool.state.lua import run_pipelined_async
+from vmpool.state.records import Outcome, RequestRecord, RequestSettings, Slot
 from vmpool.state.store import Store
 from vmpool.state.tokens import TokenInfo
+from workers.batching import BatchDispatcher
 
 __all__ = ["create_request", "delete_request", "request_status", "router"]
 
@@ -43,26 +56,44 @@ DELETED_MESSAGE = "The request has been deleted"
 router = APIRouter()
 
 
-@router.post("/ondemandvm", dependencies=[counted("post", "ondemand", "requestid")])
-async def post_ondemand(request: Request, st: State, token: Token) -> Response:
+# The two POST routes take the request alone and do what dependencies did (the state,
+# the vmpooler counter, then auth: that order) inline: FastAPI's dependency solving and
+# the thread hop of the sync auth dependency cost more than the rest of a POST's Python
+# when auth is off (issue 15, profiled: docs/benchmarks.md).
+@router.post("/ondemandvm")
+async def post_ondemand(request: Request) -> Response:
+    st = api_state(request)
+    st.metrics.http_requests_vm.labels("post", "ondemand", "requestid").inc()
+    token = await authenticate(request, st)
     data = parse_json_body(await read_body(request))
     try:
         wanted = ondemand_from_json(data, st.config)
     except RequestRejected as rejected:
         return refused(st.metrics, rejected, {})
-    return await run_in_threadpool(create_request, st, wanted, token)
+    return await create_request(st, wanted, token)
 
 
 # vmpooler counts this route under the (misnamed) delete.ondemand.template.
-@router.post("/ondemandvm/{template}", dependencies=[counted("delete", "ondemand", "template")])
-async def post_ondemand_path(template: str, request: Request, st: State, token: Token) -> Response:
+@router.post("/ondemandvm/{template}")
+async def post_ondemand_path(request: Request) -> Response:
+    st = api_state(request)
+    st.metrics.http_requests_vm.labels("delete", "ondemand", "template").inc()
+    token = await authenticate(request, st)
     await read_body(request)  # ignored, but bounded
-    return await run_in_threadpool(create_request, st, ondemand_from_path(template), token)
+    wanted = ondemand_from_path(request.path_params["template"])
+    return await create_request(st, wanted, token)
 
 
-@router.get("/ondemandvm/{request_id}", dependencies=[counted("get", "ondemand", "request")])
-async def get_ondemand(request_id: str, st: State) -> Response:
-    return await run_in_threadpool(request_status, st.store, request_id)
+# As the POST routes: the request alone, the counter inline; the reads awaited on the
+# loop in one pipeline (two when ready: the record, then its VMs).
+@router.get("/ondemandvm/{request_id}")
+async def get_ondemand(request: Request) -> Response:
+    st = api_state(request)
+    st.metrics.http_requests_vm.labels("get", "ondemand", "request").inc()
+    rid: str = request.path_params["request_id"]
+    if st.clients.aio is None:
+        return await run_in_threadpool(request_status, st.store, rid)
+    return await request_status_async(st, st.clients.aio.get(), rid)
 
 
 @router.delete("/ondemandvm/{request_id}")
@@ -72,21 +103,17 @@ async def delete_ondemand(request_id: str, st: State, token: Token) -> Response:
     return await run_in_threadpool(delete_request, st.store, request_id, token)
 
 
-def create_request(st: ApiState, wanted: Ondemand, token: TokenInfo | None) -> Response:
+async def create_request(st: ApiState, wanted: Ondemand, token: TokenInfo | None) -> Response:
     """Plan ``wanted`` against the config, create the request, start its provisioning."""
     try:
         slots = plan_slots(st.config, wanted.counts, st.rng)
     except RequestRejected as rejected:
         return refused(st.metrics, rejected, wanted.counts)
     rid = wanted.request_id or str(uuid.uuid4())
-    outcome = st.store.create_request(
-        rid,
-        slots,
-        RequestSettings.from_config(st.config, authenticated=token is not None),
-        actor="api",
-        token_user=token.user if token else "",
-        token_hash=token.sha256 if token else "",
-    )
+    if st.batch is not None and st.clients.aio is not None:
+        outcome = await _create_pipelined(st, st.batch, st.clients.aio.get(), rid, slots, token)
+    else:
+        outcome = await run_in_threadpool(_create_then_enqueue, st, rid, slots, token)
     if not outcome.ok:
         if outcome.code == "exists":
             st.metrics.generate.labels("duplicaterequests").inc()
@@ -96,14 +123,64 @@ def create_request(st: ApiState, wanted: Ondemand, token: TokenInfo | None) -> R
         log.warning("create_request %s refused: %s", rid, outcome.code)
         return not_ok(400, message=f"request refused: {outcome.code}")
     st.metrics.generate.labels("success").inc()
-    log.info(
-        "request %s created: %s%s",
-        rid,
-        ",".join(f"{s.alias}:{s.pool}:{s.count}" for s in slots),
-        f" for {token.user}" if token else "",
-    )
-    _start_provisioning(st, rid)
+    if log.isEnabledFor(logging.INFO):  # the line is built only when it is written
+        log.info(
+            "request %s created: %s%s",
+            rid,
+            ",".join(f"{s.alias}:{s.pool}:{s.count}" for s in slots),
+            f" for {token.user}" if token else "",
+        )
     return reply(201, {"ok": True, "request_id": rid})
+
+
+def _create_then_enqueue(
+    st: ApiState, rid: str, slots: Sequence[Slot], token: TokenInfo | None
+) -> Outcome:
+    """Create the request, then call the app's ``enqueue`` (in the thread pool)."""
+    user, sha = (token.user, token.sha256) if token else ("", "")
+    settings = RequestSettings.from_config(st.config, authenticated=token is not None)
+    outcome = st.store.create_request(
+        rid, slots, settings, actor="api", token_user=user, token_hash=sha
+    )
+    if outcome.ok:
+        _start_provisioning(st, rid)
+    return outcome
+
+
+async def _create_pipelined(
+    st: ApiState,
+    batch: BatchDispatcher,
+    client: aredis.Redis,
+    rid: str,
+    slots: Sequence[Slot],
+    token: TokenInfo | None,
+) -> Outcome:
+    """Create the request and start its provisioning in one round trip, awaited on the
+    loop: create_request.lua adds the new id to the provision work set in its own unit,
+    and the lane check runs after it in the same pipeline (each its own atomic script).
+    Only when a lane is free (none live) is one queued (RQ, in the thread pool)."""
+    user, sha = (token.user, token.sha256) if token else ("", "")
+    settings = RequestSettings.from_config(st.config, authenticated=token is not None)
+    call = st.store.create_request_call(
+        rid, slots, settings, actor="api", token_user=user, token_hash=sha,
+        work_set=st.keys.work_set("provision_request"),
+    )  # fmt: skip
+    if isinstance(call, Outcome):
+        return call
+    probe = batch.provision_probe()
+    created, found = await run_pipelined_async(client, [call, probe.call])
+    if isinstance(created, Exception):
+        raise created
+    outcome = Outcome.from_reply(created)
+
+    def queue_lanes(_: str) -> None:
+        if isinstance(found, Exception):
+            raise found
+        batch.queue_lanes(probe, found)
+
+    if outcome.ok and (isinstance(found, Exception) or found):
+        await run_in_threadpool(_start_provisioning, st, rid, queue_lanes)
+    return outcome
 
 
 def refused(metrics: ApiMetrics, rejected: RequestRejected, counts: Mapping[str, int]) -> Response:
@@ -119,11 +196,14 @@ def refused(metrics: ApiMetrics, rejected: RequestRejected, counts: Mapping[str,
     return not_ok(403, message=str(rejected))
 
 
-def _start_provisioning(st: ApiState, rid: str) -> None:
-    if st.enqueue is None:
+def _start_provisioning(st: ApiState, rid: str, enqueue: EnqueueFn | None = None) -> None:
+    """``enqueue`` (else the app's) for the new request; a failure is counted and
+    logged, not raised: the request exists, and the provision sweep finds it."""
+    enqueue = enqueue or st.enqueue
+    if enqueue is None:
         return
     try:
-        st.enqueue(rid)
+        enqueue(rid)
     except Exception as exc:  # the request exists; the provision sweep finds it
         st.metrics.enqueue_failures.inc()
         log.warning(
@@ -142,18 +222,50 @@ def _not_found(rid: str) -> Response:
 
 
 def request_status(store: Store, rid: str) -> Response:
-    """GET /ondemandvm/<id>: 202 while pending, 200 once ready, failed or deleted."""
-    try:
-        validate_request_id(rid)
-    except InvalidIdentifier:
+    """GET /ondemandvm/<id> on the store's client (in the thread pool)."""
+    if not _well_formed(rid):
         return _not_found(rid)
     record = store.get_request(rid)
     if record is None:
         return _not_found(rid)
+    ready = record.status == "ready"
+    vms = store.get_vms(sorted(record.vm_names)) if ready else []
+    return status_reply(rid, record, reads.hostnames_by_alias(vms))
+
+
+async def request_status_async(st: ApiState, client: aredis.Redis, rid: str) -> Response:
+    """GET /ondemandvm/<id> awaited on the loop: one pipeline for the record and its
+    VM set (MULTI/EXEC: one snapshot), one more for the VMs' hashes when it is ready."""
+    if not _well_formed(rid):
+        return _not_found(rid)
+    pipe = client.pipeline(transaction=True)
+    reads.queue_request(pipe, st.keys, rid)
+    raw, names = await pipe.execute()
+    record = reads.request_from(raw, names)
+    if record is None:
+        return _not_found(rid)
+    hostnames: dict[str, list[str]] = {}
+    if record.status == "ready" and record.vm_names:
+        pipe = client.pipeline(transaction=False)
+        reads.queue_vms(pipe, st.keys, sorted(record.vm_names))
+        hostnames = reads.hostnames_by_alias(reads.vms_from(await pipe.execute()))
+    return status_reply(rid, record, hostnames)
+
+
+def _well_formed(rid: str) -> bool:
+    try:
+        validate_request_id(rid)
+    except InvalidIdentifier:
+        return False
+    return True
+
+
+def status_reply(rid: str, record: RequestRecord, hostnames: Mapping[str, list[str]]) -> Response:
+    """The answer to GET /ondemandvm/<id>: 202 while pending, 200 once ready (with
+    ``hostnames`` by alias), failed or deleted."""
     body: dict[str, Any] = {"ok": True, "request_id": rid, "ready": False}
     if record.status == "ready":
         body["ready"] = True
-        hostnames = store.hostnames(rid)
         for slot in record.slots:
             body.setdefault(slot.alias, {"hostname": list(hostnames.get(slot.alias, []))})
         return reply(200, body)

@@ -32,6 +32,7 @@ from vmpool.api.vm_views import (
     vm_body,
 )
 from vmpool.ids import InvalidIdentifier, validate_vm_name
+from vmpool.state import reads
 from vmpool.state.counters import READY_SUM
 from vmpool.state.records import VMRecord
 from vmpool.state.tokens import TokenInfo
@@ -111,24 +112,37 @@ def checkout(st: ApiState, counts: Mapping[str, int], token: TokenInfo | None) -
     return reply(200, checkout_body(wanted, out.vms, st.config))
 
 
-def _vm(st: ApiState, hostname: str) -> VMRecord | None:
+def _vm_name(hostname: str) -> str | None:
     name = short_hostname(hostname)
     try:
         validate_vm_name(name)
     except InvalidIdentifier:
         return None
-    return st.store.get_vm(name)
+    return name
+
+
+def _vm(st: ApiState, hostname: str) -> VMRecord | None:
+    name = _vm_name(hostname)
+    return None if name is None else st.store.get_vm(name)
 
 
 @router.get("/vm/{hostname}", dependencies=[counted("get", "vm", "hostname")])
 async def get_vm(hostname: str, st: State) -> Response:
-    def body() -> Response:
-        vm = _vm(st, hostname)
-        if vm is None:
-            return not_ok(404)
-        return reply(200, {"ok": True, vm.name: vm_body(vm, st.config, st.store.server_time())})
-
-    return await run_in_threadpool(body)
+    """The VM and the server's time (its age, its time left) in one pipeline, awaited on
+    the loop (in the thread pool without an asyncio client)."""
+    name = _vm_name(hostname)
+    if name is None:
+        return not_ok(404)
+    aio = st.clients.aio
+    pipe: Any = (aio.get() if aio else st.clients.text).pipeline(transaction=False)
+    reads.queue_vms(pipe, st.keys, [name])
+    pipe.time()
+    replies = await pipe.execute() if aio else await run_in_threadpool(pipe.execute)
+    vms = reads.vms_from(replies[:1])
+    if not vms:
+        return not_ok(404)
+    vm = vms[0]
+    return reply(200, {"ok": True, vm.name: vm_body(vm, st.config, reads.time_from(replies[1]))})
 
 
 @router.put("/vm/{hostname}", dependencies=[counted("put", "vm", "modify")])

@@ -136,10 +136,15 @@ end
 -- upgrade) keeps growing as a stream: RPUSH meets WRONGTYPE and XADD runs instead.
 -- audit_at writes to any record's trail (a warm-pool VM's own: its hash and
 -- Keys.vm_audit); audit to the script's own record (KEYS[1], trail KEYS[3]). The names
--- and arguments of these functions are their interface (other scripts call them).
+-- and arguments of these functions are their interface (other scripts call them);
+-- audit_entry packs one entry (create_request writes its first entry itself).
+local function audit_entry(entity, from, to, v, reason, now)
+  return cjson.encode({entity, from, to, v, ACTOR, reason, fmt(now)})
+end
+
 local function audit_at(record_key, trail_key, entity, from, to, reason, now)
   local v = redis.call('HINCRBY', record_key, 'version', 1)
-  local packed = cjson.encode({entity, from, to, v, ACTOR, reason, fmt(now)})
+  local packed = audit_entry(entity, from, to, v, reason, now)
   local pushed = redis.pcall('RPUSH', trail_key, packed)
   if type(pushed) == 'table' and pushed.err then
     redis.call('XADD', trail_key, '*', 'entity', entity, 'from', from, 'to', to,

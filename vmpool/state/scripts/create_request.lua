@@ -1,5 +1,8 @@
 -- create_request.lua: a new on-demand request, its data and its queue entries at once.
--- KEYS: 1-6 as in _prelude.lua.
+-- KEYS: 1-6 as in _prelude.lua; 7 (optional) the provision work set
+--   (vmpool.state.workset.WorkSet, Keys.work_set('provision_request')): when given, the
+--   new request's id is added to it (ZADD NX, score 0: claimable now), so the batch
+--   provisioning finds it without another round trip (issue 15).
 -- ARGV: 1-4 as in _prelude.lua; 5 slots "alias:pool:n,alias:pool:n" (vmpooler's
 --   `requested` format); 6 ttl seconds; 7 grace seconds; 8 max_vm_retries;
 --   9 VM lifetime seconds; 10 data_ttl seconds; 11 token user ('' for none);
@@ -11,6 +14,10 @@
 -- earlier request of this id is left (its hash, VM set, trail or fence: each has its own
 -- PEXPIRE, so one may outlive another), the id is taken; a new request sharing an old
 -- trail or VM set would mix two stories and release the other's VMs.
+-- The request is born pending at version 1 with its first trail entry (none -> pending,
+-- an edge of REQUEST_EDGES): the one HSET writes what set_status and audit would write
+-- with three more commands (issue 15: fewer commands per script); the trail is new (no
+-- key of the id exists), so it is a list from its first entry.
 if redis.call('EXISTS', KEYS[1], KEYS[2], KEYS[3], KEYS[4]) > 0 then
   return refuse('exists')
 end
@@ -30,22 +37,28 @@ end
 if need == 0 then
   return refuse('empty')
 end
+if not REQUEST_EDGES['none']['pending'] then
+  return redis.error_reply('create_request: none -> pending is not an edge of REQUEST_EDGES')
+end
 local deadline = now + tonumber(ARGV[6])
 local fail_at = deadline + tonumber(ARGV[7])
--- One HSET for the record and its slots (issue 15: fewer commands per script).
+local stamp = fmt(now)
+local version = 1
 local record = {
-  'id', RID, 'status', 'none', 'version', 0, 'created', fmt(now),
-  'deadline', fmt(deadline), 'fail_at', fmt(fail_at), 'requested', ARGV[5],
-  'need', need, 'have', 0, 'unreserved', need, 'retries', 0, 'max_retries', ARGV[8],
-  'lifetime', ARGV[9], 'data_ttl', ARGV[10], 'token_user', ARGV[11],
-  'token_hash', ARGV[12], 'created_by', ACTOR}
+  'id', RID, 'status', 'pending', 'status_since', stamp, 'version', version,
+  'created', stamp, 'deadline', fmt(deadline), 'fail_at', fmt(fail_at),
+  'requested', ARGV[5], 'need', need, 'have', 0, 'unreserved', need, 'retries', 0,
+  'max_retries', ARGV[8], 'lifetime', ARGV[9], 'data_ttl', ARGV[10],
+  'token_user', ARGV[11], 'token_hash', ARGV[12], 'created_by', ACTOR}
 for field, value in pairs(fields) do
   record[#record + 1] = field
   record[#record + 1] = value
 end
 redis.call('HSET', KEYS[1], unpack(record))
-local req = {status = 'none'}
-local v = set_status(req, 'pending', 'created', now)
+redis.call('RPUSH', KEYS[3], audit_entry('request', 'none', 'pending', version, 'created', now))
 redis.call('ZADD', KEYS[5], fmt(fail_at), RID)
-redis.call('ZADD', KEYS[6], fmt(now), RID)
-return {1, 'created', v}
+redis.call('ZADD', KEYS[6], stamp, RID)
+if KEYS[7] then
+  redis.call('ZADD', KEYS[7], 'NX', 0, RID)
+end
+return {1, 'created', version}
