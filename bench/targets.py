@@ -142,8 +142,22 @@ def _jobs_done(conn: redis.Redis) -> int:
     return total
 
 
-def fleet_real(url: str, n: int, cfg_path: str) -> tuple[float, float, float]:
-    """(VMs/s, commands per VM, server µs per VM)."""
+def command_breakdown(conn: redis.Redis, per: int) -> str:
+    """The commands since the last CONFIG RESETSTAT by kind, per ``per`` (most first)."""
+    stats = conn.info("commandstats")
+    rows = sorted(
+        ((int(v["calls"]) / per, k.removeprefix("cmdstat_")) for k, v in stats.items()
+         if k != "cmdstat_config"),
+        reverse=True,
+    )
+    return " ".join(f"{name}={calls:.1f}" for calls, name in rows if calls >= 0.05)
+
+
+def fleet_real(
+    url: str, n: int, cfg_path: str, breakdown: list[str] | None = None
+) -> tuple[float, float, float]:
+    """(VMs/s, commands per VM, server µs per VM); ``breakdown`` gets the commands per
+    VM by kind."""
     conn = redis.Redis.from_url(url)
     conn.flushdb()
     config = make_config()
@@ -162,6 +176,8 @@ def fleet_real(url: str, n: int, cfg_path: str) -> tuple[float, float, float]:
     done = lambda: int(conn.hget(finished, "ready") or 0) >= n  # noqa: E731
     elapsed = _run_workers(url, cfg_path, done, conn)
     calls, usec = server_stats(conn)
+    if breakdown is not None:
+        breakdown.append(command_breakdown(conn, n))
     return n / elapsed, calls / n, usec / n
 
 
@@ -293,14 +309,25 @@ def mm(values: list[float], fmt: str = "{:.0f}") -> str:
 
 
 def measure(url: str, args: argparse.Namespace, cfg_path: str) -> list[str]:
+    rows = measure_fleet(url, args, cfg_path)
+    if args.only == "fleet":
+        return rows
+    return rows + measure_rest(url, args)
+
+
+def measure_fleet(url: str, args: argparse.Namespace, cfg_path: str) -> list[str]:
     rows = []
     noop, real, cmds, usec = [], [], [], []
+    kinds: list[str] = []
     for _ in range(args.runs):
         noop.append(fleet_noop(url, args.vms))
-        vms, c, u = fleet_real(url, args.vms, cfg_path)
+        vms, c, u = fleet_real(url, args.vms, cfg_path, kinds)
         real.append(vms)
         cmds.append(c)
         usec.append(u)
+    if args.breakdown:
+        for line in kinds:
+            print(f"# commands per VM: {line}")
     ratios = [r / b for r, b in zip(real, noop, strict=True)]
     rows.append(
         f"| fleet VMs/s ÷ RQ no-op jobs/s (2 workers, {args.vms} one-VM requests) |"
@@ -310,6 +337,11 @@ def measure(url: str, args: argparse.Namespace, cfg_path: str) -> list[str]:
         f"| Redis commands / server µs per VM end to end | {mm(cmds)} cmds,"
         f" {mm(usec)} µs | {3600e6 / statistics.median(usec):,.0f} VMs/hour of server time |"
     )
+    return rows
+
+
+def measure_rest(url: str, args: argparse.Namespace) -> list[str]:
+    rows = []
     for n in args.pending:
         for batched, how in ((False, "one RQ job per VM"), (True, "work set + batch job")):
             sw = sweep_ms(url, n, args.runs, batched)
@@ -349,6 +381,10 @@ def main() -> None:
     parser.add_argument("--transitions", type=int, default=3000)
     parser.add_argument("--open", type=int, default=20000)
     parser.add_argument("--aof", action="store_true", help="appendonly yes, appendfsync always")
+    parser.add_argument("--only", choices=["fleet"], help="only the fleet rows (to iterate)")
+    parser.add_argument(
+        "--breakdown", action="store_true", help="print each fleet run's commands per VM by kind"
+    )
     args = parser.parse_args()
     args.pending = [int(s) for s in args.pending.split(",") if s]
     server = RedisServer(appendonly=args.aof).start()
