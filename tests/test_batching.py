@@ -10,13 +10,14 @@ number of round trips.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import redis
 from test_lifecycle import create_request, make_config, make_fleet
 
 from vmpool import lifecycle
-from vmpool.lifecycle import Fleet, batch
+from vmpool.lifecycle import Fleet, RecordingDispatcher, batch
 from vmpool.lifecycle.batch import run_batch
 from vmpool.state.audit import check_trail
 from vmpool.state.keys import Keys
@@ -186,3 +187,34 @@ def test_a_dispatch_costs_the_same_with_many_lanes(conn: redis.Redis, keys: Keys
     before = scripts_run()
     assert ensure_lanes(conn, keys, "create_vm_batch", want=1, lanes=64) == 1
     assert scripts_run() - before <= 2 * 4 + 1  # the window's reclaims + one enqueue
+
+
+class _CountingDispatcher(RecordingDispatcher):
+    """Records each call it gets as (method, subjects), batched forms as one call."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.methods: list[tuple[str, list[str]]] = []
+
+    def check_pending_vm(self, name: str) -> None:
+        self.methods.append(("check_pending_vm", [name]))
+
+    def check_pending_vms(self, names: Sequence[str]) -> None:
+        self.methods.append(("check_pending_vms", list(names)))
+
+
+def test_a_claims_follow_ups_are_dispatched_once_per_claim(redis_client: redis.Redis) -> None:
+    """Proves: the checks a create batch dispatches go out as ONE batched dispatch per
+    claim (one lane check for all of them), not one dispatch per VM (each a pipeline of
+    lane checks: most of a VM's Redis commands), and every VM is in it once."""
+    fleet = make_fleet(redis_client, make_config())
+    names: list[str] = []
+    for i in range(3):
+        create_request(fleet.store, f"r{i}", [Slot("deb", "debian", 1)], fleet.config)
+        names += lifecycle.provision_request(fleet, f"r{i}")
+    WorkSet(fleet.redis, fleet.keys).add("create_vm", names)
+    counting = _CountingDispatcher()
+    fleet.dispatch = counting
+    assert lifecycle.create_vm_batch(fleet) == {"pending": 3}
+    assert [(m, sorted(s)) for m, s in counting.methods] == [("check_pending_vms", sorted(names))]
+    assert fleet.dispatch is counting  # the batch's deferral stayed inside the batch

@@ -12,6 +12,15 @@ transitions refuse a second runner). A worker killed mid-batch loses nothing: it
 claimed subjects stay in the set and are claimed again when the lease
 (:func:`lease_s`) ends, and the periodic sweeps re-dispatch any work as before.
 
+The follow-up work a subject's step dispatches (the create of a reserved VM, the check
+of a created one, a destroy) is collected while a claim runs and dispatched once per
+claim (:class:`DeferredDispatch`), in the dispatcher's batched forms: a dispatch costs
+a pipeline of lane checks (``workers.batching.ensure_lanes``), which per VM was most of
+a VM's Redis commands. The claim is marked done only after that dispatch, so a worker
+killed in between leaves the claim to be run again (each step is idempotent) and a
+subject's follow-up is never lost with it; a follow-up whose dispatch is lost anyway
+(Redis gone) is re-found by the periodic sweeps, as before.
+
 Each batch function loops until the set has nothing claimable or it has run for
 :data:`BATCH_TIME_S`, then returns the count of each outcome, with ``more: 1`` when it
 stopped on time with work left: the job's entry point then queues its continuation
@@ -22,12 +31,13 @@ dequeue: the expiry sweep's settle bound needs workers to come back to the queue
 
 from __future__ import annotations
 
+import copy
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
-from vmpool.lifecycle.fleet import Fleet
+from vmpool.lifecycle.fleet import Dispatcher, Fleet
 from vmpool.lifecycle.requests import provision_request
 from vmpool.lifecycle.vms import check_pending_vm, create_vm
 from vmpool.state.workset import WorkSet
@@ -36,6 +46,7 @@ __all__ = [
     "BATCHED",
     "BATCH_TIME_S",
     "CLAIM_SIZE",
+    "DeferredDispatch",
     "check_pending_batch",
     "create_vm_batch",
     "lease_s",
@@ -66,13 +77,70 @@ def lease_s(fleet: Fleet) -> float:
     return float(fleet.config.lock_expire_s)
 
 
+class DeferredDispatch:
+    """A Dispatcher that holds the per-subject follow-ups of one claim and hands them to
+    ``inner`` in its batched forms at :meth:`flush` (each kind once, each subject once,
+    in the order first asked). ``check_request`` and the batched forms go through at
+    once (they are not per-VM follow-ups, or already batched)."""
+
+    def __init__(self, inner: Dispatcher) -> None:
+        self.inner = inner
+        self._held: dict[str, dict[str, None]] = {}
+
+    def _hold(self, kind: str, subject: str) -> None:
+        self._held.setdefault(kind, {})[subject] = None
+
+    def flush(self) -> None:
+        """Dispatch what is held, one batched call per kind."""
+        held, self._held = self._held, {}
+        send: dict[str, Callable[[Sequence[str]], None]] = {
+            "provision_request": self.inner.provision_requests,
+            "create_vm": self.inner.create_vms,
+            "check_pending_vm": self.inner.check_pending_vms,
+            "destroy_vm": self.inner.destroy_vms,
+        }
+        for kind, subjects in held.items():
+            send[kind](list(subjects))
+
+    def provision_request(self, request_id: str) -> None:
+        self._hold("provision_request", request_id)
+
+    def create_vm(self, name: str) -> None:
+        self._hold("create_vm", name)
+
+    def check_pending_vm(self, name: str) -> None:
+        self._hold("check_pending_vm", name)
+
+    def destroy_vm(self, name: str) -> None:
+        self._hold("destroy_vm", name)
+
+    def check_request(self, request_id: str) -> None:
+        self.inner.check_request(request_id)
+
+    def provision_requests(self, request_ids: Sequence[str]) -> None:
+        self.inner.provision_requests(request_ids)
+
+    def create_vms(self, names: Sequence[str]) -> None:
+        self.inner.create_vms(names)
+
+    def check_pending_vms(self, names: Sequence[str]) -> None:
+        self.inner.check_pending_vms(names)
+
+    def destroy_vms(self, names: Sequence[str]) -> None:
+        self.inner.destroy_vms(names)
+
+
 def run_batch(fleet: Fleet, job: str, fn: Callable[[Fleet, str], object]) -> dict[str, int]:
     """Claim subjects of ``job``'s work set and run ``fn(fleet, subject)`` for each until
     none is claimable ('more' absent) or :data:`BATCH_TIME_S` is over ('more': 1; the
     claimed subjects not yet run are released at once). A claim is sized to what fits
     in the time left at the pace so far (1 to :data:`CLAIM_SIZE`). An exception of one
     subject is logged and counted ('error'); the subject is done (the sweeps re-find
-    real work), the others go on."""
+    real work), the others go on. What the subjects dispatch is dispatched once per
+    claim, before the claim is marked done (:class:`DeferredDispatch`)."""
+    deferred = DeferredDispatch(fleet.dispatch)
+    fleet = copy.copy(fleet)  # the same clients, names and renewer; its own dispatch
+    fleet.dispatch = deferred
     work = WorkSet(fleet.redis, fleet.keys)
     counts: Counter[str] = Counter()
     started = time.monotonic()
@@ -89,11 +157,14 @@ def run_batch(fleet: Fleet, job: str, fn: Callable[[Fleet, str], object]) -> dic
         if not claim.subjects:
             return dict(counts)
         done: list[str] = []
-        for subject in claim.subjects:
-            if done and time.monotonic() - started >= BATCH_TIME_S:
-                break
-            counts[_run_one(fleet, job, fn, subject)] += 1
-            done.append(subject)
+        try:
+            for subject in claim.subjects:
+                if done and time.monotonic() - started >= BATCH_TIME_S:
+                    break
+                counts[_run_one(fleet, job, fn, subject)] += 1
+                done.append(subject)
+        finally:
+            deferred.flush()
         ran += len(done)
         work.done(job, claim, done)
         work.release(job, claim, claim.subjects[len(done) :])
