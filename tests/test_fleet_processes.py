@@ -363,8 +363,8 @@ def test_paused_lock_holder_cannot_undo_a_ready_request(fleet: Fleet) -> None:
 
 def test_paused_writer_is_refused_by_the_store(fleet: Fleet) -> None:
     """The store, not the lock, is the safety argument. A worker stops itself (SIGSTOP,
-    via the ``create_vm.before_commit`` failpoint) AFTER it checked that it still holds
-    the VM's lock and BEFORE its write; its lock expires; another worker finishes the
+    via the ``create_vm.before_commit`` failpoint) AFTER its provider call (made while it
+    held the VM's lock) and BEFORE its write; its lock expires; another worker finishes the
     request; the paused worker resumes and makes its write with its old fencing token:
     the store refuses it ('stale_fence' in its log), and the request keeps its one
     fulfilment and its running VM. Without the fence check the write would go through

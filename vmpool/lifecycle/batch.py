@@ -36,16 +36,19 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
+from functools import partial
 
 from vmpool.lifecycle.fleet import Dispatcher, Fleet
 from vmpool.lifecycle.requests import provision_request
 from vmpool.lifecycle.vms import check_pending_vm, create_vm
+from vmpool.state.locks import FencedLock, LockKind, acquire_all, release_all
 from vmpool.state.workset import WorkSet
 
 __all__ = [
     "BATCHED",
     "BATCH_TIME_S",
     "CLAIM_SIZE",
+    "LOCKED_STEPS",
     "DeferredDispatch",
     "check_pending_batch",
     "create_vm_batch",
@@ -130,14 +133,35 @@ class DeferredDispatch:
         self.inner.destroy_vms(names)
 
 
-def run_batch(fleet: Fleet, job: str, fn: Callable[[Fleet, str], object]) -> dict[str, int]:
-    """Claim subjects of ``job``'s work set and run ``fn(fleet, subject)`` for each until
-    none is claimable ('more' absent) or :data:`BATCH_TIME_S` is over ('more': 1; the
-    claimed subjects not yet run are released at once). A claim is sized to what fits
-    in the time left at the pace so far (1 to :data:`CLAIM_SIZE`). An exception of one
-    subject is logged and counted ('error'); the subject is done (the sweeps re-find
-    real work), the others go on. What the subjects dispatch is dispatched once per
-    claim, before the claim is marked done (:class:`DeferredDispatch`)."""
+# The lock each batched step runs under: the kind of its subject and the step's name
+# (the holder id says which step holds it).
+LOCKED_STEPS: dict[str, tuple[LockKind, str]] = {
+    "provision_request": ("request", "provision"),
+    "create_vm": ("vm", "create"),
+    "check_pending_vm": ("vm", "check_pending"),
+}
+
+def run_batch(
+    fleet: Fleet,
+    job: str,
+    fn: Callable[..., object],
+    locked: tuple[LockKind, str] | None = None,
+) -> dict[str, int]:
+    """Claim subjects of ``job``'s work set and run ``fn`` for each until none is
+    claimable ('more' absent) or :data:`BATCH_TIME_S` is over ('more': 1; the claimed
+    subjects not yet run are released at once). A claim is sized to what fits in the
+    time left at the pace so far (1 to :data:`CLAIM_SIZE`). An exception of one subject
+    is logged and counted ('error'); the subject is done (the sweeps re-find real work),
+    the others go on.
+
+    With ``locked`` (the lock's kind and step, :data:`LOCKED_STEPS`), the locks of a
+    claim's subjects are granted in one script (each its own lock and token, read with
+    its subject's record) and ``fn(fleet, subject, lock)`` runs for each granted one; a
+    subject whose lock another worker holds is 'busy' (that worker is on it), as in the
+    unbatched job; the locks are released in one script once the claim has run.
+    Without, ``fn(fleet, subject)`` runs. What the subjects dispatch is dispatched once per claim,
+    after the locks are released (a follow-up job must not find them held) and before
+    the claim is marked done (:class:`DeferredDispatch`)."""
     deferred = DeferredDispatch(fleet.dispatch)
     fleet = copy.copy(fleet)  # the same clients, names and renewer; its own dispatch
     fleet.dispatch = deferred
@@ -156,23 +180,51 @@ def run_batch(fleet: Fleet, job: str, fn: Callable[[Fleet, str], object]) -> dic
         claim = work.claim(job, max(1, min(CLAIM_SIZE, size)), lease_s(fleet))
         if not claim.subjects:
             return dict(counts)
-        done: list[str] = []
-        try:
-            for subject in claim.subjects:
-                if done and time.monotonic() - started >= BATCH_TIME_S:
-                    break
-                counts[_run_one(fleet, job, fn, subject)] += 1
-                done.append(subject)
-        finally:
-            deferred.flush()
+        done = _run_claim(fleet, job, fn, locked, claim.subjects, started, counts)
         ran += len(done)
         work.done(job, claim, done)
         work.release(job, claim, claim.subjects[len(done) :])
 
 
-def _run_one(fleet: Fleet, job: str, fn: Callable[[Fleet, str], object], subject: str) -> str:
+def _run_claim(
+    fleet: Fleet,
+    job: str,
+    fn: Callable[..., object],
+    locked: tuple[LockKind, str] | None,
+    subjects: list[str],
+    started: float,
+    counts: Counter[str],
+) -> list[str]:
+    """Run the claimed ``subjects`` (under their locks, for a locked step) until the
+    batch's time is over; returns those run. The locks are released and the follow-ups
+    dispatched whatever happens."""
+    assert isinstance(fleet.dispatch, DeferredDispatch)
+    held: dict[str, FencedLock] = {}
+    done: list[str] = []
     try:
-        outcome = fn(fleet, subject)
+        if locked is not None:
+            kind, step = locked
+            asked = [fleet.lock(kind, s, step, read_record=True) for s in subjects]
+            held = {lock.subject: lock for lock in acquire_all(asked)}
+        for subject in subjects:
+            if done and time.monotonic() - started >= BATCH_TIME_S:
+                break
+            if locked is None:
+                counts[_run_one(job, subject, partial(fn, fleet, subject))] += 1
+            elif subject not in held:
+                counts["busy"] += 1
+            else:
+                counts[_run_one(job, subject, partial(fn, fleet, subject, held[subject]))] += 1
+            done.append(subject)
+    finally:
+        release_all(list(held.values()))
+        fleet.dispatch.flush()
+    return done
+
+
+def _run_one(job: str, subject: str, call: Callable[[], object]) -> str:
+    try:
+        outcome = call()
     except Exception:
         log.exception("%s %s failed in a batch", job, subject)
         return "error"
@@ -181,14 +233,15 @@ def _run_one(fleet: Fleet, job: str, fn: Callable[[Fleet, str], object], subject
 
 def provision_batch(fleet: Fleet) -> dict[str, int]:
     """provision_request for every request in its work set."""
-    return run_batch(fleet, "provision_request", provision_request)
+    locked = LOCKED_STEPS["provision_request"]
+    return run_batch(fleet, "provision_request", provision_request, locked)
 
 
 def create_vm_batch(fleet: Fleet) -> dict[str, int]:
     """create_vm for every reserved VM in its work set."""
-    return run_batch(fleet, "create_vm", create_vm)
+    return run_batch(fleet, "create_vm", create_vm, LOCKED_STEPS["create_vm"])
 
 
 def check_pending_batch(fleet: Fleet) -> dict[str, int]:
     """check_pending_vm for every booting VM in its work set."""
-    return run_batch(fleet, "check_pending_vm", check_pending_vm)
+    return run_batch(fleet, "check_pending_vm", check_pending_vm, LOCKED_STEPS["check_pending_vm"])
