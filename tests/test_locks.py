@@ -253,3 +253,21 @@ def test_acquire_all_grants_each_lock_on_its_own(redis_client: redis.Redis, keys
     assert redis_client.exists(keys.lock("vm", names[2])) == 0  # ours: released
     assert redis_client.get(keys.lock("vm", names[1])) == other.id
     assert not any(lk.held for lk in granted)
+
+
+def test_ensure_held_writes_nothing(redis_client: redis.Redis, keys: Keys) -> None:
+    """Proves: the ownership check before a provider call is a read: it leaves the
+    lock's expiry to the renewer and makes no write (under ``appendfsync always`` a
+    write costs an fsync), where it used to be an extend."""
+    lock = FencedLock(redis_client, keys, "vm", "vm-read", expire_s=60, auto_renewal=False)
+    assert lock.acquire()
+    redis_client.pexpire(lock.key, 30_000)
+
+    def writes() -> int:
+        return int(redis_client.info("persistence")["rdb_changes_since_last_save"])
+
+    before = writes()
+    lock.ensure_held()
+    assert writes() == before
+    assert 0 < redis_client.pttl(lock.key) <= 30_000
+    lock.release()

@@ -13,10 +13,11 @@ is granted the same lock. Three things make that harmless:
 2. Every side-effecting store transition is passed ``fence=lock.fence``; the store
    refuses a token older than the newest grant (``stale_fence``), inside its script.
 3. The holder may call :meth:`FencedLock.ensure_held` before a side effect the fence
-   cannot guard (a provider call): a token-checked extend, which raises
-   :class:`LockLost` if another id owns the key or nobody does. Before a store write it
-   is not needed (the fence refuses a stale holder inside the write); it narrows the
-   window, the fence closes it.
+   cannot guard (a provider call): a token-checked read (it writes nothing, so under
+   ``appendfsync always`` it costs no fsync; the renewer keeps the expiry), which
+   raises :class:`LockLost` if another id owns the key or nobody does. Before a store
+   write it is not needed and not made (the fence refuses a stale holder inside the
+   write); it narrows the window, the fence closes it.
 
 Renewal: a :class:`LockRenewer` (one daemon thread, shared by every lock of a process
 that is given it: the Fleet holds one) extends each held lock every third of its expiry
@@ -268,6 +269,15 @@ class FencedLock:
         log.warning("lock %s (fence %d) was lost while held", self.key, self.fence)
         return False
 
+    def _owned(self) -> bool:
+        """One token-checked read (nothing written: the renewer keeps the expiry); False,
+        and marked lost, if the lock is no longer ours."""
+        if int(self._extend(keys=[self.key], args=["", self.id])):
+            return True
+        self._lost = True
+        log.warning("lock %s (fence %d) was lost while held", self.key, self.fence)
+        return False
+
     # -- ownership ---------------------------------------------------------------------
     def owner(self) -> str | None:
         """The id that owns the lock key now (None when nobody does)."""
@@ -279,13 +289,15 @@ class FencedLock:
     def ensure_held(self) -> None:
         """Raise :class:`LockLost` unless this holder still owns the lock.
 
-        A token-checked extend (``lock_extend.lua``): it checks the key holds our id and
-        pushes the expiry out again, in one unit. Call it before a side effect the fence
-        cannot guard (a provider call); the store's fence check remains the guarantee.
+        A token-checked read (``lock_extend.lua`` writing nothing): the key holds our id.
+        It does not push the expiry out (the renewer does, every third of it; a write
+        here would cost an fsync under ``appendfsync always``). Call it before a side
+        effect the fence cannot guard (a provider call); the store's fence check remains
+        the guarantee, and no call is needed before a store write.
         """
         if not self._held:
             raise LockLost(f"{self.key}: not held")
-        if self._lost or not self._renew():
+        if self._lost or not self._owned():
             raise LockLost(
                 f"{self.key}: lock lost (fence {self.fence}, owner now {self.owner()!r})"
             )
