@@ -37,6 +37,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from functools import partial
+from typing import Any
 
 from vmpool.lifecycle.fleet import Dispatcher, Fleet
 from vmpool.lifecycle.requests import provision_request
@@ -141,11 +142,16 @@ LOCKED_STEPS: dict[str, tuple[LockKind, str]] = {
     "check_pending_vm": ("vm", "check_pending"),
 }
 
+# Per-claim work done for all granted subjects at once: subject -> extra arguments.
+Prepare = Callable[[Fleet, list[FencedLock]], dict[str, dict[str, Any]]]
+
+
 def run_batch(
     fleet: Fleet,
     job: str,
     fn: Callable[..., object],
     locked: tuple[LockKind, str] | None = None,
+    prepare: Prepare | None = None,
 ) -> dict[str, int]:
     """Claim subjects of ``job``'s work set and run ``fn`` for each until none is
     claimable ('more' absent) or :data:`BATCH_TIME_S` is over ('more': 1; the claimed
@@ -159,9 +165,11 @@ def run_batch(
     its subject's record) and ``fn(fleet, subject, lock)`` runs for each granted one; a
     subject whose lock another worker holds is 'busy' (that worker is on it), as in the
     unbatched job; the locks are released in one script once the claim has run.
-    Without, ``fn(fleet, subject)`` runs. What the subjects dispatch is dispatched once per claim,
-    after the locks are released (a follow-up job must not find them held) and before
-    the claim is marked done (:class:`DeferredDispatch`)."""
+    ``prepare``, given the granted locks, does for those subjects at once what each
+    would do alone (the create claim's clone slots) and says what to pass each ``fn``. Without
+    ``locked``, ``fn(fleet, subject)`` runs. What the subjects dispatch is dispatched
+    once per claim, after the locks are released (a follow-up job must not find them
+    held) and before the claim is marked done (:class:`DeferredDispatch`)."""
     deferred = DeferredDispatch(fleet.dispatch)
     fleet = copy.copy(fleet)  # the same clients, names and renewer; its own dispatch
     fleet.dispatch = deferred
@@ -180,7 +188,8 @@ def run_batch(
         claim = work.claim(job, max(1, min(CLAIM_SIZE, size)), lease_s(fleet))
         if not claim.subjects:
             return dict(counts)
-        done = _run_claim(fleet, job, fn, locked, claim.subjects, started, counts)
+        how = (fn, locked, prepare)
+        done = _run_claim(fleet, job, how, claim.subjects, started, counts)
         ran += len(done)
         work.done(job, claim, done)
         work.release(job, claim, claim.subjects[len(done) :])
@@ -189,8 +198,7 @@ def run_batch(
 def _run_claim(
     fleet: Fleet,
     job: str,
-    fn: Callable[..., object],
-    locked: tuple[LockKind, str] | None,
+    how: tuple[Callable[..., object], tuple[LockKind, str] | None, Prepare | None],
     subjects: list[str],
     started: float,
     counts: Counter[str],
@@ -199,13 +207,16 @@ def _run_claim(
     batch's time is over; returns those run. The locks are released and the follow-ups
     dispatched whatever happens."""
     assert isinstance(fleet.dispatch, DeferredDispatch)
+    fn, locked, prepare = how
     held: dict[str, FencedLock] = {}
+    extra: dict[str, dict[str, Any]] = {}
     done: list[str] = []
     try:
         if locked is not None:
             kind, step = locked
             asked = [fleet.lock(kind, s, step, read_record=True) for s in subjects]
             held = {lock.subject: lock for lock in acquire_all(asked)}
+            extra = prepare(fleet, list(held.values())) if prepare and held else {}
         for subject in subjects:
             if done and time.monotonic() - started >= BATCH_TIME_S:
                 break
@@ -214,7 +225,8 @@ def _run_claim(
             elif subject not in held:
                 counts["busy"] += 1
             else:
-                counts[_run_one(job, subject, partial(fn, fleet, subject, held[subject]))] += 1
+                call = partial(fn, fleet, subject, held[subject], **extra.get(subject, {}))
+                counts[_run_one(job, subject, call)] += 1
             done.append(subject)
     finally:
         release_all(list(held.values()))
@@ -239,7 +251,17 @@ def provision_batch(fleet: Fleet) -> dict[str, int]:
 
 def create_vm_batch(fleet: Fleet) -> dict[str, int]:
     """create_vm for every reserved VM in its work set."""
-    return run_batch(fleet, "create_vm", create_vm, LOCKED_STEPS["create_vm"])
+    return run_batch(fleet, "create_vm", create_vm, LOCKED_STEPS["create_vm"], _take_slots)
+
+
+def _take_slots(fleet: Fleet, locks: list[FencedLock]) -> dict[str, dict[str, Any]]:
+    """A create claim's clone slots in one script: for each VM still reserved (as read
+    under its lock), its lease renewed or a free slot taken, as ``create_vm`` would do
+    alone; each ``create_vm`` is told whether it holds one (and gives it back, as
+    ever). A slot taken for a VM the claim does not reach before its time is over is
+    its own: its next create uses it, and a lease nobody renews ends by itself."""
+    names = [lock.subject for lock in locks if lock.record.get("state") == "reserved"]
+    return {name: {"slot": ok} for name, ok in fleet.slots.acquire_all(names).items()}
 
 
 def check_pending_batch(fleet: Fleet) -> dict[str, int]:

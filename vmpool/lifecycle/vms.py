@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping, Sequence
+from functools import partial
 
 from vmpool.config import Config
 from vmpool.ids import InvalidIdentifier, validate_pool_name
@@ -52,7 +53,9 @@ log = logging.getLogger(__name__)
 # ------------------------------------------------------------------------------------
 
 
-def create_vm(fleet: Fleet, name: str, lock: FencedLock | None = None) -> str:
+def create_vm(
+    fleet: Fleet, name: str, lock: FencedLock | None = None, slot: bool | None = None
+) -> str:
     """Create a reserved VM at its provider and record it pending.
 
     Returns: 'pending' (created; check_pending_vm dispatched), 'completed' (the request
@@ -66,9 +69,12 @@ def create_vm(fleet: Fleet, name: str, lock: FencedLock | None = None) -> str:
     The create is idempotent at the provider (by name), so a second run, or a run after
     a worker died mid-create, finds the same VM. The clone slot is released in a
     ``finally`` once the create is over, whichever way it went. ``lock``: the VM's lock,
-    granted with its record by a batch job, which releases it (see ``_under_vm_lock``).
+    granted with its record by a batch job, which releases it (see ``_under_vm_lock``);
+    ``slot``: whether the batch job took (or renewed) the VM's clone slot for it (one
+    script for its claim), else it is taken here.
     """
-    outcome = _under_vm_lock(fleet, name, "reserved", "create", _create_locked, lock)
+    body = _create_locked if slot is None else partial(_create_locked, slot=slot)
+    outcome = _under_vm_lock(fleet, name, "reserved", "create", body, lock)
     if outcome.startswith("vm_"):
         fleet.slots.release(name)  # no longer reserved: whatever slot it held is free
     return outcome
@@ -115,11 +121,15 @@ def _under_vm_lock(
             lock.release()
 
 
-def _create_locked(fleet: Fleet, vm: VMRecord, provider: Provider, lock: FencedLock) -> str:
+def _create_locked(
+    fleet: Fleet, vm: VMRecord, provider: Provider, lock: FencedLock, slot: bool | None = None
+) -> str:
     name = vm.name
     if circuit_open(fleet, provider, vm):
         return "circuit_open"
-    if fleet.slots.acquire(name) is None:  # renews our lease, or takes a free slot
+    if slot is None:  # renews our lease, or takes a free slot
+        slot = fleet.slots.acquire(name) is not None
+    if not slot:
         log.info("create %s: clone limit reached, waiting for a slot", name)
         return "throttled"
     actor = fleet.who("create")

@@ -23,7 +23,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 
 import redis
@@ -66,6 +66,15 @@ class CloneSemaphore:
             keys=[self.key], args=["acquire", holder, self.limit, repr(self.lease_s)]
         )
         return holder if int(granted) == 1 else None
+
+    def acquire_all(self, holders: Sequence[str]) -> dict[str, bool]:
+        """:meth:`acquire` for each of ``holders`` in turn, in one script (a batch
+        job's create claim); holder -> whether it holds a lease now."""
+        if not holders:
+            return {}
+        args: list[str | int] = ["acquire_all", self.limit, repr(self.lease_s), *holders]
+        granted = self._script(keys=[self.key], args=args)
+        return {h: int(g) == 1 for h, g in zip(holders, granted, strict=True)}
 
     def release(self, lease: str) -> bool:
         """Give the slot back; True if a live lease was dropped (releasing twice is fine)."""
