@@ -146,8 +146,22 @@ def _jobs_done(conn: redis.Redis) -> int:
     return total
 
 
-def fleet_real(url: str, n: int, cfg_path: str) -> tuple[float, float, float]:
-    """(VMs/s, commands per VM, server µs per VM)."""
+def command_breakdown(conn: redis.Redis, per: int) -> str:
+    """The commands since the last CONFIG RESETSTAT by kind, per ``per`` (most first)."""
+    stats = conn.info("commandstats")
+    rows = sorted(
+        ((int(v["calls"]) / per, k.removeprefix("cmdstat_")) for k, v in stats.items()
+         if k != "cmdstat_config"),
+        reverse=True,
+    )
+    return " ".join(f"{name}={calls:.1f}" for calls, name in rows if calls >= 0.05)
+
+
+def fleet_real(
+    url: str, n: int, cfg_path: str, breakdown: list[str] | None = None
+) -> tuple[float, float, float]:
+    """(VMs/s, commands per VM, server µs per VM); ``breakdown`` gets the commands per
+    VM by kind."""
     conn = redis.Redis.from_url(url)
     conn.flushdb()
     config = make_config()
@@ -166,6 +180,8 @@ def fleet_real(url: str, n: int, cfg_path: str) -> tuple[float, float, float]:
     done = lambda: int(conn.hget(finished, "ready") or 0) >= n  # noqa: E731
     elapsed = _run_workers(url, cfg_path, done, conn)
     calls, usec = server_stats(conn)
+    if breakdown is not None:
+        breakdown.append(command_breakdown(conn, n))
     return n / elapsed, calls / n, usec / n
 
 
@@ -397,12 +413,16 @@ def _expiry_row(url: str, args: argparse.Namespace) -> str:
 
 def _fleet_rows(url: str, args: argparse.Namespace, cfg_path: str) -> list[str]:
     noop, real, cmds, usec = [], [], [], []
+    kinds: list[str] = []
     for _ in range(args.runs):
         noop.append(fleet_noop(url, args.vms))
-        vms, c, u = fleet_real(url, args.vms, cfg_path)
+        vms, c, u = fleet_real(url, args.vms, cfg_path, kinds)
         real.append(vms)
         cmds.append(c)
         usec.append(u)
+    if args.breakdown:
+        for line in kinds:
+            print(f"# commands per VM: {line}")
     ratios = [r / b for r, b in zip(real, noop, strict=True)]
     return [
         f"| fleet VMs/s ÷ RQ no-op jobs/s (2 workers, {args.vms} one-VM requests) |"
@@ -440,6 +460,9 @@ def main() -> None:
         "--only",
         choices=("fleet", "sweep", "transitions", "expiry", "memory"),
         help="measure this part of the table alone (while iterating)",
+    )
+    parser.add_argument(
+        "--breakdown", action="store_true", help="print each fleet run's commands per VM by kind"
     )
     args = parser.parse_args()
     args.pending = [int(s) for s in args.pending.split(",") if s]

@@ -10,16 +10,19 @@ number of round trips.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import redis
 from test_lifecycle import create_request, make_config, make_fleet
+from test_sweep_batching import RoundTrips
 
 from vmpool import lifecycle
-from vmpool.lifecycle import Fleet, batch
+from vmpool.lifecycle import Fleet, RecordingDispatcher, batch
 from vmpool.lifecycle.batch import run_batch
 from vmpool.state.audit import check_trail
 from vmpool.state.keys import Keys
+from vmpool.state.locks import FencedLock
 from vmpool.state.records import Slot
 from vmpool.state.workset import WorkSet
 from workers.batching import LANES, BatchDispatcher, continue_batch, ensure_lanes
@@ -199,3 +202,117 @@ def test_a_dispatch_costs_the_same_with_many_lanes(conn: redis.Redis, keys: Keys
     assert calls(*scripts) - before == 1  # the probe alone, no SCRIPT EXISTS round trip
     assert calls("cmdstat_script|exists") == before_exists
     assert work.size("create_vm") == 2
+
+
+class _CountingDispatcher(RecordingDispatcher):
+    """Records each call it gets as (method, subjects), batched forms as one call."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.methods: list[tuple[str, list[str]]] = []
+
+    def check_pending_vm(self, name: str) -> None:
+        self.methods.append(("check_pending_vm", [name]))
+
+    def check_pending_vms(self, names: Sequence[str]) -> None:
+        self.methods.append(("check_pending_vms", list(names)))
+
+
+def test_a_claims_follow_ups_are_dispatched_once_per_claim(redis_client: redis.Redis) -> None:
+    """Proves: the checks a create batch dispatches go out as ONE batched dispatch per
+    claim (one lane check for all of them), not one dispatch per VM (each a pipeline of
+    lane checks: most of a VM's Redis commands), and every VM is in it once."""
+    fleet = make_fleet(redis_client, make_config())
+    names: list[str] = []
+    for i in range(3):
+        create_request(fleet.store, f"r{i}", [Slot("deb", "debian", 1)], fleet.config)
+        names += lifecycle.provision_request(fleet, f"r{i}")
+    WorkSet(fleet.redis, fleet.keys).add("create_vm", names)
+    counting = _CountingDispatcher()
+    fleet.dispatch = counting
+    assert lifecycle.create_vm_batch(fleet) == {"pending": 3}
+    assert [(m, sorted(s)) for m, s in counting.methods] == [("check_pending_vms", sorted(names))]
+    assert fleet.dispatch is counting  # the batch's deferral stayed inside the batch
+
+
+def test_a_claims_locks_are_granted_together_and_a_busy_one_is_skipped(
+    redis_client: redis.Redis, redis_url: str
+) -> None:
+    """Proves: a create batch grants the locks of its claimed VMs together (each its own
+    lock and token) and runs the VMs it got; a VM whose lock another worker holds is
+    'busy' and left to that worker (not created, its lock untouched), without stopping
+    the others; every lock the batch took is released once it ran."""
+    fleet = _batched_fleet(redis_client, redis_url)
+    names: list[str] = []
+    for i in range(3):
+        create_request(fleet.store, f"r{i}", [Slot("deb", "debian", 1)], fleet.config)
+        names += lifecycle.provision_request(fleet, f"r{i}")
+    WorkSet(fleet.redis, fleet.keys).add("create_vm", names)
+    other = FencedLock(fleet.redis, fleet.keys, "vm", names[1], expire_s=60, holder="other")
+    assert other.acquire()
+    assert lifecycle.create_vm_batch(fleet) == {"pending": 2, "busy": 1}
+    states = {vm.name: vm.state for vm in fleet.store.get_vms(names)}
+    assert states == {names[0]: "pending", names[1]: "reserved", names[2]: "pending"}
+    assert fleet.redis.get(fleet.keys.lock("vm", names[1])) == other.id
+    assert not any(fleet.redis.exists(fleet.keys.lock("vm", n)) for n in (names[0], names[2]))
+
+
+def _round_trips_per_vm(redis_url: str, vms: int) -> dict[str, int]:
+    """Client round trips of each batch step for ``vms`` one-VM requests (a fresh fleet
+    whose clients count their writes; see tests/test_sweep_batching.py)."""
+    trips = RoundTrips()
+    client = trips.client(redis_url, decode=True)
+    client.flushdb()
+    fleet = make_fleet(client, make_config(ondemand_clone_limit=100))
+    fleet.dispatch = BatchDispatcher(trips.client(redis_url, decode=False), fleet.keys)
+    rids = [f"rt{i}" for i in range(vms)]
+    for rid in rids:
+        create_request(fleet.store, rid, [Slot("deb", "debian", 1)], fleet.config)
+    fleet.dispatch.provision_requests(rids)
+    out: dict[str, int] = {}
+    for step in (lifecycle.provision_batch, lifecycle.create_vm_batch,
+                 lifecycle.check_pending_batch):  # fmt: skip
+        before = trips.count
+        assert "more" not in step(fleet)
+        out[step.__name__] = trips.count - before
+    assert all(fleet.store.get_request(rid).status == "ready" for rid in rids)  # type: ignore[union-attr]
+    return out
+
+
+def test_per_vm_round_trips_of_the_batch_steps(redis_url: str) -> None:
+    """Proves: what each further VM costs a batch step in client round trips (the
+    difference between 12 VMs and 2, per VM) is its own work only: a provider call and
+    its transition, the clone slot's acquire and release, one lock check before the
+    provider call; not a lock grant, a release, a read and a re-read, a clone slot's
+    renewal and a dispatch of its own (the per-VM path of session 4 cost 9-13 per VM
+    and step)."""
+    small = _round_trips_per_vm(redis_url, 2)
+    big = _round_trips_per_vm(redis_url, 12)
+    per_vm = {step: (big[step] - small[step]) / 10 for step in big}
+    # reserve: clone slot + reserve_vm (+ the warm-pool claim); create: lock check, the
+    # provider's create, vm_created, slot release (the claim's slots are renewed in one
+    # script); check: the provider's get + is_ready, lock check, the request id, vm_ready.
+    assert per_vm["provision_batch"] <= 3.0, per_vm
+    assert per_vm["create_vm_batch"] <= 4.0, per_vm
+    assert per_vm["check_pending_batch"] <= 5.0, per_vm
+
+
+def test_a_create_claims_clone_slots_hold_the_limit(
+    redis_client: redis.Redis, redis_url: str
+) -> None:
+    """Proves: when a create claim takes its VMs' clone slots in one script, the limit
+    still holds: with the reservations' leases gone (lapsed) and 2 of 3 slots held by
+    others, one VM is created and the other two wait ('throttled', still reserved),
+    never more than 3 leases live; the created VM's slot is given back."""
+    fleet = _batched_fleet(redis_client, redis_url, ondemand_clone_limit=3)
+    create_request(fleet.store, "big", [Slot("deb", "debian", 3)], fleet.config)
+    names = lifecycle.provision_request(fleet, "big")
+    assert len(names) == 3 and fleet.slots.count() == 3
+    fleet.redis.delete(fleet.keys.clone_slots)  # the three leases lapsed
+    assert fleet.slots.acquire_all(["other-1", "other-2"]) == {"other-1": True,
+                                                              "other-2": True}
+    WorkSet(fleet.redis, fleet.keys).add("create_vm", names)
+    assert lifecycle.create_vm_batch(fleet) == {"pending": 1, "throttled": 2}
+    states = sorted(vm.state for vm in fleet.store.get_vms(names))
+    assert states == ["pending", "reserved", "reserved"]
+    assert sorted(fleet.slots.holders()) == ["other-1", "other-2"]

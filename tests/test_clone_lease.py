@@ -68,14 +68,34 @@ def test_slot_lease_is_renewed_while_the_provider_call_runs(redis_client: redis.
 
 
 def test_renewal_stops_with_the_call(redis_client: redis.Redis) -> None:
-    """The renewal ends when the guarded block ends (no thread left renewing a slot
-    nobody holds): after release, the slot stays free."""
+    """The renewal ends when the guarded block ends (nothing left renewing a slot
+    nobody holds): after release, and a few renewal periods later, the slot is still
+    free. The block lasts a few renewal periods, so renewals did run in it; and every
+    block of one semaphore is renewed by the same one thread, not a thread per block.
+    The passing time is what is tested here."""
     from vmpool.state.keys import Keys
 
     sem = CloneSemaphore(redis_client, Keys("vmpool"), limit=1, lease_s=0.3)
+    renewals: list[str] = []
+    acquire = sem.acquire
+
+    def counted(holder: str) -> str | None:
+        renewals.append(holder)
+        return acquire(holder)
+
+    def keepers() -> int:
+        return sum(1 for t in threading.enumerate() if t.name == "clone-lease-keeper")
+
+    sem.acquire = counted  # type: ignore[method-assign]
+    before = keepers()
     assert sem.acquire("a") == "a"
-    with sem.renewing("a"):
-        pass
+    for _ in range(2):
+        with sem.renewing("a"):
+            threading.Event().wait(0.35)  # three renewal periods of 0.1 s
+    assert renewals.count("a") >= 3  # the first acquire and renewals in both blocks
+    assert keepers() - before == 1  # this semaphore's one thread, for both blocks
     sem.release("a")
+    seen = len(renewals)
+    threading.Event().wait(0.35)
+    assert len(renewals) == seen  # nothing renews a lease whose block ended
     assert sem.acquire("b") == "b"
-    assert not [t for t in threading.enumerate() if t.name.startswith("clone-lease-")]

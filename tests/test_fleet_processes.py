@@ -336,11 +336,12 @@ def test_paused_lock_holder_cannot_undo_a_ready_request(fleet: Fleet) -> None:
     finally:
         fleet.signal("w0", signal.SIGCONT)
     # w0 resumes: it must give up (its lock is gone), never write. Where it was stopped
-    # decides how it says so: inside the provider call, its next lock check fails
-    # ("lock lost") or the store refuses its write ("refused"); stopped between the
-    # grant and its re-read of the VM (the grant is one script since issue 15, so the
-    # key is visible a moment before the call), the re-read finds the VM running, the
-    # step ends without a write, and the release finds the lock gone ("had expired").
+    # decides how it says so: inside the provider call, the store refuses its write
+    # ("refused"; no lock check is made before a fenced write); stopped after the grant
+    # and before the provider call (a batch grants its claim's locks, each with its
+    # VM's record, before it runs them, so the key is visible a moment before the
+    # call), its lock check before the call fails ("lock lost"); either way the release
+    # finds the lock gone ("had expired").
     signs = ("lock lost", "refused", "had expired before its release")
     wait_for(
         lambda: any(sign in fleet.log("w0") for sign in signs),
@@ -363,8 +364,8 @@ def test_paused_lock_holder_cannot_undo_a_ready_request(fleet: Fleet) -> None:
 
 def test_paused_writer_is_refused_by_the_store(fleet: Fleet) -> None:
     """The store, not the lock, is the safety argument. A worker stops itself (SIGSTOP,
-    via the ``create_vm.before_commit`` failpoint) AFTER it checked that it still holds
-    the VM's lock and BEFORE its write; its lock expires; another worker finishes the
+    via the ``create_vm.before_commit`` failpoint) AFTER its provider call (made while it
+    held the VM's lock) and BEFORE its write; its lock expires; another worker finishes the
     request; the paused worker resumes and makes its write with its old fencing token:
     the store refuses it ('stale_fence' in its log), and the request keeps its one
     fulfilment and its running VM. Without the fence check the write would go through

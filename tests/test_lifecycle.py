@@ -370,7 +370,8 @@ def test_stale_creator_cannot_record_its_create(fleet: Fleet) -> None:
             return getattr(sim, attr)
 
     fleet.providers = {SIM: Pausing()}
-    assert lifecycle.create_vm(fleet, name) == "lock_lost"  # ensure_held caught it first
+    # No extend before the write (issue 15): the store's fence refuses it inside the write.
+    assert lifecycle.create_vm(fleet, name) == "stale_fence"
     vm = fleet.store.get_vm(name)
     assert vm is not None and vm.state == "reserved"
     assert sim.count() == 1  # the new holder's create will find it (idempotent)

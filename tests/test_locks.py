@@ -11,7 +11,14 @@ import pytest
 import redis
 
 from vmpool.state.keys import Keys
-from vmpool.state.locks import FencedLock, LockBusy, LockLost, LockRenewer
+from vmpool.state.locks import (
+    FencedLock,
+    LockBusy,
+    LockLost,
+    LockRenewer,
+    acquire_all,
+    release_all,
+)
 from vmpool.state.records import RequestSettings, Slot
 from vmpool.state.store import Store
 
@@ -215,3 +222,52 @@ def test_error_after_grant_leaves_no_renewed_lease(
     assert other.acquire() is True  # the next job on the VM is not 'busy'
     other.release()
     assert lock.fence == 0
+
+
+def test_acquire_all_grants_each_lock_on_its_own(redis_client: redis.Redis, keys: Keys) -> None:
+    """Proves: a batch grant (one script for many subjects) grants each free lock with
+    its own token and record, refuses a held one without stopping the others, and a
+    batch release deletes only the locks still ours (one taken over meanwhile by
+    another holder is left to it)."""
+    store = Store(redis_client, keys)
+    names = [reserved_vm(store, f"r-all-{i}", f"vm-all-{i}") for i in range(3)]
+    other = FencedLock(redis_client, keys, "vm", names[1], expire_s=60, holder="other")
+    assert other.acquire()
+    asked = [
+        FencedLock(redis_client, keys, "vm", n, expire_s=60, holder="batch", read_record=True)
+        for n in names
+    ]
+    granted = acquire_all(asked)
+    assert [lk.subject for lk in granted] == [names[0], names[2]]
+    assert not asked[1].held and asked[1].record == {}
+    for lock in granted:
+        assert lock.fence == 1 and lock.record["name"] == lock.subject
+        assert lock.record["state"] == "reserved"
+        assert redis_client.get(keys.lock("vm", lock.subject)) == lock.id
+    # the first lock expires and goes to another holder before the batch releases
+    force_expire(redis_client, keys.lock("vm", names[0]))
+    taker = FencedLock(redis_client, keys, "vm", names[0], expire_s=60, holder="taker")
+    assert taker.acquire() and taker.fence == 2
+    release_all(granted)
+    assert redis_client.get(keys.lock("vm", names[0])) == taker.id  # not ours: kept
+    assert redis_client.exists(keys.lock("vm", names[2])) == 0  # ours: released
+    assert redis_client.get(keys.lock("vm", names[1])) == other.id
+    assert not any(lk.held for lk in granted)
+
+
+def test_ensure_held_writes_nothing(redis_client: redis.Redis, keys: Keys) -> None:
+    """Proves: the ownership check before a provider call is a read: it leaves the
+    lock's expiry to the renewer and makes no write (under ``appendfsync always`` a
+    write costs an fsync), where it used to be an extend."""
+    lock = FencedLock(redis_client, keys, "vm", "vm-read", expire_s=60, auto_renewal=False)
+    assert lock.acquire()
+    redis_client.pexpire(lock.key, 30_000)
+
+    def writes() -> int:
+        return int(redis_client.info("persistence")["rdb_changes_since_last_save"])
+
+    before = writes()
+    lock.ensure_held()
+    assert writes() == before
+    assert 0 < redis_client.pttl(lock.key) <= 30_000
+    lock.release()

@@ -113,3 +113,17 @@ def test_keys_live_under_the_prefix(redis_client: redis.Redis) -> None:
     sem = CloneSemaphore(redis_client, keys, limit=1, lease_s=60)
     sem.acquire("vm-a")
     assert redis_client.keys("*") == ["othertenant:clone-slots"]
+
+
+def test_acquire_all_takes_each_in_turn_within_the_limit(
+    redis_client: redis.Redis, keys: Keys
+) -> None:
+    """Proves: one call for many holders (a create claim's VMs) is the same as acquiring
+    each in turn: a live lease is renewed without a second slot, new ones are taken
+    while slots are free, and the rest are refused; the limit holds."""
+    sem = CloneSemaphore(redis_client, keys, limit=3, lease_s=60)
+    assert sem.acquire("a") == "a"
+    got = sem.acquire_all(["a", "b", "c", "d", "a"])
+    assert got == {"a": True, "b": True, "c": True, "d": False}
+    assert sem.count() == 3 and sorted(sem.holders()) == ["a", "b", "c"]
+    assert sem.acquire_all([]) == {}

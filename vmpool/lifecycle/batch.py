@@ -12,6 +12,15 @@ transitions refuse a second runner). A worker killed mid-batch loses nothing: it
 claimed subjects stay in the set and are claimed again when the lease
 (:func:`lease_s`) ends, and the periodic sweeps re-dispatch any work as before.
 
+The follow-up work a subject's step dispatches (the create of a reserved VM, the check
+of a created one, a destroy) is collected while a claim runs and dispatched once per
+claim (:class:`DeferredDispatch`), in the dispatcher's batched forms: a dispatch costs
+a pipeline of lane checks (``workers.batching.ensure_lanes``), which per VM was most of
+a VM's Redis commands. The claim is marked done only after that dispatch, so a worker
+killed in between leaves the claim to be run again (each step is idempotent) and a
+subject's follow-up is never lost with it; a follow-up whose dispatch is lost anyway
+(Redis gone) is re-found by the periodic sweeps, as before.
+
 Each batch function loops until the set has nothing claimable or it has run for
 :data:`BATCH_TIME_S`, then returns the count of each outcome, with ``more: 1`` when it
 stopped on time with work left: the job's entry point then queues its continuation
@@ -22,20 +31,26 @@ dequeue: the expiry sweep's settle bound needs workers to come back to the queue
 
 from __future__ import annotations
 
+import copy
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from functools import partial
+from typing import Any
 
-from vmpool.lifecycle.fleet import Fleet
+from vmpool.lifecycle.fleet import Dispatcher, Fleet
 from vmpool.lifecycle.requests import provision_request
 from vmpool.lifecycle.vms import check_pending_vm, create_vm
+from vmpool.state.locks import FencedLock, LockKind, acquire_all, release_all
 from vmpool.state.workset import WorkSet
 
 __all__ = [
     "BATCHED",
     "BATCH_TIME_S",
     "CLAIM_SIZE",
+    "LOCKED_STEPS",
+    "DeferredDispatch",
     "check_pending_batch",
     "create_vm_batch",
     "lease_s",
@@ -66,13 +81,98 @@ def lease_s(fleet: Fleet) -> float:
     return float(fleet.config.lock_expire_s)
 
 
-def run_batch(fleet: Fleet, job: str, fn: Callable[[Fleet, str], object]) -> dict[str, int]:
-    """Claim subjects of ``job``'s work set and run ``fn(fleet, subject)`` for each until
-    none is claimable ('more' absent) or :data:`BATCH_TIME_S` is over ('more': 1; the
-    claimed subjects not yet run are released at once). A claim is sized to what fits
-    in the time left at the pace so far (1 to :data:`CLAIM_SIZE`). An exception of one
-    subject is logged and counted ('error'); the subject is done (the sweeps re-find
-    real work), the others go on."""
+class DeferredDispatch:
+    """A Dispatcher that holds the per-subject follow-ups of one claim and hands them to
+    ``inner`` in its batched forms at :meth:`flush` (each kind once, each subject once,
+    in the order first asked). ``check_request`` and the batched forms go through at
+    once (they are not per-VM follow-ups, or already batched)."""
+
+    def __init__(self, inner: Dispatcher) -> None:
+        self.inner = inner
+        self._held: dict[str, dict[str, None]] = {}
+
+    def _hold(self, kind: str, subject: str) -> None:
+        self._held.setdefault(kind, {})[subject] = None
+
+    def flush(self) -> None:
+        """Dispatch what is held, one batched call per kind."""
+        held, self._held = self._held, {}
+        send: dict[str, Callable[[Sequence[str]], None]] = {
+            "provision_request": self.inner.provision_requests,
+            "create_vm": self.inner.create_vms,
+            "check_pending_vm": self.inner.check_pending_vms,
+            "destroy_vm": self.inner.destroy_vms,
+        }
+        for kind, subjects in held.items():
+            send[kind](list(subjects))
+
+    def provision_request(self, request_id: str) -> None:
+        self._hold("provision_request", request_id)
+
+    def create_vm(self, name: str) -> None:
+        self._hold("create_vm", name)
+
+    def check_pending_vm(self, name: str) -> None:
+        self._hold("check_pending_vm", name)
+
+    def destroy_vm(self, name: str) -> None:
+        self._hold("destroy_vm", name)
+
+    def check_request(self, request_id: str) -> None:
+        self.inner.check_request(request_id)
+
+    def provision_requests(self, request_ids: Sequence[str]) -> None:
+        self.inner.provision_requests(request_ids)
+
+    def create_vms(self, names: Sequence[str]) -> None:
+        self.inner.create_vms(names)
+
+    def check_pending_vms(self, names: Sequence[str]) -> None:
+        self.inner.check_pending_vms(names)
+
+    def destroy_vms(self, names: Sequence[str]) -> None:
+        self.inner.destroy_vms(names)
+
+
+# The lock each batched step runs under: the kind of its subject and the step's name
+# (the holder id says which step holds it).
+LOCKED_STEPS: dict[str, tuple[LockKind, str]] = {
+    "provision_request": ("request", "provision"),
+    "create_vm": ("vm", "create"),
+    "check_pending_vm": ("vm", "check_pending"),
+}
+
+# Per-claim work done for all granted subjects at once: subject -> extra arguments.
+Prepare = Callable[[Fleet, list[FencedLock]], dict[str, dict[str, Any]]]
+
+
+def run_batch(
+    fleet: Fleet,
+    job: str,
+    fn: Callable[..., object],
+    locked: tuple[LockKind, str] | None = None,
+    prepare: Prepare | None = None,
+) -> dict[str, int]:
+    """Claim subjects of ``job``'s work set and run ``fn`` for each until none is
+    claimable ('more' absent) or :data:`BATCH_TIME_S` is over ('more': 1; the claimed
+    subjects not yet run are released at once). A claim is sized to what fits in the
+    time left at the pace so far (1 to :data:`CLAIM_SIZE`). An exception of one subject
+    is logged and counted ('error'); the subject is done (the sweeps re-find real work),
+    the others go on.
+
+    With ``locked`` (the lock's kind and step, :data:`LOCKED_STEPS`), the locks of a
+    claim's subjects are granted in one script (each its own lock and token, read with
+    its subject's record) and ``fn(fleet, subject, lock)`` runs for each granted one; a
+    subject whose lock another worker holds is 'busy' (that worker is on it), as in the
+    unbatched job; the locks are released in one script once the claim has run.
+    ``prepare``, given the granted locks, does for those subjects at once what each
+    would do alone (the create claim's clone slots) and says what to pass each ``fn``. Without
+    ``locked``, ``fn(fleet, subject)`` runs. What the subjects dispatch is dispatched
+    once per claim, after the locks are released (a follow-up job must not find them
+    held) and before the claim is marked done (:class:`DeferredDispatch`)."""
+    deferred = DeferredDispatch(fleet.dispatch)
+    fleet = copy.copy(fleet)  # the same clients, names and renewer; its own dispatch
+    fleet.dispatch = deferred
     work = WorkSet(fleet.redis, fleet.keys)
     counts: Counter[str] = Counter()
     started = time.monotonic()
@@ -88,20 +188,55 @@ def run_batch(fleet: Fleet, job: str, fn: Callable[[Fleet, str], object]) -> dic
         claim = work.claim(job, max(1, min(CLAIM_SIZE, size)), lease_s(fleet))
         if not claim.subjects:
             return dict(counts)
-        done: list[str] = []
-        for subject in claim.subjects:
-            if done and time.monotonic() - started >= BATCH_TIME_S:
-                break
-            counts[_run_one(fleet, job, fn, subject)] += 1
-            done.append(subject)
+        how = (fn, locked, prepare)
+        done = _run_claim(fleet, job, how, claim.subjects, started, counts)
         ran += len(done)
         work.done(job, claim, done)
         work.release(job, claim, claim.subjects[len(done) :])
 
 
-def _run_one(fleet: Fleet, job: str, fn: Callable[[Fleet, str], object], subject: str) -> str:
+def _run_claim(
+    fleet: Fleet,
+    job: str,
+    how: tuple[Callable[..., object], tuple[LockKind, str] | None, Prepare | None],
+    subjects: list[str],
+    started: float,
+    counts: Counter[str],
+) -> list[str]:
+    """Run the claimed ``subjects`` (under their locks, for a locked step) until the
+    batch's time is over; returns those run. The locks are released and the follow-ups
+    dispatched whatever happens."""
+    assert isinstance(fleet.dispatch, DeferredDispatch)
+    fn, locked, prepare = how
+    held: dict[str, FencedLock] = {}
+    extra: dict[str, dict[str, Any]] = {}
+    done: list[str] = []
     try:
-        outcome = fn(fleet, subject)
+        if locked is not None:
+            kind, step = locked
+            asked = [fleet.lock(kind, s, step, read_record=True) for s in subjects]
+            held = {lock.subject: lock for lock in acquire_all(asked)}
+            extra = prepare(fleet, list(held.values())) if prepare and held else {}
+        for subject in subjects:
+            if done and time.monotonic() - started >= BATCH_TIME_S:
+                break
+            if locked is None:
+                counts[_run_one(job, subject, partial(fn, fleet, subject))] += 1
+            elif subject not in held:
+                counts["busy"] += 1
+            else:
+                call = partial(fn, fleet, subject, held[subject], **extra.get(subject, {}))
+                counts[_run_one(job, subject, call)] += 1
+            done.append(subject)
+    finally:
+        release_all(list(held.values()))
+        fleet.dispatch.flush()
+    return done
+
+
+def _run_one(job: str, subject: str, call: Callable[[], object]) -> str:
+    try:
+        outcome = call()
     except Exception:
         log.exception("%s %s failed in a batch", job, subject)
         return "error"
@@ -110,14 +245,25 @@ def _run_one(fleet: Fleet, job: str, fn: Callable[[Fleet, str], object], subject
 
 def provision_batch(fleet: Fleet) -> dict[str, int]:
     """provision_request for every request in its work set."""
-    return run_batch(fleet, "provision_request", provision_request)
+    locked = LOCKED_STEPS["provision_request"]
+    return run_batch(fleet, "provision_request", provision_request, locked)
 
 
 def create_vm_batch(fleet: Fleet) -> dict[str, int]:
     """create_vm for every reserved VM in its work set."""
-    return run_batch(fleet, "create_vm", create_vm)
+    return run_batch(fleet, "create_vm", create_vm, LOCKED_STEPS["create_vm"], _take_slots)
+
+
+def _take_slots(fleet: Fleet, locks: list[FencedLock]) -> dict[str, dict[str, Any]]:
+    """A create claim's clone slots in one script: for each VM still reserved (as read
+    under its lock), its lease renewed or a free slot taken, as ``create_vm`` would do
+    alone; each ``create_vm`` is told whether it holds one (and gives it back, as
+    ever). A slot taken for a VM the claim does not reach before its time is over is
+    its own: its next create uses it, and a lease nobody renews ends by itself."""
+    names = [lock.subject for lock in locks if lock.record.get("state") == "reserved"]
+    return {name: {"slot": ok} for name, ok in fleet.slots.acquire_all(names).items()}
 
 
 def check_pending_batch(fleet: Fleet) -> dict[str, int]:
     """check_pending_vm for every booting VM in its work set."""
-    return run_batch(fleet, "check_pending_vm", check_pending_vm)
+    return run_batch(fleet, "check_pending_vm", check_pending_vm, LOCKED_STEPS["check_pending_vm"])

@@ -185,7 +185,11 @@ class Fleet:
     def who(self, job: str) -> str:
         return f"{self.actor}/{job}"
 
-    def lock(self, kind: LockKind, subject: str, job: str) -> FencedLock:
+    def lock(
+        self, kind: LockKind, subject: str, job: str, *, read_record: bool = False
+    ) -> FencedLock:
+        """The subject's fenced lock, not yet acquired; ``read_record``: its grant also
+        reads the subject's record (:attr:`FencedLock.record`)."""
         return FencedLock(
             self.redis,
             self.keys,
@@ -195,6 +199,7 @@ class Fleet:
             holder=self.who(job),
             orphan_fence_ttl_s=self.config.data_ttl_s,
             renewer=self.lock_renewer,
+            read_record=read_record,
         )
 
     def provider_for(self, vm: VMRecord) -> Provider | None:

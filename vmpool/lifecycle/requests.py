@@ -17,7 +17,8 @@ from redis.exceptions import ResponseError
 from vmpool.config import PoolConfig
 from vmpool.lifecycle.fleet import Fleet, dispatch_released, note_outcome
 from vmpool.lifecycle.warm import claim_ready
-from vmpool.state.locks import FencedLock, LockBusy, LockLost
+from vmpool.state.locks import FencedLock, LockLost
+from vmpool.state.records import RequestRecord
 
 __all__ = ["check_request", "provision_request", "provision_sweep", "sweep_expired"]
 
@@ -35,32 +36,43 @@ _REQUEST_LEVEL_REFUSALS = frozenset({"no_request", "stale_fence", "past_deadline
 # ------------------------------------------------------------------------------------
 
 
-def provision_request(fleet: Fleet, request_id: str) -> list[str]:
+def provision_request(
+    fleet: Fleet, request_id: str, lock: FencedLock | None = None
+) -> list[str]:
     """Reserve VMs for the request's unreserved slots, within the fleet-wide clone limit,
     and dispatch create_vm for each. Returns the names reserved by this call.
 
-    Runs under the request's lock; each reservation passes its fence, so a holder paused
-    past its lock's expiry cannot over-reserve (the store refuses 'stale_fence', and
-    'slot_full' bounds the slot whatever the lock does). One clone slot is taken per VM
-    before it is reserved and handed to create_vm, which gives it back.
+    Runs under the request's lock, whose grant reads the request's record in the same
+    unit; each reservation passes its fence, so a holder paused past its lock's expiry
+    cannot over-reserve (the store refuses 'stale_fence', and 'slot_full' bounds the
+    slot whatever the lock does). One clone slot is taken per VM before it is reserved
+    and handed to create_vm, which gives it back. ``lock``: already granted that way by
+    a batch job, which releases it; else taken and released here.
 
     A slot whose pool is no longer in the configuration is skipped with an error in the
     log: no VM exists yet, so there is nothing to fail; the request stays pending and its
     expiry fails it (with the usual TTL reason) unless the pool comes back meanwhile.
     """
     reserved: list[str] = []
+    own = lock is None
+    if lock is None:
+        lock = fleet.lock("request", request_id, "provision", read_record=True)
+        if not lock.acquire():
+            log.debug("provision %s: another worker holds the request", request_id)
+            return reserved
     try:
-        with fleet.lock("request", request_id, "provision") as lock:
-            _reserve_for(fleet, request_id, lock, reserved)
-    except LockBusy:
-        log.debug("provision %s: another worker holds the request", request_id)
+        _reserve_for(fleet, request_id, lock, reserved)
     except LockLost as exc:
         log.warning("provision %s stopped: %s", request_id, exc)
+    finally:
+        if own:
+            lock.release()
     return reserved
 
 
 def _reserve_for(fleet: Fleet, request_id: str, lock: FencedLock, reserved: list[str]) -> None:
-    req = fleet.store.get_request(request_id)
+    # The record as the grant read it; its VM names are not needed here (not read).
+    req = RequestRecord.from_hash(lock.record) if lock.record else None
     if req is None or req.status != "pending" or req.unreserved <= 0:
         return
     if claim_ready(fleet, req):  # ready VMs of warm pools first; clone the shortfall

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping, Sequence
+from functools import partial
 
 from vmpool.config import Config
 from vmpool.ids import InvalidIdentifier, validate_pool_name
@@ -30,7 +31,7 @@ from vmpool.providers import (
     is_permanent_error,
 )
 from vmpool.state.keys import INDEXED_VM_STATES
-from vmpool.state.locks import FencedLock, LockBusy, LockLost
+from vmpool.state.locks import FencedLock, LockLost
 from vmpool.state.records import VMRecord
 
 __all__ = [
@@ -52,7 +53,9 @@ log = logging.getLogger(__name__)
 # ------------------------------------------------------------------------------------
 
 
-def create_vm(fleet: Fleet, name: str) -> str:
+def create_vm(
+    fleet: Fleet, name: str, lock: FencedLock | None = None, slot: bool | None = None
+) -> str:
     """Create a reserved VM at its provider and record it pending.
 
     Returns: 'pending' (created; check_pending_vm dispatched), 'completed' (the request
@@ -65,55 +68,73 @@ def create_vm(fleet: Fleet, name: str) -> str:
 
     The create is idempotent at the provider (by name), so a second run, or a run after
     a worker died mid-create, finds the same VM. The clone slot is released in a
-    ``finally`` once the create is over, whichever way it went.
+    ``finally`` once the create is over, whichever way it went. ``lock``: the VM's lock,
+    granted with its record by a batch job, which releases it (see ``_under_vm_lock``);
+    ``slot``: whether the batch job took (or renewed) the VM's clone slot for it (one
+    script for its claim), else it is taken here.
     """
-    outcome = _under_vm_lock(fleet, name, "reserved", "create", _create_locked)
+    body = _create_locked if slot is None else partial(_create_locked, slot=slot)
+    outcome = _under_vm_lock(fleet, name, "reserved", "create", body, lock)
     if outcome.startswith("vm_"):
         fleet.slots.release(name)  # no longer reserved: whatever slot it held is free
     return outcome
 
 
-LockedStep = Callable[[Fleet, str, Provider, FencedLock], str]
+LockedStep = Callable[[Fleet, VMRecord, Provider, FencedLock], str]
 
 
-def _under_vm_lock(fleet: Fleet, name: str, state: str, step: str, body: LockedStep) -> str:
-    """The shape of every per-VM job: a cheap read to skip work that is not due, then
-    ``body`` under the VM's lock (which re-reads and acts). Another worker holding the
-    lock is 'busy', not an error; a lock lost midway stops the step ('lock_lost')."""
-    vm = fleet.store.get_vm(name)
-    if vm is None:
-        return "no_vm"
-    if vm.state != state:
-        return f"vm_{vm.state}"
-    provider = fleet.provider_for(vm)
-    if provider is None:
-        return "no_provider"
+def _under_vm_lock(
+    fleet: Fleet,
+    name: str,
+    state: str,
+    step: str,
+    body: LockedStep,
+    lock: FencedLock | None = None,
+) -> str:
+    """The shape of every per-VM job: the VM's lock, whose grant reads the VM's record
+    in the same unit (so the record is read under the lock, once), then ``body`` if the
+    VM is in ``state``. ``lock``: already granted that way (a batch job grants the locks
+    of its claim in one script and releases them in one); else taken and released here.
+    Another worker holding the lock is 'busy', not an error; a lock lost midway stops
+    the step ('lock_lost')."""
+    own = lock is None
+    if lock is None:
+        lock = fleet.lock("vm", name, step, read_record=True)
+        if not lock.acquire():
+            log.debug("%s %s: another worker holds the VM", step, name)
+            return "busy"
     try:
-        with fleet.lock("vm", name, step) as lock:
-            return body(fleet, name, provider, lock)
-    except LockBusy:
-        log.debug("%s %s: another worker holds the VM", step, name)
-        return "busy"
+        vm = VMRecord.from_hash(lock.record) if lock.record else None
+        if vm is None:
+            return "no_vm"
+        if vm.state != state:
+            return f"vm_{vm.state}"
+        provider = fleet.provider_for(vm)
+        if provider is None:
+            return "no_provider"
+        return body(fleet, vm, provider, lock)
     except LockLost as exc:
         log.warning("%s %s stopped: %s", step, name, exc)
         return "lock_lost"
+    finally:
+        if own:
+            lock.release()
 
 
-def _create_locked(fleet: Fleet, name: str, provider: Provider, lock: FencedLock) -> str:
-    vm = fleet.store.get_vm(name)  # re-read under the lock
-    if vm is None:
-        return "no_vm"
-    if vm.state != "reserved":
-        fleet.slots.release(name)
-        return f"vm_{vm.state}"
+def _create_locked(
+    fleet: Fleet, vm: VMRecord, provider: Provider, lock: FencedLock, slot: bool | None = None
+) -> str:
+    name = vm.name
     if circuit_open(fleet, provider, vm):
         return "circuit_open"
-    if fleet.slots.acquire(name) is None:  # renews our lease, or takes a free slot
+    if slot is None:  # renews our lease, or takes a free slot
+        slot = fleet.slots.acquire(name) is not None
+    if not slot:
         log.info("create %s: clone limit reached, waiting for a slot", name)
         return "throttled"
     actor = fleet.who("create")
     try:
-        lock.ensure_held()
+        lock.ensure_held()  # before the provider call: a side effect no fence guards
         try:
             with fleet.slots.renewing(name):  # the slot is held as long as the call runs
                 create_for_request(
@@ -123,9 +144,11 @@ def _create_locked(fleet: Fleet, name: str, provider: Provider, lock: FencedLock
             return _create_failed(fleet, provider, vm, lock, exc)
         failpoint("create_vm.after_provider")
         circuit_closed(fleet, provider, vm)
-        lock.ensure_held()
+        # No ensure_held() before the write: its fence refuses a stale holder inside it.
         failpoint("create_vm.before_commit")  # a pause here is what the fence is for
-        created = fleet.store.vm_created(name, actor=actor, fence=lock.fence)
+        created = fleet.store.vm_created(
+            name, actor=actor, fence=lock.fence, request_id=vm.request_id
+        )
         note_outcome("vm_created", name, created)
         if created.ok and created.code == "pending":
             fleet.dispatch.check_pending_vm(name)
@@ -151,7 +174,6 @@ def _create_failed(
     permanent = is_permanent_error(exc)
     log.info("create %s failed (permanent=%s): %s", vm.name, permanent, exc)
     reason = f"create failed: {exc}" + count_failure(fleet, provider, vm, exc, permanent)
-    lock.ensure_held()
     failed = fleet.store.vm_failed(
         vm.name, reason, actor=fleet.who("create"), permanent=permanent, fence=lock.fence
     )
@@ -194,7 +216,6 @@ def destroy_at_provider(
     except Exception as exc:
         log.warning("destroy %s failed; it stays completed for the next sweep: %s", name, exc)
         return "provider_error"
-    lock.ensure_held()
     outcome = fleet.store.vm_destroyed(name, actor=fleet.who("destroy"), fence=lock.fence)
     note_outcome("vm_destroyed", name, outcome)
     return outcome.code
@@ -205,7 +226,7 @@ def destroy_at_provider(
 # ------------------------------------------------------------------------------------
 
 
-def check_pending_vm(fleet: Fleet, name: str) -> str:
+def check_pending_vm(fleet: Fleet, name: str, lock: FencedLock | None = None) -> str:
     """Ask the provider whether a pending VM booted.
 
     Returns: 'running' / 'fulfilled' (attached; the request turned ready in the same
@@ -213,16 +234,15 @@ def check_pending_vm(fleet: Fleet, name: str) -> str:
     (not yet), 'retry' / 'request_failed' / 'failed' (past the pool's timeout, counted
     from the VM's created_at in server time, or vanished at the provider), 'busy',
     'provider_error', 'lock_lost', 'no_provider', or a refusal ('no_vm', 'vm_<state>').
+    ``lock``: as for :func:`create_vm`.
     """
-    return _under_vm_lock(fleet, name, "pending", "check_pending", _check_pending_locked)
+    return _under_vm_lock(
+        fleet, name, "pending", "check_pending", _check_pending_locked, lock
+    )
 
 
-def _check_pending_locked(fleet: Fleet, name: str, provider: Provider, lock: FencedLock) -> str:
-    vm = fleet.store.get_vm(name)
-    if vm is None:
-        return "no_vm"
-    if vm.state != "pending":
-        return f"vm_{vm.state}"
+def _check_pending_locked(fleet: Fleet, vm: VMRecord, provider: Provider, lock: FencedLock) -> str:
+    name = vm.name
     try:
         if isinstance(provider, StatusBatch):  # one cloud call, not two
             held = provider.statuses([name]).get(name)
@@ -359,6 +379,10 @@ def destroy_vm(fleet: Fleet, name: str) -> str:
     and the next destroy sweep retries), 'busy', 'lock_lost', 'no_provider', or a
     refusal ('no_vm', 'vm_<state>': only a completed VM is destroyed).
     """
-    return _under_vm_lock(fleet, name, "completed", "destroy", destroy_at_provider)
+    return _under_vm_lock(fleet, name, "completed", "destroy", _destroy_locked)
+
+
+def _destroy_locked(fleet: Fleet, vm: VMRecord, provider: Provider, lock: FencedLock) -> str:
+    return destroy_at_provider(fleet, vm.name, provider, lock, pool=vm.pool)
 
 

@@ -13,10 +13,11 @@ is granted the same lock. Three things make that harmless:
 2. Every side-effecting store transition is passed ``fence=lock.fence``; the store
    refuses a token older than the newest grant (``stale_fence``), inside its script.
 3. The holder may call :meth:`FencedLock.ensure_held` before a side effect the fence
-   cannot guard (a provider call): a token-checked extend, which raises
-   :class:`LockLost` if another id owns the key or nobody does. Before a store write it
-   is not needed (the fence refuses a stale holder inside the write); it narrows the
-   window, the fence closes it.
+   cannot guard (a provider call): a token-checked read (it writes nothing, so under
+   ``appendfsync always`` it costs no fsync; the renewer keeps the expiry), which
+   raises :class:`LockLost` if another id owns the key or nobody does. Before a store
+   write it is not needed and not made (the fence refuses a stale holder inside the
+   write); it narrows the window, the fence closes it.
 
 Renewal: a :class:`LockRenewer` (one daemon thread, shared by every lock of a process
 that is given it: the Fleet holds one) extends each held lock every third of its expiry
@@ -24,6 +25,12 @@ with the same token-checked script; a lock it finds lost is marked lost (and
 :meth:`FencedLock.ensure_held` raises). A lock given no renewer gets a renewer of its
 own. Issue 15: the former python-redis-lock grant cost four round trips and a thread
 started and joined per lock; now a grant is one script and a release another.
+
+Batch jobs (issue 15): :func:`acquire_all` grants the locks of a claim's subjects in
+one script and :func:`release_all` releases them in one; each is still its own lock
+with its own fresh id and token, granted or refused on its own. A lock made with
+``read_record=True`` also gets its subject's record, read in the grant's unit
+(:attr:`FencedLock.record`), so its holder need not read it again.
 
 Acquisition is non-blocking by default: a job that finds the lock taken returns
 ``busy`` (another worker is on it; the periodic sweeps bring the work back if that
@@ -40,15 +47,25 @@ import math
 import os
 import threading
 import time
+from collections.abc import Sequence
 from types import TracebackType
-from typing import Literal
+from typing import Any, Literal
 
 import redis
 
 from vmpool.state.keys import Keys
 from vmpool.state.lua import read_script
+from vmpool.state.records import text
 
-__all__ = ["FencedLock", "LockBusy", "LockKind", "LockLost", "LockRenewer"]
+__all__ = [
+    "FencedLock",
+    "LockBusy",
+    "LockKind",
+    "LockLost",
+    "LockRenewer",
+    "acquire_all",
+    "release_all",
+]
 
 log = logging.getLogger(__name__)
 
@@ -146,6 +163,7 @@ class FencedLock:
         auto_renewal: bool = True,
         orphan_fence_ttl_s: float | None = None,
         renewer: LockRenewer | None = None,
+        read_record: bool = False,
     ) -> None:
         if kind == "request":
             self.fence_key = keys.request_fence(subject)
@@ -171,18 +189,27 @@ class FencedLock:
         self._renewer = (renewer or LockRenewer()) if auto_renewal else None
         self._grant = redis_client.register_script(_GRANT_LUA)
         self._extend = redis_client.register_script(_EXTEND_LUA)
+        self.read_record = read_record
+        # The subject's hash as the grant read it (read_record), {} when it has none.
+        self.record: dict[str, str] = {}
         self.fence: int = 0
         self._held = False
         self._lost = False
 
     # -- grant and release -------------------------------------------------------------
     def _try_grant(self) -> int:
-        return int(
-            self._grant(
-                keys=[self.key, self.fence_key, self.subject_key],
-                args=[self.id, self.orphan_fence_ttl_ms, self.expire_s * 1000],
-            )
-        )
+        (reply,) = self._grant(
+            keys=[self.key, self.fence_key, self.subject_key],
+            args=[self.orphan_fence_ttl_ms, self.expire_s * 1000, _flag(self.read_record),
+                  self.id],
+        )  # fmt: skip
+        return self._granted(reply)
+
+    def _granted(self, reply: list[Any]) -> int:
+        """Take one lock's part of a grant reply ({token, record}); the token."""
+        token, flat = int(reply[0]), reply[1]
+        self.record = {text(flat[i]): text(flat[i + 1]) for i in range(0, len(flat), 2)}
+        return token
 
     def acquire(self) -> bool:
         """Try to take the lock; True with :attr:`fence` set, False if someone holds it."""
@@ -197,6 +224,9 @@ class FencedLock:
                 time.sleep(max(0.0, min(delay, left)))
                 delay = min(2 * delay, _POLL_MAX_S)
                 token = self._try_grant()
+        return self._taken(token)
+
+    def _taken(self, token: int) -> bool:
         if not token:
             log.debug("lock %s is busy", self.key)
             return False
@@ -211,20 +241,38 @@ class FencedLock:
     def release(self) -> None:
         """Release the lock. A lock already lost is logged, not raised: the work done
         under it was fenced, and the new holder's lock must not be touched."""
-        if not self._held:
+        if not self._let_go():
             return
+        if not int(self._extend(keys=[self.key], args=["0", self.id])):
+            self._expired_before_release()
+
+    def _let_go(self) -> bool:
+        """Mark released (the renewer forgets it); False if it was not held."""
+        if not self._held:
+            return False
         self._held = False
         if self._renewer is not None:
             self._renewer.remove(self)
-        if not int(self._extend(keys=[self.key], args=[self.id, "0"])):
-            log.warning("lock %s (fence %d) had expired before its release", self.key, self.fence)
+        return True
+
+    def _expired_before_release(self) -> None:
+        log.warning("lock %s (fence %d) had expired before its release", self.key, self.fence)
 
     def _renew(self) -> bool:
         """One token-checked extend (the renewer's); False, and marked lost, if the
         lock is no longer ours."""
         if not self._held:
             return False
-        if int(self._extend(keys=[self.key], args=[self.id, self.expire_s * 1000])):
+        if int(self._extend(keys=[self.key], args=[self.expire_s * 1000, self.id])):
+            return True
+        self._lost = True
+        log.warning("lock %s (fence %d) was lost while held", self.key, self.fence)
+        return False
+
+    def _owned(self) -> bool:
+        """One token-checked read (nothing written: the renewer keeps the expiry); False,
+        and marked lost, if the lock is no longer ours."""
+        if int(self._extend(keys=[self.key], args=["", self.id])):
             return True
         self._lost = True
         log.warning("lock %s (fence %d) was lost while held", self.key, self.fence)
@@ -241,13 +289,15 @@ class FencedLock:
     def ensure_held(self) -> None:
         """Raise :class:`LockLost` unless this holder still owns the lock.
 
-        A token-checked extend (``lock_extend.lua``): it checks the key holds our id and
-        pushes the expiry out again, in one unit. Call it before a side effect the fence
-        cannot guard (a provider call); the store's fence check remains the guarantee.
+        A token-checked read (``lock_extend.lua`` writing nothing): the key holds our id.
+        It does not push the expiry out (the renewer does, every third of it; a write
+        here would cost an fsync under ``appendfsync always``). Call it before a side
+        effect the fence cannot guard (a provider call); the store's fence check remains
+        the guarantee, and no call is needed before a store write.
         """
         if not self._held:
             raise LockLost(f"{self.key}: not held")
-        if self._lost or not self._renew():
+        if self._lost or not self._owned():
             raise LockLost(
                 f"{self.key}: lock lost (fence {self.fence}, owner now {self.owner()!r})"
             )
@@ -270,3 +320,40 @@ class FencedLock:
         tb: TracebackType | None,
     ) -> None:
         self.release()
+
+
+def _flag(on: bool) -> str:
+    return "1" if on else "0"
+
+
+def acquire_all(locks: Sequence[FencedLock]) -> list[FencedLock]:
+    """Try to grant every lock of ``locks`` (not yet held, made alike: one client, one
+    expiry, one orphan TTL, one ``read_record``) in one script; each is granted or
+    refused on its own (a refused one is busy, as :meth:`FencedLock.acquire` without
+    blocking). Returns the granted ones, each with its :attr:`~FencedLock.fence` (and
+    :attr:`~FencedLock.record`), each renewed as usual until released."""
+    if not locks:
+        return []
+    first = locks[0]
+    if any(lk._held for lk in locks):
+        raise RuntimeError("acquire_all: a lock is already acquired")
+    keys = [k for lk in locks for k in (lk.key, lk.fence_key, lk.subject_key)]
+    args: list[str | int] = [
+        first.orphan_fence_ttl_ms, first.expire_s * 1000, _flag(first.read_record)
+    ]  # fmt: skip
+    replies = first._grant(keys=keys, args=[*args, *(lk.id for lk in locks)])
+    return [lk for lk, reply in zip(locks, replies, strict=True) if lk._taken(lk._granted(reply))]
+
+
+def release_all(locks: Sequence[FencedLock]) -> None:
+    """Release every held lock of ``locks`` (one client) in one script, each checked on
+    its own: only a lock still ours is deleted. Locks found expired are logged, as
+    :meth:`FencedLock.release` does."""
+    held = [lk for lk in locks if lk._let_go()]
+    if not held:
+        return
+    owned = int(held[0]._extend(keys=[lk.key for lk in held], args=["0", *(lk.id for lk in held)]))
+    if owned < len(held):
+        for lock in held:
+            if lock.owner() != lock.id:
+                lock._expired_before_release()

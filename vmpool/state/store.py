@@ -102,15 +102,27 @@ class Store(PoolStore):
         reply = self._scripts[script](keys=keys, args=argv)
         return Outcome.from_reply(reply)
 
-    def _run_vm(self, script: str, name: str, actor: str, args: Sequence[Any] = ()) -> Outcome:
+    def _run_vm(
+        self,
+        script: str,
+        name: str,
+        actor: str,
+        args: Sequence[Any] = (),
+        *,
+        request_id: str | None = None,
+    ) -> Outcome:
         # A VM's request id is written once, at reservation, and never changes: reading
-        # it before the script is not a check-then-act gap (the script re-checks it).
-        raw = self.redis.hget(self.keys.vm(validate_vm_name(name)), "request_id")
-        if raw is None:
-            return Outcome(False, "no_vm")
-        if not text(raw):  # a warm-pool VM: no request (vmpool.state.pool_store)
+        # it before the script (or taking it from a record the caller read) is not a
+        # check-then-act gap (the script re-checks it).
+        if request_id is None:
+            raw = self.redis.hget(self.keys.vm(validate_vm_name(name)), "request_id")
+            if raw is None:
+                return Outcome(False, "no_vm")
+            request_id = text(raw)
+        validate_vm_name(name)
+        if not request_id:  # a warm-pool VM: no request (vmpool.state.pool_store)
             return self._run_pool_vm(script, name, actor, args)
-        return self._run(script, text(raw), actor, args, vm_name=name)
+        return self._run(script, request_id, actor, args, vm_name=name)
 
     @staticmethod
     def _fence(token: int | None) -> str:
@@ -196,8 +208,13 @@ class Store(PoolStore):
             vm_name=name,
         )
 
-    def vm_created(self, name: str, *, actor: str, fence: int | None = None) -> Outcome:
-        return self._run_vm("vm_created", name, actor, [name, self._fence(fence)])
+    def vm_created(
+        self, name: str, *, actor: str, fence: int | None = None, request_id: str | None = None
+    ) -> Outcome:
+        """``request_id``: the VM's, from a record read under its lock (saves the read
+        of it; the script checks it as ever)."""
+        args = [name, self._fence(fence)]
+        return self._run_vm("vm_created", name, actor, args, request_id=request_id)
 
     def vm_ready(
         self, name: str, *, actor: str, fence: int | None = None, hostname: str = ""

@@ -1,28 +1,47 @@
--- lock_fence.lua: take a lock and issue its fencing token, in one unit.
--- Not a store script: vmpool/state/locks.py loads it alone (FencedLock.acquire).
--- KEYS[1]  the lock key (keys.lock(kind, subject)); its value is the holder's lock id
--- KEYS[2]  the fence counter (keys.request_fence(rid) or keys.vm_fence(name))
--- KEYS[3]  the subject's record (keys.request(rid) or keys.vm(name)), for the TTL
--- ARGV[1]  the holder's lock id (fresh per grant)
--- ARGV[2]  TTL in ms for a counter whose subject has no record ('' for none)
--- ARGV[3]  the lock's expiry in ms
--- Returns: the new token (>= 1), or 0 when another holder has the lock (nothing written).
--- Invariant: a token is issued only together with the lock (SET NX in the same unit),
+-- lock_fence.lua: take locks and issue their fencing tokens, each lock in its own
+-- check, all in one unit (one lock, or the locks of a batch job's claimed subjects).
+-- Not a store script: vmpool/state/locks.py loads it alone (FencedLock.acquire,
+-- acquire_all).
+-- KEYS     three per lock, lock i at 3i-2 .. 3i:
+--          the lock key (keys.lock(kind, subject)); its value is the holder's lock id
+--          the fence counter (keys.request_fence(rid) or keys.vm_fence(name))
+--          the subject's record (keys.request(rid) or keys.vm(name)), for the TTL
+--          (and for the read, ARGV[3])
+-- ARGV[1]  TTL in ms for a counter whose subject has no record ('' for none)
+-- ARGV[2]  the locks' expiry in ms
+-- ARGV[3]  '1': also return each granted subject's record (HGETALL, read in this unit,
+--          so after the grant: what a holder reads here no other holder changes);
+--          '0': tokens only
+-- ARGV[3+i] lock i's holder id (fresh per grant)
+-- Returns: per lock, in KEYS order, {token, record}: token >= 1 granted, 0 when another
+--          holder has that lock (nothing written for it); record the flat HGETALL reply
+--          of its subject (empty when not granted, not asked, or no record).
+-- Invariant: a token is issued only together with its lock (SET NX in the same unit),
 -- so tokens increase in grant order: a holder whose lock expired (and was granted
 -- again) holds a smaller token than the new owner, and every fenced store transition
--- refuses it ('stale_fence'). The counter never goes back while its subject's record
+-- refuses it ('stale_fence'). Each lock is granted or refused on its own: a busy one
+-- does not stop the others. The counter never goes back while its subject's record
 -- exists: it gets a TTL only when it has none and its subject has one (a tombstone:
 -- the counter dies with it) or has no record at all.
-if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[3]) then
-  return 0
-end
-local token = redis.call('INCR', KEYS[2])
-if redis.call('PTTL', KEYS[2]) < 0 then
-  local subject_ttl = redis.call('PTTL', KEYS[3])
-  if subject_ttl > 0 then
-    redis.call('PEXPIRE', KEYS[2], subject_ttl)
-  elseif subject_ttl == -2 and ARGV[2] ~= '' then
-    redis.call('PEXPIRE', KEYS[2], ARGV[2])
+local out = {}
+for i = 1, #KEYS / 3 do
+  local lock, fence, subject = KEYS[3 * i - 2], KEYS[3 * i - 1], KEYS[3 * i]
+  local token = 0
+  local record = {}
+  if redis.call('SET', lock, ARGV[3 + i], 'NX', 'PX', ARGV[2]) then
+    token = redis.call('INCR', fence)
+    if redis.call('PTTL', fence) < 0 then
+      local subject_ttl = redis.call('PTTL', subject)
+      if subject_ttl > 0 then
+        redis.call('PEXPIRE', fence, subject_ttl)
+      elseif subject_ttl == -2 and ARGV[1] ~= '' then
+        redis.call('PEXPIRE', fence, ARGV[1])
+      end
+    end
+    if ARGV[3] == '1' then
+      record = redis.call('HGETALL', subject)
+    end
   end
+  out[i] = {token, record}
 end
-return token
+return out
