@@ -68,8 +68,9 @@ def observe_pending(
         lock.ensure_held()
         failpoint("check_pending.before_commit")
         outcome = fleet.store.vm_ready(
-            name, actor=actor, fence=lock.fence, hostname=_hostname(vm, held)
-        )
+            name, actor=actor, fence=lock.fence, hostname=_hostname(vm, held),
+            request_id=vm.request_id,
+        )  # fmt: skip
         note_outcome("vm_ready", name, outcome)
         if outcome.ok and outcome.code == "completed":
             fleet.dispatch.destroy_vm(name)
@@ -82,7 +83,9 @@ def observe_pending(
             return "booting"
         reason = f"timeout: not ready {timeout_s:g}s after create"
     lock.ensure_held()
-    failed = fleet.store.vm_failed(name, reason, actor=actor, fence=lock.fence)
+    failed = fleet.store.vm_failed(
+        name, reason, actor=actor, fence=lock.fence, request_id=vm.request_id
+    )
     note_outcome("vm_failed", name, failed)
     after_vm_failed(fleet, vm, failed)
     if failed.ok:

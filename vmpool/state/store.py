@@ -217,11 +217,19 @@ class Store(PoolStore):
         return self._run_vm("vm_created", name, actor, args, request_id=request_id)
 
     def vm_ready(
-        self, name: str, *, actor: str, fence: int | None = None, hostname: str = ""
+        self,
+        name: str,
+        *,
+        actor: str,
+        fence: int | None = None,
+        hostname: str = "",
+        request_id: str | None = None,
     ) -> Outcome:
         """``hostname``: the address the cloud reports, for a VM whose pool has no
-        domain (recorded in the same unit as the VM turning running); '' keeps it."""
-        return self._run_vm("vm_ready", name, actor, [name, self._fence(fence), hostname])
+        domain (recorded in the same unit as the VM turning running); '' keeps it.
+        ``request_id``: as for :meth:`vm_created`."""
+        args = [name, self._fence(fence), hostname]
+        return self._run_vm("vm_ready", name, actor, args, request_id=request_id)
 
     def vm_failed(
         self,
@@ -231,10 +239,11 @@ class Store(PoolStore):
         actor: str,
         permanent: bool = False,
         fence: int | None = None,
+        request_id: str | None = None,
     ) -> Outcome:
-        return self._run_vm(
-            "vm_failed", name, actor, [name, self._fence(fence), reason, "1" if permanent else "0"]
-        )
+        """``request_id``: as for :meth:`vm_created`."""
+        args = [name, self._fence(fence), reason, "1" if permanent else "0"]
+        return self._run_vm("vm_failed", name, actor, args, request_id=request_id)
 
     def expire_request(self, request_id: str, *, actor: str) -> Outcome:
         return self._run("expire_request", request_id, actor)
