@@ -80,7 +80,10 @@ class Counter:
 
 def make_config() -> Config:
     data = {
-        ":providers": {"sim": {"provider_class": "simulated", "boot_seconds": 0}},
+        # checked VM by VM: this bench measures the per-VM dispatch (the listing sweep: targets)
+        ":providers": {
+            "sim": {"provider_class": "simulated", "boot_seconds": 0, "batch_status": False}
+        },
         ":config": {"ondemand_request_ttl": 3600, "ondemand_clone_limit": 1000000},
         ":pools": [{"name": p, "template": p, "size": 0, "provider": "sim"} for p in POOLS],
     }
