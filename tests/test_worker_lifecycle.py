@@ -253,7 +253,7 @@ def test_a_hung_job_stops_vouching_for_the_loop(
     job = queue(conn).enqueue("workerhelp.quick_job", job_timeout=1)
     alive = tmp_path / "alive"
     started = time.time()
-    with worker_module._Heartbeat(worker, job, None, 0.0, alive=AliveFile(alive)):
+    with worker_module.one_job_beats(worker, job, None, 0.0, alive=AliveFile(alive)):
         wait_for(alive.exists, 5, "the first touch")
         wait_for(lambda: time.time() - alive.stat().st_mtime > 1.0, 10,
                  "the touches to stop")

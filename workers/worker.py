@@ -14,14 +14,15 @@ argument): :class:`FleetSimpleWorker` (no fork per job) is the default; the fork
 :class:`FleetForkWorker` stays available (``vmpool worker --fork``) for isolation.
 
 Redis outages, fatal errors and the alive file of Kubernetes' liveness probe: both
-classes are :class:`workers.loop.SteadyLoop`, see there. While a job runs, its
-heartbeat thread touches the alive file, for as long as the job's timeout plus
-:data:`HUNG_AFTER_S` (past that the job, and so the loop, is wedged).
+classes are :class:`workers.loop.SteadyLoop`, see there. While a job runs, the
+worker's heartbeat thread (:class:`JobBeats`: one per worker process, not one per job)
+touches the alive file, for as long as the job's timeout plus :data:`HUNG_AFTER_S`
+(past that the job, and so the loop, is wedged).
 
 Abandoned jobs: RQ notices a dead worker's job when its StartedJobRegistry entry
 expires (``min(job_monitoring_interval, timeout) + 60`` s) and a maintenance pass runs.
 :data:`RQ_SETTINGS` keep that near a minute, for both classes: the SimpleWorker
-variant refreshes RQ's heartbeats from a thread while a job runs (stock SimpleWorker
+variant refreshes RQ's heartbeats from that thread while a job runs (stock SimpleWorker
 sets a TTL of job timeout + 60 s once and never refreshes it). The same thread writes
 the vmpool heartbeat (Redis server time) that :func:`workers.queues.enqueue` uses to
 reclaim a dead job's id within seconds. vmpool never relies on RQ re-running a job:
@@ -36,8 +37,9 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable, Sequence
-from types import TracebackType
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
 import redis
@@ -107,74 +109,112 @@ def current_fleet() -> Fleet:
     return fleet
 
 
-class _Heartbeat:
-    """While a job runs: the vmpool heartbeat every HEARTBEAT_SECONDS and, when given,
-    RQ's own heartbeats every ``rq_every`` seconds, from a daemon thread; the alive
-    file too, within the job's time budget."""
+@dataclass
+class _Running:
+    """The job a :class:`JobBeats` beats now, and when its RQ beat and alive file are due."""
 
-    def __init__(
-        self,
-        worker: SteadyLoop,
-        job: Job,
-        rq_beat: Callable[[], None] | None,
-        rq_every: float,
-        *,
-        alive: AliveFile | None,
-    ) -> None:
+    key: str
+    rq_beat: Callable[[], None] | None
+    rq_every: float
+    alive_until: float | None  # monotonic; None: no time budget
+    since_rq: float = 0.0
+
+
+class JobBeats:
+    """The heartbeats of the job a worker runs, from ONE long-lived daemon thread per
+    worker (issue 15: it was a thread started and joined per job): every
+    HEARTBEAT_SECONDS the vmpool heartbeat of the running job (the reclaim check's
+    sign of life), RQ's own heartbeats every ``rq_every`` seconds when given, and the
+    alive file within the job's time budget. Between jobs the thread beats nothing.
+
+    A beat that lands just after its job ended stamps a finished job's hash (or none:
+    the script writes only to a hash that exists), which the reclaim check ignores."""
+
+    def __init__(self, worker: SteadyLoop, *, alive: AliveFile | None) -> None:
         self._script = worker.connection.register_script(_BEAT_LUA)
-        self._key = job.key
-        self._rq_beat = rq_beat
-        self._rq_every = rq_every
         self._outage: RedisOutage = worker.outage
         self._alive = alive
+        self._lock = threading.Lock()
+        self._running: _Running | None = None
+        self._closed = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @contextmanager
+    def running(
+        self, job: Job, rq_beat: Callable[[], None] | None = None, rq_every: float = 0.0
+    ) -> Iterator[None]:
+        """Beat ``job`` while the block runs: once at once, then from the thread."""
         budget = job.timeout or Queue.DEFAULT_TIMEOUT  # what RQ's death penalty uses
-        self._alive_until = None if budget < 0 else time.monotonic() + budget + HUNG_AFTER_S
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name=f"heartbeat-{job.id}", daemon=True)
-
-    def _beat(self) -> None:
-        self._script(keys=[self._key], args=[HEARTBEAT_FIELD])
-
-    def _touch_alive(self) -> None:
-        if self._alive is not None and (
-            self._alive_until is None or time.monotonic() < self._alive_until
-        ):
-            self._alive.touch()
-
-    def _run(self) -> None:
-        since_rq = 0.0
-        while not self._stop.wait(HEARTBEAT_SECONDS):
-            self._touch_alive()
-            try:
-                self._beat()
-                self._outage.back()
-                since_rq += HEARTBEAT_SECONDS
-                if self._rq_beat is not None and since_rq >= self._rq_every:
-                    since_rq = 0.0
-                    self._rq_beat()
-            except REDIS_GONE as exc:  # an outage: said once, the next beat may land
-                self._outage.lost(exc)
-            except Exception:  # a missed beat is not fatal; the next one may work
-                log.warning("job heartbeat failed", exc_info=True)
-
-    def __enter__(self) -> _Heartbeat:
+        until = None if budget < 0 else time.monotonic() + budget + HUNG_AFTER_S
+        with self._lock:
+            self._running = _Running(job.key, rq_beat, rq_every, until)
+        self._first_beat(job.key)
+        if self._thread is None or not self._thread.is_alive():
+            self._closed.clear()
+            self._thread = threading.Thread(target=self._run, name="job-beats", daemon=True)
+            self._thread.start()
         try:
-            self._beat()
+            yield
+        finally:
+            with self._lock:
+                self._running = None
+
+    def close(self) -> None:
+        """Stop the thread (the worker's teardown)."""
+        self._closed.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    def _first_beat(self, key: str) -> None:
+        try:
+            self._script(keys=[key], args=[HEARTBEAT_FIELD])
         except REDIS_GONE as exc:
             self._outage.lost(exc)
         except redis.RedisError:
             log.warning("first job heartbeat failed", exc_info=True)
-        self._thread.start()
-        return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self._stop.set()
-        self._thread.join(timeout=5)
+    def _run(self) -> None:
+        while not self._closed.wait(HEARTBEAT_SECONDS):
+            with self._lock:
+                now = self._running
+            if now is not None:
+                self._beat(now)
+
+    def _beat(self, now: _Running) -> None:
+        if self._alive is not None and (
+            now.alive_until is None or time.monotonic() < now.alive_until
+        ):
+            self._alive.touch()
+        try:
+            self._script(keys=[now.key], args=[HEARTBEAT_FIELD])
+            self._outage.back()
+            now.since_rq += HEARTBEAT_SECONDS
+            if now.rq_beat is not None and now.since_rq >= now.rq_every:
+                now.since_rq = 0.0
+                now.rq_beat()
+        except REDIS_GONE as exc:  # an outage: said once, the next beat may land
+            self._outage.lost(exc)
+        except Exception:  # a missed beat is not fatal; the next one may work
+            log.warning("job heartbeat failed", exc_info=True)
+
+
+@contextmanager
+def one_job_beats(
+    worker: SteadyLoop,
+    job: Job,
+    rq_beat: Callable[[], None] | None,
+    rq_every: float,
+    *,
+    alive: AliveFile | None,
+) -> Iterator[None]:
+    """:class:`JobBeats` for one job, its thread ended with it: the forking worker's
+    horse, a process that lives one job."""
+    beats = JobBeats(worker, alive=alive)
+    try:
+        with beats.running(job, rq_beat, rq_every):
+            yield
+    finally:
+        beats.close()
 
 
 class FleetSimpleWorker(SteadyLoop, SimpleWorker):
@@ -187,7 +227,7 @@ class FleetSimpleWorker(SteadyLoop, SimpleWorker):
         _any_rq_queues(self.queues)
 
     def get_heartbeat_ttl(self, job: Job, working_time: float = 0.0) -> int:
-        # Like the forking Worker (short TTL, refreshed by _Heartbeat), not
+        # Like the forking Worker (short TTL, refreshed by JobBeats), not
         # SimpleWorker's "job timeout + 60 s, set once".
         return BaseWorker.get_heartbeat_ttl(self, job, working_time)
 
@@ -198,12 +238,23 @@ class FleetSimpleWorker(SteadyLoop, SimpleWorker):
         def rq_beat() -> None:
             self.maintain_heartbeats(job, execution)
 
-        beats = _Heartbeat(self, job, rq_beat, float(self.job_monitoring_interval),
-                           alive=self.alive)
-        with beats:
+        with self.job_beats().running(job, rq_beat, float(self.job_monitoring_interval)):
             ok = bool(super().perform_job(job, queue, execution))
         _count_job(self.fleet, job, ok)
         return ok
+
+    def job_beats(self) -> JobBeats:
+        """This worker's one heartbeat thread's owner (made on the first job)."""
+        beats: JobBeats | None = getattr(self, "_job_beats", None)
+        if beats is None:
+            beats = self._job_beats = JobBeats(self, alive=self.alive)
+        return beats
+
+    def teardown(self) -> None:
+        beats: JobBeats | None = getattr(self, "_job_beats", None)
+        if beats is not None:
+            beats.close()
+        super().teardown()
 
 
 class FleetForkWorker(SteadyLoop, Worker):
@@ -220,7 +271,7 @@ class FleetForkWorker(SteadyLoop, Worker):
     def perform_job(self, job: Job, queue: Queue, execution: Execution) -> bool:
         if isinstance(job, FleetJob):
             job.fleet = self.fleet
-        with _Heartbeat(self, job, None, 0.0, alive=None):
+        with one_job_beats(self, job, None, 0.0, alive=None):
             ok = bool(super().perform_job(job, queue, execution))
         _count_job(self.fleet, job, ok)  # in the horse: the counter lives in Redis
         return ok
