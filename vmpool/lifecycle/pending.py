@@ -183,8 +183,9 @@ def _observe_locked(
     fleet: Fleet, name: str, provider_name: str, held: ProviderVM | None, lag: float
 ) -> str:
     try:
-        with fleet.lock("vm", name, "check_pending") as lock:
-            vm = fleet.store.get_vm(name)  # re-read under the lock
+        with fleet.lock("vm", name, "check_pending", read_record=True) as lock:
+            # the record as the grant read it, under the lock (no second read)
+            vm = VMRecord.from_hash(lock.record) if lock.record else None
             if vm is None or vm.state != "pending":
                 return "no_vm" if vm is None else f"vm_{vm.state}"
             if vm.provider != provider_name:  # the pool changed provider since its create
