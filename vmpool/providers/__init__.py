@@ -7,10 +7,12 @@ configuration: it is read through the few attributes the registry needs.
 """
 
 from vmpool.providers.base import (
+    Disks,
     PermanentProviderError,
     Provider,
     ProviderError,
     ProviderVM,
+    Snapshots,
     StatusBatch,
     TransientProviderError,
     create_for_request,
@@ -22,12 +24,14 @@ from vmpool.providers.registry import make_provider, providers_from_config
 from vmpool.providers.simulated import SimulatedOptions, SimulatedProvider
 
 __all__ = [
+    "Disks",
     "PermanentProviderError",
     "Provider",
     "ProviderError",
     "ProviderVM",
     "SimulatedOptions",
     "SimulatedProvider",
+    "Snapshots",
     "StatusBatch",
     "TransientProviderError",
     "create_for_request",

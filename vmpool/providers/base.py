@@ -24,10 +24,12 @@ from typing import Protocol, runtime_checkable
 from vmpool.ids import InvalidIdentifier, validate_pool_name
 
 __all__ = [
+    "Disks",
     "PermanentProviderError",
     "Provider",
     "ProviderError",
     "ProviderVM",
+    "Snapshots",
     "StatusBatch",
     "TransientProviderError",
     "create_for_request",
@@ -173,6 +175,33 @@ class StatusBatch(Protocol):
     def statuses(self, names: Collection[str]) -> Mapping[str, ProviderVM | None]:
         """Each of ``names`` as the cloud sees it now (``state`` 'running' once it
         passes the ready check), None for a VM the cloud does not hold."""
+        ...
+
+
+@runtime_checkable
+class Snapshots(Protocol):
+    """A provider that snapshots a VM and reverts it (vmpooler's snapshot tasks).
+
+    The API names each snapshot (vmpooler's 32-character id) before any provider call,
+    so both calls are idempotent by that name: a job run twice takes one snapshot."""
+
+    def create_snapshot(self, pool: str, name: str, snapshot: str) -> None:
+        """Take the snapshot ``snapshot`` of VM ``name``; nothing if it already exists."""
+        ...
+
+    def revert_snapshot(self, pool: str, name: str, snapshot: str) -> None:
+        """Revert VM ``name`` to ``snapshot``; PermanentProviderError when it has none."""
+        ...
+
+
+@runtime_checkable
+class Disks(Protocol):
+    """A provider that attaches extra disks to a VM (vmpooler's disk tasks)."""
+
+    def add_disk(self, pool: str, name: str, size_gb: int, disk: str) -> None:
+        """Attach a new disk of ``size_gb`` GB to VM ``name``, labelled ``disk``.
+
+        Idempotent by ``disk``: a second call with the same label adds nothing."""
         ...
 
 
