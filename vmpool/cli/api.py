@@ -36,7 +36,7 @@ def api_command(
     import uvicorn
 
     url = cli.redis_url
-    check_redis_at_start(url, who="vmpool api", strict=strict)
+    check_redis_at_start(url, cli.config.redis_options, who="vmpool api", strict=strict)
     click.echo(
         f"vmpool api: http://{host}:{port}/api/v3 (redis {mask_url_password(url)},"
         f" {workers} worker{'s' if workers != 1 else ''})",

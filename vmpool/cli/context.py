@@ -142,14 +142,16 @@ class CliContext:
         stderr every ``every_s``; ``tick`` runs between attempts (the alive file)."""
         import time
 
-        from redis import Redis, RedisError
+        from redis import RedisError
+
+        from vmpool.state.connection import connect
 
         url = self.redis_url
         deadline = time.monotonic() + seconds
         next_note = time.monotonic()
         delay = 0.25
         while True:
-            client = Redis.from_url(url, socket_connect_timeout=5, socket_timeout=10)
+            client = connect(url, self.config.redis_options, decode_responses=False)
             try:
                 client.ping()
                 return url
@@ -171,12 +173,12 @@ class CliContext:
             delay = min(5.0, delay * 2)
 
     def _connect(self, *, decode_responses: bool) -> Redis:
-        from redis import Redis, RedisError
+        from redis import RedisError
+
+        from vmpool.state.connection import connect
 
         url = self.redis_url
-        client = Redis.from_url(
-            url, decode_responses=decode_responses, socket_connect_timeout=5, socket_timeout=30
-        )
+        client = connect(url, self.config.redis_options, decode_responses=decode_responses)
         try:
             client.ping()
         except RedisError as exc:
@@ -237,7 +239,8 @@ def _config_options(func: Callable[P, R]) -> Callable[P, R]:
         metavar="URL",
         envvar="VMPOOL_REDIS_URL",
         default=None,
-        help="Redis to use: redis://[:password@]host:port/db, rediss:// for TLS"
+        help="Redis to use: redis://[:password@]host:port/db, rediss:// for TLS,"
+        " redis+sentinel://[:password@]h1:26379,h2:26379/MASTER[/db] through Sentinel"
         " [env VMPOOL_REDIS_URL; default: from the config file].",
     )(func)
     return click.option(

@@ -15,6 +15,7 @@ import redis
 
 from vmpool.cli.errors import CliFailure
 from vmpool.config import mask_url_password
+from vmpool.state.connection import RedisOptions, connect
 from vmpool.state.redis_check import RedisCheck, RedisMisconfigured, startup_check
 
 __all__ = ["STRICT_ENV", "check_redis_at_start", "strict_option"]
@@ -34,10 +35,12 @@ def strict_option(func: F) -> F:
     )(func)
 
 
-def check_redis_at_start(url: str, *, who: str, strict: bool) -> RedisCheck | None:
+def check_redis_at_start(
+    url: str, options: RedisOptions, *, who: str, strict: bool
+) -> RedisCheck | None:
     """The start-up check on its own short-lived connection. An unreachable Redis is
     left to the command's own handling (it waits, or says so in one line): None."""
-    client = redis.Redis.from_url(url, socket_connect_timeout=5, socket_timeout=10)
+    client = connect(url, options, decode_responses=False)
     try:
         return startup_check(client, who=who, strict=strict)
     except RedisMisconfigured as exc:

@@ -2,8 +2,8 @@
 
 Each part is its own process (`vmpool api`, `vmpool worker`, `vmpool scheduler`), as it
 would be in its own pod, under one supervisor that prefixes their logs and restarts
-the ones that die. Without --redis-url (or VMPOOL_REDIS_URL, or :redis: url) an
-embedded redis-server is started on a free loopback port in a temporary directory,
+the ones that die. Without --redis-url (or VMPOOL_REDIS_URL, or :redis: url or
+sentinel) an embedded redis-server is started on a free loopback port in a temporary directory,
 with AOF and fsync always, and stopped on exit.
 """
 
@@ -36,6 +36,7 @@ from vmpool.local.dashboard import (
 )
 from vmpool.local.redis_server import RedisServer, RedisServerError, free_port
 from vmpool.local.supervisor import ChildSpec, Supervisor
+from vmpool.state.connection import RedisOptions, connect
 from vmpool.state.keys import Keys
 
 __all__ = ["child_specs", "up_command", "wait_healthy"]
@@ -59,13 +60,13 @@ def _api_ready(url: str) -> bool:
         return False
 
 
-def _workers_registered(redis_url: str, keys: Keys) -> int:
+def _workers_registered(redis_url: str, options: RedisOptions, keys: Keys) -> int:
     """Workers on this fleet's queues (another fleet may share the Redis database)."""
     from rq import Queue, Worker
 
     from workers.table import QUEUE_SWEEPS
 
-    conn = redis.Redis.from_url(redis_url, socket_connect_timeout=2)
+    conn = connect(redis_url, options, decode_responses=False)
     try:
         return int(Worker.count(queue=Queue(keys.queue(QUEUE_SWEEPS), connection=conn)))
     except redis.RedisError:
@@ -79,6 +80,7 @@ def wait_healthy(
     *,
     api_url: str,
     redis_url: str,
+    options: RedisOptions,
     keys: Keys,
     workers: int,
     stop: threading.Event,
@@ -92,7 +94,8 @@ def wait_healthy(
     while not stop.is_set():
         sup.poll()
         board_ok = dashboard_url is None or dashboard_answers(dashboard_url)
-        if board_ok and _api_ready(api_url) and _workers_registered(redis_url, keys) >= workers:
+        registered = _workers_registered(redis_url, options, keys)
+        if board_ok and _api_ready(api_url) and registered >= workers:
             return
         if time.monotonic() > deadline:
             raise CliFailure(f"vmpool did not become healthy within {timeout_s:.0f}s")
@@ -139,7 +142,7 @@ def up_command(
     # Undone in reverse: the children, then the demo's log file, then the embedded Redis.
     with contextlib.ExitStack() as undo:
         url = config.redis_url or _embedded_redis(undo)
-        check_redis_at_start(url, who="vmpool up", strict=strict)  # before any child
+        check_redis_at_start(url, config.redis_options, who="vmpool up", strict=strict)
         env = {"VMPOOL_REDIS_URL": url}
         if strict:
             env[STRICT_ENV] = "1"  # each child checks again when it (re)starts
@@ -153,8 +156,9 @@ def up_command(
         undo.callback(_stop_children, sup)
         sup.start()
         api_url = f"http://{host}:{port}"
-        wait_healthy(sup, api_url=api_url, redis_url=url, keys=cli.keys, workers=n_workers,
-                     stop=stop, timeout_s=ready_timeout, dashboard_url=board_url)
+        wait_healthy(sup, api_url=api_url, redis_url=url, options=config.redis_options,
+                     keys=cli.keys, workers=n_workers, stop=stop, timeout_s=ready_timeout,
+                     dashboard_url=board_url)
         if board_url is not None and not stop.is_set():
             click.echo(f"rq-dashboard: {board_url}")
         code = 0 if stop.is_set() else _serve(config, sup, stop, api_url, url, demo=demo)

@@ -1,0 +1,151 @@
+"""The one Redis connection factory: every vmpool process makes its clients here.
+
+:func:`connect` (and :func:`connect_async` for the API's event loop) takes a URL of any
+form vmpool accepts (:mod:`vmpool.state.redis_target`: one server, or a Sentinel group)
+and the ``:redis:`` settings (:class:`RedisOptions`), and gives a client that
+
+- finds the primary through the sentinels for a ``redis+sentinel://`` URL and follows a
+  failover: a connection that meets READONLY (its server became a replica) is dropped
+  and the next one asks the sentinels again (redis-py's ``SentinelConnectionPool``);
+- notices a dead or frozen connection within bounded time: a socket timeout on every
+  read (``socket_timeout``), a connect timeout, a PING before reusing a connection idle
+  for ``health_check_interval``, and TCP keepalive (:data:`KEEPALIVE`) for peers that
+  vanish while a connection idles; a command that meets a dead connection is retried
+  once, on a new connection (:data:`RETRY`), so a server restart costs no error;
+- confirms the durability of every script it runs (:mod:`vmpool.state.durability`).
+
+RQ needs ``decode_responses=False``; the store works with either.
+"""
+
+from __future__ import annotations
+
+import socket
+from dataclasses import dataclass
+from typing import Any, Final, cast
+
+import redis
+from redis.asyncio.retry import Retry as AsyncRetry
+from redis.asyncio.sentinel import Sentinel as AsyncSentinel
+from redis.backoff import ExponentialBackoff
+from redis.retry import Retry
+from redis.sentinel import Sentinel
+
+from vmpool.state.durability import (
+    ConfirmingAsyncRedis,
+    ConfirmingRedis,
+    DurabilitySetting,
+    resolve_durability,
+)
+from vmpool.state.redis_target import SentinelTarget, is_sentinel_url, parse_sentinel_url
+
+__all__ = ["KEEPALIVE", "RETRY_ON", "RedisOptions", "connect", "connect_async"]
+
+# TCP keepalive on every connection: the first probe after 10 s idle, then every 5 s,
+# given up after 3 unanswered: a peer gone without a word is noticed within ~25 s even
+# by a connection that sends nothing (a pubsub, an idle pool member).
+KEEPALIVE: Final[dict[int, int]] = {
+    opt: value
+    for name, value in (("TCP_KEEPIDLE", 10), ("TCP_KEEPINTVL", 5), ("TCP_KEEPCNT", 3))
+    if (opt := getattr(socket, name, None)) is not None
+}
+# One retry, soon, on a new connection: enough for a pooled connection a restart or a
+# failover left dead; more retries would multiply the socket timeout a frozen Redis
+# costs before the process hears of it.
+RETRY_ON: Final = (redis.ConnectionError, redis.TimeoutError)
+_RETRIES: Final = 1
+_BACKOFF: Final = ExponentialBackoff(cap=0.5, base=0.05)
+
+
+@dataclass(frozen=True)
+class RedisOptions:
+    """The ``:redis:`` settings a connection is made with (defaults and bounds:
+    :class:`vmpool.config.settings.RedisSection`), in seconds."""
+
+    socket_timeout_s: float
+    connect_timeout_s: float
+    health_check_interval_s: float
+    durability: DurabilitySetting
+
+    def client_kwargs(self) -> dict[str, Any]:
+        """redis-py keyword arguments for a client (or a connection pool)."""
+        return {
+            "socket_timeout": self.socket_timeout_s,
+            "socket_connect_timeout": self.connect_timeout_s,
+            "socket_keepalive": True,
+            "socket_keepalive_options": dict(KEEPALIVE),
+            "health_check_interval": self.health_check_interval_s,
+        }
+
+    def sentinel_kwargs(self, target: SentinelTarget) -> dict[str, Any]:
+        """Keyword arguments of the connections to the sentinels themselves."""
+        kwargs = {
+            "socket_timeout": self.socket_timeout_s,
+            "socket_connect_timeout": self.connect_timeout_s,
+            "socket_keepalive": True,
+            "socket_keepalive_options": dict(KEEPALIVE),
+        }
+        if target.sentinel_password is not None:
+            kwargs["password"] = target.sentinel_password
+        return kwargs
+
+
+def connect(
+    url: str,
+    options: RedisOptions,
+    *,
+    decode_responses: bool,
+    max_connections: int | None = None,
+) -> ConfirmingRedis:
+    """A client of the Redis at ``url`` (see the module docstring); nothing is sent
+    until it is used."""
+    kwargs = options.client_kwargs()
+    kwargs["retry"] = Retry(_BACKOFF, _RETRIES, supported_errors=RETRY_ON)
+    kwargs["decode_responses"] = decode_responses
+    if max_connections is not None:
+        kwargs["max_connections"] = max_connections
+    client: ConfirmingRedis
+    if is_sentinel_url(url):
+        target = parse_sentinel_url(url)
+        sentinel = Sentinel(  # type: ignore[no-untyped-call]
+            list(target.hosts), sentinel_kwargs=options.sentinel_kwargs(target)
+        )
+        client = sentinel.master_for(  # type: ignore[no-untyped-call]
+            target.master, redis_class=ConfirmingRedis, **_auth(target), **kwargs
+        )
+        client.via_sentinel = True
+    else:
+        client = cast(ConfirmingRedis, ConfirmingRedis.from_url(url, **kwargs))
+    client.durability = resolve_durability(options.durability, sentinel=client.via_sentinel)
+    return client
+
+
+def connect_async(
+    url: str, options: RedisOptions, *, decode_responses: bool
+) -> ConfirmingAsyncRedis:
+    """:func:`connect` for asyncio: one per event loop (a connection belongs to its loop)."""
+    kwargs = options.client_kwargs()
+    kwargs["retry"] = AsyncRetry(_BACKOFF, _RETRIES, supported_errors=RETRY_ON)
+    kwargs["decode_responses"] = decode_responses
+    client: ConfirmingAsyncRedis
+    if is_sentinel_url(url):
+        target = parse_sentinel_url(url)
+        sentinel = AsyncSentinel(  # type: ignore[no-untyped-call]
+            list(target.hosts), sentinel_kwargs=options.sentinel_kwargs(target)
+        )
+        client = sentinel.master_for(
+            target.master, redis_class=ConfirmingAsyncRedis, **_auth(target), **kwargs
+        )
+        client.via_sentinel = True
+    else:
+        client = cast(ConfirmingAsyncRedis, ConfirmingAsyncRedis.from_url(url, **kwargs))
+    client.durability = resolve_durability(options.durability, sentinel=client.via_sentinel)
+    return client
+
+
+def _auth(target: SentinelTarget) -> dict[str, Any]:
+    kwargs: dict[str, Any] = {"db": target.db}
+    if target.username is not None:
+        kwargs["username"] = target.username
+    if target.password is not None:
+        kwargs["password"] = target.password
+    return kwargs
