@@ -126,3 +126,30 @@ def test_rq_dashboard_gets_the_url_it_reads_and_the_sentinel_password_apart() ->
     assert parsed.default_client.service == "grp"
     assert parsed.client_options == {"password": "pw", "db": 2}
     assert dashboard_redis_env("redis://h:1/0") == {"RQ_DASHBOARD_REDIS_URL": "redis://h:1/0"}
+
+
+def test_a_frozen_connection_is_left_within_the_socket_timeout(redis_url: str) -> None:
+    """Every connection open now freezes for good (a node gone without a word) while
+    new ones work: the client's next command gives up on its frozen connection after
+    the socket timeout and is retried once on a new one, so it succeeds, late by about
+    one timeout, without an error reaching the caller."""
+    import dataclasses
+    import time
+    from urllib.parse import urlsplit
+
+    from sentinelhelp import FaultProxy
+
+    proxy = FaultProxy(urlsplit(redis_url).port or 6379).start()
+    options = dataclasses.replace(default_redis_options(), socket_timeout_s=1.0,
+                                  health_check_interval_s=0.0)  # fmt: skip
+    client = connect(f"redis://127.0.0.1:{proxy.port}/0", options, decode_responses=True)
+    try:
+        client.set("frozen:a", "1")
+        assert proxy.freeze() >= 1
+        started = time.monotonic()
+        assert client.get("frozen:a") == "1"
+        took = time.monotonic() - started
+        assert 0.9 <= took < 3.0, took
+    finally:
+        client.close()
+        proxy.stop()
