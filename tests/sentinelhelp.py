@@ -62,7 +62,14 @@ class Node:
     directory: Path
     args: list[str]
     sentinel: bool = False
+    env: dict[str, str] | None = None  # added to this process's environment
     process: subprocess.Popen[bytes] | None = None
+
+    host = HOST
+
+    @property
+    def url(self) -> str:
+        return f"redis://{HOST}:{self.port}/0"
 
     def start(self, timeout: float = 15.0) -> Node:
         argv = [valkey_binary()]
@@ -76,6 +83,7 @@ class Node:
         self.process = subprocess.Popen(
             argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL, start_new_session=True,
+            env={**os.environ, **self.env} if self.env else None,
         )  # fmt: skip
         client = self.client(socket_timeout=1)
         try:

@@ -50,19 +50,7 @@ def options(mode: str, timeout_s: float = 0.5) -> RedisOptions:
 def data_node(tmp_path: Path, name: str, *args: str, env: dict[str, str] | None = None) -> Node:
     directory = tmp_path / name
     directory.mkdir()
-    node = Node(name, free_port(), directory, ["--save", "", *args])
-    if env:
-        old = {k: os.environ.get(k) for k in env}
-        os.environ.update(env)  # the child inherits it; restored at once
-        try:
-            return node.start()
-        finally:
-            for k, v in old.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
-    return node.start()
+    return Node(name, free_port(), directory, ["--save", "", *args], env=env).start()
 
 
 def url_of(node: Node) -> str:
