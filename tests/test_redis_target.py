@@ -129,12 +129,15 @@ def test_rq_dashboard_gets_the_url_it_reads_and_the_sentinel_password_apart() ->
 
 
 def test_a_frozen_connection_is_left_within_the_socket_timeout(redis_url: str) -> None:
-    """Every connection open now freezes for good (a node gone without a word) while
-    new ones work: the client's next command gives up on its frozen connection after
-    the socket timeout and is retried once on a new one, so it succeeds, late by about
-    one timeout, without an error reaching the caller."""
+    """Every connection open now (three in the pool) freezes for good (a node gone
+    without a word) while new ones work: the client's next command gives up on its
+    frozen connection after the socket timeout and is retried once on a new one, so it
+    succeeds, late by about one timeout, without an error reaching the caller; and the
+    idle frozen connections were closed with it: the commands after it are not late
+    (each used to wait out its own timeout, one after the other)."""
     import dataclasses
     import time
+    from concurrent.futures import ThreadPoolExecutor
     from urllib.parse import urlsplit
 
     from sentinelhelp import FaultProxy
@@ -145,11 +148,22 @@ def test_a_frozen_connection_is_left_within_the_socket_timeout(redis_url: str) -
     client = connect(f"redis://127.0.0.1:{proxy.port}/0", options, decode_responses=True)
     try:
         client.set("frozen:a", "1")
-        assert proxy.freeze() >= 1
+        pool = client.connection_pool
+        held = [pool.get_connection() for _ in range(3)]
+        for conn in held:
+            conn.connect()
+            pool.release(conn)
+        assert proxy.freeze() == 3
         started = time.monotonic()
         assert client.get("frozen:a") == "1"
         took = time.monotonic() - started
         assert 0.9 <= took < 3.0, took
+        # three at once, as a worker's threads do: three connections from the pool
+        started = time.monotonic()
+        with ThreadPoolExecutor(3) as threads:
+            replies = list(threads.map(lambda _: client.blpop(["frozen:none"], 0.3), range(3)))
+        assert replies == [None] * 3
+        assert time.monotonic() - started < 0.9
     finally:
         client.close()
         proxy.stop()

@@ -11,7 +11,9 @@ and the ``:redis:`` settings (:class:`RedisOptions`), and gives a client that
   read (``socket_timeout``), a connect timeout, a PING before reusing a connection idle
   for ``health_check_interval``, and TCP keepalive (:data:`KEEPALIVE`) for peers that
   vanish while a connection idles; a command that meets a dead connection is retried
-  once, on a new connection (:data:`RETRY`), so a server restart costs no error;
+  once, on a new connection, so a server restart costs no error, and the pool's idle
+  connections are closed with it (:class:`ResettingRetry`): they lead to the same dead
+  or frozen server, and would each cost one more socket timeout;
 - confirms the durability of every script it runs (:mod:`vmpool.state.durability`).
 
 RQ needs ``decode_responses=False``; the store works with either.
@@ -19,6 +21,8 @@ RQ needs ``decode_responses=False``; the store works with either.
 
 from __future__ import annotations
 
+import copy
+import inspect
 import socket
 from dataclasses import dataclass
 from typing import Any, Final, cast
@@ -54,6 +58,42 @@ KEEPALIVE: Final[dict[int, int]] = {
 RETRY_ON: Final = (redis.ConnectionError, redis.TimeoutError)
 _RETRIES: Final = 1
 _BACKOFF: Final = ExponentialBackoff(cap=0.5, base=0.05)
+
+
+class _PoolRetry:
+    """The retry of one client's connections (redis-py deep-copies it into each: the
+    pool it resets is shared, not copied). A connection that failed (timed out, reset)
+    leads to a server its idle siblings lead to, and they are most likely as dead (a
+    node gone, frozen connections): they are closed at once, so that the next commands
+    reconnect instead of each waiting out its own socket timeout, one after the other."""
+
+    pool: Any = None
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Any:
+        clone = copy.copy(self)
+        clone._backoff = copy.deepcopy(self._backoff, memo)  # type: ignore[attr-defined]
+        return clone
+
+
+class ResettingRetry(_PoolRetry, Retry):
+    def call_with_retry(self, do: Any, fail: Any, *args: Any, **kwargs: Any) -> Any:
+        def failed(error: Exception, *rest: Any) -> Any:
+            if self.pool is not None:
+                self.pool.disconnect(inuse_connections=False)
+            return fail(error, *rest)
+
+        return super().call_with_retry(do, failed, *args, **kwargs)
+
+
+class AsyncResettingRetry(_PoolRetry, AsyncRetry):
+    async def call_with_retry(self, do: Any, fail: Any, *args: Any, **kwargs: Any) -> Any:
+        async def failed(error: Exception, *rest: Any) -> Any:
+            if self.pool is not None:
+                await self.pool.disconnect(inuse_connections=False)
+            result = fail(error, *rest)
+            return await result if inspect.isawaitable(result) else result
+
+        return await super().call_with_retry(do, failed, *args, **kwargs)
 
 
 @dataclass(frozen=True)
@@ -99,7 +139,8 @@ def connect(
     """A client of the Redis at ``url`` (see the module docstring); nothing is sent
     until it is used."""
     kwargs = options.client_kwargs()
-    kwargs["retry"] = Retry(_BACKOFF, _RETRIES, supported_errors=RETRY_ON)
+    retry = ResettingRetry(_BACKOFF, _RETRIES, supported_errors=RETRY_ON)
+    kwargs["retry"] = retry
     kwargs["decode_responses"] = decode_responses
     if max_connections is not None:
         kwargs["max_connections"] = max_connections
@@ -116,6 +157,7 @@ def connect(
     else:
         client = cast(ConfirmingRedis, ConfirmingRedis.from_url(url, **kwargs))
     client.durability = resolve_durability(options.durability, sentinel=client.via_sentinel)
+    retry.pool = client.connection_pool  # before any connection copies the retry
     return client
 
 
@@ -124,7 +166,8 @@ def connect_async(
 ) -> ConfirmingAsyncRedis:
     """:func:`connect` for asyncio: one per event loop (a connection belongs to its loop)."""
     kwargs = options.client_kwargs()
-    kwargs["retry"] = AsyncRetry(_BACKOFF, _RETRIES, supported_errors=RETRY_ON)
+    retry = AsyncResettingRetry(_BACKOFF, _RETRIES, supported_errors=RETRY_ON)
+    kwargs["retry"] = retry
     kwargs["decode_responses"] = decode_responses
     client: ConfirmingAsyncRedis
     if is_sentinel_url(url):
@@ -139,6 +182,7 @@ def connect_async(
     else:
         client = cast(ConfirmingAsyncRedis, ConfirmingAsyncRedis.from_url(url, **kwargs))
     client.durability = resolve_durability(options.durability, sentinel=client.via_sentinel)
+    retry.pool = client.connection_pool  # before any connection copies the retry
     return client
 
 
