@@ -145,6 +145,7 @@ class SoakOptions:
     outage_credit: bool = True
     redis: str = "single"  # the topology: tests/chaos/redis_faults.py
     redis_faults: bool = False  # single: also freeze, stall, fill and power-cut Redis
+    faults: tuple[str, ...] = ()  # only these fault kinds (default: every kind)
     workdir: str | None = None
     keep_workdir: bool = False
     log: IO[str] | None = None
@@ -511,8 +512,8 @@ class Nemesis:
         self.cluster = cluster
         self.opts = opts
         self.rng = random.Random(f"{opts.seed}:nemesis")
-        self.kinds = redis_faults.fault_kinds(FAULT_KINDS[opts.target], opts.redis,
-                                              opts.redis_faults)
+        self.kinds = opts.faults or redis_faults.fault_kinds(
+            FAULT_KINDS[opts.target], opts.redis, opts.redis_faults)
         self.faults: list[Fault] = []
         self.redis_outcomes: list[redis_faults.Outcome] = []
         self.findings: list[Finding] = []
