@@ -60,7 +60,8 @@ def mock_cloud(monkeypatch: pytest.MonkeyPatch, kind: str, fleet: str = "fleet-a
     cloud, driver = cloudfakes.install(monkeypatch, kind)
     cls, base = CLOUDS[kind]
     slept: list[float] = []
-    provider = cls(None, Keys(fleet), "cloud", {**base, "ready_check": "state", **options},
+    options = {**base, "ready_check": "state", "fleet_id": fleet, **options}
+    provider = cls(None, Keys("vmpool"), "cloud", options,
                    driver=driver, sleep=slept.append)
     return Subject(provider, kind, cloud, slept)
 
@@ -75,7 +76,8 @@ def subject(request: pytest.FixtureRequest, redis_client: redis.Redis,
     elif kind == "ec2-moto":
         moto = request.getfixturevalue("moto")
         moto.reset()
-        yield Subject(EC2Provider(None, Keys("fleet-a"), "aws", moto.options()), kind)
+        options = moto.options(fleet_id="fleet-a")
+        yield Subject(EC2Provider(None, Keys("vmpool"), "aws", options), kind)
     else:
         yield mock_cloud(monkeypatch, kind.removesuffix("-mock"))
 

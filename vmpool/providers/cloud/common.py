@@ -4,7 +4,8 @@ A cloud provider (docs/providers.md) keeps no state of its own: the cloud is the
 and a VM is found by its tags, set at launch (never after, so there is no untagged
 window)::
 
-    vmpool-fleet    the fleet id (option ``fleet_id``; default: the Redis key prefix)
+    vmpool-fleet    the fleet id (option ``fleet_id``; default: the fleet's identity,
+                    generated once per Redis: vmpool.state.fleet_identity)
     vmpool-pool     the pool
     vmpool-request  the request the VM was made for
     vmpool-vm       the VM's name (unique in the fleet)
@@ -42,6 +43,7 @@ from vmpool.providers.base import (
 )
 from vmpool.providers.cloud.errors import classify, retry_after_of
 from vmpool.providers.options import expect, integer, key_path, number, problems
+from vmpool.state.fleet_identity import fleet_identity
 
 if TYPE_CHECKING:
     from redis import Redis
@@ -82,6 +84,11 @@ Seconds = Annotated[
 ]
 Retries = Annotated[int, Field(ge=0, le=20), expect("an integer from 0 to 20", integer)]
 ReadyCheck = Annotated[Literal["ssh", "state"], expect("ssh or state")]
+FleetId = Annotated[
+    str,
+    Field(min_length=1, max_length=63, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"),
+    expect("1 to 63 letters, digits, '-', '_' or '.'"),
+]
 PortNumber = Annotated[int, Field(ge=1, le=65535), expect("a port from 1 to 65535", integer)]
 
 
@@ -91,8 +98,10 @@ class CloudOptions(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="ignore", hide_input_in_errors=True)
 
-    fleet_id: str | None = Field(
-        None, description="The fleet tag's value (default: the Redis key prefix)"
+    fleet_id: FleetId | None = Field(
+        None,
+        description="The fleet tag's value (default: the fleet's identity, generated once"
+        " per Redis)",
     )
     ready_check: ReadyCheck = Field(
         "ssh",
@@ -130,7 +139,9 @@ class CloudProvider:
         self.options = self.parse_options(name, options)
         # each pool's own keys for this provider (the class's pool model validated them)
         self.pools: dict[str, dict[str, Any]] = {k: dict(v) for k, v in (pools or {}).items()}
-        self.fleet_id = self.options.fleet_id or keys.prefix
+        self.redis = redis
+        self.keys = keys
+        self._fleet_id: str | None = self.options.fleet_id
         self._driver = driver
         self.sleep = sleep
         self.calls: Counter[str] = Counter()  # cloud API calls by kind (tests count them)
@@ -175,6 +186,19 @@ class CloudProvider:
         return value
 
     # -- the Provider protocol -------------------------------------------------------------
+    @property
+    def fleet_id(self) -> str:
+        """The mark of this fleet's VMs: the ``fleet_id`` option, else the fleet's
+        identity in Redis (read once; generated there by whichever process came first)."""
+        if self._fleet_id is None:
+            if self.redis is None:
+                raise PermanentProviderError(
+                    f"configuration error: provider {self.name!r} has no fleet_id and no"
+                    " Redis to keep the fleet's identity in"
+                )
+            self._fleet_id = fleet_identity(self.redis, self.keys)
+        return self._fleet_id
+
     @property
     def driver(self) -> Any:
         if self._driver is None:
