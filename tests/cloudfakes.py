@@ -4,8 +4,9 @@ Each fake keeps the instances a test made, answers the few calls vmpool's provid
 make (create with tags, list filtered by the fleet tag, get, destroy) in the cloud's
 own wire format, and can be told to fail the next calls of one kind (``fail``) with a
 status, body and headers, to test throttling and permanent errors. A created instance
-is 'pending' until the first list after its create, then 'running', with the address
-``127.0.0.1`` (so an ssh ready check can be pointed at a local listening socket).
+is 'pending' until the first list after its create, then 'running', with an address
+of its own on loopback: ``127.0.0.1`` for the first (so an ssh ready check can be
+pointed at a local listening socket), ``127.0.0.2`` for the second, and so on.
 
 ``install(monkeypatch, kind)`` points libcloud's driver connection at the fake and
 returns ``(fake, driver)``: build the provider with ``driver=driver``.
@@ -37,6 +38,7 @@ class Instance:
     tags: dict[str, str]
     state: str = "pending"
     listed: int = 0
+    address: str = "127.0.0.1"
 
 
 @dataclass
@@ -78,7 +80,9 @@ class FakeCloud:
         return queue.pop(0) if queue else None
 
     def create(self, name: str, image: str, size: str, tags: dict[str, str]) -> Instance:
-        instance = Instance(f"i-{next(self.ids):08x}", name, image, size, dict(tags))
+        n = next(self.ids)
+        instance = Instance(f"i-{n:08x}", name, image, size, dict(tags),
+                            address=f"127.0.{(n - 1) // 254}.{(n - 1) % 254 + 1}")
         self.instances[instance.id] = instance
         return instance
 
@@ -111,7 +115,7 @@ def _ec2_item(i: Instance) -> str:
         f"<instanceState><code>{code}</code><name>{i.state}</name></instanceState>"
         f"<privateDnsName/><dnsName/><instanceType>{i.size}</instanceType>"
         "<launchTime>2026-01-01T00:00:00.000Z</launchTime>"
-        "<privateIpAddress>10.0.0.9</privateIpAddress><ipAddress>127.0.0.1</ipAddress>"
+        f"<privateIpAddress>10.0.0.9</privateIpAddress><ipAddress>{i.address}</ipAddress>"
         f"<tagSet>{tags}</tagSet></item>"
     )
 
@@ -207,7 +211,7 @@ def _gce_item(i: Instance) -> dict[str, Any]:
     return {
         "id": i.id, "name": i.name, "status": status, "labels": i.tags,
         "networkInterfaces": [
-            {"networkIP": "10.0.0.9", "accessConfigs": [{"natIP": "127.0.0.1"}]}
+            {"networkIP": "10.0.0.9", "accessConfigs": [{"natIP": i.address}]}
         ],
     }
 
@@ -266,7 +270,7 @@ def _os_server(i: Instance) -> dict[str, Any]:
     status = {"pending": "BUILD", "running": "ACTIVE"}.get(i.state, "DELETED")
     return {
         "id": i.id, "name": i.name, "status": status, "metadata": i.tags,
-        "addresses": {"net": [{"addr": "127.0.0.1", "version": 4,
+        "addresses": {"net": [{"addr": i.address, "version": 4,
                                "OS-EXT-IPS:type": "floating"}]},
         "image": {"id": i.image}, "flavor": {"id": i.size}, "tenant_id": "tenant",
         "user_id": "u", "created": "2026-01-01T00:00:00Z", "updated": "2026-01-01T00:00:00Z",

@@ -140,7 +140,7 @@ def test_a_vm_missing_from_a_fresh_list_is_booting_not_vanished(cloud_fleet: Any
 
 
 def test_hostname_is_the_clouds_address_without_a_domain(cloud_fleet: Any) -> None:
-    fleet, _ = cloud_fleet
+    fleet, cloud = cloud_fleet
     request(fleet, "bare", 1, "r-bare")
     request(fleet, "named", 1, "r-named")
     run(fleet)
@@ -149,9 +149,11 @@ def test_hostname_is_the_clouds_address_without_a_domain(cloud_fleet: Any) -> No
     (bare,) = fleet.store.request_vms("r-bare")
     (named,) = fleet.store.request_vms("r-named")
     assert bare.state == named.state == "running"
-    assert bare.hostname == "127.0.0.1"
+    address = {i.name: i.address for i in cloud.instances.values()}
+    assert bare.hostname == bare.address == address[bare.name]
     assert named.hostname == f"{named.name}.vms.example.com"
-    assert fleet.store.hostnames("r-bare") == {"bare": ["127.0.0.1"]}
+    assert named.address == address[named.name]  # recorded whatever the hostname
+    assert fleet.store.hostnames("r-bare") == {"bare": [address[bare.name]]}
 
 
 def test_the_pools_amisize_wins_over_the_providers_instance_type(cloud_fleet: Any) -> None:

@@ -70,7 +70,7 @@ def observe_pending(
         failpoint("check_pending.before_commit")
         outcome = fleet.store.vm_ready(
             name, actor=actor, fence=lock.fence, hostname=_hostname(vm, held),
-            request_id=vm.request_id,
+            request_id=vm.request_id, address=held.address,
         )  # fmt: skip
         note_outcome("vm_ready", name, outcome)
         if outcome.ok and outcome.code == "completed":
@@ -96,8 +96,9 @@ def observe_pending(
 def _hostname(vm: VMRecord, held: ProviderVM) -> str:
     """The cloud's address when the pool has no domain (the record's hostname is then
     the bare name); '' keeps ``<name>.<domain>``."""
-    if vm.hostname == vm.name and held.hostname and held.hostname != vm.name:
-        return held.hostname
+    address = held.address or (held.hostname if held.hostname != vm.name else "")
+    if vm.hostname == vm.name and address:
+        return address
     return ""
 
 

@@ -134,8 +134,10 @@ def validate_provider_name(name: str) -> str:
 class ProviderVM:
     """A VM as the cloud sees it. ``hostname`` is the bare name: the caller adds a domain.
 
-    ``state`` is ``"booting"`` until the VM answers, then ``"running"``; it is a snapshot
-    taken when the provider was asked, not a live view.
+    ``state`` is ``"booting"`` until the VM answers, then ``"running"``; ``"failed"``
+    when the cloud says it never will (an instance in ERROR, stopped while booting),
+    with the cloud's words in ``error``. It is a snapshot taken when the provider was
+    asked, not a live view. ``address``: the address the cloud reports ('' if none).
     """
 
     name: str
@@ -144,6 +146,8 @@ class ProviderVM:
     state: str
     created_at: float
     hostname: str
+    address: str = ""
+    error: str = ""
 
 
 @runtime_checkable

@@ -16,6 +16,7 @@ Layout (``P`` is the prefix)::
     P:vm:NAME                    hash   a VM record: state, pool, alias, request, ...
     P:vm:NAME:fence              string fencing counter of the VM's lock grants
     P:vm:NAME:audit              stream a warm-pool VM's own trail (while no request holds it)
+    P:addresses                  hash   a ready VM's cloud address -> its name (/vm/<address>)
     P:pool:POOL:STATE            zset   VMs of a pool in a state; score depends on state
                                         (ready: the warm pool, score = ready time)
     P:token:SHA256               hash   an API token (stored hashed): user, created, last
@@ -118,6 +119,12 @@ class Keys:
     def vm_prefix(self) -> str:
         """Prefix of VM hashes; scripts append a VM name to reach a request's VMs."""
         return f"{self.prefix}:vm:"
+
+    @property
+    def addresses(self) -> str:
+        """Hash: the cloud address of each VM that turned ready -> the VM's name, so the
+        API finds a VM by the address it handed out (vm_ready.lua, vm_destroyed.lua)."""
+        return f"{self.prefix}:addresses"
 
     def vm_pattern(self) -> str:
         return f"{self.prefix}:vm:*"

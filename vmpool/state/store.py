@@ -224,11 +224,14 @@ class Store(PoolStore):
         fence: int | None = None,
         hostname: str = "",
         request_id: str | None = None,
+        address: str = "",
     ) -> Outcome:
         """``hostname``: the address the cloud reports, for a VM whose pool has no
         domain (recorded in the same unit as the VM turning running); '' keeps it.
-        ``request_id``: as for :meth:`vm_created`."""
-        args = [name, self._fence(fence), hostname]
+        ``address``: the cloud's address, recorded and indexed (Keys.addresses) so the
+        API finds the VM by it. ``request_id``: as for :meth:`vm_created`."""
+        index = self.keys.addresses if address else ""
+        args = [name, self._fence(fence), hostname, address, index]
         return self._run_vm("vm_ready", name, actor, args, request_id=request_id)
 
     def vm_failed(
@@ -255,7 +258,8 @@ class Store(PoolStore):
         return self._run_vm("end_vm_lifetime", name, actor, [name, "1" if force else "0"])
 
     def vm_destroyed(self, name: str, *, actor: str, fence: int | None = None) -> Outcome:
-        return self._run_vm("vm_destroyed", name, actor, [name, self._fence(fence)])
+        args = [name, self._fence(fence), self.keys.addresses]
+        return self._run_vm("vm_destroyed", name, actor, args)
 
     # -- reads --------------------------------------------------------------------------
     def server_time(self) -> float:
@@ -266,6 +270,11 @@ class Store(PoolStore):
         reads.queue_request(pipe, self.keys, request_id)
         raw, names = pipe.execute()
         return reads.request_from(raw, names)
+
+    def vm_at_address(self, address: str) -> str | None:
+        """The name of the VM that last turned ready with this cloud address, if any."""
+        raw = self.redis.hget(self.keys.addresses, address)
+        return None if raw is None else text(raw)
 
     def get_vm(self, name: str) -> VMRecord | None:
         raw = self.redis.hgetall(self.keys.vm(name))

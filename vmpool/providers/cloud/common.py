@@ -311,6 +311,7 @@ class CloudProvider:
             state="running" if self._ready(node, address) else "booting",
             created_at=_created(tags),
             hostname=address or tags.get(TAG_VM, ""),
+            address=address or "",
         )
 
     def _ready(self, node: Node, address: str | None) -> bool:
