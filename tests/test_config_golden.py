@@ -52,7 +52,13 @@ def renamed(public: dict[str, Any], data: dict[str, Any] | None = None) -> dict[
 
 # Settings added after the recording (warm pools, pool keys for providers): not in it, so
 # not compared.
-ADDED_TOP = ("task_limit", "max_lifetime_upper_limit_s", "tagfilter", "batch_lanes")
+ADDED_TOP = (
+    "task_limit",
+    "max_lifetime_upper_limit_s",
+    "tagfilter",
+    "batch_lanes",
+    "provider_quota_wait_s",
+)
 ADDED_POOL = ("ondemand_from_ready", "provider_options")
 ADDED_SCHEDULE = ("top_up_pools", "check_ready")
 

@@ -65,6 +65,7 @@ def build(file: ConfigFile, *, source: str, warnings: tuple[str, ...]) -> Config
         reconcile_grace_s=_seconds(cfg, "reconcile_grace"),
         provider_circuit_failures=cfg.provider_circuit_failures,
         provider_circuit_cooldown_s=_seconds(cfg, "provider_circuit_cooldown"),
+        provider_quota_wait_s=_seconds(cfg, "provider_quota_wait"),
         schedule=file.schedule,
         auth=None if file.auth is None else _auth(file.auth, source),
         source=source,

@@ -89,6 +89,7 @@ class Config:
     batch_lanes: int = 4
     max_lifetime_upper_limit_s: float | None = None
     tagfilter: Mapping[str, str] = field(default_factory=dict)
+    provider_quota_wait_s: float = 30.0
 
     def pool(self, name: str) -> PoolConfig:
         """The pool called ``name``; KeyError if there is none (aliases do not count)."""
@@ -139,6 +140,7 @@ class Config:
             "batch_lanes": self.batch_lanes,
             "max_lifetime_upper_limit_s": self.max_lifetime_upper_limit_s,
             "tagfilter": dict(self.tagfilter),
+            "provider_quota_wait_s": self.provider_quota_wait_s,
         }
 
 

@@ -140,6 +140,9 @@ class ConfigSection(_Section):
     provider_circuit_cooldown: LockSeconds = seconds(
         60, "How long a provider's pools stop creating once its circuit opened"
     )
+    provider_quota_wait: LockSeconds = seconds(
+        30, "How long a provider's pools stop creating once its cloud answered quota"
+    )
     clone_target: Text | None = Field(
         default=None, description="Where VMs are cloned (default of every pool's clone_target)"
     )

@@ -20,12 +20,20 @@ from functools import partial
 
 from vmpool.config import Config
 from vmpool.ids import InvalidIdentifier, validate_pool_name
-from vmpool.lifecycle.cloudsteps import circuit_closed, circuit_open, count_failure, size_hint
+from vmpool.lifecycle.cloudsteps import (
+    circuit_closed,
+    count_failure,
+    creates_due,
+    held_back,
+    quota_wait,
+    size_hint,
+)
 from vmpool.lifecycle.failpoints import failpoint
 from vmpool.lifecycle.fleet import Fleet, after_vm_failed, note_outcome
 from vmpool.lifecycle.pending import check_batched, list_lag_s, observe_pending
 from vmpool.providers import (
     Provider,
+    QuotaExceededError,
     StatusBatch,
     create_for_request,
     is_permanent_error,
@@ -63,7 +71,9 @@ def create_vm(
     'retry' / 'request_failed' / 'failed' (the provider refused; vm_failed recorded),
     'busy' (another worker holds the VM), 'throttled' (no clone slot free; the pending
     sweep dispatches it again), 'circuit_open' (the provider's circuit breaker is open;
-    likewise), 'lock_lost', 'no_provider', or the store's refusal
+    likewise), 'quota' (the cloud refused for quota or capacity, now or a moment ago:
+    the VM waits reserved, no retry spent; likewise), 'lock_lost', 'no_provider', or
+    the store's refusal
     ('no_vm', 'vm_<state>', 'stale_fence').
 
     The create is idempotent at the provider (by name), so a second run, or a run after
@@ -125,8 +135,9 @@ def _create_locked(
     fleet: Fleet, vm: VMRecord, provider: Provider, lock: FencedLock, slot: bool | None = None
 ) -> str:
     name = vm.name
-    if circuit_open(fleet, provider, vm):
-        return "circuit_open"
+    hold = held_back(fleet, provider, vm)
+    if hold:
+        return hold
     if slot is None:  # renews our lease, or takes a free slot
         slot = fleet.slots.acquire(name) is not None
     if not slot:
@@ -170,7 +181,10 @@ def _create_failed(
     fleet: Fleet, provider: Provider, vm: VMRecord, lock: FencedLock, exc: Exception
 ) -> str:
     """Record a failed create (vm_failed, permanent when retrying cannot help, with the
-    cloud's message in the reason) and count it toward the provider's breaker."""
+    cloud's message in the reason) and count it toward the provider's breaker; a quota
+    answer is no failure: the VM waits (``cloudsteps.quota_wait``)."""
+    if isinstance(exc, QuotaExceededError):
+        return quota_wait(fleet, vm, lock, exc)
     permanent = is_permanent_error(exc)
     log.info("create %s failed (permanent=%s): %s", vm.name, permanent, exc)
     reason = f"create failed: {exc}" + count_failure(fleet, provider, vm, exc, permanent)
@@ -274,7 +288,7 @@ def check_pending_sweep(fleet: Fleet, pool: str | None = None) -> int:
     now = fleet.store.server_time()
     grace = reserved_grace_s(fleet.config)
     pools = [pool] if pool else list(fleet.config.pools)
-    stale = _flat(fleet.store.pools_vms(pools, "reserved", max_score=now - grace))
+    stale = creates_due(fleet, fleet.store.pools_vms(pools, "reserved", max_score=now - grace))
     pending = check_batched(fleet, pools)  # a batching provider's VMs: checked here
     if pending:
         fleet.dispatch.check_pending_vms(pending)
@@ -384,5 +398,3 @@ def destroy_vm(fleet: Fleet, name: str) -> str:
 
 def _destroy_locked(fleet: Fleet, vm: VMRecord, provider: Provider, lock: FencedLock) -> str:
     return destroy_at_provider(fleet, vm.name, provider, lock, pool=vm.pool)
-
-

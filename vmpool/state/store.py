@@ -271,11 +271,6 @@ class Store(PoolStore):
         raw, names = pipe.execute()
         return reads.request_from(raw, names)
 
-    def vm_at_address(self, address: str) -> str | None:
-        """The name of the VM that last turned ready with this cloud address, if any."""
-        raw = self.redis.hget(self.keys.addresses, address)
-        return None if raw is None else text(raw)
-
     def get_vm(self, name: str) -> VMRecord | None:
         raw = self.redis.hgetall(self.keys.vm(name))
         return VMRecord.from_hash(decode_hash(raw)) if raw else None

@@ -39,6 +39,7 @@ from vmpool.providers.base import (
     PermanentProviderError,
     ProviderError,
     ProviderVM,
+    QuotaExceededError,
     validate_provider_name,
 )
 from vmpool.providers.cloud.errors import classify, retry_after_of
@@ -221,7 +222,7 @@ class CloudProvider:
                 node = self._call("create", launch, 0)
                 return self._vm(node, tags)
             except ProviderError as exc:
-                if exc.permanent or attempt >= self.options.retries:
+                if _final(exc) or attempt >= self.options.retries:
                     raise
                 self._wait(attempt, exc, "create " + name)
                 attempt += 1
@@ -287,7 +288,7 @@ class CloudProvider:
                 return call()
             except Exception as exc:
                 error = classify(exc)
-                if error.permanent or attempt >= limit:
+                if _final(error) or attempt >= limit:
                     raise error from exc
                 self._wait(attempt, error, what)
                 attempt += 1
@@ -326,6 +327,12 @@ class CloudProvider:
                 return True
         except OSError:
             return False
+
+
+def _final(error: ProviderError) -> bool:
+    """Whether a failed call is not retried here: a permanent error, or the cloud's
+    quota (the VM waits reserved for capacity; a worker sleeping on it helps nobody)."""
+    return error.permanent or isinstance(error, QuotaExceededError)
 
 
 def _template(node: Node) -> str:

@@ -269,13 +269,17 @@ local function fail_request(req, reason, now)
 end
 
 -- Expiry checks readiness inside the same unit: a request whose VMs are all attached
--- is fulfilled, never failed.
+-- is fulfilled, never failed. A failure says the last real cause when there was one
+-- (the request's last_error: a VM's failure, a quota answer its VMs waited on).
 local function expire_or_fulfil(req, now)
   if tonumber(req.have) >= tonumber(req.need) then
     return 'fulfilled', fulfil(req, now)
   end
   local reason = 'The request failed to provision instances within the configured'
     .. ' ondemand_request_ttl'
+  if req.last_error and req.last_error ~= '' then
+    reason = reason .. '; last cause: ' .. req.last_error
+  end
   return 'failed', fail_request(req, reason, now)
 end
 
