@@ -29,9 +29,6 @@ class PoolConfig:
     ready_ttl_s: float | None
     domain: str | None
     clone_target: str | None
-    # the instance size a cloud provider creates (amisize, machine_type or flavor); None:
-    # the provider's own option
-    size_hint: str | None
     ondemand_from_ready: bool = True
     # the pool's keys for its provider's class (its pool model validated them)
     provider_options: Mapping[str, Any] = field(default_factory=dict)

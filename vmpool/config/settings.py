@@ -187,15 +187,6 @@ class PoolSection(_Section):
     clone_target: Text | None = Field(
         default=None, description="Where VMs are cloned (default: config.clone_target)"
     )
-    amisize: Text | None = Field(
-        default=None, description="EC2: the instance type (default: the provider's)"
-    )
-    machine_type: Text | None = Field(
-        default=None, description="GCE: the machine type (default: the provider's)"
-    )
-    flavor: Text | None = Field(
-        default=None, description="OpenStack: the flavor id (default: the provider's)"
-    )
     ondemand_from_ready: bool = Field(
         default=True,
         description="On-demand requests take this pool's ready VMs before cloning (vmpool)",

@@ -1,5 +1,5 @@
 """The create path's dealings with a cloud provider: its circuit breaker and its quota
-hold (:mod:`vmpool.state.circuit`, shared through Redis) and the pool's instance size.
+hold (:mod:`vmpool.state.circuit`, shared through Redis).
 
 Only providers that declare ``circuit_breaker`` (the real clouds) count toward or are
 held back by a breaker; the simulated cloud's failures are the chaos tests' input.
@@ -29,16 +29,9 @@ __all__ = [
     "creates_due",
     "held_back",
     "quota_wait",
-    "size_hint",
 ]
 
 log = logging.getLogger(__name__)
-
-
-def size_hint(fleet: Fleet, vm: VMRecord) -> str | None:
-    """The pool's instance size (amisize, machine_type, flavor), None for the provider's."""
-    pool = fleet.config.pools.get(vm.pool)
-    return pool.size_hint if pool is not None else None
 
 
 def held_back(fleet: Fleet, provider: Provider, vm: VMRecord) -> HoldReason:

@@ -26,7 +26,6 @@ from vmpool.lifecycle.cloudsteps import (
     creates_due,
     held_back,
     quota_wait,
-    size_hint,
 )
 from vmpool.lifecycle.failpoints import failpoint
 from vmpool.lifecycle.fleet import Fleet, after_vm_failed, note_outcome
@@ -148,9 +147,7 @@ def _create_locked(
         lock.ensure_held()  # before the provider call: a side effect no fence guards
         try:
             with fleet.slots.renewing(name):  # the slot is held as long as the call runs
-                create_for_request(
-                    provider, vm.pool, vm.template, name, vm.request_id, size_hint(fleet, vm)
-                )
+                create_for_request(provider, vm.pool, vm.template, name, vm.request_id)
         except Exception as exc:  # any provider failure is recorded, never raised
             return _create_failed(fleet, provider, vm, lock, exc)
         failpoint("create_vm.after_provider")

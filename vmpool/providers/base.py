@@ -229,16 +229,12 @@ def uses_circuit(provider: object) -> bool:
 
 
 def create_for_request(
-    provider: Provider,
-    pool: str,
-    template: str,
-    name: str,
-    request_id: str,
-    size: str | None = None,
+    provider: Provider, pool: str, template: str, name: str, request_id: str
 ) -> ProviderVM:
-    """``provider.create_vm``, with the request id (and the pool's instance size) when
-    the provider takes them (the cloud providers: ``tags_request_id``)."""
+    """``provider.create_vm``, with the request id when the provider takes it (the
+    cloud providers: ``tags_request_id``). A pool's placement (instance size, zone,
+    ...) is the provider's own business: it was given every pool's keys when built."""
     if takes_request_id(provider):
         create = getattr(provider, "create_vm")  # noqa: B009 (its signature is wider)
-        return create(pool, template, name, request_id=request_id, size=size)  # type: ignore[no-any-return]
+        return create(pool, template, name, request_id=request_id)  # type: ignore[no-any-return]
     return provider.create_vm(pool, template, name)

@@ -25,13 +25,12 @@ token where the cloud has one, so a lost answer never leaves two instances.
 from __future__ import annotations
 
 import logging
-import socket
 import time
 from collections import Counter
 from collections.abc import Callable, Collection, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
-from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, TypeVar
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, SecretStr, ValidationError
 
@@ -43,6 +42,16 @@ from vmpool.providers.base import (
     validate_provider_name,
 )
 from vmpool.providers.cloud.errors import classify, retry_after_of
+from vmpool.providers.cloud.nodes import (
+    Node,
+    alive,
+    created_at,
+    node_address,
+    node_state,
+    node_template,
+    port_answers,
+)
+from vmpool.providers.cloud.placement import PoolChecks, PortNumber, ReadyCheck, Tags
 from vmpool.providers.options import expect, integer, key_path, number, problems
 from vmpool.state.fleet_identity import fleet_identity
 
@@ -56,7 +65,6 @@ __all__ = ["TAG_KEYS", "CloudOptions", "CloudProvider", "Node", "Secret"]
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
-Node = Any  # a libcloud Node; typed loosely so libcloud stays an optional import
 
 TAG_FLEET = "vmpool-fleet"
 TAG_POOL = "vmpool-pool"
@@ -84,13 +92,11 @@ Seconds = Annotated[
     expect("a number of seconds from 0 to 3600", number),
 ]
 Retries = Annotated[int, Field(ge=0, le=20), expect("an integer from 0 to 20", integer)]
-ReadyCheck = Annotated[Literal["ssh", "state"], expect("ssh or state")]
 FleetId = Annotated[
     str,
     Field(min_length=1, max_length=63, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"),
     expect("1 to 63 letters, digits, '-', '_' or '.'"),
 ]
-PortNumber = Annotated[int, Field(ge=1, le=65535), expect("a port from 1 to 65535", integer)]
 
 
 class CloudOptions(BaseModel):
@@ -114,6 +120,10 @@ class CloudOptions(BaseModel):
     retries: Retries = Field(4, description="Retries of a call that failed transiently")
     backoff: Seconds = Field(1.0, description="The first retry's delay; doubled each time")
     max_backoff: Seconds = Field(60.0, description="The longest wait (Retry-After included)")
+    tags: Tags = Field(
+        default_factory=dict,
+        description="Tags every VM gets (a pool's own are added); vmpool's own tags win",
+    )
 
 
 class CloudProvider:
@@ -121,6 +131,8 @@ class CloudProvider:
     launch a node with tags and list the fleet's nodes (each one API call)."""
 
     options_model: ClassVar[type[CloudOptions]] = CloudOptions
+    # the keys a pool may set for this provider (ProviderClass.pool_options)
+    pool_model: ClassVar[type[BaseModel]] = PoolChecks
     provider_class: ClassVar[str] = ""
     tags_request_id: ClassVar[bool] = True  # create_vm(..., request_id=) tags it
     circuit_breaker: ClassVar[bool] = True  # failed creates count toward the breaker
@@ -138,8 +150,10 @@ class CloudProvider:
     ) -> None:
         self.name = validate_provider_name(name)
         self.options = self.parse_options(name, options)
-        # each pool's own keys for this provider (the class's pool model validated them)
-        self.pools: dict[str, dict[str, Any]] = {k: dict(v) for k, v in (pools or {}).items()}
+        # each pool's own keys for this provider, as the class's pool model reads them
+        self.pools: dict[str, dict[str, Any]] = {
+            pool: self.parse_pool(pool, raw, options) for pool, raw in (pools or {}).items()
+        }
         self.redis = redis
         self.keys = keys
         self._fleet_id: str | None = self.options.fleet_id
@@ -157,6 +171,30 @@ class CloudProvider:
                 f"configuration error: {key_path(loc, f'providers.{name}')}: {problem}"
             ) from None
 
+    @classmethod
+    def parse_pool(
+        cls, pool: str, raw: Mapping[str, Any], options: Mapping[str, Any]
+    ) -> dict[str, Any]:
+        """A pool's keys, validated by the pool model (the provider's options as
+        context for the checks that span both): only those the pool set."""
+        try:
+            model = cls.pool_model.model_validate(dict(raw), context={"provider": dict(options)})
+        except ValidationError as exc:
+            loc, problem = problems(exc)[0]
+            raise PermanentProviderError(
+                f"configuration error: {key_path(loc, f'pools.{pool}')}: {problem}"
+            ) from None
+        return model.model_dump(exclude_none=True)
+
+    def setting(self, pool: str, key: str) -> Any:
+        """A placement key for ``pool``: the pool's own value, else the provider's."""
+        value = self.pools.get(pool, {}).get(key)
+        return value if value is not None else getattr(self.options, key, None)
+
+    def user_tags(self, pool: str) -> dict[str, str]:
+        """The operator's tags for ``pool``'s VMs: the provider's, then the pool's."""
+        return {**self.options.tags, **self.pools.get(pool, {}).get("tags", {})}
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}(name={self.name!r}, options={self.options!r})"
 
@@ -164,11 +202,9 @@ class CloudProvider:
     def make_driver(self) -> Any:
         raise NotImplementedError
 
-    def launch(
-        self, pool: str, template: str, name: str, tags: Mapping[str, str], size: str | None
-    ) -> Node:
-        """One create call; the node carries ``tags`` from its first moment. ``size``:
-        the pool's instance size, None for the provider's option."""
+    def launch(self, pool: str, template: str, name: str, tags: Mapping[str, str]) -> Node:
+        """One create call (with the pool's placement: :meth:`setting`); the node
+        carries ``tags`` (and the operator's, :meth:`user_tags`) from its first moment."""
         raise NotImplementedError
 
     def list_fleet(self) -> list[Node]:
@@ -206,9 +242,7 @@ class CloudProvider:
             self._driver = self.make_driver()
         return self._driver
 
-    def create_vm(
-        self, pool: str, template: str, name: str, request_id: str = "", size: str | None = None
-    ) -> ProviderVM:
+    def create_vm(self, pool: str, template: str, name: str, request_id: str = "") -> ProviderVM:
         """Find the VM by its tag, else launch it; a transient failure is retried after
         looking again, so a create whose answer was lost is not made twice."""
         tags = self.tags(pool, name, request_id)
@@ -218,7 +252,7 @@ class CloudProvider:
             if found:
                 return self._vm(found[0])
             try:
-                launch = partial(self.launch, pool, template, name, tags, size)
+                launch = partial(self.launch, pool, template, name, tags)
                 node = self._call("create", launch, 0)
                 return self._vm(node, tags)
             except ProviderError as exc:
@@ -235,15 +269,16 @@ class CloudProvider:
         return vm is not None and vm.state == "running"
 
     def statuses(self, names: Collection[str]) -> dict[str, ProviderVM | None]:
-        """Every VM of ``names`` as the cloud sees it now ('running' once the ready
-        check passes), None for those it does not hold: one list call for all, not
-        retried (the next check asks again, so a sweep never waits out a backoff).
-        The ssh checks of the running VMs run side by side, ``ssh_timeout`` each."""
+        """Every VM of ``names`` as the cloud sees it now ('running' once the pool's
+        ready check passes, 'failed' when the cloud says it never will), None for those
+        it does not hold: one list call for all, not retried (the next check asks
+        again, so a sweep never waits out a backoff). The ssh checks of the running VMs
+        run side by side, ``ssh_timeout`` each."""
         nodes = self._by_name(retries=0)
         held = [nodes[name] for name in names if name in nodes]
         with ThreadPoolExecutor(max_workers=max(1, min(SSH_CHECKS, len(held)))) as pool:
-            vms = dict(zip((id(n) for n in held), pool.map(self._vm, held), strict=True))
-        return {name: vms[id(nodes[name])] if name in nodes else None for name in names}
+            vms = {vm.name: vm for vm in pool.map(self._vm, held)}
+        return {name: vms.get(name) for name in names}
 
     def destroy_vm(self, pool: str, name: str) -> bool:
         found = self._find(name)
@@ -253,7 +288,9 @@ class CloudProvider:
         return bool(found)
 
     def inventory(self) -> list[ProviderVM]:
-        return [self._vm(node) for node in self._by_name().values()]
+        """Every VM of the fleet the cloud holds, as it says (one list call, no ready
+        check: the reconciler needs what exists, not what answers)."""
+        return [self._vm(node, probe=False) for node in self._by_name().values()]
 
     # -- helpers ---------------------------------------------------------------------------
     def tags(self, pool: str, name: str, request_id: str) -> dict[str, str]:
@@ -269,7 +306,7 @@ class CloudProvider:
     def _fleet_nodes(self, retries: int | None = None) -> list[Node]:
         fleet = self.label(self.fleet_id)
         nodes = self._call("list", self.list_fleet, retries)
-        return [n for n in nodes if self.tags_of(n).get(TAG_FLEET) == fleet and _alive(n)]
+        return [n for n in nodes if self.tags_of(n).get(TAG_FLEET) == fleet and alive(n)]
 
     def _by_name(self, retries: int | None = None) -> dict[str, Node]:
         nodes = self._fleet_nodes(retries)
@@ -302,65 +339,45 @@ class CloudProvider:
         log.info("%s: %s failed (%s); retry in %.1fs", self.name, what, error, delay)
         self.sleep(delay)
 
-    def _vm(self, node: Node, tags: Mapping[str, str] | None = None) -> ProviderVM:
+    def failure(self, node: Node) -> str:
+        """The cloud's words when ``node`` will never boot (an instance in ERROR, one
+        stopped while booting), '' otherwise."""
+        return ""
+
+    def _vm(
+        self, node: Node, tags: Mapping[str, str] | None = None, *, probe: bool = True
+    ) -> ProviderVM:
+        """The VM ``node`` is; ``probe``: run the pool's ready check on a running one
+        (else 'running' is what the cloud says)."""
         tags = tags if tags is not None else self.tags_of(node)
-        address = _address(node)
+        pool = tags.get(TAG_POOL, "")
+        address = node_address(node)
+        error = self.failure(node)
+        if error:
+            state = "failed"
+        elif node_state(node) == "running" and address:
+            state = "running" if not probe or self._ready(pool, address) else "booting"
+        else:
+            state = "booting"
         return ProviderVM(
             name=tags.get(TAG_VM, str(getattr(node, "name", ""))),
-            pool=tags.get(TAG_POOL, ""),
-            template=_template(node),
-            state="running" if self._ready(node, address) else "booting",
-            created_at=_created(tags),
+            pool=pool,
+            template=node_template(node),
+            state=state,
+            created_at=created_at(tags, TAG_CREATED, node),
             hostname=address or tags.get(TAG_VM, ""),
             address=address or "",
+            error=error,
         )
 
-    def _ready(self, node: Node, address: str | None) -> bool:
-        if _state(node) != "running" or not address:
-            return False
-        if self.options.ready_check == "state":
+    def _ready(self, pool: str, address: str) -> bool:
+        """The pool's ready check of a running VM with an address."""
+        if self.setting(pool, "ready_check") == "state":
             return True
-        try:
-            with socket.create_connection(
-                (address, self.options.ssh_port), timeout=self.options.ssh_timeout
-            ):
-                return True
-        except OSError:
-            return False
+        return port_answers(address, self.setting(pool, "ssh_port"), self.options.ssh_timeout)
 
 
 def _final(error: ProviderError) -> bool:
     """Whether a failed call is not retried here: a permanent error, or the cloud's
     quota (the VM waits reserved for capacity; a worker sleeping on it helps nobody)."""
     return error.permanent or isinstance(error, QuotaExceededError)
-
-
-def _template(node: Node) -> str:
-    extra = getattr(node, "extra", None) or {}
-    image = getattr(node, "image", None) or extra.get("image_id") or extra.get("imageId") or ""
-    return str(getattr(image, "id", image) if not isinstance(image, str) else image)
-
-
-def _state(node: Node) -> str:
-    return str(getattr(node, "state", "")).lower()
-
-
-def _alive(node: Node) -> bool:
-    return _state(node) not in ("terminated", "terminating", "shutting-down")
-
-
-def _address(node: Node) -> str | None:
-    for ips in (getattr(node, "public_ips", None), getattr(node, "private_ips", None)):
-        for ip in ips or ():
-            if ip:
-                return str(ip)
-    return None
-
-
-def _created(tags: Mapping[str, str]) -> float:
-    """The launch time from the tag; a node without it counts as just made, so the
-    reconciler's grace protects it rather than a zero that would not."""
-    try:
-        return float(tags[TAG_CREATED])
-    except (KeyError, ValueError):
-        return time.time()
