@@ -161,9 +161,10 @@ class EC2Mock(MockHttp):  # type: ignore[misc]
     cloud: FakeCloud
 
     def _get_request(self, method: str, url: str, body: Any = None, headers: Any = None) -> Reply:
-        params = {k: v[0] for k, v in parse_qs(urlparse(url).query).items()}
+        query = parse_qs(urlparse(url).query, keep_blank_values=True)
+        params = {k: v[0] for k, v in query.items()}
         if body:
-            params.update({k: v[0] for k, v in parse_qs(str(body)).items()})
+            params.update({k: v[0] for k, v in parse_qs(str(body), keep_blank_values=True).items()})
         action = params.get("Action", "")
         kind = {"RunInstances": "create", "DescribeInstances": "list",
                 "TerminateInstances": "destroy", "DescribeImages": "image"}.get(action, action)
@@ -373,6 +374,10 @@ class OpenStackMock(MockHttp):  # type: ignore[misc]
         path = urlparse(url).path.rstrip("/").split("/tenant", 1)[1]
         if method == "POST" and path == "/servers":
             return self._failure("create") or self._create(json.loads(body)["server"])
+        if method == "GET" and path == "/images/detail":
+            self.cloud.calls["image"] += 1
+            return _ok({"images": [{"id": i, "name": n, "created": c, "status": "ACTIVE"}
+                                   for i, n, c in self.cloud.images]})
         if method == "GET" and path == "/servers/detail":
             return self._failure("list") or _ok(
                 {"servers": [_os_server(i) for i in self.cloud.live()]}

@@ -147,9 +147,11 @@ class FaultProxy:
         import http.client
 
         if self._refuses(handler, body):
-            status, headers, payload = self.status, {"Content-Type": "text/xml"}, self.body.encode()
+            status, payload = self.status, self.body.encode()
+            headers = {"Content-Type": "text/xml"}
         else:
-            conn = http.client.HTTPConnection(self.upstream.hostname, self.upstream.port, timeout=30)
+            up = self.upstream
+            conn = http.client.HTTPConnection(up.hostname, up.port, timeout=30)
             skip = ("host", "content-length", "connection")
             forward = {k: v for k, v in handler.headers.items() if k.lower() not in skip}
             forward["Host"] = handler.headers.get("Host", "")

@@ -252,3 +252,20 @@ def test_a_batched_answer_older_than_a_delete_changes_nothing(cloud_fleet: Any) 
     vms = fleet.store.request_vms(rid)
     assert vms and all(vm.state == "completed" for vm in vms)
     assert all(e.dst != "running" for e in fleet.store.history(rid))
+
+
+def test_an_instance_stopped_while_booting_fails_at_once_with_its_reason(
+    cloud_fleet: Any,
+) -> None:
+    """EC2 stopped the instance (an internal error on launch): the VM fails at the next
+    check, not at the pool's timeout, with EC2's words in its reason; a new VM is made."""
+    fleet, cloud = cloud_fleet
+    rid = request(fleet, "bare", 1, "r-stopped")
+    run(fleet, skip=("check_pending_vm",))
+    (instance,) = cloud.instances.values()
+    instance.state, instance.fault = "stopped", "Server.InternalError: Internal error on launch"
+    lifecycle.check_pending_sweep(fleet)
+    (failed,) = [vm for vm in fleet.store.request_vms(rid) if vm.state == "completed"]
+    assert failed.reason.startswith("failed at the provider: instance i-")
+    assert "Server.InternalError: Internal error on launch" in failed.reason
+    assert any(job == "provision_request" for job, _ in recorder(fleet).take())

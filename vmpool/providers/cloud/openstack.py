@@ -109,13 +109,19 @@ class OpenStackProvider(CloudProvider):
         cached = self._images.get(pattern)
         if cached and cached[0] > time.monotonic():
             return cached[1]
-        images = self._call("image", self.driver.list_images)
-        matching = [i for i in images if fnmatch.fnmatchcase(i.name or "", pattern)]
+        images = self._call("image", self._list_images)
+        matching = [i for i in images if fnmatch.fnmatchcase(str(i.get("name", "")), pattern)]
         if not matching:
             raise PermanentProviderError(f"no image named {pattern!r} (image_name)")
-        newest = max(matching, key=lambda i: str(i.extra.get("created") or ""))
-        self._images[pattern] = (time.monotonic() + IMAGE_NAME_TTL_S, newest.id)
-        return str(newest.id)
+        newest = max(matching, key=lambda i: str(i.get("created") or ""))
+        self._images[pattern] = (time.monotonic() + IMAGE_NAME_TTL_S, str(newest["id"]))
+        return str(newest["id"])
+
+    def _list_images(self) -> list[Mapping[str, Any]]:
+        """The active images, through Nova's image list (one call, the compute
+        endpoint's: no Glance endpoint to find)."""
+        reply = self.driver.connection.request("/images/detail").object or {}
+        return [i for i in reply.get("images", []) if i.get("status", "ACTIVE") == "ACTIVE"]
 
     def list_fleet(self) -> list[Node]:
         return list(self.driver.list_nodes())
