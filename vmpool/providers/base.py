@@ -24,6 +24,7 @@ from typing import Protocol, runtime_checkable
 from vmpool.ids import InvalidIdentifier, validate_pool_name
 
 __all__ = [
+    "Capacity",
     "Disks",
     "PermanentProviderError",
     "Provider",
@@ -214,6 +215,21 @@ class Disks(Protocol):
         """Attach a new disk of ``size_gb`` GB to VM ``name``, labelled ``disk``.
 
         Idempotent by ``disk``: a second call with the same label adds nothing."""
+        ...
+
+
+@runtime_checkable
+class Capacity(Protocol):
+    """A provider with limits of its own (``max_instances``, ``max_cores``): the create
+    path counts the fleet's VMs against them and lets a VM wait reserved rather than
+    ask a cloud that would say no (vmpool/state/capacity.py)."""
+
+    def limits(self) -> tuple[int, int]:
+        """(max_instances, max_cores), 0 for no limit."""
+        ...
+
+    def cores(self, pool: str) -> int:
+        """The vCPUs of one VM of ``pool`` (asked only when max_cores is set)."""
         ...
 
 

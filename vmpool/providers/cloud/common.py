@@ -30,9 +30,9 @@ from collections import Counter
 from collections.abc import Callable, Collection, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
-from typing import TYPE_CHECKING, Annotated, Any, ClassVar, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, SecretStr, ValidationError
+from pydantic import BaseModel, ValidationError
 
 from vmpool.providers.base import (
     PermanentProviderError,
@@ -51,8 +51,9 @@ from vmpool.providers.cloud.nodes import (
     node_template,
     port_answers,
 )
-from vmpool.providers.cloud.placement import PoolChecks, PortNumber, ReadyCheck, Tags
-from vmpool.providers.options import expect, integer, key_path, number, problems
+from vmpool.providers.cloud.options import CloudOptions, Secret
+from vmpool.providers.cloud.placement import PoolChecks
+from vmpool.providers.options import key_path, problems
 from vmpool.state.fleet_identity import fleet_identity
 
 if TYPE_CHECKING:
@@ -77,55 +78,6 @@ SSH_CHECKS = 32
 
 
 
-def _secret_text(value: Any) -> Any:
-    """A number given for a secret is its text: never a type error that would quote it."""
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return str(value)
-    return value
-
-
-# A secret option: shown as '**********' by any repr, log line or error message.
-Secret = Annotated[SecretStr, BeforeValidator(_secret_text)]
-Seconds = Annotated[
-    float,
-    Field(ge=0, le=3600, allow_inf_nan=False),
-    expect("a number of seconds from 0 to 3600", number),
-]
-Retries = Annotated[int, Field(ge=0, le=20), expect("an integer from 0 to 20", integer)]
-FleetId = Annotated[
-    str,
-    Field(min_length=1, max_length=63, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"),
-    expect("1 to 63 letters, digits, '-', '_' or '.'"),
-]
-
-
-class CloudOptions(BaseModel):
-    """Options every cloud provider takes (each cloud adds its own). Secrets are
-    ``SecretStr``: a repr, a log line or ``vmpool config show`` never shows them."""
-
-    model_config = ConfigDict(frozen=True, extra="ignore", hide_input_in_errors=True)
-
-    fleet_id: FleetId | None = Field(
-        None,
-        description="The fleet tag's value (default: the fleet's identity, generated once"
-        " per Redis)",
-    )
-    ready_check: ReadyCheck = Field(
-        "ssh",
-        description="ssh: TCP connect to ssh_port (vmpooler's check); state: running with"
-        " an address",
-    )
-    ssh_port: PortNumber = Field(22, description="The port the ssh ready check connects to")
-    ssh_timeout: Seconds = Field(2.0, description="How long one ssh ready check waits")
-    retries: Retries = Field(4, description="Retries of a call that failed transiently")
-    backoff: Seconds = Field(1.0, description="The first retry's delay; doubled each time")
-    max_backoff: Seconds = Field(60.0, description="The longest wait (Retry-After included)")
-    tags: Tags = Field(
-        default_factory=dict,
-        description="Tags every VM gets (a pool's own are added); vmpool's own tags win",
-    )
-
-
 class CloudProvider:
     """The shared half of a libcloud provider; subclasses say how to build the driver,
     launch a node with tags and list the fleet's nodes (each one API call)."""
@@ -134,6 +86,7 @@ class CloudProvider:
     # the keys a pool may set for this provider (ProviderClass.pool_options)
     pool_model: ClassVar[type[BaseModel]] = PoolChecks
     provider_class: ClassVar[str] = ""
+    size_key: ClassVar[str] = ""  # the placement key of the instance size (max_cores)
     tags_request_id: ClassVar[bool] = True  # create_vm(..., request_id=) tags it
     circuit_breaker: ClassVar[bool] = True  # failed creates count toward the breaker
 
@@ -158,6 +111,7 @@ class CloudProvider:
         self.keys = keys
         self._fleet_id: str | None = self.options.fleet_id
         self._driver = driver
+        self._cores: dict[str, int] = {}
         self.sleep = sleep
         self.calls: Counter[str] = Counter()  # cloud API calls by kind (tests count them)
 
@@ -190,6 +144,22 @@ class CloudProvider:
         """A placement key for ``pool``: the pool's own value, else the provider's."""
         value = self.pools.get(pool, {}).get(key)
         return value if value is not None else getattr(self.options, key, None)
+
+    def limits(self) -> tuple[int, int]:
+        """(max_instances, max_cores), 0 for none (the Capacity protocol)."""
+        return self.options.max_instances or 0, self.options.max_cores or 0
+
+    def cores(self, pool: str) -> int:
+        """The vCPUs of one VM of ``pool`` (its instance size), asked of the cloud once
+        per size and kept (:meth:`size_cores`)."""
+        size = str(self.setting(pool, self.size_key))
+        if size not in self._cores:
+            self._cores[size] = self.size_cores(pool, size)
+        return self._cores[size]
+
+    def size_cores(self, pool: str, size: str) -> int:
+        """The vCPUs of instance size ``size``, as the cloud says."""
+        raise NotImplementedError
 
     def user_tags(self, pool: str) -> dict[str, str]:
         """The operator's tags for ``pool``'s VMs: the provider's, then the pool's."""

@@ -60,6 +60,7 @@ class EC2Provider(CloudProvider):
     options_model = EC2Options
     pool_model = EC2PoolOptions
     provider_class = "ec2"
+    size_key = "instance_type"
     options: EC2Options
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -164,6 +165,22 @@ class EC2Provider(CloudProvider):
             if not token:
                 return nodes
             params = {**params, "NextToken": token}
+
+    def size_cores(self, pool: str, size: str) -> int:
+        """libcloud's table of EC2 instance types, else DescribeInstanceTypes."""
+        from libcloud.compute.constants.ec2_instance_types import INSTANCE_TYPES
+        from libcloud.compute.drivers.ec2 import NAMESPACE
+        from libcloud.utils.xml import findtext
+
+        known = INSTANCE_TYPES.get(size, {}).get("extra", {}).get("vcpu")
+        if known:
+            return int(known)
+        params = {"Action": "DescribeInstanceTypes", "InstanceType.1": size}
+        reply = self._call("size", lambda: self.query(params))
+        vcpus = findtext(reply, "instanceTypeSet/item/vCpuInfo/defaultVCpus", NAMESPACE)
+        if not vcpus:
+            raise PermanentProviderError(f"InvalidInstanceType: no vCPU count for {size!r}")
+        return int(vcpus)
 
     def tags_of(self, node: Node) -> Mapping[str, str]:
         return dict(node.extra.get("tags") or {})

@@ -15,7 +15,7 @@ from urllib.parse import urlsplit
 
 from pydantic import AliasChoices, ConfigDict, Field, ValidationInfo, field_validator
 
-from vmpool.providers.cloud.common import CloudOptions, Secret
+from vmpool.providers.cloud.options import CloudOptions, Secret
 from vmpool.providers.cloud.placement import (
     CloudPlacement,
     PoolChecks,

@@ -74,6 +74,7 @@ class GCEProvider(CloudProvider):
     options_model = GCEOptions
     pool_model = GCEPoolOptions
     provider_class = "gce"
+    size_key = "machine_type"
     options: GCEOptions
 
     def label(self, value: str) -> str:
@@ -215,6 +216,11 @@ class GCEProvider(CloudProvider):
     def remove(self, node: Node) -> None:
         zone = node.extra.get("zone") or self.options.zone
         self.driver.connection.request(f"/zones/{zone}/instances/{node.name}", method="DELETE")
+
+    def size_cores(self, pool: str, size: str) -> int:
+        """machineTypes.get in the pool's zone: its guestCpus."""
+        path = f"/zones/{self.setting(pool, 'zone')}/machineTypes/{size}"
+        return int((self._call("size", partial(self._get, path)) or {})["guestCpus"])
 
     def tags_of(self, node: Node) -> Mapping[str, str]:
         return dict(node.extra.get("labels") or {})

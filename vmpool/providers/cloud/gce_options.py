@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from pydantic import AliasChoices, ConfigDict, Field
 
-from vmpool.providers.cloud.common import CloudOptions, Seconds
+from vmpool.providers.cloud.options import CloudOptions, Seconds
 from vmpool.providers.cloud.placement import CloudPlacement, PoolChecks, VolumeSize
 
 __all__ = ["GCEOptions", "GCEPlacement", "GCEPoolOptions"]

@@ -32,6 +32,7 @@ class OpenStackProvider(CloudProvider):
     options_model = OpenStackOptions
     pool_model = OpenStackPoolOptions
     provider_class = "openstack"
+    size_key = "flavor"
     options: OpenStackOptions
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -125,6 +126,11 @@ class OpenStackProvider(CloudProvider):
 
     def list_fleet(self) -> list[Node]:
         return list(self.driver.list_nodes())
+
+    def size_cores(self, pool: str, size: str) -> int:
+        """The flavor's vcpus (GET /flavors/<id>)."""
+        reply = self._call("size", lambda: self.driver.connection.request(f"/flavors/{size}"))
+        return int(reply.object["flavor"]["vcpus"])
 
     def tags_of(self, node: Node) -> Mapping[str, str]:
         return dict(node.extra.get("metadata") or {})

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from pydantic import AliasChoices, ConfigDict, Field
 
-from vmpool.providers.cloud.common import CloudOptions, Secret
+from vmpool.providers.cloud.options import CloudOptions, Secret
 from vmpool.providers.cloud.placement import CloudPlacement, PoolChecks, VolumeSize
 
 __all__ = ["OpenStackOptions", "OpenStackPlacement", "OpenStackPoolOptions"]
