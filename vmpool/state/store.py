@@ -254,8 +254,12 @@ class Store(PoolStore):
     def delete_request(self, request_id: str, *, actor: str, user: str = "") -> Outcome:
         return self._run("delete_request", request_id, actor, [user])
 
-    def end_vm_lifetime(self, name: str, *, actor: str, force: bool = False) -> Outcome:
-        return self._run_vm("end_vm_lifetime", name, actor, [name, "1" if force else "0"])
+    def end_vm_lifetime(
+        self, name: str, *, actor: str, force: bool = False, reason: str = ""
+    ) -> Outcome:
+        """``reason``: why it ended ('' for 'lifetime ended')."""
+        args = [name, "1" if force else "0", reason]
+        return self._run_vm("end_vm_lifetime", name, actor, args)
 
     def vm_destroyed(self, name: str, *, actor: str, fence: int | None = None) -> Outcome:
         args = [name, self._fence(fence), self.keys.addresses]
