@@ -12,6 +12,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from pydantic import SecretStr
+
 from vmpool.config.redis_url import mask_url_password
 from vmpool.config.settings import Schedule
 
@@ -166,7 +168,12 @@ def _public_auth(auth: AuthConfig) -> dict[str, Any]:
 
 
 def _mask_option(key: str, value: Any) -> Any:
+    """A provider's option as shown: secrets (by name, or a SecretStr a model kept, in a
+    section such as a pool's ``dns`` too) as ``***``."""
     lowered = key.lower()
-    if any(word in lowered for word in ("password", "secret", "token", "credential", "access_key")):
+    words = ("password", "secret", "token", "credential", "access_key")
+    if any(word in lowered for word in words) or isinstance(value, SecretStr):
         return "***"
+    if isinstance(value, Mapping):
+        return {k: _mask_option(str(k), v) for k, v in value.items()}
     return value

@@ -41,6 +41,7 @@ from vmpool.providers.base import (
     QuotaExceededError,
     validate_provider_name,
 )
+from vmpool.providers.cloud.dns import DnsOptions, PoolDns
 from vmpool.providers.cloud.errors import classify, retry_after_of
 from vmpool.providers.cloud.nodes import (
     Node,
@@ -112,6 +113,8 @@ class CloudProvider:
         self._fleet_id: str | None = self.options.fleet_id
         self._driver = driver
         self._cores: dict[str, int] = {}
+        self._dns: dict[str, PoolDns | None] = {}
+        self._records: dict[str, str] = {}  # DNS records this process made: name -> address
         self.sleep = sleep
         self.calls: Counter[str] = Counter()  # cloud API calls by kind (tests count them)
 
@@ -251,10 +254,16 @@ class CloudProvider:
         return {name: vms.get(name) for name in names}
 
     def destroy_vm(self, pool: str, name: str) -> bool:
+        """Destroy the VM's instances (and its DNS record, when its pool has ``dns``: a
+        record that could not be removed fails the destroy, which is retried)."""
         found = self._find(name)
         for node in found:  # several only if someone else made a copy: none stays
             self._call("destroy", partial(self.remove, node))
             log.info("%s: destroyed %s (%s)", self.name, name, getattr(node, "id", "?"))
+        pools = {pool} | {self.tags_of(node).get(TAG_POOL, "") for node in found}
+        for dns in filter(None, (self.dns_for(p) for p in pools)):
+            self._call("dns", partial(dns.withdraw, name))
+            self._records.pop(name, None)
         return bool(found)
 
     def inventory(self) -> list[ProviderVM]:
@@ -326,7 +335,8 @@ class CloudProvider:
         if error:
             state = "failed"
         elif node_state(node) == "running" and address:
-            state = "running" if not probe or self._ready(pool, address) else "booting"
+            ready = not probe or self._ready(pool, tags.get(TAG_VM, ""), address)
+            state = "running" if ready else "booting"
         else:
             state = "booting"
         return ProviderVM(
@@ -340,11 +350,36 @@ class CloudProvider:
             error=error,
         )
 
-    def _ready(self, pool: str, address: str) -> bool:
-        """The pool's ready check of a running VM with an address."""
-        if self.setting(pool, "ready_check") == "state":
+    def _ready(self, pool: str, name: str, address: str) -> bool:
+        """The pool's ready check of a running VM with an address, then its DNS record
+        (when the pool has ``dns``): a VM whose name does not resolve is not ready."""
+        if self.setting(pool, "ready_check") != "state":
+            port = self.setting(pool, "ssh_port")
+            if not port_answers(address, port, self.options.ssh_timeout):
+                return False
+        return self._published(pool, name, address)
+
+    def dns_for(self, pool: str) -> PoolDns | None:
+        """The DNS records of ``pool``'s VMs, None when the pool has no ``dns``."""
+        if pool not in self._dns:
+            keys = self.pools.get(pool, {})
+            dns = keys.get("dns")
+            self._dns[pool] = (
+                PoolDns(DnsOptions.model_validate(dns), keys.get("domain") or "") if dns else None
+            )
+        return self._dns[pool]
+
+    def _published(self, pool: str, name: str, address: str) -> bool:
+        dns = self.dns_for(pool)
+        if dns is None or not name or self._records.get(name) == address:
             return True
-        return port_answers(address, self.setting(pool, "ssh_port"), self.options.ssh_timeout)
+        try:
+            self._call("dns", partial(dns.publish, name, address), 0)
+        except Exception as exc:  # the next check tries again
+            log.warning("%s: DNS record of %s not made yet: %s", self.name, name, exc)
+            return False
+        self._records[name] = address
+        return True
 
 
 def _final(error: ProviderError) -> bool:

@@ -5,25 +5,16 @@ show`` never shows them.
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, SecretStr
+from pydantic import BaseModel, ConfigDict, Field
 
-from vmpool.providers.cloud.placement import PortNumber, ReadyCheck, Tags
+from vmpool.providers.cloud.placement import PortNumber, ReadyCheck, Secret, Tags
 from vmpool.providers.options import expect, integer, number
 
 __all__ = ["CloudOptions", "FleetId", "Limit", "Retries", "Seconds", "Secret"]
 
 
-def _secret_text(value: Any) -> Any:
-    """A number given for a secret is its text: never a type error that would quote it."""
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return str(value)
-    return value
-
-
-# A secret option: shown as '**********' by any repr, log line or error message.
-Secret = Annotated[SecretStr, BeforeValidator(_secret_text)]
 Seconds = Annotated[
     float,
     Field(ge=0, le=3600, allow_inf_nan=False),

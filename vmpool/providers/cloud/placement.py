@@ -20,15 +20,18 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
-from vmpool.providers.options import expect, integer
+from vmpool.providers.cloud.dns import DnsOptions, Secret
+from vmpool.providers.options import expect, integer, invalid
 
 __all__ = [
     "CloudPlacement",
+    "DnsOptions",
     "PoolChecks",
     "PortNumber",
     "ReadyCheck",
+    "Secret",
     "Tags",
     "VolumeSize",
     "provider_value",
@@ -69,6 +72,20 @@ class PoolChecks(BaseModel):
         description="Tags (EC2), labels (GCE) or metadata (OpenStack) every VM gets, added"
         " to the provider's; vmpool's own tags win",
     )
+    # the pool's own domain (filled in by the configuration from the pool's settings)
+    domain: str | None = Field(None, description="The pool's domain (its own key)")
+    dns: DnsOptions | None = Field(
+        None,
+        description="Keep <vm name>.<domain> pointing at each VM's address through a"
+        " Libcloud DNS driver (route53, google, ...)",
+    )
+
+    @field_validator("dns")
+    @classmethod
+    def _dns_needs_a_domain(cls, value: DnsOptions | None, info: ValidationInfo) -> Any:
+        if value is not None and not value.zone and not info.data.get("domain"):
+            raise invalid("needs the pool's domain (or dns.zone): the records are in it")
+        return value
 
 
 def provider_value(info: ValidationInfo, key: str) -> Any:
