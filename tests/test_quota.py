@@ -143,6 +143,9 @@ def test_waiting_vms_are_not_asked_for_and_the_ttl_names_the_quota(
         assert status["quota"] == "held" and status["quota_held_total"] == 1
         assert "VcpuLimitExceeded" in status["quota_error"]
         assert status["circuit"] == "closed" and status["consecutive_failures"] == 0
+        metrics = client.get("/metrics").text
+        assert 'vmpool_provider_quota_held{provider="aws"} 1.0' in metrics
+        assert 'vmpool_provider_quota_holds_total{provider="aws"} 1.0' in metrics
         deadline = time.monotonic() + 10
         while fleet.store.expire_request("r-wait", actor="t").code != "failed":
             assert time.monotonic() < deadline
