@@ -1,4 +1,4 @@
-"""``vmpool audit``: CONTRACT.md's invariants over the live state and the providers."""
+"""``vmpool audit``: the invariants (docs/invariants.md) over the live state and the providers."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ __all__ = ["audit_command"]
     " vmpool_audit_last_run_timestamp_seconds), as the Kubernetes CronJob runs it.",
 )
 def audit_command(cli: CliContext, record: bool) -> None:
-    """Check the invariants (CONTRACT.md's 1-5, warm pools' 6-8) over the live state.
+    """Check invariants 1-8 (docs/invariants.md) over the live state.
 
     Exit 0 when every invariant holds; exit 1 and one line per violation otherwise.
     """

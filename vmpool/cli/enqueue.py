@@ -1,8 +1,8 @@
 """``vmpool enqueue``: put one job on the queues now, as the scheduler or a worker would.
 
 The jobs it knows are the rows of the job table (:mod:`workers.table`), by their name or
-an older alias (``sweep``, ``provision``, ``check-pending``, ... as CONTRACT.md lists
-them). ``check-pending`` keeps its older meaning: with a VM name it checks that VM, with
+an older alias (``sweep``, ``provision``, ``check-pending``, ... as earlier releases
+named them). ``check-pending`` keeps its older meaning: with a VM name it checks that VM, with
 ``--pool`` every booting VM of the pool, with neither the whole check-pending sweep.
 """
 

@@ -197,7 +197,7 @@ class _Reader:
                 self.warn(f"config.{key}", message)
 
     def data_ttl(self, top: dict[str, Any]) -> None:
-        """vmpooler keeps data_ttl under :redis:; CONTRACT.md lists it under :config:, which
+        """vmpooler keeps data_ttl under :redis:; docs/ list it under :config:, which
         wins: the other is then neither used nor checked."""
         if "data_ttl" in top["config"]:
             top["redis"].pop("data_ttl", None)
