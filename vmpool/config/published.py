@@ -112,6 +112,7 @@ def public_form(config: Config) -> dict[str, Any]:
     form: dict[str, Any] = _plain(config)
     form["redis_url"] = None
     form["providers"] = _masked(form["providers"])
+    form["pools"] = _masked(form["pools"])  # a pool's keys for its provider too
     if config.auth is not None:
         form["auth"]["users"] = sorted(config.auth.users)
     return form

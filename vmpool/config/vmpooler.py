@@ -266,6 +266,8 @@ class _Reader:
             return
         if not isinstance(pools, list):
             raise self.fail("pools", f"must be a list of pools, got {show(pools)}")
+        if not pools:
+            self.warn("pools", "no pools configured")
         known = _fields(PoolSection) - {_POOL_OPTIONS}
         for i, raw in enumerate(pools):
             path = f"pools[{i}]"
