@@ -38,6 +38,7 @@ from redis import Redis
 
 from vmpool.config import Config
 from vmpool.providers import Provider, providers_from_config
+from vmpool.providers.identity import fleet_ids
 from vmpool.state.capacity import ProviderCapacity
 from vmpool.state.circuit import ProviderCircuit
 from vmpool.state.keys import Keys
@@ -163,6 +164,8 @@ class Fleet:
     @classmethod
     def build(cls, redis_client: Redis, config: Config, dispatch: Dispatcher, actor: str) -> Fleet:
         keys = Keys(config.key_prefix)
+        # Settled before this process writes a VM record (vmpool/state/fleet_identity.py).
+        fleet_ids(redis_client, keys, config.providers)
         return cls(
             redis=redis_client,
             keys=keys,
