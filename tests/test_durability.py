@@ -1,4 +1,4 @@
-"""Durability of acknowledged writes (CONTRACT.md invariant 9), against real servers.
+"""Durability of acknowledged writes (docs/invariants.md, invariant 9), against real servers.
 
 What this proves:
 - a power cut (the append-only file cut back to its last fsync, exactly: the shim in

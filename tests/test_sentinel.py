@@ -1,5 +1,5 @@
 """Redis through Sentinel: a failover followed without restarts, and no acknowledged
-write lost across it (CONTRACT.md invariant 9), against real servers: a primary, a
+write lost across it (docs/invariants.md, invariant 9), against real servers: a primary, a
 replica and three sentinels, ``valkey-server`` processes on loopback ports started
 here and stopped by pid (tests/sentinelhelp.py).
 
