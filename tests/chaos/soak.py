@@ -21,6 +21,10 @@ SIGCONT), ``client_kill`` (``CLIENT KILL TYPE normal``), ``redis_restart`` (SIGT
 start again on the same port and directory), ``redis_kill9`` (SIGKILL, start again:
 ``appendfsync always`` must lose nothing acknowledged), ``pause_scheduler``.
 
+``--redis sentinel`` runs the fleet on a Sentinel group and ``--redis-faults`` adds
+faults of Redis itself (frozen and stalled connections, a full Redis, a power cut):
+``redis_faults.py``.
+
 At the end the load stops, the faults stop, every request settles (the client deletes
 the ready ones), every VM is destroyed, and the checks run: ``audit_state``; the client's
 history (``history.check_history``); each request's settle time against its TTL plus one

@@ -1,8 +1,9 @@
 """``--strict``: refuse to start on a Redis not set up as vmpool assumes.
 
 Every long-running command (api, worker, scheduler, up) checks Redis's
-``maxmemory-policy`` and persistence when it starts (vmpool/state/redis_check.py): a
-warning per problem, or, with ``--strict`` (``VMPOOL_STRICT=1``), one line and exit 1.
+``maxmemory-policy``, persistence and the durability of its writes when it starts
+(vmpool/state/redis_check.py): a warning per problem, or, with ``--strict``
+(``VMPOOL_STRICT=1``), one line and exit 1.
 """
 
 from __future__ import annotations
@@ -30,8 +31,9 @@ def strict_option(func: F) -> F:
         "--strict",
         is_flag=True,
         envvar=STRICT_ENV,
-        help="Refuse to start (exit 1) when Redis's maxmemory-policy is not noeviction or"
-        f" appendonly is off; without it, a warning [env {STRICT_ENV}].",
+        help="Refuse to start (exit 1) when Redis is not set up as vmpool assumes"
+        " (maxmemory-policy noeviction, appendonly yes, appendfsync always; through Sentinel,"
+        f" writes that wait for a replica); without it, a warning [env {STRICT_ENV}].",
     )(func)
 
 

@@ -181,7 +181,6 @@ def check_redis(client: redis.Redis) -> RedisCheck:
         enabled = _info_get(client, "persistence", "aof_enabled")
         aof = None if enabled is None else ("yes" if enabled in ("1", "True") else "no")
     replication = _info(client, "replication")
-    confirming = isinstance(client, ConfirmingRedis)
     return RedisCheck(
         maxmemory_policy=policy or UNKNOWN,
         appendonly=aof or UNKNOWN,
@@ -190,7 +189,7 @@ def check_redis(client: redis.Redis) -> RedisCheck:
         replicas=_count(replication.get("connected_slaves")),
         min_replicas_to_write=_config_get(client, "min-replicas-to-write") or UNKNOWN,
         durability=client.durability if isinstance(client, ConfirmingRedis) else None,
-        via_sentinel=confirming and bool(getattr(client, "via_sentinel", False)),
+        via_sentinel=client.via_sentinel if isinstance(client, ConfirmingRedis) else False,
     )
 
 
