@@ -17,7 +17,8 @@ What this proves:
   survives, while a client that does not wait for the replica (durability none) was
   told "done" for writes the failover lost: the loss WAIT prevents, made visible;
 - the startup check says what the writes wait for through Sentinel, and names
-  durability none as a risk.
+  durability none as a risk;
+- the primary is the server a majority of the sentinels name, not the first one's.
 """
 
 from __future__ import annotations
@@ -31,9 +32,11 @@ from pathlib import Path
 
 import pytest
 import redis
-from sentinelhelp import SentinelGroup, sentinel_group, wait_for
+from redis.sentinel import Sentinel
+from sentinelhelp import Node, SentinelGroup, sentinel_group, wait_for
 
 from vmpool.config import default_redis_options
+from vmpool.local.redis_server import free_port
 from vmpool.state.connection import RedisOptions, connect
 from vmpool.state.durability import DurabilitySetting
 from vmpool.state.keys import Keys
@@ -184,3 +187,29 @@ def test_durability_none_through_sentinel_is_named(group: SentinelGroup) -> None
     assert check.via_sentinel and check.role == "master" and check.replicas == 1
     assert any("failover loses the acknowledged writes" in p for p in check.problems())
     assert check_redis(store(group.url).redis).problems() == []
+
+
+def test_the_primary_is_the_one_a_majority_of_the_sentinels_name(
+    group: SentinelGroup, tmp_path: Path
+) -> None:
+    """One sentinel names another server (as a sentinel that has not heard of a
+    failover names the old primary, back on its own data): redis-py's own discovery
+    takes the first sentinel's word and writes there; vmpool's takes the majority's."""
+    impostor_dir = tmp_path / "impostor"
+    impostor_dir.mkdir()
+    impostor = Node("impostor", free_port(), impostor_dir, ["--save", ""]).start()
+    try:
+        with group.sentinels[0].client() as liar:
+            liar.execute_command("SENTINEL", "REMOVE", "vmpool-test")
+            liar.execute_command("SENTINEL", "MONITOR", "vmpool-test", "127.0.0.1",
+                                 str(impostor.port), "2")  # fmt: skip
+        assert group.url.split("//", 1)[1].startswith(f"127.0.0.1:{group.sentinels[0].port}")
+        ours = connect(group.url, options("none"), decode_responses=True)
+        ours.set("majority:key", "1")
+        theirs = Sentinel([("127.0.0.1", s.port) for s in group.sentinels])
+        theirs.master_for("vmpool-test").set("first:key", "1")
+        with impostor.client() as wrong, group.current_primary().client() as right:
+            assert right.get("majority:key") == b"1" and wrong.get("majority:key") is None
+            assert wrong.get("first:key") == b"1"  # what the test guards against
+    finally:
+        impostor.stop()

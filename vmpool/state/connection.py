@@ -4,9 +4,10 @@
 form vmpool accepts (:mod:`vmpool.state.redis_target`: one server, or a Sentinel group)
 and the ``:redis:`` settings (:class:`RedisOptions`), and gives a client that
 
-- finds the primary through the sentinels for a ``redis+sentinel://`` URL and follows a
-  failover: a connection that meets READONLY (its server became a replica) is dropped
-  and the next one asks the sentinels again (redis-py's ``SentinelConnectionPool``);
+- finds the primary through the sentinels for a ``redis+sentinel://`` URL (the address
+  a majority of them name: :class:`MajoritySentinel`) and follows a failover: a
+  connection that meets READONLY (its server became a replica) is dropped and the next
+  one asks the sentinels again (redis-py's ``SentinelConnectionPool``);
 - notices a dead or frozen connection within bounded time: a socket timeout on every
   read (``socket_timeout``), a connect timeout, a PING before reusing a connection idle
   for ``health_check_interval``, and TCP keepalive (:data:`KEEPALIVE`) for peers that
@@ -24,6 +25,7 @@ from __future__ import annotations
 import copy
 import inspect
 import socket
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Final, cast
 
@@ -32,7 +34,7 @@ from redis.asyncio.retry import Retry as AsyncRetry
 from redis.asyncio.sentinel import Sentinel as AsyncSentinel
 from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
-from redis.sentinel import Sentinel
+from redis.sentinel import MasterNotFoundError, Sentinel
 
 from vmpool.state.durability import (
     ConfirmingAsyncRedis,
@@ -58,6 +60,66 @@ KEEPALIVE: Final[dict[int, int]] = {
 RETRY_ON: Final = (redis.ConnectionError, redis.TimeoutError)
 _RETRIES: Final = 1
 _BACKOFF: Final = ExponentialBackoff(cap=0.5, base=0.05)
+
+
+def _majority(sentinels: int, votes: Counter[tuple[Any, Any]]) -> tuple[Any, Any] | None:
+    """The address a majority of ``sentinels`` name, if one does."""
+    for address, count in votes.most_common(1):
+        if count > sentinels // 2:
+            return address
+    return None
+
+
+def _no_master(service: str, errors: list[str]) -> MasterNotFoundError:
+    seen = f": {', '.join(errors)}" if errors else ""
+    return MasterNotFoundError(
+        f"No master named by a majority of the sentinels for {service!r}{seen}"
+    )
+
+
+class MajoritySentinel(Sentinel):
+    """redis-py's Sentinel, except that the primary is the address a majority of the
+    configured sentinels name, not the first sentinel's answer: a sentinel that has not
+    heard of a failover yet still names the old primary, which may be back on its own
+    data, and writes sent there would be lost (docs/reliability.md, Findings)."""
+
+    def discover_master(self, service_name: str) -> tuple[Any, Any]:
+        votes: Counter[tuple[Any, Any]] = Counter()
+        errors = []
+        for sentinel in self.sentinels:
+            try:
+                masters: dict[str, Any] = sentinel.sentinel_masters()  # type: ignore[assignment]
+                state = masters.get(service_name)
+            except (redis.ConnectionError, redis.TimeoutError) as exc:
+                errors.append(repr(exc))
+                continue
+            if state and self.check_master_state(state, service_name):  # type: ignore[no-untyped-call]
+                votes[(state["ip"], state["port"])] += 1
+        address = _majority(len(self.sentinels), votes)
+        if address is None:
+            raise _no_master(service_name, errors)
+        return address
+
+
+class AsyncMajoritySentinel(AsyncSentinel):
+    """:class:`MajoritySentinel` for asyncio."""
+
+    async def discover_master(self, service_name: str) -> tuple[Any, Any]:
+        votes: Counter[tuple[Any, Any]] = Counter()
+        errors = []
+        for sentinel in self.sentinels:
+            try:
+                masters: dict[str, Any] = await sentinel.sentinel_masters()  # type: ignore[assignment]
+                state = masters.get(service_name)
+            except (redis.ConnectionError, redis.TimeoutError) as exc:
+                errors.append(repr(exc))
+                continue
+            if state and self.check_master_state(state, service_name):
+                votes[(state["ip"], state["port"])] += 1
+        address = _majority(len(self.sentinels), votes)
+        if address is None:
+            raise _no_master(service_name, errors)
+        return address
 
 
 class _PoolRetry:
@@ -147,7 +209,7 @@ def connect(
     client: ConfirmingRedis
     if is_sentinel_url(url):
         target = parse_sentinel_url(url)
-        sentinel = Sentinel(  # type: ignore[no-untyped-call]
+        sentinel = MajoritySentinel(  # type: ignore[no-untyped-call]
             list(target.hosts), sentinel_kwargs=options.sentinel_kwargs(target)
         )
         client = sentinel.master_for(  # type: ignore[no-untyped-call]
@@ -172,7 +234,7 @@ def connect_async(
     client: ConfirmingAsyncRedis
     if is_sentinel_url(url):
         target = parse_sentinel_url(url)
-        sentinel = AsyncSentinel(  # type: ignore[no-untyped-call]
+        sentinel = AsyncMajoritySentinel(  # type: ignore[no-untyped-call]
             list(target.hosts), sentinel_kwargs=options.sentinel_kwargs(target)
         )
         client = sentinel.master_for(
