@@ -26,6 +26,7 @@ from vmpool.providers.cloud import (
     OpenStackProvider,
 )
 from vmpool.providers.simulated import SimulatedOptions, simulated_provider
+from vmpool.providers.vsphere import VSphereOptions, VSpherePoolOptions, VSphereProvider
 
 if TYPE_CHECKING:
     from redis import Redis
@@ -75,11 +76,12 @@ PROVIDER_CLASSES: Final[Mapping[str, ProviderClass]] = MappingProxyType(
         "ec2": ProviderClass("ec2", EC2Options, EC2Provider),
         "gce": ProviderClass("gce", GCEOptions, GCEProvider),
         "openstack": ProviderClass("openstack", OpenStackOptions, OpenStackProvider),
+        "vsphere": ProviderClass("vsphere", VSphereOptions, VSphereProvider, VSpherePoolOptions),
     }
 )
 
 # The provider instance a pool uses when it names none (vmpooler's default is vsphere,
-# which vmpool does not ship: docs/providers.md).
+# which needs a vCenter: vmpool's is the simulated cloud).
 DEFAULT_PROVIDER: Final = "simulated"
 
 
