@@ -131,11 +131,8 @@ class PyVmomiAdapter:
         views = [v for v in (self._view(datacenter, f) for f in folders) if v is not None]
         if not views:
             return []
-        traverse = PC.TraversalSpec(
-            name="view", path="view", skip=False, type=vim.view.ContainerView
-        )
-        objects = [PC.ObjectSpec(obj=view, skip=True, selectSet=[traverse]) for view in views]
-        return [_vm_info(o) for o in self._retrieve(objects, vim.VirtualMachine, VM_PATHS)]
+        found = self._retrieve([_view_spec(v) for v in views], vim.VirtualMachine, VM_PATHS)
+        return [_vm_info(o) for o in found]
 
     def _view(self, datacenter: str | None, folder: str) -> Any:
         """A container view of the VMs directly in the folder (None if it is missing)."""
@@ -251,7 +248,8 @@ class PyVmomiAdapter:
             time.sleep(delay)  # polling a remote task: vCenter has no push on this path
             delay = min(delay * 1.5, 2.0)
 
-    def _datacenter(self, name: str | None) -> Any:
+    def _datacenter(self, name: str | None) -> dict[str, Any]:
+        """The datacenter's name, VM folder and host folder (one read, kept)."""
         key = ("datacenter", name or "")
         if key not in self._found:
             if name:
@@ -260,31 +258,20 @@ class PyVmomiAdapter:
                 found = self._only_datacenter()
             if not isinstance(found, vim.Datacenter):
                 raise VSphereFault(["NotFound"], f"datacenter {name!r} not found")
-            self._found[key] = found
-        return self._found[key]
+            props = self._props(found, ["name", "vmFolder", "hostFolder"])
+            self._found[key] = {"obj": found, **props}
+        return cast(dict[str, Any], self._found[key])
 
-    def _only_datacenter(self) -> Any:
-        view = self.content.viewManager.CreateContainerView(
-            self.content.rootFolder, [vim.Datacenter], True
-        )
+    def _in_view(self, root: Any, kinds: list[Any], recursive: bool, path: str) -> list[Any]:
+        """``path`` of every object of ``kinds`` under ``root`` (a throwaway view)."""
+        view = self.content.viewManager.CreateContainerView(root, kinds, recursive)
         try:
-            found = self._retrieve(
-                [
-                    PC.ObjectSpec(
-                        obj=view,
-                        skip=True,
-                        selectSet=[
-                            PC.TraversalSpec(
-                                name="view", path="view", skip=False, type=vim.view.ContainerView
-                            )
-                        ],
-                    )
-                ],
-                vim.Datacenter,
-                ["name"],
-            )
+            return self._retrieve([_view_spec(view)], vim.ManagedEntity, [path])
         finally:
             view.DestroyView()
+
+    def _only_datacenter(self) -> Any:
+        found = self._in_view(self.content.rootFolder, [vim.Datacenter], True, "name")
         if len(found) != 1:
             raise VSphereFault(
                 ["InvalidArgument"],
@@ -296,8 +283,7 @@ class PyVmomiAdapter:
         """The object at ``path`` below the datacenter, or None."""
         key = ("path", datacenter or "", path)
         if key not in self._found:
-            dc = self._datacenter(datacenter)
-            name = self._props(dc, ["name"])["name"]
+            name = self._datacenter(datacenter)["name"]
             found = self.content.searchIndex.FindByInventoryPath(f"{name}/{path}")
             if found is None:
                 return None
@@ -311,7 +297,7 @@ class PyVmomiAdapter:
             return found
         if not create:
             raise VSphereFault(["NotFound"], f"folder {path!r} not found (create_folders: false)")
-        parent = self._props(self._datacenter(datacenter), ["vmFolder"])["vmFolder"]
+        parent = self._datacenter(datacenter)["vmFolder"]
         parts = path.split("/")
         for depth in range(1, len(parts) + 1):
             here = self._find(datacenter, "vm/" + "/".join(parts[:depth]))
@@ -329,7 +315,7 @@ class PyVmomiAdapter:
             return None
         key = (kind, datacenter or "", name)
         if key not in self._found:
-            items = self._props(self._datacenter(datacenter), [kind]).get(kind) or []
+            items = self._props(self._datacenter(datacenter)["obj"], [kind]).get(kind) or []
             objects = [PC.ObjectSpec(obj=i, skip=False) for i in items]
             names = self._retrieve(objects, vim.ManagedEntity, ["name"])
             match = [o.obj for o in names if o.propSet and o.propSet[0].val == name]
@@ -348,20 +334,8 @@ class PyVmomiAdapter:
         return cast(tuple[Any, Any], self._found[key])
 
     def _find_placement(self, datacenter: str | None, target: str) -> tuple[Any, Any]:
-        root = self._props(self._datacenter(datacenter), ["hostFolder"])["hostFolder"]
-        kinds = [vim.ComputeResource, vim.HostSystem]
-        view = self.content.viewManager.CreateContainerView(root, kinds, True)
-        try:
-            traverse = PC.TraversalSpec(
-                name="view", path="view", skip=False, type=vim.view.ContainerView
-            )
-            found = self._retrieve(
-                [PC.ObjectSpec(obj=view, skip=True, selectSet=[traverse])],
-                vim.ManagedEntity,
-                ["name"],
-            )
-        finally:
-            view.DestroyView()
+        root = self._datacenter(datacenter)["hostFolder"]
+        found = self._in_view(root, [vim.ComputeResource, vim.HostSystem], True, "name")
         named = [o.obj for o in found if o.propSet and o.propSet[0].val == target]
         for obj in named:  # a cluster or a standalone host's compute resource first
             if isinstance(obj, vim.ComputeResource):
@@ -372,6 +346,12 @@ class PyVmomiAdapter:
         raise VSphereFault(
             ["NotFound"], f"clone_target {target!r}: no cluster or host of that name"
         )
+
+
+def _view_spec(view: Any) -> Any:
+    """An ObjectSpec reaching every object a container view shows."""
+    traverse = PC.TraversalSpec(name="view", path="view", skip=False, type=vim.view.ContainerView)
+    return PC.ObjectSpec(obj=view, skip=True, selectSet=[traverse])
 
 
 def _walk(nodes: Sequence[Any]) -> list[Any]:
