@@ -7,8 +7,8 @@ extraConfig, powered on; linked clones go through; the inventory is one
 RetrievePropertiesEx (counted at pyVmomi's stub) and holds only this fleet's VMs of the
 pools' folders: a hand-made VM and another fleet's, in the same folder, are never listed,
 powered off or destroyed; a destroyed VM is gone from vCenter, not just off; snapshots,
-reverts and disks work and are not repeated; vCenter's faults (a failed login, a missing
-template, a failed task) arrive classified; a session logged out is re-established.
+reverts and disks work and are not repeated; vCenter's faults (a failed login, an
+unverifiable certificate, a missing template, a failed task) arrive classified; a session logged out is re-established.
 The simulator is govmomi 0.24 (2021): its gaps are in docs/providers.md.
 """
 
@@ -177,6 +177,10 @@ def test_faults_over_the_wire_are_classified(sim: Sim) -> None:
     with pytest.raises(PermanentProviderError, match="InvalidLogin") as info:
         wrong.inventory()
     assert "wrong" not in str(info.value)
+    verified = VSphereProvider(None, Keys("k"), "vc", sim.vcsim.options(insecure=False),
+                               pools=sim.pools)
+    with pytest.raises(PermanentProviderError, match="certificate"):
+        verified.inventory()  # the simulator's certificate is self-signed
     with pytest.raises(PermanentProviderError, match="template 'templates/nope' not found"):
         sim.provider.create_vm("plain", "templates/nope", "vm-x")
     strict = sim.make(create_folders=False)
