@@ -393,8 +393,14 @@ def test_secrets_never_shown(caplog: pytest.LogCaptureFixture) -> None:
 
 
 def test_fleet_identity_from_redis_unless_fleet_id(redis_client: Any) -> None:
+    import redis as redis_lib
+
     from vmpool.state.fleet_identity import fleet_identity
 
+    from motohelp import free_port
+
+    nowhere = redis_lib.Redis(host="127.0.0.1", port=free_port())  # never reached
+    VSphereProvider(nowhere, Keys("kp"), "vc", {"server": "h"})  # building reads no Redis
     keys = Keys("kp")
     provider = VSphereProvider(redis_client, keys, "vc", {"server": "h"})
     assert provider.fleet_id == fleet_identity(redis_client, keys) != "kp"

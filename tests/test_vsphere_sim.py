@@ -8,7 +8,8 @@ RetrievePropertiesEx (counted at pyVmomi's stub) and holds only this fleet's VMs
 pools' folders: a hand-made VM and another fleet's, in the same folder, are never listed,
 powered off or destroyed; a destroyed VM is gone from vCenter, not just off; snapshots,
 reverts and disks work and are not repeated; vCenter's faults (a failed login, an
-unverifiable certificate, a missing template, a failed task) arrive classified; a session logged out is re-established.
+unverifiable certificate, a missing template, a failed task) arrive classified; a session
+logged out is re-established.
 The simulator is govmomi 0.24 (2021): its gaps are in docs/providers.md.
 """
 

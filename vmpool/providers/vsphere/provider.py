@@ -80,11 +80,26 @@ class VSphereProvider(CloudProvider):
         sleep: Callable[[float], None] = time.sleep,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        self._redis, self._keys = redis, keys
+        self._fleet_id: str | None = None
         super().__init__(redis, keys, name, options, pools=pools, sleep=sleep)
         self.placement = {pool: self._pool_options(pool, o) for pool, o in self.pools.items()}
-        if not self.options.fleet_id and redis is not None:
-            self.fleet_id = fleet_identity(redis, keys)
         self.session = Session(name, connect or self.connect, clock, self.calls)
+
+    @property
+    def fleet_id(self) -> str:
+        """The ``fleet_id`` option, else the fleet identity kept in Redis, read on first
+        use (building a provider connects to nothing)."""
+        if self._fleet_id is None:
+            if self.options.fleet_id or self._redis is None:
+                self._fleet_id = self.options.fleet_id or self._keys.prefix
+            else:
+                self._fleet_id = fleet_identity(self._redis, self._keys)
+        return self._fleet_id
+
+    @fleet_id.setter
+    def fleet_id(self, value: str) -> None:
+        """CloudProvider's default (the key prefix) is not vSphere's: ignored."""
 
     def _pool_options(self, pool: str, options: Mapping[str, Any]) -> VSpherePoolOptions:
         try:
