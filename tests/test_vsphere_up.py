@@ -93,11 +93,17 @@ class Api:
 
 
 def marked(si: Any, folder: str) -> dict[str, Any]:
-    """The VMs in DC0/vm/<folder> by name, each with its extraConfig as a dict."""
+    """The VMs in DC0/vm/<folder> by name."""
+    from pyVmomi import vmodl
+
     found = si.content.searchIndex.FindByInventoryPath(f"DC0/vm/{folder}")
-    if found is None:
-        return {}
-    return {vm.name: vm for vm in found.childEntity}
+    vms = {}
+    for vm in found.childEntity if found is not None else ():
+        try:
+            vms[vm.name] = vm
+        except vmodl.fault.ManagedObjectNotFound:  # destroyed since the folder was read
+            continue
+    return vms
 
 
 def extra(vm: Any) -> dict[str, str]:
