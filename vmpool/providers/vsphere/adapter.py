@@ -46,7 +46,9 @@ class VMInfo:
 
     @property
     def state(self) -> str:
-        return "running" if self.power_state == "poweredOn" else "stopped"
+        """'running' when powered on, else vCenter's word: a VM powered off is one whose
+        power-on is still to come (create powers it on), not a cloud's stopped one."""
+        return "running" if self.power_state == "poweredOn" else self.power_state
 
     @property
     def public_ips(self) -> list[str]:
