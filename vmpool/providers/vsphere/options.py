@@ -13,7 +13,7 @@ from typing import Annotated
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator
 
-from vmpool.providers.cloud.common import CloudOptions, Seconds, Secret
+from vmpool.providers.cloud.common import CloudOptions, ReadyCheck, Seconds, Secret
 from vmpool.providers.options import expect
 
 __all__ = ["VSphereOptions", "VSpherePoolOptions", "split_server"]
@@ -48,6 +48,15 @@ class VSphereOptions(CloudOptions):
     """``provider_class: vsphere``. Credentials: ``username``/``password``, else the
     environment's VSPHERE_USER / VSPHERE_PASSWORD, or ``password_file``."""
 
+    fleet_id: str | None = Field(
+        None,
+        description="The fleet's mark on its VMs (default: the fleet identity kept in Redis)",
+    )
+    ready_check: ReadyCheck = Field(
+        "ssh",
+        description="ssh: powered on, an address from VMware Tools and a TCP connect to"
+        " ssh_port; state: powered on",
+    )
     server: str = Field(description="The vCenter: host[:port] (443 by default)")
     username: str | None = Field(None, description="The vCenter user (default: VSPHERE_USER)")
     password: Secret | None = Field(
