@@ -280,6 +280,27 @@ def test_statuses_is_one_listing_for_any_number(s: Subject) -> None:
     assert seen["vm-absent"] is None and all(seen[n] is not None for n in names)
 
 
+def test_ssh_ready_check_needs_a_tools_address_that_answers() -> None:
+    """ready_check ssh: powered on is not enough; VMware Tools must report an address
+    and its ssh_port must accept a connection (a local socket listens here)."""
+    import socket
+
+    from motohelp import free_port
+
+    with socket.socket() as listening:
+        listening.bind(("127.0.0.1", 0))
+        listening.listen(8)
+        port = listening.getsockname()[1]
+        s = make(ready_check="ssh", ssh_port=port, ssh_timeout=1)
+        s.provider.create_vm("debian", TEMPLATE, "vm-ssh")
+        assert s.provider.get_vm("debian", "vm-ssh").state == "booting"  # type: ignore[union-attr]
+        s.vc.guest_ip = "127.0.0.1"
+        vm = s.provider.get_vm("debian", "vm-ssh")
+        assert vm is not None and vm.state == "running" and vm.hostname == "127.0.0.1"
+        closed = make(s.vc, ready_check="ssh", ssh_port=free_port(), ssh_timeout=1)
+        assert not closed.provider.is_ready("debian", "vm-ssh")
+
+
 # -- the session ---------------------------------------------------------------------------
 
 def test_an_expired_session_is_re_established(s: Subject) -> None:

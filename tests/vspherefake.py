@@ -82,6 +82,7 @@ class FakeVCenter:
         self.networks = {"VM Network", "ci-net"}
         self.calls: Counter[str] = Counter()
         self.faults: list[Fault] = []
+        self.guest_ip: str | None = None  # what VMware Tools reports of a running VM
         self.sessions = 0
         self.live_sessions: set[int] = set()
         self._refs = itertools.count(100)
@@ -118,7 +119,8 @@ class FakeVCenter:
 
     def info(self, vm: FakeVM) -> VMInfo:
         marks = {k[len(MARK_PREFIX):]: v for k, v in vm.extra.items() if k.startswith(MARK_PREFIX)}
-        return VMInfo(vm.ref, vm.name, vm.power, marks, None)
+        ip = self.guest_ip if vm.power == "poweredOn" else None
+        return VMInfo(vm.ref, vm.name, vm.power, marks, ip)
 
 
 class FakeSession:

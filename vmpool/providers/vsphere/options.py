@@ -13,8 +13,8 @@ from typing import Annotated
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator
 
-from vmpool.providers.cloud.common import CloudOptions, ReadyCheck, Seconds, Secret
-from vmpool.providers.options import expect
+from vmpool.providers.cloud.common import CloudOptions, Secret
+from vmpool.providers.options import expect, number
 
 __all__ = ["VSphereOptions", "VSpherePoolOptions", "split_server"]
 
@@ -26,6 +26,12 @@ InventoryPath = Annotated[
     expect("an inventory path such as vmpooler/debian-12 (no leading or trailing /)"),
 ]
 Name = Annotated[str, Field(min_length=1, max_length=255), expect("a name")]
+# vCenter's waits: a call, a task (a full clone of a big template takes long).
+Timeout = Annotated[
+    float,
+    Field(gt=0, le=86400, allow_inf_nan=False),
+    expect("a number of seconds above 0, at most 86400 (a day)", number),
+]
 ExtraConfigValue = Annotated[
     str | int, Field(union_mode="left_to_right"), expect("a number or a string")
 ]
@@ -48,15 +54,6 @@ class VSphereOptions(CloudOptions):
     """``provider_class: vsphere``. Credentials: ``username``/``password``, else the
     environment's VSPHERE_USER / VSPHERE_PASSWORD, or ``password_file``."""
 
-    fleet_id: str | None = Field(
-        None,
-        description="The fleet's mark on its VMs (default: the fleet identity kept in Redis)",
-    )
-    ready_check: ReadyCheck = Field(
-        "ssh",
-        description="ssh: powered on, an address from VMware Tools and a TCP connect to"
-        " ssh_port; state: powered on",
-    )
     server: str = Field(description="The vCenter: host[:port] (443 by default)")
     username: str | None = Field(None, description="The vCenter user (default: VSPHERE_USER)")
     password: Secret | None = Field(
@@ -72,12 +69,12 @@ class VSphereOptions(CloudOptions):
     datacenter: str | None = Field(
         None, description="The datacenter (default: the only one, if there is one)"
     )
-    timeout: Seconds = Field(
+    timeout: Timeout = Field(
         60.0,
         validation_alias=AliasChoices("timeout", "vsphere_timeout"),
         description="How long one call to vCenter may take (vmpooler: vsphere_timeout)",
     )
-    task_timeout: Seconds = Field(
+    task_timeout: Timeout = Field(
         900.0, description="How long a clone, power, snapshot or disk task may run"
     )
     create_folders: Flag = Field(

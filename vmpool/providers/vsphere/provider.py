@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import re
+import socket
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import replace
@@ -39,7 +40,13 @@ from vmpool.providers.base import (
     ProviderVM,
     QuotaExceededError,
 )
-from vmpool.providers.cloud.common import TAG_KEYS, CloudProvider
+from vmpool.providers.cloud.common import (
+    TAG_CREATED,
+    TAG_KEYS,
+    TAG_POOL,
+    TAG_VM,
+    CloudProvider,
+)
 from vmpool.providers.options import key_path, problems
 from vmpool.providers.vsphere.adapter import MARK_PREFIX, CloneRequest, VMInfo, VSphereAdapter
 from vmpool.providers.vsphere.faults import RECONNECT, VSphereFault, classify
@@ -67,6 +74,7 @@ class VSphereProvider(CloudProvider):
     options_model = VSphereOptions
     provider_class = "vsphere"
     options: VSphereOptions
+    pool_model = VSpherePoolOptions  # the pool keys, for CloudProvider's pool checks
 
     def __init__(
         self,
@@ -176,14 +184,36 @@ class VSphereProvider(CloudProvider):
         """Power off (vCenter destroys no running VM), then destroy."""
         self._vs(partial(_destroy, node))
 
-    def _ready(self, node: VMInfo, address: str | None) -> bool:
-        """Powered on; with ``ready_check: ssh`` also the guest's address (VMware Tools)
-        accepting a connection on ``ssh_port``."""
-        if node.power_state != "poweredOn":
-            return False
+    def _vm(
+        self, node: VMInfo, tags: Mapping[str, str] | None = None, *, probe: bool = True
+    ) -> ProviderVM:
+        """The VM ``node`` is: 'running' once powered on and, when ``probe``, past the
+        ready check; its hostname the guest's address (VMware Tools), else its name."""
+        tags = tags if tags is not None else self.tags_of(node)
+        name = tags.get(TAG_VM, node.name)
+        ready = node.power_state == "poweredOn" and (not probe or self._answers(node))
+        return ProviderVM(
+            name=name,
+            pool=tags.get(TAG_POOL, ""),
+            template=node.image,
+            state="running" if ready else "booting",
+            created_at=_created(tags),
+            hostname=node.ip or name,
+        )
+
+    def _answers(self, node: VMInfo) -> bool:
+        """``ready_check: state``: powered on is enough; ``ssh``: the guest's address
+        (from VMware Tools) accepts a TCP connection on ``ssh_port``."""
         if self.options.ready_check == "state":
             return True
-        return super()._ready(node, address)
+        if not node.ip:
+            return False
+        try:
+            address = (node.ip, self.options.ssh_port)
+            with socket.create_connection(address, timeout=self.options.ssh_timeout):
+                return True
+        except OSError:
+            return False
 
     # -- the Provider protocol -------------------------------------------------------------
     def create_vm(
@@ -307,6 +337,15 @@ class VSphereProvider(CloudProvider):
 
 def _nothing() -> None:
     return None
+
+
+def _created(tags: Mapping[str, str]) -> float:
+    """The clone's time from its mark; a VM without it counts as just made (the
+    reconciler's grace then protects it)."""
+    try:
+        return float(tags[TAG_CREATED])
+    except (KeyError, ValueError):
+        return time.time()
 
 
 def _first(nodes: list[VMInfo]) -> VMInfo | None:
