@@ -163,8 +163,15 @@ class VSphereProvider(CloudProvider):
         return {"vmpool-" + key: value for key, value in node.marks.items()}
 
     def launch(
-        self, pool: str, template: str, name: str, tags: Mapping[str, str], size: str | None
+        self,
+        pool: str,
+        template: str,
+        name: str,
+        tags: Mapping[str, str],
+        size: str | None = None,
     ) -> VMInfo:
+        """One clone, marked from its start (``size``: vSphere has none, the template's
+        hardware is the clone's)."""
         request = self.clone_request(pool, template, name, tags)
         try:
             return self._vs(lambda d: d.clone(request))
