@@ -76,9 +76,23 @@ ALERTS = {
     "VmpoolOnDemandFailureRatioHigh",
     "VmpoolNoWorkerAlive",
     "VmpoolRedisUnreachable",
+    "VmpoolApiNotScraped",
+    "VmpoolAuditStale",
+    "VmpoolRedisMemoryHigh",
+    "VmpoolRedisMemoryFull",
+    "VmpoolRedisNotWritable",
     "VmpoolCloneSlotsSaturated",
     "VmpoolProviderCircuitOpen",
 }
+
+# Metrics the alerts name that another part of the work is adding to /metrics (Redis'
+# memory and writability). Until HEAD's vmpool/ source spells the name, it may be
+# missing from a scrape; once it does, it must be exported like every other.
+PENDING_METRICS = (
+    "vmpool_redis_memory_used_bytes",
+    "vmpool_redis_memory_max_bytes",
+    "vmpool_redis_writable",
+)
 
 
 # -- rendering -----------------------------------------------------------------------------
@@ -245,6 +259,20 @@ def landed(path: str, marker: str) -> bool:
     if proc.returncode != 0:
         return True
     return marker in proc.stdout
+
+
+def metric_landed(metric: str) -> bool:
+    """Whether HEAD's vmpool/ source spells the metric's name (True outside a checkout)."""
+    try:
+        proc = subprocess.run(
+            ["git", "grep", "-q", "-F", f'"{metric}"', "HEAD", "--", "vmpool"],
+            cwd=ROOT,
+            capture_output=True,
+            timeout=30,
+        )
+    except OSError:
+        return True
+    return proc.returncode != 1 if proc.returncode in (0, 1) else True
 
 
 def pending_reason(args: list[str]) -> str | None:
@@ -896,7 +924,8 @@ def test_alerts() -> None:
     assert "[10m]" in rules["VmpoolQueueGrowing"]["expr"]
     assert "[15m]" in rules["VmpoolOnDemandFailureRatioHigh"]["expr"]
     assert 'job="sweep_expired"' in rules["VmpoolExpirySweepLate"]["expr"]
-    assert "absent(vmpool_redis_up)" in rules["VmpoolRedisUnreachable"]["expr"]
+    assert "offset 30m" in rules["VmpoolAuditStale"]["expr"]
+    assert "vmpool_redis_up[6h]" in rules["VmpoolApiNotScraped"]["expr"]
     for rule in rules.values():
         expr = rule["expr"]
         assert expr.count("(") == expr.count(")"), rule["alert"]
@@ -1003,6 +1032,10 @@ def test_every_metric_of_the_alerts_and_dashboard_is_exported(
                     wrong_labels.append(
                         f"{where}: {metric} has no label {labels - exported[metric]}"
                     )
+    for metric in PENDING_METRICS:
+        if metric in missing and not metric_landed(metric):
+            warnings.warn(f"pending metric, allowed until it lands: {metric}", stacklevel=1)
+            del missing[metric]
     report = [f"{m} (used by {', '.join(sorted(w))})" for m, w in sorted(missing.items())]
     assert not missing and not wrong_labels, "metrics not exported by /metrics:\n  " + "\n  ".join(
         report + wrong_labels
