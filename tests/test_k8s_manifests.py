@@ -503,9 +503,13 @@ def test_dockerfile() -> None:
     assert 'ENTRYPOINT ["vmpool"]' in final, "exec-form ENTRYPOINT vmpool"
     for tool in ("gcc", "build-essential", "apt-get install", "pip wheel", "COPY . "):
         assert tool not in final_text, f"final stage: {tool}"
-    assert "--no-index" in final_text, "the final stage installs only the builder's wheels"
-    assert "[dashboard]" in final_text, "the image carries rq-dashboard (the dashboard extra)"
-    assert "embedded" not in final_text
+    assert "COPY --from=builder /opt/vmpool /opt/vmpool" in final_text, "the builder's venv"
+    assert " install " not in final_text.replace("uninstall", ""), "the final stage installs nothing"
+    builder_text = "\n".join(lines[: stages[-1]])
+    extras = re.search(r"^ARG VMPOOL_EXTRAS=(\S+)$", builder_text, re.M)
+    assert extras, "the builder names the extras it installs"
+    assert {"dashboard", "cloud"} <= set(extras.group(1).split(",")), "rq-dashboard, the clouds"
+    assert "embedded" not in extras.group(1)
     exposed = {int(p) for line in final if line.startswith("EXPOSE") for p in line.split()[1:]}
     api = main_container(workload(render("base"), "api"))
     assert {p["containerPort"] for p in api["ports"]} <= exposed
