@@ -10,6 +10,7 @@ Requests are signed with SigV4 (right for every region and endpoint).
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import re
 from collections.abc import Mapping
@@ -19,6 +20,7 @@ from urllib.parse import urlsplit
 from pydantic import Field, field_validator
 
 from vmpool.providers.base import PermanentProviderError
+from vmpool.providers.cloud.aws_credentials import AwsCredentials, from_platform
 from vmpool.providers.cloud.common import (
     TAG_FLEET,
     TAG_REQUEST,
@@ -30,6 +32,8 @@ from vmpool.providers.cloud.common import (
 
 __all__ = ["EC2Options", "EC2Provider"]
 
+log = logging.getLogger(__name__)
+
 # The instance states listed: a terminated instance lingers in DescribeInstances for an
 # hour and is nobody's VM any more.
 LIVE_STATES = ["pending", "running", "stopping", "stopped"]
@@ -37,7 +41,8 @@ LIVE_STATES = ["pending", "running", "stopping", "stopped"]
 
 class EC2Options(CloudOptions):
     """``provider_class: ec2``. Credentials: the options, else AWS_ACCESS_KEY_ID,
-    AWS_SECRET_ACCESS_KEY (and AWS_SESSION_TOKEN) from the environment."""
+    AWS_SECRET_ACCESS_KEY (and AWS_SESSION_TOKEN) from the environment, else the pod's
+    role (IRSA or EKS Pod Identity: :mod:`vmpool.providers.cloud.aws_credentials`)."""
 
     region: str = Field("us-east-1", description="The AWS region")
     endpoint: str | None = Field(
@@ -68,6 +73,12 @@ class EC2Provider(CloudProvider):
     options: EC2Options
 
     def credentials(self) -> tuple[str, str, str | None]:
+        found = self.resolve_credentials()
+        return found.key, found.secret, found.token
+
+    def resolve_credentials(self) -> AwsCredentials:
+        """The options' keys, else AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, else the
+        platform's (IRSA, EKS Pod Identity: aws_credentials.from_platform)."""
         o = self.options
         key = o.access_key_id.get_secret_value() if o.access_key_id else None
         secret = o.secret_access_key.get_secret_value() if o.secret_access_key else None
@@ -75,12 +86,16 @@ class EC2Provider(CloudProvider):
         key = key or os.environ.get("AWS_ACCESS_KEY_ID")
         secret = secret or os.environ.get("AWS_SECRET_ACCESS_KEY")
         token = token or os.environ.get("AWS_SESSION_TOKEN")
-        if not key or not secret:
+        if key and secret:
+            return AwsCredentials(key, secret, token)
+        found = from_platform(o.region, os.environ, f"vmpool-{self.name}")
+        if found is None:
             raise PermanentProviderError(
                 f"configuration error: provider {self.name!r} has no AWS credentials"
-                " (access_key_id/secret_access_key, or AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY)"
+                " (access_key_id/secret_access_key, AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY,"
+                " or a web identity: AWS_ROLE_ARN with AWS_WEB_IDENTITY_TOKEN_FILE)"
             )
-        return key, secret, token
+        return found
 
     def driver_kwargs(self) -> dict[str, Any]:
         """What the driver is built with, secrets aside (tests read it)."""
@@ -93,9 +108,12 @@ class EC2Provider(CloudProvider):
         return kwargs
 
     def make_driver(self) -> Any:
-        key, secret, token = self.credentials()
+        found = self.resolve_credentials()
+        self.driver_expires_at = found.expires_at
+        if found.expires_at is not None:
+            log.info("%s: AWS credentials from %s", self.name, found.source)
         driver_class = _driver_class(tolerant=self.options.endpoint is not None)
-        return driver_class(key, secret, token=token, **self.driver_kwargs())
+        return driver_class(found.key, found.secret, token=found.token, **self.driver_kwargs())
 
     def launch(
         self, pool: str, template: str, name: str, tags: Mapping[str, str], size: str | None

@@ -46,7 +46,9 @@ _STATES = {
 
 class GCEOptions(CloudOptions):
     """``provider_class: gce``. Credentials: a service-account key file
-    (``credentials_file``, else GOOGLE_APPLICATION_CREDENTIALS)."""
+    (``credentials_file``, else GOOGLE_APPLICATION_CREDENTIALS), or the metadata
+    server's tokens (``use_metadata_server``: GKE Workload Identity, a VM's service
+    account)."""
 
     project: str = Field(description="The GCP project")
     zone: str = Field(description="The zone instances start in, e.g. us-central1-a")
@@ -55,6 +57,11 @@ class GCEOptions(CloudOptions):
     subnetwork: str | None = Field(None, description="The subnetwork (region's)")
     external_ip: bool = Field(True, description="Give instances an ephemeral public address")
     credentials_file: str | None = Field(None, description="Service-account JSON key file")
+    use_metadata_server: bool = Field(
+        False,
+        description="Take access tokens from the metadata server (GKE Workload Identity, or"
+        " the VM's service account) instead of a key file",
+    )
 
 
 @dataclass
@@ -78,11 +85,15 @@ class GCEProvider(CloudProvider):
         return re.sub(r"[^a-z0-9_-]", "-", value.lower())[:63]
 
     def make_driver(self) -> Any:
+        if self.options.use_metadata_server:
+            # libcloud's GCE auth type: tokens from the metadata server, refreshed by it.
+            return driver_class()("", "", project=self.options.project, auth_type="GCE")
         path = self.options.credentials_file or os.environ.get("GOOGLE_APPLICATION_CREDENTIALS")
         if not path:
             raise PermanentProviderError(
                 f"configuration error: provider {self.name!r} has no credentials_file"
-                " (or GOOGLE_APPLICATION_CREDENTIALS)"
+                " (or GOOGLE_APPLICATION_CREDENTIALS; use_metadata_server: true for GKE"
+                " Workload Identity)"
             )
         try:
             with open(path, encoding="utf-8") as handle:

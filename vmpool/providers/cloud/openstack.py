@@ -15,15 +15,20 @@ from typing import Any
 from pydantic import Field
 
 from vmpool.providers.base import PermanentProviderError
+from vmpool.providers.cloud.clouds_yaml import CloudEntry, cloud_name, load_cloud
 from vmpool.providers.cloud.common import CloudOptions, CloudProvider, Node, Secret
 
 __all__ = ["OpenStackOptions", "OpenStackProvider"]
 
 
 class OpenStackOptions(CloudOptions):
-    """``provider_class: openstack``. Credentials: the options, else the usual OS_*
-    environment variables (OS_AUTH_URL, OS_USERNAME, OS_PASSWORD, OS_PROJECT_NAME,
+    """``provider_class: openstack``. Credentials: the options, else the entry ``cloud``
+    (or OS_CLOUD) of a clouds.yaml (OS_CLIENT_CONFIG_FILE, or the clients' search path:
+    :mod:`vmpool.providers.cloud.clouds_yaml`), else the usual OS_* environment
+    variables (OS_AUTH_URL, OS_USERNAME, OS_PASSWORD, OS_PROJECT_NAME,
     OS_USER_DOMAIN_NAME, OS_REGION_NAME)."""
+
+    cloud: str | None = Field(None, description="A clouds.yaml entry (default: OS_CLOUD)")
 
     auth_url: str | None = Field(None, description="Keystone URL (default: OS_AUTH_URL)")
     username: str | None = Field(None, description="User (default: OS_USERNAME)")
@@ -44,10 +49,15 @@ class OpenStackProvider(CloudProvider):
 
     def driver_args(self) -> tuple[tuple[str, str], dict[str, Any]]:
         o = self.options
-        env = os.environ.get
-        password = o.password.get_secret_value() if o.password else env("OS_PASSWORD")
-        username = o.username or env("OS_USERNAME")
-        auth_url = o.auth_url or env("OS_AUTH_URL")
+        entry = self._cloud_entry()
+
+        def env(option: str | None, field: str, variable: str) -> str | None:
+            return option or getattr(entry, field, None) or os.environ.get(variable)
+
+        secret = o.password.get_secret_value() if o.password else None
+        password = env(secret, "password", "OS_PASSWORD")
+        username = env(o.username, "username", "OS_USERNAME")
+        auth_url = env(o.auth_url, "auth_url", "OS_AUTH_URL")
         if not (username and password and auth_url):
             raise PermanentProviderError(
                 f"configuration error: provider {self.name!r} needs auth_url, username and"
@@ -56,13 +66,18 @@ class OpenStackProvider(CloudProvider):
         kwargs: dict[str, Any] = {
             "ex_force_auth_url": auth_url,
             "ex_force_auth_version": "3.x_password",
-            "ex_tenant_name": o.project_name or env("OS_PROJECT_NAME"),
-            "ex_domain_name": o.domain_name or env("OS_USER_DOMAIN_NAME") or "Default",
+            "ex_tenant_name": env(o.project_name, "project_name", "OS_PROJECT_NAME"),
+            "ex_domain_name": env(o.domain_name, "user_domain_name", "OS_USER_DOMAIN_NAME")
+            or "Default",
         }
-        region = o.region or env("OS_REGION_NAME")
+        region = env(o.region, "region_name", "OS_REGION_NAME")
         if region:
             kwargs["ex_force_service_region"] = region
         return (username, password), kwargs
+
+    def _cloud_entry(self) -> CloudEntry | None:
+        name = cloud_name(self.options.cloud)
+        return load_cloud(name, os.environ, self.name) if name else None
 
     def make_driver(self) -> Any:
         from libcloud.compute.providers import get_driver
