@@ -82,6 +82,7 @@ ALERTS = {
     "VmpoolRedisMemoryFull",
     "VmpoolRedisNotWritable",
     "VmpoolCloneSlotsSaturated",
+    "VmpoolWorkersSaturated",
     "VmpoolProviderCircuitOpen",
 }
 
@@ -504,7 +505,8 @@ def test_dockerfile() -> None:
     for tool in ("gcc", "build-essential", "apt-get install", "pip wheel", "COPY . "):
         assert tool not in final_text, f"final stage: {tool}"
     assert "COPY --from=builder /opt/vmpool /opt/vmpool" in final_text, "the builder's venv"
-    assert " install " not in final_text.replace("uninstall", ""), "the final stage installs nothing"
+    installs = final_text.replace("uninstall", "")
+    assert " install " not in installs, "the final stage installs nothing"
     builder_text = "\n".join(lines[: stages[-1]])
     extras = re.search(r"^ARG VMPOOL_EXTRAS=(\S+)$", builder_text, re.M)
     assert extras, "the builder names the extras it installs"
@@ -667,6 +669,10 @@ def test_api_probes_and_ports_exist(redis_url: str, redis_client: Any, tmp_path:
 
 
 def test_keda_lists_are_the_queues_workers_listen_on(tmp_path: Path) -> None:
+    """The autoscalers watch exactly the RQ queues the workers listen on and the work
+    sets of the code (vmpool.api.backlog_metrics.BACKLOG_JOBS), under the config's
+    key prefix."""
+    from vmpool.api.backlog_metrics import BACKLOG_JOBS
     from vmpool.state.keys import Keys
     from workers.queues import resolve_queue_names
     from workers.table import QUEUES
@@ -688,7 +694,8 @@ def test_keda_lists_are_the_queues_workers_listen_on(tmp_path: Path) -> None:
             assert spec["scaleTargetRef"]["name"] == worker["metadata"]["name"]
             assert spec["minReplicaCount"] >= 1, "the sweeps run only in workers"
             triggers = spec["triggers"]
-            assert [t["metadata"]["listName"] for t in triggers] == lists, target
+            work_sets = [keys.work_set(job) for job in BACKLOG_JOBS]
+            assert [t["metadata"]["listName"] for t in triggers] == lists + work_sets, target
             for trigger in triggers:
                 assert trigger["type"] == "redis"
                 assert trigger["metadata"].get("databaseIndex", "0") == database
@@ -703,10 +710,13 @@ def test_keda_lists_are_the_queues_workers_listen_on(tmp_path: Path) -> None:
             checked += 1
             assert hpa["spec"]["scaleTargetRef"]["name"] == worker["metadata"]["name"]
             assert hpa["spec"]["minReplicas"] >= 1
-            (metric,) = hpa["spec"]["metrics"]
-            assert metric["external"]["metric"]["name"] == "vmpool_queue_depth"
-            (expr,) = metric["external"]["metric"]["selector"]["matchExpressions"]
+            queues, backlog = hpa["spec"]["metrics"]
+            assert queues["external"]["metric"]["name"] == "vmpool_queue_depth"
+            (expr,) = queues["external"]["metric"]["selector"]["matchExpressions"]
             assert expr["key"] == "queue" and expr["values"] == listened
+            assert backlog["external"]["metric"]["name"] == "vmpool_work_backlog"
+            (expr,) = backlog["external"]["metric"]["selector"]["matchExpressions"]
+            assert expr["key"] == "job" and expr["values"] == list(BACKLOG_JOBS)
     assert checked >= 3
 
 
@@ -879,9 +889,14 @@ METRIC_RE = re.compile(r"\b(vmpool(?:er)?_[A-Za-z0-9_]+)")
 SELECTOR_RE = re.compile(r"\b(vmpool(?:er)?_[A-Za-z0-9_]+)\{([^}]*)\}")
 
 
-def _rules() -> list[dict[str, Any]]:
+def _all_rules() -> list[dict[str, Any]]:
     (rule,) = find(render("overlays/prod"), "PrometheusRule")
     return [r for group in rule["spec"]["groups"] for r in group["rules"]]
+
+
+def _rules() -> list[dict[str, Any]]:
+    """The alerting rules (the recording rules aside)."""
+    return [r for r in _all_rules() if "alert" in r]
 
 
 def _dashboard() -> dict[str, Any]:
@@ -910,8 +925,9 @@ def _dashboard_queries(node: Any) -> Iterator[str]:
 def _queries() -> dict[str, list[str]]:
     """Every PromQL text of the monitoring component, by where it comes from."""
     out: dict[str, list[str]] = {}
-    for rule in _rules():
-        out.setdefault(f"alert {rule['alert']}", []).append(rule["expr"])
+    for rule in _all_rules():
+        where = f"alert {rule['alert']}" if "alert" in rule else f"record {rule['record']}"
+        out.setdefault(where, []).append(rule["expr"])
     for query in _dashboard_queries(_dashboard()):
         if METRIC_RE.search(query):
             out.setdefault("grafana dashboard", []).append(query)
