@@ -85,7 +85,25 @@ SITE_SECRETS: dict[str, dict[str, str]] = {
     "vmpool-cloud-files": {"clouds.yaml": "clouds: {}\n"},
 }
 SITE = "site/prod"
-TARGETS = tuple(f"overlays/{name}" for name in OVERLAYS) + tuple(COMBINATIONS) + (SITE,)
+# The same site with Redis Sentinel (components/redis-sentinel on top of overlays/prod):
+# vmpool and KEDA reach Redis through the sentinels.
+SENTINEL_SITE = "site/prod+sentinel"
+SENTINEL_SECRETS: dict[str, dict[str, str]] = {
+    **SITE_SECRETS,
+    "vmpool-redis-client": {
+        "redis-url": "redis+sentinel://:site-redis-pw@vmpool-redis-sentinel:26379/vmpool/0"
+    },
+    "vmpool-redis-server": {"password": "site-redis-pw", "sentinel-password": "site-sentinel-pw"},
+    "vmpool-keda": {
+        "address": "vmpool-redis-sentinel.vmpool.svc.cluster.local:26379",
+        "password": "site-redis-pw",
+        "sentinelMaster": "vmpool",
+        "sentinelPassword": "site-sentinel-pw",
+    },
+}
+TARGETS = (
+    tuple(f"overlays/{name}" for name in OVERLAYS) + tuple(COMBINATIONS) + (SITE, SENTINEL_SITE)
+)
 # The targets whose every Secret is rendered (overlays/prod's are the operator's).
 COMPLETE = tuple(t for t in TARGETS if t != "overlays/prod")
 PLACEHOLDERS = ("change-me", "replace-me")
@@ -146,20 +164,24 @@ def render(target: str) -> tuple[dict[str, Any], ...]:
         )
     elif target == SITE:
         text = render_site(json.dumps(SITE_SECRETS))
+    elif target == SENTINEL_SITE:
+        text = render_site(json.dumps(SENTINEL_SECRETS), ("redis-sentinel",))
     else:
         text = _kustomize(str(K8S / target))
     return tuple(doc for doc in yaml.safe_load_all(text) if doc)
 
 
 @functools.cache
-def render_site(secrets_json: str) -> str:
+def render_site(secrets_json: str, components: tuple[str, ...] = ()) -> str:
     """overlays/prod under an overlay generating ``secrets_json``'s Secrets, as a site's
-    own overlay would (the namespace too: kustomize matches references in it)."""
+    own overlay would (the namespace too: kustomize matches references in it), with
+    ``components`` added."""
     secrets: dict[str, dict[str, str]] = json.loads(secrets_json)
     return render_kustomization(
         lambda rel: {
             "namespace": "vmpool",
             "resources": [f"{rel}/overlays/prod"],
+            "components": [f"{rel}/components/{c}" for c in components],
             "secretGenerator": [
                 {"name": name, "literals": [f"{k}={v}" for k, v in sorted(values.items())]}
                 for name, values in secrets.items()
@@ -374,9 +396,20 @@ def landed(path: str, marker: str) -> bool:
 
 def metric_landed(metric: str) -> bool:
     """Whether HEAD's vmpool/ source spells the metric's name (True outside a checkout)."""
+    return source_mentions(f'"{metric}"')
+
+
+def sentinel_urls_landed() -> bool:
+    """Whether HEAD's vmpool/ source knows the redis+sentinel:// URL form (the Redis
+    Sentinel support another part of the work is adding)."""
+    return source_mentions("redis+sentinel")
+
+
+def source_mentions(text: str) -> bool:
+    """Whether HEAD's vmpool/ source contains ``text`` (True outside a checkout)."""
     try:
         proc = subprocess.run(
-            ["git", "grep", "-q", "-F", f'"{metric}"', "HEAD", "--", "vmpool"],
+            ["git", "grep", "-q", "-F", text, "HEAD", "--", "vmpool"],
             cwd=ROOT,
             capture_output=True,
             timeout=30,
@@ -701,6 +734,13 @@ def test_replicas_and_commands_of_each_process() -> None:
 
 def test_generated_config_passes_config_check(tmp_path: Path) -> None:
     for target in COMPLETE:
+        if target == SENTINEL_SITE and not sentinel_urls_landed():
+            warnings.warn(
+                "pending: vmpool does not take redis+sentinel:// URLs yet (HEAD's vmpool/);"
+                f" {target} is not config-checked",
+                stacklevel=1,
+            )
+            continue
         objs = render(target)
         path = rendered_config(objs, tmp_path)
         api = main_container(workload(objs, "api"))
@@ -803,8 +843,11 @@ def test_keda_lists_are_the_queues_workers_listen_on(tmp_path: Path) -> None:
         listened = resolve_queue_names(keys, queues_text)
         lists = [keys.rq_queue(short) for short in QUEUES if keys.queue(short) in listened]
         assert len(lists) == len(listened)
-        redis_url = secret_values(objs, "vmpool-redis-client")["redis-url"]
-        database = urlsplit(redis_url).path.strip("/") or "0"
+        redis_url = urlsplit(secret_values(objs, "vmpool-redis-client")["redis-url"])
+        # redis://host/DB, or redis+sentinel://hosts/MASTER/DB
+        path = redis_url.path.strip("/").split("/")
+        database = (path[1:] if redis_url.scheme == "redis+sentinel" else path)[:1] or ["0"]
+        database = [database[0] or "0"]
         for scaled in find(objs, "ScaledObject"):
             checked += 1
             spec = scaled["spec"]
@@ -814,12 +857,15 @@ def test_keda_lists_are_the_queues_workers_listen_on(tmp_path: Path) -> None:
             work_sets = [keys.work_set(job) for job in BACKLOG_JOBS]
             assert [t["metadata"]["listName"] for t in triggers] == lists + work_sets, target
             for trigger in triggers:
-                assert trigger["type"] == "redis"
-                assert trigger["metadata"].get("databaseIndex", "0") == database
+                assert trigger["type"] == ("redis-sentinel" if target == SENTINEL_SITE else "redis")
+                assert trigger["metadata"].get("databaseIndex", "0") == database[0]
                 auth = named(objs, "TriggerAuthentication", trigger["authenticationRef"]["name"])
                 refs = {r["parameter"]: r for r in auth["spec"]["secretTargetRef"]}
                 # KEDA's redis scaler parameters: the connection, ACL and TLS ones.
-                assert set(refs) == {"address", "password", "username", "tls", "ca", "cert", "key"}
+                expected = {"address", "password", "username", "tls", "ca", "cert", "key"}
+                if target == SENTINEL_SITE:
+                    expected |= {"sentinelMaster", "sentinelPassword", "sentinelUsername"}
+                assert set(refs) == expected
                 assert {base_name(r["name"]) for r in refs.values()} == {"vmpool-keda"}
                 assert all(r["key"] == p for p, r in refs.items())
         for hpa in find(objs, "HorizontalPodAutoscaler"):
@@ -948,8 +994,8 @@ def _bytes(quantity: str) -> int:
 @pytest.mark.parametrize("target", COMPLETE)
 def test_redis_keeps_every_write(target: str) -> None:
     objs = render(target)
-    if not find(objs, "StatefulSet"):
-        return
+    if not find(objs, "StatefulSet") or target == SENTINEL_SITE:
+        return  # no in-cluster Redis; the Sentinel variant: test_redis_sentinel
     redis = named(objs, "StatefulSet", "vmpool-redis")
     container = main_container(redis)
     volumes = {v["name"]: v for v in pod_spec(redis)["volumes"]}
@@ -1337,3 +1383,56 @@ def test_ingress_serves_the_api_over_tls_and_trusts_its_proxies(
         params = parse_vmpool(api["args"]).params
     assert params["forwarded_allow_ips"] == env["VMPOOL_FORWARDED_ALLOW_IPS"]
     assert params["forwarded_allow_ips"] not in (None, "*")
+
+
+def test_redis_sentinel() -> None:
+    """components/redis-sentinel on overlays/prod: three Redis pods with a Sentinel each
+    (Redis keeps redis.conf's durability: the same ConfigMap), no Service that would
+    spread clients over replicas, vmpool's URL and KEDA's triggers through the
+    sentinels' Service and master name, the start scripts valid sh."""
+    objs = render(SENTINEL_SITE)
+    redis = named(objs, "StatefulSet", "vmpool-redis")
+    assert redis["spec"]["replicas"] == 3
+    spec = pod_spec(redis)
+    by_name = {c["name"]: c for c in spec["containers"]}
+    assert set(by_name) == {"redis", "sentinel"}
+    scripts_volume = {v["name"]: v for v in spec["volumes"]}["scripts"]
+    scripts = named(objs, "ConfigMap", scripts_volume["configMap"]["name"])["data"]
+    start_redis = scripts["start-redis.sh"]
+    assert by_name["redis"]["command"] == ["sh", "/scripts/start-redis.sh"]
+    assert by_name["sentinel"]["command"] == ["sh", "/scripts/start-sentinel.sh"]
+    assert 'exec redis-server "$@"' in start_redis
+    assert 'set -- /etc/redis/redis.conf --requirepass "${REDIS_PASSWORD}"' in start_redis
+    mounts = {m["mountPath"]: m["name"] for m in by_name["redis"]["volumeMounts"]}
+    conf = named(
+        objs,
+        "ConfigMap",
+        {v["name"]: v for v in spec["volumes"]}[mounts["/etc/redis"]]["configMap"]["name"],
+    )["data"]["redis.conf"]
+    for line in ("appendonly yes", "appendfsync always", "maxmemory-policy noeviction"):
+        assert line in conf.splitlines()
+    assert {m["mountPath"] for m in by_name["sentinel"]["volumeMounts"]} >= {"/data", "/tmp"}
+    for name, text in scripts.items():
+        check = subprocess.run(["sh", "-n"], input=text, capture_output=True, text=True, timeout=30)
+        assert check.returncode == 0, f"{name}: {check.stderr}"
+    services = {s["metadata"]["name"]: s for s in find(objs, "Service")}
+    assert "vmpool-redis" not in services, "no Service spreading clients over the replicas"
+    sentinel_service = services["vmpool-redis-sentinel"]
+    assert [p["port"] for p in sentinel_service["spec"]["ports"]] == [26379]
+    env = {v["name"]: v for v in by_name["sentinel"]["env"]}
+    master = env["SENTINEL_MASTER"]["value"]
+    url = urlsplit(secret_values(objs, "vmpool-redis-client")["redis-url"])
+    assert url.scheme == "redis+sentinel"
+    assert url.hostname == "vmpool-redis-sentinel" and url.port == 26379
+    assert url.path.strip("/").split("/")[0] == master
+    keda = secret_values(objs, "vmpool-keda")
+    assert keda["sentinelMaster"] == master
+    assert keda["address"].startswith("vmpool-redis-sentinel.vmpool.svc")
+    assert {t["type"] for t in find(objs, "ScaledObject")[0]["spec"]["triggers"]} == {
+        "redis-sentinel"
+    }
+    auth = find(objs, "TriggerAuthentication")[0]["spec"]["secretTargetRef"]
+    assert {"sentinelMaster", "sentinelPassword"} <= {r["parameter"] for r in auth}
+    policy = named(objs, "NetworkPolicy", "vmpool-redis-sentinel")
+    ports = {p["port"] for rule in policy["spec"]["ingress"] for p in rule["ports"]}
+    assert ports == {"redis", "sentinel"}
