@@ -76,8 +76,6 @@ def api_command(
     strict: bool,
 ) -> None:
     """Serve the HTTP API (vmpooler v3 compatible) with uvicorn."""
-    import uvicorn
-
     url = cli.redis_url
     check_redis_at_start(url, who="vmpool api", strict=strict)
     click.echo(
@@ -85,13 +83,30 @@ def api_command(
         f" {workers} worker{'s' if workers != 1 else ''})",
         err=True,
     )
-    from vmpool.api.app import LISTEN_HOST_ENV, create_app
     from vmpool.api.routers.status import exposure_warning
 
     warning = exposure_warning(cli.config.auth is not None, host)
     if warning:
         log.warning("vmpool api: %s", warning)
-    # forwarded_allow_ips None: uvicorn's default (loopback, or its FORWARDED_ALLOW_IPS).
+    _serve(cli, url, host, port, workers, log_level, forwarded_allow_ips)
+
+
+def _serve(
+    cli: CliContext,
+    url: str,
+    host: str,
+    port: int,
+    workers: int,
+    log_level: str,
+    forwarded_allow_ips: str | None,
+) -> None:
+    """uvicorn with one app, or ``workers`` processes each building its own.
+    ``forwarded_allow_ips`` None: uvicorn's default (loopback, or its
+    FORWARDED_ALLOW_IPS)."""
+    import uvicorn
+
+    from vmpool.api.app import LISTEN_HOST_ENV, create_app
+
     if workers == 1:
         app = create_app(cli.config, url, listen_host=host)
         uvicorn.run(

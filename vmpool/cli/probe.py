@@ -87,6 +87,7 @@ def probe_worker_command(cli: CliContext, max_age: float, path: str | None) -> N
 
 
 @probe_group.command("scheduler", cls=_OneLineUsage)
+@with_context()
 @click.option(
     "--max-age",
     type=click.FloatRange(min=0, min_open=True),
@@ -103,8 +104,9 @@ def probe_worker_command(cli: CliContext, max_age: float, path: str | None) -> N
     default=None,
     help=f"The file `vmpool scheduler` touches [env {SCHEDULER_ALIVE_FILE_ENV}].",
 )
-def probe_scheduler_command(max_age: float, path: str | None) -> None:
+def probe_scheduler_command(cli: CliContext, max_age: float, path: str | None) -> None:
     """Exit 0 when the scheduler ticked (touched its alive file) within --max-age seconds."""
+    # ``cli`` is never touched: the config is not loaded and Redis never connected.
     check_alive("scheduler", path, max_age, SCHEDULER_ALIVE_FILE_ENV)
 
 
