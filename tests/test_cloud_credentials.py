@@ -93,6 +93,7 @@ def test_irsa_web_identity_creates_on_ec2(
     no_aws_env.setenv("AWS_WEB_IDENTITY_TOKEN_FILE", str(token))
     no_aws_env.setenv("AWS_ENDPOINT_URL_STS", moto.url)
     options = {k: v for k, v in moto.options().items() if "key" not in k}
+    options["fleet_id"] = "vmpool-irsa"  # no Redis here to keep the fleet's identity
     provider = EC2Provider(None, Keys("irsa"), "aws", options)
     vm = provider.create_vm("pool", "ami-12c6146b", "vm-irsa")
     assert vm.name == "vm-irsa"
