@@ -301,6 +301,22 @@ def test_ssh_ready_check_needs_a_tools_address_that_answers() -> None:
         assert not closed.provider.is_ready("debian", "vm-ssh")
 
 
+def test_a_pools_own_ready_check() -> None:
+    """A pool's ready_check wins over the provider's: state is enough for it without any
+    address from VMware Tools, while the provider's ssh check waits for one."""
+    vc = FakeVCenter()
+    pools = {**POOLS, "linked": {**POOLS["linked"], "ready_check": "state"}}
+    vc.folders.add("vmpooler/linked")
+    provider = VSphereProvider(None, Keys("k"), "vc", {"server": "vc", "username": "u",
+                               "password": "p", "fleet_id": "f", "ready_check": "ssh"},
+                               pools=pools, connect=vc.session)
+    provider.create_vm("debian", TEMPLATE, "vm-ssh")
+    provider.create_vm("linked", TEMPLATE, "vm-state")
+    seen = provider.statuses(["vm-ssh", "vm-state"])
+    assert seen["vm-ssh"].state == "booting"  # type: ignore[union-attr]
+    assert seen["vm-state"].state == "running"  # type: ignore[union-attr]
+
+
 # -- the session ---------------------------------------------------------------------------
 
 def test_an_expired_session_is_re_established(s: Subject) -> None:
@@ -379,6 +395,11 @@ def test_server_and_options_are_checked() -> None:
     assert split_server("[::1]:9443") == ("::1", 9443)
     with pytest.raises(PermanentProviderError, match=r"providers\.vc\.insecure"):
         VSphereProvider(None, Keys("k"), "vc", {"server": "h", "insecure": "maybe"})
+    for key, value in (("max_cores", 64), ("tags", {"team": "ci"})):
+        with pytest.raises(PermanentProviderError, match=rf"{key}: not supported by the vsphere"):
+            VSphereProvider(None, Keys("k"), "vc", {"server": "h", key: value})
+    limited = VSphereProvider(None, Keys("k"), "vc", {"server": "h", "max_instances": 30})
+    assert limited.limits() == (30, 0)  # counted as on the clouds
 
 
 def test_credentials_from_options_environment_or_file(monkeypatch: pytest.MonkeyPatch,

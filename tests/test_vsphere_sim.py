@@ -173,13 +173,11 @@ def test_snapshot_revert_and_disk(sim: Sim) -> None:
 
 
 def test_faults_over_the_wire_are_classified(sim: Sim) -> None:
-    wrong = VSphereProvider(None, Keys("k"), "vc", sim.vcsim.options(password="wrong"),
-                            pools=sim.pools)
+    wrong = sim.make(password="wrong")
     with pytest.raises(PermanentProviderError, match="InvalidLogin") as info:
         wrong.inventory()
     assert "wrong" not in str(info.value)
-    verified = VSphereProvider(None, Keys("k"), "vc", sim.vcsim.options(insecure=False),
-                               pools=sim.pools)
+    verified = sim.make(insecure=False)
     with pytest.raises(PermanentProviderError, match="certificate"):
         verified.inventory()  # the simulator's certificate is self-signed
     with pytest.raises(PermanentProviderError, match="template 'templates/nope' not found"):

@@ -9,12 +9,13 @@ as ``timeout``); so do its pools' keys (``folder``, ``datastore``, ``clone_targe
 from __future__ import annotations
 
 import re
-from typing import Annotated
+from typing import Annotated, Any
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator
 
-from vmpool.providers.cloud.common import CloudOptions, Secret
-from vmpool.providers.options import expect, number
+from vmpool.providers.cloud.options import CloudOptions, Secret
+from vmpool.providers.cloud.placement import PortNumber, ReadyCheck
+from vmpool.providers.options import expect, invalid, number, show
 
 __all__ = ["VSphereOptions", "VSpherePoolOptions", "split_server"]
 
@@ -90,6 +91,16 @@ class VSphereOptions(CloudOptions):
         split_server(value)
         return value.strip()
 
+    @field_validator("tags", "max_cores")
+    @classmethod
+    def _not_on_vsphere(cls, value: Any) -> Any:
+        """The clouds' user tags and core limit: a clone's vCPUs are its template's,
+        which vmpool does not count, and vSphere has no tags here (max_instances is
+        counted as on the clouds)."""
+        if value:
+            raise invalid(f"not supported by the vsphere provider (got {show(value)})")
+        return value
+
 
 class VSpherePoolOptions(BaseModel):
     """A vSphere pool's keys (vmpooler's). The pool's ``template`` is the source VM's
@@ -97,6 +108,12 @@ class VSpherePoolOptions(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
 
+    ready_check: ReadyCheck | None = Field(
+        None, description="ssh or state, for this pool's VMs (default: the provider's)"
+    )
+    ssh_port: PortNumber | None = Field(
+        None, description="The port the ssh ready check connects to (default: the provider's)"
+    )
     folder: InventoryPath = Field(
         description="The folder the pool's VMs are cloned into, below the datacenter's VM"
         " folder (vmpooler/debian-12)"

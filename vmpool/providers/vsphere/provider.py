@@ -25,14 +25,11 @@ from __future__ import annotations
 
 import logging
 import re
-import socket
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from functools import partial
 from typing import TYPE_CHECKING, Any, TypeVar
-
-from pydantic import ValidationError
 
 from vmpool.providers.base import (
     PermanentProviderError,
@@ -47,12 +44,11 @@ from vmpool.providers.cloud.common import (
     TAG_VM,
     CloudProvider,
 )
-from vmpool.providers.options import key_path, problems
+from vmpool.providers.cloud.nodes import created_at
 from vmpool.providers.vsphere.adapter import MARK_PREFIX, CloneRequest, VMInfo, VSphereAdapter
 from vmpool.providers.vsphere.faults import RECONNECT, VSphereFault, classify
 from vmpool.providers.vsphere.options import VSphereOptions, VSpherePoolOptions
 from vmpool.providers.vsphere.session import Session, connect, credentials
-from vmpool.state.fleet_identity import fleet_identity
 
 if TYPE_CHECKING:
     from redis import Redis
@@ -88,35 +84,10 @@ class VSphereProvider(CloudProvider):
         sleep: Callable[[float], None] = time.sleep,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self._redis, self._keys = redis, keys
-        self._fleet_id: str | None = None
         super().__init__(redis, keys, name, options, pools=pools, sleep=sleep)
-        self.placement = {pool: self._pool_options(pool, o) for pool, o in self.pools.items()}
+        # each pool's keys, as VSpherePoolOptions (CloudProvider checked them: pool_model)
+        self.placement = {pool: VSpherePoolOptions(**keys) for pool, keys in self.pools.items()}
         self.session = Session(name, connect or self.connect, clock, self.calls)
-
-    @property
-    def fleet_id(self) -> str:
-        """The ``fleet_id`` option, else the fleet identity kept in Redis, read on first
-        use (building a provider connects to nothing)."""
-        if self._fleet_id is None:
-            if self.options.fleet_id or self._redis is None:
-                self._fleet_id = self.options.fleet_id or self._keys.prefix
-            else:
-                self._fleet_id = fleet_identity(self._redis, self._keys)
-        return self._fleet_id
-
-    @fleet_id.setter
-    def fleet_id(self, value: str) -> None:
-        """CloudProvider's default (the key prefix) is not vSphere's: ignored."""
-
-    def _pool_options(self, pool: str, options: Mapping[str, Any]) -> VSpherePoolOptions:
-        try:
-            return VSpherePoolOptions.model_validate(dict(options))
-        except ValidationError as exc:
-            loc, problem = problems(exc)[0]
-            raise PermanentProviderError(
-                f"configuration error: {key_path(loc, f'pools.{pool}')}: {problem}"
-            ) from None
 
     # -- the session -----------------------------------------------------------------------
     def credentials(self) -> tuple[str, str]:
@@ -162,16 +133,8 @@ class VSphereProvider(CloudProvider):
     def tags_of(self, node: VMInfo) -> Mapping[str, str]:
         return {"vmpool-" + key: value for key, value in node.marks.items()}
 
-    def launch(
-        self,
-        pool: str,
-        template: str,
-        name: str,
-        tags: Mapping[str, str],
-        size: str | None = None,
-    ) -> VMInfo:
-        """One clone, marked from its start (``size``: vSphere has none, the template's
-        hardware is the clone's)."""
+    def launch(self, pool: str, template: str, name: str, tags: Mapping[str, str]) -> VMInfo:
+        """One clone, marked from its start (its hardware is its template's)."""
         request = self.clone_request(pool, template, name, tags)
         try:
             return self._vs(lambda d: d.clone(request))
@@ -195,42 +158,37 @@ class VSphereProvider(CloudProvider):
         self, node: VMInfo, tags: Mapping[str, str] | None = None, *, probe: bool = True
     ) -> ProviderVM:
         """The VM ``node`` is: 'running' once powered on and, when ``probe``, past the
-        ready check; its hostname the guest's address (VMware Tools), else its name."""
+        pool's ready check; its hostname the guest's address (VMware Tools), else its
+        name."""
         tags = tags if tags is not None else self.tags_of(node)
-        name = tags.get(TAG_VM, node.name)
-        ready = node.power_state == "poweredOn" and (not probe or self._answers(node))
+        pool, name = tags.get(TAG_POOL, ""), tags.get(TAG_VM, node.name)
+        on = node.power_state == "poweredOn"
+        ready = on and (not probe or self._answers(pool, name, node.ip))
         return ProviderVM(
             name=name,
-            pool=tags.get(TAG_POOL, ""),
+            pool=pool,
             template=node.image,
             state="running" if ready else "booting",
-            created_at=_created(tags),
+            created_at=created_at(tags, TAG_CREATED, node),
             hostname=node.ip or name,
+            address=node.ip or "",
         )
 
-    def _answers(self, node: VMInfo) -> bool:
-        """``ready_check: state``: powered on is enough; ``ssh``: the guest's address
-        (from VMware Tools) accepts a TCP connection on ``ssh_port``."""
-        if self.options.ready_check == "state":
-            return True
-        if not node.ip:
-            return False
-        try:
-            address = (node.ip, self.options.ssh_port)
-            with socket.create_connection(address, timeout=self.options.ssh_timeout):
-                return True
-        except OSError:
-            return False
+    def _answers(self, pool: str, name: str, address: str | None) -> bool:
+        """A powered-on VM's ready check: with an address from VMware Tools the clouds'
+        (``ready_check: ssh`` connects to ``ssh_port``); without one only ``ready_check:
+        state`` passes (powered on is enough)."""
+        if address:
+            return self._ready(pool, name, address)
+        return bool(self.setting(pool, "ready_check") == "state")
 
     # -- the Provider protocol -------------------------------------------------------------
-    def create_vm(
-        self, pool: str, template: str, name: str, request_id: str = "", size: str | None = None
-    ) -> ProviderVM:
+    def create_vm(self, pool: str, template: str, name: str, request_id: str = "") -> ProviderVM:
         """Find the VM by its mark, else clone it; then power it on. A transient failure
         is retried after looking again, so a clone whose answer was lost is not made
         twice; a VM found powered off is powered on."""
         marks = self.tags(pool, name, request_id)
-        launch = partial(self.launch, pool, template, name, marks, size)
+        launch = partial(self.launch, pool, template, name, marks)
         node = self._at_most_once("create", name, lambda: _first(self._find(name)), launch)
         if node.power_state != "poweredOn":
             self._retried("power_on", partial(_power, ref=node.ref, on=True))
@@ -344,15 +302,6 @@ class VSphereProvider(CloudProvider):
 
 def _nothing() -> None:
     return None
-
-
-def _created(tags: Mapping[str, str]) -> float:
-    """The clone's time from its mark; a VM without it counts as just made (the
-    reconciler's grace then protects it)."""
-    try:
-        return float(tags[TAG_CREATED])
-    except (KeyError, ValueError):
-        return time.time()
 
 
 def _first(nodes: list[VMInfo]) -> VMInfo | None:
