@@ -23,7 +23,6 @@ check), on vCenter's terms:
 
 from __future__ import annotations
 
-import logging
 import re
 import time
 from collections.abc import Callable, Mapping
@@ -57,8 +56,6 @@ if TYPE_CHECKING:
 
 __all__ = ["VSphereProvider"]
 
-log = logging.getLogger(__name__)
-
 T = TypeVar("T")
 DISK_MARK = "disk."
 _DISK_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
@@ -86,7 +83,7 @@ class VSphereProvider(CloudProvider):
     ) -> None:
         super().__init__(redis, keys, name, options, pools=pools, sleep=sleep)
         # each pool's keys, as VSpherePoolOptions (CloudProvider checked them: pool_model)
-        self.placement = {pool: VSpherePoolOptions(**keys) for pool, keys in self.pools.items()}
+        self.placement = {pool: VSpherePoolOptions(**given) for pool, given in self.pools.items()}
         self.session = Session(name, connect or self.connect, clock, self.calls)
 
     # -- the session -----------------------------------------------------------------------
@@ -98,6 +95,7 @@ class VSphereProvider(CloudProvider):
 
     @property
     def driver(self) -> VSphereAdapter:
+        """The session's adapter (``make_driver`` is not used: the session connects)."""
         return self.session.adapter()
 
     def _vs(self, call: Callable[[VSphereAdapter], T]) -> T:
