@@ -71,6 +71,7 @@ def build(file: ConfigFile, *, source: str, warnings: tuple[str, ...]) -> Config
         batch_lanes=cfg.batch_lanes,
         max_lifetime_upper_limit_s=in_seconds(cfg, "max_lifetime_upper_limit"),
         tagfilter=MappingProxyType(_tagfilter(file, source)),
+        experimental_features=cfg.experimental_features,
     )
 
 
@@ -237,4 +238,5 @@ def _auth(auth: AuthSection, source: str) -> AuthConfig:
         max_failed_logins_per_user=auth.max_failed_logins_per_user,
         max_failed_logins_per_address=auth.max_failed_logins_per_address,
         failed_login_window_s=in_seconds(auth, "failed_login_window") or 300.0,
+        admins=frozenset(auth.admins),
     )

@@ -55,6 +55,7 @@ class AuthConfig:
     max_failed_logins_per_user: int = 10
     max_failed_logins_per_address: int = 50
     failed_login_window_s: float = 300.0
+    admins: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -87,6 +88,7 @@ class Config:
     batch_lanes: int = 4
     max_lifetime_upper_limit_s: float | None = None
     tagfilter: Mapping[str, str] = field(default_factory=dict)
+    experimental_features: bool = False
 
     def pool(self, name: str) -> PoolConfig:
         """The pool called ``name``; KeyError if there is none (aliases do not count)."""

@@ -154,6 +154,11 @@ class ConfigSection(_Section):
     max_lifetime_upper_limit: TtlHours | None = hours(
         None, "The longest lifetime PUT /vm/<hostname> may set (default: no limit)"
     )
+    experimental_features: bool = Field(
+        default=False,
+        description="Serve vmpooler's operator endpoints: POST /config/poolsize,"
+        " /config/pooltemplate, /config/clonetarget, /poolreset and their DELETEs (405 off)",
+    )
 
 
 class PoolSection(_Section):
@@ -263,6 +268,11 @@ class AuthSection(_Section):
     )
     failed_login_window: _WindowSeconds = seconds(
         300, "How long failed logins are counted (from the first failure)"
+    )
+    admins: list[Text] = Field(
+        default_factory=list,
+        description="Users whose tokens may change pools at runtime (the experimental"
+        " operator endpoints); nobody else may, with auth on",
     )
 
 

@@ -39,7 +39,6 @@ CONFIG_IGNORED: Final = frozenset(
         "create_folders",
         "create_template_delta_disks",
         "create_linked_clones",
-        "experimental_features",
         "purge_unconfigured_folders",
         "purge_unconfigured_resources",
         "usage_stats",
