@@ -19,7 +19,7 @@ COPY vmpool ./vmpool
 COPY workers ./workers
 # vmpool's wheel and, beside it, a wheel of every runtime dependency, so that the final
 # stage installs offline from this directory and builds nothing.
-RUN pip wheel --wheel-dir /wheels ".[dashboard]"
+RUN pip wheel --wheel-dir /wheels ".[dashboard,ldap]"
 
 FROM ${PYTHON_IMAGE} AS final
 LABEL org.opencontainers.image.title="vmpool" \
@@ -33,7 +33,7 @@ ENV PATH=/opt/vmpool/bin:$PATH \
 # The wheels are mounted from the builder for this one step, never copied into a layer.
 RUN --mount=type=bind,from=builder,source=/wheels,target=/wheels \
     python -m venv /opt/vmpool \
-    && /opt/vmpool/bin/pip install --no-index --find-links=/wheels "vmpool[dashboard]" \
+    && /opt/vmpool/bin/pip install --no-index --find-links=/wheels "vmpool[dashboard,ldap]" \
     && /opt/vmpool/bin/pip uninstall --yes pip \
     && python -m pip uninstall --yes setuptools wheel pip \
     && groupadd --system --gid 10001 vmpool \

@@ -9,7 +9,7 @@ PYTEST_ARGS ?=
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[embedded,test,dashboard]'
+	$(PY) -m pip install -q -e '.[embedded,test,dashboard,ldap]'
 	touch $@
 
 venv: $(VENV)/.installed

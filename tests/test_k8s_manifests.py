@@ -476,7 +476,11 @@ def test_dockerfile() -> None:
     for tool in ("gcc", "build-essential", "apt-get install", "pip wheel", "COPY . "):
         assert tool not in final_text, f"final stage: {tool}"
     assert "--no-index" in final_text, "the final stage installs only the builder's wheels"
-    assert "[dashboard]" in final_text, "the image carries rq-dashboard (the dashboard extra)"
+    extras = re.search(r'"vmpool\[([\w,]+)\]"', final_text)
+    assert extras is not None and "dashboard" in extras.group(1).split(","), (
+        "the image carries rq-dashboard (the dashboard extra)"
+    )
+    assert "ldap" in extras.group(1).split(","), "the image can authenticate with LDAP"
     assert "embedded" not in final_text
     exposed = {int(p) for line in final if line.startswith("EXPOSE") for p in line.split()[1:]}
     api = main_container(workload(render("base"), "api"))

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from vmpool.config.ldap import LdapConfig
 from vmpool.config.redis_url import mask_url_password
 from vmpool.config.settings import Schedule
 
@@ -56,6 +57,7 @@ class AuthConfig:
     max_failed_logins_per_address: int = 50
     failed_login_window_s: float = 300.0
     admins: frozenset[str] = frozenset()
+    ldap: LdapConfig | None = None  # provider ldap
 
 
 @dataclass(frozen=True)

@@ -48,6 +48,7 @@ from vmpool.config.fields import (
     minutes,
     seconds,
 )
+from vmpool.config.ldap import LdapSection
 from vmpool.ids import DEFAULT_PREFIX
 from vmpool.providers.options import expect, integer, number
 from vmpool.providers.registry import DEFAULT_PROVIDER
@@ -240,7 +241,7 @@ class AuthSection(_Section):
     """``:auth:``: who may create and delete requests. Absent: anyone may."""
 
     provider: AuthProvider = Field(
-        default="static", description="'static' users, or 'dummy' (anyone)"
+        default="static", description="'static' users, 'ldap' (a directory), or 'dummy' (anyone)"
     )
     users: dict[str, PasswordHash] = Field(
         default_factory=dict,
@@ -268,6 +269,11 @@ class AuthSection(_Section):
     )
     failed_login_window: _WindowSeconds = seconds(
         300, "How long failed logins are counted (from the first failure)"
+    )
+    ldap: LdapSection | None = Field(
+        default=None,
+        description="provider ldap: vmpooler's {host, port, base, user_object, encryption,"
+        " service_account_hash}",
     )
     admins: list[Text] = Field(
         default_factory=list,

@@ -106,7 +106,7 @@ PROVIDER_IGNORED: Final = frozenset(
         "folder_whitelist",
     ]
 )
-AUTH_IGNORED: Final = frozenset({"ldap"})
+AUTH_IGNORED: Final = frozenset[str]()
 
 # vmpooler keys vmpool knows but no longer honours: a warning of their own.
 CONFIG_REMOVED: Final = MappingProxyType(
