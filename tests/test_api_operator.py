@@ -156,6 +156,7 @@ def test_operator_auth_and_admins(redis_url: str, redis_client: redis.Redis) -> 
     assert r.status_code == 201
     assert pools_with_overrides(redis_client, Keys(), cfg)["pool1"].size == 7
     assert client.get(f"{V}/poolstat?pool=pool1").json()["pools"]["pool1"]["max"] == 7
+    assert client.get(f"{V}/status").json()["pools"]["pool1"]["max"] == 7
 
 
 def test_get_config_shows_overrides(client: Any) -> None:
