@@ -77,6 +77,12 @@ async def totalrunning(st: State) -> Response:
     return await run_in_threadpool(body)
 
 
+def _minutes(seconds: float) -> float | int:
+    """vmpooler's unit for pool timeouts: whole minutes stay integers."""
+    minutes = round(seconds / 60, 2)
+    return int(minutes) if minutes == int(minutes) else minutes
+
+
 def _public(pool: PoolConfig) -> dict[str, Any]:
     """A pool as vmpooler's GET /config lists it (its effective values; no secrets)."""
     entry: dict[str, Any] = {"name": pool.name}
@@ -84,9 +90,9 @@ def _public(pool: PoolConfig) -> dict[str, Any]:
         entry["alias"] = list(pool.alias)
     entry["template"] = pool.template
     entry["size"] = pool.size
-    entry["timeout"] = round(pool.timeout_s / 60, 2)
+    entry["timeout"] = _minutes(pool.timeout_s)
     if pool.ready_ttl_s is not None:
-        entry["ready_ttl"] = round(pool.ready_ttl_s / 60, 2)
+        entry["ready_ttl"] = _minutes(pool.ready_ttl_s)
     entry["provider"] = pool.provider
     if pool.domain:
         entry["domain"] = pool.domain
