@@ -91,7 +91,7 @@ _ROWS: Final = (
             "is one booting VM ready, or past its timeout?", aliases=("check-pending",)),
     JobSpec("destroy_vm", QUEUE_VMS, "vm", 600,
             "destroy one completed VM at its provider", aliases=("destroy",)),
-    JobSpec("vm_task", QUEUE_VMS, "vm_task", 900,
+    JobSpec("vm_task", QUEUE_VMS, "vm_task", 600,
             "take a VM's snapshot, revert it to one, or add a disk (its holder asked)"),
     JobSpec("provision_batch", QUEUE_REQUESTS, None, 600,
             "provision_request for every request in its work set"),
