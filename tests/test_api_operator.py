@@ -16,6 +16,7 @@ from test_api_support import PASSWORD, PASSWORD_HASH, make_client, pretty
 from vmpool.config import Config, parse_config
 from vmpool.lifecycle.overrides import pools_with_overrides
 from vmpool.state.keys import Keys
+from vmpool.state.store import Store
 
 V = "/api/v3"
 
@@ -203,3 +204,32 @@ def test_get_token_lists_the_callers_tokens(redis_url: str, redis_client: redis.
         assert len(sha) == 64 and set(entry) == {"created", "last"} and entry["last"] == "never"
     off = make_client(operator_config(), redis_url)[0]
     expect(off.get(f"{V}/token"), 404, {"ok": False})
+
+
+def test_snapshot_on_a_provider_without_them_is_501(
+    redis_url: str, redis_client: redis.Redis
+) -> None:
+    """Proves: a pool whose provider has no Snapshots/Disks capability answers vmpooler's
+    error shape with 501 (never a 500), and records no task."""
+    aws = {"provider_class": "ec2", "region": "us-east-1", "image_id": "ami-1"}
+    pools = [{"name": "p", "provider": "aws", "domain": "example.com"}]
+    cfg = parse_config({":providers": {"aws": aws}, ":pools": pools}, source="test", env={})
+    store = Store(redis_client, Keys())
+    assert store.reserve_pool_vm(
+        "vm-1",
+        pool="p",
+        template="ami-1",
+        provider="aws",
+        domain="example.com",
+        size=1,
+        data_ttl_s=60,
+        actor="t",
+    ).ok
+    store.vm_created("vm-1", actor="t")
+    store.vm_ready("vm-1", actor="t")
+    assert store.checkout({"p": 1}, owner="", owner_hash="", lifetime_s=60, actor="t").ok
+    client = make_client(cfg, redis_url)[0]
+    for path in ("snapshot", "disk/10"):
+        r = client.post(f"{V}/vm/vm-1.example.com/{path}")
+        assert r.status_code == 501 and r.json()["ok"] is False and "message" in r.json()
+    assert not any(k.startswith("task:") for k in redis_client.hkeys(Keys().vm("vm-1")))
