@@ -5,13 +5,15 @@ Redis and the simulated provider, with the recording Dispatcher standing in for 
 from __future__ import annotations
 
 import redis
-from test_api_support import make_client
+from test_api_support import make_client, spec_config
 from test_lifecycle import make_fleet, run_dispatched
 from test_warm_lifecycle import clean, filled, warm_config
 
 from vmpool import lifecycle
 from vmpool.lifecycle.overrides import reset_pools, revert_setting, set_setting
+from vmpool.state.keys import Keys
 from vmpool.state.records import RequestSettings, Slot
+from vmpool.state.store import Store
 
 
 def test_a_size_override_grows_the_pool_and_its_delete_shrinks_it(
@@ -115,3 +117,25 @@ def test_totalrunning_follows_checkouts_give_backs_and_requests(
     run_dispatched(fleet)
     assert client.get(f"/api/v3/ondemandvm/{rid}").status_code == 200
     assert running() == 3
+
+
+def test_a_runtime_clone_target_moves_the_backend_weights(
+    redis_url: str, redis_client: redis.Redis
+) -> None:
+    """Proves: backend weights follow POST /config/clonetarget's values. vmpooler's spec
+    config: "pool2" (a pool on compute2, weight 0, and an alias of pool1 on compute1,
+    weight 5) always lands on pool1; with the clone targets swapped, always on pool2."""
+    cfg = spec_config()
+    client = make_client(cfg, redis_url)[0]
+    store = Store(redis_client, Keys())
+
+    def pools_picked() -> set[str]:
+        rid = client.post("/api/v3/ondemandvm", json={"pool2": 20}).json()["request_id"]
+        record = store.get_request(rid)
+        assert record is not None
+        return {slot.pool for slot in record.slots}
+
+    assert pools_picked() == {"pool1"}
+    targets = {"pool1": "compute2", "pool2": "compute1"}
+    set_setting(store, cfg, "clone_target", targets, actor="t")
+    assert pools_picked() == {"pool2"}
