@@ -29,6 +29,7 @@ from test_up import Output
 from vmpool.api import deps
 from vmpool.api.ldap_auth import DirectoryUnavailable, ldap_login
 from vmpool.config import ConfigError, LdapConfig, parse_config
+from vmpool.config.published import public_form
 
 from storehelp import wait_until
 
@@ -70,13 +71,16 @@ def test_direct_bind_over_each_base_and_user_object(slapd: Slapd) -> None:
 def test_search_and_bind_with_a_service_account(slapd: Slapd) -> None:
     """Proves: with service_account_hash the user is found by a search under each base
     and bound as; a bad service account password is the directory's problem (503), not
-    the user's."""
+    the user's; the published config never carries the service account's password."""
     account = {":user_dn": SERVICE_DN, ":password": SERVICE_PW}
     cfg = ldap_of(ldap_section(slapd, base=SUFFIX, service_account_hash=account))
     assert ldap_login(cfg, "alice", "alice-pw")
     assert ldap_login(cfg, "bob", "bob-pw")
     assert not ldap_login(cfg, "alice", "wrong")
     assert not ldap_login(cfg, "nobody", "x")
+    published = json.dumps(public_form(parse_config({":auth": ldap_section(
+        slapd, base=SUFFIX, service_account_hash=account)}, source="test", env={})))
+    assert SERVICE_PW not in published and SERVICE_DN in published  # fmt: skip
     bad = ldap_of(ldap_section(slapd, base=SUFFIX,
                                service_account_hash={**account, ":password": "no"}))  # fmt: skip
     with pytest.raises(DirectoryUnavailable):

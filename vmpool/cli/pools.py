@@ -7,13 +7,14 @@ from __future__ import annotations
 import click
 
 from vmpool.cli.context import CliContext, echo_json, with_context
+from vmpool.cli.output import echo_table
 from vmpool.config import Config, PoolConfig
 from vmpool.lifecycle.overrides import pools_with_overrides
 from vmpool.state.store import Store
 
 __all__ = ["pool_table", "pools_command"]
 
-COLUMNS = ("pool", "size", "ready", "pending", "running", "completed", "ondemand_queue")
+COLUMNS = ("pool", "alias", "size", "ready", "pending", "running", "completed", "ondemand_queue")
 
 
 def pool_table(store: Store, config: Config) -> list[dict[str, object]]:
@@ -85,8 +86,8 @@ def pools_command(
     unset_size: tuple[str, ...],
     reset: tuple[str, ...],
 ) -> None:
-    """Per pool: size, ready, pending, running, completed, on-demand queue. A size set
-    at runtime is marked with '*' (JSON: ``overrides``)."""
+    """Per pool: aliases, size, ready, pending, running, completed, on-demand queue. A
+    size set at runtime is marked with '*' (JSON: ``overrides``)."""
     if set_size or unset_size or reset:
         from vmpool.cli.pool_admin import apply_pool_changes
 
@@ -97,8 +98,4 @@ def pools_command(
         return
     rows = [{**r, "size": f"{r['size']}*" if "size" in r["overrides"] else r["size"]}  # type: ignore[operator]
             for r in rows]  # fmt: skip
-    widths = {h: max(len(h), *(len(str(r[h])) for r in rows)) if rows else len(h)
-              for h in COLUMNS}
-    click.echo("  ".join(h.upper().ljust(widths[h]) for h in COLUMNS))
-    for row in rows:
-        click.echo("  ".join(str(row[h]).ljust(widths[h]) for h in COLUMNS))
+    echo_table(rows, COLUMNS)

@@ -43,6 +43,10 @@ Layout (``P`` is the prefix)::
     P:pool-resets                hash   pool -> server time of its last reset (POST /poolreset)
     P:summary:TASK:DATE          hash   vmpooler's daily stats (boot, clone: POOL:VM -> s;
                                         tag: VM:TAG -> value), DATE = YYYY-MM-DD (UTC)
+    P:fleet:config               hash   the running fleet's config, public form (no secret)
+    vmpool:fleets                hash   key prefix -> when its fleet last published its config:
+                                        the one key outside a prefix, so that a command given
+                                        only a Redis URL finds a fleet of any prefix
 
 RQ's own keys follow from names this module gives: the queue ``P-<short>`` (so
 ``rq:queue:P-<short>``, :meth:`Keys.rq_queue`, and RQ's registries per queue name) and
@@ -278,6 +282,19 @@ class Keys:
     def scheduler_prefix(self) -> str:
         """Prefix of one scheduler replica's hash; rq-scheduler appends its name."""
         return f"{self.prefix}:schedule:scheduler:"
+
+    # -- the fleet's published config (vmpool/config/published.py) --------------------
+    @property
+    def fleet_config(self) -> str:
+        """Hash: the config the running fleet's processes run with, in its public form
+        (no secret): what a CLI command given only the Redis URL works with."""
+        return f"{self.prefix}:fleet:config"
+
+    @staticmethod
+    def fleets_index() -> str:
+        """Hash: key prefix -> server time its fleet last published its config. The one
+        key outside every prefix (RQ has such keys too: ``rq:queues``, ``rq:workers``)."""
+        return f"{DEFAULT_PREFIX}:fleets"
 
     @property
     def scheduler_lock(self) -> str:
