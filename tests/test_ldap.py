@@ -192,3 +192,20 @@ def test_vmpool_up_with_ldap_auth(slapd: Slapd, tmp_path: Path) -> None:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(10)
+
+
+def test_an_ldap_config_round_trips_through_the_published_form(tmp_path: Path) -> None:
+    """Proves: the fleet's published config (what CLI commands follow) carries the LDAP
+    settings, with the service account's password masked."""
+    from vmpool.config.published import config_from_form
+
+    account = {":user_dn": SERVICE_DN, ":password": SERVICE_PW}
+    auth = {"provider": "ldap", "admins": ["ops", "alice"],
+            ":ldap": {"host": "h", "base": SUFFIX, "user_object": "uid",
+                      "service_account_hash": account}}  # fmt: skip
+    cfg = parse_config({":auth": auth}, source="test", env={})
+    back = config_from_form(json.loads(json.dumps(public_form(cfg))))
+    assert back.auth is not None and cfg.auth is not None and back.auth.ldap is not None
+    assert back.auth.admins == ("alice", "ops") == cfg.auth.admins
+    assert back.auth.ldap.service_password == "***"
+    assert back.auth.ldap.bases == (SUFFIX,) and back.auth.ldap.service_user_dn == SERVICE_DN

@@ -267,7 +267,7 @@ def _auth(auth: AuthSection, source: str) -> AuthConfig:
         max_failed_logins_per_user=auth.max_failed_logins_per_user,
         max_failed_logins_per_address=auth.max_failed_logins_per_address,
         failed_login_window_s=in_seconds(auth, "failed_login_window") or 300.0,
-        admins=frozenset(auth.admins),
+        admins=tuple(sorted(set(auth.admins))),
         ldap=_ldap(auth, source),
     )
 

@@ -58,7 +58,7 @@ class AuthConfig:
     max_failed_logins_per_user: int = 10
     max_failed_logins_per_address: int = 50
     failed_login_window_s: float = 300.0
-    admins: frozenset[str] = frozenset()
+    admins: tuple[str, ...] = ()  # sorted
     ldap: LdapConfig | None = None  # provider ldap
 
 
