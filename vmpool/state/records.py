@@ -145,6 +145,8 @@ class VMRecord:
     # vmpooler's snapshot:<id> fields (snapshots taken) and disk ('+10gb:+20gb')
     snapshots: tuple[str, ...] = ()
     disks: tuple[str, ...] = ()
+    # the address the cloud reported when the VM turned ready ('' when none)
+    address: str = ""
 
     @property
     def held_by_checkout(self) -> bool:
@@ -176,6 +178,7 @@ class VMRecord:
             tags={k[4:]: v for k, v in h.items() if k.startswith("tag:")},
             snapshots=tuple(k[9:] for k in h if k.startswith("snapshot:")),
             disks=tuple(h["disk"].split(":")) if h.get("disk") else (),
+            address=h.get("address", ""),
         )
 
 
