@@ -1,8 +1,9 @@
 # syntax=docker/dockerfile:1
 # vmpool's one image: the API, the workers, the scheduler, the audit and rq-dashboard
 # (deploy/k8s runs each with its own arguments), with every provider: the clouds (the
-# `cloud` extra: EC2, GCE, OpenStack), vSphere (the `vsphere` extra) and rq-dashboard
-# (`dashboard`); not `embedded`: in a cluster Redis runs in its own pod.
+# `cloud` extra: EC2, GCE, OpenStack), vSphere (the `vsphere` extra), rq-dashboard
+# (`dashboard`) and LDAP logins (`ldap`); not `embedded`: in a cluster Redis runs in its
+# own pod.
 # Build: docker build -t vmpool:0.1.0 .
 #
 # Reproducible: the dependencies come from requirements/image.lock (every version
@@ -19,7 +20,7 @@
 ARG PYTHON_IMAGE=python:3.11.11-slim-bookworm
 
 FROM ${PYTHON_IMAGE} AS builder
-ARG VMPOOL_EXTRAS=cloud,vsphere,dashboard
+ARG VMPOOL_EXTRAS=cloud,vsphere,dashboard,ldap
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PYTHONDONTWRITEBYTECODE=1

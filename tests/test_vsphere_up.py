@@ -5,7 +5,9 @@ What it proves, end to end: on-demand VMs of a vSphere pool become ready (ready_
 state), are clones in the pool's folder, on its datastore and cluster, carrying the
 fleet's mark (the fleet identity generated in Redis); after DELETE they are destroyed in
 vCenter, not just powered off; a VM made by hand in the same folder is never touched,
-reconcile runs included; a warm pool fills to its size and refills after a checkout.
+reconcile runs included; a warm pool fills to its size and refills after a checkout; a
+VM of the pool is snapshotted, reverted and given a disk through the API, as vmfloaty's
+`snapshot`, `revert` and `modify --disk` ask.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import redis
 
 from vmpool.state.counters import JOBS_METRIC
 from vmpool.state.keys import Keys
+from vmpool.state.store import Store
 
 from vcsimhelp import PASSWORD, TEMPLATE, USER, VCSim, hand_made
 
@@ -110,6 +113,31 @@ def extra(vm: Any) -> dict[str, str]:
     return {o.key: o.value for o in vm.config.extraConfig}
 
 
+def snapshot_revert_disk(api: Api, store: Store, rid: str, vm: Any) -> None:
+    """vmfloaty's `snapshot`, `revert` and `modify --disk` on a VM of the pool, through
+    the API (the vm_task jobs call the provider): each lands in vCenter."""
+    name = vm.name
+
+    def trail(pattern: str) -> bool:
+        return any(re.fullmatch(pattern, entry.reason) for entry in store.history(rid))
+
+    status, body = api("POST", f"/vm/{name}/snapshot")
+    assert status == 202 and body["ok"], body
+    snapshot = body[name]["snapshot"]
+    wait_for(lambda: snapshot in api("GET", f"/vm/{name}")[1][name].get("snapshots", []),
+             30, "the snapshot taken")
+    assert [s.name for s in vm.snapshot.rootSnapshotList] == [snapshot]
+    assert api("POST", f"/vm/{name}/snapshot/{snapshot}")[0] == 202
+    wait_for(lambda: trail(r"revert \S+ done"), 30, "the revert done")
+    assert vm.runtime.powerState == "poweredOn"
+    status, body = api("POST", f"/vm/{name}/disk/3")
+    assert status == 202 and body[name]["disk"] == "+3gb", body
+    wait_for(lambda: api("GET", f"/vm/{name}")[1][name].get("disk") == ["+3gb"], 30,
+             "the disk added")
+    sizes = [d.capacityInKB for d in vm.config.hardware.device if hasattr(d, "capacityInKB")]
+    assert 3 * 1024 * 1024 in sizes
+
+
 def test_vmpool_up_on_vsphere(tmp_path: Path, redis_url: str, redis_client: redis.Redis,
                               vcsim: VCSim) -> None:
     si = vcsim.client()
@@ -145,6 +173,8 @@ def test_vmpool_up_on_vsphere(tmp_path: Path, redis_url: str, redis_client: redi
             assert vm.runtime.powerState == "poweredOn"
             assert [ds.name for ds in vm.datastore] == ["LocalDS_1"]
             assert vm.resourcePool.owner.name == "DC0_C0"
+
+        snapshot_revert_disk(api, Store(redis_client, Keys("vmpool")), rid, vms[hostnames[0]])
 
         # The warm pool filled to 2; a checkout takes one and the pool refills.
         def warm_ready() -> int:
