@@ -21,7 +21,7 @@ import redis
 
 from vmpool.cli.context import CliContext, with_context
 from vmpool.cli.errors import CliError, CliFailure
-from vmpool.cli.probe import ALIVE_FILE_ENV
+from vmpool.cli.probe import ALIVE_FILE_ENV, SCHEDULER_ALIVE_FILE_ENV
 from vmpool.cli.strict import check_redis_at_start, strict_option
 from vmpool.config import Config
 
@@ -196,21 +196,46 @@ def _raise_fatal(worker: SteadyLoop) -> None:
     help="Longest sleep between two ticks; a replica also wakes at each due time.",
 )
 @click.option("--burst", is_flag=True, help="Install the schedule, run one tick, quit.")
+@click.option(
+    "--alive-file",
+    "alive_path",
+    metavar="PATH",
+    envvar=SCHEDULER_ALIVE_FILE_ENV,
+    default=None,
+    help="Touch PATH on every tick, for `vmpool probe scheduler`"
+    f" [env {SCHEDULER_ALIVE_FILE_ENV}; default: none].",
+)
 @click.option("--verbose", "-v", is_flag=True, help="Debug logging.")
 @wait_for_redis_option
 @strict_option
 def scheduler_command(
-    cli: CliContext, interval: float, burst: bool, verbose: bool, wait_s: float, strict: bool
+    cli: CliContext,
+    interval: float,
+    burst: bool,
+    alive_path: str | None,
+    verbose: bool,
+    wait_s: float,
+    strict: bool,
 ) -> None:
     """Enqueue the periodic sweeps at the config's intervals (rq-scheduler).
 
     Safe in several replicas, with no lock between them: each due time of each sweep is
     moved once, and two runs of a sweep are queued at most its interval apart.
     """
-    from workers.loop import RedisOutage, redis_unusable, wait_for_redis, writable_check
+    from workers.loop import (
+        AliveFile,
+        RedisOutage,
+        redis_unusable,
+        wait_for_redis,
+        writable_check,
+    )
     from workers.schedule import FleetScheduler, schedule_intervals
 
-    cli.wait_for_redis(wait_s)
+    alive = AliveFile(alive_path) if alive_path else None
+    tick = alive.touch if alive else None
+    if tick:
+        tick()
+    cli.wait_for_redis(wait_s, tick=tick)
     conn = cli.rq_redis
     check_redis_at_start(
         cli.redis_url, cli.config.redis_options, who="vmpool scheduler", strict=strict
@@ -222,7 +247,7 @@ def scheduler_command(
     )
     check = writable_check(conn, cli.keys)
     while True:  # as the worker: a Redis outage is waited out, not a crash
-        scheduler = FleetScheduler(conn, cli.keys, interval=interval)
+        scheduler = FleetScheduler(conn, cli.keys, interval=interval, alive=alive)
         outage = RedisOutage(f"scheduler {scheduler.name}")
         try:
             scheduler.install(schedule_intervals(cli.config.schedule))
@@ -234,5 +259,5 @@ def scheduler_command(
             if burst:
                 raise CliFailure(f"lost Redis: {exc}") from None
             outage.lost(exc)
-            wait_for_redis(check)
+            wait_for_redis(check, tick=tick)
             outage.back()
