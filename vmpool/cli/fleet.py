@@ -222,21 +222,13 @@ def scheduler_command(
     Safe in several replicas, with no lock between them: each due time of each sweep is
     moved once, and two runs of a sweep are queued at most its interval apart.
     """
-    from workers.loop import (
-        AliveFile,
-        RedisOutage,
-        redis_unusable,
-        wait_for_redis,
-        writable_check,
-    )
-    from workers.schedule import FleetScheduler, schedule_intervals
+    from workers.loop import AliveFile
 
     alive = AliveFile(alive_path) if alive_path else None
     tick = alive.touch if alive else None
     if tick:
         tick()
     cli.wait_for_redis(wait_s, tick=tick)
-    conn = cli.rq_redis
     check_redis_at_start(
         cli.redis_url, cli.config.redis_options, who="vmpool scheduler", strict=strict
     )
@@ -245,8 +237,18 @@ def scheduler_command(
     logging.getLogger("rq_scheduler.scheduler").setLevel(
         logging.DEBUG if verbose else logging.WARNING  # birth and death are routine
     )
+    _schedule(cli, interval, burst=burst, alive=alive)
+
+
+def _schedule(cli: CliContext, interval: float, *, burst: bool, alive: AliveFile | None) -> None:
+    """Run the scheduler until stopped. As the worker, a Redis that is gone or refuses
+    writes is waited out (one line when lost, one when back), not a crash."""
+    from workers.loop import RedisOutage, redis_unusable, wait_for_redis, writable_check
+    from workers.schedule import FleetScheduler, schedule_intervals
+
+    conn = cli.rq_redis
     check = writable_check(conn, cli.keys)
-    while True:  # as the worker: a Redis outage is waited out, not a crash
+    while True:
         scheduler = FleetScheduler(conn, cli.keys, interval=interval, alive=alive)
         outage = RedisOutage(f"scheduler {scheduler.name}")
         try:
@@ -259,5 +261,5 @@ def scheduler_command(
             if burst:
                 raise CliFailure(f"lost Redis: {exc}") from None
             outage.lost(exc)
-            wait_for_redis(check, tick=tick)
+            wait_for_redis(check, tick=alive.touch if alive else None)
             outage.back()
