@@ -28,6 +28,7 @@ BENCHES: dict[str, list[str]] = {
     "targets_aof": ["--runs", "3", "--vms", "300", "--pending", "10000", "--aof"],
     "api_rps": ["--runs", "3", "--seconds", "5", "--connections", "16"],
     "ready_latency": ["--requests", "100", "--rate", "10", "--modes", "2:vm,0.25:vm,0.25:list"],
+    "durability": ["--runs", "3", "--seconds", "3", "--clients", "1,8"],
 }
 SCRIPT_OF = {"targets_aof": "targets"}
 

@@ -495,7 +495,13 @@ def test_readyz_without_redis_is_503() -> None:
     assert c.get("/healthz").status_code == 200
     r = c.post(f"{API}/ondemandvm", content='{"pool1": 1}')
     assert r.status_code == 503
-    assert r.json() == {"ok": False, "message": "the state store is unavailable; retry later"}
+    body = r.json()
+    assert body == {
+        "ok": False,
+        "message": "the state store is unavailable; retry later",
+        "redis": "unreachable",
+        "request_id": body["request_id"],  # the id it tried, to look up later
+    }
     assert "Traceback" not in r.text
     assert c.get(f"{API}/ondemandvm/abc").status_code == 503
     assert "vmpool_redis_up 0.0" in c.get("/metrics").text

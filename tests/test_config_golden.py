@@ -66,6 +66,7 @@ ADDED_TOP = (
     "tagfilter",
     "batch_lanes",
     "provider_quota_wait_s",
+    "redis_options",
 )
 ADDED_POOL = ("ondemand_from_ready", "provider_options")
 ADDED_SCHEDULE = ("top_up_pools", "check_ready")

@@ -6,10 +6,11 @@ unhandled exception, quitting" (or "Redis connection timeout, quitting") and ret
 as if it were done. So a Redis restart or stall met at the wrong moment ended
 `vmpool worker` with status 0 (25 such exits in the chaos soak), and Kubernetes
 restarted the pod. :class:`SteadyLoop`, mixed into vmpool's worker classes, wraps
-those steps: a lost Redis is waited out in place (PING with backoff on a
-short-timeout client, one warning per outage and one line when it is back, the
-alive file touched meanwhile), and any other error is kept in ``fatal_error`` so
-the command exits 1 instead of 0.
+those steps: a Redis that is gone or refuses writes (out of memory, read-only after a
+failover, too few replicas, writes not confirmed durable) is waited out in place (a
+small write with backoff, until one is taken; one warning per outage naming why and
+one line when it is over; the alive file touched meanwhile), and any other error is
+kept in ``fatal_error`` so the command exits 1 instead of 0.
 
 The alive file (:class:`AliveFile`) is the loop's liveness signal for Kubernetes
 (``vmpool probe worker``): touched on every turn of the loop, every RQ heartbeat
@@ -36,22 +37,32 @@ from rq.queue import Queue
 from rq.worker.base import BaseWorker
 
 from vmpool.lifecycle.failpoints import failpoint
+from vmpool.state.keys import Keys
+from vmpool.state.redis_health import MESSAGES, RedisCondition, classify, probe
 
-__all__ = ["REDIS_GONE", "AliveFile", "RedisOutage", "SteadyLoop", "wait_for_redis"]
+__all__ = [
+    "AliveFile",
+    "RedisOutage",
+    "SteadyLoop",
+    "redis_unusable",
+    "wait_for_redis",
+    "writable_check",
+]
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-# Redis going away (a restart, a failover, a dropped connection, a stall past the
-# socket timeout): redis-py raises these; BusyLoadingError (AOF replay) is a
-# ConnectionError.
-REDIS_GONE: Final = (redis.ConnectionError, redis.TimeoutError)
-
-# While waiting for Redis: each PING gives up after this, so the alive file keeps
-# being touched even when Redis's address swallows packets.
-PING_TIMEOUT_S: Final = 2.0
 MAX_WAIT_DELAY_S: Final = 2.0  # how late a worker may notice Redis is back
+
+
+def redis_unusable(exc: BaseException) -> RedisCondition | None:
+    """Why ``exc`` says Redis cannot be used now (to be waited out), or None: an error
+    of another kind (fatal to the loop). Redis going away (a restart, a failover, a
+    dropped connection, a stall past the socket timeout, an AOF replay) and Redis
+    refusing writes (full, read-only, too few replicas, a write not confirmed durable)
+    are both outages: :mod:`vmpool.state.redis_health`."""
+    return classify(exc) if isinstance(exc, redis.RedisError) else None
 
 
 class AliveFile:
@@ -74,11 +85,12 @@ class AliveFile:
 
 
 class RedisOutage:
-    """One warning when Redis goes away and one line when it answers again, however
-    many threads and attempts meet the outage in between."""
+    """One warning when Redis becomes unusable (naming why: unreachable, out of memory,
+    read-only, ...) and one line when it takes writes again, however many threads and
+    attempts meet the outage in between. ``who``: "worker NAME", "scheduler NAME"."""
 
-    def __init__(self, name: str) -> None:
-        self.name = name
+    def __init__(self, who: str) -> None:
+        self.who = who
         self._since: float | None = None
         self._lock = threading.Lock()
 
@@ -86,41 +98,44 @@ class RedisOutage:
         with self._lock:
             if self._since is None:
                 self._since = time.monotonic()
+                condition = redis_unusable(exc) or RedisCondition.UNREACHABLE
                 reason = " ".join(str(exc).split()) or type(exc).__name__
-                log.warning("worker %s: lost Redis (%s); waiting for it", self.name, reason)
+                log.warning("%s: lost Redis: %s (%s); waiting for it", self.who,
+                            MESSAGES[condition], reason)
 
     def back(self) -> None:
         if self._since is None:  # the common case, without the lock
             return
         with self._lock:
             if self._since is not None:
-                log.warning("worker %s: Redis is back after %.1f s", self.name,
+                log.warning("%s: Redis is back after %.1f s", self.who,
                             time.monotonic() - self._since)
                 self._since = None
 
 
-def wait_for_redis(conn: redis.Redis, *, tick: Callable[[], None] | None = None) -> None:
-    """Block until the Redis of ``conn`` answers PING, with a growing delay; ``tick``
-    runs before each attempt (it may raise to stop waiting)."""
-    pool = conn.connection_pool
-    kwargs: dict[str, Any] = {**pool.connection_kwargs, "socket_timeout": PING_TIMEOUT_S,
-                              "socket_connect_timeout": PING_TIMEOUT_S}
-    probe = redis.Redis(connection_pool=redis.ConnectionPool(
-        connection_class=pool.connection_class, max_connections=1, **kwargs))
+def wait_for_redis(
+    check: Callable[[], RedisCondition], *, tick: Callable[[], None] | None = None
+) -> None:
+    """Block until ``check`` (a write probe: :func:`writable_check`) finds Redis
+    taking writes, with a growing delay; ``tick`` runs before each attempt (it may
+    raise to stop waiting)."""
     delay = 0.25
-    try:
-        while True:
-            if tick is not None:
-                tick()
-            try:
-                if probe.ping():
-                    return
-            except redis.RedisError:  # down, loading its AOF, or not answering yet
-                pass
-            time.sleep(delay)
-            delay = min(MAX_WAIT_DELAY_S, delay * 2)
-    finally:
-        probe.close()
+    while True:
+        if tick is not None:
+            tick()
+        try:
+            if check() is RedisCondition.OK:
+                return
+        except redis.RedisError:  # not an outage the probe knows: try again all the same
+            log.debug("Redis probe failed", exc_info=True)
+        time.sleep(delay)
+        delay = min(MAX_WAIT_DELAY_S, delay * 2)
+
+
+def writable_check(conn: redis.Redis, keys: Keys) -> Callable[[], RedisCondition]:
+    """The check :func:`wait_for_redis` polls: a small write through ``conn`` (a client
+    of the connection factory: its socket timeout bounds each attempt)."""
+    return partial(probe, conn, keys)
 
 
 class SteadyLoop(BaseWorker):
@@ -128,6 +143,9 @@ class SteadyLoop(BaseWorker):
 
     alive: AliveFile | None = None
     fatal_error: BaseException | None = None
+    # How the loop tells Redis takes writes again (build_worker sets the write probe);
+    # None: a PING.
+    redis_check: Callable[[], RedisCondition] | None = None
     # RQ's dequeue sleeps up to this between two attempts, touching nothing (RQ: 60 s,
     # as long as the probe's max age).
     max_connection_wait_time = 10.0
@@ -135,7 +153,14 @@ class SteadyLoop(BaseWorker):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.outage = RedisOutage(self.name)
+        self.outage = RedisOutage(f"worker {self.name}")
+
+    def _set_connection(self, connection: redis.Redis) -> redis.Redis:
+        # RQ raises the socket timeout to its dequeue timeout + 10 s (25 s here) for a
+        # blocking pop; vmpool's dequeue polls (workers/dequeue.py) and nothing else
+        # blocks, so the connection factory's timeout stays: a frozen connection is
+        # noticed in seconds, not after 25.
+        return connection
 
     def check_for_suspension(self, burst: bool) -> None:
         # The top of every turn of the loop.
@@ -176,7 +201,9 @@ class SteadyLoop(BaseWorker):
         # a missed beat is not worth ending the job's monitoring over.
         try:
             super().maintain_heartbeats(job, execution)
-        except REDIS_GONE as exc:
+        except redis.RedisError as exc:
+            if redis_unusable(exc) is None:
+                raise
             self.outage.lost(exc)
         else:
             self.outage.back()
@@ -185,7 +212,7 @@ class SteadyLoop(BaseWorker):
         self, exc: Exception, pubsub: PubSub, pubsub_thread: PubSubWorkerThread
     ) -> None:
         # RQ's handler logs every 2 s of an outage; one warning is enough.
-        if not isinstance(exc, REDIS_GONE):
+        if redis_unusable(exc) is None:
             super()._pubsub_exception_handler(exc, pubsub, pubsub_thread)
             return
         self.outage.lost(exc)
@@ -194,7 +221,9 @@ class SteadyLoop(BaseWorker):
     def teardown(self) -> None:
         try:
             super().teardown()  # type: ignore[no-untyped-call]
-        except REDIS_GONE as exc:  # stopping while Redis is away: its key expires
+        except redis.RedisError as exc:  # stopping while Redis is away: its key expires
+            if redis_unusable(exc) is None:
+                raise
             log.warning("worker %s: death not recorded (%s)", self.name, exc)
 
     def _guarded(self, step: Callable[[], T], *, again: bool, default: T) -> T:
@@ -205,14 +234,14 @@ class SteadyLoop(BaseWorker):
                 result = step()
             except StopRequested:
                 raise
-            except REDIS_GONE as exc:
+            except Exception as exc:
+                if redis_unusable(exc) is None:
+                    self.fatal_error = exc
+                    raise
                 self._wait_out(exc)
                 if again:
                     continue
                 return default
-            except Exception as exc:
-                self.fatal_error = exc
-                raise
             # A later step that runs means RQ went on after that error: not fatal.
             self.fatal_error = None
             self.outage.back()
@@ -223,8 +252,15 @@ class SteadyLoop(BaseWorker):
             self.fatal_error = exc
             raise exc
         self.outage.lost(exc)
-        wait_for_redis(self.connection, tick=self._tick)
+        wait_for_redis(self.redis_check or self._ping, tick=self._tick)
         self.outage.back()
+
+    def _ping(self) -> RedisCondition:
+        try:
+            self.connection.ping()
+        except redis.RedisError as exc:
+            return redis_unusable(exc) or RedisCondition.UNREACHABLE
+        return RedisCondition.OK
 
     def _tick(self) -> None:
         self._touch_alive()

@@ -48,13 +48,15 @@ from rq.executions import Execution
 from rq.job import Job, get_current_job
 from rq.worker.base import BaseWorker
 
+from vmpool.config import default_redis_options
 from vmpool.lifecycle import Fleet
+from vmpool.state.connection import connect
 from vmpool.state.counters import record_job
 from vmpool.state.keys import DEFAULT_PREFIX, Keys
 from vmpool.state.lua import read_script
 from workers.batching import BatchDispatcher
 from workers.dequeue import StampingQueue
-from workers.loop import REDIS_GONE, AliveFile, RedisOutage, SteadyLoop
+from workers.loop import AliveFile, RedisOutage, SteadyLoop, redis_unusable, writable_check
 from workers.queues import HEARTBEAT_FIELD, HEARTBEAT_SECONDS, queue_names
 
 if TYPE_CHECKING:
@@ -168,10 +170,11 @@ class JobBeats:
     def _first_beat(self, key: str) -> None:
         try:
             self._script(keys=[key], args=[HEARTBEAT_FIELD])
-        except REDIS_GONE as exc:
-            self._outage.lost(exc)
-        except redis.RedisError:
-            log.warning("first job heartbeat failed", exc_info=True)
+        except redis.RedisError as exc:
+            if redis_unusable(exc) is None:
+                log.warning("first job heartbeat failed", exc_info=True)
+            else:
+                self._outage.lost(exc)
 
     def _run(self) -> None:
         while not self._closed.wait(HEARTBEAT_SECONDS):
@@ -192,10 +195,11 @@ class JobBeats:
             if now.rq_beat is not None and now.since_rq >= now.rq_every:
                 now.since_rq = 0.0
                 now.rq_beat()
-        except REDIS_GONE as exc:  # an outage: said once, the next beat may land
-            self._outage.lost(exc)
-        except Exception:  # a missed beat is not fatal; the next one may work
-            log.warning("job heartbeat failed", exc_info=True)
+        except Exception as exc:  # a missed beat is not fatal; the next one may work
+            if redis_unusable(exc) is None:
+                log.warning("job heartbeat failed", exc_info=True)
+            else:  # an outage: said once, the next beat may land
+                self._outage.lost(exc)
 
 
 @contextmanager
@@ -310,7 +314,7 @@ def worker_name() -> str:
 
 def build_fleet(redis_url: str, config: Config, conn: redis.Redis, actor: str) -> Fleet:
     """The per-process Fleet: a decoding client for the domain, RQ dispatch on ``conn``."""
-    client = redis.Redis.from_url(redis_url, decode_responses=True)
+    client = connect(redis_url, config.redis_options, decode_responses=True)
     dispatch = BatchDispatcher(conn, Keys(config.key_prefix), config)
     return Fleet.build(client, config, dispatch, actor)
 
@@ -332,9 +336,11 @@ def build_worker(
     ``alive``: the file to touch while the loop lives (workers/loop.py).
     """
     cls = WORKER_CLASSES[kind]
+    keys = Keys(config.key_prefix if config else DEFAULT_PREFIX)
     if queues is None:
-        queues = queue_names(Keys(config.key_prefix if config else DEFAULT_PREFIX))
-    conn = redis.Redis.from_url(redis_url)  # bytes, as RQ requires
+        queues = queue_names(keys)
+    options = config.redis_options if config else default_redis_options()
+    conn = connect(redis_url, options, decode_responses=False)  # bytes, as RQ requires
     name = name or worker_name()
     settings: dict[str, Any] = {**RQ_SETTINGS, **overrides}
     worker = cls(
@@ -345,6 +351,7 @@ def build_worker(
         **settings,
     )
     worker.alive = alive
+    worker.redis_check = writable_check(conn, keys)
     if config is not None:
         fleet = build_fleet(redis_url, config, conn, actor=f"worker:{name}")
         if isinstance(worker, FleetSimpleWorker | FleetForkWorker):

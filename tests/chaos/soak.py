@@ -21,6 +21,10 @@ SIGCONT), ``client_kill`` (``CLIENT KILL TYPE normal``), ``redis_restart`` (SIGT
 start again on the same port and directory), ``redis_kill9`` (SIGKILL, start again:
 ``appendfsync always`` must lose nothing acknowledged), ``pause_scheduler``.
 
+``--redis sentinel`` runs the fleet on a Sentinel group and ``--redis-faults`` adds
+faults of Redis itself (frozen and stalled connections, a full Redis, a power cut):
+``redis_faults.py``.
+
 At the end the load stops, the faults stop, every request settles (the client deletes
 the ready ones), every VM is destroyed, and the checks run: ``audit_state``; the client's
 history (``history.check_history``); each request's settle time against its TTL plus one
@@ -61,10 +65,11 @@ for _path in (str(HERE), str(HERE.parent)):
     if _path not in sys.path:
         sys.path.insert(0, _path)
 
+import redis_faults  # noqa: E402
 from history import Client, ClientOptions, check_history, ops_to_jsonl  # noqa: E402
 
 from vmpool.config import Config, load_config  # noqa: E402
-from vmpool.local.redis_server import RedisServer, free_port  # noqa: E402
+from vmpool.local.redis_server import free_port  # noqa: E402
 from vmpool.local.supervisor import ChildSpec, Supervisor  # noqa: E402
 from vmpool.providers import providers_from_config  # noqa: E402
 from vmpool.state.audit import audit_state  # noqa: E402
@@ -142,6 +147,9 @@ class SoakOptions:
     fault_gap_s: tuple[float, float] = (2.0, 5.0)
     settle_timeout_s: float = 240.0
     outage_credit: bool = True
+    redis: str = "single"  # the topology: tests/chaos/redis_faults.py
+    redis_faults: bool = False  # single: also freeze, stall, fill and power-cut Redis
+    faults: tuple[str, ...] = ()  # only these fault kinds (default: every kind)
     workdir: str | None = None
     keep_workdir: bool = False
     log: IO[str] | None = None
@@ -183,6 +191,7 @@ class SoakReport:
     restarts: dict[str, int] = field(default_factory=dict)
     trails: dict[str, Any] = field(default_factory=dict)
     schedule: dict[str, Any] = field(default_factory=dict)
+    redis_faults: dict[str, Any] = field(default_factory=dict)
 
     @property
     def violation_count(self) -> int:
@@ -229,6 +238,8 @@ class SoakReport:
                 f" {g['gap_max_s']:.2f}s ({g['gaps_over_interval']} over the interval;"
                 f" {g['gaps_over_interval_outside_outages']} outside Redis outages)"
             ))
+        for kind, figures in sorted(self.redis_faults.items()):
+            out.insert(-1, f"  {kind}: {json.dumps(figures, sort_keys=True)}")
         out += [f"    {line}" for line in self.examples[:25]]
         return out
 
@@ -248,9 +259,10 @@ class Cluster:
     def __init__(self, workdir: Path, opts: SoakOptions) -> None:
         self.workdir = workdir
         self.opts = opts
-        (workdir / "redis").mkdir(parents=True, exist_ok=True)
-        self.redis = RedisServer(port=free_port(), directory=str(workdir / "redis"),
-                                 appendonly=True)
+        self.topology = redis_faults.make_topology(opts.redis, workdir,
+                                                   redis_faults=opts.redis_faults)
+        # the one server the restart faults stop and start (none through Sentinel)
+        self.redis = getattr(self.topology, "server", None)
         self.config_path = workdir / "vmpool.yaml"
         self.config_path.write_text(
             CONFIG.format(
@@ -276,7 +288,7 @@ class Cluster:
 
     @property
     def redis_url(self) -> str:
-        return self.redis.url
+        return self.topology.url
 
     def specs(self) -> list[ChildSpec]:
         env = {"VMPOOL_REDIS_URL": self.redis_url, "VMPOOL_CONFIG": str(self.config_path)}
@@ -305,7 +317,7 @@ class Cluster:
         return specs
 
     def start(self) -> None:
-        self.redis.start()
+        self.topology.start()
         self._sup_log = (self.workdir / "processes.log").open("w")
         self.sup = Supervisor(
             self.specs(),
@@ -348,8 +360,8 @@ class Cluster:
         except redis.RedisError:
             return False
 
-    def admin(self) -> redis.Redis:
-        return redis.Redis.from_url(self.redis_url, socket_timeout=5, socket_connect_timeout=2)
+    def admin(self, decode: bool = False) -> redis.Redis:
+        return self.topology.admin(decode=decode)
 
     def pids(self, prefix: str) -> dict[str, int]:
         assert self.sup is not None
@@ -359,6 +371,7 @@ class Cluster:
         """Stop Redis with ``sig`` and start it again on the same port and directory.
         Writes a canary (acknowledged, so on disk) first and checks it after.
         Returns (downtime, note)."""
+        assert self.redis is not None, "no single server to restart"
         with self._redis_lock:
             conn = self.admin()
             try:
@@ -427,7 +440,7 @@ class Cluster:
             self.sup.stop()
         if self._sup_log is not None:
             self._sup_log.close()
-        self.redis.stop()
+        self.topology.stop()
         # What is left is found by what it is, never by a pid remembered from earlier (a
         # reaped child's pid may belong to someone else by now): a process whose
         # environment names our Redis URL (every child and grandchild inherits it), or a
@@ -441,8 +454,9 @@ class Cluster:
 
     def our_processes(self) -> list[int]:
         marker_env = f"VMPOOL_REDIS_URL={self.redis_url}".encode()
-        marker_cmd = str(self.workdir / "redis").encode()
-        marker_title = f"{self.redis.host}:{self.redis.port}".encode()  # valkey's title
+        marker_cmd = str(self.workdir / "redis").encode()  # every node's --dir
+        ports = [getattr(n, "port", 0) for n in self._nodes()]
+        titles = [f"127.0.0.1:{port}".encode() for port in ports]  # valkey's titles
         mine = os.getpid()
         found = []
         for entry in Path("/proc").iterdir():
@@ -457,10 +471,23 @@ class Cluster:
             except OSError:
                 continue
             if marker_env in env or marker_cmd in cmd or (
-                b"-server" in cmd and marker_title in cmd
+                b"-server" in cmd and any(title in cmd for title in titles)
             ):
                 found.append(int(entry.name))
         return found
+
+
+    def _nodes(self) -> list[Any]:
+        group = getattr(self.topology, "group", None)
+        if group is not None:
+            return [*group.data_nodes, *group.sentinels]
+        return [self.redis]
+
+    def record_outage(self, down: float, up: float) -> None:
+        """Redis unusable from ``down`` to ``up``, then the fleet's recovery: credited
+        to the settle bound as a restart is."""
+        self.outages.append((down, up))
+        self.recoveries.append((down, self.wait_sweeping(up)))
 
 
 def fleet_workers(conn: redis.Redis, keys: Keys) -> list[Worker]:
@@ -489,8 +516,10 @@ class Nemesis:
         self.cluster = cluster
         self.opts = opts
         self.rng = random.Random(f"{opts.seed}:nemesis")
-        self.kinds = FAULT_KINDS[opts.target]
+        self.kinds = opts.faults or redis_faults.fault_kinds(
+            FAULT_KINDS[opts.target], opts.redis, opts.redis_faults)
         self.faults: list[Fault] = []
+        self.redis_outcomes: list[redis_faults.Outcome] = []
         self.findings: list[Finding] = []
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
@@ -514,12 +543,26 @@ class Nemesis:
                 self.rng.shuffle(cycle)
             kind = cycle.pop()
             try:
-                fault = getattr(self, kind)()
+                fault = getattr(self, kind)() if hasattr(self, kind) else self._redis(kind)
             except Exception as exc:  # a fault that could not be applied is logged
                 _log(self.opts, f"fault {kind} not applied: {type(exc).__name__}: {exc}")
                 continue
             if fault is not None:
                 self.faults.append(fault)
+
+    def _redis(self, kind: str) -> Fault:
+        """A fault of Redis itself (tests/chaos/redis_faults.py)."""
+        done = self.cluster.topology.apply(kind, self)
+        self.redis_outcomes.append(done)
+        if done.lost_canary:
+            self.findings.append(Finding("redis_lost_write", kind, "the canary is gone"))
+        return Fault(kind, done.at, done.target, done.duration_s, done.note)
+
+    def record_outage(self, down: float, up: float) -> None:
+        self.cluster.record_outage(down, up)
+
+    def api_ports(self) -> list[int]:
+        return list(self.cluster.api_ports)
 
     def _pick(self, prefix: str, prefer_busy: bool = False) -> tuple[str, int] | None:
         live = self.cluster.pids(prefix)
@@ -844,7 +887,7 @@ def run_soak(opts: SoakOptions, command: str = "") -> SoakReport:
         client.final_reads(rids)
         _log(opts, "final reads done; waiting for every VM to be destroyed")
 
-        conn = redis.Redis.from_url(cluster.redis_url, decode_responses=True)
+        conn = cluster.admin(decode=True)
         try:
             store = Store(conn, cluster.keys)
             providers = providers_from_config(conn, store.keys, cluster.config)
@@ -879,8 +922,10 @@ def run_soak(opts: SoakOptions, command: str = "") -> SoakReport:
         report.requests = len(client.tracked)
         report.client_ops = dict(Counter(f"{o.f}:{o.type}" for o in client.ops))
         report.faults = nemesis.counts()
+        stops = ("redis_restart", "redis_kill9", "power_loss", *redis_faults.SENTINEL_FAULTS)
         report.redis_downtime_s = [round(f.duration_s, 2) for f in nemesis.faults
-                                   if f.kind.startswith("redis_")]
+                                   if f.kind in stops]
+        report.redis_faults = redis_faults.summary(nemesis.redis_outcomes)
     finally:
         if client is not None:
             client.join(5)
@@ -957,6 +1002,10 @@ def _command(opts: SoakOptions) -> str:
     else:
         parts.append(f"--seconds {opts.seconds:g}")
     parts.append(f"--rate {opts.rate:g}")
+    if opts.redis != "single":
+        parts.append(f"--redis {opts.redis}")
+    if opts.redis_faults:
+        parts.append("--redis-faults")
     return " ".join(parts)
 
 
@@ -972,6 +1021,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ttl", type=float, default=30.0, help="request TTL, seconds")
     parser.add_argument("--fault-gap", type=float, nargs=2, default=(2.0, 5.0),
                         metavar=("MIN", "MAX"), help="seconds between two faults")
+    parser.add_argument("--redis", choices=redis_faults.TOPOLOGIES, default="single",
+                        help="the Redis topology (tests/chaos/redis_faults.py)")
+    parser.add_argument("--redis-faults", action="store_true",
+                        help="single: also freeze, stall, fill and power-cut Redis")
     parser.add_argument("--no-outage-credit", action="store_true",
                         help="count Redis downtime against the settle bound too")
     parser.add_argument("--workdir", default=None, help="keep logs and history here")
@@ -986,6 +1039,7 @@ def main(argv: list[str] | None = None) -> int:
         seconds=args.seconds, seed=args.seed, target=args.target, requests=args.requests,
         rate=args.rate, ttl_s=args.ttl, fault_gap_s=tuple(args.fault_gap),
         outage_credit=not args.no_outage_credit, workdir=args.workdir,
+        redis=args.redis, redis_faults=args.redis_faults,
     )
     command = "python tests/chaos/soak.py " + " ".join(sys.argv[1:] if argv is None else argv)
     report = run_soak(opts, command)

@@ -88,7 +88,7 @@ def _api_state(
     rng: random.Random | None,
 ) -> ApiState:
     clients = (
-        RedisClients.from_url(redis_url_or_clients)
+        RedisClients.from_url(redis_url_or_clients, config.redis_options)
         if isinstance(redis_url_or_clients, str)
         else redis_url_or_clients
     )

@@ -21,15 +21,16 @@ from dataclasses import dataclass
 from typing import Annotated, Any
 
 import redis
-import redis.asyncio as aredis
 from fastapi import Depends, Request
 from starlette.concurrency import run_in_threadpool
 
 from vmpool.api.errors import Rejected
 from vmpool.api.ldap_auth import DirectoryUnavailable, ldap_login
 from vmpool.api.metrics import ApiMetrics
-from vmpool.config import AuthConfig, Config
+from vmpool.config import AuthConfig, Config, default_redis_options
 from vmpool.ids import InvalidIdentifier, validate_token, validate_user_name
+from vmpool.state.connection import RedisOptions, connect, connect_async
+from vmpool.state.durability import ConfirmingAsyncRedis
 from vmpool.state.keys import Keys
 from vmpool.state.store import Store
 from vmpool.state.tokens import (
@@ -76,17 +77,18 @@ class LoopClients:
     hop per request cost more Python than the request's own work (issue 15, profiled:
     docs/benchmarks.md)."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, options: RedisOptions) -> None:
         self.url = url
-        self._by_loop: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, aredis.Redis] = (
-            weakref.WeakKeyDictionary()
-        )
+        self.options = options
+        self._by_loop: weakref.WeakKeyDictionary[
+            asyncio.AbstractEventLoop, ConfirmingAsyncRedis
+        ] = weakref.WeakKeyDictionary()
 
-    def get(self) -> aredis.Redis:
+    def get(self) -> ConfirmingAsyncRedis:
         loop = asyncio.get_running_loop()
         client = self._by_loop.get(loop)
         if client is None:
-            client = aredis.Redis.from_url(self.url, decode_responses=True)
+            client = connect_async(self.url, self.options, decode_responses=True)
             self._by_loop[loop] = client
         return client
 
@@ -102,11 +104,14 @@ class RedisClients:
     aio: LoopClients | None = None
 
     @classmethod
-    def from_url(cls, url: str) -> RedisClients:
+    def from_url(cls, url: str, options: RedisOptions | None = None) -> RedisClients:
+        """The three clients of the Redis at ``url``, made by the connection factory
+        (``options``: the config's ``:redis:`` settings; None: their defaults)."""
+        options = options or default_redis_options()
         return cls(
-            redis.Redis.from_url(url, decode_responses=True, health_check_interval=30),
-            redis.Redis.from_url(url, decode_responses=False, health_check_interval=30),
-            LoopClients(url),
+            connect(url, options, decode_responses=True),
+            connect(url, options, decode_responses=False),
+            LoopClients(url, options),
         )
 
 

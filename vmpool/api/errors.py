@@ -2,8 +2,9 @@
 
 A user never sees a traceback: a refusal raised anywhere (a dependency, the parsing of
 a body) carries its status and fields; an HTTP error from routing is vmpooler's
-``{"ok": false}``; a Redis outage is a 503 the client can retry; anything else is a 500
-whose details stay in the log.
+``{"ok": false}``; a Redis outage is a 503 the client can retry, whose message names
+the condition (unreachable, out of memory, read-only, a write not confirmed durable);
+anything else is a 500 whose details stay in the log.
 """
 
 from __future__ import annotations
@@ -19,8 +20,15 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 
 from vmpool.api.responses import not_ok, reply
+from vmpool.state.redis_health import MESSAGES, classify
 
-__all__ = ["MAX_BODY_BYTES", "BodyTooLarge", "Rejected", "install_error_handlers"]
+__all__ = [
+    "MAX_BODY_BYTES",
+    "BodyTooLarge",
+    "Rejected",
+    "install_error_handlers",
+    "redis_refusal",
+]
 
 log = logging.getLogger(__name__)
 
@@ -72,9 +80,21 @@ async def _rejected(request: Request, exc: Exception) -> Response:
     return exc.response()
 
 
+def redis_refusal(exc: redis.RedisError, **fields: Any) -> Response | None:
+    """The 503 for a Redis outage of any kind, its message naming the condition ("Redis
+    is out of memory", ...: :mod:`vmpool.state.redis_health`); None when ``exc`` is no
+    outage (a bug: the caller lets it become a 500)."""
+    condition = classify(exc)
+    if condition is None:
+        return None
+    return not_ok(503, message=f"{MESSAGES[condition]}; retry later", redis=condition, **fields)
+
+
 async def _redis_down(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, redis.RedisError)
     log.error("Redis error serving %s %s: %s", request.method, request.url.path, exc)
-    return not_ok(503, message="the state store is unavailable; retry later")
+    refusal = redis_refusal(exc)
+    return refusal if refusal is not None else not_ok(500, message="internal error")
 
 
 async def _unexpected(request: Request, exc: Exception) -> Response:

@@ -36,6 +36,7 @@ from rq.worker_registration import WORKERS_BY_QUEUE_KEY
 
 from vmpool.api.backlog_metrics import backlog_families, busy_family, read_backlog
 from vmpool.api.provider_metrics import circuit_families
+from vmpool.api.redis_metrics import redis_health_families, unwritable_family
 from vmpool.config import Config, Schedule
 from vmpool.state.counters import (
     ERRORS_METRIC,
@@ -124,11 +125,15 @@ class RedisStateCollector(Collector):
             families = list(self._collect())
         except redis.RedisError as exc:
             log.warning("metrics: Redis unavailable during scrape: %s", exc)
-            return [_gauge("vmpool_redis_up", "1 when Redis answered this scrape", 0)]
+            return [
+                _gauge("vmpool_redis_up", "1 when Redis answered this scrape", 0),
+                unwritable_family(),
+            ]
         return [_gauge("vmpool_redis_up", "1 when Redis answered this scrape", 1), *families]
 
     def _collect(self) -> Iterator[Metric]:
         now = self.store.server_time()
+        yield from redis_health_families(self.store.redis, self.keys)
         reads = self._read(now)
         yield from self._vms_and_requests(reads)
         yield from self._queues(reads)

@@ -77,7 +77,7 @@ def api_command(
 ) -> None:
     """Serve the HTTP API (vmpooler v3 compatible) with uvicorn."""
     url = cli.redis_url
-    check_redis_at_start(url, who="vmpool api", strict=strict)
+    check_redis_at_start(url, cli.config.redis_options, who="vmpool api", strict=strict)
     cli.publish_config("vmpool api")
     click.echo(
         f"vmpool api: http://{host}:{port}/api/v3 (redis {mask_url_password(url)},"

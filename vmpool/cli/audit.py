@@ -23,10 +23,18 @@ __all__ = ["audit_command"]
     help="Also record the result in Redis for /metrics (vmpool_audit_violations,"
     " vmpool_audit_last_run_timestamp_seconds), as the Kubernetes CronJob runs it.",
 )
-def audit_command(cli: CliContext, record: bool) -> None:
+@click.option(
+    "--strict",
+    is_flag=True,
+    help="Also exit 1 when Redis is not set up as vmpool assumes: an acknowledged write"
+    " could be lost (appendfsync everysec, Sentinel without replica durability, ...) or"
+    " every write would be refused; one line per problem.",
+)
+def audit_command(cli: CliContext, record: bool, strict: bool) -> None:
     """Check invariants 1-8 (docs/invariants.md) over the live state.
 
-    Exit 0 when every invariant holds; exit 1 and one line per violation otherwise.
+    Exit 0 when every invariant holds; exit 1 and one line per violation otherwise
+    (with --strict, also per Redis setting that puts acknowledged writes at risk).
     """
     config = cli.config
     masked = cli.fleet.masked_secrets() if cli.fleet is not None else []
@@ -63,13 +71,15 @@ def audit_command(cli: CliContext, record: bool) -> None:
             click.echo(violation.line())
         if not violations:
             click.echo(f"audit: clean (invariants 1-{max(INVARIANTS)} hold)")
-    if violations:
+    if violations or (strict and redis_settings.problems()):
         raise SystemExit(1)
 
 
 def _redis_line(check: RedisCheck) -> str:
     head = (
         f"redis: {check.status} (maxmemory-policy {check.maxmemory_policy},"
-        f" appendonly {check.appendonly})"
+        f" appendonly {check.appendonly}, appendfsync {check.appendfsync},"
+        f" role {check.role}, replicas {check.replicas if check.replicas is not None else '?'};"
+        f" durability {check.durability_text()})"
     )
     return "; ".join([head, *check.problems()])

@@ -35,7 +35,14 @@ from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
 import click
 
 from vmpool.cli.errors import CliError, CliFailure
-from vmpool.config import Config, ConfigError, load_config, mask_url_password, validate_redis_url
+from vmpool.config import (
+    Config,
+    ConfigError,
+    default_redis_options,
+    load_config,
+    mask_url_password,
+    validate_redis_url,
+)
 from vmpool.config.published import (
     PublishedConfig,
     PublishedConfigError,
@@ -48,6 +55,7 @@ from vmpool.state.keys import Keys
 if TYPE_CHECKING:  # imported on first use only: `vmpool config check` needs none of them
     from redis import Redis
 
+    from vmpool.state.connection import RedisOptions
     from vmpool.state.store import Store
     from vmpool.state.tokens import TokenStore
 
@@ -125,7 +133,8 @@ class CliContext:
         """The config the fleet at ``url`` published, if one did. An unreachable Redis
         is said when the command first needs it (a command may fail on its input first)."""
         try:
-            client = self._connect_url(url, decode_responses=True)
+            # the config (and its :redis: settings) comes from there: the defaults meanwhile
+            client = self._connect_url(url, decode_responses=True, options=default_redis_options())
         except CliFailure as exc:
             self._unreachable = exc
             return None
@@ -208,14 +217,16 @@ class CliContext:
         stderr every ``every_s``; ``tick`` runs between attempts (the alive file)."""
         import time
 
-        from redis import Redis, RedisError
+        from redis import RedisError
+
+        from vmpool.state.connection import connect
 
         url = self.redis_url
         deadline = time.monotonic() + seconds
         next_note = time.monotonic()
         delay = 0.25
         while True:
-            client = Redis.from_url(url, socket_connect_timeout=5, socket_timeout=10)
+            client = connect(url, self.config.redis_options, decode_responses=False)
             try:
                 client.ping()
                 return url
@@ -271,12 +282,15 @@ class CliContext:
             raise self._unreachable
         return self._connect_url(self.redis_url, decode_responses=decode_responses)
 
-    def _connect_url(self, url: str, *, decode_responses: bool) -> Redis:
-        from redis import Redis, RedisError
+    def _connect_url(
+        self, url: str, *, decode_responses: bool, options: RedisOptions | None = None
+    ) -> Redis:
+        from redis import RedisError
 
-        client = Redis.from_url(
-            url, decode_responses=decode_responses, socket_connect_timeout=5, socket_timeout=30
-        )
+        from vmpool.state.connection import connect
+
+        options = options or self.config.redis_options
+        client = connect(url, options, decode_responses=decode_responses)
         try:
             client.ping()
         except RedisError as exc:
@@ -339,7 +353,8 @@ def _config_options(func: Callable[P, R], *, follow_fleet: bool) -> Callable[P, 
         metavar="URL",
         envvar="VMPOOL_REDIS_URL",
         default=None,
-        help="Redis to use: redis://[:password@]host:port/db, rediss:// for TLS"
+        help="Redis to use: redis://[:password@]host:port/db, rediss:// for TLS,"
+        " redis+sentinel://[:password@]h1:26379,h2:26379/MASTER[/db] through Sentinel"
         " [env VMPOOL_REDIS_URL; default: from the config file].",
     )(func)
     return click.option(

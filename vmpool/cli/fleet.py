@@ -120,7 +120,7 @@ def worker_command(
     try:
         # unreachable (after --wait-for-redis): one line, before RQ's own noise
         url = cli.wait_for_redis(wait_s, tick=alive.touch if alive else None)
-        check_redis_at_start(url, who="vmpool worker", strict=strict)
+        check_redis_at_start(url, cli.config.redis_options, who="vmpool worker", strict=strict)
         cli.publish_config("vmpool worker")
         _setup_logging(verbose)
         _work(url, cli.config, queues, kind="fork" if fork else "simple", name=name,
@@ -148,7 +148,7 @@ def _work(
     only a Redis lost while it registers, before the loop, is waited out, with a fresh
     worker. In burst mode a lost Redis ends the run with exit 1.
     """
-    from workers.loop import REDIS_GONE, wait_for_redis
+    from workers.loop import redis_unusable, wait_for_redis
     from workers.worker import build_worker
 
     while True:
@@ -157,11 +157,15 @@ def _work(
             worker.work(
                 burst=burst, max_jobs=max_jobs, logging_level="DEBUG" if verbose else "INFO"
             )
-        except REDIS_GONE as exc:
+        except redis.RedisError as exc:
+            if redis_unusable(exc) is None:
+                raise
             if burst:
                 raise CliFailure(f"lost Redis: {exc}") from None
-            log.warning("worker %s: lost Redis (%s); reconnecting", worker.name, exc)
-            wait_for_redis(worker.connection, tick=alive.touch if alive else None)
+            worker.outage.lost(exc)
+            assert worker.redis_check is not None  # build_worker sets it
+            wait_for_redis(worker.redis_check, tick=alive.touch if alive else None)
+            worker.outage.back()
             with contextlib.suppress(redis.RedisError):
                 worker.register_death()  # type: ignore[no-untyped-call]  # frees a fixed --name
             continue
@@ -172,12 +176,12 @@ def _work(
 def _raise_fatal(worker: SteadyLoop) -> None:
     """RQ's work() returns as if done after an error it swallowed: exit 1 on it (RQ
     has logged the traceback)."""
-    from workers.loop import REDIS_GONE
+    from workers.loop import redis_unusable
 
     exc = worker.fatal_error
     if exc is None:
         return
-    if isinstance(exc, REDIS_GONE):  # burst mode only: otherwise it was waited out
+    if redis_unusable(exc) is not None:  # burst mode only: otherwise it was waited out
         raise CliFailure(f"lost Redis: {exc}")
     raise CliFailure(f"worker {worker.name} stopped on an error: {type(exc).__name__}: {exc}")
 
@@ -218,29 +222,44 @@ def scheduler_command(
     Safe in several replicas, with no lock between them: each due time of each sweep is
     moved once, and two runs of a sweep are queued at most its interval apart.
     """
-    from workers.loop import REDIS_GONE, AliveFile, wait_for_redis
-    from workers.schedule import FleetScheduler, schedule_intervals
+    from workers.loop import AliveFile
 
     alive = AliveFile(alive_path) if alive_path else None
     tick = alive.touch if alive else None
     if tick:
         tick()
     cli.wait_for_redis(wait_s, tick=tick)
-    conn = cli.rq_redis
-    check_redis_at_start(cli.redis_url, who="vmpool scheduler", strict=strict)
+    check_redis_at_start(
+        cli.redis_url, cli.config.redis_options, who="vmpool scheduler", strict=strict
+    )
     cli.publish_config("vmpool scheduler")
     _setup_logging(verbose)
     logging.getLogger("rq_scheduler.scheduler").setLevel(
         logging.DEBUG if verbose else logging.WARNING  # birth and death are routine
     )
-    while True:  # as the worker: a Redis restart is waited out, not a crash
+    _schedule(cli, interval, burst=burst, alive=alive)
+
+
+def _schedule(cli: CliContext, interval: float, *, burst: bool, alive: AliveFile | None) -> None:
+    """Run the scheduler until stopped. As the worker, a Redis that is gone or refuses
+    writes is waited out (one line when lost, one when back), not a crash."""
+    from workers.loop import RedisOutage, redis_unusable, wait_for_redis, writable_check
+    from workers.schedule import FleetScheduler, schedule_intervals
+
+    conn = cli.rq_redis
+    check = writable_check(conn, cli.keys)
+    while True:
         scheduler = FleetScheduler(conn, cli.keys, interval=interval, alive=alive)
+        outage = RedisOutage(f"scheduler {scheduler.name}")
         try:
             scheduler.install(schedule_intervals(cli.config.schedule))
             scheduler.run(burst=burst)
             return
-        except REDIS_GONE as exc:
+        except redis.RedisError as exc:
+            if redis_unusable(exc) is None:
+                raise
             if burst:
                 raise CliFailure(f"lost Redis: {exc}") from None
-            log.warning("scheduler %s: lost Redis (%s); reconnecting", scheduler.name, exc)
-            wait_for_redis(conn, tick=tick)
+            outage.lost(exc)
+            wait_for_redis(check, tick=alive.touch if alive else None)
+            outage.back()

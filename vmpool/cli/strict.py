@@ -1,8 +1,9 @@
 """``--strict``: refuse to start on a Redis not set up as vmpool assumes.
 
 Every long-running command (api, worker, scheduler, up) checks Redis's
-``maxmemory-policy`` and persistence when it starts (vmpool/state/redis_check.py): a
-warning per problem, or, with ``--strict`` (``VMPOOL_STRICT=1``), one line and exit 1.
+``maxmemory-policy``, persistence and the durability of its writes when it starts
+(vmpool/state/redis_check.py): a warning per problem, or, with ``--strict``
+(``VMPOOL_STRICT=1``), one line and exit 1.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import redis
 
 from vmpool.cli.errors import CliFailure
 from vmpool.config import mask_url_password
+from vmpool.state.connection import RedisOptions, connect
 from vmpool.state.redis_check import RedisCheck, RedisMisconfigured, startup_check
 
 __all__ = ["STRICT_ENV", "check_redis_at_start", "strict_option"]
@@ -29,15 +31,18 @@ def strict_option(func: F) -> F:
         "--strict",
         is_flag=True,
         envvar=STRICT_ENV,
-        help="Refuse to start (exit 1) when Redis's maxmemory-policy is not noeviction or"
-        f" appendonly is off; without it, a warning [env {STRICT_ENV}].",
+        help="Refuse to start (exit 1) when Redis is not set up as vmpool assumes"
+        " (maxmemory-policy noeviction, appendonly yes, appendfsync always; through Sentinel,"
+        f" writes that wait for a replica); without it, a warning [env {STRICT_ENV}].",
     )(func)
 
 
-def check_redis_at_start(url: str, *, who: str, strict: bool) -> RedisCheck | None:
+def check_redis_at_start(
+    url: str, options: RedisOptions, *, who: str, strict: bool
+) -> RedisCheck | None:
     """The start-up check on its own short-lived connection. An unreachable Redis is
     left to the command's own handling (it waits, or says so in one line): None."""
-    client = redis.Redis.from_url(url, socket_connect_timeout=5, socket_timeout=10)
+    client = connect(url, options, decode_responses=False)
     try:
         return startup_check(client, who=who, strict=strict)
     except RedisMisconfigured as exc:

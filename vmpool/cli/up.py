@@ -2,7 +2,7 @@
 
 Each part is its own process (`vmpool api`, `vmpool worker`, `vmpool scheduler`), as it
 would be in its own pod, under one supervisor that restarts the ones that die. Without
---redis-url (or VMPOOL_REDIS_URL, or :redis: url) an embedded redis-server is started
+--redis-url (or VMPOOL_REDIS_URL, or :redis: url or sentinel) an embedded redis-server is started
 on a free loopback port in a temporary directory, with AOF and fsync always, and
 stopped on exit.
 
@@ -33,7 +33,7 @@ import redis
 from vmpool.cli.context import CliContext, with_context
 from vmpool.cli.errors import CliError, CliFailure
 from vmpool.cli.strict import STRICT_ENV, check_redis_at_start, strict_option
-from vmpool.config import Config, mask_url_password
+from vmpool.config import Config, default_redis_options, mask_url_password
 from vmpool.local.dashboard import (
     DEFAULT_PORT,
     dashboard_answers,
@@ -43,6 +43,7 @@ from vmpool.local.dashboard import (
 from vmpool.local.redis_server import RedisServer, RedisServerError, free_port, listen_problem
 from vmpool.local.screen import Screen, fleet_summary
 from vmpool.local.supervisor import ChildSpec, Supervisor
+from vmpool.state.connection import RedisOptions, connect
 from vmpool.state.keys import Keys
 from vmpool.state.store import Store
 
@@ -70,13 +71,13 @@ def _api_ready(url: str) -> bool:
         return False
 
 
-def _workers_registered(redis_url: str, keys: Keys) -> int:
+def _workers_registered(redis_url: str, options: RedisOptions, keys: Keys) -> int:
     """Workers on this fleet's queues (another fleet may share the Redis database)."""
     from rq import Queue, Worker
 
     from workers.table import QUEUE_SWEEPS
 
-    conn = redis.Redis.from_url(redis_url, socket_connect_timeout=2)
+    conn = connect(redis_url, options, decode_responses=False)
     try:
         return int(Worker.count(queue=Queue(keys.queue(QUEUE_SWEEPS), connection=conn)))
     except redis.RedisError:
@@ -96,6 +97,7 @@ def wait_healthy(
     timeout_s: float,
     dashboard_url: str | None = None,
     log_dir: Path | None = None,
+    options: RedisOptions | None = None,
 ) -> None:
     """Poll until the API answers /readyz, every worker has registered and the
     dashboard (if any) serves, restarting children that die meanwhile; CliFailure at
@@ -105,7 +107,8 @@ def wait_healthy(
         sup.poll()
         _fail_if_a_child_keeps_exiting(sup, log_dir)
         board_ok = dashboard_url is None or dashboard_answers(dashboard_url)
-        if board_ok and _api_ready(api_url) and _workers_registered(redis_url, keys) >= workers:
+        registered = _workers_registered(redis_url, options or default_redis_options(), keys)
+        if board_ok and _api_ready(api_url) and registered >= workers:
             return
         if time.monotonic() > deadline:
             where = f"; the logs are in {log_dir}" if log_dir else ""
@@ -188,7 +191,7 @@ def up_command(
         api_url = f"http://{host}:{port}"
         wait_healthy(sup, api_url=api_url, redis_url=url, keys=cli.keys, workers=n_workers,
                      stop=stop, timeout_s=ready_timeout, dashboard_url=board_url,
-                     log_dir=run_dir)
+                     log_dir=run_dir, options=config.redis_options)
         if stop.is_set():
             return
         _announce(sup, api_url, url, board_url, demo=demo)
@@ -211,7 +214,7 @@ def _check_redis(cli: CliContext, url: str, *, strict: bool) -> None:
     published there (the CLI follows the fleet from now on)."""
     if cli.config.redis_url:
         _reach_redis(cli)
-    check_redis_at_start(url, who="vmpool up", strict=strict)
+    check_redis_at_start(url, cli.config.redis_options, who="vmpool up", strict=strict)
     cli.publish_config("vmpool up", url, warn=False)
 
 
@@ -360,7 +363,7 @@ def _serve(
         for line in report.lines():
             click.echo(line)
         return 1 if report.violations else 0
-    client = redis.Redis.from_url(redis_url, decode_responses=True, socket_timeout=5)
+    client = connect(redis_url, cli.config.redis_options, decode_responses=True)
     store = Store(client, cli.keys)
     next_summary = time.monotonic() + every_s
     try:

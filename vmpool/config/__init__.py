@@ -14,6 +14,7 @@ A problem with the file is a :class:`ConfigError` whose text is one line:
 (:attr:`Config.warnings`), never a crash.
 """
 
+from vmpool.config.build import default_redis_options
 from vmpool.config.demo import DEMO_CONFIG_YAML, DEMO_SOURCE
 from vmpool.config.errors import ConfigError
 from vmpool.config.ldap import LdapConfig
@@ -35,6 +36,7 @@ __all__ = [
     "PoolConfig",
     "ProviderConfig",
     "Schedule",
+    "default_redis_options",
     "demo_config",
     "json_schema",
     "load_config",

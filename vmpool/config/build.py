@@ -29,14 +29,18 @@ from vmpool.config.settings import (
     ConfigSection,
     PoolSection,
     RedisSection,
+    SentinelSection,
 )
 from vmpool.config.users_file import read_users_file
 from vmpool.config.vmpooler import implemented
 from vmpool.config.vmpooler_keys import REDIS_URL_PARTS
 from vmpool.providers.options import key_path, problems
 from vmpool.providers.registry import DEFAULT_PROVIDER, provider_class
+from vmpool.state.connection import RedisOptions
+from vmpool.state.durability import DurabilitySetting
+from vmpool.state.redis_target import SentinelTarget
 
-__all__ = ["build"]
+__all__ = ["build", "default_redis_options"]
 
 
 def build(file: ConfigFile, *, source: str, warnings: tuple[str, ...]) -> Config:
@@ -63,6 +67,7 @@ def build(file: ConfigFile, *, source: str, warnings: tuple[str, ...]) -> Config
         key_prefix=file.redis.key_prefix,
         backend_weight=MappingProxyType(dict(cfg.backend_weight)),
         redis_url=_redis_url(file.redis),
+        redis_options=_redis_options(file.redis, source),
         lock_expire_s=_seconds(cfg, "lock_expire"),
         reconcile_grace_s=_seconds(cfg, "reconcile_grace"),
         provider_circuit_failures=cfg.provider_circuit_failures,
@@ -240,9 +245,12 @@ class _Pools:
 
 
 def _redis_url(redis: RedisSection) -> str | None:
-    """``url``, else one composed of the parts given, else None (none given)."""
+    """``url``, else one composed of the parts given (a ``redis+sentinel://`` URL from
+    ``sentinel``), else None (none given)."""
     if redis.url is not None:
         return redis.url
+    if redis.sentinel is not None:
+        return _sentinel_target(redis, redis.sentinel).url()
     if not redis.model_fields_set & set(REDIS_URL_PARTS):
         return None
     server = redis.server or "localhost"
@@ -254,6 +262,49 @@ def _redis_url(redis: RedisSection) -> str | None:
     elif redis.username:
         auth = f"{quote(redis.username, safe='')}@"
     return f"redis://{auth}{server}:{redis.port}/{redis.db}"
+
+
+def _sentinel_target(redis: RedisSection, sentinel: SentinelSection) -> SentinelTarget:
+    hosts = []
+    for entry in sentinel.hosts:
+        host, _, port = entry.rpartition(":")
+        hosts.append((host, int(port)))
+    return SentinelTarget(
+        master=sentinel.master,
+        hosts=tuple(hosts),
+        db=redis.db,
+        username=redis.username,
+        password=sentinel.password,
+        sentinel_password=sentinel.sentinel_password,
+    )
+
+
+def default_redis_options() -> RedisOptions:
+    """The connection settings of a file that sets none (callers without a config)."""
+    return _redis_options(RedisSection(), "defaults")
+
+
+def _redis_options(redis: RedisSection, source: str) -> RedisOptions:
+    """The connection settings; ConfigError when a socket timeout would cut a write's
+    durability confirmation short (it may wait ``durability_timeout``)."""
+    options = RedisOptions(
+        socket_timeout_s=_seconds(redis, "socket_timeout"),
+        connect_timeout_s=_seconds(redis, "socket_connect_timeout"),
+        health_check_interval_s=_seconds(redis, "health_check_interval"),
+        durability=DurabilitySetting(
+            mode=redis.durability,
+            replicas=redis.durability_replicas,
+            timeout_s=_seconds(redis, "durability_timeout"),
+        ),
+    )
+    if options.socket_timeout_s <= options.durability.timeout_s:
+        raise ConfigError(
+            source,
+            "redis.socket_timeout",
+            f"{options.socket_timeout_s:g} s must exceed redis.durability_timeout"
+            f" ({options.durability.timeout_s:g} s): a write's confirmation may take that long",
+        )
+    return options
 
 
 def _auth(auth: AuthSection, source: str) -> AuthConfig:

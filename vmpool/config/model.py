@@ -17,6 +17,7 @@ from pydantic import SecretStr
 from vmpool.config.ldap import LdapConfig
 from vmpool.config.redis_url import mask_url_password
 from vmpool.config.settings import Schedule
+from vmpool.state.connection import RedisOptions
 
 __all__ = ["AuthConfig", "Config", "PoolConfig", "ProviderConfig"]
 
@@ -86,6 +87,7 @@ class Config:
     schedule: Schedule
     auth: AuthConfig | None
     source: str
+    redis_options: RedisOptions
     warnings: tuple[str, ...] = field(default=())
     task_limit: int = 10
     batch_lanes: int = 4
@@ -134,6 +136,7 @@ class Config:
             "key_prefix": self.key_prefix,
             "backend_weight": dict(self.backend_weight),
             "redis_url": mask_url_password(self.redis_url) if self.redis_url else None,
+            "redis_options": _public_redis_options(self.redis_options),
             "lock_expire_s": self.lock_expire_s,
             "reconcile_grace_s": self.reconcile_grace_s,
             "schedule": self.schedule.model_dump(),
@@ -168,6 +171,17 @@ def _public_auth(auth: AuthConfig) -> dict[str, Any]:
         "provider": auth.provider,
         "users": sorted(auth.users),
         "rate_limit_per_minute": auth.rate_limit_per_minute,
+    }
+
+
+def _public_redis_options(options: RedisOptions) -> dict[str, Any]:
+    return {
+        "socket_timeout_s": options.socket_timeout_s,
+        "connect_timeout_s": options.connect_timeout_s,
+        "health_check_interval_s": options.health_check_interval_s,
+        "durability": options.durability.mode,
+        "durability_replicas": options.durability.replicas,
+        "durability_timeout_s": options.durability.timeout_s,
     }
 
 

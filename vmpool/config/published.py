@@ -26,10 +26,13 @@ from typing import Any, Final
 import redis
 from pydantic import SecretStr
 
+from vmpool.config.build import default_redis_options
 from vmpool.config.ldap import LdapConfig
 from vmpool.config.model import AuthConfig, Config, PoolConfig, ProviderConfig
 from vmpool.config.settings import Schedule
 from vmpool.ids import DEFAULT_PREFIX
+from vmpool.state.connection import RedisOptions
+from vmpool.state.durability import DurabilitySetting
 from vmpool.state.keys import Keys
 
 __all__ = [
@@ -221,7 +224,17 @@ def config_from_form(form: Mapping[str, Any]) -> Config:
     data["schedule"] = Schedule.model_validate(
         {k: v for k, v in data["schedule"].items() if k in Schedule.model_fields}
     )
+    data["redis_options"] = _redis_options(data.get("redis_options"))
     return _dataclass(Config, data)
+
+
+def _redis_options(form: Mapping[str, Any] | None) -> RedisOptions:
+    """The connection settings of a published form (the defaults when a publisher
+    older than them published none)."""
+    if not form:
+        return default_redis_options()
+    durability = _dataclass(DurabilitySetting, form["durability"])
+    return _dataclass(RedisOptions, {**form, "durability": durability})
 
 
 _T = typing.TypeVar("_T")

@@ -49,6 +49,13 @@ from vmpool.config.fields import (
     seconds,
 )
 from vmpool.config.ldap import LdapSection
+from vmpool.config.redis_fields import (
+    DurabilityModeName,
+    HealthCheckSeconds,
+    RedisTimeoutSeconds,
+    ReplicaCount,
+    SentinelHosts,
+)
 from vmpool.ids import DEFAULT_PREFIX
 from vmpool.providers.options import expect, integer, number
 from vmpool.providers.registry import DEFAULT_PROVIDER
@@ -61,6 +68,7 @@ __all__ = [
     "PoolSection",
     "RedisSection",
     "Schedule",
+    "SentinelSection",
 ]
 
 
@@ -207,11 +215,29 @@ class PoolSection(_Section):
     )
 
 
+class SentinelSection(_Section):
+    """``:redis: sentinel:``: the primary is found through Redis Sentinel."""
+
+    master: Text = Field(description="The group's name, as the sentinels monitor it")
+    hosts: SentinelHosts = Field(description='The sentinels: ["host:26379", ...]')
+    password: Password | None = Field(
+        default=None, description="The primary's password (its requirepass)"
+    )
+    sentinel_password: Password | None = Field(
+        default=None, description="The sentinels' own password, if they have one"
+    )
+
+
 class RedisSection(_Section):
-    """``:redis:``: where the state lives. ``url`` wins over the separate parts."""
+    """``:redis:``: where the state lives. ``url`` wins over the separate parts and
+    ``sentinel``; ``sentinel`` over ``server`` and ``port``."""
 
     url: RedisUrl | None = Field(
-        default=None, description="redis://, rediss:// (TLS) or unix:// URL"
+        default=None,
+        description="redis://, rediss:// (TLS), unix:// or redis+sentinel://h:26379,.../MASTER",
+    )
+    sentinel: SentinelSection | None = Field(
+        default=None, description="Find the primary through Redis Sentinel and follow failovers"
     )
     server: Text | None = Field(default=None, description="Host name (default: localhost)")
     port: Port = Field(default=6379, description="TCP port")
@@ -222,6 +248,26 @@ class RedisSection(_Section):
         default=DEFAULT_PREFIX, description="The start of every Redis key"
     )
     data_ttl: DataTtlHours = hours(168, "How long finished records are kept")
+    socket_timeout: RedisTimeoutSeconds = seconds(
+        5, "How long a Redis reply may take before the connection is taken for dead"
+    )
+    socket_connect_timeout: RedisTimeoutSeconds = seconds(
+        2, "How long connecting to Redis (or to a sentinel) may take"
+    )
+    health_check_interval: HealthCheckSeconds = seconds(
+        5, "A connection idle this long is checked with PING before it is used (0: never)"
+    )
+    durability: DurabilityModeName = Field(
+        default="auto",
+        description="What an acknowledged write waits for: auto (replicas through"
+        " Sentinel, else none), none, replicas (WAIT for durability_replicas)",
+    )
+    durability_replicas: ReplicaCount = Field(
+        default=1, description="Replicas that must hold a write before it is acknowledged"
+    )
+    durability_timeout: RedisTimeoutSeconds = seconds(
+        2, "How long a write waits for its confirmations before it is refused as unconfirmed"
+    )
 
 
 # The :auth: section's own bounds: a token lives at most a year (Redis' EXPIRE takes it);

@@ -37,6 +37,7 @@ from vmpool.config.settings import (
     PoolSection,
     RedisSection,
     Schedule,
+    SentinelSection,
 )
 from vmpool.config.vmpooler_keys import (
     AUTH_IGNORED,
@@ -327,10 +328,25 @@ class _Reader:
         """A URL makes the separate parts irrelevant: they are neither used nor checked."""
         redis = top["redis"]
         if redis.get("url") is None:
+            self.sentinel(redis)
             return
         given = [part for part in REDIS_URL_PARTS if part in redis]
         if given:
             self.warn("redis.url", f"set, so {', '.join(given)} ignored")
+        for part in given:
+            del redis[part]
+
+    def sentinel(self, redis: dict[str, Any]) -> None:
+        """``sentinel`` names the servers: ``server`` and ``port`` are then ignored."""
+        if redis.get("sentinel") is None:
+            return
+        path = "redis.sentinel"
+        redis["sentinel"] = self.known(
+            self.mapping(redis["sentinel"], path), path, _fields(SentinelSection)
+        )
+        given = [part for part in ("server", "port", "password") if part in redis]
+        if given:
+            self.warn(path, f"set, so {', '.join(given)} ignored (give the password in it)")
         for part in given:
             del redis[part]
 

@@ -145,5 +145,6 @@ ENVIRONMENT: Final = (
     ("REDIS_DATA_TTL", "redis", "data_ttl"),
     ("VMPOOL_REDIS_URL", "redis", "url"),
 )
-# The :redis: keys a URL is composed of when `url` is not given.
-REDIS_URL_PARTS: Final = ("server", "port", "username", "password", "db")
+# The :redis: keys a URL is composed of when `url` is not given (`sentinel`: a
+# redis+sentinel:// URL, with `username` and `db`).
+REDIS_URL_PARTS: Final = ("server", "port", "username", "password", "db", "sentinel")

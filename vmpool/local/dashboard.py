@@ -14,10 +14,18 @@ import importlib.util
 import sys
 import urllib.error
 import urllib.request
+from dataclasses import replace
 
 from vmpool.local.supervisor import ChildSpec
+from vmpool.state.redis_target import is_sentinel_url, parse_sentinel_url
 
-__all__ = ["DEFAULT_PORT", "dashboard_answers", "dashboard_installed", "dashboard_spec"]
+__all__ = [
+    "DEFAULT_PORT",
+    "dashboard_answers",
+    "dashboard_installed",
+    "dashboard_redis_env",
+    "dashboard_spec",
+]
 
 DEFAULT_PORT = 9181  # rq-dashboard's own default
 
@@ -28,7 +36,21 @@ def dashboard_installed() -> bool:
 
 def dashboard_spec(*, host: str, port: int, redis_url: str) -> ChildSpec:
     argv = [sys.executable, "-m", "rq_dashboard", "--bind", host, "--port", str(port)]
-    return ChildSpec("dashboard", argv, {"RQ_DASHBOARD_REDIS_URL": redis_url})
+    return ChildSpec("dashboard", argv, dashboard_redis_env(redis_url))
+
+
+def dashboard_redis_env(redis_url: str) -> dict[str, str]:
+    """The variables that give rq-dashboard vmpool's Redis. It reads
+    ``redis+sentinel://[:password@]h1:26379,.../MASTER[/db]`` itself, but not vmpool's
+    ``sentinel_password`` query option (it would ignore it without a word): that goes in
+    ``RQ_DASHBOARD_REDIS_SENTINEL_PASSWORD`` instead."""
+    if not is_sentinel_url(redis_url):
+        return {"RQ_DASHBOARD_REDIS_URL": redis_url}
+    target = parse_sentinel_url(redis_url)
+    env = {"RQ_DASHBOARD_REDIS_URL": replace(target, sentinel_password=None).url()}
+    if target.sentinel_password is not None:
+        env["RQ_DASHBOARD_REDIS_SENTINEL_PASSWORD"] = target.sentinel_password
+    return env
 
 
 def dashboard_answers(url: str) -> bool:

@@ -21,12 +21,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import IO, Any
 
-import redis
-
 from vmpool.config import Config
 from vmpool.local.supervisor import Supervisor
 from vmpool.providers import providers_from_config
 from vmpool.state.audit import INVARIANTS, Violation, audit_state
+from vmpool.state.connection import connect
 from vmpool.state.keys import Keys
 from vmpool.state.store import Store
 
@@ -284,7 +283,7 @@ def run_demo_on(
 ) -> DemoReport:
     """The demo against the stack ``sup`` runs (`vmpool up --demo`), supervising it
     meanwhile; ``stop`` is set once the demo is done, which ends the supervision."""
-    client = redis.Redis.from_url(redis_url, decode_responses=True)
+    client = connect(redis_url, config.redis_options, decode_responses=True)
     store = Store(client, Keys(config.key_prefix))
     providers = providers_from_config(client, store.keys, config)
     flaky = [name for name, pool in config.pools.items()

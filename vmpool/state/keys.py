@@ -40,6 +40,7 @@ Layout (``P`` is the prefix)::
     P:schedule:last-runs         hash   periodic job -> the RQ id of its last run
     P:schedule:schedulers        zset   live scheduler replicas (rq-scheduler's registry)
     P:schedule:scheduler:NAME    hash   one scheduler replica (rq-scheduler's birth record)
+    P:health:write-probe         string the readiness probe's write (expires in a minute)
     P:config:poolsize            hash   pool -> size set at runtime (POST /config/poolsize)
     P:config:template            hash   pool -> template set at runtime
     P:config:clone_target        hash   pool -> clone target set at runtime
@@ -84,6 +85,11 @@ class Keys:
     """Builds every key from one prefix. Pass it around; never build keys by hand."""
 
     prefix: str = DEFAULT_PREFIX
+
+    # -- health ---------------------------------------------------------------------
+    @property
+    def write_probe(self) -> str:
+        return f"{self.prefix}:health:write-probe"
 
     # -- requests -------------------------------------------------------------------
     def request(self, request_id: str) -> str:

@@ -23,6 +23,8 @@ import redis.asyncio as aredis
 from redis.commands.core import Script
 from redis.exceptions import NoScriptError
 
+from vmpool.state.durability import ConfirmingAsyncRedis, Durability
+
 __all__ = ["ScriptCall", "read_script", "run_pipelined_async"]
 
 
@@ -55,19 +57,34 @@ async def run_pipelined_async(client: aredis.Redis, calls: Sequence[ScriptCall])
     not run: its script is loaded and it runs again, alone (so after the calls that
     followed it: rare, after a Redis restart or SCRIPT FLUSH). A call that failed
     otherwise has its exception in its place, not raised, so that one call's error does
-    not hide another's outcome."""
-    pipe = client.pipeline(transaction=False)
-    for call in calls:
-        pipe.evalsha(call.script.sha, len(call.keys), *call.keys, *call.args)
-    replies = await pipe.execute(raise_on_error=False)
+    not hide another's outcome. On a client of the connection factory the calls'
+    durability is confirmed in the same round trip (:mod:`vmpool.state.durability`):
+    WriteNotConfirmed is raised when it is not."""
+    durability = client.durability if isinstance(client, ConfirmingAsyncRedis) else None
+    replies = await _pipelined(client, calls, durability)
     out = []
     for call, reply in zip(calls, replies, strict=True):
         if isinstance(reply, NoScriptError):
             try:
                 await client.script_load(call.script.script)
-                sha = call.script.sha
-                reply = await client.evalsha(sha, len(call.keys), *call.keys, *call.args)
+                reply = (await _pipelined(client, [call], durability))[0]
             except redis.ResponseError as exc:
                 reply = exc
         out.append(reply)
     return out
+
+
+async def _pipelined(
+    client: aredis.Redis, calls: Sequence[ScriptCall], durability: Durability | None
+) -> list[Any]:
+    """One round trip: the calls, then (on one connection) the waits of ``durability``,
+    checked; the calls' replies, errors in place."""
+    pipe = client.pipeline(transaction=False)
+    for call in calls:
+        pipe.evalsha(call.script.sha, len(call.keys), *call.keys, *call.args)
+    if durability is not None:
+        durability.queue(pipe)
+    replies = await pipe.execute(raise_on_error=False)
+    if durability is not None and durability.waits:
+        durability.check(replies[len(calls) :])
+    return list(replies[: len(calls)])

@@ -1,21 +1,26 @@
 """Is Redis set up as vmpool's guarantees assume? One check for every process.
 
-vmpool keeps its state, its audit trails and its queues in Redis and relies on two
-settings of the server:
+vmpool keeps its state, its audit trails and its queues in Redis and relies on:
 
 - ``maxmemory-policy noeviction``: under memory pressure Redis then refuses writes
   (each script fails whole, changing nothing) instead of evicting keys. An evicting
   policy may drop a request's record, a VM's tombstone or a lock: a request id or VM
   name could then be taken again, a VM leak, a transition run twice.
-- ``appendonly yes`` (AOF): a restart loses at most the last second (or nothing, with
-  ``appendfsync always``) instead of everything since the last snapshot, which would
-  bring back requests in states they already left.
+- ``appendonly yes`` (AOF): a restart loses at most what was not fsynced instead of
+  everything since the last snapshot, which would bring back requests in states they
+  already left.
+- the durability of acknowledged writes (:mod:`vmpool.state.durability`): any
+  ``appendfsync`` but ``always`` loses the last second of acknowledged writes on a
+  crash or power loss; through Sentinel a failover loses the writes the promoted
+  replica had not received unless each write waits for a replica (WAIT).
 
-:func:`check_redis` reads both, with ``CONFIG GET`` or, where a managed Redis disables
-it, from ``INFO``; what it cannot read is "unknown", never an error. The api, worker,
-scheduler and up commands call :func:`startup_check` when they start (a warning per
-problem, or a refusal with ``--strict``); ``/api/v3/status`` and ``vmpool audit``
-report :meth:`RedisCheck.as_dict`.
+:func:`check_redis` reads the settings with ``CONFIG GET`` or, where a managed Redis
+disables it, from ``INFO``; what it cannot read is "unknown", never an error. On a
+client of the connection factory it also reports the durability its writes wait for,
+and says by name when an acknowledged write could be lost (or when every write would be
+refused). The api, worker, scheduler and up commands call :func:`startup_check` when
+they start (a warning per problem, or a refusal with ``--strict``); ``/api/v3/status``
+and ``vmpool audit`` (``--strict``: exit 1 on a problem) report :meth:`RedisCheck.as_dict`.
 """
 
 from __future__ import annotations
@@ -26,6 +31,8 @@ from typing import Any
 
 import redis
 
+from vmpool.state.durability import ConfirmingRedis, Durability
+
 __all__ = ["UNKNOWN", "RedisCheck", "RedisMisconfigured", "check_redis", "startup_check"]
 
 log = logging.getLogger(__name__)
@@ -33,6 +40,7 @@ log = logging.getLogger(__name__)
 UNKNOWN = "unknown"
 WANT_POLICY = "noeviction"
 WANT_AOF = "yes"
+WANT_FSYNC = "always"
 
 
 class RedisMisconfigured(RuntimeError):
@@ -41,15 +49,22 @@ class RedisMisconfigured(RuntimeError):
 
 @dataclass(frozen=True)
 class RedisCheck:
-    """What the server said: ``maxmemory_policy`` and ``appendonly`` as Redis spells
-    them, or ``"unknown"`` when it would not say (CONFIG and INFO refused)."""
+    """What the server said (as Redis spells it, or ``"unknown"`` when it would not
+    say), and the durability this process's writes wait for (None: not known, a client
+    made outside the connection factory)."""
 
     maxmemory_policy: str
     appendonly: str
+    appendfsync: str = UNKNOWN
+    role: str = UNKNOWN
+    replicas: int | None = None
+    min_replicas_to_write: str = UNKNOWN
+    durability: Durability | None = None
+    via_sentinel: bool = False
 
     def problems(self) -> list[str]:
-        """One line per setting known to be wrong (an unknown one is not a problem:
-        it is reported as unknown, see :meth:`unknowns`)."""
+        """One line per setting known to be wrong, naming it (an unknown one is not a
+        problem: it is reported as unknown, see :meth:`unknowns`)."""
         out = []
         if self.maxmemory_policy not in (WANT_POLICY, UNKNOWN):
             out.append(
@@ -61,6 +76,35 @@ class RedisCheck:
             out.append(
                 "Redis persistence: appendonly is off: a restart may lose recent state"
                 " changes (set appendonly yes)"
+            )
+        if self.role == "slave":
+            out.append(
+                "Redis is a replica (read-only): every write is refused; point vmpool at"
+                " the primary, or at the sentinels (redis+sentinel://)"
+            )
+        return out + self._durability_problems()
+
+    def _durability_problems(self) -> list[str]:
+        d = self.durability
+        out = []
+        if self.appendonly == WANT_AOF and self.appendfsync not in (WANT_FSYNC, UNKNOWN):
+            out.append(
+                f"Redis appendfsync is {self.appendfsync}: a crash or power loss loses the"
+                " acknowledged writes of the last second (set appendfsync always; WAITAOF"
+                " does not close this gap: docs/operations.md, Durability)"
+            )
+        connected = self.replicas if self.role == "master" else None
+        if d is not None and d.replicas and connected is not None and connected < d.replicas:
+            out.append(
+                f"durability waits for {d.replicas} replica(s) (WAIT) and the primary"
+                f" has {connected} connected: every write is refused after"
+                f" {d.timeout_s:g} s until enough replicas are connected"
+            )
+        if self.via_sentinel and d is not None and not d.replicas:
+            out.append(
+                "Redis is reached through Sentinel and durability waits for no replica"
+                " (WAIT): a failover loses the acknowledged writes the promoted replica had"
+                " not received (set durability auto or replicas)"
             )
         return out
 
@@ -81,11 +125,20 @@ class RedisCheck:
             return "misconfigured"
         return UNKNOWN if self.unknowns() else "ok"
 
+    def durability_text(self) -> str:
+        return UNKNOWN if self.durability is None else self.durability.describe()
+
     def as_dict(self) -> dict[str, Any]:
         return {
             "status": self.status,
             "maxmemory_policy": self.maxmemory_policy,
             "appendonly": self.appendonly,
+            "appendfsync": self.appendfsync,
+            "role": self.role,
+            "replicas": self.replicas,
+            "min_replicas_to_write": self.min_replicas_to_write,
+            "sentinel": self.via_sentinel,
+            "durability": self.durability_text(),
             "problems": self.problems(),
         }
 
@@ -105,18 +158,20 @@ def _config_get(client: redis.Redis, name: str) -> str | None:
     return None
 
 
-def _info_get(client: redis.Redis, section: str, field: str) -> str | None:
+def _info(client: redis.Redis, section: str) -> dict[str, Any]:
     try:
-        info = client.info(section)
+        return dict(client.info(section))
     except redis.ResponseError:
-        return None
-    if field not in info:
-        return None
-    return _text(info[field])
+        return {}
+
+
+def _info_get(client: redis.Redis, section: str, field: str) -> str | None:
+    info = _info(client, section)
+    return None if field not in info else _text(info[field])
 
 
 def check_redis(client: redis.Redis) -> RedisCheck:
-    """Read the two settings; "unknown" for what the server will not tell. A lost
+    """Read the settings; "unknown" for what the server will not tell. A lost
     connection (redis.ConnectionError) is raised: that is not a setting."""
     policy = _config_get(client, "maxmemory-policy") or _info_get(
         client, "memory", "maxmemory_policy"
@@ -125,18 +180,37 @@ def check_redis(client: redis.Redis) -> RedisCheck:
     if aof is None:
         enabled = _info_get(client, "persistence", "aof_enabled")
         aof = None if enabled is None else ("yes" if enabled in ("1", "True") else "no")
-    return RedisCheck(policy or UNKNOWN, aof or UNKNOWN)
+    replication = _info(client, "replication")
+    return RedisCheck(
+        maxmemory_policy=policy or UNKNOWN,
+        appendonly=aof or UNKNOWN,
+        appendfsync=_config_get(client, "appendfsync") or UNKNOWN,
+        role=_text(replication.get("role", UNKNOWN)),
+        replicas=_count(replication.get("connected_slaves")),
+        min_replicas_to_write=_config_get(client, "min-replicas-to-write") or UNKNOWN,
+        durability=client.durability if isinstance(client, ConfirmingRedis) else None,
+        via_sentinel=client.via_sentinel if isinstance(client, ConfirmingRedis) else False,
+    )
+
+
+def _count(value: Any) -> int | None:
+    try:
+        return None if value is None else int(value)
+    except (TypeError, ValueError):
+        return None
 
 
 def startup_check(client: redis.Redis, *, who: str, strict: bool = False) -> RedisCheck:
-    """The check every process makes when it starts: a warning per problem (and one
-    for what could not be read); with ``strict``, :class:`RedisMisconfigured` (one
-    line) when a setting is known wrong. An unknown setting never refuses: a managed
-    Redis that hides CONFIG must still run vmpool, and its operator is told."""
+    """The check every process makes when it starts: the durability its writes wait
+    for (a line), a warning per problem (and one for what could not be read); with
+    ``strict``, :class:`RedisMisconfigured` (one line) when a setting is known wrong.
+    An unknown setting never refuses: a managed Redis that hides CONFIG must still run
+    vmpool, and its operator is told."""
     result = check_redis(client)
     problems = result.problems()
     if strict and problems:
         raise RedisMisconfigured(f"{who}: refusing to start (--strict): " + "; ".join(problems))
+    log.info("%s: durability of acknowledged writes: %s", who, result.durability_text())
     for problem in problems:
         log.warning("%s: %s", who, problem)
     unknown = result.unknowns()

@@ -1,15 +1,15 @@
-"""Outside ``/api/v3``: liveness (/healthz), readiness (/readyz: Redis answers) and
-Prometheus metrics (/metrics)."""
+"""Outside ``/api/v3``: liveness (/healthz), readiness (/readyz: Redis reachable and
+taking writes) and Prometheus metrics (/metrics)."""
 
 from __future__ import annotations
 
-import redis
 from fastapi import APIRouter
 from starlette.concurrency import run_in_threadpool
 from starlette.responses import Response
 
 from vmpool.api.deps import State
 from vmpool.api.responses import not_ok, reply
+from vmpool.state.redis_health import MESSAGES, RedisCondition, probe
 
 __all__ = ["METRICS_MEDIA_TYPE", "router"]
 
@@ -25,9 +25,12 @@ async def healthz() -> Response:
 
 @router.get("/readyz")
 async def readyz(st: State) -> Response:
-    if await run_in_threadpool(_redis_answers, st.clients.text):
+    """200 when Redis takes a write (confirmed as every write is), else 503 naming why:
+    unreachable, out of memory, read-only, too few replicas, not confirmed."""
+    condition = await run_in_threadpool(probe, st.clients.text, st.keys)
+    if condition is RedisCondition.OK:
         return reply(200, {"ok": True, "redis": "ok"})
-    return not_ok(503, redis="unreachable")
+    return not_ok(503, redis=condition, message=MESSAGES[condition])
 
 
 @router.get("/metrics")
@@ -35,9 +38,3 @@ async def metrics(st: State) -> Response:
     data = await run_in_threadpool(st.metrics.render)
     return Response(data, media_type=METRICS_MEDIA_TYPE)
 
-
-def _redis_answers(client: redis.Redis) -> bool:
-    try:
-        return bool(client.ping())
-    except redis.RedisError:
-        return False

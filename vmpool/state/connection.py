@@ -1,0 +1,257 @@
+"""The one Redis connection factory: every vmpool process makes its clients here.
+
+:func:`connect` (and :func:`connect_async` for the API's event loop) takes a URL of any
+form vmpool accepts (:mod:`vmpool.state.redis_target`: one server, or a Sentinel group)
+and the ``:redis:`` settings (:class:`RedisOptions`), and gives a client that
+
+- finds the primary through the sentinels for a ``redis+sentinel://`` URL (the address
+  a majority of them name: :class:`MajoritySentinel`) and follows a failover: a
+  connection that meets READONLY (its server became a replica) is dropped and the next
+  one asks the sentinels again (redis-py's ``SentinelConnectionPool``);
+- notices a dead or frozen connection within bounded time: a socket timeout on every
+  read (``socket_timeout``), a connect timeout, a PING before reusing a connection idle
+  for ``health_check_interval``, and TCP keepalive (:data:`KEEPALIVE`) for peers that
+  vanish while a connection idles; a command that meets a dead connection is retried
+  once, on a new connection, so a server restart costs no error, and the pool's idle
+  connections are closed with it (:class:`ResettingRetry`): they lead to the same dead
+  or frozen server, and would each cost one more socket timeout;
+- confirms the durability of every script it runs (:mod:`vmpool.state.durability`).
+
+RQ needs ``decode_responses=False``; the store works with either.
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+import socket
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any, Final, cast
+
+import redis
+from redis.asyncio.retry import Retry as AsyncRetry
+from redis.asyncio.sentinel import Sentinel as AsyncSentinel
+from redis.backoff import ExponentialBackoff
+from redis.retry import Retry
+from redis.sentinel import MasterNotFoundError, Sentinel
+
+from vmpool.state.durability import (
+    ConfirmingAsyncRedis,
+    ConfirmingRedis,
+    DurabilitySetting,
+    resolve_durability,
+)
+from vmpool.state.redis_target import SentinelTarget, is_sentinel_url, parse_sentinel_url
+
+__all__ = ["KEEPALIVE", "RETRY_ON", "RedisOptions", "connect", "connect_async"]
+
+# TCP keepalive on every connection: the first probe after 10 s idle, then every 5 s,
+# given up after 3 unanswered: a peer gone without a word is noticed within ~25 s even
+# by a connection that sends nothing (a pubsub, an idle pool member).
+KEEPALIVE: Final[dict[int, int]] = {
+    opt: value
+    for name, value in (("TCP_KEEPIDLE", 10), ("TCP_KEEPINTVL", 5), ("TCP_KEEPCNT", 3))
+    if (opt := getattr(socket, name, None)) is not None
+}
+# One retry, soon, on a new connection: enough for a pooled connection a restart or a
+# failover left dead; more retries would multiply the socket timeout a frozen Redis
+# costs before the process hears of it.
+RETRY_ON: Final = (redis.ConnectionError, redis.TimeoutError)
+_RETRIES: Final = 1
+_BACKOFF: Final = ExponentialBackoff(cap=0.5, base=0.05)
+
+
+def _majority(sentinels: int, votes: Counter[tuple[Any, Any]]) -> tuple[Any, Any] | None:
+    """The address a majority of ``sentinels`` name, if one does."""
+    for address, count in votes.most_common(1):
+        if count > sentinels // 2:
+            return address
+    return None
+
+
+def _no_master(service: str, errors: list[str]) -> MasterNotFoundError:
+    seen = f": {', '.join(errors)}" if errors else ""
+    return MasterNotFoundError(
+        f"No master named by a majority of the sentinels for {service!r}{seen}"
+    )
+
+
+class MajoritySentinel(Sentinel):
+    """redis-py's Sentinel, except that the primary is the address a majority of the
+    configured sentinels name, not the first sentinel's answer: a sentinel that has not
+    heard of a failover yet still names the old primary, which may be back on its own
+    data, and writes sent there would be lost (docs/reliability.md, Findings)."""
+
+    def discover_master(self, service_name: str) -> tuple[Any, Any]:
+        votes: Counter[tuple[Any, Any]] = Counter()
+        errors = []
+        for sentinel in self.sentinels:
+            try:
+                masters: dict[str, Any] = sentinel.sentinel_masters()  # type: ignore[assignment]
+                state = masters.get(service_name)
+            except (redis.ConnectionError, redis.TimeoutError) as exc:
+                errors.append(repr(exc))
+                continue
+            if state and self.check_master_state(state, service_name):  # type: ignore[no-untyped-call]
+                votes[(state["ip"], state["port"])] += 1
+        address = _majority(len(self.sentinels), votes)
+        if address is None:
+            raise _no_master(service_name, errors)
+        return address
+
+
+class AsyncMajoritySentinel(AsyncSentinel):
+    """:class:`MajoritySentinel` for asyncio."""
+
+    async def discover_master(self, service_name: str) -> tuple[Any, Any]:
+        votes: Counter[tuple[Any, Any]] = Counter()
+        errors = []
+        for sentinel in self.sentinels:
+            try:
+                masters: dict[str, Any] = await sentinel.sentinel_masters()  # type: ignore[assignment]
+                state = masters.get(service_name)
+            except (redis.ConnectionError, redis.TimeoutError) as exc:
+                errors.append(repr(exc))
+                continue
+            if state and self.check_master_state(state, service_name):
+                votes[(state["ip"], state["port"])] += 1
+        address = _majority(len(self.sentinels), votes)
+        if address is None:
+            raise _no_master(service_name, errors)
+        return address
+
+
+class _PoolRetry:
+    """The retry of one client's connections (redis-py deep-copies it into each: the
+    pool it resets is shared, not copied). A connection that failed (timed out, reset)
+    leads to a server its idle siblings lead to, and they are most likely as dead (a
+    node gone, frozen connections): they are closed at once, so that the next commands
+    reconnect instead of each waiting out its own socket timeout, one after the other."""
+
+    pool: Any = None
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Any:
+        clone = copy.copy(self)
+        clone._backoff = copy.deepcopy(self._backoff, memo)  # type: ignore[attr-defined]
+        return clone
+
+
+class ResettingRetry(_PoolRetry, Retry):
+    def call_with_retry(self, do: Any, fail: Any, *args: Any, **kwargs: Any) -> Any:
+        def failed(error: Exception, *rest: Any) -> Any:
+            if self.pool is not None:
+                self.pool.disconnect(inuse_connections=False)
+            return fail(error, *rest)
+
+        return super().call_with_retry(do, failed, *args, **kwargs)
+
+
+class AsyncResettingRetry(_PoolRetry, AsyncRetry):
+    async def call_with_retry(self, do: Any, fail: Any, *args: Any, **kwargs: Any) -> Any:
+        async def failed(error: Exception, *rest: Any) -> Any:
+            if self.pool is not None:
+                await self.pool.disconnect(inuse_connections=False)
+            result = fail(error, *rest)
+            return await result if inspect.isawaitable(result) else result
+
+        return await super().call_with_retry(do, failed, *args, **kwargs)
+
+
+@dataclass(frozen=True)
+class RedisOptions:
+    """The ``:redis:`` settings a connection is made with (defaults and bounds:
+    :class:`vmpool.config.settings.RedisSection`), in seconds."""
+
+    socket_timeout_s: float
+    connect_timeout_s: float
+    health_check_interval_s: float
+    durability: DurabilitySetting
+
+    def client_kwargs(self) -> dict[str, Any]:
+        """redis-py keyword arguments for a client (or a connection pool)."""
+        return {
+            "socket_timeout": self.socket_timeout_s,
+            "socket_connect_timeout": self.connect_timeout_s,
+            "socket_keepalive": True,
+            "socket_keepalive_options": dict(KEEPALIVE),
+            "health_check_interval": self.health_check_interval_s,
+        }
+
+    def sentinel_kwargs(self, target: SentinelTarget) -> dict[str, Any]:
+        """Keyword arguments of the connections to the sentinels themselves."""
+        kwargs = {
+            "socket_timeout": self.socket_timeout_s,
+            "socket_connect_timeout": self.connect_timeout_s,
+            "socket_keepalive": True,
+            "socket_keepalive_options": dict(KEEPALIVE),
+        }
+        if target.sentinel_password is not None:
+            kwargs["password"] = target.sentinel_password
+        return kwargs
+
+
+def connect(
+    url: str,
+    options: RedisOptions,
+    *,
+    decode_responses: bool,
+    max_connections: int | None = None,
+) -> ConfirmingRedis:
+    """A client of the Redis at ``url`` (see the module docstring); nothing is sent
+    until it is used."""
+    kwargs = options.client_kwargs()
+    retry = ResettingRetry(_BACKOFF, _RETRIES, supported_errors=RETRY_ON)
+    kwargs["retry"] = retry
+    kwargs["decode_responses"] = decode_responses
+    if max_connections is not None:
+        kwargs["max_connections"] = max_connections
+    client: ConfirmingRedis
+    if is_sentinel_url(url):
+        target = parse_sentinel_url(url)
+        sentinel = MajoritySentinel(  # type: ignore[no-untyped-call]
+            list(target.hosts), sentinel_kwargs=options.sentinel_kwargs(target)
+        )
+        client = sentinel.master_for(  # type: ignore[no-untyped-call]
+            target.master, redis_class=ConfirmingRedis, **_auth(target), **kwargs
+        )
+        client.via_sentinel = True
+    else:
+        client = cast(ConfirmingRedis, ConfirmingRedis.from_url(url, **kwargs))
+    client.durability = resolve_durability(options.durability, sentinel=client.via_sentinel)
+    retry.pool = client.connection_pool  # before any connection copies the retry
+    return client
+
+
+def connect_async(
+    url: str, options: RedisOptions, *, decode_responses: bool
+) -> ConfirmingAsyncRedis:
+    """:func:`connect` for asyncio: one per event loop (a connection belongs to its loop)."""
+    kwargs = options.client_kwargs()
+    retry = AsyncResettingRetry(_BACKOFF, _RETRIES, supported_errors=RETRY_ON)
+    kwargs["retry"] = retry
+    kwargs["decode_responses"] = decode_responses
+    client: ConfirmingAsyncRedis
+    if is_sentinel_url(url):
+        target = parse_sentinel_url(url)
+        sentinel = AsyncMajoritySentinel(  # type: ignore[no-untyped-call]
+            list(target.hosts), sentinel_kwargs=options.sentinel_kwargs(target)
+        )
+        client = sentinel.master_for(
+            target.master, redis_class=ConfirmingAsyncRedis, **_auth(target), **kwargs
+        )
+        client.via_sentinel = True
+    else:
+        client = cast(ConfirmingAsyncRedis, ConfirmingAsyncRedis.from_url(url, **kwargs))
+    client.durability = resolve_durability(options.durability, sentinel=client.via_sentinel)
+    retry.pool = client.connection_pool  # before any connection copies the retry
+    return client
+
+
+def _auth(target: SentinelTarget) -> dict[str, Any]:
+    kwargs: dict[str, Any] = {"db": target.db}
+    if target.username is not None:
+        kwargs["username"] = target.username
+    if target.password is not None:
+        kwargs["password"] = target.password
+    return kwargs

@@ -1,0 +1,195 @@
+"""Durability of acknowledged writes: what a write waits for before vmpool says "done".
+
+Redis answers a write once it is in its memory. Two ways to lose such a write remain:
+
+- a crash or power loss before the append-only file (AOF) reached the disk. vmpool
+  relies on ``appendfsync always`` for this: Redis then fsyncs before it replies (one
+  fsync per event-loop turn for all clients: a group commit). ``WAITAOF`` was measured
+  as the per-write alternative under ``appendfsync everysec`` and rejected: Valkey
+  9.1.2 answers it on its next event-loop turn without an fsync when no write is
+  buffered, and a power cut played exactly (the AOF cut back to its last fsync) lost
+  WAITAOF-acknowledged writes (docs/reliability.md). The startup check names any other
+  ``appendfsync`` as a risk (:mod:`vmpool.state.redis_check`);
+- a failover to a replica the write had not reached (replication is asynchronous).
+  Per write, ``WAIT N T`` in the same round trip: N replicas hold every write of this
+  connection (Sentinel promotes the most up-to-date replica).
+
+A write whose confirmations do not all come within ``T`` is *not acknowledged*: the
+script's reply is dropped and :class:`WriteNotConfirmed` is raised. It may still be on
+the primary (nothing undoes it); the API answers 503 with the request id so that the
+client can look it up, a job fails and the sweeps run it again.
+
+``WAIT`` confirms every earlier write of the connection's stream, so a confirmed write
+confirms the state it was decided on, whoever wrote it. A read answered to a client is
+confirmed the same way (:meth:`ConfirmingRedis.confirm`): a ``PUBLISH`` (replicated,
+allowed when Redis is full) moves the connection's offset to "now", and the same wait
+follows; so the API never shows a state a failover could take back.
+
+The setting (``:redis: durability``): ``auto`` (the default) waits for
+``durability_replicas`` replicas when Redis is reached through Sentinel (a failover is
+then automatic) and for nothing otherwise; ``none`` and ``replicas`` say it outright.
+docs/operations.md, "Durability".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Final, Literal, get_args
+
+import redis
+import redis.asyncio as aredis
+
+__all__ = [
+    "DURABILITY_MODES",
+    "NO_DURABILITY",
+    "ConfirmingAsyncRedis",
+    "ConfirmingRedis",
+    "Durability",
+    "DurabilityMode",
+    "DurabilitySetting",
+    "WriteNotConfirmed",
+    "confirm",
+    "confirm_async",
+    "resolve_durability",
+]
+
+DurabilityMode = Literal["auto", "none", "replicas"]
+DURABILITY_MODES: Final[tuple[str, ...]] = get_args(DurabilityMode)
+# The channel of the read confirmation's PUBLISH (nobody subscribes: only its place in
+# the replication stream matters).
+CONFIRM_CHANNEL: Final = "vmpool:confirm"
+_REPLICA_REFUSAL = "cannot be used with replica instances"
+
+
+class WriteNotConfirmed(redis.RedisError):
+    """A write (or a read) whose durability could not be confirmed in time: it is not
+    acknowledged. Not a ConnectionError, so that redis-py does not run it again."""
+
+
+@dataclass(frozen=True)
+class DurabilitySetting:
+    """``:redis: durability``, ``durability_replicas``, ``durability_timeout`` (seconds)."""
+
+    mode: DurabilityMode
+    replicas: int
+    timeout_s: float
+
+
+@dataclass(frozen=True)
+class Durability:
+    """The confirmations every acknowledged write waits for: ``replicas`` replicas
+    holding it (WAIT), within ``timeout_s``."""
+
+    replicas: int
+    timeout_s: float
+
+    @property
+    def waits(self) -> bool:
+        return self.replicas > 0
+
+    def describe(self) -> str:
+        """In words, naming the command: what the startup check and the audit print."""
+        if not self.replicas:
+            return "none (a write is acknowledged once the primary has it)"
+        plural = "s" if self.replicas > 1 else ""
+        return (
+            f"WAIT {self.replicas}: held by {self.replicas} replica{plural} within"
+            f" {self.timeout_s:g} s"
+        )
+
+    def queue(self, pipe: redis.client.Pipeline | aredis.client.Pipeline) -> None:
+        """Queue the wait on ``pipe``, after the write(s) it holds (one connection)."""
+        if self.replicas:
+            pipe.wait(self.replicas, max(1, round(self.timeout_s * 1000)))
+
+    def check(self, replies: Sequence[Any]) -> None:
+        """Raise unless ``replies`` (of :meth:`queue`'s commands) confirm the write."""
+        for reply in replies:
+            if isinstance(reply, redis.ResponseError):
+                if _REPLICA_REFUSAL in str(reply):  # connected to a replica
+                    raise redis.ReadOnlyError(str(reply))
+                raise WriteNotConfirmed(f"durability confirmation refused: {reply}")
+        if self.replicas and int(replies[0]) < self.replicas:
+            raise WriteNotConfirmed(
+                f"write not confirmed within {self.timeout_s:g} s: held by {int(replies[0])}"
+                f" of the {self.replicas} replica(s) it waits for"
+            )
+
+
+NO_DURABILITY: Final = Durability(replicas=0, timeout_s=0.0)
+
+
+def resolve_durability(setting: DurabilitySetting, *, sentinel: bool) -> Durability:
+    """What ``setting`` means for a Redis reached through Sentinel or not."""
+    waits = setting.mode == "replicas" or (setting.mode == "auto" and sentinel)
+    return Durability(setting.replicas if waits else 0, setting.timeout_s)
+
+
+class ConfirmingRedis(redis.Redis):
+    """A client whose every script call (every state change vmpool makes) returns only
+    once its durability is confirmed (module docstring). Made by
+    :func:`vmpool.state.connection.connect`, which sets :attr:`durability`."""
+
+    durability: Durability = NO_DURABILITY
+    via_sentinel: bool = False
+
+    def evalsha(self, sha: str, numkeys: int, *keys_and_args: Any) -> Any:  # type: ignore[override]
+        if not self.durability.waits:
+            return super().evalsha(sha, numkeys, *keys_and_args)
+        with self.pipeline(transaction=False) as pipe:
+            pipe.evalsha(sha, numkeys, *keys_and_args)
+            self.durability.queue(pipe)
+            replies = pipe.execute(raise_on_error=False)
+        if isinstance(replies[0], Exception):
+            raise replies[0]  # NOSCRIPT included: redis-py's Script loads and calls again
+        self.durability.check(replies[1:])
+        return replies[0]
+
+    def confirm(self) -> None:
+        """Confirm every write Redis holds now (whoever made it), as a write of this
+        connection would be: before a read is answered as a fact."""
+        if not self.durability.waits:
+            return
+        with self.pipeline(transaction=False) as pipe:
+            pipe.publish(CONFIRM_CHANNEL, "")
+            self.durability.queue(pipe)
+            replies = pipe.execute(raise_on_error=False)
+        if isinstance(replies[0], Exception):
+            raise replies[0]
+        self.durability.check(replies[1:])
+
+
+def confirm(client: redis.Redis) -> None:
+    """:meth:`ConfirmingRedis.confirm` on ``client``; nothing for a client made
+    elsewhere (a test's plain client: no durability to confirm)."""
+    if isinstance(client, ConfirmingRedis):
+        client.confirm()
+
+
+async def confirm_async(client: aredis.Redis) -> None:
+    """:meth:`ConfirmingAsyncRedis.confirm` on ``client`` (nothing for another client)."""
+    if isinstance(client, ConfirmingAsyncRedis):
+        await client.confirm()
+
+
+class ConfirmingAsyncRedis(aredis.Redis):
+    """The asyncio twin of :class:`ConfirmingRedis` for the API's hot paths, which
+    pipeline their scripts themselves (:func:`vmpool.state.lua.run_pipelined_async`
+    queues :meth:`Durability.queue`)."""
+
+    durability: Durability = NO_DURABILITY
+    via_sentinel: bool = False
+
+    async def confirm(self) -> None:
+        """:meth:`ConfirmingRedis.confirm`, awaited: one round trip when the durability
+        waits for something, none otherwise."""
+        if not self.durability.waits:
+            return
+        pipe = self.pipeline(transaction=False)
+        pipe.publish(CONFIRM_CHANNEL, "")
+        self.durability.queue(pipe)
+        replies = await pipe.execute(raise_on_error=False)
+        if isinstance(replies[0], Exception):
+            raise replies[0]
+        self.durability.check(replies[1:])

@@ -1,0 +1,93 @@
+"""Is Redis usable for vmpool now, and if not, why: one vocabulary for every process.
+
+A Redis that answers PING may still refuse every write: it is full (``maxmemory``
+reached under ``noeviction``: OOM), it is a replica (READONLY: a failover moved the
+primary), it lacks the replicas ``min-replicas-to-write`` asks for (NOREPLICAS), or a
+write's durability cannot be confirmed (:class:`~vmpool.state.durability.WriteNotConfirmed`).
+:func:`classify` names the condition of an error (None: not a Redis condition, a bug);
+:func:`probe` makes a real write (:file:`scripts/write_probe.lua`) and says what it met.
+The API's ``/readyz`` and ``/metrics``, its error replies, and the workers and the
+scheduler waiting out an outage all use these, so a full Redis reads "Redis is out of
+memory" everywhere, not "unavailable".
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Final
+
+import redis
+
+from vmpool.state.durability import WriteNotConfirmed
+from vmpool.state.keys import Keys
+from vmpool.state.lua import read_script
+
+__all__ = ["MESSAGES", "RedisCondition", "classify", "memory", "probe"]
+
+PROBE_TTL_MS: Final = 60_000
+_PROBE_LUA: Final = read_script("vmpool.state.scripts", "write_probe.lua")
+
+
+class RedisCondition(StrEnum):
+    """Why Redis cannot take vmpool's writes (or ``ok``)."""
+
+    OK = "ok"
+    UNREACHABLE = "unreachable"
+    LOADING = "loading"
+    OUT_OF_MEMORY = "out_of_memory"
+    READ_ONLY = "read_only"
+    NO_REPLICAS = "no_replicas"
+    NOT_CONFIRMED = "not_confirmed"
+
+
+# What a client is told (the API's 503 messages, the workers' log lines).
+MESSAGES: Final = {
+    RedisCondition.OK: "Redis takes writes",
+    RedisCondition.UNREACHABLE: "the state store is unavailable",
+    RedisCondition.LOADING: "Redis is loading its data",
+    RedisCondition.OUT_OF_MEMORY: "Redis is out of memory",
+    RedisCondition.READ_ONLY: "Redis is read-only (a replica: a failover may be under way)",
+    RedisCondition.NO_REPLICAS: "Redis refuses writes: too few replicas are connected",
+    RedisCondition.NOT_CONFIRMED: "the write could not be confirmed durable in time",
+}
+
+
+def classify(exc: BaseException) -> RedisCondition | None:
+    """The condition ``exc`` (raised by redis-py) shows, or None when it is no outage
+    of Redis (a script's own error, a bug)."""
+    if isinstance(exc, redis.BusyLoadingError):
+        return RedisCondition.LOADING
+    if isinstance(exc, (redis.ConnectionError, redis.TimeoutError)):
+        return RedisCondition.UNREACHABLE
+    if isinstance(exc, redis.OutOfMemoryError):
+        return RedisCondition.OUT_OF_MEMORY
+    if isinstance(exc, redis.ReadOnlyError):
+        return RedisCondition.READ_ONLY
+    if isinstance(exc, WriteNotConfirmed):
+        return RedisCondition.NOT_CONFIRMED
+    if isinstance(exc, redis.ResponseError):
+        head = str(exc).split(" ", 1)[0]
+        if head == "NOREPLICAS":
+            return RedisCondition.NO_REPLICAS
+        if head == "MASTERDOWN":  # a replica that lost its primary (serve-stale-data no)
+            return RedisCondition.READ_ONLY
+    return None
+
+
+def probe(client: redis.Redis, keys: Keys) -> RedisCondition:
+    """Make one small write through ``client`` (confirmed as any of its writes) and
+    say what it met."""
+    try:
+        client.register_script(_PROBE_LUA)(keys=[keys.write_probe], args=[PROBE_TTL_MS])
+    except redis.RedisError as exc:
+        condition = classify(exc)
+        if condition is None:
+            raise
+        return condition
+    return RedisCondition.OK
+
+
+def memory(client: redis.Redis) -> tuple[int, int]:
+    """(used, maximum) bytes of Redis's memory; maximum 0 means no limit."""
+    info = client.info("memory")
+    return int(info.get("used_memory", 0)), int(info.get("maxmemory", 0))
