@@ -40,7 +40,7 @@ from functools import partial
 from typing import Any
 
 from vmpool.lifecycle.fleet import Dispatcher, Fleet
-from vmpool.lifecycle.requests import provision_request
+from vmpool.lifecycle.requests import CloneGate, provision_request
 from vmpool.lifecycle.vms import check_pending_vm, create_vm
 from vmpool.state.locks import FencedLock, LockKind, acquire_all, release_all
 from vmpool.state.workset import WorkSet
@@ -244,9 +244,12 @@ def _run_one(job: str, subject: str, call: Callable[[], object]) -> str:
 
 
 def provision_batch(fleet: Fleet) -> dict[str, int]:
-    """provision_request for every request in its work set."""
+    """provision_request for every request in its work set, in the order of service;
+    once one meets the clone limit, the rest of the batch only take ready VMs
+    (:class:`~vmpool.lifecycle.requests.CloneGate`)."""
     locked = LOCKED_STEPS["provision_request"]
-    return run_batch(fleet, "provision_request", provision_request, locked)
+    step = partial(provision_request, gate=CloneGate())
+    return run_batch(fleet, "provision_request", step, locked)
 
 
 def create_vm_batch(fleet: Fleet) -> dict[str, int]:

@@ -38,6 +38,7 @@ from vmpool.state.records import (
     text,
 )
 from vmpool.state.transitions import lua_tables
+from vmpool.state.workset import lua_workset
 
 __all__ = ["SCRIPT_NAMES", "Store"]
 
@@ -73,7 +74,12 @@ class Store(PoolStore):
         self._scripts: dict[str, Script] = {
             name: redis_client.register_script(prelude + _read_lua(name))
             for name in SCRIPT_NAMES
+            if name != "create_request"
         }
+        # create_request adds the request to the provision work set in its unit.
+        self._scripts["create_request"] = redis_client.register_script(
+            prelude + lua_workset() + _read_lua("create_request")
+        )
 
     # -- plumbing -------------------------------------------------------------------
     def _request_keys(self, request_id: str) -> list[str]:
