@@ -309,8 +309,8 @@ def test_a_create_claims_clone_slots_hold_the_limit(
     names = lifecycle.provision_request(fleet, "big")
     assert len(names) == 3 and fleet.slots.count() == 3
     fleet.redis.delete(fleet.keys.clone_slots)  # the three leases lapsed
-    assert fleet.slots.acquire_all(["other-1", "other-2"]) == {"other-1": True,
-                                                              "other-2": True}
+    others = [("other-1", 0), ("other-2", 0)]
+    assert fleet.slots.acquire_all(others) == {"other-1": True, "other-2": True}
     WorkSet(fleet.redis, fleet.keys).add("create_vm", names)
     assert lifecycle.create_vm_batch(fleet) == {"pending": 1, "throttled": 2}
     states = sorted(vm.state for vm in fleet.store.get_vms(names))

@@ -263,8 +263,8 @@ def _take_slots(fleet: Fleet, locks: list[FencedLock]) -> dict[str, dict[str, An
     alone; each ``create_vm`` is told whether it holds one (and gives it back, as
     ever). A slot taken for a VM the claim does not reach before its time is over is
     its own: its next create uses it, and a lease nobody renews ends by itself."""
-    names = [lock.subject for lock in locks if lock.record.get("state") == "reserved"]
-    return {name: {"slot": ok} for name, ok in fleet.slots.acquire_all(names).items()}
+    held = [(lk.subject, lk.fence) for lk in locks if lk.record.get("state") == "reserved"]
+    return {name: {"slot": ok} for name, ok in fleet.slots.acquire_all(held).items()}
 
 
 def check_pending_batch(fleet: Fleet) -> dict[str, int]:

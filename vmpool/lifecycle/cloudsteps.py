@@ -25,12 +25,11 @@ def size_hint(fleet: Fleet, vm: VMRecord) -> str | None:
 
 
 def circuit_open(fleet: Fleet, provider: Provider, vm: VMRecord) -> bool:
-    """Whether the provider's circuit breaker holds creates back; if so the VM's clone
-    slot is given back and the VM stays reserved (the sweep dispatches it again)."""
+    """Whether the provider's circuit breaker holds creates back; if so the VM stays
+    reserved (the sweep dispatches it again) and its creator gives its clone slot back."""
     if not uses_circuit(provider) or not fleet.circuit.is_open(vm.provider):
         return False
     log.info("create %s: provider %s circuit open, waiting", vm.name, vm.provider)
-    fleet.slots.release(vm.name)
     return True
 
 

@@ -71,13 +71,17 @@ def create_vm(
     ``finally`` once the create is over, whichever way it went. ``lock``: the VM's lock,
     granted with its record by a batch job, which releases it (see ``_under_vm_lock``);
     ``slot``: whether the batch job took (or renewed) the VM's clone slot for it (one
-    script for its claim), else it is taken here.
+    script for its claim), else it is taken here. The slot's lease is held with the
+    lock's fencing token, so only this create (or a newer holder of the VM's lock)
+    releases it: a creator paused past its lock and lease cannot release the slot of
+    the one that took its VM over.
     """
     body = _create_locked if slot is None else partial(_create_locked, slot=slot)
-    outcome = _under_vm_lock(fleet, name, "reserved", "create", body, lock)
-    if outcome.startswith("vm_"):
-        fleet.slots.release(name)  # no longer reserved: whatever slot it held is free
-    return outcome
+
+    def not_reserved(lock: FencedLock) -> None:
+        fleet.slots.release(name, lock.fence)  # no create needs its slot any more
+
+    return _under_vm_lock(fleet, name, "reserved", "create", body, lock, not_reserved)
 
 
 LockedStep = Callable[[Fleet, VMRecord, Provider, FencedLock], str]
@@ -90,13 +94,14 @@ def _under_vm_lock(
     step: str,
     body: LockedStep,
     lock: FencedLock | None = None,
+    elsewhere: Callable[[FencedLock], None] | None = None,
 ) -> str:
     """The shape of every per-VM job: the VM's lock, whose grant reads the VM's record
     in the same unit (so the record is read under the lock, once), then ``body`` if the
-    VM is in ``state``. ``lock``: already granted that way (a batch job grants the locks
-    of its claim in one script and releases them in one); else taken and released here.
-    Another worker holding the lock is 'busy', not an error; a lock lost midway stops
-    the step ('lock_lost')."""
+    VM is in ``state`` (else 'vm_<its state>', after ``elsewhere(lock)``). ``lock``:
+    already granted that way (a batch job grants the locks of its claim in one script
+    and releases them in one); else taken and released here. Another worker holding the
+    lock is 'busy', not an error; a lock lost midway stops the step ('lock_lost')."""
     own = lock is None
     if lock is None:
         lock = fleet.lock("vm", name, step, read_record=True)
@@ -108,6 +113,8 @@ def _under_vm_lock(
         if vm is None:
             return "no_vm"
         if vm.state != state:
+            if elsewhere is not None:
+                elsewhere(lock)
             return f"vm_{vm.state}"
         provider = fleet.provider_for(vm)
         if provider is None:
@@ -126,9 +133,10 @@ def _create_locked(
 ) -> str:
     name = vm.name
     if circuit_open(fleet, provider, vm):
+        fleet.slots.release(name, lock.fence)  # the VM waits reserved, holding no slot
         return "circuit_open"
-    if slot is None:  # renews our lease, or takes a free slot
-        slot = fleet.slots.acquire(name) is not None
+    if slot is None:  # renews (or takes over) the VM's lease, or takes a free slot
+        slot = fleet.slots.acquire(name, lock.fence) is not None
     if not slot:
         log.info("create %s: clone limit reached, waiting for a slot", name)
         return "throttled"
@@ -136,7 +144,7 @@ def _create_locked(
     try:
         lock.ensure_held()  # before the provider call: a side effect no fence guards
         try:
-            with fleet.slots.renewing(name):  # the slot is held as long as the call runs
+            with fleet.slots.renewing(name, lock.fence):  # held as long as the call runs
                 create_for_request(
                     provider, vm.pool, vm.template, name, vm.request_id, size_hint(fleet, vm)
                 )
@@ -163,7 +171,7 @@ def _create_locked(
         destroy_at_provider(fleet, name, provider, lock, pool=vm.pool)
         return "completed" if created.ok else created.code
     finally:
-        fleet.slots.release(name)
+        fleet.slots.release(name, lock.fence)  # ours only: not a newer creator's
 
 
 def _create_failed(

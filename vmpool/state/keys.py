@@ -27,7 +27,9 @@ Layout (``P`` is the prefix)::
     P:lock:KIND:SUBJECT          string a lock (per request or VM): the holder's id
     P:work-queue:JOB             zset   subjects of a batch job, waiting or claimed, score = arrival
     P:work-queue:JOB:PART        the work set's order and claims (WORK_PARTS; vmpool.state.workset)
-    P:clone-slots                zset   the fleet-wide clone semaphore's leases
+    P:clone-slots                zset   the fleet-wide clone semaphore's leases (VM -> lease end)
+    P:clone-slots:holders        hash   VM -> the token of its lease's holder
+    P:clone-slots:stats          hash   the semaphore's peak and overruns
     P:metrics:NAME               hash   fleet-wide counters (vmpool.state.counters)
     P:metrics:requests_finished  hash   requests finished, by outcome (the store's scripts)
     P:metrics:time_to_ready:POOL hash   ready-time histogram of a pool: bucket -> count, sum
@@ -224,6 +226,17 @@ class Keys:
     @property
     def clone_slots(self) -> str:
         return f"{self.prefix}:clone-slots"
+
+    @property
+    def clone_slot_holders(self) -> str:
+        """Hash: VM name -> the token of the holder of its clone slot's lease."""
+        return f"{self.prefix}:clone-slots:holders"
+
+    @property
+    def clone_slot_stats(self) -> str:
+        """Hash: the clone semaphore's record: ``peak`` (most leases live at once),
+        ``overruns`` (creates that went on without a slot)."""
+        return f"{self.prefix}:clone-slots:stats"
 
     def metrics(self, name: str) -> str:
         return f"{self.prefix}:metrics:{name}"
