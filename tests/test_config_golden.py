@@ -50,9 +50,10 @@ def renamed(public: dict[str, Any], data: dict[str, Any] | None = None) -> dict[
     return {**public, "schedule": schedule}
 
 
-# Settings added after the recording (issue 12, warm pools): not in it, so not compared.
+# Settings added after the recording (warm pools, pool keys for providers): not in it, so
+# not compared.
 ADDED_TOP = ("task_limit", "max_lifetime_upper_limit_s", "tagfilter", "batch_lanes")
-ADDED_POOL = ("ondemand_from_ready",)
+ADDED_POOL = ("ondemand_from_ready", "provider_options")
 ADDED_SCHEDULE = ("top_up_pools", "check_ready")
 
 

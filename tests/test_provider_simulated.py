@@ -517,6 +517,7 @@ class FakeProviderConfig:
 @dataclass(frozen=True)
 class FakeConfig:
     providers: Mapping[str, FakeProviderConfig]
+    pools: Mapping[str, Any] = field(default_factory=dict)
 
 
 def test_providers_from_config(redis_client: redis.Redis, keys: Keys) -> None:

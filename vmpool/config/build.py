@@ -9,9 +9,11 @@ provider and dns_plugin), each provider's options validated by its class's own m
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Mapping
 from types import MappingProxyType
+from typing import Any
 from urllib.parse import quote
 
 from pydantic import BaseModel, ValidationError
@@ -158,7 +160,7 @@ class _Pools:
         provider = self.provider(pool.provider, f"{path}.provider")
         domain = self.domain(pool, path)
         ready_ttl_s = in_seconds(pool, "ready_ttl")
-        return PoolConfig(
+        resolved = PoolConfig(
             name=pool.name,
             alias=tuple(dict.fromkeys(alias for alias in pool.alias if alias != pool.name)),
             template=pool.template or pool.name,
@@ -171,6 +173,31 @@ class _Pools:
             size_hint=pool.amisize or pool.machine_type or pool.flavor,
             ondemand_from_ready=pool.ondemand_from_ready,
         )
+        options = self.provider_options(resolved, pool, path)
+        return dataclasses.replace(resolved, provider_options=MappingProxyType(options))
+
+    def provider_options(
+        self, resolved: PoolConfig, pool: PoolSection, path: str
+    ) -> dict[str, Any]:
+        """The pool's keys for its provider's class, validated by the class's pool model.
+
+        A key the model shares with the pool's own settings (``clone_target``) is given
+        the pool's resolved value unless the pool wrote its own for the provider."""
+        implementation = provider_class(self.providers[resolved.provider].provider_class)
+        if implementation is None:  # pragma: no cover - provider() refused it already
+            return {}
+        model = implementation.pool_options
+        raw = dict(pool.provider_options)
+        for name in model.model_fields:
+            value = getattr(resolved, name, None)
+            if name not in raw and name in PoolSection.model_fields and value is not None:
+                raw[name] = value
+        try:
+            validated = model.model_validate(raw)
+        except ValidationError as exc:
+            loc, problem = problems(exc)[0]
+            raise ConfigError(self.source, key_path(loc, path), problem) from None
+        return validated.model_dump(exclude_none=True)
 
     def provider(self, name: str, path: str) -> str:
         if name in self.providers:

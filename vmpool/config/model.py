@@ -33,6 +33,8 @@ class PoolConfig:
     # the provider's own option
     size_hint: str | None
     ondemand_from_ready: bool = True
+    # the pool's keys for its provider's class (its pool model validated them)
+    provider_options: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -152,6 +154,7 @@ def _public_pool(pool: PoolConfig) -> dict[str, Any]:
         "domain": pool.domain,
         "clone_target": pool.clone_target,
         "ondemand_from_ready": pool.ondemand_from_ready,
+        "provider_options": {k: _mask_option(k, v) for k, v in pool.provider_options.items()},
     }
 
 

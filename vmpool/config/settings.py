@@ -197,6 +197,14 @@ class PoolSection(_Section):
         default=True,
         description="On-demand requests take this pool's ready VMs before cloning (vmpool)",
     )
+    # Filled by the reader, never written in a file: the pool's keys that its provider's
+    # class reads (its pool model, vmpool.providers.registry), checked when built.
+    provider_options: dict[str, Any] = Field(
+        default_factory=dict,
+        description="The pool's keys for its provider's class (folder, subnet_id, ...),"
+        " written beside the others",
+        json_schema_extra={"readOnly": True},
+    )
 
 
 class RedisSection(_Section):

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
+from pydantic import AliasChoices, BaseModel
 from pydantic_core import PydanticCustomError
 
 from vmpool.config.errors import ConfigError, one_line
@@ -59,6 +60,22 @@ Loc = tuple[int | str, ...]
 
 def _fields(model: type[Any]) -> frozenset[str]:
     return frozenset(model.model_fields)
+
+
+def _accepted(model: type[BaseModel]) -> frozenset[str]:
+    """The keys a model takes: its fields' names and their validation aliases."""
+    names = set(model.model_fields)
+    for field in model.model_fields.values():
+        alias = field.validation_alias
+        if isinstance(alias, str):
+            names.add(alias)
+        elif isinstance(alias, AliasChoices):
+            names.update(choice for choice in alias.choices if isinstance(choice, str))
+    return frozenset(names)
+
+
+# Filled by the reader from a pool's other keys; a file that writes it is warned about.
+_POOL_OPTIONS = "provider_options"
 
 
 @dataclass(frozen=True)
@@ -249,18 +266,27 @@ class _Reader:
             return
         if not isinstance(pools, list):
             raise self.fail("pools", f"must be a list of pools, got {show(pools)}")
-        known = _fields(PoolSection)
+        known = _fields(PoolSection) - {_POOL_OPTIONS}
         for i, raw in enumerate(pools):
             path = f"pools[{i}]"
             if not isinstance(raw, dict):
                 raise self.fail(path, f"must be a mapping with at least `name`, got {show(raw)}")
-            pool = self.known(raw, path, known, POOL_IGNORED, POOL_IGNORED_PREFIXES)
+            for ref in ("provider", "dns_plugin"):
+                if raw.get(ref) is not None:
+                    raw[ref] = self.text(raw[ref], f"{path}.{ref}").lstrip(":")
+            own = self.pool_class_keys(top, raw) - known
+            pool = self.known(raw, path, known | own, POOL_IGNORED, POOL_IGNORED_PREFIXES)
             if pool.get("name") is None:
                 raise self.fail(f"{path}.name", "missing: every pool needs a name")
-            for ref in ("provider", "dns_plugin"):
-                if ref in pool:
-                    pool[ref] = self.text(pool[ref], f"{path}.{ref}").lstrip(":")
+            pool[_POOL_OPTIONS] = {key: pool.pop(key) for key in list(pool) if key in own}
             pools[i] = pool
+
+    def pool_class_keys(self, top: dict[str, Any], pool: Mapping[str, Any]) -> frozenset[str]:
+        """The keys the pool's provider class reads of a pool (none when it is unknown)."""
+        name = pool.get("provider") or DEFAULT_PROVIDER
+        entry = top["providers"].get(name)
+        implementation = provider_class(entry["provider_class"] if entry else name)
+        return frozenset() if implementation is None else _accepted(implementation.pool_options)
 
     def unused_providers(self, top: dict[str, Any]) -> None:
         used = {pool.get("provider", DEFAULT_PROVIDER) for pool in top.get("pools", [])}

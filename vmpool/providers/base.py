@@ -29,6 +29,7 @@ __all__ = [
     "Provider",
     "ProviderError",
     "ProviderVM",
+    "QuotaExceededError",
     "Snapshots",
     "StatusBatch",
     "TransientProviderError",
@@ -61,6 +62,13 @@ class TransientProviderError(ProviderError):
     """The cloud hiccupped (API timeout, capacity, a flaky create); a retry may succeed."""
 
     permanent = False
+
+
+class QuotaExceededError(TransientProviderError):
+    """The cloud refused for want of quota or capacity (instance, vCPU or core limits).
+
+    Neither a failure of the VM nor of the request: the VM waits reserved until
+    capacity frees, within its request's TTL, and no retry is spent on it."""
 
 
 # vmpooler's permanent_error? patterns, verbatim in meaning: messages a cloud SDK gives

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict
 
 from vmpool.providers.base import PermanentProviderError, Provider, validate_provider_name
 from vmpool.providers.cloud import (
@@ -35,6 +35,8 @@ if TYPE_CHECKING:
 __all__ = [
     "DEFAULT_PROVIDER",
     "PROVIDER_CLASSES",
+    "NoPoolOptions",
+    "PoolOptions",
     "ProviderClass",
     "make_provider",
     "provider_class",
@@ -42,13 +44,29 @@ __all__ = [
 ]
 
 
+class NoPoolOptions(BaseModel):
+    """The pool keys of a class that reads none: every extra pool key is unknown to it."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+# Pool name -> that pool's own keys for its provider, as the class's pool model validated
+# them (vSphere's folder and datastore, a cloud's subnet): what a builder is given.
+PoolOptions = Mapping[str, Mapping[str, Any]]
+
+
 @dataclass(frozen=True)
 class ProviderClass:
-    """One implementation: its ``provider_class`` name, its options, how to build one."""
+    """One implementation: its ``provider_class`` name, its options, how to build one.
+
+    ``pool_options`` is the model of the keys a pool using this class may carry for it;
+    the configuration validates each pool's with it, and ``build`` receives them all,
+    by pool name (``pools=``), so every call naming a pool can read its own."""
 
     name: str
     options: type[BaseModel]
-    build: Callable[[Redis, Keys, str, Mapping[str, Any]], Provider]
+    build: Callable[..., Provider]
+    pool_options: type[BaseModel] = NoPoolOptions
 
 
 PROVIDER_CLASSES: Final[Mapping[str, ProviderClass]] = MappingProxyType(
@@ -70,6 +88,16 @@ def provider_class(name: str) -> ProviderClass | None:
     return PROVIDER_CLASSES.get(name)
 
 
+class _PoolConfigLike(Protocol):
+    """What :func:`providers_from_config` reads of a ``vmpool.config.PoolConfig``."""
+
+    @property
+    def provider(self) -> str: ...
+
+    @property
+    def provider_options(self) -> Mapping[str, Any]: ...
+
+
 class _ProviderConfigLike(Protocol):
     """What :func:`providers_from_config` reads of a ``vmpool.config.ProviderConfig``."""
 
@@ -89,6 +117,9 @@ class _ConfigLike(Protocol):
     @property
     def providers(self) -> Mapping[str, _ProviderConfigLike]: ...
 
+    @property
+    def pools(self) -> Mapping[str, _PoolConfigLike]: ...
+
 
 def make_provider(
     redis: Redis,
@@ -96,8 +127,11 @@ def make_provider(
     name: str,
     provider_class: str,
     options: Mapping[str, Any],
+    pools: PoolOptions | None = None,
 ) -> Provider:
     """Build one named provider instance; an unknown class is a configuration error.
+
+    ``pools`` holds the pool-level keys of each pool that uses the instance.
 
     The error is permanent because no retry makes an unknown class known: the caller (the
     config loader, a worker starting up) should stop and say so.
@@ -109,12 +143,20 @@ def make_provider(
             f"configuration error: provider {name!r} has unknown provider_class"
             f" {provider_class!r} (known: {', '.join(PROVIDER_CLASSES)})"
         )
-    return implementation.build(redis, keys, name, options)
+    return implementation.build(redis, keys, name, options, pools=pools or {})
 
 
 def providers_from_config(redis: Redis, keys: Keys, config: _ConfigLike) -> dict[str, Provider]:
-    """Every provider instance the configuration names, keyed as pools refer to them."""
+    """Every provider instance the configuration names, keyed as pools refer to them,
+    each given the pool-level keys of the pools that use it."""
     return {
-        key: make_provider(redis, keys, provider.name, provider.provider_class, provider.options)
+        key: make_provider(
+            redis,
+            keys,
+            provider.name,
+            provider.provider_class,
+            provider.options,
+            {name: p.provider_options for name, p in config.pools.items() if p.provider == key},
+        )
         for key, provider in config.providers.items()
     }

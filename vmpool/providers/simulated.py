@@ -279,9 +279,15 @@ class ListingSimulatedProvider(SimulatedProvider):
 
 
 def simulated_provider(
-    redis: Redis, keys: Keys, name: str, options: Mapping[str, Any] | None = None
+    redis: Redis,
+    keys: Keys,
+    name: str,
+    options: Mapping[str, Any] | None = None,
+    *,
+    pools: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> SimulatedProvider:
-    """The simulated provider that ``options`` ask for (``batch_status``)."""
+    """The simulated provider that ``options`` ask for (``batch_status``); it reads no
+    pool-level keys (``pools``)."""
     if SimulatedOptions.parse(options or {}).batch_status:
         return ListingSimulatedProvider(redis, keys, name, options)
     return SimulatedProvider(redis, keys, name, options)

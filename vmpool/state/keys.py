@@ -196,6 +196,10 @@ class Keys:
     def lock(self, kind: str, subject: str) -> str:
         return f"{self.prefix}:lock:{kind}:{subject}"
 
+    def fleet_identity(self) -> str:
+        """String: the fleet's ownership id, generated once (vmpool/state/fleet_identity.py)."""
+        return f"{self.prefix}:fleet-identity"
+
     def provider_circuit(self, provider: str) -> str:
         """Hash: one provider's circuit breaker (vmpool/state/circuit.py)."""
         return f"{self.prefix}:provider-circuit:{validate_pool_name(provider)}"

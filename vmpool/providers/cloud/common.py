@@ -122,11 +122,14 @@ class CloudProvider:
         name: str,
         options: Mapping[str, Any],
         *,
+        pools: Mapping[str, Mapping[str, Any]] | None = None,
         driver: Any = None,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self.name = validate_provider_name(name)
         self.options = self.parse_options(name, options)
+        # each pool's own keys for this provider (the class's pool model validated them)
+        self.pools: dict[str, dict[str, Any]] = {k: dict(v) for k, v in (pools or {}).items()}
         self.fleet_id = self.options.fleet_id or keys.prefix
         self._driver = driver
         self.sleep = sleep
