@@ -8,7 +8,7 @@ import click
 
 from vmpool.cli.context import CliContext, echo_json, with_context
 from vmpool.providers import providers_from_config
-from vmpool.state.audit import INVARIANTS, audit_state
+from vmpool.state.audit import INVARIANTS, audit_state, retired_pool_notes
 from vmpool.state.counters import record_audit
 from vmpool.state.redis_check import RedisCheck, check_redis
 from vmpool.state.semaphore import CloneSemaphore, SlotStats
@@ -38,6 +38,7 @@ def audit_command(cli: CliContext, record: bool) -> None:
         reap_interval_s=cli.config.schedule.reap_running,
     )
     redis_settings = check_redis(cli.redis)
+    notes = retired_pool_notes(cli.store, cli.config.pools)
     limit = cli.config.ondemand_clone_limit
     slots = CloneSemaphore(cli.redis, cli.keys, limit, 2.0 * cli.config.lock_expire_s).stats()
     if record:
@@ -50,6 +51,7 @@ def audit_command(cli: CliContext, record: bool) -> None:
                 "invariants": {str(k): v for k, v in INVARIANTS.items()},
                 "violations": [v.as_dict() for v in violations],
                 "redis": redis_settings.as_dict(),
+                "notes": notes,
                 "clone_slots": {**asdict(slots), "limit": limit, "exceeded": slots.peak > limit},
             }
         )
@@ -57,6 +59,8 @@ def audit_command(cli: CliContext, record: bool) -> None:
         # Not an invariant (the exit status is the invariants'), but what they rest on.
         click.echo(_redis_line(redis_settings), err=True)
         click.echo(_slots_line(slots, limit), err=True)
+        for note in notes:
+            click.echo(f"note: {note}", err=True)
         for violation in violations:
             click.echo(violation.line())
         if not violations:

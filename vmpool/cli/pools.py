@@ -15,8 +15,11 @@ COLUMNS = ("pool", "size", "ready", "pending", "running", "completed", "ondemand
 
 def pool_table(store: Store, config: Config) -> list[dict[str, object]]:
     """One row per configured pool: its size and its VMs by state, plus the on-demand
-    queue (VMs asked for by pending requests and not reserved yet)."""
-    counts = store.pool_counts(config.pools)
+    queue (VMs asked for by pending requests and not reserved yet); then one row per
+    pool the config no longer names that still has VMs (removed or renamed: size None,
+    ``configured`` false) until the reap pass has finished them."""
+    retired = sorted(store.indexed_pools() - set(config.pools))
+    counts = store.pool_counts([*config.pools, *retired])
     queued: dict[str, int] = dict.fromkeys(config.pools, 0)
     for rid in store.provision_candidates():
         record = store.get_request(rid)
@@ -38,21 +41,31 @@ def pool_table(store: Store, config: Config) -> list[dict[str, object]]:
                 "running": c["running"],
                 "completed": c["completed"],
                 "ondemand_queue": queued[name],
+                "configured": True,
             }
         )
+    for name in retired:
+        c = counts[name]
+        rows.append(
+            {"pool": name, "alias": [], "size": None, "ready": c["ready"],
+             "pending": c["reserved"] + c["pending"], "running": c["running"],
+             "completed": c["completed"], "ondemand_queue": 0, "configured": False}
+        )  # fmt: skip
     return rows
 
 
 @click.command("pools")
 @with_context(json=True)
 def pools_command(cli: CliContext) -> None:
-    """Per pool: size, ready, pending, running, completed, on-demand queue."""
+    """Per pool: size, ready, pending, running, completed, on-demand queue. A pool the
+    config no longer names is listed (size "removed") while it still has VMs."""
     rows = pool_table(cli.store, cli.config)
     if cli.as_json:
         echo_json(rows)
         return
-    widths = {h: max(len(h), *(len(str(r[h])) for r in rows)) if rows else len(h)
+    shown = [{**row, "size": "removed" if row["size"] is None else row["size"]} for row in rows]
+    widths = {h: max(len(h), *(len(str(r[h])) for r in shown)) if shown else len(h)
               for h in COLUMNS}
     click.echo("  ".join(h.upper().ljust(widths[h]) for h in COLUMNS))
-    for row in rows:
+    for row in shown:
         click.echo("  ".join(str(row[h]).ljust(widths[h]) for h in COLUMNS))

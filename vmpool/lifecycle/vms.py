@@ -8,8 +8,10 @@ checked store transition.
 
 A pool removed from the config (or renamed) keeps its VMs: the reap pass finds the pools
 whose indexes still hold VMs (``retired_pools``) and does for them what the frequent
-sweeps do for configured pools, as long as each VM's provider is configured; a VM whose
-provider is gone too is left alone, and ``vmpool audit`` reports it.
+sweeps and check_ready do for configured pools (its ready VMs are recycled and
+destroyed), as long as each VM's provider is configured; a VM whose provider is gone
+too is left alone, and ``vmpool audit`` reports it. Until they are gone, `vmpool pools`
+lists such a pool and `vmpool audit` notes it.
 """
 
 from __future__ import annotations
@@ -19,7 +21,6 @@ from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 
 from vmpool.config import Config
-from vmpool.ids import InvalidIdentifier, validate_pool_name
 from vmpool.lifecycle.cloudsteps import circuit_closed, circuit_open, count_failure, size_hint
 from vmpool.lifecycle.failpoints import failpoint
 from vmpool.lifecycle.fleet import Fleet, after_vm_failed, note_outcome
@@ -30,7 +31,6 @@ from vmpool.providers import (
     create_for_request,
     is_permanent_error,
 )
-from vmpool.state.keys import INDEXED_VM_STATES
 from vmpool.state.locks import FencedLock, LockLost
 from vmpool.state.records import VMRecord
 
@@ -323,38 +323,28 @@ def reap_running(fleet: Fleet) -> int:
 def retired_pools(fleet: Fleet) -> list[str]:
     """The pools whose VM indexes exist in Redis but which the config no longer names.
 
-    One SCAN of the keyspace, so only the reap pass (every 30 s by default) runs it and
-    the frequent sweeps keep their fixed number of round trips."""
-    keys = fleet.store.keys
-    prefix = keys.pool_state_prefix()
-    found: set[str] = set()
-    for raw in fleet.store.redis.scan_iter(match=keys.pool_state_pattern(), count=1000):
-        key = raw.decode() if isinstance(raw, bytes) else str(raw)
-        pool, _, state = key[len(prefix) :].rpartition(":")
-        if state in INDEXED_VM_STATES and pool not in fleet.config.pools and _is_pool(pool):
-            found.add(pool)
-    return sorted(found)
-
-
-def _is_pool(name: str) -> bool:
-    """Whether ``name`` is a pool name (not a key of another fleet whose prefix starts
-    like ours and goes on with ':pool:')."""
-    try:
-        validate_pool_name(name)
-    except InvalidIdentifier:
-        return False
-    return True
+    One SCAN of the keyspace (``store.indexed_pools``), so only the reap pass (every
+    30 s by default) runs it and the frequent sweeps keep their fixed number of round
+    trips."""
+    return sorted(p for p in fleet.store.indexed_pools() if p not in fleet.config.pools)
 
 
 def _finish_retired(fleet: Fleet, pools: list[str], now: float) -> None:
-    """For pools no longer configured, what check_pending_sweep and destroy_sweep do for
-    the configured ones: check booting VMs, create again stale reservations, destroy
-    released VMs; each only if its provider is configured."""
+    """For pools no longer configured (removed or renamed), what check_pending_sweep,
+    destroy_sweep and check_ready do for the configured ones: check booting VMs, create
+    again stale reservations, destroy released VMs, and recycle (then destroy) the
+    ready ones: no request or checkout can take them any more, and no top-up counts
+    them. Each only if its provider is configured."""
     store = fleet.store
     grace = reserved_grace_s(fleet.config)
     pending = _reachable(fleet, _flat(store.pools_vms(pools, "pending")))
     stale = _reachable(fleet, _flat(store.pools_vms(pools, "reserved", max_score=now - grace)))
     completed = _reachable(fleet, _flat(store.pools_vms(pools, "completed")))
+    for name in _reachable(fleet, _flat(store.pools_vms(pools, "ready"))):
+        outcome = store.recycle_vm(name, "pool not configured", actor=fleet.who("reap"))
+        note_outcome("recycle", name, outcome)
+        if outcome.ok:  # a VM claimed in between is held now: the recycle is refused
+            completed.append(name)
     if pending:
         fleet.dispatch.check_pending_vms(pending)
     if stale:

@@ -130,6 +130,20 @@ def check_vm_trail(name: str, entries: Sequence[AuditEntry]) -> list[Violation]:
     return out
 
 
+def retired_pool_notes(store: Store, configured: Iterable[str]) -> list[str]:
+    """One line per pool the config no longer names that still has VMs (removed or
+    renamed): not a violation while the reap pass finishes them (its ready VMs are
+    recycled and destroyed, its held ones reaped at their lifetime's end), but shown
+    until they are gone."""
+    retired = sorted(store.indexed_pools() - set(configured))
+    lines = []
+    for pool, counts in store.pool_counts(retired).items():
+        held = ", ".join(f"{n} {state}" for state, n in counts.items() if n)
+        if held:
+            lines.append(f"pool {pool} is not configured: {held}; reap_running finishes them")
+    return lines
+
+
 def _scan(store: Store, pattern: str) -> Iterable[str]:
     for key in store.redis.scan_iter(match=pattern, count=1000):
         yield key.decode() if isinstance(key, bytes) else str(key)
