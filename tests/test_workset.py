@@ -61,9 +61,10 @@ def test_a_deferred_subject_stays_and_comes_back_at_its_place(
     assert work.add("create_vm", ["vm-1"]) == 0  # still in: not added twice
     assert work.done("create_vm", claim, ["vm-1"]) == 0  # no claim holds it any more
     assert work.claim("create_vm", 5, lease_s=60).subjects == ["vm-2"]
-    assert work.lapsed(["create_vm", "check_pending_vm"]) == []
+    now = float(redis_client.time()[0])
+    assert work.lapsed(["create_vm", "check_pending_vm"], now) == {}
     _age_claims(redis_client, keys, "create_vm", "vm-1")
-    assert work.lapsed(["create_vm", "check_pending_vm"]) == ["create_vm"]
+    assert work.lapsed(["create_vm", "check_pending_vm"], now) == {"create_vm": ["vm-1"]}
     back = work.claim("create_vm", 5, lease_s=60)
     assert back.subjects == ["vm-1"]
     assert work.done("create_vm", back, ["vm-1"]) == 1

@@ -33,6 +33,7 @@ from vmpool.providers import (
 )
 from vmpool.state.locks import FencedLock, LockLost
 from vmpool.state.records import VMRecord
+from vmpool.state.workset import WorkSet
 
 __all__ = [
     "check_pending_sweep",
@@ -278,17 +279,30 @@ def check_pending_sweep(fleet: Fleet, pool: str | None = None) -> int:
     Batched: one read per state for all pools (a pipeline), one dispatch batch per job,
     so the round trips per tick do not grow with the number of pending VMs. The VMs of
     a provider that answers for many at once (the clouds) are checked here instead,
-    one list call per provider (``pending.check_batched``)."""
+    one list call per provider (``pending.check_batched``). Work-set subjects due back
+    in line (deferred, or claimed by a worker that died) are dispatched again too (one
+    read), so a batch job is queued for them within a tick."""
     now = fleet.store.server_time()
     grace = reserved_grace_s(fleet.config)
     pools = [pool] if pool else list(fleet.config.pools)
     stale = _flat(fleet.store.pools_vms(pools, "reserved", max_score=now - grace))
     pending = check_batched(fleet, pools)  # a batching provider's VMs: checked here
+    # work-set subjects back in line (a deferral over, a dead claimer's lease ended):
+    # dispatched again, which queues a batch job for them (they are in the set once)
+    due = WorkSet(fleet.redis, fleet.keys).lapsed(_REDISPATCH, now) if pool is None else {}
+    pending = list(dict.fromkeys([*pending, *due.get("check_pending_vm", [])]))
+    stale = list(dict.fromkeys([*stale, *due.get("create_vm", [])]))
     if pending:
         fleet.dispatch.check_pending_vms(pending)
     if stale:
         fleet.dispatch.create_vms(stale)
-    return len(pending) + len(stale)
+    if due.get("provision_request"):
+        fleet.dispatch.provision_requests(due["provision_request"])
+    return len(pending) + len(stale) + len(due.get("provision_request", []))
+
+
+# The work sets whose subjects the pending sweep dispatches again once they are due.
+_REDISPATCH = ("create_vm", "check_pending_vm", "provision_request")
 
 
 def _flat(by_pool: Mapping[str, Sequence[str]]) -> list[str]:

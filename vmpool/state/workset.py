@@ -115,20 +115,20 @@ class WorkSet:
         """Subjects in the set: waiting, claimed or deferred."""
         return int(self.redis.zcard(self.keys.work_set(job)))
 
-    def lapsed(self, jobs: Iterable[str]) -> list[str]:
-        """The jobs whose work set has a claim or deferral whose time is over (subjects
-        that go back in line at the next claim: a batch job should be queued). One
-        round trip for all."""
+    def lapsed(self, jobs: Iterable[str], now: float, limit: int = 100) -> dict[str, list[str]]:
+        """Per job, up to ``limit`` subjects whose claim or deferral ended by ``now``
+        (server time): they go back in line at the next claim, so a batch job should be
+        queued (a claimer that died, a subject deferred). One round trip for all."""
         jobs = list(jobs)
         pipe = self.redis.pipeline(transaction=False)
-        pipe.time()
-        for job in jobs:  # the lease that ends first
-            pipe.zrange(self.keys.work_part(job, "claims"), 0, 0, withscores=True)
-        now, *firsts = pipe.execute()
-        now_s = int(now[0]) + int(now[1]) / 1e6
-        return [
-            job for job, first in zip(jobs, firsts, strict=True) if first and first[0][1] <= now_s
-        ]
+        for job in jobs:
+            key = self.keys.work_part(job, "claims")
+            pipe.zrangebyscore(key, "-inf", f"{now:.6f}", start=0, num=limit)
+        return {
+            job: [text(s) for s in found]
+            for job, found in zip(jobs, pipe.execute(), strict=True)
+            if found
+        }
 
     def clear(self, job: str) -> None:
         """Drop ``job``'s work set with all its parts (benchmarks, tests)."""
