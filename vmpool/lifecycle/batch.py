@@ -202,9 +202,10 @@ def run_batch(
 
 
 # Outcomes of a subject whose work is not over: it stays in its work set, back in line
-# after retry_s (another worker holds its lock; no clone slot was free; the provider's
-# circuit is open).
-DEFERRED = frozenset({"busy", "throttled", "circuit_open"})
+# after retry_s. Another worker holds its lock, or took it over meanwhile (the lock
+# lost, a write refused as stale): if that worker stops, the subject is not lost; no
+# clone slot was free; the provider's circuit is open.
+DEFERRED = frozenset({"busy", "lock_lost", "stale_fence", "throttled", "circuit_open"})
 
 
 def retry_s(fleet: Fleet) -> float:
