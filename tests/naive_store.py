@@ -5,7 +5,7 @@ and VM records, decides in Python, then writes (HSET status, index moves, an aud
 entry numbered from the version it read). It has every guard the seed PR added
 (readiness before expiry, terminal requests are not resurrected, a failed request is
 not deleted), but each guard runs on what was *read*, in an earlier round trip than the
-write: that gap is the whole bug (see ../shared/seed/vmpooler-ondemand-race-pr.txt). It
+write: that gap is the whole bug (docs/why-vmpool.md). It
 has no fencing either: vmpooler only had in-process mutexes, so ``fence`` is accepted
 and ignored.
 

@@ -253,7 +253,7 @@ def test_cli_token_create_and_revoke(redis_url: str, redis_client: redis.Redis) 
     runner = CliRunner()
     r = runner.invoke(cli, ["token", "create", "jdoe", "--redis-url", redis_url])
     assert r.exit_code == 0, r.output
-    token = r.output.strip()
+    token = r.stdout.strip()
     assert len(token) == 32
     info = TokenStore(redis_client, Keys("vmpool")).lookup(token, touch=False)
     assert info is not None and info.user == "jdoe"

@@ -59,8 +59,24 @@ def test_check_ok(tmp_path: Path) -> None:
     path = write(tmp_path, GOOD)
     result = run("config", "check", "--config", str(path))
     assert result.exit_code == 0, result.output
-    assert result.stdout == f"OK: {path}: 2 pools, 1 provider\n"
+    assert result.stdout == f"OK: {path}: 2 pools, 1 provider (1 warning above)\n"
     assert result.stderr.splitlines() == [f"warning: {path}: config.tmeout: unknown key, ignored"]
+    # as a terminal shows them: the warnings first, the verdict last
+    assert result.output.splitlines() == [
+        f"warning: {path}: config.tmeout: unknown key, ignored",
+        f"OK: {path}: 2 pools, 1 provider (1 warning above)",
+    ]
+
+
+@pytest.mark.parametrize("pools", ["", ":pools: []\n", ":pools:\n"])
+def test_check_flags_a_file_without_pools(tmp_path: Path, pools: str) -> None:
+    path = write(tmp_path, ":config: {vm_lifetime: 2}\n" + pools)
+    result = run("config", "check", "--config", str(path))
+    assert result.exit_code == 0, result.output
+    assert result.output.splitlines() == [
+        f"warning: {path}: pools: no pools configured",
+        f"OK: {path}: 0 pools, 0 providers (1 warning above)",
+    ]
 
 
 def test_check_demo_by_default() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import threading
 
 import pytest
@@ -83,7 +84,9 @@ def test_create_wait_prints_hostnames(run, redis_client: redis.Redis) -> None:  
     result = run("request", "create", "debian=2", "--wait", "--timeout", "20")
     worker.join(10)
     assert result.exit_code == 0, result.output
-    assert "wait-vm0.example.com" in result.output and "wait-vm1.example.com" in result.output
+    # a table of the hostnames, each with the name it was asked by
+    assert result.stdout.splitlines() == [
+        "POOL    HOSTNAME", "debian  wait-vm0.example.com", "debian  wait-vm1.example.com"]
 
 
 def test_create_wait_on_failure_exits_1(run, redis_client: redis.Redis) -> None:  # type: ignore[no-untyped-def]
@@ -110,13 +113,22 @@ def test_get_delete_history(run, redis_client: redis.Redis) -> None:  # type: ig
     assert got.exit_code == 0 and "pending" in got.output and "0/1 ready" in got.output
     as_json = run("request", "get", rid, "--json")
     assert '"status": "pending"' in as_json.output
+    assert re.search(r"^  created: \S+Z \(\d+ s ago\)$", got.stdout, re.MULTILINE), got.stdout
+    assert re.search(r"^  fails:   \S+Z \(in \d+ (s|min)\) unless ready by then$", got.stdout,
+                     re.MULTILINE), got.stdout
     deleted = run("request", "delete", rid)
     assert deleted.exit_code == 0 and "deleted" in deleted.output
     again = run("request", "delete", rid)
-    assert "already been deleted" in again.output
+    assert again.exit_code == 0 and "already been deleted" in again.output
+    gone = run("request", "get", rid).stdout  # no "0/1 ready" for what was given back
+    assert "debian: 1 asked, 0 were ready; given back, its VMs are destroyed" in gone
+    assert "ready" not in gone.split("\n", 1)[1].replace("were ready", "")
     hist = run("request", "history", rid)
     assert hist.exit_code == 0
-    assert "none ->" in hist.output and "pending -> deleted" in hist.output
+    lines = hist.stdout.splitlines()
+    assert lines[0].split() == ["VERSION", "TIME", "ENTITY", "TRANSITION", "ACTOR", "REASON"]
+    assert "none -> pending" in hist.output and "pending -> deleted" in hist.output
+    assert re.search(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", lines[1]), lines[1]
     assert run("request", "get", "no-such-id").exit_code == 1
     assert run("request", "get", "bad id!").exit_code == 2
 

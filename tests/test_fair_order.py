@@ -1,4 +1,4 @@
-"""First come, first served, and fair across users (CONTRACT.md invariant 10).
+"""First come, first served, and fair across users (docs/invariants.md, invariant 10).
 
 Proves, with the fleet at its clone limit (so that the order in which waiting requests
 are offered a slot decides who is served): the oldest request is served first whatever

@@ -20,7 +20,7 @@ Time: each request is created either with a long TTL or already past its deadlin
 (hypothesis chooses; the rule waits, polling the server clock with a deadline, until
 ``fail_at`` has passed), so expiry races are explored without sleeping in the model.
 
-After every step the invariants of CONTRACT.md are checked over the real Redis state:
+After every step the invariants (docs/invariants.md) are checked over the real Redis state:
 every audit trail is clean (``check_trail``: no terminal request left, no ready request
 failed, contiguous versions, allowed edges), the record's status is the one its trail
 ends with, no VM is attached to two requests, no VM runs for a terminal request, and the

@@ -195,4 +195,4 @@ def test_vmpool_pools_lists_a_removed_pool_while_it_has_vms(
     result = CliRunner().invoke(cli, ["pools", "--redis-url", redis_url])  # the demo config
     assert result.exit_code == 0, result.output
     (line,) = [ln for ln in result.output.splitlines() if ln.startswith("gone ")]
-    assert line.split()[:4] == ["gone", "removed", "0", "1"]  # size, ready, pending
+    assert line.split()[:5] == ["gone", "-", "removed", "0", "1"]  # alias, size, ready, pending

@@ -8,7 +8,7 @@ prefix. Queues (``<prefix>-<short>``): ``sweeps`` (the periodic jobs), ``request
 A worker listens to the sweeps first, then the requests, then the VMs (RQ dequeues by
 strict priority). The sweeps first: only a handful are ever queued (at most one waiting
 run per kind, workers/schedule.py) and each is short, so they cannot starve the others,
-and the expiry sweep, on which CONTRACT.md's settle bound rests, is never stuck behind
+and the expiry sweep, on which invariant 4's settle bound rests, is never stuck behind
 a flood of other jobs (in the chaos soak a provision-sweep after a Redis restart queued
 a hundred provision jobs, and with the requests first the expiry sweep waited 7 s).
 Then the request jobs, so a new request starts however long the VM backlog; then the

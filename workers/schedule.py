@@ -6,7 +6,7 @@ The periodic jobs are the rows of the job table (:mod:`workers.table`) marked
 
 What the schedule is for: each job runs every interval, and two runs of the expiry
 sweep (``sweep_expired``) are *queued* at most its interval apart (while a scheduler
-replica runs and Redis answers): CONTRACT.md invariant 4 ("TTL plus one sweep
+replica runs and Redis answers): invariant 4 (docs/invariants.md) ("TTL plus one sweep
 interval") rests on it.
 
 How. Every replica writes the same six *templates* at start: RQ job hashes with fixed

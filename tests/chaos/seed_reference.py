@@ -1,7 +1,7 @@
 """THE REFERENCE OF THE BUG — not vmpool.
 
-The seed's design (vmpooler 3.9 plus the fix proposed in
-../shared/seed/vmpooler-ondemand-race-pr.txt), as real processes, so that the chaos soak
+The seed's design (vmpooler 3.9 plus the in-process mutex fix proposed for it,
+docs/why-vmpool.md), as real processes, so that the chaos soak
 (``soak.py --target seed-reference``) can show what it catches. Never used by vmpool.
 
 - ``manager``: one manager replica. Threads as in vmpooler's pool_manager: an on-demand

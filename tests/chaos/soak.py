@@ -87,7 +87,7 @@ FAULT_KINDS = {
     "seed-reference": ("kill_worker", "pause_worker", "client_kill", "redis_restart",
                        "redis_kill9"),
 }
-# the periodic job whose interval is the settle bound (CONTRACT.md invariant 4)
+# the periodic job whose interval is the settle bound (invariant 4, docs/invariants.md)
 SWEEP_JOB = "sweep_expired"
 HEALTHY_POOLS = ("debian", "centos", "win")  # aliases and names, as clients use them
 FLAKY_POOLS = ("flaky",)

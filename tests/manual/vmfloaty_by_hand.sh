@@ -78,7 +78,7 @@ floaty snapshot "$HOST"
 floaty get centos=3
 floaty get debian --ondemand
 OD=$("$VMPOOL" vm list --config "$WORK/vmpool.yaml" --redis-url "$REDIS" --json \
-  | python3 -c 'import json,sys; print(next((r["name"] for r in json.load(sys.stdin) if r["holder"].startswith("request")), ""))')
+  | python3 -c 'import json,sys; print(next((r["name"] for r in json.load(sys.stdin) if r["request_id"]), ""))')
 floaty delete "$OD"
 "$VMPOOL" audit --config "$WORK/vmpool.yaml" --redis-url "$REDIS"
 echo "[audit exit $?]"

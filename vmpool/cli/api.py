@@ -17,7 +17,7 @@ log = logging.getLogger(__name__)
 
 
 @click.command("api")
-@with_context(fallback_redis_url=LOCAL_REDIS_URL)
+@with_context(fallback_redis_url=LOCAL_REDIS_URL, follow_fleet=False)
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
 @click.option("--port", default=8080, show_default=True, type=click.IntRange(0, 65535))
 @click.option(
@@ -37,6 +37,7 @@ def api_command(
 
     url = cli.redis_url
     check_redis_at_start(url, who="vmpool api", strict=strict)
+    cli.publish_config("vmpool api")
     click.echo(
         f"vmpool api: http://{host}:{port}/api/v3 (redis {mask_url_password(url)},"
         f" {workers} worker{'s' if workers != 1 else ''})",

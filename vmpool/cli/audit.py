@@ -1,4 +1,4 @@
-"""``vmpool audit``: CONTRACT.md's invariants over the live state and the providers."""
+"""``vmpool audit``: the invariants (docs/invariants.md) over the live state and the providers."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from dataclasses import asdict
 import click
 
 from vmpool.cli.context import CliContext, echo_json, with_context
+from vmpool.cli.errors import CliError
 from vmpool.providers import providers_from_config
 from vmpool.state.audit import INVARIANTS, audit_state, retired_pool_notes
 from vmpool.state.counters import record_audit
@@ -26,11 +27,19 @@ __all__ = ["audit_command"]
     " vmpool_audit_last_run_timestamp_seconds), as the Kubernetes CronJob runs it.",
 )
 def audit_command(cli: CliContext, record: bool) -> None:
-    """Check the invariants (CONTRACT.md's 1-5, warm pools' 6-8) over the live state.
+    """Check invariants 1-8 (docs/invariants.md) over the live state.
 
     Exit 0 when every invariant holds; exit 1 and one line per violation otherwise.
     """
-    providers = providers_from_config(cli.redis, cli.keys, cli.config)
+    config = cli.config
+    masked = cli.fleet.masked_secrets() if cli.fleet is not None else []
+    if masked:  # the audit lists every provider's VMs: it needs their credentials
+        raise CliError(
+            f"the running fleet publishes its config without secrets, and provider"
+            f" {', '.join(masked)} needs them to list its VMs: pass --config with the"
+            " fleet's config file"
+        )
+    providers = providers_from_config(cli.redis, cli.keys, config)
     violations = audit_state(
         cli.store,
         providers,

@@ -43,12 +43,13 @@ def config_check(cli: CliContext) -> None:
             }
         )
         return
+    for warning in config.warnings:  # before the verdict, which is the last line
+        click.echo(f"warning: {warning}", err=True)
+    warned = f" ({_plural(len(config.warnings), 'warning')} above)" if config.warnings else ""
     click.echo(
         f"OK: {config.source}: {_plural(len(config.pools), 'pool')},"
-        f" {_plural(len(config.providers), 'provider')}"
+        f" {_plural(len(config.providers), 'provider')}{warned}"
     )
-    for warning in config.warnings:
-        click.echo(f"warning: {warning}", err=True)
 
 
 @config_group.command("show")

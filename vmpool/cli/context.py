@@ -15,6 +15,12 @@ to every such command, ``--json`` to those that ask for it. The context loads th
 and opens Redis only when the command first touches ``.config``, ``.redis`` (and what is
 built on them), so a command that never needs Redis never connects, and a bad config or
 an unreachable Redis is one line on stderr (exit 2 and 1) whichever command met it.
+
+The config of a command that names no file is the running fleet's, as its processes
+published it to Redis (vmpool/config/published.py), when a Redis URL is given; else the
+built-in demo. A file named while a fleet publishes a different config: a warning on
+stderr, and the command uses the file. The fleet's own processes (``follow_fleet=False``:
+up, api, worker, scheduler) never follow: they run with their own config and publish it.
 """
 
 from __future__ import annotations
@@ -30,6 +36,13 @@ import click
 
 from vmpool.cli.errors import CliError, CliFailure
 from vmpool.config import Config, ConfigError, load_config, mask_url_password, validate_redis_url
+from vmpool.config.published import (
+    PublishedConfig,
+    PublishedConfigError,
+    config_differences,
+    find_published,
+    read_published,
+)
 from vmpool.state.keys import Keys
 
 if TYPE_CHECKING:  # imported on first use only: `vmpool config check` needs none of them
@@ -74,11 +87,16 @@ class CliContext:
         redis_url: str | None = None,
         as_json: bool = False,
         fallback_redis_url: str | None = None,
+        follow_fleet: bool = True,
     ) -> None:
         self.config_path = config_path
         self.redis_url_option = redis_url
         self.as_json = as_json
         self._fallback_redis_url = fallback_redis_url
+        self.follow_fleet = follow_fleet
+        # the fleet's published config, when the command runs with it
+        self.fleet: PublishedConfig | None = None
+        self._unreachable: CliFailure | None = None
 
     def load_config(self) -> Config:
         """The config, raising :class:`ConfigError` (for callers that report it themselves)."""
@@ -86,11 +104,56 @@ class CliContext:
 
     @cached_property
     def config(self) -> Config:
-        """The config with ``--redis-url`` applied; a bad one: one line, exit 2."""
+        """The config with ``--redis-url`` applied: the file named, else the running
+        fleet's (given a Redis URL), else the demo; a bad one: one line, exit 2."""
         try:
+            if self.follow_fleet and not self.config_path and self.redis_url_option:
+                fleet = self._fleet_config(self._valid_url_option())
+                if fleet is not None:
+                    return fleet
             return self.load_config()
         except ConfigError as exc:
             raise CliError(str(exc)) from None
+
+    def _valid_url_option(self) -> str:
+        try:
+            return validate_redis_url(str(self.redis_url_option))
+        except ValueError as exc:
+            raise ConfigError("--redis-url", None, str(exc)) from None
+
+    def _fleet_config(self, url: str) -> Config | None:
+        """The config the fleet at ``url`` published, if one did. An unreachable Redis
+        is said when the command first needs it (a command may fail on its input first)."""
+        try:
+            client = self._connect_url(url, decode_responses=True)
+        except CliFailure as exc:
+            self._unreachable = exc
+            return None
+        self.__dict__["redis"] = client  # the command's own client from now on
+        try:
+            self.fleet = find_published(client)
+        except PublishedConfigError as exc:
+            raise CliError(f"{exc}: pass --config with the fleet's config file") from None
+        if self.fleet is None:
+            return None
+        return dataclasses.replace(self.fleet.config, redis_url=url, source=self.fleet.origin())
+
+    def _warn_if_the_fleet_differs(self, client: Redis) -> None:
+        """A config file named while the fleet runs another: say so, once, on stderr."""
+        try:  # the fleet of this config's key prefix, else the one in this database
+            published = read_published(client, self.keys) or find_published(client)
+        except PublishedConfigError:
+            return
+        if published is None:
+            return
+        differ = config_differences(self.config, published.form)
+        if differ:
+            click.echo(
+                f"warning: {self.config.source} differs from the running fleet's config"
+                f" ({published.origin()}) in: {', '.join(differ)}; this command uses"
+                f" {self.config.source}",
+                err=True,
+            )
 
     @property
     def redis_url(self) -> str:
@@ -106,7 +169,10 @@ class CliContext:
     @cached_property
     def redis(self) -> Redis:
         """A client decoding replies to str (the store, tokens), checked with PING."""
-        return self._connect(decode_responses=True)
+        client = self._connect(decode_responses=True)
+        if self.follow_fleet and self.config_path:
+            self._warn_if_the_fleet_differs(client)
+        return client
 
     @cached_property
     def rq_redis(self) -> Redis:
@@ -170,10 +236,44 @@ class CliContext:
             time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
             delay = min(5.0, delay * 2)
 
+    def publish_config(self, who: str, url: str | None = None, *, warn: bool = True) -> None:
+        """What the fleet's own processes do at start: say the config's warnings, and
+        publish the config to the Redis at ``url`` (default: the command's) as the
+        running fleet's; a warning on stderr when it replaces a different one."""
+        import os
+        import socket
+
+        from redis import RedisError
+
+        from vmpool.config.published import publish_config
+
+        for warning in self.config.warnings if warn else ():  # a misspelt key: its default
+            click.echo(f"warning: {warning}", err=True)
+        client = self._connect_url(url or self.redis_url, decode_responses=True)
+        publisher = f"{who} on {socket.gethostname()} (pid {os.getpid()})"
+        try:
+            replaced = publish_config(client, self.config, publisher=publisher)
+        except RedisError as exc:  # the fleet runs without it; the CLI then needs --config
+            click.echo(f"warning: {who}: could not publish the config: {exc}", err=True)
+            return
+        finally:
+            client.close()
+        if replaced:
+            click.echo(
+                f"warning: {who}: the fleet published another config ({replaced}); this"
+                f" process runs with {self.config.source} and publishes it: do all of the"
+                " fleet's processes run one config?",
+                err=True,
+            )
+
     def _connect(self, *, decode_responses: bool) -> Redis:
+        if self._unreachable is not None:
+            raise self._unreachable
+        return self._connect_url(self.redis_url, decode_responses=decode_responses)
+
+    def _connect_url(self, url: str, *, decode_responses: bool) -> Redis:
         from redis import Redis, RedisError
 
-        url = self.redis_url
         client = Redis.from_url(
             url, decode_responses=decode_responses, socket_connect_timeout=5, socket_timeout=30
         )
@@ -197,12 +297,13 @@ def echo_json(data: Any) -> None:
 
 
 def with_context(
-    *, json: bool = False, fallback_redis_url: str | None = None
+    *, json: bool = False, fallback_redis_url: str | None = None, follow_fleet: bool = True
 ) -> Callable[[Callable[Concatenate[CliContext, P], R]], Callable[P, R]]:
     """Give a command the shared options and its :class:`CliContext` as first argument.
 
     ``json`` adds ``--json``; ``fallback_redis_url`` is the Redis to use when neither
-    option, environment nor config names one (else that is an error, exit 2).
+    option, environment nor config names one (else that is an error, exit 2);
+    ``follow_fleet=False`` for the fleet's own processes (they publish their config).
     """
 
     def decorate(func: Callable[Concatenate[CliContext, P], R]) -> Callable[P, R]:
@@ -213,6 +314,7 @@ def with_context(
                 redis_url=_text(kwargs.pop("redis_url")),
                 as_json=bool(kwargs.pop("as_json", False)),
                 fallback_redis_url=fallback_redis_url,
+                follow_fleet=follow_fleet,
             )
             try:
                 return func(cli, *args, **kwargs)
@@ -221,7 +323,7 @@ def with_context(
 
         # click lists the options in the reverse order of application: these come first.
         shared: Callable[P, R] = _json_option(command) if json else command
-        return _config_options(shared)
+        return _config_options(shared, follow_fleet=follow_fleet)
 
     return decorate
 
@@ -230,7 +332,7 @@ def _text(value: object) -> str | None:
     return None if value is None else str(value)
 
 
-def _config_options(func: Callable[P, R]) -> Callable[P, R]:
+def _config_options(func: Callable[P, R], *, follow_fleet: bool) -> Callable[P, R]:
     func = click.option(
         "--redis-url",
         "redis_url",
@@ -246,7 +348,9 @@ def _config_options(func: Callable[P, R]) -> Callable[P, R]:
         metavar="PATH",
         envvar="VMPOOL_CONFIG",
         default=None,
-        help="vmpool/vmpooler YAML config file [env VMPOOL_CONFIG; default: built-in demo].",
+        help="vmpool/vmpooler YAML config file [env VMPOOL_CONFIG; default: "
+        + ("the running fleet's, read from Redis, else the built-in demo]." if follow_fleet
+           else "built-in demo]."),
     )(func)
 
 

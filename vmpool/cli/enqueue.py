@@ -1,8 +1,8 @@
 """``vmpool enqueue``: put one job on the queues now, as the scheduler or a worker would.
 
 The jobs it knows are the rows of the job table (:mod:`workers.table`), by their name or
-an older alias (``sweep``, ``provision``, ``check-pending``, ... as CONTRACT.md lists
-them). ``check-pending`` keeps its older meaning: with a VM name it checks that VM, with
+an older alias (``sweep``, ``provision``, ``check-pending``, ... as earlier releases
+named them). ``check-pending`` keeps its older meaning: with a VM name it checks that VM, with
 ``--pool`` every booting VM of the pool, with neither the whole check-pending sweep.
 """
 
@@ -38,7 +38,7 @@ def _usage() -> str:
 @click.option(
     "--pool",
     default=None,
-    help="check_pending_vm only: a check for every booting VM of this pool.",
+    help="check_pending_vm only: a check for every booting VM of this pool (or alias).",
 )
 def enqueue_command(cli: CliContext, job: str, subject: str | None, pool: str | None) -> None:
     """Put one JOB on the queues now, as the scheduler or a worker would.
@@ -86,9 +86,10 @@ def _plan(
     if spec is _CHECK_PENDING and subject is None:
         if pool is None:
             return [(JOBS["check_pending_sweep"], None)]
-        if pool not in cli.config.pools:
-            raise CliError(f"--pool: no pool named {pool!r}")
-        return [(spec, name) for name in cli.store.pool_vms(pool, "pending")]
+        pools = cli.config.resolve_name(pool)  # a pool's name or one of its aliases
+        if not pools:
+            raise CliError(f"--pool: no pool or alias named {pool!r}")
+        return [(spec, name) for chosen in pools for name in cli.store.pool_vms(chosen, "pending")]
     if spec is _CHECK_PENDING and pool is not None:
         raise CliError(f"{spec.name} takes a VM name or --pool, not both")
     if spec.subject is None and subject is not None:

@@ -62,7 +62,7 @@ def _setup_logging(verbose: bool) -> None:
 
 
 @click.command("worker")
-@with_context()
+@with_context(follow_fleet=False)
 @click.option("--burst", is_flag=True, help="Quit when the queues are empty.")
 @click.option(
     "--queues",
@@ -121,6 +121,7 @@ def worker_command(
         # unreachable (after --wait-for-redis): one line, before RQ's own noise
         url = cli.wait_for_redis(wait_s, tick=alive.touch if alive else None)
         check_redis_at_start(url, who="vmpool worker", strict=strict)
+        cli.publish_config("vmpool worker")
         _setup_logging(verbose)
         _work(url, cli.config, queues, kind="fork" if fork else "simple", name=name,
               burst=burst, max_jobs=max_jobs, verbose=verbose, alive=alive)
@@ -182,7 +183,7 @@ def _raise_fatal(worker: SteadyLoop) -> None:
 
 
 @click.command("scheduler")
-@with_context()
+@with_context(follow_fleet=False)
 @click.option(
     "--interval",
     type=click.FloatRange(min=0.1, max=60),
@@ -208,6 +209,7 @@ def scheduler_command(
     cli.wait_for_redis(wait_s)
     conn = cli.rq_redis
     check_redis_at_start(cli.redis_url, who="vmpool scheduler", strict=strict)
+    cli.publish_config("vmpool scheduler")
     _setup_logging(verbose)
     logging.getLogger("rq_scheduler.scheduler").setLevel(
         logging.DEBUG if verbose else logging.WARNING  # birth and death are routine

@@ -5,12 +5,13 @@ from __future__ import annotations
 import click
 
 from vmpool.cli.context import CliContext, echo_json, with_context
+from vmpool.cli.output import echo_table
 from vmpool.config import Config
 from vmpool.state.store import Store
 
 __all__ = ["pool_table", "pools_command"]
 
-COLUMNS = ("pool", "size", "ready", "pending", "running", "completed", "ondemand_queue")
+COLUMNS = ("pool", "alias", "size", "ready", "pending", "running", "completed", "ondemand_queue")
 
 
 def pool_table(store: Store, config: Config) -> list[dict[str, object]]:
@@ -57,15 +58,11 @@ def pool_table(store: Store, config: Config) -> list[dict[str, object]]:
 @click.command("pools")
 @with_context(json=True)
 def pools_command(cli: CliContext) -> None:
-    """Per pool: size, ready, pending, running, completed, on-demand queue. A pool the
-    config no longer names is listed (size "removed") while it still has VMs."""
+    """Per pool: aliases, size, ready, pending, running, completed, on-demand queue. A
+    pool the config no longer names is listed (size "removed") while it still has VMs."""
     rows = pool_table(cli.store, cli.config)
     if cli.as_json:
         echo_json(rows)
         return
     shown = [{**row, "size": "removed" if row["size"] is None else row["size"]} for row in rows]
-    widths = {h: max(len(h), *(len(str(r[h])) for r in shown)) if shown else len(h)
-              for h in COLUMNS}
-    click.echo("  ".join(h.upper().ljust(widths[h]) for h in COLUMNS))
-    for row in shown:
-        click.echo("  ".join(str(row[h]).ljust(widths[h]) for h in COLUMNS))
+    echo_table(shown, COLUMNS)

@@ -59,7 +59,7 @@ def probe_group() -> None:
 
 
 @probe_group.command("worker", cls=_OneLineUsage)
-@with_context()
+@with_context(follow_fleet=False)
 @click.option(
     "--max-age",
     type=click.FloatRange(min=0, min_open=True),

@@ -18,6 +18,7 @@ import redis
 
 from vmpool.cli.context import CliContext, echo_json, with_context
 from vmpool.cli.errors import CliError, CliFailure
+from vmpool.cli.output import echo_table, iso, relative
 from vmpool.ids import InvalidIdentifier, validate_request_id
 from vmpool.lifecycle.plan import RequestRejected, parse_pool_counts, plan_slots
 from vmpool.state.records import RequestRecord, RequestSettings
@@ -56,6 +57,7 @@ def request_view(store: Store, record: RequestRecord) -> dict[str, Any]:
         "version": record.version,
         "created": record.created,
         "deadline": record.deadline,
+        "fail_at": record.fail_at,
         "retries": record.retries,
         "pools": aliases,
     }
@@ -130,10 +132,12 @@ def request_create(
     view = request_view(cli.store, record)
     if cli.as_json:
         echo_json(view)
-    else:
-        for entry in view["pools"].values():
-            for hostname in entry["hostname"]:
-                click.echo(hostname)
+    elif any(entry["hostname"] for entry in view["pools"].values()):
+        echo_table(
+            [{"pool": alias, "hostname": hostname}
+             for alias, entry in view["pools"].items() for hostname in entry["hostname"]],
+            ("pool", "hostname"),
+        )  # fmt: skip
     if record.status != "ready":
         raise CliFailure(f"request {rid} {record.status}: {record.failure_reason or 'no VMs'}")
 
@@ -176,13 +180,29 @@ def request_get(cli: CliContext, request_id: str) -> None:
     if cli.as_json:
         echo_json(view)
         return
-    click.echo(f"request {rid}: {view['status']} (version {view['version']})")
+    now = cli.store.server_time()
+    status = view["status"]
+    click.echo(f"request {rid}: {status} (version {view['version']})")
+    click.echo(f"  created: {iso(view['created'])} ({relative(view['created'] - now)})")
+    if status == "pending":
+        click.echo(f"  fails:   {iso(view['fail_at'])} ({relative(view['fail_at'] - now)})"
+                   " unless ready by then")
     if "failure_reason" in view:
-        click.echo(f"  reason: {view['failure_reason']}")
+        click.echo(f"  reason:  {view['failure_reason']}")
     for alias, entry in view["pools"].items():
-        click.echo(f"  {alias}: {entry['ready']}/{entry['requested']} ready")
-        for hostname in entry["hostname"]:
+        click.echo(f"  {alias}: {_counts(status, entry['ready'], entry['requested'])}")
+        for hostname in entry["hostname"] if status in ("pending", "ready") else ():
             click.echo(f"    {hostname}")
+
+
+def _counts(status: str, ready: int, requested: int) -> str:
+    """A pool's VMs in words that fit the request's status: a deleted request's VMs
+    are no longer "ready"."""
+    if status == "deleted":
+        return f"{requested} asked, {ready} were ready; given back, its VMs are destroyed"
+    if status == "failed":
+        return f"{requested} asked, {ready} were ready when it failed"
+    return f"{ready}/{requested} ready"
 
 
 _DELETE_MESSAGES = {
@@ -223,7 +243,9 @@ def request_history(cli: CliContext, request_id: str) -> None:
             for e in entries
         ])
         return
-    for e in entries:
-        stamp = time.strftime("%H:%M:%S", time.gmtime(e.time)) + f".{int(e.time % 1 * 1000):03d}"
-        click.echo(f"v{e.version:<3} {stamp}  {e.entity:<28} {e.src:>9} -> {e.dst:<9}"
-                   f"  {e.actor}  {e.reason}")
+    echo_table(
+        [{"version": e.version, "time": iso(e.time, millis=True), "entity": e.entity,
+          "transition": f"{e.src} -> {e.dst}", "actor": e.actor, "reason": e.reason}
+         for e in entries],
+        ("version", "time", "entity", "transition", "actor", "reason"),
+    )  # fmt: skip

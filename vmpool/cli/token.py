@@ -34,6 +34,7 @@ def token_create(cli: CliContext, user: str) -> None:
     except InvalidIdentifier as exc:
         raise CliError(f"USER: {exc}") from None
     auth = cli.config.auth
+    _warn_if_unknown(cli, user)
     minted = cli.tokens.mint(
         user,
         ttl_s=auth.token_ttl_s if auth else None,
@@ -49,6 +50,23 @@ def token_create(cli: CliContext, user: str) -> None:
     click.echo(minted.token)  # alone on stdout, for scripts
     if expires:
         click.echo(f"expires {expires}", err=True)
+
+
+def _warn_if_unknown(cli: CliContext, user: str) -> None:
+    """A token for a user the config does not know works all the same: say so."""
+    auth = cli.config.auth
+    if auth is None:
+        click.echo(
+            f"warning: {cli.config.source} has no :auth: section: the API asks for no"
+            " token until it has one",
+            err=True,
+        )
+    elif auth.provider == "static" and user not in auth.users:
+        click.echo(
+            f"warning: {user!r} is not one of the users under :auth: in {cli.config.source};"
+            " the token works all the same (`vmpool token revoke TOKEN` ends it)",
+            err=True,
+        )
 
 
 @token_group.command("revoke")

@@ -1,15 +1,22 @@
 """`vmpool up`: Redis, the API, N workers and the scheduler on this machine.
 
 Each part is its own process (`vmpool api`, `vmpool worker`, `vmpool scheduler`), as it
-would be in its own pod, under one supervisor that prefixes their logs and restarts
-the ones that die. Without --redis-url (or VMPOOL_REDIS_URL, or :redis: url) an
-embedded redis-server is started on a free loopback port in a temporary directory,
-with AOF and fsync always, and stopped on exit.
+would be in its own pod, under one supervisor that restarts the ones that die. Without
+--redis-url (or VMPOOL_REDIS_URL, or :redis: url) an embedded redis-server is started
+on a free loopback port in a temporary directory, with AOF and fsync always, and
+stopped on exit.
+
+The terminal stays short: what runs, the URLs, a line to paste in another shell, then
+only warnings and errors (vmpool/local/screen.py). Every process's whole log is a file
+in the run directory it names (``--log-dir``; ``-v`` streams them all). What would keep
+the fleet from starting is said at once, with what to do: a port taken, a Redis that
+does not answer, a child that keeps exiting.
 """
 
 from __future__ import annotations
 
 import contextlib
+import shlex
 import signal
 import sys
 import tempfile
@@ -19,7 +26,6 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 from types import FrameType
-from typing import IO
 
 import click
 import redis
@@ -34,11 +40,16 @@ from vmpool.local.dashboard import (
     dashboard_installed,
     dashboard_spec,
 )
-from vmpool.local.redis_server import RedisServer, RedisServerError, free_port
+from vmpool.local.redis_server import RedisServer, RedisServerError, free_port, listen_problem
+from vmpool.local.screen import Screen, fleet_summary
 from vmpool.local.supervisor import ChildSpec, Supervisor
 from vmpool.state.keys import Keys
+from vmpool.state.store import Store
 
 __all__ = ["child_specs", "up_command", "wait_healthy"]
+
+# A child that exits this many times before the fleet is up will not come up.
+EXITS_BEFORE_UP = 3
 
 
 def child_specs(
@@ -84,28 +95,39 @@ def wait_healthy(
     stop: threading.Event,
     timeout_s: float,
     dashboard_url: str | None = None,
+    log_dir: Path | None = None,
 ) -> None:
     """Poll until the API answers /readyz, every worker has registered and the
     dashboard (if any) serves, restarting children that die meanwhile; CliFailure at
-    the deadline."""
+    the deadline, or as soon as a child has exited EXITS_BEFORE_UP times."""
     deadline = time.monotonic() + timeout_s
     while not stop.is_set():
         sup.poll()
+        _fail_if_a_child_keeps_exiting(sup, log_dir)
         board_ok = dashboard_url is None or dashboard_answers(dashboard_url)
         if board_ok and _api_ready(api_url) and _workers_registered(redis_url, keys) >= workers:
             return
         if time.monotonic() > deadline:
-            raise CliFailure(f"vmpool did not become healthy within {timeout_s:.0f}s")
+            where = f"; the logs are in {log_dir}" if log_dir else ""
+            raise CliFailure(f"vmpool did not become healthy within {timeout_s:.0f}s{where}")
         stop.wait(0.3)
 
 
+def _fail_if_a_child_keeps_exiting(sup: Supervisor, log_dir: Path | None) -> None:
+    for name, child in sup.children.items():
+        if child.exits >= EXITS_BEFORE_UP:
+            log = f"; its log: {log_dir / f'{name}.log'}" if log_dir else ""
+            last = child.last_line() or "(it printed nothing)"
+            raise CliFailure(f"{name} exited {child.exits} times while starting: {last}{log}")
+
+
 @click.command("up")
-@with_context()
+@with_context(follow_fleet=False)
 @click.option("--workers", "n_workers", type=click.IntRange(1, 64), default=2, show_default=True,
               help="Worker processes to run.")
 @click.option("--host", default="127.0.0.1", show_default=True, help="API bind address.")
 @click.option("--port", type=click.IntRange(0, 65535), default=None,
-              help="API port [default: 8080; with --demo, a free port].")
+              help="API port [default: 8080; with --demo, a free port; 0: a free port].")
 @click.option("--demo", is_flag=True, help="Run the scripted demo burst, report, and stop.")
 @click.option("--ready-timeout", type=float, default=90.0, show_default=True,
               help="Seconds to wait for every process to be healthy.")
@@ -113,6 +135,14 @@ def wait_healthy(
               help="Also run rq-dashboard on the same Redis (the `dashboard` extra).")
 @click.option("--dashboard-port", type=click.IntRange(0, 65535), default=DEFAULT_PORT,
               show_default=True, help="rq-dashboard's port (0: a free port).")
+@click.option("--log-dir", "log_dir", type=click.Path(file_okay=False, path_type=Path),
+              default=None, help="Where each process's log file goes [default: a new"
+              " directory under the system's temporary one; kept after exit].")
+@click.option("--verbose", "-v", is_flag=True,
+              help="Stream every process's log here too (each line prefixed with its name).")
+@click.option("--summary", "summary_s", type=click.FloatRange(min=0), default=0.0,
+              metavar="SECONDS", help="Print a one-line summary of requests, VMs and"
+              " processes every SECONDS [default: 0, never].")
 @strict_option
 def up_command(
     cli: CliContext,
@@ -123,43 +153,83 @@ def up_command(
     ready_timeout: float,
     dashboard: bool,
     dashboard_port: int,
+    log_dir: Path | None,
+    verbose: bool,
+    summary_s: float,
     strict: bool,
 ) -> None:
     """Run Redis (embedded unless given), the API, workers and the scheduler.
 
-    Prints the API URL and the Redis URL once everything is healthy. Ctrl-C (SIGINT) or
-    SIGTERM stops every child and leaves no process behind.
+    Prints the URLs once everything is healthy, then only warnings and errors (each
+    process's log is a file in the run directory). Ctrl-C or SIGTERM stops them all.
     """
     config = cli.config
     if dashboard and not dashboard_installed():
         raise CliError("--dashboard needs rq-dashboard: pip install 'vmpool[dashboard]'")
     port = _api_port(host, port, demo)
     board_url = f"http://{host}:{dashboard_port or free_port(host)}" if dashboard else None
+    _check_ports(host, port, board_url)
+    run_dir = _run_dir(log_dir)
+    screen = _screen(config, run_dir, verbose=verbose, demo=demo)
     stop = _stop_on_signals()
-    # Undone in reverse: the children, then the demo's log file, then the embedded Redis.
+    # Undone in reverse: the children, then the log files, then the embedded Redis.
     with contextlib.ExitStack() as undo:
         url = config.redis_url or _embedded_redis(undo)
-        check_redis_at_start(url, who="vmpool up", strict=strict)  # before any child
-        env = {"VMPOOL_REDIS_URL": url}
-        if strict:
-            env[STRICT_ENV] = "1"  # each child checks again when it (re)starts
-        if cli.config_path:
-            env["VMPOOL_CONFIG"] = str(Path(cli.config_path).resolve())
-        specs = child_specs(workers=n_workers, host=host, port=port, env=env)
-        if board_url is not None:
-            board_port = int(board_url.rsplit(":", 1)[1])
-            specs.append(dashboard_spec(host=host, port=board_port, redis_url=url))
-        sup = Supervisor(specs, output=_demo_log(undo) if demo else sys.stdout)
-        undo.callback(_stop_children, sup)
+        _check_redis(cli, url, strict=strict)
+        click.echo(_starting_line(config, n_workers, host, port, url, run_dir))
+        specs = _specs(cli, url, workers=n_workers, host=host, port=port,
+                       board_url=board_url, strict=strict)
+        undo.callback(screen.close)
+        for spec in specs:  # every process's file is there from the start, if empty
+            screen.log_path(spec.name).touch()
+        sup = Supervisor(specs, sink=screen)
+        undo.callback(_stop_children, sup, run_dir)
         sup.start()
         api_url = f"http://{host}:{port}"
         wait_healthy(sup, api_url=api_url, redis_url=url, keys=cli.keys, workers=n_workers,
-                     stop=stop, timeout_s=ready_timeout, dashboard_url=board_url)
-        if board_url is not None and not stop.is_set():
-            click.echo(f"rq-dashboard: {board_url}")
-        code = 0 if stop.is_set() else _serve(config, sup, stop, api_url, url, demo=demo)
-    if code:
-        sys.exit(code)
+                     stop=stop, timeout_s=ready_timeout, dashboard_url=board_url,
+                     log_dir=run_dir)
+        if stop.is_set():
+            return
+        _announce(sup, api_url, url, board_url, demo=demo)
+        code = _serve(cli, sup, stop, api_url, url, demo=demo, screen=screen, every_s=summary_s)
+    sys.exit(code)
+
+
+def _screen(config: Config, run_dir: Path, *, verbose: bool, demo: bool) -> Screen:
+    """The terminal and the log files; the config's warnings said first (a misspelt key
+    runs with its default)."""
+    screen = Screen(sys.stdout, run_dir, verbose=verbose, quiet=demo)
+    for warning in config.warnings:
+        click.echo(f"warning: {warning}", err=True)
+        screen.seen(f"warning: {warning}")  # the children say it again: not shown twice
+    return screen
+
+
+def _check_redis(cli: CliContext, url: str, *, strict: bool) -> None:
+    """Before any child: the Redis answers and is set up as vmpool needs; the config is
+    published there (the CLI follows the fleet from now on)."""
+    if cli.config.redis_url:
+        _reach_redis(cli)
+    check_redis_at_start(url, who="vmpool up", strict=strict)
+    cli.publish_config("vmpool up", url, warn=False)
+
+
+def _specs(
+    cli: CliContext, url: str, *, workers: int, host: str, port: int, board_url: str | None,
+    strict: bool,
+) -> list[ChildSpec]:
+    """The children: the API, the workers, the scheduler, the dashboard if asked."""
+    env = {"VMPOOL_REDIS_URL": url}
+    if strict:
+        env[STRICT_ENV] = "1"  # each child checks again when it (re)starts
+    if cli.config_path:
+        env["VMPOOL_CONFIG"] = str(Path(cli.config_path).resolve())
+    specs = child_specs(workers=workers, host=host, port=port, env=env)
+    if board_url is not None:
+        board_port = int(board_url.rsplit(":", 1)[1])
+        specs.append(dashboard_spec(host=host, port=board_port, redis_url=url))
+    return specs
 
 
 def _api_port(host: str, port: int | None, demo: bool) -> int:
@@ -167,6 +237,46 @@ def _api_port(host: str, port: int | None, demo: bool) -> int:
     if port is None:
         return free_port(host) if demo else 8080
     return free_port(host) if port == 0 else port
+
+
+def _check_ports(host: str, port: int, board_url: str | None) -> None:
+    """A port the API or the dashboard cannot listen on: one line, before anything runs."""
+    wanted = [("the API", "--port", port)]
+    if board_url is not None:
+        wanted.append(("rq-dashboard", "--dashboard-port", int(board_url.rsplit(":", 1)[1])))
+    for what, option, number in wanted:
+        problem = listen_problem(host, number)
+        if problem:
+            raise CliFailure(
+                f"{what} cannot listen on {host}:{number}: {problem} (another vmpool up?"
+                f" `ss -ltnp 'sport = :{number}'` names the process); stop it, or pass"
+                f" {option} N (0: any free port)"
+            )
+
+
+def _reach_redis(cli: CliContext) -> None:
+    """The configured Redis answers, or one line naming it and what to do."""
+    try:
+        cli.check_redis()
+    except CliFailure as exc:
+        given = "--redis-url / VMPOOL_REDIS_URL" if cli.redis_url_option else (
+            f":redis: in {cli.config.source}"
+        )
+        raise CliFailure(
+            f"{exc.message.rstrip('.')}. That URL comes from {given}: start that Redis,"
+            " correct the URL, or give none and `vmpool up` starts its own"
+        ) from None
+
+
+def _run_dir(log_dir: Path | None) -> Path:
+    """The run directory: ``--log-dir`` (made if missing), else a new temporary one."""
+    if log_dir is None:
+        return Path(tempfile.mkdtemp(prefix="vmpool-up-"))
+    try:
+        log_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise CliError(f"--log-dir: cannot make {log_dir}: {exc.strerror}") from None
+    return log_dir.resolve()
 
 
 def _stop_on_signals() -> threading.Event:
@@ -191,42 +301,84 @@ def _embedded_redis(undo: contextlib.ExitStack) -> str:
     return server.url
 
 
-def _demo_log(undo: contextlib.ExitStack) -> IO[str]:
-    """The demo keeps its report on the terminal: the processes' logs go to a file."""
-    log_file = undo.enter_context(
-        tempfile.NamedTemporaryFile(  # noqa: SIM115 - entered in undo: closed on exit
-            "w", prefix="vmpool-demo-", suffix=".log", delete=False
-        )
+def _starting_line(
+    config: Config, workers: int, host: str, port: int, redis_url: str, run_dir: Path
+) -> str:
+    pools = ", ".join(config.pools) or "none"
+    redis_kind = "given" if config.redis_url else "embedded"
+    return (
+        f"vmpool up: starting the API on {host}:{port}, {workers} worker(s) and the scheduler"
+        f" on Redis {mask_url_password(redis_url)} ({redis_kind})\n"
+        f"  config: {config.source} (pools: {pools})\n"
+        f"  logs:   {run_dir}/ (one file per process)"
     )
-    click.echo(f"logs of every process: {log_file.name}")
-    return log_file
 
 
-def _stop_children(sup: Supervisor) -> None:
+def _announce(
+    sup: Supervisor, api_url: str, redis_url: str, board_url: str | None, *, demo: bool
+) -> None:
+    """The few lines a person needs once everything is healthy."""
+    click.echo(f"vmpool is up: API {api_url}  Redis {mask_url_password(redis_url)}")
+    click.echo("  processes: " + ", ".join(f"{n} ({p})" for n, p in sup.pids().items()))
+    if board_url is not None:
+        click.echo(f"rq-dashboard: {board_url}")
+    if demo:
+        return
+    masked = mask_url_password(redis_url)
+    click.echo("\nIn another shell, the vmpool commands work on this fleet (its pools, its"
+               " config) with:")
+    click.echo(f"  export VMPOOL_REDIS_URL={shlex.quote(masked)}")
+    if masked != redis_url:
+        click.echo("  (the password is masked here: put yours in its place)")
+    click.echo("\nCtrl-C stops everything. Below: warnings and errors only (-v: every line"
+               " of every log).")
+
+
+def _stop_children(sup: Supervisor, run_dir: Path) -> None:
     click.echo("stopping every process ...")
     sup.stop()
+    click.echo(f"stopped; the logs stay in {run_dir}/")
 
 
 def _serve(
-    config: Config,
+    cli: CliContext,
     sup: Supervisor,
     stop: threading.Event,
     api_url: str,
     redis_url: str,
     *,
     demo: bool,
+    screen: Screen,
+    every_s: float,
 ) -> int:
-    """Announce the healthy stack, then run the demo or supervise until stopped; the
+    """Run the demo, or supervise until stopped (a summary line every ``every_s``); the
     exit status."""
-    click.echo(f"vmpool is up: API {api_url}  Redis {mask_url_password(redis_url)}")
-    click.echo("  processes: " + ", ".join(f"{n} ({p})" for n, p in sup.pids().items()))
     if demo:
         from vmpool.local.demo import run_demo_on
 
-        report = run_demo_on(config, sup, stop, api_url=api_url, redis_url=redis_url)
+        report = run_demo_on(cli.config, sup, stop, api_url=api_url, redis_url=redis_url)
         for line in report.lines():
             click.echo(line)
         return 1 if report.violations else 0
-    click.echo("Ctrl-C to stop.")
-    sup.run(stop)
+    client = redis.Redis.from_url(redis_url, decode_responses=True, socket_timeout=5)
+    store = Store(client, cli.keys)
+    next_summary = time.monotonic() + every_s
+    try:
+        while not stop.wait(0.2):
+            sup.poll()
+            if every_s and time.monotonic() >= next_summary:
+                next_summary += every_s
+                _summary(store, list(cli.config.pools), sup, screen)
+    finally:
+        client.close()
     return 0
+
+
+def _summary(store: Store, pools: list[str], sup: Supervisor, screen: Screen) -> None:
+    restarts = sum(child.restarts for child in sup.children.values())
+    try:
+        line = fleet_summary(store, pools, processes_up=len(sup.pids()),
+                             processes=len(sup.children), restarts=restarts)
+    except redis.RedisError as exc:
+        line = f"{time.strftime('%H:%M:%S')} summary: Redis does not answer: {exc}"
+    screen.say(line)

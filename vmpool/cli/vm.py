@@ -7,7 +7,6 @@ is destroyed by the fleet's destroy sweep.
 
 from __future__ import annotations
 
-import time
 from dataclasses import asdict
 from typing import Any
 
@@ -15,10 +14,25 @@ import click
 
 from vmpool.cli.context import CliContext, echo_json, with_context
 from vmpool.cli.errors import CliError, CliFailure
+from vmpool.cli.output import echo_table, iso, relative
 from vmpool.ids import InvalidIdentifier, validate_vm_name
 from vmpool.state.records import VMRecord
 
 __all__ = ["vm_group"]
+
+# Why the store refused to act on a VM, in words (the codes of its scripts).
+REFUSALS = {
+    "no_vm": "no such VM",
+    "vm_reserved": "not held: it is still being created",
+    "vm_pending": "not held: it is still booting",
+    "vm_ready": "not held: it is ready in its pool (check it out with `vmpool vm get`)",
+    "vm_completed": "already given back: it is being destroyed",
+    "vm_destroyed": "already given back and destroyed",
+}
+# Giving a VM back twice is no error, as deleting a request twice is not.
+ALREADY_GIVEN_BACK = frozenset({"vm_completed", "vm_destroyed"})
+# The times of a VM record, printed as ISO 8601.
+TIMES = ("state_since", "reserved_at", "created_at", "ready_at", "lifetime_end", "checkout_at")
 
 
 def _name(raw: str) -> str:
@@ -82,12 +96,19 @@ def vm_get(cli: CliContext, pools: tuple[str, ...], owner: str) -> None:
 
 
 def _row(vm: VMRecord, now: float) -> dict[str, Any]:
-    holder = f"request {vm.request_id}" if vm.request_id else (vm.owner or "-")
-    remaining = "-"
-    if vm.state == "running" and vm.lifetime_end is not None:
-        remaining = f"{(vm.lifetime_end - now) / 3600:.2f}h"
-    return {"name": vm.name, "pool": vm.pool, "state": vm.state, "holder": holder,
-            "remaining": remaining}  # fmt: skip
+    """A VM as a row of `vm list`: null where there is nothing (JSON), numbers as such."""
+    held = vm.state == "running"
+    remaining = vm.lifetime_end - now if held and vm.lifetime_end is not None else None
+    return {
+        "name": vm.name,
+        "pool": vm.pool,
+        "state": vm.state,
+        "holder": f"request {vm.request_id}" if vm.request_id else (vm.owner or None),
+        "request_id": vm.request_id or None,
+        "owner": vm.owner or None,
+        "lifetime_end": vm.lifetime_end if held else None,
+        "remaining_s": None if remaining is None else round(remaining, 3),
+    }
 
 
 @vm_group.command("list")
@@ -107,8 +128,8 @@ def vm_list(cli: CliContext) -> None:
         echo_json(rows)
         return
     for row in rows:
-        click.echo(f"{row['name']:<32} {row['pool']:<16} {row['state']:<8} "
-                   f"{row['remaining']:>9}  {row['holder']}")  # fmt: skip
+        row["ends"] = relative(row["remaining_s"])
+    echo_table(rows, ("name", "pool", "state", "ends", "holder"))
 
 
 @vm_group.command("show")
@@ -128,12 +149,18 @@ def vm_show(cli: CliContext, host: str) -> None:
         ]  # fmt: skip
         echo_json(data)
         return
+    now = cli.store.server_time()
     for key, value in asdict(vm).items():
-        if value not in (None, "", {}):
-            click.echo(f"{key}: {dict(value) if key == 'tags' else value}")
-    for e in trail:
-        stamp = time.strftime("%H:%M:%S", time.gmtime(e.time))
-        click.echo(f"  v{e.version:<3} {stamp} {e.src:>9} -> {e.dst:<9} {e.actor}  {e.reason}")
+        if value in (None, "", {}):
+            continue
+        if key in TIMES:
+            value = f"{iso(value)} ({relative(value - now)})"
+        click.echo(f"{key}: {dict(value) if key == 'tags' else value}")
+    if trail:
+        click.echo("trail:")
+        for e in trail:
+            click.echo(f"  v{e.version:<3} {iso(e.time, millis=True)}  {e.src:>9} -> {e.dst:<9}"
+                       f"  {e.actor}  {e.reason}")
 
 
 @vm_group.command("extend")
@@ -148,7 +175,7 @@ def vm_extend(cli: CliContext, host: str, hours: int) -> None:
         raise CliError(f"a lifetime of {hours}h exceeds the maximum of {int(limit // 3600)}h")
     out = cli.store.extend_vm(name, hours, actor="cli")
     if not out.ok:
-        raise CliFailure(f"{name}: not extended ({out.code})")
+        raise CliFailure(f"{name}: not extended: {REFUSALS.get(out.code, out.code)}")
     if cli.as_json:
         echo_json({"ok": True, "name": name, "lifetime_hours": hours})
     else:
@@ -159,12 +186,18 @@ def vm_extend(cli: CliContext, host: str, hours: int) -> None:
 @with_context(json=True)
 @click.argument("host")
 def vm_delete(cli: CliContext, host: str) -> None:
-    """Give a held VM back: it is destroyed (its request, if any, is left as it is)."""
+    """Give a held VM back: it is destroyed (its request, if any, is left as it is).
+
+    A VM given back already is no error (exit 0), as a request deleted twice is not.
+    """
     name = _name(host)
     out = cli.store.give_back(name, actor="cli")
-    if not out.ok:
-        raise CliFailure(f"{name}: not given back ({out.code})")
+    if not out.ok and out.code not in ALREADY_GIVEN_BACK:
+        raise CliFailure(f"{name}: not given back: {REFUSALS.get(out.code, out.code)}")
+    result = "given_back" if out.ok else "already_given_back"
     if cli.as_json:
-        echo_json({"ok": True, "name": name})
-    else:
+        echo_json({"ok": True, "name": name, "result": result})
+    elif out.ok:
         click.echo(f"{name}: given back; it is being destroyed")
+    else:
+        click.echo(f"{name}: {REFUSALS[out.code]}")

@@ -1,5 +1,5 @@
 """The built-in demo configuration, used when neither --config nor VMPOOL_CONFIG names a
-file (CONTRACT.md: two pools with aliases, the simulated provider booting in seconds)."""
+file (two pools with aliases, the simulated provider booting in seconds)."""
 
 from __future__ import annotations
 

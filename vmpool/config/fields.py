@@ -123,7 +123,7 @@ GraceSeconds = Annotated[
     expect("a number of seconds from 0 to 86400 (a day)", number),
 ]
 # Below 0.1 s a periodic job would be queued faster than a worker can take it; above a
-# day the expiry sweep's interval would be the bound of CONTRACT invariant 4.
+# day the expiry sweep's interval would be the bound of invariant 4 (docs/invariants.md).
 IntervalSeconds = Annotated[
     float,
     Field(ge=0.1, le=DAY_S, allow_inf_nan=False),

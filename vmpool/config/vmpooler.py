@@ -214,7 +214,7 @@ class _Reader:
                 self.warn(f"config.{key}", message)
 
     def data_ttl(self, top: dict[str, Any]) -> None:
-        """vmpooler keeps data_ttl under :redis:; CONTRACT.md lists it under :config:, which
+        """vmpooler keeps data_ttl under :redis:; docs/ list it under :config:, which
         wins: the other is then neither used nor checked."""
         if "data_ttl" in top["config"]:
             top["redis"].pop("data_ttl", None)
@@ -266,6 +266,8 @@ class _Reader:
             return
         if not isinstance(pools, list):
             raise self.fail("pools", f"must be a list of pools, got {show(pools)}")
+        if not pools:
+            self.warn("pools", "no pools configured")
         known = _fields(PoolSection) - {_POOL_OPTIONS}
         for i, raw in enumerate(pools):
             path = f"pools[{i}]"

@@ -50,6 +50,9 @@ class DemoReport:
     vms_destroyed: int = 0
     violations: list[Violation] = field(default_factory=list)
     elapsed_s: float = 0.0
+    # the pools whose provider fails on purpose, and the failed requests that asked them
+    flaky_pools: list[str] = field(default_factory=list)
+    failed_on_flaky: int = 0
 
     def percentile(self, p: float) -> float | None:
         data = sorted(self.time_to_ready_s)
@@ -66,6 +69,7 @@ class DemoReport:
         out = [
             "vmpool demo report",
             f"  requests:       {sum(self.outcomes.values())} ({outcome_text})",
+            *self._failures(),
             f"  time to ready:  p50 {fmt(self.percentile(50))}, p95 {fmt(self.percentile(95))}",
             f"  VMs:            {self.vms_created} created, {self.vms_destroyed} destroyed",
             f"  elapsed:        {self.elapsed_s:.1f}s",
@@ -76,6 +80,24 @@ class DemoReport:
         else:
             out.append(f"  audit:          clean (invariants 1-{max(INVARIANTS)} hold)")
         return out
+
+    def _failures(self) -> list[str]:
+        """Where the failed requests come from: the flaky pool fails on purpose."""
+        failed = self.outcomes.get("failed", 0)
+        if not failed:
+            return []
+        lines = []
+        if self.failed_on_flaky:
+            lines.append(
+                f"                  {self.failed_on_flaky} failed on purpose: they asked"
+                f" {', '.join(self.flaky_pools)}, whose simulated cloud fails clones and boots"
+            )
+        if failed > self.failed_on_flaky:
+            lines.append(
+                f"                  {failed - self.failed_on_flaky} failed on a healthy pool:"
+                " `vmpool request history <id>` says why"
+            )
+        return lines
 
 
 class ApiClient:
@@ -175,7 +197,10 @@ def run_demo(
     wait for their VMs to be destroyed, and report (with an audit of the end state)."""
     out = out or sys.stdout
     start = clock()
-    out.write(f"demo: {total} on-demand requests against {api.base}\n")
+    out.write(f"demo: {total} on-demand requests against {api.base}")
+    if flaky_pools:
+        out.write(f" (some on {', '.join(flaky_pools)}, which fails on purpose)")
+    out.write("\n")
     requests = [
         DemoRequest(api.create(counts), counts, clock(), delete_after)
         for counts, delete_after in plan_burst(pools, flaky_pools, random.Random(seed), total)
@@ -183,9 +208,11 @@ def run_demo(
     deadline = start + settle_timeout_s
     _settle(api, requests, out, start=start, deadline=deadline, clock=clock)
     _release(api, requests, store, pools + flaky_pools, out, until=deadline + 60, clock=clock)
-    report = DemoReport()
+    report = DemoReport(flaky_pools=list(flaky_pools))
     for r in requests:
         report.outcomes[r.outcome] += 1
+        if r.outcome == "failed" and set(r.counts) & set(flaky_pools):
+            report.failed_on_flaky += 1
         if r.ready_after_s is not None:
             report.time_to_ready_s.append(r.ready_after_s)
     report.vms_created, report.vms_destroyed = _count_vms(store)

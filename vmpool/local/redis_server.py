@@ -47,6 +47,19 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(sock.getsockname()[1])
 
 
+def listen_problem(host: str, port: int) -> str | None:
+    """Why a server could not listen on ``host:port`` (the OS's words), or None. Bound
+    as uvicorn binds, with SO_REUSEADDR: a port in TIME_WAIT is free."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            return exc.strerror or str(exc)
+    return None
+
+
 class RedisServer:
     """One redis-server child process in its own temporary directory.
 

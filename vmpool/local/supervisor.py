@@ -19,9 +19,10 @@ import subprocess
 import sys
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import IO
+from typing import IO, Protocol
 
 log = logging.getLogger(__name__)
 
@@ -45,21 +46,38 @@ class ChildSpec:
     env: Mapping[str, str] = field(default_factory=dict)
 
 
+class Sink(Protocol):
+    """Where the children's lines and the supervisor's events go (vmpool.local.screen)."""
+
+    def child_line(self, name: str, line: str) -> None: ...
+
+    def event(self, name: str, line: str, *, notable: bool) -> None: ...
+
+
 @dataclass
 class Child:
     spec: ChildSpec
     process: subprocess.Popen[bytes] | None = None
     started_at: float = 0.0
     restarts: int = 0
+    exits: int = 0
     backoff_s: float = 0.0
     next_start_at: float = 0.0
     pump: threading.Thread | None = None
+    # its last lines, for the one line that says why it exited
+    tail: deque[str] = field(default_factory=lambda: deque(maxlen=20))
+
+    def last_line(self) -> str:
+        """Its last line that says something (a traceback ends with the exception)."""
+        return next((line.strip() for line in reversed(self.tail) if line.strip()), "")
 
 
 class Supervisor:
     """Starts children, restarts the ones that die, and stops them all.
 
-    ``output`` receives every child's output, each line prefixed with ``[name]``.
+    ``output`` receives every child's output, each line prefixed with ``[name]``; with
+    a ``sink`` instead, the lines and the supervisor's events go there (files and a
+    quiet terminal: vmpool.local.screen).
     """
 
     def __init__(
@@ -67,6 +85,7 @@ class Supervisor:
         specs: Sequence[ChildSpec],
         *,
         output: IO[str] | None = None,
+        sink: Sink | None = None,
         backoff_initial_s: float = 0.5,
         backoff_max_s: float = 15.0,
         stable_after_s: float = 30.0,
@@ -75,6 +94,7 @@ class Supervisor:
     ) -> None:
         self.children = {spec.name: Child(spec) for spec in specs}
         self.output = output or sys.stdout
+        self.sink = sink
         self.backoff_initial_s = backoff_initial_s
         self.backoff_max_s = backoff_max_s
         self.stable_after_s = stable_after_s
@@ -84,14 +104,24 @@ class Supervisor:
         self._stopping = threading.Event()
 
     # -- output -------------------------------------------------------------------------
-    def say(self, name: str, line: str) -> None:
+    def say(self, name: str, line: str, *, notable: bool = False) -> None:
+        """An event of the supervisor's (``name`` is whom it is about, or "supervisor")."""
+        if self.sink is not None:
+            self.sink.event(name, line, notable=notable)
+            return
         with self._write_lock:
             self.output.write(f"[{name}] {line}\n")
             self.output.flush()
 
-    def _pump(self, name: str, stream: IO[bytes]) -> None:
+    def _pump(self, child: Child, stream: IO[bytes]) -> None:
+        name = child.spec.name
         for raw in iter(stream.readline, b""):
-            self.say(name, raw.decode(errors="replace").rstrip())
+            line = raw.decode(errors="replace").rstrip()
+            child.tail.append(line)
+            if self.sink is not None:
+                self.sink.child_line(name, line)
+            else:
+                self.say(name, line)
         stream.close()
 
     # -- lifecycle ----------------------------------------------------------------------
@@ -109,7 +139,7 @@ class Supervisor:
         child.started_at = self.clock()
         assert child.process.stdout is not None
         child.pump = threading.Thread(
-            target=self._pump, args=(child.spec.name, child.process.stdout), daemon=True
+            target=self._pump, args=(child, child.process.stdout), daemon=True
         )
         child.pump.start()
         self.say("supervisor", f"started {child.spec.name} (pid {child.process.pid})")
@@ -133,13 +163,19 @@ class Supervisor:
             if proc is not None:
                 code = proc.returncode
                 child.process = None
+                child.exits += 1
                 child.backoff_s = min(
                     self.backoff_max_s, max(self.backoff_initial_s, child.backoff_s * 2)
                 )
                 child.next_start_at = now + child.backoff_s
+                if child.pump is not None:
+                    child.pump.join(timeout=1)  # its last lines, before saying why it exited
+                last = child.last_line()
                 self.say(
                     "supervisor",
-                    f"{child.spec.name} exited with {code}; restarting in {child.backoff_s:.1f}s",
+                    f"{child.spec.name} exited with {code}; restarting in {child.backoff_s:.1f}s"
+                    + (f" (its last line: {last})" if last else ""),
+                    notable=True,
                 )
             if child.process is None and now >= child.next_start_at:
                 child.restarts += 1
@@ -173,7 +209,7 @@ class Supervisor:
             try:
                 child.process.wait(max(0.1, deadline - self.clock()))
             except subprocess.TimeoutExpired:
-                self.say("supervisor", f"{child.spec.name} did not stop; killing it")
+                self.say("supervisor", f"{child.spec.name} did not stop; killing it", notable=True)
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(child.process.pid, signal.SIGKILL)
                 child.process.wait(5)

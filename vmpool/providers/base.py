@@ -1,6 +1,6 @@
 """What vmpool asks of a cloud, and how it tells a failure worth retrying from one that is not.
 
-Workers call a provider outside Redis (DESIGN.md: "Provider calls happen outside Redis"),
+Workers call a provider outside Redis (docs/architecture.md),
 so everything here is about the provider's own contract:
 
 - ``create_vm`` is idempotent by name: a worker killed mid-create, or a job RQ runs twice,

@@ -1,4 +1,4 @@
-"""Checks the invariants of CONTRACT.md over live Redis state and the provider's inventory.
+"""Checks the invariants (docs/invariants.md) over live Redis state and the provider's inventory.
 
 ``check_trail`` judges one request's audit trail on its own (invariants 1, 2, 5); it is
 a pure function so that the race tests can run it over any store's trail, the naive

@@ -40,6 +40,10 @@ Layout (``P`` is the prefix)::
     P:schedule:last-runs         hash   periodic job -> the RQ id of its last run
     P:schedule:schedulers        zset   live scheduler replicas (rq-scheduler's registry)
     P:schedule:scheduler:NAME    hash   one scheduler replica (rq-scheduler's birth record)
+    P:fleet:config               hash   the running fleet's config, public form (no secret)
+    vmpool:fleets                hash   key prefix -> when its fleet last published its config:
+                                        the one key outside a prefix, so that a command given
+                                        only a Redis URL finds a fleet of any prefix
 
 RQ's own keys follow from names this module gives: the queue ``P-<short>`` (so
 ``rq:queue:P-<short>``, :meth:`Keys.rq_queue`, and RQ's registries per queue name) and
@@ -301,6 +305,19 @@ class Keys:
     def scheduler_prefix(self) -> str:
         """Prefix of one scheduler replica's hash; rq-scheduler appends its name."""
         return f"{self.prefix}:schedule:scheduler:"
+
+    # -- the fleet's published config (vmpool/config/published.py) --------------------
+    @property
+    def fleet_config(self) -> str:
+        """Hash: the config the running fleet's processes run with, in its public form
+        (no secret): what a CLI command given only the Redis URL works with."""
+        return f"{self.prefix}:fleet:config"
+
+    @staticmethod
+    def fleets_index() -> str:
+        """Hash: key prefix -> server time its fleet last published its config. The one
+        key outside every prefix (RQ has such keys too: ``rq:queues``, ``rq:workers``)."""
+        return f"{DEFAULT_PREFIX}:fleets"
 
     @property
     def scheduler_lock(self) -> str:

@@ -2,7 +2,7 @@
 
 Why locks at all: two workers creating the same VM, or reserving for the same request,
 at once would waste provider work. The locks are an efficiency measure; safety rests
-on the store's checked transitions (DESIGN.md "Locks"). A lock is a lease: its holder
+on the store's checked transitions (docs/invariants.md). A lock is a lease: its holder
 can be paused (GC, SIGSTOP, a slow provider call) past its expiry while another worker
 is granted the same lock. Three things make that harmless:
 

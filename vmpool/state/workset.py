@@ -11,7 +11,7 @@ re-adds it or loses it). :meth:`renew` extends the lease of a claim still at wor
 A claimer that dies leaves its subjects claimed; they are back in line, at their
 arrival, when the lease ends.
 
-**Order of service** (CONTRACT.md invariant 10; the scripts' ``_workset.lua`` says how):
+**Order of service** (docs/invariants.md, invariant 10; ``_workset.lua`` says how):
 first come, first served by arrival in server time (a request's ``created``, so
 neither its id nor a re-dispatch moves it), round-robin across owners (a request's
 token user; VMs have none): the owner served longest ago goes next, with its oldest

@@ -12,12 +12,13 @@
 --   B:claims     zset  claimed or deferred subjects -> when their lease ends
 --   B:claimed    hash  claimed subject -> the id of the claim that holds it
 --
--- Order of service (CONTRACT.md invariant 10; docs/state-machine.md "Order of
+-- Order of service (docs/invariants.md, invariant 10; docs/state-machine.md "Order of
 -- service"): a claim takes the owner with the smallest turn, and that owner's oldest
 -- waiting subject; the owner's turn becomes the time of service (the back of the
 -- line). A subject that starts waiting gives its owner the turn max(its arrival, when
--- the owner was last served), unless the owner's turn is earlier already. So owners are served round-robin, each owner's subjects oldest
--- first, and owners that each wait with one subject are served in order of arrival.
+-- the owner was last served), unless the owner's turn is earlier already. So owners
+-- are served round-robin, each owner's subjects oldest first, and owners that each
+-- wait with one subject are served in order of arrival.
 -- Arrival is server time (a request's `created`), never the subject's name.
 --
 -- Invariants: a subject is claimed by one claim at a time while its lease runs; a

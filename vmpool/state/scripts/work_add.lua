@@ -9,5 +9,5 @@
 -- Returns: how many were added.
 -- Invariant: a subject is in the set once; a request's place in line is its arrival
 -- (server time at its creation), whenever and however often it is added, so neither
--- its id nor a re-dispatch moves it (CONTRACT.md invariant 10).
+-- its id nor a re-dispatch moves it (docs/invariants.md, invariant 10).
 return ws_add_subjects(ws_parts(KEYS[1]), ARGV[1], ARGV[2], 3)
