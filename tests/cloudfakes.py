@@ -4,8 +4,9 @@ Each fake keeps the instances a test made, answers the few calls vmpool's provid
 make (create with tags, list filtered by the fleet tag, get, destroy) in the cloud's
 own wire format, and can be told to fail the next calls of one kind (``fail``) with a
 status, body and headers, to test throttling and permanent errors. A created instance
-is 'pending' until the first list after its create, then 'running', with the address
-``127.0.0.1`` (so an ssh ready check can be pointed at a local listening socket).
+is 'pending' until the first list after its create, then 'running', with an address
+of its own on loopback: ``127.0.0.1`` for the first (so an ssh ready check can be
+pointed at a local listening socket), ``127.0.0.2`` for the second, and so on.
 
 ``install(monkeypatch, kind)`` points libcloud's driver connection at the fake and
 returns ``(fake, driver)``: build the provider with ``driver=driver``.
@@ -13,6 +14,7 @@ returns ``(fake, driver)``: build the provider with ``driver=driver``.
 
 from __future__ import annotations
 
+import fnmatch
 import itertools
 import json
 from collections import Counter
@@ -37,6 +39,10 @@ class Instance:
     tags: dict[str, str]
     state: str = "pending"
     listed: int = 0
+    address: str = "127.0.0.1"
+    params: dict[str, Any] = field(default_factory=dict)  # the create call, as sent
+    zone: str = ""
+    fault: str = ""  # the cloud's words for a failed (ERROR, stopped) instance
 
 
 @dataclass
@@ -50,6 +56,11 @@ class FakeCloud:
     missing_images: set[str] = field(default_factory=set)
     lost_answers: int = 0  # creates that succeed but whose answer is a 503
     page_size: int | None = None  # lists answer in pages of this many (EC2, GCE)
+    # images by name for lookups by filter or name: (id, name, created)
+    images: list[tuple[str, str, str]] = field(default_factory=list)
+    # GCE: insert operations that end in an error (code, message), one per insert
+    operation_errors: list[tuple[str, str]] = field(default_factory=list)
+    operations: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def page(self, found: list[Any], token: str | None) -> tuple[list[Any], str | None]:
         """One page of ``found`` from ``token`` (an offset), and the next token."""
@@ -78,7 +89,9 @@ class FakeCloud:
         return queue.pop(0) if queue else None
 
     def create(self, name: str, image: str, size: str, tags: dict[str, str]) -> Instance:
-        instance = Instance(f"i-{next(self.ids):08x}", name, image, size, dict(tags))
+        n = next(self.ids)
+        instance = Instance(f"i-{n:08x}", name, image, size, dict(tags),
+                            address=f"127.0.{(n - 1) // 254}.{(n - 1) % 254 + 1}")
         self.instances[instance.id] = instance
         return instance
 
@@ -105,21 +118,42 @@ def _ec2_item(i: Instance) -> str:
     tags = "".join(
         f"<item><key>{k}</key><value>{v}</value></item>" for k, v in i.tags.items()
     )
-    code = {"pending": 0, "running": 16, "shutting-down": 32, "terminated": 48}[i.state]
+    code = {"pending": 0, "running": 16, "shutting-down": 32, "terminated": 48,
+            "stopping": 64, "stopped": 80}[i.state]  # fmt: skip
+    reason = ""
+    if i.fault:
+        code_, _, message = i.fault.partition(": ")
+        reason = (f"<stateReason><code>{code_}</code><message>{message}</message>"
+                  "</stateReason>")  # fmt: skip
     return (
         f"<item><instanceId>{i.id}</instanceId><imageId>{i.image}</imageId>"
-        f"<instanceState><code>{code}</code><name>{i.state}</name></instanceState>"
+        f"<instanceState><code>{code}</code><name>{i.state}</name></instanceState>{reason}"
         f"<privateDnsName/><dnsName/><instanceType>{i.size}</instanceType>"
         "<launchTime>2026-01-01T00:00:00.000Z</launchTime>"
-        "<privateIpAddress>10.0.0.9</privateIpAddress><ipAddress>127.0.0.1</ipAddress>"
+        f"<privateIpAddress>10.0.0.9</privateIpAddress><ipAddress>{i.address}</ipAddress>"
         f"<tagSet>{tags}</tagSet></item>"
     )
 
 
-def ec2_error(code: str, message: str) -> str:
+def ec2_error(code: str, message: str, xmlns: str = "") -> str:
+    """An EC2 error body: EC2's own shape (no namespace), or with ``xmlns`` on the
+    root as moto and other EC2-compatible endpoints write it."""
+    ns = f' xmlns="{xmlns}"' if xmlns else ""
     return (
-        f"<Response><Errors><Error><Code>{code}</Code><Message>{message}</Message>"
+        f'<?xml version="1.0" encoding="UTF-8"?>\n<Response{ns}><Errors><Error>'
+        f"<Code>{code}</Code><Message>{message}</Message>"
         "</Error></Errors><RequestID>req-1</RequestID></Response>"
+    )
+
+
+def _ec2_image(image_id: str, created: str = "2026-01-01T00:00:00.000Z") -> str:
+    return (
+        f"<item><imageId>{image_id}</imageId><creationDate>{created}</creationDate>"
+        "<rootDeviceName>/dev/xvda</rootDeviceName><blockDeviceMapping>"
+        "<item><deviceName>/dev/xvda</deviceName><ebs><snapshotId>snap-1</snapshotId>"
+        "<volumeSize>8</volumeSize></ebs></item>"
+        "<item><deviceName>/dev/sdb</deviceName><virtualName>ephemeral0</virtualName></item>"
+        "</blockDeviceMapping></item>"
     )
 
 
@@ -127,16 +161,34 @@ class EC2Mock(MockHttp):  # type: ignore[misc]
     cloud: FakeCloud
 
     def _get_request(self, method: str, url: str, body: Any = None, headers: Any = None) -> Reply:
-        params = {k: v[0] for k, v in parse_qs(urlparse(url).query).items()}
+        query = parse_qs(urlparse(url).query, keep_blank_values=True)
+        params = {k: v[0] for k, v in query.items()}
         if body:
-            params.update({k: v[0] for k, v in parse_qs(str(body)).items()})
+            params.update({k: v[0] for k, v in parse_qs(str(body), keep_blank_values=True).items()})
         action = params.get("Action", "")
         kind = {"RunInstances": "create", "DescribeInstances": "list",
-                "TerminateInstances": "destroy"}.get(action, action)
+                "TerminateInstances": "destroy", "DescribeImages": "image"}.get(action, action)
         failure = self.cloud.take_failure(kind)
         if failure:
             return failure
         return getattr(self, f"_ec2_{kind}")(params)
+
+    def _ec2_image(self, params: dict[str, str]) -> Reply:
+        wanted = params.get("ImageId.1")
+        if wanted in self.cloud.missing_images:
+            body = ec2_error("InvalidAMIID.NotFound", f"The image id '[{wanted}]' does not exist",
+                             xmlns=EC2_NS.rstrip("/"))  # moto's shape: namespaced
+            return 400, body, {}, "Bad Request"
+        if wanted:
+            items = _ec2_image(wanted)
+        else:
+            names = {v for k, v in params.items() if k.startswith("Filter.1.Value.")}
+            items = "".join(
+                _ec2_image(i, created) for i, name, created in self.cloud.images
+                if any(fnmatch.fnmatchcase(name, n) for n in names)
+            )
+        return _ok(f'<DescribeImagesResponse xmlns="{EC2_NS}"><imagesSet>{items}</imagesSet>'
+                   "</DescribeImagesResponse>")
 
     def _ec2_create(self, params: dict[str, str]) -> Reply:
         image = params["ImageId"]
@@ -151,6 +203,8 @@ class EC2Mock(MockHttp):  # type: ignore[misc]
                 break
             tags[key] = params.get(f"TagSpecification.1.Tag.{n}.Value", "")
         instance = self.cloud.create(tags.get("Name", ""), image, params["InstanceType"], tags)
+        instance.params = dict(params)
+        instance.zone = params.get("Placement.AvailabilityZone", "")
         lost = (503, ec2_error("Unavailable", "The server is unavailable"), {}, "Unavailable")
         return self.cloud.answer(_ok(
             f'<RunInstancesResponse xmlns="{EC2_NS}"><reservationId>r-1</reservationId>'
@@ -203,46 +257,75 @@ def gce_error(status: int, reason: str, message: str) -> str:
 
 
 def _gce_item(i: Instance) -> dict[str, Any]:
-    status = {"pending": "PROVISIONING", "running": "RUNNING"}.get(i.state, "STOPPING")
+    status = {"pending": "PROVISIONING", "running": "RUNNING", "stopped": "TERMINATED"}.get(
+        i.state, "STOPPING")
     return {
         "id": i.id, "name": i.name, "status": status, "labels": i.tags,
+        "zone": f"https://www.googleapis.com/compute/v1/projects/proj/zones/{i.zone}",
+        "statusMessage": i.fault, "creationTimestamp": "2026-01-01T00:00:00.000-07:00",
         "networkInterfaces": [
-            {"networkIP": "10.0.0.9", "accessConfigs": [{"natIP": "127.0.0.1"}]}
+            {"networkIP": "10.0.0.9", "accessConfigs": [{"natIP": i.address}]}
         ],
     }
 
 
 class GCEMock(MockHttp):  # type: ignore[misc]
+    """instances.insert (answering a zone operation, followed with zoneOperations.get:
+    DONE at the first get, with an error when ``operation_errors`` says so: GCE's
+    shape), instances.aggregatedList filtered by a label, instances.delete."""
+
     cloud: FakeCloud
 
     def _get_request(self, method: str, url: str, body: Any = None, headers: Any = None) -> Reply:
         parsed = urlparse(url)
-        path = parsed.path.rstrip("/")
-        tail = path.split("/instances", 1)[1] if "/instances" in path else None
-        if tail is None:
-            return 404, gce_error(404, "notFound", f"no such path {path}"), {}, "Not Found"
-        kind = {"POST": "create", "GET": "list", "DELETE": "destroy"}[method]
-        failure = self.cloud.take_failure(kind)
-        if failure:
-            return failure
-        if method == "POST":
-            return self._insert(json.loads(body))
-        if method == "DELETE":
-            found = self.cloud.by_name(tail.lstrip("/"))
-            if found is None:
-                return 404, gce_error(404, "notFound", "instance not found"), {}, "Not Found"
-            found.state = "terminated"
-            return _ok({"kind": "compute#operation", "name": "op-2", "status": "PENDING"})
-        query = parse_qs(parsed.query)
+        path = parsed.path.rstrip("/").split("/projects/proj", 1)[1]
+        parts = path.strip("/").split("/")
+        if parts[:2] == ["aggregated", "instances"] and method == "GET":
+            return self.take("list") or self._list(parse_qs(parsed.query))
+        if len(parts) >= 3 and parts[0] == "zones" and parts[2] == "operations":
+            self.cloud.calls["operation"] += 1
+            return self._operation(parts[3])
+        if len(parts) >= 3 and parts[0] == "zones" and parts[2] == "instances":
+            zone = parts[1]
+            if method == "POST":
+                return self.take("create") or self._insert(zone, json.loads(body))
+            if method == "DELETE":
+                return self.take("destroy") or self._delete(parts[3])
+        return 404, gce_error(404, "notFound", f"no such path {path}"), {}, "Not Found"
+
+    def take(self, kind: str) -> Reply | None:
+        return self.cloud.take_failure(kind)
+
+    def _list(self, query: dict[str, list[str]]) -> Reply:
         key, _, value = query.get("filter", [""])[0].removeprefix("labels.").partition("=")
-        found = [_gce_item(i) for i in self.cloud.live() if i.tags.get(key) == value]
-        items, token = self.cloud.page(found, query.get("pageToken", [None])[0])
-        reply: dict[str, Any] = {"kind": "compute#instanceList", "items": items}
+        found = [i for i in self.cloud.live() if i.tags.get(key) == value]
+        page, token = self.cloud.page(found, query.get("pageToken", [None])[0])
+        items: dict[str, Any] = {"zones/us-east1-b": {"warning": {"code": "NO_RESULTS_ON_PAGE"}}}
+        for i in page:
+            items.setdefault(f"zones/{i.zone}", {"instances": []})["instances"].append(
+                _gce_item(i))
+        reply: dict[str, Any] = {"kind": "compute#instanceAggregatedList", "items": items}
         if token:
             reply["nextPageToken"] = token
         return _ok(reply)
 
-    def _insert(self, body: dict[str, Any]) -> Reply:
+    def _delete(self, name: str) -> Reply:
+        found = self.cloud.by_name(name)
+        if found is None:
+            return 404, gce_error(404, "notFound", "instance not found"), {}, "Not Found"
+        found.state = "terminated"
+        return _ok({"kind": "compute#operation", "name": "op-delete", "status": "PENDING"})
+
+    def _operation(self, name: str) -> Reply:
+        op = self.cloud.operations[name]
+        reply: dict[str, Any] = {"kind": "compute#operation", "name": name, "status": "DONE"}
+        if op.get("error"):
+            code, message = op["error"]
+            reply["error"] = {"errors": [{"code": code, "message": message}]}
+            reply["httpErrorStatusCode"] = 403 if code == "QUOTA_EXCEEDED" else 400
+        return _ok(reply)
+
+    def _insert(self, zone: str, body: dict[str, Any]) -> Reply:
         image = body["disks"][0]["initializeParams"]["sourceImage"]
         if image.rsplit("/", 1)[-1] in self.cloud.missing_images:
             message = f"The resource '{image}' was not found"
@@ -250,10 +333,16 @@ class GCEMock(MockHttp):  # type: ignore[misc]
         if self.cloud.by_name(body["name"]) is not None:
             message = f"The resource '{body['name']}' already exists"
             return 409, gce_error(409, "alreadyExists", message), {}, "Conflict"
+        name = f"op-{len(self.cloud.operations) + 1}"
+        if self.cloud.operation_errors:
+            self.cloud.operations[name] = {"error": self.cloud.operation_errors.pop(0)}
+            return _ok({"kind": "compute#operation", "name": name, "status": "RUNNING"})
         size = body["machineType"].rsplit("/", 1)[-1]
-        self.cloud.create(body["name"], image, size, body.get("labels", {}))
+        instance = self.cloud.create(body["name"], image, size, body.get("labels", {}))
+        instance.params, instance.zone = body, zone
+        self.cloud.operations[name] = {}
         lost = (503, gce_error(503, "backendError", "Backend Error"), {}, "Unavailable")
-        op = _ok({"kind": "compute#operation", "name": "op-1", "status": "PENDING"})
+        op = _ok({"kind": "compute#operation", "name": name, "status": "RUNNING"})
         return self.cloud.answer(op, lost)
 
 
@@ -263,10 +352,13 @@ OPENSTACK_BASE = "http://127.0.0.1:8774/v2.1/tenant"
 
 
 def _os_server(i: Instance) -> dict[str, Any]:
-    status = {"pending": "BUILD", "running": "ACTIVE"}.get(i.state, "DELETED")
+    status = {"pending": "BUILD", "running": "ACTIVE", "error": "ERROR",
+              "stopped": "SHUTOFF"}.get(i.state, "DELETED")  # fmt: skip
+    fault = {"fault": {"code": 500, "message": i.fault, "created": "2026-01-01T00:00:00Z"}}
     return {
+        **(fault if i.fault else {}),
         "id": i.id, "name": i.name, "status": status, "metadata": i.tags,
-        "addresses": {"net": [{"addr": "127.0.0.1", "version": 4,
+        "addresses": {"net": [{"addr": i.address, "version": 4,
                                "OS-EXT-IPS:type": "floating"}]},
         "image": {"id": i.image}, "flavor": {"id": i.size}, "tenant_id": "tenant",
         "user_id": "u", "created": "2026-01-01T00:00:00Z", "updated": "2026-01-01T00:00:00Z",
@@ -282,6 +374,10 @@ class OpenStackMock(MockHttp):  # type: ignore[misc]
         path = urlparse(url).path.rstrip("/").split("/tenant", 1)[1]
         if method == "POST" and path == "/servers":
             return self._failure("create") or self._create(json.loads(body)["server"])
+        if method == "GET" and path == "/images/detail":
+            self.cloud.calls["image"] += 1
+            return _ok({"images": [{"id": i, "name": n, "created": c, "status": "ACTIVE"}
+                                   for i, n, c in self.cloud.images]})
         if method == "GET" and path == "/servers/detail":
             return self._failure("list") or _ok(
                 {"servers": [_os_server(i) for i in self.cloud.live()]}
@@ -311,6 +407,8 @@ class OpenStackMock(MockHttp):  # type: ignore[misc]
         instance = self.cloud.create(
             server["name"], image, server.get("flavorRef", ""), server.get("metadata", {})
         )
+        instance.params = dict(server)
+        instance.zone = server.get("availability_zone", "")
         lost = (503, json.dumps({"computeFault": {"message": "down", "code": 503}}), {}, "down")
         return self.cloud.answer(_ok({"server": {"id": instance.id, "adminPass": "x"}}, 202), lost)
 
@@ -323,10 +421,12 @@ def install(monkeypatch: pytest.MonkeyPatch, kind: str) -> tuple[FakeCloud, Any]
     if kind == "ec2":
         from libcloud.compute.drivers.ec2 import EC2NodeDriver
 
+        from vmpool.providers.cloud.ec2_wire import driver_class as ec2_driver
+
         monkeypatch.setattr(EC2Mock, "cloud", cloud, raising=False)
         monkeypatch.setattr(EC2NodeDriver.connectionCls, "conn_class", EC2Mock)
-        return cloud, EC2NodeDriver("AKIDFAKE", "fake-secret", region="us-east-1",
-                                    signature_version="4")
+        return cloud, ec2_driver(tolerant=False)("AKIDFAKE", "fake-secret", region="us-east-1",
+                                                 signature_version="4")
     if kind == "gce":
         from libcloud.common import google
         from libcloud.compute.drivers.gce import GCENodeDriver

@@ -44,7 +44,7 @@ def test_every_command_takes_the_shared_options() -> None:
     printing = {"config check", "config show", "config schema", "request create", "request get",
                 "request delete", "request history", "pools", "audit", "token create",
                 "token revoke", "enqueue", "vm get", "vm list", "vm show", "vm extend",
-                "vm delete"}
+                "vm delete", "fleet-id"}
     ctx = click.Context(cli)
     seen = set()
     for name in cli.list_commands(ctx):

@@ -58,7 +58,8 @@ def cloud_fleet(
     fleet = Fleet.build(redis_client, config, RecordingDispatcher(), "worker:test:1")
     fleet.names = NameGenerator("", random.Random(3))
     options = {**config.providers["aws"].options, "retries": 0, "backoff": 0}
-    fleet.providers = {"aws": EC2Provider(redis_client, fleet.keys, "aws", options,
+    pools = {name: pool.provider_options for name, pool in config.pools.items()}
+    fleet.providers = {"aws": EC2Provider(redis_client, fleet.keys, "aws", options, pools=pools,
                                           driver=driver, sleep=lambda s: None)}
     return fleet, cloud
 
@@ -140,7 +141,7 @@ def test_a_vm_missing_from_a_fresh_list_is_booting_not_vanished(cloud_fleet: Any
 
 
 def test_hostname_is_the_clouds_address_without_a_domain(cloud_fleet: Any) -> None:
-    fleet, _ = cloud_fleet
+    fleet, cloud = cloud_fleet
     request(fleet, "bare", 1, "r-bare")
     request(fleet, "named", 1, "r-named")
     run(fleet)
@@ -149,9 +150,11 @@ def test_hostname_is_the_clouds_address_without_a_domain(cloud_fleet: Any) -> No
     (bare,) = fleet.store.request_vms("r-bare")
     (named,) = fleet.store.request_vms("r-named")
     assert bare.state == named.state == "running"
-    assert bare.hostname == "127.0.0.1"
+    address = {i.name: i.address for i in cloud.instances.values()}
+    assert bare.hostname == bare.address == address[bare.name]
     assert named.hostname == f"{named.name}.vms.example.com"
-    assert fleet.store.hostnames("r-bare") == {"bare": ["127.0.0.1"]}
+    assert named.address == address[named.name]  # recorded whatever the hostname
+    assert fleet.store.hostnames("r-bare") == {"bare": [address[bare.name]]}
 
 
 def test_the_pools_amisize_wins_over_the_providers_instance_type(cloud_fleet: Any) -> None:
@@ -249,3 +252,20 @@ def test_a_batched_answer_older_than_a_delete_changes_nothing(cloud_fleet: Any) 
     vms = fleet.store.request_vms(rid)
     assert vms and all(vm.state == "completed" for vm in vms)
     assert all(e.dst != "running" for e in fleet.store.history(rid))
+
+
+def test_an_instance_stopped_while_booting_fails_at_once_with_its_reason(
+    cloud_fleet: Any,
+) -> None:
+    """EC2 stopped the instance (an internal error on launch): the VM fails at the next
+    check, not at the pool's timeout, with EC2's words in its reason; a new VM is made."""
+    fleet, cloud = cloud_fleet
+    rid = request(fleet, "bare", 1, "r-stopped")
+    run(fleet, skip=("check_pending_vm",))
+    (instance,) = cloud.instances.values()
+    instance.state, instance.fault = "stopped", "Server.InternalError: Internal error on launch"
+    lifecycle.check_pending_sweep(fleet)
+    (failed,) = [vm for vm in fleet.store.request_vms(rid) if vm.state == "completed"]
+    assert failed.reason.startswith("failed at the provider: instance i-")
+    assert "Server.InternalError: Internal error on launch" in failed.reason
+    assert any(job == "provision_request" for job, _ in recorder(fleet).take())

@@ -397,7 +397,9 @@ def test_unknown_keys_warn(tmp_path: Path) -> None:
     assert len(config.warnings) == 5
 
 
-def test_vmpooler_keys_we_do_not_use_are_silent(tmp_path: Path) -> None:
+def test_vmpooler_keys_we_do_not_use_load(tmp_path: Path) -> None:
+    """vmpooler's keys vmpool has no use for load: silently in :config: and the other
+    sections, with a warning naming each pool key the pool's provider does not read."""
     config = load(
         tmp_path,
         """
@@ -432,7 +434,12 @@ def test_vmpooler_keys_we_do_not_use_are_silent(tmp_path: Path) -> None:
             create_linked_clone: false
         """,
     )
-    assert config.warnings == ()
+    unread = ("folder", "datastore", "check_loop_delay_min", "create_linked_clone")
+    assert sorted(config.warnings) == sorted(
+        f"{tmp_path / 'vmpool.yaml'}: pools[0].{key}: a vmpooler key provider class"
+        " 'simulated' does not honour; ignored"
+        for key in unread
+    )
 
 
 def test_global_domain_is_a_warning_and_ignored(tmp_path: Path) -> None:

@@ -52,9 +52,17 @@ def renamed(public: dict[str, Any], data: dict[str, Any] | None = None) -> dict[
 
 # Settings added after the recording (warm pools, pool keys for providers): not in it, so
 # not compared.
-ADDED_TOP = ("task_limit", "max_lifetime_upper_limit_s", "tagfilter", "batch_lanes")
+ADDED_TOP = (
+    "task_limit",
+    "max_lifetime_upper_limit_s",
+    "tagfilter",
+    "batch_lanes",
+    "provider_quota_wait_s",
+)
 ADDED_POOL = ("ondemand_from_ready", "provider_options")
 ADDED_SCHEDULE = ("top_up_pools", "check_ready")
+# Warnings the recording predates: a vmpooler pool key its provider class does not read.
+ADDED_WARNING = "a vmpooler key provider class"
 
 
 def recorded_keys(public: dict[str, Any]) -> dict[str, Any]:
@@ -62,6 +70,7 @@ def recorded_keys(public: dict[str, Any]) -> dict[str, Any]:
     out = {k: v for k, v in public.items() if k not in ADDED_TOP}
     out["pools"] = [{k: v for k, v in p.items() if k not in ADDED_POOL} for p in public["pools"]]
     out["schedule"] = {k: v for k, v in public["schedule"].items() if k not in ADDED_SCHEDULE}
+    out["warnings"] = [w for w in public["warnings"] if ADDED_WARNING not in w]
     return out
 
 

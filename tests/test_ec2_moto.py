@@ -34,6 +34,7 @@ import redis
 
 from vmpool.config import Config, load_config
 from vmpool.state.counters import JOBS_METRIC
+from vmpool.state.fleet_identity import fleet_identity
 from vmpool.state.keys import Keys
 from vmpool.state.records import RequestSettings, Slot
 from vmpool.state.store import Store
@@ -148,8 +149,8 @@ class MotoFleet:
         return int(raw or 0)
 
     def ours(self) -> list[dict[str, Any]]:
-        prefix = self.config.key_prefix
-        return [i for i in self.instances() if i["tags"].get("vmpool-fleet") == prefix]
+        fleet_id = fleet_identity(self.store.redis, self.store.keys)
+        return [i for i in self.instances() if i["tags"].get("vmpool-fleet") == fleet_id]
 
 
 @pytest.fixture
@@ -278,10 +279,11 @@ def test_vmpool_up_on_ec2_through_the_api(tmp_path: Path, redis_url: str,
         hostnames = {call("GET", f"/api/v3/ondemandvm/{rid}")[1]["ubuntu"]["hostname"][0]
                      for rid in rids}
         ec2 = boto_ec2(moto)
+        fleet_id = fleet_identity(redis_client, Keys("vmpool"))
 
         def running() -> list[dict[str, Any]]:
             reply = ec2.describe_instances(Filters=[
-                {"Name": "tag:vmpool-fleet", "Values": ["vmpool"]},
+                {"Name": "tag:vmpool-fleet", "Values": [fleet_id]},
                 {"Name": "instance-state-name", "Values": ["pending", "running"]}])
             return [i for r in reply["Reservations"] for i in r["Instances"]]
 

@@ -254,7 +254,7 @@ def test_vm_failure_retries_then_fails_request(store: Store, keys: Keys) -> None
             assert store.redis.zscore(keys.provision_queue, "r1") is not None
     rec = store.get_request("r1")
     assert rec is not None and rec.status == "failed"
-    assert rec.failure_reason == "Max retry attempts exceeded"
+    assert rec.failure_reason == "Max retry attempts exceeded; last cause: boom"
     clean_trail(store, "r1")
 
 

@@ -8,6 +8,7 @@ spells these patterns.
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
@@ -23,6 +24,7 @@ __all__ = [
     "VALIDATORS",
     "VM_NAME_RE",
     "InvalidIdentifier",
+    "is_address",
     "shown",
     "validate",
     "validate_key_prefix",
@@ -133,3 +135,12 @@ VALIDATORS: Final[Mapping[str, Callable[[str], str]]] = MappingProxyType(
 def validate(kind: str, value: str) -> str:
     """``value`` checked by the validator of ``kind`` (a key of :data:`VALIDATORS`)."""
     return VALIDATORS[kind](value)
+
+
+def is_address(text: str) -> bool:
+    """Whether ``text`` is an IPv4 or IPv6 address (a hostname the cloud gave a VM)."""
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        return False
+    return True

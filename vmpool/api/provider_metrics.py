@@ -31,10 +31,24 @@ def circuit_families(client: redis.Redis, keys: Keys, providers: Iterable[str]) 
         "Times the provider's circuit breaker opened",
         labels=["provider"],
     )
+    quota = GaugeMetricFamily(
+        "vmpool_provider_quota_held",
+        "1 while the provider's creates wait after its cloud answered quota, else 0",
+        labels=["provider"],
+    )
+    held = CounterMetricFamily(
+        "vmpool_provider_quota_holds",
+        "Times a quota answer held the provider's creates back",
+        labels=["provider"],
+    )
     for state in states:
         open_.add_metric([state.provider], 1 if state.open else 0)
         failures.add_metric([state.provider], state.failures)
         opened.add_metric([state.provider], state.opened)
+        quota.add_metric([state.provider], 1 if state.quota else 0)
+        held.add_metric([state.provider], state.quota_held)
     yield open_
     yield failures
     yield opened
+    yield quota
+    yield held

@@ -8,7 +8,6 @@ Pure functions of records, config and the server's clock: the router
 
 from __future__ import annotations
 
-import ipaddress
 import re
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
@@ -16,6 +15,7 @@ from typing import Any
 
 from vmpool.api.errors import Rejected
 from vmpool.config import Config
+from vmpool.ids import is_address
 from vmpool.state.records import VMRecord
 
 __all__ = [
@@ -81,8 +81,8 @@ def vm_body(vm: VMRecord, config: Config, now: float) -> dict[str, Any]:
     if vm.tags:
         entry["tags"] = dict(vm.tags)
     # vmpooler answers "" when its DNS lookup fails; vmpool looks up none, but a cloud VM
-    # of a pool without a domain is known by the address its cloud reported.
-    entry["ip"] = vm.hostname if _is_address(vm.hostname) else ""
+    # is known by the address its cloud reported when it turned ready.
+    entry["ip"] = vm.address or (vm.hostname if is_address(vm.hostname) else "")
     pool = config.pools.get(vm.pool)
     domain = pool.domain if pool is not None else None
     if domain:
@@ -92,15 +92,21 @@ def vm_body(vm: VMRecord, config: Config, now: float) -> dict[str, Any]:
 
 
 def checkout_body(
-    wanted: Sequence[tuple[str, str, int]], handed: Sequence[tuple[str, str]], config: Config
+    wanted: Sequence[tuple[str, str, int]],
+    handed: Sequence[tuple[str, str]],
+    config: Config,
+    hostnames: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """vmpooler's checkout answer: ``{"ok": true, "<name asked>": {"hostname": fqdn or
     [fqdn, ...]}}``. ``wanted`` is (name asked, pool chosen, count) in request order;
-    ``handed`` the (VM, pool) pairs the store handed out."""
+    ``handed`` the (VM, pool) pairs the store handed out; ``hostnames`` the hostname each
+    VM's record holds (the cloud's address for a pool without a domain), else the name
+    and the pool's domain."""
     by_pool: dict[str, list[str]] = {}
     for name, pool in handed:
         domain = config.pools[pool].domain if pool in config.pools else None
-        by_pool.setdefault(pool, []).append(f"{name}.{domain}" if domain else name)
+        default = f"{name}.{domain}" if domain else name
+        by_pool.setdefault(pool, []).append((hostnames or {}).get(name) or default)
     body: dict[str, Any] = {"ok": True}
     for asked, pool, count in wanted:
         hosts = [by_pool[pool].pop(0) for _ in range(count)]
@@ -197,11 +203,3 @@ def summary_body(ready_times: Mapping[str, tuple[int, float]], today: str) -> di
         "tag": {},
         "daily": [{"date": today, "boot": boot, "clone": clone, "tag": {}}],
     }
-
-
-def _is_address(text: str) -> bool:
-    try:
-        ipaddress.ip_address(text)
-    except ValueError:
-        return False
-    return True

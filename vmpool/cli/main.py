@@ -41,6 +41,7 @@ COMMANDS: Final[Mapping[str, str]] = MappingProxyType(
         "up": "vmpool.cli.up:up_command",
         "probe": "vmpool.cli.probe:probe_group",
         "vm": "vmpool.cli.vm:vm_group",
+        "fleet-id": "vmpool.cli.fleet_id:fleet_id_command",
     }
 )
 

@@ -15,7 +15,7 @@ import click
 from vmpool.cli.context import CliContext, echo_json, with_context
 from vmpool.cli.errors import CliError, CliFailure
 from vmpool.cli.output import echo_table, iso, relative
-from vmpool.ids import InvalidIdentifier, validate_vm_name
+from vmpool.ids import InvalidIdentifier, is_address, validate_vm_name
 from vmpool.state.records import VMRecord
 
 __all__ = ["vm_group"]
@@ -35,7 +35,13 @@ ALREADY_GIVEN_BACK = frozenset({"vm_completed", "vm_destroyed"})
 TIMES = ("state_since", "reserved_at", "created_at", "ready_at", "lifetime_end", "checkout_at")
 
 
-def _name(raw: str) -> str:
+def _name(cli: CliContext, raw: str) -> str:
+    """The VM a hostname names: a cloud address (the address index), an FQDN or a name."""
+    if is_address(raw):
+        found = cli.store.vm_at_address(raw)
+        if found is None:
+            raise CliFailure(f"no VM at {raw}")
+        return found
     try:
         return validate_vm_name(raw.split(".", 1)[0].lower())
     except InvalidIdentifier as exc:
@@ -84,10 +90,8 @@ def vm_get(cli: CliContext, pools: tuple[str, ...], owner: str) -> None:
     )
     if not out.ok:
         raise CliFailure(f"not enough ready VMs in pool {out.short or '?'}: nothing checked out")
-    hosts = []
-    for name, pool in out.vms:
-        domain = cli.config.pools[pool].domain if pool in cli.config.pools else None
-        hosts.append(f"{name}.{domain}" if domain else name)
+    # each record's hostname: name.domain, or the cloud's address in a pool without one
+    hosts = [vm.hostname for vm in cli.store.get_vms(name for name, _ in out.vms)]
     if cli.as_json:
         echo_json({"ok": True, "hostnames": hosts})
     else:
@@ -137,7 +141,7 @@ def vm_list(cli: CliContext) -> None:
 @click.argument("host")
 def vm_show(cli: CliContext, host: str) -> None:
     """One VM's record, and its own trail while no request holds it."""
-    vm = _record(cli, _name(host))
+    vm = _record(cli, _name(cli, host))
     trail = cli.store.vm_history(vm.name)
     if cli.as_json:
         data = asdict(vm)
@@ -169,7 +173,7 @@ def vm_show(cli: CliContext, host: str) -> None:
 @click.argument("hours", type=click.IntRange(min=1))
 def vm_extend(cli: CliContext, host: str, hours: int) -> None:
     """Set a held VM's lifetime to HOURS from its checkout."""
-    name = _name(host)
+    name = _name(cli, host)
     limit = cli.config.max_lifetime_upper_limit_s
     if limit is not None and hours * 3600 >= limit:
         raise CliError(f"a lifetime of {hours}h exceeds the maximum of {int(limit // 3600)}h")
@@ -190,7 +194,7 @@ def vm_delete(cli: CliContext, host: str) -> None:
 
     A VM given back already is no error (exit 0), as a request deleted twice is not.
     """
-    name = _name(host)
+    name = _name(cli, host)
     out = cli.store.give_back(name, actor="cli")
     if not out.ok and out.code not in ALREADY_GIVEN_BACK:
         raise CliFailure(f"{name}: not given back: {REFUSALS.get(out.code, out.code)}")

@@ -65,6 +65,7 @@ def build(file: ConfigFile, *, source: str, warnings: tuple[str, ...]) -> Config
         reconcile_grace_s=_seconds(cfg, "reconcile_grace"),
         provider_circuit_failures=cfg.provider_circuit_failures,
         provider_circuit_cooldown_s=_seconds(cfg, "provider_circuit_cooldown"),
+        provider_quota_wait_s=_seconds(cfg, "provider_quota_wait"),
         schedule=file.schedule,
         auth=None if file.auth is None else _auth(file.auth, source),
         source=source,
@@ -170,7 +171,6 @@ class _Pools:
             ready_ttl_s=self.ready_ttl_s if ready_ttl_s is None else ready_ttl_s,
             domain=domain,
             clone_target=pool.clone_target or self.file.config.clone_target,
-            size_hint=pool.amisize or pool.machine_type or pool.flavor,
             ondemand_from_ready=pool.ondemand_from_ready,
         )
         options = self.provider_options(resolved, pool, path)
@@ -179,11 +179,13 @@ class _Pools:
     def provider_options(
         self, resolved: PoolConfig, pool: PoolSection, path: str
     ) -> dict[str, Any]:
-        """The pool's keys for its provider's class, validated by the class's pool model.
+        """The pool's keys for its provider's class, validated by the class's pool model
+        (with the provider's options as the validation context: ``{"provider": ...}``).
 
         A key the model shares with the pool's own settings (``clone_target``) is given
         the pool's resolved value unless the pool wrote its own for the provider."""
-        implementation = provider_class(self.providers[resolved.provider].provider_class)
+        provider = self.providers[resolved.provider]
+        implementation = provider_class(provider.provider_class)
         if implementation is None:  # pragma: no cover - provider() refused it already
             return {}
         model = implementation.pool_options
@@ -192,8 +194,8 @@ class _Pools:
             value = getattr(resolved, name, None)
             if name not in raw and name in PoolSection.model_fields and value is not None:
                 raw[name] = value
-        try:
-            validated = model.model_validate(raw)
+        try:  # the provider's options are the context of checks spanning both levels
+            validated = model.model_validate(raw, context={"provider": dict(provider.options)})
         except ValidationError as exc:
             loc, problem = problems(exc)[0]
             raise ConfigError(self.source, key_path(loc, path), problem) from None

@@ -122,7 +122,10 @@ def _vmpooler_keys() -> list[str]:
         "### vmpooler's keys vmpool accepts and ignores",
         "",
         "A vmpooler config loads as it is: these keys are read and ignored, without a"
-        " warning (any other unknown key is a warning naming it).",
+        " warning (any other unknown key is a warning naming it), except on a pool: a"
+        " vmpooler pool key its provider's class reads (its pool keys above: a cloud's"
+        " `zone`, `amisize`, `subnetwork_name`, ...) is honoured, and one it does not is a"
+        " warning naming the key and the class.",
         "",
         "| where | keys |",
         "|---|---|",

@@ -12,6 +12,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from pydantic import SecretStr
+
 from vmpool.config.redis_url import mask_url_password
 from vmpool.config.settings import Schedule
 
@@ -29,9 +31,6 @@ class PoolConfig:
     ready_ttl_s: float | None
     domain: str | None
     clone_target: str | None
-    # the instance size a cloud provider creates (amisize, machine_type or flavor); None:
-    # the provider's own option
-    size_hint: str | None
     ondemand_from_ready: bool = True
     # the pool's keys for its provider's class (its pool model validated them)
     provider_options: Mapping[str, Any] = field(default_factory=dict)
@@ -89,6 +88,7 @@ class Config:
     batch_lanes: int = 4
     max_lifetime_upper_limit_s: float | None = None
     tagfilter: Mapping[str, str] = field(default_factory=dict)
+    provider_quota_wait_s: float = 30.0
 
     def pool(self, name: str) -> PoolConfig:
         """The pool called ``name``; KeyError if there is none (aliases do not count)."""
@@ -139,6 +139,7 @@ class Config:
             "batch_lanes": self.batch_lanes,
             "max_lifetime_upper_limit_s": self.max_lifetime_upper_limit_s,
             "tagfilter": dict(self.tagfilter),
+            "provider_quota_wait_s": self.provider_quota_wait_s,
         }
 
 
@@ -167,7 +168,12 @@ def _public_auth(auth: AuthConfig) -> dict[str, Any]:
 
 
 def _mask_option(key: str, value: Any) -> Any:
+    """A provider's option as shown: secrets (by name, or a SecretStr a model kept, in a
+    section such as a pool's ``dns`` too) as ``***``."""
     lowered = key.lower()
-    if any(word in lowered for word in ("password", "secret", "token", "credential", "access_key")):
+    words = ("password", "secret", "token", "credential", "access_key")
+    if any(word in lowered for word in words) or isinstance(value, SecretStr):
         return "***"
+    if isinstance(value, Mapping):
+        return {k: _mask_option(str(k), v) for k, v in value.items()}
     return value

@@ -24,6 +24,7 @@ from types import MappingProxyType
 from typing import Any, Final
 
 import redis
+from pydantic import SecretStr
 
 from vmpool.config.model import AuthConfig, Config, PoolConfig, ProviderConfig
 from vmpool.config.settings import Schedule
@@ -77,7 +78,10 @@ class PublishedConfig:
 
 
 def _plain(value: Any) -> Any:
-    """A config value as JSON data."""
+    """A config value as JSON data (a secret a model kept, such as a pool's dns key, as
+    the mask)."""
+    if isinstance(value, SecretStr):
+        return MASK
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
     if hasattr(value, "model_dump"):

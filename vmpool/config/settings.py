@@ -140,6 +140,9 @@ class ConfigSection(_Section):
     provider_circuit_cooldown: LockSeconds = seconds(
         60, "How long a provider's pools stop creating once its circuit opened"
     )
+    provider_quota_wait: LockSeconds = seconds(
+        30, "How long a provider's pools stop creating once its cloud answered quota"
+    )
     clone_target: Text | None = Field(
         default=None, description="Where VMs are cloned (default of every pool's clone_target)"
     )
@@ -183,15 +186,6 @@ class PoolSection(_Section):
     )
     clone_target: Text | None = Field(
         default=None, description="Where VMs are cloned (default: config.clone_target)"
-    )
-    amisize: Text | None = Field(
-        default=None, description="EC2: the instance type (default: the provider's)"
-    )
-    machine_type: Text | None = Field(
-        default=None, description="GCE: the machine type (default: the provider's)"
-    )
-    flavor: Text | None = Field(
-        default=None, description="OpenStack: the flavor id (default: the provider's)"
     )
     ondemand_from_ready: bool = Field(
         default=True,

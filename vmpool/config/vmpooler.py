@@ -5,8 +5,11 @@
   ``:config:`` and ``config:`` (and ``:name:`` inside a pool) mean the same thing; a
   pool's ``provider`` and ``dns_plugin`` may name their target as a symbol too.
 - Keys vmpool does not know are warnings, never a crash; vmpooler's keys vmpool has no
-  use for are accepted silently, so a vmpooler config loads as it is. A null value is
-  an absent one.
+  use for are accepted, so a vmpooler config loads as it is: silently in the sections
+  that do not change where VMs go, with a warning naming the key on a pool (a pool key
+  its provider class does not read, such as a ``zone`` on a simulated pool, would
+  otherwise put the VMs somewhere the operator did not ask for, unsaid). A null value
+  is an absent one.
 - Some settings are overridden by environment variables, as in vmpooler.
 - The ``:schedule:`` keys took their periodic jobs' names; the old names still load.
 
@@ -249,7 +252,7 @@ class _Reader:
             )
             implementation = provider_class(entry["provider_class"])
             if implementation is not None:
-                known = _fields(implementation.options) | {"provider_class"}
+                known = _accepted(implementation.options) | {"provider_class"}
                 self.known(entry, path, known, PROVIDER_IGNORED)
             section[name] = entry
         top["providers"] = section
@@ -276,19 +279,39 @@ class _Reader:
             for ref in ("provider", "dns_plugin"):
                 if raw.get(ref) is not None:
                     raw[ref] = self.text(raw[ref], f"{path}.{ref}").lstrip(":")
-            own = self.pool_class_keys(top, raw) - known
+            class_name, accepted = self.pool_class_keys(top, raw)
+            own = accepted - known
+            self.not_honoured(raw, path, known | own, class_name)
             pool = self.known(raw, path, known | own, POOL_IGNORED, POOL_IGNORED_PREFIXES)
             if pool.get("name") is None:
                 raise self.fail(f"{path}.name", "missing: every pool needs a name")
             pool[_POOL_OPTIONS] = {key: pool.pop(key) for key in list(pool) if key in own}
             pools[i] = pool
 
-    def pool_class_keys(self, top: dict[str, Any], pool: Mapping[str, Any]) -> frozenset[str]:
-        """The keys the pool's provider class reads of a pool (none when it is unknown)."""
+    def pool_class_keys(
+        self, top: dict[str, Any], pool: Mapping[str, Any]
+    ) -> tuple[str, frozenset[str]]:
+        """The pool's provider class, and the keys it reads of a pool (none when the
+        class is unknown)."""
         name = pool.get("provider") or DEFAULT_PROVIDER
         entry = top["providers"].get(name)
-        implementation = provider_class(entry["provider_class"] if entry else name)
-        return frozenset() if implementation is None else _accepted(implementation.pool_options)
+        class_name = str(entry["provider_class"] if entry else name)
+        implementation = provider_class(class_name)
+        if implementation is None:
+            return class_name, frozenset()
+        return class_name, _accepted(implementation.pool_options)
+
+    def not_honoured(
+        self, pool: Mapping[str, Any], path: str, read: frozenset[str], class_name: str
+    ) -> None:
+        """A warning for each vmpooler pool key that nothing reads for this pool."""
+        for key, value in pool.items():
+            vmpooler = key in POOL_IGNORED or key.startswith(POOL_IGNORED_PREFIXES)
+            if vmpooler and key not in read and value is not None:
+                self.warn(
+                    f"{path}.{key}",
+                    f"a vmpooler key provider class {class_name!r} does not honour; ignored",
+                )
 
     def unused_providers(self, top: dict[str, Any]) -> None:
         used = {pool.get("provider", DEFAULT_PROVIDER) for pool in top.get("pools", [])}

@@ -93,6 +93,10 @@ POOL_IGNORED: Final = frozenset(
         "network_name",
         "subnetwork_name",
         "disk_type",
+        "amisize",
+        "machine_type",
+        "volume_size",
+        "provision",
     ]
 )
 POOL_IGNORED_PREFIXES: Final = ("check_loop_delay_",)

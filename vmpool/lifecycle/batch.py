@@ -203,9 +203,10 @@ def run_batch(
 
 # Outcomes of a subject whose work is not over: it stays in its work set, back in line
 # after retry_s. Another worker holds its lock, or took it over meanwhile (the lock
-# lost, a write refused as stale): if that worker stops, the subject is not lost; no
-# clone slot was free; the provider's circuit is open.
-DEFERRED = frozenset({"busy", "lock_lost", "stale_fence", "throttled", "circuit_open"})
+# lost, a write refused as stale): if that worker stops, the subject is not lost; or
+# no clone slot was free. (A create its provider holds back, 'circuit_open' or
+# 'quota', is left to the pending sweep, which dispatches it once the hold is over.)
+DEFERRED = frozenset({"busy", "lock_lost", "stale_fence", "throttled"})
 
 
 def retry_s(fleet: Fleet) -> float:

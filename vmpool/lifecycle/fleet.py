@@ -38,6 +38,8 @@ from redis import Redis
 
 from vmpool.config import Config
 from vmpool.providers import Provider, providers_from_config
+from vmpool.providers.identity import fleet_ids
+from vmpool.state.capacity import ProviderCapacity
 from vmpool.state.circuit import ProviderCircuit
 from vmpool.state.keys import Keys
 from vmpool.state.locks import FencedLock, LockKind, LockRenewer
@@ -141,6 +143,7 @@ class Fleet:
     rng: random.Random = field(default_factory=random.SystemRandom)
     names: NameGenerator = field(init=False)
     circuit: ProviderCircuit = field(init=False)
+    capacity: ProviderCapacity = field(init=False)
     # One renewal thread for every lock this process holds (not one per lock).
     lock_renewer: LockRenewer = field(default_factory=LockRenewer)
 
@@ -156,10 +159,13 @@ class Fleet:
             self.config.provider_circuit_cooldown_s,
         )
         self.names = NameGenerator(self.config.hostname_prefix, self.rng)
+        self.capacity = ProviderCapacity(self.redis, self.keys, self.lease_s)
 
     @classmethod
     def build(cls, redis_client: Redis, config: Config, dispatch: Dispatcher, actor: str) -> Fleet:
         keys = Keys(config.key_prefix)
+        # Settled before this process writes a VM record (vmpool/state/fleet_identity.py).
+        fleet_ids(redis_client, keys, config.providers)
         return cls(
             redis=redis_client,
             keys=keys,

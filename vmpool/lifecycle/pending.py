@@ -2,11 +2,13 @@
 
 ``observe_pending`` turns one answer of the cloud (the VM as it holds it, or nothing)
 into the VM's next state: ``vm_ready`` (with the cloud's address as hostname when the
-pool has no domain), ``vm_failed`` when it vanished or is past its pool's timeout, or
-nothing while it boots. Both paths use it: ``check_pending_vm`` (one VM, one question)
-and ``check_batched``, which the pending sweep runs for providers that answer for many
-VMs at once (:class:`~vmpool.providers.StatusBatch`): one list call per provider per
-sweep for every pending VM, never one cloud call per VM per tick. Only the VMs whose
+pool has no domain), ``vm_failed`` when it vanished, when the cloud says it never will
+boot (an instance in ERROR, stopped: at once, with the cloud's words), or when it is
+past its pool's timeout, or nothing while it boots. Both paths use it:
+``check_pending_vm`` (one VM, one question) and ``check_batched``, which the pending
+sweep runs for providers that answer for many VMs at once
+(:class:`~vmpool.providers.StatusBatch`): one list call per provider per sweep for
+every pending VM, never one cloud call per VM per tick. Only the VMs whose
 answer changes something take their lock; every change is the same fenced transition
 as in ``check_pending_vm``.
 """
@@ -73,13 +75,15 @@ def observe_pending(
         return "booting"
     if held is None:
         reason = "VM vanished at the provider while booting"
+    elif held.state == "failed":
+        reason = f"failed at the provider: {held.error or 'no reason given'}"
     elif ready:
         # No lock check before the write: the store's fence refuses a stale holder
         # ('stale_fence'), which is the guarantee; a check here is a round trip per VM.
         failpoint("check_pending.before_commit")
         outcome = fleet.store.vm_ready(
             name, actor=actor, fence=lock.fence, hostname=_hostname(vm, held),
-            request_id=vm.request_id,
+            request_id=vm.request_id, address=held.address,
         )  # fmt: skip
         note_outcome("vm_ready", name, outcome)
         if outcome.ok and outcome.code == "completed":
@@ -105,8 +109,9 @@ def observe_pending(
 def _hostname(vm: VMRecord, held: ProviderVM) -> str:
     """The cloud's address when the pool has no domain (the record's hostname is then
     the bare name); '' keeps ``<name>.<domain>``."""
-    if vm.hostname == vm.name and held.hostname and held.hostname != vm.name:
-        return held.hostname
+    address = held.address or (held.hostname if held.hostname != vm.name else "")
+    if vm.hostname == vm.name and address:
+        return address
     return ""
 
 
@@ -218,7 +223,7 @@ def _due(fleet: Fleet, vm: Booting, held: ProviderVM | None, now: float, lag: fl
     age = now - vm.since
     if held is None:
         return age >= lag
-    return held.state == "running" or age >= fleet.pool_timeout_s(vm.pool)
+    return held.state in ("running", "failed") or age >= fleet.pool_timeout_s(vm.pool)
 
 
 def _observe_locked(

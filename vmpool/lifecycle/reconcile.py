@@ -2,7 +2,8 @@
 
 Finds what no job will: VMs the provider holds that no record owns (leaks, destroyed
 after a grace), reservations whose creator died (finished or cleaned up), and records
-whose VM the provider lost.
+whose VM the provider lost (booting: failed; handed out: ended, as vmpooler moves it to
+completed). The inventory is one list call per provider and runs no ready check.
 """
 
 from __future__ import annotations
@@ -42,6 +43,8 @@ def reconcile(fleet: Fleet) -> dict[str, int]:
       (or gone) -> vm_failed; else create_vm dispatched again.
     - pending VM (pending since before the inventory was read) that the provider no
       longer holds -> vm_failed.
+    - running VM (handed out before the inventory was read) that the provider no longer
+      holds -> ended ('vanished at the provider'), its request left as it is.
     """
     counts: Counter[str] = Counter()
     inventory_started = fleet.store.server_time()
@@ -69,7 +72,42 @@ def reconcile(fleet: Fleet) -> dict[str, int]:
             if vm is None or vm.provider not in inventories or (vm.provider, name) in held:
                 continue
             _reconcile_lost(fleet, vm, counts)
+    held_names = {name for _, name in held}
+    running = [n for p in fleet.config.pools for n in fleet.store.pool_vms(p, "running")]
+    for vm in fleet.store.get_vms(n for n in running if n not in held_names):
+        _reconcile_vanished(fleet, vm, inventories, inventory_started, counts)
     return dict(counts)
+
+
+def _reconcile_vanished(
+    fleet: Fleet,
+    vm: VMRecord,
+    inventories: dict[str, list[ProviderVM]],
+    since: float,
+    counts: Counter[str],
+) -> None:
+    """A handed-out VM its provider no longer holds (listed before it was handed out
+    does not count): asked again alone, then ended, so its holder sees it gone and its
+    record goes the way of every finished VM."""
+    handed = vm.checkout_at or vm.ready_at
+    if vm.state != "running" or vm.provider not in inventories or not handed or handed > since:
+        return
+    provider = fleet.provider_for(vm)
+    try:
+        if provider is None or provider.get_vm(vm.pool, vm.name) is not None:
+            return
+    except Exception as exc:
+        log.warning("reconcile %s: provider error: %s", vm.name, exc)
+        counts["provider_error"] += 1
+        return
+    outcome = fleet.store.end_vm_lifetime(
+        vm.name, actor=fleet.who("reconcile"), force=True, reason="vanished at the provider"
+    )
+    note_outcome("end_vm_lifetime", vm.name, outcome)
+    if outcome.ok:
+        log.warning("reconcile: handed-out VM %s vanished at %s", vm.name, vm.provider)
+        fleet.dispatch.destroy_vm(vm.name)
+        counts["running_lost"] += 1
 
 
 def _reconcile_inventory(
@@ -120,7 +158,9 @@ def _destroy_unowned(
                 counts["skipped_recorded"] += 1  # a record appeared: not ours to destroy
                 return
             lock.ensure_held()
-            provider.destroy_vm(pvm.pool, pvm.name)
+            if not provider.destroy_vm(pvm.pool, pvm.name):
+                counts[f"{why}_gone"] += 1  # gone meanwhile: nothing was destroyed
+                return
             log.info("reconcile: destroyed %s VM %s at %s", why, pvm.name, provider.name)
             counts[f"{why}_destroyed"] += 1
     except LockBusy:

@@ -21,16 +21,18 @@ from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 
 from vmpool.config import Config
-from vmpool.lifecycle.cloudsteps import circuit_closed, circuit_open, count_failure, size_hint
-from vmpool.lifecycle.failpoints import failpoint
-from vmpool.lifecycle.fleet import Fleet, after_vm_failed, note_outcome
-from vmpool.lifecycle.pending import check_batched, list_lag_s, observe_pending
-from vmpool.providers import (
-    Provider,
-    StatusBatch,
-    create_for_request,
-    is_permanent_error,
+from vmpool.lifecycle.cloudsteps import (
+    admit,
+    circuit_closed,
+    create_failed,
+    creates_due,
+    held_back,
+    let_go,
 )
+from vmpool.lifecycle.failpoints import failpoint
+from vmpool.lifecycle.fleet import Fleet, note_outcome
+from vmpool.lifecycle.pending import check_batched, list_lag_s, observe_pending
+from vmpool.providers import Provider, StatusBatch, create_for_request
 from vmpool.state.locks import FencedLock, LockLost
 from vmpool.state.records import VMRecord
 from vmpool.state.workset import WorkSet
@@ -64,7 +66,10 @@ def create_vm(
     'retry' / 'request_failed' / 'failed' (the provider refused; vm_failed recorded),
     'busy' (another worker holds the VM), 'throttled' (no clone slot free; the pending
     sweep dispatches it again), 'circuit_open' (the provider's circuit breaker is open;
-    likewise), 'lock_lost', 'no_provider', or the store's refusal
+    likewise), 'quota' (the cloud refused for quota or capacity, now or a moment ago,
+    or the provider is at its own max_instances / max_cores: the VM waits reserved, no
+    retry spent; likewise), 'lock_lost', 'no_provider', or
+    the store's refusal
     ('no_vm', 'vm_<state>', 'stale_fence').
 
     The create is idempotent at the provider (by name), so a second run, or a run after
@@ -133,9 +138,10 @@ def _create_locked(
     fleet: Fleet, vm: VMRecord, provider: Provider, lock: FencedLock, slot: bool | None = None
 ) -> str:
     name = vm.name
-    if circuit_open(fleet, provider, vm):
+    hold = held_back(fleet, provider, vm)
+    if hold:
         fleet.slots.release(name, lock.fence)  # the VM waits reserved, holding no slot
-        return "circuit_open"
+        return hold
     if slot is None:  # renews (or takes over) the VM's lease, or takes a free slot
         slot = fleet.slots.acquire(name, lock.fence) is not None
     if not slot:
@@ -144,13 +150,14 @@ def _create_locked(
     actor = fleet.who("create")
     try:
         lock.ensure_held()  # before the provider call: a side effect no fence guards
+        refused = admit(fleet, provider, vm, lock)  # the provider's own limits
+        if refused:
+            return refused
         try:
             with fleet.slots.renewing(name, lock.fence):  # held as long as the call runs
-                create_for_request(
-                    provider, vm.pool, vm.template, name, vm.request_id, size_hint(fleet, vm)
-                )
+                create_for_request(provider, vm.pool, vm.template, name, vm.request_id)
         except Exception as exc:  # any provider failure is recorded, never raised
-            return _create_failed(fleet, provider, vm, lock, exc)
+            return create_failed(fleet, provider, vm, lock, exc)
         failpoint("create_vm.after_provider")
         circuit_closed(fleet, provider, vm)
         # No ensure_held() before the write: its fence refuses a stale holder inside it.
@@ -173,24 +180,7 @@ def _create_locked(
         return "completed" if created.ok else created.code
     finally:
         fleet.slots.release(name, lock.fence)  # ours only: not a newer creator's
-
-
-def _create_failed(
-    fleet: Fleet, provider: Provider, vm: VMRecord, lock: FencedLock, exc: Exception
-) -> str:
-    """Record a failed create (vm_failed, permanent when retrying cannot help, with the
-    cloud's message in the reason) and count it toward the provider's breaker."""
-    permanent = is_permanent_error(exc)
-    log.info("create %s failed (permanent=%s): %s", vm.name, permanent, exc)
-    reason = f"create failed: {exc}" + count_failure(fleet, provider, vm, exc, permanent)
-    failed = fleet.store.vm_failed(
-        vm.name, reason, actor=fleet.who("create"), permanent=permanent, fence=lock.fence
-    )
-    note_outcome("vm_failed", vm.name, failed)
-    after_vm_failed(fleet, vm, failed)
-    if failed.ok:
-        return failed.code if failed.code != "completed" else "failed"
-    return failed.code
+        let_go(fleet, provider, vm)
 
 
 def _destroy_if_released(fleet: Fleet, name: str, provider: Provider) -> None:
@@ -285,7 +275,7 @@ def check_pending_sweep(fleet: Fleet, pool: str | None = None) -> int:
     now = fleet.store.server_time()
     grace = reserved_grace_s(fleet.config)
     pools = [pool] if pool else list(fleet.config.pools)
-    stale = _flat(fleet.store.pools_vms(pools, "reserved", max_score=now - grace))
+    stale = creates_due(fleet, fleet.store.pools_vms(pools, "reserved", max_score=now - grace))
     pending = check_batched(fleet, pools)  # a batching provider's VMs: checked here
     # work-set subjects back in line (a deferral over, a dead claimer's lease ended):
     # dispatched again, which queues a batch job for them (they are in the set once)
@@ -396,5 +386,3 @@ def destroy_vm(fleet: Fleet, name: str) -> str:
 
 def _destroy_locked(fleet: Fleet, vm: VMRecord, provider: Provider, lock: FencedLock) -> str:
     return destroy_at_provider(fleet, vm.name, provider, lock, pool=vm.pool)
-
-

@@ -7,6 +7,7 @@ configuration: it is read through the few attributes the registry needs.
 """
 
 from vmpool.providers.base import (
+    Capacity,
     Disks,
     PermanentProviderError,
     Provider,
@@ -25,6 +26,7 @@ from vmpool.providers.registry import make_provider, providers_from_config
 from vmpool.providers.simulated import SimulatedOptions, SimulatedProvider
 
 __all__ = [
+    "Capacity",
     "Disks",
     "PermanentProviderError",
     "Provider",

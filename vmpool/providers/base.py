@@ -24,6 +24,7 @@ from typing import Protocol, runtime_checkable
 from vmpool.ids import InvalidIdentifier, validate_pool_name
 
 __all__ = [
+    "Capacity",
     "Disks",
     "PermanentProviderError",
     "Provider",
@@ -134,8 +135,10 @@ def validate_provider_name(name: str) -> str:
 class ProviderVM:
     """A VM as the cloud sees it. ``hostname`` is the bare name: the caller adds a domain.
 
-    ``state`` is ``"booting"`` until the VM answers, then ``"running"``; it is a snapshot
-    taken when the provider was asked, not a live view.
+    ``state`` is ``"booting"`` until the VM answers, then ``"running"``; ``"failed"``
+    when the cloud says it never will (an instance in ERROR, stopped while booting),
+    with the cloud's words in ``error``. It is a snapshot taken when the provider was
+    asked, not a live view. ``address``: the address the cloud reports ('' if none).
     """
 
     name: str
@@ -144,6 +147,8 @@ class ProviderVM:
     state: str
     created_at: float
     hostname: str
+    address: str = ""
+    error: str = ""
 
 
 @runtime_checkable
@@ -213,6 +218,21 @@ class Disks(Protocol):
         ...
 
 
+@runtime_checkable
+class Capacity(Protocol):
+    """A provider with limits of its own (``max_instances``, ``max_cores``): the create
+    path counts the fleet's VMs against them and lets a VM wait reserved rather than
+    ask a cloud that would say no (vmpool/state/capacity.py)."""
+
+    def limits(self) -> tuple[int, int]:
+        """(max_instances, max_cores), 0 for no limit."""
+        ...
+
+    def cores(self, pool: str) -> int:
+        """The vCPUs of one VM of ``pool`` (asked only when max_cores is set)."""
+        ...
+
+
 def takes_request_id(provider: object) -> bool:
     """Whether ``create_vm`` takes ``request_id=`` (to tag the VM with it at launch)."""
     return bool(getattr(provider, "tags_request_id", False))
@@ -225,16 +245,12 @@ def uses_circuit(provider: object) -> bool:
 
 
 def create_for_request(
-    provider: Provider,
-    pool: str,
-    template: str,
-    name: str,
-    request_id: str,
-    size: str | None = None,
+    provider: Provider, pool: str, template: str, name: str, request_id: str
 ) -> ProviderVM:
-    """``provider.create_vm``, with the request id (and the pool's instance size) when
-    the provider takes them (the cloud providers: ``tags_request_id``)."""
+    """``provider.create_vm``, with the request id when the provider takes it (the
+    cloud providers: ``tags_request_id``). A pool's placement (instance size, zone,
+    ...) is the provider's own business: it was given every pool's keys when built."""
     if takes_request_id(provider):
         create = getattr(provider, "create_vm")  # noqa: B009 (its signature is wider)
-        return create(pool, template, name, request_id=request_id, size=size)  # type: ignore[no-any-return]
+        return create(pool, template, name, request_id=request_id)  # type: ignore[no-any-return]
     return provider.create_vm(pool, template, name)

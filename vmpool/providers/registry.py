@@ -19,10 +19,13 @@ from pydantic import BaseModel, ConfigDict
 from vmpool.providers.base import PermanentProviderError, Provider, validate_provider_name
 from vmpool.providers.cloud import (
     EC2Options,
+    EC2PoolOptions,
     EC2Provider,
     GCEOptions,
+    GCEPoolOptions,
     GCEProvider,
     OpenStackOptions,
+    OpenStackPoolOptions,
     OpenStackProvider,
 )
 from vmpool.providers.simulated import SimulatedOptions, simulated_provider
@@ -72,9 +75,11 @@ class ProviderClass:
 PROVIDER_CLASSES: Final[Mapping[str, ProviderClass]] = MappingProxyType(
     {
         "simulated": ProviderClass("simulated", SimulatedOptions, simulated_provider),
-        "ec2": ProviderClass("ec2", EC2Options, EC2Provider),
-        "gce": ProviderClass("gce", GCEOptions, GCEProvider),
-        "openstack": ProviderClass("openstack", OpenStackOptions, OpenStackProvider),
+        "ec2": ProviderClass("ec2", EC2Options, EC2Provider, EC2PoolOptions),
+        "gce": ProviderClass("gce", GCEOptions, GCEProvider, GCEPoolOptions),
+        "openstack": ProviderClass(
+            "openstack", OpenStackOptions, OpenStackProvider, OpenStackPoolOptions
+        ),
     }
 )
 

@@ -8,6 +8,12 @@ the cool-down creates go through again; the first failure opens the circuit agai
 once (the count is still at the threshold), a success closes it. The count and the
 check are one Lua unit (``vmpool/state/scripts/provider_circuit.lua``), so workers
 failing together open it once.
+
+The same hash holds the provider's quota hold: a create the cloud refused for quota or
+capacity (:class:`vmpool.providers.QuotaExceededError`) stops the provider's creates
+for a while (``provider_quota.lua``), without counting toward the breaker, so the
+waiting reservations do not ask a cloud that already said no. One read tells a create
+whether either holds it back (:meth:`ProviderCircuit.held_back`).
 Time is the Redis server's.
 """
 
@@ -15,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import redis
 
@@ -23,7 +29,10 @@ from vmpool.state.keys import Keys
 from vmpool.state.lua import read_script
 from vmpool.state.records import decode_hash, text
 
-__all__ = ["CircuitState", "ProviderCircuit", "read_states"]
+__all__ = ["CircuitState", "HoldReason", "ProviderCircuit", "read_states"]
+
+# Why a provider's creates are held back ('' when they are not).
+HoldReason = Literal["", "circuit_open", "quota"]
 
 
 @dataclass(frozen=True)
@@ -36,6 +45,18 @@ class CircuitState:
     open_until: float | None
     opened: int
     last_error: str
+    # the quota hold: creates wait while quota_until is ahead (quota_held: times it held)
+    quota: bool = False
+    quota_until: float | None = None
+    quota_held: int = 0
+    quota_error: str = ""
+
+    @property
+    def held_back(self) -> HoldReason:
+        """Why the provider's creates wait now, '' when they do not."""
+        if self.open:
+            return "circuit_open"
+        return "quota" if self.quota else ""
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -44,6 +65,10 @@ class CircuitState:
             "open_until": self.open_until if self.open else None,
             "opened_total": self.opened,
             "last_error": self.last_error,
+            "quota": "held" if self.quota else "free",
+            "quota_until": self.quota_until if self.quota else None,
+            "quota_held_total": self.quota_held,
+            "quota_error": self.quota_error,
         }
 
 
@@ -62,6 +87,9 @@ class ProviderCircuit:
         self._script = redis_client.register_script(
             read_script("vmpool.state.scripts", "provider_circuit.lua")
         )
+        self._quota = redis_client.register_script(
+            read_script("vmpool.state.scripts", "provider_quota.lua")
+        )
 
     def failure(self, provider: str, message: str) -> bool:
         """Count a failed create; True when this failure opened the circuit."""
@@ -77,6 +105,17 @@ class ProviderCircuit:
 
     def is_open(self, provider: str) -> bool:
         return self.states([provider])[0].open
+
+    def hold_for_quota(self, provider: str, message: str, wait_s: float) -> float:
+        """The cloud said quota: the provider's creates wait ``wait_s``; its end."""
+        reply = self._quota(
+            keys=[self.keys.provider_circuit(provider)], args=[repr(float(wait_s)), message[:500]]
+        )
+        return float(text(reply[0]))
+
+    def held_back(self, provider: str) -> HoldReason:
+        """Why a create at ``provider`` must wait now (one read), '' when it may go."""
+        return self.states([provider])[0].held_back
 
     def states(self, providers: Iterable[str]) -> list[CircuitState]:
         """Every named provider's breaker, in one round trip (server time included)."""
@@ -100,6 +139,7 @@ def read_states(
 
 def _state(provider: str, h: dict[str, str], now: float) -> CircuitState:
     until = float(h["open_until"]) if h.get("open_until") else None
+    quota_until = float(h["quota_until"]) if h.get("quota_until") else None
     return CircuitState(
         provider=provider,
         open=until is not None and until > now,
@@ -107,4 +147,8 @@ def _state(provider: str, h: dict[str, str], now: float) -> CircuitState:
         open_until=until,
         opened=int(h.get("opened", 0) or 0),
         last_error=text(h.get("last_error", "")),
+        quota=quota_until is not None and quota_until > now,
+        quota_until=quota_until,
+        quota_held=int(h.get("quota_held", 0) or 0),
+        quota_error=text(h.get("quota_error", "")),
     )

@@ -16,6 +16,7 @@ Layout (``P`` is the prefix)::
     P:vm:NAME                    hash   a VM record: state, pool, alias, request, ...
     P:vm:NAME:fence              string fencing counter of the VM's lock grants
     P:vm:NAME:audit              stream a warm-pool VM's own trail (while no request holds it)
+    P:addresses                  hash   a ready VM's cloud address -> its name (/vm/<address>)
     P:pool:POOL:STATE            zset   VMs of a pool in a state; score depends on state
                                         (ready: the warm pool, score = ready time)
     P:token:SHA256               hash   an API token (stored hashed): user, created, last
@@ -30,6 +31,8 @@ Layout (``P`` is the prefix)::
     P:clone-slots                zset   the fleet-wide clone semaphore's leases (VM -> lease end)
     P:clone-slots:holders        hash   VM -> the token of its lease's holder
     P:clone-slots:stats          hash   the semaphore's peak and overruns
+    P:provider-circuit:PROVIDER  hash   a provider's circuit breaker and quota hold
+    P:provider-launching:PROVIDER zset  creates at a provider now (its max_instances/cores)
     P:metrics:NAME               hash   fleet-wide counters (vmpool.state.counters)
     P:metrics:requests_finished  hash   requests finished, by outcome (the store's scripts)
     P:metrics:time_to_ready:POOL hash   ready-time histogram of a pool: bucket -> count, sum
@@ -147,6 +150,12 @@ class Keys:
         """Prefix of VM hashes; scripts append a VM name to reach a request's VMs."""
         return f"{self.prefix}:vm:"
 
+    @property
+    def addresses(self) -> str:
+        """Hash: the cloud address of each VM that turned ready -> the VM's name, so the
+        API finds a VM by the address it handed out (vm_ready.lua, vm_destroyed.lua)."""
+        return f"{self.prefix}:addresses"
+
     def vm_pattern(self) -> str:
         return f"{self.prefix}:vm:*"
 
@@ -207,6 +216,11 @@ class Keys:
     def provider_circuit(self, provider: str) -> str:
         """Hash: one provider's circuit breaker (vmpool/state/circuit.py)."""
         return f"{self.prefix}:provider-circuit:{validate_pool_name(provider)}"
+
+    def provider_launching(self, provider: str) -> str:
+        """Zset: the creates at one provider running now, 'pool|name' -> when the claim
+        lapses (vmpool/state/capacity.py: max_instances, max_cores)."""
+        return f"{self.prefix}:provider-launching:{validate_pool_name(provider)}"
 
     def work_set(self, job: str) -> str:
         """Zset: the subjects of per-subject ``job`` waiting for a batch job or claimed by

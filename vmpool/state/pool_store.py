@@ -55,6 +55,7 @@ POOL_SCRIPT_NAMES = (
     "give_back",
     "extend_vm",
     "tag_vm",
+    "vm_waiting",
 )
 
 
@@ -143,6 +144,32 @@ class PoolStore:
 
     def _trail(self, key: str) -> list[AuditEntry]:  # Store reads trails
         raise NotImplementedError
+
+    # -- a request's or a warm VM's, in the layout its record calls for ----------------
+    def vm_waiting(
+        self,
+        name: str,
+        reason: str,
+        *,
+        actor: str,
+        fence: int | None = None,
+        request_id: str | None = None,
+    ) -> Outcome:
+        """A reserved VM waits for capacity (no transition): ``reason`` goes to its
+        ``error`` and to its request's ``last_error``, which the request's failure by
+        TTL reports. ``request_id``: as for :meth:`vm_created`."""
+        if request_id is None:
+            raw = self.redis.hget(self.keys.vm(validate_vm_name(name)), "request_id")
+            if raw is None:
+                return Outcome(False, "no_vm")
+            request_id = text(raw)
+        args = [name, "" if fence is None else str(int(fence)), reason[:1000]]
+        return Outcome.from_reply(self._run_one("vm_waiting", name, request_id, actor, args))
+
+    def vm_at_address(self, address: str) -> str | None:
+        """The name of the VM that last turned ready with this cloud address, if any."""
+        raw = self.redis.hget(self.keys.addresses, address)
+        return None if raw is None else text(raw)
 
     # -- warm-pool VM transitions ----------------------------------------------------
     def reserve_pool_vm(

@@ -142,6 +142,8 @@ class VMRecord:
     checkout_at: float | None = None
     given_back: bool = False
     tags: Mapping[str, str] = field(default_factory=dict)
+    # the address the cloud reported when the VM turned ready ('' when none)
+    address: str = ""
 
     @property
     def held_by_checkout(self) -> bool:
@@ -171,6 +173,7 @@ class VMRecord:
             checkout_at=_float(h.get("checkout_at")),
             given_back=h.get("given_back", "") == "1",
             tags={k[4:]: v for k, v in h.items() if k.startswith("tag:")},
+            address=h.get("address", ""),
         )
 
 

@@ -230,11 +230,14 @@ class Store(PoolStore):
         fence: int | None = None,
         hostname: str = "",
         request_id: str | None = None,
+        address: str = "",
     ) -> Outcome:
         """``hostname``: the address the cloud reports, for a VM whose pool has no
         domain (recorded in the same unit as the VM turning running); '' keeps it.
-        ``request_id``: as for :meth:`vm_created`."""
-        args = [name, self._fence(fence), hostname]
+        ``address``: the cloud's address, recorded and indexed (Keys.addresses) so the
+        API finds the VM by it. ``request_id``: as for :meth:`vm_created`."""
+        index = self.keys.addresses if address else ""
+        args = [name, self._fence(fence), hostname, address, index]
         return self._run_vm("vm_ready", name, actor, args, request_id=request_id)
 
     def vm_failed(
@@ -257,11 +260,16 @@ class Store(PoolStore):
     def delete_request(self, request_id: str, *, actor: str, user: str = "") -> Outcome:
         return self._run("delete_request", request_id, actor, [user])
 
-    def end_vm_lifetime(self, name: str, *, actor: str, force: bool = False) -> Outcome:
-        return self._run_vm("end_vm_lifetime", name, actor, [name, "1" if force else "0"])
+    def end_vm_lifetime(
+        self, name: str, *, actor: str, force: bool = False, reason: str = ""
+    ) -> Outcome:
+        """``reason``: why it ended ('' for 'lifetime ended')."""
+        args = [name, "1" if force else "0", reason]
+        return self._run_vm("end_vm_lifetime", name, actor, args)
 
     def vm_destroyed(self, name: str, *, actor: str, fence: int | None = None) -> Outcome:
-        return self._run_vm("vm_destroyed", name, actor, [name, self._fence(fence)])
+        args = [name, self._fence(fence), self.keys.addresses]
+        return self._run_vm("vm_destroyed", name, actor, args)
 
     # -- reads --------------------------------------------------------------------------
     def server_time(self) -> float:

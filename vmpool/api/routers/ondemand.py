@@ -213,8 +213,11 @@ def _start_provisioning(st: ApiState, rid: str, enqueue: EnqueueFn | None = None
         )
 
 
-# vm_failed.lua's words before the reason of a request failed by a permanent error.
-PERMANENT_PREFIX = "Configuration error: "
+# The failure reason of a request failed by its TTL (_prelude.lua's expire_or_fulfil),
+# and vmpooler's message for every failed request.
+TTL_FAILURE = (
+    "The request failed to provision instances within the configured ondemand_request_ttl"
+)
 
 
 def _not_found(rid: str) -> Response:
@@ -270,13 +273,14 @@ def status_reply(rid: str, record: RequestRecord, hostnames: Mapping[str, list[s
             body.setdefault(slot.alias, {"hostname": list(hostnames.get(slot.alias, []))})
         return reply(200, body)
     if record.status == "failed":
-        body["message"] = (
-            "The request failed to provision instances within the configured"
-            f" ondemand_request_ttl '{_ttl_minutes(record)}'"
-        )
-        if record.failure_reason.startswith(PERMANENT_PREFIX):
-            # a vmpool extension: the permanent error (the cloud's message) that failed it
-            body["reason"] = record.failure_reason
+        why = record.failure_reason
+        if not why or why.startswith(TTL_FAILURE):
+            body["message"] = f"{TTL_FAILURE} '{_ttl_minutes(record)}'"  # vmpooler's words
+        else:  # it failed before its TTL: not the TTL's fault
+            body["message"] = f"The request failed: {why}"
+        if why and why != TTL_FAILURE:
+            # a vmpool extension: the last real cause (the cloud's words)
+            body["reason"] = why
         return reply(200, body)
     if record.status == "deleted":
         body["message"] = DELETED_MESSAGE

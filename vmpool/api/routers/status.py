@@ -19,7 +19,9 @@ from vmpool.api.deps import ApiState, State
 from vmpool.api.metrics import fleet_workers
 from vmpool.api.responses import reply
 from vmpool.config import Config
+from vmpool.providers.identity import fleet_ids
 from vmpool.state.circuit import read_states
+from vmpool.state.fleet_identity import fleet_identity
 from vmpool.state.keys import Keys
 from vmpool.state.redis_check import check_redis
 from workers.queues import queue_names
@@ -99,6 +101,11 @@ def status_body(st: ApiState) -> dict[str, Any]:
         # vmpool: each provider's circuit breaker (vmpool/state/circuit.py)
         "providers": {
             s.provider: s.as_dict() for s in read_states(r, st.keys, st.config.providers)
+        },
+        # vmpool: the fleet's identity and the mark each provider tags its VMs with
+        "fleet": {
+            "id": fleet_identity(r, st.keys),
+            "providers": fleet_ids(r, st.keys, st.config.providers),
         },
     }
     empty = [name for name, entry in pools.items() if entry["ready"] == 0 and entry["max"]]

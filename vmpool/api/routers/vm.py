@@ -31,7 +31,7 @@ from vmpool.api.vm_views import (
     summary_body,
     vm_body,
 )
-from vmpool.ids import InvalidIdentifier, validate_vm_name
+from vmpool.ids import InvalidIdentifier, is_address, validate_vm_name
 from vmpool.state import reads
 from vmpool.state.counters import READY_SUM
 from vmpool.state.records import VMRecord
@@ -109,10 +109,13 @@ def checkout(st: ApiState, counts: Mapping[str, int], token: TokenInfo | None) -
         log.info("checkout of %s refused: %s %s", dict(per_pool), out.code, out.short)
         return not_ok(503)
     log.info("checked out %s%s", [n for n, _ in out.vms], f" to {token.user}" if token else "")
-    return reply(200, checkout_body(wanted, out.vms, st.config))
+    hostnames = {vm.name: vm.hostname for vm in st.store.get_vms(n for n, _ in out.vms)}
+    return reply(200, checkout_body(wanted, out.vms, st.config, hostnames))
 
 
 def _vm_name(hostname: str) -> str | None:
+    """The VM a bare name or FQDN names (its first label); an address: None (see
+    :func:`_resolve`)."""
     name = short_hostname(hostname)
     try:
         validate_vm_name(name)
@@ -122,15 +125,29 @@ def _vm_name(hostname: str) -> str | None:
 
 
 def _vm(st: ApiState, hostname: str) -> VMRecord | None:
-    name = _vm_name(hostname)
+    """The VM ``hostname`` names: whatever the API handed out, a bare name, an FQDN or
+    the cloud's address (the address index, Keys.addresses)."""
+    name = st.store.vm_at_address(hostname) if is_address(hostname) else _vm_name(hostname)
     return None if name is None else st.store.get_vm(name)
+
+
+async def _resolve(st: ApiState, hostname: str) -> str | None:
+    """:func:`_vm`'s name lookup, awaited on the loop (in the thread pool without an
+    asyncio client): an address costs one read of the index."""
+    if not is_address(hostname):
+        return _vm_name(hostname)
+    aio = st.clients.aio
+    if aio is None:
+        return await run_in_threadpool(st.store.vm_at_address, hostname)
+    raw = await aio.get().hget(st.keys.addresses, hostname)
+    return None if raw is None else raw.decode() if isinstance(raw, bytes) else str(raw)
 
 
 @router.get("/vm/{hostname}", dependencies=[counted("get", "vm", "hostname")])
 async def get_vm(hostname: str, st: State) -> Response:
     """The VM and the server's time (its age, its time left) in one pipeline, awaited on
     the loop (in the thread pool without an asyncio client)."""
-    name = _vm_name(hostname)
+    name = await _resolve(st, hostname)
     if name is None:
         return not_ok(404)
     aio = st.clients.aio

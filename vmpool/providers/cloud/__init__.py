@@ -6,18 +6,25 @@ docs/providers.md describes each provider's options, tags and ready check.
 """
 
 from vmpool.providers.cloud.common import TAG_KEYS, CloudOptions, CloudProvider
-from vmpool.providers.cloud.ec2 import EC2Options, EC2Provider
-from vmpool.providers.cloud.gce import GCEOptions, GCEProvider
-from vmpool.providers.cloud.openstack import OpenStackOptions, OpenStackProvider
+from vmpool.providers.cloud.ec2 import EC2Options, EC2PoolOptions, EC2Provider
+from vmpool.providers.cloud.gce import GCEOptions, GCEPoolOptions, GCEProvider
+from vmpool.providers.cloud.openstack import (
+    OpenStackOptions,
+    OpenStackPoolOptions,
+    OpenStackProvider,
+)
 
 __all__ = [
     "TAG_KEYS",
     "CloudOptions",
     "CloudProvider",
     "EC2Options",
+    "EC2PoolOptions",
     "EC2Provider",
     "GCEOptions",
+    "GCEPoolOptions",
     "GCEProvider",
     "OpenStackOptions",
+    "OpenStackPoolOptions",
     "OpenStackProvider",
 ]

@@ -4,7 +4,8 @@ A cloud provider (docs/providers.md) keeps no state of its own: the cloud is the
 and a VM is found by its tags, set at launch (never after, so there is no untagged
 window)::
 
-    vmpool-fleet    the fleet id (option ``fleet_id``; default: the Redis key prefix)
+    vmpool-fleet    the fleet id (option ``fleet_id``; default: the fleet's identity,
+                    generated once per Redis: vmpool.state.fleet_identity)
     vmpool-pool     the pool
     vmpool-request  the request the VM was made for
     vmpool-vm       the VM's name (unique in the fleet)
@@ -24,24 +25,37 @@ token where the cloud has one, so a lost answer never leaves two instances.
 from __future__ import annotations
 
 import logging
-import socket
 import time
 from collections import Counter
 from collections.abc import Callable, Collection, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
-from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, SecretStr, ValidationError
+from pydantic import BaseModel, ValidationError
 
 from vmpool.providers.base import (
     PermanentProviderError,
     ProviderError,
     ProviderVM,
+    QuotaExceededError,
     validate_provider_name,
 )
+from vmpool.providers.cloud.dns import DnsOptions, PoolDns
 from vmpool.providers.cloud.errors import classify, retry_after_of
-from vmpool.providers.options import expect, integer, key_path, number, problems
+from vmpool.providers.cloud.nodes import (
+    Node,
+    alive,
+    created_at,
+    node_address,
+    node_state,
+    node_template,
+    port_answers,
+)
+from vmpool.providers.cloud.options import CloudOptions, Secret
+from vmpool.providers.cloud.placement import PoolChecks
+from vmpool.providers.options import key_path, problems
+from vmpool.state.fleet_identity import fleet_identity
 
 if TYPE_CHECKING:
     from redis import Redis
@@ -53,7 +67,6 @@ __all__ = ["TAG_KEYS", "CloudOptions", "CloudProvider", "Node", "Secret"]
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
-Node = Any  # a libcloud Node; typed loosely so libcloud stays an optional import
 
 TAG_FLEET = "vmpool-fleet"
 TAG_POOL = "vmpool-pool"
@@ -66,52 +79,15 @@ SSH_CHECKS = 32
 
 
 
-def _secret_text(value: Any) -> Any:
-    """A number given for a secret is its text: never a type error that would quote it."""
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return str(value)
-    return value
-
-
-# A secret option: shown as '**********' by any repr, log line or error message.
-Secret = Annotated[SecretStr, BeforeValidator(_secret_text)]
-Seconds = Annotated[
-    float,
-    Field(ge=0, le=3600, allow_inf_nan=False),
-    expect("a number of seconds from 0 to 3600", number),
-]
-Retries = Annotated[int, Field(ge=0, le=20), expect("an integer from 0 to 20", integer)]
-ReadyCheck = Annotated[Literal["ssh", "state"], expect("ssh or state")]
-PortNumber = Annotated[int, Field(ge=1, le=65535), expect("a port from 1 to 65535", integer)]
-
-
-class CloudOptions(BaseModel):
-    """Options every cloud provider takes (each cloud adds its own). Secrets are
-    ``SecretStr``: a repr, a log line or ``vmpool config show`` never shows them."""
-
-    model_config = ConfigDict(frozen=True, extra="ignore", hide_input_in_errors=True)
-
-    fleet_id: str | None = Field(
-        None, description="The fleet tag's value (default: the Redis key prefix)"
-    )
-    ready_check: ReadyCheck = Field(
-        "ssh",
-        description="ssh: TCP connect to ssh_port (vmpooler's check); state: running with"
-        " an address",
-    )
-    ssh_port: PortNumber = Field(22, description="The port the ssh ready check connects to")
-    ssh_timeout: Seconds = Field(2.0, description="How long one ssh ready check waits")
-    retries: Retries = Field(4, description="Retries of a call that failed transiently")
-    backoff: Seconds = Field(1.0, description="The first retry's delay; doubled each time")
-    max_backoff: Seconds = Field(60.0, description="The longest wait (Retry-After included)")
-
-
 class CloudProvider:
     """The shared half of a libcloud provider; subclasses say how to build the driver,
     launch a node with tags and list the fleet's nodes (each one API call)."""
 
     options_model: ClassVar[type[CloudOptions]] = CloudOptions
+    # the keys a pool may set for this provider (ProviderClass.pool_options)
+    pool_model: ClassVar[type[BaseModel]] = PoolChecks
     provider_class: ClassVar[str] = ""
+    size_key: ClassVar[str] = ""  # the placement key of the instance size (max_cores)
     tags_request_id: ClassVar[bool] = True  # create_vm(..., request_id=) tags it
     circuit_breaker: ClassVar[bool] = True  # failed creates count toward the breaker
 
@@ -128,10 +104,17 @@ class CloudProvider:
     ) -> None:
         self.name = validate_provider_name(name)
         self.options = self.parse_options(name, options)
-        # each pool's own keys for this provider (the class's pool model validated them)
-        self.pools: dict[str, dict[str, Any]] = {k: dict(v) for k, v in (pools or {}).items()}
-        self.fleet_id = self.options.fleet_id or keys.prefix
+        # each pool's own keys for this provider, as the class's pool model reads them
+        self.pools: dict[str, dict[str, Any]] = {
+            pool: self.parse_pool(pool, raw, options) for pool, raw in (pools or {}).items()
+        }
+        self.redis = redis
+        self.keys = keys
+        self._fleet_id: str | None = self.options.fleet_id
         self._driver = driver
+        self._cores: dict[str, int] = {}
+        self._dns: dict[str, PoolDns | None] = {}
+        self._records: dict[str, str] = {}  # DNS records this process made: name -> address
         self.sleep = sleep
         self.calls: Counter[str] = Counter()  # cloud API calls by kind (tests count them)
 
@@ -145,6 +128,46 @@ class CloudProvider:
                 f"configuration error: {key_path(loc, f'providers.{name}')}: {problem}"
             ) from None
 
+    @classmethod
+    def parse_pool(
+        cls, pool: str, raw: Mapping[str, Any], options: Mapping[str, Any]
+    ) -> dict[str, Any]:
+        """A pool's keys, validated by the pool model (the provider's options as
+        context for the checks that span both): only those the pool set."""
+        try:
+            model = cls.pool_model.model_validate(dict(raw), context={"provider": dict(options)})
+        except ValidationError as exc:
+            loc, problem = problems(exc)[0]
+            raise PermanentProviderError(
+                f"configuration error: {key_path(loc, f'pools.{pool}')}: {problem}"
+            ) from None
+        return model.model_dump(exclude_none=True)
+
+    def setting(self, pool: str, key: str) -> Any:
+        """A placement key for ``pool``: the pool's own value, else the provider's."""
+        value = self.pools.get(pool, {}).get(key)
+        return value if value is not None else getattr(self.options, key, None)
+
+    def limits(self) -> tuple[int, int]:
+        """(max_instances, max_cores), 0 for none (the Capacity protocol)."""
+        return self.options.max_instances or 0, self.options.max_cores or 0
+
+    def cores(self, pool: str) -> int:
+        """The vCPUs of one VM of ``pool`` (its instance size), asked of the cloud once
+        per size and kept (:meth:`size_cores`)."""
+        size = str(self.setting(pool, self.size_key))
+        if size not in self._cores:
+            self._cores[size] = self.size_cores(pool, size)
+        return self._cores[size]
+
+    def size_cores(self, pool: str, size: str) -> int:
+        """The vCPUs of instance size ``size``, as the cloud says."""
+        raise NotImplementedError
+
+    def user_tags(self, pool: str) -> dict[str, str]:
+        """The operator's tags for ``pool``'s VMs: the provider's, then the pool's."""
+        return {**self.options.tags, **self.pools.get(pool, {}).get("tags", {})}
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}(name={self.name!r}, options={self.options!r})"
 
@@ -152,11 +175,9 @@ class CloudProvider:
     def make_driver(self) -> Any:
         raise NotImplementedError
 
-    def launch(
-        self, pool: str, template: str, name: str, tags: Mapping[str, str], size: str | None
-    ) -> Node:
-        """One create call; the node carries ``tags`` from its first moment. ``size``:
-        the pool's instance size, None for the provider's option."""
+    def launch(self, pool: str, template: str, name: str, tags: Mapping[str, str]) -> Node:
+        """One create call (with the pool's placement: :meth:`setting`); the node
+        carries ``tags`` (and the operator's, :meth:`user_tags`) from its first moment."""
         raise NotImplementedError
 
     def list_fleet(self) -> list[Node]:
@@ -176,14 +197,25 @@ class CloudProvider:
 
     # -- the Provider protocol -------------------------------------------------------------
     @property
+    def fleet_id(self) -> str:
+        """The mark of this fleet's VMs: the ``fleet_id`` option, else the fleet's
+        identity in Redis (read once; generated there by whichever process came first)."""
+        if self._fleet_id is None:
+            if self.redis is None:
+                raise PermanentProviderError(
+                    f"configuration error: provider {self.name!r} has no fleet_id and no"
+                    " Redis to keep the fleet's identity in"
+                )
+            self._fleet_id = fleet_identity(self.redis, self.keys)
+        return self._fleet_id
+
+    @property
     def driver(self) -> Any:
         if self._driver is None:
             self._driver = self.make_driver()
         return self._driver
 
-    def create_vm(
-        self, pool: str, template: str, name: str, request_id: str = "", size: str | None = None
-    ) -> ProviderVM:
+    def create_vm(self, pool: str, template: str, name: str, request_id: str = "") -> ProviderVM:
         """Find the VM by its tag, else launch it; a transient failure is retried after
         looking again, so a create whose answer was lost is not made twice."""
         tags = self.tags(pool, name, request_id)
@@ -193,11 +225,11 @@ class CloudProvider:
             if found:
                 return self._vm(found[0])
             try:
-                launch = partial(self.launch, pool, template, name, tags, size)
+                launch = partial(self.launch, pool, template, name, tags)
                 node = self._call("create", launch, 0)
                 return self._vm(node, tags)
             except ProviderError as exc:
-                if exc.permanent or attempt >= self.options.retries:
+                if _final(exc) or attempt >= self.options.retries:
                     raise
                 self._wait(attempt, exc, "create " + name)
                 attempt += 1
@@ -210,25 +242,34 @@ class CloudProvider:
         return vm is not None and vm.state == "running"
 
     def statuses(self, names: Collection[str]) -> dict[str, ProviderVM | None]:
-        """Every VM of ``names`` as the cloud sees it now ('running' once the ready
-        check passes), None for those it does not hold: one list call for all, not
-        retried (the next check asks again, so a sweep never waits out a backoff).
-        The ssh checks of the running VMs run side by side, ``ssh_timeout`` each."""
+        """Every VM of ``names`` as the cloud sees it now ('running' once the pool's
+        ready check passes, 'failed' when the cloud says it never will), None for those
+        it does not hold: one list call for all, not retried (the next check asks
+        again, so a sweep never waits out a backoff). The ssh checks of the running VMs
+        run side by side, ``ssh_timeout`` each."""
         nodes = self._by_name(retries=0)
         held = [nodes[name] for name in names if name in nodes]
         with ThreadPoolExecutor(max_workers=max(1, min(SSH_CHECKS, len(held)))) as pool:
-            vms = dict(zip((id(n) for n in held), pool.map(self._vm, held), strict=True))
-        return {name: vms[id(nodes[name])] if name in nodes else None for name in names}
+            vms = {vm.name: vm for vm in pool.map(self._vm, held)}
+        return {name: vms.get(name) for name in names}
 
     def destroy_vm(self, pool: str, name: str) -> bool:
+        """Destroy the VM's instances (and its DNS record, when its pool has ``dns``: a
+        record that could not be removed fails the destroy, which is retried)."""
         found = self._find(name)
         for node in found:  # several only if someone else made a copy: none stays
             self._call("destroy", partial(self.remove, node))
             log.info("%s: destroyed %s (%s)", self.name, name, getattr(node, "id", "?"))
+        pools = {pool} | {self.tags_of(node).get(TAG_POOL, "") for node in found}
+        for dns in filter(None, (self.dns_for(p) for p in pools)):
+            self._call("dns", partial(dns.withdraw, name))
+            self._records.pop(name, None)
         return bool(found)
 
     def inventory(self) -> list[ProviderVM]:
-        return [self._vm(node) for node in self._by_name().values()]
+        """Every VM of the fleet the cloud holds, as it says (one list call, no ready
+        check: the reconciler needs what exists, not what answers)."""
+        return [self._vm(node, probe=False) for node in self._by_name().values()]
 
     # -- helpers ---------------------------------------------------------------------------
     def tags(self, pool: str, name: str, request_id: str) -> dict[str, str]:
@@ -244,7 +285,7 @@ class CloudProvider:
     def _fleet_nodes(self, retries: int | None = None) -> list[Node]:
         fleet = self.label(self.fleet_id)
         nodes = self._call("list", self.list_fleet, retries)
-        return [n for n in nodes if self.tags_of(n).get(TAG_FLEET) == fleet and _alive(n)]
+        return [n for n in nodes if self.tags_of(n).get(TAG_FLEET) == fleet and alive(n)]
 
     def _by_name(self, retries: int | None = None) -> dict[str, Node]:
         nodes = self._fleet_nodes(retries)
@@ -263,7 +304,7 @@ class CloudProvider:
                 return call()
             except Exception as exc:
                 error = classify(exc)
-                if error.permanent or attempt >= limit:
+                if _final(error) or attempt >= limit:
                     raise error from exc
                 self._wait(attempt, error, what)
                 attempt += 1
@@ -277,58 +318,71 @@ class CloudProvider:
         log.info("%s: %s failed (%s); retry in %.1fs", self.name, what, error, delay)
         self.sleep(delay)
 
-    def _vm(self, node: Node, tags: Mapping[str, str] | None = None) -> ProviderVM:
+    def failure(self, node: Node) -> str:
+        """The cloud's words when ``node`` will never boot (an instance in ERROR, one
+        stopped while booting), '' otherwise."""
+        return ""
+
+    def _vm(
+        self, node: Node, tags: Mapping[str, str] | None = None, *, probe: bool = True
+    ) -> ProviderVM:
+        """The VM ``node`` is; ``probe``: run the pool's ready check on a running one
+        (else 'running' is what the cloud says)."""
         tags = tags if tags is not None else self.tags_of(node)
-        address = _address(node)
+        pool = tags.get(TAG_POOL, "")
+        address = node_address(node)
+        error = self.failure(node)
+        if error:
+            state = "failed"
+        elif node_state(node) == "running" and address:
+            ready = not probe or self._ready(pool, tags.get(TAG_VM, ""), address)
+            state = "running" if ready else "booting"
+        else:
+            state = "booting"
         return ProviderVM(
             name=tags.get(TAG_VM, str(getattr(node, "name", ""))),
-            pool=tags.get(TAG_POOL, ""),
-            template=_template(node),
-            state="running" if self._ready(node, address) else "booting",
-            created_at=_created(tags),
+            pool=pool,
+            template=node_template(node),
+            state=state,
+            created_at=created_at(tags, TAG_CREATED, node),
             hostname=address or tags.get(TAG_VM, ""),
+            address=address or "",
+            error=error,
         )
 
-    def _ready(self, node: Node, address: str | None) -> bool:
-        if _state(node) != "running" or not address:
-            return False
-        if self.options.ready_check == "state":
+    def _ready(self, pool: str, name: str, address: str) -> bool:
+        """The pool's ready check of a running VM with an address, then its DNS record
+        (when the pool has ``dns``): a VM whose name does not resolve is not ready."""
+        if self.setting(pool, "ready_check") != "state":
+            port = self.setting(pool, "ssh_port")
+            if not port_answers(address, port, self.options.ssh_timeout):
+                return False
+        return self._published(pool, name, address)
+
+    def dns_for(self, pool: str) -> PoolDns | None:
+        """The DNS records of ``pool``'s VMs, None when the pool has no ``dns``."""
+        if pool not in self._dns:
+            keys = self.pools.get(pool, {})
+            dns = keys.get("dns")
+            self._dns[pool] = (
+                PoolDns(DnsOptions.model_validate(dns), keys.get("domain") or "") if dns else None
+            )
+        return self._dns[pool]
+
+    def _published(self, pool: str, name: str, address: str) -> bool:
+        dns = self.dns_for(pool)
+        if dns is None or not name or self._records.get(name) == address:
             return True
         try:
-            with socket.create_connection(
-                (address, self.options.ssh_port), timeout=self.options.ssh_timeout
-            ):
-                return True
-        except OSError:
+            self._call("dns", partial(dns.publish, name, address), 0)
+        except Exception as exc:  # the next check tries again
+            log.warning("%s: DNS record of %s not made yet: %s", self.name, name, exc)
             return False
+        self._records[name] = address
+        return True
 
 
-def _template(node: Node) -> str:
-    extra = getattr(node, "extra", None) or {}
-    image = getattr(node, "image", None) or extra.get("image_id") or extra.get("imageId") or ""
-    return str(getattr(image, "id", image) if not isinstance(image, str) else image)
-
-
-def _state(node: Node) -> str:
-    return str(getattr(node, "state", "")).lower()
-
-
-def _alive(node: Node) -> bool:
-    return _state(node) not in ("terminated", "terminating", "shutting-down")
-
-
-def _address(node: Node) -> str | None:
-    for ips in (getattr(node, "public_ips", None), getattr(node, "private_ips", None)):
-        for ip in ips or ():
-            if ip:
-                return str(ip)
-    return None
-
-
-def _created(tags: Mapping[str, str]) -> float:
-    """The launch time from the tag; a node without it counts as just made, so the
-    reconciler's grace protects it rather than a zero that would not."""
-    try:
-        return float(tags[TAG_CREATED])
-    except (KeyError, ValueError):
-        return time.time()
+def _final(error: ProviderError) -> bool:
+    """Whether a failed call is not retried here: a permanent error, or the cloud's
+    quota (the VM waits reserved for capacity; a worker sleeping on it helps nobody)."""
+    return error.permanent or isinstance(error, QuotaExceededError)

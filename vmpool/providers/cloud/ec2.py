@@ -1,80 +1,81 @@
-"""Amazon EC2 (and any EC2-compatible endpoint) through libcloud's EC2 driver.
+"""Amazon EC2 (and any EC2-compatible endpoint) through libcloud's EC2 connection.
 
-Tags go out as the launch's TagSpecification (libcloud's ``ex_metadata``), with
-``Name`` set to the VM name too; the fleet is listed with one DescribeInstances filtered
-by ``tag:vmpool-fleet``; every RunInstances carries a ClientToken derived from the fleet,
-the request and the VM name, so EC2 itself answers a repeated create with the first instance.
-Requests are signed with SigV4 (right for every region and endpoint).
+A create is one RunInstances (:mod:`vmpool.providers.cloud.ec2_wire` builds it) with
+the pool's placement (zone, subnet, security groups, instance type, key, user data, IAM
+profile, root volume, spot), the tags as the launch's TagSpecification for the instance
+and its volumes (``Name`` set to the VM name too), every EBS volume deleted with the
+instance, and a ClientToken derived from the fleet, the request and the VM name, so EC2
+itself answers a repeated create with the first instance. The image is looked up once
+per process (DescribeImages: its devices, or the newest image matching the pool's
+``image_filters``). The fleet is listed with one DescribeInstances filtered by
+``tag:vmpool-fleet``. Requests are signed with SigV4 (right for every region and
+endpoint).
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
-import re
+import time
 from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
-from pydantic import Field, field_validator
-
 from vmpool.providers.base import PermanentProviderError
-from vmpool.providers.cloud.common import (
-    TAG_FLEET,
-    TAG_REQUEST,
-    CloudOptions,
-    CloudProvider,
-    Node,
-    Secret,
+from vmpool.providers.cloud.common import TAG_FLEET, TAG_REQUEST, CloudProvider
+from vmpool.providers.cloud.ec2_options import EC2Options, EC2PoolOptions
+from vmpool.providers.cloud.ec2_wire import (
+    Image,
+    driver_class,
+    images_in,
+    instances_in,
+    run_params,
 )
+from vmpool.providers.cloud.nodes import Node, node_state
 
-__all__ = ["EC2Options", "EC2Provider"]
+__all__ = ["EC2Options", "EC2PoolOptions", "EC2Provider"]
 
 # The instance states listed: a terminated instance lingers in DescribeInstances for an
 # hour and is nobody's VM any more.
 LIVE_STATES = ["pending", "running", "stopping", "stopped"]
-
-
-class EC2Options(CloudOptions):
-    """``provider_class: ec2``. Credentials: the options, else AWS_ACCESS_KEY_ID,
-    AWS_SECRET_ACCESS_KEY (and AWS_SESSION_TOKEN) from the environment."""
-
-    region: str = Field("us-east-1", description="The AWS region")
-    endpoint: str | None = Field(
-        None, description="An EC2-compatible endpoint URL (default: the region's)"
-    )
-    access_key_id: Secret | None = Field(None, description="Access key id (secret)")
-    secret_access_key: Secret | None = Field(None, description="Secret access key (secret)")
-    session_token: Secret | None = Field(None, description="Session token (secret)")
-    instance_type: str = Field("t3.micro", description="The instance type (vmpooler: amisize)")
-    subnet_id: str | None = Field(None, description="The subnet instances start in")
-    security_group_ids: list[str] = Field(default_factory=list, description="Security groups")
-    key_name: str | None = Field(None, description="The key pair installed on instances")
-    user_data: str | None = Field(None, description="cloud-init user data")
-
-    @field_validator("endpoint")
-    @classmethod
-    def _endpoint(cls, value: str | None) -> str | None:
-        if value is not None:
-            parts = urlsplit(value)
-            if parts.scheme not in ("http", "https") or not parts.hostname:
-                raise ValueError(f"endpoint must be an http(s) URL, got {value!r}")
-        return value
+# How long the newest image matching a pool's image_filters is reused before it is
+# looked up again (a new image is picked up within this).
+IMAGE_FILTER_TTL_S = 600.0
+# Placement keys RunInstances reads from a pool's settings (ec2_wire.run_params).
+PLACEMENT_KEYS = (
+    "availability_zone",
+    "subnet_id",
+    "security_group_ids",
+    "key_name",
+    "user_data",
+    "iam_instance_profile",
+    "volume_size",
+    "volume_type",
+    "spot",
+    "spot_max_price",
+)
 
 
 class EC2Provider(CloudProvider):
     options_model = EC2Options
+    pool_model = EC2PoolOptions
     provider_class = "ec2"
+    size_key = "instance_type"
     options: EC2Options
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._images: dict[tuple[Any, ...], tuple[float, Image]] = {}
 
     def credentials(self) -> tuple[str, str, str | None]:
         o = self.options
         key = o.access_key_id.get_secret_value() if o.access_key_id else None
         secret = o.secret_access_key.get_secret_value() if o.secret_access_key else None
         token = o.session_token.get_secret_value() if o.session_token else None
-        key = key or os.environ.get("AWS_ACCESS_KEY_ID")
-        secret = secret or os.environ.get("AWS_SECRET_ACCESS_KEY")
-        token = token or os.environ.get("AWS_SESSION_TOKEN")
+        env = os.environ.get
+        key = key or env("AWS_ACCESS_KEY_ID") or env("ABS_AWS_ACCESS_KEY")
+        secret = secret or env("AWS_SECRET_ACCESS_KEY") or env("ABS_AWS_SECRET_KEY")
+        token = token or env("AWS_SESSION_TOKEN")
         if not key or not secret:
             raise PermanentProviderError(
                 f"configuration error: provider {self.name!r} has no AWS credentials"
@@ -94,31 +95,50 @@ class EC2Provider(CloudProvider):
 
     def make_driver(self) -> Any:
         key, secret, token = self.credentials()
-        driver_class = _driver_class(tolerant=self.options.endpoint is not None)
-        return driver_class(key, secret, token=token, **self.driver_kwargs())
+        cls = driver_class(tolerant=self.options.endpoint is not None)
+        return cls(key, secret, token=token, **self.driver_kwargs())
 
-    def launch(
-        self, pool: str, template: str, name: str, tags: Mapping[str, str], size: str | None
-    ) -> Node:
-        from libcloud.compute.base import NodeImage, NodeSize
+    def query(self, params: Mapping[str, str]) -> Any:
+        """One signed Query API call; its parsed XML reply."""
+        driver = self.driver
+        return driver.connection.request(driver.path, params=dict(params)).object
 
-        o = self.options
-        kind = size or o.instance_type
-        node_size = NodeSize(kind, kind, 0, 0, 0, 0, self.driver)
-        kwargs: dict[str, Any] = {
-            "ex_metadata": {"Name": name, **tags},
-            "ex_clienttoken": self.client_token(name, tags.get(TAG_REQUEST, "")),
-        }
-        if o.subnet_id:
-            kwargs["ex_subnet"] = _Subnet(o.subnet_id)
-        if o.security_group_ids:
-            kwargs["ex_security_group_ids"] = list(o.security_group_ids)
-        if o.key_name:
-            kwargs["ex_keyname"] = o.key_name
-        if o.user_data:
-            kwargs["ex_userdata"] = o.user_data
-        image = NodeImage(template, template, self.driver)
-        return self.driver.create_node(name=name, size=node_size, image=image, **kwargs)
+    def launch(self, pool: str, template: str, name: str, tags: Mapping[str, str]) -> Node:
+        image = self.image(pool, template)
+        placement = {key: self.setting(pool, key) for key in PLACEMENT_KEYS}
+        all_tags = {**self.user_tags(pool), "Name": name, **tags}
+        token = self.client_token(name, tags.get(TAG_REQUEST, ""))
+        params = run_params(image, self.setting(pool, "instance_type"), all_tags, token, placement)
+        from libcloud.compute.drivers.ec2 import NAMESPACE
+        from libcloud.utils.xml import findall
+
+        reply = self.query(params)
+        (node,) = instances_in(self.driver, findall(reply, "instancesSet/item", NAMESPACE))
+        return node
+
+    def image(self, pool: str, template: str) -> Image:
+        """The image a pool's VMs start from: the newest matching its ``image_filters``
+        (looked up again after IMAGE_FILTER_TTL_S), else its template (looked up once)."""
+        filters = self.setting(pool, "image_filters")
+        owners = self.setting(pool, "image_owners") or []
+        key: tuple[Any, ...] = (
+            (repr(sorted(filters.items())), tuple(owners)) if filters else (template,)
+        )
+        cached = self._images.get(key)
+        if cached and (not filters or cached[0] > time.monotonic()):
+            return cached[1]
+        params: dict[str, str] = {"Action": "DescribeImages"}
+        if filters:
+            params.update(self.driver._build_filters(filters))
+            params.update({f"Owner.{n}": owner for n, owner in enumerate(owners, 1)})
+        else:
+            params["ImageId.1"] = template
+        found = images_in(self._call("image", lambda: self.query(params)))
+        if not found:
+            wanted = f"images matching {filters}" if filters else f"the image id '[{template}]'"
+            raise PermanentProviderError(f"InvalidAMIID.NotFound: {wanted} does not exist")
+        self._images[key] = (time.monotonic() + IMAGE_FILTER_TTL_S, found[0])
+        return found[0]
 
     def client_token(self, name: str, request_id: str = "") -> str:
         """The same token for every create of one VM of one request of one fleet (EC2:
@@ -135,57 +155,40 @@ class EC2Provider(CloudProvider):
         from libcloud.utils.xml import findall, findtext
 
         filters = {f"tag:{TAG_FLEET}": self.fleet_id, "instance-state-name": LIVE_STATES}
-        driver = self.driver
-        params = {"Action": "DescribeInstances", **driver._build_filters(filters)}
+        params = {"Action": "DescribeInstances", **self.driver._build_filters(filters)}
         nodes: list[Node] = []
         while True:  # one page, unless EC2 answers with a NextToken
-            reply = driver.connection.request(driver.path, params=params).object
-            for reservation in findall(reply, "reservationSet/item", NAMESPACE):
-                nodes += driver._to_nodes(reservation, "instancesSet/item")
+            reply = self.query(params)
+            items = findall(reply, "reservationSet/item/instancesSet/item", NAMESPACE)
+            nodes += instances_in(self.driver, items)
             token = findtext(reply, "nextToken", NAMESPACE)
             if not token:
                 return nodes
             params = {**params, "NextToken": token}
 
+    def size_cores(self, pool: str, size: str) -> int:
+        """libcloud's table of EC2 instance types, else DescribeInstanceTypes."""
+        from libcloud.compute.constants.ec2_instance_types import INSTANCE_TYPES
+        from libcloud.compute.drivers.ec2 import NAMESPACE
+        from libcloud.utils.xml import findtext
+
+        known = INSTANCE_TYPES.get(size, {}).get("extra", {}).get("vcpu")
+        if known:
+            return int(known)
+        params = {"Action": "DescribeInstanceTypes", "InstanceType.1": size}
+        reply = self._call("size", lambda: self.query(params))
+        vcpus = findtext(reply, "instanceTypeSet/item/vCpuInfo/defaultVCpus", NAMESPACE)
+        if not vcpus:
+            raise PermanentProviderError(f"InvalidInstanceType: no vCPU count for {size!r}")
+        return int(vcpus)
+
     def tags_of(self, node: Node) -> Mapping[str, str]:
         return dict(node.extra.get("tags") or {})
 
-
-class _Subnet:
-    """What libcloud's ``ex_subnet`` reads of an EC2NetworkSubnet: its id."""
-
-    def __init__(self, subnet_id: str) -> None:
-        self.id = subnet_id
-
-
-_XMLNS = re.compile(rb'xmlns="(http://ec2\.amazonaws\.com/doc/[0-9-]+)"')
-
-
-def _fix_xmlns(body: Any) -> Any:
-    """``xmlns="http://ec2.amazonaws.com/doc/<version>"`` with the trailing ``/``."""
-    raw = body.encode() if isinstance(body, str) else bytes(body or b"")
-    fixed = _XMLNS.sub(rb'xmlns="\1/"', raw)
-    return fixed.decode() if isinstance(body, str) else fixed
-
-
-def _driver_class(*, tolerant: bool) -> Any:
-    """libcloud's EC2 driver; ``tolerant`` of an endpoint (moto's server) whose XML
-    namespace lacks the trailing ``/`` libcloud's parser expects, for this driver's
-    instances only (libcloud's module-wide NAMESPACE is left alone)."""
-    from libcloud.compute.drivers.ec2 import EC2Connection, EC2NodeDriver, EC2Response
-
-    if not tolerant:
-        return EC2NodeDriver
-
-    class TolerantResponse(EC2Response):  # type: ignore[misc]
-        def parse_body(self) -> Any:
-            self.body = _fix_xmlns(getattr(self, "body", None))
-            return super().parse_body()
-
-    class TolerantConnection(EC2Connection):  # type: ignore[misc]
-        responseCls = TolerantResponse
-
-    class TolerantEC2Driver(EC2NodeDriver):  # type: ignore[misc]
-        connectionCls = TolerantConnection
-
-    return TolerantEC2Driver
+    def failure(self, node: Node) -> str:
+        """A stopped (or stopping) instance never turns ready by itself: EC2's reason."""
+        state = node_state(node)
+        if state not in ("stopped", "stopping"):
+            return ""
+        reason = node.extra.get("state_reason") or node.extra.get("reason") or ""
+        return f"instance {node.id} {state}" + (f": {reason}" if reason else "")

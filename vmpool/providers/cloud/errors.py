@@ -1,10 +1,14 @@
 """Which cloud failures a retry can fix, read from libcloud's exceptions.
 
 Transient (retried with backoff, ``Retry-After`` respected): throttling (429,
-``RequestLimitExceeded``, ``Throttling``), 5xx, timeouts and connection errors,
-capacity (``InsufficientInstanceCapacity``, GCE's quota and resource exhaustion).
+``RequestLimitExceeded``, ``Throttling``), 5xx, timeouts and connection errors.
+Quota and capacity (:class:`~vmpool.providers.QuotaExceededError`, a transient error
+that is not retried in the call: the VM waits reserved until capacity frees): EC2's
+``VcpuLimitExceeded``, ``InstanceLimitExceeded``, ``InsufficientInstanceCapacity``,
+Nova's 403 "Quota exceeded", GCE's ``QUOTA_EXCEEDED`` and
+``ZONE_RESOURCE_POOL_EXHAUSTED``.
 Permanent (the VM fails at once, with the cloud's message): bad credentials, missing
-image or key pair, invalid parameters, quota limits, any other 4xx.
+image or key pair, invalid parameters, any other 4xx.
 
 libcloud is imported only when a cloud call has failed, so a fleet without a cloud
 provider never imports it (the demo runs without the ``cloud`` extra).
@@ -19,11 +23,28 @@ from typing import Any, Final
 from vmpool.providers.base import (
     PermanentProviderError,
     ProviderError,
+    QuotaExceededError,
     TransientProviderError,
     is_permanent_error,
 )
 
-__all__ = ["TRANSIENT_CODES", "classify", "retry_after_of"]
+__all__ = ["QUOTA_CODES", "TRANSIENT_CODES", "classify", "retry_after_of"]
+
+# Error codes and words (EC2's, GCE's, Nova's) that say "no capacity for you now": the
+# account's limits or the zone's stock. Waiting helps; retrying at once does not.
+QUOTA_CODES: Final = (
+    "VcpuLimitExceeded",
+    "InstanceLimitExceeded",
+    "InsufficientInstanceCapacity",
+    "InsufficientHostCapacity",
+    "InsufficientCapacity",
+    "MaxSpotInstanceCountExceeded",
+    "VolumeLimitExceeded",
+    "QUOTA_EXCEEDED",
+    "quotaExceeded",
+    "ZONE_RESOURCE_POOL_EXHAUSTED",
+    "Quota exceeded",
+)
 
 # Error codes (EC2's, OpenStack's and GCE's reasons) that say "later", whatever the HTTP
 # status carrying them.
@@ -31,15 +52,11 @@ TRANSIENT_CODES: Final = (
     "RequestLimitExceeded",
     "Throttling",
     "ThrottlingException",
-    "InsufficientInstanceCapacity",
-    "InsufficientHostCapacity",
-    "InsufficientCapacity",
     "Unavailable",
     "ServiceUnavailable",
     "InternalError",
     "InternalFailure",
     "RESOURCE_EXHAUSTED",
-    "ZONE_RESOURCE_POOL_EXHAUSTED",
     "rateLimitExceeded",
     "userRateLimitExceeded",
     "backendError",
@@ -69,6 +86,16 @@ def _says_later(message: str) -> bool:
     return any(code.lower() in message.lower() for code in TRANSIENT_CODES)
 
 
+def _says_quota(message: str) -> bool:
+    return any(code.lower() in message.lower() for code in QUOTA_CODES)
+
+
+def _quota(message: str, exc: BaseException) -> QuotaExceededError:
+    error = QuotaExceededError(message)
+    error.retry_after = retry_after_of(exc)  # type: ignore[attr-defined]
+    return error
+
+
 def _http_code(exc: BaseException) -> int | None:
     """The HTTP status of a failed call (libcloud puts it in ``code`` or, for Google,
     ``http_code``, whose ``code`` is a reason such as ``notFound``)."""
@@ -81,11 +108,16 @@ def _http_code(exc: BaseException) -> int | None:
 
 
 def _cloud_message(exc: BaseException) -> str:
+    """The cloud's words: its error code first (Google's reason or operation code,
+    which libcloud keeps apart from the message), then its message and HTTP status."""
     message = getattr(exc, "message", None) or getattr(exc, "value", None) or str(exc)
     if isinstance(message, dict):  # Google's error item: {'reason', 'message', ...}
         message = f"{message.get('reason', '')}: {message.get('message', '')}".strip(": ")
     code = _http_code(exc)
     text = str(message).strip() or type(exc).__name__
+    reason = getattr(exc, "code", None)
+    if isinstance(reason, str) and reason and not reason.isdigit() and reason not in text:
+        text = f"{reason}: {text}"
     return f"{text} (HTTP {code})" if code else text
 
 
@@ -96,10 +128,12 @@ def classify(exc: BaseException) -> ProviderError:
         return exc
     if isinstance(exc, (socket.timeout, TimeoutError, ConnectionError, ssl.SSLError)):
         return _transient(f"{type(exc).__name__}: {exc}", exc)
+    message = _cloud_message(exc)
+    if _says_quota(message) or type(exc).__name__ == "QuotaExceededError":
+        return _quota(message, exc)
     verdict = _libcloud_verdict(exc)
     if verdict is not None:
         return verdict
-    message = _cloud_message(exc)
     if isinstance(exc, OSError) or _says_later(message):
         return _transient(message, exc)
     if is_permanent_error(exc):
@@ -146,7 +180,7 @@ def _google_verdict(exc: BaseException, message: str) -> ProviderError | None:
         return None
     quota, base = found
     if isinstance(exc, quota):
-        return _transient(message, exc)  # GCE quota: back off, it frees up
+        return _quota(message, exc)
     if isinstance(exc, base):
         code = _http_code(exc)
         if _says_later(message) or (code is not None and (code == 429 or code >= 500)):

@@ -1,36 +1,48 @@
 """Google Compute Engine through libcloud's GCE connection (auth, retries of the
 transport, error parsing), with the few REST calls vmpool needs made directly:
 
-- create: ``instances.insert`` with the labels in the body (no unlabelled window); the
-  call returns at once (the operation is not awaited: the pending sweep sees the
-  instance boot). Instance names are unique in a zone, so a second insert of the same
-  VM answers 409 and the instance already there is returned: GCE's own idempotency.
-- list: ``instances.list`` of the zone filtered by ``labels.vmpool-fleet`` (server
-  side), one call.
-- destroy: ``instances.delete``.
+- create: ``instances.insert`` in the pool's zone, with the labels in the body (the
+  instance and its boot disk: no unlabelled window), the pool's machine type, network,
+  disk, image (or image family), service account, metadata (user-data, ssh-keys) and
+  scheduling (spot); then the insert operation is followed (``zoneOperations.get``,
+  backing off, for ``operation_wait`` seconds at most) to its result, so the cloud's
+  answer reaches the create: ``QUOTA_EXCEEDED`` and ``ZONE_RESOURCE_POOL_EXHAUSTED``
+  as quota (the VM waits), a bad image or machine type as a permanent error, in GCE's
+  words. Instance names are unique in a zone, so a second insert of the same VM
+  answers 409 and the instance already there is returned: GCE's own idempotency.
+- list: ``instances.aggregatedList`` filtered by ``labels.vmpool-fleet`` (server side),
+  one call for every zone the pools use.
+- destroy: ``instances.delete`` in the instance's zone.
 
 libcloud's ``create_node`` would look up the zone, machine type, network, image and disk
 type first (five calls per create); these calls name them by URL instead.
 
-Labels are lowercase letters, digits, ``-`` and ``_``, at most 63 characters: tag values
-are folded to that (``label``), so two fleet ids differing only in case share a label.
+Labels are lowercase letters, digits, ``-`` and ``_``, at most 63 characters: tag keys
+and values are folded to that (``label``), so two fleet ids differing only in case
+share a label.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
+from functools import partial
 from typing import Any
 
-from pydantic import Field
-
 from vmpool.providers.base import PermanentProviderError
-from vmpool.providers.cloud.common import TAG_FLEET, CloudOptions, CloudProvider, Node
+from vmpool.providers.cloud.common import TAG_FLEET, CloudProvider
+from vmpool.providers.cloud.gce_options import GCEOptions, GCEPoolOptions
+from vmpool.providers.cloud.nodes import Node
 
-__all__ = ["GCEOptions", "GCEProvider", "driver_class"]
+__all__ = ["GCEOptions", "GCEPoolOptions", "GCEProvider", "driver_class"]
+
+log = logging.getLogger(__name__)
 
 # GCE instance status -> the state names the rest of vmpool reads.
 _STATES = {
@@ -42,19 +54,7 @@ _STATES = {
     "SUSPENDED": "stopped",
     "TERMINATED": "stopped",  # GCE's TERMINATED is a stopped instance, still there
 }
-
-
-class GCEOptions(CloudOptions):
-    """``provider_class: gce``. Credentials: a service-account key file
-    (``credentials_file``, else GOOGLE_APPLICATION_CREDENTIALS)."""
-
-    project: str = Field(description="The GCP project")
-    zone: str = Field(description="The zone instances start in, e.g. us-central1-a")
-    machine_type: str = Field("e2-small", description="The machine type")
-    network: str = Field("default", description="The VPC network")
-    subnetwork: str | None = Field(None, description="The subnetwork (region's)")
-    external_ip: bool = Field(True, description="Give instances an ephemeral public address")
-    credentials_file: str | None = Field(None, description="Service-account JSON key file")
+SCOPES = ["https://www.googleapis.com/auth/cloud-platform"]
 
 
 @dataclass
@@ -67,11 +67,14 @@ class GCENode:
     public_ips: list[str]
     private_ips: list[str]
     extra: dict[str, Any] = field(default_factory=dict)
+    created_at: datetime | None = None
 
 
 class GCEProvider(CloudProvider):
     options_model = GCEOptions
+    pool_model = GCEPoolOptions
     provider_class = "gce"
+    size_key = "machine_type"
     options: GCEOptions
 
     def label(self, value: str) -> str:
@@ -94,59 +97,141 @@ class GCEProvider(CloudProvider):
             ) from None
         return driver_class()(email, path, project=self.options.project, auth_type="SA")
 
-    def _zone_path(self) -> str:
-        return f"/zones/{self.options.zone}/instances"
-
-    def insert_body(
-        self, template: str, name: str, tags: Mapping[str, str], size: str | None = None
-    ) -> dict[str, Any]:
-        o = self.options
-        image = template if "/" in template else f"projects/{o.project}/global/images/{template}"
-        nic: dict[str, Any] = {"network": f"global/networks/{o.network}"}
-        if o.subnetwork:
-            region = o.zone.rsplit("-", 1)[0]
-            nic["subnetwork"] = f"regions/{region}/subnetworks/{o.subnetwork}"
-        if o.external_ip:
-            nic["accessConfigs"] = [{"type": "ONE_TO_ONE_NAT", "name": "External NAT"}]
-        return {
+    def insert_body(self, pool: str, template: str, name: str, tags: Mapping[str, str]) -> Any:
+        """The instances.insert body of VM ``name`` of ``pool`` (tests read it)."""
+        zone = self.setting(pool, "zone")
+        labels = {self.label(k): self.label(v) for k, v in self.user_tags(pool).items()}
+        labels.update(tags)
+        disk: dict[str, Any] = {"sourceImage": self.source_image(pool, template), "labels": labels}
+        if self.setting(pool, "disk_type"):
+            disk["diskType"] = f"zones/{zone}/diskTypes/{self.setting(pool, 'disk_type')}"
+        if self.setting(pool, "disk_size"):
+            disk["diskSizeGb"] = str(self.setting(pool, "disk_size"))
+        body: dict[str, Any] = {
             "name": name,
-            "machineType": f"zones/{o.zone}/machineTypes/{size or o.machine_type}",
-            "labels": dict(tags),
-            "disks": [
-                {"boot": True, "autoDelete": True, "initializeParams": {"sourceImage": image}}
-            ],
-            "networkInterfaces": [nic],
+            "machineType": f"zones/{zone}/machineTypes/{self.setting(pool, 'machine_type')}",
+            "labels": labels,
+            "disks": [{"boot": True, "autoDelete": True, "initializeParams": disk}],
+            "networkInterfaces": [self._nic(pool, zone)],
         }
+        metadata = self._metadata(pool)
+        if metadata:
+            body["metadata"] = {"items": [{"key": k, "value": v} for k, v in metadata.items()]}
+        if self.setting(pool, "service_account"):
+            scopes = self.setting(pool, "scopes") or SCOPES
+            body["serviceAccounts"] = [
+                {"email": self.setting(pool, "service_account"), "scopes": scopes}
+            ]
+        if self.setting(pool, "spot"):
+            body["scheduling"] = {
+                "provisioningModel": "SPOT",
+                "instanceTerminationAction": "DELETE",
+            }
+        return body
 
-    def launch(
-        self, pool: str, template: str, name: str, tags: Mapping[str, str], size: str | None
-    ) -> Node:
-        body = self.insert_body(template, name, tags, size)
+    def source_image(self, pool: str, template: str) -> str:
+        """The pool's image family (GCE starts from its newest image), else its template
+        (a path, or an image name in the provider's project)."""
+        family = self.setting(pool, "image_family")
+        if family:
+            project = self.setting(pool, "image_project") or self.options.project
+            return f"projects/{project}/global/images/family/{family}"
+        if "/" in template:
+            return template
+        return f"projects/{self.options.project}/global/images/{template}"
+
+    def _nic(self, pool: str, zone: str) -> dict[str, Any]:
+        nic: dict[str, Any] = {"network": f"global/networks/{self.setting(pool, 'network')}"}
+        subnetwork = self.setting(pool, "subnetwork")
+        if subnetwork:
+            region = zone.rsplit("-", 1)[0]
+            nic["subnetwork"] = f"regions/{region}/subnetworks/{subnetwork}"
+        if self.setting(pool, "external_ip"):
+            nic["accessConfigs"] = [{"type": "ONE_TO_ONE_NAT", "name": "External NAT"}]
+        return nic
+
+    def _metadata(self, pool: str) -> dict[str, str]:
+        items = dict(self.setting(pool, "metadata") or {})
+        if self.setting(pool, "user_data"):
+            items["user-data"] = self.setting(pool, "user_data")
+        if self.setting(pool, "ssh_keys"):
+            items["ssh-keys"] = "\n".join(self.setting(pool, "ssh_keys"))
+        return items
+
+    def launch(self, pool: str, template: str, name: str, tags: Mapping[str, str]) -> Node:
+        zone = self.setting(pool, "zone")
+        body = self.insert_body(pool, template, name, tags)
         try:
-            self.driver.connection.request(self._zone_path(), method="POST", data=body)
+            reply = self.driver.connection.request(
+                f"/zones/{zone}/instances", method="POST", data=body
+            )
         except Exception as exc:
             if getattr(exc, "http_code", None) != 409:
                 raise
             # alreadyExists: an earlier insert of this VM went through; the caller's
             # next lookup finds it (and never a second instance: names are unique).
-        return GCENode(name, name, "pending", [], [], {"labels": dict(tags)})
+        else:
+            self.follow(zone, reply.object or {})
+        return GCENode(name, name, "pending", [], [], {"labels": dict(tags), "zone": zone})
+
+    def follow(self, zone: str, operation: Mapping[str, Any]) -> None:
+        """Follow an insert operation to its result, for ``operation_wait`` seconds at
+        most: an error in it is raised (libcloud's parser raises it, with GCE's code),
+        so quota and bad requests reach the create in GCE's words."""
+        deadline = time.monotonic() + self.options.operation_wait
+        delay = 0.5
+        while operation.get("status") != "DONE" and operation.get("name"):
+            path = f"/zones/{zone}/operations/{operation['name']}"
+            operation = self._call("operation", partial(self._get, path)) or {}
+            left = deadline - time.monotonic()
+            if operation.get("status") == "DONE":
+                return
+            if left <= 0:
+                log.info("%s: insert %s still running; the pending checks take over",
+                         self.name, operation.get("name"))  # fmt: skip
+                return
+            self.sleep(min(delay, left))
+            delay = min(delay * 2, 5.0)
+
+    def _get(self, path: str) -> Any:
+        return self.driver.connection.request(path, method="GET").object
 
     def list_fleet(self) -> list[Node]:
-        params = {"filter": f"labels.{TAG_FLEET}={self.label(self.fleet_id)}"}
+        params = {
+            "filter": f"labels.{TAG_FLEET}={self.label(self.fleet_id)}",
+            "returnPartialSuccess": "true",
+        }
         nodes: list[Node] = []
         while True:  # one page (up to 500 instances), unless GCE gives a nextPageToken
-            reply = self.driver.connection.request(self._zone_path(), method="GET", params=params)
+            reply = self.driver.connection.request(
+                "/aggregated/instances", method="GET", params=params
+            )
             page = reply.object or {}
-            nodes += [_node(item) for item in page.get("items", [])]
+            for scope in (page.get("items") or {}).values():
+                nodes += [_node(item) for item in scope.get("instances", [])]
             if not page.get("nextPageToken"):
                 return nodes
             params = {**params, "pageToken": page["nextPageToken"]}
 
     def remove(self, node: Node) -> None:
-        self.driver.connection.request(f"{self._zone_path()}/{node.name}", method="DELETE")
+        zone = node.extra.get("zone") or self.options.zone
+        self.driver.connection.request(f"/zones/{zone}/instances/{node.name}", method="DELETE")
+
+    def size_cores(self, pool: str, size: str) -> int:
+        """machineTypes.get in the pool's zone: its guestCpus."""
+        path = f"/zones/{self.setting(pool, 'zone')}/machineTypes/{size}"
+        return int((self._call("size", partial(self._get, path)) or {})["guestCpus"])
 
     def tags_of(self, node: Node) -> Mapping[str, str]:
         return dict(node.extra.get("labels") or {})
+
+    def failure(self, node: Node) -> str:
+        """A stopped or suspended instance never turns ready by itself: GCE's words."""
+        if node.state not in ("stopped", "stopping"):
+            return ""
+        status = node.extra.get("status", node.state)
+        message = node.extra.get("status_message") or ""
+        return f"instance {node.name} {status}" + (f": {message}" if message else "")
 
 
 def _node(item: Mapping[str, Any]) -> GCENode:
@@ -156,14 +241,29 @@ def _node(item: Mapping[str, Any]) -> GCENode:
         if nic.get("networkIP"):
             private.append(nic["networkIP"])
         public.extend(a["natIP"] for a in nic.get("accessConfigs", []) if a.get("natIP"))
+    status = str(item.get("status", ""))
     return GCENode(
         id=str(item.get("id", item["name"])),
         name=item["name"],
-        state=_STATES.get(str(item.get("status", "")), "unknown"),
+        state=_STATES.get(status, "unknown"),
         public_ips=public,
         private_ips=private,
-        extra={"labels": dict(item.get("labels") or {}), "image": ""},
+        extra={
+            "labels": dict(item.get("labels") or {}),
+            "image": "",
+            "zone": str(item.get("zone", "")).rsplit("/", 1)[-1],
+            "status": status,
+            "status_message": item.get("statusMessage", ""),
+        },
+        created_at=_timestamp(item.get("creationTimestamp")),
     )
+
+
+def _timestamp(value: Any) -> datetime | None:
+    try:
+        return datetime.fromisoformat(str(value))
+    except ValueError:
+        return None
 
 
 def driver_class() -> Any:

@@ -269,13 +269,38 @@ local function fail_request(req, reason, now)
 end
 
 -- Expiry checks readiness inside the same unit: a request whose VMs are all attached
--- is fulfilled, never failed.
+-- is fulfilled, never failed. A failure says the last real cause when there was one
+-- (the request's last_error: a VM's failure, a quota answer its VMs waited on).
 local function expire_or_fulfil(req, now)
   if tonumber(req.have) >= tonumber(req.need) then
     return 'fulfilled', fulfil(req, now)
   end
   local reason = 'The request failed to provision instances within the configured'
     .. ' ondemand_request_ttl'
+  if req.last_error and req.last_error ~= '' then
+    reason = reason .. '; last cause: ' .. req.last_error
+  end
   return 'failed', fail_request(req, reason, now)
 end
 
+
+-- The cloud's address of a VM that turned ready: kept on the record (`address`) and in
+-- the fleet's address index (hash ``index``: address -> VM name), so that
+-- /vm/<address> finds the VM whose hostname is that address. '' records nothing.
+local function record_address(vm_key, name, address, index)
+  if not address or address == '' or not index or index == '' then
+    return
+  end
+  redis.call('HSET', vm_key, 'address', address)
+  redis.call('HSET', index, address, name)
+end
+
+-- A destroyed VM leaves the address index, unless its address went to another VM since.
+local function forget_address(vm, index)
+  if not vm.address or vm.address == '' or not index or index == '' then
+    return
+  end
+  if redis.call('HGET', index, vm.address) == vm.name then
+    redis.call('HDEL', index, vm.address)
+  end
+end

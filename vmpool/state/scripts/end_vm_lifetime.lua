@@ -2,7 +2,8 @@
 -- completed).
 -- KEYS: 1-8 as in _prelude.lua.
 -- ARGV: 1-4 as in _prelude.lua; 5 VM name; 6 '1' to end it now whatever its
---   lifetime (operator action), else '0'.
+--   lifetime (operator action), else '0'; 7 the reason ('' for 'lifetime ended';
+--   reconcile's 'vanished at the provider').
 -- Returns: {1, 'completed', version} or {0, 'no_vm' | 'wrong_request' | 'vm_<state>' |
 --   'not_expired'}.
 -- Invariant: a VM of a ready request is destroyed only after the request is deleted or
@@ -20,7 +21,8 @@ local now = server_now()
 if ARGV[6] ~= '1' and now < tonumber(vm.lifetime_end) then
   return refuse('not_expired')
 end
-move_vm(KEYS[7], vm, 'completed', now, now, 'lifetime ended')
+local why = (ARGV[7] and ARGV[7] ~= '') and ARGV[7] or 'lifetime ended'
+move_vm(KEYS[7], vm, 'completed', now, now, why)
 local req = request_of(vm)
 if not req then
   return {1, 'completed', -1}
@@ -33,4 +35,4 @@ if req.status == 'pending' then
   redis.call('HINCRBY', KEYS[1], 'unreserved', 1)
   redis.call('ZADD', KEYS[6], req.created, RID)
 end
-return {1, 'completed', audit('vm:' .. vm.name, 'running', 'completed', 'lifetime ended', now)}
+return {1, 'completed', audit('vm:' .. vm.name, 'running', 'completed', why, now)}

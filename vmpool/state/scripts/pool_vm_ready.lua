@@ -1,7 +1,9 @@
 -- pool_vm_ready.lua: a warm-pool VM booted: it joins its pool's ready set
 -- (pending -> ready, score = ready time).
 -- KEYS: the pool layout (_pool.lua).
--- ARGV: 1-4 as in _prelude.lua (4 is ''); 5 VM name; 6 fencing token of the VM's lock.
+-- ARGV: 1-4 as in _prelude.lua (4 is ''); 5 VM name; 6 fencing token of the VM's lock;
+--   7 the hostname a checkout hands out (the cloud's address), '' to keep name.domain;
+--   8 the cloud's address (''); 9 the address index (Keys.addresses), ''.
 -- Returns: {1, 'ready', version} or {0, 'no_vm' | 'wrong_request' | 'stale_fence' |
 --   'vm_<state>'}.
 -- Invariant: a VM enters the ready set only from booting, with no owner; the ready set
@@ -13,6 +15,10 @@ end
 local now = server_now()
 move_vm(KEYS[7], vm, 'ready', now, fmt(now), '')
 redis.call('HSET', KEYS[7], 'ready_at', fmt(now))
+if ARGV[7] and ARGV[7] ~= '' then
+  redis.call('HSET', KEYS[7], 'hostname', ARGV[7])
+end
+record_address(KEYS[7], vm.name, ARGV[8], ARGV[9])
 if vm.reserved_at then
   observe_ready_time(vm.pool, math.max(0, now - tonumber(vm.reserved_at)))
 end

@@ -2,7 +2,8 @@
 -- stays as a tombstone for data_ttl, and at least as long as its request's trail, so
 -- its name is not reused (keep_tombstone in _prelude.lua).
 -- KEYS: 1-8 as in _prelude.lua.
--- ARGV: 1-4 as in _prelude.lua; 5 VM name; 6 fencing token of the VM's lock ('').
+-- ARGV: 1-4 as in _prelude.lua; 5 VM name; 6 fencing token of the VM's lock ('');
+--   7 the address index (Keys.addresses): the VM's address leaves it.
 -- Returns: {1, 'destroyed', version} or {0, 'no_vm' | 'wrong_request' |
 --   'stale_fence' | 'vm_<state>'}.
 -- Invariant: only a VM already released (completed) is recorded destroyed; a running
@@ -14,6 +15,7 @@ end
 local now = server_now()
 move_vm(KEYS[7], vm, 'destroyed', now, now, '')
 redis.call('HSET', KEYS[7], 'destroyed_at', fmt(now))
+forget_address(vm, ARGV[7])
 -- the record is a tombstone now; its fence counter lives exactly as long
 keep_tombstone(KEYS[7], KEYS[8], vm.data_ttl)
 if not request_of(vm) then

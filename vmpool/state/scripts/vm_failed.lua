@@ -9,6 +9,8 @@
 -- Invariant: only a pending request is failed (a ready one never); retries are counted
 -- once per failed VM, however many workers report it.
 -- Metrics: a request failed here counts as finished (failed) in this unit.
+-- The reason becomes the request's last_error (what a later failure reports as its last
+-- real cause), and the failure reason of a request it fails.
 local vm, refusal = load_vm_in(ARGV[6], 'reserved', 'pending')
 if refusal then
   return refusal
@@ -27,11 +29,13 @@ if req.status ~= 'pending' then
   return {1, 'completed', v}
 end
 redis.call('HINCRBY', KEYS[1], 'live:' .. vm.alias .. ':' .. vm.pool, -1)
+redis.call('HSET', KEYS[1], 'last_error', reason)
 if ARGV[8] == '1' then
   return {1, 'request_failed', fail_request(req, 'Configuration error: ' .. reason, now)}
 end
 if tonumber(req.retries) >= tonumber(req.max_retries) then
-  return {1, 'request_failed', fail_request(req, 'Max retry attempts exceeded', now)}
+  local why = 'Max retry attempts exceeded; last cause: ' .. reason
+  return {1, 'request_failed', fail_request(req, why, now)}
 end
 redis.call('HINCRBY', KEYS[1], 'retries', 1)
 redis.call('HINCRBY', KEYS[1], 'unreserved', 1)

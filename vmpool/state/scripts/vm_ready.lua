@@ -3,7 +3,8 @@
 -- KEYS: 1-8 as in _prelude.lua.
 -- ARGV: 1-4 as in _prelude.lua; 5 VM name; 6 fencing token of the VM's lock ('');
 --   7 the hostname the client is to get (the cloud's address), '' to keep the one
---   reserve_vm wrote (name.domain).
+--   reserve_vm wrote (name.domain); 8 the cloud's address ('' when it reported none);
+--   9 the address index (Keys.addresses), '' to leave it.
 -- Returns: {1, 'running' | 'fulfilled', version} when attached; {1, 'completed',
 --   version} when the request is not pending, or its time (TTL + grace) is up, in
 --   which case the request is failed here and all its VMs released; or
@@ -39,6 +40,7 @@ redis.call('HSET', KEYS[7], 'ready_at', fmt(now), 'lifetime_end', fmt(lifetime_e
 if ARGV[7] and ARGV[7] ~= '' then
   redis.call('HSET', KEYS[7], 'hostname', ARGV[7])
 end
+record_address(KEYS[7], vm.name, ARGV[8], ARGV[9])
 if vm.reserved_at then
   observe_ready_time(vm.pool, math.max(0, now - tonumber(vm.reserved_at)))
 end

@@ -1,0 +1,147 @@
+"""Two installs of vmpool with default settings share one EC2 account (moto's server, a
+real process on loopback) and never touch each other's instances.
+
+Each install has its own Redis (here: database 0 and database 1 of the test server,
+which share no key) and the same default key prefix ``vmpool``. Their fleet identities
+are generated in their own Redis, so their instances carry different ``vmpool-fleet``
+tags; each reconciles several times with no grace at all (a VM nobody recorded is
+destroyed at once) and the other's handed-out VM stays running and ready.
+
+The negative control shows what the test guards against: with one fleet id for both
+(the old default, the key prefix), the second install's first reconcile destroys the
+first install's handed-out VM.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import pytest
+import redis
+
+from vmpool import lifecycle
+from vmpool.config import Config, parse_config
+from vmpool.lifecycle import Fleet, RecordingDispatcher
+from vmpool.providers.identity import fleet_ids
+from vmpool.state.fleet_identity import fleet_identity
+from vmpool.state.names import NameGenerator
+from vmpool.state.records import RequestSettings, Slot
+
+from motohelp import MotoServer, boto_ec2
+
+pytestmark = pytest.mark.slow
+
+
+def install_config(moto: MotoServer, **provider: Any) -> Config:
+    data = {
+        ":providers": {"aws": {"provider_class": "ec2", **moto.options(), **provider}},
+        ":config": {"ondemand_request_ttl": 10, "reconcile_grace": 0, "timeout": 5},
+        ":pools": [{"name": "ubuntu", "template": "ami-12c6146b", "provider": "aws"}],
+    }
+    return parse_config(data, source="test", env={})
+
+
+def settle(fleet: Fleet) -> None:
+    """Run every dispatched job in-process until none is left."""
+    dispatch = fleet.dispatch
+    assert isinstance(dispatch, RecordingDispatcher)
+    for _ in range(100):
+        calls = dispatch.take()
+        if not calls:
+            return
+        for job, subject in calls:
+            getattr(lifecycle, job)(fleet, subject)
+    raise AssertionError("dispatch did not settle")
+
+
+def ready_request(fleet: Fleet, rid: str) -> str:
+    """A request of one VM, run until ready; the VM's name."""
+    settings = RequestSettings.from_config(fleet.config)
+    assert fleet.store.create_request(rid, [Slot("ubuntu", "ubuntu", 1)], settings, actor="t").ok
+    fleet.dispatch.provision_request(rid)
+    for _ in range(20):
+        settle(fleet)
+        record = fleet.store.get_request(rid)
+        assert record is not None
+        if record.status == "ready":
+            (vm,) = fleet.store.request_vms(rid)
+            return vm.name
+        lifecycle.check_pending_sweep(fleet)
+    raise AssertionError(f"request {rid} never turned ready")
+
+
+def live_instances(moto: MotoServer) -> dict[str, dict[str, str]]:
+    """Every instance moto holds that is not terminated: id -> tags."""
+    found = {}
+    for reservation in boto_ec2(moto).describe_instances()["Reservations"]:
+        for i in reservation["Instances"]:
+            if i["State"]["Name"] not in ("terminated", "shutting-down"):
+                found[i["InstanceId"]] = {t["Key"]: t["Value"] for t in i.get("Tags", [])}
+    return found
+
+
+@pytest.fixture
+def second_redis(redis_url: str) -> Iterator[redis.Redis]:
+    """Another install's Redis: database 1 of the test server (no key in common)."""
+    parts = urlsplit(redis_url)
+    url = urlunsplit(parts._replace(path="/1"))
+    client: redis.Redis = redis.Redis.from_url(url, decode_responses=True)
+    assert client.connection_pool.connection_kwargs["db"] == 1
+    client.flushdb()
+    try:
+        yield client
+    finally:
+        client.flushdb()
+        client.close()
+
+
+def build(client: redis.Redis, config: Config, seed: int) -> Fleet:
+    fleet = Fleet.build(client, config, RecordingDispatcher(), f"worker:{seed}")
+    fleet.names = NameGenerator("", random.Random(seed))
+    return fleet
+
+
+def test_two_default_installs_share_an_account(
+    moto: MotoServer, redis_client: redis.Redis, second_redis: redis.Redis
+) -> None:
+    moto.reset()
+    config = install_config(moto)
+    first, second = build(redis_client, config, 1), build(second_redis, config, 2)
+    a_id, b_id = fleet_identity(redis_client, first.keys), fleet_identity(second_redis, second.keys)
+    assert a_id != b_id and a_id.startswith("vmpool-")
+    assert fleet_ids(redis_client, first.keys, config.providers) == {"aws": a_id}
+
+    vm_a = ready_request(first, "r-first")
+    vm_b = ready_request(second, "r-second")
+    tags = {t["vmpool-vm"]: t["vmpool-fleet"] for t in live_instances(moto).values()}
+    assert tags == {vm_a: a_id, vm_b: b_id}
+
+    for _ in range(3):  # several reconcile rounds of each, no grace
+        for fleet in (first, second):
+            counts = lifecycle.reconcile(fleet)
+            assert not any(k.endswith("_destroyed") for k in counts), counts
+            settle(fleet)
+    assert {t["vmpool-vm"] for t in live_instances(moto).values()} == {vm_a, vm_b}
+    for fleet, rid in ((first, "r-first"), (second, "r-second")):
+        record = fleet.store.get_request(rid)
+        assert record is not None and record.status == "ready"
+        assert [vm.name for vm in fleet.providers["aws"].inventory()] == [
+            vm.name for vm in fleet.store.request_vms(rid)
+        ]
+
+
+def test_one_shared_fleet_id_is_what_destroyed_the_other_install(
+    moto: MotoServer, redis_client: redis.Redis, second_redis: redis.Redis
+) -> None:
+    """The negative control: both installs given the same fleet id, the second's
+    reconcile takes the first's handed-out VM for a leak and terminates it."""
+    moto.reset()
+    config = install_config(moto, fleet_id="vmpool")
+    first, second = build(redis_client, config, 1), build(second_redis, config, 2)
+    vm_a = ready_request(first, "r-first")
+    counts = lifecycle.reconcile(second)
+    assert counts.get("leaked_destroyed") == 1
+    assert vm_a not in {t.get("vmpool-vm") for t in live_instances(moto).values()}
