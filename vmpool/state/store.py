@@ -71,15 +71,12 @@ class Store(PoolStore):
         # The fleet's metric keys are rendered in (per prefix), as the table is: the
         # scripts count in the same unit as the transition they count.
         prelude = lua_tables() + lua_metrics(keys) + _read_lua("_prelude")
-        self._scripts: dict[str, Script] = {
-            name: redis_client.register_script(prelude + _read_lua(name))
-            for name in SCRIPT_NAMES
-            if name != "create_request"
-        }
         # create_request adds the request to the provision work set in its unit.
-        self._scripts["create_request"] = redis_client.register_script(
-            prelude + lua_workset() + _read_lua("create_request")
-        )
+        heads = {"create_request": lua_workset()}
+        self._scripts: dict[str, Script] = {
+            name: redis_client.register_script(prelude + heads.get(name, "") + _read_lua(name))
+            for name in SCRIPT_NAMES
+        }
 
     # -- plumbing -------------------------------------------------------------------
     def _request_keys(self, request_id: str) -> list[str]:
