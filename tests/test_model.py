@@ -28,6 +28,12 @@ statuses observed step by step never leave a terminal state nor go from ready to
 For vmpool's store also: a stale worker's commit changes nothing, and ``audit_state``
 (indexes included) is clean.
 
+The fleet's moving parts (warm refill in steps, recycle and check_ready, warm-VM
+failure and destroy, batch claims with stopped and dead claimers, the listing sweep on
+a stale list, creates stopped past their lock and clone slot, the order of service)
+have two machines of their own over the real lifecycle functions: tests/model_fleet.py,
+run by the ``test_model_fleet_*`` tests below.
+
 The same machine runs against vmpool's store (it must find nothing) and against
 ``tests/naive_store.py``, the reference of vmpooler's read-then-write shape (it must find
 a violation and shrink it to a short interleaving: see docs/reliability.md,
