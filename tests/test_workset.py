@@ -94,5 +94,18 @@ def test_clear_drops_every_part(redis_client: redis.Redis, keys: Keys) -> None:
     work.add("provision_request", ["r2"])
     work.defer("provision_request", work.claim("provision_request", 1, 60), ["r1"], 60)
     work.clear("provision_request")
-    left = [k for k in redis_client.scan_iter(match="*work-queue*")]
+    left = [k for k in redis_client.scan_iter(match="*:work:*")]
     assert left == []
+
+
+def test_a_subject_an_older_release_added_is_put_in_line(
+    redis_client: redis.Redis, keys: Keys
+) -> None:
+    """Proves: a subject left in the set by an older release (score 0, in no queue) is
+    not lost to the new order: dispatched again, it joins the line, and is claimed."""
+    redis_client.zadd(keys.work_set("create_vm"), {"vm-old": 0})
+    work = WorkSet(redis_client, keys)
+    assert work.claim("create_vm", 5, lease_s=60).subjects == []  # in no queue yet
+    assert work.add("create_vm", ["vm-old"]) == 1
+    assert work.add("create_vm", ["vm-old"]) == 0  # in line now: added once
+    assert work.claim("create_vm", 5, lease_s=60).subjects == ["vm-old"]

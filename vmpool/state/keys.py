@@ -26,8 +26,8 @@ Layout (``P`` is the prefix)::
     P:sim:PROVIDER:vm:NAME       hash   a VM of the simulated provider's fake cloud
     P:sim:PROVIDER:inventory     set    the names the simulated provider holds
     P:lock:KIND:SUBJECT          string a lock (per request or VM): the holder's id
-    P:work-queue:JOB             zset   subjects of a batch job, waiting or claimed, score = arrival
-    P:work-queue:JOB:PART        the work set's order and claims (WORK_PARTS; vmpool.state.workset)
+    P:work:JOB                   zset   subjects of a batch job, waiting or claimed, score = arrival
+    P:work:JOB:PART              the work set's order and claims (WORK_PARTS; vmpool.state.workset)
     P:clone-slots                zset   the fleet-wide clone semaphore's leases (VM -> lease end)
     P:clone-slots:holders        hash   VM -> the token of its lease's holder
     P:clone-slots:stats          hash   the semaphore's peak and overruns
@@ -227,7 +227,7 @@ class Keys:
         one (vmpool.state.workset), score = their arrival (server time). Its parts are
         this key plus a suffix of :data:`WORK_PARTS` (the work-set scripts get the
         suffixes rendered in)."""
-        return f"{self.prefix}:work-queue:{job}"
+        return f"{self.prefix}:work:{job}"
 
     def work_part(self, job: str, part: str) -> str:
         """One part of ``job``'s work set (:data:`WORK_PARTS`); for ``queue``, the

@@ -62,9 +62,20 @@ local function ws_enqueue(W, subject, arrival, owner)
 end
 
 -- Add a subject (arrival: a score string) unless it is already waiting or claimed.
--- Returns 1 if added.
+-- Returns 1 if added. A subject in the set but neither waiting in its owner's queue nor
+-- claimed was added by an older release (a set scored 0, with no queues): it is put in
+-- line now, at its arrival, so a rolling upgrade loses no subject.
 local function ws_add(W, subject, arrival, owner)
   if redis.call('ZSCORE', W.base, subject) then
+    if not redis.call('ZSCORE', W.claims, subject)
+        and not redis.call('ZSCORE', W.queue .. owner, subject) then
+      if owner ~= '' then
+        redis.call('HSET', W.owner, subject, owner)
+      end
+      redis.call('ZADD', W.base, arrival, subject)
+      ws_enqueue(W, subject, arrival, owner)
+      return 1
+    end
     return 0
   end
   redis.call('ZADD', W.base, arrival, subject)
