@@ -13,7 +13,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	PYTHONWARNINGS="ignore:Editable installation" \
-	  $(PY) -m pip install -q -e '.[embedded,test,dashboard]'
+	  $(PY) -m pip install -q -e '.[embedded,test,dashboard,ldap]'
 	@echo "installed: $(VENV)/bin/vmpool"
 	touch $@
 
@@ -52,3 +52,17 @@ chaos: venv
 BENCH ?=
 bench: venv
 	$(PY) bench/run_all.py $(if $(BENCH),--only $(BENCH))
+
+# The image's locked dependencies (requirements/image.lock: pinned, with hashes), from
+# pyproject.toml's dependencies and the extras the image installs (IMAGE_EXTRAS, the
+# Dockerfile's VMPOOL_EXTRAS). pip-tools runs from a throwaway venv.
+.PHONY: lock
+IMAGE_EXTRAS ?= cloud vsphere dashboard ldap
+LOCK_VENV ?= .venv-lock
+lock:
+	$(PYTHON) -m venv $(LOCK_VENV)
+	$(LOCK_VENV)/bin/python -m pip install -q 'pip-tools==7.7.0'
+	$(LOCK_VENV)/bin/pip-compile --quiet --generate-hashes --strip-extras --allow-unsafe \
+	  --no-emit-index-url --no-emit-find-links --no-emit-trusted-host \
+	  $(foreach e,$(IMAGE_EXTRAS),--extra $(e)) \
+	  --output-file requirements/image.lock pyproject.toml

@@ -14,6 +14,8 @@ from typing import Any
 import redis
 from test_api_support import PASSWORD, drive_ready, make_client, spec_config, store_for
 
+from vmpool.lifecycle import Fleet, RecordingDispatcher, vm_task
+from vmpool.providers.simulated import SimulatedProvider
 from vmpool.state.store import Store
 
 FORM = {"Content-Type": "application/x-www-form-urlencoded", "User-Agent": "Faraday v2.9.0"}
@@ -107,8 +109,8 @@ def floaty_token(client: Any, user: str = "jdoe") -> str:
 
 def test_floaty_every_command(redis_url: str, redis_client: redis.Redis) -> None:
     """Replays vmfloaty's exact calls for list, get (checkout), list --active, query,
-    modify --lifetime/--tags, delete, status, summary, token status, snapshot and disk,
-    and checks what vmfloaty reads from each answer (it prints ``{"ok"=>false}`` and
+    modify --lifetime/--tags/--disk, delete, status, summary, token status, snapshot and
+    revert, and checks what vmfloaty reads from each answer (it prints ``{"ok"=>false}`` and
     exits 0 on a 404, so the bodies are what matters)."""
     cfg = spec_config(auth=True)
     client, _ = make_client(cfg, redis_url)
@@ -194,14 +196,49 @@ def test_floaty_every_command(redis_url: str, redis_client: redis.Redis) -> None
     assert status["pools"]["pool1"]["ready"] == 0 and status["queue"]["ready"] == 0
     assert {"capacity", "queue", "pools", "status"} <= set(status)
 
-    # floaty summary: GET summary
+    # floaty summary: GET summary -> today's boots (3 warm VMs), clones and the tag set
     r = client.get(base + "summary")
-    assert r.status_code == 200 and {"boot", "clone", "tag", "daily"} <= set(r.json())
+    summary = r.json()
+    assert r.status_code == 200 and list(summary) == ["daily", "boot", "clone", "tag"]
+    assert summary["boot"]["count"]["total"] == 3
+    assert summary["clone"]["count"]["total"] == 3
+    assert summary["boot"]["count"]["pool"] == {"pool1": {"total": 2}, "pool3": {"total": 1}}
+    assert summary["tag"] == {"project": {"x": 1, "total": 1}}
 
-    # floaty snapshot / revert / modify --disk: vmpooler's "not supported"
-    for path in (f"vm/{short}/snapshot", f"vm/{short}/snapshot/abc", f"vm/{short}/disk/10"):
-        r = client.post(base + path, headers={**FORM, "X-AUTH-TOKEN": token})
-        assert r.status_code == 405 and r.json() == {"ok": False}
+    # floaty snapshot <host> / revert <host> <sha> / modify <host> --disk 10, on a VM
+    # jdoe still holds; the vm_task job (run here as a worker would) does the work
+    held = body["pool1"]["hostname"][0]
+    held_short = held.split(".")[0]
+    fleet = Fleet.build(redis_client, cfg, RecordingDispatcher(), "worker:test")
+    sim = fleet.providers["simulated"]
+    assert isinstance(sim, SimulatedProvider)
+    sim.leak_vm("pool1", "pool1", held_short)  # the simulated cloud's copy of the VM
+    r = client.post(base + f"vm/{held}/snapshot", headers={**FORM, "X-AUTH-TOKEN": token})
+    assert r.status_code == 202
+    sha = r.json()[held_short]["snapshot"]
+    assert len(sha) == 32 and list(r.json()) == ["ok", held_short]
+    assert "snapshots" not in client.get(base + f"vm/{held}").json()[held_short]  # pending
+    assert vm_task(fleet, f"{held_short}:snapshot:{sha}") == "done"
+    assert client.get(base + f"vm/{held}").json()[held_short]["snapshots"] == [sha]
+    r = client.post(base + f"vm/{held}/snapshot/{sha}", headers={**FORM, "X-AUTH-TOKEN": token})
+    assert r.status_code == 202 and r.json() == {"ok": True}
+    revert_field = next(k for k in redis_client.hkeys(store.keys.vm(held_short))
+                        if k.startswith("task:revert:"))  # fmt: skip
+    assert vm_task(fleet, f"{held_short}:revert:{revert_field.rsplit(':', 1)[1]}") == "done"
+    assert sim.annotations(held_short)["reverted_to"] == f"snapshot:{sha}"
+    r = client.post(base + f"vm/{held}/snapshot/nosuchsnapshot",
+                    headers={**FORM, "X-AUTH-TOKEN": token})  # fmt: skip
+    assert r.status_code == 404 and r.json() == {"ok": False}
+    r = client.put(base + f"vm/{held}", content=json.dumps({"disk": 10}),
+                   headers={**FORM, "X-AUTH-TOKEN": token})  # fmt: skip
+    assert r.status_code == 200 and r.json() == {"ok": True}
+    disk_field = next(k for k in redis_client.hkeys(store.keys.vm(held_short))
+                      if k.startswith("task:disk:"))  # fmt: skip
+    assert vm_task(fleet, f"{held_short}:disk:{disk_field.rsplit(':', 1)[1]}") == "done"
+    assert client.get(base + f"vm/{held}").json()[held_short]["disk"] == ["+10gb"]
+    # another user may not snapshot jdoe's VM
+    r = client.post(base + f"vm/{held}/snapshot", headers={**FORM, "X-AUTH-TOKEN": other})
+    assert r.status_code == 403 and r.json()["ok"] is False
 
 
 def test_floaty_delete_of_an_ondemand_vm(redis_url: str, redis_client: redis.Redis) -> None:

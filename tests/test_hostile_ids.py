@@ -55,7 +55,7 @@ def test_the_old_dollar_anchor_let_a_final_newline_through() -> None:
 @pytest.mark.parametrize("suffix", ["\n", "\r\n", "\x00", " ", "\n\n"])
 def test_every_kind_refuses_a_trailing_control_character(kind: str, suffix: str) -> None:
     good = {"request": "r-1", "vm": "vm-1", "pool": "pool1", "key_prefix": "vmpool",
-            "token": "abc123", "user": "jdoe"}[kind]  # fmt: skip
+            "token": "abc123", "user": "jdoe", "vm_task": "vm-1:snapshot:abc1"}[kind]  # fmt: skip
     assert validate(kind, good) == good
     with pytest.raises(InvalidIdentifier):
         validate(kind, good + suffix)

@@ -47,14 +47,66 @@ OPERATIONS_MD = ROOT / "docs" / "operations.md"
 
 OVERLAYS = tuple(sorted(p.parent.name for p in (K8S / "overlays").glob("*/kustomization.yaml")))
 # Combinations rendered from a temporary kustomization, so that every component is
-# rendered at least once, alone or as the docs combine them.
+# rendered at least once, alone or as the docs combine them (with the development
+# placeholder Secrets, so that they are complete).
 COMBINATIONS: dict[str, tuple[str, ...]] = {
-    "base": (),
-    "base+hpa": ("hpa",),
-    "base+monitoring": ("monitoring",),
-    "base+keda+external-redis": ("keda", "external-redis"),
+    "base": ("dev-secrets",),
+    "base+hpa": ("dev-secrets", "hpa"),
+    "base+monitoring": ("dev-secrets", "monitoring"),
+    "base+keda+external-redis": ("dev-secrets", "keda", "external-redis"),
+    "base+ingress": ("dev-secrets", "ingress"),
 }
-TARGETS = tuple(f"overlays/{name}" for name in OVERLAYS) + tuple(COMBINATIONS)
+# The Secrets the manifests read, by consumer (docs/operations.md, "Secrets"): none is
+# rendered by overlays/prod; the operator creates them or generates them in an
+# overlay of their own. Optional ones may be absent.
+OPERATOR_SECRETS: dict[str, set[str]] = {
+    "vmpool-redis-client": {"redis-url"},
+    "vmpool-users": {"users.yaml"},
+    "vmpool-redis-server": {"password"},
+    "vmpool-dashboard": {"username", "password"},
+    "vmpool-keda": {"address", "password"},
+    "vmpool-cloud": set(),
+    "vmpool-cloud-files": set(),
+}
+OPTIONAL_SECRETS = {"vmpool-cloud", "vmpool-cloud-files"}
+# An operator's overlay on top of overlays/prod generating every Secret (test values):
+# what docs/operations.md tells a site to write. A change of one value there must roll
+# exactly the pods that read it.
+SITE_SECRETS: dict[str, dict[str, str]] = {
+    "vmpool-redis-client": {"redis-url": "redis://:site-redis-pw@vmpool-redis:6379/0"},
+    "vmpool-users": {"users.yaml": "alice: 'pbkdf2_sha256$600000$c2FsdA$" + "0" * 64 + "'\n"},
+    "vmpool-redis-server": {"password": "site-redis-pw"},
+    "vmpool-dashboard": {"username": "ops", "password": "site-dashboard-pw"},
+    "vmpool-keda": {
+        "address": "vmpool-redis.vmpool.svc.cluster.local:6379",
+        "password": "site-redis-pw",
+    },
+    "vmpool-cloud": {"AWS_ACCESS_KEY_ID": "AKIDSITE", "AWS_SECRET_ACCESS_KEY": "site-aws"},
+    "vmpool-cloud-files": {"clouds.yaml": "clouds: {}\n"},
+}
+SITE = "site/prod"
+# The same site with Redis Sentinel (components/redis-sentinel on top of overlays/prod):
+# vmpool and KEDA reach Redis through the sentinels.
+SENTINEL_SITE = "site/prod+sentinel"
+SENTINEL_SECRETS: dict[str, dict[str, str]] = {
+    **SITE_SECRETS,
+    "vmpool-redis-client": {
+        "redis-url": "redis+sentinel://:site-redis-pw@vmpool-redis-sentinel:26379/vmpool/0"
+    },
+    "vmpool-redis-server": {"password": "site-redis-pw", "sentinel-password": "site-sentinel-pw"},
+    "vmpool-keda": {
+        "address": "vmpool-redis-sentinel.vmpool.svc.cluster.local:26379",
+        "password": "site-redis-pw",
+        "sentinelMaster": "vmpool",
+        "sentinelPassword": "site-sentinel-pw",
+    },
+}
+TARGETS = (
+    tuple(f"overlays/{name}" for name in OVERLAYS) + tuple(COMBINATIONS) + (SITE, SENTINEL_SITE)
+)
+# The targets whose every Secret is rendered (overlays/prod's are the operator's).
+COMPLETE = tuple(t for t in TARGETS if t != "overlays/prod")
+PLACEHOLDERS = ("change-me", "replace-me")
 
 # The Kubernetes versions to validate against: every one from 1.30 the package bundles.
 MIN_KUBERNETES = (1, 30)
@@ -76,9 +128,24 @@ ALERTS = {
     "VmpoolOnDemandFailureRatioHigh",
     "VmpoolNoWorkerAlive",
     "VmpoolRedisUnreachable",
+    "VmpoolApiNotScraped",
+    "VmpoolAuditStale",
+    "VmpoolRedisMemoryHigh",
+    "VmpoolRedisMemoryFull",
+    "VmpoolRedisNotWritable",
     "VmpoolCloneSlotsSaturated",
+    "VmpoolWorkersSaturated",
     "VmpoolProviderCircuitOpen",
 }
+
+# Metrics the alerts name that another part of the work is adding to /metrics (Redis'
+# memory and writability). Until HEAD's vmpool/ source spells the name, it may be
+# missing from a scrape; once it does, it must be exported like every other.
+PENDING_METRICS = (
+    "vmpool_redis_memory_used_bytes",
+    "vmpool_redis_memory_max_bytes",
+    "vmpool_redis_writable",
+)
 
 
 # -- rendering -----------------------------------------------------------------------------
@@ -86,21 +153,58 @@ ALERTS = {
 
 @functools.cache
 def render(target: str) -> tuple[dict[str, Any], ...]:
-    """The objects ``kubectl kustomize`` renders for an overlay or a combination."""
+    """The objects ``kubectl kustomize`` renders for an overlay, a combination, or the
+    site overlay on top of overlays/prod."""
     if target in COMBINATIONS:
-        with tempfile.TemporaryDirectory(prefix="vmpool-kustomize-") as tmp:
-            rel = os.path.relpath(K8S, tmp)  # kustomize refuses absolute paths
-            kustomization = {
-                "apiVersion": "kustomize.config.k8s.io/v1beta1",
-                "kind": "Kustomization",
+        text = render_kustomization(
+            lambda rel: {
                 "resources": [f"{rel}/base"],
                 "components": [f"{rel}/components/{c}" for c in COMBINATIONS[target]],
             }
-            (Path(tmp) / "kustomization.yaml").write_text(yaml.safe_dump(kustomization))
-            text = _kustomize(tmp)
+        )
+    elif target == SITE:
+        text = render_site(json.dumps(SITE_SECRETS))
+    elif target == SENTINEL_SITE:
+        text = render_site(json.dumps(SENTINEL_SECRETS), ("redis-sentinel",))
     else:
         text = _kustomize(str(K8S / target))
     return tuple(doc for doc in yaml.safe_load_all(text) if doc)
+
+
+@functools.cache
+def render_site(secrets_json: str, components: tuple[str, ...] = ()) -> str:
+    """overlays/prod under an overlay generating ``secrets_json``'s Secrets, as a site's
+    own overlay would (the namespace too: kustomize matches references in it), with
+    ``components`` added."""
+    secrets: dict[str, dict[str, str]] = json.loads(secrets_json)
+    return render_kustomization(
+        lambda rel: {
+            "namespace": "vmpool",
+            "resources": [f"{rel}/overlays/prod"],
+            "components": [f"{rel}/components/{c}" for c in components],
+            "secretGenerator": [
+                {"name": name, "literals": [f"{k}={v}" for k, v in sorted(values.items())]}
+                for name, values in secrets.items()
+            ],
+            "generatorOptions": {"labels": {"app.kubernetes.io/part-of": "vmpool"}},
+        }
+    )
+
+
+def render_kustomization(body: Any, extra_files: dict[str, str] | None = None) -> str:
+    """Render a temporary kustomization; ``body(rel)`` gets the path of deploy/k8s
+    relative to it (kustomize refuses absolute paths)."""
+    with tempfile.TemporaryDirectory(prefix="vmpool-kustomize-") as tmp:
+        rel = os.path.relpath(K8S, tmp)
+        kustomization = {
+            "apiVersion": "kustomize.config.k8s.io/v1beta1",
+            "kind": "Kustomization",
+            **body(rel),
+        }
+        (Path(tmp) / "kustomization.yaml").write_text(yaml.safe_dump(kustomization))
+        for name, text in (extra_files or {}).items():
+            (Path(tmp) / name).write_text(text)
+        return _kustomize(tmp)
 
 
 def _kustomize(directory: str) -> str:
@@ -174,9 +278,52 @@ def main_container(obj: dict[str, Any]) -> dict[str, Any]:
     return dict(pod_spec(obj)["containers"][0])
 
 
-def secret_values(objs: tuple[dict[str, Any], ...]) -> dict[str, str]:
-    secret = generated(objs, "Secret", "vmpool-secrets")
+def secret_values(objs: tuple[dict[str, Any], ...], name: str) -> dict[str, str]:
+    """The decoded data of the Secret generated as ``name``."""
+    secret = generated(objs, "Secret", name)
     return {k: base64.b64decode(v).decode() for k, v in secret.get("data", {}).items()}
+
+
+def secrets_by_name(objs: tuple[dict[str, Any], ...]) -> dict[str, dict[str, str]]:
+    """Every rendered Secret's decoded data, by its rendered name."""
+    return {
+        o["metadata"]["name"]: {
+            k: base64.b64decode(v).decode() for k, v in o.get("data", {}).items()
+        }
+        for o in find(objs, "Secret")
+    }
+
+
+def base_name(name: str) -> str:
+    """A generated object's name without kustomize's hash suffix."""
+    return re.sub(r"-[a-z0-9]{10}$", "", name)
+
+
+def secret_refs(obj: dict[str, Any]) -> Iterator[tuple[str, str | None, bool]]:
+    """(Secret name, key or None for a whole Secret, optional) of every reference to a
+    Secret in ``obj``: env, envFrom, volumes, projected volumes, KEDA's auth."""
+    if obj["kind"] == "TriggerAuthentication":
+        for ref in obj["spec"]["secretTargetRef"]:
+            yield ref["name"], ref["key"], ref["parameter"] not in ("address", "password")
+        return
+    if obj["kind"] not in POD_OWNERS:
+        return
+    spec = pod_spec(obj)
+    for container in containers(spec):
+        for var in container.get("env", []):
+            ref = var.get("valueFrom", {}).get("secretKeyRef")
+            if ref:
+                yield ref["name"], ref["key"], bool(ref.get("optional"))
+        for source in container.get("envFrom", []):
+            if "secretRef" in source:
+                ref = source["secretRef"]
+                yield ref["name"], None, bool(ref.get("optional"))
+    for volume in spec.get("volumes", []):
+        for source in volume.get("projected", {}).get("sources", [volume]):
+            ref = source.get("secret")
+            if ref:
+                name = ref.get("secretName") or ref.get("name")
+                yield name, None, bool(ref.get("optional"))
 
 
 def selector_matches(selector: dict[str, Any], labels: dict[str, str]) -> bool:
@@ -247,6 +394,31 @@ def landed(path: str, marker: str) -> bool:
     return marker in proc.stdout
 
 
+def metric_landed(metric: str) -> bool:
+    """Whether HEAD's vmpool/ source spells the metric's name (True outside a checkout)."""
+    return source_mentions(f'"{metric}"')
+
+
+def sentinel_urls_landed() -> bool:
+    """Whether HEAD's vmpool/ source knows the redis+sentinel:// URL form (the Redis
+    Sentinel support another part of the work is adding)."""
+    return source_mentions("redis+sentinel")
+
+
+def source_mentions(text: str) -> bool:
+    """Whether HEAD's vmpool/ source contains ``text`` (True outside a checkout)."""
+    try:
+        proc = subprocess.run(
+            ["git", "grep", "-q", "-F", text, "HEAD", "--", "vmpool"],
+            cwd=ROOT,
+            capture_output=True,
+            timeout=30,
+        )
+    except OSError:
+        return True
+    return proc.returncode != 1 if proc.returncode in (0, 1) else True
+
+
 def pending_reason(args: list[str]) -> str | None:
     """Why ``vmpool ARGS`` may fail to parse for now (a pending command), or None."""
     for (word, detail), (path, marker) in PENDING.items():
@@ -273,13 +445,20 @@ def vmpool_commands(
 
 def container_env(container: dict[str, Any], objs: tuple[dict[str, Any], ...]) -> dict[str, str]:
     """The container's environment as Kubernetes would give it (secrets resolved)."""
-    secrets = secret_values(objs)
+    secrets = secrets_by_name(objs)
+    config_maps = {o["metadata"]["name"]: o.get("data", {}) for o in find(objs, "ConfigMap")}
     env: dict[str, str] = {}
+    for source in container.get("envFrom", []):
+        env.update(secrets.get(source.get("secretRef", {}).get("name", ""), {}))
     for var in container.get("env", []):
         if "value" in var:
             env[var["name"]] = var["value"]
         elif "secretKeyRef" in var.get("valueFrom", {}):
-            env[var["name"]] = secrets[var["valueFrom"]["secretKeyRef"]["key"]]
+            ref = var["valueFrom"]["secretKeyRef"]
+            env[var["name"]] = secrets[ref["name"]][ref["key"]]
+        elif "configMapKeyRef" in var.get("valueFrom", {}):
+            ref = var["valueFrom"]["configMapKeyRef"]
+            env[var["name"]] = config_maps[ref["name"]][ref["key"]]
     return env
 
 
@@ -338,17 +517,23 @@ def _is_custom(obj: dict[str, Any]) -> bool:
     return "." in group and not group.endswith(".k8s.io")
 
 
-def test_every_object_validates_strictly() -> None:
+def test_every_object_validates_strictly(monkeypatch: pytest.MonkeyPatch) -> None:
     try:
         import kubernetes_validate
+        from kubernetes_validate import utils
     except ImportError:
         pytest.fail("kubernetes-validate is not installed: pip install kubernetes-validate")
+    # It parses its schema files again for every object (most of its time): once here.
+    monkeypatch.setattr(utils, "schema_contents", functools.cache(utils.schema_contents))
     versions = _kubernetes_versions()
     seen: set[str] = set()
     problems: list[str] = []
     for target in TARGETS:
         for obj in render(target):
-            key = json.dumps(obj, sort_keys=True)
+            # The same object in another target differs only by its namespace and the
+            # hash suffixes of generated names: validate it once.
+            key = re.sub(r'-[a-z0-9]{10}"', '"', json.dumps(obj, sort_keys=True))
+            key = re.sub(r'"namespace": "[^"]*"', '"namespace": ""', key)
             if key in seen:
                 continue
             seen.add(key)
@@ -475,9 +660,15 @@ def test_dockerfile() -> None:
     assert 'ENTRYPOINT ["vmpool"]' in final, "exec-form ENTRYPOINT vmpool"
     for tool in ("gcc", "build-essential", "apt-get install", "pip wheel", "COPY . "):
         assert tool not in final_text, f"final stage: {tool}"
-    assert "--no-index" in final_text, "the final stage installs only the builder's wheels"
-    assert "[dashboard]" in final_text, "the image carries rq-dashboard (the dashboard extra)"
-    assert "embedded" not in final_text
+    assert "COPY --from=builder /opt/vmpool /opt/vmpool" in final_text, "the builder's venv"
+    installs = final_text.replace("uninstall", "")
+    assert " install " not in installs, "the final stage installs nothing"
+    builder_text = "\n".join(lines[: stages[-1]])
+    extras = re.search(r"^ARG VMPOOL_EXTRAS=(\S+)$", builder_text, re.M)
+    assert extras, "the builder names the extras it installs"
+    assert {"dashboard", "cloud"} <= set(extras.group(1).split(",")), "rq-dashboard, the clouds"
+    assert "embedded" not in extras.group(1)
+    assert "ldap" in extras.group(1).split(","), "the image can authenticate with LDAP"
     exposed = {int(p) for line in final if line.startswith("EXPOSE") for p in line.split()[1:]}
     api = main_container(workload(render("base"), "api"))
     assert {p["containerPort"] for p in api["ports"]} <= exposed
@@ -488,7 +679,7 @@ def test_dockerfile() -> None:
 # -- the manifests against the code ------------------------------------------------------------
 
 
-@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("target", COMPLETE)
 def test_vmpool_commands_parse(target: str, monkeypatch: pytest.MonkeyPatch) -> None:
     objs = render(target)
     pending: list[str] = []
@@ -549,7 +740,14 @@ def test_replicas_and_commands_of_each_process() -> None:
 
 
 def test_generated_config_passes_config_check(tmp_path: Path) -> None:
-    for target in TARGETS:
+    for target in COMPLETE:
+        if target == SENTINEL_SITE and not sentinel_urls_landed():
+            warnings.warn(
+                "pending: vmpool does not take redis+sentinel:// URLs yet (HEAD's vmpool/);"
+                f" {target} is not config-checked",
+                stacklevel=1,
+            )
+            continue
         objs = render(target)
         path = rendered_config(objs, tmp_path)
         api = main_container(workload(objs, "api"))
@@ -635,12 +833,16 @@ def test_api_probes_and_ports_exist(redis_url: str, redis_client: Any, tmp_path:
 
 
 def test_keda_lists_are_the_queues_workers_listen_on(tmp_path: Path) -> None:
+    """The autoscalers watch exactly the RQ queues the workers listen on and the work
+    sets of the code (vmpool.api.backlog_metrics.BACKLOG_JOBS), under the config's
+    key prefix."""
+    from vmpool.api.backlog_metrics import BACKLOG_JOBS
     from vmpool.state.keys import Keys
     from workers.queues import resolve_queue_names
     from workers.table import QUEUES
 
     checked = 0
-    for target in TARGETS:
+    for target in COMPLETE:
         objs = render(target)
         keys = Keys(key_prefix(objs, tmp_path))
         worker = workload(objs, "worker")
@@ -648,57 +850,72 @@ def test_keda_lists_are_the_queues_workers_listen_on(tmp_path: Path) -> None:
         listened = resolve_queue_names(keys, queues_text)
         lists = [keys.rq_queue(short) for short in QUEUES if keys.queue(short) in listened]
         assert len(lists) == len(listened)
-        secrets = secret_values(objs)
-        database = urlsplit(secrets["redis-url"]).path.strip("/") or "0"
+        redis_url = urlsplit(secret_values(objs, "vmpool-redis-client")["redis-url"])
+        # redis://host/DB, or redis+sentinel://hosts/MASTER/DB
+        path = redis_url.path.strip("/").split("/")
+        database = (path[1:] if redis_url.scheme == "redis+sentinel" else path)[:1] or ["0"]
+        database = [database[0] or "0"]
         for scaled in find(objs, "ScaledObject"):
             checked += 1
             spec = scaled["spec"]
             assert spec["scaleTargetRef"]["name"] == worker["metadata"]["name"]
             assert spec["minReplicaCount"] >= 1, "the sweeps run only in workers"
             triggers = spec["triggers"]
-            assert [t["metadata"]["listName"] for t in triggers] == lists, target
+            work_sets = [keys.work_set(job) for job in BACKLOG_JOBS]
+            assert [t["metadata"]["listName"] for t in triggers] == lists + work_sets, target
             for trigger in triggers:
-                assert trigger["type"] == "redis"
-                assert trigger["metadata"].get("databaseIndex", "0") == database
+                assert trigger["type"] == ("redis-sentinel" if target == SENTINEL_SITE else "redis")
+                assert trigger["metadata"].get("databaseIndex", "0") == database[0]
                 auth = named(objs, "TriggerAuthentication", trigger["authenticationRef"]["name"])
                 refs = {r["parameter"]: r for r in auth["spec"]["secretTargetRef"]}
-                assert set(refs) >= {"address", "password"}
-                for ref in refs.values():
-                    secret = generated(objs, "Secret", "vmpool-secrets")
-                    assert ref["name"] == secret["metadata"]["name"]
-                    assert ref["key"] in secrets
+                # KEDA's redis scaler parameters: the connection, ACL and TLS ones.
+                expected = {"address", "password", "username", "tls", "ca", "cert", "key"}
+                if target == SENTINEL_SITE:
+                    expected |= {"sentinelMaster", "sentinelPassword", "sentinelUsername"}
+                assert set(refs) == expected
+                assert {base_name(r["name"]) for r in refs.values()} == {"vmpool-keda"}
+                assert all(r["key"] == p for p, r in refs.items())
         for hpa in find(objs, "HorizontalPodAutoscaler"):
             checked += 1
             assert hpa["spec"]["scaleTargetRef"]["name"] == worker["metadata"]["name"]
             assert hpa["spec"]["minReplicas"] >= 1
-            (metric,) = hpa["spec"]["metrics"]
-            assert metric["external"]["metric"]["name"] == "vmpool_queue_depth"
-            (expr,) = metric["external"]["metric"]["selector"]["matchExpressions"]
+            queues, backlog = hpa["spec"]["metrics"]
+            assert queues["external"]["metric"]["name"] == "vmpool_queue_depth"
+            (expr,) = queues["external"]["metric"]["selector"]["matchExpressions"]
             assert expr["key"] == "queue" and expr["values"] == listened
+            assert backlog["external"]["metric"]["name"] == "vmpool_work_backlog"
+            (expr,) = backlog["external"]["metric"]["selector"]["matchExpressions"]
+            assert expr["key"] == "job" and expr["values"] == list(BACKLOG_JOBS)
     assert checked >= 3
 
 
 @pytest.mark.parametrize("target", TARGETS)
 def test_references_resolve(target: str) -> None:
-    """Every Secret/ConfigMap key a pod reads exists; every selector selects something."""
+    """Every Secret/ConfigMap key a pod reads exists (a Secret the operator supplies is
+    one of the documented ones, not rendered here); every selector selects something."""
     objs = render(target)
     config_maps = {o["metadata"]["name"]: o.get("data", {}) for o in find(objs, "ConfigMap")}
     secrets = {o["metadata"]["name"]: o.get("data", {}) for o in find(objs, "Secret")}
+    rendered = {base_name(name) for name in secrets}
     accounts = {o["metadata"]["name"] for o in find(objs, "ServiceAccount")}
+    for obj in objs:
+        for name, key, optional in secret_refs(obj):
+            where = f"{target}: {obj['kind']} {obj['metadata']['name']}: Secret {name} {key}"
+            if name in secrets:
+                assert key is None or key in secrets[name] or optional, where
+            else:
+                assert name in OPERATOR_SECRETS, f"{where}: not a documented Secret"
+                assert name not in rendered, f"{where}: rendered under another name"
+                assert target != SITE or optional, f"{where}: the site generates it"
     for obj in workloads(objs):
         spec = pod_spec(obj)
         assert spec["serviceAccountName"] in accounts
         for volume in spec.get("volumes", []):
             if "configMap" in volume:
                 assert volume["configMap"]["name"] in config_maps, volume
-            if "secret" in volume:
-                assert volume["secret"]["secretName"] in secrets, volume
         for container in containers(spec):
             for var in container.get("env", []):
                 source = var.get("valueFrom", {})
-                if "secretKeyRef" in source:
-                    ref = source["secretKeyRef"]
-                    assert ref["key"] in secrets.get(ref["name"], {}), f"{target}: {ref}"
                 if "configMapKeyRef" in source:
                     ref = source["configMapKeyRef"]
                     assert ref["key"] in config_maps.get(ref["name"], {}), f"{target}: {ref}"
@@ -781,11 +998,11 @@ def _bytes(quantity: str) -> int:
     return int(match.group(1)) * units[match.group(2)]
 
 
-@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("target", COMPLETE)
 def test_redis_keeps_every_write(target: str) -> None:
     objs = render(target)
-    if not find(objs, "StatefulSet"):
-        return
+    if not find(objs, "StatefulSet") or target == SENTINEL_SITE:
+        return  # no in-cluster Redis; the Sentinel variant: test_redis_sentinel
     redis = named(objs, "StatefulSet", "vmpool-redis")
     container = main_container(redis)
     volumes = {v["name"]: v for v in pod_spec(redis)["volumes"]}
@@ -805,27 +1022,27 @@ def test_redis_keeps_every_write(target: str) -> None:
     args = container["args"]
     assert args[args.index("--requirepass") + 1] == "$(REDIS_PASSWORD)"
     env = {v["name"]: v["valueFrom"] for v in container["env"]}
-    assert env["REDIS_PASSWORD"]["secretKeyRef"]["key"] == "redis-password"
+    assert env["REDIS_PASSWORD"]["secretKeyRef"]["key"] == "password"
+    assert base_name(env["REDIS_PASSWORD"]["secretKeyRef"]["name"]) == "vmpool-redis-server"
     maxmemory_ref = env[args[args.index("--maxmemory") + 1].strip("$()")]["configMapKeyRef"]
     maxmemory = named(objs, "ConfigMap", maxmemory_ref["name"])["data"][maxmemory_ref["key"]]
     limit = container["resources"]["limits"]["memory"]
     assert _bytes(maxmemory) < _bytes(limit), f"{target}: maxmemory {maxmemory} >= limit {limit}"
-    # The Secret's Redis coordinates agree with each other and name the Service.
-    secrets = secret_values(objs)
-    url = urlsplit(secrets["redis-url"])
-    assert url.password == secrets["redis-password"]
+    # The Secrets' Redis coordinates agree with each other and name the Service.
+    url = urlsplit(secret_values(objs, "vmpool-redis-client")["redis-url"])
+    assert url.password == secret_values(objs, "vmpool-redis-server")["password"]
     service = named(objs, "Service", url.hostname or "")
     assert url.port in [p["port"] for p in service["spec"]["ports"]]
-    host, _, port = secrets["redis-address"].rpartition(":")
-    assert int(port) == url.port
-    namespace = redis["metadata"].get("namespace")
     if find(objs, "ScaledObject"):  # KEDA connects from its own namespace
+        keda = secret_values(objs, "vmpool-keda")
+        assert keda["password"] == url.password
+        host, _, port = keda["address"].rpartition(":")
+        assert int(port) == url.port
+        namespace = redis["metadata"].get("namespace")
         assert host in {
             f"{url.hostname}.{namespace}.svc",
             f"{url.hostname}.{namespace}.svc.cluster.local",
         }
-    else:
-        assert host.split(".")[0] == url.hostname
 
 
 def test_dev_has_a_small_redis() -> None:
@@ -847,9 +1064,14 @@ METRIC_RE = re.compile(r"\b(vmpool(?:er)?_[A-Za-z0-9_]+)")
 SELECTOR_RE = re.compile(r"\b(vmpool(?:er)?_[A-Za-z0-9_]+)\{([^}]*)\}")
 
 
-def _rules() -> list[dict[str, Any]]:
+def _all_rules() -> list[dict[str, Any]]:
     (rule,) = find(render("overlays/prod"), "PrometheusRule")
     return [r for group in rule["spec"]["groups"] for r in group["rules"]]
+
+
+def _rules() -> list[dict[str, Any]]:
+    """The alerting rules (the recording rules aside)."""
+    return [r for r in _all_rules() if "alert" in r]
 
 
 def _dashboard() -> dict[str, Any]:
@@ -878,8 +1100,9 @@ def _dashboard_queries(node: Any) -> Iterator[str]:
 def _queries() -> dict[str, list[str]]:
     """Every PromQL text of the monitoring component, by where it comes from."""
     out: dict[str, list[str]] = {}
-    for rule in _rules():
-        out.setdefault(f"alert {rule['alert']}", []).append(rule["expr"])
+    for rule in _all_rules():
+        where = f"alert {rule['alert']}" if "alert" in rule else f"record {rule['record']}"
+        out.setdefault(where, []).append(rule["expr"])
     for query in _dashboard_queries(_dashboard()):
         if METRIC_RE.search(query):
             out.setdefault("grafana dashboard", []).append(query)
@@ -896,7 +1119,8 @@ def test_alerts() -> None:
     assert "[10m]" in rules["VmpoolQueueGrowing"]["expr"]
     assert "[15m]" in rules["VmpoolOnDemandFailureRatioHigh"]["expr"]
     assert 'job="sweep_expired"' in rules["VmpoolExpirySweepLate"]["expr"]
-    assert "absent(vmpool_redis_up)" in rules["VmpoolRedisUnreachable"]["expr"]
+    assert "offset 30m" in rules["VmpoolAuditStale"]["expr"]
+    assert "vmpool_redis_up[6h]" in rules["VmpoolApiNotScraped"]["expr"]
     for rule in rules.values():
         expr = rule["expr"]
         assert expr.count("(") == expr.count(")"), rule["alert"]
@@ -954,7 +1178,7 @@ def _scrape(redis_url: str, tmp_path: Path) -> dict[str, set[str]]:
     from vmpool.cli.audit import audit_command
     from vmpool.config import load_config
 
-    objs = render("overlays/prod")
+    objs = render(SITE)
     path = rendered_config(objs, tmp_path)
     config = load_config(path, env={})
     if any("--metrics" in p.opts for p in audit_command.params):
@@ -1003,6 +1227,10 @@ def test_every_metric_of_the_alerts_and_dashboard_is_exported(
                     wrong_labels.append(
                         f"{where}: {metric} has no label {labels - exported[metric]}"
                     )
+    for metric in PENDING_METRICS:
+        if metric in missing and not metric_landed(metric):
+            warnings.warn(f"pending metric, allowed until it lands: {metric}", stacklevel=1)
+            del missing[metric]
     report = [f"{m} (used by {', '.join(sorted(w))})" for m, w in sorted(missing.items())]
     assert not missing and not wrong_labels, "metrics not exported by /metrics:\n  " + "\n  ".join(
         report + wrong_labels
@@ -1034,7 +1262,7 @@ def test_api_users_come_from_a_secret_not_the_configmap(tmp_path: Path) -> None:
     ConfigMap, and the config the pods load has those users."""
     from vmpool.config import load_config
 
-    for target in TARGETS:
+    for target in COMPLETE:
         objs = render(target)
         for config_map in find(objs, "ConfigMap"):
             text = json.dumps(config_map.get("data", {}))
@@ -1046,3 +1274,172 @@ def test_api_users_come_from_a_secret_not_the_configmap(tmp_path: Path) -> None:
         for kind in ("api", "worker", "scheduler"):
             volumes = json.dumps(pod_spec(workload(objs, kind)).get("volumes", []))
             assert secret["metadata"]["name"] in volumes, (target, kind)
+
+
+# -- Secrets ---------------------------------------------------------------------------------
+
+# Who reads each Secret: the pods that must roll when it changes (and nothing else).
+CONSUMERS: dict[str, set[str]] = {
+    "vmpool-redis-client": {"api", "worker", "scheduler", "audit", "dashboard"},
+    "vmpool-users": {"api", "worker", "scheduler", "audit"},
+    "vmpool-redis-server": {"redis"},
+    "vmpool-dashboard": {"dashboard"},
+    "vmpool-keda": set(),  # KEDA's TriggerAuthentication only
+    "vmpool-cloud": {"worker", "audit"},
+    "vmpool-cloud-files": {"worker", "audit"},
+}
+
+
+def test_prod_renders_no_secret_and_no_placeholder() -> None:
+    """overlays/prod renders no Secret at all (the operator supplies them), every
+    reference to one is a documented plain name, and no placeholder value of the
+    development Secrets appears anywhere in it."""
+
+    def text(objs: tuple[dict[str, Any], ...]) -> str:  # Secrets' data decoded
+        return json.dumps(objs) + json.dumps(secrets_by_name(objs))
+
+    objs = render("overlays/prod")
+    assert not find(objs, "Secret")
+    for placeholder in PLACEHOLDERS:
+        assert placeholder not in text(objs), f"overlays/prod carries a placeholder: {placeholder}"
+    names = {name for obj in objs for name, _, _ in secret_refs(obj)}
+    assert names == set(OPERATOR_SECRETS), names
+    # and the development overlay does carry them: the check above can fail
+    assert all(p in text(render("overlays/dev")) for p in PLACEHOLDERS)
+
+
+def test_operator_created_secrets_work() -> None:
+    """Secrets made outside kustomize (kubectl create secret, an external-secrets
+    operator) keep their plain names, and overlays/prod's references are those names:
+    rendered together, every reference resolves to them unchanged."""
+    plain = [
+        {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": name, "namespace": "vmpool"},
+            "stringData": values,
+        }
+        for name, values in SITE_SECRETS.items()
+    ]
+    text = render_kustomization(
+        lambda rel: {"resources": [f"{rel}/overlays/prod", "secrets.yaml"]},
+        {"secrets.yaml": yaml.safe_dump_all(plain)},
+    )
+    objs = tuple(doc for doc in yaml.safe_load_all(text) if doc)
+    made = {o["metadata"]["name"]: o for o in find(objs, "Secret")}
+    assert set(made) == set(SITE_SECRETS), "kustomize renamed an operator's Secret"
+    for obj in objs:
+        for name, key, optional in secret_refs(obj):
+            assert name in made, f"{obj['kind']} {obj['metadata']['name']}: {name}"
+            assert key is None or optional or key in made[name]["stringData"], (name, key)
+
+
+def _pod_templates(objs: tuple[dict[str, Any], ...]) -> dict[str, str]:
+    """component -> its pod template (what a change of makes Kubernetes roll the pods),
+    plus KEDA's TriggerAuthentication, as text."""
+    out = {component(o): json.dumps(o["spec"], sort_keys=True) for o in workloads(objs)}
+    for auth in find(objs, "TriggerAuthentication"):
+        out["keda"] = json.dumps(auth["spec"], sort_keys=True)
+    return out
+
+
+@pytest.mark.parametrize("secret", sorted(CONSUMERS))
+def test_changing_one_secret_rolls_only_its_consumers(secret: str) -> None:
+    """A site generates its Secrets (kustomize names each after a hash of its content
+    and rewrites the references): changing one value re-renders exactly the pods that
+    read that Secret, the ones CONSUMERS lists, which are the ones that reference it."""
+    before = render(SITE)
+    changed = json.loads(json.dumps(SITE_SECRETS))
+    key = sorted(changed[secret])[0]
+    changed[secret][key] += "-rotated"
+    after = tuple(doc for doc in yaml.safe_load_all(render_site(json.dumps(changed))) if doc)
+    old, new = _pod_templates(before), _pod_templates(after)
+    rolled = {name for name in old if old[name] != new[name]}
+    expected = CONSUMERS[secret] | ({"keda"} if secret == "vmpool-keda" else set())
+    assert rolled == expected, f"changing {secret} re-renders {sorted(rolled)}"
+    referencing = {
+        component(o) if o["kind"] in POD_OWNERS else "keda"
+        for o in before
+        for name, _, _ in secret_refs(o)
+        if base_name(name) == secret
+    }
+    assert referencing == expected
+
+
+def test_ingress_serves_the_api_over_tls_and_trusts_its_proxies(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """components/ingress: a TLS Ingress to the API Service's port, and the API told
+    (by its environment, as the container gets it) which proxies to believe."""
+    objs = render("base+ingress")
+    (ingress,) = find(objs, "Ingress")
+    assert ingress["spec"]["tls"] and ingress["spec"]["tls"][0]["secretName"]
+    hosts = {h for t in ingress["spec"]["tls"] for h in t["hosts"]}
+    service = named(objs, "Service", "vmpool-api")
+    for rule in ingress["spec"]["rules"]:
+        assert rule["host"] in hosts, "every host is served over TLS"
+        for path in rule["http"]["paths"]:
+            backend = path["backend"]["service"]
+            assert backend["name"] == service["metadata"]["name"]
+            assert backend["port"]["name"] in {p["name"] for p in service["spec"]["ports"]}
+    api = main_container(workload(objs, "api"))
+    env = container_env(api, objs)
+    with monkeypatch.context() as m:
+        for name, value in env.items():
+            m.setenv(name, value)
+        params = parse_vmpool(api["args"]).params
+    assert params["forwarded_allow_ips"] == env["VMPOOL_FORWARDED_ALLOW_IPS"]
+    assert params["forwarded_allow_ips"] not in (None, "*")
+
+
+def test_redis_sentinel() -> None:
+    """components/redis-sentinel on overlays/prod: three Redis pods with a Sentinel each
+    (Redis keeps redis.conf's durability: the same ConfigMap), no Service that would
+    spread clients over replicas, vmpool's URL and KEDA's triggers through the
+    sentinels' Service and master name, the start scripts valid sh."""
+    objs = render(SENTINEL_SITE)
+    redis = named(objs, "StatefulSet", "vmpool-redis")
+    assert redis["spec"]["replicas"] == 3
+    spec = pod_spec(redis)
+    by_name = {c["name"]: c for c in spec["containers"]}
+    assert set(by_name) == {"redis", "sentinel"}
+    scripts_volume = {v["name"]: v for v in spec["volumes"]}["scripts"]
+    scripts = named(objs, "ConfigMap", scripts_volume["configMap"]["name"])["data"]
+    start_redis = scripts["start-redis.sh"]
+    assert by_name["redis"]["command"] == ["sh", "/scripts/start-redis.sh"]
+    assert by_name["sentinel"]["command"] == ["sh", "/scripts/start-sentinel.sh"]
+    assert 'exec redis-server "$@"' in start_redis
+    assert 'set -- /etc/redis/redis.conf --requirepass "${REDIS_PASSWORD}"' in start_redis
+    mounts = {m["mountPath"]: m["name"] for m in by_name["redis"]["volumeMounts"]}
+    conf = named(
+        objs,
+        "ConfigMap",
+        {v["name"]: v for v in spec["volumes"]}[mounts["/etc/redis"]]["configMap"]["name"],
+    )["data"]["redis.conf"]
+    for line in ("appendonly yes", "appendfsync always", "maxmemory-policy noeviction"):
+        assert line in conf.splitlines()
+    assert {m["mountPath"] for m in by_name["sentinel"]["volumeMounts"]} >= {"/data", "/tmp"}
+    for name, text in scripts.items():
+        check = subprocess.run(["sh", "-n"], input=text, capture_output=True, text=True, timeout=30)
+        assert check.returncode == 0, f"{name}: {check.stderr}"
+    services = {s["metadata"]["name"]: s for s in find(objs, "Service")}
+    assert "vmpool-redis" not in services, "no Service spreading clients over the replicas"
+    sentinel_service = services["vmpool-redis-sentinel"]
+    assert [p["port"] for p in sentinel_service["spec"]["ports"]] == [26379]
+    env = {v["name"]: v for v in by_name["sentinel"]["env"]}
+    master = env["SENTINEL_MASTER"]["value"]
+    url = urlsplit(secret_values(objs, "vmpool-redis-client")["redis-url"])
+    assert url.scheme == "redis+sentinel"
+    assert url.hostname == "vmpool-redis-sentinel" and url.port == 26379
+    assert url.path.strip("/").split("/")[0] == master
+    keda = secret_values(objs, "vmpool-keda")
+    assert keda["sentinelMaster"] == master
+    assert keda["address"].startswith("vmpool-redis-sentinel.vmpool.svc")
+    assert {t["type"] for t in find(objs, "ScaledObject")[0]["spec"]["triggers"]} == {
+        "redis-sentinel"
+    }
+    auth = find(objs, "TriggerAuthentication")[0]["spec"]["secretTargetRef"]
+    assert {"sentinelMaster", "sentinelPassword"} <= {r["parameter"] for r in auth}
+    policy = named(objs, "NetworkPolicy", "vmpool-redis-sentinel")
+    ports = {p["port"] for rule in policy["spec"]["ingress"] for p in rule["ports"]}
+    assert ports == {"redis", "sentinel"}

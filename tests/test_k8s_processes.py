@@ -1,13 +1,14 @@
 """The containers of deploy/k8s run here as processes, with the manifests' environment.
 
 No cluster and no image here: each test takes one container of the rendered prod
-overlay and runs its command line as a local process. Its environment is the
-container's (literal values, and the Secret's values where it reads a Secret); each
-ConfigMap volume is written under a temporary directory and the paths pointing into it
-(VMPOOL_CONFIG) are rewritten to match. What cannot be the same here is replaced, and
-only that: the Redis URL points at the test Redis (the Secret names the in-cluster
-Service), the API listens on 127.0.0.1 and a free port, Redis keeps its data in a
-temporary directory.
+overlay (under a site overlay that generates its Secrets, as an operator's would:
+tests/test_k8s_manifests.py's SITE) and runs its command line as a local process. Its
+environment is the container's (literal values, and the Secret's values where it reads
+a Secret); each ConfigMap volume is written under a temporary directory and the paths
+pointing into it (VMPOOL_CONFIG) are rewritten to match. What cannot be the same here
+is replaced, and only that: the Redis URL points at the test Redis (the Secret names
+the in-cluster Service), the API listens on 127.0.0.1 and a free port, Redis keeps its
+data in a temporary directory.
 
 Every process is started by this module, waited for with a deadline, and stopped by
 its pid at the end of its test. The worker's SIGTERM and Redis-outage behaviour are
@@ -35,7 +36,6 @@ from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 import redis
-import yaml
 
 from vmpool.local.redis_server import find_redis_server, free_port
 from vmpool.state.keys import Keys
@@ -49,7 +49,6 @@ pytestmark = [
 ]
 
 ROOT = Path(__file__).resolve().parent.parent
-OVERLAY = ROOT / "deploy" / "k8s" / "overlays" / "prod"
 START_TIMEOUT_S = 30.0
 JOB_TIMEOUT_S = 30.0
 
@@ -62,17 +61,11 @@ def wait_for(pred: Callable[[], bool], timeout: float, what: str, step: float = 
         time.sleep(step)
 
 
-def render() -> list[dict[str, Any]]:
-    proc = subprocess.run(
-        ["kubectl", "kustomize", str(OVERLAY)], capture_output=True, text=True, timeout=120
-    )
-    assert proc.returncode == 0, proc.stderr
-    return [doc for doc in yaml.safe_load_all(proc.stdout) if doc]
-
-
 @pytest.fixture(scope="module")
 def objs() -> list[dict[str, Any]]:
-    return render()
+    from test_k8s_manifests import SITE, render
+
+    return list(render(SITE))
 
 
 def workload(objs: list[dict[str, Any]], component: str) -> dict[str, Any]:
@@ -132,10 +125,18 @@ def local_pod(objs: list[dict[str, Any]], component: str, root: Path) -> Pod:
                 for key, text in config_maps[source["configMap"]["name"]]["data"].items():
                     (local / key).write_text(text)
             if "secret" in source:
-                for key, text in secrets[source["secret"]["name"]].items():
+                ref = source["secret"]
+                name = ref.get("name") or ref.get("secretName")
+                if name not in secrets and ref.get("optional"):
+                    continue
+                for key, text in secrets[name].items():
                     (local / key).write_text(text)
         files[mount["mountPath"]] = local
     env: dict[str, str] = {}
+    for source in container.get("envFrom", []):
+        ref = source.get("secretRef", {})
+        if ref.get("name") in secrets:
+            env.update(secrets[ref["name"]])
     for var in container.get("env", []):
         source = var.get("valueFrom", {})
         if "value" in var:
@@ -304,7 +305,9 @@ def test_redis_runs_with_its_config_and_the_secrets_password(
     )
     argv = [find_redis_server(), *pod.argv[1:], "--port", str(port), "--bind", "127.0.0.1"]
     processes.start("redis", argv, pod.env)
-    (secret,) = [s for n, s in by_name(objs, "Secret").items() if n.startswith("vmpool-secrets")]
+    (secret,) = [
+        s for n, s in by_name(objs, "Secret").items() if n.startswith("vmpool-redis-client")
+    ]
     secrets = {k: base64.b64decode(v).decode() for k, v in secret["data"].items()}
     url = urlsplit(secrets["redis-url"])
     local_url = urlunsplit(url._replace(netloc=f":{url.password}@127.0.0.1:{port}"))
@@ -369,3 +372,31 @@ def test_dashboard_answers_behind_basic_auth(
     with urllib.request.urlopen(request, timeout=5) as response:
         assert response.status == 200
         assert "queues" in json.loads(response.read())
+
+
+def test_scheduler_answers_its_liveness_probe(
+    objs: list[dict[str, Any]], processes: Processes, redis_url: str, redis_client: Any
+) -> None:
+    """The scheduler container's command with its environment touches the alive file
+    its exec probes read; the probes' own commands (run here with the same
+    environment) exit 0."""
+    pod = local_pod(objs, "scheduler", processes.root)
+    pod.env["VMPOOL_REDIS_URL"] = redis_url
+    alive = Path(pod.env["VMPOOL_SCHEDULER_ALIVE_FILE"])
+    alive.parent.mkdir(parents=True, exist_ok=True)
+    processes.start("scheduler", pod.argv, pod.env)
+
+    def touched() -> bool:
+        processes.alive("scheduler")
+        return alive.exists()
+
+    wait_for(touched, START_TIMEOUT_S, "the scheduler's alive file")
+    (container,) = pod_spec(workload(objs, "scheduler"))["containers"]
+    for probe in ("startupProbe", "livenessProbe"):
+        command = container[probe]["exec"]["command"]
+        assert command[:3] == ["vmpool", "probe", "scheduler"]
+        argv = [sys.executable, "-m", "vmpool.cli.main", *command[1:]]
+        done = subprocess.run(
+            argv, env={**os.environ, **pod.env}, capture_output=True, text=True, timeout=60
+        )
+        assert done.returncode == 0, f"{probe}: {done.stdout}{done.stderr}"

@@ -153,7 +153,9 @@ def test_at_most_one_queued_copy(conn: redis.Redis) -> None:
 
 def test_jobs_go_to_their_queues(conn: redis.Redis) -> None:
     for name, spec in JOBS.items():
-        subject = {None: None, "request": "rid-1", "vm": "vm-1"}[spec.subject]
+        subject = {None: None, "request": "rid-1", "vm": "vm-1", "vm_task": "vm-1:disk:d1"}[
+            spec.subject
+        ]
         assert q.enqueue(conn, K, name, subject)
     for short in QUEUES:
         ids = Queue(K.queue(short), connection=conn).job_ids

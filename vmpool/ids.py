@@ -23,6 +23,7 @@ __all__ = [
     "USER_NAME_RE",
     "VALIDATORS",
     "VM_NAME_RE",
+    "VM_TASK_RE",
     "InvalidIdentifier",
     "is_address",
     "shown",
@@ -33,6 +34,7 @@ __all__ = [
     "validate_token",
     "validate_user_name",
     "validate_vm_name",
+    "validate_vm_task",
 ]
 
 DEFAULT_PREFIX: Final = "vmpool"
@@ -42,6 +44,9 @@ DEFAULT_PREFIX: Final = "vmpool"
 REQUEST_ID_RE: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 VM_NAME_RE: Final = re.compile(r"[a-z0-9][a-z0-9-]{0,62}")
 POOL_NAME_RE: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
+# A VM task (the vm_task job's subject): "<VM name>:<snapshot|revert|disk>:<task id>",
+# the id being the API's 32-character snapshot id or a revert's or disk's own.
+VM_TASK_RE: Final = re.compile(r"[a-z0-9][a-z0-9-]{0,62}:(snapshot|revert|disk):[a-z0-9]{1,32}")
 KEY_PREFIX_RE: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}")
 # API token text as a client sends it in X-AUTH-TOKEN: vmpooler's (and ours) are 32 of
 # [a-z0-9]; letters, digits, '_' and '-' leave room for other minting schemes
@@ -88,6 +93,12 @@ def validate_vm_name(name: str) -> str:
     return name
 
 
+def validate_vm_task(task: str) -> str:
+    if not _full(VM_TASK_RE, task):
+        raise InvalidIdentifier(f"invalid VM task {shown(task)}")
+    return task
+
+
 def validate_pool_name(name: str) -> str:
     if not _full(POOL_NAME_RE, name):
         raise InvalidIdentifier(f"invalid pool name {shown(name)}")
@@ -119,11 +130,12 @@ def validate_user_name(user: str) -> str:
 
 
 # Each kind of name and its validator, for code that checks a name by its kind (the
-# job table's subjects: "request", "vm").
+# job table's subjects: "request", "vm", "vm_task").
 VALIDATORS: Final[Mapping[str, Callable[[str], str]]] = MappingProxyType(
     {
         "request": validate_request_id,
         "vm": validate_vm_name,
+        "vm_task": validate_vm_task,
         "pool": validate_pool_name,
         "key_prefix": validate_key_prefix,
         "token": validate_token,

@@ -14,7 +14,7 @@ relies on RQ re-running it (no ``Retry``): the periodic sweeps re-find the work.
 from __future__ import annotations
 
 from vmpool import lifecycle
-from vmpool.ids import validate_request_id, validate_vm_name
+from vmpool.ids import validate_request_id, validate_vm_name, validate_vm_task
 from workers.batching import continued
 from workers.worker import current_fleet
 
@@ -36,6 +36,7 @@ __all__ = [
     "reconcile",
     "sweep_expired",
     "top_up_pools",
+    "vm_task",
 ]
 
 
@@ -63,6 +64,10 @@ def check_pending_vm(name: str) -> str:
 
 def destroy_vm(name: str) -> str:
     return lifecycle.destroy_vm(current_fleet(), validate_vm_name(name))
+
+
+def vm_task(task: str) -> str:
+    return lifecycle.vm_task(current_fleet(), validate_vm_task(task))
 
 
 # -- periodic sweeps ------------------------------------------------------------------

@@ -82,6 +82,7 @@ from workers.table import JOBS, PERIODIC, QUEUE_SWEEPS, job_id, template_id
 
 if TYPE_CHECKING:
     from vmpool.config import Schedule
+    from workers.loop import AliveFile
 
 __all__ = [
     "MAX_LEAD_S",
@@ -149,6 +150,7 @@ class FleetScheduler(Scheduler):  # type: ignore[misc]
         interval: float = 1.0,
         clock: Callable[[], float] | None = None,
         seed: int | None = None,
+        alive: AliveFile | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(
@@ -166,6 +168,7 @@ class FleetScheduler(Scheduler):  # type: ignore[misc]
         self._move_script = connection.register_script(_MOVE_LUA)
         # templates of jobs this version does not know: never moved, cancelled or waited on
         self._foreign: set[str] = set()
+        self._alive = alive  # touched on every tick: `vmpool probe scheduler` reads it
 
     def _now(self) -> float:
         if self._clock is not None:
@@ -293,7 +296,9 @@ class FleetScheduler(Scheduler):  # type: ignore[misc]
         return wait + self._rng.uniform(0.0, float(self._interval) * JITTER_FRACTION)
 
     def tick(self) -> list[str]:
-        """One pass: the liveness heartbeat, then the due moves."""
+        """One pass: the liveness heartbeat (and the alive file), then the due moves."""
+        if self._alive is not None:
+            self._alive.touch()
         self.heartbeat()
         return self.enqueue_jobs()
 

@@ -60,7 +60,7 @@ QUEUE_VMS: Final = "vms"
 # The order a worker listens in: strict priority (see workers/queues.py for why).
 QUEUES: Final[tuple[str, ...]] = (QUEUE_SWEEPS, QUEUE_REQUESTS, QUEUE_VMS)
 
-Subject = Literal["request", "vm"]
+Subject = Literal["request", "vm", "vm_task"]
 
 
 @dataclass(frozen=True)
@@ -91,6 +91,8 @@ _ROWS: Final = (
             "is one booting VM ready, or past its timeout?", aliases=("check-pending",)),
     JobSpec("destroy_vm", QUEUE_VMS, "vm", 600,
             "destroy one completed VM at its provider", aliases=("destroy",)),
+    JobSpec("vm_task", QUEUE_VMS, "vm_task", 600,
+            "take a VM's snapshot, revert it to one, or add a disk (its holder asked)"),
     JobSpec("provision_batch", QUEUE_REQUESTS, None, 600,
             "provision_request for every request in its work set"),
     JobSpec("create_vm_batch", QUEUE_VMS, None, 600,
@@ -214,7 +216,8 @@ def jobs_markdown() -> str:
         if spec.bounded:
             periodic += ", bounded"
         aliases = ", ".join(f"`{a}`" for a in spec.aliases) or "-"
-        argument = {"request": "request id", "vm": "VM name", None: "-"}[spec.subject]
+        argument = {"request": "request id", "vm": "VM name", "vm_task": "VM task",
+                    None: "-"}[spec.subject]  # fmt: skip
         rows.append(
             f"| `{spec.name}` | {spec.queue} | {argument} | {periodic} | {aliases}"
             f" | {spec.summary} |"

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs real vmfloaty (puppetlabs/vmfloaty) against `vmpool up` from this worktree, every
-# command issue 12 names, and prints each command with its output. By hand only: CI
+# command issues 12 and 26 name, and prints each command with its output. By hand only: CI
 # does not need Ruby.
 #
 # Needs: Debian's `ruby ruby-faraday ruby-commander`; vmfloaty's source in $VMFLOATY
@@ -18,7 +18,7 @@ cat > "$WORK/vmpool.yaml" <<YAML
 :providers:
   simulated: {boot_seconds: [1, 2], seed: 12}
 :auth: {provider: dummy}
-:config: {vm_lifetime: 2, vm_lifetime_auth: 4, max_lifetime_upper_limit: 48}
+:config: {vm_lifetime: 2, vm_lifetime_auth: 4, max_lifetime_upper_limit: 48, experimental_features: true}
 :schedule: {top_up_pools: 1, check_ready: 30}
 :pools:
   - {name: debian-12, alias: [debian], size: 3, domain: example.com}
@@ -69,12 +69,19 @@ floaty query "$HOST"
 floaty modify "$HOST" --lifetime 12 --tags '{"project":"vmpool"}'
 floaty query "$HOST"
 floaty modify "$HOST" --lifetime 99
+floaty snapshot "$HOST"
+sleep 2  # the vm_task job takes the snapshot
+SHA=$(cd "$VMFLOATY" && HOME="$WORK/home" ruby -I lib bin/floaty query "$HOST" < /dev/null 2>/dev/null \
+  | grep -o '"snapshots"=>\["[a-z0-9]*' | grep -o '[a-z0-9]*$')
+floaty revert "$HOST" "$SHA"
+floaty modify "$HOST" --disk 10
+sleep 2  # the vm_task job adds the disk
+floaty query "$HOST"
 floaty delete "$HOST"
 floaty list --active
 floaty status
 floaty summary
 floaty token status
-floaty snapshot "$HOST"
 floaty get centos=3
 floaty get debian --ondemand
 OD=$("$VMPOOL" vm list --config "$WORK/vmpool.yaml" --redis-url "$REDIS" --json \

@@ -21,7 +21,7 @@ from vmpool.api.deps import ApiState, EnqueueFn, RedisClients
 from vmpool.api.errors import install_error_handlers
 from vmpool.api.metrics import ApiMetrics, RedisStateCollector
 from vmpool.api.middleware import install_middleware
-from vmpool.api.routers import health, ondemand, status, token, vm
+from vmpool.api.routers import health, ondemand, pools, status, summary, token, vm, vm_tasks
 from vmpool.config import Config, load_config
 from vmpool.state.keys import Keys
 from vmpool.state.store import Store
@@ -73,6 +73,9 @@ def create_app(
     app.include_router(token.router, prefix=API_PREFIX)
     app.include_router(status.router, prefix=API_PREFIX)
     app.include_router(vm.router, prefix=API_PREFIX)
+    app.include_router(vm_tasks.router, prefix=API_PREFIX)
+    app.include_router(pools.router, prefix=API_PREFIX)
+    app.include_router(summary.router, prefix=API_PREFIX)
     app.include_router(health.router)
     install_middleware(app, st.metrics)
     return app

@@ -26,6 +26,7 @@ from fastapi import Depends, Request
 from starlette.concurrency import run_in_threadpool
 
 from vmpool.api.errors import Rejected
+from vmpool.api.ldap_auth import DirectoryUnavailable, ldap_login
 from vmpool.api.metrics import ApiMetrics
 from vmpool.config import AuthConfig, Config
 from vmpool.ids import InvalidIdentifier, validate_token, validate_user_name
@@ -228,7 +229,11 @@ def basic_user(request: Request) -> str:
         raise Rejected(
             429, {"Retry-After": str(wait)}, error="Too many failed logins", retry_after=wait
         )
-    if not _valid_user_name(user) or not _password_ok(auth, user, password):
+    try:
+        ok = _valid_user_name(user) and _password_ok(auth, user, password)
+    except DirectoryUnavailable as exc:  # never a login, nor a failed one
+        raise Rejected(503, message=f"{exc}; retry later") from None
+    if not ok:
         log.info("token: failed login for user %r", user)
         record_failed_login(r, st.keys, user, address, window_s=auth.failed_login_window_s)
         raise _unauthorized()
@@ -266,6 +271,11 @@ def _basic_credentials(header: str) -> tuple[str, str]:
 def _password_ok(auth: AuthConfig, user: str, password: str) -> bool:
     if auth.provider == "dummy":
         return user != password  # vmpooler's dummy provider: anyone but user == password
+    if auth.provider == "ldap":
+        ok = auth.ldap is not None and ldap_login(auth.ldap, user, password)
+        if not ok:  # a failure costs what a static user's does: one PBKDF2
+            verify_password(password, dummy_hash(()))
+        return ok
     stored = auth.users.get(user)
     if stored is None:
         # The same PBKDF2 a known user's hash runs: a wrong name costs a wrong password's.

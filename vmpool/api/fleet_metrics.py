@@ -34,6 +34,7 @@ from rq.utils import utcparse
 from rq.worker import BaseWorker
 from rq.worker_registration import WORKERS_BY_QUEUE_KEY
 
+from vmpool.api.backlog_metrics import backlog_families, busy_family, read_backlog
 from vmpool.api.provider_metrics import circuit_families
 from vmpool.config import Config, Schedule
 from vmpool.state.counters import (
@@ -131,6 +132,7 @@ class RedisStateCollector(Collector):
         reads = self._read(now)
         yield from self._vms_and_requests(reads)
         yield from self._queues(reads)
+        yield from backlog_families(reads)
         yield from self._clone_slots(reads)
         yield from self._schedule(reads, now)
         yield from self._ready_times(reads)
@@ -169,6 +171,7 @@ class RedisStateCollector(Collector):
         add(("errors",), pipe.hgetall(k.metrics(ERRORS_METRIC)))
         add(("skipped",), pipe.hgetall(k.metrics(SKIPPED_METRIC)))
         add(("audit",), pipe.hgetall(k.audit_result))
+        read_backlog(k, pipe, add)
         return dict(zip(names, pipe.execute(), strict=True))
 
     def _vms_and_requests(self, reads: Mapping[tuple[str, ...], Any]) -> Iterator[Metric]:
@@ -317,11 +320,12 @@ class RedisStateCollector(Collector):
     def _workers(self, now: float) -> Iterator[Metric]:
         """Registered workers by state, and those whose heartbeat is fresh."""
         by_state: dict[str, int] = {}
-        alive = 0
+        alive = busy = 0
         for state, beat in _worker_beats(self.raw, self.keys):
             by_state[state] = by_state.get(state, 0) + 1
             if beat is not None and now - beat <= WORKER_TTL_S:
                 alive += 1
+                busy += state == "busy"
         registered = GaugeMetricFamily(
             "vmpool_workers",
             "RQ workers registered on the fleet's queues, by state",
@@ -335,6 +339,7 @@ class RedisStateCollector(Collector):
             f"Workers of the fleet whose RQ heartbeat is under {WORKER_TTL_S:g} s old",
             alive,
         )
+        yield busy_family(busy)
 
 
 def _worker_beats(raw: redis.Redis, keys: Keys) -> list[tuple[str, float | None]]:

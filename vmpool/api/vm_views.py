@@ -3,7 +3,7 @@
 Pure functions of records, config and the server's clock: the router
 (:mod:`vmpool.api.routers.vm`) reads, calls these, and replies. Shapes follow vmpooler
 3.9's lib/vmpooler/api/v3.rb (GET /vm/<hostname>, checkout, PUT's failures, GET
-/token/<token>, GET /summary); docs/api.md lists where vmpool differs.
+/token/<token>); docs/api.md lists where vmpool differs.
 """
 
 from __future__ import annotations
@@ -19,12 +19,13 @@ from vmpool.ids import is_address
 from vmpool.state.records import VMRecord
 
 __all__ = [
+    "MAX_DISK_GB",
     "TAG_KEY_RE",
     "checkout_body",
+    "disk_failures",
     "filter_tags",
     "modify_failures",
     "short_hostname",
-    "summary_body",
     "vm_body",
 ]
 
@@ -60,7 +61,9 @@ def _hours(seconds: float) -> float:
 
 def vm_body(vm: VMRecord, config: Config, now: float) -> dict[str, Any]:
     """GET /vm/<hostname>'s entry for one VM, in vmpooler's key order."""
-    entry: dict[str, Any] = {"template": vm.template}
+    # vmpooler's `template` is the POOL's name (clients and dashboards group by it);
+    # the provider's template (image) the VM was made from is an extra field.
+    entry: dict[str, Any] = {"template": vm.pool, "provider_template": vm.template}
     start = vm.checkout_at if vm.checkout_at is not None else vm.ready_at
     held = vm.state == "running" and start is not None and vm.lifetime_end is not None
     if held and start is not None and vm.lifetime_end is not None:
@@ -80,6 +83,10 @@ def vm_body(vm: VMRecord, config: Config, now: float) -> dict[str, Any]:
             entry["state"] = "ready" if vm.state == "ready" else "pending"
     if vm.tags:
         entry["tags"] = dict(vm.tags)
+    if vm.snapshots:
+        entry["snapshots"] = list(vm.snapshots)
+    if vm.disks:
+        entry["disk"] = list(vm.disks)
     # vmpooler answers "" when its DNS lookup fails; vmpool looks up none, but a cloud VM
     # is known by the address its cloud reported when it turned ready.
     entry["ip"] = vm.address or (vm.hostname if is_address(vm.hostname) else "")
@@ -156,14 +163,31 @@ def _tag_failures(tags: Any) -> list[str]:
     return failures
 
 
+MAX_DISK_GB = 2048  # vmpooler's validate_disk_size
+
+
+def disk_failures(value: Any) -> list[str]:
+    """vmpooler's validate_disk_size: an integer of GB from 1 to 2048 (digits only)."""
+    text = str(value).strip() if isinstance(value, int | str) and value is not True else ""
+    if not text.isdigit() or not text.isascii():
+        return ["Disk size must be a valid integer"]
+    gb = int(text) if len(text) < 10 else MAX_DISK_GB + 1
+    if gb < 1:
+        return ["Disk size must be at least 1"]
+    return [f"Disk size must be at most {MAX_DISK_GB}"] if gb > MAX_DISK_GB else []
+
+
 def modify_failures(body: Mapping[str, Any], config: Config) -> list[str]:
-    """PUT /vm/<hostname>'s checks, vmpooler's messages: an empty list means valid."""
+    """PUT /vm/<hostname>'s checks, vmpooler's messages: an empty list means valid.
+    ``disk`` (vmpool's addition: what vmfloaty's ``modify --disk`` sends) adds a disk."""
     failures: list[str] = []
     for param, arg in body.items():
         if param == "lifetime":
             failures += _lifetime_failures(arg, config)
         elif param == "tags":
             failures += _tag_failures(arg)
+        elif param == "disk":
+            failures += disk_failures(arg)
         else:
             failures.append(f"Unknown argument {arg}.")
     return failures
@@ -180,26 +204,3 @@ def filter_tags(tags: Mapping[str, str], tagfilter: Mapping[str, str]) -> dict[s
     return out
 
 
-def summary_body(ready_times: Mapping[str, tuple[int, float]], today: str) -> dict[str, Any]:
-    """GET /summary in vmpooler's shape. ``ready_times`` is each pool's (VMs booted,
-    seconds from reservation to ready, summed): vmpool keeps these since its metrics
-    began, not per day, so they are reported under today's date; clone counts and tag
-    statistics are not kept (zeros, an empty tag summary)."""
-    total = sum(n for n, _ in ready_times.values())
-    seconds = sum(s for _, s in ready_times.values())
-
-    def task(n: int, s: float) -> dict[str, Any]:
-        return {
-            "count": {"total": n},
-            "duration": {"total": round(s, 2), "average": round(s / n, 2) if n else 0},
-        }
-
-    boot = task(total, seconds)
-    boot["count"]["pool"] = {p: {"total": n} for p, (n, _) in sorted(ready_times.items())}
-    clone = task(0, 0.0)
-    return {
-        "boot": boot,
-        "clone": clone,
-        "tag": {},
-        "daily": [{"date": today, "boot": boot, "clone": clone, "tag": {}}],
-    }

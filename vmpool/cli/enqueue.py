@@ -15,7 +15,7 @@ import redis
 
 from vmpool.cli.context import CliContext, echo_json, with_context
 from vmpool.cli.errors import CliError
-from vmpool.ids import InvalidIdentifier, validate_request_id, validate_vm_name
+from vmpool.ids import InvalidIdentifier, validate
 from workers.queues import enqueue
 from workers.table import JOBS, JobSpec, job_id, lookup
 
@@ -47,7 +47,7 @@ def enqueue_command(cli: CliContext, job: str, subject: str | None, pool: str | 
       vmpool enqueue sweep_expired | reap_running | reconcile | provision_sweep | ...
       vmpool enqueue provision_request ID | check_request ID
       vmpool enqueue check_pending_vm [NAME] [--pool P]  (neither: the pending sweep)
-      vmpool enqueue create_vm NAME | destroy_vm NAME
+      vmpool enqueue create_vm NAME | destroy_vm NAME | vm_task NAME:KIND:ID
     Older names work too (sweep, provision ID, check-pending, reap, ...).
 
     A job already queued or running is not queued again ("already queued", exit 0).
@@ -95,12 +95,11 @@ def _plan(
     if spec.subject is None and subject is not None:
         raise CliError(f"{spec.name} takes no argument (got {subject!r})")
     if spec.subject is not None and subject is None:
-        what = "request id" if spec.subject == "request" else "VM name"
+        what = {"request": "request id", "vm": "VM name"}.get(spec.subject, "VM task")
         raise CliError(f"{spec.name} needs a {what}")
-    if subject is not None:
-        validate = validate_vm_name if spec.subject == "vm" else validate_request_id
+    if spec.subject is not None and subject is not None:
         try:
-            validate(subject)
+            validate(spec.subject, subject)
         except InvalidIdentifier as exc:
             raise CliError(str(exc)) from None
     return [(spec, subject)]

@@ -21,7 +21,7 @@ import redis
 
 from vmpool.cli.context import CliContext, with_context
 from vmpool.cli.errors import CliError, CliFailure
-from vmpool.cli.probe import ALIVE_FILE_ENV
+from vmpool.cli.probe import ALIVE_FILE_ENV, SCHEDULER_ALIVE_FILE_ENV
 from vmpool.cli.strict import check_redis_at_start, strict_option
 from vmpool.config import Config
 
@@ -192,21 +192,40 @@ def _raise_fatal(worker: SteadyLoop) -> None:
     help="Longest sleep between two ticks; a replica also wakes at each due time.",
 )
 @click.option("--burst", is_flag=True, help="Install the schedule, run one tick, quit.")
+@click.option(
+    "--alive-file",
+    "alive_path",
+    metavar="PATH",
+    envvar=SCHEDULER_ALIVE_FILE_ENV,
+    default=None,
+    help="Touch PATH on every tick, for `vmpool probe scheduler`"
+    f" [env {SCHEDULER_ALIVE_FILE_ENV}; default: none].",
+)
 @click.option("--verbose", "-v", is_flag=True, help="Debug logging.")
 @wait_for_redis_option
 @strict_option
 def scheduler_command(
-    cli: CliContext, interval: float, burst: bool, verbose: bool, wait_s: float, strict: bool
+    cli: CliContext,
+    interval: float,
+    burst: bool,
+    alive_path: str | None,
+    verbose: bool,
+    wait_s: float,
+    strict: bool,
 ) -> None:
     """Enqueue the periodic sweeps at the config's intervals (rq-scheduler).
 
     Safe in several replicas, with no lock between them: each due time of each sweep is
     moved once, and two runs of a sweep are queued at most its interval apart.
     """
-    from workers.loop import REDIS_GONE, wait_for_redis
+    from workers.loop import REDIS_GONE, AliveFile, wait_for_redis
     from workers.schedule import FleetScheduler, schedule_intervals
 
-    cli.wait_for_redis(wait_s)
+    alive = AliveFile(alive_path) if alive_path else None
+    tick = alive.touch if alive else None
+    if tick:
+        tick()
+    cli.wait_for_redis(wait_s, tick=tick)
     conn = cli.rq_redis
     check_redis_at_start(cli.redis_url, who="vmpool scheduler", strict=strict)
     cli.publish_config("vmpool scheduler")
@@ -215,7 +234,7 @@ def scheduler_command(
         logging.DEBUG if verbose else logging.WARNING  # birth and death are routine
     )
     while True:  # as the worker: a Redis restart is waited out, not a crash
-        scheduler = FleetScheduler(conn, cli.keys, interval=interval)
+        scheduler = FleetScheduler(conn, cli.keys, interval=interval, alive=alive)
         try:
             scheduler.install(schedule_intervals(cli.config.schedule))
             scheduler.run(burst=burst)
@@ -224,4 +243,4 @@ def scheduler_command(
             if burst:
                 raise CliFailure(f"lost Redis: {exc}") from None
             log.warning("scheduler %s: lost Redis (%s); reconnecting", scheduler.name, exc)
-            wait_for_redis(conn)
+            wait_for_redis(conn, tick=tick)

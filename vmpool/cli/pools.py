@@ -1,4 +1,6 @@
-"""``vmpool pools``: per pool, its size and its VMs by state, read from the live state."""
+"""``vmpool pools``: per pool, its size and its VMs by state, read from the live state;
+with ``--set-size`` / ``--unset-size`` / ``--reset``, change pools at runtime first
+(:mod:`vmpool.cli.pool_admin`)."""
 
 from __future__ import annotations
 
@@ -6,7 +8,8 @@ import click
 
 from vmpool.cli.context import CliContext, echo_json, with_context
 from vmpool.cli.output import echo_table
-from vmpool.config import Config
+from vmpool.config import Config, PoolConfig
+from vmpool.lifecycle.overrides import pools_with_overrides
 from vmpool.state.store import Store
 
 __all__ = ["pool_table", "pools_command"]
@@ -30,7 +33,7 @@ def pool_table(store: Store, config: Config) -> list[dict[str, object]]:
             if slot.pool in queued:
                 queued[slot.pool] += max(0, slot.want - slot.live)
     rows: list[dict[str, object]] = []
-    for name, pool in config.pools.items():
+    for name, pool in pools_with_overrides(store.redis, store.keys, config).items():
         c = counts[name]
         rows.append(
             {
@@ -42,6 +45,7 @@ def pool_table(store: Store, config: Config) -> list[dict[str, object]]:
                 "running": c["running"],
                 "completed": c["completed"],
                 "ondemand_queue": queued[name],
+                "overrides": _overrides(pool, config.pools[name]),
                 "configured": True,
             }
         )
@@ -50,19 +54,65 @@ def pool_table(store: Store, config: Config) -> list[dict[str, object]]:
         rows.append(
             {"pool": name, "alias": [], "size": None, "ready": c["ready"],
              "pending": c["reserved"] + c["pending"], "running": c["running"],
-             "completed": c["completed"], "ondemand_queue": 0, "configured": False}
+             "completed": c["completed"], "ondemand_queue": 0, "overrides": {},
+             "configured": False}
         )  # fmt: skip
     return rows
 
 
+def _overrides(effective: PoolConfig, configured: PoolConfig) -> dict[str, object]:
+    """The settings changed at runtime: setting -> its value now."""
+    return {
+        key: getattr(effective, key)
+        for key in ("size", "template", "clone_target")
+        if getattr(effective, key) != getattr(configured, key)
+    }
+
+
 @click.command("pools")
 @with_context(json=True)
-def pools_command(cli: CliContext) -> None:
+@click.option(
+    "--set-size",
+    "set_size",
+    multiple=True,
+    metavar="POOL=N",
+    help="Keep N ready VMs in POOL from now on (a runtime override; repeatable).",
+)
+@click.option(
+    "--unset-size",
+    "unset_size",
+    multiple=True,
+    metavar="POOL",
+    help="Drop POOL's runtime size: back to the configured one (repeatable).",
+)
+@click.option(
+    "--reset",
+    "reset",
+    multiple=True,
+    metavar="POOL",
+    help="Replace POOL's ready VMs with new ones; held VMs stay (repeatable).",
+)
+def pools_command(
+    cli: CliContext,
+    set_size: tuple[str, ...],
+    unset_size: tuple[str, ...],
+    reset: tuple[str, ...],
+) -> None:
     """Per pool: aliases, size, ready, pending, running, completed, on-demand queue. A
-    pool the config no longer names is listed (size "removed") while it still has VMs."""
+    size set at runtime is marked with '*' (JSON: ``overrides``); a pool the config no
+    longer names is listed (size "removed") while it still has VMs."""
+    if set_size or unset_size or reset:
+        from vmpool.cli.pool_admin import apply_pool_changes
+
+        apply_pool_changes(cli, set_size, unset_size, reset)
     rows = pool_table(cli.store, cli.config)
     if cli.as_json:
         echo_json(rows)
         return
-    shown = [{**row, "size": "removed" if row["size"] is None else row["size"]} for row in rows]
-    echo_table(shown, COLUMNS)
+    echo_table([{**r, "size": _size_shown(r)} for r in rows], COLUMNS)
+
+
+def _size_shown(row: dict[str, object]) -> object:
+    if row["size"] is None:
+        return "removed"
+    return f"{row['size']}*" if "size" in row["overrides"] else row["size"]  # type: ignore[operator]

@@ -1,9 +1,11 @@
-"""``vmpool probe worker``: is the worker loop alive? For Kubernetes' exec probes.
+"""``vmpool probe worker|scheduler``: is the loop alive? For Kubernetes' exec probes.
 
-It reads the modification time of the file ``vmpool worker --alive-file`` touches on
-every turn of its loop, while a job runs (up to the job's timeout plus a minute) and
-while it waits out a Redis outage (workers/loop.py). It never connects to Redis: a
-worker waiting for Redis is alive, and an unreachable Redis has its own alert.
+``worker`` reads the modification time of the file ``vmpool worker --alive-file``
+touches on every turn of its loop, while a job runs (up to the job's timeout plus a
+minute) and while it waits out a Redis outage (workers/loop.py); ``scheduler`` the file
+``vmpool scheduler --alive-file`` touches on every tick (at most ``--interval`` apart)
+and while it waits for Redis. Neither connects to Redis: a process waiting for Redis is
+alive, and an unreachable Redis has its own alert.
 
 Exit status: 0 the file is fresher than ``--max-age``; 1 it is older (one line
 naming its age); 2 bad usage or no file (one line).
@@ -20,10 +22,12 @@ import click
 from vmpool.cli.context import CliContext, with_context
 from vmpool.cli.errors import CliError, CliFailure
 
-__all__ = ["ALIVE_FILE_ENV", "probe_group"]
+__all__ = ["ALIVE_FILE_ENV", "SCHEDULER_ALIVE_FILE_ENV", "probe_group"]
 
 # Where `vmpool worker` and this probe find the file when no --alive-file is given.
 ALIVE_FILE_ENV: Final = "VMPOOL_WORKER_ALIVE_FILE"
+# The same for `vmpool scheduler`.
+SCHEDULER_ALIVE_FILE_ENV: Final = "VMPOOL_SCHEDULER_ALIVE_FILE"
 
 
 class _OneLineUsage(click.Command):
@@ -79,17 +83,47 @@ def probe_group() -> None:
 def probe_worker_command(cli: CliContext, max_age: float, path: str | None) -> None:
     """Exit 0 when the worker loop touched its alive file within --max-age seconds."""
     # ``cli`` is never touched: the config is not loaded and Redis never connected.
+    check_alive("worker", path, max_age, ALIVE_FILE_ENV)
+
+
+@probe_group.command("scheduler", cls=_OneLineUsage)
+@with_context()
+@click.option(
+    "--max-age",
+    type=click.FloatRange(min=0, min_open=True),
+    default=60.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="Alive while the file was touched less than this long ago.",
+)
+@click.option(
+    "--alive-file",
+    "path",
+    metavar="PATH",
+    envvar=SCHEDULER_ALIVE_FILE_ENV,
+    default=None,
+    help=f"The file `vmpool scheduler` touches [env {SCHEDULER_ALIVE_FILE_ENV}].",
+)
+def probe_scheduler_command(cli: CliContext, max_age: float, path: str | None) -> None:
+    """Exit 0 when the scheduler ticked (touched its alive file) within --max-age seconds."""
+    # ``cli`` is never touched: the config is not loaded and Redis never connected.
+    check_alive("scheduler", path, max_age, SCHEDULER_ALIVE_FILE_ENV)
+
+
+def check_alive(what: str, path: str | None, max_age: float, env: str) -> None:
+    """One line and exit 0 when ``path`` was touched within ``max_age`` seconds; exit 1
+    when it is older, 2 when there is no file to read."""
     if not path:
-        raise CliError(f"no alive file to read: pass --alive-file PATH or set {ALIVE_FILE_ENV}")
+        raise CliError(f"no alive file to read: pass --alive-file PATH or set {env}")
     try:
         touched = os.stat(path).st_mtime
     except FileNotFoundError:
-        raise CliError(f"no alive file at {path}: the worker loop has not started") from None
+        raise CliError(f"no alive file at {path}: the {what} loop has not started") from None
     except OSError as exc:
         raise CliError(f"cannot read {path}: {exc.strerror}") from None
     age = max(0.0, time.time() - touched)
     if age >= max_age:
         raise CliFailure(
-            f"worker loop stale: {path} last touched {age:.0f} s ago (max {max_age:g} s)"
+            f"{what} loop stale: {path} last touched {age:.0f} s ago (max {max_age:g} s)"
         )
-    click.echo(f"worker loop alive: {path} touched {age:.1f} s ago")
+    click.echo(f"{what} loop alive: {path} touched {age:.1f} s ago")

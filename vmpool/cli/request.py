@@ -11,6 +11,7 @@ import random
 import sys
 import time
 import uuid
+from dataclasses import replace
 from typing import Any
 
 import click
@@ -20,6 +21,7 @@ from vmpool.cli.context import CliContext, echo_json, with_context
 from vmpool.cli.errors import CliError, CliFailure
 from vmpool.cli.output import echo_table, iso, relative
 from vmpool.ids import InvalidIdentifier, validate_request_id
+from vmpool.lifecycle.overrides import pools_with_overrides
 from vmpool.lifecycle.plan import RequestRejected, parse_pool_counts, plan_slots
 from vmpool.state.records import RequestRecord, RequestSettings
 from vmpool.state.store import Store
@@ -149,6 +151,9 @@ def _create(cli: CliContext, pools: tuple[str, ...], request_id: str | None) -> 
         slots = plan_slots(cli.config, counts, random.SystemRandom())
     except (ValueError, RequestRejected) as exc:
         raise CliError(str(exc)) from None
+    if cli.config.backend_weight:  # weights follow the pools' runtime clone targets
+        live = pools_with_overrides(cli.store.redis, cli.keys, cli.config)
+        slots = plan_slots(replace(cli.config, pools=live), counts, random.SystemRandom())
     rid = _request_id(request_id) if request_id else str(uuid.uuid4())
     outcome = cli.store.create_request(
         rid, slots, RequestSettings.from_config(cli.config), actor="cli"

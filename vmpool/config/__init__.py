@@ -16,6 +16,7 @@ A problem with the file is a :class:`ConfigError` whose text is one line:
 
 from vmpool.config.demo import DEMO_CONFIG_YAML, DEMO_SOURCE
 from vmpool.config.errors import ConfigError
+from vmpool.config.ldap import LdapConfig
 from vmpool.config.loader import demo_config, load_config, parse_config
 from vmpool.config.model import AuthConfig, Config, PoolConfig, ProviderConfig
 from vmpool.config.redis_url import mask_url_password, validate_redis_url
@@ -30,6 +31,7 @@ __all__ = [
     "AuthConfig",
     "Config",
     "ConfigError",
+    "LdapConfig",
     "PoolConfig",
     "ProviderConfig",
     "Schedule",

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import re
 from collections.abc import Mapping
+from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 from urllib.parse import quote
@@ -20,6 +21,7 @@ from pydantic import BaseModel, ValidationError
 
 from vmpool.config.errors import ConfigError
 from vmpool.config.fields import in_seconds
+from vmpool.config.ldap import LdapConfig, build_ldap
 from vmpool.config.model import AuthConfig, Config, PoolConfig, ProviderConfig
 from vmpool.config.settings import (
     AuthSection,
@@ -74,6 +76,7 @@ def build(file: ConfigFile, *, source: str, warnings: tuple[str, ...]) -> Config
         batch_lanes=cfg.batch_lanes,
         max_lifetime_upper_limit_s=in_seconds(cfg, "max_lifetime_upper_limit"),
         tagfilter=MappingProxyType(_tagfilter(file, source)),
+        experimental_features=cfg.experimental_features,
     )
 
 
@@ -266,4 +269,19 @@ def _auth(auth: AuthSection, source: str) -> AuthConfig:
         max_failed_logins_per_user=auth.max_failed_logins_per_user,
         max_failed_logins_per_address=auth.max_failed_logins_per_address,
         failed_login_window_s=in_seconds(auth, "failed_login_window") or 300.0,
+        admins=tuple(sorted(set(auth.admins))),
+        ldap=_ldap(auth, source),
     )
+
+
+def _ldap(auth: AuthSection, source: str) -> LdapConfig | None:
+    """provider ldap's settings (required then, ignored otherwise)."""
+    if auth.provider != "ldap":
+        return None
+    if auth.ldap is None:
+        raise ConfigError(source, "auth.ldap", "provider ldap needs an :ldap: section")
+    base_dir = Path(source).parent if source and not source.startswith("<") else None
+    try:
+        return build_ldap(auth.ldap, base_dir)
+    except ValueError as exc:
+        raise ConfigError(source, "auth.ldap", str(exc)) from None

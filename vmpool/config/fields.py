@@ -327,19 +327,20 @@ def _password_hash(value: Any) -> str:
 
 PasswordHash = Annotated[str, BeforeValidator(_password_hash)]
 
-AUTH_PROVIDERS: Final = ("static", "dummy")
+AUTH_PROVIDERS: Final = ("static", "dummy", "ldap")
 
 
 def _auth_provider(value: Any) -> str:
     name = text(value)
     if name not in AUTH_PROVIDERS:
         raise invalid(
-            f"{name!r} is not implemented: use 'static' (users with password hashes) or 'dummy'"
+            f"{name!r} is not implemented: use 'static' (users with password hashes), 'ldap'"
+            " or 'dummy'"
         )
     return name
 
 
-AuthProvider = Annotated[Literal["static", "dummy"], BeforeValidator(_auth_provider)]
+AuthProvider = Annotated[Literal["static", "dummy", "ldap"], BeforeValidator(_auth_provider)]
 
 # -- units ---------------------------------------------------------------------------------
 

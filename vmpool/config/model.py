@@ -14,6 +14,7 @@ from typing import Any
 
 from pydantic import SecretStr
 
+from vmpool.config.ldap import LdapConfig
 from vmpool.config.redis_url import mask_url_password
 from vmpool.config.settings import Schedule
 
@@ -56,6 +57,8 @@ class AuthConfig:
     max_failed_logins_per_user: int = 10
     max_failed_logins_per_address: int = 50
     failed_login_window_s: float = 300.0
+    admins: tuple[str, ...] = ()  # sorted
+    ldap: LdapConfig | None = None  # provider ldap
 
 
 @dataclass(frozen=True)
@@ -88,6 +91,7 @@ class Config:
     batch_lanes: int = 4
     max_lifetime_upper_limit_s: float | None = None
     tagfilter: Mapping[str, str] = field(default_factory=dict)
+    experimental_features: bool = False
     provider_quota_wait_s: float = 30.0
 
     def pool(self, name: str) -> PoolConfig:

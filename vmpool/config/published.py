@@ -26,6 +26,7 @@ from typing import Any, Final
 import redis
 from pydantic import SecretStr
 
+from vmpool.config.ldap import LdapConfig
 from vmpool.config.model import AuthConfig, Config, PoolConfig, ProviderConfig
 from vmpool.config.settings import Schedule
 from vmpool.ids import DEFAULT_PREFIX
@@ -118,6 +119,7 @@ def public_form(config: Config) -> dict[str, Any]:
     form["providers"] = _masked(form["providers"])
     form["pools"] = _masked(form["pools"])  # a pool's keys for its provider too
     if config.auth is not None:
+        form["auth"]["ldap"] = _masked(form["auth"]["ldap"])  # its service account's password
         form["auth"]["users"] = sorted(config.auth.users)
     return form
 
@@ -213,7 +215,9 @@ def config_from_form(form: Mapping[str, Any]) -> Config:
     )
     auth = data.get("auth")
     if auth is not None:
-        data["auth"] = _dataclass(AuthConfig, {**auth, "users": dict.fromkeys(auth["users"], "")})
+        ldap = auth.get("ldap") and _dataclass(LdapConfig, auth["ldap"])
+        users = dict.fromkeys(auth["users"], "")
+        data["auth"] = _dataclass(AuthConfig, {**auth, "users": users, "ldap": ldap or None})
     data["schedule"] = Schedule.model_validate(
         {k: v for k, v in data["schedule"].items() if k in Schedule.model_fields}
     )

@@ -48,6 +48,7 @@ from vmpool.config.fields import (
     minutes,
     seconds,
 )
+from vmpool.config.ldap import LdapSection
 from vmpool.ids import DEFAULT_PREFIX
 from vmpool.providers.options import expect, integer, number
 from vmpool.providers.registry import DEFAULT_PROVIDER
@@ -157,6 +158,11 @@ class ConfigSection(_Section):
     max_lifetime_upper_limit: TtlHours | None = hours(
         None, "The longest lifetime PUT /vm/<hostname> may set (default: no limit)"
     )
+    experimental_features: bool = Field(
+        default=False,
+        description="Serve vmpooler's operator endpoints: POST /config/poolsize,"
+        " /config/pooltemplate, /config/clonetarget, /poolreset and their DELETEs (405 off)",
+    )
 
 
 class PoolSection(_Section):
@@ -237,7 +243,7 @@ class AuthSection(_Section):
     """``:auth:``: who may create and delete requests. Absent: anyone may."""
 
     provider: AuthProvider = Field(
-        default="static", description="'static' users, or 'dummy' (anyone)"
+        default="static", description="'static' users, 'ldap' (a directory), or 'dummy' (anyone)"
     )
     users: dict[str, PasswordHash] = Field(
         default_factory=dict,
@@ -265,6 +271,16 @@ class AuthSection(_Section):
     )
     failed_login_window: _WindowSeconds = seconds(
         300, "How long failed logins are counted (from the first failure)"
+    )
+    ldap: LdapSection | None = Field(
+        default=None,
+        description="provider ldap: vmpooler's {host, port, base, user_object, encryption,"
+        " service_account_hash}",
+    )
+    admins: list[Text] = Field(
+        default_factory=list,
+        description="Users whose tokens may change pools at runtime (the experimental"
+        " operator endpoints); nobody else may, with auth on",
     )
 
 

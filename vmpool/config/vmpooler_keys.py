@@ -39,7 +39,6 @@ CONFIG_IGNORED: Final = frozenset(
         "create_folders",
         "create_template_delta_disks",
         "create_linked_clones",
-        "experimental_features",
         "purge_unconfigured_folders",
         "purge_unconfigured_resources",
         "usage_stats",
@@ -111,7 +110,7 @@ PROVIDER_IGNORED: Final = frozenset(
         "folder_whitelist",
     ]
 )
-AUTH_IGNORED: Final = frozenset({"ldap"})
+AUTH_IGNORED: Final = frozenset[str]()
 
 # vmpooler keys vmpool knows but no longer honours: a warning of their own.
 CONFIG_REMOVED: Final = MappingProxyType(

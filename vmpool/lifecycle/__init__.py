@@ -12,6 +12,8 @@ answer of a race it lost (logged, never raised).
 - :mod:`~vmpool.lifecycle.requests`: provision, check and expire requests;
 - :mod:`~vmpool.lifecycle.vms`: create, check, reap and destroy VMs;
 - :mod:`~vmpool.lifecycle.warm`: warm pools: top up, re-check, recycle, lend to requests;
+- :mod:`~vmpool.lifecycle.overrides`: pool settings changed at runtime, pool resets;
+- :mod:`~vmpool.lifecycle.vm_tasks`: snapshots, reverts and disks of held VMs;
 - :mod:`~vmpool.lifecycle.reconcile`: the provider's inventory against the records;
 - :mod:`~vmpool.lifecycle.plan`: a request's counts as slots of pools (API and CLI).
 """
@@ -25,6 +27,7 @@ from vmpool.lifecycle.requests import (
     provision_sweep,
     sweep_expired,
 )
+from vmpool.lifecycle.vm_tasks import vm_task
 from vmpool.lifecycle.vms import (
     check_pending_sweep,
     check_pending_vm,
@@ -58,4 +61,5 @@ __all__ = [
     "reserved_grace_s",
     "sweep_expired",
     "top_up_pools",
+    "vm_task",
 ]

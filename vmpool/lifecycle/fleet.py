@@ -234,10 +234,11 @@ def note_outcome(what: str, subject: str, outcome: Outcome) -> None:
 def dispatch_released(fleet: Fleet, *request_ids: str) -> None:
     """Dispatch destroy_vm, in one batch, for every VM of the requests that is on its way
     to destruction (after a request failed or was fulfilled late, its VMs are
-    'completed')."""
+    'completed'). A warm-pool VM's '' (no request) is skipped."""
     released = [
         vm.name
         for request_id in request_ids
+        if request_id
         for vm in fleet.store.request_vms(request_id)
         if vm.state == "completed"
     ]

@@ -22,6 +22,7 @@ import logging
 
 from vmpool.config import PoolConfig
 from vmpool.lifecycle.fleet import Fleet, note_outcome
+from vmpool.lifecycle.overrides import effective_pools
 from vmpool.state.records import RequestRecord, VMRecord
 
 __all__ = ["MAX_NAME_ATTEMPTS", "check_ready", "claim_ready", "top_up_pools"]
@@ -36,7 +37,7 @@ def top_up_pools(fleet: Fleet) -> dict[str, int]:
     VMs reserved per pool."""
     pools = [
         pool
-        for pool in fleet.config.pools.values()
+        for pool in effective_pools(fleet)  # runtime size and template (overrides.py)
         if pool.size > 0 and pool.provider in fleet.providers
     ]
     if not pools:
@@ -96,8 +97,9 @@ def check_ready(fleet: Fleet) -> dict[str, int]:
     by_pool = fleet.store.pools_vms(list(fleet.config.pools), "ready")
     counts: dict[str, int] = {}
     recycled: list[str] = []
+    pools = {pool.name: pool for pool in effective_pools(fleet)}  # runtime sizes
     for pool_name, names in by_pool.items():
-        pool = fleet.config.pools[pool_name]
+        pool = pools[pool_name]
         excess = max(0, len(names) - pool.size)
         for i, vm in enumerate(fleet.store.get_vms(names)):
             reason, min_age = _why_recycle(fleet, pool, vm, now, excess=i < excess)

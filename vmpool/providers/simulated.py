@@ -67,6 +67,7 @@ def _lua(name: str) -> str:
 _CREATE_LUA = _lua("simulated_create.lua")
 _DESTROY_ATTEMPT_LUA = _lua("simulated_destroy_attempt.lua")
 _DESTROY_LUA = _lua("simulated_destroy.lua")
+_ANNOTATE_LUA = _lua("simulated_annotate.lua")
 
 class SimulatedProvider:
     """A provider whose cloud is a pair of Redis keys per instance name.
@@ -87,6 +88,7 @@ class SimulatedProvider:
         self._create_script = redis.register_script(_CREATE_LUA)
         self._destroy_attempt_script = redis.register_script(_DESTROY_ATTEMPT_LUA)
         self._destroy_script = redis.register_script(_DESTROY_LUA)
+        self._annotate_script = redis.register_script(_ANNOTATE_LUA)
 
     def __repr__(self) -> str:
         return f"SimulatedProvider(name={self.name!r}, options={self.options!r})"
@@ -202,6 +204,38 @@ class SimulatedProvider:
         now = _seconds(server_time)
         # A name destroyed between SMEMBERS and the pipeline has an empty hash: skip it.
         return [self._to_vm(_decoded(fields), now) for fields in records if fields]
+
+    # -- snapshots and disks (vmpool.providers.Snapshots, Disks) ----------------------------
+    def create_snapshot(self, pool: str, name: str, snapshot: str) -> None:
+        """Take snapshot ``snapshot`` of VM ``name`` (nothing if it was taken already)."""
+        self._annotate(name, f"snapshot:{snapshot}", "taken", "add")
+
+    def revert_snapshot(self, pool: str, name: str, snapshot: str) -> None:
+        """Revert VM ``name`` to ``snapshot``; PermanentProviderError if it has none."""
+        self._annotate(name, f"snapshot:{snapshot}", "", "revert")
+
+    def add_disk(self, pool: str, name: str, size_gb: int, disk: str) -> None:
+        """Attach disk ``disk`` of ``size_gb`` GB to VM ``name`` (once per label)."""
+        if size_gb < 1:
+            raise PermanentProviderError(f"configuration error: disk size {size_gb} GB")
+        self._annotate(name, f"disk:{disk}", str(int(size_gb)), "add")
+
+    def annotations(self, name: str) -> dict[str, str]:
+        """For tests: the snapshots (``snapshot:<id>``), disks (``disk:<label>`` -> GB)
+        and ``reverted_to`` of VM ``name``."""
+        fields = _decoded(self._redis.hgetall(self._keys.sim_vm(self.name, name)))
+        wanted = ("snapshot:", "disk:", "reverted_to")
+        return {k: v for k, v in fields.items() if k.startswith(wanted)}
+
+    def _annotate(self, name: str, field: str, value: str, mode: str) -> None:
+        key = self._keys.sim_vm(self.name, validate_vm_name(name))
+        code = int(self._annotate_script(keys=[key], args=[field, value, mode]))
+        if code == 0:
+            raise PermanentProviderError(f"simulated provider {self.name!r}: VM {name!r} not found")
+        if code == 3:
+            raise PermanentProviderError(
+                f"simulated provider {self.name!r}: VM {name!r} has no {field}"
+            )
 
     # -- test and chaos hooks --------------------------------------------------------------
     def leak_vm(self, pool: str, template: str, name: str) -> ProviderVM:

@@ -94,6 +94,11 @@ def lua_metrics(keys: Keys) -> str:
         f"local READY_FIELDS = {{{fields}}}\n"
         f"local READY_OVERFLOW = {READY_OVERFLOW!r}\n"
         f"local READY_SUM = {READY_SUM!r}\n"
+        # vmpooler's daily summary hashes, and the runtime pool settings the
+        # reservation and ready scripts honour (vmpool/state/overrides.py)
+        f"local SUMMARY_PREFIX = {keys.summary_prefix()!r}\n"
+        f"local POOL_RESETS = {keys.pool_resets!r}\n"
+        f"local TEMPLATE_OVERRIDES = {keys.pool_override('template')!r}\n"
     )
 
 

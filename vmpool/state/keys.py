@@ -43,6 +43,12 @@ Layout (``P`` is the prefix)::
     P:schedule:last-runs         hash   periodic job -> the RQ id of its last run
     P:schedule:schedulers        zset   live scheduler replicas (rq-scheduler's registry)
     P:schedule:scheduler:NAME    hash   one scheduler replica (rq-scheduler's birth record)
+    P:config:poolsize            hash   pool -> size set at runtime (POST /config/poolsize)
+    P:config:template            hash   pool -> template set at runtime
+    P:config:clone_target        hash   pool -> clone target set at runtime
+    P:pool-resets                hash   pool -> server time of its last reset (POST /poolreset)
+    P:summary:TASK:DATE          hash   vmpooler's daily stats (boot, clone: POOL:VM -> s;
+                                        tag: VM:TAG -> value), DATE = YYYY-MM-DD (UTC)
     P:fleet:config               hash   the running fleet's config, public form (no secret)
     vmpool:fleets                hash   key prefix -> when its fleet last published its config:
                                         the one key outside a prefix, so that a command given
@@ -280,6 +286,30 @@ class Keys:
     def audit_result(self) -> str:
         """Hash: the last recorded audit's ``violations`` and ``time`` (server time)."""
         return self.metrics("audit")
+
+    # -- runtime pool overrides, resets and daily summaries (vmpool/state/overrides.py) --
+    def pool_override(self, setting: str) -> str:
+        """Hash: pool -> the value of ``setting`` set at runtime (vmpooler's
+        ``vmpooler__config__<setting>``)."""
+        if setting not in ("poolsize", "template", "clone_target"):
+            raise ValueError(f"no runtime override of {setting!r}")
+        return f"{self.prefix}:config:{setting}"
+
+    @property
+    def pool_resets(self) -> str:
+        """Hash: pool -> server time of its last reset; a warm VM reserved before it
+        never joins the ready set (pool_vm_ready.lua)."""
+        return f"{self.prefix}:pool-resets"
+
+    def summary_prefix(self) -> str:
+        """Prefix of the daily summary hashes; the scripts append ``TASK:DATE``."""
+        return f"{self.prefix}:summary:"
+
+    def summary_day(self, task: str, date: str) -> str:
+        """Hash: vmpooler's ``vmpooler__<task>__<date>`` (boot, clone, tag)."""
+        if task not in ("boot", "clone", "tag"):
+            raise ValueError(f"no daily summary of {task!r}")
+        return f"{self.summary_prefix()}{task}:{date}"
 
     @property
     def workers_heartbeat(self) -> str:

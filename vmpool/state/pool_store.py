@@ -55,6 +55,7 @@ POOL_SCRIPT_NAMES = (
     "give_back",
     "extend_vm",
     "tag_vm",
+    "pool_reset",
     "vm_waiting",
 )
 
@@ -248,6 +249,15 @@ class PoolStore:
     def tag_vm(self, name: str, tags: Mapping[str, str], *, actor: str, user: str = "") -> Outcome:
         flat = [str(x) for pair in tags.items() for x in pair]
         return self._run_held("tag_vm", name, actor, [name, user, *flat])
+
+    def reset_pool(self, pool: str, *, actor: str) -> list[str]:
+        """Send the pool's ready VMs to destruction and record the reset, so that no VM
+        reserved before it becomes ready (pool_reset.lua); returns the VMs recycled.
+        Held VMs are never touched."""
+        reply = self._pool_script("pool_reset")(
+            keys=[], args=self._argv(actor, "", [validate_pool_name(pool)])
+        )
+        return [text(n) for n in reply[3:]]
 
     # -- reads --------------------------------------------------------------------------
     def vm_history(self, name: str) -> list[AuditEntry]:

@@ -142,6 +142,9 @@ class VMRecord:
     checkout_at: float | None = None
     given_back: bool = False
     tags: Mapping[str, str] = field(default_factory=dict)
+    # vmpooler's snapshot:<id> fields (snapshots taken) and disk ('+10gb:+20gb')
+    snapshots: tuple[str, ...] = ()
+    disks: tuple[str, ...] = ()
     # the address the cloud reported when the VM turned ready ('' when none)
     address: str = ""
 
@@ -173,6 +176,8 @@ class VMRecord:
             checkout_at=_float(h.get("checkout_at")),
             given_back=h.get("given_back", "") == "1",
             tags={k[4:]: v for k, v in h.items() if k.startswith("tag:")},
+            snapshots=tuple(k[9:] for k in h if k.startswith("snapshot:")),
+            disks=tuple(h["disk"].split(":")) if h.get("disk") else (),
             address=h.get("address", ""),
         )
 

@@ -23,7 +23,6 @@ from vmpool.state import reads
 from vmpool.state.counters import lua_metrics
 from vmpool.state.keys import Keys
 from vmpool.state.lua import ScriptCall, read_script
-from vmpool.state.pool_store import PoolStore
 from vmpool.state.records import (
     AuditEntry,
     Outcome,
@@ -38,6 +37,7 @@ from vmpool.state.records import (
     text,
 )
 from vmpool.state.transitions import lua_tables
+from vmpool.state.vm_tasks import VMTaskStore
 from vmpool.state.workset import lua_workset
 
 __all__ = ["SCRIPT_NAMES", "Store"]
@@ -56,9 +56,10 @@ SCRIPT_NAMES = (
 )
 
 
-class Store(PoolStore):
+class Store(VMTaskStore):
     """The request/VM state in Redis, changed only through checked atomic scripts.
-    Warm pools (ready VMs, checkouts, claims): :class:`~vmpool.state.pool_store.PoolStore`.
+    Warm pools (ready VMs, checkouts, claims): :class:`~vmpool.state.pool_store.PoolStore`;
+    snapshots and disks: :class:`~vmpool.state.vm_tasks.VMTaskStore`.
 
     ``redis`` may or may not decode responses; ``keys`` fixes the prefix. The store
     keeps no state of its own beyond the registered scripts, so one per process (or per

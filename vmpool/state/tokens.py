@@ -215,6 +215,23 @@ class TokenStore:
             data.get("expires", ""),
         )
 
+    def of_user(self, user: str) -> list[TokenInfo]:
+        """The user's live tokens, oldest first (from their index: no scan). Only the
+        hashes are known: ``TokenInfo.sha256`` stands for each token."""
+        shas = [_text(s) for s in self.redis.zrange(self.keys.user_tokens(_sha(user)), 0, -1)]
+        pipe = self.redis.pipeline(transaction=False)
+        for sha in shas:
+            pipe.hgetall(self.keys.token(sha))
+        out = []
+        for sha, raw in zip(shas, pipe.execute() if shas else [], strict=True):
+            data = {_text(k): _text(v) for k, v in raw.items()}
+            if data.get("user") == user:
+                out.append(
+                    TokenInfo(sha, user, data.get("created", ""), data.get("last", ""),
+                              data.get("expires", ""))
+                )  # fmt: skip
+        return out
+
     def revoke(self, token: str, *, user: str | None = None) -> bool:
         """Delete the token; with ``user``, only if it belongs to that user."""
         key = self.keys.token(token_sha256(token))

@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 import redis.asyncio as aredis
@@ -38,6 +39,7 @@ from vmpool.api.parsing import (
     read_body,
 )
 from vmpool.api.responses import not_ok, reply
+from vmpool.config import Config
 from vmpool.ids import InvalidIdentifier, validate_request_id
 from vmpool.lifecycle.plan import RequestRejected, plan_slots
 from vmpool.state import reads
@@ -103,10 +105,31 @@ async def delete_ondemand(request_id: str, st: State, token: Token) -> Response:
     return await run_in_threadpool(delete_request, st.store, request_id, token)
 
 
+def _weighed(config: Config, counts: Mapping[str, int]) -> bool:
+    """Whether backend weights can pick among pools for this request (several pools
+    for one name, weights configured)."""
+    return bool(config.backend_weight) and any(len(config.resolve_name(n)) > 1 for n in counts)
+
+
+async def _weighing(st: ApiState) -> Config:
+    """The config with the pools' runtime clone targets (POST /config/clonetarget), which
+    backend weights are looked up by; read only when weights are configured."""
+    key = st.keys.pool_override("clone_target")
+    aio = st.clients.aio
+    raw = await (aio.get().hgetall(key) if aio else run_in_threadpool(st.clients.text.hgetall, key))
+    targets = {str(p): str(t) for p, t in raw.items() if p in st.config.pools}
+    if not targets:
+        return st.config
+    pools = {n: replace(p, clone_target=targets.get(n, p.clone_target))
+             for n, p in st.config.pools.items()}  # fmt: skip
+    return replace(st.config, pools=pools)
+
+
 async def create_request(st: ApiState, wanted: Ondemand, token: TokenInfo | None) -> Response:
     """Plan ``wanted`` against the config, create the request, start its provisioning."""
+    config = await _weighing(st) if _weighed(st.config, wanted.counts) else st.config
     try:
-        slots = plan_slots(st.config, wanted.counts, st.rng)
+        slots = plan_slots(config, wanted.counts, st.rng)
     except RequestRejected as rejected:
         return refused(st.metrics, rejected, wanted.counts)
     rid = wanted.request_id or str(uuid.uuid4())

@@ -7,6 +7,7 @@ import ipaddress
 import logging
 import time
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 import redis
@@ -19,6 +20,7 @@ from vmpool.api.deps import ApiState, State
 from vmpool.api.metrics import fleet_workers
 from vmpool.api.responses import reply
 from vmpool.config import Config
+from vmpool.lifecycle.overrides import pools_with_overrides
 from vmpool.providers.identity import fleet_ids
 from vmpool.state.circuit import read_states
 from vmpool.state.fleet_identity import fleet_identity
@@ -71,12 +73,14 @@ def is_loopback(host: str) -> bool:
 
 
 def status_body(st: ApiState) -> dict[str, Any]:
-    pools, totals = pools_status(st.config, st.store.pool_counts(st.config.pools))
+    # the pools' sizes as set at runtime (POST /config/poolsize), as vmpooler's /status
+    live = replace(st.config, pools=pools_with_overrides(st.clients.text, st.keys, st.config))
+    pools, totals = pools_status(live, st.store.pool_counts(st.config.pools))
     queues, workers = rq_status(st.clients.raw, st.keys)
     r = st.clients.text
     body: dict[str, Any] = {
         "pools": pools,
-        "capacity": _capacity(st.config, totals["ready"]),
+        "capacity": _capacity(live, totals["ready"]),
         "queue": {
             "pending": totals["pending"],
             "ready": totals["ready"],

@@ -1,10 +1,12 @@
-"""vmpooler's tokens: POST /token mints one for the HTTP Basic user, DELETE
-/token/<token> revokes one of that user's. Both are 404 when ``:auth:`` is off."""
+"""vmpooler's tokens: POST /token mints one for the HTTP Basic user, GET /token lists
+that user's, DELETE /token/<token> revokes one of them. All are 404 when ``:auth:`` is
+off. Tokens are stored hashed, so GET /token names each by its SHA-256."""
 
 from __future__ import annotations
 
 import logging
 from functools import partial
+from typing import Any
 
 from fastapi import APIRouter
 from starlette.concurrency import run_in_threadpool
@@ -38,3 +40,17 @@ async def delete_token(token: str, st: State, user: BasicUser) -> Response:
         return not_ok(404)
     log.info("token revoked by user %r", user)
     return reply(200, {"ok": True})
+
+
+@router.get("/token")
+async def list_tokens(st: State, user: BasicUser) -> Response:
+    """vmpooler's GET /token: ``{"ok": true, "<token>": {"created", "last"}, ...}``,
+    each token named by its SHA-256 (the token itself is never stored); 404 when the
+    user has none."""
+    tokens = await run_in_threadpool(st.tokens.of_user, user)
+    if not tokens:
+        return not_ok(404)
+    body: dict[str, Any] = {"ok": True}
+    for info in tokens:
+        body[info.sha256] = {"created": info.created, "last": info.last or "never"}
+    return reply(200, body)

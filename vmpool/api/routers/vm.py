@@ -1,6 +1,6 @@
 """vmpooler's per-VM API: GET /vm, checkout (POST /vm, POST /vm/<pool>+<pool>), GET,
-PUT and DELETE /vm/<hostname>, GET /token/<token>, GET /summary, and vmpooler's "not
-supported" answer for snapshots, disks and pool resets.
+PUT and DELETE /vm/<hostname>, GET /token/<token> (snapshots and disks:
+:mod:`vmpool.api.routers.vm_tasks`).
 
 The API writes no state itself: a checkout is ``Store.checkout`` (one script: all or
 nothing, each ready VM to one client), a give-back ``Store.give_back``, a modification
@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from datetime import UTC, datetime
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -23,17 +22,16 @@ from vmpool.api.deps import ApiState, State, Token, counted
 from vmpool.api.errors import Rejected
 from vmpool.api.parsing import parse_count, parse_json_body, read_body
 from vmpool.api.responses import PrettyJSON, not_ok, reply
+from vmpool.api.routers.vm_tasks import ask
 from vmpool.api.vm_views import (
     checkout_body,
     filter_tags,
     modify_failures,
     short_hostname,
-    summary_body,
     vm_body,
 )
 from vmpool.ids import InvalidIdentifier, is_address, validate_vm_name
 from vmpool.state import reads
-from vmpool.state.counters import READY_SUM
 from vmpool.state.records import VMRecord
 from vmpool.state.tokens import TokenInfo
 
@@ -180,6 +178,11 @@ def modify(st: ApiState, hostname: str, raw: bytes, token: TokenInfo | None) -> 
         return not_ok(400, failure=failures)
     user = token.user if token else ""
     for param, arg in data.items():
+        if param == "disk":  # what vmfloaty's `modify --disk N` sends
+            task, refused = ask(st, vm.name, "disk", str(int(str(arg).strip())), user)
+            if task is None:
+                return refused
+            continue
         if param == "lifetime":
             out = st.store.extend_vm(vm.name, int(str(arg).strip()), actor="api", user=user)
         else:
@@ -236,37 +239,3 @@ def token_body(st: ApiState, token: str) -> Response:
     if running:
         entry["vms"] = {"running": running}
     return reply(200, {"ok": True, token: entry})
-
-
-@router.get("/summary")
-async def get_summary(st: State) -> Response:
-    def body() -> Response:
-        r = st.clients.text
-        times: dict[str, tuple[int, float]] = {}
-        for pool in st.config.pools:
-            h = r.hgetall(st.keys.time_to_ready(pool))
-            count = sum(int(float(v)) for k, v in h.items() if k != READY_SUM)
-            times[pool] = (count, float(h.get(READY_SUM, 0) or 0))
-        today = datetime.fromtimestamp(st.store.server_time(), UTC).date().isoformat()
-        return reply(200, summary_body(times, today))
-
-    return await run_in_threadpool(body)
-
-
-# -- what vmpool does not do: vmpooler's answer with experimental features off -----------
-def _not_supported() -> Response:
-    return not_ok(405)
-
-
-for _path in (
-    "/vm/{hostname}/snapshot",
-    "/vm/{hostname}/snapshot/{snapshot}",
-    "/vm/{hostname}/disk/{size}",
-    "/poolreset",
-    "/config/poolsize",
-    "/config/pooltemplate",
-    "/config/clonetarget",
-):
-    router.add_api_route(_path, _not_supported, methods=["POST"])
-for _path in ("/config/poolsize/{pool}", "/config/pooltemplate/{pool}"):
-    router.add_api_route(_path, _not_supported, methods=["DELETE"])

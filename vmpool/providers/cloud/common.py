@@ -76,7 +76,8 @@ TAG_CREATED = "vmpool-created"
 TAG_KEYS = (TAG_FLEET, TAG_POOL, TAG_REQUEST, TAG_VM, TAG_CREATED)
 # ssh ready checks run at once by one statuses() call (each waits ssh_timeout at most).
 SSH_CHECKS = 32
-
+# A driver holding temporary credentials is built again this long before they expire.
+CREDENTIALS_MARGIN_S = 300.0
 
 
 class CloudProvider:
@@ -112,6 +113,8 @@ class CloudProvider:
         self.keys = keys
         self._fleet_id: str | None = self.options.fleet_id
         self._driver = driver
+        # When the credentials make_driver used expire (Unix time); None: never.
+        self.driver_expires_at: float | None = None
         self._cores: dict[str, int] = {}
         self._dns: dict[str, PoolDns | None] = {}
         self._records: dict[str, str] = {}  # DNS records this process made: name -> address
@@ -211,7 +214,12 @@ class CloudProvider:
 
     @property
     def driver(self) -> Any:
-        if self._driver is None:
+        """The libcloud driver, built on first use, and built again before the temporary
+        credentials it holds expire (``driver_expires_at``, set by ``make_driver``)."""
+        expiry = self.driver_expires_at
+        if self._driver is None or (
+            expiry is not None and time.time() > expiry - CREDENTIALS_MARGIN_S
+        ):
             self._driver = self.make_driver()
         return self._driver
 

@@ -15,6 +15,7 @@ endpoint).
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import time
 from collections.abc import Mapping
@@ -22,6 +23,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from vmpool.providers.base import PermanentProviderError
+from vmpool.providers.cloud.aws_credentials import AwsCredentials, from_platform
 from vmpool.providers.cloud.common import TAG_FLEET, TAG_REQUEST, CloudProvider
 from vmpool.providers.cloud.ec2_options import EC2Options, EC2PoolOptions
 from vmpool.providers.cloud.ec2_wire import (
@@ -34,6 +36,8 @@ from vmpool.providers.cloud.ec2_wire import (
 from vmpool.providers.cloud.nodes import Node, node_state
 
 __all__ = ["EC2Options", "EC2PoolOptions", "EC2Provider"]
+
+log = logging.getLogger(__name__)
 
 # The instance states listed: a terminated instance lingers in DescribeInstances for an
 # hour and is nobody's VM any more.
@@ -68,6 +72,12 @@ class EC2Provider(CloudProvider):
         self._images: dict[tuple[Any, ...], tuple[float, Image]] = {}
 
     def credentials(self) -> tuple[str, str, str | None]:
+        found = self.resolve_credentials()
+        return found.key, found.secret, found.token
+
+    def resolve_credentials(self) -> AwsCredentials:
+        """The options' keys, else AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY (or ABS's
+        names), else the platform's (IRSA, EKS Pod Identity: aws_credentials)."""
         o = self.options
         key = o.access_key_id.get_secret_value() if o.access_key_id else None
         secret = o.secret_access_key.get_secret_value() if o.secret_access_key else None
@@ -76,12 +86,16 @@ class EC2Provider(CloudProvider):
         key = key or env("AWS_ACCESS_KEY_ID") or env("ABS_AWS_ACCESS_KEY")
         secret = secret or env("AWS_SECRET_ACCESS_KEY") or env("ABS_AWS_SECRET_KEY")
         token = token or env("AWS_SESSION_TOKEN")
-        if not key or not secret:
+        if key and secret:
+            return AwsCredentials(key, secret, token)
+        found = from_platform(o.region, os.environ, f"vmpool-{self.name}")
+        if found is None:
             raise PermanentProviderError(
                 f"configuration error: provider {self.name!r} has no AWS credentials"
-                " (access_key_id/secret_access_key, or AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY)"
+                " (access_key_id/secret_access_key, AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY,"
+                " or a web identity: AWS_ROLE_ARN with AWS_WEB_IDENTITY_TOKEN_FILE)"
             )
-        return key, secret, token
+        return found
 
     def driver_kwargs(self) -> dict[str, Any]:
         """What the driver is built with, secrets aside (tests read it)."""
@@ -94,9 +108,12 @@ class EC2Provider(CloudProvider):
         return kwargs
 
     def make_driver(self) -> Any:
-        key, secret, token = self.credentials()
+        found = self.resolve_credentials()
+        self.driver_expires_at = found.expires_at
+        if found.expires_at is not None:
+            log.info("%s: AWS credentials from %s", self.name, found.source)
         cls = driver_class(tolerant=self.options.endpoint is not None)
-        return cls(key, secret, token=token, **self.driver_kwargs())
+        return cls(found.key, found.secret, token=found.token, **self.driver_kwargs())
 
     def query(self, params: Mapping[str, str]) -> Any:
         """One signed Query API call; its parsed XML reply."""

@@ -81,11 +81,15 @@ class GCEProvider(CloudProvider):
         return re.sub(r"[^a-z0-9_-]", "-", value.lower())[:63]
 
     def make_driver(self) -> Any:
+        if self.options.use_metadata_server:
+            # libcloud's GCE auth type: tokens from the metadata server, refreshed by it.
+            return driver_class()("", "", project=self.options.project, auth_type="GCE")
         path = self.options.credentials_file or os.environ.get("GOOGLE_APPLICATION_CREDENTIALS")
         if not path:
             raise PermanentProviderError(
                 f"configuration error: provider {self.name!r} has no credentials_file"
-                " (or GOOGLE_APPLICATION_CREDENTIALS)"
+                " (or GOOGLE_APPLICATION_CREDENTIALS; use_metadata_server: true for GKE"
+                " Workload Identity)"
             )
         try:
             with open(path, encoding="utf-8") as handle:

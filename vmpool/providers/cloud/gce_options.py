@@ -68,7 +68,9 @@ class GCEPoolOptions(GCEPlacement, PoolChecks):
 
 class GCEOptions(CloudOptions, GCEPlacement):
     """``provider_class: gce``. Credentials: a service-account key file
-    (``credentials_file``, else GOOGLE_APPLICATION_CREDENTIALS)."""
+    (``credentials_file``, else GOOGLE_APPLICATION_CREDENTIALS), or the metadata
+    server's tokens (``use_metadata_server``: GKE Workload Identity, a VM's service
+    account)."""
 
     model_config = ConfigDict(frozen=True, extra="ignore", hide_input_in_errors=True)
 
@@ -82,6 +84,11 @@ class GCEOptions(CloudOptions, GCEPlacement):
     )
     external_ip: bool = Field(True, description="Give instances an ephemeral public address")
     credentials_file: str | None = Field(None, description="Service-account JSON key file")
+    use_metadata_server: bool = Field(
+        False,
+        description="Take access tokens from the metadata server (GKE Workload Identity, or"
+        " the VM's service account) instead of a key file",
+    )
     operation_wait: Seconds = Field(
         60.0,
         description="How long a create follows its insert operation for the cloud's answer"

@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from vmpool.providers.base import PermanentProviderError
+from vmpool.providers.cloud.clouds_yaml import CloudEntry, cloud_name, load_cloud
 from vmpool.providers.cloud.common import CloudProvider
 from vmpool.providers.cloud.nodes import Node, node_state
 from vmpool.providers.cloud.openstack_options import OpenStackOptions, OpenStackPoolOptions
@@ -41,10 +42,15 @@ class OpenStackProvider(CloudProvider):
 
     def driver_args(self) -> tuple[tuple[str, str], dict[str, Any]]:
         o = self.options
-        env = os.environ.get
-        password = o.password.get_secret_value() if o.password else env("OS_PASSWORD")
-        username = o.username or env("OS_USERNAME")
-        auth_url = o.auth_url or env("OS_AUTH_URL")
+        entry = self._cloud_entry()
+
+        def env(option: str | None, field: str, variable: str) -> str | None:
+            return option or getattr(entry, field, None) or os.environ.get(variable)
+
+        secret = o.password.get_secret_value() if o.password else None
+        password = env(secret, "password", "OS_PASSWORD")
+        username = env(o.username, "username", "OS_USERNAME")
+        auth_url = env(o.auth_url, "auth_url", "OS_AUTH_URL")
         if not (username and password and auth_url):
             raise PermanentProviderError(
                 f"configuration error: provider {self.name!r} needs auth_url, username and"
@@ -53,13 +59,18 @@ class OpenStackProvider(CloudProvider):
         kwargs: dict[str, Any] = {
             "ex_force_auth_url": auth_url,
             "ex_force_auth_version": "3.x_password",
-            "ex_tenant_name": o.project_name or env("OS_PROJECT_NAME"),
-            "ex_domain_name": o.domain_name or env("OS_USER_DOMAIN_NAME") or "Default",
+            "ex_tenant_name": env(o.project_name, "project_name", "OS_PROJECT_NAME"),
+            "ex_domain_name": env(o.domain_name, "user_domain_name", "OS_USER_DOMAIN_NAME")
+            or "Default",
         }
-        region = o.region or env("OS_REGION_NAME")
+        region = env(o.region, "region_name", "OS_REGION_NAME")
         if region:
             kwargs["ex_force_service_region"] = region
         return (username, password), kwargs
+
+    def _cloud_entry(self) -> CloudEntry | None:
+        name = cloud_name(self.options.cloud)
+        return load_cloud(name, os.environ, self.name) if name else None
 
     def make_driver(self) -> Any:
         from libcloud.compute.providers import get_driver

@@ -54,12 +54,15 @@ class OpenStackPoolOptions(OpenStackPlacement, PoolChecks):
 
 
 class OpenStackOptions(CloudOptions, OpenStackPlacement):
-    """``provider_class: openstack``. Credentials: the options, else the usual OS_*
-    environment variables (OS_AUTH_URL, OS_USERNAME, OS_PASSWORD, OS_PROJECT_NAME,
+    """``provider_class: openstack``. Credentials: the options, else the entry ``cloud``
+    (or OS_CLOUD) of a clouds.yaml (OS_CLIENT_CONFIG_FILE, or the clients' search path:
+    :mod:`vmpool.providers.cloud.clouds_yaml`), else the usual OS_* environment
+    variables (OS_AUTH_URL, OS_USERNAME, OS_PASSWORD, OS_PROJECT_NAME,
     OS_USER_DOMAIN_NAME, OS_REGION_NAME)."""
 
     model_config = ConfigDict(frozen=True, extra="ignore", hide_input_in_errors=True)
 
+    cloud: str | None = Field(None, description="A clouds.yaml entry (default: OS_CLOUD)")
     auth_url: str | None = Field(None, description="Keystone URL (default: OS_AUTH_URL)")
     username: str | None = Field(None, description="User (default: OS_USERNAME)")
     password: Secret | None = Field(None, description="Password (secret; OS_PASSWORD)")

@@ -161,7 +161,56 @@ local function pool_index(pool, state)
   return POOL_PREFIX .. pool .. ':' .. state
 end
 
--- Moves a VM along one edge of VM_EDGES and keeps its pool index in step.
+-- The UTC date (YYYY-MM-DD) of a server time: the day of vmpooler's daily summary
+-- hashes (days-from-civil inverted, proleptic Gregorian; no os.date in Redis' Lua).
+local function utc_date(t)
+  local z = math.floor(t / 86400) + 719468
+  local era = math.floor(z / 146097)
+  local doe = z - era * 146097
+  local yoe = math.floor((doe - math.floor(doe / 1460) + math.floor(doe / 36524)
+    - math.floor(doe / 146096)) / 365)
+  local doy = doe - (365 * yoe + math.floor(yoe / 4) - math.floor(yoe / 100))
+  local mp = math.floor((5 * doy + 2) / 153)
+  local d = doy - math.floor((153 * mp + 2) / 5) + 1
+  local m = mp < 10 and mp + 3 or mp - 9
+  local y = yoe + era * 400 + (m <= 2 and 1 or 0)
+  return string.format('%04d-%02d-%02d', y, m, d)
+end
+
+-- One entry of vmpooler's daily summary (GET /summary): the day's hash of ``task``
+-- (boot, clone, tag) gets ``field`` -> ``value``, kept as vmpooler keeps them (no TTL).
+local function count_daily(task, field, value, now)
+  redis.call('HSET', SUMMARY_PREFIX .. task .. ':' .. utc_date(now), field, value)
+end
+
+-- A clone (reserved -> booting) and a boot (booting -> ready or running) are counted
+-- in the day's summary with the seconds since the VM was reserved, as vmpooler's
+-- `vmpooler__clone__<date>` / `vmpooler__boot__<date>` ("POOL:VM" -> seconds).
+local function count_vm_move(vm, from, to, now)
+  if not vm.reserved_at then
+    return
+  end
+  local task = nil
+  if from == 'reserved' and to == 'pending' then
+    task = 'clone'
+  elseif from == 'pending' and (to == 'ready' or to == 'running') then
+    task = 'boot'
+  end
+  if task then
+    local seconds = math.max(0, now - tonumber(vm.reserved_at))
+    count_daily(task, vm.pool .. ':' .. vm.name, string.format('%.2f', seconds), now)
+  end
+end
+
+-- The template a new VM of ``pool`` is made from: the one set at runtime (POST
+-- /config/pooltemplate), else the configured one the caller passed; read in the
+-- reservation's own unit, so an override applies from the next VM reserved.
+local function pool_template(pool, configured)
+  return redis.call('HGET', TEMPLATE_OVERRIDES, pool) or configured
+end
+
+-- Moves a VM along one edge of VM_EDGES and keeps its pool index in step (and the
+-- daily summary: count_vm_move).
 -- Returns false (and changes nothing) when the edge does not exist.
 local function move_vm(vm_key, vm, to, now, score, reason)
   local from = vm.state
@@ -178,6 +227,7 @@ local function move_vm(vm_key, vm, to, now, score, reason)
   if reason ~= '' then
     redis.call('HSET', vm_key, 'reason', reason)
   end
+  count_vm_move(vm, from, to, now)
   vm.state = to
   return true
 end

@@ -1,7 +1,8 @@
 -- pool_reserve.lua: the intent record of one warm-pool VM (none -> reserved), written
 -- before the provider is called, only while the pool is short of its size.
 -- KEYS: the pool layout (_pool.lua).
--- ARGV: 1-4 as in _prelude.lua (4 is ''); 5 VM name; 6 pool; 7 template; 8 provider;
+-- ARGV: 1-4 as in _prelude.lua (4 is ''); 5 VM name; 6 pool; 7 template (the pool's runtime
+--   template wins: pool_template); 8 provider;
 --   9 domain ('' for none); 10 the pool's size; 11 data_ttl seconds.
 -- Returns: {1, 'reserved', version} or {0, 'name_taken' | 'pool_full'}.
 -- Invariant: a pool never holds more warm VMs (ready, plus its own reserved and
@@ -21,7 +22,7 @@ if ARGV[9] ~= '' then
   hostname = name .. '.' .. ARGV[9]
 end
 redis.call('HSET', KEYS[7], 'name', name, 'request_id', '', 'alias', pool, 'pool', pool,
-  'template', ARGV[7], 'provider', ARGV[8], 'hostname', hostname, 'attempt', 1,
+  'template', pool_template(pool, ARGV[7]), 'provider', ARGV[8], 'hostname', hostname, 'attempt', 1,
   'reserved_at', fmt(now), 'data_ttl', ARGV[11], 'state', 'none', 'version', 0)
 move_vm(KEYS[7], {name = name, pool = pool, state = 'none'}, 'reserved', now, now, '')
 return {1, 'reserved', audit('vm:' .. name, 'none', 'reserved', 'reserved for the pool', now)}

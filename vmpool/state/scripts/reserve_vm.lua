@@ -1,6 +1,7 @@
 -- reserve_vm.lua: the intent record of one VM, written before the provider is called.
 -- KEYS: 1-8 as in _prelude.lua.
--- ARGV: 1-4 as in _prelude.lua; 5 VM name; 6 alias; 7 pool; 8 template; 9 provider;
+-- ARGV: 1-4 as in _prelude.lua; 5 VM name; 6 alias; 7 pool; 8 template (the pool's
+--   runtime template wins: pool_template); 9 provider;
 --   10 domain ('' for none); 11 fencing token of the request's lock ('' for none).
 -- Returns: {1, 'reserved', version} or {0, 'no_request' | 'stale_fence' |
 --   'request_<status>' | 'past_deadline' | 'no_such_slot' | 'slot_full' | 'name_taken'}.
@@ -41,7 +42,7 @@ if ARGV[10] ~= '' then
   hostname = name .. '.' .. ARGV[10]
 end
 redis.call('HSET', KEYS[7], 'name', name, 'request_id', RID, 'alias', ARGV[6],
-  'pool', ARGV[7], 'template', ARGV[8], 'provider', ARGV[9], 'hostname', hostname,
+  'pool', ARGV[7], 'template', pool_template(ARGV[7], ARGV[8]), 'provider', ARGV[9], 'hostname', hostname,
   'attempt', tonumber(req.retries) + 1, 'reserved_at', fmt(now),
   'data_ttl', req.data_ttl, 'request_created', req.created, 'state', 'none')
 move_vm(KEYS[7], {name = name, pool = ARGV[7], state = 'none'}, 'reserved', now, now, '')

@@ -7,6 +7,7 @@
 -- Returns: {1, 'tagged', version} or {0, 'no_vm' | 'wrong_request' | 'vm_<state>' |
 --   'forbidden' | 'no_tags'}.
 -- Invariant: only a held VM is tagged, by its holder; each tagging is in the trail.
+-- Summary: each non-empty tag joins the day's tag summary (vmpooler's export_tags).
 local vm, refusal = held_vm_for(ARGV[6])
 if refusal then
   return refusal
@@ -18,6 +19,9 @@ local now = server_now()
 local names = {}
 for i = 7, #ARGV - 1, 2 do
   redis.call('HSET', KEYS[7], 'tag:' .. ARGV[i], ARGV[i + 1])
+  if ARGV[i + 1] ~= '' then
+    count_daily('tag', vm.name .. ':' .. ARGV[i], ARGV[i + 1], now)
+  end
   table.insert(names, ARGV[i])
 end
 if RID ~= '' and not request_of(vm) then

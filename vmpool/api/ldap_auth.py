@@ -1,0 +1,143 @@
+"""LDAP logins (``:auth: provider: ldap``), as vmpooler's ``authenticate_ldap`` makes
+them, with ldap3 (pure Python; the ``ldap`` extra).
+
+For each base, for each user_object: either a direct bind as
+``<user_object>=<name>,<base>``, or, with a service account, a search under the base
+for ``(<user_object>=<name>)`` and a bind as the one entry found. The first that
+succeeds logs the user in.
+
+Never in clear: the connection is start_tls (the default) or LDAPS (``simple_tls``),
+with the certificate checked against ``ca_file`` (or the system's CAs), before any
+password is sent. An empty password is refused before the directory is asked (many
+directories take it for an anonymous bind, which succeeds). A directory that cannot be
+reached, or refuses TLS, is :class:`DirectoryUnavailable` (the API's 503), never a
+login; the next login asks again. Passwords are never logged.
+"""
+
+from __future__ import annotations
+
+import logging
+import ssl
+from typing import Any
+
+from vmpool.config.ldap import LdapConfig
+
+__all__ = ["DirectoryUnavailable", "ldap_login"]
+
+log = logging.getLogger(__name__)
+
+INVALID_CREDENTIALS = 49  # LDAP result code
+
+
+class DirectoryUnavailable(Exception):
+    """The directory could not answer (down, unreachable, TLS refused): no login."""
+
+
+def ldap_login(cfg: LdapConfig, user: str, password: str) -> bool:
+    """Whether ``user``/``password`` log in at the directory; DirectoryUnavailable when
+    it cannot tell."""
+    if not password:
+        return False
+    try:
+        import ldap3  # noqa: F401  (the optional extra)
+    except ImportError:
+        raise DirectoryUnavailable(
+            "the ldap3 package is not installed (pip install 'vmpool[ldap]')"
+        ) from None
+    for base in cfg.bases:
+        for user_object in cfg.user_objects:
+            if _attempt(cfg, base, user_object, user, password):
+                return True
+    return False
+
+
+def _attempt(cfg: LdapConfig, base: str, user_object: str, user: str, password: str) -> bool:
+    from ldap3.core.exceptions import LDAPException
+
+    try:
+        if cfg.service_user_dn is None:
+            return _direct_bind(cfg, base, user_object, user, password)
+        return _search_and_bind(cfg, base, user_object, user, password)
+    except LDAPException as exc:
+        log.warning("ldap: the directory %s:%d did not answer: %s", cfg.host, cfg.port,
+                    type(exc).__name__)  # fmt: skip
+        raise DirectoryUnavailable(f"the directory {cfg.host}:{cfg.port} is unavailable") from None
+    except (OSError, ssl.SSLError) as exc:
+        log.warning("ldap: %s:%d: %s", cfg.host, cfg.port, type(exc).__name__)
+        raise DirectoryUnavailable(f"the directory {cfg.host}:{cfg.port} is unavailable") from None
+
+
+def _connect(cfg: LdapConfig, dn: str, password: str) -> Any:
+    """An open connection (TLS established: start_tls or LDAPS), not yet bound."""
+    from ldap3 import NONE, SIMPLE, Connection, Server, Tls
+
+    tls = Tls(
+        validate=ssl.CERT_REQUIRED,
+        version=ssl.PROTOCOL_TLS_CLIENT,
+        ca_certs_file=cfg.ca_file,
+    )
+    server = Server(
+        cfg.host,
+        port=cfg.port,
+        use_ssl=cfg.method == "simple_tls",
+        tls=tls,
+        get_info=NONE,
+        connect_timeout=cfg.timeout_s,
+    )
+    conn = Connection(
+        server,
+        user=dn,
+        password=password,
+        authentication=SIMPLE,
+        receive_timeout=max(1, round(cfg.timeout_s)),  # ldap3 packs it as an integer
+        raise_exceptions=False,
+        read_only=True,
+    )
+    conn.open()
+    if cfg.method == "start_tls" and not conn.start_tls():
+        conn.unbind()
+        raise DirectoryUnavailable(f"the directory {cfg.host}:{cfg.port} refused start_tls")
+    return conn
+
+
+def _bound(conn: Any, what: str) -> bool:
+    """The bind's verdict: True, False for bad credentials (or another refusal, logged)."""
+    if conn.bound:
+        return True
+    code = conn.result.get("result") if conn.result else None
+    if code != INVALID_CREDENTIALS:
+        log.info("ldap: bind as %s refused: %s", what, conn.result.get("description"))
+    return False
+
+
+def _direct_bind(cfg: LdapConfig, base: str, user_object: str, user: str, password: str) -> bool:
+    from ldap3.utils.dn import escape_rdn
+
+    dn = f"{user_object}={escape_rdn(user)},{base}"
+    conn = _connect(cfg, dn, password)
+    try:
+        conn.bind()
+        return _bound(conn, "the user")
+    finally:
+        conn.unbind()
+
+
+def _search_and_bind(
+    cfg: LdapConfig, base: str, user_object: str, user: str, password: str
+) -> bool:
+    from ldap3.utils.conv import escape_filter_chars
+
+    conn = _connect(cfg, cfg.service_user_dn or "", cfg.service_password or "")
+    try:
+        conn.bind()
+        if not _bound(conn, "the service account"):
+            raise DirectoryUnavailable("the service account cannot bind (check its password)")
+        conn.search(base, f"({user_object}={escape_filter_chars(user)})", attributes=[],
+                    size_limit=2)  # fmt: skip
+        found = [e["dn"] for e in conn.response or [] if e.get("type") == "searchResEntry"]
+        if len(found) != 1:
+            return False
+        conn.rebind(user=found[0], password=password)
+        return _bound(conn, "the user")
+    finally:
+        conn.unbind()

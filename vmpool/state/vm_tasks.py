@@ -1,0 +1,76 @@
+"""A held VM's snapshots, reverts and extra disks in the state store (vmpooler's
+``vmpooler__tasks__snapshot|snapshot-revert|disk``), as a mixin of
+:class:`vmpool.state.store.Store`.
+
+The API records a task on the VM (``vm_task_add.lua``: only its holder may, and a
+revert only to a snapshot taken); the ``vm_task`` job calls the provider and records the
+result (``vm_task_done.lua``: ``snapshot:<id>`` and ``disk`` as vmpooler writes them).
+A task is named ``<VM>:<kind>:<id>`` (:data:`vmpool.ids.VM_TASK_RE`), the job's subject.
+"""
+
+from __future__ import annotations
+
+import secrets
+import string
+from dataclasses import dataclass
+from typing import Final, Literal
+
+from vmpool.ids import validate_vm_name, validate_vm_task
+from vmpool.state.pool_store import PoolStore
+from vmpool.state.records import Outcome, text
+
+__all__ = ["TASK_KINDS", "TaskKind", "VMTask", "VMTaskStore", "new_task_id"]
+
+TaskKind = Literal["snapshot", "revert", "disk"]
+TASK_KINDS: Final[tuple[TaskKind, ...]] = ("snapshot", "revert", "disk")
+_FIRST = string.ascii_lowercase
+_REST = string.ascii_lowercase + string.digits
+
+
+def new_task_id() -> str:
+    """A task id as vmpooler makes a snapshot's: 32 of [a-z0-9], the first a letter."""
+    return secrets.choice(_FIRST) + "".join(secrets.choice(_REST) for _ in range(31))
+
+
+@dataclass(frozen=True)
+class VMTask:
+    """One task of one VM: ``arg`` is a disk's size in GB, a revert's snapshot, or ''."""
+
+    vm: str
+    kind: TaskKind
+    id: str
+
+    @property
+    def subject(self) -> str:
+        """The vm_task job's subject."""
+        return f"{self.vm}:{self.kind}:{self.id}"
+
+    @property
+    def field(self) -> str:
+        """The VM hash's field that holds the task while it waits."""
+        return f"task:{self.kind}:{self.id}"
+
+    @classmethod
+    def parse(cls, subject: str) -> VMTask:
+        name, kind, task_id = validate_vm_task(subject).split(":")
+        assert kind in TASK_KINDS
+        return cls(name, kind, task_id)  # type: ignore[arg-type]
+
+
+class VMTaskStore(PoolStore):
+    """The VM-task half of the store (mixed into :class:`~vmpool.state.store.Store`)."""
+
+    def add_vm_task(self, task: VMTask, arg: str, *, actor: str, user: str = "") -> Outcome:
+        """Record ``task`` (by the VM's holder ``user``; '' for admin or auth off)."""
+        return self._run_held("vm_task_add", task.vm, actor, [task.vm, user, task.kind,
+                                                              task.id, arg])  # fmt: skip
+
+    def vm_task_arg(self, task: VMTask) -> str | None:
+        """The waiting task's argument, None when it is not (or no longer) waiting."""
+        raw = self.redis.hget(self.keys.vm(validate_vm_name(task.vm)), task.field)
+        return None if raw is None else text(raw)
+
+    def finish_vm_task(self, task: VMTask, *, actor: str, error: str = "") -> Outcome:
+        """Record the task done (``error`` '') or failed, once."""
+        args = [task.vm, task.kind, task.id, "0" if error else "1", error[:200]]
+        return self._run_held("vm_task_done", task.vm, actor, args)
