@@ -18,13 +18,19 @@
 -- line). A subject that starts waiting gives its owner the turn max(its arrival, when
 -- the owner was last served), unless the owner's turn is earlier already. So owners
 -- are served round-robin, each owner's subjects oldest first, and owners that each
--- wait with one subject are served in order of arrival.
--- Arrival is server time (a request's `created`), never the subject's name.
+-- wait with one subject are served in order of arrival. Arrival is server time (a
+-- request's `created`), never the subject's name.
 --
 -- Invariants: a subject is claimed by one claim at a time while its lease runs; a
 -- claim's lease that ends (its claimer died or stalled) puts the subject back in line
 -- at its arrival; a claim ends (done, release, defer, renew) only subjects it still
 -- holds.
+--
+-- Cost: every function works on a list of subjects with a fixed number of commands per
+-- call (and per owner), not per subject (issue 15: the batch jobs' whole point), in
+-- chunks of WS_CHUNK (unpack() has a stack limit).
+
+local WS_CHUNK = 500
 
 local function ws_now()
   local t = redis.call('TIME')
@@ -47,61 +53,145 @@ local function ws_parts(base)
   }
 end
 
--- Put a subject in its owner's queue at its arrival. The owner's turn: at most
--- max(arrival, when it was last served) (an owner not in line joins it; one in line
--- keeps an earlier turn, and moves up to an older subject's that is not earlier than
--- its last service).
-local function ws_enqueue(W, subject, arrival, owner)
-  redis.call('ZADD', W.queue .. owner, arrival, subject)
-  local turn = tonumber(arrival)
-  local served = tonumber(redis.call('HGET', W.served, owner) or '0')
-  if served > turn then
-    turn = served
+-- `cmd key list[i..j]` for each chunk of `list` (a flat list: members, or pairs when
+-- `step` is 2); the replies concatenated (for ZMSCORE, HMGET).
+local function ws_call(cmd, key, list, step)
+  local out = {}
+  local size = WS_CHUNK * (step or 1)
+  for i = 1, #list, size do
+    local part = redis.call(cmd, key, unpack(list, i, math.min(#list, i + size - 1)))
+    if type(part) == 'table' then
+      for k = 1, #part do
+        out[#out + 1] = part[k]
+      end
+    end
   end
-  redis.call('ZADD', W.turns, 'LT', ws_fmt(turn), owner)
+  return out
 end
 
--- Add a subject (arrival: a score string) unless it is already waiting or claimed.
--- Returns 1 if added. A subject in the set but neither waiting in its owner's queue nor
--- claimed was added by an older release (a set scored 0, with no queues): it is put in
--- line now, at its arrival, so a rolling upgrade loses no subject.
-local function ws_add(W, subject, arrival, owner)
-  if redis.call('ZSCORE', W.base, subject) then
-    if not redis.call('ZSCORE', W.claims, subject)
-        and not redis.call('ZSCORE', W.queue .. owner, subject) then
-      if owner ~= '' then
-        redis.call('HSET', W.owner, subject, owner)
-      end
-      redis.call('ZADD', W.base, arrival, subject)
-      ws_enqueue(W, subject, arrival, owner)
-      return 1
+-- Put `subjects` of one owner in its queue at `arrivals` (score strings, in the same
+-- order). The owner's turn: at most max(its oldest arrival here, when it was last
+-- served) (an owner not in line joins it; one in line keeps an earlier turn, and
+-- moves up to an older subject's that is not earlier than its last service).
+local function ws_enqueue(W, owner, subjects, arrivals)
+  local pairs_, oldest = {}, nil
+  for i, subject in ipairs(subjects) do
+    pairs_[#pairs_ + 1] = arrivals[i]
+    pairs_[#pairs_ + 1] = subject
+    local a = tonumber(arrivals[i])
+    if oldest == nil or a < oldest then
+      oldest = a
     end
+  end
+  if oldest == nil then
+    return
+  end
+  ws_call('ZADD', W.queue .. owner, pairs_, 2)
+  local served = tonumber(redis.call('HGET', W.served, owner) or '0')
+  if served > oldest then
+    oldest = served
+  end
+  redis.call('ZADD', W.turns, 'LT', ws_fmt(oldest), owner)
+end
+
+-- Subjects (with their arrivals and owners, lists in the same order) grouped by owner
+-- and queued.
+local function ws_enqueue_by_owner(W, subjects, arrivals, owners)
+  local groups, order = {}, {}
+  for i, subject in ipairs(subjects) do
+    local owner = owners[i] or ''
+    if not groups[owner] then
+      groups[owner] = {{}, {}}
+      order[#order + 1] = owner
+    end
+    local g = groups[owner]
+    g[1][#g[1] + 1] = subject
+    g[2][#g[2] + 1] = arrivals[i]
+  end
+  for _, owner in ipairs(order) do
+    ws_enqueue(W, owner, groups[owner][1], groups[owner][2])
+  end
+end
+
+-- Add subjects (lists: subjects, arrival score strings, owners) unless already in;
+-- returns how many were added. A subject in the set but neither waiting in its
+-- owner's queue nor claimed was added by an older release (a set scored 0, with no
+-- queues): it is put in line now, at its arrival, so a rolling upgrade loses none.
+local function ws_add_many(W, subjects, arrivals, owners)
+  local scores = ws_call('ZMSCORE', W.base, subjects)
+  local add, add_at, add_by, owned, known = {}, {}, {}, {}, {}
+  for i, subject in ipairs(subjects) do
+    if scores[i] then
+      known[#known + 1] = i
+    else
+      add[#add + 1] = subject
+      add_at[#add_at + 1] = arrivals[i]
+      add_by[#add_by + 1] = owners[i]
+    end
+  end
+  if #known > 0 then  -- in the set: claimed, waiting, or left by an older release?
+    local names = {}
+    for k, i in ipairs(known) do
+      names[k] = subjects[i]
+    end
+    local claimed = ws_call('ZMSCORE', W.claims, names)
+    for k, i in ipairs(known) do
+      local queue = W.queue .. (owners[i] or '')
+      if not claimed[k] and not redis.call('ZSCORE', queue, subjects[i]) then
+        add[#add + 1] = subjects[i]
+        add_at[#add_at + 1] = arrivals[i]
+        add_by[#add_by + 1] = owners[i]
+      end
+    end
+  end
+  if #add == 0 then
     return 0
   end
-  redis.call('ZADD', W.base, arrival, subject)
-  if owner ~= '' then
-    redis.call('HSET', W.owner, subject, owner)
+  local scored = {}
+  for i, subject in ipairs(add) do
+    scored[#scored + 1] = add_at[i]
+    scored[#scored + 1] = subject
+    if (add_by[i] or '') ~= '' then
+      owned[#owned + 1] = subject
+      owned[#owned + 1] = add_by[i]
+    end
   end
-  ws_enqueue(W, subject, arrival, owner)
-  return 1
+  ws_call('ZADD', W.base, scored, 2)
+  if #owned > 0 then
+    ws_call('HSET', W.owner, owned, 2)
+  end
+  ws_enqueue_by_owner(W, add, add_at, add_by)
+  return #add
 end
 
--- A claimed or deferred subject goes back in line, at its arrival.
-local function ws_requeue(W, subject)
-  redis.call('ZREM', W.claims, subject)
-  redis.call('HDEL', W.claimed, subject)
-  local arrival = redis.call('ZSCORE', W.base, subject)
-  if arrival then
-    ws_enqueue(W, subject, arrival, redis.call('HGET', W.owner, subject) or '')
+-- One subject (create_request.lua's new request).
+local function ws_add(W, subject, arrival, owner)
+  return ws_add_many(W, {subject}, {arrival}, {owner})
+end
+
+-- Claimed or deferred subjects go back in line, at their arrivals.
+local function ws_requeue(W, subjects)
+  if #subjects == 0 then
+    return
   end
+  ws_call('ZREM', W.claims, subjects)
+  ws_call('HDEL', W.claimed, subjects)
+  local arrivals = ws_call('ZMSCORE', W.base, subjects)
+  local owners = ws_call('HMGET', W.owner, subjects)
+  local back, at, by = {}, {}, {}
+  for i, subject in ipairs(subjects) do
+    if arrivals[i] then  -- still in the set (not done meanwhile)
+      back[#back + 1] = subject
+      at[#at + 1] = arrivals[i]
+      by[#by + 1] = owners[i] or ''
+    end
+  end
+  ws_enqueue_by_owner(W, back, at, by)
 end
 
 -- Leases that ended by `now`: their subjects go back in line (at most `max` of them).
 local function ws_requeue_lapsed(W, now, max)
-  local lapsed = redis.call('ZRANGEBYSCORE', W.claims, '-inf', ws_fmt(now), 'LIMIT', 0, max)
-  for _, subject in ipairs(lapsed) do
-    ws_requeue(W, subject)
-  end
+  ws_requeue(W, redis.call('ZRANGEBYSCORE', W.claims, '-inf', ws_fmt(now), 'LIMIT', 0, max))
 end
 
 -- Add the subjects ARGV[first..] (work_add.lua's ARGV): with `head` '' they are VMs
@@ -109,7 +199,7 @@ end
 -- is the request's `created`, owner its `token_user`. Returns how many were added.
 local function ws_add_subjects(W, head, tail, first)
   local stamp = ws_fmt(ws_now())
-  local n = 0
+  local subjects, arrivals, owners = {}, {}, {}
   for i = first, #ARGV do
     local arrival, owner = stamp, ''
     if head ~= '' then
@@ -117,7 +207,12 @@ local function ws_add_subjects(W, head, tail, first)
       arrival = rec[1] or stamp
       owner = rec[2] or ''
     end
-    n = n + ws_add(W, ARGV[i], arrival, owner)
+    subjects[#subjects + 1] = ARGV[i]
+    arrivals[#arrivals + 1] = arrival
+    owners[#owners + 1] = owner
   end
-  return n
+  if #subjects == 0 then
+    return 0
+  end
+  return ws_add_many(W, subjects, arrivals, owners)
 end

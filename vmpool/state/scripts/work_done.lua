@@ -15,30 +15,42 @@
 -- subject stays in the set (its dedup): a dispatch meanwhile does not add it twice.
 local W = ws_parts(KEYS[1])
 local id, mode = ARGV[1], ARGV[2]
-local until_ = ''
-if mode == 'defer' or mode == 'renew' then
-  until_ = ws_fmt(ws_now() + tonumber(ARGV[3]))
-end
-local n = 0
+local asked = {}
 for i = 4, #ARGV do
-  local subject = ARGV[i]
-  if redis.call('HGET', W.claimed, subject) == id then
-    n = n + 1
-    if mode == 'done' then
-      redis.call('ZREM', W.base, subject)
-      redis.call('ZREM', W.claims, subject)
-      redis.call('HDEL', W.claimed, subject)
-      redis.call('HDEL', W.owner, subject)
-    elseif mode == 'release' then
-      ws_requeue(W, subject)
-    elseif mode == 'defer' then
-      redis.call('ZADD', W.claims, until_, subject)
-      redis.call('HDEL', W.claimed, subject)
-    elseif mode == 'renew' then
-      redis.call('ZADD', W.claims, until_, subject)
-    else
-      return redis.error_reply('work_done: unknown mode ' .. tostring(mode))
-    end
+  asked[#asked + 1] = ARGV[i]
+end
+if #asked == 0 then
+  return 0
+end
+local holders = ws_call('HMGET', W.claimed, asked)
+local mine = {}
+for i, subject in ipairs(asked) do
+  if holders[i] == id then
+    mine[#mine + 1] = subject
   end
 end
-return n
+if #mine == 0 then
+  return 0
+end
+if mode == 'done' then
+  ws_call('ZREM', W.base, mine)
+  ws_call('ZREM', W.claims, mine)
+  ws_call('HDEL', W.claimed, mine)
+  ws_call('HDEL', W.owner, mine)
+elseif mode == 'release' then
+  ws_requeue(W, mine)
+elseif mode == 'defer' or mode == 'renew' then
+  local until_ = ws_fmt(ws_now() + tonumber(ARGV[3]))
+  local leases = {}
+  for _, subject in ipairs(mine) do
+    leases[#leases + 1] = until_
+    leases[#leases + 1] = subject
+  end
+  ws_call('ZADD', W.claims, leases, 2)
+  if mode == 'defer' then
+    ws_call('HDEL', W.claimed, mine)
+  end
+else
+  return redis.error_reply('work_done: unknown mode ' .. tostring(mode))
+end
+return #mine
