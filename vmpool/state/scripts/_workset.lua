@@ -27,7 +27,7 @@
 -- holds.
 --
 -- Cost: every function works on a list of subjects with a fixed number of commands per
--- call (and per owner), not per subject (issue 15: the batch jobs' whole point), in
+-- call (and per owner), not per subject (what the batch jobs exist for), in
 -- chunks of WS_CHUNK (unpack() has a stack limit).
 
 local WS_CHUNK = 500
