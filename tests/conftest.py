@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -85,6 +86,25 @@ def moto(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
 
     server = MotoServer.start(tmp_path_factory.mktemp("moto") / "moto.log")
     try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def vcsim(tmp_path_factory: pytest.TempPathFactory, pytestconfig: pytest.Config) -> Iterator[Any]:
+    """govmomi's vCenter simulator, built once into pytest's cache and run as one process
+    for the session, killed by pid at its end (tests/vcsimhelp.py); its inventory holds
+    two templates. Tests keep apart by their own fleet ids and folders."""
+    from vcsimhelp import PACKAGES, VCSim, build, prepare
+
+    pytest.importorskip("pyVmomi", reason="needs the vsphere extra (pyvmomi)")
+    binary = build(Path(pytestconfig.cache.mkdir("vcsim")))
+    if binary is None:
+        pytest.skip(f"the vCenter simulator needs the Debian packages {PACKAGES}")
+    server = VCSim.start(binary, tmp_path_factory.mktemp("vcsim") / "vcsim.log")
+    try:
+        prepare(server.client())
         yield server
     finally:
         server.stop()

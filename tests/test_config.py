@@ -505,13 +505,19 @@ def test_global_domain_is_a_warning_and_ignored(tmp_path: Path) -> None:
         (":pools: [{name: p1, provider: dummy}]\n", "pools[0].provider", "only `simulated`"),
         (
             ":providers: {vsphere: {server: v}}\n:pools: [{name: p1, provider: vsphere}]\n",
-            "pools[0].provider",
-            "only `simulated`, `ec2`, `gce` and `openstack` are implemented",
+            "pools[0].folder",
+            "missing",
+        ),
+        (
+            ":providers: {vsphere: {server: v}}\n"
+            ":pools: [{name: p1, provider: vsphere, folder: /abs}]\n",
+            "pools[0].folder",
+            "inventory path",
         ),
         (
             ":providers: {x: {provider_class: dummy}}\n:pools: [{name: p1, provider: x}]\n",
             "pools[0].provider",
-            "only `simulated`, `ec2`, `gce` and `openstack` are implemented",
+            "only `simulated`, `ec2`, `gce`, `openstack` and `vsphere` are implemented",
         ),
         (":providers: {simulated: {boot_seconds: fast}}\n", "boot_seconds", "number or [min"),
         (":providers: {simulated: {boot_seconds: -1}}\n", "boot_seconds", "from 0 to 86400"),
@@ -663,8 +669,8 @@ def test_provider_instances(tmp_path: Path) -> None:
             ready_fail_percent: 0
             destroy_fail_percent: 12.5
             seed: 3
-          :vsphere:
-            server: vsphere.example.com
+          :proxmox:
+            server: proxmox.example.com
             password: secret
         :pools:
           - {name: p1}
@@ -685,7 +691,7 @@ def test_provider_instances(tmp_path: Path) -> None:
     }
     assert config.pool("p2").provider == "flaky"
     assert config.pool("p3").provider == "flaky"
-    assert any("providers.vsphere" in w and "not implemented" in w for w in config.warnings)
+    assert any("providers.proxmox" in w and "not implemented" in w for w in config.warnings)
 
 
 def test_a_pool_naming_simulated_gets_a_default_instance(tmp_path: Path) -> None:

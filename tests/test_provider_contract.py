@@ -1,9 +1,11 @@
 """The provider contract, one set of tests for every provider: the simulated cloud (in
 Redis), EC2 on moto's server (a real process on loopback, tests/motohelp.py), and EC2,
 GCE and OpenStack through libcloud's MockHttp with the in-memory clouds of
-tests/cloudfakes.py. What every provider promises (vmpool/providers/base.py): create
-is idempotent by name, a VM boots, the inventory holds it, destroy answers whether it
-destroyed something and may run twice.
+tests/cloudfakes.py, vSphere on govmomi's vCenter simulator (a real process,
+tests/vcsimhelp.py) and on an in-memory vCenter (tests/vspherefake.py). What every
+provider promises (vmpool/providers/base.py): create is idempotent by name, a VM boots,
+the inventory holds it, destroy answers whether it destroyed something and may run
+twice.
 
 The cloud-only tests then hold the cloud providers to the issue's promises: tags at
 launch, only this fleet's VMs listed or destroyed, one list call for any number of
@@ -13,6 +15,7 @@ Retry-After respected, no second instance after a lost answer, secrets never sho
 
 from __future__ import annotations
 
+import itertools
 import logging
 import socket
 import time
@@ -68,11 +71,39 @@ def mock_cloud(monkeypatch: pytest.MonkeyPatch, kind: str, fleet: str = "fleet-a
     return Subject(provider, kind, cloud, slept)
 
 
-@pytest.fixture(params=["simulated", "ec2-moto", "ec2-mock", "gce-mock", "openstack-mock"])
+_vsphere_folders = itertools.count(1)
+
+
+def vsphere(kind: str, request: pytest.FixtureRequest) -> Iterator[Subject]:
+    """vSphere on govmomi's simulator (a real process, tests/vcsimhelp.py) or on the
+    in-memory vCenter (tests/vspherefake.py); each test its own folder."""
+    from vmpool.providers.vsphere import VSphereProvider
+
+    import vspherefake
+
+    pools = {"pool-1": {"folder": f"contract{next(_vsphere_folders)}/pool-1"}}
+    options = {"fleet_id": "fleet-a", "create_folders": True, "ready_check": "state"}
+    if kind == "vsphere-sim":
+        options = request.getfixturevalue("vcsim").options(**options)
+        provider = VSphereProvider(None, Keys("fleet-a"), "vc", options, pools=pools)
+    else:
+        vc = vspherefake.FakeVCenter()
+        vc.templates["img-1"] = vc.templates["templates/debian-12"]
+        provider = VSphereProvider(None, Keys("fleet-a"), "vc", {"server": "vc", "username": "u",
+                                   "password": "p", **options}, pools=pools, connect=vc.session)
+    yield Subject(provider, kind)
+    for vm in provider.inventory():
+        provider.destroy_vm(vm.pool, vm.name)
+
+
+@pytest.fixture(params=["simulated", "ec2-moto", "ec2-mock", "gce-mock", "openstack-mock",
+                        "vsphere-sim", "vsphere-fake"])
 def subject(request: pytest.FixtureRequest, redis_client: redis.Redis,
             monkeypatch: pytest.MonkeyPatch) -> Iterator[Subject]:
     kind = request.param
-    if kind == "simulated":
+    if kind.startswith("vsphere"):
+        yield from vsphere(kind, request)
+    elif kind == "simulated":
         options = {"boot_seconds": 0.2, "seed": 1}
         yield Subject(SimulatedProvider(redis_client, Keys("fleet-a"), "sim", options), kind)
     elif kind == "ec2-moto":

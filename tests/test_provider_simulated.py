@@ -469,8 +469,8 @@ def test_make_provider_builds_a_simulated_provider(redis_client: redis.Redis, ke
 
 
 def test_make_provider_unknown_class(redis_client: redis.Redis, keys: Keys) -> None:
-    with pytest.raises(PermanentProviderError, match="unknown provider_class 'vsphere'") as info:
-        make_provider(redis_client, keys, "vs", "vsphere", {})
+    with pytest.raises(PermanentProviderError, match="unknown provider_class 'proxmox'") as info:
+        make_provider(redis_client, keys, "px", "proxmox", {})
     assert is_permanent_error(info.value)
 
 
@@ -492,7 +492,7 @@ def test_registry_pairs_each_class_with_its_options_model() -> None:
     per_vm = simulated.build(client, Keys(), "sim", {"batch_status": False})
     assert type(listing) is ListingSimulatedProvider  # the default: the sweep lists
     assert type(per_vm) is SimulatedProvider
-    assert provider_class("vsphere") is None
+    assert provider_class("proxmox") is None
     assert DEFAULT_PROVIDER in PROVIDER_CLASSES
 
 
@@ -539,6 +539,6 @@ def test_providers_from_config(redis_client: redis.Redis, keys: Keys) -> None:
 
 
 def test_providers_from_config_unknown_class(redis_client: redis.Redis, keys: Keys) -> None:
-    config = FakeConfig(providers={"vs": FakeProviderConfig("vs", "vsphere")})
+    config = FakeConfig(providers={"px": FakeProviderConfig("px", "proxmox")})
     with pytest.raises(PermanentProviderError):
         providers_from_config(redis_client, keys, config)

@@ -131,7 +131,8 @@ def _vmpooler_keys() -> list[str]:
         "|---|---|",
         f"| top-level sections | {_names(IGNORED_SECTIONS)} |",
         f"| `:config:` | {_names(CONFIG_IGNORED, CONFIG_IGNORED_PREFIXES)} |",
-        f"| each pool | {_names(POOL_IGNORED, POOL_IGNORED_PREFIXES)} |",
+        "| each pool (but a key its provider's class reads, above, is read) |"
+        f" {_names(POOL_IGNORED, POOL_IGNORED_PREFIXES)} |",
         f"| `:redis:` | {_names(REDIS_IGNORED)} |",
         f"| each provider | {_names(PROVIDER_IGNORED)} |",
         f"| `:auth:` | {_names(AUTH_IGNORED)} |",

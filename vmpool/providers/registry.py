@@ -29,6 +29,7 @@ from vmpool.providers.cloud import (
     OpenStackProvider,
 )
 from vmpool.providers.simulated import SimulatedOptions, simulated_provider
+from vmpool.providers.vsphere import VSphereOptions, VSpherePoolOptions, VSphereProvider
 
 if TYPE_CHECKING:
     from redis import Redis
@@ -80,11 +81,12 @@ PROVIDER_CLASSES: Final[Mapping[str, ProviderClass]] = MappingProxyType(
         "openstack": ProviderClass(
             "openstack", OpenStackOptions, OpenStackProvider, OpenStackPoolOptions
         ),
+        "vsphere": ProviderClass("vsphere", VSphereOptions, VSphereProvider, VSpherePoolOptions),
     }
 )
 
 # The provider instance a pool uses when it names none (vmpooler's default is vsphere,
-# which vmpool does not ship: docs/providers.md).
+# which needs a vCenter: vmpool's is the simulated cloud).
 DEFAULT_PROVIDER: Final = "simulated"
 
 
