@@ -50,6 +50,7 @@ from vmpool.local.redis_server import RedisServer  # noqa: E402
 from vmpool.state.keys import Keys  # noqa: E402
 from vmpool.state.records import RequestSettings, Slot  # noqa: E402
 from vmpool.state.store import Store  # noqa: E402
+from vmpool.state.workset import WorkSet  # noqa: E402
 from workers.batching import BatchDispatcher  # noqa: E402
 from workers.queues import RQDispatcher  # noqa: E402
 from workers.table import queue_names  # noqa: E402
@@ -246,7 +247,7 @@ def sweep_ms(url: str, n: int, runs: int) -> dict[str, dict[str, list[float]]]:
         for _ in range(runs):
             for rq_key in list(plain.scan_iter(match="rq:*", count=1000)):
                 plain.unlink(rq_key)
-            plain.delete(keys.work_set("check_pending_vm"))
+            WorkSet(plain, keys).clear("check_pending_vm")
             for phase in ("cold", "warm"):
                 plain.config_resetstat()
                 start = time.perf_counter()

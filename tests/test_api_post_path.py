@@ -53,9 +53,10 @@ def test_a_post_is_one_round_trip_and_lands_in_the_work_set(
     assert _calls(redis_client, "hgetall") == 0
     work = WorkSet(redis_client, keys)
     assert work.size("provision_request") == LANES + 1
-    assert redis_client.zscore(keys.work_set("provision_request"), rid) == 0
     record = Store(redis_client, keys).get_request(rid)
     assert record is not None and record.status == "pending" and record.version == 1
+    # its place in line is its arrival
+    assert redis_client.zscore(keys.work_set("provision_request"), rid) == record.created
 
 
 def test_a_post_after_a_script_flush_still_creates_and_dispatches(
@@ -69,7 +70,7 @@ def test_a_post_after_a_script_flush_still_creates_and_dispatches(
     r = client.post(f"{API}/ondemandvm", json={"pool1": 1})
     assert r.status_code == 201, r.text
     rid = json.loads(r.text)["request_id"]
-    assert redis_client.zscore(keys.work_set("provision_request"), rid) == 0
+    assert redis_client.zscore(keys.work_set("provision_request"), rid) is not None
     assert Store(redis_client, keys).get_request(rid) is not None
     dup = client.post(f"{API}/ondemandvm", json={"pool1": 1, "request_id": rid})
     assert dup.status_code == 409
@@ -79,20 +80,27 @@ def test_create_request_adds_to_the_work_set_only_when_it_creates(
     redis_client: redis.Redis, keys: Keys
 ) -> None:
     """Proves: create_request.lua's optional work-set key gets the id in the unit that
-    creates the request, claimable at once (score 0), and a refused create (the id
-    exists) adds nothing and leaves a claimed entry's score alone."""
+    creates the request, claimable at once, in line at its arrival (its `created`)
+    under its token user, and a refused create (the id exists) adds nothing and leaves
+    a claimed entry alone."""
     store = Store(redis_client, keys)
     work_set = keys.work_set("provision_request")
     settings = RequestSettings(ttl_s=60)
     slots = [Slot("a", "a", 1)]
-    assert store.create_request("r1", slots, settings, actor="t", work_set=work_set).ok
-    assert redis_client.zscore(work_set, "r1") == 0
-    redis_client.zadd(work_set, {"r1": 99})  # claimed by a batch job
+    out = store.create_request("r1", slots, settings, actor="t", token_user="ann",
+                               work_set=work_set)  # fmt: skip
+    assert out.ok
+    created = store.get_request("r1").created  # type: ignore[union-attr]
+    assert redis_client.zscore(work_set, "r1") == created
+    assert redis_client.zscore(keys.work_queue("provision_request", "ann"), "r1") == created
+    work = WorkSet(redis_client, keys)
+    claim = work.claim("provision_request", 5, lease_s=60)  # claimed by a batch job
+    assert claim.subjects == ["r1"]
     again = store.create_request("r1", slots, settings, actor="t", work_set=work_set)
     assert (again.ok, again.code) == (False, "exists")
-    assert redis_client.zscore(work_set, "r1") == 99
+    assert work.claim("provision_request", 5, lease_s=60).subjects == []  # still claimed
+    assert work.done("provision_request", claim, ["r1"]) == 1
     assert store.create_request("r2", slots, settings, actor="t").ok
-    redis_client.zrem(work_set, "r2")
     assert not store.create_request("r2", slots, settings, actor="t", work_set=work_set).ok
     assert redis_client.zscore(work_set, "r2") is None
 

@@ -164,3 +164,21 @@ def test_destroyed_vms_of_an_unconfigured_provider_are_not_reported(
     store.delete_request("r1", actor=ACTOR)
     assert store.vm_destroyed(name, actor=ACTOR).ok
     assert audit_state(store, {"simulated": provider}, sweep_interval_s=60) == []
+
+
+def test_the_audit_reports_the_clone_limit_as_recorded(redis_url: str, store: Store) -> None:
+    """The audit shows whether the fleet ever ran more clones at once than its limit
+    (the semaphore's peak and overruns), in its report and its JSON."""
+    from vmpool.state.semaphore import CloneSemaphore
+
+    sem = CloneSemaphore(store.redis, store.keys, limit=1, lease_s=60)
+    assert sem.acquire("vm-a", 1)
+    store.redis.zadd(store.keys.clone_slots, {"vm-a": 1}, xx=True)  # its lease lapsed
+    assert sem.acquire("vm-b", 1)
+    assert sem._renew(("vm-a", 1))  # vm-a's create went on: an overrun
+    runner = CliRunner()
+    result = runner.invoke(cli, ["audit", "--redis-url", redis_url])
+    assert "clone slots: 2 live" in result.stderr and "overruns 1" in result.stderr
+    as_json = runner.invoke(cli, ["audit", "--json", "--redis-url", redis_url])
+    report = json.loads(as_json.stdout)
+    assert report["clone_slots"]["peak"] == 2 and report["clone_slots"]["overruns"] == 1

@@ -76,9 +76,9 @@ def test_a_dead_claimer_loses_nothing_and_cannot_remove_a_newer_claim(
     assert sorted(dead.subjects) == ["vm-a", "vm-b"]
     assert work.claim("create_vm", 5, lease_s=60).subjects == ["vm-c"]  # claimed: hidden
     assert work.claim("create_vm", 5, lease_s=60).subjects == []
-    # the dead claimer's lease ends (aged here rather than waited for; the new claim's
-    # longer lease stands for the time that really passed, so its score differs)
-    redis_client.zadd(keys.work_set("create_vm"), {"vm-a": 1, "vm-b": 1}, xx=True)
+    # the dead claimer's lease ends (aged here rather than waited for)
+    claims = keys.work_part("create_vm", "claims")
+    redis_client.zadd(claims, {"vm-a": 1, "vm-b": 1}, xx=True)
     again = work.claim("create_vm", 5, lease_s=120)
     assert sorted(again.subjects) == ["vm-a", "vm-b"]
     assert work.done("create_vm", dead, dead.subjects) == 0  # not its claim any more
@@ -87,7 +87,7 @@ def test_a_dead_claimer_loses_nothing_and_cannot_remove_a_newer_claim(
     # a job that ran out of time releases what it did not run: claimable at once
     live = WorkSet(redis_client, keys)
     assert live.claim("create_vm", 5, lease_s=60).subjects == []
-    redis_client.zadd(keys.work_set("create_vm"), {"vm-c": 1}, xx=True)
+    redis_client.zadd(claims, {"vm-c": 1}, xx=True)
     late = live.claim("create_vm", 5, lease_s=90)
     assert late.subjects == ["vm-c"]
     assert live.release("create_vm", late, late.subjects) == 1
@@ -309,8 +309,8 @@ def test_a_create_claims_clone_slots_hold_the_limit(
     names = lifecycle.provision_request(fleet, "big")
     assert len(names) == 3 and fleet.slots.count() == 3
     fleet.redis.delete(fleet.keys.clone_slots)  # the three leases lapsed
-    assert fleet.slots.acquire_all(["other-1", "other-2"]) == {"other-1": True,
-                                                              "other-2": True}
+    others = [("other-1", 0), ("other-2", 0)]
+    assert fleet.slots.acquire_all(others) == {"other-1": True, "other-2": True}
     WorkSet(fleet.redis, fleet.keys).add("create_vm", names)
     assert lifecycle.create_vm_batch(fleet) == {"pending": 1, "throttled": 2}
     states = sorted(vm.state for vm in fleet.store.get_vms(names))

@@ -77,25 +77,114 @@ def test_renewal_stops_with_the_call(redis_client: redis.Redis) -> None:
 
     sem = CloneSemaphore(redis_client, Keys("vmpool"), limit=1, lease_s=0.3)
     renewals: list[str] = []
-    acquire = sem.acquire
+    renew = sem._renew
 
-    def counted(holder: str) -> str | None:
-        renewals.append(holder)
-        return acquire(holder)
+    def counted(lease: tuple[str, int]) -> bool:
+        renewals.append(lease[0])
+        return renew(lease)
 
     def keepers() -> int:
         return sum(1 for t in threading.enumerate() if t.name == "clone-lease-keeper")
 
-    sem.acquire = counted  # type: ignore[method-assign]
+    sem._keeper._renew = counted
     before = keepers()
     assert sem.acquire("a") == "a"
     for _ in range(2):
         with sem.renewing("a"):
             threading.Event().wait(0.35)  # three renewal periods of 0.1 s
-    assert renewals.count("a") >= 3  # the first acquire and renewals in both blocks
+    assert renewals.count("a") >= 3  # renewals in both blocks
     assert keepers() - before == 1  # this semaphore's one thread, for both blocks
     sem.release("a")
     seen = len(renewals)
     threading.Event().wait(0.35)
     assert len(renewals) == seen  # nothing renews a lease whose block ended
     assert sem.acquire("b") == "b"
+
+
+class _Blocking:
+    """The simulated provider, with a create that waits until the test lets it go (a
+    creator stopped in its provider call, deterministically)."""
+
+    def __init__(self, sim: SimulatedProvider) -> None:
+        self.sim = sim
+        self.inside = threading.Event()
+        self.go = threading.Event()
+
+    def create_vm(self, pool: str, template: str, vm_name: str) -> ProviderVM:
+        self.inside.set()
+        assert self.go.wait(30), "the test never let the create go"
+        return self.sim.create_vm(pool, template, vm_name)
+
+    def __getattr__(self, attr: str) -> Any:
+        return getattr(self.sim, attr)
+
+
+def test_a_paused_creator_cannot_release_the_slot_of_the_one_that_took_over(
+    redis_client: redis.Redis,
+) -> None:
+    """Proves: a clone slot is released only by its holder. Creator A stops inside its
+    provider call past its VM lock and its slot's lease (modelled by ending both: a
+    stopped process renews nothing); creator B takes the VM over and takes the one
+    slot (limit 1). When A wakes, its create's end must not release B's slot: the
+    fleet still counts B's clone, and an intruder gets no second slot. Red before: the
+    slot was keyed by the VM name alone, A's release dropped B's lease and the
+    intruder's clone ran beside B's (two at once with a limit of 1)."""
+    fleet_a = make_fleet(redis_client, lock_expire_s=30)
+    fleet_b = make_fleet(redis_client, lock_expire_s=30)
+    base = RequestSettings.from_config(fleet_a.config)
+    assert fleet_a.store.create_request("r1", [Slot("deb", "debian", 1)], base, actor="api").ok
+    (name,) = lifecycle.provision_request(fleet_a, "r1")
+    sim = fleet_a.providers[SIM]
+    assert isinstance(sim, SimulatedProvider)
+    a, b = _Blocking(sim), _Blocking(sim)
+    fleet_a.providers, fleet_b.providers = {SIM: a}, {SIM: b}
+    outcomes: dict[str, str] = {}
+    try:
+        _stop_and_take_over(redis_client, fleet_a, fleet_b, name, a, b, outcomes)
+    finally:  # a failed assertion must not leave a create waiting
+        a.go.set()
+        b.go.set()
+
+
+def _stop_and_take_over(
+    redis_client: redis.Redis,
+    fleet_a: Fleet,
+    fleet_b: Fleet,
+    name: str,
+    a: _Blocking,
+    b: _Blocking,
+    outcomes: dict[str, str],
+) -> None:
+    creator_a = threading.Thread(
+        target=lambda: outcomes.update(a=lifecycle.create_vm(fleet_a, name))
+    )
+    creator_a.start()
+    assert a.inside.wait(10)
+    # A is stopped: its lock and its slot's lease run out
+    redis_client.pexpire(fleet_a.keys.lock("vm", name), 1)
+    redis_client.zadd(fleet_a.keys.clone_slots, {name: 1}, xx=True)
+    assert poll_until(lambda: redis_client.exists(fleet_a.keys.lock("vm", name)) == 0)
+    creator_b = threading.Thread(
+        target=lambda: outcomes.update(b=lifecycle.create_vm(fleet_b, name))
+    )
+    creator_b.start()
+    assert b.inside.wait(10)  # B holds the VM's lock and the slot, and is cloning
+    a.go.set()
+    creator_a.join(30)
+    assert outcomes["a"] == "stale_fence"
+    intruder = CloneSemaphore(redis_client, fleet_a.keys, limit=1, lease_s=60)
+    assert fleet_b.slots.count() == 1, "A's late release dropped B's slot"
+    assert intruder.acquire("intruder-vm") is None
+    b.go.set()
+    creator_b.join(30)
+    assert outcomes["b"] == "pending"
+    assert fleet_b.slots.count() == 0
+
+
+def poll_until(predicate: Any, timeout_s: float = 5.0) -> bool:
+    done = threading.Event()
+    for _ in range(int(timeout_s / 0.02)):
+        if predicate():
+            return True
+        done.wait(0.02)
+    return bool(predicate())

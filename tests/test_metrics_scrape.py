@@ -200,6 +200,8 @@ def test_clone_slots(client: TestClient, store: Store, config: Config) -> None:
     s = scrape(client)
     assert value(s, "vmpool_clone_slots_in_use") == 2  # the expired lease is not in use
     assert value(s, "vmpool_clone_slots_limit") == config.ondemand_clone_limit
+    assert value(s, "vmpool_clone_slots_peak") == 3  # the three leases were live at once
+    assert value(s, "vmpool_clone_slot_overruns_total") == 0
 
 
 def test_workers_alive_are_the_fleets_with_a_fresh_heartbeat(

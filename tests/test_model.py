@@ -28,6 +28,12 @@ statuses observed step by step never leave a terminal state nor go from ready to
 For vmpool's store also: a stale worker's commit changes nothing, and ``audit_state``
 (indexes included) is clean.
 
+The fleet's moving parts (warm refill in steps, recycle and check_ready, warm-VM
+failure and destroy, batch claims with stopped and dead claimers, the listing sweep on
+a stale list, creates stopped past their lock and clone slot, the order of service)
+have two machines of their own over the real lifecycle functions: tests/model_fleet.py,
+run by the ``test_model_fleet_*`` tests below.
+
 The same machine runs against vmpool's store (it must find nothing) and against
 ``tests/naive_store.py``, the reference of vmpooler's read-then-write shape (it must find
 a violation and shrink it to a short interleaving: see docs/reliability.md,
@@ -67,6 +73,7 @@ from vmpool.state.records import AuditEntry, Outcome, RequestSettings, Slot, dec
 from vmpool.state.store import Store
 from vmpool.state.transitions import REQUEST_TERMINAL
 
+from model_fleet import close, fleet_machine
 from naive_store import NaiveStore, TwoPhase
 from storehelp import wait_until
 
@@ -78,6 +85,9 @@ EXAMPLES = int(os.environ.get("VMPOOL_MODEL_EXAMPLES", "100"))
 STEPS = int(os.environ.get("VMPOOL_MODEL_STEPS", "25"))
 # against the naive store a failure comes early; shorter runs make shrinking cheaper
 NAIVE_STEPS = int(os.environ.get("VMPOOL_MODEL_NAIVE_STEPS", "15"))
+# the fleet machines (tests/model_fleet.py) run real lifecycle steps: fewer examples
+FLEET_EXAMPLES = int(os.environ.get("VMPOOL_MODEL_FLEET_EXAMPLES", "50"))
+FLEET_STEPS = int(os.environ.get("VMPOOL_MODEL_FLEET_STEPS", "30"))
 
 
 class RealActors:
@@ -723,3 +733,136 @@ def test_model_finds_the_api_race_left_by_the_seed_fix(
         for other in between
     ), races  # the API process and the manager, one inside the other's read-commit gap
     assert "invariant 1" in message or "invariant 2" in message, message
+
+
+# -- the fleet's moving parts: warm pools, batch claims, the listing sweep, clone slots,
+# the order of service (tests/model_fleet.py) ------------------------------------------
+
+# Each rule of a fleet machine, by the prefix of the outcomes it records: the vacuity
+# check that every rule fired.
+SHARED_RULES = ("post", "provision:", "delete:", "create_batch:", "top_up:", "fail:", "destroy:")
+WARM_RULES = (*SHARED_RULES, "check:", "checkout:", "give_back:", "provider:", "check_ready:",
+              "recycle:", "listing:")  # fmt: skip
+CLAIM_RULES = (*SHARED_RULES, "create:", "claim:lease_ended", "claim:deferral_over",
+               "creator:", "creator:paused", "creator:took_over", "creator:stale:")  # fmt: skip
+
+
+def run_fleet_until_covered(
+    url: str, kind: str, groups: tuple[tuple[str, ...], ...]
+) -> Counter[str]:
+    """:func:`run_until_covered` for a fleet machine ('warm' or 'claims'); a group is
+    met by an outcome that starts with one of its entries."""
+
+    def met(seen: Counter[str], group: tuple[str, ...]) -> bool:
+        return any(code.startswith(prefix) for code in seen for prefix in group)
+
+    seen: Counter[str] = Counter()
+    for round_ in range(COVERAGE_ROUNDS):
+        cls = fleet_machine(url, kind)
+        try:
+            run_state_machine_as_test(
+                cls,
+                settings=model_settings(FLEET_EXAMPLES, FLEET_STEPS, derandomize=round_ == 0),
+            )
+        finally:
+            close(cls)
+        seen.update(cls.outcomes)
+        if all(met(seen, group) for group in groups):
+            break
+    missed = [group for group in groups if not met(seen, group)]
+    assert not missed, (missed, dict(seen))
+    return seen
+
+
+ORDER_GROUPS = (
+    ("order:owners_mixed",),  # claims of several users' requests
+    ("order:not_by_arrival",),  # the rotation, not arrival alone, decided a claim
+    ("provision:gate_closed",),  # a batch met the clone limit
+)
+
+
+@pytest.mark.slow
+def test_model_fleet_warm_pools_and_the_listing_sweep(
+    redis_url: str, redis_client: redis.Redis
+) -> None:
+    """Proves: with warm pools refilled in steps (top-up reservations, the real create
+    batch, checks one VM at a time and by list), requests provisioned in the order of
+    service (ready VMs first), checkouts and give-backs, VMs vanishing at the provider,
+    check_ready with its recycle split from its read, warm VMs failing and being
+    destroyed, and the listing pending sweep acting on a list gone stale, every step
+    keeps the whole audit clean (providers included), no reserved VM leaves its work
+    set, the clone limit is never exceeded, and each provision claim is the one the
+    order of service picks (docs/state-machine.md) with no user served twice while
+    another waits."""
+    groups = (
+        *((rule,) for rule in WARM_RULES),
+        *ORDER_GROUPS,
+        ("check:ready", "listing:ready"),  # a warm VM became ready
+        ("check:fulfilled", "listing:fulfilled"),
+        ("listing:vm_",),  # the list was stale: the record, read under the lock, decided
+        ("listing:failed", "listing:retry", "check:failed", "check:retry"),  # vanished
+        ("check_ready:failed its check",),
+        ("recycle:completed",),
+        ("fail:warm:completed",),
+        ("destroy:destroyed",),
+        ("checkout:checked_out",),
+    )
+    seen = run_fleet_until_covered(redis_url, "warm", groups)
+    print(f"\nfleet (warm), up to {FLEET_EXAMPLES} examples of {FLEET_STEPS} steps: {dict(seen)}")
+
+
+@pytest.mark.slow
+def test_model_fleet_batch_claims_and_clone_slots(
+    redis_url: str, redis_client: redis.Redis
+) -> None:
+    """Proves: with batch claimers that stop past their claim's lease (and may run the
+    claim late) or die, the real create batch beside them, and creates stopped inside
+    their provider call past their VM lock and clone slot's lease, taken over by
+    another create, then woken, every step keeps the whole audit clean, no reserved VM
+    leaves its work set (a busy subject is deferred, not dropped), a late claimer ends
+    nothing another claim holds, the clone limit is never exceeded, and a woken creator
+    never releases the slot of the one that took its VM over."""
+    groups = (
+        *((rule,) for rule in CLAIM_RULES),
+        *ORDER_GROUPS,
+        ("claim:late_end_refused",),
+        ("create_batch:busy", "create:busy"),  # deferred, not dropped
+        ("creator:stale:stale_fence",),
+        ("creator:kept_newer_slot",),
+    )
+    seen = run_fleet_until_covered(redis_url, "claims", groups)
+    print(f"\nfleet (claims), up to {FLEET_EXAMPLES} examples of {FLEET_STEPS} steps: {dict(seen)}")
+
+
+@pytest.mark.slow
+def test_model_fleet_finds_the_defects_it_guards(
+    redis_url: str, redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Proves the fleet machine can fail: with a clone-slot release that ignores its
+    token (slots keyed by VM name alone), or with a busy subject dropped from its work
+    set, it finds the broken property."""
+    from vmpool.lifecycle import batch
+    from vmpool.state.semaphore import CloneSemaphore
+
+    # found is enough here: no shrinking (it would replay the machine for minutes)
+    fast = settings(model_settings(100, FLEET_STEPS), phases=[Phase.explicit, Phase.generate])
+
+    def found(kind: str) -> str:
+        cls = fleet_machine(redis_url, kind)
+        try:
+            with pytest.raises(AssertionError) as failure:
+                run_state_machine_as_test(cls, settings=fast)
+        finally:
+            close(cls)
+        return str(failure.value)
+
+    def release_any(self: CloneSemaphore, lease: str, token: int = 0) -> bool:
+        return self._call("release", lease, 2**62) == 1  # as if every token were newest
+
+    with monkeypatch.context() as patch:
+        patch.setattr(CloneSemaphore, "release", release_any)
+        assert "dropped" in found("claims")
+    with monkeypatch.context() as patch:
+        patch.setattr(batch, "DEFERRED", frozenset())
+        patch.setattr("model_fleet.DEFERRED", frozenset())
+        assert "is in no work set" in found("claims")

@@ -10,7 +10,7 @@ import pytest
 import redis
 
 from vmpool.state.keys import Keys
-from vmpool.state.semaphore import CloneSemaphore
+from vmpool.state.semaphore import CloneSemaphore, SlotStats
 
 
 def poll(predicate: Callable[[], bool], timeout_s: float = 5.0, every_s: float = 0.02) -> bool:
@@ -112,7 +112,11 @@ def test_keys_live_under_the_prefix(redis_client: redis.Redis) -> None:
     keys = Keys("othertenant")
     sem = CloneSemaphore(redis_client, keys, limit=1, lease_s=60)
     sem.acquire("vm-a")
-    assert redis_client.keys("*") == ["othertenant:clone-slots"]
+    assert sorted(redis_client.keys("*")) == [
+        "othertenant:clone-slots",
+        "othertenant:clone-slots:holders",
+        "othertenant:clone-slots:stats",
+    ]
 
 
 def test_acquire_all_takes_each_in_turn_within_the_limit(
@@ -123,7 +127,43 @@ def test_acquire_all_takes_each_in_turn_within_the_limit(
     while slots are free, and the rest are refused; the limit holds."""
     sem = CloneSemaphore(redis_client, keys, limit=3, lease_s=60)
     assert sem.acquire("a") == "a"
-    got = sem.acquire_all(["a", "b", "c", "d", "a"])
+    got = sem.acquire_all([("a", 0), ("b", 0), ("c", 0), ("d", 0), ("a", 0)])
     assert got == {"a": True, "b": True, "c": True, "d": False}
     assert sem.count() == 3 and sorted(sem.holders()) == ["a", "b", "c"]
     assert sem.acquire_all([]) == {}
+
+
+def test_a_lease_is_released_and_renewed_by_its_holder_only(
+    redis_client: redis.Redis, keys: Keys
+) -> None:
+    """Proves: the token decides. A newer token (a later grant of the VM's lock) takes
+    a lease over; an older one can neither take it back, nor release it, nor renew it;
+    the newer holder releases it."""
+    sem = CloneSemaphore(redis_client, keys, limit=1, lease_s=60)
+    assert sem.acquire("vm-a") == "vm-a"  # at the reservation: token 0
+    assert sem.acquire("vm-a", 5) == "vm-a"  # the create under fence 5 takes it over
+    assert sem.acquire("vm-a", 7) == "vm-a"  # a newer creator (fence 7) takes it over
+    assert sem.acquire("vm-a", 5) is None  # the older cannot take it back
+    assert sem.release("vm-a", 5) is False  # nor release it
+    assert sem._renew(("vm-a", 5)) is False  # its renewals stop
+    assert sem.count() == 1 and sem.acquire("vm-b") is None
+    assert sem.release("vm-a", 7) is True
+    assert sem.stats().peak == 1 and sem.stats().overruns == 0
+
+
+def test_a_lapsed_lease_renewed_with_no_slot_free_is_an_overrun(
+    redis_client: redis.Redis, keys: Keys
+) -> None:
+    """Proves: a create whose lease lapsed (its process paused past it) while another
+    took the last slot is re-registered over the limit when it renews (its clone is
+    under way) and counted: the peak shows the limit exceeded, and no new slot is
+    granted until the count is back under the limit."""
+    sem = CloneSemaphore(redis_client, keys, limit=1, lease_s=60)
+    assert sem.acquire("vm-a", 3) == "vm-a"
+    redis_client.zadd(keys.clone_slots, {"vm-a": 1}, xx=True)  # lapsed
+    assert sem.acquire("vm-b", 4) == "vm-b"  # the slot went to another create
+    assert sem._renew(("vm-a", 3)) is True  # vm-a's create goes on, counted
+    assert sem.stats() == SlotStats(live=2, peak=2, overruns=1)
+    assert sem.acquire("vm-c") is None
+    assert sem.release("vm-a", 3) and sem.release("vm-b", 4)
+    assert sem.acquire("vm-c") == "vm-c"

@@ -4,6 +4,7 @@ simulated provider, with the recording Dispatcher standing in for RQ."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import redis
@@ -134,3 +135,64 @@ def test_check_ready_recycles_and_top_up_replaces(redis_client: redis.Redis) -> 
     run_dispatched(aged)
     assert fleet.store.pool_vms("debian", "ready") == []
     clean(fleet)
+
+
+def _every_periodic_job(fleet: Fleet) -> None:
+    """One round of every periodic job (and what each dispatches)."""
+    for job in ("top_up_pools", "check_ready", "check_pending_sweep", "provision_sweep",
+                "reap_running", "destroy_sweep", "reconcile", "sweep_expired"):  # fmt: skip
+        getattr(lifecycle, job)(fleet)
+        run_dispatched(fleet)
+
+
+def test_ready_vms_of_a_removed_pool_are_recycled_and_destroyed(
+    redis_client: redis.Redis,
+) -> None:
+    """Proves: when a warm pool leaves the config (removed, or renamed: the same for the
+    old name), its ready VMs are recycled and destroyed by the periodic jobs, and until
+    they are, `vmpool pools` lists the pool and the audit names it. Red before: the
+    retired-pool pass skipped ready VMs and check_ready saw configured pools only,
+    so after three rounds of every job both VMs were still ready, at the provider, and
+    shown nowhere."""
+    from vmpool.cli.pools import pool_table
+    from vmpool.state.audit import retired_pool_notes
+
+    fleet = make_fleet(redis_client, warm_config(2))
+    names = filled(fleet)
+    assert len(names) == 2
+    renamed = make_fleet(redis_client, warm_config(0))  # the pool is "debian-12" now
+    renamed.config = dataclasses.replace(
+        renamed.config,
+        pools={"debian-12": dataclasses.replace(renamed.config.pools["debian"], name="debian-12")},
+    )
+    rows = {row["pool"]: row for row in pool_table(renamed.store, renamed.config)}
+    assert rows["debian"]["ready"] == 2 and rows["debian"]["size"] is None
+    notes = retired_pool_notes(renamed.store, renamed.config.pools)
+    assert notes == ["pool debian is not configured: 2 ready; reap_running finishes them"]
+    for _ in range(3):
+        _every_periodic_job(renamed)
+    vms = renamed.store.get_vms(names)
+    assert [vm.state for vm in vms] == ["destroyed", "destroyed"], [vm.state for vm in vms]
+    assert list(renamed.providers[SIM].inventory()) == []
+    assert "debian" not in {row["pool"] for row in pool_table(renamed.store, renamed.config)}
+    assert retired_pool_notes(renamed.store, renamed.config.pools) == []
+    clean(renamed)
+
+
+def test_vmpool_pools_lists_a_removed_pool_while_it_has_vms(
+    redis_client: redis.Redis, redis_url: str
+) -> None:
+    from click.testing import CliRunner
+
+    from vmpool.cli.main import cli
+    from vmpool.state.keys import Keys
+    from vmpool.state.store import Store
+
+    store = Store(redis_client, Keys("vmpool"))
+    out = store.reserve_pool_vm("gone-vm-1", pool="gone", template="t", provider=SIM,
+                                domain=None, size=1, data_ttl_s=60, actor="test")  # fmt: skip
+    assert out.ok
+    result = CliRunner().invoke(cli, ["pools", "--redis-url", redis_url])  # the demo config
+    assert result.exit_code == 0, result.output
+    (line,) = [ln for ln in result.output.splitlines() if ln.startswith("gone ")]
+    assert line.split()[:5] == ["gone", "-", "removed", "0", "1"]  # alias, size, ready, pending

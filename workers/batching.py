@@ -43,7 +43,7 @@ from vmpool.lifecycle import Fleet
 from vmpool.lifecycle.batch import BATCHED, CLAIM_SIZE
 from vmpool.state.keys import Keys
 from vmpool.state.lua import ScriptCall, read_script
-from vmpool.state.workset import WorkSet
+from vmpool.state.workset import WorkSet, lua_workset
 from workers.queues import (
     _RECLAIM_LUA,
     FAILURE_TTL,
@@ -81,6 +81,7 @@ _BATCH_OF: Final = {job: batch for batch, job in BATCHED.items()}
 # reclaim_job.lua becomes its function reclaim(KEYS, ARGV) (see lanes_probe.lua).
 _PROBE_LUA: Final = (
     f"local function reclaim(KEYS, ARGV)\n{_RECLAIM_LUA}\nend\n"
+    + lua_workset()
     + read_script("workers", "lanes_probe.lua")
 )
 
@@ -151,12 +152,15 @@ def probe_lanes(
     probed = [(start + i) % lanes for i in range(window)]
     runs = [run for lane in probed for run in (lane, lane + lanes)]
     ids = [run_ids[run] if run_ids else job_id(keys, batch_job, run=run) for run in runs]
-    work_key = add[0].keys.work_set(add[1]) if add else keys.work_set(BATCHED[batch_job])
+    job = add[1] if add else BATCHED[batch_job]
+    work_key = add[0].keys.work_set(job) if add else keys.work_set(job)
+    head, tail = add[0].record_key_parts(job) if add else ("", "")
     call = ScriptCall(
         conn.register_script(_PROBE_LUA),
         [work_key, *(keys.rq_job(jid) for jid in ids)],
-        [HEARTBEAT_FIELD, STALE_AFTER_SECONDS, max(0, want), *(add[2] if add else ())],
-    )
+        [HEARTBEAT_FIELD, STALE_AFTER_SECONDS, max(0, want), head, tail,
+         *(add[2] if add else ())],
+    )  # fmt: skip
     return LaneProbe(call, batch_job, ids[::2])
 
 

@@ -15,6 +15,9 @@ the seed's manager design and the APIs delete the seed's way (``seed_reference.p
 The client (``history.py``) creates requests of 1-3 VMs on several pools (one of them a
 flaky simulated provider) against both APIs at random, deletes a share of them at
 random moments, polls all of them, deletes the ready ones, and records every operation.
+Two of the pools are warm (vmpool only; ``--no-warm`` turns them off): requests for them
+take ready VMs first, and the warm client (``warm_client.py``) checks VMs out of them,
+reads them while it holds them and gives them back, with a history of its own.
 The fault thread (:class:`Nemesis`), seeded, injects one fault at a time:
 ``kill_worker`` (SIGKILL), ``pause_worker`` (SIGSTOP past the lock expiry, then
 SIGCONT), ``client_kill`` (``CLIENT KILL TYPE normal``), ``redis_restart`` (SIGTERM,
@@ -32,7 +35,9 @@ sweep interval, from its audit trail in Redis server time (the time from each Re
 stop until the fleet sweeps again is credited, and measured and reported beside the raw
 figures: see ``--no-outage-credit``);
 a canary write acknowledged before each Redis restart is still there after it; no VM
-left at the simulated providers or in a live record; no child process left behind.
+left at the simulated providers or in a live record (but for the warm pools' ready VMs
+and their refill); the warm client's history (``warm_client.check_warm_history``); the
+clone semaphore's peak never above the limit, no overrun; no child process left behind.
 """
 
 from __future__ import annotations
@@ -67,6 +72,14 @@ for _path in (str(HERE), str(HERE.parent)):
 
 import redis_faults  # noqa: E402
 from history import Client, ClientOptions, check_history, ops_to_jsonl  # noqa: E402
+from warm_client import (  # noqa: E402
+    WarmClient,
+    WarmOptions,
+    check_warm_history,
+    claimed_from_warm,
+    warm_ops_summary,
+    warm_stock,
+)
 
 from vmpool.config import Config, load_config  # noqa: E402
 from vmpool.local.redis_server import free_port  # noqa: E402
@@ -74,6 +87,7 @@ from vmpool.local.supervisor import ChildSpec, Supervisor  # noqa: E402
 from vmpool.providers import providers_from_config  # noqa: E402
 from vmpool.state.audit import audit_state  # noqa: E402
 from vmpool.state.keys import Keys  # noqa: E402
+from vmpool.state.semaphore import CloneSemaphore  # noqa: E402
 from vmpool.state.store import Store  # noqa: E402
 from workers.schedule import last_run_id, read_schedule_log  # noqa: E402
 from workers.table import job_id, queue_names  # noqa: E402
@@ -96,6 +110,11 @@ FAULT_KINDS = {
 SWEEP_JOB = "sweep_expired"
 HEALTHY_POOLS = ("debian", "centos", "win")  # aliases and names, as clients use them
 FLAKY_POOLS = ("flaky",)
+# Warm pools (vmpool only): requests for them take ready VMs first; the warm client
+# checks VMs out of them and gives them back (warm_client.py). Sizes in CONFIG.
+WARM_POOLS = ("debian", "centos")
+WARM_SIZES = {"debian": 8, "centos": 5}
+VM_LIFETIME_S = 90.0  # a checkout whose answer was lost is reaped after this
 
 CONFIG = """\
 :providers:
@@ -119,6 +138,7 @@ CONFIG = """\
   max_vm_retries: 2
   lock_expire: {lock_expire}
   reconcile_grace: 5
+  vm_lifetime: {lifetime_hours}
 :schedule:
   provision_sweep: 1
   check_pending_sweep: 1
@@ -126,9 +146,12 @@ CONFIG = """\
   reap_running: 5
   destroy_sweep: 1
   reconcile: 3
+  top_up_pools: 1
+  check_ready: 5
 :pools:
-  - {{name: debian-12-x86_64, alias: [debian], size: 0, provider: simulated, domain: example.com}}
-  - {{name: centos-9-x86_64, alias: [centos], size: 0, provider: simulated}}
+  - {{name: debian-12-x86_64, alias: [debian], size: {debian_size}, ready_ttl: 1,
+      provider: simulated, domain: example.com}}
+  - {{name: centos-9-x86_64, alias: [centos], size: {centos_size}, provider: simulated}}
   - {{name: win, template: win-2022, size: 0, provider: simulated, domain: example.com}}
   - {{name: flaky, template: flaky, size: 0, provider: flakycloud}}
 """
@@ -150,6 +173,7 @@ class SoakOptions:
     redis: str = "single"  # the topology: tests/chaos/redis_faults.py
     redis_faults: bool = False  # single: also freeze, stall, fill and power-cut Redis
     faults: tuple[str, ...] = ()  # only these fault kinds (default: every kind)
+    warm: bool = True  # warm pools and the checkout client (vmpool only)
     workdir: str | None = None
     keep_workdir: bool = False
     log: IO[str] | None = None
@@ -192,6 +216,8 @@ class SoakReport:
     trails: dict[str, Any] = field(default_factory=dict)
     schedule: dict[str, Any] = field(default_factory=dict)
     redis_faults: dict[str, Any] = field(default_factory=dict)
+    warm_ops: dict[str, int] = field(default_factory=dict)
+    clone_slots: dict[str, int] = field(default_factory=dict)
 
     @property
     def violation_count(self) -> int:
@@ -210,6 +236,8 @@ class SoakReport:
             f"  requests:    {self.requests}",
             f"  outcomes:    {kv(self.outcomes)}",
             f"  client ops:  {kv(self.client_ops)}",
+            f"  warm ops:    {kv(self.warm_ops)}",
+            f"  clone slots: {kv(self.clone_slots)}",
             f"  faults:      {kv(self.faults)}",
             f"  restarts:    {kv(self.restarts)}",
             "  redis down:  "
@@ -264,12 +292,16 @@ class Cluster:
         # the one server the restart faults stop and start (none through Sentinel)
         self.redis = getattr(self.topology, "server", None)
         self.config_path = workdir / "vmpool.yaml"
+        warm = opts.warm and opts.target == "vmpool"  # the reference has no warm pools
         self.config_path.write_text(
             CONFIG.format(
                 seed=opts.seed,
                 ttl_minutes=f"{opts.ttl_s / 60:.6f}",
                 lock_expire=opts.lock_expire_s,
                 sweep=opts.sweep_s,
+                lifetime_hours=f"{VM_LIFETIME_S / 3600:.6f}",
+                debian_size=WARM_SIZES["debian"] if warm else 0,
+                centos_size=WARM_SIZES["centos"] if warm else 0,
             )
         )
         self.config: Config = load_config(self.config_path)
@@ -762,14 +794,19 @@ def settle_check(
 
 def wait_drained(store: Store, config: Config, providers: dict[str, Any],
                  timeout_s: float) -> list[Finding]:
-    """Poll until no VM is live or completed and every provider is empty."""
+    """Poll until no VM is live or completed and every provider is empty, but for the
+    warm pools' stock (their ready VMs and the top-up's: warm_client.warm_stock)."""
     pools = list(config.pools)
     deadline = time.monotonic() + timeout_s
     while True:
-        counts = store.pool_counts(pools)
-        live = {p: {s: n for s, n in c.items() if n} for p, c in counts.items()}
-        live = {p: c for p, c in live.items() if c}
-        held = {name: [vm.name for vm in p.inventory()] for name, p in providers.items()}
+        stock = warm_stock(store, pools)
+        live: dict[str, dict[str, int]] = {}
+        for state in ("reserved", "pending", "ready", "running", "completed"):
+            for pool, names in store.pools_vms(pools, state).items():
+                if left := [n for n in names if n not in stock]:
+                    live.setdefault(pool, {})[state] = len(left)
+        held = {name: [vm.name for vm in p.inventory() if vm.name not in stock]
+                for name, p in providers.items()}  # fmt: skip
         held = {name: vms for name, vms in held.items() if vms}
         if not live and not held:
             return []
@@ -811,8 +848,9 @@ _JOB_FIELDS = ("status", "vmpool_heartbeat", "started_at", "enqueued_at", "worke
                "origin", "ended_at")
 
 
-def live_vm_records(store: Store) -> list[Finding]:
-    """VM records not destroyed (the reference keeps no pool indexes: scan them all)."""
+def live_vm_records(store: Store, stock: frozenset[str] = frozenset()) -> list[Finding]:
+    """VM records not destroyed (the reference keeps no pool indexes: scan them all),
+    but for the warm pools' ``stock``."""
     prefix = store.keys.vm_prefix()
     names = []
     for key in store.redis.scan_iter(match=store.keys.vm_pattern(), count=1000):
@@ -820,7 +858,7 @@ def live_vm_records(store: Store) -> list[Finding]:
         if text.count(":") == 2:
             names.append(text[len(prefix):])
     return [Finding("vm_not_destroyed", f"vm {vm.name}", f"{vm.state} for {vm.request_id}")
-            for vm in store.get_vms(names) if vm.state != "destroyed"]
+            for vm in store.get_vms(names) if vm.state != "destroyed" and vm.name not in stock]
 
 
 # -- the run -------------------------------------------------------------------------------
@@ -838,6 +876,7 @@ def run_soak(opts: SoakOptions, command: str = "") -> SoakReport:
     cluster = Cluster(workdir, opts)
     findings: list[Finding] = []
     client: Client | None = None
+    warm: WarmClient | None = None
     nemesis: Nemesis | None = None
     try:
         cluster.start()
@@ -847,10 +886,15 @@ def run_soak(opts: SoakOptions, command: str = "") -> SoakReport:
             ports=cluster.api_ports, pools=HEALTHY_POOLS, flaky_pools=FLAKY_POOLS,
             seed=opts.seed, rate_per_s=opts.rate, max_requests=opts.requests,
         ))
+        if opts.warm and opts.target == "vmpool":
+            warm = WarmClient(WarmOptions(ports=cluster.api_ports, pools=WARM_POOLS,
+                                          seed=opts.seed, lifetime_s=VM_LIFETIME_S))  # fmt: skip
         nemesis = Nemesis(cluster, opts)
         moves: dict[tuple[str, float], float] = {}  # (job, due) -> move time
         load_started = time.monotonic()
         client.start()
+        if warm is not None:
+            warm.start()
         nemesis.start()
         # the load phase: until `seconds` (or, with --requests, until that many were sent)
         last_note = time.monotonic()
@@ -868,6 +912,8 @@ def run_soak(opts: SoakOptions, command: str = "") -> SoakReport:
                 _log(opts, f"{elapsed:.0f}s: {client.created} requests sent,"
                            f" {client.open_count()} open, faults {nemesis.counts()}")
         client.stop_creating.set()
+        if warm is not None:
+            warm.join()  # no more checkouts; what it holds is given back
         report.load_s = time.monotonic() - load_started
         nemesis.join()
         _collect_schedule_quietly(cluster, opts, moves)
@@ -892,10 +938,13 @@ def run_soak(opts: SoakOptions, command: str = "") -> SoakReport:
             store = Store(conn, cluster.keys)
             providers = providers_from_config(conn, store.keys, cluster.config)
             if opts.target == "vmpool":
-                findings += wait_drained(store, cluster.config, dict(providers), 90)
+                # a checkout whose answer was lost is reaped at its lifetime's end
+                drain_s = 90 + (VM_LIFETIME_S if warm is not None else 0)
+                findings += wait_drained(store, cluster.config, dict(providers), drain_s)
             else:
                 findings += wait_drained_reference(store, providers, 60)
-            findings += live_vm_records(store)
+            findings += live_vm_records(store, frozenset(warm_stock(store, cluster.config.pools)))
+            findings += clone_limit_check(conn, cluster, report)
             for v in audit_state(store, providers, sweep_interval_s=opts.sweep_s + 60):
                 kind = f"audit_invariant_{v.invariant}"
                 if v.invariant == 5 and v.message.startswith("version "):
@@ -914,6 +963,13 @@ def run_soak(opts: SoakOptions, command: str = "") -> SoakReport:
             report.outcomes = dict(paths)
             for hv in check_history(client.ops, lambda rid: _asked(cluster.config, client, rid)):
                 findings.append(Finding(hv.kind, f"request {hv.rid}", hv.message))
+            if warm is not None:
+                for hv in check_warm_history(warm.ops, client.ops, VM_LIFETIME_S):
+                    findings.append(Finding(hv.kind, f"vm {hv.rid}", hv.message))
+                findings += [Finding("checkout_not_given_back", f"vm {h}", "held at the end")
+                             for h in warm.left]  # fmt: skip
+                report.warm_ops = warm_ops_summary(warm.ops)
+                report.warm_ops["request_vm:claimed_from_warm"] = claimed_from_warm(store, rids)
             report.trails = example_trails(store, findings)
         finally:
             conn.close()
@@ -929,6 +985,8 @@ def run_soak(opts: SoakOptions, command: str = "") -> SoakReport:
     finally:
         if client is not None:
             client.join(5)
+        if warm is not None:
+            warm.join(5)
         if nemesis is not None:
             nemesis.join()
         with contextlib.suppress(Exception):
@@ -945,6 +1003,18 @@ def run_soak(opts: SoakOptions, command: str = "") -> SoakReport:
 
         shutil.rmtree(workdir, ignore_errors=True)
     return report
+
+
+def clone_limit_check(conn: redis.Redis, cluster: Cluster, report: SoakReport) -> list[Finding]:
+    """The clone semaphore's record over the run: the most leases live at once never
+    above the limit, and no create that went on without a slot (an overrun)."""
+    limit = cluster.config.ondemand_clone_limit
+    stats = CloneSemaphore(conn, cluster.keys, limit, 2 * cluster.config.lock_expire_s).stats()
+    report.clone_slots = {"limit": limit, "peak": stats.peak, "overruns": stats.overruns}
+    if stats.peak <= limit and not stats.overruns:
+        return []
+    return [Finding("clone_limit_exceeded", "clone slots",
+                    f"peak {stats.peak} of limit {limit}, {stats.overruns} overruns")]
 
 
 def example_trails(store: Store, findings: list[Finding], per_kind: int = 2) -> dict[str, Any]:
@@ -1006,6 +1076,8 @@ def _command(opts: SoakOptions) -> str:
         parts.append(f"--redis {opts.redis}")
     if opts.redis_faults:
         parts.append("--redis-faults")
+    if not opts.warm:
+        parts.append("--no-warm")
     return " ".join(parts)
 
 
@@ -1027,6 +1099,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="single: also freeze, stall, fill and power-cut Redis")
     parser.add_argument("--no-outage-credit", action="store_true",
                         help="count Redis downtime against the settle bound too")
+    parser.add_argument("--no-warm", action="store_true",
+                        help="no warm pools and no checkout client (all pools size 0)")
     parser.add_argument("--workdir", default=None, help="keep logs and history here")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     args = parser.parse_args(argv)
@@ -1038,7 +1112,7 @@ def main(argv: list[str] | None = None) -> int:
     opts = SoakOptions(
         seconds=args.seconds, seed=args.seed, target=args.target, requests=args.requests,
         rate=args.rate, ttl_s=args.ttl, fault_gap_s=tuple(args.fault_gap),
-        outage_credit=not args.no_outage_credit, workdir=args.workdir,
+        outage_credit=not args.no_outage_credit, warm=not args.no_warm, workdir=args.workdir,
         redis=args.redis, redis_faults=args.redis_faults,
     )
     command = "python tests/chaos/soak.py " + " ".join(sys.argv[1:] if argv is None else argv)

@@ -1,5 +1,6 @@
 """CI's chaos soak: a short seeded run against vmpool (no violation, every fault kind at
-least once) and one against the reference of the seed's design (violations found).
+least once, the warm pools' checkouts, give-backs and on-demand claims all exercised)
+and one against the reference of the seed's design (violations found).
 
 The long run is by hand: ``make chaos SECONDS=... SEED=...`` or
 ``python tests/chaos/soak.py --requests 10000 --seed 7`` (docs/reliability.md).
@@ -37,6 +38,10 @@ def test_soak_vmpool_has_no_violation_under_every_fault(tmp_path: Path) -> None:
     for kind in FAULT_KINDS["vmpool"]:
         assert report.faults.get(kind, 0) >= 1, f"no {kind} fault:\n{text}"
     assert report.requests >= 100, text
+    # the warm pools moved: checkouts, give-backs, requests served from ready VMs
+    for op in ("checkout:checked_out", "giveback:given_back", "request_vm:claimed_from_warm"):
+        assert report.warm_ops.get(op, 0) >= 1, f"no {op}:\n{text}"
+    assert report.clone_slots["peak"] <= report.clone_slots["limit"], text
 
 
 def test_soak_catches_the_seed_design(tmp_path: Path) -> None:

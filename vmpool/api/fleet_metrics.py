@@ -168,6 +168,7 @@ class RedisStateCollector(Collector):
             add(("failed", k.queue(short)), pipe.zcard(failed))
         # a lease is live until its score (expiry, server time)
         add(("clone_slots",), pipe.zcount(k.clone_slots, f"({now!r}", "+inf"))
+        add(("clone_stats",), pipe.hgetall(k.clone_slot_stats))
         for spec in PERIODIC:
             add(("due", spec.name), pipe.zscore(k.schedule_due, template_id(k, spec.name)))
         add(("finished",), pipe.hgetall(k.requests_finished))
@@ -223,6 +224,17 @@ class RedisStateCollector(Collector):
         if self.clone_limit is not None:
             limit.add_metric([], self.clone_limit)
         yield limit
+        stats = _numbers(reads[("clone_stats",)])
+        yield _gauge(
+            "vmpool_clone_slots_peak",
+            "The most clone-slot leases ever live at once (above the limit: it was exceeded)",
+            stats.get("peak", 0),
+        )
+        overruns = CounterMetricFamily(
+            "vmpool_clone_slot_overruns", "Creates that went on without a clone slot"
+        )
+        overruns.add_metric([], stats.get("overruns", 0))
+        yield overruns
 
     def _schedule(self, reads: Mapping[tuple[str, ...], Any], now: float) -> Iterator[Metric]:
         lag = GaugeMetricFamily(

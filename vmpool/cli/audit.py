@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+from dataclasses import asdict
+
 import click
 
 from vmpool.cli.context import CliContext, echo_json, with_context
 from vmpool.cli.errors import CliError
 from vmpool.providers import providers_from_config
-from vmpool.state.audit import INVARIANTS, audit_state
+from vmpool.state.audit import INVARIANTS, audit_state, retired_pool_notes
 from vmpool.state.counters import record_audit
 from vmpool.state.redis_check import RedisCheck, check_redis
+from vmpool.state.semaphore import CloneSemaphore, SlotStats
 
 __all__ = ["audit_command"]
 
@@ -52,6 +55,9 @@ def audit_command(cli: CliContext, record: bool, strict: bool) -> None:
         reap_interval_s=cli.config.schedule.reap_running,
     )
     redis_settings = check_redis(cli.redis)
+    notes = retired_pool_notes(cli.store, cli.config.pools)
+    limit = cli.config.ondemand_clone_limit
+    slots = CloneSemaphore(cli.redis, cli.keys, limit, 2.0 * cli.config.lock_expire_s).stats()
     if record:
         # Recorded before the exit status, so an alert sees a failing run too.
         record_audit(cli.redis, cli.keys, len(violations))
@@ -62,11 +68,16 @@ def audit_command(cli: CliContext, record: bool, strict: bool) -> None:
                 "invariants": {str(k): v for k, v in INVARIANTS.items()},
                 "violations": [v.as_dict() for v in violations],
                 "redis": redis_settings.as_dict(),
+                "notes": notes,
+                "clone_slots": {**asdict(slots), "limit": limit, "exceeded": slots.peak > limit},
             }
         )
     else:
         # Not an invariant (the exit status is the invariants'), but what they rest on.
         click.echo(_redis_line(redis_settings), err=True)
+        click.echo(_slots_line(slots, limit), err=True)
+        for note in notes:
+            click.echo(f"note: {note}", err=True)
         for violation in violations:
             click.echo(violation.line())
         if not violations:
@@ -83,3 +94,13 @@ def _redis_line(check: RedisCheck) -> str:
         f" durability {check.durability_text()})"
     )
     return "; ".join([head, *check.problems()])
+
+
+def _slots_line(slots: SlotStats, limit: int) -> str:
+    """The clone limit as the semaphore recorded it: whether the fleet ever ran more
+    clones at once than its limit (a create that went on past its lapsed lease)."""
+    line = (
+        f"clone slots: {slots.live} live, limit {limit}, peak {slots.peak},"
+        f" overruns {slots.overruns}"
+    )
+    return line + (" (the limit was exceeded)" if slots.peak > limit else "")

@@ -19,8 +19,11 @@ COLUMNS = ("pool", "alias", "size", "ready", "pending", "running", "completed", 
 
 def pool_table(store: Store, config: Config) -> list[dict[str, object]]:
     """One row per configured pool: its size and its VMs by state, plus the on-demand
-    queue (VMs asked for by pending requests and not reserved yet)."""
-    counts = store.pool_counts(config.pools)
+    queue (VMs asked for by pending requests and not reserved yet); then one row per
+    pool the config no longer names that still has VMs (removed or renamed: size None,
+    ``configured`` false) until the reap pass has finished them."""
+    retired = sorted(store.indexed_pools() - set(config.pools))
+    counts = store.pool_counts([*config.pools, *retired])
     queued: dict[str, int] = dict.fromkeys(config.pools, 0)
     for rid in store.provision_candidates():
         record = store.get_request(rid)
@@ -43,8 +46,17 @@ def pool_table(store: Store, config: Config) -> list[dict[str, object]]:
                 "completed": c["completed"],
                 "ondemand_queue": queued[name],
                 "overrides": _overrides(pool, config.pools[name]),
+                "configured": True,
             }
         )
+    for name in retired:
+        c = counts[name]
+        rows.append(
+            {"pool": name, "alias": [], "size": None, "ready": c["ready"],
+             "pending": c["reserved"] + c["pending"], "running": c["running"],
+             "completed": c["completed"], "ondemand_queue": 0, "overrides": {},
+             "configured": False}
+        )  # fmt: skip
     return rows
 
 
@@ -87,7 +99,8 @@ def pools_command(
     reset: tuple[str, ...],
 ) -> None:
     """Per pool: aliases, size, ready, pending, running, completed, on-demand queue. A
-    size set at runtime is marked with '*' (JSON: ``overrides``)."""
+    size set at runtime is marked with '*' (JSON: ``overrides``); a pool the config no
+    longer names is listed (size "removed") while it still has VMs."""
     if set_size or unset_size or reset:
         from vmpool.cli.pool_admin import apply_pool_changes
 
@@ -96,6 +109,10 @@ def pools_command(
     if cli.as_json:
         echo_json(rows)
         return
-    rows = [{**r, "size": f"{r['size']}*" if "size" in r["overrides"] else r["size"]}  # type: ignore[operator]
-            for r in rows]  # fmt: skip
-    echo_table(rows, COLUMNS)
+    echo_table([{**r, "size": _size_shown(r)} for r in rows], COLUMNS)
+
+
+def _size_shown(row: dict[str, object]) -> object:
+    if row["size"] is None:
+        return "removed"
+    return f"{row['size']}*" if "size" in row["overrides"] else row["size"]  # type: ignore[operator]

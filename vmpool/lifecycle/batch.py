@@ -39,22 +39,25 @@ from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any
 
+from vmpool.lifecycle.claims import ClaimKeeper
 from vmpool.lifecycle.fleet import Dispatcher, Fleet
-from vmpool.lifecycle.requests import provision_request
+from vmpool.lifecycle.requests import CloneGate, provision_request
 from vmpool.lifecycle.vms import check_pending_vm, create_vm
 from vmpool.state.locks import FencedLock, LockKind, acquire_all, release_all
-from vmpool.state.workset import WorkSet
+from vmpool.state.workset import Claim, WorkSet
 
 __all__ = [
     "BATCHED",
     "BATCH_TIME_S",
     "CLAIM_SIZE",
+    "DEFERRED",
     "LOCKED_STEPS",
     "DeferredDispatch",
     "check_pending_batch",
     "create_vm_batch",
     "lease_s",
     "provision_batch",
+    "retry_s",
     "run_batch",
 ]
 
@@ -153,23 +156,26 @@ def run_batch(
     locked: tuple[LockKind, str] | None = None,
     prepare: Prepare | None = None,
 ) -> dict[str, int]:
-    """Claim subjects of ``job``'s work set and run ``fn`` for each until none is
-    claimable ('more' absent) or :data:`BATCH_TIME_S` is over ('more': 1; the claimed
-    subjects not yet run are released at once). A claim is sized to what fits in the
-    time left at the pace so far (1 to :data:`CLAIM_SIZE`). An exception of one subject
-    is logged and counted ('error'); the subject is done (the sweeps re-find real work),
-    the others go on.
+    """Claim subjects of ``job``'s work set (in the order of service) and run ``fn``
+    for each until none is claimable ('more' absent) or :data:`BATCH_TIME_S` is over
+    ('more': 1; the claimed subjects not yet run are released at once: back in line).
+    A claim is sized to what fits in the time left at the pace so far (1 to
+    :data:`CLAIM_SIZE`). An exception of one subject is logged and counted ('error');
+    the subject is done (the sweeps re-find real work). A subject not over
+    (:data:`DEFERRED`) stays in the set, back in line after a lease (the pending sweep
+    then has a batch job queued for it).
 
     With ``locked`` (the lock's kind and step, :data:`LOCKED_STEPS`), the locks of a
     claim's subjects are granted in one script (each its own lock and token, read with
     its subject's record) and ``fn(fleet, subject, lock)`` runs for each granted one; a
-    subject whose lock another worker holds is 'busy' (that worker is on it), as in the
-    unbatched job; the locks are released in one script once the claim has run.
-    ``prepare``, given the granted locks, does for those subjects at once what each
-    would do alone (the create claim's clone slots) and says what to pass each ``fn``. Without
-    ``locked``, ``fn(fleet, subject)`` runs. What the subjects dispatch is dispatched
-    once per claim, after the locks are released (a follow-up job must not find them
-    held) and before the claim is marked done (:class:`DeferredDispatch`)."""
+    subject whose lock another worker holds is 'busy'; the locks are released in one
+    script once the claim has run. ``prepare``, given the granted locks, does for those
+    subjects at once what each would do alone (the create claim's clone slots) and says
+    what to pass each ``fn``. Without ``locked``, ``fn(fleet, subject)`` runs. A
+    :class:`~vmpool.lifecycle.claims.ClaimKeeper` renews the claim's lease while it
+    runs and lets go of its unstarted subjects once the batch's time is over. What the
+    subjects dispatch is dispatched once per claim, after the locks are released and
+    before the claim is marked done (:class:`DeferredDispatch`)."""
     deferred = DeferredDispatch(fleet.dispatch)
     fleet = copy.copy(fleet)  # the same clients, names and renewer; its own dispatch
     fleet.dispatch = deferred
@@ -188,50 +194,94 @@ def run_batch(
         claim = work.claim(job, max(1, min(CLAIM_SIZE, size)), lease_s(fleet))
         if not claim.subjects:
             return dict(counts)
-        how = (fn, locked, prepare)
-        done = _run_claim(fleet, job, how, claim.subjects, started, counts)
-        ran += len(done)
+        done, later = _run_claim(fleet, work, (job, fn, locked, prepare), claim, started, counts)
+        ran += len(done) + len(later)
         work.done(job, claim, done)
-        work.release(job, claim, claim.subjects[len(done) :])
+        work.defer(job, claim, later, retry_s(fleet))
+        work.release(job, claim, [s for s in claim.subjects if s not in {*done, *later}])
+
+
+# Outcomes of a subject whose work is not over: it stays in its work set, back in line
+# after retry_s. Another worker holds its lock, or took it over meanwhile (the lock
+# lost, a write refused as stale): if that worker stops, the subject is not lost; or
+# no clone slot was free. (A create its provider holds back, 'circuit_open' or
+# 'quota', is left to the pending sweep, which dispatches it once the hold is over.)
+DEFERRED = frozenset({"busy", "lock_lost", "stale_fence", "throttled"})
+
+
+def retry_s(fleet: Fleet) -> float:
+    """How long a deferred subject waits before it is back in line: a pending-sweep
+    tick (the sweep then has a batch job queued for it), at least 0.5 s, at most a
+    claim's lease (a holder that stopped has lost its lock by then)."""
+    return min(lease_s(fleet), max(0.5, fleet.config.schedule.check_pending_sweep))
+
+_How = tuple[str, Callable[..., object], tuple[LockKind, str] | None, Prepare | None]
 
 
 def _run_claim(
-    fleet: Fleet,
-    job: str,
-    how: tuple[Callable[..., object], tuple[LockKind, str] | None, Prepare | None],
-    subjects: list[str],
-    started: float,
-    counts: Counter[str],
-) -> list[str]:
-    """Run the claimed ``subjects`` (under their locks, for a locked step) until the
-    batch's time is over; returns those run. The locks are released and the follow-ups
-    dispatched whatever happens."""
+    fleet: Fleet, work: WorkSet, how: _How, claim: Claim, started: float, counts: Counter[str]
+) -> tuple[list[str], list[str]]:
+    """Run the claimed subjects (under their locks, for a locked step) until the batch's
+    time is over; returns those done and those deferred (:data:`DEFERRED`). The claim is
+    kept (renewed, its unstarted subjects let go at the batch's end: ClaimKeeper) while
+    it runs; the locks are released and the follow-ups dispatched whatever happens."""
     assert isinstance(fleet.dispatch, DeferredDispatch)
-    fn, locked, prepare = how
+    job, fn, locked, prepare = how
     held: dict[str, FencedLock] = {}
     extra: dict[str, dict[str, Any]] = {}
     done: list[str] = []
+    later: list[str] = []
+    keeper: ClaimKeeper | None = None
     try:
         if locked is not None:
             kind, step = locked
-            asked = [fleet.lock(kind, s, step, read_record=True) for s in subjects]
+            asked = [fleet.lock(kind, s, step, read_record=True) for s in claim.subjects]
             held = {lock.subject: lock for lock in acquire_all(asked)}
             extra = prepare(fleet, list(held.values())) if prepare and held else {}
-        for subject in subjects:
-            if done and time.monotonic() - started >= BATCH_TIME_S:
+        keeper = ClaimKeeper(work, job, claim, held, lease_s=lease_s(fleet),
+                             deadline=started + BATCH_TIME_S)  # fmt: skip
+        fleet.lock_renewer.add(keeper)
+        for subject in claim.subjects:
+            if (done or later) and time.monotonic() - started >= BATCH_TIME_S:
                 break
-            if locked is None:
-                counts[_run_one(job, subject, partial(fn, fleet, subject))] += 1
-            elif subject not in held:
-                counts["busy"] += 1
-            else:
-                call = partial(fn, fleet, subject, held[subject], **extra.get(subject, {}))
-                counts[_run_one(job, subject, call)] += 1
-            done.append(subject)
+            if not keeper.start(subject):
+                continue  # let go: another worker runs it
+            try:
+                outcome = _run_subject(fleet, job, fn, subject, held if locked else None, extra)
+            finally:
+                keeper.finish()
+            counts[outcome] += 1
+            (later if outcome in DEFERRED else done).append(subject)
     finally:
-        release_all(list(held.values()))
+        let_go = set()
+        if keeper is not None:
+            keeper.close()
+            fleet.lock_renewer.remove(keeper)
+            let_go = set(keeper.let_go)
+            if let_go:
+                counts["released"] += len(let_go)
+        release_all([lock for s, lock in held.items() if s not in let_go])
         fleet.dispatch.flush()
-    return done
+    return done, later
+
+
+def _run_subject(
+    fleet: Fleet,
+    job: str,
+    fn: Callable[..., object],
+    subject: str,
+    held: dict[str, FencedLock] | None,
+    extra: dict[str, dict[str, Any]],
+) -> str:
+    """One subject's step: ``fn(fleet, subject)`` (no lock), 'busy' (its lock is held
+    elsewhere) or ``fn(fleet, subject, lock, **extra)``."""
+    if held is None:
+        return _run_one(job, subject, partial(fn, fleet, subject))
+    if subject not in held:
+        return "busy"
+    return _run_one(
+        job, subject, partial(fn, fleet, subject, held[subject], **extra.get(subject, {}))
+    )
 
 
 def _run_one(job: str, subject: str, call: Callable[[], object]) -> str:
@@ -244,9 +294,12 @@ def _run_one(job: str, subject: str, call: Callable[[], object]) -> str:
 
 
 def provision_batch(fleet: Fleet) -> dict[str, int]:
-    """provision_request for every request in its work set."""
+    """provision_request for every request in its work set, in the order of service;
+    once one meets the clone limit, the rest of the batch only take ready VMs
+    (:class:`~vmpool.lifecycle.requests.CloneGate`)."""
     locked = LOCKED_STEPS["provision_request"]
-    return run_batch(fleet, "provision_request", provision_request, locked)
+    step = partial(provision_request, gate=CloneGate())
+    return run_batch(fleet, "provision_request", step, locked)
 
 
 def create_vm_batch(fleet: Fleet) -> dict[str, int]:
@@ -260,8 +313,8 @@ def _take_slots(fleet: Fleet, locks: list[FencedLock]) -> dict[str, dict[str, An
     alone; each ``create_vm`` is told whether it holds one (and gives it back, as
     ever). A slot taken for a VM the claim does not reach before its time is over is
     its own: its next create uses it, and a lease nobody renews ends by itself."""
-    names = [lock.subject for lock in locks if lock.record.get("state") == "reserved"]
-    return {name: {"slot": ok} for name, ok in fleet.slots.acquire_all(names).items()}
+    held = [(lk.subject, lk.fence) for lk in locks if lk.record.get("state") == "reserved"]
+    return {name: {"slot": ok} for name, ok in fleet.slots.acquire_all(held).items()}
 
 
 def check_pending_batch(fleet: Fleet) -> dict[str, int]:

@@ -49,14 +49,13 @@ log = logging.getLogger(__name__)
 def held_back(fleet: Fleet, provider: Provider, vm: VMRecord) -> HoldReason:
     """Why the VM's create must wait ('circuit_open': the provider's breaker is open;
     'quota': its cloud answered quota a moment ago), '' when it may go (one read). A
-    VM held back gives its clone slot back and stays reserved (the sweep dispatches
-    it again)."""
+    VM held back stays reserved (the sweep dispatches it again once the hold is over)
+    and its creator gives its clone slot back."""
     if not uses_circuit(provider):
         return ""
     reason = fleet.circuit.held_back(vm.provider)
     if reason:
         log.info("create %s: provider %s held back (%s), waiting", vm.name, vm.provider, reason)
-        fleet.slots.release(vm.name)
     return reason
 
 

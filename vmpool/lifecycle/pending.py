@@ -16,8 +16,8 @@ as in ``check_pending_vm``.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 
 from vmpool.ids import InvalidIdentifier, validate_vm_name
 from vmpool.lifecycle.failpoints import failpoint
@@ -26,7 +26,16 @@ from vmpool.providers import ProviderVM, StatusBatch
 from vmpool.state.locks import FencedLock, LockBusy, LockLost
 from vmpool.state.records import VMRecord
 
-__all__ = ["VANISH_GRACE_S", "Booting", "check_batched", "list_lag_s", "observe_pending"]
+__all__ = [
+    "VANISH_GRACE_S",
+    "Booting",
+    "Listing",
+    "apply_listing",
+    "check_batched",
+    "list_lag_s",
+    "list_pending",
+    "observe_pending",
+]
 
 log = logging.getLogger(__name__)
 
@@ -116,6 +125,20 @@ class Booting:
     since: float
 
 
+@dataclass(frozen=True)
+class Listing:
+    """What the pending sweep read before it acts: per batching provider, its booting
+    VMs (from the pending index) and its one answer for them, at server time ``now``;
+    and the VMs left for per-VM checks (``rest``). Acting on it later, when some of it
+    is stale, is safe: each VM's record decides under its lock."""
+
+    now: float
+    answers: dict[str, tuple[list[Booting], Mapping[str, ProviderVM | None]]] = field(
+        default_factory=dict
+    )
+    rest: list[str] = field(default_factory=list)
+
+
 def check_batched(fleet: Fleet, pools: Sequence[str]) -> list[str]:
     """Check the pending VMs of ``pools`` whose pool's provider answers for many at once
     (:class:`~vmpool.providers.StatusBatch`): one index read for all pools, one list
@@ -126,39 +149,58 @@ def check_batched(fleet: Fleet, pools: Sequence[str]) -> list[str]:
 
     So a booting VM costs the sweep its share of the index read and of the list call
     (the simulated cloud: one HMGET), not a job, a lock and a record read per tick:
-    that is what makes a short ``check_pending_sweep`` cheap (docs/benchmarks.md)."""
-    listing: dict[str, list[Booting]] = {}
-    rest: list[str] = []
+    that is what makes a short ``check_pending_sweep`` cheap (docs/benchmarks.md).
+    :func:`list_pending` is the read, :func:`apply_listing` the acting on it."""
+    rest, _ = apply_listing(fleet, list_pending(fleet, pools))
+    return rest
+
+
+def list_pending(fleet: Fleet, pools: Sequence[str]) -> Listing:
+    """The read half of :func:`check_batched`: the pending index and one list call per
+    batching provider (a provider that fails to answer is left for the next sweep)."""
+    booting: dict[str, list[Booting]] = {}
+    listing = Listing(now=0.0)
     for pool, entries in fleet.store.pools_vm_scores(pools, "pending").items():
         pool_config = fleet.config.pools.get(pool)
         provider_name = pool_config.provider if pool_config is not None else ""
         if not isinstance(fleet.providers.get(provider_name), StatusBatch):
-            rest.extend(name for name, _ in entries)
+            listing.rest.extend(name for name, _ in entries)
             continue
         for name, since in entries:
             if _is_vm_name(name):
-                listing.setdefault(provider_name, []).append(Booting(name, pool, since))
+                booting.setdefault(provider_name, []).append(Booting(name, pool, since))
             else:  # the dispatcher skips, logs and counts it, as for every sweep
-                rest.append(name)
-    if not listing:
-        return rest
-    now = fleet.store.server_time()
-    for provider_name, booting in listing.items():
+                listing.rest.append(name)
+    if not booting:
+        return listing
+    listing = Listing(fleet.store.server_time(), {}, listing.rest)
+    for provider_name, vms in booting.items():
         provider = fleet.providers[provider_name]
         assert isinstance(provider, StatusBatch)
         try:
-            seen = provider.statuses([vm.name for vm in booting])
+            listing.answers[provider_name] = (vms, provider.statuses([vm.name for vm in vms]))
         except Exception as exc:
             log.warning("check_pending: %s did not answer: %s", provider_name, exc)
-            continue
-        lag = list_lag_s(provider)
+    return listing
+
+
+def apply_listing(fleet: Fleet, listing: Listing) -> tuple[list[str], dict[str, str]]:
+    """The acting half of :func:`check_batched`: for each VM whose answer changes
+    something, its lock, its record read under it, and the fenced transition. Returns
+    the names left for per-VM checks and each acted-on VM's outcome."""
+    rest = list(listing.rest)
+    outcomes: dict[str, str] = {}
+    for provider_name, (booting, seen) in listing.answers.items():
+        lag = list_lag_s(fleet.providers[provider_name])
         for vm in booting:
             held = seen.get(vm.name)
-            if not _due(fleet, vm, held, now, lag):
+            if not _due(fleet, vm, held, listing.now, lag):
                 continue
-            if _observe_locked(fleet, vm.name, provider_name, held, lag) == "other_provider":
+            outcome = _observe_locked(fleet, vm.name, provider_name, held, lag)
+            outcomes[vm.name] = outcome
+            if outcome == "other_provider":
                 rest.append(vm.name)
-    return rest
+    return rest, outcomes
 
 
 def _is_vm_name(name: str) -> bool:

@@ -209,7 +209,7 @@ def _finish_reservation(
         lock.ensure_held()
         outcome = fleet.store.vm_created(name, actor=actor, fence=lock.fence)
         note_outcome("vm_created", name, outcome)
-        fleet.slots.release(name)
+        fleet.slots.release(name, lock.fence)
         if outcome.ok and outcome.code == "pending":
             fleet.dispatch.check_pending_vm(name)
             counts["reservation_created"] += 1
@@ -225,7 +225,7 @@ def _finish_reservation(
             name, "create abandoned: the creating worker died", actor=actor, fence=lock.fence
         )
         note_outcome("vm_failed", name, outcome)
-        fleet.slots.release(name)
+        fleet.slots.release(name, lock.fence)
         after_vm_failed(fleet, vm, outcome)
         counts["reservation_failed"] += 1
         return False

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
+from dataclasses import dataclass
 
 from redis.exceptions import ResponseError
 
@@ -20,7 +21,13 @@ from vmpool.lifecycle.warm import claim_ready
 from vmpool.state.locks import FencedLock, LockLost
 from vmpool.state.records import RequestRecord
 
-__all__ = ["check_request", "provision_request", "provision_sweep", "sweep_expired"]
+__all__ = [
+    "CloneGate",
+    "check_request",
+    "provision_request",
+    "provision_sweep",
+    "sweep_expired",
+]
 
 log = logging.getLogger(__name__)
 
@@ -36,8 +43,18 @@ _REQUEST_LEVEL_REFUSALS = frozenset({"no_request", "stale_fence", "past_deadline
 # ------------------------------------------------------------------------------------
 
 
+@dataclass
+class CloneGate:
+    """Shared by the provision steps a batch job runs in the order of service: once one
+    met the clone limit, those after it reserve nothing (they still take ready VMs), so
+    a slot freed meanwhile is not handed to a younger request before the older one
+    (first come, first served); the older gets it at its next turn."""
+
+    closed: bool = False
+
+
 def provision_request(
-    fleet: Fleet, request_id: str, lock: FencedLock | None = None
+    fleet: Fleet, request_id: str, lock: FencedLock | None = None, gate: CloneGate | None = None
 ) -> list[str]:
     """Reserve VMs for the request's unreserved slots, within the fleet-wide clone limit,
     and dispatch create_vm for each. Returns the names reserved by this call.
@@ -47,7 +64,8 @@ def provision_request(
     cannot over-reserve (the store refuses 'stale_fence', and 'slot_full' bounds the
     slot whatever the lock does). One clone slot is taken per VM before it is reserved
     and handed to create_vm, which gives it back. ``lock``: already granted that way by
-    a batch job, which releases it; else taken and released here.
+    a batch job, which releases it; else taken and released here. ``gate``: the batch
+    job's :class:`CloneGate`.
 
     A slot whose pool is no longer in the configuration is skipped with an error in the
     log: no VM exists yet, so there is nothing to fail; the request stays pending and its
@@ -61,7 +79,7 @@ def provision_request(
             log.debug("provision %s: another worker holds the request", request_id)
             return reserved
     try:
-        _reserve_for(fleet, request_id, lock, reserved)
+        _reserve_for(fleet, request_id, lock, reserved, gate or CloneGate())
     except LockLost as exc:
         log.warning("provision %s stopped: %s", request_id, exc)
     finally:
@@ -70,7 +88,9 @@ def provision_request(
     return reserved
 
 
-def _reserve_for(fleet: Fleet, request_id: str, lock: FencedLock, reserved: list[str]) -> None:
+def _reserve_for(
+    fleet: Fleet, request_id: str, lock: FencedLock, reserved: list[str], gate: CloneGate
+) -> None:
     # The record as the grant read it; its VM names are not needed here (not read).
     req = RequestRecord.from_hash(lock.record) if lock.record else None
     if req is None or req.status != "pending" or req.unreserved <= 0:
@@ -79,6 +99,8 @@ def _reserve_for(fleet: Fleet, request_id: str, lock: FencedLock, reserved: list
         req = fleet.store.get_request(request_id)
         if req is None or req.status != "pending" or req.unreserved <= 0:
             return
+    if gate.closed:
+        return
     for slot in req.slots:
         missing = slot.want - slot.live
         if missing <= 0:
@@ -94,7 +116,10 @@ def _reserve_for(fleet: Fleet, request_id: str, lock: FencedLock, reserved: list
             continue
         for _ in range(missing):
             code = _reserve_one(fleet, request_id, slot.alias, pool, lock, reserved)
-            if code == "clone_limit" or code in _REQUEST_LEVEL_REFUSALS:
+            if code == "clone_limit":
+                gate.closed = True
+                return
+            if code in _REQUEST_LEVEL_REFUSALS:
                 return
             if code.startswith("request_"):
                 return

@@ -8,8 +8,10 @@ checked store transition.
 
 A pool removed from the config (or renamed) keeps its VMs: the reap pass finds the pools
 whose indexes still hold VMs (``retired_pools``) and does for them what the frequent
-sweeps do for configured pools, as long as each VM's provider is configured; a VM whose
-provider is gone too is left alone, and ``vmpool audit`` reports it.
+sweeps and check_ready do for configured pools (its ready VMs are recycled and
+destroyed), as long as each VM's provider is configured; a VM whose provider is gone
+too is left alone, and ``vmpool audit`` reports it. Until they are gone, `vmpool pools`
+lists such a pool and `vmpool audit` notes it.
 """
 
 from __future__ import annotations
@@ -19,7 +21,6 @@ from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 
 from vmpool.config import Config
-from vmpool.ids import InvalidIdentifier, validate_pool_name
 from vmpool.lifecycle.cloudsteps import (
     admit,
     circuit_closed,
@@ -32,9 +33,9 @@ from vmpool.lifecycle.failpoints import failpoint
 from vmpool.lifecycle.fleet import Fleet, note_outcome
 from vmpool.lifecycle.pending import check_batched, list_lag_s, observe_pending
 from vmpool.providers import Provider, StatusBatch, create_for_request
-from vmpool.state.keys import INDEXED_VM_STATES
 from vmpool.state.locks import FencedLock, LockLost
 from vmpool.state.records import VMRecord
+from vmpool.state.workset import WorkSet
 
 __all__ = [
     "check_pending_sweep",
@@ -76,13 +77,17 @@ def create_vm(
     ``finally`` once the create is over, whichever way it went. ``lock``: the VM's lock,
     granted with its record by a batch job, which releases it (see ``_under_vm_lock``);
     ``slot``: whether the batch job took (or renewed) the VM's clone slot for it (one
-    script for its claim), else it is taken here.
+    script for its claim), else it is taken here. The slot's lease is held with the
+    lock's fencing token, so only this create (or a newer holder of the VM's lock)
+    releases it: a creator paused past its lock and lease cannot release the slot of
+    the one that took its VM over.
     """
     body = _create_locked if slot is None else partial(_create_locked, slot=slot)
-    outcome = _under_vm_lock(fleet, name, "reserved", "create", body, lock)
-    if outcome.startswith("vm_"):
-        fleet.slots.release(name)  # no longer reserved: whatever slot it held is free
-    return outcome
+
+    def not_reserved(lock: FencedLock) -> None:
+        fleet.slots.release(name, lock.fence)  # no create needs its slot any more
+
+    return _under_vm_lock(fleet, name, "reserved", "create", body, lock, not_reserved)
 
 
 LockedStep = Callable[[Fleet, VMRecord, Provider, FencedLock], str]
@@ -95,13 +100,14 @@ def _under_vm_lock(
     step: str,
     body: LockedStep,
     lock: FencedLock | None = None,
+    elsewhere: Callable[[FencedLock], None] | None = None,
 ) -> str:
     """The shape of every per-VM job: the VM's lock, whose grant reads the VM's record
     in the same unit (so the record is read under the lock, once), then ``body`` if the
-    VM is in ``state``. ``lock``: already granted that way (a batch job grants the locks
-    of its claim in one script and releases them in one); else taken and released here.
-    Another worker holding the lock is 'busy', not an error; a lock lost midway stops
-    the step ('lock_lost')."""
+    VM is in ``state`` (else 'vm_<its state>', after ``elsewhere(lock)``). ``lock``:
+    already granted that way (a batch job grants the locks of its claim in one script
+    and releases them in one); else taken and released here. Another worker holding the
+    lock is 'busy', not an error; a lock lost midway stops the step ('lock_lost')."""
     own = lock is None
     if lock is None:
         lock = fleet.lock("vm", name, step, read_record=True)
@@ -113,6 +119,8 @@ def _under_vm_lock(
         if vm is None:
             return "no_vm"
         if vm.state != state:
+            if elsewhere is not None:
+                elsewhere(lock)
             return f"vm_{vm.state}"
         provider = fleet.provider_for(vm)
         if provider is None:
@@ -132,9 +140,10 @@ def _create_locked(
     name = vm.name
     hold = held_back(fleet, provider, vm)
     if hold:
+        fleet.slots.release(name, lock.fence)  # the VM waits reserved, holding no slot
         return hold
-    if slot is None:  # renews our lease, or takes a free slot
-        slot = fleet.slots.acquire(name) is not None
+    if slot is None:  # renews (or takes over) the VM's lease, or takes a free slot
+        slot = fleet.slots.acquire(name, lock.fence) is not None
     if not slot:
         log.info("create %s: clone limit reached, waiting for a slot", name)
         return "throttled"
@@ -145,7 +154,7 @@ def _create_locked(
         if refused:
             return refused
         try:
-            with fleet.slots.renewing(name):  # the slot is held as long as the call runs
+            with fleet.slots.renewing(name, lock.fence):  # held as long as the call runs
                 create_for_request(provider, vm.pool, vm.template, name, vm.request_id)
         except Exception as exc:  # any provider failure is recorded, never raised
             return create_failed(fleet, provider, vm, lock, exc)
@@ -170,7 +179,7 @@ def _create_locked(
         destroy_at_provider(fleet, name, provider, lock, pool=vm.pool)
         return "completed" if created.ok else created.code
     finally:
-        fleet.slots.release(name)
+        fleet.slots.release(name, lock.fence)  # ours only: not a newer creator's
         let_go(fleet, provider, vm)
 
 
@@ -260,17 +269,30 @@ def check_pending_sweep(fleet: Fleet, pool: str | None = None) -> int:
     Batched: one read per state for all pools (a pipeline), one dispatch batch per job,
     so the round trips per tick do not grow with the number of pending VMs. The VMs of
     a provider that answers for many at once (the clouds) are checked here instead,
-    one list call per provider (``pending.check_batched``)."""
+    one list call per provider (``pending.check_batched``). Work-set subjects due back
+    in line (deferred, or claimed by a worker that died) are dispatched again too (one
+    read), so a batch job is queued for them within a tick."""
     now = fleet.store.server_time()
     grace = reserved_grace_s(fleet.config)
     pools = [pool] if pool else list(fleet.config.pools)
     stale = creates_due(fleet, fleet.store.pools_vms(pools, "reserved", max_score=now - grace))
     pending = check_batched(fleet, pools)  # a batching provider's VMs: checked here
+    # work-set subjects back in line (a deferral over, a dead claimer's lease ended):
+    # dispatched again, which queues a batch job for them (they are in the set once)
+    due = WorkSet(fleet.redis, fleet.keys).lapsed(_REDISPATCH, now) if pool is None else {}
+    pending = list(dict.fromkeys([*pending, *due.get("check_pending_vm", [])]))
+    stale = list(dict.fromkeys([*stale, *due.get("create_vm", [])]))
     if pending:
         fleet.dispatch.check_pending_vms(pending)
     if stale:
         fleet.dispatch.create_vms(stale)
-    return len(pending) + len(stale)
+    if due.get("provision_request"):
+        fleet.dispatch.provision_requests(due["provision_request"])
+    return len(pending) + len(stale) + len(due.get("provision_request", []))
+
+
+# The work sets whose subjects the pending sweep dispatches again once they are due.
+_REDISPATCH = ("create_vm", "check_pending_vm", "provision_request")
 
 
 def _flat(by_pool: Mapping[str, Sequence[str]]) -> list[str]:
@@ -305,38 +327,28 @@ def reap_running(fleet: Fleet) -> int:
 def retired_pools(fleet: Fleet) -> list[str]:
     """The pools whose VM indexes exist in Redis but which the config no longer names.
 
-    One SCAN of the keyspace, so only the reap pass (every 30 s by default) runs it and
-    the frequent sweeps keep their fixed number of round trips."""
-    keys = fleet.store.keys
-    prefix = keys.pool_state_prefix()
-    found: set[str] = set()
-    for raw in fleet.store.redis.scan_iter(match=keys.pool_state_pattern(), count=1000):
-        key = raw.decode() if isinstance(raw, bytes) else str(raw)
-        pool, _, state = key[len(prefix) :].rpartition(":")
-        if state in INDEXED_VM_STATES and pool not in fleet.config.pools and _is_pool(pool):
-            found.add(pool)
-    return sorted(found)
-
-
-def _is_pool(name: str) -> bool:
-    """Whether ``name`` is a pool name (not a key of another fleet whose prefix starts
-    like ours and goes on with ':pool:')."""
-    try:
-        validate_pool_name(name)
-    except InvalidIdentifier:
-        return False
-    return True
+    One SCAN of the keyspace (``store.indexed_pools``), so only the reap pass (every
+    30 s by default) runs it and the frequent sweeps keep their fixed number of round
+    trips."""
+    return sorted(p for p in fleet.store.indexed_pools() if p not in fleet.config.pools)
 
 
 def _finish_retired(fleet: Fleet, pools: list[str], now: float) -> None:
-    """For pools no longer configured, what check_pending_sweep and destroy_sweep do for
-    the configured ones: check booting VMs, create again stale reservations, destroy
-    released VMs; each only if its provider is configured."""
+    """For pools no longer configured (removed or renamed), what check_pending_sweep,
+    destroy_sweep and check_ready do for the configured ones: check booting VMs, create
+    again stale reservations, destroy released VMs, and recycle (then destroy) the
+    ready ones: no request or checkout can take them any more, and no top-up counts
+    them. Each only if its provider is configured."""
     store = fleet.store
     grace = reserved_grace_s(fleet.config)
     pending = _reachable(fleet, _flat(store.pools_vms(pools, "pending")))
     stale = _reachable(fleet, _flat(store.pools_vms(pools, "reserved", max_score=now - grace)))
     completed = _reachable(fleet, _flat(store.pools_vms(pools, "completed")))
+    for name in _reachable(fleet, _flat(store.pools_vms(pools, "ready"))):
+        outcome = store.recycle_vm(name, "pool not configured", actor=fleet.who("reap"))
+        note_outcome("recycle", name, outcome)
+        if outcome.ok:  # a VM claimed in between is held now: the recycle is refused
+            completed.append(name)
     if pending:
         fleet.dispatch.check_pending_vms(pending)
     if stale:

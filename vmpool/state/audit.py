@@ -13,8 +13,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+import redis
+
+from vmpool.state import reads
 from vmpool.state.keys import INDEXED_VM_STATES
-from vmpool.state.records import AuditEntry, RequestRecord, VMRecord
+from vmpool.state.records import AuditEntry, RequestRecord, VMRecord, decode_trail
 from vmpool.state.store import Store
 from vmpool.state.transitions import (
     NONE,
@@ -130,6 +133,20 @@ def check_vm_trail(name: str, entries: Sequence[AuditEntry]) -> list[Violation]:
     return out
 
 
+def retired_pool_notes(store: Store, configured: Iterable[str]) -> list[str]:
+    """One line per pool the config no longer names that still has VMs (removed or
+    renamed): not a violation while the reap pass finishes them (its ready VMs are
+    recycled and destroyed, its held ones reaped at their lifetime's end), but shown
+    until they are gone."""
+    retired = sorted(store.indexed_pools() - set(configured))
+    lines = []
+    for pool, counts in store.pool_counts(retired).items():
+        held = ", ".join(f"{n} {state}" for state, n in counts.items() if n)
+        if held:
+            lines.append(f"pool {pool} is not configured: {held}; reap_running finishes them")
+    return lines
+
+
 def _scan(store: Store, pattern: str) -> Iterable[str]:
     for key in store.redis.scan_iter(match=pattern, count=1000):
         yield key.decode() if isinstance(key, bytes) else str(key)
@@ -163,14 +180,40 @@ def audit_state(
     return out
 
 
+# Records read per round trip (one MULTI/EXEC, so each chunk is one snapshot).
+_CHUNK = 200
+
+
 def _read_requests(store: Store) -> dict[str, RequestRecord]:
+    """Every request record, a chunk of them per round trip."""
+    rids = [store.keys.request_id_from_key(k) for k in _scan(store, store.keys.request_pattern())]
     requests: dict[str, RequestRecord] = {}
-    for key in _scan(store, store.keys.request_pattern()):
-        rid = store.keys.request_id_from_key(key)
-        record = store.get_request(rid)
-        if record is not None:
-            requests[rid] = record
+    for start in range(0, len(rids), _CHUNK):
+        chunk = rids[start : start + _CHUNK]
+        pipe = store.redis.pipeline(transaction=True)
+        for rid in chunk:
+            reads.queue_request(pipe, store.keys, rid)
+        replies = pipe.execute()
+        for i, rid in enumerate(chunk):
+            record = reads.request_from(replies[2 * i], replies[2 * i + 1])
+            if record is not None:
+                requests[rid] = record
     return requests
+
+
+def _trails(store: Store, keys: Sequence[str]) -> list[list[AuditEntry]]:
+    """The trails at ``keys``, oldest entry first, in one pipeline (a trail an older
+    release wrote as a stream is read on its own)."""
+    pipe = store.redis.pipeline(transaction=False)
+    for key in keys:
+        pipe.lrange(key, 0, -1)
+    out = []
+    for key, raw in zip(keys, pipe.execute(raise_on_error=False), strict=True):
+        if isinstance(raw, redis.ResponseError):
+            out.append(store._trail(key))  # WRONGTYPE: the stream form
+        else:
+            out.append(decode_trail(raw or []))
+    return out
 
 
 def _check_requests(
@@ -179,8 +222,9 @@ def _check_requests(
     """Invariants 1, 2 and 5 per trail; 4 (settled in time); 3 (one request per VM)."""
     out: list[Violation] = []
     owner_of: dict[str, str] = {}
-    for rid, req in requests.items():
-        out += check_trail(rid, store.history(rid))
+    trails = _trails(store, [store.keys.request_audit(rid) for rid in requests])
+    for (rid, req), trail in zip(requests.items(), trails, strict=True):
+        out += check_trail(rid, trail)
         if req.status == "pending" and now > req.fail_at + sweep_interval_s:
             late = f"still pending {now - req.fail_at:.1f}s past its TTL"
             out.append(Violation(4, f"request {rid}", late))
@@ -221,6 +265,8 @@ def _check_holders(
 ) -> list[Violation]:
     """Invariants 6, 7 and 8, and invariant 5 over the warm-pool VMs' own trails."""
     out: list[Violation] = []
+    warm = [vm.name for vm in vms.values() if not vm.request_id]
+    trails = dict(zip(warm, _trails(store, [store.keys.vm_audit(n) for n in warm]), strict=True))
     for vm in vms.values():
         subject = f"vm {vm.name}"
         if vm.request_id and vm.owner:
@@ -238,7 +284,7 @@ def _check_holders(
         if vm.state == "running" and end is not None and overdue:
             out.append(Violation(8, subject, f"{now - end:.1f}s past its lifetime"))
         if not vm.request_id:
-            out += check_vm_trail(vm.name, store.vm_history(vm.name))
+            out += check_vm_trail(vm.name, trails[vm.name])
     return out
 
 
@@ -246,11 +292,16 @@ def _check_indexes(store: Store, vms: Mapping[str, VMRecord]) -> list[Violation]
     """The per-pool indexes agree with the records."""
     out: list[Violation] = []
     pool_prefix = store.keys.pool_state_prefix()
+    indexes = []
     for key in _scan(store, store.keys.pool_state_pattern()):
         pool, _, state = key[len(pool_prefix) :].rpartition(":")
-        if state not in INDEXED_VM_STATES:
-            continue
-        for raw in store.redis.zrange(key, 0, -1):
+        if state in INDEXED_VM_STATES:
+            indexes.append((pool, state))
+    pipe = store.redis.pipeline(transaction=False)
+    for pool, state in indexes:
+        pipe.zrange(store.keys.pool_state(pool, state), 0, -1)
+    for (pool, state), members in zip(indexes, pipe.execute(), strict=True):
+        for raw in members:
             name = raw.decode() if isinstance(raw, bytes) else str(raw)
             vm_rec = vms.get(name)
             if vm_rec is None or vm_rec.state != state or vm_rec.pool != pool:

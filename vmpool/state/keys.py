@@ -26,8 +26,11 @@ Layout (``P`` is the prefix)::
     P:sim:PROVIDER:vm:NAME       hash   a VM of the simulated provider's fake cloud
     P:sim:PROVIDER:inventory     set    the names the simulated provider holds
     P:lock:KIND:SUBJECT          string a lock (per request or VM): the holder's id
-    P:work:JOB                   zset   subjects waiting for a batch job, score = claimable from
-    P:clone-slots                zset   the fleet-wide clone semaphore's leases
+    P:work:JOB                   zset   subjects of a batch job, waiting or claimed, score = arrival
+    P:work:JOB:PART              the work set's order and claims (WORK_PARTS; vmpool.state.workset)
+    P:clone-slots                zset   the fleet-wide clone semaphore's leases (VM -> lease end)
+    P:clone-slots:holders        hash   VM -> the token of its lease's holder
+    P:clone-slots:stats          hash   the semaphore's peak and overruns
     P:provider-circuit:PROVIDER  hash   a provider's circuit breaker and quota hold
     P:provider-launching:PROVIDER zset  creates at a provider now (its max_instances/cores)
     P:metrics:NAME               hash   fleet-wide counters (vmpool.state.counters)
@@ -70,7 +73,28 @@ from vmpool.ids import (
     validate_vm_name,
 )
 
-__all__ = ["DEFAULT_PREFIX", "INDEXED_VM_STATES", "VM_STATES", "InvalidIdentifier", "Keys"]
+__all__ = [
+    "DEFAULT_PREFIX",
+    "INDEXED_VM_STATES",
+    "VM_STATES",
+    "WORK_PARTS",
+    "InvalidIdentifier",
+    "Keys",
+]
+
+# The parts of a work set (vmpool.state.workset), each the set's key plus this suffix:
+# claims (zset: claimed or deferred subject -> lease end), claimed (hash: subject ->
+# claim id), turns (zset: owner with a subject waiting -> turn), served (hash: owner ->
+# when last served), owner (hash: subject -> owner, when not ''), queue (+ owner: zset,
+# that owner's waiting subjects -> arrival).
+WORK_PARTS = {
+    "claims": ":claims",
+    "claimed": ":claimed",
+    "turns": ":turns",
+    "served": ":served",
+    "owner": ":owner",
+    "queue": ":queue:",
+}
 
 VM_STATES = ("reserved", "pending", "ready", "running", "completed", "destroyed")
 # VM states that have a per-pool index; destroyed VMs keep only their tombstone hash.
@@ -211,13 +235,42 @@ class Keys:
         return f"{self.prefix}:provider-launching:{validate_pool_name(provider)}"
 
     def work_set(self, job: str) -> str:
-        """Zset: the subjects of per-subject ``job`` waiting for a batch job
-        (vmpool.state.workset), score = server time from which they may be claimed."""
+        """Zset: the subjects of per-subject ``job`` waiting for a batch job or claimed by
+        one (vmpool.state.workset), score = their arrival (server time). Its parts are
+        this key plus a suffix of :data:`WORK_PARTS` (the work-set scripts get the
+        suffixes rendered in)."""
         return f"{self.prefix}:work:{job}"
+
+    def work_part(self, job: str, part: str) -> str:
+        """One part of ``job``'s work set (:data:`WORK_PARTS`); for ``queue``, the
+        owner's name follows (:meth:`work_queue`)."""
+        return self.work_set(job) + WORK_PARTS[part]
+
+    def work_queue(self, job: str, owner: str) -> str:
+        """Zset: the subjects of ``owner`` ('' for subjects of no user) waiting in
+        ``job``'s work set, score = arrival."""
+        return self.work_part(job, "queue") + owner
+
+    def request_key_parts(self) -> tuple[str, str]:
+        """What comes before and after a request id in its hash's key (a script that
+        reads requests by id builds the key from these)."""
+        head, _, tail = self.request("x").rpartition("x")
+        return head, tail
 
     @property
     def clone_slots(self) -> str:
         return f"{self.prefix}:clone-slots"
+
+    @property
+    def clone_slot_holders(self) -> str:
+        """Hash: VM name -> the token of the holder of its clone slot's lease."""
+        return f"{self.prefix}:clone-slots:holders"
+
+    @property
+    def clone_slot_stats(self) -> str:
+        """Hash: the clone semaphore's record: ``peak`` (most leases live at once),
+        ``overruns`` (creates that went on without a slot)."""
+        return f"{self.prefix}:clone-slots:stats"
 
     def metrics(self, name: str) -> str:
         return f"{self.prefix}:metrics:{name}"

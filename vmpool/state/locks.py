@@ -49,7 +49,7 @@ import threading
 import time
 from collections.abc import Sequence
 from types import TracebackType
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 import redis
 
@@ -63,6 +63,7 @@ __all__ = [
     "LockKind",
     "LockLost",
     "LockRenewer",
+    "Renewable",
     "acquire_all",
     "release_all",
 ]
@@ -88,21 +89,36 @@ _POLL_MAX_S = 0.1
 RENEWER_LINGER_S = 30.0
 
 
+class Renewable(Protocol):
+    """What a :class:`LockRenewer` keeps alive: a lock, or another lease of the process
+    (a batch job's claim, vmpool.lifecycle.claims)."""
+
+    key: str
+
+    def renew_every_s(self) -> float:
+        """Seconds until the next renewal is due (asked after each one)."""
+        ...
+
+    def _renew(self) -> bool:
+        """One renewal; False to be renewed no more."""
+        ...
+
+
 class LockRenewer:
     """One daemon thread extending every lock it is given, each every third of its
     expiry, until the lock is released or found lost. Started on first use; it idles
     (waiting on a condition, no Redis traffic) while no lock is held, and ends after
     :data:`RENEWER_LINGER_S` without any (a process holding locks now and then keeps
-    one thread, not one per lock)."""
+    one thread, not one per lock). It keeps any :class:`Renewable` the same way."""
 
     def __init__(self) -> None:
         self._cv = threading.Condition()
-        self._locks: dict[int, tuple[FencedLock, float]] = {}
+        self._locks: dict[int, tuple[Renewable, float]] = {}
         self._thread: threading.Thread | None = None
 
-    def add(self, lock: FencedLock) -> None:
+    def add(self, lock: Renewable) -> None:
         with self._cv:
-            self._locks[id(lock)] = (lock, time.monotonic() + lock.expire_s / 3)
+            self._locks[id(lock)] = (lock, time.monotonic() + lock.renew_every_s())
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(
                     target=self._run, name="lock-renewer", daemon=True
@@ -110,11 +126,11 @@ class LockRenewer:
                 self._thread.start()
             self._cv.notify()
 
-    def remove(self, lock: FencedLock) -> None:
+    def remove(self, lock: Renewable) -> None:
         with self._cv:
             self._locks.pop(id(lock), None)
 
-    def _due(self) -> list[FencedLock] | None:
+    def _due(self) -> list[Renewable] | None:
         with self._cv:
             while True:
                 if not self._locks:
@@ -126,7 +142,7 @@ class LockRenewer:
                 due = [lk for lk, at in self._locks.values() if at <= now]
                 if due:
                     for lk in due:
-                        self._locks[id(lk)] = (lk, now + lk.expire_s / 3)
+                        self._locks[id(lk)] = (lk, now + lk.renew_every_s())
                     return due
                 nxt = min((at for _, at in self._locks.values()), default=None)
                 self._cv.wait(None if nxt is None else nxt - now)
@@ -257,6 +273,9 @@ class FencedLock:
 
     def _expired_before_release(self) -> None:
         log.warning("lock %s (fence %d) had expired before its release", self.key, self.fence)
+
+    def renew_every_s(self) -> float:
+        return self.expire_s / 3
 
     def _renew(self) -> bool:
         """One token-checked extend (the renewer's); False, and marked lost, if the

@@ -22,9 +22,14 @@ from typing import Any
 import redis
 from redis.commands.core import Script
 
-from vmpool.ids import validate_pool_name, validate_request_id, validate_vm_name
+from vmpool.ids import (
+    InvalidIdentifier,
+    validate_pool_name,
+    validate_request_id,
+    validate_vm_name,
+)
 from vmpool.state.counters import lua_metrics
-from vmpool.state.keys import Keys
+from vmpool.state.keys import INDEXED_VM_STATES, Keys
 from vmpool.state.lua import read_script
 from vmpool.state.records import AuditEntry, Outcome, VMRecord, decode_hash, text
 from vmpool.state.transitions import lua_tables
@@ -286,6 +291,19 @@ class PoolStore:
             out[pool] = {"ready": ready[pool], "warming": warming}
         return out
 
+    def indexed_pools(self) -> set[str]:
+        """The pools whose VM indexes exist in Redis (any state), configured or not: one
+        SCAN of the keyspace, so only the rare passes use it (the reap pass, `vmpool
+        pools`, the audit). A key of another fleet whose prefix starts like ours and
+        goes on with ':pool:' is not a pool name and is skipped."""
+        prefix = self.keys.pool_state_prefix()
+        found: set[str] = set()
+        for raw in self.redis.scan_iter(match=self.keys.pool_state_pattern(), count=1000):
+            pool, _, state = text(raw)[len(prefix) :].rpartition(":")
+            if state in INDEXED_VM_STATES and _is_pool_name(pool):
+                found.add(pool)
+        return found
+
     def held_vms(self, pools: Iterable[str]) -> list[VMRecord]:
         """Every running VM of the pools (checked out or a request's)."""
         pipe = self.redis.pipeline(transaction=False)
@@ -301,3 +319,11 @@ class PoolStore:
         """The token hash a checked-out VM was handed to ('' for none)."""
         raw = self.redis.hget(self.keys.vm(validate_vm_name(name)), "owner_token")
         return text(raw) if raw else ""
+
+
+def _is_pool_name(name: str) -> bool:
+    try:
+        validate_pool_name(name)
+    except InvalidIdentifier:
+        return False
+    return True

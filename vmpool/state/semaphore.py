@@ -1,52 +1,73 @@
 """The fleet-wide on-demand clone limit: a Redis semaphore of leases.
 
 vmpooler counts clones in progress in one process; vmpool has many worker processes on
-many machines, so the count lives in Redis: a zset whose members are lease ids and whose
-scores are the leases' expiry times (Redis server time).
-``vmpool/state/scripts/clone_semaphore.lua`` drops expired leases, then checks the limit
-and adds the lease in one atomic unit.
+many machines, so the count lives in Redis: a zset whose members are VM names and whose
+scores are the leases' expiry times (Redis server time), and beside it each lease's
+holder token. ``vmpool/state/scripts/clone_semaphore.lua`` drops expired leases, then
+checks the limit and adds the lease in one atomic unit.
 
-Lease ids are VM names: a slot is taken for a VM when it is reserved
-(``lifecycle.provision_request``) and given back when its create finishes, however it
-finishes (``lifecycle.create_vm`` releases in a ``finally``; the reconciler and the
-failure paths release too). Acquiring again with the id of a live lease renews it, so a
-create job that runs twice, or a re-dispatched create, holds one slot, not two. A worker
-killed mid-create never releases: its lease expires (``lease_s``, twice the lock
+A slot is taken for a VM when it is reserved (``lifecycle.provision_request``, the warm
+top-up: token 0, no lock of the VM exists yet) and taken over by its create
+(``lifecycle.create_vm``, under the VM's lock: its token is that lock's fencing
+token), which gives it back when the create is over, however it ends. **A lease is
+released or renewed only by its holder**: a token older than the lease's is refused,
+so a creator paused past its lease (and its lock), whose VM another creator took over
+with a newer token, cannot drop that creator's slot when it wakes, and the fleet never
+runs more clones than the limit because of it. Acquiring again with a token not older
+than the lease's renews it, so a create job that runs twice holds one slot, not two. A
+worker killed mid-create never releases: its lease expires (``lease_s``, twice the lock
 expiry) and the slot comes back by itself. A live create keeps its lease for as long as
-its provider call runs, however long that is: ``renewing`` renews it every third of
-``lease_s`` (so two renewals may be missed before it lapses), from one thread per
-semaphore (so per Fleet, per process) shared by every create.
+its provider call runs: ``renewing`` renews it every third of ``lease_s`` (so two
+renewals may be missed before it lapses), from one thread per semaphore (so per Fleet,
+per process) shared by every create. A renewal that finds its lease gone and no slot
+free re-registers it over the limit and counts an **overrun** (the clone is under way):
+the count stays true, and :meth:`stats` (the audit, /metrics) shows the fleet's peak
+and overruns, so an exceeded limit is seen, never silent.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 import redis
 
 from vmpool.state.keys import Keys
 from vmpool.state.lua import read_script
 
-__all__ = ["CloneSemaphore"]
+__all__ = ["CloneSemaphore", "SlotStats"]
 
 log = logging.getLogger(__name__)
 
 
 # An idle lease keeper thread ends after this long without a lease to renew.
 KEEPER_LINGER_S = 30.0
+# renew's answers (clone_semaphore.lua)
+_RENEWED, _TAKEN_OVER, _OVERRUN = 1, 2, 3
 
 
 def _script_text() -> str:
     return read_script("vmpool.state.scripts", "clone_semaphore.lua")
 
 
+@dataclass(frozen=True)
+class SlotStats:
+    """The semaphore's record: live leases now, the most ever live at once, and the
+    renewals that went on over the limit (each a create that ran without a slot)."""
+
+    live: int
+    peak: int
+    overruns: int
+
+
 class CloneSemaphore:
     """At most ``limit`` live leases fleet-wide, each expiring ``lease_s`` after it was
-    taken (or last renewed)."""
+    taken (or last renewed), each released only by its holder."""
 
     def __init__(self, redis_client: redis.Redis, keys: Keys, limit: int, lease_s: float) -> None:
         if limit < 1:
@@ -55,58 +76,79 @@ class CloneSemaphore:
             raise ValueError(f"lease time must be positive, got {lease_s}")
         self.redis = redis_client
         self.key = keys.clone_slots
+        self._keys = [keys.clone_slots, keys.clone_slot_holders, keys.clone_slot_stats]
         self.limit = int(limit)
         self.lease_s = float(lease_s)
         self._script = redis_client.register_script(_script_text())
         self._keeper = _LeaseKeeper(self._renew, self.lease_s / 3)
 
-    def acquire(self, holder: str) -> str | None:
-        """Take (or renew) the lease ``holder``; its id, or None when all slots are taken."""
-        granted = self._script(
-            keys=[self.key], args=["acquire", holder, self.limit, repr(self.lease_s)]
-        )
-        return holder if int(granted) == 1 else None
+    def _call(self, *args: str | int) -> object:
+        return self._script(keys=self._keys, args=list(args))
 
-    def acquire_all(self, holders: Sequence[str]) -> dict[str, bool]:
-        """:meth:`acquire` for each of ``holders`` in turn, in one script (a batch
-        job's create claim); holder -> whether it holds a lease now."""
+    def acquire(self, holder: str, token: int = 0) -> str | None:
+        """Take (or renew, or take over from an older token) the lease of VM
+        ``holder`` with ``token`` (the fence of the VM lock it is taken under; 0 at a
+        reservation); its name, or None when no slot is free or a newer holder has
+        it."""
+        granted = self._call("acquire", holder, int(token), self.limit, repr(self.lease_s))
+        return holder if int(str(granted)) == 1 else None
+
+    def acquire_all(self, holders: Sequence[tuple[str, int]]) -> dict[str, bool]:
+        """:meth:`acquire` for each (VM, token) of ``holders`` in turn, in one script (a
+        batch job's create claim); VM -> whether it holds a lease now."""
         if not holders:
             return {}
-        args: list[str | int] = ["acquire_all", self.limit, repr(self.lease_s), *holders]
-        granted = self._script(keys=[self.key], args=args)
-        return {h: int(g) == 1 for h, g in zip(holders, granted, strict=True)}
+        pairs = [x for name, token in holders for x in (name, int(token))]
+        granted = self._call("acquire_all", self.limit, repr(self.lease_s), *pairs)
+        assert isinstance(granted, list)
+        return {name: int(g) == 1 for (name, _), g in zip(holders, granted, strict=True)}
 
-    def release(self, lease: str) -> bool:
-        """Give the slot back; True if a live lease was dropped (releasing twice is fine)."""
-        return int(self._script(keys=[self.key], args=["release", lease])) == 1
+    def release(self, lease: str, token: int = 0) -> bool:
+        """Give the slot of VM ``lease`` back, if it is ours (or an older token's);
+        True if a live lease was dropped (releasing twice is fine)."""
+        return int(str(self._call("release", lease, int(token)))) == 1
 
     @contextmanager
-    def renewing(self, holder: str) -> Iterator[None]:
-        """Keep the lease ``holder`` alive while the block runs (a provider call that
-        may outlast ``lease_s``): the limit must hold for as long as the clone it
-        guards. Renewal is ``acquire`` again: it renews a live lease, and retakes a
-        lapsed one only if a slot is free, so it never pushes the count over the limit.
-        A lapse (this process paused past the lease) is logged; the caller goes on,
-        since the clone is already under way. One thread per semaphore renews every
-        block's lease (issue 15: a thread started and joined per create cost more
-        than the create's Redis calls); when the block ends its lease is renewed no
-        more (an in-flight renewal of it is waited for)."""
-        ticket = self._keeper.add(holder)
+    def renewing(self, holder: str, token: int = 0) -> Iterator[None]:
+        """Keep the lease of VM ``holder`` (held with ``token``) alive while the block
+        runs (a provider call that may outlast ``lease_s``): the limit must hold for as
+        long as the clone it guards. A lease another holder took over (a newer token)
+        is renewed no more; one that lapsed (this process paused past it) is retaken,
+        over the limit if no slot is free (an overrun, counted and logged: the clone is
+        under way). One thread per semaphore renews every block's lease (issue 15: a
+        thread started and joined per create cost more than the create's Redis
+        calls); when the block ends its lease is renewed no more (an in-flight renewal
+        of it is waited for)."""
+        ticket = self._keeper.add((holder, int(token)))
         try:
             yield
         finally:
             self._keeper.remove(ticket)
 
-    def _renew(self, holder: str) -> None:
+    def _renew(self, lease: tuple[str, int]) -> bool:
+        """One renewal; False once the lease is another holder's (stop renewing it)."""
+        holder, token = lease
         try:
-            if self.acquire(holder) is None:
-                log.warning("clone slot lease of %s lapsed; no slot free to retake", holder)
+            got = int(str(self._call("renew", holder, token, self.limit, repr(self.lease_s))))
         except redis.RedisError as exc:  # the next round retries
             log.warning("clone slot lease of %s not renewed: %s", holder, exc)
+            return True
+        if got == _TAKEN_OVER:
+            log.warning("clone slot lease of %s was taken over by a newer holder", holder)
+            return False
+        if got == _OVERRUN:
+            log.warning("clone slot lease of %s lapsed and no slot was free: overrun", holder)
+        return True
 
     def count(self) -> int:
         """Live leases now (expired ones are dropped first)."""
-        return int(self._script(keys=[self.key], args=["count"]))
+        return int(str(self._call("count")))
+
+    def stats(self) -> SlotStats:
+        """Live leases, the peak, and the overruns (one round trip after the count)."""
+        live = self.count()
+        peak, overruns = self.redis.hmget(self._keys[2], ["peak", "overruns"])
+        return SlotStats(live, int(peak or 0), int(overruns or 0))
 
     def holders(self) -> list[str]:
         """Lease ids currently in the zset (expired ones may still be listed)."""
@@ -117,21 +159,22 @@ class CloneSemaphore:
 
 
 class _LeaseKeeper:
-    """One daemon thread calling ``renew(holder)`` for each added ticket every ``every``
-    seconds until it is removed. Started on first use; it waits on a condition (no
-    Redis traffic) while nothing is added, and ends after :data:`KEEPER_LINGER_S`
-    without a ticket. :meth:`remove` returns only once no renewal of its ticket runs,
-    so nothing renews a lease after its block ended (its release stays a release)."""
+    """One daemon thread calling ``renew(lease)`` for each added ticket every ``every``
+    seconds until it is removed (or ``renew`` says to stop: False). Started on first
+    use; it waits on a condition (no Redis traffic) while nothing is added, and ends
+    after :data:`KEEPER_LINGER_S` without a ticket. :meth:`remove` returns only once no
+    renewal of its ticket runs, so nothing renews a lease after its block ended (its
+    release stays a release)."""
 
-    def __init__(self, renew: Callable[[str], None], every: float) -> None:
+    def __init__(self, renew: Callable[[tuple[str, int]], bool], every: float) -> None:
         self._renew = renew
         self._every = every
         self._cv = threading.Condition()
-        self._due: dict[object, tuple[str, float]] = {}  # ticket -> (holder, next due)
+        self._due: dict[object, tuple[tuple[str, int], float]] = {}  # ticket -> (lease, due)
         self._running: set[object] = set()  # tickets being renewed now
         self._thread: threading.Thread | None = None
 
-    def add(self, holder: str) -> object:
+    def add(self, holder: tuple[str, int]) -> object:
         ticket = object()
         with self._cv:
             self._due[ticket] = (holder, time.monotonic() + self._every)
@@ -148,8 +191,9 @@ class _LeaseKeeper:
             self._due.pop(ticket, None)
             while ticket in self._running:
                 self._cv.wait()
+            self._cv.notify_all()
 
-    def _next(self) -> list[tuple[object, str]] | None:
+    def _next(self) -> list[tuple[object, tuple[str, int]]] | None:
         """The tickets due now (marked running), or None when the thread should end."""
         with self._cv:
             while True:
@@ -166,14 +210,18 @@ class _LeaseKeeper:
                         self._due[ticket] = (holder, now + self._every)
                         self._running.add(ticket)
                     return due
-                self._cv.wait(min(at for _, at in self._due.values()) - now)
+                nxt = min(at for _, at in self._due.values())
+                self._cv.wait(None if nxt == math.inf else nxt - now)
 
     def _run(self) -> None:
         while (due := self._next()) is not None:
             for ticket, holder in due:
+                keep = True
                 try:
-                    self._renew(holder)
+                    keep = self._renew(holder)
                 finally:
                     with self._cv:
                         self._running.discard(ticket)
+                        if not keep and ticket in self._due:
+                            self._due[ticket] = (holder, math.inf)  # renewed no more
                         self._cv.notify_all()

@@ -38,6 +38,7 @@ from vmpool.state.records import (
 )
 from vmpool.state.transitions import lua_tables
 from vmpool.state.vm_tasks import VMTaskStore
+from vmpool.state.workset import lua_workset
 
 __all__ = ["SCRIPT_NAMES", "Store"]
 
@@ -71,8 +72,10 @@ class Store(VMTaskStore):
         # The fleet's metric keys are rendered in (per prefix), as the table is: the
         # scripts count in the same unit as the transition they count.
         prelude = lua_tables() + lua_metrics(keys) + _read_lua("_prelude")
+        # create_request adds the request to the provision work set in its unit.
+        heads = {"create_request": lua_workset()}
         self._scripts: dict[str, Script] = {
-            name: redis_client.register_script(prelude + _read_lua(name))
+            name: redis_client.register_script(prelude + heads.get(name, "") + _read_lua(name))
             for name in SCRIPT_NAMES
         }
 

@@ -1,39 +1,54 @@
-"""Work sets: the subjects waiting for a batch job (issue 15, "pay RQ's price per batch").
+"""Work sets: the subjects waiting for a batch job, in their order of service.
 
-One sorted set per kind of per-subject work (``keys.work_set(job)``: ``create_vm``,
-``check_pending_vm``, ``provision_request``), subject -> the server time from which it
-may be claimed. :meth:`WorkSet.add` puts subjects in (``ZADD NX``: a subject already
-waiting or claimed keeps its place, so the set is the dedup, O(1) per subject);
-a batch job :meth:`claim` s up to N of them for a lease (one script), runs each, and
-:meth:`done` removes them (one script, only if still its claim). A claimer that dies
-leaves its subjects in the set; they are claimed again when the lease ends. A lease
-that runs out while its claimer still works only lets a second batch job try the same
-subject, which the subject's lock and checked transitions make harmless ('busy', or a
-refusal such as 'vm_pending').
+One work set per kind of per-subject work (``keys.work_set(job)``: ``create_vm``,
+``check_pending_vm``, ``provision_request``). :meth:`WorkSet.add` puts subjects in (a
+subject already waiting or claimed keeps its place, so the set is the dedup); a batch
+job :meth:`claim` s up to N of them for a lease (one script), runs each, and ends its
+claim on each: :meth:`done` (the work is over: out of the set), :meth:`release` (not
+run: back in line at once), :meth:`defer` (not run now, say its lock is held
+elsewhere: back in line after a delay, and still in the set meanwhile, so nothing
+re-adds it or loses it). :meth:`renew` extends the lease of a claim still at work.
+A claimer that dies leaves its subjects claimed; they are back in line, at their
+arrival, when the lease ends.
+
+**Order of service** (docs/invariants.md, invariant 10; ``_workset.lua`` says how):
+first come, first served by arrival in server time (a request's ``created``, so
+neither its id nor a re-dispatch moves it), round-robin across owners (a request's
+token user; VMs have none): the owner served longest ago goes next, with its oldest
+waiting subject, so one user's burst cannot starve another user's request.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import os
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import redis
 
-from vmpool.state.keys import Keys
+from vmpool.state.keys import WORK_PARTS, Keys
 from vmpool.state.lua import read_script
 from vmpool.state.records import text
 
-__all__ = ["Claim", "WorkSet"]
+__all__ = ["REQUEST_JOBS", "Claim", "WorkSet", "lua_workset"]
 
-_CLAIM_LUA = read_script("vmpool.state.scripts", "work_claim.lua")
-_DONE_LUA = read_script("vmpool.state.scripts", "work_done.lua")
+_PACKAGE = "vmpool.state.scripts"
+# The jobs whose subjects are request ids (ordered by the request's arrival and owner).
+REQUEST_JOBS = frozenset({"provision_request"})
+
+
+def lua_workset() -> str:
+    """The work-set functions (_workset.lua) with the parts' suffixes rendered in: the
+    head of every script that touches a work set."""
+    parts = ", ".join(f"{name} = '{suffix}'" for name, suffix in WORK_PARTS.items())
+    return f"local WORK_PARTS = {{{parts}}}\n" + read_script(_PACKAGE, "_workset.lua")
 
 
 class Claim:
-    """Subjects one batch job claimed, and the score that marks them as its own."""
+    """Subjects one batch job claimed (in the order of service), and the claim's id."""
 
-    def __init__(self, score: str, subjects: list[str]) -> None:
-        self.score = score
+    def __init__(self, claim_id: str, subjects: list[str]) -> None:
+        self.id = claim_id
         self.subjects = subjects
 
 
@@ -41,33 +56,84 @@ class WorkSet:
     def __init__(self, redis_client: redis.Redis, keys: Keys) -> None:
         self.redis = redis_client
         self.keys = keys
-        self._claim = redis_client.register_script(_CLAIM_LUA)
-        self._done = redis_client.register_script(_DONE_LUA)
+        head = lua_workset()
+        self._add = redis_client.register_script(head + read_script(_PACKAGE, "work_add.lua"))
+        self._claim = redis_client.register_script(head + read_script(_PACKAGE, "work_claim.lua"))
+        self._done = redis_client.register_script(head + read_script(_PACKAGE, "work_done.lua"))
 
-    def add(self, job: str, subjects: Sequence[str], *, client: Any = None) -> None:
-        """Put ``subjects`` in ``job``'s work set, claimable now (a subject already in
-        keeps its score). ``client``: a pipeline to add to, else one round trip."""
-        if subjects:
-            conn = client or self.redis
-            conn.zadd(self.keys.work_set(job), dict.fromkeys(subjects, 0), nx=True)
+    def record_key_parts(self, job: str) -> tuple[str, str]:
+        """What the add scripts need to read a subject's arrival and owner: the parts of
+        a request's key around its id for a job on requests, else ('', '')."""
+        return self.keys.request_key_parts() if job in REQUEST_JOBS else ("", "")
+
+    def add(self, job: str, subjects: Sequence[str], *, client: Any = None) -> int:
+        """Put ``subjects`` in ``job``'s work set (one already in keeps its place).
+        ``client``: a pipeline to add to (returns 0), else one round trip (returns how
+        many were added)."""
+        if not subjects:
+            return 0
+        head, tail = self.record_key_parts(job)
+        reply = self._add(
+            keys=[self.keys.work_set(job)], args=[head, tail, *subjects], client=client
+        )
+        return 0 if client is not None else int(reply)
 
     def claim(self, job: str, n: int, lease_s: float) -> Claim:
-        reply: list[Any] = self._claim(keys=[self.keys.work_set(job)], args=[n, lease_s])
-        return Claim(text(reply[0]), [text(s) for s in reply[1:]])
+        claim_id = os.urandom(8).hex()
+        reply: list[Any] = self._claim(
+            keys=[self.keys.work_set(job)], args=[n, repr(float(lease_s)), claim_id]
+        )
+        return Claim(claim_id, [text(s) for s in reply])
 
     def done(self, job: str, claim: Claim, subjects: Sequence[str]) -> int:
         """Remove finished ``subjects`` of ``claim`` (those still claimed by it)."""
         return self._end(job, claim, "done", subjects)
 
     def release(self, job: str, claim: Claim, subjects: Sequence[str]) -> int:
-        """Make unprocessed ``subjects`` of ``claim`` claimable again at once."""
+        """Put unprocessed ``subjects`` of ``claim`` back in line at once."""
         return self._end(job, claim, "release", subjects)
 
-    def _end(self, job: str, claim: Claim, mode: str, subjects: Sequence[str]) -> int:
+    def defer(self, job: str, claim: Claim, subjects: Sequence[str], delay_s: float) -> int:
+        """Put ``subjects`` of ``claim`` back in line after ``delay_s`` (held by no claim
+        meanwhile, and still in the set: a dispatch does not add them again)."""
+        return self._end(job, claim, "defer", subjects, delay_s)
+
+    def renew(self, job: str, claim: Claim, subjects: Sequence[str], lease_s: float) -> int:
+        """Extend the lease of ``subjects`` still claimed by ``claim`` to ``lease_s``
+        from now (a claim still at work keeps them)."""
+        return self._end(job, claim, "renew", subjects, lease_s)
+
+    def _end(
+        self, job: str, claim: Claim, mode: str, subjects: Sequence[str], secs: float = 0.0
+    ) -> int:
         if not subjects:
             return 0
         keys = [self.keys.work_set(job)]
-        return int(self._done(keys=keys, args=[claim.score, mode, *subjects]))
+        return int(self._done(keys=keys, args=[claim.id, mode, repr(float(secs)), *subjects]))
 
     def size(self, job: str) -> int:
+        """Subjects in the set: waiting, claimed or deferred."""
         return int(self.redis.zcard(self.keys.work_set(job)))
+
+    def lapsed(self, jobs: Iterable[str], now: float, limit: int = 100) -> dict[str, list[str]]:
+        """Per job, up to ``limit`` subjects whose claim or deferral ended by ``now``
+        (server time): they go back in line at the next claim, so a batch job should be
+        queued (a claimer that died, a subject deferred). One round trip for all."""
+        jobs = list(jobs)
+        pipe = self.redis.pipeline(transaction=False)
+        for job in jobs:
+            key = self.keys.work_part(job, "claims")
+            pipe.zrangebyscore(key, "-inf", f"{now:.6f}", start=0, num=limit)
+        return {
+            job: [text(s) for s in found]
+            for job, found in zip(jobs, pipe.execute(), strict=True)
+            if found
+        }
+
+    def clear(self, job: str) -> None:
+        """Drop ``job``'s work set with all its parts (benchmarks, tests)."""
+        owners = [text(o) for o in self.redis.zrange(self.keys.work_part(job, "turns"), 0, -1)]
+        owners += [text(o) for o in self.redis.hvals(self.keys.work_part(job, "owner"))]
+        queues = {self.keys.work_queue(job, o) for o in [*owners, ""]}
+        parts = [self.keys.work_part(job, p) for p in WORK_PARTS if p != "queue"]
+        self.redis.delete(self.keys.work_set(job), *parts, *queues)

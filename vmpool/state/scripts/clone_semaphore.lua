@@ -1,52 +1,118 @@
 -- clone_semaphore.lua: the fleet-wide on-demand clone limit (ondemand_clone_limit), a
 -- counting semaphore of leases shared by every worker process on every machine.
--- Not a store script: vmpool/semaphore.py loads it alone (no transition tables).
--- KEYS[1]  the lease zset (keys.clone_slots): member = lease id (the VM name),
---          score = the lease's expiry, in Redis server time (seconds)
--- ARGV[1]  operation: 'acquire' | 'acquire_all' | 'release' | 'count'
--- ARGV[2]  lease id (acquire, release); the limit (acquire_all)
--- ARGV[3]  the limit (acquire); lease duration in seconds (acquire_all)
--- ARGV[4]  lease duration in seconds (acquire); the first lease id (acquire_all)
--- ARGV[5..] further lease ids (acquire_all)
--- Returns: acquire -> 1 granted (or renewed: the id already held a live lease), 0 full;
---          acquire_all -> per lease id, in order, what acquire would return for it,
---          each taken in turn (a batch job's create claim: one call for its VMs);
---          release -> 1 if a lease was dropped, 0 if there was none;
---          count   -> the number of live leases.
--- Invariant: at most ARGV[3] live leases exist at once, whoever asks and however many
--- processes ask together (the check and the ZADD are one atomic unit). Expired leases
--- are dropped before anything is counted, so the slot of a worker killed mid-create
--- comes back by itself once its lease runs out; no process has to clean up for it.
+-- Not a store script: vmpool/state/semaphore.py loads it alone (no transition tables).
+-- KEYS[1]  the lease zset (keys.clone_slots): member = VM name, score = the lease's
+--          end, in Redis server time (seconds)
+-- KEYS[2]  hash (keys.clone_slot_holders): VM name -> its holder's token, an integer:
+--          the fencing token of the VM lock it was taken under, 0 when taken at the
+--          VM's reservation (before any lock of it)
+-- KEYS[3]  hash (keys.clone_slot_stats): peak (most live leases seen at once),
+--          overruns (renewals that found their lease gone and no slot free)
+-- ARGV[1]  operation: 'acquire' | 'acquire_all' | 'renew' | 'release' | 'count'
+-- acquire:     ARGV[2] VM name, ARGV[3] token, ARGV[4] limit, ARGV[5] lease seconds
+-- acquire_all: ARGV[2] limit, ARGV[3] lease seconds, ARGV[4..] VM name, token pairs
+-- renew:       ARGV[2] VM name, ARGV[3] token, ARGV[4] limit, ARGV[5] lease seconds
+-- release:     ARGV[2] VM name, ARGV[3] token
+-- Returns: acquire -> 1 granted (a new lease, or the VM's lease renewed or taken over:
+--            its token was not newer than ours), 0 refused (no slot free, or a newer
+--            holder of the VM has it);
+--          acquire_all -> per VM, in order, what acquire returns, each in turn;
+--          renew -> 1 renewed (or retaken: it had lapsed and a slot was free), 2 a
+--            newer holder has it (stop renewing), 3 it had lapsed and no slot was
+--            free: re-registered over the limit and counted as an overrun (the
+--            create is under way; the count stays true, so no new slot is granted
+--            until it is back under the limit);
+--          release -> 1 if the lease was dropped (it was ours or an older holder's),
+--            0 otherwise; count -> the number of live leases.
+-- Invariant: a grant never makes more than the limit live leases (the check and the
+-- ZADD are one unit); a lease is released or renewed only by its holder (or, release,
+-- a newer holder of the VM's lock), so a creator paused past its lease cannot drop
+-- the slot of the one that took its VM over. Expired leases are dropped before
+-- anything is counted, so a dead worker's slot comes back by itself. The peak records
+-- the most live leases ever seen at once (the audit and /metrics report it).
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', string.format('%.6f', now))
+local expired = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', string.format('%.6f', now))
+if #expired > 0 then
+  redis.call('ZREM', KEYS[1], unpack(expired))
+  redis.call('HDEL', KEYS[2], unpack(expired))
+end
 local op = ARGV[1]
 if op == 'count' then
   return redis.call('ZCARD', KEYS[1])
 end
-if op == 'release' then
-  return redis.call('ZREM', KEYS[1], ARGV[2])
+
+local function lease_end(seconds)
+  return string.format('%.6f', now + tonumber(seconds))
 end
-local function acquire(holder, limit, expiry)
-  if redis.call('ZSCORE', KEYS[1], holder) then
-    redis.call('ZADD', KEYS[1], expiry, holder)
+
+local function note_peak()
+  local live = redis.call('ZCARD', KEYS[1])
+  if live > tonumber(redis.call('HGET', KEYS[3], 'peak') or '0') then
+    redis.call('HSET', KEYS[3], 'peak', live)
+  end
+end
+
+local function holder(name)
+  return tonumber(redis.call('HGET', KEYS[2], name) or '0')
+end
+
+local function take(name, token, expiry)
+  redis.call('ZADD', KEYS[1], expiry, name)
+  redis.call('HSET', KEYS[2], name, token)
+  note_peak()
+end
+
+local function acquire(name, token, limit, expiry)
+  if redis.call('ZSCORE', KEYS[1], name) then
+    if tonumber(token) < holder(name) then
+      return 0
+    end
+    take(name, token, expiry)
     return 1
   end
   if redis.call('ZCARD', KEYS[1]) >= limit then
     return 0
   end
-  redis.call('ZADD', KEYS[1], expiry, holder)
+  take(name, token, expiry)
   return 1
 end
+
 if op == 'acquire' then
-  return acquire(ARGV[2], tonumber(ARGV[3]), string.format('%.6f', now + tonumber(ARGV[4])))
+  return acquire(ARGV[2], ARGV[3], tonumber(ARGV[4]), lease_end(ARGV[5]))
 end
 if op == 'acquire_all' then
-  local expiry = string.format('%.6f', now + tonumber(ARGV[3]))
+  local expiry = lease_end(ARGV[3])
   local out = {}
-  for i = 4, #ARGV do
-    out[#out + 1] = acquire(ARGV[i], tonumber(ARGV[2]), expiry)
+  for i = 4, #ARGV, 2 do
+    out[#out + 1] = acquire(ARGV[i], ARGV[i + 1], tonumber(ARGV[2]), expiry)
   end
   return out
+end
+if op == 'renew' then
+  local name, token = ARGV[2], ARGV[3]
+  if redis.call('ZSCORE', KEYS[1], name) then
+    if holder(name) ~= tonumber(token) then
+      return 2
+    end
+    redis.call('ZADD', KEYS[1], lease_end(ARGV[5]), name)
+    return 1
+  end
+  local full = redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[4])
+  take(name, token, lease_end(ARGV[5]))
+  if full then
+    redis.call('HINCRBY', KEYS[3], 'overruns', 1)
+    return 3
+  end
+  return 1
+end
+if op == 'release' then
+  local name = ARGV[2]
+  if redis.call('ZSCORE', KEYS[1], name) and holder(name) <= tonumber(ARGV[3]) then
+    redis.call('ZREM', KEYS[1], name)
+    redis.call('HDEL', KEYS[2], name)
+    return 1
+  end
+  return 0
 end
 return redis.error_reply('clone_semaphore: unknown operation ' .. tostring(op))

@@ -1,8 +1,9 @@
 -- create_request.lua: a new on-demand request, its data and its queue entries at once.
 -- KEYS: 1-6 as in _prelude.lua; 7 (optional) the provision work set
 --   (vmpool.state.workset.WorkSet, Keys.work_set('provision_request')): when given, the
---   new request's id is added to it (ZADD NX, score 0: claimable now), so the batch
---   provisioning finds it without another round trip (issue 15).
+--   new request's id is added to it (its place in line: its arrival, `created`; its
+--   owner: the token user), so the batch provisioning finds it without another round
+--   trip (issue 15). The store prepends the work-set functions (_workset.lua).
 -- ARGV: 1-4 as in _prelude.lua; 5 slots "alias:pool:n,alias:pool:n" (vmpooler's
 --   `requested` format); 6 ttl seconds; 7 grace seconds; 8 max_vm_retries;
 --   9 VM lifetime seconds; 10 data_ttl seconds; 11 token user ('' for none);
@@ -59,6 +60,6 @@ redis.call('RPUSH', KEYS[3], audit_entry('request', 'none', 'pending', version, 
 redis.call('ZADD', KEYS[5], fmt(fail_at), RID)
 redis.call('ZADD', KEYS[6], stamp, RID)
 if KEYS[7] then
-  redis.call('ZADD', KEYS[7], 'NX', 0, RID)
+  ws_add(ws_parts(KEYS[7]), RID, stamp, ARGV[11])
 end
 return {1, 'created', version}

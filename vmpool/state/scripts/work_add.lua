@@ -1,0 +1,13 @@
+-- work_add.lua: add subjects to a work set, each unless it is already in (waiting or
+-- claimed) (_workset.lua, prepended with WORK_PARTS; vmpool/state/workset.py loads it).
+-- KEYS[1]  the work set (keys.work_set(job))
+-- ARGV[1]  '' (the subjects are VMs: arrival = now, no owner), or what comes before a
+--          request id in its hash's key (keys.request_key_parts): the subjects are
+--          requests, whose arrival is their `created` and owner their `token_user`
+-- ARGV[2]  what comes after a request id in its hash's key
+-- ARGV[3..] the subjects
+-- Returns: how many were added.
+-- Invariant: a subject is in the set once; a request's place in line is its arrival
+-- (server time at its creation), whenever and however often it is added, so neither
+-- its id nor a re-dispatch moves it (docs/invariants.md, invariant 10).
+return ws_add_subjects(ws_parts(KEYS[1]), ARGV[1], ARGV[2], 3)
