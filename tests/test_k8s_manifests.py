@@ -91,7 +91,9 @@ SENTINEL_SITE = "site/prod+sentinel"
 SENTINEL_SECRETS: dict[str, dict[str, str]] = {
     **SITE_SECRETS,
     "vmpool-redis-client": {
-        "redis-url": "redis+sentinel://:site-redis-pw@vmpool-redis-sentinel:26379/vmpool/0"
+        "redis-url": "redis+sentinel://:site-redis-pw@vmpool-redis-0.vmpool-redis-headless:26379,"
+        "vmpool-redis-1.vmpool-redis-headless:26379,vmpool-redis-2.vmpool-redis-headless:26379"
+        "/vmpool/0"
     },
     "vmpool-redis-server": {"password": "site-redis-pw", "sentinel-password": "site-sentinel-pw"},
     "vmpool-keda": {
@@ -1395,8 +1397,8 @@ def test_ingress_serves_the_api_over_tls_and_trusts_its_proxies(
 def test_redis_sentinel() -> None:
     """components/redis-sentinel on overlays/prod: three Redis pods with a Sentinel each
     (Redis keeps redis.conf's durability: the same ConfigMap), no Service that would
-    spread clients over replicas, vmpool's URL and KEDA's triggers through the
-    sentinels' Service and master name, the start scripts valid sh."""
+    spread clients over replicas, vmpool's URL naming every sentinel pod, KEDA's
+    triggers through the sentinels' Service and master name, the start scripts valid sh."""
     objs = render(SENTINEL_SITE)
     redis = named(objs, "StatefulSet", "vmpool-redis")
     assert redis["spec"]["replicas"] == 3
@@ -1430,7 +1432,13 @@ def test_redis_sentinel() -> None:
     master = env["SENTINEL_MASTER"]["value"]
     url = urlsplit(secret_values(objs, "vmpool-redis-client")["redis-url"])
     assert url.scheme == "redis+sentinel"
-    assert url.hostname == "vmpool-redis-sentinel" and url.port == 26379
+    # Every sentinel by its pod's stable name: vmpool believes the primary a majority of
+    # the listed sentinels name, which a single Service address would reduce to one.
+    headless = redis["spec"]["serviceName"]
+    assert services[headless]["spec"]["clusterIP"] == "None"
+    assert url.netloc.rpartition("@")[2].split(",") == [
+        f"vmpool-redis-{i}.{headless}:26379" for i in range(redis["spec"]["replicas"])
+    ]
     assert url.path.strip("/").split("/")[0] == master
     keda = secret_values(objs, "vmpool-keda")
     assert keda["sentinelMaster"] == master
