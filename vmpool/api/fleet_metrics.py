@@ -4,8 +4,8 @@ Every read is O(pools + queues + periodic jobs + workers), never O(requests or V
 SCAN, no walk over records. One scrape is a few round trips: Redis server ``TIME``, one
 pipeline of counts (ZCARD of the pool indexes and the open-request index, LLEN of the
 fleet's RQ queues, ZSCORE of the schedule's templates, the counter and histogram hashes
-of :mod:`vmpool.state.counters`), two pipelines over the fleet's RQ workers, and one
-over the providers' circuit breakers.
+of :mod:`vmpool.state.counters`), two pipelines over the fleet's RQ workers
+(:mod:`vmpool.api.worker_metrics`), and one over the providers' circuit breakers.
 
 Counters and the ready-time histogram are kept in Redis by the transitions themselves
 (the store's scripts, the workers, ``vmpool audit --metrics``), so they only grow and
@@ -17,8 +17,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Iterator, Mapping
-from datetime import timezone
-from typing import Any, Final
+from typing import Any
 
 import redis
 from prometheus_client.core import (
@@ -28,15 +27,12 @@ from prometheus_client.core import (
     Metric,
 )
 from prometheus_client.registry import Collector
-from rq import Worker
 from rq.registry import FailedJobRegistry
-from rq.utils import utcparse
-from rq.worker import BaseWorker
-from rq.worker_registration import WORKERS_BY_QUEUE_KEY
 
-from vmpool.api.backlog_metrics import backlog_families, busy_family, read_backlog
+from vmpool.api.backlog_metrics import backlog_families, read_backlog
 from vmpool.api.provider_metrics import circuit_families
 from vmpool.api.redis_metrics import redis_health_families, unwritable_family
+from vmpool.api.worker_metrics import worker_families
 from vmpool.config import Config, Schedule
 from vmpool.state.counters import (
     ERRORS_METRIC,
@@ -45,31 +41,13 @@ from vmpool.state.counters import (
     SKIPPED_METRIC,
     cumulative_buckets,
 )
-from vmpool.state.keys import INDEXED_VM_STATES, Keys
+from vmpool.state.keys import INDEXED_VM_STATES
 from vmpool.state.store import Store
 from workers.table import PERIODIC, QUEUES, template_id
-from workers.worker import RQ_SETTINGS
 
-__all__ = ["RedisStateCollector", "fleet_workers"]
+__all__ = ["RedisStateCollector"]
 
 log = logging.getLogger(__name__)
-
-# A worker is alive while RQ's heartbeat (its last_heartbeat, written by the worker
-# every few seconds, idle or busy) is younger than the worker_ttl vmpool's workers run
-# with: past it RQ itself takes the worker for dead.
-WORKER_TTL_S: Final = float(RQ_SETTINGS["worker_ttl"])
-
-
-def fleet_workers(raw: redis.Redis, keys: Keys) -> list[BaseWorker]:
-    """The RQ workers registered on one of the fleet's queues (RQ's per-queue worker
-    sets), by name; another fleet's, under another key prefix, are not ours to report."""
-    found: dict[str, BaseWorker] = {}
-    for short in QUEUES:
-        for key in raw.smembers(WORKERS_BY_QUEUE_KEY % keys.queue(short)):
-            worker = Worker.find_by_key(_text(key), connection=raw)
-            if worker is not None:
-                found[worker.name] = worker
-    return [found[name] for name in sorted(found)]
 
 
 def _text(value: Any) -> str:
@@ -144,7 +122,7 @@ class RedisStateCollector(Collector):
         yield from self._counters(reads)
         yield from _skipped(reads)
         yield from self._audit(reads)
-        yield from self._workers(now)
+        yield from worker_families(self.raw, self.keys, now)
         yield from circuit_families(self.store.redis, self.keys, self.providers)
 
     def _read(self, now: float) -> dict[tuple[str, ...], Any]:
@@ -321,58 +299,6 @@ class RedisStateCollector(Collector):
             last_run.add_metric([], result["time"])
         yield violations
         yield last_run
-
-    def _workers(self, now: float) -> Iterator[Metric]:
-        """Registered workers by state, and those whose heartbeat is fresh."""
-        by_state: dict[str, int] = {}
-        alive = busy = 0
-        for state, beat in _worker_beats(self.raw, self.keys):
-            by_state[state] = by_state.get(state, 0) + 1
-            if beat is not None and now - beat <= WORKER_TTL_S:
-                alive += 1
-                busy += state == "busy"
-        registered = GaugeMetricFamily(
-            "vmpool_workers",
-            "RQ workers registered on the fleet's queues, by state",
-            labels=["state"],
-        )
-        for state, n in sorted(by_state.items()):
-            registered.add_metric([state], n)
-        yield registered
-        yield _gauge(
-            "vmpool_workers_alive",
-            f"Workers of the fleet whose RQ heartbeat is under {WORKER_TTL_S:g} s old",
-            alive,
-        )
-        yield busy_family(busy)
-
-
-def _worker_beats(raw: redis.Redis, keys: Keys) -> list[tuple[str, float | None]]:
-    """(state, last heartbeat as Unix time) of each worker registered on a fleet queue,
-    in two pipelines; a registration whose worker hash is gone is skipped."""
-    pipe = raw.pipeline(transaction=False)
-    for short in QUEUES:
-        pipe.smembers(WORKERS_BY_QUEUE_KEY % keys.queue(short))
-    worker_keys = sorted({_text(k) for members in pipe.execute() for k in members})
-    pipe = raw.pipeline(transaction=False)
-    for key in worker_keys:
-        pipe.hmget(key, "birth", "state", "last_heartbeat")
-    out: list[tuple[str, float | None]] = []
-    for birth, state, beat in pipe.execute() if worker_keys else []:
-        if birth is None:
-            continue
-        # RQ writes the state only once the worker starts working ("?" before, as RQ)
-        out.append((_text(state) if state is not None else "?", _heartbeat(beat)))
-    return out
-
-
-def _heartbeat(value: Any) -> float | None:
-    if not value:
-        return None
-    try:
-        return utcparse(_text(value)).replace(tzinfo=timezone.utc).timestamp()
-    except ValueError:
-        return None
 
 
 def _gauge(name: str, documentation: str, value: float) -> GaugeMetricFamily:

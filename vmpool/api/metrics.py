@@ -20,7 +20,8 @@ from typing import Final, Generic, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 
-from vmpool.api.fleet_metrics import RedisStateCollector, fleet_workers
+from vmpool.api.fleet_metrics import RedisStateCollector
+from vmpool.api.worker_metrics import fleet_workers
 
 __all__ = [
     "HTTP_METHODS",

@@ -202,5 +202,3 @@ def filter_tags(tags: Mapping[str, str], tagfilter: Mapping[str, str]) -> dict[s
         match = re.search(pattern, value) if pattern else None
         out[name] = "".join(g or "" for g in match.groups()) if match else value
     return out
-
-

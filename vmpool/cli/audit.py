@@ -8,7 +8,7 @@ import click
 
 from vmpool.cli.context import CliContext, echo_json, with_context
 from vmpool.cli.errors import CliError
-from vmpool.providers import providers_from_config
+from vmpool.providers import Provider, providers_from_config
 from vmpool.state.audit import INVARIANTS, audit_state, retired_pool_notes
 from vmpool.state.counters import record_audit
 from vmpool.state.redis_check import RedisCheck, check_redis
@@ -39,18 +39,9 @@ def audit_command(cli: CliContext, record: bool, strict: bool) -> None:
     Exit 0 when every invariant holds; exit 1 and one line per violation otherwise
     (with --strict, also per Redis setting that puts acknowledged writes at risk).
     """
-    config = cli.config
-    masked = cli.fleet.masked_secrets() if cli.fleet is not None else []
-    if masked:  # the audit lists every provider's VMs: it needs their credentials
-        raise CliError(
-            f"the running fleet publishes its config without secrets, and provider"
-            f" {', '.join(masked)} needs them to list its VMs: pass --config with the"
-            " fleet's config file"
-        )
-    providers = providers_from_config(cli.redis, cli.keys, config)
     violations = audit_state(
         cli.store,
-        providers,
+        _providers(cli),
         sweep_interval_s=cli.config.schedule.sweep_expired,
         reap_interval_s=cli.config.schedule.reap_running,
     )
@@ -84,6 +75,18 @@ def audit_command(cli: CliContext, record: bool, strict: bool) -> None:
             click.echo(f"audit: clean (invariants 1-{max(INVARIANTS)} hold)")
     if violations or (strict and redis_settings.problems()):
         raise SystemExit(1)
+
+
+def _providers(cli: CliContext) -> dict[str, Provider]:
+    """The fleet's providers, with credentials: the audit lists every provider's VMs."""
+    masked = cli.fleet.masked_secrets() if cli.fleet is not None else []
+    if masked:
+        raise CliError(
+            f"the running fleet publishes its config without secrets, and provider"
+            f" {', '.join(masked)} needs them to list its VMs: pass --config with the"
+            " fleet's config file"
+        )
+    return providers_from_config(cli.redis, cli.keys, cli.config)
 
 
 def _redis_line(check: RedisCheck) -> str:

@@ -37,4 +37,3 @@ async def readyz(st: State) -> Response:
 async def metrics(st: State) -> Response:
     data = await run_in_threadpool(st.metrics.render)
     return Response(data, media_type=METRICS_MEDIA_TYPE)
-

@@ -257,9 +257,7 @@ def _start_provisioning(st: ApiState, rid: str, enqueue: EnqueueFn | None = None
 
 # The failure reason of a request failed by its TTL (_prelude.lua's expire_or_fulfil),
 # and vmpooler's message for every failed request.
-TTL_FAILURE = (
-    "The request failed to provision instances within the configured ondemand_request_ttl"
-)
+TTL_FAILURE = "The request failed to provision instances within the configured ondemand_request_ttl"
 
 
 def _not_found(rid: str) -> Response:
