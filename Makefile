@@ -21,6 +21,7 @@ venv: $(VENV)/.installed
 
 lint: venv
 	$(VENV)/bin/ruff check vmpool workers tests bench
+	$(VENV)/bin/ruff format --check vmpool workers tests bench
 	$(VENV)/bin/mypy
 
 # pytest exits 5 when it collected nothing: that is a failure here, not a pass.

@@ -154,19 +154,25 @@ def main() -> None:
     parser.add_argument("--modes", default="2:vm,0.25:vm,0.25:list")
     parser.add_argument("--idle", type=float, default=5.0)
     args = parser.parse_args()
-    print(f"# nproc={os.cpu_count()} python={platform.python_version()}"
-          f" loadavg={os.getloadavg()[0]:.2f} requests={args.requests} rate={args.rate}")
+    print(
+        f"# nproc={os.cpu_count()} python={platform.python_version()}"
+        f" loadavg={os.getloadavg()[0]:.2f} requests={args.requests} rate={args.rate}"
+    )
     print()
-    print("| check_pending_sweep interval, provider | last VM up → ready: p50 / p99 / max (s)"
-          " | p99 ÷ interval | Redis commands/s idle | commands per VM above idle |")
+    print(
+        "| check_pending_sweep interval, provider | last VM up → ready: p50 / p99 / max (s)"
+        " | p99 ÷ interval | Redis commands/s idle | commands per VM above idle |"
+    )
     print("|---|---|---|---|---|")
     for mode in args.modes.split(","):
         interval_text, _, how = mode.partition(":")
         interval, listing = float(interval_text), how == "list"
         m = measure(interval, listing, args.requests, args.rate, args.idle)
         what = "one list call per sweep" if listing else "checked VM by VM"
-        print(f"| {interval:g} s, {what} | {m['p50']:.3f} / {m['p99']:.3f} / {m['max']:.3f} |"
-              f" {m['p99'] / interval:.2f} | {m['idle_per_s']:.0f} | {m['cmds_per_vm']:.0f} |")
+        print(
+            f"| {interval:g} s, {what} | {m['p50']:.3f} / {m['p99']:.3f} / {m['max']:.3f} |"
+            f" {m['p99'] / interval:.2f} | {m['idle_per_s']:.0f} | {m['cmds_per_vm']:.0f} |"
+        )
     print(f"\n# loadavg after: {os.getloadavg()[0]:.2f}")
 
 

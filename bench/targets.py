@@ -100,8 +100,7 @@ def _release_queues(conn: redis.Redis, keys: Keys) -> None:
 def _run_workers(url: str, cfg: str, done: Callable[[], bool], conn: redis.Redis) -> float:
     """Start 2 workers, release the held queues once both listen, time until ``done``."""
     procs = [
-        subprocess.Popen([sys.executable, "-c", WORKER_CODE, url, cfg], cwd=ROOT)
-        for _ in range(2)
+        subprocess.Popen([sys.executable, "-c", WORKER_CODE, url, cfg], cwd=ROOT) for _ in range(2)
     ]
     try:
         deadline = time.monotonic() + 60
@@ -133,9 +132,14 @@ def fleet_noop(url: str, n: int) -> float:
             queue.enqueue("workers.jobs.noop", result_ttl=0, pipeline=pipe)
         pipe.execute()
     _hold_queues(conn, keys)
-    done = lambda: conn.llen(f"bench:held:{keys.queue('vms')}") == 0 and not any(  # noqa: E731
-        conn.llen(f"rq:queue:{q}") for q in queue_names(keys)
-    ) and _jobs_done(conn) >= n
+
+    def done() -> bool:
+        return (
+            conn.llen(f"bench:held:{keys.queue('vms')}") == 0
+            and not any(conn.llen(f"rq:queue:{q}") for q in queue_names(keys))
+            and _jobs_done(conn) >= n
+        )
+
     return n / _run_workers(url, "-", done, conn)
 
 
@@ -151,8 +155,11 @@ def command_breakdown(conn: redis.Redis, per: int) -> str:
     """The commands since the last CONFIG RESETSTAT by kind, per ``per`` (most first)."""
     stats = conn.info("commandstats")
     rows = sorted(
-        ((int(v["calls"]) / per, k.removeprefix("cmdstat_")) for k, v in stats.items()
-         if k != "cmdstat_config"),
+        (
+            (int(v["calls"]) / per, k.removeprefix("cmdstat_"))
+            for k, v in stats.items()
+            if k != "cmdstat_config"
+        ),
         reverse=True,
     )
     return " ".join(f"{name}={calls:.1f}" for calls, name in rows if calls >= 0.05)

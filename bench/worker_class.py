@@ -126,8 +126,10 @@ def main() -> None:
         f"| {args.requests} one-VM requests (provision+create+check) | {real['fork'][0]:.0f}"
         f" | {real['simple'][0]:.0f} | {real['simple'][0] / real['fork'][0]:.1f}x |"
     )
-    print(f"# requests ready: fork {real['fork'][1]}/{args.requests},"
-          f" simple {real['simple'][1]}/{args.requests}")
+    print(
+        f"# requests ready: fork {real['fork'][1]}/{args.requests},"
+        f" simple {real['simple'][1]}/{args.requests}"
+    )
 
 
 if __name__ == "__main__":

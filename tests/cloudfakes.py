@@ -77,11 +77,15 @@ class FakeCloud:
             return lost
         return reply
 
-    def fail(self, kind: str, status: int, body: str, headers: dict[str, str] | None = None,
-             times: int = 1) -> None:
-        self.failures.setdefault(kind, []).extend(
-            [(status, body, headers or {}, "error")] * times
-        )
+    def fail(
+        self,
+        kind: str,
+        status: int,
+        body: str,
+        headers: dict[str, str] | None = None,
+        times: int = 1,
+    ) -> None:
+        self.failures.setdefault(kind, []).extend([(status, body, headers or {}, "error")] * times)
 
     def take_failure(self, kind: str) -> Reply | None:
         self.calls[kind] += 1
@@ -90,8 +94,14 @@ class FakeCloud:
 
     def create(self, name: str, image: str, size: str, tags: dict[str, str]) -> Instance:
         n = next(self.ids)
-        instance = Instance(f"i-{n:08x}", name, image, size, dict(tags),
-                            address=f"127.0.{(n - 1) // 254}.{(n - 1) % 254 + 1}")
+        instance = Instance(
+            f"i-{n:08x}",
+            name,
+            image,
+            size,
+            dict(tags),
+            address=f"127.0.{(n - 1) // 254}.{(n - 1) % 254 + 1}",
+        )
         self.instances[instance.id] = instance
         return instance
 
@@ -114,10 +124,9 @@ def _ok(body: Any, status: int = 200) -> Reply:
 
 # -- EC2 -----------------------------------------------------------------------------------
 
+
 def _ec2_item(i: Instance) -> str:
-    tags = "".join(
-        f"<item><key>{k}</key><value>{v}</value></item>" for k, v in i.tags.items()
-    )
+    tags = "".join(f"<item><key>{k}</key><value>{v}</value></item>" for k, v in i.tags.items())
     code = {"pending": 0, "running": 16, "shutting-down": 32, "terminated": 48,
             "stopping": 64, "stopped": 80}[i.state]  # fmt: skip
     reason = ""
@@ -166,8 +175,12 @@ class EC2Mock(MockHttp):  # type: ignore[misc]
         if body:
             params.update({k: v[0] for k, v in parse_qs(str(body), keep_blank_values=True).items()})
         action = params.get("Action", "")
-        kind = {"RunInstances": "create", "DescribeInstances": "list",
-                "TerminateInstances": "destroy", "DescribeImages": "image"}.get(action, action)
+        kind = {
+            "RunInstances": "create",
+            "DescribeInstances": "list",
+            "TerminateInstances": "destroy",
+            "DescribeImages": "image",
+        }.get(action, action)
         failure = self.cloud.take_failure(kind)
         if failure:
             return failure
@@ -176,26 +189,35 @@ class EC2Mock(MockHttp):  # type: ignore[misc]
     def _ec2_image(self, params: dict[str, str]) -> Reply:
         wanted = params.get("ImageId.1")
         if wanted in self.cloud.missing_images:
-            body = ec2_error("InvalidAMIID.NotFound", f"The image id '[{wanted}]' does not exist",
-                             xmlns=EC2_NS.rstrip("/"))  # moto's shape: namespaced
+            body = ec2_error(
+                "InvalidAMIID.NotFound",
+                f"The image id '[{wanted}]' does not exist",
+                xmlns=EC2_NS.rstrip("/"),
+            )  # moto's shape: namespaced
             return 400, body, {}, "Bad Request"
         if wanted:
             items = _ec2_image(wanted)
         else:
             names = {v for k, v in params.items() if k.startswith("Filter.1.Value.")}
             items = "".join(
-                _ec2_image(i, created) for i, name, created in self.cloud.images
+                _ec2_image(i, created)
+                for i, name, created in self.cloud.images
                 if any(fnmatch.fnmatchcase(name, n) for n in names)
             )
-        return _ok(f'<DescribeImagesResponse xmlns="{EC2_NS}"><imagesSet>{items}</imagesSet>'
-                   "</DescribeImagesResponse>")
+        return _ok(
+            f'<DescribeImagesResponse xmlns="{EC2_NS}"><imagesSet>{items}</imagesSet>'
+            "</DescribeImagesResponse>"
+        )
 
     def _ec2_create(self, params: dict[str, str]) -> Reply:
         image = params["ImageId"]
         if image in self.cloud.missing_images:
-            return 400, ec2_error(
-                "InvalidAMIID.NotFound", f"The image id '[{image}]' does not exist"
-            ), {}, "Bad Request"
+            return (
+                400,
+                ec2_error("InvalidAMIID.NotFound", f"The image id '[{image}]' does not exist"),
+                {},
+                "Bad Request",
+            )
         tags = {}
         for n in itertools.count(1):
             key = params.get(f"TagSpecification.1.Tag.{n}.Key")
@@ -206,11 +228,14 @@ class EC2Mock(MockHttp):  # type: ignore[misc]
         instance.params = dict(params)
         instance.zone = params.get("Placement.AvailabilityZone", "")
         lost = (503, ec2_error("Unavailable", "The server is unavailable"), {}, "Unavailable")
-        return self.cloud.answer(_ok(
-            f'<RunInstancesResponse xmlns="{EC2_NS}"><reservationId>r-1</reservationId>'
-            f"<ownerId>1</ownerId><groupSet/><instancesSet>{_ec2_item(instance)}"
-            "</instancesSet></RunInstancesResponse>"
-        ), lost)
+        return self.cloud.answer(
+            _ok(
+                f'<RunInstancesResponse xmlns="{EC2_NS}"><reservationId>r-1</reservationId>'
+                f"<ownerId>1</ownerId><groupSet/><instancesSet>{_ec2_item(instance)}"
+                "</instancesSet></RunInstancesResponse>"
+            ),
+            lost,
+        )
 
     def _ec2_list(self, params: dict[str, str]) -> Reply:
         filters: dict[str, set[str]] = {}
@@ -249,23 +274,32 @@ class EC2Mock(MockHttp):  # type: ignore[misc]
 
 # -- GCE -----------------------------------------------------------------------------------
 
+
 def gce_error(status: int, reason: str, message: str) -> str:
     return json.dumps(
-        {"error": {"code": status, "message": message,
-                   "errors": [{"reason": reason, "message": message, "domain": "global"}]}}
+        {
+            "error": {
+                "code": status,
+                "message": message,
+                "errors": [{"reason": reason, "message": message, "domain": "global"}],
+            }
+        }
     )
 
 
 def _gce_item(i: Instance) -> dict[str, Any]:
     status = {"pending": "PROVISIONING", "running": "RUNNING", "stopped": "TERMINATED"}.get(
-        i.state, "STOPPING")
+        i.state, "STOPPING"
+    )
     return {
-        "id": i.id, "name": i.name, "status": status, "labels": i.tags,
+        "id": i.id,
+        "name": i.name,
+        "status": status,
+        "labels": i.tags,
         "zone": f"https://www.googleapis.com/compute/v1/projects/proj/zones/{i.zone}",
-        "statusMessage": i.fault, "creationTimestamp": "2026-01-01T00:00:00.000-07:00",
-        "networkInterfaces": [
-            {"networkIP": "10.0.0.9", "accessConfigs": [{"natIP": i.address}]}
-        ],
+        "statusMessage": i.fault,
+        "creationTimestamp": "2026-01-01T00:00:00.000-07:00",
+        "networkInterfaces": [{"networkIP": "10.0.0.9", "accessConfigs": [{"natIP": i.address}]}],
     }
 
 
@@ -302,8 +336,7 @@ class GCEMock(MockHttp):  # type: ignore[misc]
         page, token = self.cloud.page(found, query.get("pageToken", [None])[0])
         items: dict[str, Any] = {"zones/us-east1-b": {"warning": {"code": "NO_RESULTS_ON_PAGE"}}}
         for i in page:
-            items.setdefault(f"zones/{i.zone}", {"instances": []})["instances"].append(
-                _gce_item(i))
+            items.setdefault(f"zones/{i.zone}", {"instances": []})["instances"].append(_gce_item(i))
         reply: dict[str, Any] = {"kind": "compute#instanceAggregatedList", "items": items}
         if token:
             reply["nextPageToken"] = token
@@ -357,12 +390,21 @@ def _os_server(i: Instance) -> dict[str, Any]:
     fault = {"fault": {"code": 500, "message": i.fault, "created": "2026-01-01T00:00:00Z"}}
     return {
         **(fault if i.fault else {}),
-        "id": i.id, "name": i.name, "status": status, "metadata": i.tags,
-        "addresses": {"net": [{"addr": i.address, "version": 4,
-                               "OS-EXT-IPS:type": "floating"}]},
-        "image": {"id": i.image}, "flavor": {"id": i.size}, "tenant_id": "tenant",
-        "user_id": "u", "created": "2026-01-01T00:00:00Z", "updated": "2026-01-01T00:00:00Z",
-        "hostId": "h", "key_name": None, "accessIPv4": "", "accessIPv6": "",
+        "id": i.id,
+        "name": i.name,
+        "status": status,
+        "metadata": i.tags,
+        "addresses": {"net": [{"addr": i.address, "version": 4, "OS-EXT-IPS:type": "floating"}]},
+        "image": {"id": i.image},
+        "flavor": {"id": i.size},
+        "tenant_id": "tenant",
+        "user_id": "u",
+        "created": "2026-01-01T00:00:00Z",
+        "updated": "2026-01-01T00:00:00Z",
+        "hostId": "h",
+        "key_name": None,
+        "accessIPv4": "",
+        "accessIPv6": "",
         "links": [{"rel": "self", "href": f"{OPENSTACK_BASE}/servers/{i.id}"}],
     }
 
@@ -376,8 +418,14 @@ class OpenStackMock(MockHttp):  # type: ignore[misc]
             return self._failure("create") or self._create(json.loads(body)["server"])
         if method == "GET" and path == "/images/detail":
             self.cloud.calls["image"] += 1
-            return _ok({"images": [{"id": i, "name": n, "created": c, "status": "ACTIVE"}
-                                   for i, n, c in self.cloud.images]})
+            return _ok(
+                {
+                    "images": [
+                        {"id": i, "name": n, "created": c, "status": "ACTIVE"}
+                        for i, n, c in self.cloud.images
+                    ]
+                }
+            )
         if method == "GET" and path == "/servers/detail":
             return self._failure("list") or _ok(
                 {"servers": [_os_server(i) for i in self.cloud.live()]}
@@ -415,6 +463,7 @@ class OpenStackMock(MockHttp):  # type: ignore[misc]
 
 # -- wiring --------------------------------------------------------------------------------
 
+
 def install(monkeypatch: pytest.MonkeyPatch, kind: str) -> tuple[FakeCloud, Any]:
     """Point libcloud's ``kind`` driver at a new fake; the fake and a driver for it."""
     cloud = FakeCloud()
@@ -425,32 +474,45 @@ def install(monkeypatch: pytest.MonkeyPatch, kind: str) -> tuple[FakeCloud, Any]
 
         monkeypatch.setattr(EC2Mock, "cloud", cloud, raising=False)
         monkeypatch.setattr(EC2NodeDriver.connectionCls, "conn_class", EC2Mock)
-        return cloud, ec2_driver(tolerant=False)("AKIDFAKE", "fake-secret", region="us-east-1",
-                                                 signature_version="4")
+        return cloud, ec2_driver(tolerant=False)(
+            "AKIDFAKE", "fake-secret", region="us-east-1", signature_version="4"
+        )
     if kind == "gce":
         from libcloud.common import google
         from libcloud.compute.drivers.gce import GCENodeDriver
 
         from vmpool.providers.cloud.gce import driver_class
 
-        token = {"access_token": "t", "token_type": "Bearer",
-                 "expire_time": "2099-01-01T00:00:00Z", "expires_in": 3600}
-        monkeypatch.setattr(google.GoogleOAuth2Credential, "_get_token_from_file",
-                            lambda self: token)
-        monkeypatch.setattr(google.GoogleOAuth2Credential, "_write_token_to_file",
-                            lambda self: None)
+        token = {
+            "access_token": "t",
+            "token_type": "Bearer",
+            "expire_time": "2099-01-01T00:00:00Z",
+            "expires_in": 3600,
+        }
+        monkeypatch.setattr(
+            google.GoogleOAuth2Credential, "_get_token_from_file", lambda self: token
+        )
+        monkeypatch.setattr(
+            google.GoogleOAuth2Credential, "_write_token_to_file", lambda self: None
+        )
         monkeypatch.setattr(google.GoogleAuthType, "_is_gce", staticmethod(lambda: False))
         monkeypatch.setattr(GCEMock, "cloud", cloud, raising=False)
         monkeypatch.setattr(GCENodeDriver.connectionCls, "conn_class", GCEMock)
-        return cloud, driver_class()("sa@example.iam.gserviceaccount.com", "key",
-                                    project="proj", auth_type="IA")
+        return cloud, driver_class()(
+            "sa@example.iam.gserviceaccount.com", "key", project="proj", auth_type="IA"
+        )
     from libcloud.compute.drivers.openstack import OpenStack_2_NodeDriver
 
     monkeypatch.setattr(OpenStackMock, "cloud", cloud, raising=False)
     monkeypatch.setattr(OpenStack_2_NodeDriver.connectionCls, "conn_class", OpenStackMock)
     driver = OpenStack_2_NodeDriver(
-        "user", "password", ex_force_auth_token="token", ex_force_base_url=OPENSTACK_BASE,
-        ex_force_auth_url="http://127.0.0.1:5000", ex_force_auth_version="3.x_password",
-        ex_tenant_name="tenant", ex_domain_name="Default",
+        "user",
+        "password",
+        ex_force_auth_token="token",
+        ex_force_base_url=OPENSTACK_BASE,
+        ex_force_auth_url="http://127.0.0.1:5000",
+        ex_force_auth_version="3.x_password",
+        ex_tenant_name="tenant",
+        ex_domain_name="Default",
     )
     return cloud, driver

@@ -46,9 +46,14 @@ class MotoServer:
         with log.open("wb") as out:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-                env={**os.environ, "MOTO_ENABLE_AMI_VALIDATION": "true",
-                     "MOTO_EC2_ENABLE_INSTANCE_TYPE_VALIDATION": "true"},
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                env={
+                    **os.environ,
+                    "MOTO_ENABLE_AMI_VALIDATION": "true",
+                    "MOTO_EC2_ENABLE_INSTANCE_TYPE_VALIDATION": "true",
+                },
             )
         server = cls(proc, port, log)
         deadline = time.monotonic() + timeout_s
@@ -76,17 +81,28 @@ class MotoServer:
         self.proc.wait(10)
 
     def options(self, **extra: Any) -> dict[str, Any]:
-        return {"endpoint": self.url, "access_key_id": "AKIDMOTO",
-                "secret_access_key": "moto-secret", "region": "us-east-1",
-                "ready_check": "state", "backoff": 0.05, **extra}
+        return {
+            "endpoint": self.url,
+            "access_key_id": "AKIDMOTO",
+            "secret_access_key": "moto-secret",
+            "region": "us-east-1",
+            "ready_check": "state",
+            "backoff": 0.05,
+            **extra,
+        }
 
 
 def boto_ec2(server: MotoServer) -> Any:
     """A boto3 EC2 client on the server, for launching someone else's instances."""
     import boto3
 
-    return boto3.client("ec2", region_name="us-east-1", endpoint_url=server.url,
-                        aws_access_key_id="AKIDMOTO", aws_secret_access_key="moto-secret")
+    return boto3.client(
+        "ec2",
+        region_name="us-east-1",
+        endpoint_url=server.url,
+        aws_access_key_id="AKIDMOTO",
+        aws_secret_access_key="moto-secret",
+    )
 
 
 class FaultProxy:
@@ -158,8 +174,11 @@ class FaultProxy:
             conn.request(handler.command, handler.path, body=body or None, headers=forward)
             reply = conn.getresponse()
             status, payload = reply.status, reply.read()
-            headers = {k: v for k, v in reply.getheaders()
-                       if k.lower() not in ("content-length", "transfer-encoding", "connection")}
+            headers = {
+                k: v
+                for k, v in reply.getheaders()
+                if k.lower() not in ("content-length", "transfer-encoding", "connection")
+            }
             conn.close()
         handler.send_response(status)
         for key, value in headers.items():

@@ -34,8 +34,14 @@ def make_request(
         for i in range(n):
             name = f"{rid.lower().replace('_', '-').replace('.', '-')}-vm{i}"
             out = store.reserve_vm(
-                rid, name=name, alias=alias, pool=pool, template="t", provider="sim",
-                domain="example.com", actor=ACTOR,
+                rid,
+                name=name,
+                alias=alias,
+                pool=pool,
+                template="t",
+                provider="sim",
+                domain="example.com",
+                actor=ACTOR,
             )
             assert out.ok, out
             names.append(name)

@@ -161,8 +161,7 @@ LATIN1 = st.text(
     max_size=60,
 ).map(lambda s: s.encode("latin-1"))
 BASIC = st.tuples(st.text(max_size=20), st.text(max_size=20)).map(
-    lambda up: b"Basic "
-    + base64.b64encode(f"{up[0]}:{up[1]}".encode("utf-8", "surrogatepass"))
+    lambda up: b"Basic " + base64.b64encode(f"{up[0]}:{up[1]}".encode("utf-8", "surrogatepass"))
 )
 HEADER_NAMES = st.sampled_from(
     ["X-AUTH-TOKEN", "Authorization", "Content-Type", "Accept", "X-Forwarded-For",
@@ -192,8 +191,7 @@ def _fill(template: str, values: list[str]) -> str:
     parts = template.split("/")
     it = iter(values)
     return "/".join(
-        quote(next(it), safe="+", errors="surrogatepass") if p.startswith("{") else p
-        for p in parts
+        quote(next(it), safe="+", errors="surrogatepass") if p.startswith("{") else p for p in parts
     )
 
 

@@ -46,8 +46,10 @@ def forge(store: Store, rid: str, entity: str, src: str, dst: str, *, skip: int 
     store.redis.hset(key, "version", version)
     if entity == "request":
         store.redis.hset(key, "status", dst)
-    store.redis.rpush(store.keys.request_audit(rid), json.dumps(
-        [entity, src, dst, version, "forger", "test", "0"]))
+    store.redis.rpush(
+        store.keys.request_audit(rid),
+        json.dumps([entity, src, dst, version, "forger", "test", "0"]),
+    )
 
 
 def ready_request(store: Store, provider: SimulatedProvider, rid: str) -> list[str]:

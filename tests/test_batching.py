@@ -94,9 +94,7 @@ def test_a_dead_claimer_loses_nothing_and_cannot_remove_a_newer_claim(
     assert live.claim("create_vm", 5, lease_s=60).subjects == ["vm-c"]
 
 
-def test_one_bad_subject_does_not_stop_the_batch(
-    redis_client: redis.Redis, redis_url: str
-) -> None:
+def test_one_bad_subject_does_not_stop_the_batch(redis_client: redis.Redis, redis_url: str) -> None:
     fleet = _batched_fleet(redis_client, redis_url)
     WorkSet(fleet.redis, fleet.keys).add("create_vm", ["a-1", "boom", "a-2"])
     seen: list[str] = []
@@ -171,10 +169,13 @@ def test_lanes_follow_the_config(
     # lanes of the 12 (the chance of staying at 4 is about 1e-17).
     assert 4 < len(queued) <= 12 and queued <= lanes, queued
     # a run of a lane the config no longer has continues on a lane it has
-    continue_batch(conn, fleet.keys, "create_vm_batch",
-                   job_id(fleet.keys, "create_vm_batch", run=40), lanes=2)
-    assert any(conn.exists(fleet.keys.rq_job(job_id(fleet.keys, "create_vm_batch", run=r)))
-               for r in range(4))
+    continue_batch(
+        conn, fleet.keys, "create_vm_batch", job_id(fleet.keys, "create_vm_batch", run=40), lanes=2
+    )
+    assert any(
+        conn.exists(fleet.keys.rq_job(job_id(fleet.keys, "create_vm_batch", run=r)))
+        for r in range(4)
+    )
 
 
 def test_a_dispatch_costs_the_same_with_many_lanes(conn: redis.Redis, keys: Keys) -> None:

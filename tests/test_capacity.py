@@ -27,8 +27,9 @@ from vmpool.state.records import RequestSettings, Slot
 import cloudfakes
 
 
-def make_fleet(redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch,
-               **limits: Any) -> tuple[Fleet, cloudfakes.FakeCloud]:
+def make_fleet(
+    redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch, **limits: Any
+) -> tuple[Fleet, cloudfakes.FakeCloud]:
     cloud, driver = cloudfakes.install(monkeypatch, "ec2")
     data = {
         ":providers": {"aws": {"provider_class": "ec2", "ready_check": "state",
@@ -43,8 +44,17 @@ def make_fleet(redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch,
     fleet.names = NameGenerator("", random.Random(11))
     pools = {name: pool.provider_options for name, pool in cfg.pools.items()}
     options = {**cfg.providers["aws"].options, "retries": 0}
-    fleet.providers = {"aws": EC2Provider(redis_client, fleet.keys, "aws", options, pools=pools,
-                                          driver=driver, sleep=lambda s: None)}
+    fleet.providers = {
+        "aws": EC2Provider(
+            redis_client,
+            fleet.keys,
+            "aws",
+            options,
+            pools=pools,
+            driver=driver,
+            sleep=lambda s: None,
+        )
+    }
     return fleet, cloud
 
 

@@ -186,14 +186,6 @@ def test_context_config(tmp_path: Path) -> None:
     assert CliFailure("x").exit_code == 1
 
 
-
-
-
-
-
-
-
-
 def test_help_and_version() -> None:
     result = run("--help")
     assert result.exit_code == 0
@@ -203,10 +195,6 @@ def test_help_and_version() -> None:
     assert "--redis-url URL" in result.stdout
     assert "--json" in result.stdout
     assert run("--version").exit_code == 0
-
-
-
-
 
 
 def _vmpool_command() -> list[str]:

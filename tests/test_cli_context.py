@@ -41,10 +41,26 @@ def test_context_builds_once_and_closes(redis_url: str) -> None:
 
 def test_every_command_takes_the_shared_options() -> None:
     """--config and --redis-url on every command; --json on those that print data."""
-    printing = {"config check", "config show", "config schema", "request create", "request get",
-                "request delete", "request history", "pools", "audit", "token create",
-                "token revoke", "enqueue", "vm get", "vm list", "vm show", "vm extend",
-                "vm delete", "fleet-id"}
+    printing = {
+        "config check",
+        "config show",
+        "config schema",
+        "request create",
+        "request get",
+        "request delete",
+        "request history",
+        "pools",
+        "audit",
+        "token create",
+        "token revoke",
+        "enqueue",
+        "vm get",
+        "vm list",
+        "vm show",
+        "vm extend",
+        "vm delete",
+        "fleet-id",
+    }
     ctx = click.Context(cli)
     seen = set()
     for name in cli.list_commands(ctx):
@@ -95,8 +111,9 @@ def test_a_command_gets_its_context_and_it_is_closed_after(redis_url: str) -> No
         assert cli_ctx.store.redis.ping()
         click.echo(f"{word} {cli_ctx.as_json} {cli_ctx.config_path}")
 
-    result = CliRunner().invoke(probe, ["hello", "--json", "--redis-url", redis_url],
-                                env={"VMPOOL_CONFIG": None})
+    result = CliRunner().invoke(
+        probe, ["hello", "--json", "--redis-url", redis_url], env={"VMPOOL_CONFIG": None}
+    )
     assert result.exit_code == 0, result.output
     assert result.stdout == "hello True None\n"
     assert "redis" not in vars(seen[0])  # closed when the command returned

@@ -24,24 +24,41 @@ HASH = "sha256$salt$" + "ab" * 32
 @pytest.fixture
 def run(redis_url: str, redis_client: redis.Redis) -> object:
     def invoke(*args: str) -> Result:
-        return CliRunner().invoke(cli, [*args, "--redis-url", redis_url],
-                                  env={"VMPOOL_CONFIG": None})
+        return CliRunner().invoke(
+            cli, [*args, "--redis-url", redis_url], env={"VMPOOL_CONFIG": None}
+        )
 
     return invoke
 
 
 def test_the_pools_table_has_a_header_and_the_aliases(run) -> None:  # type: ignore[no-untyped-def]
     lines = run("pools").stdout.splitlines()
-    assert lines[0].split() == ["POOL", "ALIAS", "SIZE", "READY", "PENDING", "RUNNING",
-                                "COMPLETED", "ONDEMAND_QUEUE"]
+    assert lines[0].split() == [
+        "POOL",
+        "ALIAS",
+        "SIZE",
+        "READY",
+        "PENDING",
+        "RUNNING",
+        "COMPLETED",
+        "ONDEMAND_QUEUE",
+    ]
     assert lines[1].split()[:2] == [POOL, "debian,debian-12"]
 
 
 def test_enqueue_takes_an_alias_for_its_pool(run, redis_client: redis.Redis) -> None:  # type: ignore[no-untyped-def]
     store = Store(redis_client, Keys())
     rid = run("request", "create", "debian=1").stdout.strip()
-    store.reserve_vm(rid, name="booting-vm", alias="debian", pool=POOL, template="t",
-                     provider="simulated", domain=None, actor=ACTOR)
+    store.reserve_vm(
+        rid,
+        name="booting-vm",
+        alias="debian",
+        pool=POOL,
+        template="t",
+        provider="simulated",
+        domain=None,
+        actor=ACTOR,
+    )
     store.vm_created("booting-vm", actor=ACTOR)
     by_alias = run("enqueue", "check_pending_vm", "--pool", "debian", "--json")
     assert by_alias.exit_code == 0, by_alias.output
@@ -51,7 +68,8 @@ def test_enqueue_takes_an_alias_for_its_pool(run, redis_client: redis.Redis) -> 
 
 
 def test_a_token_for_a_user_the_config_does_not_know_is_a_warning(
-    run, tmp_path: Path  # type: ignore[no-untyped-def]
+    run,
+    tmp_path: Path,  # type: ignore[no-untyped-def]
 ) -> None:
     config = tmp_path / "auth.yaml"
     config.write_text(f":auth:\n  users: {{jdoe: '{HASH}'}}\n:pools:\n  - {{name: p}}\n")

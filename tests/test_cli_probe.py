@@ -98,7 +98,9 @@ def test_an_unknown_probe_is_one_line_and_exit_2() -> None:
 def test_the_worker_refuses_an_alive_file_it_cannot_write(tmp_path: Path) -> None:
     # Said at start, in one line, rather than a liveness probe that never passes.
     result = CliRunner().invoke(
-        cli, ["worker", "--alive-file", str(tmp_path / "no-such-dir" / "alive")],
-        env={ALIVE_FILE_ENV: None})
+        cli,
+        ["worker", "--alive-file", str(tmp_path / "no-such-dir" / "alive")],
+        env={ALIVE_FILE_ENV: None},
+    )
     assert result.exit_code == 2, result.output
     assert one_line(result.output).startswith("vmpool: error: --alive-file: cannot write")

@@ -74,8 +74,16 @@ def test_create_wait_prints_hostnames(run, redis_client: redis.Redis) -> None:  
         rid = store.open_requests()[0]
         for i in range(2):
             name = f"wait-vm{i}"
-            store.reserve_vm(rid, name=name, alias="debian", pool=POOL, template="t",
-                             provider="simulated", domain="example.com", actor=ACTOR)
+            store.reserve_vm(
+                rid,
+                name=name,
+                alias="debian",
+                pool=POOL,
+                template="t",
+                provider="simulated",
+                domain="example.com",
+                actor=ACTOR,
+            )
             store.vm_created(name, actor=ACTOR)
             store.vm_ready(name, actor=ACTOR)
 
@@ -86,7 +94,10 @@ def test_create_wait_prints_hostnames(run, redis_client: redis.Redis) -> None:  
     assert result.exit_code == 0, result.output
     # a table of the hostnames, each with the name it was asked by
     assert result.stdout.splitlines() == [
-        "POOL    HOSTNAME", "debian  wait-vm0.example.com", "debian  wait-vm1.example.com"]
+        "POOL    HOSTNAME",
+        "debian  wait-vm0.example.com",
+        "debian  wait-vm1.example.com",
+    ]
 
 
 def test_create_wait_on_failure_exits_1(run, redis_client: redis.Redis) -> None:  # type: ignore[no-untyped-def]
@@ -95,8 +106,16 @@ def test_create_wait_on_failure_exits_1(run, redis_client: redis.Redis) -> None:
     def fail_it() -> None:
         wait_until(lambda: bool(store.open_requests()), timeout=10)
         rid = store.open_requests()[0]
-        store.reserve_vm(rid, name="doomed-vm", alias="debian", pool=POOL, template="t",
-                         provider="simulated", domain=None, actor=ACTOR)
+        store.reserve_vm(
+            rid,
+            name="doomed-vm",
+            alias="debian",
+            pool=POOL,
+            template="t",
+            provider="simulated",
+            domain=None,
+            actor=ACTOR,
+        )
         store.vm_failed("doomed-vm", "template t not found", permanent=True, actor=ACTOR)
 
     worker = threading.Thread(target=fail_it)
@@ -114,8 +133,9 @@ def test_get_delete_history(run, redis_client: redis.Redis) -> None:  # type: ig
     as_json = run("request", "get", rid, "--json")
     assert '"status": "pending"' in as_json.output
     assert re.search(r"^  created: \S+Z \(\d+ s ago\)$", got.stdout, re.MULTILINE), got.stdout
-    assert re.search(r"^  fails:   \S+Z \(in \d+ (s|min)\) unless ready by then$", got.stdout,
-                     re.MULTILINE), got.stdout
+    assert re.search(
+        r"^  fails:   \S+Z \(in \d+ (s|min)\) unless ready by then$", got.stdout, re.MULTILINE
+    ), got.stdout
     deleted = run("request", "delete", rid)
     assert deleted.exit_code == 0 and "deleted" in deleted.output
     again = run("request", "delete", rid)

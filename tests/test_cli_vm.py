@@ -70,10 +70,12 @@ def test_vm_commands(run, redis_client: redis.Redis) -> None:  # type: ignore[no
     assert again.exit_code == 0, again.output
     assert again.stdout == f"{name}: already given back: it is being destroyed\n"
     assert json.loads(run("vm", "delete", name, "--json").stdout)["result"] == (
-        "already_given_back")
+        "already_given_back"
+    )
     unknown = run("vm", "delete", "no-such-vm")
     assert unknown.exit_code == 1 and unknown.stderr == (
-        "vmpool: error: no-such-vm: not given back: no such VM\n")
+        "vmpool: error: no-such-vm: not given back: no such VM\n"
+    )
     ready = next(iter(store.pool_vms(POOL, "ready")))
     not_held = run("vm", "delete", ready)
     assert not_held.exit_code == 1 and "not held: it is ready in its pool" in not_held.stderr
@@ -100,6 +102,7 @@ def test_vm_list_and_show_read_as_tables_and_times(run, redis_client: redis.Redi
     assert ready_row["holder"] is None and ready_row["remaining_s"] is None
     assert 11.9 * 3600 < rows[name]["remaining_s"] <= 12 * 3600
     shown = run("vm", "show", name).stdout
-    assert re.search(r"^lifetime_end: \d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ \(in 12\.0 h\)$", shown,
-                     re.MULTILINE), shown
+    assert re.search(
+        r"^lifetime_end: \d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ \(in 12\.0 h\)$", shown, re.MULTILINE
+    ), shown
     assert re.search(r"^checkout_at: \S+Z \(\d+ s ago\)$", shown, re.MULTILINE), shown

@@ -34,11 +34,20 @@ def _start(tmp_path: Path, url: str, *args: str) -> tuple[subprocess.Popen[bytes
     config = tmp_path / "vmpool.yaml"
     config.write_text(CONFIG)
     log = tmp_path / f"{args[0]}.log"
-    env = {**os.environ, "VMPOOL_REDIS_URL": url, "VMPOOL_CONFIG": str(config),
-           "PYTHONUNBUFFERED": "1"}
+    env = {
+        **os.environ,
+        "VMPOOL_REDIS_URL": url,
+        "VMPOOL_CONFIG": str(config),
+        "PYTHONUNBUFFERED": "1",
+    }
     with log.open("wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "vmpool.cli.main", *args], env=env,
-                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "vmpool.cli.main", *args],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     return proc, log
 
 
@@ -52,8 +61,9 @@ def test_a_process_started_before_redis_waits_for_it(tmp_path: Path, command: st
     proc, log = _start(tmp_path, url, command, "--burst", "--wait-for-redis", "60")
     server: RedisServer | None = None
     try:
-        wait_until(lambda: "waiting for Redis" in log.read_text() or proc.poll() is not None,
-                   timeout=30)
+        wait_until(
+            lambda: "waiting for Redis" in log.read_text() or proc.poll() is not None, timeout=30
+        )
         assert proc.poll() is None, log.read_text()
         server = RedisServer(port=port, appendonly=False).start()
         assert proc.wait(timeout=60) == 0, log.read_text()

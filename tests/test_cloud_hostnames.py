@@ -122,8 +122,9 @@ def test_handed_out_hostnames_work_with_every_vm_endpoint(
         works_everywhere(client, addresses[bare.name], bare.name, addresses[bare.name])
         works_everywhere(client, addresses[warm], warm, addresses[warm])
         for hostname in (fqdn, named.name):
-            assert client.get(f"/api/v3/vm/{hostname}").json()[named.name]["ip"] == (
-                addresses[named.name]
+            assert (
+                client.get(f"/api/v3/vm/{hostname}").json()[named.name]["ip"]
+                == (addresses[named.name])
             )
         works_everywhere(client, fqdn, named.name, addresses[named.name])
         assert client.get("/api/v3/vm/192.0.2.77").status_code == 404
@@ -137,8 +138,9 @@ def test_a_destroyed_vm_leaves_the_address_index(moto_fleet: Fleet, moto: MotoSe
     (warm,) = fleet.store.pool_vms("warm", "ready")
     address = public_addresses(moto)[warm]
     assert fleet.store.vm_at_address(address) == warm
-    checkout: Any = fleet.store.checkout({"warm": 1}, owner="", owner_hash="",
-                                         lifetime_s=60, actor="t")
+    checkout: Any = fleet.store.checkout(
+        {"warm": 1}, owner="", owner_hash="", lifetime_s=60, actor="t"
+    )
     assert checkout.ok
     assert fleet.store.give_back(warm, actor="t").ok
     lifecycle.destroy_sweep(fleet)

@@ -59,8 +59,17 @@ def cloud_fleet(
     fleet.names = NameGenerator("", random.Random(3))
     options = {**config.providers["aws"].options, "retries": 0, "backoff": 0}
     pools = {name: pool.provider_options for name, pool in config.pools.items()}
-    fleet.providers = {"aws": EC2Provider(redis_client, fleet.keys, "aws", options, pools=pools,
-                                          driver=driver, sleep=lambda s: None)}
+    fleet.providers = {
+        "aws": EC2Provider(
+            redis_client,
+            fleet.keys,
+            "aws",
+            options,
+            pools=pools,
+            driver=driver,
+            sleep=lambda s: None,
+        )
+    }
     return fleet, cloud
 
 

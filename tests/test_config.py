@@ -522,8 +522,11 @@ def test_global_domain_is_a_warning_and_ignored(tmp_path: Path) -> None:
         (":providers: {simulated: {boot_seconds: fast}}\n", "boot_seconds", "number or [min"),
         (":providers: {simulated: {boot_seconds: -1}}\n", "boot_seconds", "from 0 to 86400"),
         (":providers: {simulated: {boot_seconds: 1.0e+300}}\n", "boot_seconds", "(a day)"),
-        (":providers: {simulated: {create_latency_seconds: 1.0e+300}}\n",
-         "create_latency_seconds", "from 0 to 86400"),
+        (
+            ":providers: {simulated: {create_latency_seconds: 1.0e+300}}\n",
+            "create_latency_seconds",
+            "from 0 to 86400",
+        ),
         (":providers: {simulated: {boot_seconds: [5, 2]}}\n", "boot_seconds", "min <= max"),
         (":providers: {simulated: {boot_seconds: [1, 2, 3]}}\n", "boot_seconds", "[min, max]"),
         (":providers: {simulated: {boot_seconds: [-1, 2]}}\n", "boot_seconds[0]", "from 0"),

@@ -43,7 +43,8 @@ def test_vmpoolers_pool_keys_are_read_as_the_placement() -> None:
         "disk_type": "pd-ssd",
     }  # fmt: skip
     assert dict(cfg.pools["o"].provider_options) == {
-        "flavor": "m1.large", "availability_zone": "nova-2"
+        "flavor": "m1.large",
+        "availability_zone": "nova-2",
     }
     # vmpooler's provider-level names (ABS_AWS_*, amisize, zone, network_name) are read too
     assert cfg.warnings == ()

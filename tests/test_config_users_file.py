@@ -27,9 +27,13 @@ def test_users_of_the_file_join_those_of_the_config(tmp_path: Path) -> None:
     added to :auth: users; their hashes verify the passwords they were made from."""
     (tmp_path / "secret").mkdir()
     (tmp_path / "secret" / "users.yaml").write_text(
-        f"ci: {hash_password('ci-pass', iterations=1000)}\n")
-    path = _config(tmp_path, f"  users: {{admin: {hash_password('a', iterations=1000)}}}\n"
-                             "  users_file: secret/users.yaml\n")
+        f"ci: {hash_password('ci-pass', iterations=1000)}\n"
+    )
+    path = _config(
+        tmp_path,
+        f"  users: {{admin: {hash_password('a', iterations=1000)}}}\n"
+        "  users_file: secret/users.yaml\n",
+    )
     auth = load_config(path).auth
     assert auth is not None
     assert sorted(auth.users) == ["admin", "ci"]

@@ -27,8 +27,13 @@ pytestmark = pytest.mark.slow
 def route53(moto: MotoServer) -> Any:
     import boto3
 
-    return boto3.client("route53", region_name="us-east-1", endpoint_url=moto.url,
-                        aws_access_key_id="AKIDMOTO", aws_secret_access_key="moto-secret")
+    return boto3.client(
+        "route53",
+        region_name="us-east-1",
+        endpoint_url=moto.url,
+        aws_access_key_id="AKIDMOTO",
+        aws_secret_access_key="moto-secret",
+    )
 
 
 def records(moto: MotoServer, zone_id: str) -> dict[str, str]:
@@ -78,9 +83,12 @@ def test_a_pools_vms_get_and_lose_their_dns_records(
     assert record is not None and record.status == "ready"
     (vm,) = fleet.store.request_vms("r-named")
     assert vm.hostname == f"{vm.name}.vms.example.com"
-    (instance,) = [i for r in boto_ec2(moto).describe_instances()["Reservations"]
-                   for i in r["Instances"]
-                   if {"Key": "vmpool-vm", "Value": vm.name} in i.get("Tags", [])]
+    (instance,) = [
+        i
+        for r in boto_ec2(moto).describe_instances()["Reservations"]
+        for i in r["Instances"]
+        if {"Key": "vmpool-vm", "Value": vm.name} in i.get("Tags", [])
+    ]
     assert records(moto, zone_id) == {f"{vm.name}.vms.example.com.": instance["PublicIpAddress"]}
 
     stuck = fleet.store.get_request("r-nozone")

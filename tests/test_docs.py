@@ -29,9 +29,13 @@ LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 def _files() -> list[Path]:
     found = [ROOT / "README.md", ROOT / "Dockerfile", ROOT / "Makefile"]
     found += sorted((ROOT / "docs").rglob("*.md"))
-    for folder, patterns in (("deploy", ("*.yaml", "*.yml", "*.json")),
-                             ("vmpool", ("*.py", "*.lua")), ("workers", ("*.py", "*.lua")),
-                             ("bench", ("*.py",)), ("tests", ("*.py", "*.sh"))):
+    for folder, patterns in (
+        ("deploy", ("*.yaml", "*.yml", "*.json")),
+        ("vmpool", ("*.py", "*.lua")),
+        ("workers", ("*.py", "*.lua")),
+        ("bench", ("*.py",)),
+        ("tests", ("*.py", "*.sh")),
+    ):
         for pattern in patterns:
             found += sorted((ROOT / folder).rglob(pattern))
     return [path for path in found if path.is_file() and path != Path(__file__).resolve()]

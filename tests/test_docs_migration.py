@@ -24,16 +24,25 @@ def test_the_page_shows_the_keys_as_the_code_has_them() -> None:
 
 def test_every_key_vmpool_knows_is_on_the_page() -> None:
     text = PAGE.read_text(encoding="utf-8")
-    models: list[type[BaseModel]] = [ConfigSection, PoolSection, RedisSection, AuthSection,
-                                     Schedule]
+    models: list[type[BaseModel]] = [
+        ConfigSection,
+        PoolSection,
+        RedisSection,
+        AuthSection,
+        Schedule,
+    ]
     for cls in PROVIDER_CLASSES.values():
         models += [cls.options, cls.pool_options]
     known = {name for model in models for name in model.model_fields} - {"provider_options"}
     ignored = set().union(
-        vmpooler_keys.IGNORED_SECTIONS, vmpooler_keys.CONFIG_IGNORED,
-        vmpooler_keys.POOL_IGNORED, vmpooler_keys.REDIS_IGNORED,
-        vmpooler_keys.PROVIDER_IGNORED, vmpooler_keys.AUTH_IGNORED,
-        vmpooler_keys.CONFIG_REMOVED, vmpooler_keys.SCHEDULE_KEY_ALIASES,
+        vmpooler_keys.IGNORED_SECTIONS,
+        vmpooler_keys.CONFIG_IGNORED,
+        vmpooler_keys.POOL_IGNORED,
+        vmpooler_keys.REDIS_IGNORED,
+        vmpooler_keys.PROVIDER_IGNORED,
+        vmpooler_keys.AUTH_IGNORED,
+        vmpooler_keys.CONFIG_REMOVED,
+        vmpooler_keys.SCHEDULE_KEY_ALIASES,
     )
     variables = {variable for variable, _, _ in vmpooler_keys.ENVIRONMENT}
     missing = sorted(key for key in known | ignored | variables if f"`{key}`" not in text)

@@ -97,10 +97,16 @@ class MotoFleet:
         with (self.tmp / f"{label}.log").open("wb") as log:
             self.procs[label] = subprocess.Popen(
                 [sys.executable, "-m", "vmpool.cli.main", *args],
-                env={**os.environ, "VMPOOL_REDIS_URL": self.redis_url,
-                     "VMPOOL_CONFIG": self.config.source, "PYTHONUNBUFFERED": "1",
-                     **(env or {})},
-                stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                env={
+                    **os.environ,
+                    "VMPOOL_REDIS_URL": self.redis_url,
+                    "VMPOOL_CONFIG": self.config.source,
+                    "PYTHONUNBUFFERED": "1",
+                    **(env or {}),
+                },
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
             )
 
     def worker(self, label: str, env: dict[str, str] | None = None) -> None:
@@ -123,8 +129,9 @@ class MotoFleet:
     def request(self, n: int = 1) -> str:
         rid = f"r-{uuid.uuid4().hex[:12]}"
         settings = RequestSettings.from_config(self.config)
-        assert self.store.create_request(rid, [Slot("ubuntu", "ubuntu", n)], settings,
-                                         actor="test").ok
+        assert self.store.create_request(
+            rid, [Slot("ubuntu", "ubuntu", n)], settings, actor="test"
+        ).ok
         enqueue(self.conn, self.store.keys, "provision_request", rid)
         return rid
 
@@ -154,8 +161,9 @@ class MotoFleet:
 
 
 @pytest.fixture
-def fleet(tmp_path: Path, redis_url: str, redis_client: redis.Redis,
-          moto: MotoServer) -> Iterator[MotoFleet]:
+def fleet(
+    tmp_path: Path, redis_url: str, redis_client: redis.Redis, moto: MotoServer
+) -> Iterator[MotoFleet]:
     moto.reset()
     path = tmp_path / "vmpool.yaml"
     path.write_text(CONFIG.format(endpoint=moto.url))
@@ -175,10 +183,18 @@ def someone_elses(fleet: MotoFleet) -> set[str]:
     ec2 = boto_ec2(fleet.moto)
     untagged = ec2.run_instances(ImageId="ami-12c6146b", MinCount=1, MaxCount=1)
     other = ec2.run_instances(
-        ImageId="ami-12c6146b", MinCount=1, MaxCount=1,
-        TagSpecifications=[{"ResourceType": "instance", "Tags": [
-            {"Key": "vmpool-fleet", "Value": "another-fleet"},
-            {"Key": "vmpool-vm", "Value": "theirs-1"}]}],
+        ImageId="ami-12c6146b",
+        MinCount=1,
+        MaxCount=1,
+        TagSpecifications=[
+            {
+                "ResourceType": "instance",
+                "Tags": [
+                    {"Key": "vmpool-fleet", "Value": "another-fleet"},
+                    {"Key": "vmpool-vm", "Value": "theirs-1"},
+                ],
+            }
+        ],
     )
     return {untagged["Instances"][0]["InstanceId"], other["Instances"][0]["InstanceId"]}
 
@@ -196,8 +212,9 @@ def test_ten_requests_on_ec2_ready_tagged_then_terminated(fleet: MotoFleet) -> N
     assert all(i["State"]["Name"] == "running" for i in ours)
     assert {i["tags"]["vmpool-request"] for i in ours} == set(rids)
     assert all(i["tags"]["vmpool-pool"] == "ubuntu" for i in ours)
-    recorded = {vm.name for rid in rids for vm in fleet.store.request_vms(rid)
-                if vm.state == "running"}
+    recorded = {
+        vm.name for rid in rids for vm in fleet.store.request_vms(rid) if vm.state == "running"
+    }
     assert {i["tags"]["vmpool-vm"] for i in ours} == recorded
     assert all(i["tags"]["Name"] == i["tags"]["vmpool-vm"] for i in ours)
 
@@ -234,8 +251,9 @@ def test_worker_killed_mid_create_leaves_no_instance(fleet: MotoFleet, tmp_path:
     assert foreign <= still
 
 
-def test_vmpool_up_on_ec2_through_the_api(tmp_path: Path, redis_url: str,
-                                          redis_client: redis.Redis, moto: MotoServer) -> None:
+def test_vmpool_up_on_ec2_through_the_api(
+    tmp_path: Path, redis_url: str, redis_client: redis.Redis, moto: MotoServer
+) -> None:
     """`vmpool up` with the EC2 pool: 10 requests made and deleted through the HTTP API
     (as a client would), instances running and tagged in moto, then all terminated."""
     import json
@@ -249,15 +267,30 @@ def test_vmpool_up_on_ec2_through_the_api(tmp_path: Path, redis_url: str,
     log = tmp_path / "up.log"
     with log.open("wb") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "vmpool.cli.main", "up", "--config", str(config),
-             "--redis-url", redis_url, "--workers", "2", "--port", "0"],
-            stdout=out, stderr=subprocess.STDOUT, env={**env, "PYTHONUNBUFFERED": "1"},
+            [
+                sys.executable,
+                "-m",
+                "vmpool.cli.main",
+                "up",
+                "--config",
+                str(config),
+                "--redis-url",
+                redis_url,
+                "--workers",
+                "2",
+                "--port",
+                "0",
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env={**env, "PYTHONUNBUFFERED": "1"},
             start_new_session=True,
         )
 
     def call(method: str, path: str, body: str | None = None) -> tuple[int, Any]:
-        req = urllib.request.Request(api + path, method=method,
-                                     data=body.encode() if body else None)
+        req = urllib.request.Request(
+            api + path, method=method, data=body.encode() if body else None
+        )
         try:
             with urllib.request.urlopen(req, timeout=10) as resp:
                 return resp.status, json.load(resp)
@@ -269,22 +302,28 @@ def test_vmpool_up_on_ec2_through_the_api(tmp_path: Path, redis_url: str,
         found = re.search(r"API (http://\S+)", log.read_text(errors="replace"))
         assert found, log.read_text(errors="replace")
         api = found.group(1)
-        rids = [call("POST", "/api/v3/ondemandvm", '{"ubuntu": "1"}')[1]["request_id"]
-                for _ in range(10)]
+        rids = [
+            call("POST", "/api/v3/ondemandvm", '{"ubuntu": "1"}')[1]["request_id"]
+            for _ in range(10)
+        ]
 
         def all_ready() -> bool:
             return all(call("GET", f"/api/v3/ondemandvm/{rid}")[0] == 200 for rid in rids)
 
         wait_for(all_ready, 90, "10 requests ready through the API")
-        hostnames = {call("GET", f"/api/v3/ondemandvm/{rid}")[1]["ubuntu"]["hostname"][0]
-                     for rid in rids}
+        hostnames = {
+            call("GET", f"/api/v3/ondemandvm/{rid}")[1]["ubuntu"]["hostname"][0] for rid in rids
+        }
         ec2 = boto_ec2(moto)
         fleet_id = fleet_identity(redis_client, Keys("vmpool"))
 
         def running() -> list[dict[str, Any]]:
-            reply = ec2.describe_instances(Filters=[
-                {"Name": "tag:vmpool-fleet", "Values": [fleet_id]},
-                {"Name": "instance-state-name", "Values": ["pending", "running"]}])
+            reply = ec2.describe_instances(
+                Filters=[
+                    {"Name": "tag:vmpool-fleet", "Values": [fleet_id]},
+                    {"Name": "instance-state-name", "Values": ["pending", "running"]},
+                ]
+            )
             return [i for r in reply["Reservations"] for i in r["Instances"]]
 
         instances = running()

@@ -58,8 +58,9 @@ def _load(tmp_path: Path, text: str, name: str = "fleet.yaml") -> Config:
 
 
 def run(*args: str) -> Result:
-    return CliRunner().invoke(cli, list(args), env={"VMPOOL_CONFIG": None,
-                                                    "VMPOOL_REDIS_URL": None})
+    return CliRunner().invoke(
+        cli, list(args), env={"VMPOOL_CONFIG": None, "VMPOOL_REDIS_URL": None}
+    )
 
 
 def _unsecret(config: Config) -> Config:
@@ -70,9 +71,7 @@ def _unsecret(config: Config) -> Config:
 
 
 @pytest.mark.parametrize("which", ["demo", "fleet"])
-def test_the_public_form_gives_back_the_config_but_its_secrets(
-    which: str, tmp_path: Path
-) -> None:
+def test_the_public_form_gives_back_the_config_but_its_secrets(which: str, tmp_path: Path) -> None:
     config = demo_config() if which == "demo" else _load(tmp_path, FLEET)
     back = config_from_form(json.loads(json.dumps(public_form(config))))
     expected = _unsecret(config)
@@ -151,9 +150,7 @@ def test_audit_of_a_fleet_whose_provider_needs_its_secrets_asks_for_the_file(
     assert "provider aws needs them" in result.stderr and "pass --config" in result.stderr
 
 
-def test_nothing_published_is_the_demo_config(
-    redis_url: str, redis_client: redis.Redis
-) -> None:
+def test_nothing_published_is_the_demo_config(redis_url: str, redis_client: redis.Redis) -> None:
     result = run("pools", "--json", "--redis-url", redis_url)
     assert result.exit_code == 0, result.output
     assert [row["pool"] for row in json.loads(result.stdout)] == list(demo_config().pools)

@@ -47,8 +47,7 @@ def test_providers_mark_with_the_fleets_identity(redis_client: redis.Redis) -> N
         EC2Provider(None, keys, "aws", {"fleet_id": ""})
 
 
-def test_status_and_cli_show_it(tmp_path: Path, redis_url: str,
-                                redis_client: redis.Redis) -> None:
+def test_status_and_cli_show_it(tmp_path: Path, redis_url: str, redis_client: redis.Redis) -> None:
     path = tmp_path / "vmpool.yaml"
     path.write_text(CONFIG)
     identity = fleet_identity(redis_client, Keys("vmpool"))
@@ -57,8 +56,9 @@ def test_status_and_cli_show_it(tmp_path: Path, redis_url: str,
     assert fleet == {"id": identity, "providers": {"aws": identity, "old": "vmpool"}}
 
     runner = CliRunner()
-    out = runner.invoke(cli, ["fleet-id", "--json", "--config", str(path),
-                              "--redis-url", redis_url])
+    out = runner.invoke(
+        cli, ["fleet-id", "--json", "--config", str(path), "--redis-url", redis_url]
+    )
     assert out.exit_code == 0, out.output
     assert json.loads(out.output) == fleet
     text = runner.invoke(cli, ["fleet-id", "--config", str(path), "--redis-url", redis_url])

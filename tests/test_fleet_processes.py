@@ -196,9 +196,7 @@ def test_fleet_end_to_end_with_a_scheduler_killed(fleet: Fleet) -> None:
 
     # Delete the sluggish requests while their VMs boot (pending at the provider).
     def booting() -> bool:
-        return all(
-            any(vm.state == "pending" for vm in fleet.store.request_vms(r)) for r in doomed
-        )
+        return all(any(vm.state == "pending" for vm in fleet.store.request_vms(r)) for r in doomed)
 
     wait_for(booting, 30, "sluggish VMs to be booting")
     for rid in doomed:
@@ -214,9 +212,7 @@ def test_fleet_end_to_end_with_a_scheduler_killed(fleet: Fleet) -> None:
     fleet.signal("s1", signal.SIGKILL)
     killed_at = fleet.store.server_time()
 
-    wait_for(
-        lambda: all(fleet.status(r) == "ready" for r in ready_ids), 90, "50 requests ready"
-    )
+    wait_for(lambda: all(fleet.status(r) == "ready" for r in ready_ids), 90, "50 requests ready")
     wait_for(lambda: fleet.status(failing) == "failed", 30, "the broken request to fail")
     for rid in ready_ids:
         assert fleet.request_path(rid) == ["pending", "ready"], fleet.store.history(rid)
@@ -241,16 +237,24 @@ def test_fleet_end_to_end_with_a_scheduler_killed(fleet: Fleet) -> None:
     # periodic job is ever moved twice for one due time: each move consumed its own due
     # time, and due times lie on the job's grid (exact: independent of machine load).
     wait_for(
-        lambda: sum(
-            1 for m in read_schedule_log(fleet.conn, fleet.store.keys) if m.time > killed_at + 3
-        )
-        >= 6,
+        lambda: (
+            sum(
+                1 for m in read_schedule_log(fleet.conn, fleet.store.keys) if m.time > killed_at + 3
+            )
+            >= 6
+        ),
         20,
         "the surviving scheduler to keep scheduling",
     )
     # the config gives the older :schedule: keys (sweep, provision, ...): still honoured
-    intervals = {"sweep_expired": 1, "provision_sweep": 1, "check_pending_sweep": 1,
-                 "reap_running": 2, "destroy_sweep": 1, "reconcile": 2}
+    intervals = {
+        "sweep_expired": 1,
+        "provision_sweep": 1,
+        "check_pending_sweep": 1,
+        "reap_running": 2,
+        "destroy_sweep": 1,
+        "reconcile": 2,
+    }
     log = read_schedule_log(fleet.conn, fleet.store.keys)
     for job, every in intervals.items():
         dues = [m.due for m in log if m.job == job]
@@ -260,9 +264,10 @@ def test_fleet_end_to_end_with_a_scheduler_killed(fleet: Fleet) -> None:
         assert after, job
         # within the interval plus 3 s of slack for a loaded CI machine (the old
         # rq-scheduler lock could stall the schedule for 11 s)
-        assert max([after[0] - killed_at, *(b - a for a, b in pairwise(after))]) < (
-            every + 3
-        ), (job, after)
+        assert max([after[0] - killed_at, *(b - a for a, b in pairwise(after))]) < (every + 3), (
+            job,
+            after,
+        )
     assert fleet.audit() == []
 
 
@@ -371,14 +376,14 @@ def test_paused_writer_is_refused_by_the_store(fleet: Fleet) -> None:
     fulfilment and its running VM. Without the fence check the write would go through
     (tests/test_locks.py shows the same write without a fence succeeding)."""
     once = fleet.tmp / "failpoint-fired"
-    fleet.worker(
-        "w0", extra_env={"VMPOOL_FAILPOINTS": f"create_vm.before_commit=stop@{once}"}
-    )
+    fleet.worker("w0", extra_env={"VMPOOL_FAILPOINTS": f"create_vm.before_commit=stop@{once}"})
     rid = fleet.request("deb", 1)
     wait_for(once.exists, 20, "w0 to reach the failpoint", step=0.02)
     wait_for(
         lambda: Path(f"/proc/{fleet.procs['w0'].pid}/stat").read_text().split()[2] == "T",
-        10, "w0 to be stopped", step=0.02,
+        10,
+        "w0 to be stopped",
+        step=0.02,
     )
     name = fleet.store.request_vms(rid)[0].name
     try:

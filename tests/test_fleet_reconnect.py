@@ -59,14 +59,22 @@ def test_worker_and_scheduler_survive_a_redis_restart(tmp_path: Path) -> None:
     server = RedisServer(appendonly=True, directory=str(data)).start()
     config_path = tmp_path / "vmpool.yaml"
     config_path.write_text(CONFIG)
-    env = {**os.environ, "VMPOOL_REDIS_URL": server.url, "VMPOOL_CONFIG": str(config_path),
-           "PYTHONUNBUFFERED": "1"}
+    env = {
+        **os.environ,
+        "VMPOOL_REDIS_URL": server.url,
+        "VMPOOL_CONFIG": str(config_path),
+        "PYTHONUNBUFFERED": "1",
+    }
     procs: dict[str, subprocess.Popen[bytes]] = {}
     for label, args in (("worker", ["worker"]), ("scheduler", ["scheduler"])):
         with (tmp_path / f"{label}.log").open("wb") as log:
             procs[label] = subprocess.Popen(
-                [sys.executable, "-m", "vmpool.cli.main", *args], env=env, stdout=log,
-                stderr=subprocess.STDOUT, start_new_session=True)
+                [sys.executable, "-m", "vmpool.cli.main", *args],
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
     client = redis.Redis.from_url(server.url, decode_responses=True)
     conn = redis.Redis.from_url(server.url)
     store = Store(client, Keys())
@@ -75,17 +83,22 @@ def test_worker_and_scheduler_survive_a_redis_restart(tmp_path: Path) -> None:
         wait_until(lambda: store.get_request(rid).status == "ready", timeout=60)  # type: ignore[union-attr]
 
         server.stop()  # the same port and AOF directory come back below
-        wait_until(lambda: any(
-            sign in (tmp_path / "worker.log").read_text()
-            for sign in ("lost Redis", "could not connect")), timeout=60)
+        wait_until(
+            lambda: any(
+                sign in (tmp_path / "worker.log").read_text()
+                for sign in ("lost Redis", "could not connect")
+            ),
+            timeout=60,
+        )
         server = RedisServer(port=server.port, appendonly=True, directory=str(data)).start()
 
         assert store.get_request(rid).status == "ready"  # type: ignore[union-attr]
         rid2 = make_ready(store, conn, config_path)
         wait_until(lambda: store.get_request(rid2).status == "ready", timeout=60)  # type: ignore[union-attr]
         for label, proc in procs.items():
-            assert proc.poll() is None, f"{label} exited:\n" + (
-                tmp_path / f"{label}.log").read_text()[-3000:]
+            assert proc.poll() is None, (
+                f"{label} exited:\n" + (tmp_path / f"{label}.log").read_text()[-3000:]
+            )
     finally:
         client.close()
         conn.close()

@@ -53,9 +53,7 @@ def test_request_id_with_a_tombstone_cannot_be_created_again(store: Store) -> No
 
 
 # -- VM names ------------------------------------------------------------------------------
-def test_vm_name_tombstone_outlives_every_trail_that_mentions_it(
-    store: Store, keys: Keys
-) -> None:
+def test_vm_name_tombstone_outlives_every_trail_that_mentions_it(store: Store, keys: Keys) -> None:
     """A VM that failed early is destroyed (tombstone: data_ttl) while its request goes
     on; the request's trail, which names the VM, lives data_ttl from the request's end.
     reserve_vm refuses a name whose record exists, so that check is only correct if the
@@ -103,8 +101,12 @@ def test_vm_outliving_its_request_never_writes_into_a_new_request_of_the_same_id
     takes it. The old VM must not attach to the new request, count towards it, or write
     into its trail. Red before: the VM attached to the new request and fulfilled it."""
     (old,) = make_request(store, "r1", 1)
-    for key in (keys.request("r1"), keys.request_vms("r1"), keys.request_audit("r1"),
-                keys.request_fence("r1")):
+    for key in (
+        keys.request("r1"),
+        keys.request_vms("r1"),
+        keys.request_audit("r1"),
+        keys.request_fence("r1"),
+    ):
         store.redis.delete(key)  # everything of the old request expired
     assert create(store, "r1", 1)
     before = store.history("r1")
@@ -118,8 +120,12 @@ def test_vm_outliving_its_request_never_writes_into_a_new_request_of_the_same_id
 
 def test_old_vm_failing_does_not_touch_the_new_request(store: Store, keys: Keys) -> None:
     (old,) = make_request(store, "r1", 1, created=False)
-    for key in (keys.request("r1"), keys.request_vms("r1"), keys.request_audit("r1"),
-                keys.request_fence("r1")):
+    for key in (
+        keys.request("r1"),
+        keys.request_vms("r1"),
+        keys.request_audit("r1"),
+        keys.request_fence("r1"),
+    ):
         store.redis.delete(key)
     assert create(store, "r1", 1)
     before = store.history("r1")

@@ -21,7 +21,8 @@ DOCS = Path(__file__).resolve().parent.parent / "docs" / "architecture.md"
 
 def test_each_job_is_one_name_in_workers_and_lifecycle() -> None:
     entry_points = {
-        name for name, fn in inspect.getmembers(workers.jobs, inspect.isfunction)
+        name
+        for name, fn in inspect.getmembers(workers.jobs, inspect.isfunction)
         if fn.__module__ == "workers.jobs" and name != "noop"
     }
     assert entry_points == set(JOBS)
@@ -31,8 +32,11 @@ def test_each_job_is_one_name_in_workers_and_lifecycle() -> None:
 
 
 def test_periodic_jobs_are_exactly_the_schedule_settings() -> None:
-    fields = set(Schedule.__dataclass_fields__) if hasattr(Schedule, "__dataclass_fields__") \
-        else set(Schedule.model_fields)  # type: ignore[attr-defined]
+    fields = (
+        set(Schedule.__dataclass_fields__)
+        if hasattr(Schedule, "__dataclass_fields__")
+        else set(Schedule.model_fields)
+    )  # type: ignore[attr-defined]
     assert {spec.name for spec in PERIODIC} == fields
     assert all(spec.subject is None for spec in PERIODIC)
     assert [spec.name for spec in PERIODIC if spec.bounded] == ["sweep_expired"]

@@ -78,8 +78,15 @@ def test_search_and_bind_with_a_service_account(slapd: Slapd) -> None:
     assert ldap_login(cfg, "bob", "bob-pw")
     assert not ldap_login(cfg, "alice", "wrong")
     assert not ldap_login(cfg, "nobody", "x")
-    published = json.dumps(public_form(parse_config({":auth": ldap_section(
-        slapd, base=SUFFIX, service_account_hash=account)}, source="test", env={})))
+    published = json.dumps(
+        public_form(
+            parse_config(
+                {":auth": ldap_section(slapd, base=SUFFIX, service_account_hash=account)},
+                source="test",
+                env={},
+            )
+        )
+    )
     assert SERVICE_PW not in published and SERVICE_DN in published  # fmt: skip
     bad = ldap_of(ldap_section(slapd, base=SUFFIX,
                                service_account_hash={**account, ":password": "no"}))  # fmt: skip
@@ -122,7 +129,10 @@ def basic(user: str, password: str) -> dict[str, str]:
 
 
 def test_post_token_down_and_back(
-    slapd: Slapd, redis_url: str, redis_client: redis.Redis, caplog: pytest.LogCaptureFixture,
+    slapd: Slapd,
+    redis_url: str,
+    redis_client: redis.Redis,
+    caplog: pytest.LogCaptureFixture,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Proves through the API: a directory user's password mints a token, a wrong one is

@@ -200,8 +200,7 @@ def test_error_after_grant_leaves_no_renewed_lease(
     on, and every later job on that VM answered 'busy': a completed VM was never
     destroyed. Whatever the grant's shape, the key must now expire within its lease."""
     renewer = LockRenewer()
-    lock = FencedLock(redis_client, keys, "vm", "vm-one", expire_s=1, holder="w",
-                      renewer=renewer)
+    lock = FencedLock(redis_client, keys, "vm", "vm-one", expire_s=1, holder="w", renewer=renewer)
     granted = lock._grant
 
     def lost_reply(*args: Any, **kwargs: Any) -> int:
@@ -217,8 +216,7 @@ def test_error_after_grant_leaves_no_renewed_lease(
     # key is gone within the lease.
     key = lock.key  # the lock object stays referenced: a renewal could live on
     assert poll(lambda: redis_client.exists(key) == 0, timeout_s=4.0)
-    other = FencedLock(redis_client, keys, "vm", "vm-one", expire_s=1, holder="x",
-                       renewer=renewer)
+    other = FencedLock(redis_client, keys, "vm", "vm-one", expire_s=1, holder="x", renewer=renewer)
     assert other.acquire() is True  # the next job on the VM is not 'busy'
     other.release()
     assert lock.fence == 0

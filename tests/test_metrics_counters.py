@@ -140,8 +140,9 @@ def test_refused_deletes_count_nothing(store: Store) -> None:
     assert store.expire_request("r1", actor=ACTOR).code == "failed"
     delete = partial(store.delete_request, "r1", actor=ACTOR)
     assert_refusal_writes_nothing(store, delete, "request_failed")
-    assert_refusal_writes_nothing(store, partial(store.delete_request, "nope", actor=ACTOR),
-                                  "no_request")
+    assert_refusal_writes_nothing(
+        store, partial(store.delete_request, "nope", actor=ACTOR), "no_request"
+    )
     assert finished(store) == {"failed": 1}
 
 
@@ -150,8 +151,9 @@ def test_a_race_counts_each_request_exactly_once(store: Store) -> None:
     counted once, as the outcome its trail shows it left pending with."""
     n = 24
     # half of them past their deadline (expiry and a late VM fail them), half in time
-    vms = {f"r{i}": make_request(store, f"r{i}", 1, ttl_s=0.3 if i % 2 else 300)[0]
-           for i in range(n)}
+    vms = {
+        f"r{i}": make_request(store, f"r{i}", 1, ttl_s=0.3 if i % 2 else 300)[0] for i in range(n)
+    }
     past_deadline(store, "r1")
 
     def run(i: int) -> None:
@@ -211,8 +213,8 @@ def test_a_vm_not_attached_is_not_observed(store: Store) -> None:
 
 def observe_script(store: Store) -> redis.commands.core.Script:
     """A test-only script: the store's own prelude, then one observation."""
-    prelude = lua_tables() + lua_metrics(store.keys) + read_script(
-        "vmpool.state.scripts", "_prelude.lua"
+    prelude = (
+        lua_tables() + lua_metrics(store.keys) + read_script("vmpool.state.scripts", "_prelude.lua")
     )
     return store.redis.register_script(
         prelude + "observe_ready_time(ARGV[5], tonumber(ARGV[6]))\nreturn 1\n"
@@ -232,7 +234,8 @@ def test_buckets_match_prometheus_histogram_semantics(store: Store) -> None:
     for value in values:
         reference.observe(value)
     expected = {
-        s.labels["le"]: s.value for s in next(iter(reference.collect())).samples
+        s.labels["le"]: s.value
+        for s in next(iter(reference.collect())).samples
         if s.name == "h_bucket"
     }
     assert dict(ours) == expected

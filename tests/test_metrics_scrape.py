@@ -77,9 +77,7 @@ def value(samples: Samples, name: str, **labels: str) -> float:
 
 
 def app_client(config: Config, redis_url: str) -> TestClient:
-    app = create_app(
-        config, RedisClients.from_url(redis_url), enqueue=None, rng=random.Random(1)
-    )
+    app = create_app(config, RedisClients.from_url(redis_url), enqueue=None, rng=random.Random(1))
     return TestClient(app, raise_server_exceptions=False)
 
 

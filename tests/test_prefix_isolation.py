@@ -81,9 +81,7 @@ def test_two_fleets_in_one_database_share_nothing(
     assert raw.llen(a.rq_queue("requests")) == 1
     assert Store(redis_client, b).get_request("req-fleet-b") is not None
 
-    schedulers = {
-        prefix: FleetScheduler(raw, Keys(prefix), interval=1.0) for prefix in PREFIXES
-    }
+    schedulers = {prefix: FleetScheduler(raw, Keys(prefix), interval=1.0) for prefix in PREFIXES}
     for prefix, scheduler in schedulers.items():
         scheduler.install(schedule_intervals(configs[prefix].schedule))
     deadline = time.monotonic() + 30
@@ -98,8 +96,10 @@ def test_two_fleets_in_one_database_share_nothing(
         keys = Keys(prefix)
         store = Store(redis_client, keys)
         assert store.open_requests() == []
-        rids = [keys.request_id_from_key(k) for k in redis_client.scan_iter(
-            match=keys.request_pattern())]
+        rids = [
+            keys.request_id_from_key(k)
+            for k in redis_client.scan_iter(match=keys.request_pattern())
+        ]
         assert rids == [f"req-{prefix.replace(':', '-')}"]
         providers = providers_from_config(redis_client, keys, config)
         assert audit_state(store, providers, sweep_interval_s=5) == []
@@ -125,8 +125,7 @@ def _every_key_is_a_fleets(client: redis.Redis) -> None:
         if key in RQ_GLOBAL or key.startswith(("rq:worker:", "rq:workers:")):
             continue  # RQ's own registries of queues and live workers, its maintenance lock
         owners = [
-            p for p in PREFIXES
-            if any(Keys(p).queue(q) in key for q in QUEUES) or tags[p] in key
+            p for p in PREFIXES if any(Keys(p).queue(q) in key for q in QUEUES) or tags[p] in key
         ]
         assert len(owners) == 1, key
 
@@ -178,5 +177,6 @@ def test_a_prefix_with_every_allowed_character_works_end_to_end(
         worker.work(burst=True)
     assert {vm.state for vm in store.get_vms(rec.vm_names)} == {"destroyed"}
     assert audit_state(store, providers, sweep_interval_s=5) == []
-    assert [k for k in redis_client.scan_iter(match="*")
-            if not k.startswith((f"{ODD_PREFIX}:", "rq:"))] == []
+    assert [
+        k for k in redis_client.scan_iter(match="*") if not k.startswith((f"{ODD_PREFIX}:", "rq:"))
+    ] == []

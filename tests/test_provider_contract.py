@@ -60,14 +60,14 @@ def _wait(pred: Callable[[], bool], timeout: float, what: str) -> None:
         time.sleep(0.05)
 
 
-def mock_cloud(monkeypatch: pytest.MonkeyPatch, kind: str, fleet: str = "fleet-a",
-               **options: Any) -> Subject:
+def mock_cloud(
+    monkeypatch: pytest.MonkeyPatch, kind: str, fleet: str = "fleet-a", **options: Any
+) -> Subject:
     cloud, driver = cloudfakes.install(monkeypatch, kind)
     cls, base = CLOUDS[kind]
     slept: list[float] = []
     options = {**base, "ready_check": "state", "fleet_id": fleet, **options}
-    provider = cls(None, Keys("vmpool"), "cloud", options,
-                   driver=driver, sleep=slept.append)
+    provider = cls(None, Keys("vmpool"), "cloud", options, driver=driver, sleep=slept.append)
     return Subject(provider, kind, cloud, slept)
 
 
@@ -89,17 +89,33 @@ def vsphere(kind: str, request: pytest.FixtureRequest) -> Iterator[Subject]:
     else:
         vc = vspherefake.FakeVCenter()
         vc.templates["img-1"] = vc.templates["templates/debian-12"]
-        provider = VSphereProvider(None, Keys("fleet-a"), "vc", {"server": "vc", "username": "u",
-                                   "password": "p", **options}, pools=pools, connect=vc.session)
+        provider = VSphereProvider(
+            None,
+            Keys("fleet-a"),
+            "vc",
+            {"server": "vc", "username": "u", "password": "p", **options},
+            pools=pools,
+            connect=vc.session,
+        )
     yield Subject(provider, kind)
     for vm in provider.inventory():
         provider.destroy_vm(vm.pool, vm.name)
 
 
-@pytest.fixture(params=["simulated", "ec2-moto", "ec2-mock", "gce-mock", "openstack-mock",
-                        "vsphere-sim", "vsphere-fake"])
-def subject(request: pytest.FixtureRequest, redis_client: redis.Redis,
-            monkeypatch: pytest.MonkeyPatch) -> Iterator[Subject]:
+@pytest.fixture(
+    params=[
+        "simulated",
+        "ec2-moto",
+        "ec2-mock",
+        "gce-mock",
+        "openstack-mock",
+        "vsphere-sim",
+        "vsphere-fake",
+    ]
+)
+def subject(
+    request: pytest.FixtureRequest, redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[Subject]:
     kind = request.param
     if kind.startswith("vsphere"):
         yield from vsphere(kind, request)
@@ -117,6 +133,7 @@ def subject(request: pytest.FixtureRequest, redis_client: redis.Redis,
 
 
 # -- the contract, every provider ----------------------------------------------------------
+
 
 def test_create_is_idempotent_by_name(subject: Subject) -> None:
     first = subject.provider.create_vm("pool-1", subject.template, "vm-one")
@@ -152,8 +169,7 @@ cloud_kinds = pytest.mark.parametrize("kind", sorted(CLOUDS))
 
 
 @cloud_kinds
-def test_tagged_at_launch_and_listed_by_fleet(monkeypatch: pytest.MonkeyPatch,
-                                              kind: str) -> None:
+def test_tagged_at_launch_and_listed_by_fleet(monkeypatch: pytest.MonkeyPatch, kind: str) -> None:
     """Every instance carries all the tags in its create call; another fleet's
     instance and an untagged one are neither listed nor destroyed."""
     s = mock_cloud(monkeypatch, kind)
@@ -163,8 +179,7 @@ def test_tagged_at_launch_and_listed_by_fleet(monkeypatch: pytest.MonkeyPatch,
     assert set(made.tags) >= set(TAG_KEYS)
     assert made.tags["vmpool-vm"] == "vm-mine" and made.tags["vmpool-pool"] == "pool-1"
     assert made.tags["vmpool-request"] == "req-1" and made.tags["vmpool-fleet"] == "fleet-a"
-    s.cloud.create("vm-theirs", "img-1", "x", {"vmpool-fleet": "fleet-b",
-                                                  "vmpool-vm": "vm-theirs"})
+    s.cloud.create("vm-theirs", "img-1", "x", {"vmpool-fleet": "fleet-b", "vmpool-vm": "vm-theirs"})
     s.cloud.create("vm-untagged", "img-1", "x", {})
     assert [vm.name for vm in s.provider.inventory()] == ["vm-mine"]
     assert s.provider.destroy_vm("pool-1", "vm-theirs") is False
@@ -173,8 +188,9 @@ def test_tagged_at_launch_and_listed_by_fleet(monkeypatch: pytest.MonkeyPatch,
 
 
 @cloud_kinds
-def test_statuses_is_one_list_call_for_any_number(monkeypatch: pytest.MonkeyPatch,
-                                                  kind: str) -> None:
+def test_statuses_is_one_list_call_for_any_number(
+    monkeypatch: pytest.MonkeyPatch, kind: str
+) -> None:
     s = mock_cloud(monkeypatch, kind)
     assert s.cloud is not None and isinstance(s.provider, CloudProvider)
     names = [f"vm-{i}" for i in range(12)]
@@ -256,8 +272,7 @@ def test_retries_are_bounded(monkeypatch: pytest.MonkeyPatch, kind: str) -> None
 
 
 @cloud_kinds
-def test_statuses_does_not_wait_out_a_backoff(monkeypatch: pytest.MonkeyPatch,
-                                              kind: str) -> None:
+def test_statuses_does_not_wait_out_a_backoff(monkeypatch: pytest.MonkeyPatch, kind: str) -> None:
     """The pending sweep's batched call fails at once on throttling (the next sweep asks
     again): a sweep never sleeps through retries while other sweeps wait behind it."""
     s = mock_cloud(monkeypatch, kind, backoff=5)
@@ -272,8 +287,9 @@ def test_statuses_does_not_wait_out_a_backoff(monkeypatch: pytest.MonkeyPatch,
 
 
 @cloud_kinds
-def test_a_lost_answer_does_not_make_two_instances(monkeypatch: pytest.MonkeyPatch,
-                                                   kind: str) -> None:
+def test_a_lost_answer_does_not_make_two_instances(
+    monkeypatch: pytest.MonkeyPatch, kind: str
+) -> None:
     """The cloud made the instance but its answer was a 503: the retry looks the VM up
     by its tag first and returns it instead of launching another."""
     s = mock_cloud(monkeypatch, kind, backoff=0.01)
@@ -305,8 +321,9 @@ def listener() -> Iterator[int]:
 
 
 @cloud_kinds
-def test_ssh_ready_check_connects_to_the_port(monkeypatch: pytest.MonkeyPatch, kind: str,
-                                              listener: int) -> None:
+def test_ssh_ready_check_connects_to_the_port(
+    monkeypatch: pytest.MonkeyPatch, kind: str, listener: int
+) -> None:
     """ready_check ssh: running is not enough, the port must accept a connection (the
     fakes give every instance 127.0.0.1; a local socket listens on ``listener``)."""
     from motohelp import free_port
@@ -315,22 +332,26 @@ def test_ssh_ready_check_connects_to_the_port(monkeypatch: pytest.MonkeyPatch, k
     s.provider.create_vm("pool-1", "img-1", "vm-ssh")
     assert s.provider.get_vm("pool-1", "vm-ssh") is not None  # the list that boots it
     assert s.provider.is_ready("pool-1", "vm-ssh")
-    closed = mock_cloud(monkeypatch, kind, ready_check="ssh", ssh_port=free_port(),
-                        ssh_timeout=1)
+    closed = mock_cloud(monkeypatch, kind, ready_check="ssh", ssh_port=free_port(), ssh_timeout=1)
     closed.provider.create_vm("pool-1", "img-1", "vm-ssh")
     closed.provider.get_vm("pool-1", "vm-ssh")
     assert not closed.provider.is_ready("pool-1", "vm-ssh")
 
 
-def test_secrets_never_shown(monkeypatch: pytest.MonkeyPatch,
-                             caplog: pytest.LogCaptureFixture) -> None:
+def test_secrets_never_shown(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     caplog.set_level(logging.DEBUG)
-    options = {"access_key_id": "AKIDSECRETVALUE", "secret_access_key": "very-secret-key",
-               "session_token": "session-secret"}
+    options = {
+        "access_key_id": "AKIDSECRETVALUE",
+        "secret_access_key": "very-secret-key",
+        "session_token": "session-secret",
+    }
     provider = EC2Provider(None, Keys("f"), "aws", options)
     shown = repr(provider) + repr(provider.options) + str(provider.options.model_dump())
-    os_provider = OpenStackProvider(None, Keys("f"), "os", {"flavor": "m1",
-                                                            "password": "os-secret"})
+    os_provider = OpenStackProvider(
+        None, Keys("f"), "os", {"flavor": "m1", "password": "os-secret"}
+    )
     shown += repr(os_provider) + str(os_provider.options)
     logging.getLogger("vmpool").info("provider %r options %s", provider, provider.options)
     for secret in ("AKIDSECRETVALUE", "very-secret-key", "session-secret", "os-secret"):
@@ -352,8 +373,13 @@ def test_credentials_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> No
 
 def test_ec2_endpoint_and_options_are_checked() -> None:
     provider = EC2Provider(None, Keys("f"), "aws", {"endpoint": "https://ec2.example:8443"})
-    assert provider.driver_kwargs() == {"region": "us-east-1", "signature_version": "4",
-                                        "host": "ec2.example", "secure": True, "port": 8443}
+    assert provider.driver_kwargs() == {
+        "region": "us-east-1",
+        "signature_version": "4",
+        "host": "ec2.example",
+        "secure": True,
+        "port": 8443,
+    }
     with pytest.raises(PermanentProviderError, match=r"providers\.aws\.endpoint"):
         EC2Provider(None, Keys("f"), "aws", {"endpoint": "ftp://x"})
     with pytest.raises(PermanentProviderError, match=r"providers\.aws\.ready_check"):
@@ -383,8 +409,7 @@ def test_vmpool_runs_without_libcloud() -> None:
         "assert not any(m.startswith('libcloud') for m in sys.modules)\n"
         "print('ok')\n"
     )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=60)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
 
 
@@ -397,8 +422,9 @@ def test_gce_and_openstack_credentials(monkeypatch: pytest.MonkeyPatch, tmp_path
         gce.make_driver()
     broken = tmp_path / "sa.json"
     broken.write_text('{"private_key": "never shown"}')
-    bad = GCEProvider(None, Keys("f"), "gce", {"project": "p", "zone": "z",
-                                               "credentials_file": str(broken)})
+    bad = GCEProvider(
+        None, Keys("f"), "gce", {"project": "p", "zone": "z", "credentials_file": str(broken)}
+    )
     with pytest.raises(PermanentProviderError, match="cannot read") as info:
         bad.make_driver()
     assert "never shown" not in str(info.value)

@@ -152,9 +152,15 @@ POOLS: dict[str, dict[str, Any]] = {
 def placed(monkeypatch: pytest.MonkeyPatch, kind: str, **options: Any) -> Subject:
     s = mock_cloud(monkeypatch, kind, **options)
     assert isinstance(s.provider, CloudProvider)
-    provider = type(s.provider)(None, s.provider.keys, "cloud", s.provider.options.model_dump(),
-                                pools={"placed": POOLS[kind], "plain": {}},
-                                driver=s.provider.driver, sleep=s.slept.append)
+    provider = type(s.provider)(
+        None,
+        s.provider.keys,
+        "cloud",
+        s.provider.options.model_dump(),
+        pools={"placed": POOLS[kind], "plain": {}},
+        driver=s.provider.driver,
+        sleep=s.slept.append,
+    )
     return Subject(provider, kind, s.cloud, s.slept)
 
 
@@ -181,8 +187,11 @@ def test_ec2_places_each_pool_as_it_says(monkeypatch: pytest.MonkeyPatch) -> Non
     # instance and volumes tagged at launch: the operator's tags and vmpool's
     for spec, resource in ((1, "instance"), (2, "volume")):
         assert p[f"TagSpecification.{spec}.ResourceType"] == resource
-        tags = {p[k]: p[k[:-3] + "Value"] for k in p
-                if k.startswith(f"TagSpecification.{spec}.Tag.") and k.endswith(".Key")}
+        tags = {
+            p[k]: p[k[:-3] + "Value"]
+            for k in p
+            if k.startswith(f"TagSpecification.{spec}.Tag.") and k.endswith(".Key")
+        }
         assert tags["team"] == "ci" and tags["owner"] == "ops"
         assert tags["vmpool-vm"] == "vm-placed" and tags["vmpool-fleet"] == "fleet-a"
     plain = by_name["vm-plain"]  # the provider's defaults
@@ -257,18 +266,32 @@ def test_the_newest_matching_image_is_used(monkeypatch: pytest.MonkeyPatch, kind
     pool, field = IMAGE_LOOKUPS[kind]
     s = mock_cloud(monkeypatch, kind)
     assert s.cloud is not None and isinstance(s.provider, CloudProvider)
-    s.cloud.images += [("img-old", "ubuntu-24.04-20250101", "2025-01-01T00:00:00Z"),
-                       ("img-new", "ubuntu-24.04-20260301", "2026-03-01T00:00:00Z"),
-                       ("img-other", "debian-12-20260401", "2026-04-01T00:00:00Z")]
-    provider = type(s.provider)(None, s.provider.keys, "cloud", s.provider.options.model_dump(),
-                                pools={"p": pool}, driver=s.provider.driver)
+    s.cloud.images += [
+        ("img-old", "ubuntu-24.04-20250101", "2025-01-01T00:00:00Z"),
+        ("img-new", "ubuntu-24.04-20260301", "2026-03-01T00:00:00Z"),
+        ("img-other", "debian-12-20260401", "2026-04-01T00:00:00Z"),
+    ]
+    provider = type(s.provider)(
+        None,
+        s.provider.keys,
+        "cloud",
+        s.provider.options.model_dump(),
+        pools={"p": pool},
+        driver=s.provider.driver,
+    )
     provider.create_vm("p", "ignored-template", "vm-a")
     provider.create_vm("p", "ignored-template", "vm-b")
     assert {i.params[field] for i in s.cloud.instances.values()} == {"img-new"}
     assert s.cloud.calls["image"] == 1  # looked up once, then reused
     s.cloud.images.clear()
-    nothing = type(s.provider)(None, s.provider.keys, "cloud", s.provider.options.model_dump(),
-                               pools={"p": pool}, driver=s.provider.driver)
+    nothing = type(s.provider)(
+        None,
+        s.provider.keys,
+        "cloud",
+        s.provider.options.model_dump(),
+        pools={"p": pool},
+        driver=s.provider.driver,
+    )
     with pytest.raises(PermanentProviderError, match=r"ubuntu-24\.04"):
         nothing.create_vm("p", "ignored-template", "vm-c")
 

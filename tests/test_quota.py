@@ -112,12 +112,16 @@ def test_quota_errors_then_success_the_request_turns_ready(
 @pytest.fixture
 def fake_fleet(redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch) -> Any:
     cloud, driver = cloudfakes.install(monkeypatch, "ec2")
-    cfg = config({"ready_check": "state", "access_key_id": "A", "secret_access_key": "s"},
-                 ttl_minutes=0.05)
+    cfg = config(
+        {"ready_check": "state", "access_key_id": "A", "secret_access_key": "s"}, ttl_minutes=0.05
+    )
     fleet = make_fleet(redis_client, cfg)
     options = {**cfg.providers["aws"].options, "retries": 0, "backoff": 0}
-    fleet.providers = {"aws": EC2Provider(redis_client, fleet.keys, "aws", options,
-                                          driver=driver, sleep=lambda s: None)}
+    fleet.providers = {
+        "aws": EC2Provider(
+            redis_client, fleet.keys, "aws", options, driver=driver, sleep=lambda s: None
+        )
+    }
     return fleet, cloud
 
 

@@ -25,8 +25,9 @@ from vmpool.state.records import RequestSettings, Slot
 import cloudfakes
 
 
-def make_fleet(redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch,
-               ready_check: str = "state") -> tuple[Fleet, cloudfakes.FakeCloud]:
+def make_fleet(
+    redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch, ready_check: str = "state"
+) -> tuple[Fleet, cloudfakes.FakeCloud]:
     cloud, driver = cloudfakes.install(monkeypatch, "ec2")
     data = {
         ":providers": {"aws": {"provider_class": "ec2", "ready_check": ready_check,
@@ -95,8 +96,12 @@ def test_a_fleet_instance_without_the_launch_tag_is_reaped_by_its_launch_time(
     fleet, cloud = make_fleet(redis_client, monkeypatch)
     provider = fleet.providers["aws"]
     assert isinstance(provider, EC2Provider)
-    cloud.create("stray-vm-1", "ami-1", "t3.micro",
-                 {"vmpool-fleet": provider.fleet_id, "vmpool-vm": "stray-vm-1"})
+    cloud.create(
+        "stray-vm-1",
+        "ami-1",
+        "t3.micro",
+        {"vmpool-fleet": provider.fleet_id, "vmpool-vm": "stray-vm-1"},
+    )
     (seen,) = provider.inventory()
     assert seen.created_at < time.time() - 3600
     assert lifecycle.reconcile(fleet) == {"leaked_destroyed": 1}

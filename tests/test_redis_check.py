@@ -76,13 +76,14 @@ def test_eviction_and_no_aof_are_two_problems(
 ) -> None:
     got = check_redis(client(bad_url))
     assert (got.status, got.maxmemory_policy, got.appendonly) == (
-        "misconfigured", "allkeys-lru", "no"
+        "misconfigured",
+        "allkeys-lru",
+        "no",
     )
     assert len(got.problems()) == 2
     with caplog.at_level(logging.WARNING):
         startup_check(client(bad_url), who="test")
-    assert sum("allkeys-lru" in r.message or "appendonly" in r.message
-               for r in caplog.records) == 2
+    assert sum("allkeys-lru" in r.message or "appendonly" in r.message for r in caplog.records) == 2
     with pytest.raises(RedisMisconfigured, match="allkeys-lru"):
         startup_check(client(bad_url), who="test", strict=True)
 
@@ -117,8 +118,7 @@ def test_without_strict_a_worker_warns_and_runs(
     with caplog.at_level(logging.WARNING, logger="vmpool.state.redis_check"):
         result = CliRunner().invoke(cli, ["worker", "--burst", "--redis-url", bad_url])
     assert result.exit_code == 0, result.output
-    assert any("vmpool worker" in r.message and "allkeys-lru" in r.message
-               for r in caplog.records)
+    assert any("vmpool worker" in r.message and "allkeys-lru" in r.message for r in caplog.records)
 
 
 def test_api_and_up_refuse_with_strict(bad_url: str) -> None:

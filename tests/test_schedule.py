@@ -212,8 +212,9 @@ def _frozen_mid_run(conn: redis.Redis, jid: str) -> None:
     SIGKILLed): the hash says 'started', with a fresh heartbeat, and no queue holds it."""
     conn.lrem(K.rq_queue(QUEUE_SWEEPS), 0, jid)
     sec, usec = conn.time()
-    conn.hset(K.rq_job(jid), mapping={"status": "started",
-                                        q.HEARTBEAT_FIELD: f"{sec + usec / 1e6:.3f}"})
+    conn.hset(
+        K.rq_job(jid), mapping={"status": "started", q.HEARTBEAT_FIELD: f"{sec + usec / 1e6:.3f}"}
+    )
 
 
 def test_a_frozen_run_does_not_block_the_next(conn: redis.Redis) -> None:
@@ -276,7 +277,10 @@ def test_a_job_of_a_newer_version_is_left_alone(
     s = FleetScheduler(conn, K, clock=clock, interval=1.0, seed=1)
     future = "schedule-" + "future_sweep"
     template = s._create_job(
-        "workers.jobs.noop", id=future, commit=False, result_ttl=-1,
+        "workers.jobs.noop",
+        id=future,
+        commit=False,
+        result_ttl=-1,
         meta={"vmpool_job": "future_sweep", "vmpool_interval": 3.0},
     )
     template.save()

@@ -16,7 +16,7 @@ from vmpool.local.screen import Screen, is_notable, without_stamp
     ("line", "notable"),
     [
         ("2026-12-03 16:13:55,599 18178 INFO rq.worker: Job OK (vmpool-reap_running)", False),
-        ("INFO:     127.0.0.1:42496 - \"GET /readyz HTTP/1.1\" 200 OK", False),
+        ('INFO:     127.0.0.1:42496 - "GET /readyz HTTP/1.1" 200 OK', False),
         ("2026-12-03 16:13:55,599 18178 WARNING vmpool.lifecycle: create failed", True),
         ("2026-12-03 16:13:55,599 18178 ERROR rq.worker: [Job x]: exception raised", True),
         ("ERROR:    [Errno 98] error while attempting to bind on address", True),

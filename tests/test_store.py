@@ -51,8 +51,9 @@ def test_second_create_with_same_id_is_refused_and_changes_nothing(
 
 
 def test_create_refuses_empty_and_invalid_ids(store: Store, redis_client: redis.Redis) -> None:
-    assert refused(store.create_request("r1", [Slot("a", "p", 0)], settings(), actor=ACTOR),
-                   "empty")
+    assert refused(
+        store.create_request("r1", [Slot("a", "p", 0)], settings(), actor=ACTOR), "empty"
+    )
     for bad in ["", "a b", "x}y", "{x}", "a:b", "../x", "x" * 200]:
         with pytest.raises(InvalidIdentifier):
             store.create_request(bad, [Slot("a", "p", 1)], settings(), actor=ACTOR)
@@ -62,22 +63,53 @@ def test_create_refuses_empty_and_invalid_ids(store: Store, redis_client: redis.
 def test_slots_round_trip_in_vmpooler_format() -> None:
     slots = [Slot("deb", "debian", 1), Slot("deb", "debian", 2), Slot("c", "centos", 1)]
     assert encode_slots(slots) == "deb:debian:3,c:centos:1"
-    assert decode_slots("deb:debian:3,c:centos:1") == [Slot("deb", "debian", 3),
-                                                       Slot("c", "centos", 1)]
+    assert decode_slots("deb:debian:3,c:centos:1") == [
+        Slot("deb", "debian", 3),
+        Slot("c", "centos", 1),
+    ]
 
 
 # -- reserve --------------------------------------------------------------------------------
 def test_reserve_honours_slot_counts_and_unique_names(store: Store, keys: Keys) -> None:
     names = make_request(store, "r1", 2, created=False)
-    out = store.reserve_vm("r1", name="extra", alias="deb", pool="debian", template="t",
-                           provider="sim", domain=None, actor=ACTOR)
+    out = store.reserve_vm(
+        "r1",
+        name="extra",
+        alias="deb",
+        pool="debian",
+        template="t",
+        provider="sim",
+        domain=None,
+        actor=ACTOR,
+    )
     assert refused(out, "slot_full")
-    assert refused(store.reserve_vm("r1", name="x", alias="deb", pool="centos", template="t",
-                                    provider="sim", domain=None, actor=ACTOR), "no_such_slot")
+    assert refused(
+        store.reserve_vm(
+            "r1",
+            name="x",
+            alias="deb",
+            pool="centos",
+            template="t",
+            provider="sim",
+            domain=None,
+            actor=ACTOR,
+        ),
+        "no_such_slot",
+    )
     store.create_request("r2", [Slot("deb", "debian", 1)], settings(), actor=ACTOR)
-    assert refused(store.reserve_vm("r2", name=names[0], alias="deb", pool="debian",
-                                    template="t", provider="sim", domain=None, actor=ACTOR),
-                   "name_taken")
+    assert refused(
+        store.reserve_vm(
+            "r2",
+            name=names[0],
+            alias="deb",
+            pool="debian",
+            template="t",
+            provider="sim",
+            domain=None,
+            actor=ACTOR,
+        ),
+        "name_taken",
+    )
     # fully reserved: off the provision queue
     assert store.redis.zscore(keys.provision_queue, "r1") is None
     assert set(store.pool_vms("debian", "reserved")) == set(names)
@@ -86,8 +118,19 @@ def test_reserve_honours_slot_counts_and_unique_names(store: Store, keys: Keys) 
 def test_reserve_after_ttl_is_refused(store: Store) -> None:
     store.create_request("r1", [Slot("deb", "debian", 1)], settings(ttl_s=0.05), actor=ACTOR)
     past_deadline(store, "r1")
-    assert refused(store.reserve_vm("r1", name="v1", alias="deb", pool="debian", template="t",
-                                    provider="sim", domain=None, actor=ACTOR), "past_deadline")
+    assert refused(
+        store.reserve_vm(
+            "r1",
+            name="v1",
+            alias="deb",
+            pool="debian",
+            template="t",
+            provider="sim",
+            domain=None,
+            actor=ACTOR,
+        ),
+        "past_deadline",
+    )
 
 
 def test_reserve_with_stale_fence_is_refused(store: Store, keys: Keys) -> None:
@@ -230,8 +273,14 @@ def test_delete_of_failed_request_keeps_it_failed(store: Store, redis_client: re
 
 
 def test_delete_checks_owner(store: Store) -> None:
-    store.create_request("r1", [Slot("deb", "debian", 1)], settings(), actor=ACTOR,
-                         token_user="alice", token_hash="h")
+    store.create_request(
+        "r1",
+        [Slot("deb", "debian", 1)],
+        settings(),
+        actor=ACTOR,
+        token_user="alice",
+        token_hash="h",
+    )
     assert refused(store.delete_request("r1", actor="api", user="bob"), "forbidden")
     assert store.delete_request("r1", actor="api", user="alice").ok
 
@@ -242,8 +291,7 @@ def test_delete_unknown(store: Store) -> None:
 
 # -- failures and retries -------------------------------------------------------------------
 def test_vm_failure_retries_then_fails_request(store: Store, keys: Keys) -> None:
-    store.create_request("r1", [Slot("deb", "debian", 1)], settings(max_vm_retries=2),
-                         actor=ACTOR)
+    store.create_request("r1", [Slot("deb", "debian", 1)], settings(max_vm_retries=2), actor=ACTOR)
     kw = dict(alias="deb", pool="debian", template="t", provider="sim", domain=None, actor=ACTOR)
     for attempt in range(3):
         name = f"v{attempt}"
@@ -260,8 +308,10 @@ def test_vm_failure_retries_then_fails_request(store: Store, keys: Keys) -> None
 
 def test_permanent_failure_fails_request_at_once(store: Store) -> None:
     (a, b) = make_request(store, "r1", 2)
-    assert store.vm_failed(a, "template x not found", permanent=True, actor=ACTOR).code == \
-        "request_failed"
+    assert (
+        store.vm_failed(a, "template x not found", permanent=True, actor=ACTOR).code
+        == "request_failed"
+    )
     rec = store.get_request("r1")
     assert rec is not None and rec.failure_reason.startswith("Configuration error")
     assert store.get_vm(b).state == "completed"  # type: ignore[union-attr]

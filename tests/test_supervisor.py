@@ -13,8 +13,7 @@ from vmpool.local.supervisor import ChildSpec, Supervisor
 
 from storehelp import wait_until
 
-SLEEPER = [sys.executable, "-c",
-           "import time, sys; print('hello', flush=True); time.sleep(120)"]
+SLEEPER = [sys.executable, "-c", "import time, sys; print('hello', flush=True); time.sleep(120)"]
 
 
 def alive(pid: int) -> bool:
@@ -64,9 +63,12 @@ def test_a_killed_child_is_restarted_with_backoff() -> None:
 
 
 def test_a_child_that_ignores_sigterm_is_killed() -> None:
-    stubborn = [sys.executable, "-c",
-                "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN);"
-                " print('up', flush=True); time.sleep(120)"]
+    stubborn = [
+        sys.executable,
+        "-c",
+        "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN);"
+        " print('up', flush=True); time.sleep(120)",
+    ]
     out = io.StringIO()
     sup = Supervisor([ChildSpec("s", stubborn)], output=out, stop_timeout_s=0.5)
     sup.start()

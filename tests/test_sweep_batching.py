@@ -79,12 +79,16 @@ def make_config() -> Config:
     data = {
         # checked VM by VM: this measures the sweep's dispatch (the listing sweep's own
         # cost is in test_lifecycle and bench/targets.py)
-        ":providers": {SIM: {"provider_class": "simulated", "boot_seconds": 0, "seed": 1,
-                             "batch_status": False}},
+        ":providers": {
+            SIM: {
+                "provider_class": "simulated",
+                "boot_seconds": 0,
+                "seed": 1,
+                "batch_status": False,
+            }
+        },
         ":config": {"ondemand_request_ttl": 60, "ondemand_clone_limit": 100000},
-        ":pools": [
-            {"name": p, "template": f"{p}-t", "size": 0, "provider": SIM} for p in POOLS
-        ],
+        ":pools": [{"name": p, "template": f"{p}-t", "size": 0, "provider": SIM} for p in POOLS],
     }
     return parse_config(data, source="test", env={})
 

@@ -68,8 +68,13 @@ FLEET_CONFIG = """\
 
 
 def _vmpool(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "vmpool.cli.main", *args], env=env,
-                          capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "vmpool.cli.main", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 def test_up_runs_everything_quietly_restarts_a_dead_child_and_stops_cleanly(
@@ -86,9 +91,24 @@ def test_up_runs_everything_quietly_restarts_a_dead_child_and_stops_cleanly(
     env = {k: v for k, v in os.environ.items() if k not in ("VMPOOL_REDIS_URL", "VMPOOL_CONFIG")}
     env["PYTHONUNBUFFERED"] = "1"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "vmpool.cli.main", "up", "--workers", "1", "--port", "0",
-         "--config", str(config), "--log-dir", str(logs)],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+        [
+            sys.executable,
+            "-m",
+            "vmpool.cli.main",
+            "up",
+            "--workers",
+            "1",
+            "--port",
+            "0",
+            "--config",
+            str(config),
+            "--log-dir",
+            str(logs),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env=env,
+        start_new_session=True,
     )
     out = Output(proc.stdout)
     try:
@@ -103,8 +123,10 @@ def test_up_runs_everything_quietly_restarts_a_dead_child_and_stops_cleanly(
         variable, value = shlex.split(export.group(1))[0].split("=", 1)
         assert variable == "VMPOOL_REDIS_URL"
         assert value == f"redis://127.0.0.1:{redis_port}/0"
-        pids = {name: int(pid) for name, pid in
-                re.findall(r"([\w-]+) \((\d+)\)", text.split("processes:")[1])}
+        pids = {
+            name: int(pid)
+            for name, pid in re.findall(r"([\w-]+) \((\d+)\)", text.split("processes:")[1])
+        }
         assert set(pids) == {"api", "worker-1", "scheduler"}
         assert str(logs) in text
         with urllib.request.urlopen(api + "/readyz", timeout=5) as resp:
@@ -134,8 +156,9 @@ def test_up_runs_everything_quietly_restarts_a_dead_child_and_stops_cleanly(
 
         # a child killed by the test is restarted by the supervisor, and the screen says so
         def worker_starts() -> list[str]:
-            return re.findall(r"started worker-1 \(pid (\d+)\)",
-                              (logs / "supervisor.log").read_text())
+            return re.findall(
+                r"started worker-1 \(pid (\d+)\)", (logs / "supervisor.log").read_text()
+            )
 
         before = len(worker_starts())
         os.kill(pids["worker-1"], signal.SIGKILL)
@@ -165,15 +188,18 @@ def test_up_with_an_unreachable_redis_names_it_at_once(tmp_path: Path) -> None:
     """The config's Redis does not answer: exit 1 in seconds (not the ready timeout),
     one line naming the address (password masked) and where it came from."""
     config = tmp_path / "vmpool.yaml"
-    config.write_text(":redis: {url: 'redis://:sekrit@127.0.0.1:1/0'}\n"
-                      ":pools:\n  - {name: debian}\n")
+    config.write_text(
+        ":redis: {url: 'redis://:sekrit@127.0.0.1:1/0'}\n:pools:\n  - {name: debian}\n"
+    )
     env = {k: v for k, v in os.environ.items() if k not in ("VMPOOL_REDIS_URL", "VMPOOL_CONFIG")}
     started = time.monotonic()
     result = _vmpool("up", "--config", str(config), "--port", "0", env=env)
     assert time.monotonic() - started < 20
     assert result.returncode == 1
     assert result.stdout == ""
-    assert result.stderr.startswith("vmpool: error: cannot reach Redis at redis://:***@127.0.0.1:1/0")
+    assert result.stderr.startswith(
+        "vmpool: error: cannot reach Redis at redis://:***@127.0.0.1:1/0"
+    )
     assert f":redis: in {config}" in result.stderr and "sekrit" not in result.stderr
     assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
 
@@ -201,23 +227,39 @@ def test_a_child_that_keeps_exiting_fails_the_start_with_its_last_line(tmp_path:
     import threading
 
     from vmpool.cli.errors import CliFailure
-    from vmpool.cli.up import EXITS_BEFORE_UP, wait_healthy
+    from vmpool.cli.up_health import EXITS_BEFORE_UP, FleetProbe, wait_healthy
+    from vmpool.config import default_redis_options
     from vmpool.local.screen import Screen
     from vmpool.local.supervisor import ChildSpec, Supervisor
     from vmpool.state.keys import Keys
 
-    crash = [sys.executable, "-c", "import sys; print('boom: cannot bind', flush=True);"
-             " sys.exit(3)"]
+    crash = [
+        sys.executable,
+        "-c",
+        "import sys; print('boom: cannot bind', flush=True); sys.exit(3)",
+    ]
     screen = Screen(io.StringIO(), tmp_path)
-    sup = Supervisor([ChildSpec("api", crash)], sink=screen, backoff_initial_s=0.05,
-                     backoff_max_s=0.1)
+    sup = Supervisor(
+        [ChildSpec("api", crash)], sink=screen, backoff_initial_s=0.05, backoff_max_s=0.1
+    )
     sup.start()
     started = time.monotonic()
     try:
         with pytest.raises(CliFailure) as failure:
-            wait_healthy(sup, api_url="http://127.0.0.1:1", redis_url="redis://127.0.0.1:1/0",
-                         keys=Keys("vmpool"), workers=0, stop=threading.Event(), timeout_s=60,
-                         log_dir=tmp_path)
+            probe = FleetProbe(
+                "http://127.0.0.1:1",
+                "redis://127.0.0.1:1/0",
+                default_redis_options(),
+                Keys("vmpool"),
+                workers=0,
+            )
+            wait_healthy(
+                sup,
+                probe,
+                stop=threading.Event(),
+                timeout_s=60,
+                log_dir=tmp_path,
+            )
     finally:
         sup.stop()
         screen.close()
@@ -236,9 +278,23 @@ def test_up_with_the_dashboard_serves_the_fleets_queues() -> None:
     env = {k: v for k, v in os.environ.items() if k not in ("VMPOOL_REDIS_URL", "VMPOOL_CONFIG")}
     env["PYTHONUNBUFFERED"] = "1"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "vmpool.cli.main", "up", "--workers", "1", "--port", "0",
-         "--dashboard", "--dashboard-port", "0"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+        [
+            sys.executable,
+            "-m",
+            "vmpool.cli.main",
+            "up",
+            "--workers",
+            "1",
+            "--port",
+            "0",
+            "--dashboard",
+            "--dashboard-port",
+            "0",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env=env,
+        start_new_session=True,
     )
     out = Output(proc.stdout)
     try:
@@ -279,9 +335,21 @@ def test_demo_report_is_quiet_and_says_its_failures_are_the_flaky_pools(tmp_path
     from the pool whose simulated cloud fails on purpose."""
     env = {k: v for k, v in os.environ.items() if k not in ("VMPOOL_REDIS_URL", "VMPOOL_CONFIG")}
     result = subprocess.run(
-        [sys.executable, "-m", "vmpool.cli.main", "up", "--demo", "--workers", "2",
-         "--log-dir", str(tmp_path)],
-        capture_output=True, text=True, timeout=240, env=env,
+        [
+            sys.executable,
+            "-m",
+            "vmpool.cli.main",
+            "up",
+            "--demo",
+            "--workers",
+            "2",
+            "--log-dir",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env=env,
     )
     assert result.returncode == 0, result.stdout + result.stderr
     out = result.stdout
@@ -293,6 +361,7 @@ def test_demo_report_is_quiet_and_says_its_failures_are_the_flaky_pools(tmp_path
     if failed:  # the seeded burst fails some; each failure is accounted for
         elsewhere = re.search(r"(\d+) failed on a healthy pool", out)
         counted = (int(on_flaky.group(1)) if on_flaky else 0) + (
-            int(elsewhere.group(1)) if elsewhere else 0)
+            int(elsewhere.group(1)) if elsewhere else 0
+        )
         assert counted == int(failed.group(1)), out
     assert (tmp_path / "worker-1.log").stat().st_size > 0

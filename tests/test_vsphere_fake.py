@@ -50,10 +50,25 @@ def make(vc: FakeVCenter | None = None, fleet: str = "fleet-a", **options: Any) 
     vc = vc or FakeVCenter()
     vc.folders.add("vmpooler/linked")
     s = Subject(None, vc)  # type: ignore[arg-type]
-    opts = {"server": "vc.example", "username": "u", "password": "p", "fleet_id": fleet,
-            "ready_check": "state", "backoff": 0.5, **options}
-    s.provider = VSphereProvider(None, Keys("k"), "vc", opts, pools=POOLS, connect=vc.session,
-                                 sleep=s.slept.append, clock=lambda: s.now[0])
+    opts = {
+        "server": "vc.example",
+        "username": "u",
+        "password": "p",
+        "fleet_id": fleet,
+        "ready_check": "state",
+        "backoff": 0.5,
+        **options,
+    }
+    s.provider = VSphereProvider(
+        None,
+        Keys("k"),
+        "vc",
+        opts,
+        pools=POOLS,
+        connect=vc.session,
+        sleep=s.slept.append,
+        clock=lambda: s.now[0],
+    )
     return s
 
 
@@ -64,18 +79,22 @@ def s() -> Iterator[Subject]:
 
 # -- create: placement, marks, idempotency -------------------------------------------------
 
+
 def test_clone_lands_where_the_pool_says_marked_and_powered_on(s: Subject) -> None:
     vm = s.provider.create_vm("debian", TEMPLATE, "vm-one", request_id="r-1")  # type: ignore[call-arg]
     assert vm.name == "vm-one" and vm.pool == "debian" and vm.state == "running"
     (made,) = s.vc.named("vm-one")
-    assert (made.folder, made.datastore, made.target) == ("vmpooler/debian-12", "ds-1",
-                                                          "cluster-1")
+    assert (made.folder, made.datastore, made.target) == ("vmpooler/debian-12", "ds-1", "cluster-1")
     assert made.power == "poweredOn" and not made.linked
     marks = {k: v for k, v in made.extra.items() if k.startswith("guestinfo.vmpool.")}
-    assert marks == {"guestinfo.vmpool.fleet": "fleet-a", "guestinfo.vmpool.pool": "debian",
-                     "guestinfo.vmpool.request": "r-1", "guestinfo.vmpool.vm": "vm-one",
-                     "guestinfo.vmpool.created": marks["guestinfo.vmpool.created"],
-                     "guestinfo.vmpool.template": TEMPLATE}
+    assert marks == {
+        "guestinfo.vmpool.fleet": "fleet-a",
+        "guestinfo.vmpool.pool": "debian",
+        "guestinfo.vmpool.request": "r-1",
+        "guestinfo.vmpool.vm": "vm-one",
+        "guestinfo.vmpool.created": marks["guestinfo.vmpool.created"],
+        "guestinfo.vmpool.template": TEMPLATE,
+    }
     assert made.extra["guestinfo.hostname"] == "vm-one"
     assert s.vc.calls["clone"] == 1 and s.vc.calls["power_on"] == 1
 
@@ -143,6 +162,7 @@ def test_a_vm_found_powered_off_is_powered_on(s: Subject) -> None:
 
 # -- faults --------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("kind", ["NoPermission", "NotFound", "InvalidLogin", "DuplicateName"])
 def test_permanent_faults_fail_at_once_with_vcenters_words(s: Subject, kind: str) -> None:
     s.vc.fail("clone", kind)
@@ -199,8 +219,7 @@ def test_quota_faults_are_their_own_kind(s: Subject) -> None:
         (("NoPermission", *FAULT_ANCESTORS["NoPermission"]), "permanent"),
         (("ManagedObjectNotFound", "RuntimeFault"), "transient"),
         (("InvalidPowerState", "InvalidState", "VimFault"), "transient"),
-        (("InsufficientMemoryResourcesFault", "InsufficientResourcesFault", "VimFault"),
-         "quota"),
+        (("InsufficientMemoryResourcesFault", "InsufficientResourcesFault", "VimFault"), "quota"),
         (("NotEnoughLicenses", "RuntimeFault"), "quota"),
         (("SomeNewFault", "VimFault"), "permanent"),
         (("SomeNewSystemFault", "RuntimeFault"), "transient"),
@@ -208,8 +227,13 @@ def test_quota_faults_are_their_own_kind(s: Subject) -> None:
 )
 def test_classification_by_the_most_specific_kind(kinds: tuple[str, ...], verdict: str) -> None:
     error = classify(VSphereFault(kinds, "words"))
-    seen = ("quota" if isinstance(error, QuotaExceededError)
-            else "permanent" if error.permanent else "transient")
+    seen = (
+        "quota"
+        if isinstance(error, QuotaExceededError)
+        else "permanent"
+        if error.permanent
+        else "transient"
+    )
     assert seen == verdict and "words" in str(error)
 
 
@@ -235,14 +259,16 @@ def test_fake_fault_ancestry_is_vsphere_s() -> None:
 
 # -- ownership -----------------------------------------------------------------------------
 
+
 def test_only_this_fleets_vms_are_listed_or_touched(s: Subject) -> None:
     s.provider.create_vm("debian", TEMPLATE, "vm-mine")
     unmarked = s.vc.add_vm("vm-hand-made", "vmpooler/debian-12")
-    other = s.vc.add_vm("vm-theirs", "vmpooler/debian-12", {"fleet": "fleet-b",
-                                                             "vm": "vm-theirs"})
+    other = s.vc.add_vm("vm-theirs", "vmpooler/debian-12", {"fleet": "fleet-b", "vm": "vm-theirs"})
     assert [vm.name for vm in s.provider.inventory()] == ["vm-mine"]
-    assert s.provider.statuses(["vm-hand-made", "vm-theirs"]) == {"vm-hand-made": None,
-                                                                   "vm-theirs": None}
+    assert s.provider.statuses(["vm-hand-made", "vm-theirs"]) == {
+        "vm-hand-made": None,
+        "vm-theirs": None,
+    }
     assert s.provider.destroy_vm("debian", "vm-hand-made") is False
     assert s.provider.destroy_vm("debian", "vm-theirs") is False
     for snap in (s.provider.create_snapshot, s.provider.revert_snapshot):
@@ -307,9 +333,14 @@ def test_a_pools_own_ready_check() -> None:
     vc = FakeVCenter()
     pools = {**POOLS, "linked": {**POOLS["linked"], "ready_check": "state"}}
     vc.folders.add("vmpooler/linked")
-    provider = VSphereProvider(None, Keys("k"), "vc", {"server": "vc", "username": "u",
-                               "password": "p", "fleet_id": "f", "ready_check": "ssh"},
-                               pools=pools, connect=vc.session)
+    provider = VSphereProvider(
+        None,
+        Keys("k"),
+        "vc",
+        {"server": "vc", "username": "u", "password": "p", "fleet_id": "f", "ready_check": "ssh"},
+        pools=pools,
+        connect=vc.session,
+    )
     provider.create_vm("debian", TEMPLATE, "vm-ssh")
     provider.create_vm("linked", TEMPLATE, "vm-state")
     seen = provider.statuses(["vm-ssh", "vm-state"])
@@ -318,6 +349,7 @@ def test_a_pools_own_ready_check() -> None:
 
 
 # -- the session ---------------------------------------------------------------------------
+
 
 def test_an_expired_session_is_re_established(s: Subject) -> None:
     s.provider.create_vm("debian", TEMPLATE, "vm-a")
@@ -342,6 +374,7 @@ def test_an_idle_session_is_checked_before_use(s: Subject) -> None:
 
 
 # -- snapshots and disks -------------------------------------------------------------------
+
 
 def test_snapshot_is_idempotent_by_name_and_reverts(s: Subject) -> None:
     s.provider.create_vm("debian", TEMPLATE, "vm-s")
@@ -373,6 +406,7 @@ def test_disk_is_idempotent_by_label(s: Subject) -> None:
 
 # -- configuration -------------------------------------------------------------------------
 
+
 def test_the_provider_counts_toward_the_circuit_breaker(s: Subject) -> None:
     assert uses_circuit(s.provider)
 
@@ -402,8 +436,9 @@ def test_server_and_options_are_checked() -> None:
     assert limited.limits() == (30, 0)  # counted as on the clouds
 
 
-def test_credentials_from_options_environment_or_file(monkeypatch: pytest.MonkeyPatch,
-                                                      tmp_path: Any) -> None:
+def test_credentials_from_options_environment_or_file(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
     for name in ("VSPHERE_USER", "VSPHERE_PASSWORD"):
         monkeypatch.delenv(name, raising=False)
     bare = VSphereProvider(None, Keys("k"), "vc", {"server": "h"})
@@ -415,11 +450,13 @@ def test_credentials_from_options_environment_or_file(monkeypatch: pytest.Monkey
     monkeypatch.delenv("VSPHERE_PASSWORD")
     secret = tmp_path / "password"
     secret.write_text("file-secret\n")
-    from_file = VSphereProvider(None, Keys("k"), "vc", {"server": "h",
-                                                        "password_file": str(secret)})
+    from_file = VSphereProvider(
+        None, Keys("k"), "vc", {"server": "h", "password_file": str(secret)}
+    )
     assert from_file.credentials() == ("env-user", "file-secret")
-    missing = VSphereProvider(None, Keys("k"), "vc", {"server": "h",
-                                                      "password_file": str(tmp_path / "no")})
+    missing = VSphereProvider(
+        None, Keys("k"), "vc", {"server": "h", "password_file": str(tmp_path / "no")}
+    )
     with pytest.raises(PermanentProviderError, match="cannot read password_file"):
         missing.credentials()
 
@@ -462,30 +499,61 @@ def test_a_vmpooler_vsphere_config_carries_over(redis_client: Any) -> None:
 
     data = {
         ":config": {"clone_target": "cluster1"},
-        ":providers": {":vsphere": {"server": "vcenter.example.com", "username": "vmpool",
-                                    "password": "s3cret", "insecure": True,
-                                    "datacenter": "DC1", "connection_pool_size": 4,
-                                    "vsphere_timeout": 30}},
-        ":pools": [{"name": "debian-12", "provider": "vsphere", "template": "templates/d12",
-                    "folder": "vmpooler/debian-12", "datastore": "ds1",
-                    "create_linked_clone": True, "network": "ci", "size": 1,
-                    "snapshot_mainMem_ioBlockPages": "2048"},
-                   {"name": "rocky", "provider": "vsphere", "folder": "vmpooler/rocky",
-                    "clone_target": "host-7"}],
+        ":providers": {
+            ":vsphere": {
+                "server": "vcenter.example.com",
+                "username": "vmpool",
+                "password": "s3cret",
+                "insecure": True,
+                "datacenter": "DC1",
+                "connection_pool_size": 4,
+                "vsphere_timeout": 30,
+            }
+        },
+        ":pools": [
+            {
+                "name": "debian-12",
+                "provider": "vsphere",
+                "template": "templates/d12",
+                "folder": "vmpooler/debian-12",
+                "datastore": "ds1",
+                "create_linked_clone": True,
+                "network": "ci",
+                "size": 1,
+                "snapshot_mainMem_ioBlockPages": "2048",
+            },
+            {
+                "name": "rocky",
+                "provider": "vsphere",
+                "folder": "vmpooler/rocky",
+                "clone_target": "host-7",
+            },
+        ],
     }
     cfg = parse_config(data, source="vmpooler.yaml", env={})
     assert not [w for w in cfg.warnings if "pools" in w]
     assert dict(cfg.pools["debian-12"].provider_options) == {
-        "folder": "vmpooler/debian-12", "datastore": "ds1", "clone_target": "cluster1",
-        "create_linked_clone": True, "network": "ci", "snapshot_mainMem_ioBlockPages": "2048"}
+        "folder": "vmpooler/debian-12",
+        "datastore": "ds1",
+        "clone_target": "cluster1",
+        "create_linked_clone": True,
+        "network": "ci",
+        "snapshot_mainMem_ioBlockPages": "2048",
+    }
     provider = providers_from_config(redis_client, Keys(cfg.key_prefix), cfg)["vsphere"]
     assert isinstance(provider, VSphereProvider)
     assert provider.options.timeout == 30 and provider.options.datacenter == "DC1"
-    request = provider.clone_request("debian-12", "templates/d12", "vm-a", provider.tags(
-        "debian-12", "vm-a", "r-1"))
-    assert (request.datacenter, request.folder, request.datastore, request.clone_target,
-            request.linked, request.network) == ("DC1", "vmpooler/debian-12", "ds1",
-                                                 "cluster1", True, "ci")
+    request = provider.clone_request(
+        "debian-12", "templates/d12", "vm-a", provider.tags("debian-12", "vm-a", "r-1")
+    )
+    assert (
+        request.datacenter,
+        request.folder,
+        request.datastore,
+        request.clone_target,
+        request.linked,
+        request.network,
+    ) == ("DC1", "vmpooler/debian-12", "ds1", "cluster1", True, "ci")
     assert request.extra_config["mainMem.ioBlockPages"] == "2048"
     assert provider.placement["rocky"].clone_target == "host-7"
     data[":pools"][1]["create_linked_clone"] = "sometimes"  # type: ignore[index]

@@ -52,9 +52,17 @@ def vs_fleet(redis_client: redis.Redis) -> tuple[Fleet, FakeVCenter]:
     built = fleet.providers["vc"]
     assert isinstance(built, VSphereProvider)  # the registry builds the vSphere class
     options = {**config.providers["vc"].options, "retries": 0, "backoff": 0}
-    fleet.providers = {"vc": VSphereProvider(redis_client, fleet.keys, "vc", options,
-                                             pools=built.pools, connect=vc.session,
-                                             sleep=lambda s: None)}
+    fleet.providers = {
+        "vc": VSphereProvider(
+            redis_client,
+            fleet.keys,
+            "vc",
+            options,
+            pools=built.pools,
+            connect=vc.session,
+            sleep=lambda s: None,
+        )
+    }
     return fleet, vc
 
 
@@ -77,8 +85,7 @@ def run(fleet: Fleet, skip: tuple[str, ...] = ()) -> list[tuple[str, str, Any]]:
 
 def request(fleet: Fleet, n: int, rid: str) -> str:
     settings = RequestSettings.from_config(fleet.config)
-    assert fleet.store.create_request(rid, [Slot("debian", "debian", n)], settings,
-                                      actor="t").ok
+    assert fleet.store.create_request(rid, [Slot("debian", "debian", n)], settings, actor="t").ok
     recorder(fleet).provision_request(rid)
     return rid
 

@@ -40,10 +40,17 @@ class Sim:
         self.fleet = f"fleet-{n}"
         self.folder = f"sim{n}"
         self.pools = {
-            "placed": {"folder": f"{self.folder}/placed", "datastore": "LocalDS_1",
-                       "clone_target": "DC0_C0", "network": "VM Network"},
-            "linked": {"folder": f"{self.folder}/linked", "create_linked_clone": True,
-                       "clone_target": "DC0_C0_H1"},
+            "placed": {
+                "folder": f"{self.folder}/placed",
+                "datastore": "LocalDS_1",
+                "clone_target": "DC0_C0",
+                "network": "VM Network",
+            },
+            "linked": {
+                "folder": f"{self.folder}/linked",
+                "create_linked_clone": True,
+                "clone_target": "DC0_C0_H1",
+            },
             "plain": {"folder": f"{self.folder}/plain"},
         }
         self.si = vcsim.client()
@@ -93,8 +100,11 @@ def test_a_clone_lands_where_the_pool_says_marked_and_on(sim: Sim) -> None:
     assert cards[0].backing.deviceName == "VM Network"
     extra = sim.extra(made)
     assert extra["guestinfo.vmpool.fleet"] == sim.fleet
-    assert (extra["guestinfo.vmpool.pool"], extra["guestinfo.vmpool.vm"],
-            extra["guestinfo.vmpool.request"]) == ("placed", "vm-placed", "r-1")
+    assert (
+        extra["guestinfo.vmpool.pool"],
+        extra["guestinfo.vmpool.vm"],
+        extra["guestinfo.vmpool.request"],
+    ) == ("placed", "vm-placed", "r-1")
     assert extra["guestinfo.hostname"] == "vm-placed"
     again = sim.provider.create_vm("placed", TEMPLATE, "vm-placed")
     assert again.name == "vm-placed" and len(sim.provider.inventory()) == 1
@@ -117,8 +127,9 @@ def test_inventory_is_one_call_and_only_this_fleets(sim: Sim) -> None:
     sim.provider.create_vm("linked", TEMPLATE, "vm-d")  # every pool's folder exists now
     folder = f"{sim.folder}/plain"
     mine = hand_made(sim.si, TEMPLATE, folder, "vm-hand-made")
-    theirs = hand_made(sim.si, TEMPLATE, folder, "vm-theirs",
-                       {"fleet": "another-fleet", "vm": "vm-theirs"})
+    theirs = hand_made(
+        sim.si, TEMPLATE, folder, "vm-theirs", {"fleet": "another-fleet", "vm": "vm-theirs"}
+    )
     sim.provider.inventory()  # the container views are made once per session
     counted = soap_calls(sim.provider)
     names = sorted(vm.name for vm in sim.provider.inventory())
@@ -126,8 +137,11 @@ def test_inventory_is_one_call_and_only_this_fleets(sim: Sim) -> None:
     assert counted == Counter({"RetrievePropertiesEx": 1})
     statuses = sim.provider.statuses(["vm-a", "vm-hand-made", "vm-theirs", "vm-never"])
     assert statuses["vm-a"] is not None and statuses["vm-a"].state == "running"
-    assert [n for n, vm in statuses.items() if vm is None] == ["vm-hand-made", "vm-theirs",
-                                                               "vm-never"]
+    assert [n for n, vm in statuses.items() if vm is None] == [
+        "vm-hand-made",
+        "vm-theirs",
+        "vm-never",
+    ]
     assert counted["RetrievePropertiesEx"] == 2
     for name in ("vm-hand-made", "vm-theirs"):
         assert sim.provider.destroy_vm("plain", name) is False
@@ -185,8 +199,13 @@ def test_faults_over_the_wire_are_classified(sim: Sim) -> None:
     strict = sim.make(create_folders=False)
     with pytest.raises(PermanentProviderError, match=r"folder .* not found"):
         strict.create_vm("plain", TEMPLATE, "vm-y")
-    bad_target = VSphereProvider(None, Keys("k"), "vc", sim.vcsim.options(fleet_id=sim.fleet),
-                                 pools={"p": {"folder": "templates", "clone_target": "nope"}})
+    bad_target = VSphereProvider(
+        None,
+        Keys("k"),
+        "vc",
+        sim.vcsim.options(fleet_id=sim.fleet),
+        pools={"p": {"folder": "templates", "clone_target": "nope"}},
+    )
     with pytest.raises(PermanentProviderError, match="clone_target 'nope'"):
         bad_target.create_vm("p", TEMPLATE, "vm-z")
 

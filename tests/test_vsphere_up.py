@@ -86,8 +86,9 @@ class Api:
         self.url = url
 
     def __call__(self, method: str, path: str, body: str | None = None) -> tuple[int, Any]:
-        req = urllib.request.Request(self.url + "/api/v3" + path, method=method,
-                                     data=body.encode() if body else None)
+        req = urllib.request.Request(
+            self.url + "/api/v3" + path, method=method, data=body.encode() if body else None
+        )
         try:
             with urllib.request.urlopen(req, timeout=10) as resp:
                 return resp.status, json.load(resp)
@@ -124,41 +125,63 @@ def snapshot_revert_disk(api: Api, store: Store, rid: str, vm: Any) -> None:
     status, body = api("POST", f"/vm/{name}/snapshot")
     assert status == 202 and body["ok"], body
     snapshot = body[name]["snapshot"]
-    wait_for(lambda: snapshot in api("GET", f"/vm/{name}")[1][name].get("snapshots", []),
-             30, "the snapshot taken")
+    wait_for(
+        lambda: snapshot in api("GET", f"/vm/{name}")[1][name].get("snapshots", []),
+        30,
+        "the snapshot taken",
+    )
     assert [s.name for s in vm.snapshot.rootSnapshotList] == [snapshot]
     assert api("POST", f"/vm/{name}/snapshot/{snapshot}")[0] == 202
     wait_for(lambda: trail(r"revert \S+ done"), 30, "the revert done")
     assert vm.runtime.powerState == "poweredOn"
     status, body = api("POST", f"/vm/{name}/disk/3")
     assert status == 202 and body[name]["disk"] == "+3gb", body
-    wait_for(lambda: api("GET", f"/vm/{name}")[1][name].get("disk") == ["+3gb"], 30,
-             "the disk added")
+    wait_for(
+        lambda: api("GET", f"/vm/{name}")[1][name].get("disk") == ["+3gb"], 30, "the disk added"
+    )
     sizes = [d.capacityInKB for d in vm.config.hardware.device if hasattr(d, "capacityInKB")]
     assert 3 * 1024 * 1024 in sizes
 
 
-def test_vmpool_up_on_vsphere(tmp_path: Path, redis_url: str, redis_client: redis.Redis,
-                              vcsim: VCSim) -> None:
+def test_vmpool_up_on_vsphere(
+    tmp_path: Path, redis_url: str, redis_client: redis.Redis, vcsim: VCSim
+) -> None:
     si = vcsim.client()
     si.content.searchIndex.FindByInventoryPath("DC0/vm").CreateFolder("up").CreateFolder(
-        "debian-12")
+        "debian-12"
+    )
     theirs = hand_made(si, TEMPLATE, "up/debian-12", "hand-made")
     config = tmp_path / "vmpool.yaml"
-    config.write_text(CONFIG.format(server=vcsim.server, user=USER, password=PASSWORD,
-                                    template=TEMPLATE))
+    config.write_text(
+        CONFIG.format(server=vcsim.server, user=USER, password=PASSWORD, template=TEMPLATE)
+    )
     env = {k: v for k, v in os.environ.items() if k not in ("VMPOOL_REDIS_URL", "VMPOOL_CONFIG")}
     log = tmp_path / "up.log"
     with log.open("wb") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "vmpool.cli.main", "up", "--config", str(config),
-             "--redis-url", redis_url, "--workers", "2", "--port", "0"],
-            stdout=out, stderr=subprocess.STDOUT, env={**env, "PYTHONUNBUFFERED": "1"},
+            [
+                sys.executable,
+                "-m",
+                "vmpool.cli.main",
+                "up",
+                "--config",
+                str(config),
+                "--redis-url",
+                redis_url,
+                "--workers",
+                "2",
+                "--port",
+                "0",
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env={**env, "PYTHONUNBUFFERED": "1"},
             start_new_session=True,
         )
     try:
-        found = wait_for(lambda: re.search(r"API (http://\S+)", log.read_text(errors="replace")),
-                         90, "vmpool up")
+        found = wait_for(
+            lambda: re.search(r"API (http://\S+)", log.read_text(errors="replace")), 90, "vmpool up"
+        )
         api = Api(found.group(1))
         rid = api("POST", "/ondemandvm", '{"debian-12": "3"}')[1]["request_id"]
         wait_for(lambda: api("GET", f"/ondemandvm/{rid}")[0] == 200, 60, "3 VMs ready")
@@ -189,13 +212,21 @@ def test_vmpool_up_on_vsphere(tmp_path: Path, redis_url: str, redis_client: redi
         assert api("DELETE", f"/vm/{taken}")[0] == 200
 
         assert api("DELETE", f"/ondemandvm/{rid}")[0] == 200
-        wait_for(lambda: set(marked(si, "up/debian-12")) == {"hand-made"}, 60,
-                 "the request's VMs destroyed")
+        wait_for(
+            lambda: set(marked(si, "up/debian-12")) == {"hand-made"},
+            60,
+            "the request's VMs destroyed",
+        )
         wait_for(lambda: taken not in marked(si, "up/warm"), 60, "the checked-out VM destroyed")
         runs = int(redis_client.hget(Keys("vmpool").metrics(JOBS_METRIC), "reconcile:ok") or 0)
-        wait_for(lambda: int(redis_client.hget(Keys("vmpool").metrics(JOBS_METRIC),
-                                               "reconcile:ok") or 0) > runs, 30,
-                 "another reconcile run")
+        wait_for(
+            lambda: (
+                int(redis_client.hget(Keys("vmpool").metrics(JOBS_METRIC), "reconcile:ok") or 0)
+                > runs
+            ),
+            30,
+            "another reconcile run",
+        )
         assert theirs.runtime.powerState == "poweredOn"
         assert "hand-made" in marked(si, "up/debian-12")
     finally:

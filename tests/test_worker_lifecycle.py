@@ -89,8 +89,12 @@ def park_in_suspension_check(worker: WorkerProcess, conn: redis.Redis) -> None:
     rq_worker = wait_registered(worker, conn)
     suspend(conn)
     queue(conn).enqueue("workerhelp.quick_job")
-    wait_for(up_and(worker, lambda: conn.hget(rq_worker.key, "state") == b"suspended"),
-             START_S, "the worker to park in its suspension check", step=0.2)
+    wait_for(
+        up_and(worker, lambda: conn.hget(rq_worker.key, "state") == b"suspended"),
+        START_S,
+        "the worker to park in its suspension check",
+        step=0.2,
+    )
 
 
 def test_a_frozen_redis_during_the_suspension_check_is_waited_out(
@@ -110,9 +114,15 @@ def test_a_frozen_redis_during_the_suspension_check_is_waited_out(
         park_in_suspension_check(worker, conn)
         os.kill(server.process.pid, signal.SIGSTOP)
         try:
-            wait_for(lambda: worker.proc.poll() is not None or any(
-                sign in worker.text() for sign in ("lost Redis", "timeout, quitting")),
-                60, "the worker to give up on the frozen Redis", step=0.2)
+            wait_for(
+                lambda: (
+                    worker.proc.poll() is not None
+                    or any(sign in worker.text() for sign in ("lost Redis", "timeout, quitting"))
+                ),
+                60,
+                "the worker to give up on the frozen Redis",
+                step=0.2,
+            )
         finally:
             os.kill(server.process.pid, signal.SIGCONT)
         resume(conn)
@@ -134,7 +144,8 @@ def test_a_10s_outage_is_waited_out_then_a_job_runs(
     server = private_redis
     alive = tmp_path / "alive"
     worker = start_worker(
-        tmp_path, worker_env(tmp_path, server.url, VMPOOL_WORKER_ALIVE_FILE=str(alive)))
+        tmp_path, worker_env(tmp_path, server.url, VMPOOL_WORKER_ALIVE_FILE=str(alive))
+    )
     conn = redis.Redis.from_url(server.url)
     try:
         if where == "idle":
@@ -198,8 +209,11 @@ def test_sigterm_mid_job_finishes_it_and_exits_0(
         started = marks / "started"
         wait_for(up_and(worker, started.exists), JOB_S, "the job to start")
         begun = started.stat().st_mtime
-        wait_for(lambda: alive.stat().st_mtime > begun + 1.5, 10,
-                 "the alive file to be touched while the job runs")
+        wait_for(
+            lambda: alive.stat().st_mtime > begun + 1.5,
+            10,
+            "the alive file to be touched while the job runs",
+        )
         assert not (marks / "finished").exists()
         sent = time.monotonic()
         os.kill(worker.proc.pid, signal.SIGTERM)  # the worker only, as the kubelet does
@@ -226,8 +240,11 @@ def test_a_second_sigterm_is_a_cold_shutdown(
         job = queue(conn).enqueue("workerhelp.slow_job", str(marks), 60.0, result_ttl=60)
         wait_for(up_and(worker, (marks / "started").exists), JOB_S, "the job to start")
         os.kill(worker.proc.pid, signal.SIGTERM)
-        wait_for(up_and(worker, lambda: "warm shut down requested" in worker.text()), 10,
-                 "the warm shutdown")
+        wait_for(
+            up_and(worker, lambda: "warm shut down requested" in worker.text()),
+            10,
+            "the warm shutdown",
+        )
         time.sleep(1.2)  # not a synchronisation: RQ ignores a second signal within 1 s
         os.kill(worker.proc.pid, signal.SIGTERM)
         assert worker.wait(15) == 0, worker.text()
@@ -255,8 +272,7 @@ def test_a_hung_job_stops_vouching_for_the_loop(
     started = time.time()
     with worker_module.one_job_beats(worker, job, None, 0.0, alive=AliveFile(alive)):
         wait_for(alive.exists, 5, "the first touch")
-        wait_for(lambda: time.time() - alive.stat().st_mtime > 1.0, 10,
-                 "the touches to stop")
+        wait_for(lambda: time.time() - alive.stat().st_mtime > 1.0, 10, "the touches to stop")
     assert alive.stat().st_mtime < started + 1.0 + 0.5 + 0.5
 
 
@@ -271,8 +287,11 @@ def test_sigterm_while_waiting_for_redis_exits_0_at_once(
     try:
         wait_registered(worker, conn)
         server.stop()
-        wait_for(up_and(worker, lambda: "lost Redis" in worker.text()), START_S,
-                 "the worker to wait for Redis")
+        wait_for(
+            up_and(worker, lambda: "lost Redis" in worker.text()),
+            START_S,
+            "the worker to wait for Redis",
+        )
         os.kill(worker.proc.pid, signal.SIGTERM)
         assert worker.wait(10) == 0, worker.text()
     finally:

@@ -34,8 +34,18 @@ K = Keys()  # the default prefix, `vmpool`
 # -- ids --------------------------------------------------------------------------------
 @pytest.mark.parametrize(
     "subject",
-    ["abc", "a.b", "a_b", "a__b", "a_.b", "a._b", "x-y", "a:b", "a-_d",
-     "3f2a9c1e-0b6d-4d2e-9a7f-1c2b3d4e5f60"],
+    [
+        "abc",
+        "a.b",
+        "a_b",
+        "a__b",
+        "a_.b",
+        "a._b",
+        "x-y",
+        "a:b",
+        "a-_d",
+        "3f2a9c1e-0b6d-4d2e-9a7f-1c2b3d4e5f60",
+    ],
 )
 @pytest.mark.parametrize("keep_dashes", [False, True])
 def test_encode_roundtrip(subject: str, keep_dashes: bool) -> None:
@@ -46,8 +56,14 @@ def test_encode_roundtrip(subject: str, keep_dashes: bool) -> None:
 
 
 def test_encoding_is_injective_on_tricky_pairs() -> None:
-    pairs = [("a.b", "a_ob"), ("a_b", "a__b"), ("a._b", "a_.b"), ("a-b", "a.b"),
-             ("a-b", "a_db"), ("a:b", "a_cb")]
+    pairs = [
+        ("a.b", "a_ob"),
+        ("a_b", "a__b"),
+        ("a._b", "a_.b"),
+        ("a-b", "a.b"),
+        ("a-b", "a_db"),
+        ("a:b", "a_cb"),
+    ]
     for keep in (False, True):
         for left, right in pairs:
             assert encode_fragment(left, keep_dashes=keep) != encode_fragment(
@@ -75,8 +91,7 @@ def test_ids_of_two_fleets_never_collide() -> None:
     ids = {
         job_id(Keys(prefix), job, subject)
         for prefix in ("a", "a-b", "a_b", "a.b", "a:b", "a_d")
-        for job, subject in (("create_vm", "b-x"), ("provision_request", "x"),
-                             ("destroy_vm", "x"))
+        for job, subject in (("create_vm", "b-x"), ("provision_request", "x"), ("destroy_vm", "x"))
     }
     assert len(ids) == 18
 
@@ -310,8 +325,11 @@ HOSTILE_SUBJECTS = ["poison\n", "a b", "{tag}", "", "x" * 5000, "UPPER-vm\r\n", 
 
 @pytest.mark.parametrize(
     ("job", "good"),
-    [("provision_request", ["r-1", "R.2", "3f2a9c1e-0b6d-4d2e-9a7f-1c2b3d4e5f60"]),
-     ("create_vm", ["vm-a", "vm-b"]), ("destroy_vm", ["vm-c"])],
+    [
+        ("provision_request", ["r-1", "R.2", "3f2a9c1e-0b6d-4d2e-9a7f-1c2b3d4e5f60"]),
+        ("create_vm", ["vm-a", "vm-b"]),
+        ("destroy_vm", ["vm-c"]),
+    ],
 )
 def test_one_hostile_subject_never_fails_the_batch(
     conn: redis.Redis, caplog: pytest.LogCaptureFixture, job: str, good: list[str]

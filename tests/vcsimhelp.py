@@ -44,11 +44,23 @@ def build(cache: Path, timeout_s: float = 300.0) -> Path | None:
     package = work / "src" / "vmpoolvcsim"
     package.mkdir(parents=True, exist_ok=True)
     shutil.copy(SOURCE, package / "main.go")
-    env = {**os.environ, "GO111MODULE": "off", "GOFLAGS": "", "GOPROXY": "off",
-           "GOPATH": f"{work}:{GOCODE}", "GOCACHE": str(cache / "gocache")}
+    env = {
+        **os.environ,
+        "GO111MODULE": "off",
+        "GOFLAGS": "",
+        "GOPROXY": "off",
+        "GOPATH": f"{work}:{GOCODE}",
+        "GOCACHE": str(cache / "gocache"),
+    }
     try:
-        subprocess.run([go, "build", "-o", str(work / "vcsim"), "vmpoolvcsim"], cwd=work,
-                       env=env, check=True, capture_output=True, timeout=timeout_s)
+        subprocess.run(
+            [go, "build", "-o", str(work / "vcsim"), "vmpoolvcsim"],
+            cwd=work,
+            env=env,
+            check=True,
+            capture_output=True,
+            timeout=timeout_s,
+        )
         os.replace(work / "vcsim", binary)  # atomic: a concurrent build wins or loses whole
     except subprocess.CalledProcessError as exc:
         raise AssertionError(f"building vcsim failed: {exc.stderr.decode()[-2000:]}") from None
@@ -68,7 +80,9 @@ class VCSim:
         with log.open("wb") as out:
             proc = subprocess.Popen(
                 [str(binary), "-listen", "127.0.0.1:0"],
-                stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
                 env={**os.environ, "VCSIM_USERNAME": USER, "VCSIM_PASSWORD": PASSWORD},
             )
         deadline = time.monotonic() + timeout_s
@@ -94,32 +108,47 @@ class VCSim:
         return f"127.0.0.1:{self.port}"
 
     def options(self, **extra: Any) -> dict[str, Any]:
-        return {"server": self.server, "username": USER, "password": PASSWORD,
-                "insecure": True, "ready_check": "state", "backoff": 0.05, **extra}
+        return {
+            "server": self.server,
+            "username": USER,
+            "password": PASSWORD,
+            "insecure": True,
+            "ready_check": "state",
+            "backoff": 0.05,
+            **extra,
+        }
 
     def client(self) -> Any:
         """A pyVmomi ServiceInstance of the test's own."""
         from pyVim.connect import SmartConnect
 
-        return SmartConnect(host="127.0.0.1", port=self.port, user=USER, pwd=PASSWORD,
-                            disableSslCertValidation=True)
+        return SmartConnect(
+            host="127.0.0.1", port=self.port, user=USER, pwd=PASSWORD, disableSslCertValidation=True
+        )
 
 
-
-def hand_made(si: Any, source: str, folder: str, name: str,
-              marks: dict[str, str] | None = None) -> Any:
+def hand_made(
+    si: Any, source: str, folder: str, name: str, marks: dict[str, str] | None = None
+) -> Any:
     """A VM someone made by hand (``marks``: guestinfo.vmpool.* extraConfig it carries),
     cloned from ``source`` into ``folder`` (paths below DC0's VM folder), powered on."""
     from pyVim.task import WaitForTask
     from pyVmomi import vim
 
     index = si.content.searchIndex
-    extra = [vim.option.OptionValue(key=f"guestinfo.vmpool.{k}", value=v)
-             for k, v in (marks or {}).items()]
-    spec = vim.vm.CloneSpec(location=vim.vm.RelocateSpec(), powerOn=False, template=False,
-                            config=vim.vm.ConfigSpec(extraConfig=extra))
+    extra = [
+        vim.option.OptionValue(key=f"guestinfo.vmpool.{k}", value=v)
+        for k, v in (marks or {}).items()
+    ]
+    spec = vim.vm.CloneSpec(
+        location=vim.vm.RelocateSpec(),
+        powerOn=False,
+        template=False,
+        config=vim.vm.ConfigSpec(extraConfig=extra),
+    )
     task = index.FindByInventoryPath(f"DC0/vm/{source}").CloneVM_Task(
-        folder=index.FindByInventoryPath(f"DC0/vm/{folder}"), name=name, spec=spec)
+        folder=index.FindByInventoryPath(f"DC0/vm/{folder}"), name=name, spec=spec
+    )
     WaitForTask(task)
     vm = task.info.result
     WaitForTask(vm.PowerOnVM_Task())
@@ -145,5 +174,6 @@ def prepare(si: Any) -> None:
         spec = vim.vm.CloneSpec(location=vim.vm.RelocateSpec(), powerOn=False, template=False)
         WaitForTask(source.CloneVM_Task(folder=into, name=name, spec=spec))
     template = index.FindByInventoryPath(f"DC0/vm/{TEMPLATE}")
-    WaitForTask(template.CreateSnapshot_Task(name="base", description="", memory=False,
-                                             quiesce=False))
+    WaitForTask(
+        template.CreateSnapshot_Task(name="base", description="", memory=False, quiesce=False)
+    )

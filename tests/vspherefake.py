@@ -99,11 +99,21 @@ class FakeVCenter:
     def fail(self, call: str, kind: str, *, times: int = 1, effect: bool = False) -> None:
         self.faults.append(Fault(call, kind, times, effect))
 
-    def add_vm(self, name: str, folder: str, marks: Mapping[str, str] | None = None,
-               power: PowerState = "poweredOn") -> FakeVM:
+    def add_vm(
+        self,
+        name: str,
+        folder: str,
+        marks: Mapping[str, str] | None = None,
+        power: PowerState = "poweredOn",
+    ) -> FakeVM:
         """A VM made by someone else (``marks``: its guestinfo.vmpool.* extraConfig)."""
-        vm = FakeVM(f"vm-{next(self._refs)}", name, folder, power,
-                    {MARK_PREFIX + k: v for k, v in (marks or {}).items()})
+        vm = FakeVM(
+            f"vm-{next(self._refs)}",
+            name,
+            folder,
+            power,
+            {MARK_PREFIX + k: v for k, v in (marks or {}).items()},
+        )
         self.vms[vm.ref] = vm
         return vm
 
@@ -118,7 +128,7 @@ class FakeVCenter:
         return None
 
     def info(self, vm: FakeVM) -> VMInfo:
-        marks = {k[len(MARK_PREFIX):]: v for k, v in vm.extra.items() if k.startswith(MARK_PREFIX)}
+        marks = {k[len(MARK_PREFIX) :]: v for k, v in vm.extra.items() if k.startswith(MARK_PREFIX)}
         ip = self.guest_ip if vm.power == "poweredOn" else None
         return VMInfo(vm.ref, vm.name, vm.power, marks, ip)
 
@@ -157,6 +167,7 @@ class FakeSession:
     def list_vms(self, datacenter: str | None, folders: Sequence[str]) -> list[VMInfo]:
         def act() -> list[VMInfo]:
             return [self.vc.info(vm) for vm in self.vc.vms.values() if vm.folder in folders]
+
         return list(self._do("list_vms", act))
 
     def clone(self, request: CloneRequest) -> VMInfo:
@@ -172,17 +183,26 @@ class FakeSession:
             self.vc.folders.add(r.folder)
         if r.linked and not source.snapshots:
             raise fault("NotFound", "the template has no snapshot")
-        for kind, value, known in (("datastore", r.datastore, self.vc.datastores),
-                                   ("clone_target", r.clone_target, self.vc.targets),
-                                   ("network", r.network, self.vc.networks)):
+        for kind, value, known in (
+            ("datastore", r.datastore, self.vc.datastores),
+            ("clone_target", r.clone_target, self.vc.targets),
+            ("network", r.network, self.vc.networks),
+        ):
             if value is not None and value not in known:
                 raise fault("NotFound", f"{kind} {value!r} not found")
         if any(vm.folder == r.folder and vm.name == r.name for vm in self.vc.vms.values()):
             raise fault("DuplicateName", f"The name '{r.name}' already exists.")
-        vm = FakeVM(f"vm-{next(self.vc._refs)}", r.name, r.folder, "poweredOff",
-                    dict(r.extra_config), datastore=r.datastore or source.datastore,
-                    target=r.clone_target or source.target, network=r.network or source.network,
-                    linked=r.linked)
+        vm = FakeVM(
+            f"vm-{next(self.vc._refs)}",
+            r.name,
+            r.folder,
+            "poweredOff",
+            dict(r.extra_config),
+            datastore=r.datastore or source.datastore,
+            target=r.clone_target or source.target,
+            network=r.network or source.network,
+            linked=r.linked,
+        )
         self.vc.vms[vm.ref] = vm
         return vm
 
@@ -203,6 +223,7 @@ class FakeSession:
             if self._vm(ref).power == "poweredOn":
                 raise fault("InvalidPowerState", "the VM is powered on")
             del self.vc.vms[ref]
+
         self._do("destroy", act)
 
     def snapshots(self, ref: str) -> list[str]:
@@ -217,19 +238,27 @@ class FakeSession:
             if name not in vm.snapshots:
                 raise fault("NotFound", f"no snapshot {name!r}")
             vm.reverted_to.append(name)
+
         self._do("revert_snapshot", act)
 
     def extra_config(self, ref: str) -> dict[str, str]:
         return dict(self._do("extra_config", lambda: dict(self._vm(ref).extra)))
 
-    def add_disk(self, ref: str, size_gb: int, datacenter: str | None, datastore: str | None,
-                 extra_config: Mapping[str, str]) -> None:
+    def add_disk(
+        self,
+        ref: str,
+        size_gb: int,
+        datacenter: str | None,
+        datastore: str | None,
+        extra_config: Mapping[str, str],
+    ) -> None:
         def act() -> None:
             vm = self._vm(ref)
             if datastore is not None and datastore not in self.vc.datastores:
                 raise fault("NotFound", f"datastore {datastore!r} not found")
             vm.disks.append(size_gb)
             vm.extra.update(extra_config)
+
         self._do("add_disk", act)
 
     def close(self) -> None:

@@ -72,14 +72,24 @@ def worker_env(tmp_path: Path, redis_url: str, **extra: str) -> dict[str, str]:
     config = tmp_path / "vmpool.yaml"
     config.write_text(CONFIG)
     path = os.pathsep.join(p for p in (str(TESTS), os.environ.get("PYTHONPATH")) if p)
-    return {**os.environ, "VMPOOL_REDIS_URL": redis_url, "VMPOOL_CONFIG": str(config),
-            "PYTHONUNBUFFERED": "1", "PYTHONPATH": path, **extra}
+    return {
+        **os.environ,
+        "VMPOOL_REDIS_URL": redis_url,
+        "VMPOOL_CONFIG": str(config),
+        "PYTHONUNBUFFERED": "1",
+        "PYTHONPATH": path,
+        **extra,
+    }
 
 
 def start_worker(tmp_path: Path, env: dict[str, str], *args: str) -> WorkerProcess:
     log = tmp_path / "worker.log"
     with log.open("wb") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "vmpool.cli.main", "worker", *args], env=env,
-            stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+            [sys.executable, "-m", "vmpool.cli.main", "worker", *args],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     return WorkerProcess(proc, log)

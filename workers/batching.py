@@ -233,8 +233,9 @@ class BatchDispatcher(RQDispatcher):
         batch_job = _BATCH_OF[job]
         lanes = lanes_for(self.config, batch_job)
         want = min(lanes, math.ceil(len(subjects) / CLAIM_SIZE))
-        ensure_lanes(self.conn, self.keys, batch_job, want, add=(self.work, job, subjects),
-                     lanes=lanes)
+        ensure_lanes(
+            self.conn, self.keys, batch_job, want, add=(self.work, job, subjects), lanes=lanes
+        )
 
     def provision_request(self, request_id: str) -> None:
         self._batch("provision_request", [request_id])

@@ -101,6 +101,8 @@ def top_up_pools() -> dict[str, int]:
 
 def check_ready() -> dict[str, int]:
     return lifecycle.check_ready(current_fleet())
+
+
 # Batch jobs (issue 15): one job runs many subjects of a work set (vmpool.lifecycle.batch);
 # one that stopped on time with work left queues its continuation (workers.batching).
 def provision_batch() -> dict[str, int]:

@@ -100,16 +100,18 @@ class RedisOutage:
                 self._since = time.monotonic()
                 condition = redis_unusable(exc) or RedisCondition.UNREACHABLE
                 reason = " ".join(str(exc).split()) or type(exc).__name__
-                log.warning("%s: lost Redis: %s (%s); waiting for it", self.who,
-                            MESSAGES[condition], reason)
+                log.warning(
+                    "%s: lost Redis: %s (%s); waiting for it", self.who, MESSAGES[condition], reason
+                )
 
     def back(self) -> None:
         if self._since is None:  # the common case, without the lock
             return
         with self._lock:
             if self._since is not None:
-                log.warning("%s: Redis is back after %.1f s", self.who,
-                            time.monotonic() - self._since)
+                log.warning(
+                    "%s: Redis is back after %.1f s", self.who, time.monotonic() - self._since
+                )
                 self._since = None
 
 

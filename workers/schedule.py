@@ -154,7 +154,9 @@ class FleetScheduler(Scheduler):  # type: ignore[misc]
         **kwargs: Any,
     ) -> None:
         super().__init__(
-            queue_name=keys.queue(QUEUE_SWEEPS), connection=connection, interval=interval,
+            queue_name=keys.queue(QUEUE_SWEEPS),
+            connection=connection,
+            interval=interval,
             **kwargs,
         )
         # rq-scheduler reads its keys from these attributes: ours, under the prefix.
@@ -226,23 +228,10 @@ class FleetScheduler(Scheduler):  # type: ignore[misc]
     def move(self, template_id: str, due: float) -> bool:
         """Enqueue the template's job and move it to its next due time, if ``due`` is
         still its due time. True if this call moved it."""
-        try:
-            template = self.job_class.fetch(template_id, connection=self.connection)
-        except NoSuchJobError:
-            log.warning("dropping schedule entry %s: its template is gone", template_id)
-            self.connection.zrem(self.scheduled_jobs_key, template_id)
+        periodic = self._periodic(template_id)
+        if periodic is None:
             return False
-        name = template.meta.get("vmpool_job")
-        interval = float(template.meta.get("vmpool_interval") or 0)
-        if name not in JOBS or not JOBS[name].periodic or interval <= 0:
-            # A newer release's job (a rolling upgrade): its replicas run it. Cancelling
-            # it here deleted their template; leave it, and say so once.
-            self._foreign.add(template_id)
-            log.warning(
-                "schedule entry %s (job %r) is unknown to this version: left alone",
-                template_id, name,
-            )
-            return False
+        name, interval = periodic
         # A replica that lost the race usually sees it here, before enqueueing a sweep
         # that may already have run; the script below is what decides.
         score = self.connection.zscore(self.scheduled_jobs_key, template_id)
@@ -259,17 +248,48 @@ class FleetScheduler(Scheduler):  # type: ignore[misc]
         row = f"{now:.3f} {name} {int(enqueued)} {due!r} {self.name}"
         moved = bool(
             self._move_script(
-                keys=[self.scheduled_jobs_key, self.keys.schedule_log,
-                      self.keys.schedule_last_runs],
+                keys=[
+                    self.scheduled_jobs_key,
+                    self.keys.schedule_log,
+                    self.keys.schedule_last_runs,
+                ],
                 args=[
-                    template_id, repr(due), repr(next_due(due, cadence(name, interval), now)),
-                    row, _LOG_LENGTH, name, run_id,
+                    template_id,
+                    repr(due),
+                    repr(next_due(due, cadence(name, interval), now)),
+                    row,
+                    _LOG_LENGTH,
+                    name,
+                    run_id,
                 ],
             )
         )
         if moved:
             log.debug("%s: %s", name, "enqueued" if enqueued else "already queued")
         return moved
+
+    def _periodic(self, template_id: str) -> tuple[str, float] | None:
+        """The (job name, interval) of a template this version runs; None for one that
+        is gone (its entry dropped) or unknown to this version (left alone)."""
+        try:
+            template = self.job_class.fetch(template_id, connection=self.connection)
+        except NoSuchJobError:
+            log.warning("dropping schedule entry %s: its template is gone", template_id)
+            self.connection.zrem(self.scheduled_jobs_key, template_id)
+            return None
+        name = template.meta.get("vmpool_job")
+        interval = float(template.meta.get("vmpool_interval") or 0)
+        if name not in JOBS or not JOBS[name].periodic or interval <= 0:
+            # A newer release's job (a rolling upgrade): its replicas run it. Cancelling
+            # it here would delete their template; leave it, and say so once.
+            self._foreign.add(template_id)
+            log.warning(
+                "schedule entry %s (job %r) is unknown to this version: left alone",
+                template_id,
+                name,
+            )
+            return None
+        return str(name), interval
 
     def _still_waiting(self, name: str) -> bool:
         """Whether the job's last scheduled run still waits in its queue (not started)."""

@@ -241,9 +241,11 @@ class Client:
 
     def _counts(self, rng: random.Random) -> dict[str, int]:
         total = rng.randint(1, 3)
-        pools = list(self.opts.flaky_pools) if (
-            self.opts.flaky_pools and rng.random() < self.opts.flaky_share
-        ) else list(self.opts.pools)
+        pools = (
+            list(self.opts.flaky_pools)
+            if (self.opts.flaky_pools and rng.random() < self.opts.flaky_share)
+            else list(self.opts.pools)
+        )
         counts: dict[str, int] = {}
         for _ in range(total):
             name = rng.choice(pools)
@@ -470,8 +472,11 @@ def _check_one(rid: str, ops: list[Op], asked: dict[str, int] | None) -> list[Hi
             if b.value == "missing":
                 out.append(HistoryViolation("lost_request", rid, f"seen {a.value}, then missing"))
             elif b.value not in SUCCESSORS[a.value]:
-                out.append(HistoryViolation(_kind(a.value, b.value), rid,
-                                            f"seen {a.value}, then {b.value}"))
+                out.append(
+                    HistoryViolation(
+                        _kind(a.value, b.value), rid, f"seen {a.value}, then {b.value}"
+                    )
+                )
         for a in acks:
             if a.t1 >= b.t0:
                 continue
@@ -479,13 +484,17 @@ def _check_one(rid: str, ops: list[Op], asked: dict[str, int] | None) -> list[Hi
                 out.append(HistoryViolation("lost_request", rid, "created (201), then missing"))
             if a.f == "delete" and a.value in ("deleted", "already_deleted"):
                 if b.value in ("pending", "ready"):
-                    out.append(HistoryViolation("deleted_then_live", rid,
-                                                f"delete acknowledged, then {b.value}"))
+                    out.append(
+                        HistoryViolation(
+                            "deleted_then_live", rid, f"delete acknowledged, then {b.value}"
+                        )
+                    )
                 elif b.value == "missing":
                     out.append(HistoryViolation("lost_request", rid, "deleted, then missing"))
                 elif a.value == "already_deleted" and b.value == "failed":
-                    out.append(HistoryViolation("terminal_changed", rid,
-                                                "already deleted, then failed"))
+                    out.append(
+                        HistoryViolation("terminal_changed", rid, "already deleted, then failed")
+                    )
     if asked is not None:
         for b in reads:
             if b.value != "ready":

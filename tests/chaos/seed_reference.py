@@ -81,8 +81,7 @@ class Reference:
         version = int(self.redis.hincrby(self.keys.request(rid), "version", 1))
         self.redis.rpush(  # the trail's packed form (records.decode_trail)
             self.keys.request_audit(rid),
-            json.dumps([entity, src, dst, version, ACTOR, why,
-                        f"{self.store.server_time():.6f}"]),
+            json.dumps([entity, src, dst, version, ACTOR, why, f"{self.store.server_time():.6f}"]),
         )
 
     def reserve(self, rid: str, name: str, alias: str, pool: Any) -> bool:
@@ -92,11 +91,22 @@ class Reference:
             return False
         now = self.store.server_time()
         domain = f".{pool.domain}" if pool.domain else ""
-        self.redis.hset(self.keys.vm(name), mapping={
-            "name": name, "request_id": rid, "alias": alias, "pool": pool.name,
-            "template": pool.template, "provider": pool.provider, "hostname": name + domain,
-            "state": "reserved", "state_since": now, "reserved_at": now, "attempt": 1,
-        })
+        self.redis.hset(
+            self.keys.vm(name),
+            mapping={
+                "name": name,
+                "request_id": rid,
+                "alias": alias,
+                "pool": pool.name,
+                "template": pool.template,
+                "provider": pool.provider,
+                "hostname": name + domain,
+                "state": "reserved",
+                "state_since": now,
+                "reserved_at": now,
+                "attempt": 1,
+            },
+        )
         self.redis.sadd(self.keys.request_vms(rid), name)
         self.audit(rid, int(req["version"]) + 1, f"vm:{name}", "none", "reserved", "clone")
         return True
@@ -110,9 +120,10 @@ class Reference:
         self.gap()
         if vm.get("state") not in src:
             return False
-        self.redis.hset(self.keys.vm(name), mapping={"state": dst,
-                                                     "state_since": self.store.server_time(),
-                                                     **extra})
+        self.redis.hset(
+            self.keys.vm(name),
+            mapping={"state": dst, "state_since": self.store.server_time(), **extra},
+        )
         self.audit(rid, int(req.get("version", 0)) + 1, f"vm:{name}", vm["state"], dst, why)
         return True
 
@@ -127,8 +138,9 @@ class Manager:
 
     def __init__(self, config: Config, url: str, seed: str) -> None:
         self.config = config
-        self.redis = redis.Redis.from_url(url, decode_responses=True, socket_timeout=10,
-                                          health_check_interval=5)
+        self.redis = redis.Redis.from_url(
+            url, decode_responses=True, socket_timeout=10, health_check_interval=5
+        )
         self.keys = Keys(config.key_prefix)
         seed = f"{seed}:{os.getpid()}"  # a restarted replica draws new names
         self.rng = random.Random(seed)
@@ -177,8 +189,13 @@ class Manager:
             return
         vms = {vm.name: vm for vm in self.ref.store.request_vms(rid)}
         for slot in record.slots:
-            live = sum(1 for vm in vms.values() if vm.alias == slot.alias and vm.pool == slot.pool
-                       and vm.state in ("reserved", "pending", "running"))
+            live = sum(
+                1
+                for vm in vms.values()
+                if vm.alias == slot.alias
+                and vm.pool == slot.pool
+                and vm.state in ("reserved", "pending", "running")
+            )
             pool = self.config.pools[slot.pool]
             for _ in range(slot.want - live):
                 name = self.names()
@@ -193,8 +210,9 @@ class Manager:
             except Exception as exc:
                 self.vm_failed(name, f"create failed: {exc}")
                 return
-            self.ref.set_vm(name, ("reserved",), "pending", "created",
-                            created_at=self.ref.store.server_time())
+            self.ref.set_vm(
+                name, ("reserved",), "pending", "created", created_at=self.ref.store.server_time()
+            )
 
     def vm_failed(self, name: str, reason: str) -> None:
         outcome = self.naive.vm_failed(name, reason, actor=ACTOR)
@@ -245,7 +263,8 @@ class Manager:
             provider = self.providers[vm.provider]
             with self._stripe(self.vm_mutex, name):
                 ready = provider.get_vm(vm.pool, name) is not None and provider.is_ready(
-                    vm.pool, name)
+                    vm.pool, name
+                )
                 if ready:
                     # move_pending_vm_to_ready under the PR's request_mutex
                     with self._stripe(self.request_mutex, vm.request_id):
@@ -274,9 +293,11 @@ class Manager:
 
     def _vms(self, states: tuple[str, ...]) -> list[Any]:
         prefix = self.keys.vm_prefix()
-        names = [k[len(prefix):] for k in self.redis.scan_iter(match=self.keys.vm_pattern(),
-                                                               count=1000)
-                 if k.count(":") == 2]
+        names = [
+            k[len(prefix) :]
+            for k in self.redis.scan_iter(match=self.keys.vm_pattern(), count=1000)
+            if k.count(":") == 2
+        ]
         return [vm for vm in self.ref.store.get_vms(names) if vm.state in states]
 
 
@@ -316,8 +337,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.what == "api":
         import uvicorn
 
-        uvicorn.run(api_app(config, url, str(args.port)), host="127.0.0.1", port=args.port,
-                    log_level="warning")
+        uvicorn.run(
+            api_app(config, url, str(args.port)),
+            host="127.0.0.1",
+            port=args.port,
+            log_level="warning",
+        )
         return 0
     Manager(config, url, args.seed).run()
     return 0

@@ -103,8 +103,13 @@ FAULT_KINDS = {
         "pause_scheduler",
     ),
     # the reference has manager replicas where vmpool has workers, and no scheduler
-    "seed-reference": ("kill_worker", "pause_worker", "client_kill", "redis_restart",
-                       "redis_kill9"),
+    "seed-reference": (
+        "kill_worker",
+        "pause_worker",
+        "client_kill",
+        "redis_restart",
+        "redis_kill9",
+    ),
 }
 # the periodic job whose interval is the settle bound (invariant 4, docs/invariants.md)
 SWEEP_JOB = "sweep_expired"
@@ -256,16 +261,19 @@ class SoakReport:
         ]
         if self.schedule:
             g = self.schedule
-            out.insert(-1, (
-                f"  schedule:    {g['moves']} sweep moves; move after due p50"
-                f" {g['delay_p50_s'] * 1000:.0f} ms, p99 {g['delay_p99_s'] * 1000:.0f} ms,"
-                f" max {g['delay_max_s'] * 1000:.0f} ms (away from Redis stops: p99"
-                f" {g['calm_delay_p99_s'] * 1000:.0f} ms,"
-                f" max {g['calm_delay_max_s'] * 1000:.0f} ms);"
-                f" longest gap between two moves"
-                f" {g['gap_max_s']:.2f}s ({g['gaps_over_interval']} over the interval;"
-                f" {g['gaps_over_interval_outside_outages']} outside Redis outages)"
-            ))
+            out.insert(
+                -1,
+                (
+                    f"  schedule:    {g['moves']} sweep moves; move after due p50"
+                    f" {g['delay_p50_s'] * 1000:.0f} ms, p99 {g['delay_p99_s'] * 1000:.0f} ms,"
+                    f" max {g['delay_max_s'] * 1000:.0f} ms (away from Redis stops: p99"
+                    f" {g['calm_delay_p99_s'] * 1000:.0f} ms,"
+                    f" max {g['calm_delay_max_s'] * 1000:.0f} ms);"
+                    f" longest gap between two moves"
+                    f" {g['gap_max_s']:.2f}s ({g['gaps_over_interval']} over the interval;"
+                    f" {g['gaps_over_interval_outside_outages']} outside Redis outages)"
+                ),
+            )
         for kind, figures in sorted(self.redis_faults.items()):
             out.insert(-1, f"  {kind}: {json.dumps(figures, sort_keys=True)}")
         out += [f"    {line}" for line in self.examples[:25]]
@@ -287,8 +295,9 @@ class Cluster:
     def __init__(self, workdir: Path, opts: SoakOptions) -> None:
         self.workdir = workdir
         self.opts = opts
-        self.topology = redis_faults.make_topology(opts.redis, workdir,
-                                                   redis_faults=opts.redis_faults)
+        self.topology = redis_faults.make_topology(
+            opts.redis, workdir, redis_faults=opts.redis_faults
+        )
         # the one server the restart faults stop and start (none through Sentinel)
         self.redis = getattr(self.topology, "server", None)
         self.config_path = workdir / "vmpool.yaml"
@@ -328,14 +337,15 @@ class Cluster:
         if self.opts.target == "vmpool":
             base = [py, "-m", "vmpool.cli.main"]
             specs = [
-                ChildSpec(f"api-{i + 1}", [*base, "api", "--port", str(port),
-                                           "--log-level", "warning"], env)
+                ChildSpec(
+                    f"api-{i + 1}",
+                    [*base, "api", "--port", str(port), "--log-level", "warning"],
+                    env,
+                )
                 for i, port in enumerate(self.api_ports)
             ]
             specs += [ChildSpec(f"worker-{i + 1}", [*base, "worker"], env) for i in range(4)]
-            specs += [
-                ChildSpec(f"scheduler-{i + 1}", [*base, "scheduler"], env) for i in range(2)
-            ]
+            specs += [ChildSpec(f"scheduler-{i + 1}", [*base, "scheduler"], env) for i in range(2)]
             return specs
         ref = [py, str(HERE / "seed_reference.py")]
         specs = [
@@ -376,8 +386,10 @@ class Cluster:
             if apis and self._workers_up():
                 return
             if time.monotonic() > deadline:
-                raise RuntimeError(f"the cluster was not healthy within {timeout_s:.0f}s;"
-                                   f" see {self.workdir}/processes.log")
+                raise RuntimeError(
+                    f"the cluster was not healthy within {timeout_s:.0f}s;"
+                    f" see {self.workdir}/processes.log"
+                )
             time.sleep(0.2)  # a poll with a deadline
 
     def _workers_up(self) -> bool:
@@ -440,8 +452,11 @@ class Cluster:
             try:
                 conn = self.admin()
                 try:
-                    moved = [m.time for m in read_schedule_log(conn, self.keys)
-                             if m.job == SWEEP_JOB and m.enqueued and m.time > since]
+                    moved = [
+                        m.time
+                        for m in read_schedule_log(conn, self.keys)
+                        if m.job == SWEEP_JOB and m.enqueued and m.time > since
+                    ]
                     last = last_run_id(conn, self.keys, SWEEP_JOB)
                     if moved and last and not conn.exists(self.keys.rq_job(last)):
                         return time.time()
@@ -502,12 +517,13 @@ class Cluster:
                 cmd = (entry / "cmdline").read_bytes()
             except OSError:
                 continue
-            if marker_env in env or marker_cmd in cmd or (
-                b"-server" in cmd and any(title in cmd for title in titles)
+            if (
+                marker_env in env
+                or marker_cmd in cmd
+                or (b"-server" in cmd and any(title in cmd for title in titles))
             ):
                 found.append(int(entry.name))
         return found
-
 
     def _nodes(self) -> list[Any]:
         group = getattr(self.topology, "group", None)
@@ -549,7 +565,8 @@ class Nemesis:
         self.opts = opts
         self.rng = random.Random(f"{opts.seed}:nemesis")
         self.kinds = opts.faults or redis_faults.fault_kinds(
-            FAULT_KINDS[opts.target], opts.redis, opts.redis_faults)
+            FAULT_KINDS[opts.target], opts.redis, opts.redis_faults
+        )
         self.faults: list[Fault] = []
         self.redis_outcomes: list[redis_faults.Outcome] = []
         self.findings: list[Finding] = []
@@ -615,8 +632,11 @@ class Nemesis:
         except redis.RedisError:
             return set()
         try:
-            return {w.pid for w in fleet_workers(conn, self.cluster.keys)
-                    if w.get_state() == "busy" and w.pid}
+            return {
+                w.pid
+                for w in fleet_workers(conn, self.cluster.keys)
+                if w.get_state() == "busy" and w.pid
+            }
         except redis.RedisError:
             return set()
         finally:
@@ -678,16 +698,16 @@ class Nemesis:
 # -- the schedule, as the schedulers logged it ----------------------------------------------
 
 
-def collect_schedule(
-    conn: redis.Redis, keys: Keys, seen: dict[tuple[str, float], float]
-) -> None:
+def collect_schedule(conn: redis.Redis, keys: Keys, seen: dict[tuple[str, float], float]) -> None:
     """Merge the schedule log (capped in Redis) into ``seen``: (job, due) -> move time."""
     for move in read_schedule_log(conn, keys):
         seen.setdefault((move.job, move.due), move.time)
 
 
 def schedule_stats(
-    seen: dict[tuple[str, float], float], job: str, interval: float,
+    seen: dict[tuple[str, float], float],
+    job: str,
+    interval: float,
     outages: list[tuple[float, float]],
 ) -> dict[str, Any]:
     """How late each move of ``job`` came after its due time, and the gaps between moves
@@ -739,7 +759,10 @@ def _collect_schedule_quietly(
 
 
 def settle_check(
-    store: Store, rids: list[str], sweep_s: float, outages: list[tuple[float, float]],
+    store: Store,
+    rids: list[str],
+    sweep_s: float,
+    outages: list[tuple[float, float]],
     credit: bool,
 ) -> tuple[dict[str, Any], list[Finding], Counter[str]]:
     """Each request's time out of `pending` (audit trail, server time) against its
@@ -773,11 +796,15 @@ def settle_check(
         late += lateness > 0
         if adjusted > 0:
             late_adj += 1
-            findings.append(Finding(
-                "settle_late", f"request {rid}",
-                f"left pending {lateness:.2f}s after TTL + sweep"
-                f" ({downtime:.2f}s of it with Redis down or the fleet restarting) -> {left.dst}",
-            ))
+            findings.append(
+                Finding(
+                    "settle_late",
+                    f"request {rid}",
+                    f"left pending {lateness:.2f}s after TTL + sweep"
+                    f" ({downtime:.2f}s of it with Redis down or the fleet restarting)"
+                    f" -> {left.dst}",
+                )
+            )
     laten.sort()
     stats = {
         "measured": len(laten),
@@ -792,8 +819,9 @@ def settle_check(
     return stats, findings, paths
 
 
-def wait_drained(store: Store, config: Config, providers: dict[str, Any],
-                 timeout_s: float) -> list[Finding]:
+def wait_drained(
+    store: Store, config: Config, providers: dict[str, Any], timeout_s: float
+) -> list[Finding]:
     """Poll until no VM is live or completed and every provider is empty, but for the
     warm pools' stock (their ready VMs and the top-up's: warm_client.warm_stock)."""
     pools = list(config.pools)
@@ -811,11 +839,19 @@ def wait_drained(store: Store, config: Config, providers: dict[str, Any],
         if not live and not held:
             return []
         if time.monotonic() > deadline:
-            out = [Finding("vm_unaccounted", f"provider {name}", f"still holds {sorted(vms)[:5]}"
-                           f" ({len(vms)} VMs)") for name, vms in held.items()]
+            out = [
+                Finding(
+                    "vm_unaccounted",
+                    f"provider {name}",
+                    f"still holds {sorted(vms)[:5]} ({len(vms)} VMs)",
+                )
+                for name, vms in held.items()
+            ]
             out += [Finding("vm_not_destroyed", f"pool {p}", f"{c}") for p, c in live.items()]
-            out += [Finding("stuck_vm", f"vm {name}", text)
-                    for name, text in stuck_vm_evidence(store, pools).items()]
+            out += [
+                Finding("stuck_vm", f"vm {name}", text)
+                for name, text in stuck_vm_evidence(store, pools).items()
+            ]
             return out
         time.sleep(0.5)  # a poll with a deadline
 
@@ -824,18 +860,25 @@ def stuck_vm_evidence(store: Store, pools: list[str], limit: int = 5) -> dict[st
     """For a VM still live or completed at the end: its record, the RQ job hashes that
     would move it on, and its lock, so a failed drain explains itself in the report."""
     keys = store.keys
-    names = [n for by in ("reserved", "pending", "completed")
-             for ns in store.pools_vms(pools, by).values() for n in ns][:limit]
+    names = [
+        n
+        for by in ("reserved", "pending", "completed")
+        for ns in store.pools_vms(pools, by).values()
+        for n in ns
+    ][:limit]
     out: dict[str, str] = {}
     for vm in store.get_vms(names):
         parts = [f"state={vm.state} since={vm.state_since} request={vm.request_id}"]
         for job in ("create_vm", "check_pending_vm", "destroy_vm"):
             jid = job_id(keys, job, vm.name)
             raw = store.redis.hgetall(keys.rq_job(jid))
-            fields = {(k.decode() if isinstance(k, bytes) else k):
-                      (v.decode(errors="replace") if isinstance(v, bytes) else v)
-                      for k, v in raw.items()
-                      if (k.decode() if isinstance(k, bytes) else k) in _JOB_FIELDS}
+            fields = {
+                (k.decode() if isinstance(k, bytes) else k): (
+                    v.decode(errors="replace") if isinstance(v, bytes) else v
+                )
+                for k, v in raw.items()
+                if (k.decode() if isinstance(k, bytes) else k) in _JOB_FIELDS
+            }
             parts.append(f"{job}={fields or 'absent'}")
         lock = keys.lock("vm", vm.name)
         parts.append(f"lock={store.redis.get(lock)!r} pttl={store.redis.pttl(lock)}")
@@ -844,8 +887,15 @@ def stuck_vm_evidence(store: Store, pools: list[str], limit: int = 5) -> dict[st
     return out
 
 
-_JOB_FIELDS = ("status", "vmpool_heartbeat", "started_at", "enqueued_at", "worker_name",
-               "origin", "ended_at")
+_JOB_FIELDS = (
+    "status",
+    "vmpool_heartbeat",
+    "started_at",
+    "enqueued_at",
+    "worker_name",
+    "origin",
+    "ended_at",
+)
 
 
 def live_vm_records(store: Store, stock: frozenset[str] = frozenset()) -> list[Finding]:
@@ -856,9 +906,12 @@ def live_vm_records(store: Store, stock: frozenset[str] = frozenset()) -> list[F
     for key in store.redis.scan_iter(match=store.keys.vm_pattern(), count=1000):
         text = key.decode() if isinstance(key, bytes) else str(key)
         if text.count(":") == 2:
-            names.append(text[len(prefix):])
-    return [Finding("vm_not_destroyed", f"vm {vm.name}", f"{vm.state} for {vm.request_id}")
-            for vm in store.get_vms(names) if vm.state != "destroyed" and vm.name not in stock]
+            names.append(text[len(prefix) :])
+    return [
+        Finding("vm_not_destroyed", f"vm {vm.name}", f"{vm.state} for {vm.request_id}")
+        for vm in store.get_vms(names)
+        if vm.state != "destroyed" and vm.name not in stock
+    ]
 
 
 # -- the run -------------------------------------------------------------------------------
@@ -870,8 +923,9 @@ def run_soak(opts: SoakOptions, command: str = "") -> SoakReport:
     own_dir = opts.workdir is None
     workdir = Path(opts.workdir or tempfile.mkdtemp(prefix=f"vmpool-chaos-{opts.seed}-"))
     workdir.mkdir(parents=True, exist_ok=True)
-    report = SoakReport(opts.target, opts.seed, command or _command(opts),
-                        machine=_machine(), workdir=str(workdir))
+    report = SoakReport(
+        opts.target, opts.seed, command or _command(opts), machine=_machine(), workdir=str(workdir)
+    )
     started = time.monotonic()
     cluster = Cluster(workdir, opts)
     findings: list[Finding] = []
@@ -880,12 +934,21 @@ def run_soak(opts: SoakOptions, command: str = "") -> SoakReport:
     nemesis: Nemesis | None = None
     try:
         cluster.start()
-        _log(opts, f"cluster up in {time.monotonic() - started:.1f}s: APIs"
-                   f" {cluster.api_ports}, Redis {cluster.redis_url}, workdir {workdir}")
-        client = Client(ClientOptions(
-            ports=cluster.api_ports, pools=HEALTHY_POOLS, flaky_pools=FLAKY_POOLS,
-            seed=opts.seed, rate_per_s=opts.rate, max_requests=opts.requests,
-        ))
+        _log(
+            opts,
+            f"cluster up in {time.monotonic() - started:.1f}s: APIs"
+            f" {cluster.api_ports}, Redis {cluster.redis_url}, workdir {workdir}",
+        )
+        client = Client(
+            ClientOptions(
+                ports=cluster.api_ports,
+                pools=HEALTHY_POOLS,
+                flaky_pools=FLAKY_POOLS,
+                seed=opts.seed,
+                rate_per_s=opts.rate,
+                max_requests=opts.requests,
+            )
+        )
         if opts.warm and opts.target == "vmpool":
             warm = WarmClient(WarmOptions(ports=cluster.api_ports, pools=WARM_POOLS,
                                           seed=opts.seed, lifetime_s=VM_LIFETIME_S))  # fmt: skip
@@ -909,8 +972,11 @@ def run_soak(opts: SoakOptions, command: str = "") -> SoakReport:
             if time.monotonic() - last_note >= 30:
                 last_note = time.monotonic()
                 _collect_schedule_quietly(cluster, opts, moves)
-                _log(opts, f"{elapsed:.0f}s: {client.created} requests sent,"
-                           f" {client.open_count()} open, faults {nemesis.counts()}")
+                _log(
+                    opts,
+                    f"{elapsed:.0f}s: {client.created} requests sent,"
+                    f" {client.open_count()} open, faults {nemesis.counts()}",
+                )
         client.stop_creating.set()
         if warm is not None:
             warm.join()  # no more checkouts; what it holds is given back
@@ -918,16 +984,20 @@ def run_soak(opts: SoakOptions, command: str = "") -> SoakReport:
         nemesis.join()
         _collect_schedule_quietly(cluster, opts, moves)
         report.schedule = schedule_stats(moves, SWEEP_JOB, opts.sweep_s, cluster.outages)
-        _log(opts, f"load over after {report.load_s:.0f}s ({client.created} requests);"
-                   f" faults {nemesis.counts()}; settling")
+        _log(
+            opts,
+            f"load over after {report.load_s:.0f}s ({client.created} requests);"
+            f" faults {nemesis.counts()}; settling",
+        )
         # settle: every request terminal, the ready ones deleted by the client
         deadline = time.monotonic() + opts.settle_timeout_s
         while not client.all_done() and time.monotonic() < deadline:
             time.sleep(0.5)  # a poll with a deadline
         if not client.all_done():
             stuck = [t.rid for t in client.tracked.values() if not t.done]
-            findings.append(Finding("unsettled", "client",
-                                    f"{len(stuck)} requests not settled: {stuck[:5]}"))
+            findings.append(
+                Finding("unsettled", "client", f"{len(stuck)} requests not settled: {stuck[:5]}")
+            )
         client.join()
         rids = sorted(client.tracked)
         client.final_reads(rids)
@@ -950,8 +1020,9 @@ def run_soak(opts: SoakOptions, command: str = "") -> SoakReport:
                 if v.invariant == 5 and v.message.startswith("version "):
                     kind += "_version"  # two writers numbered their entries alike
                 findings.append(Finding(kind, v.subject, v.message))
-            stats, late, paths = settle_check(store, rids, opts.sweep_s, cluster.recoveries,
-                                              opts.outage_credit)
+            stats, late, paths = settle_check(
+                store, rids, opts.sweep_s, cluster.recoveries, opts.outage_credit
+            )
             raw_stats, _, _ = settle_check(store, rids, opts.sweep_s, cluster.outages, True)
             stats["late_downtime_only_credit"] = raw_stats["late_adjusted"]
             stats["worst_downtime_only_credit_s"] = raw_stats["worst_adjusted_s"]
@@ -979,8 +1050,9 @@ def run_soak(opts: SoakOptions, command: str = "") -> SoakReport:
         report.client_ops = dict(Counter(f"{o.f}:{o.type}" for o in client.ops))
         report.faults = nemesis.counts()
         stops = ("redis_restart", "redis_kill9", "power_loss", *redis_faults.SENTINEL_FAULTS)
-        report.redis_downtime_s = [round(f.duration_s, 2) for f in nemesis.faults
-                                   if f.kind in stops]
+        report.redis_downtime_s = [
+            round(f.duration_s, 2) for f in nemesis.faults if f.kind in stops
+        ]
         report.redis_faults = redis_faults.summary(nemesis.redis_outcomes)
     finally:
         if client is not None:
@@ -1013,8 +1085,13 @@ def clone_limit_check(conn: redis.Redis, cluster: Cluster, report: SoakReport) -
     report.clone_slots = {"limit": limit, "peak": stats.peak, "overruns": stats.overruns}
     if stats.peak <= limit and not stats.overruns:
         return []
-    return [Finding("clone_limit_exceeded", "clone slots",
-                    f"peak {stats.peak} of limit {limit}, {stats.overruns} overruns")]
+    return [
+        Finding(
+            "clone_limit_exceeded",
+            "clone slots",
+            f"peak {stats.peak} of limit {limit}, {stats.overruns} overruns",
+        )
+    ]
 
 
 def example_trails(store: Store, findings: list[Finding], per_kind: int = 2) -> dict[str, Any]:
@@ -1028,10 +1105,13 @@ def example_trails(store: Store, findings: list[Finding], per_kind: int = 2) -> 
         if rid in out:
             continue
         seen[f.kind] += 1
-        out[rid] = {"kind": f.kind, "trail": [
-            f"v{e.version} {e.entity}: {e.src} -> {e.dst} by {e.actor} ({e.reason})"
-            for e in store.history(rid)
-        ]}
+        out[rid] = {
+            "kind": f.kind,
+            "trail": [
+                f"v{e.version} {e.entity}: {e.src} -> {e.dst} by {e.actor} ({e.reason})"
+                for e in store.history(rid)
+            ],
+        }
     return out
 
 
@@ -1043,9 +1123,14 @@ def wait_drained_reference(store: Store, providers: Any, timeout_s: float) -> li
         if not held:
             return []
         if time.monotonic() > deadline:
-            return [Finding("vm_unaccounted", f"provider {n}",
-                            f"still holds {len(v)} VMs, e.g. {sorted(v)[:5]}")
-                    for n, v in held.items()]
+            return [
+                Finding(
+                    "vm_unaccounted",
+                    f"provider {n}",
+                    f"still holds {len(v)} VMs, e.g. {sorted(v)[:5]}",
+                )
+                for n, v in held.items()
+            ]
         time.sleep(0.5)  # a poll with a deadline
 
 
@@ -1061,8 +1146,10 @@ def asdict_report(report: SoakReport) -> dict[str, Any]:
 
 
 def _machine() -> str:
-    return (f"{platform.node()}: {os.cpu_count()} cores, {platform.system()}"
-            f" {platform.release()}, Python {platform.python_version()}")
+    return (
+        f"{platform.node()}: {os.cpu_count()} cores, {platform.system()}"
+        f" {platform.release()}, Python {platform.python_version()}"
+    )
 
 
 def _command(opts: SoakOptions) -> str:
@@ -1083,24 +1170,45 @@ def _command(opts: SoakOptions) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--seconds", type=float, default=60.0,
-                        help="seconds of load (ignored with --requests)")
+    parser.add_argument(
+        "--seconds", type=float, default=60.0, help="seconds of load (ignored with --requests)"
+    )
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--target", choices=TARGETS, default="vmpool")
-    parser.add_argument("--requests", type=int, default=None,
-                        help="create this many requests, then settle")
+    parser.add_argument(
+        "--requests", type=int, default=None, help="create this many requests, then settle"
+    )
     parser.add_argument("--rate", type=float, default=6.0, help="requests per second")
     parser.add_argument("--ttl", type=float, default=30.0, help="request TTL, seconds")
-    parser.add_argument("--fault-gap", type=float, nargs=2, default=(2.0, 5.0),
-                        metavar=("MIN", "MAX"), help="seconds between two faults")
-    parser.add_argument("--redis", choices=redis_faults.TOPOLOGIES, default="single",
-                        help="the Redis topology (tests/chaos/redis_faults.py)")
-    parser.add_argument("--redis-faults", action="store_true",
-                        help="single: also freeze, stall, fill and power-cut Redis")
-    parser.add_argument("--no-outage-credit", action="store_true",
-                        help="count Redis downtime against the settle bound too")
-    parser.add_argument("--no-warm", action="store_true",
-                        help="no warm pools and no checkout client (all pools size 0)")
+    parser.add_argument(
+        "--fault-gap",
+        type=float,
+        nargs=2,
+        default=(2.0, 5.0),
+        metavar=("MIN", "MAX"),
+        help="seconds between two faults",
+    )
+    parser.add_argument(
+        "--redis",
+        choices=redis_faults.TOPOLOGIES,
+        default="single",
+        help="the Redis topology (tests/chaos/redis_faults.py)",
+    )
+    parser.add_argument(
+        "--redis-faults",
+        action="store_true",
+        help="single: also freeze, stall, fill and power-cut Redis",
+    )
+    parser.add_argument(
+        "--no-outage-credit",
+        action="store_true",
+        help="count Redis downtime against the settle bound too",
+    )
+    parser.add_argument(
+        "--no-warm",
+        action="store_true",
+        help="no warm pools and no checkout client (all pools size 0)",
+    )
     parser.add_argument("--workdir", default=None, help="keep logs and history here")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     args = parser.parse_args(argv)
@@ -1110,10 +1218,18 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, on_term)
     opts = SoakOptions(
-        seconds=args.seconds, seed=args.seed, target=args.target, requests=args.requests,
-        rate=args.rate, ttl_s=args.ttl, fault_gap_s=tuple(args.fault_gap),
-        outage_credit=not args.no_outage_credit, warm=not args.no_warm, workdir=args.workdir,
-        redis=args.redis, redis_faults=args.redis_faults,
+        seconds=args.seconds,
+        seed=args.seed,
+        target=args.target,
+        requests=args.requests,
+        rate=args.rate,
+        ttl_s=args.ttl,
+        fault_gap_s=tuple(args.fault_gap),
+        outage_credit=not args.no_outage_credit,
+        warm=not args.no_warm,
+        workdir=args.workdir,
+        redis=args.redis,
+        redis_faults=args.redis_faults,
     )
     command = "python tests/chaos/soak.py " + " ".join(sys.argv[1:] if argv is None else argv)
     report = run_soak(opts, command)

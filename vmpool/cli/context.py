@@ -364,8 +364,11 @@ def _config_options(func: Callable[P, R], *, follow_fleet: bool) -> Callable[P, 
         envvar="VMPOOL_CONFIG",
         default=None,
         help="vmpool/vmpooler YAML config file [env VMPOOL_CONFIG; default: "
-        + ("the running fleet's, read from Redis, else the built-in demo]." if follow_fleet
-           else "built-in demo]."),
+        + (
+            "the running fleet's, read from Redis, else the built-in demo]."
+            if follow_fleet
+            else "built-in demo]."
+        ),
     )(func)
 
 

@@ -123,8 +123,17 @@ def worker_command(
         check_redis_at_start(url, cli.config.redis_options, who="vmpool worker", strict=strict)
         cli.publish_config("vmpool worker")
         _setup_logging(verbose)
-        _work(url, cli.config, queues, kind="fork" if fork else "simple", name=name,
-              burst=burst, max_jobs=max_jobs, verbose=verbose, alive=alive)
+        _work(
+            url,
+            cli.config,
+            queues,
+            kind="fork" if fork else "simple",
+            name=name,
+            burst=burst,
+            max_jobs=max_jobs,
+            verbose=verbose,
+            alive=alive,
+        )
     finally:
         if alive is not None:
             alive.remove()  # a restarted container starts with no stale sign of life

@@ -107,8 +107,13 @@ def request_group() -> None:
 @click.argument("pools", nargs=-1, required=True, metavar="POOL=N [POOL=N ...]")
 @click.option("--request-id", default=None, help="Use this id instead of a new uuid4.")
 @click.option("--wait", is_flag=True, help="Show progress until ready or failed.")
-@click.option("--timeout", "timeout_s", type=float, default=None,
-              help="Seconds --wait waits [default: the request's TTL + grace + 30].")
+@click.option(
+    "--timeout",
+    "timeout_s",
+    type=float,
+    default=None,
+    help="Seconds --wait waits [default: the request's TTL + grace + 30].",
+)
 def request_create(
     cli: CliContext,
     pools: tuple[str, ...],
@@ -127,8 +132,10 @@ def request_create(
         return
     click.echo(f"request {rid} created", err=True)
     config = cli.config
-    limit = timeout_s if timeout_s is not None else (
-        config.ondemand_request_ttl_s + config.ondemand_request_grace_s + 30
+    limit = (
+        timeout_s
+        if timeout_s is not None
+        else (config.ondemand_request_ttl_s + config.ondemand_request_grace_s + 30)
     )
     record = wait_for(cli.store, rid, limit)
     view = request_view(cli.store, record)
@@ -190,8 +197,10 @@ def request_get(cli: CliContext, request_id: str) -> None:
     click.echo(f"request {rid}: {status} (version {view['version']})")
     click.echo(f"  created: {iso(view['created'])} ({relative(view['created'] - now)})")
     if status == "pending":
-        click.echo(f"  fails:   {iso(view['fail_at'])} ({relative(view['fail_at'] - now)})"
-                   " unless ready by then")
+        click.echo(
+            f"  fails:   {iso(view['fail_at'])} ({relative(view['fail_at'] - now)})"
+            " unless ready by then"
+        )
     if "failure_reason" in view:
         click.echo(f"  reason:  {view['failure_reason']}")
     for alias, entry in view["pools"].items():
@@ -242,11 +251,20 @@ def request_history(cli: CliContext, request_id: str) -> None:
     _record(cli.store, rid)
     entries = cli.store.history(rid)
     if cli.as_json:
-        echo_json([
-            {"version": e.version, "entity": e.entity, "from": e.src, "to": e.dst,
-             "actor": e.actor, "reason": e.reason, "time": e.time}
-            for e in entries
-        ])
+        echo_json(
+            [
+                {
+                    "version": e.version,
+                    "entity": e.entity,
+                    "from": e.src,
+                    "to": e.dst,
+                    "actor": e.actor,
+                    "reason": e.reason,
+                    "time": e.time,
+                }
+                for e in entries
+            ]
+        )
         return
     echo_table(
         [{"version": e.version, "time": iso(e.time, millis=True), "entity": e.entity,

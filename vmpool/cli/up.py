@@ -22,8 +22,6 @@ import sys
 import tempfile
 import threading
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 from types import FrameType
 
@@ -33,29 +31,23 @@ import redis
 from vmpool.cli.context import CliContext, with_context
 from vmpool.cli.errors import CliError, CliFailure
 from vmpool.cli.strict import STRICT_ENV, check_redis_at_start, strict_option
-from vmpool.config import Config, default_redis_options, mask_url_password
+from vmpool.cli.up_health import FleetProbe, wait_healthy
+from vmpool.config import Config, mask_url_password
 from vmpool.local.dashboard import (
     DEFAULT_PORT,
-    dashboard_answers,
     dashboard_installed,
     dashboard_spec,
 )
 from vmpool.local.redis_server import RedisServer, RedisServerError, free_port, listen_problem
 from vmpool.local.screen import Screen, fleet_summary
 from vmpool.local.supervisor import ChildSpec, Supervisor
-from vmpool.state.connection import RedisOptions, connect
-from vmpool.state.keys import Keys
+from vmpool.state.connection import connect
 from vmpool.state.store import Store
 
-__all__ = ["child_specs", "up_command", "wait_healthy"]
-
-# A child that exits this many times before the fleet is up will not come up.
-EXITS_BEFORE_UP = 3
+__all__ = ["child_specs", "up_command"]
 
 
-def child_specs(
-    *, workers: int, host: str, port: int, env: dict[str, str]
-) -> list[ChildSpec]:
+def child_specs(*, workers: int, host: str, port: int, env: dict[str, str]) -> list[ChildSpec]:
     base = [sys.executable, "-m", "vmpool.cli.main"]
     specs = [ChildSpec("api", [*base, "api", "--host", host, "--port", str(port)], env)]
     specs += [ChildSpec(f"worker-{i + 1}", [*base, "worker"], env) for i in range(workers)]
@@ -63,89 +55,66 @@ def child_specs(
     return specs
 
 
-def _api_ready(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url + "/readyz", timeout=2) as resp:
-            return bool(resp.status == 200)
-    except (urllib.error.URLError, OSError):
-        return False
-
-
-def _workers_registered(redis_url: str, options: RedisOptions, keys: Keys) -> int:
-    """Workers on this fleet's queues (another fleet may share the Redis database)."""
-    from rq import Queue, Worker
-
-    from workers.table import QUEUE_SWEEPS
-
-    conn = connect(redis_url, options, decode_responses=False)
-    try:
-        return int(Worker.count(queue=Queue(keys.queue(QUEUE_SWEEPS), connection=conn)))
-    except redis.RedisError:
-        return 0
-    finally:
-        conn.close()
-
-
-def wait_healthy(
-    sup: Supervisor,
-    *,
-    api_url: str,
-    redis_url: str,
-    keys: Keys,
-    workers: int,
-    stop: threading.Event,
-    timeout_s: float,
-    dashboard_url: str | None = None,
-    log_dir: Path | None = None,
-    options: RedisOptions | None = None,
-) -> None:
-    """Poll until the API answers /readyz, every worker has registered and the
-    dashboard (if any) serves, restarting children that die meanwhile; CliFailure at
-    the deadline, or as soon as a child has exited EXITS_BEFORE_UP times."""
-    deadline = time.monotonic() + timeout_s
-    while not stop.is_set():
-        sup.poll()
-        _fail_if_a_child_keeps_exiting(sup, log_dir)
-        board_ok = dashboard_url is None or dashboard_answers(dashboard_url)
-        registered = _workers_registered(redis_url, options or default_redis_options(), keys)
-        if board_ok and _api_ready(api_url) and registered >= workers:
-            return
-        if time.monotonic() > deadline:
-            where = f"; the logs are in {log_dir}" if log_dir else ""
-            raise CliFailure(f"vmpool did not become healthy within {timeout_s:.0f}s{where}")
-        stop.wait(0.3)
-
-
-def _fail_if_a_child_keeps_exiting(sup: Supervisor, log_dir: Path | None) -> None:
-    for name, child in sup.children.items():
-        if child.exits >= EXITS_BEFORE_UP:
-            log = f"; its log: {log_dir / f'{name}.log'}" if log_dir else ""
-            last = child.last_line() or "(it printed nothing)"
-            raise CliFailure(f"{name} exited {child.exits} times while starting: {last}{log}")
-
-
 @click.command("up")
 @with_context(follow_fleet=False)
-@click.option("--workers", "n_workers", type=click.IntRange(1, 64), default=2, show_default=True,
-              help="Worker processes to run.")
+@click.option(
+    "--workers",
+    "n_workers",
+    type=click.IntRange(1, 64),
+    default=2,
+    show_default=True,
+    help="Worker processes to run.",
+)
 @click.option("--host", default="127.0.0.1", show_default=True, help="API bind address.")
-@click.option("--port", type=click.IntRange(0, 65535), default=None,
-              help="API port [default: 8080; with --demo, a free port; 0: a free port].")
+@click.option(
+    "--port",
+    type=click.IntRange(0, 65535),
+    default=None,
+    help="API port [default: 8080; with --demo, a free port; 0: a free port].",
+)
 @click.option("--demo", is_flag=True, help="Run the scripted demo burst, report, and stop.")
-@click.option("--ready-timeout", type=float, default=90.0, show_default=True,
-              help="Seconds to wait for every process to be healthy.")
-@click.option("--dashboard", is_flag=True,
-              help="Also run rq-dashboard on the same Redis (the `dashboard` extra).")
-@click.option("--dashboard-port", type=click.IntRange(0, 65535), default=DEFAULT_PORT,
-              show_default=True, help="rq-dashboard's port (0: a free port).")
-@click.option("--log-dir", "log_dir", type=click.Path(file_okay=False, path_type=Path),
-              default=None, help="Where each process's log file goes [default: a new"
-              " directory under the system's temporary one; kept after exit].")
-@click.option("--verbose", "-v", is_flag=True,
-              help="Stream every process's log here too (each line prefixed with its name).")
-@click.option("--summary", "summary_s", type=click.FloatRange(min=0), default=0.0,
-              metavar="SECONDS", help="Print a one-line summary of requests, VMs and"
-              " processes every SECONDS [default: 0, never].")
+@click.option(
+    "--ready-timeout",
+    type=float,
+    default=90.0,
+    show_default=True,
+    help="Seconds to wait for every process to be healthy.",
+)
+@click.option(
+    "--dashboard",
+    is_flag=True,
+    help="Also run rq-dashboard on the same Redis (the `dashboard` extra).",
+)
+@click.option(
+    "--dashboard-port",
+    type=click.IntRange(0, 65535),
+    default=DEFAULT_PORT,
+    show_default=True,
+    help="rq-dashboard's port (0: a free port).",
+)
+@click.option(
+    "--log-dir",
+    "log_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Where each process's log file goes [default: a new"
+    " directory under the system's temporary one; kept after exit].",
+)
+@click.option(
+    "--verbose",
+    "-v",
+    is_flag=True,
+    help="Stream every process's log here too (each line prefixed with its name).",
+)
+@click.option(
+    "--summary",
+    "summary_s",
+    type=click.FloatRange(min=0),
+    default=0.0,
+    metavar="SECONDS",
+    help="Print a one-line summary of requests, VMs and"
+    " processes every SECONDS [default: 0, never].",
+)
 @strict_option
 def up_command(
     cli: CliContext,
@@ -180,23 +149,37 @@ def up_command(
         url = config.redis_url or _embedded_redis(undo)
         _check_redis(cli, url, strict=strict)
         click.echo(_starting_line(config, n_workers, host, port, url, run_dir))
-        specs = _specs(cli, url, workers=n_workers, host=host, port=port,
-                       board_url=board_url, strict=strict)
-        undo.callback(screen.close)
-        for spec in specs:  # every process's file is there from the start, if empty
-            screen.log_path(spec.name).touch()
-        sup = Supervisor(specs, sink=screen)
-        undo.callback(_stop_children, sup, run_dir)
-        sup.start()
+        specs = _specs(
+            cli, url, workers=n_workers, host=host, port=port, board_url=board_url, strict=strict
+        )
+        sup = _start_children(specs, screen, run_dir, undo)
         api_url = f"http://{host}:{port}"
-        wait_healthy(sup, api_url=api_url, redis_url=url, keys=cli.keys, workers=n_workers,
-                     stop=stop, timeout_s=ready_timeout, dashboard_url=board_url,
-                     log_dir=run_dir, options=config.redis_options)
+        wait_healthy(
+            sup,
+            FleetProbe(api_url, url, config.redis_options, cli.keys, n_workers, board_url),
+            stop=stop,
+            timeout_s=ready_timeout,
+            log_dir=run_dir,
+        )
         if stop.is_set():
             return
         _announce(sup, api_url, url, board_url, demo=demo)
         code = _serve(cli, sup, stop, api_url, url, demo=demo, screen=screen, every_s=summary_s)
     sys.exit(code)
+
+
+def _start_children(
+    specs: list[ChildSpec], screen: Screen, run_dir: Path, undo: contextlib.ExitStack
+) -> Supervisor:
+    """Every child started, each with its log file there from the start (if empty);
+    the children stopped, then the log files closed, on the way out."""
+    undo.callback(screen.close)
+    for spec in specs:
+        screen.log_path(spec.name).touch()
+    sup = Supervisor(specs, sink=screen)
+    undo.callback(_stop_children, sup, run_dir)
+    sup.start()
+    return sup
 
 
 def _screen(config: Config, run_dir: Path, *, verbose: bool, demo: bool) -> Screen:
@@ -219,7 +202,13 @@ def _check_redis(cli: CliContext, url: str, *, strict: bool) -> None:
 
 
 def _specs(
-    cli: CliContext, url: str, *, workers: int, host: str, port: int, board_url: str | None,
+    cli: CliContext,
+    url: str,
+    *,
+    workers: int,
+    host: str,
+    port: int,
+    board_url: str | None,
     strict: bool,
 ) -> list[ChildSpec]:
     """The children: the API, the workers, the scheduler, the dashboard if asked."""
@@ -262,8 +251,10 @@ def _reach_redis(cli: CliContext) -> None:
     try:
         cli.check_redis()
     except CliFailure as exc:
-        given = "--redis-url / VMPOOL_REDIS_URL" if cli.redis_url_option else (
-            f":redis: in {cli.config.source}"
+        given = (
+            "--redis-url / VMPOOL_REDIS_URL"
+            if cli.redis_url_option
+            else (f":redis: in {cli.config.source}")
         )
         raise CliFailure(
             f"{exc.message.rstrip('.')}. That URL comes from {given}: start that Redis,"
@@ -328,13 +319,15 @@ def _announce(
     if demo:
         return
     masked = mask_url_password(redis_url)
-    click.echo("\nIn another shell, the vmpool commands work on this fleet (its pools, its"
-               " config) with:")
+    click.echo(
+        "\nIn another shell, the vmpool commands work on this fleet (its pools, its config) with:"
+    )
     click.echo(f"  export VMPOOL_REDIS_URL={shlex.quote(masked)}")
     if masked != redis_url:
         click.echo("  (the password is masked here: put yours in its place)")
-    click.echo("\nCtrl-C stops everything. Below: warnings and errors only (-v: every line"
-               " of every log).")
+    click.echo(
+        "\nCtrl-C stops everything. Below: warnings and errors only (-v: every line of every log)."
+    )
 
 
 def _stop_children(sup: Supervisor, run_dir: Path) -> None:
@@ -380,8 +373,13 @@ def _serve(
 def _summary(store: Store, pools: list[str], sup: Supervisor, screen: Screen) -> None:
     restarts = sum(child.restarts for child in sup.children.values())
     try:
-        line = fleet_summary(store, pools, processes_up=len(sup.pids()),
-                             processes=len(sup.children), restarts=restarts)
+        line = fleet_summary(
+            store,
+            pools,
+            processes_up=len(sup.pids()),
+            processes=len(sup.children),
+            restarts=restarts,
+        )
     except redis.RedisError as exc:
         line = f"{time.strftime('%H:%M:%S')} summary: Redis does not answer: {exc}"
     screen.say(line)

@@ -163,8 +163,10 @@ def vm_show(cli: CliContext, host: str) -> None:
     if trail:
         click.echo("trail:")
         for e in trail:
-            click.echo(f"  v{e.version:<3} {iso(e.time, millis=True)}  {e.src:>9} -> {e.dst:<9}"
-                       f"  {e.actor}  {e.reason}")
+            click.echo(
+                f"  v{e.version:<3} {iso(e.time, millis=True)}  {e.src:>9} -> {e.dst:<9}"
+                f"  {e.actor}  {e.reason}"
+            )
 
 
 @vm_group.command("extend")

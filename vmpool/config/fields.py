@@ -155,9 +155,7 @@ Weight = Annotated[
     expect("a number from 0 to 1000000", number),
 ]
 # Consecutive failed creates that open a provider's circuit (vmpool/state/circuit.py).
-CircuitFailures = Annotated[
-    int, Field(ge=1, le=1000), expect("an integer from 1 to 1000", integer)
-]
+CircuitFailures = Annotated[int, Field(ge=1, le=1000), expect("an integer from 1 to 1000", integer)]
 RetryCount = Annotated[int, Field(ge=0, le=100), expect("an integer from 0 to 100", integer)]
 # Batch jobs of one kind queued or running at once (workers/batching.py): each dispatch
 # checks two job ids per lane, so the bound keeps that a small constant.

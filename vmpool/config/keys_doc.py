@@ -101,9 +101,13 @@ def _read_keys() -> list[str]:
 
 
 def _provider_keys() -> list[str]:
-    out = ["### Each provider class's keys", "",
-           "Under `:providers:` (`provider_class` names the class; default: the entry's"
-           " name), and the keys a pool of that class may carry for it.", ""]
+    out = [
+        "### Each provider class's keys",
+        "",
+        "Under `:providers:` (`provider_class` names the class; default: the entry's"
+        " name), and the keys a pool of that class may carry for it.",
+        "",
+    ]
     for name, implementation in PROVIDER_CLASSES.items():
         out += [f"#### `{name}`", "", *_table(implementation.options), ""]
         if implementation.pool_options is not NoPoolOptions:

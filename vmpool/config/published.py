@@ -69,16 +69,14 @@ class PublishedConfig:
     digest: str
 
     def origin(self) -> str:
-        """"<file>, published by <process> at <UTC time>", for messages."""
+        """ "<file>, published by <process> at <UTC time>", for messages."""
         when = datetime.fromtimestamp(self.published_at, tz=timezone.utc)
         stamp = when.strftime("%Y-%m-%dT%H:%M:%SZ")
         return f"{self.form.get('source', '?')}, published by {self.publisher} at {stamp}"
 
     def masked_secrets(self) -> list[str]:
         """The providers whose options were published with a secret masked."""
-        return [
-            name for name, prov in self.config.providers.items() if _has_mask(prov.options)
-        ]
+        return [name for name, prov in self.config.providers.items() if _has_mask(prov.options)]
 
 
 def _plain(value: Any) -> Any:
@@ -137,7 +135,8 @@ def config_differences(a: Config, b: Mapping[str, Any]) -> list[str]:
     ``a`` differs from the published form ``b``."""
     form = public_form(a)
     return sorted(
-        key for key in form.keys() | b.keys()
+        key
+        for key in form.keys() | b.keys()
         if key not in _NOT_COMPARED and form.get(key) != b.get(key)
     )
 

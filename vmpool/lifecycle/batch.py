@@ -215,6 +215,7 @@ def retry_s(fleet: Fleet) -> float:
     claim's lease (a holder that stopped has lost its lock by then)."""
     return min(lease_s(fleet), max(0.5, fleet.config.schedule.check_pending_sweep))
 
+
 _How = tuple[str, Callable[..., object], tuple[LockKind, str] | None, Prepare | None]
 
 

@@ -60,7 +60,6 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 
-
 class Dispatcher(Protocol):
     """Puts follow-up work on the queues (workers/queues.py, with RQ). Each call must be
     cheap, idempotent and deduplicated per (job, subject) by the implementation.

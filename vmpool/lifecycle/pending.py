@@ -244,4 +244,3 @@ def _observe_locked(
     except LockLost as exc:
         log.warning("check_pending %s stopped: %s", name, exc)
         return "lock_lost"
-

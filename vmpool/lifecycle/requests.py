@@ -244,5 +244,3 @@ def provision_sweep(fleet: Fleet) -> int:
     if candidates:
         fleet.dispatch.provision_requests(candidates)
     return len(candidates)
-
-

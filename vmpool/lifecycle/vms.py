@@ -235,9 +235,7 @@ def check_pending_vm(fleet: Fleet, name: str, lock: FencedLock | None = None) ->
     'provider_error', 'lock_lost', 'no_provider', or a refusal ('no_vm', 'vm_<state>').
     ``lock``: as for :func:`create_vm`.
     """
-    return _under_vm_lock(
-        fleet, name, "pending", "check_pending", _check_pending_locked, lock
-    )
+    return _under_vm_lock(fleet, name, "pending", "check_pending", _check_pending_locked, lock)
 
 
 def _check_pending_locked(fleet: Fleet, vm: VMRecord, provider: Provider, lock: FencedLock) -> str:

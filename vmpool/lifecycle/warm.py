@@ -130,9 +130,7 @@ def _why_recycle(
     if provider is None:
         return "", None  # left alone; the audit reports a VM whose provider is gone
     try:
-        ok = provider.get_vm(vm.pool, vm.name) is not None and provider.is_ready(
-            vm.pool, vm.name
-        )
+        ok = provider.get_vm(vm.pool, vm.name) is not None and provider.is_ready(vm.pool, vm.name)
     except Exception as exc:  # a provider hiccup is not a failed VM: next check retries
         log.warning("check_ready %s: provider error: %s", vm.name, exc)
         return "", None

@@ -286,8 +286,11 @@ def run_demo_on(
     client = connect(redis_url, config.redis_options, decode_responses=True)
     store = Store(client, Keys(config.key_prefix))
     providers = providers_from_config(client, store.keys, config)
-    flaky = [name for name, pool in config.pools.items()
-             if config.providers[pool.provider].options.get("create_fail_percent")]
+    flaky = [
+        name
+        for name, pool in config.pools.items()
+        if config.providers[pool.provider].options.get("create_fail_percent")
+    ]
     healthy = [name for name in config.pools if name not in flaky]
     watcher = threading.Thread(target=sup.run, args=(stop,), daemon=True)
     watcher.start()

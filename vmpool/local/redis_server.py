@@ -91,14 +91,22 @@ class RedisServer:
     def command(self) -> list[str]:
         args = [
             self.binary,
-            "--bind", self.host,
-            "--port", str(self.port),
-            "--dir", self.directory,
-            "--save", "",
-            "--protected-mode", "yes",
-            "--daemonize", "no",
-            "--loglevel", "warning",
-            "--logfile", os.path.join(self.directory, "redis.log"),
+            "--bind",
+            self.host,
+            "--port",
+            str(self.port),
+            "--dir",
+            self.directory,
+            "--save",
+            "",
+            "--protected-mode",
+            "yes",
+            "--daemonize",
+            "no",
+            "--loglevel",
+            "warning",
+            "--logfile",
+            os.path.join(self.directory, "redis.log"),
         ]
         if self.appendonly:
             args += ["--appendonly", "yes", "--appendfsync", "always"]

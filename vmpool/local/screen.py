@@ -131,8 +131,7 @@ class Screen:
             return False
         if len(self._last_shown) > 1000:  # forget what left the window long ago
             self._last_shown = {
-                seen: at for seen, at in self._last_shown.items()
-                if now - at < self.repeat_window_s
+                seen: at for seen, at in self._last_shown.items() if now - at < self.repeat_window_s
             }
         self._last_shown[text] = now
         return True

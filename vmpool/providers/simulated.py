@@ -69,6 +69,7 @@ _DESTROY_ATTEMPT_LUA = _lua("simulated_destroy_attempt.lua")
 _DESTROY_LUA = _lua("simulated_destroy.lua")
 _ANNOTATE_LUA = _lua("simulated_annotate.lua")
 
+
 class SimulatedProvider:
     """A provider whose cloud is a pair of Redis keys per instance name.
 
@@ -277,7 +278,6 @@ class SimulatedProvider:
         )
 
 
-
 class ListingSimulatedProvider(SimulatedProvider):
     """The simulated provider with a list call (:class:`~vmpool.providers.StatusBatch`),
     as the clouds have: what ``provider_class: simulated`` builds unless its option
@@ -309,7 +309,6 @@ class ListingSimulatedProvider(SimulatedProvider):
             name: self._to_vm(_status_fields(name, values), now) if values[0] else None
             for name, values in zip(ordered, records, strict=True)
         }
-
 
 
 def simulated_provider(

@@ -138,7 +138,5 @@ def record_audit(redis_client: redis.Redis, keys: Keys, violations: int) -> floa
     (Redis server time, so every replica's scrape agrees). Returns that time."""
     seconds, micros = redis_client.time()
     now = float(seconds) + float(micros) / 1e6
-    redis_client.hset(
-        keys.audit_result, mapping={"violations": int(violations), "time": repr(now)}
-    )
+    redis_client.hset(keys.audit_result, mapping={"violations": int(violations), "time": repr(now)})
     return now

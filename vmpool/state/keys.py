@@ -373,4 +373,3 @@ class Keys:
     def scheduler_lock(self) -> str:
         """rq-scheduler's tick lock; vmpool's loop never takes it (workers/schedule.py)."""
         return f"{self.prefix}:schedule:lock"
-

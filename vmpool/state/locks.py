@@ -120,9 +120,7 @@ class LockRenewer:
         with self._cv:
             self._locks[id(lock)] = (lock, time.monotonic() + lock.renew_every_s())
             if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(
-                    target=self._run, name="lock-renewer", daemon=True
-                )
+                self._thread = threading.Thread(target=self._run, name="lock-renewer", daemon=True)
                 self._thread.start()
             self._cv.notify()
 

@@ -391,9 +391,7 @@ class Store(VMTaskStore):
             else:
                 pipe.zrangebyscore(key, "-inf", hi, start=0, num=limit)
         replies = pipe.execute() if pools else []
-        return {
-            pool: [text(n) for n in names] for pool, names in zip(pools, replies, strict=True)
-        }
+        return {pool: [text(n) for n in names] for pool, names in zip(pools, replies, strict=True)}
 
 
 def _read_lua(name: str) -> str:

@@ -77,6 +77,4 @@ def _lua_table(name: str, table: Mapping[str, frozenset[str]]) -> str:
 
 def lua_tables() -> str:
     """The transition tables as Lua source, prepended to every store script."""
-    return _lua_table("REQUEST_EDGES", REQUEST_TRANSITIONS) + _lua_table(
-        "VM_EDGES", VM_TRANSITIONS
-    )
+    return _lua_table("REQUEST_EDGES", REQUEST_TRANSITIONS) + _lua_table("VM_EDGES", VM_TRANSITIONS)
