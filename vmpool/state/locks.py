@@ -23,10 +23,10 @@ Renewal: a :class:`LockRenewer` (one daemon thread, shared by every lock of a pr
 that is given it: the Fleet holds one) extends each held lock every third of its expiry
 with the same token-checked script; a lock it finds lost is marked lost (and
 :meth:`FencedLock.ensure_held` raises). A lock given no renewer gets a renewer of its
-own. Issue 15: the former python-redis-lock grant cost four round trips and a thread
-started and joined per lock; now a grant is one script and a release another.
+own. A grant is one script and a release another (no round trip or thread per lock
+beyond them).
 
-Batch jobs (issue 15): :func:`acquire_all` grants the locks of a claim's subjects in
+Batch jobs: :func:`acquire_all` grants the locks of a claim's subjects in
 one script and :func:`release_all` releases them in one; each is still its own lock
 with its own fresh id and token, granted or refused on its own. A lock made with
 ``read_record=True`` also gets its subject's record, read in the grant's unit
@@ -83,6 +83,8 @@ class LockLost(RuntimeError):
 
 _GRANT_LUA = read_script("vmpool.state.scripts", "lock_fence.lua")
 _EXTEND_LUA = read_script("vmpool.state.scripts", "lock_extend.lua")
+_RELEASE_LUA = read_script("vmpool.state.scripts", "lock_release.lua")
+_CHECK_LUA = read_script("vmpool.state.scripts", "lock_check.lua")
 # A blocking acquire polls the grant this often at most.
 _POLL_MAX_S = 0.1
 # An idle renewer thread ends after this long without a lock.
@@ -193,7 +195,7 @@ class FencedLock:
         self.redis = redis_client
         self.blocking = blocking
         self.timeout_s = timeout_s
-        # Whole seconds, as before; never round a short expiry down to 0.
+        # Whole seconds; never round a short expiry down to 0.
         self.expire_s = max(1, math.ceil(expire_s))
         self.orphan_fence_ttl_ms = (
             "" if orphan_fence_ttl_s is None else str(max(1, int(orphan_fence_ttl_s * 1000)))
@@ -203,6 +205,8 @@ class FencedLock:
         self._renewer = (renewer or LockRenewer()) if auto_renewal else None
         self._grant = redis_client.register_script(_GRANT_LUA)
         self._extend = redis_client.register_script(_EXTEND_LUA)
+        self._release = redis_client.register_script(_RELEASE_LUA)
+        self._check = redis_client.register_script(_CHECK_LUA)
         self.read_record = read_record
         # The subject's hash as the grant read it (read_record), {} when it has none.
         self.record: dict[str, str] = {}
@@ -212,11 +216,9 @@ class FencedLock:
 
     # -- grant and release -------------------------------------------------------------
     def _try_grant(self) -> int:
-        (reply,) = self._grant(
-            keys=[self.key, self.fence_key, self.subject_key],
-            args=[self.orphan_fence_ttl_ms, self.expire_s * 1000, _flag(self.read_record),
-                  self.id],
-        )  # fmt: skip
+        keys = [self.key, self.fence_key, self.subject_key]
+        args = [*_grant_args(self), self.id]
+        (reply,) = self._grant(keys=keys, args=args)
         return self._granted(reply)
 
     def _granted(self, reply: list[Any]) -> int:
@@ -257,7 +259,7 @@ class FencedLock:
         under it was fenced, and the new holder's lock must not be touched."""
         if not self._let_go():
             return
-        if not int(self._extend(keys=[self.key], args=["0", self.id])):
+        if not int(self._release(keys=[self.key], args=[self.id])):
             self._expired_before_release()
 
     def _let_go(self) -> bool:
@@ -289,7 +291,7 @@ class FencedLock:
     def _owned(self) -> bool:
         """One token-checked read (nothing written: the renewer keeps the expiry); False,
         and marked lost, if the lock is no longer ours."""
-        if int(self._extend(keys=[self.key], args=["", self.id])):
+        if int(self._check(keys=[self.key], args=[self.id])):
             return True
         self._lost = True
         log.warning("lock %s (fence %d) was lost while held", self.key, self.fence)
@@ -306,7 +308,7 @@ class FencedLock:
     def ensure_held(self) -> None:
         """Raise :class:`LockLost` unless this holder still owns the lock.
 
-        A token-checked read (``lock_extend.lua`` writing nothing): the key holds our id.
+        A token-checked read (``lock_check.lua``, which writes nothing): the key holds our id.
         It does not push the expiry out (the renewer does, every third of it; a write
         here would cost an fsync under ``appendfsync always``). Call it before a side
         effect the fence cannot guard (a provider call); the store's fence check remains
@@ -339,8 +341,9 @@ class FencedLock:
         self.release()
 
 
-def _flag(on: bool) -> str:
-    return "1" if on else "0"
+def _grant_args(lock: FencedLock) -> list[str | int]:
+    """lock_fence.lua's ARGV before the lock ids: orphan fence TTL, expiry, read flag."""
+    return [lock.orphan_fence_ttl_ms, lock.expire_s * 1000, "1" if lock.read_record else "0"]
 
 
 def acquire_all(locks: Sequence[FencedLock]) -> list[FencedLock]:
@@ -355,10 +358,7 @@ def acquire_all(locks: Sequence[FencedLock]) -> list[FencedLock]:
     if any(lk._held for lk in locks):
         raise RuntimeError("acquire_all: a lock is already acquired")
     keys = [k for lk in locks for k in (lk.key, lk.fence_key, lk.subject_key)]
-    args: list[str | int] = [
-        first.orphan_fence_ttl_ms, first.expire_s * 1000, _flag(first.read_record)
-    ]  # fmt: skip
-    replies = first._grant(keys=keys, args=[*args, *(lk.id for lk in locks)])
+    replies = first._grant(keys=keys, args=[*_grant_args(first), *(lk.id for lk in locks)])
     return [lk for lk, reply in zip(locks, replies, strict=True) if lk._taken(lk._granted(reply))]
 
 
@@ -369,7 +369,7 @@ def release_all(locks: Sequence[FencedLock]) -> None:
     held = [lk for lk in locks if lk._let_go()]
     if not held:
         return
-    owned = int(held[0]._extend(keys=[lk.key for lk in held], args=["0", *(lk.id for lk in held)]))
+    owned = int(held[0]._release(keys=[lk.key for lk in held], args=[lk.id for lk in held]))
     if owned < len(held):
         for lock in held:
             if lock.owner() != lock.id:
