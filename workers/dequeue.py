@@ -3,8 +3,8 @@
 RQ pops with BLPOP (or BLMOVE for one queue) and marks the job started later, in another
 round trip. A worker killed in between (or one that lost the pop's reply with its
 connection) leaves a hash that says ``queued`` while its id is in no queue; telling that
-apart from a job still waiting took an LPOS over the whole queue for every duplicate the
-sweeps met, so a warm sweep cost Redis time quadratic in the backlog (issue 15).
+apart from a job still waiting would take an LPOS over the whole queue for every
+duplicate the sweeps meet: Redis time quadratic in the backlog.
 
 :class:`StampingQueue` pops through ``pop_job.lua`` instead: the id leaves its queue
 together with the vmpool heartbeat on its hash, so ``reclaim_job.lua`` decides in O(1)

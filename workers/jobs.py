@@ -103,7 +103,7 @@ def check_ready() -> dict[str, int]:
     return lifecycle.check_ready(current_fleet())
 
 
-# Batch jobs (issue 15): one job runs many subjects of a work set (vmpool.lifecycle.batch);
+# Batch jobs: one job runs many subjects of a work set (vmpool.lifecycle.batch);
 # one that stopped on time with work left queues its continuation (workers.batching).
 def provision_batch() -> dict[str, int]:
     fleet = current_fleet()

@@ -1,6 +1,6 @@
 -- lanes_probe.lua: add subjects to a batch job's work set, then find which of the probed
--- lanes of that batch job are free, in one script (issue 15: one round trip per dispatch,
--- where a pipeline of one reclaim script per job id cost a SCRIPT EXISTS round trip too).
+-- lanes of that batch job are free, in one script (one round trip per dispatch: a
+-- pipeline of one reclaim script per job id costs a SCRIPT EXISTS round trip too).
 --
 -- workers/batching.py prepends reclaim_job.lua's text as the function
 -- `reclaim(KEYS, ARGV)` (its KEYS[1] one job hash, its ARGV the two below): a job id is

@@ -18,7 +18,7 @@
 -- Invariant: a live job (queued in its queue, or popped/running with a fresh
 -- heartbeat) is never deleted, so unique ids keep at most one live copy of each
 -- (job, subject).
--- (The status and the heartbeat in one HMGET: a live lane costs one call, issue 15.)
+-- (The status and the heartbeat in one HMGET: a live lane costs one call.)
 local got = redis.call('HMGET', KEYS[1], 'status', ARGV[1])
 local status = got[1]
 if not status then return 1 end

@@ -118,6 +118,9 @@ _ROWS: Final = (
             "re-check ready VMs; recycle those past ready_ttl or failing", periodic=True),
 )  # fmt: skip
 
+# How the jobs table shows a job's argument.
+_ARGUMENT_SHOWN: Final = {"request": "request id", "vm": "VM name", "vm_task": "VM task", None: "-"}
+
 JOBS: Final[Mapping[str, JobSpec]] = MappingProxyType({spec.name: spec for spec in _ROWS})
 PERIODIC: Final[tuple[JobSpec, ...]] = tuple(spec for spec in _ROWS if spec.periodic)
 _BY_ALIAS: Final[Mapping[str, JobSpec]] = MappingProxyType(
@@ -216,8 +219,7 @@ def jobs_markdown() -> str:
         if spec.bounded:
             periodic += ", bounded"
         aliases = ", ".join(f"`{a}`" for a in spec.aliases) or "-"
-        argument = {"request": "request id", "vm": "VM name", "vm_task": "VM task",
-                    None: "-"}[spec.subject]  # fmt: skip
+        argument = _ARGUMENT_SHOWN[spec.subject]
         rows.append(
             f"| `{spec.name}` | {spec.queue} | {argument} | {periodic} | {aliases}"
             f" | {spec.summary} |"

@@ -124,7 +124,7 @@ class _Running:
 
 class JobBeats:
     """The heartbeats of the job a worker runs, from ONE long-lived daemon thread per
-    worker (issue 15: it was a thread started and joined per job): every
+    worker (not a thread started and joined per job): every
     HEARTBEAT_SECONDS the vmpool heartbeat of the running job (the reclaim check's
     sign of life), RQ's own heartbeats every ``rq_every`` seconds when given, and the
     alive file within the job's time budget. Between jobs the thread beats nothing.

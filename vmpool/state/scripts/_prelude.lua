@@ -131,8 +131,7 @@ end
 -- the audit proves no transition was lost or made twice.
 -- The trail is a list of packed entries, one JSON array each
 -- [entity, from, to, version, actor, reason, time] (vmpool.state.records.decode_trail
--- reads it): tens of bytes per entry, where a stream cost about 4 KB per request (issue
--- 15). A trail written as a stream by an older release (a request open across the
+-- reads it): tens of bytes per entry, where a stream costs about 4 KB per request. A trail written as a stream by an older release (a request open across the
 -- upgrade) keeps growing as a stream: RPUSH meets WRONGTYPE and XADD runs instead.
 -- audit_at writes to any record's trail (a warm-pool VM's own: its hash and
 -- Keys.vm_audit); audit to the script's own record (KEYS[1], trail KEYS[3]). The names

@@ -3,7 +3,7 @@
 --   (vmpool.state.workset.WorkSet, Keys.work_set('provision_request')): when given, the
 --   new request's id is added to it (its place in line: its arrival, `created`; its
 --   owner: the token user), so the batch provisioning finds it without another round
---   trip (issue 15). The store prepends the work-set functions (_workset.lua).
+--   trip. The store prepends the work-set functions (_workset.lua).
 -- ARGV: 1-4 as in _prelude.lua; 5 slots "alias:pool:n,alias:pool:n" (vmpooler's
 --   `requested` format); 6 ttl seconds; 7 grace seconds; 8 max_vm_retries;
 --   9 VM lifetime seconds; 10 data_ttl seconds; 11 token user ('' for none);
@@ -17,7 +17,7 @@
 -- trail or VM set would mix two stories and release the other's VMs.
 -- The request is born pending at version 1 with its first trail entry (none -> pending,
 -- an edge of REQUEST_EDGES): the one HSET writes what set_status and audit would write
--- with three more commands (issue 15: fewer commands per script); the trail is new (no
+-- with three more commands (fewer commands per script); the trail is new (no
 -- key of the id exists), so it is a list from its first entry.
 if redis.call('EXISTS', KEYS[1], KEYS[2], KEYS[3], KEYS[4]) > 0 then
   return refuse('exists')
