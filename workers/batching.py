@@ -34,9 +34,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 import redis
-from rq import Queue
-from rq.job import Job, get_current_job
-from rq.scripts import UNIQUE_ENQUEUE_SCRIPT, _build_hset_args
+from rq.job import get_current_job
 
 from vmpool.config import Config
 from vmpool.lifecycle import Fleet
@@ -45,14 +43,14 @@ from vmpool.state.keys import Keys
 from vmpool.state.lua import ScriptCall, read_script
 from vmpool.state.workset import WorkSet, lua_workset
 from workers.queues import (
-    _RECLAIM_LUA,
-    FAILURE_TTL,
     HEARTBEAT_FIELD,
+    RECLAIM_LUA,
     RUN_WAIT_TTL,
     STALE_AFTER_SECONDS,
     RQDispatcher,
-    _valid_items,
     enqueue,
+    push_unique,
+    valid_items,
 )
 from workers.table import job_id, lookup
 
@@ -80,7 +78,7 @@ _BATCH_OF: Final = {job: batch for batch, job in BATCHED.items()}
 # The work-set add and the lanes' reclaim checks of one dispatch, one script: the text of
 # reclaim_job.lua becomes its function reclaim(KEYS, ARGV) (see lanes_probe.lua).
 _PROBE_LUA: Final = (
-    f"local function reclaim(KEYS, ARGV)\n{_RECLAIM_LUA}\nend\n"
+    f"local function reclaim(KEYS, ARGV)\n{RECLAIM_LUA}\nend\n"
     + lua_workset()
     + read_script("workers", "lanes_probe.lua")
 )
@@ -170,21 +168,8 @@ def queue_free_lanes(conn: redis.Redis, keys: Keys, probe: LaneProbe, found: Any
     free = [probe.free_ids[int(i) - 1] for i in found or ()]
     if not free:
         return 0
-    spec = lookup(probe.batch_job)
-    queue = Queue(keys.queue(spec.queue), connection=conn)
-    push = conn.register_script(UNIQUE_ENQUEUE_SCRIPT)
-    pipe = conn.pipeline(transaction=False)
-    pipe.sadd(queue.redis_queues_keys, queue.key)
-    for jid in free:
-        job: Job = queue.create_job(
-            spec.func, args=(), job_id=jid, result_ttl=0, failure_ttl=FAILURE_TTL,
-            timeout=spec.timeout, description=jid, ttl=RUN_WAIT_TTL,
-        )  # fmt: skip
-        job.origin = queue.name
-        queue._prepare_for_queue(job)
-        hset: list[Any] = _build_hset_args(job)  # type: ignore[no-untyped-call]
-        push(keys=[job.key, queue.key], args=[job.id, "R", RUN_WAIT_TTL, *hset], client=pipe)
-    return sum(1 for ok in pipe.execute()[1:] if ok)
+    jobs = [(jid, ()) for jid in free]
+    return sum(push_unique(conn, keys, lookup(probe.batch_job), jobs, ttl=RUN_WAIT_TTL))
 
 
 def continue_batch(
@@ -227,7 +212,7 @@ class BatchDispatcher(RQDispatcher):
     def _batch(self, job: str, subjects: Sequence[str]) -> None:
         # A subject that is no valid name of its kind is skipped, logged and counted,
         # as enqueue_many does (the sweeps feed ids read back from Redis).
-        subjects = [s for _, s in _valid_items(self.conn, self.keys, lookup(job), subjects)]
+        subjects = [s for _, s in valid_items(self.conn, self.keys, lookup(job), subjects)]
         if not subjects:
             return
         batch_job = _BATCH_OF[job]

@@ -31,8 +31,8 @@ its hash in one script (:mod:`workers.dequeue`, ``pop_job.lua``), then beats eve
 with a stale beat was popped by a worker that was killed, or lost the reply with its
 connection, before it marked the job started (RQ never runs or expires such a hash:
 without this its id would be blocked forever), and a ``queued`` hash without a beat is
-still in its queue. Every check is O(1) in the queue's length (issue 15: the former
-LPOS over the queue made a warm sweep of 10,000 VMs cost seconds of Redis time).
+still in its queue. Every check is O(1) in the queue's length (an LPOS over the queue
+would make a warm sweep of 10,000 VMs cost seconds of Redis time).
 The hash is deleted and the enqueue retried once. A paused
 process that resumes after its job was reclaimed may run beside the new copy or delete
 its hash when it finishes (``result_ttl=0``); both are harmless because every job is
@@ -60,7 +60,6 @@ from collections.abc import Sequence
 from typing import Any, Final
 
 import redis
-from redis.commands.core import Script
 from rq import Queue
 from rq.exceptions import DuplicateJobError
 from rq.job import Job
@@ -77,13 +76,16 @@ __all__ = [
     "FAILURE_TTL",
     "HEARTBEAT_FIELD",
     "HEARTBEAT_SECONDS",
+    "RECLAIM_LUA",
     "RUN_WAIT_TTL",
     "STALE_AFTER_SECONDS",
     "RQDispatcher",
     "enqueue",
     "enqueue_many",
+    "push_unique",
     "queue_names",
     "resolve_queue_names",
+    "valid_items",
 ]
 
 log = logging.getLogger(__name__)
@@ -128,11 +130,11 @@ def resolve_queue_names(keys: Keys, names: str | None) -> list[str]:
 
 # Deletes the hash of a duplicate job that is plainly dead (keys, args, returns and the
 # invariant in the script's header).
-_RECLAIM_LUA: Final = read_script("workers", "reclaim_job.lua")
+RECLAIM_LUA: Final = read_script("workers", "reclaim_job.lua")
 
 
 def _reclaim(conn: redis.Redis, keys: Keys, spec: JobSpec, jid: str) -> bool:
-    script = conn.register_script(_RECLAIM_LUA)
+    script = conn.register_script(RECLAIM_LUA)
     return bool(
         script(
             keys=[keys.rq_job(jid)],
@@ -204,12 +206,10 @@ def enqueue_many(
         raise ValueError(f"job {job!r} takes no subject; use enqueue()")
     if chunk < 1:
         raise ValueError("chunk must be >= 1")
-    items = _valid_items(conn, keys, spec, subjects)
+    items = valid_items(conn, keys, spec, subjects)
     if not items:
         return 0
-    queue = Queue(keys.queue(spec.queue), connection=conn)
-    push = conn.register_script(UNIQUE_ENQUEUE_SCRIPT)
-    reclaim = conn.register_script(_RECLAIM_LUA)
+    reclaim = conn.register_script(RECLAIM_LUA)
     queued = 0
     for start in range(0, len(items), chunk):
         part = items[start : start + chunk]
@@ -226,11 +226,12 @@ def enqueue_many(
             )
         free = [item for item, ok in zip(part, pipe.execute(), strict=True) if ok]
         if free:
-            queued += len(free) - len(_push_unique(conn, queue, spec, push, free))
+            jobs = [(jid, (subject,)) for jid, subject in free]
+            queued += sum(push_unique(conn, keys, spec, jobs))
     return queued
 
 
-def _valid_items(
+def valid_items(
     conn: redis.Redis, keys: Keys, spec: JobSpec, subjects: Sequence[str]
 ) -> list[tuple[str, str]]:
     """(job id, subject) of each valid subject, first occurrence first. Each invalid
@@ -256,36 +257,43 @@ def _valid_items(
     return list(items)
 
 
-def _push_unique(
+def push_unique(
     conn: redis.Redis,
-    queue: Queue,
+    keys: Keys,
     spec: JobSpec,
-    push: Script,
-    items: Sequence[tuple[str, str]],
-) -> list[tuple[str, str]]:
-    """Build each job exactly as ``Queue.enqueue(..., unique=True)`` does (create_job,
-    origin, _prepare_for_queue, RQ's HSET fields) and run RQ's unique-enqueue script for
-    all of them in one non-transactional pipeline. Returns the items refused as
-    duplicates."""
+    jobs: Sequence[tuple[str, tuple[str, ...]]],
+    *,
+    ttl: int | None = None,
+) -> list[bool]:
+    """Queue each (job id, args) of ``spec`` as ``Queue.enqueue(..., unique=True)`` does.
+
+    The one place vmpool touches RQ's private API: each job is built as RQ builds it
+    (create_job, origin, ``_prepare_for_queue``, RQ's HSET fields) and RQ's
+    unique-enqueue script runs for all of them in one non-transactional pipeline.
+    ``ttl``: how long a job may wait in its queue (None: forever). Returns, per job,
+    whether it was queued (False: a live duplicate).
+    """
+    queue = Queue(keys.queue(spec.queue), connection=conn)
+    push = conn.register_script(UNIQUE_ENQUEUE_SCRIPT)
     pipe = conn.pipeline(transaction=False)
     pipe.sadd(queue.redis_queues_keys, queue.key)  # what enqueue_job does first
-    for jid, subject in items:
+    for jid, args in jobs:
         rq_job: Job = queue.create_job(
             spec.func,
-            args=(subject,),
+            args=args,
             job_id=jid,
             result_ttl=0,
             failure_ttl=FAILURE_TTL,
             timeout=spec.timeout,
             description=jid,
+            ttl=ttl,
         )
         rq_job.origin = queue.name
         queue._prepare_for_queue(rq_job)
-        ttl = rq_job.ttl if rq_job.ttl is not None else -1
         hset: list[Any] = _build_hset_args(rq_job)  # type: ignore[no-untyped-call]
-        push(keys=[rq_job.key, queue.key], args=[rq_job.id, "R", ttl, *hset], client=pipe)
-    results = pipe.execute()[1:]
-    return [item for item, ok in zip(items, results, strict=True) if not ok]
+        job_ttl = rq_job.ttl if rq_job.ttl is not None else -1
+        push(keys=[rq_job.key, queue.key], args=[rq_job.id, "R", job_ttl, *hset], client=pipe)
+    return [bool(ok) for ok in pipe.execute()[1:]]
 
 
 class RQDispatcher:
