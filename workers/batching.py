@@ -1,6 +1,6 @@
 """The batching dispatcher: per-subject work goes to a work set and one batch job.
 
-:class:`BatchDispatcher` is the worker fleet's Dispatcher (issue 15). For the three
+:class:`BatchDispatcher` is the worker fleet's Dispatcher. For the three
 kinds of per-subject work that make up a VM's way to ready (``provision_request``,
 ``create_vm``, ``check_pending_vm``) it adds the subjects to the job's work set
 (:class:`vmpool.state.workset.WorkSet`, a ``ZADD NX``: the set is the dedup) and makes
@@ -40,7 +40,7 @@ from vmpool.config import Config
 from vmpool.lifecycle import Fleet
 from vmpool.lifecycle.batch import BATCHED, CLAIM_SIZE
 from vmpool.state.keys import Keys
-from vmpool.state.lua import ScriptCall, read_script
+from vmpool.state.lua import ScriptCall, ScriptPipeline, read_script
 from vmpool.state.workset import WorkSet, lua_workset
 from workers.queues import (
     HEARTBEAT_FIELD,
@@ -57,6 +57,7 @@ from workers.table import job_id, lookup
 __all__ = [
     "LANES",
     "BatchDispatcher",
+    "LaneFollowUp",
     "LaneProbe",
     "continue_batch",
     "continued",
@@ -85,12 +86,14 @@ _PROBE_LUA: Final = (
 
 
 def lanes_for(config: Config | None, batch_job: str) -> int:
-    """How many lanes ``batch_job`` has: ``:config: batch_lanes`` (at most
-    :data:`MAX_LANES`). A create batch runs its provider calls one after the other, so
+    """How many lanes ``batch_job`` has: ``:config: batch_lanes`` (at most :data:`MAX_LANES`).
+
+    A create batch runs its provider calls one after the other, so
     for creates this is also how many run at once: the clouds here answer a create at
     once (the VM boots afterwards), but a provider whose create blocks (a vSphere clone)
     wants as many lanes as clone slots. More lanes than needed cost RQ jobs that find
-    little to do (measured: docs/benchmarks.md)."""
+    little to do (measured: docs/benchmarks.md).
+    """
     del batch_job  # one setting for every kind today; the argument is the place for more
     if config is None:
         return LANES
@@ -106,8 +109,9 @@ def ensure_lanes(
     lanes: int = LANES,
     rng: random.Random | None = None,
 ) -> int:
-    """Queue up to ``want`` of the ``lanes`` lanes of ``batch_job`` whose two ids are
-    both free (absent or plainly dead); returns how many were queued. One script
+    """Queue up to ``want`` free lanes of ``batch_job``; returns how many were queued.
+
+    A lane is free when its two ids both are (absent or plainly dead). One script
     (lanes_probe.lua: the add and the reclaim checks), then, only when some lanes are
     free, one pipeline of RQ's unique-enqueue script. ``add`` (work set, job, subjects):
     added to the work set first, in the same script (the subjects are in the set before
@@ -116,15 +120,18 @@ def ensure_lanes(
     Only a window of ``max(want, PROBE)`` lanes is checked, from a random one: with many
     lanes (creates follow the clone limit) a dispatch costs the same as with four. When
     every lane of the window is live, none is queued: the live ones drain the work set
-    (a batch job claims until it is empty, then its continuation), as before."""
+    (a batch job claims until it is empty, then its continuation).
+    """
     probe = probe_lanes(conn, keys, batch_job, want, add, lanes, rng)
     return queue_free_lanes(conn, keys, probe, probe.call.run())
 
 
 @dataclass(frozen=True)
 class LaneProbe:
-    """The lane check of one dispatch (:func:`probe_lanes`): the script call to run, and
-    what :func:`queue_free_lanes` needs to read its reply."""
+    """The lane check of one dispatch (:func:`probe_lanes`).
+
+    The script call to run, and what :func:`queue_free_lanes` needs to read its reply.
+    """
 
     call: ScriptCall
     batch_job: str
@@ -141,10 +148,12 @@ def probe_lanes(
     rng: random.Random | None = None,
     run_ids: Sequence[str] | None = None,
 ) -> LaneProbe:
-    """:func:`ensure_lanes`'s script call, to run alone or pipelined after the caller's
-    own script (the API's create_request, which adds the request to the work set).
-    ``run_ids``: the job ids of ``batch_job`` by run, ``2 * lanes`` of them, when the
-    caller keeps them (else made here)."""
+    """:func:`ensure_lanes`'s script call, to run alone or pipelined.
+
+    Pipelined after the caller's own script: the API's create_request, which adds the
+    request to the work set. ``run_ids``: the job ids of ``batch_job`` by run,
+    ``2 * lanes`` of them, when the caller keeps them (else made here).
+    """
     window = min(lanes, max(want, PROBE))
     start = (rng or random).randrange(lanes) if window < lanes else 0
     probed = [(start + i) % lanes for i in range(window)]
@@ -153,18 +162,18 @@ def probe_lanes(
     job = add[1] if add else BATCHED[batch_job]
     work_key = add[0].keys.work_set(job) if add else keys.work_set(job)
     head, tail = add[0].record_key_parts(job) if add else ("", "")
-    call = ScriptCall(
-        conn.register_script(_PROBE_LUA),
-        [work_key, *(keys.rq_job(jid) for jid in ids)],
-        [HEARTBEAT_FIELD, STALE_AFTER_SECONDS, max(0, want), head, tail,
-         *(add[2] if add else ())],
-    )  # fmt: skip
+    args: list[Any] = [HEARTBEAT_FIELD, STALE_AFTER_SECONDS, max(0, want), head, tail]
+    args += add[2] if add else ()
+    keys_ = [work_key, *(keys.rq_job(jid) for jid in ids)]
+    call = ScriptCall(conn.register_script(_PROBE_LUA), keys_, args)
     return LaneProbe(call, batch_job, ids[::2])
 
 
 def queue_free_lanes(conn: redis.Redis, keys: Keys, probe: LaneProbe, found: Any) -> int:
-    """Queue the lanes ``probe``'s reply ``found`` says are free (one pipeline of RQ's
-    unique-enqueue script, none when no lane is free); returns how many were queued."""
+    """Queue the lanes ``probe``'s reply ``found`` says are free; how many were queued.
+
+    One pipeline of RQ's unique-enqueue script, none when no lane is free.
+    """
     free = [probe.free_ids[int(i) - 1] for i in found or ()]
     if not free:
         return 0
@@ -172,13 +181,37 @@ def queue_free_lanes(conn: redis.Redis, keys: Keys, probe: LaneProbe, found: Any
     return sum(push_unique(conn, keys, lookup(probe.batch_job), jobs, ttl=RUN_WAIT_TTL))
 
 
+@dataclass(frozen=True)
+class LaneFollowUp:
+    """The lane check pipelined after a create (:meth:`BatchDispatcher.provision_after_create`)."""
+
+    conn: redis.Redis
+    keys: Keys
+    probe: LaneProbe
+    index: int  # the check's place in the pipeline's replies
+
+    def wanted(self, replies: Sequence[Any]) -> bool:
+        """Whether :meth:`queue` has work: a lane found free, or the check's error."""
+        found = replies[self.index]
+        return isinstance(found, Exception) or bool(found)
+
+    def queue(self, replies: Sequence[Any]) -> int:
+        """Queue the lanes found free (RQ: blocking); raises the check's error."""
+        found = replies[self.index]
+        if isinstance(found, Exception):
+            raise found
+        return queue_free_lanes(self.conn, self.keys, self.probe, found)
+
+
 def continue_batch(
     conn: redis.Redis, keys: Keys, batch_job: str, current_id: str, lanes: int = LANES
 ) -> bool:
-    """Queue the continuation of the batch job ``current_id`` (the other id of its lane),
-    for a job that stopped on time with work left. False if it could not (a live copy:
+    """Queue the continuation of the batch job ``current_id``: the other id of its lane.
+
+    For a job that stopped on time with work left. False if it could not (a live copy:
     that copy does the work). A run id beyond ``lanes`` (the config had more lanes when
-    it was queued) continues on a lane of today's."""
+    it was queued) continues on a lane of today's.
+    """
     for run in range(2 * MAX_LANES):
         if job_id(keys, batch_job, run=run) == current_id:
             if run < 2 * lanes:
@@ -189,8 +222,10 @@ def continue_batch(
 
 
 def continued(fleet: Fleet, batch_job: str, counts: dict[str, int]) -> dict[str, int]:
-    """After a batch job ran (in the worker): queue its continuation if it stopped on
-    time with work left (``counts['more']``). Returns ``counts``."""
+    """After a batch job ran (in the worker): queue its continuation if one is due.
+
+    Due when it stopped on time with work left (``counts['more']``). Returns ``counts``.
+    """
     current = get_current_job()
     if counts.get("more") and current is not None and isinstance(fleet.dispatch, RQDispatcher):
         lanes = lanes_for(fleet.config, batch_job)
@@ -225,27 +260,32 @@ class BatchDispatcher(RQDispatcher):
     def provision_request(self, request_id: str) -> None:
         self._batch("provision_request", [request_id])
 
-    def provision_probe(self) -> LaneProbe:
-        """The lane check of :meth:`provision_request` without its work-set add, for a
-        caller whose own script adds the request (create_request.lua's KEYS[7]: the API
-        pipelines the two, one round trip per POST); its reply goes to
-        :meth:`queue_lanes`."""
+    def provision_after_create(self, pipeline: ScriptPipeline) -> LaneFollowUp:
+        """Add to ``pipeline`` what starts the provisioning of the request it creates.
+
+        The create (create_request.lua given the provision work set, KEYS[7]) adds the
+        request to the work set in its own unit; this adds the lane check after it (one
+        round trip per POST). The follow-up reads the check's reply and queues the
+        lanes it found free.
+        """
+        probe = self._provision_probe()
+        return LaneFollowUp(self.conn, self.keys, probe, pipeline.add(probe.call))
+
+    def _provision_probe(self) -> LaneProbe:
+        """The lane check of :meth:`provision_request` without its work-set add."""
         batch_job = _BATCH_OF["provision_request"]
         lanes = lanes_for(self.config, batch_job)
         probe = self._probes.get((batch_job, lanes))
         if probe is not None:
             return probe
         run_ids = self._run_ids.get((batch_job, lanes))
-        if run_ids is None:  # the same ids every POST: made once (issue 15, profiled)
+        if run_ids is None:  # the same ids every POST: made once
             run_ids = [job_id(self.keys, batch_job, run=run) for run in range(2 * lanes)]
             self._run_ids[(batch_job, lanes)] = run_ids
         probe = probe_lanes(self.conn, self.keys, batch_job, lanes=lanes, run_ids=run_ids)
         if lanes <= PROBE:  # the window is every lane, from lane 0: the same call each time
             self._probes[(batch_job, lanes)] = probe
         return probe
-
-    def queue_lanes(self, probe: LaneProbe, found: Any) -> int:
-        return queue_free_lanes(self.conn, self.keys, probe, found)
 
     def create_vm(self, name: str) -> None:
         self._batch("create_vm", [name])

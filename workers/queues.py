@@ -109,8 +109,10 @@ ENQUEUE_CHUNK: Final = 500
 
 
 def resolve_queue_names(keys: Keys, names: str | None) -> list[str]:
-    """``--queues`` text (comma-separated short or full names: ``vms`` or
-    ``<prefix>-vms``) as the fleet's RQ queue names, in listening order."""
+    """``--queues`` text as the fleet's RQ queue names, in listening order.
+
+    The text: comma-separated short or full names (``vms`` or ``<prefix>-vms``).
+    """
     if not names or not names.strip():
         return queue_names(keys)
     out: list[str] = []
@@ -234,9 +236,11 @@ def enqueue_many(
 def valid_items(
     conn: redis.Redis, keys: Keys, spec: JobSpec, subjects: Sequence[str]
 ) -> list[tuple[str, str]]:
-    """(job id, subject) of each valid subject, first occurrence first. Each invalid
-    one is skipped and counted; each distinct one is logged once, shown bounded and
-    escaped (the input may be anything a client or an old record held)."""
+    """(job id, subject) of each valid subject, first occurrence first.
+
+    Each invalid one is skipped and counted; each distinct one is logged once, shown
+    bounded and escaped (the input may be anything a client or an old record held).
+    """
     assert spec.subject is not None
     items: dict[tuple[str, str], None] = {}
     logged: set[str] = set()

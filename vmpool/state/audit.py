@@ -210,7 +210,7 @@ def _trails(store: Store, keys: Sequence[str]) -> list[list[AuditEntry]]:
     out = []
     for key, raw in zip(keys, pipe.execute(raise_on_error=False), strict=True):
         if isinstance(raw, redis.ResponseError):
-            out.append(store._trail(key))  # WRONGTYPE: the stream form
+            out.append(reads.trail(store.redis, key))  # WRONGTYPE: the stream form
         else:
             out.append(decode_trail(raw or []))
     return out

@@ -15,7 +15,7 @@ Layout (``P`` is the prefix)::
     P:requests:provision         zset   requests with unreserved slots, score = created
     P:vm:NAME                    hash   a VM record: state, pool, alias, request, ...
     P:vm:NAME:fence              string fencing counter of the VM's lock grants
-    P:vm:NAME:audit              stream a warm-pool VM's own trail (while no request holds it)
+    P:vm:NAME:audit              list   a warm-pool VM's own trail (while no request holds it)
     P:addresses                  hash   a ready VM's cloud address -> its name (/vm/<address>)
     P:pool:POOL:STATE            zset   VMs of a pool in a state; score depends on state
                                         (ready: the warm pool, score = ready time)
@@ -146,6 +146,27 @@ class Keys:
     def provision_queue(self) -> str:
         return f"{self.prefix}:requests:provision"
 
+    def request_script_keys(self, request_id: str) -> list[str]:
+        """KEYS 1-6 of a request's store script (scripts/_prelude.lua)."""
+        return [
+            self.request(request_id),
+            self.request_vms(request_id),
+            self.request_audit(request_id),
+            self.request_fence(request_id),
+            self.open_requests,
+            self.provision_queue,
+        ]
+
+    def vm_script_keys(self, name: str, request_id: str) -> list[str]:
+        """KEYS 1-8 of a one-VM store script (its request's six, the VM's hash and fence).
+
+        A warm-pool VM (``request_id`` '') takes the pool layout of scripts/_pool.lua."""
+        vm, fence = self.vm(name), self.vm_fence(name)
+        if request_id:
+            return [*self.request_script_keys(request_id), vm, fence]
+        indexes = [self.open_requests, self.provision_queue]
+        return [vm, fence, self.vm_audit(name), fence, *indexes, vm, fence]
+
     # -- VMs ------------------------------------------------------------------------
     def vm(self, name: str) -> str:
         return f"{self.prefix}:vm:{validate_vm_name(name)}"
@@ -154,8 +175,7 @@ class Keys:
         return self.vm(name) + ":fence"
 
     def vm_audit(self, name: str) -> str:
-        """A warm-pool VM's own trail (vmpool/state/pool_store.py); the scripts reach
-        it as the VM hash's key plus ``:audit``."""
+        """List: a warm-pool VM's own trail (the scripts append ``:audit`` to its hash's key)."""
         return self.vm(name) + ":audit"
 
     def vm_prefix(self) -> str:
@@ -164,8 +184,7 @@ class Keys:
 
     @property
     def addresses(self) -> str:
-        """Hash: the cloud address of each VM that turned ready -> the VM's name, so the
-        API finds a VM by the address it handed out (vm_ready.lua, vm_destroyed.lua)."""
+        """Hash: a ready VM's cloud address -> its name (the API finds a VM by address)."""
         return f"{self.prefix}:addresses"
 
     def vm_pattern(self) -> str:
@@ -230,30 +249,27 @@ class Keys:
         return f"{self.prefix}:provider-circuit:{validate_pool_name(provider)}"
 
     def provider_launching(self, provider: str) -> str:
-        """Zset: the creates at one provider running now, 'pool|name' -> when the claim
-        lapses (vmpool/state/capacity.py: max_instances, max_cores)."""
+        """Zset: a provider's creates now, 'pool|name' -> when the claim lapses (capacity.py)."""
         return f"{self.prefix}:provider-launching:{validate_pool_name(provider)}"
 
     def work_set(self, job: str) -> str:
-        """Zset: the subjects of per-subject ``job`` waiting for a batch job or claimed by
-        one (vmpool.state.workset), score = their arrival (server time). Its parts are
-        this key plus a suffix of :data:`WORK_PARTS` (the work-set scripts get the
-        suffixes rendered in)."""
+        """Zset: the subjects of per-subject ``job`` waiting for a batch job or claimed.
+
+        Score: their arrival (server time); vmpool.state.workset. Its parts are this key
+        plus a suffix of :data:`WORK_PARTS` (rendered into the work-set scripts).
+        """
         return f"{self.prefix}:work:{job}"
 
     def work_part(self, job: str, part: str) -> str:
-        """One part of ``job``'s work set (:data:`WORK_PARTS`); for ``queue``, the
-        owner's name follows (:meth:`work_queue`)."""
+        """One part of ``job``'s work set (:data:`WORK_PARTS`; ``queue``: :meth:`work_queue`)."""
         return self.work_set(job) + WORK_PARTS[part]
 
     def work_queue(self, job: str, owner: str) -> str:
-        """Zset: the subjects of ``owner`` ('' for subjects of no user) waiting in
-        ``job``'s work set, score = arrival."""
+        """Zset: ``owner``'s subjects ('' for no user) waiting in ``job``'s work set, by arrival."""
         return self.work_part(job, "queue") + owner
 
     def request_key_parts(self) -> tuple[str, str]:
-        """What comes before and after a request id in its hash's key (a script that
-        reads requests by id builds the key from these)."""
+        """What comes before and after a request id in its hash's key (for the scripts)."""
         head, _, tail = self.request("x").rpartition("x")
         return head, tail
 
@@ -268,8 +284,7 @@ class Keys:
 
     @property
     def clone_slot_stats(self) -> str:
-        """Hash: the clone semaphore's record: ``peak`` (most leases live at once),
-        ``overruns`` (creates that went on without a slot)."""
+        """Hash: the clone semaphore's ``peak`` (leases at once) and ``overruns`` (no slot)."""
         return f"{self.prefix}:clone-slots:stats"
 
     def metrics(self, name: str) -> str:
@@ -295,16 +310,14 @@ class Keys:
 
     # -- runtime pool overrides, resets and daily summaries (vmpool/state/overrides.py) --
     def pool_override(self, setting: str) -> str:
-        """Hash: pool -> the value of ``setting`` set at runtime (vmpooler's
-        ``vmpooler__config__<setting>``)."""
+        """Hash: pool -> ``setting`` set at runtime (vmpooler's ``vmpooler__config__<setting>``)."""
         if setting not in ("poolsize", "template", "clone_target"):
             raise ValueError(f"no runtime override of {setting!r}")
         return f"{self.prefix}:config:{setting}"
 
     @property
     def pool_resets(self) -> str:
-        """Hash: pool -> server time of its last reset; a warm VM reserved before it
-        never joins the ready set (pool_vm_ready.lua)."""
+        """Hash: pool -> server time of its last reset (pool_vm_ready.lua checks it)."""
         return f"{self.prefix}:pool-resets"
 
     def summary_prefix(self) -> str:
@@ -359,14 +372,12 @@ class Keys:
     # -- the fleet's published config (vmpool/config/published.py) --------------------
     @property
     def fleet_config(self) -> str:
-        """Hash: the config the running fleet's processes run with, in its public form
-        (no secret): what a CLI command given only the Redis URL works with."""
+        """Hash: the running fleet's config in its public form (no secret), for the CLI."""
         return f"{self.prefix}:fleet:config"
 
     @staticmethod
     def fleets_index() -> str:
-        """Hash: key prefix -> server time its fleet last published its config. The one
-        key outside every prefix (RQ has such keys too: ``rq:queues``, ``rq:workers``)."""
+        """Hash: key prefix -> when its fleet last published its config (outside any prefix)."""
         return f"{DEFAULT_PREFIX}:fleets"
 
     @property

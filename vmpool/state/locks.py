@@ -92,8 +92,10 @@ RENEWER_LINGER_S = 30.0
 
 
 class Renewable(Protocol):
-    """What a :class:`LockRenewer` keeps alive: a lock, or another lease of the process
-    (a batch job's claim, vmpool.lifecycle.claims)."""
+    """What a :class:`LockRenewer` keeps alive: a lock, or another lease of the process.
+
+    A batch job's claim is one (vmpool.lifecycle.claims).
+    """
 
     key: str
 
@@ -107,11 +109,14 @@ class Renewable(Protocol):
 
 
 class LockRenewer:
-    """One daemon thread extending every lock it is given, each every third of its
-    expiry, until the lock is released or found lost. Started on first use; it idles
-    (waiting on a condition, no Redis traffic) while no lock is held, and ends after
-    :data:`RENEWER_LINGER_S` without any (a process holding locks now and then keeps
-    one thread, not one per lock). It keeps any :class:`Renewable` the same way."""
+    """One daemon thread extending every lock it is given, each every third of its expiry.
+
+    A lock is extended until it is released or found lost. The thread starts on first
+    use; it idles (waiting on a condition, no Redis traffic) while no lock is held, and
+    ends after :data:`RENEWER_LINGER_S` without any (a process holding locks now and
+    then keeps one thread, not one per lock). It keeps any :class:`Renewable` the same
+    way.
+    """
 
     def __init__(self) -> None:
         self._cv = threading.Condition()
@@ -255,8 +260,10 @@ class FencedLock:
         return True
 
     def release(self) -> None:
-        """Release the lock. A lock already lost is logged, not raised: the work done
-        under it was fenced, and the new holder's lock must not be touched."""
+        """Release the lock; a lock already lost is logged, not raised.
+
+        The work done under it was fenced, and the new holder's lock must not be touched.
+        """
         if not self._let_go():
             return
         if not int(self._release(keys=[self.key], args=[self.id])):
@@ -278,8 +285,7 @@ class FencedLock:
         return self.expire_s / 3
 
     def _renew(self) -> bool:
-        """One token-checked extend (the renewer's); False, and marked lost, if the
-        lock is no longer ours."""
+        """One token-checked extend (the renewer's); False, and marked lost, if not ours."""
         if not self._held:
             return False
         if int(self._extend(keys=[self.key], args=[self.expire_s * 1000, self.id])):
@@ -289,8 +295,7 @@ class FencedLock:
         return False
 
     def _owned(self) -> bool:
-        """One token-checked read (nothing written: the renewer keeps the expiry); False,
-        and marked lost, if the lock is no longer ours."""
+        """One token-checked read (writes nothing); False, and marked lost, if not ours."""
         if int(self._check(keys=[self.key], args=[self.id])):
             return True
         self._lost = True
@@ -347,11 +352,14 @@ def _grant_args(lock: FencedLock) -> list[str | int]:
 
 
 def acquire_all(locks: Sequence[FencedLock]) -> list[FencedLock]:
-    """Try to grant every lock of ``locks`` (not yet held, made alike: one client, one
-    expiry, one orphan TTL, one ``read_record``) in one script; each is granted or
-    refused on its own (a refused one is busy, as :meth:`FencedLock.acquire` without
-    blocking). Returns the granted ones, each with its :attr:`~FencedLock.fence` (and
-    :attr:`~FencedLock.record`), each renewed as usual until released."""
+    """Try to grant every lock of ``locks`` in one script; returns the granted ones.
+
+    The locks are not yet held and made alike (one client, one expiry, one orphan TTL,
+    one ``read_record``). Each is granted or refused on its own (a refused one is busy,
+    as :meth:`FencedLock.acquire` without blocking). Each granted one has its
+    :attr:`~FencedLock.fence` (and :attr:`~FencedLock.record`) and is renewed as usual
+    until released.
+    """
     if not locks:
         return []
     first = locks[0]
@@ -363,9 +371,11 @@ def acquire_all(locks: Sequence[FencedLock]) -> list[FencedLock]:
 
 
 def release_all(locks: Sequence[FencedLock]) -> None:
-    """Release every held lock of ``locks`` (one client) in one script, each checked on
-    its own: only a lock still ours is deleted. Locks found expired are logged, as
-    :meth:`FencedLock.release` does."""
+    """Release every held lock of ``locks`` (one client) in one script.
+
+    Each is checked on its own: only a lock still ours is deleted. Locks found expired
+    are logged, as :meth:`FencedLock.release` does.
+    """
     held = [lk for lk in locks if lk._let_go()]
     if not held:
         return

@@ -7,7 +7,7 @@ arguments, return values and the invariant it protects. Modules read them throug
 :func:`read_script` only, so there is one way a script reaches Redis: the text of the
 file (plus, for the store, the rendered transition table), registered with redis-py's
 ``register_script`` (EVALSHA, loading on NOSCRIPT). :func:`run_pipelined_async` runs several
-registered scripts in one round trip.
+registered scripts in one round trip (a :class:`ScriptPipeline` gathers them).
 """
 
 from __future__ import annotations
@@ -25,13 +25,16 @@ from redis.exceptions import NoScriptError
 
 from vmpool.state.durability import ConfirmingAsyncRedis, Durability
 
-__all__ = ["ScriptCall", "read_script", "run_pipelined_async"]
+__all__ = ["ScriptCall", "ScriptPipeline", "read_script", "run_pipelined_async"]
 
 
 @cache
 def read_script(package: str, name: str) -> str:
-    """The text of ``name`` (``foo.lua``) shipped in ``package`` (a dotted package name,
-    e.g. ``"vmpool.state.scripts"``). Cached: a script file never changes at run time."""
+    """The text of ``name`` (``foo.lua``) shipped in ``package``.
+
+    ``package``: a dotted package name, e.g. ``"vmpool.state.scripts"``. Cached: a
+    script file never changes at run time.
+    """
     if not name.endswith(".lua"):
         raise ValueError(f"not a Lua script file name: {name!r}")
     return resources.files(package).joinpath(name).read_text(encoding="utf-8")
@@ -49,9 +52,30 @@ class ScriptCall:
         return self.script(keys=self.keys, args=self.args, client=client)
 
 
+class ScriptPipeline:
+    """Script calls gathered to run in one round trip, each still its own atomic unit.
+
+    A store method given ``pipeline=`` adds its call here instead of running it; the
+    caller runs them all with :meth:`execute_async` (replies in the order added).
+    """
+
+    def __init__(self) -> None:
+        self.calls: list[ScriptCall] = []
+
+    def add(self, call: ScriptCall) -> int:
+        """Add ``call``; its index in the replies."""
+        self.calls.append(call)
+        return len(self.calls) - 1
+
+    async def execute_async(self, client: aredis.Redis) -> list[Any]:
+        """The replies of the calls (:func:`run_pipelined_async`: errors in place)."""
+        return await run_pipelined_async(client, self.calls)
+
+
 async def run_pipelined_async(client: aredis.Redis, calls: Sequence[ScriptCall]) -> list[Any]:
-    """The replies of ``calls`` run in order in one round trip on an asyncio client: a
-    pipeline of EVALSHA, with no SCRIPT EXISTS round trip first (redis-py's pipeline
+    """The replies of ``calls`` run in order in one round trip on an asyncio client.
+
+    A pipeline of EVALSHA, with no SCRIPT EXISTS round trip first (redis-py's pipeline
     sends one whenever it holds a script). Each call is still its own atomic script;
     the pipeline adds no atomicity across them. A call the server answered NOSCRIPT did
     not run: its script is loaded and it runs again, alone (so after the calls that
@@ -59,7 +83,8 @@ async def run_pipelined_async(client: aredis.Redis, calls: Sequence[ScriptCall])
     otherwise has its exception in its place, not raised, so that one call's error does
     not hide another's outcome. On a client of the connection factory the calls'
     durability is confirmed in the same round trip (:mod:`vmpool.state.durability`):
-    WriteNotConfirmed is raised when it is not."""
+    WriteNotConfirmed is raised when it is not.
+    """
     durability = client.durability if isinstance(client, ConfirmingAsyncRedis) else None
     replies = await _pipelined(client, calls, durability)
     out = []
@@ -77,8 +102,10 @@ async def run_pipelined_async(client: aredis.Redis, calls: Sequence[ScriptCall])
 async def _pipelined(
     client: aredis.Redis, calls: Sequence[ScriptCall], durability: Durability | None
 ) -> list[Any]:
-    """One round trip: the calls, then (on one connection) the waits of ``durability``,
-    checked; the calls' replies, errors in place."""
+    """The calls' replies (errors in place), in one round trip.
+
+    The calls, then (on one connection) the waits of ``durability``, checked.
+    """
     pipe = client.pipeline(transaction=False)
     for call in calls:
         pipe.evalsha(call.script.sha, len(call.keys), *call.keys, *call.args)

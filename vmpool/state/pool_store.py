@@ -1,16 +1,18 @@
 """Warm pools in the state store: ready VMs nobody holds, checkouts, claims, give-backs.
 
-:class:`PoolStore` is a mixin of :class:`vmpool.state.store.Store` (the one writer of
-request and VM state). Each method runs one script from ``vmpool/state/scripts/`` (the
-``pool_*``, ``checkout``, ``claim_for_request``, ``give_back``, ``extend_vm`` and
-``tag_vm`` files; their headers give keys, arguments, returns and invariants).
+:class:`PoolStore` is the warm-pool part of :class:`vmpool.state.store.Store` (the one
+writer of request and VM state); it runs its scripts through the store's one registry
+(:class:`~vmpool.state.store_scripts.StoreScripts`). Each method runs one script from
+``vmpool/state/scripts/`` (the ``pool_*``, ``checkout``, ``claim_for_request``,
+``give_back``, ``extend_vm`` and ``tag_vm`` files; their headers give keys, arguments,
+returns and invariants).
 
 A warm-pool VM's record has ``request_id`` ''. Until a request claims it, its
 transitions are versioned in its own hash and audited to its own trail
 (``Keys.vm_audit``); the store's VM transitions (``vm_created``, ``vm_ready``,
 ``vm_failed``, ``end_vm_lifetime``, ``vm_destroyed``) run the pool variant of their
-script for such a VM (:data:`POOL_VARIANTS`), so the lifecycle's create, check, reap and
-destroy jobs serve both kinds of VM unchanged.
+script for such a VM (:data:`~vmpool.state.store_scripts.POOL_VARIANTS`), so the
+lifecycle's create, check, reap and destroy jobs serve both kinds of VM unchanged.
 """
 
 from __future__ import annotations
@@ -20,7 +22,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import redis
-from redis.commands.core import Script
 
 from vmpool.ids import (
     InvalidIdentifier,
@@ -28,42 +29,21 @@ from vmpool.ids import (
     validate_request_id,
     validate_vm_name,
 )
-from vmpool.state.counters import lua_metrics
+from vmpool.state import reads
 from vmpool.state.keys import INDEXED_VM_STATES, Keys
-from vmpool.state.lua import read_script
 from vmpool.state.records import AuditEntry, Outcome, VMRecord, decode_hash, text
-from vmpool.state.transitions import lua_tables
+from vmpool.state.store_scripts import StoreScripts
 
-__all__ = ["POOL_SCRIPT_NAMES", "POOL_VARIANTS", "Checkout", "Claim", "PoolStore"]
-
-_PACKAGE = "vmpool.state.scripts"
-
-# The store's VM transition -> its script for a warm-pool VM (no request).
-POOL_VARIANTS: Mapping[str, str] = {
-    "vm_created": "pool_vm_created",
-    "vm_ready": "pool_vm_ready",
-    "vm_failed": "pool_vm_failed",
-    "end_vm_lifetime": "pool_end_lifetime",
-    "vm_destroyed": "pool_vm_destroyed",
-}
-POOL_SCRIPT_NAMES = (
-    *POOL_VARIANTS.values(),
-    "pool_reserve",
-    "pool_recycle",
-    "checkout",
-    "claim_for_request",
-    "give_back",
-    "extend_vm",
-    "tag_vm",
-    "pool_reset",
-    "vm_waiting",
-)
+__all__ = ["Checkout", "Claim", "PoolStore"]
 
 
 @dataclass(frozen=True)
 class Checkout:
-    """What a checkout did: ``vms`` (name, pool) handed out, or ``short`` naming the
-    pool that had too few ready VMs (then nothing was handed out)."""
+    """What a checkout did.
+
+    ``vms`` (name, pool) handed out, or ``short`` naming the pool that had too few ready
+    VMs (then nothing was handed out).
+    """
 
     ok: bool
     code: str
@@ -82,69 +62,40 @@ class Claim:
 
 
 class PoolStore:
-    """The warm-pool half of the store (mixed into :class:`~vmpool.state.store.Store`)."""
+    """The warm-pool part of the store (a base of :class:`~vmpool.state.store.Store`)."""
 
-    redis: redis.Redis
-    keys: Keys
+    def __init__(
+        self, redis_client: redis.Redis, keys: Keys, scripts: StoreScripts | None = None
+    ) -> None:
+        self.redis = redis_client
+        self.keys = keys
+        self.scripts = scripts or StoreScripts(redis_client, keys)
 
     # -- plumbing -------------------------------------------------------------------
-    def _pool_script(self, name: str) -> Script:
-        scripts: dict[str, Script] = self.__dict__.setdefault("_pool_scripts", {})
-        if name not in scripts:
-            prelude = (
-                lua_tables()
-                + lua_metrics(self.keys)
-                + read_script(_PACKAGE, "_prelude.lua")
-                + read_script(_PACKAGE, "_pool.lua")
-            )
-            scripts[name] = self.redis.register_script(
-                prelude + read_script(_PACKAGE, f"{name}.lua")
-            )
-        return scripts[name]
+    def _request_of(self, name: str, request_id: str | None = None) -> str | None:
+        """The VM's request id ('' for a warm-pool VM), None when there is no VM.
 
-    def _layout(self, name: str, request_id: str) -> list[str]:
-        """KEYS of a one-VM script: the request layout for a VM a request holds, the
-        pool layout (scripts/_pool.lua) for a warm-pool VM."""
-        k = self.keys
-        vm, fence = k.vm(name), k.vm_fence(name)
-        if request_id:
-            return [
-                k.request(request_id),
-                k.request_vms(request_id),
-                k.request_audit(request_id),
-                k.request_fence(request_id),
-                k.open_requests,
-                k.provision_queue,
-                vm,
-                fence,
-            ]
-        return [vm, fence, k.vm_audit(name), fence, k.open_requests, k.provision_queue, vm, fence]
-
-    def _argv(self, actor: str, request_id: str, args: Sequence[Any]) -> list[Any]:
-        return [self.keys.pool_state_prefix(), self.keys.vm_prefix(), actor, request_id, *args]
+        ``request_id``: the caller's, from a record read under the VM's lock (no read
+        then). A VM's request id changes once, '' -> a request, while it is ready, and
+        never after: the script's own check settles a read made just before it.
+        """
+        if request_id is not None:
+            return request_id
+        raw = self.redis.hget(self.keys.vm(validate_vm_name(name)), "request_id")
+        return None if raw is None else text(raw)
 
     def _run_one(
         self, script: str, name: str, request_id: str, actor: str, args: Sequence[Any]
     ) -> Any:
-        return self._pool_script(script)(
-            keys=self._layout(name, request_id), args=self._argv(actor, request_id, args)
-        )
-
-    def _run_pool_vm(self, script: str, name: str, actor: str, args: Sequence[Any]) -> Outcome:
-        """A store VM transition of a warm-pool VM: its pool variant."""
-        return Outcome.from_reply(self._run_one(POOL_VARIANTS[script], name, "", actor, args))
+        keys = self.keys.vm_script_keys(name, request_id)
+        return self.scripts.run(script, keys, actor, request_id, args)
 
     def _run_held(self, script: str, name: str, actor: str, args: Sequence[Any]) -> Outcome:
         """A script acting on a held VM, in the layout its holder calls for."""
-        raw = self.redis.hget(self.keys.vm(validate_vm_name(name)), "request_id")
-        if raw is None:
+        request_id = self._request_of(name)
+        if request_id is None:
             return Outcome(False, "no_vm")
-        # request_id changes once, '' -> a request, while the VM is ready; a held VM's
-        # never changes, so the script's own check settles a read made just before.
-        return Outcome.from_reply(self._run_one(script, name, text(raw), actor, args))
-
-    def _trail(self, key: str) -> list[AuditEntry]:  # Store reads trails
-        raise NotImplementedError
+        return Outcome.from_reply(self._run_one(script, name, request_id, actor, args))
 
     # -- a request's or a warm VM's, in the layout its record calls for ----------------
     def vm_waiting(
@@ -156,14 +107,14 @@ class PoolStore:
         fence: int | None = None,
         request_id: str | None = None,
     ) -> Outcome:
-        """A reserved VM waits for capacity (no transition): ``reason`` goes to its
-        ``error`` and to its request's ``last_error``, which the request's failure by
-        TTL reports. ``request_id``: as for :meth:`vm_created`."""
+        """A reserved VM waits for capacity (no transition).
+
+        ``reason`` goes to its ``error`` and to its request's ``last_error``, which the
+        request's failure by TTL reports. ``request_id``: as for :meth:`vm_created`.
+        """
+        request_id = self._request_of(name, request_id)
         if request_id is None:
-            raw = self.redis.hget(self.keys.vm(validate_vm_name(name)), "request_id")
-            if raw is None:
-                return Outcome(False, "no_vm")
-            request_id = text(raw)
+            return Outcome(False, "no_vm")
         args = [name, "" if fence is None else str(int(fence)), reason[:1000]]
         return Outcome.from_reply(self._run_one("vm_waiting", name, request_id, actor, args))
 
@@ -208,10 +159,8 @@ class PoolStore:
         actor: str,
     ) -> Checkout:
         wanted = ",".join(f"{validate_pool_name(p)}:{int(n)}" for p, n in counts.items() if n > 0)
-        reply = self._pool_script("checkout")(
-            keys=[],
-            args=self._argv(actor, "", [owner, owner_hash, repr(float(lifetime_s)), wanted]),
-        )
+        args = [owner, owner_hash, repr(float(lifetime_s)), wanted]
+        reply = self.scripts.run("checkout", [], actor, "", args)
         if int(reply[0]) != 1:
             return Checkout(False, text(reply[1]), short=text(reply[2]) if len(reply) > 2 else "")
         items = [text(x) for x in reply[3:]]
@@ -222,18 +171,8 @@ class PoolStore:
         lending = ",".join(validate_pool_name(p) for p in pools)
         if not lending:
             return Claim(False, "no_pools")
-        k = self.keys
-        keys = [
-            k.request(request_id),
-            k.request_vms(request_id),
-            k.request_audit(request_id),
-            k.request_fence(request_id),
-            k.open_requests,
-            k.provision_queue,
-        ]
-        reply = self._pool_script("claim_for_request")(
-            keys=keys, args=self._argv(actor, request_id, [lending])
-        )
+        keys = self.keys.request_script_keys(request_id)
+        reply = self.scripts.run("claim_for_request", keys, actor, request_id, [lending])
         if int(reply[0]) != 1:
             return Claim(False, text(reply[1]))
         return Claim(True, text(reply[1]), int(reply[2]), tuple(text(n) for n in reply[3:]))
@@ -251,23 +190,25 @@ class PoolStore:
         return self._run_held("tag_vm", name, actor, [name, user, *flat])
 
     def reset_pool(self, pool: str, *, actor: str) -> list[str]:
-        """Send the pool's ready VMs to destruction and record the reset, so that no VM
-        reserved before it becomes ready (pool_reset.lua); returns the VMs recycled.
-        Held VMs are never touched."""
-        reply = self._pool_script("pool_reset")(
-            keys=[], args=self._argv(actor, "", [validate_pool_name(pool)])
-        )
+        """Send the pool's ready VMs to destruction; returns the VMs recycled.
+
+        The reset is recorded so that no VM reserved before it becomes ready
+        (pool_reset.lua). Held VMs are never touched.
+        """
+        reply = self.scripts.run("pool_reset", [], actor, "", [validate_pool_name(pool)])
         return [text(n) for n in reply[3:]]
 
     # -- reads --------------------------------------------------------------------------
     def vm_history(self, name: str) -> list[AuditEntry]:
         """A warm-pool VM's own trail (up to its claim by a request, if any)."""
-        return self._trail(self.keys.vm_audit(validate_vm_name(name)))
+        return reads.trail(self.redis, self.keys.vm_audit(validate_vm_name(name)))
 
     def warm_counts(self, pools: Iterable[str]) -> dict[str, dict[str, int]]:
-        """Per pool: ``ready`` VMs, and ``warming``: the pool's own reserved and booting
-        VMs (a request's are not counted). What the top-up job's deficit is made of;
-        pool_reserve.lua counts the same inside its unit."""
+        """Per pool: ``ready`` VMs, and ``warming`` (its own reserved and booting ones).
+
+        A request's VMs are not counted. What the top-up job's deficit is made of;
+        pool_reserve.lua counts the same inside its unit.
+        """
         pools = list(pools)
         pipe = self.redis.pipeline(transaction=False)
         for pool in pools:
@@ -292,10 +233,12 @@ class PoolStore:
         return out
 
     def indexed_pools(self) -> set[str]:
-        """The pools whose VM indexes exist in Redis (any state), configured or not: one
-        SCAN of the keyspace, so only the rare passes use it (the reap pass, `vmpool
+        """The pools whose VM indexes exist in Redis (any state), configured or not.
+
+        One SCAN of the keyspace, so only the rare passes use it (the reap pass, `vmpool
         pools`, the audit). A key of another fleet whose prefix starts like ours and
-        goes on with ':pool:' is not a pool name and is skipped."""
+        goes on with ':pool:' is not a pool name and is skipped.
+        """
         prefix = self.keys.pool_state_prefix()
         found: set[str] = set()
         for raw in self.redis.scan_iter(match=self.keys.pool_state_pattern(), count=1000):

@@ -1,6 +1,8 @@
-"""The store's reads as pipeline steps: queue the commands of a read on any pipeline
-(sync or asyncio, so the API can await them on its loop), then build the records from
-the replies. A read of several keys is one pipeline, not a round trip per key (issue 15).
+"""The store's reads as pipeline steps, and the trail read.
+
+A read queues its commands on any pipeline (sync or asyncio, so the API can await them
+on its loop), then builds the records from the replies. A read of several keys is one
+pipeline, not a round trip per key.
 
 :class:`~vmpool.state.store.Store` runs them on its own client; the API's hot GET paths
 run them on a redis.asyncio pipeline.
@@ -11,8 +13,18 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+import redis
+
 from vmpool.state.keys import Keys
-from vmpool.state.records import RequestRecord, VMRecord, decode_hash, text
+from vmpool.state.records import (
+    AuditEntry,
+    RequestRecord,
+    VMRecord,
+    decode_hash,
+    decode_stream_trail,
+    decode_trail,
+    text,
+)
 
 __all__ = [
     "hostnames_by_alias",
@@ -20,13 +32,16 @@ __all__ = [
     "queue_vms",
     "request_from",
     "time_from",
+    "trail",
     "vms_from",
 ]
 
 
 def queue_request(pipe: Any, keys: Keys, request_id: str) -> None:
-    """A request's hash and VM set (two replies: :func:`request_from`). Run in a
-    MULTI/EXEC pipeline, the two are one snapshot."""
+    """Queue a request's hash and VM set (two replies: :func:`request_from`).
+
+    Run in a MULTI/EXEC pipeline, the two are one snapshot.
+    """
     pipe.hgetall(keys.request(request_id))
     pipe.smembers(keys.request_vms(request_id))
 
@@ -62,3 +77,17 @@ def hostnames_by_alias(vms: Iterable[VMRecord]) -> dict[str, list[str]]:
         if vm.state == "running" or vm.given_back:
             by_alias.setdefault(vm.alias, []).append(vm.hostname)
     return {alias: sorted(names) for alias, names in by_alias.items()}
+
+
+def trail(client: redis.Redis, key: str) -> list[AuditEntry]:
+    """A trail, oldest first (a request's or a warm-pool VM's).
+
+    A list of packed entries, or the stream an older release wrote
+    (``records.decode_trail`` / ``decode_stream_trail``).
+    """
+    try:
+        return decode_trail(client.lrange(key, 0, -1) or [])
+    except redis.ResponseError as exc:
+        if "WRONGTYPE" not in str(exc):
+            raise
+    return decode_stream_trail(client.xrange(key) or [])

@@ -13,16 +13,14 @@ Nothing else in vmpool writes a status: not the API, not a job, not the CLI.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, overload
 
 import redis
-from redis.commands.core import Script
 
 from vmpool.ids import validate_request_id, validate_vm_name
 from vmpool.state import reads
-from vmpool.state.counters import lua_metrics
 from vmpool.state.keys import Keys
-from vmpool.state.lua import ScriptCall, read_script
+from vmpool.state.lua import ScriptPipeline
 from vmpool.state.records import (
     AuditEntry,
     Outcome,
@@ -31,35 +29,21 @@ from vmpool.state.records import (
     Slot,
     VMRecord,
     decode_hash,
-    decode_stream_trail,
-    decode_trail,
     encode_slots,
     text,
 )
-from vmpool.state.transitions import lua_tables
+from vmpool.state.store_scripts import POOL_VARIANTS, StoreScripts
 from vmpool.state.vm_tasks import VMTaskStore
-from vmpool.state.workset import lua_workset
 
-__all__ = ["SCRIPT_NAMES", "Store"]
-
-SCRIPTS_PACKAGE = "vmpool.state.scripts"
-SCRIPT_NAMES = (
-    "create_request",
-    "reserve_vm",
-    "vm_created",
-    "vm_ready",
-    "vm_failed",
-    "expire_request",
-    "delete_request",
-    "end_vm_lifetime",
-    "vm_destroyed",
-)
+__all__ = ["Store"]
 
 
 class Store(VMTaskStore):
     """The request/VM state in Redis, changed only through checked atomic scripts.
+
     Warm pools (ready VMs, checkouts, claims): :class:`~vmpool.state.pool_store.PoolStore`;
-    snapshots and disks: :class:`~vmpool.state.vm_tasks.VMTaskStore`.
+    snapshots and disks: :class:`~vmpool.state.vm_tasks.VMTaskStore`. Every part runs
+    its scripts through one registry (:class:`~vmpool.state.store_scripts.StoreScripts`).
 
     ``redis`` may or may not decode responses; ``keys`` fixes the prefix. The store
     keeps no state of its own beyond the registered scripts, so one per process (or per
@@ -67,30 +51,9 @@ class Store(VMTaskStore):
     """
 
     def __init__(self, redis_client: redis.Redis, keys: Keys) -> None:
-        self.redis = redis_client
-        self.keys = keys
-        # The fleet's metric keys are rendered in (per prefix), as the table is: the
-        # scripts count in the same unit as the transition they count.
-        prelude = lua_tables() + lua_metrics(keys) + _read_lua("_prelude")
-        # create_request adds the request to the provision work set in its unit.
-        heads = {"create_request": lua_workset()}
-        self._scripts: dict[str, Script] = {
-            name: redis_client.register_script(prelude + heads.get(name, "") + _read_lua(name))
-            for name in SCRIPT_NAMES
-        }
+        super().__init__(redis_client, keys, StoreScripts(redis_client, keys))
 
     # -- plumbing -------------------------------------------------------------------
-    def _request_keys(self, request_id: str) -> list[str]:
-        k = self.keys
-        return [
-            k.request(request_id),
-            k.request_vms(request_id),
-            k.request_audit(request_id),
-            k.request_fence(request_id),
-            k.open_requests,
-            k.provision_queue,
-        ]
-
     def _run(
         self,
         script: str,
@@ -99,12 +62,11 @@ class Store(VMTaskStore):
         args: Sequence[Any] = (),
         vm_name: str | None = None,
     ) -> Outcome:
-        keys = self._request_keys(request_id)
-        if vm_name is not None:
-            keys += [self.keys.vm(vm_name), self.keys.vm_fence(vm_name)]
-        argv = self._argv(actor, request_id, args)
-        reply = self._scripts[script](keys=keys, args=argv)
-        return Outcome.from_reply(reply)
+        if vm_name is None:
+            keys = self.keys.request_script_keys(request_id)
+        else:
+            keys = self.keys.vm_script_keys(vm_name, request_id)
+        return Outcome.from_reply(self.scripts.run(script, keys, actor, request_id, args))
 
     def _run_vm(
         self,
@@ -115,17 +77,15 @@ class Store(VMTaskStore):
         *,
         request_id: str | None = None,
     ) -> Outcome:
-        # A VM's request id is written once, at reservation, and never changes: reading
-        # it before the script (or taking it from a record the caller read) is not a
-        # check-then-act gap (the script re-checks it).
+        # Reading the VM's request id before the script (or taking it from a record the
+        # caller read) is no check-then-act gap: it never changes once a request holds
+        # the VM, and the script re-checks it.
+        request_id = self._request_of(name, request_id)
         if request_id is None:
-            raw = self.redis.hget(self.keys.vm(validate_vm_name(name)), "request_id")
-            if raw is None:
-                return Outcome(False, "no_vm")
-            request_id = text(raw)
+            return Outcome(False, "no_vm")
         validate_vm_name(name)
-        if not request_id:  # a warm-pool VM: no request (vmpool.state.pool_store)
-            return self._run_pool_vm(script, name, actor, args)
+        if not request_id:  # a warm-pool VM: no request, its pool variant
+            return Outcome.from_reply(self._run_one(POOL_VARIANTS[script], name, "", actor, args))
         return self._run(script, request_id, actor, args, vm_name=name)
 
     @staticmethod
@@ -133,6 +93,34 @@ class Store(VMTaskStore):
         return "" if token is None else str(int(token))
 
     # -- transitions ------------------------------------------------------------------
+    @overload
+    def create_request(
+        self,
+        request_id: str,
+        slots: Sequence[Slot],
+        settings: RequestSettings,
+        *,
+        actor: str,
+        token_user: str = ...,
+        token_hash: str = ...,
+        work_set: str | None = ...,
+        pipeline: None = ...,
+    ) -> Outcome: ...
+
+    @overload
+    def create_request(
+        self,
+        request_id: str,
+        slots: Sequence[Slot],
+        settings: RequestSettings,
+        *,
+        actor: str,
+        token_user: str = ...,
+        token_hash: str = ...,
+        work_set: str | None = ...,
+        pipeline: ScriptPipeline,
+    ) -> Outcome | None: ...
+
     def create_request(
         self,
         request_id: str,
@@ -143,52 +131,36 @@ class Store(VMTaskStore):
         token_user: str = "",
         token_hash: str = "",
         work_set: str | None = None,
-    ) -> Outcome:
+        pipeline: ScriptPipeline | None = None,
+    ) -> Outcome | None:
         """Create the request (pending, its first trail entry, its queue entries).
-        ``work_set``: a work-set key (``Keys.work_set('provision_request')``) the id is
-        added to in the same unit (create_request.lua)."""
-        call = self.create_request_call(
-            request_id, slots, settings, actor=actor, token_user=token_user,
-            token_hash=token_hash, work_set=work_set,
-        )  # fmt: skip
-        return call if isinstance(call, Outcome) else Outcome.from_reply(call.run())
 
-    def create_request_call(
-        self,
-        request_id: str,
-        slots: Sequence[Slot],
-        settings: RequestSettings,
-        *,
-        actor: str,
-        token_user: str = "",
-        token_hash: str = "",
-        work_set: str | None = None,
-    ) -> ScriptCall | Outcome:
-        """:meth:`create_request` as a script call to run (alone or pipelined with
-        others: :func:`vmpool.state.lua.run_pipelined_async`; its reply makes an Outcome with
-        ``Outcome.from_reply``), or the Outcome of a refusal made without Redis."""
+        ``work_set``: a work-set key (``Keys.work_set('provision_request')``) the id is
+        added to in the same unit (create_request.lua). ``pipeline``: add the script
+        call to it instead of running it, and return None (its reply makes an Outcome
+        with ``Outcome.from_reply``); a refusal made without Redis is returned all the
+        same, and nothing is added.
+        """
         validate_request_id(request_id)
         requested = encode_slots(slots)
         if not requested:
             return Outcome(False, "empty")
-        keys = self._request_keys(request_id)
+        keys = self.keys.request_script_keys(request_id)
         if work_set is not None:
             keys.append(work_set)
-        args = self._argv(
-            actor,
-            request_id,
-            [
-                requested,
-                repr(float(settings.ttl_s)),
-                repr(float(settings.grace_s)),
-                int(settings.max_vm_retries),
-                repr(float(settings.vm_lifetime_s)),
-                repr(float(settings.data_ttl_s)),
-                token_user,
-                token_hash,
-            ],
-        )
-        return ScriptCall(self._scripts["create_request"], keys, args)
+        args = [
+            requested,
+            *(repr(float(s)) for s in (settings.ttl_s, settings.grace_s)),
+            int(settings.max_vm_retries),
+            *(repr(float(s)) for s in (settings.vm_lifetime_s, settings.data_ttl_s)),
+            token_user,
+            token_hash,
+        ]
+        call = self.scripts.call("create_request", keys, actor, request_id, args)
+        if pipeline is not None:
+            pipeline.add(call)
+            return None
+        return Outcome.from_reply(call.run())
 
     def reserve_vm(
         self,
@@ -215,8 +187,11 @@ class Store(VMTaskStore):
     def vm_created(
         self, name: str, *, actor: str, fence: int | None = None, request_id: str | None = None
     ) -> Outcome:
-        """``request_id``: the VM's, from a record read under its lock (saves the read
-        of it; the script checks it as ever)."""
+        """The provider created the VM; it is booting (reserved -> pending).
+
+        ``request_id``: the VM's, from a record read under its lock (saves the read of
+        it; the script checks it all the same).
+        """
         args = [name, self._fence(fence)]
         return self._run_vm("vm_created", name, actor, args, request_id=request_id)
 
@@ -230,10 +205,13 @@ class Store(VMTaskStore):
         request_id: str | None = None,
         address: str = "",
     ) -> Outcome:
-        """``hostname``: the address the cloud reports, for a VM whose pool has no
-        domain (recorded in the same unit as the VM turning running); '' keeps it.
+        """The VM booted: attached to its request (running), or ready in its warm pool.
+
+        ``hostname``: the address the cloud reports, for a VM whose pool has no domain
+        (recorded in the same unit as the VM turning running); '' keeps it.
         ``address``: the cloud's address, recorded and indexed (Keys.addresses) so the
-        API finds the VM by it. ``request_id``: as for :meth:`vm_created`."""
+        API finds the VM by it. ``request_id``: as for :meth:`vm_created`.
+        """
         index = self.keys.addresses if address else ""
         args = [name, self._fence(fence), hostname, address, index]
         return self._run_vm("vm_ready", name, actor, args, request_id=request_id)
@@ -300,21 +278,14 @@ class Store(VMTaskStore):
         return reads.hostnames_by_alias(self.request_vms(request_id))
 
     def history(self, request_id: str) -> list[AuditEntry]:
-        return self._trail(self.keys.request_audit(request_id))
-
-    def _trail(self, key: str) -> list[AuditEntry]:
-        """A trail, oldest first: a list of packed entries, or the stream an older
-        release wrote (``records.decode_trail`` / ``decode_stream_trail``)."""
-        try:
-            return decode_trail(self.redis.lrange(key, 0, -1) or [])
-        except redis.ResponseError as exc:
-            if "WRONGTYPE" not in str(exc):
-                raise
-        return decode_stream_trail(self.redis.xrange(key) or [])
+        """A request's trail, oldest first."""
+        return reads.trail(self.redis, self.keys.request_audit(request_id))
 
     def due_for_expiry(self, limit: int = 1000, now: float | None = None) -> list[str]:
-        """Pending requests whose time is up, by score range: the cost follows the
-        number due, not the number open. The script re-checks each one."""
+        """Pending requests whose time is up (the script re-checks each one).
+
+        Read by score range: the cost follows the number due, not the number open.
+        """
         now = self.server_time() if now is None else now
         ids = self.redis.zrangebyscore(self.keys.open_requests, "-inf", now, start=0, num=limit)
         return [text(i) for i in ids]
@@ -336,21 +307,16 @@ class Store(VMTaskStore):
         max_score: float | None = None,
         limit: int | None = None,
     ) -> list[str]:
-        """VM names of a pool in a state. Scores: entry time for reserved, pending and
-        completed; lifetime end for running (so ``max_score=now`` finds the expired)."""
-        key = self.keys.pool_state(pool, state)
-        hi: float | str = "+inf" if max_score is None else max_score
-        if limit is None:
-            names = self.redis.zrangebyscore(key, "-inf", hi)
-        else:
-            names = self.redis.zrangebyscore(key, "-inf", hi, start=0, num=limit)
-        return [text(n) for n in names]
+        """VM names of a pool in a state (:meth:`pools_vms` for one pool)."""
+        return self.pools_vms([pool], state, max_score=max_score, limit=limit)[pool]
 
     def pools_vm_scores(
         self, pools: Iterable[str], state: str
     ) -> dict[str, list[tuple[str, float]]]:
-        """Every VM of ``pools`` in ``state`` with its index score (:meth:`pool_vms`), in
-        one round trip: what the pending sweep reads, so that it needs no record."""
+        """Every VM of ``pools`` in ``state`` with its index score, in one round trip.
+
+        What the pending sweep reads, so that it needs no record (scores: :meth:`pools_vms`).
+        """
         pools = list(dict.fromkeys(pools))
         pipe = self.redis.pipeline(transaction=False)
         for pool in pools:
@@ -379,20 +345,18 @@ class Store(VMTaskStore):
         max_score: float | None = None,
         limit: int | None = None,
     ) -> dict[str, list[str]]:
-        """:meth:`pool_vms` for several pools in one round trip (a non-transactional
-        pipeline): pool -> VM names in score order. The sweeps read through this."""
+        """VM names of pools in a state, in one round trip: pool -> names in score order.
+
+        Scores: entry time for reserved, pending and completed; lifetime end for running
+        (so ``max_score=now`` finds the expired). ``limit``: at most that many per pool.
+        The sweeps read through this (a non-transactional pipeline).
+        """
         pools = list(dict.fromkeys(pools))
         hi: float | str = "+inf" if max_score is None else max_score
+        start, num = (None, None) if limit is None else (0, limit)
         pipe = self.redis.pipeline(transaction=False)
         for pool in pools:
             key = self.keys.pool_state(pool, state)
-            if limit is None:
-                pipe.zrangebyscore(key, "-inf", hi)
-            else:
-                pipe.zrangebyscore(key, "-inf", hi, start=0, num=limit)
+            pipe.zrangebyscore(key, "-inf", hi, start=start, num=num)
         replies = pipe.execute() if pools else []
         return {pool: [text(n) for n in names] for pool, names in zip(pools, replies, strict=True)}
-
-
-def _read_lua(name: str) -> str:
-    return read_script(SCRIPTS_PACKAGE, f"{name}.lua")

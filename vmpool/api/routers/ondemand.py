@@ -1,12 +1,12 @@
-"""vmpooler's on-demand requests: POST /ondemandvm (JSON and vmfloaty's path form),
-GET and DELETE /ondemandvm/<id>.
+"""vmpooler's on-demand requests: POST, GET and DELETE /ondemandvm.
 
-The API writes no request or VM state itself: POST goes through
-``Store.create_request`` (the record and its queue entries in one atomic unit), then
-asks the fleet to provision it (with the batching dispatcher: the id joins the
-provision work set in that same unit and the lanes are checked in the same pipeline,
-one round trip awaited on the loop); DELETE goes through ``Store.delete_request``. A
-refusal writes nothing.
+POST takes JSON or vmfloaty's path form (/ondemandvm/<template>). The API writes no
+request or VM state itself: POST goes through ``Store.create_request`` (the record and
+its queue entries in one atomic unit), then asks the fleet to provision it. With the
+batching dispatcher the id joins the provision work set in that same unit, and the
+lane check its dispatcher adds (``BatchDispatcher.provision_after_create``) runs in the
+same pipeline: one round trip awaited on the loop. DELETE goes through
+``Store.delete_request``. A refusal writes nothing.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ from vmpool.ids import InvalidIdentifier, validate_request_id
 from vmpool.lifecycle.plan import RequestRejected, plan_slots
 from vmpool.state import reads
 from vmpool.state.durability import confirm, confirm_async
-from vmpool.state.lua import run_pipelined_async
+from vmpool.state.lua import ScriptPipeline
 from vmpool.state.records import Outcome, RequestRecord, RequestSettings, Slot
 from vmpool.state.store import Store
 from vmpool.state.tokens import TokenInfo
@@ -64,7 +64,7 @@ router = APIRouter()
 # The two POST routes take the request alone and do what dependencies did (the state,
 # the vmpooler counter, then auth: that order) inline: FastAPI's dependency solving and
 # the thread hop of the sync auth dependency cost more than the rest of a POST's Python
-# when auth is off (issue 15, profiled: docs/benchmarks.md).
+# when auth is off (profiled: docs/benchmarks.md).
 @router.post("/ondemandvm")
 async def post_ondemand(request: Request) -> Response:
     st = api_state(request)
@@ -109,23 +109,29 @@ async def delete_ondemand(request_id: str, st: State, token: Token) -> Response:
 
 
 def _weighed(config: Config, counts: Mapping[str, int]) -> bool:
-    """Whether backend weights can pick among pools for this request (several pools
-    for one name, weights configured)."""
+    """Whether backend weights can pick among pools for this request.
+
+    They can when weights are configured and a name asked for has several pools.
+    """
     return bool(config.backend_weight) and any(len(config.resolve_name(n)) > 1 for n in counts)
 
 
 async def _weighing(st: ApiState) -> Config:
-    """The config with the pools' runtime clone targets (POST /config/clonetarget), which
-    backend weights are looked up by; read only when weights are configured."""
+    """The config with the pools' runtime clone targets (POST /config/clonetarget).
+
+    Backend weights are looked up by them; read only when weights are configured.
+    """
     key = st.keys.pool_override("clone_target")
     aio = st.clients.aio
     raw = await (aio.get().hgetall(key) if aio else run_in_threadpool(st.clients.text.hgetall, key))
     targets = {str(p): str(t) for p, t in raw.items() if p in st.config.pools}
     if not targets:
         return st.config
-    pools = {n: replace(p, clone_target=targets.get(n, p.clone_target))
-             for n, p in st.config.pools.items()}  # fmt: skip
-    return replace(st.config, pools=pools)
+    pools = st.config.pools
+    targeted = {
+        n: replace(p, clone_target=targets.get(n, p.clone_target)) for n, p in pools.items()
+    }
+    return replace(st.config, pools=targeted)
 
 
 async def create_request(st: ApiState, wanted: Ondemand, token: TokenInfo | None) -> Response:
@@ -197,37 +203,47 @@ async def _create_pipelined(
     slots: Sequence[Slot],
     token: TokenInfo | None,
 ) -> Outcome:
-    """Create the request and start its provisioning in one round trip, awaited on the
-    loop: create_request.lua adds the new id to the provision work set in its own unit,
-    and the lane check runs after it in the same pipeline (each its own atomic script).
-    Only when a lane is free (none live) is one queued (RQ, in the thread pool)."""
+    """Create the request and start its provisioning in one round trip, awaited on the loop.
+
+    create_request.lua adds the new id to the provision work set in its own unit, and
+    the lane check runs after it in the same pipeline (each its own atomic script).
+    Only when a lane is free (none live) is one queued (RQ, in the thread pool).
+    """
     user, sha = (token.user, token.sha256) if token else ("", "")
     settings = RequestSettings.from_config(st.config, authenticated=token is not None)
-    call = st.store.create_request_call(
-        rid, slots, settings, actor="api", token_user=user, token_hash=sha,
-        work_set=st.keys.work_set("provision_request"),
-    )  # fmt: skip
-    if isinstance(call, Outcome):
-        return call
-    probe = batch.provision_probe()
-    created, found = await run_pipelined_async(client, [call, probe.call])
-    if isinstance(created, Exception):
-        raise created
-    outcome = Outcome.from_reply(created)
+    pipe = ScriptPipeline()
+    work_set = st.keys.work_set("provision_request")
+    refused = st.store.create_request(
+        rid,
+        slots,
+        settings,
+        actor="api",
+        token_user=user,
+        token_hash=sha,
+        work_set=work_set,
+        pipeline=pipe,
+    )
+    if refused is not None:
+        return refused
+    follow_up = batch.provision_after_create(pipe)
+    replies = await pipe.execute_async(client)
+    if isinstance(replies[0], Exception):
+        raise replies[0]
+    outcome = Outcome.from_reply(replies[0])
 
     def queue_lanes(_: str) -> None:
-        if isinstance(found, Exception):
-            raise found
-        batch.queue_lanes(probe, found)
+        follow_up.queue(replies)
 
-    if outcome.ok and (isinstance(found, Exception) or found):
+    if outcome.ok and follow_up.wanted(replies):
         await run_in_threadpool(_start_provisioning, st, rid, queue_lanes)
     return outcome
 
 
 def refused(metrics: ApiMetrics, rejected: RequestRejected, counts: Mapping[str, int]) -> Response:
-    """vmpooler's answer to a plan refused: 404 naming unknown names, else 403 (a count
-    over the maximum); counted as vmpooler counts them."""
+    """vmpooler's answer to a plan refused, counted as vmpooler counts them.
+
+    404 naming unknown names, else 403 (a count over the maximum).
+    """
     if rejected.bad_templates:
         for _ in rejected.bad_templates:
             metrics.fail.labels("invalid", "unknown").inc()
@@ -239,8 +255,10 @@ def refused(metrics: ApiMetrics, rejected: RequestRejected, counts: Mapping[str,
 
 
 def _start_provisioning(st: ApiState, rid: str, enqueue: EnqueueFn | None = None) -> None:
-    """``enqueue`` (else the app's) for the new request; a failure is counted and
-    logged, not raised: the request exists, and the provision sweep finds it."""
+    """Call ``enqueue`` (else the app's) for the new request; a failure is not raised.
+
+    It is counted and logged: the request exists, and the provision sweep finds it.
+    """
     enqueue = enqueue or st.enqueue
     if enqueue is None:
         return
@@ -278,8 +296,11 @@ def request_status(store: Store, rid: str) -> Response:
 
 
 async def request_status_async(st: ApiState, client: aredis.Redis, rid: str) -> Response:
-    """GET /ondemandvm/<id> awaited on the loop: one pipeline for the record and its
-    VM set (MULTI/EXEC: one snapshot), one more for the VMs' hashes when it is ready."""
+    """GET /ondemandvm/<id> awaited on the loop.
+
+    One pipeline for the record and its VM set (MULTI/EXEC: one snapshot), one more for
+    the VMs' hashes when it is ready.
+    """
     if not _well_formed(rid):
         return _not_found(rid)
     pipe = client.pipeline(transaction=True)
@@ -306,8 +327,10 @@ def _well_formed(rid: str) -> bool:
 
 
 def status_reply(rid: str, record: RequestRecord, hostnames: Mapping[str, list[str]]) -> Response:
-    """The answer to GET /ondemandvm/<id>: 202 while pending, 200 once ready (with
-    ``hostnames`` by alias), failed or deleted."""
+    """The answer to GET /ondemandvm/<id>.
+
+    202 while pending; 200 once ready (with ``hostnames`` by alias), failed or deleted.
+    """
     body: dict[str, Any] = {"ok": True, "request_id": rid, "ready": False}
     if record.status == "ready":
         body["ready"] = True

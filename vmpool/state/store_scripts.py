@@ -1,0 +1,110 @@
+"""The store's one script registry: every transition script, registered with its preamble.
+
+Each store script is the rendered transition table and metric keys
+(:func:`~vmpool.state.transitions.lua_tables`, :func:`~vmpool.state.counters.lua_metrics`),
+then ``_prelude.lua``, then its own helpers (the work-set functions for
+``create_request``, ``_pool.lua`` for the warm-pool scripts), then its file. The KEYS
+layouts come from :class:`~vmpool.state.keys.Keys` (``request_script_keys``,
+``vm_script_keys``); ARGV 1-4 are the same for every script (:meth:`StoreScripts.call`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, Final
+
+import redis
+from redis.commands.core import Script
+
+from vmpool.state.counters import lua_metrics
+from vmpool.state.keys import Keys
+from vmpool.state.lua import ScriptCall, read_script
+from vmpool.state.transitions import lua_tables
+from vmpool.state.workset import lua_workset
+
+__all__ = ["POOL_SCRIPTS", "POOL_VARIANTS", "REQUEST_SCRIPTS", "StoreScripts"]
+
+SCRIPTS_PACKAGE: Final = "vmpool.state.scripts"
+
+# The scripts of a request and the VMs it holds (vmpool.state.store).
+REQUEST_SCRIPTS: Final = (
+    "create_request",
+    "reserve_vm",
+    "vm_created",
+    "vm_ready",
+    "vm_failed",
+    "expire_request",
+    "delete_request",
+    "end_vm_lifetime",
+    "vm_destroyed",
+)
+# The store's VM transition -> its script for a warm-pool VM (no request).
+POOL_VARIANTS: Final[Mapping[str, str]] = {
+    "vm_created": "pool_vm_created",
+    "vm_ready": "pool_vm_ready",
+    "vm_failed": "pool_vm_failed",
+    "end_vm_lifetime": "pool_end_lifetime",
+    "vm_destroyed": "pool_vm_destroyed",
+}
+# The scripts that take the pool layout of KEYS, or either layout (scripts/_pool.lua).
+POOL_SCRIPTS: Final = (
+    *POOL_VARIANTS.values(),
+    "pool_reserve",
+    "pool_recycle",
+    "checkout",
+    "claim_for_request",
+    "give_back",
+    "extend_vm",
+    "tag_vm",
+    "pool_reset",
+    "vm_waiting",
+    "vm_task_add",
+    "vm_task_done",
+)
+
+
+class StoreScripts:
+    """The store's scripts by name, each registered on first use (one per store)."""
+
+    def __init__(self, redis_client: redis.Redis, keys: Keys) -> None:
+        self.keys = keys
+        self._redis = redis_client
+        # The fleet's metric keys are rendered in (per prefix), as the table is: the
+        # scripts count in the same unit as the transition they count.
+        self._prelude = lua_tables() + lua_metrics(keys) + _text("_prelude")
+        pool_head = _text("_pool")
+        self._heads = {name: pool_head for name in POOL_SCRIPTS}
+        # create_request adds the request to the provision work set in its unit.
+        self._heads["create_request"] = lua_workset()
+        self._registered: dict[str, Script] = {}
+
+    def __getitem__(self, name: str) -> Script:
+        script = self._registered.get(name)
+        if script is None:
+            if name not in self._heads and name not in REQUEST_SCRIPTS:
+                raise KeyError(f"not a store script: {name!r}")
+            text = self._prelude + self._heads.get(name, "") + _text(name)
+            script = self._registered[name] = self._redis.register_script(text)
+        return script
+
+    def call(
+        self, name: str, keys: Sequence[str], actor: str, request_id: str, args: Sequence[Any]
+    ) -> ScriptCall:
+        """A call of script ``name`` with ``keys``, its ARGV built the one way.
+
+        ARGV 1-4 as in _prelude.lua (the pool-index and VM key prefixes, the actor, the
+        request id), then ``args``.
+        """
+        k = self.keys
+        argv = [k.pool_state_prefix(), k.vm_prefix(), actor, request_id, *args]
+        return ScriptCall(self[name], list(keys), argv)
+
+    def run(
+        self, name: str, keys: Sequence[str], actor: str, request_id: str, args: Sequence[Any]
+    ) -> Any:
+        """Run :meth:`call`'s call now; the script's raw reply."""
+        return self.call(name, keys, actor, request_id, args).run()
+
+
+def _text(name: str) -> str:
+    return read_script(SCRIPTS_PACKAGE, f"{name}.lua")
