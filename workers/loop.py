@@ -57,11 +57,13 @@ MAX_WAIT_DELAY_S: Final = 2.0  # how late a worker may notice Redis is back
 
 
 def redis_unusable(exc: BaseException) -> RedisCondition | None:
-    """Why ``exc`` says Redis cannot be used now (to be waited out), or None: an error
-    of another kind (fatal to the loop). Redis going away (a restart, a failover, a
+    """Why ``exc`` says Redis cannot be used now (to be waited out), else None (fatal).
+
+    Redis going away (a restart, a failover, a
     dropped connection, a stall past the socket timeout, an AOF replay) and Redis
     refusing writes (full, read-only, too few replicas, a write not confirmed durable)
-    are both outages: :mod:`vmpool.state.redis_health`."""
+    are both outages: :mod:`vmpool.state.redis_health`.
+    """
     return classify(exc) if isinstance(exc, redis.RedisError) else None
 
 
@@ -85,9 +87,12 @@ class AliveFile:
 
 
 class RedisOutage:
-    """One warning when Redis becomes unusable (naming why: unreachable, out of memory,
-    read-only, ...) and one line when it takes writes again, however many threads and
-    attempts meet the outage in between. ``who``: "worker NAME", "scheduler NAME"."""
+    """One warning when Redis becomes unusable, and one line when it takes writes again.
+
+    The warning names why (unreachable, out of memory, read-only, ...), however many
+    threads and attempts meet the outage in between. ``who``: "worker NAME",
+    "scheduler NAME".
+    """
 
     def __init__(self, who: str) -> None:
         self.who = who
@@ -118,9 +123,11 @@ class RedisOutage:
 def wait_for_redis(
     check: Callable[[], RedisCondition], *, tick: Callable[[], None] | None = None
 ) -> None:
-    """Block until ``check`` (a write probe: :func:`writable_check`) finds Redis
-    taking writes, with a growing delay; ``tick`` runs before each attempt (it may
-    raise to stop waiting)."""
+    """Block until ``check`` finds Redis taking writes, with a growing delay.
+
+    ``check``: a write probe (:func:`writable_check`). ``tick`` runs before each attempt
+    (it may raise to stop waiting).
+    """
     delay = 0.25
     while True:
         if tick is not None:
@@ -135,8 +142,10 @@ def wait_for_redis(
 
 
 def writable_check(conn: redis.Redis, keys: Keys) -> Callable[[], RedisCondition]:
-    """The check :func:`wait_for_redis` polls: a small write through ``conn`` (a client
-    of the connection factory: its socket timeout bounds each attempt)."""
+    """The check :func:`wait_for_redis` polls: a small write through ``conn``.
+
+    ``conn`` is a client of the connection factory: its socket timeout bounds each attempt.
+    """
     return partial(probe, conn, keys)
 
 
@@ -229,8 +238,11 @@ class SteadyLoop(BaseWorker):
             log.warning("worker %s: death not recorded (%s)", self.name, exc)
 
     def _guarded(self, step: Callable[[], T], *, again: bool, default: T) -> T:
-        """``step``; a lost Redis is waited out, then the step runs ``again`` or
-        ``default`` is returned; any other error is kept as fatal and raised on."""
+        """Run ``step``; a lost Redis is waited out, other errors are fatal.
+
+        After the wait the step runs ``again``, or ``default`` is returned; any other
+        error is kept as fatal and raised on.
+        """
         while True:
             try:
                 result = step()

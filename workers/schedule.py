@@ -116,8 +116,11 @@ def schedule_intervals(schedule: Schedule) -> dict[str, float]:
 
 
 def cadence(job: str, interval: float) -> float:
-    """The spacing of a job's due times: its interval, less the lead if it is bounded
-    (a due a lead early, and each run its own id, so a frozen run holds back no other)."""
+    """The spacing of a job's due times: its interval, less the lead if it is bounded.
+
+    A bounded job is due a lead early, and each run has its own id, so a frozen run
+    holds back no other.
+    """
     if not JOBS[job].bounded:
         return interval
     return interval - min(MAX_LEAD_S, interval * LEAD_FRACTION)
@@ -140,8 +143,10 @@ class ScheduleMove(NamedTuple):
 
 
 class FleetScheduler(Scheduler):  # type: ignore[misc]
-    """rq-scheduler with vmpool's keys, server time, a due-time grid, no lock, and
-    deduplicated enqueues. ``clock`` replaces the Redis server clock (tests only)."""
+    """rq-scheduler with vmpool's keys, server time, a due-time grid, no lock.
+
+    Its enqueues are deduplicated. ``clock`` replaces the Redis server clock (tests only).
+    """
 
     def __init__(
         self,
@@ -179,8 +184,10 @@ class FleetScheduler(Scheduler):  # type: ignore[misc]
         return float(sec) + float(usec) / 1_000_000
 
     def install(self, intervals: dict[str, float]) -> None:
-        """Write the templates (idempotent; every replica does it at start); a changed
-        interval moves the next due time (see the module docstring)."""
+        """Write the templates (idempotent; every replica does it at start).
+
+        A changed interval moves the next due time (see the module docstring).
+        """
         now = self._now()
         for job, seconds in intervals.items():
             if job not in JOBS or seconds <= 0:
@@ -226,8 +233,10 @@ class FleetScheduler(Scheduler):  # type: ignore[misc]
         return [(tid, score) for tid, score in due if tid not in self._foreign]
 
     def move(self, template_id: str, due: float) -> bool:
-        """Enqueue the template's job and move it to its next due time, if ``due`` is
-        still its due time. True if this call moved it."""
+        """Enqueue the template's job and move it on, if ``due`` is still its due time.
+
+        True if this call moved it (to its next due time).
+        """
         periodic = self._periodic(template_id)
         if periodic is None:
             return False
@@ -269,8 +278,11 @@ class FleetScheduler(Scheduler):  # type: ignore[misc]
         return moved
 
     def _periodic(self, template_id: str) -> tuple[str, float] | None:
-        """The (job name, interval) of a template this version runs; None for one that
-        is gone (its entry dropped) or unknown to this version (left alone)."""
+        """The (job name, interval) of a template this version runs, else None.
+
+        None for one that is gone (its entry dropped) or unknown to this version (left
+        alone).
+        """
         try:
             template = self.job_class.fetch(template_id, connection=self.connection)
         except NoSuchJobError:

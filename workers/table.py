@@ -208,8 +208,11 @@ def template_id(keys: Keys, job: str) -> str:
 
 
 def jobs_markdown() -> str:
-    """The job table as the Markdown table docs/architecture.md carries (a test keeps the
-    two equal, so the docs' list is derived from this table, never retyped)."""
+    """The job table as the Markdown table docs/architecture.md carries.
+
+    A test keeps the two equal, so the docs' list is derived from this table, never
+    retyped.
+    """
     rows = [
         "| job | queue | argument | periodic (`:schedule:` key) | old names | what it does |",
         "|---|---|---|---|---|---|",

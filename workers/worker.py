@@ -123,14 +123,16 @@ class _Running:
 
 
 class JobBeats:
-    """The heartbeats of the job a worker runs, from ONE long-lived daemon thread per
-    worker (not a thread started and joined per job): every
+    """The heartbeats of the job a worker runs, from one long-lived daemon thread.
+
+    One thread per worker, not one started and joined per job: every
     HEARTBEAT_SECONDS the vmpool heartbeat of the running job (the reclaim check's
     sign of life), RQ's own heartbeats every ``rq_every`` seconds when given, and the
     alive file within the job's time budget. Between jobs the thread beats nothing.
 
     A beat that lands just after its job ended stamps a finished job's hash (or none:
-    the script writes only to a hash that exists), which the reclaim check ignores."""
+    the script writes only to a hash that exists), which the reclaim check ignores.
+    """
 
     def __init__(self, worker: SteadyLoop, *, alive: AliveFile | None) -> None:
         self._script = worker.connection.register_script(_BEAT_LUA)
@@ -211,8 +213,10 @@ def one_job_beats(
     *,
     alive: AliveFile | None,
 ) -> Iterator[None]:
-    """:class:`JobBeats` for one job, its thread ended with it: the forking worker's
-    horse, a process that lives one job."""
+    """:class:`JobBeats` for one job, its thread ended with it.
+
+    For the forking worker's horse, a process that lives one job.
+    """
     beats = JobBeats(worker, alive=alive)
     try:
         with beats.running(job, rq_beat, rq_every):
@@ -262,9 +266,12 @@ class FleetSimpleWorker(SteadyLoop, SimpleWorker):
 
 
 class FleetForkWorker(SteadyLoop, Worker):
-    """Forks a work horse per job (RQ's default). The parent keeps RQ's heartbeats (and
-    the alive file: its monitor kills a hung horse); the horse writes the vmpool
-    heartbeat, so it stops exactly when the job's process dies."""
+    """Forks a work horse per job (RQ's default).
+
+    The parent keeps RQ's heartbeats (and the alive file: its monitor kills a hung
+    horse); the horse writes the vmpool heartbeat, so it stops exactly when the job's
+    process dies.
+    """
 
     fleet: Fleet | None = None
     queue_class = StampingQueue  # pops and stamps the heartbeat in one unit
@@ -282,16 +289,21 @@ class FleetForkWorker(SteadyLoop, Worker):
 
 
 def _any_rq_queues(queues: Sequence[Queue]) -> None:
-    """RQ wants every queue to be of ``queue_class``; its dequeue is a class method, so
-    a plain ``Queue`` listens just as well (callers and tests build plain ones)."""
+    """Accept plain RQ queues where RQ wants ``queue_class`` ones.
+
+    The dequeue of ``queue_class`` is a class method, so a plain ``Queue`` listens just
+    as well (callers and tests build plain ones).
+    """
     for queue in queues:
         if not isinstance(queue, Queue):
             raise TypeError(f"{queue!r} is not an RQ Queue")
 
 
 def _count_job(fleet: Fleet | None, job: Job, ok: bool) -> None:
-    """One finished job for /metrics (``vmpool_worker_jobs``), counted in Redis so every
-    worker process, forked horses included, adds to the same counters."""
+    """Count one finished job for /metrics (``vmpool_worker_jobs``), in Redis.
+
+    In Redis, so every worker process, forked horses included, adds to the same counters.
+    """
     if fleet is None:
         return
     name = (job.func_name or "unknown").rsplit(".", 1)[-1]
