@@ -22,8 +22,9 @@ from dataclasses import dataclass, field
 from vmpool.ids import InvalidIdentifier, validate_vm_name
 from vmpool.lifecycle.failpoints import failpoint
 from vmpool.lifecycle.fleet import Fleet, after_vm_failed, dispatch_released, note_outcome
+from vmpool.lifecycle.locking import run_locked
 from vmpool.providers import ProviderVM, StatusBatch
-from vmpool.state.locks import FencedLock, LockBusy, LockLost
+from vmpool.state.locks import FencedLock
 from vmpool.state.records import VMRecord
 
 __all__ = [
@@ -229,18 +230,16 @@ def _due(fleet: Fleet, vm: Booting, held: ProviderVM | None, now: float, lag: fl
 def _observe_locked(
     fleet: Fleet, name: str, provider_name: str, held: ProviderVM | None, lag: float
 ) -> str:
-    try:
-        with fleet.lock("vm", name, "check_pending", read_record=True) as lock:
-            # the record as the grant read it, under the lock (no second read)
-            vm = VMRecord.from_hash(lock.record) if lock.record else None
-            if vm is None or vm.state != "pending":
-                return "no_vm" if vm is None else f"vm_{vm.state}"
-            if vm.provider != provider_name:  # the pool changed provider since its create
-                return "other_provider"
-            ready = held is not None and held.state == "running"
-            return observe_pending(fleet, vm, lock, held, ready, lag_s=lag)
-    except LockBusy:
-        return "busy"
-    except LockLost as exc:
-        log.warning("check_pending %s stopped: %s", name, exc)
-        return "lock_lost"
+    """Under the VM's lock, whose grant reads its record (no second read): the cloud's
+    answer recorded if the VM is still pending at ``provider_name``."""
+
+    def step(lock: FencedLock) -> str:
+        vm = VMRecord.from_hash(lock.record) if lock.record else None
+        if vm is None or vm.state != "pending":
+            return "no_vm" if vm is None else f"vm_{vm.state}"
+        if vm.provider != provider_name:  # the pool changed provider since its create
+            return "other_provider"
+        ready = held is not None and held.state == "running"
+        return observe_pending(fleet, vm, lock, held, ready, lag_s=lag)
+
+    return run_locked(fleet, "vm", name, "check_pending", step, read_record=True)

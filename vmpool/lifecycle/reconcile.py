@@ -13,9 +13,10 @@ from collections import Counter
 
 from vmpool.ids import VM_NAME_RE
 from vmpool.lifecycle.fleet import Fleet, after_vm_failed, note_outcome
+from vmpool.lifecycle.locking import LockMiss, run_locked
 from vmpool.lifecycle.vms import destroy_at_provider
 from vmpool.providers import Provider, ProviderVM
-from vmpool.state.locks import FencedLock, LockBusy, LockLost
+from vmpool.state.locks import FencedLock
 from vmpool.state.records import VMRecord
 
 __all__ = ["reconcile"]
@@ -151,26 +152,27 @@ def _destroy_unowned(
 ) -> None:
     """Destroy a provider VM no live record can claim (missing or destroyed record).
     Under the VM's lock, so it does not race a late create of the same name."""
+
+    def step(lock: FencedLock) -> None:
+        record = fleet.store.get_vm(pvm.name)
+        if record is not None and record.state != "destroyed":
+            counts["skipped_recorded"] += 1  # a record appeared: not ours to destroy
+            return
+        lock.ensure_held()
+        if not provider.destroy_vm(pvm.pool, pvm.name):
+            counts[f"{why}_gone"] += 1  # gone meanwhile: nothing was destroyed
+            return
+        log.info("reconcile: destroyed %s VM %s at %s", why, pvm.name, provider.name)
+        counts[f"{why}_destroyed"] += 1
+
     try:
-        with fleet.lock("vm", pvm.name, "reconcile") as lock:
-            record = fleet.store.get_vm(pvm.name)
-            if record is not None and record.state != "destroyed":
-                counts["skipped_recorded"] += 1  # a record appeared: not ours to destroy
-                return
-            lock.ensure_held()
-            if not provider.destroy_vm(pvm.pool, pvm.name):
-                counts[f"{why}_gone"] += 1  # gone meanwhile: nothing was destroyed
-                return
-            log.info("reconcile: destroyed %s VM %s at %s", why, pvm.name, provider.name)
-            counts[f"{why}_destroyed"] += 1
-    except LockBusy:
-        counts["busy"] += 1
-    except LockLost as exc:
-        log.warning("reconcile %s stopped: %s", pvm.name, exc)
-        counts["lock_lost"] += 1
+        missed = run_locked(fleet, "vm", pvm.name, "reconcile", step)
     except Exception as exc:
         log.warning("reconcile: destroy of %s VM %s failed: %s", why, pvm.name, exc)
         counts["provider_error"] += 1
+        return
+    if missed is not None:
+        counts[missed.value] += 1
 
 
 def _reconcile_reserved(fleet: Fleet, name: str, counts: Counter[str]) -> None:
@@ -181,19 +183,19 @@ def _reconcile_reserved(fleet: Fleet, name: str, counts: Counter[str]) -> None:
     if provider is None:
         counts["no_provider"] += 1
         return
-    redispatch = False
+
+    def step(lock: FencedLock) -> bool:
+        return _finish_reservation(fleet, name, provider, lock, counts)
+
     try:
-        with fleet.lock("vm", name, "reconcile") as lock:
-            redispatch = _finish_reservation(fleet, name, provider, lock, counts)
-    except LockBusy:
-        counts["busy"] += 1  # a create is running: not abandoned
-    except LockLost as exc:
-        log.warning("reconcile %s stopped: %s", name, exc)
-        counts["lock_lost"] += 1
+        redispatch = run_locked(fleet, "vm", name, "reconcile", step)
     except Exception as exc:
         log.warning("reconcile %s: provider error: %s", name, exc)
         counts["provider_error"] += 1
-    if redispatch:  # after our lock is released, so the create job can take it
+        return
+    if isinstance(redispatch, LockMiss):
+        counts[redispatch.value] += 1  # busy: a create is running, not abandoned
+    elif redispatch:  # after our lock is released, so the create job can take it
         fleet.dispatch.create_vm(name)
 
 
@@ -237,28 +239,29 @@ def _reconcile_lost(fleet: Fleet, vm: VMRecord, counts: Counter[str]) -> None:
     provider = fleet.provider_for(vm)
     if provider is None:
         return
+
+    def step(lock: FencedLock) -> None:
+        current = fleet.store.get_vm(vm.name)
+        if current is None or current.state != "pending":
+            return
+        if provider.get_vm(vm.pool, vm.name) is not None:  # re-check, one VM
+            return
+        lock.ensure_held()
+        outcome = fleet.store.vm_failed(
+            vm.name,
+            "VM vanished at the provider",
+            actor=fleet.who("reconcile"),
+            fence=lock.fence,
+        )
+        note_outcome("vm_failed", vm.name, outcome)
+        after_vm_failed(fleet, current, outcome)
+        counts["pending_lost"] += 1
+
     try:
-        with fleet.lock("vm", vm.name, "reconcile") as lock:
-            current = fleet.store.get_vm(vm.name)
-            if current is None or current.state != "pending":
-                return
-            if provider.get_vm(vm.pool, vm.name) is not None:  # re-check, one VM
-                return
-            lock.ensure_held()
-            outcome = fleet.store.vm_failed(
-                vm.name,
-                "VM vanished at the provider",
-                actor=fleet.who("reconcile"),
-                fence=lock.fence,
-            )
-            note_outcome("vm_failed", vm.name, outcome)
-            after_vm_failed(fleet, current, outcome)
-            counts["pending_lost"] += 1
-    except LockBusy:
-        counts["busy"] += 1
-    except LockLost as exc:
-        log.warning("reconcile %s stopped: %s", vm.name, exc)
-        counts["lock_lost"] += 1
+        missed = run_locked(fleet, "vm", vm.name, "reconcile", step)
     except Exception as exc:
         log.warning("reconcile %s: provider error: %s", vm.name, exc)
         counts["provider_error"] += 1
+        return
+    if missed is not None:
+        counts[missed.value] += 1

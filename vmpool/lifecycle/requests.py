@@ -17,8 +17,9 @@ from redis.exceptions import ResponseError
 
 from vmpool.config import PoolConfig
 from vmpool.lifecycle.fleet import Fleet, dispatch_released, note_outcome
+from vmpool.lifecycle.locking import run_locked
 from vmpool.lifecycle.warm import claim_ready
-from vmpool.state.locks import FencedLock, LockLost
+from vmpool.state.locks import FencedLock
 from vmpool.state.records import RequestRecord
 
 __all__ = [
@@ -72,20 +73,12 @@ def provision_request(
     expiry fails it (with the usual TTL reason) unless the pool comes back meanwhile.
     """
     reserved: list[str] = []
-    own = lock is None
-    if lock is None:
-        lock = fleet.lock("request", request_id, "provision", read_record=True)
-        if not lock.acquire():
-            log.debug("provision %s: another worker holds the request", request_id)
-            return reserved
-    try:
-        _reserve_for(fleet, request_id, lock, reserved, gate or CloneGate())
-    except LockLost as exc:
-        log.warning("provision %s stopped: %s", request_id, exc)
-    finally:
-        if own:
-            lock.release()
-    return reserved
+
+    def step(held: FencedLock) -> None:
+        _reserve_for(fleet, request_id, held, reserved, gate or CloneGate())
+
+    run_locked(fleet, "request", request_id, "provision", step, lock=lock, read_record=True)
+    return reserved  # what was reserved before a lock lost midway too
 
 
 def _reserve_for(

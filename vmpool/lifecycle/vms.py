@@ -31,9 +31,10 @@ from vmpool.lifecycle.cloudsteps import (
 )
 from vmpool.lifecycle.failpoints import failpoint
 from vmpool.lifecycle.fleet import Fleet, note_outcome
+from vmpool.lifecycle.locking import run_locked
 from vmpool.lifecycle.pending import check_batched, list_lag_s, observe_pending
 from vmpool.providers import Provider, StatusBatch, create_for_request
-from vmpool.state.locks import FencedLock, LockLost
+from vmpool.state.locks import FencedLock
 from vmpool.state.records import VMRecord
 from vmpool.state.workset import WorkSet
 
@@ -108,30 +109,21 @@ def _under_vm_lock(
     already granted that way (a batch job grants the locks of its claim in one script
     and releases them in one); else taken and released here. Another worker holding the
     lock is 'busy', not an error; a lock lost midway stops the step ('lock_lost')."""
-    own = lock is None
-    if lock is None:
-        lock = fleet.lock("vm", name, step, read_record=True)
-        if not lock.acquire():
-            log.debug("%s %s: another worker holds the VM", step, name)
-            return "busy"
-    try:
-        vm = VMRecord.from_hash(lock.record) if lock.record else None
+
+    def run(held: FencedLock) -> str:
+        vm = VMRecord.from_hash(held.record) if held.record else None
         if vm is None:
             return "no_vm"
         if vm.state != state:
             if elsewhere is not None:
-                elsewhere(lock)
+                elsewhere(held)
             return f"vm_{vm.state}"
         provider = fleet.provider_for(vm)
         if provider is None:
             return "no_provider"
-        return body(fleet, vm, provider, lock)
-    except LockLost as exc:
-        log.warning("%s %s stopped: %s", step, name, exc)
-        return "lock_lost"
-    finally:
-        if own:
-            lock.release()
+        return body(fleet, vm, provider, held)
+
+    return run_locked(fleet, "vm", name, step, run, lock=lock, read_record=True)
 
 
 def _create_locked(
