@@ -18,9 +18,10 @@ from redis.exceptions import ResponseError
 from vmpool.config import PoolConfig
 from vmpool.lifecycle.fleet import Fleet, dispatch_released, note_outcome
 from vmpool.lifecycle.locking import run_locked
+from vmpool.lifecycle.reserving import MAX_NAME_ATTEMPTS, ReserveCode, reserve_fresh
 from vmpool.lifecycle.warm import claim_ready
 from vmpool.state.locks import FencedLock
-from vmpool.state.records import RequestRecord
+from vmpool.state.records import Outcome, RequestRecord
 
 __all__ = [
     "CloneGate",
@@ -31,10 +32,6 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-
-# How many hostnames to draw for one VM before giving up on it this round ('name_taken'
-# from reserve_vm means the name exists, tombstones included; collisions are rare).
-MAX_NAME_ATTEMPTS = 8
 
 # Refusals of reserve_vm that concern the whole request: stop reserving for it.
 _REQUEST_LEVEL_REFUSALS = frozenset({"no_request", "stale_fence", "past_deadline"})
@@ -128,37 +125,32 @@ def _reserve_one(
     lock: FencedLock,
     reserved: list[str],
 ) -> str:
-    for _ in range(MAX_NAME_ATTEMPTS):
-        name = fleet.names()
-        if fleet.slots.acquire(name) is None:
-            log.info("provision %s: clone limit reached, the rest waits", request_id)
-            return "clone_limit"
-        try:
-            # No ensure_held() first: the fence refuses a stale holder inside the write.
-            outcome = fleet.store.reserve_vm(
-                request_id,
-                name=name,
-                alias=alias,
-                pool=pool.name,
-                template=pool.template,
-                provider=pool.provider,
-                domain=pool.domain,
-                actor=fleet.who("provision"),
-                fence=lock.fence,
-            )
-        except BaseException:
-            fleet.slots.release(name)
-            raise
-        note_outcome("reserve", name, outcome)
-        if outcome.ok:
-            reserved.append(name)
-            fleet.dispatch.create_vm(name)
-            return "reserved"
-        fleet.slots.release(name)
-        if outcome.code != "name_taken":
-            return outcome.code
-    log.warning("provision %s: %d hostnames in a row were taken", request_id, MAX_NAME_ATTEMPTS)
-    return "names_exhausted"
+    """One VM of ``pool`` reserved for the request's slot ``alias``, its create
+    dispatched; the code of :func:`~vmpool.lifecycle.reserving.reserve_fresh`."""
+
+    def reserve(name: str) -> Outcome:
+        # No ensure_held() first: the fence refuses a stale holder inside the write.
+        return fleet.store.reserve_vm(
+            request_id,
+            name=name,
+            alias=alias,
+            pool=pool.name,
+            template=pool.template,
+            provider=pool.provider,
+            domain=pool.domain,
+            actor=fleet.who("provision"),
+            fence=lock.fence,
+        )
+
+    got = reserve_fresh(fleet, "reserve", reserve)
+    if got.code == ReserveCode.RESERVED:
+        reserved.append(got.name)
+        fleet.dispatch.create_vm(got.name)
+    elif got.code == ReserveCode.CLONE_LIMIT:
+        log.info("provision %s: clone limit reached, the rest waits", request_id)
+    elif got.code == ReserveCode.NAMES_EXHAUSTED:
+        log.warning("provision %s: %d hostnames in a row were taken", request_id, MAX_NAME_ATTEMPTS)
+    return got.code
 
 
 # ------------------------------------------------------------------------------------

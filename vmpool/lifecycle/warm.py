@@ -23,13 +23,12 @@ import logging
 from vmpool.config import PoolConfig
 from vmpool.lifecycle.fleet import Fleet, note_outcome
 from vmpool.lifecycle.overrides import effective_pools
-from vmpool.state.records import RequestRecord, VMRecord
+from vmpool.lifecycle.reserving import ReserveCode, reserve_fresh
+from vmpool.state.records import Outcome, RequestRecord, VMRecord
 
-__all__ = ["MAX_NAME_ATTEMPTS", "check_ready", "claim_ready", "top_up_pools"]
+__all__ = ["check_ready", "claim_ready", "top_up_pools"]
 
 log = logging.getLogger(__name__)
-
-MAX_NAME_ATTEMPTS = 8  # hostnames drawn for one VM before giving up this round
 
 
 def top_up_pools(fleet: Fleet) -> dict[str, int]:
@@ -61,33 +60,24 @@ def top_up_pools(fleet: Fleet) -> dict[str, int]:
 
 def _reserve_warm(fleet: Fleet, pool: PoolConfig, names: list[str]) -> str:
     """One warm VM of ``pool`` reserved, holding a clone slot that its create job takes
-    over (as provision_request does for a request's VMs)."""
-    for _ in range(MAX_NAME_ATTEMPTS):
-        name = fleet.names()
-        if fleet.slots.acquire(name) is None:
-            return "clone_limit"
-        try:
-            outcome = fleet.store.reserve_pool_vm(
-                name,
-                pool=pool.name,
-                template=pool.template,
-                provider=pool.provider,
-                domain=pool.domain,
-                size=pool.size,
-                data_ttl_s=fleet.config.data_ttl_s,
-                actor=fleet.who("top_up_pools"),
-            )
-        except BaseException:
-            fleet.slots.release(name)
-            raise
-        note_outcome("reserve_pool_vm", name, outcome)
-        if outcome.ok:
-            names.append(name)
-            return "reserved"
-        fleet.slots.release(name)
-        if outcome.code != "name_taken":
-            return outcome.code
-    return "names_exhausted"
+    over; the code of :func:`~vmpool.lifecycle.reserving.reserve_fresh`."""
+
+    def reserve(name: str) -> Outcome:
+        return fleet.store.reserve_pool_vm(
+            name,
+            pool=pool.name,
+            template=pool.template,
+            provider=pool.provider,
+            domain=pool.domain,
+            size=pool.size,
+            data_ttl_s=fleet.config.data_ttl_s,
+            actor=fleet.who("top_up_pools"),
+        )
+
+    got = reserve_fresh(fleet, "reserve_pool_vm", reserve)
+    if got.code == ReserveCode.RESERVED:
+        names.append(got.name)
+    return got.code
 
 
 def check_ready(fleet: Fleet) -> dict[str, int]:
