@@ -1,4 +1,4 @@
-"""Batch jobs: one RQ job runs the per-subject work of many subjects (issue 15).
+"""Batch jobs: one RQ job runs the per-subject work of many subjects.
 
 A job that handles one VM pays RQ's whole price (dequeue, bookkeeping: tens of Redis
 commands) for one VM. The dispatcher of a worker fleet (``workers.batching``) therefore
@@ -10,16 +10,16 @@ its own checked transition under its own lock, the clone limit is still the
 semaphore's, and a subject is still deduplicated (the set holds it once; its lock and
 transitions refuse a second runner). A worker killed mid-batch loses nothing: its
 claimed subjects stay in the set and are claimed again when the lease
-(:func:`lease_s`) ends, and the periodic sweeps re-dispatch any work as before.
+(:func:`lease_s`) ends, and the periodic sweeps re-dispatch any work.
 
 The follow-up work a subject's step dispatches (the create of a reserved VM, the check
 of a created one, a destroy) is collected while a claim runs and dispatched once per
 claim (:class:`DeferredDispatch`), in the dispatcher's batched forms: a dispatch costs
-a pipeline of lane checks (``workers.batching.ensure_lanes``), which per VM was most of
-a VM's Redis commands. The claim is marked done only after that dispatch, so a worker
+a pipeline of lane checks (``workers.batching.ensure_lanes``), which done per VM would be
+most of a VM's Redis commands. The claim is marked done only after that dispatch, so a worker
 killed in between leaves the claim to be run again (each step is idempotent) and a
 subject's follow-up is never lost with it; a follow-up whose dispatch is lost anyway
-(Redis gone) is re-found by the periodic sweeps, as before.
+(Redis gone) is re-found by the periodic sweeps.
 
 Each batch function loops until the set has nothing claimable or it has run for
 :data:`BATCH_TIME_S`, then returns the count of each outcome, with ``more: 1`` when it
@@ -239,8 +239,9 @@ def _run_claim(
             asked = [fleet.lock(kind, s, step, read_record=True) for s in claim.subjects]
             held = {lock.subject: lock for lock in acquire_all(asked)}
             extra = prepare(fleet, list(held.values())) if prepare and held else {}
-        keeper = ClaimKeeper(work, job, claim, held, lease_s=lease_s(fleet),
-                             deadline=started + BATCH_TIME_S)  # fmt: skip
+        keeper = ClaimKeeper(
+            work, job, claim, held, lease_s=lease_s(fleet), deadline=started + BATCH_TIME_S
+        )
         fleet.lock_renewer.add(keeper)
         for subject in claim.subjects:
             if (done or later) and time.monotonic() - started >= BATCH_TIME_S:

@@ -66,7 +66,7 @@ class Dispatcher(Protocol):
 
     The plural methods are the batched forms the sweeps use: the same effect as the
     singular call for each subject, in a constant number of Redis round trips per batch
-    (issue 3: never one round trip per open request per tick)."""
+    (never one round trip per open request per tick)."""
 
     def provision_request(self, request_id: str) -> None: ...
 

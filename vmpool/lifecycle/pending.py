@@ -79,18 +79,7 @@ def observe_pending(
     elif held.state == "failed":
         reason = f"failed at the provider: {held.error or 'no reason given'}"
     elif ready:
-        # No lock check before the write: the store's fence refuses a stale holder
-        # ('stale_fence'), which is the guarantee; a check here is a round trip per VM.
-        failpoint("check_pending.before_commit")
-        outcome = fleet.store.vm_ready(
-            name, actor=actor, fence=lock.fence, hostname=_hostname(vm, held),
-            request_id=vm.request_id, address=held.address,
-        )  # fmt: skip
-        note_outcome("vm_ready", name, outcome)
-        if outcome.ok and outcome.code == "completed":
-            fleet.dispatch.destroy_vm(name)
-            dispatch_released(fleet, vm.request_id)
-        return outcome.code
+        return _record_ready(fleet, vm, lock, held)
     else:
         timeout_s = fleet.pool_timeout_s(vm.pool)
         since = vm.created_at if vm.created_at is not None else vm.state_since
@@ -105,6 +94,28 @@ def observe_pending(
     if failed.ok:
         return failed.code if failed.code != "completed" else "failed"
     return failed.code
+
+
+def _record_ready(fleet: Fleet, vm: VMRecord, lock: FencedLock, held: ProviderVM) -> str:
+    """Record a booted VM ready (attached to its request, or to destruction when the
+    request is gone); the store's code."""
+    name = vm.name
+    # No lock check before the write: the store's fence refuses a stale holder
+    # ('stale_fence'), which is the guarantee; a check here is a round trip per VM.
+    failpoint("check_pending.before_commit")
+    outcome = fleet.store.vm_ready(
+        name,
+        actor=fleet.who("check_pending"),
+        fence=lock.fence,
+        hostname=_hostname(vm, held),
+        request_id=vm.request_id,
+        address=held.address,
+    )
+    note_outcome("vm_ready", name, outcome)
+    if outcome.ok and outcome.code == "completed":
+        fleet.dispatch.destroy_vm(name)
+        dispatch_released(fleet, vm.request_id)
+    return outcome.code
 
 
 def _hostname(vm: VMRecord, held: ProviderVM) -> str:
