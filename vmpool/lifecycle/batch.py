@@ -41,6 +41,7 @@ from typing import Any
 
 from vmpool.lifecycle.claims import ClaimKeeper
 from vmpool.lifecycle.fleet import Dispatcher, Fleet
+from vmpool.lifecycle.outcomes import BatchCount, LockMiss, VMStep
 from vmpool.lifecycle.requests import CloneGate, provision_request
 from vmpool.lifecycle.vms import check_pending_vm, create_vm
 from vmpool.state.locks import FencedLock, LockKind, acquire_all, release_all
@@ -186,14 +187,14 @@ def run_batch(
     while True:
         elapsed = time.monotonic() - started
         if elapsed >= BATCH_TIME_S:
-            counts["more"] = 1
-            return dict(counts)
+            counts[BatchCount.MORE] = 1
+            return _plain(counts)
         size = CLAIM_SIZE
         if ran and elapsed > 0:  # what fits in the time left at the pace so far
             size = int((BATCH_TIME_S - elapsed) * ran / elapsed)
         claim = work.claim(job, max(1, min(CLAIM_SIZE, size)), lease_s(fleet))
         if not claim.subjects:
-            return dict(counts)
+            return _plain(counts)
         done, later = _run_claim(fleet, work, (job, fn, locked, prepare), claim, started, counts)
         ran += len(done) + len(later)
         work.done(job, claim, done)
@@ -206,7 +207,9 @@ def run_batch(
 # lost, a write refused as stale): if that worker stops, the subject is not lost; or
 # no clone slot was free. (A create its provider holds back, 'circuit_open' or
 # 'quota', is left to the pending sweep, which dispatches it once the hold is over.)
-DEFERRED = frozenset({"busy", "lock_lost", "stale_fence", "throttled"})
+DEFERRED: frozenset[str] = frozenset(
+    {LockMiss.BUSY, LockMiss.LOCK_LOST, VMStep.STALE_FENCE, VMStep.THROTTLED}
+)
 
 
 def retry_s(fleet: Fleet) -> float:
@@ -261,7 +264,7 @@ def _run_claim(
             fleet.lock_renewer.remove(keeper)
             let_go = set(keeper.let_go)
             if let_go:
-                counts["released"] += len(let_go)
+                counts[BatchCount.RELEASED] += len(let_go)
         release_all([lock for s, lock in held.items() if s not in let_go])
         fleet.dispatch.flush()
     return done, later
@@ -280,7 +283,7 @@ def _run_subject(
     if held is None:
         return _run_one(job, subject, partial(fn, fleet, subject))
     if subject not in held:
-        return "busy"
+        return LockMiss.BUSY
     return _run_one(
         job, subject, partial(fn, fleet, subject, held[subject], **extra.get(subject, {}))
     )
@@ -291,8 +294,13 @@ def _run_one(job: str, subject: str, call: Callable[[], object]) -> str:
         outcome = call()
     except Exception:
         log.exception("%s %s failed in a batch", job, subject)
-        return "error"
-    return outcome if isinstance(outcome, str) else "done"
+        return BatchCount.ERROR
+    return outcome if isinstance(outcome, str) else BatchCount.DONE
+
+
+def _plain(counts: Counter[str]) -> dict[str, int]:
+    """The counts keyed by plain strings (a code's value, not its enum member)."""
+    return {str(code): n for code, n in counts.items()}
 
 
 def provision_batch(fleet: Fleet) -> dict[str, int]:

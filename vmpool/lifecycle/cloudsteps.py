@@ -20,6 +20,7 @@ import logging
 from collections.abc import Mapping, Sequence
 
 from vmpool.lifecycle.fleet import Fleet, after_vm_failed, note_outcome
+from vmpool.lifecycle.outcomes import StoreCode, VMStep, store_code
 from vmpool.providers import (
     Capacity,
     Provider,
@@ -92,20 +93,24 @@ def _fits(fleet: Fleet, provider_name: str) -> bool:
     return limits is None or fleet.capacity.fits(provider_name, limits)
 
 
-def admit(fleet: Fleet, provider: Provider, vm: VMRecord, lock: FencedLock) -> str:
-    """Claim the VM's place within its provider's limits: '' when it may be created
-    (or the provider has none); 'quota' when it must wait (noted on the VM and its
-    request), 'provider_error' when the cores could not be counted (it waits too)."""
+def admit(
+    fleet: Fleet, provider: Provider, vm: VMRecord, lock: FencedLock
+) -> VMStep | StoreCode | None:
+    """Claim the VM's place within its provider's limits.
+
+    Returns None when it may be created (or the provider has none); 'quota' when it
+    must wait (noted on the VM and its request), 'provider_error' when the cores could
+    not be counted (it waits too), or the store's refusal of the note."""
     try:
         limits = limits_of(fleet, vm.provider)
     except Exception as exc:
         log.warning("create %s: cannot count provider %s's cores: %s", vm.name, vm.provider, exc)
-        return "provider_error"
+        return VMStep.PROVIDER_ERROR
     if limits is None:
-        return ""
+        return None
     ok, instances, cores = fleet.capacity.admit(vm.provider, vm.pool, vm.name, limits)
     if ok:
-        return ""
+        return None
     reason = (
         f"waiting for capacity at provider {vm.provider}: its VMs are at its limits"
         f" ({instances} of max_instances {limits.max_instances or '-'},"
@@ -115,7 +120,7 @@ def admit(fleet: Fleet, provider: Provider, vm: VMRecord, lock: FencedLock) -> s
     noted = fleet.store.vm_waiting(
         vm.name, reason, actor=fleet.who("create"), fence=lock.fence, request_id=vm.request_id
     )
-    return "quota" if noted.ok else noted.code
+    return VMStep.QUOTA if noted.ok else store_code(noted)
 
 
 def let_go(fleet: Fleet, provider: Provider, vm: VMRecord) -> None:
@@ -127,7 +132,7 @@ def let_go(fleet: Fleet, provider: Provider, vm: VMRecord) -> None:
 
 def create_failed(
     fleet: Fleet, provider: Provider, vm: VMRecord, lock: FencedLock, exc: Exception
-) -> str:
+) -> VMStep | StoreCode:
     """Record a failed create (vm_failed, permanent when retrying cannot help, with the
     cloud's message in the reason) and count it toward the provider's breaker; a quota
     answer is no failure: the VM waits (:func:`quota_wait`)."""
@@ -141,12 +146,14 @@ def create_failed(
     )
     note_outcome("vm_failed", vm.name, failed)
     after_vm_failed(fleet, vm, failed)
-    if failed.ok:
-        return failed.code if failed.code != "completed" else "failed"
-    return failed.code
+    if failed.ok and failed.code == "completed":
+        return VMStep.FAILED
+    return store_code(failed)
 
 
-def quota_wait(fleet: Fleet, vm: VMRecord, lock: FencedLock, exc: QuotaExceededError) -> str:
+def quota_wait(
+    fleet: Fleet, vm: VMRecord, lock: FencedLock, exc: QuotaExceededError
+) -> VMStep | StoreCode:
     """The cloud said quota: the VM stays reserved, no retry spent; its request learns
     why (the last cause its failure by TTL reports) and the provider's creates wait."""
     wait_s = fleet.config.provider_quota_wait_s
@@ -156,7 +163,7 @@ def quota_wait(fleet: Fleet, vm: VMRecord, lock: FencedLock, exc: QuotaExceededE
     noted = fleet.store.vm_waiting(
         vm.name, reason, actor=fleet.who("create"), fence=lock.fence, request_id=vm.request_id
     )
-    return "quota" if noted.ok else noted.code
+    return VMStep.QUOTA if noted.ok else store_code(noted)
 
 
 def count_failure(

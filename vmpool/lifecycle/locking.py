@@ -16,10 +16,10 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from enum import StrEnum
 from typing import TypeVar
 
 from vmpool.lifecycle.fleet import Fleet
+from vmpool.lifecycle.outcomes import LockMiss
 from vmpool.state.locks import FencedLock, LockBusy, LockKind, LockLost
 
 __all__ = ["LockMiss", "locked", "run_locked"]
@@ -30,13 +30,6 @@ T = TypeVar("T")
 
 # How the log names a subject of each lock kind.
 _NOUN: dict[LockKind, str] = {"request": "request", "vm": "VM"}
-
-
-class LockMiss(StrEnum):
-    """Why a step did not run (or did not finish) under its lock."""
-
-    BUSY = "busy"  # another worker holds the lock
-    LOCK_LOST = "lock_lost"  # the lock expired or went to another worker midway
 
 
 @contextmanager

@@ -23,6 +23,7 @@ from vmpool.ids import InvalidIdentifier, validate_vm_name
 from vmpool.lifecycle.failpoints import failpoint
 from vmpool.lifecycle.fleet import Fleet, after_vm_failed, dispatch_released, note_outcome
 from vmpool.lifecycle.locking import run_locked
+from vmpool.lifecycle.outcomes import VMCode, VMStep, in_state, store_code
 from vmpool.providers import ProviderVM, StatusBatch
 from vmpool.state.locks import FencedLock
 from vmpool.state.records import VMRecord
@@ -63,7 +64,7 @@ def observe_pending(
     ready: bool,
     *,
     lag_s: float = 0.0,
-) -> str:
+) -> VMCode:
     """Record what the cloud said of pending ``vm`` (re-read under ``lock``).
     ``lag_s``: the answer came from a list that may lag a create by that long
     (:func:`list_lag_s`), so a VM missing from it is booting until it is that old.
@@ -73,7 +74,7 @@ def observe_pending(
     name = vm.name
     actor = fleet.who("check_pending")
     if held is None and lag_s > 0 and _age(vm, fleet.store.server_time()) < lag_s:
-        return "booting"
+        return VMStep.BOOTING
     if held is None:
         reason = "VM vanished at the provider while booting"
     elif held.state == "failed":
@@ -84,19 +85,19 @@ def observe_pending(
         timeout_s = fleet.pool_timeout_s(vm.pool)
         since = vm.created_at if vm.created_at is not None else vm.state_since
         if since is None or fleet.store.server_time() - since < timeout_s:
-            return "booting"
+            return VMStep.BOOTING
         reason = f"timeout: not ready {timeout_s:g}s after create"
     failed = fleet.store.vm_failed(
         name, reason, actor=actor, fence=lock.fence, request_id=vm.request_id
     )
     note_outcome("vm_failed", name, failed)
     after_vm_failed(fleet, vm, failed)
-    if failed.ok:
-        return failed.code if failed.code != "completed" else "failed"
-    return failed.code
+    if failed.ok and failed.code == "completed":
+        return VMStep.FAILED
+    return store_code(failed)
 
 
-def _record_ready(fleet: Fleet, vm: VMRecord, lock: FencedLock, held: ProviderVM) -> str:
+def _record_ready(fleet: Fleet, vm: VMRecord, lock: FencedLock, held: ProviderVM) -> VMCode:
     """Record a booted VM ready (attached to its request, or to destruction when the
     request is gone); the store's code."""
     name = vm.name
@@ -115,7 +116,7 @@ def _record_ready(fleet: Fleet, vm: VMRecord, lock: FencedLock, held: ProviderVM
     if outcome.ok and outcome.code == "completed":
         fleet.dispatch.destroy_vm(name)
         dispatch_released(fleet, vm.request_id)
-    return outcome.code
+    return store_code(outcome)
 
 
 def _hostname(vm: VMRecord, held: ProviderVM) -> str:
@@ -210,7 +211,7 @@ def apply_listing(fleet: Fleet, listing: Listing) -> tuple[list[str], dict[str, 
                 continue
             outcome = _observe_locked(fleet, vm.name, provider_name, held, lag)
             outcomes[vm.name] = outcome
-            if outcome == "other_provider":
+            if outcome == VMStep.OTHER_PROVIDER:
                 rest.append(vm.name)
     return rest, outcomes
 
@@ -240,16 +241,18 @@ def _due(fleet: Fleet, vm: Booting, held: ProviderVM | None, now: float, lag: fl
 
 def _observe_locked(
     fleet: Fleet, name: str, provider_name: str, held: ProviderVM | None, lag: float
-) -> str:
+) -> VMCode:
     """Under the VM's lock, whose grant reads its record (no second read): the cloud's
     answer recorded if the VM is still pending at ``provider_name``."""
 
-    def step(lock: FencedLock) -> str:
+    def step(lock: FencedLock) -> VMCode:
         vm = VMRecord.from_hash(lock.record) if lock.record else None
-        if vm is None or vm.state != "pending":
-            return "no_vm" if vm is None else f"vm_{vm.state}"
+        if vm is None:
+            return VMStep.NO_VM
+        if vm.state != "pending":
+            return in_state("vm", vm.state)
         if vm.provider != provider_name:  # the pool changed provider since its create
-            return "other_provider"
+            return VMStep.OTHER_PROVIDER
         ready = held is not None and held.state == "running"
         return observe_pending(fleet, vm, lock, held, ready, lag_s=lag)
 

@@ -18,7 +18,15 @@ from redis.exceptions import ResponseError
 from vmpool.config import PoolConfig
 from vmpool.lifecycle.fleet import Fleet, dispatch_released, note_outcome
 from vmpool.lifecycle.locking import run_locked
-from vmpool.lifecycle.reserving import MAX_NAME_ATTEMPTS, ReserveCode, reserve_fresh
+from vmpool.lifecycle.outcomes import (
+    RequestCode,
+    RequestStep,
+    ReserveCode,
+    StoreCode,
+    in_state,
+    store_code,
+)
+from vmpool.lifecycle.reserving import MAX_NAME_ATTEMPTS, reserve_fresh
 from vmpool.lifecycle.warm import claim_ready
 from vmpool.state.locks import FencedLock
 from vmpool.state.records import Outcome, RequestRecord
@@ -106,14 +114,14 @@ def _reserve_for(
             continue
         for _ in range(missing):
             code = _reserve_one(fleet, request_id, slot.alias, pool, lock, reserved)
-            if code == "clone_limit":
+            if code == ReserveCode.CLONE_LIMIT:
                 gate.closed = True
                 return
             if code in _REQUEST_LEVEL_REFUSALS:
                 return
             if code.startswith("request_"):
                 return
-            if code != "reserved":
+            if code != ReserveCode.RESERVED:
                 break  # slot_full, no_such_slot, names exhausted: next slot
 
 
@@ -124,7 +132,7 @@ def _reserve_one(
     pool: PoolConfig,
     lock: FencedLock,
     reserved: list[str],
-) -> str:
+) -> ReserveCode | StoreCode:
     """One VM of ``pool`` reserved for the request's slot ``alias``, its create
     dispatched; the code of :func:`~vmpool.lifecycle.reserving.reserve_fresh`."""
 
@@ -158,7 +166,7 @@ def _reserve_one(
 # ------------------------------------------------------------------------------------
 
 
-def check_request(fleet: Fleet, request_id: str) -> str:
+def check_request(fleet: Fleet, request_id: str) -> RequestCode:
     """One request: expire it if its time is up, else push its work along.
 
     Returns the expiry outcome ('fulfilled' / 'failed'), 'pending' (work dispatched),
@@ -166,17 +174,17 @@ def check_request(fleet: Fleet, request_id: str) -> str:
     """
     req = fleet.store.get_request(request_id)
     if req is None:
-        return "no_request"
+        return RequestStep.NO_REQUEST
     if req.status != "pending":
         if req.status in ("failed", "deleted"):
             dispatch_released(fleet, request_id)
-        return f"request_{req.status}"
+        return in_state("request", req.status)
     if fleet.store.server_time() >= req.fail_at:
         outcome = fleet.store.expire_request(request_id, actor=fleet.who("check_request"))
         note_outcome("expire", request_id, outcome)
         if outcome.ok:
             dispatch_released(fleet, request_id)
-        return outcome.code
+        return store_code(outcome)
     vms = fleet.store.get_vms(req.vm_names)
     pending = [vm.name for vm in vms if vm.state == "pending"]
     reserved = [vm.name for vm in vms if vm.state == "reserved"]
@@ -186,7 +194,7 @@ def check_request(fleet: Fleet, request_id: str) -> str:
         fleet.dispatch.create_vms(reserved)
     if req.unreserved > 0:
         fleet.dispatch.provision_request(request_id)
-    return "pending"
+    return RequestStep.PENDING
 
 
 def sweep_expired(fleet: Fleet, limit: int = 1000) -> dict[str, int]:

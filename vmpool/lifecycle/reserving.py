@@ -11,30 +11,22 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from enum import StrEnum
 
 from vmpool.lifecycle.fleet import Fleet, note_outcome
+from vmpool.lifecycle.outcomes import ReserveCode, StoreCode, store_code
 from vmpool.state.records import Outcome
 
-__all__ = ["MAX_NAME_ATTEMPTS", "Reservation", "ReserveCode", "reserve_fresh"]
+__all__ = ["MAX_NAME_ATTEMPTS", "Reservation", "reserve_fresh"]
 
 # Hostnames drawn for one VM before giving up on it this round.
 MAX_NAME_ATTEMPTS = 8
-
-
-class ReserveCode(StrEnum):
-    """What :func:`reserve_fresh` coins; else a refusal of the store passes through."""
-
-    RESERVED = "reserved"
-    CLONE_LIMIT = "clone_limit"  # no clone slot free: the rest waits
-    NAMES_EXHAUSTED = "names_exhausted"  # every name drawn was taken
 
 
 @dataclass(frozen=True)
 class Reservation:
     """One attempt's result: ``code``, and the VM's ``name`` when it was reserved."""
 
-    code: str
+    code: ReserveCode | StoreCode
     name: str = ""
 
 
@@ -56,5 +48,5 @@ def reserve_fresh(fleet: Fleet, what: str, reserve: Callable[[str], Outcome]) ->
             return Reservation(ReserveCode.RESERVED, name)
         fleet.slots.release(name)
         if outcome.code != "name_taken":
-            return Reservation(outcome.code)
+            return Reservation(store_code(outcome))
     return Reservation(ReserveCode.NAMES_EXHAUSTED)

@@ -32,6 +32,7 @@ from vmpool.lifecycle.cloudsteps import (
 from vmpool.lifecycle.failpoints import failpoint
 from vmpool.lifecycle.fleet import Fleet, note_outcome
 from vmpool.lifecycle.locking import run_locked
+from vmpool.lifecycle.outcomes import VMCode, VMStep, in_state, store_code
 from vmpool.lifecycle.pending import check_batched, list_lag_s, observe_pending
 from vmpool.providers import Provider, StatusBatch, create_for_request
 from vmpool.state.locks import FencedLock
@@ -59,7 +60,7 @@ log = logging.getLogger(__name__)
 
 def create_vm(
     fleet: Fleet, name: str, lock: FencedLock | None = None, slot: bool | None = None
-) -> str:
+) -> VMCode:
     """Create a reserved VM at its provider and record it pending.
 
     Returns: 'pending' (created; check_pending_vm dispatched), 'completed' (the request
@@ -91,7 +92,7 @@ def create_vm(
     return _under_vm_lock(fleet, name, "reserved", "create", body, lock, not_reserved)
 
 
-LockedStep = Callable[[Fleet, VMRecord, Provider, FencedLock], str]
+LockedStep = Callable[[Fleet, VMRecord, Provider, FencedLock], VMCode]
 
 
 def _under_vm_lock(
@@ -102,7 +103,7 @@ def _under_vm_lock(
     body: LockedStep,
     lock: FencedLock | None = None,
     elsewhere: Callable[[FencedLock], None] | None = None,
-) -> str:
+) -> VMCode:
     """The shape of every per-VM job: the VM's lock, whose grant reads the VM's record
     in the same unit (so the record is read under the lock, once), then ``body`` if the
     VM is in ``state`` (else 'vm_<its state>', after ``elsewhere(lock)``). ``lock``:
@@ -110,17 +111,17 @@ def _under_vm_lock(
     and releases them in one); else taken and released here. Another worker holding the
     lock is 'busy', not an error; a lock lost midway stops the step ('lock_lost')."""
 
-    def run(held: FencedLock) -> str:
+    def run(held: FencedLock) -> VMCode:
         vm = VMRecord.from_hash(held.record) if held.record else None
         if vm is None:
-            return "no_vm"
+            return VMStep.NO_VM
         if vm.state != state:
             if elsewhere is not None:
                 elsewhere(held)
-            return f"vm_{vm.state}"
+            return in_state("vm", vm.state)
         provider = fleet.provider_for(vm)
         if provider is None:
-            return "no_provider"
+            return VMStep.NO_PROVIDER
         return body(fleet, vm, provider, held)
 
     return run_locked(fleet, "vm", name, step, run, lock=lock, read_record=True)
@@ -128,17 +129,17 @@ def _under_vm_lock(
 
 def _create_locked(
     fleet: Fleet, vm: VMRecord, provider: Provider, lock: FencedLock, slot: bool | None = None
-) -> str:
+) -> VMCode:
     name = vm.name
     hold = held_back(fleet, provider, vm)
     if hold:
         fleet.slots.release(name, lock.fence)  # the VM waits reserved, holding no slot
-        return hold
+        return VMStep(hold)
     if slot is None:  # renews (or takes over) the VM's lease, or takes a free slot
         slot = fleet.slots.acquire(name, lock.fence) is not None
     if not slot:
         log.info("create %s: clone limit reached, waiting for a slot", name)
-        return "throttled"
+        return VMStep.THROTTLED
     actor = fleet.who("create")
     try:
         lock.ensure_held()  # before the provider call: a side effect no fence guards
@@ -160,16 +161,16 @@ def _create_locked(
         note_outcome("vm_created", name, created)
         if created.ok and created.code == "pending":
             fleet.dispatch.check_pending_vm(name)
-            return "pending"
+            return VMStep.PENDING
         if created.code == "stale_fence":
             # Another worker holds the VM now and will finish (or undo) this create; but
             # if the record already let go of the VM, what we made is nobody's.
             _destroy_if_released(fleet, name, provider)
-            return "stale_fence"
+            return VMStep.STALE_FENCE
         # 'completed' (request gone), 'vm_completed' (released meanwhile), ...: the VM we
         # made belongs to nobody; destroy it now rather than wait for the reconciler.
         destroy_at_provider(fleet, name, provider, lock, pool=vm.pool)
-        return "completed" if created.ok else created.code
+        return VMStep.COMPLETED if created.ok else store_code(created)
     finally:
         fleet.slots.release(name, lock.fence)  # ours only: not a newer creator's
         let_go(fleet, provider, vm)
@@ -188,7 +189,7 @@ def _destroy_if_released(fleet: Fleet, name: str, provider: Provider) -> None:
 
 def destroy_at_provider(
     fleet: Fleet, name: str, provider: Provider, lock: FencedLock, pool: str = ""
-) -> str:
+) -> VMCode:
     """Under the VM's lock: destroy at the provider, then record it destroyed. A VM
     whose record is gone (its tombstone expired) is destroyed at the provider only."""
     vm = fleet.store.get_vm(name)
@@ -198,18 +199,18 @@ def destroy_at_provider(
             provider.destroy_vm(pool, name)
         except Exception as exc:
             log.warning("destroy of unrecorded %s failed (reconcile retries): %s", name, exc)
-        return "no_vm"
+        return VMStep.NO_VM
     if vm.state != "completed":
-        return f"vm_{vm.state}"
+        return in_state("vm", vm.state)
     lock.ensure_held()
     try:
         provider.destroy_vm(vm.pool, name)
     except Exception as exc:
         log.warning("destroy %s failed; it stays completed for the next sweep: %s", name, exc)
-        return "provider_error"
+        return VMStep.PROVIDER_ERROR
     outcome = fleet.store.vm_destroyed(name, actor=fleet.who("destroy"), fence=lock.fence)
     note_outcome("vm_destroyed", name, outcome)
-    return outcome.code
+    return store_code(outcome)
 
 
 # ------------------------------------------------------------------------------------
@@ -217,7 +218,7 @@ def destroy_at_provider(
 # ------------------------------------------------------------------------------------
 
 
-def check_pending_vm(fleet: Fleet, name: str, lock: FencedLock | None = None) -> str:
+def check_pending_vm(fleet: Fleet, name: str, lock: FencedLock | None = None) -> VMCode:
     """Ask the provider whether a pending VM booted.
 
     Returns: 'running' / 'fulfilled' (attached; the request turned ready in the same
@@ -230,7 +231,9 @@ def check_pending_vm(fleet: Fleet, name: str, lock: FencedLock | None = None) ->
     return _under_vm_lock(fleet, name, "pending", "check_pending", _check_pending_locked, lock)
 
 
-def _check_pending_locked(fleet: Fleet, vm: VMRecord, provider: Provider, lock: FencedLock) -> str:
+def _check_pending_locked(
+    fleet: Fleet, vm: VMRecord, provider: Provider, lock: FencedLock
+) -> VMCode:
     name = vm.name
     try:
         if isinstance(provider, StatusBatch):  # one cloud call, not two
@@ -241,7 +244,7 @@ def _check_pending_locked(fleet: Fleet, vm: VMRecord, provider: Provider, lock: 
             ready = held is not None and provider.is_ready(vm.pool, name)
     except Exception as exc:
         log.warning("check_pending %s: provider error, next check retries: %s", name, exc)
-        return "provider_error"
+        return VMStep.PROVIDER_ERROR
     return observe_pending(fleet, vm, lock, held, ready, lag_s=list_lag_s(provider))
 
 
@@ -364,7 +367,7 @@ def destroy_sweep(fleet: Fleet) -> int:
     return len(names)
 
 
-def destroy_vm(fleet: Fleet, name: str) -> str:
+def destroy_vm(fleet: Fleet, name: str) -> VMCode:
     """Destroy a completed VM at its provider, then record it destroyed.
 
     Returns 'destroyed', 'provider_error' (a transient failure: the VM stays completed
@@ -374,5 +377,5 @@ def destroy_vm(fleet: Fleet, name: str) -> str:
     return _under_vm_lock(fleet, name, "completed", "destroy", _destroy_locked)
 
 
-def _destroy_locked(fleet: Fleet, vm: VMRecord, provider: Provider, lock: FencedLock) -> str:
+def _destroy_locked(fleet: Fleet, vm: VMRecord, provider: Provider, lock: FencedLock) -> VMCode:
     return destroy_at_provider(fleet, vm.name, provider, lock, pool=vm.pool)

@@ -22,8 +22,9 @@ import logging
 
 from vmpool.config import PoolConfig
 from vmpool.lifecycle.fleet import Fleet, note_outcome
+from vmpool.lifecycle.outcomes import RecycleReason, ReserveCode, StoreCode
 from vmpool.lifecycle.overrides import effective_pools
-from vmpool.lifecycle.reserving import ReserveCode, reserve_fresh
+from vmpool.lifecycle.reserving import reserve_fresh
 from vmpool.state.records import Outcome, RequestRecord, VMRecord
 
 __all__ = ["check_ready", "claim_ready", "top_up_pools"]
@@ -49,7 +50,7 @@ def top_up_pools(fleet: Fleet) -> dict[str, int]:
         deficit = min(pool.size - have["ready"] - have["warming"], fleet.config.task_limit)
         for _ in range(max(0, deficit)):
             code = _reserve_warm(fleet, pool, names)
-            if code != "reserved":
+            if code != ReserveCode.RESERVED:
                 log.info("top-up %s stopped: %s", pool.name, code)
                 break
             made[pool.name] = made.get(pool.name, 0) + 1
@@ -58,7 +59,7 @@ def top_up_pools(fleet: Fleet) -> dict[str, int]:
     return made
 
 
-def _reserve_warm(fleet: Fleet, pool: PoolConfig, names: list[str]) -> str:
+def _reserve_warm(fleet: Fleet, pool: PoolConfig, names: list[str]) -> ReserveCode | StoreCode:
     """One warm VM of ``pool`` reserved, holding a clone slot that its create job takes
     over; the code of :func:`~vmpool.lifecycle.reserving.reserve_fresh`."""
 
@@ -101,7 +102,7 @@ def check_ready(fleet: Fleet) -> dict[str, int]:
             note_outcome("recycle", vm.name, outcome)
             if outcome.ok:
                 recycled.append(vm.name)
-                counts[reason] = counts.get(reason, 0) + 1
+                counts[reason.value] = counts.get(reason.value, 0) + 1
     if recycled:
         fleet.dispatch.destroy_vms(recycled)
     return counts
@@ -109,22 +110,22 @@ def check_ready(fleet: Fleet) -> dict[str, int]:
 
 def _why_recycle(
     fleet: Fleet, pool: PoolConfig, vm: VMRecord, now: float, *, excess: bool
-) -> tuple[str, float | None]:
-    """(reason, least ready age the script must re-check) or ('', None) to keep it."""
+) -> tuple[RecycleReason | None, float | None]:
+    """(reason, least ready age the script must re-check) or (None, None) to keep it."""
     ttl = pool.ready_ttl_s
     if ttl is not None and vm.ready_at is not None and now - vm.ready_at >= ttl:
-        return "ready_ttl", ttl
+        return RecycleReason.READY_TTL, ttl
     if excess:
-        return "pool shrank", None
+        return RecycleReason.POOL_SHRANK, None
     provider = fleet.providers.get(vm.provider)
     if provider is None:
-        return "", None  # left alone; the audit reports a VM whose provider is gone
+        return None, None  # left alone; the audit reports a VM whose provider is gone
     try:
         ok = provider.get_vm(vm.pool, vm.name) is not None and provider.is_ready(vm.pool, vm.name)
     except Exception as exc:  # a provider hiccup is not a failed VM: next check retries
         log.warning("check_ready %s: provider error: %s", vm.name, exc)
-        return "", None
-    return ("failed its check", None) if not ok else ("", None)
+        return None, None
+    return (RecycleReason.FAILED_CHECK, None) if not ok else (None, None)
 
 
 def claim_ready(fleet: Fleet, req: RequestRecord) -> list[str]:
