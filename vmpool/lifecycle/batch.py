@@ -79,14 +79,18 @@ BATCHED: dict[str, str] = {
 
 
 def lease_s(fleet: Fleet) -> float:
-    """How long a claim is its job's alone: the lock expiry (so a dead worker's subjects
-    come back about when its locks do). A claim outliving it lets a second job try the
-    subject, which its lock and checked transitions make harmless."""
+    """How long a claim is its job's alone.
+
+    The lock expiry (so a dead worker's subjects come back about when its locks do). A
+    claim outliving it lets a second job try the subject, which its lock and checked
+    transitions make harmless."""
     return float(fleet.config.lock_expire_s)
 
 
 class DeferredDispatch:
-    """A Dispatcher that holds the per-subject follow-ups of one claim and hands them to
+    """A Dispatcher that holds one claim's follow-ups and sends them batched.
+
+    A Dispatcher that holds the per-subject follow-ups of one claim and hands them to
     ``inner`` in its batched forms at :meth:`flush` (each kind once, each subject once,
     in the order first asked). ``check_request`` and the batched forms go through at
     once (they are not per-VM follow-ups, or already batched)."""
@@ -157,10 +161,11 @@ def run_batch(
     locked: tuple[LockKind, str] | None = None,
     prepare: Prepare | None = None,
 ) -> dict[str, int]:
-    """Claim subjects of ``job``'s work set (in the order of service) and run ``fn``
-    for each until none is claimable ('more' absent) or :data:`BATCH_TIME_S` is over
-    ('more': 1; the claimed subjects not yet run are released at once: back in line).
-    A claim is sized to what fits in the time left at the pace so far (1 to
+    """Run ``fn`` for the subjects of ``job``'s work set, a claim at a time.
+
+    Subjects are claimed in the order of service until none is claimable ('more'
+    absent) or :data:`BATCH_TIME_S` is over ('more': 1; those not yet run go back in
+    line at once). A claim is sized to what fits in the time left at the pace so far (1 to
     :data:`CLAIM_SIZE`). An exception of one subject is logged and counted ('error');
     the subject is done (the sweeps re-find real work). A subject not over
     (:data:`DEFERRED`) stays in the set, back in line after a lease (the pending sweep
@@ -173,9 +178,8 @@ def run_batch(
     script once the claim has run. ``prepare``, given the granted locks, does for those
     subjects at once what each would do alone (the create claim's clone slots) and says
     what to pass each ``fn``. Without ``locked``, ``fn(fleet, subject)`` runs. A
-    :class:`~vmpool.lifecycle.claims.ClaimKeeper` renews the claim's lease while it
-    runs and lets go of its unstarted subjects once the batch's time is over. What the
-    subjects dispatch is dispatched once per claim, after the locks are released and
+    :class:`~vmpool.lifecycle.claims.ClaimKeeper` keeps the claim while it runs. What
+    the subjects dispatch goes out once per claim, after the locks are released and
     before the claim is marked done (:class:`DeferredDispatch`)."""
     deferred = DeferredDispatch(fleet.dispatch)
     fleet = copy.copy(fleet)  # the same clients, names and renewer; its own dispatch
@@ -213,9 +217,10 @@ DEFERRED: frozenset[str] = frozenset(
 
 
 def retry_s(fleet: Fleet) -> float:
-    """How long a deferred subject waits before it is back in line: a pending-sweep
-    tick (the sweep then has a batch job queued for it), at least 0.5 s, at most a
-    claim's lease (a holder that stopped has lost its lock by then)."""
+    """How long a deferred subject waits before it is back in line.
+
+    A pending-sweep tick (the sweep then has a batch job queued for it), at least 0.5 s,
+    at most a claim's lease (a holder that stopped has lost its lock by then)."""
     return min(lease_s(fleet), max(0.5, fleet.config.schedule.check_pending_sweep))
 
 
@@ -225,7 +230,9 @@ _How = tuple[str, Callable[..., object], tuple[LockKind, str] | None, Prepare | 
 def _run_claim(
     fleet: Fleet, work: WorkSet, how: _How, claim: Claim, started: float, counts: Counter[str]
 ) -> tuple[list[str], list[str]]:
-    """Run the claimed subjects (under their locks, for a locked step) until the batch's
+    """Run one claim's subjects; returns those done and those deferred.
+
+    Run the claimed subjects (under their locks, for a locked step) until the batch's
     time is over; returns those done and those deferred (:data:`DEFERRED`). The claim is
     kept (renewed, its unstarted subjects let go at the batch's end: ClaimKeeper) while
     it runs; the locks are released and the follow-ups dispatched whatever happens."""
@@ -278,7 +285,9 @@ def _run_subject(
     held: dict[str, FencedLock] | None,
     extra: dict[str, dict[str, Any]],
 ) -> str:
-    """One subject's step: ``fn(fleet, subject)`` (no lock), 'busy' (its lock is held
+    """Run one subject's step; its outcome code.
+
+    One subject's step: ``fn(fleet, subject)`` (no lock), 'busy' (its lock is held
     elsewhere) or ``fn(fleet, subject, lock, **extra)``."""
     if held is None:
         return _run_one(job, subject, partial(fn, fleet, subject))
@@ -304,8 +313,10 @@ def _plain(counts: Counter[str]) -> dict[str, int]:
 
 
 def provision_batch(fleet: Fleet) -> dict[str, int]:
-    """provision_request for every request in its work set, in the order of service;
-    once one meets the clone limit, the rest of the batch only take ready VMs
+    """Run provision_request for every request in its work set.
+
+    provision_request for every request in its work set, in the order of service; once
+    one meets the clone limit, the rest of the batch only take ready VMs
     (:class:`~vmpool.lifecycle.requests.CloneGate`)."""
     locked = LOCKED_STEPS["provision_request"]
     step = partial(provision_request, gate=CloneGate())
@@ -318,11 +329,13 @@ def create_vm_batch(fleet: Fleet) -> dict[str, int]:
 
 
 def _take_slots(fleet: Fleet, locks: list[FencedLock]) -> dict[str, dict[str, Any]]:
-    """A create claim's clone slots in one script: for each VM still reserved (as read
+    """Take a create claim's clone slots in one script.
+
+    A create claim's clone slots in one script: for each VM still reserved (as read
     under its lock), its lease renewed or a free slot taken, as ``create_vm`` would do
-    alone; each ``create_vm`` is told whether it holds one (and gives it back, as
-    ever). A slot taken for a VM the claim does not reach before its time is over is
-    its own: its next create uses it, and a lease nobody renews ends by itself."""
+    alone; each ``create_vm`` is told whether it holds one (and gives it back, as ever).
+    A slot taken for a VM the claim does not reach before its time is over is its own:
+    its next create uses it, and a lease nobody renews ends by itself."""
     held = [(lk.subject, lk.fence) for lk in locks if lk.record.get("state") == "reserved"]
     return {name: {"slot": ok} for name, ok in fleet.slots.acquire_all(held).items()}
 

@@ -1,5 +1,7 @@
-"""The create path's dealings with a cloud provider: its circuit breaker and its quota
-hold (:mod:`vmpool.state.circuit`, shared through Redis).
+"""The create path's dealings with a cloud provider.
+
+Its circuit breaker and its quota hold (:mod:`vmpool.state.circuit`, shared through
+Redis).
 
 Only providers that declare ``circuit_breaker`` (the real clouds) count toward or are
 held back by a breaker; the simulated cloud's failures are the chaos tests' input.
@@ -48,10 +50,12 @@ log = logging.getLogger(__name__)
 
 
 def held_back(fleet: Fleet, provider: Provider, vm: VMRecord) -> HoldReason:
-    """Why the VM's create must wait ('circuit_open': the provider's breaker is open;
-    'quota': its cloud answered quota a moment ago), '' when it may go (one read). A
-    VM held back stays reserved (the sweep dispatches it again once the hold is over)
-    and its creator gives its clone slot back."""
+    """Why the VM's create must wait now, '' when it may go.
+
+    Why the VM's create must wait ('circuit_open': the provider's breaker is open;
+    'quota': its cloud answered quota a moment ago), '' when it may go (one read). A VM
+    held back stays reserved (the sweep dispatches it again once the hold is over) and
+    its creator gives its clone slot back."""
     if not uses_circuit(provider):
         return ""
     reason = fleet.circuit.held_back(vm.provider)
@@ -61,9 +65,11 @@ def held_back(fleet: Fleet, provider: Provider, vm: VMRecord) -> HoldReason:
 
 
 def creates_due(fleet: Fleet, by_pool: Mapping[str, Sequence[str]]) -> list[str]:
-    """The stale reservations (by pool) to create again, less those of pools whose
-    provider holds its creates back now (circuit open, quota: they would only answer
-    so; one read for all providers) or is at its own limits (one count each)."""
+    """The stale reservations to create again now.
+
+    The stale reservations (by pool) to create again, less those of pools whose provider
+    holds its creates back now (circuit open, quota: they would only answer so; one read
+    for all providers) or is at its own limits (one count each)."""
     providers = {p: c.provider for p, c in fleet.config.pools.items() if by_pool.get(p)}
     clouds = [n for n in set(providers.values()) if uses_circuit(fleet.providers.get(n))]
     held = {s.provider for s in fleet.circuit.states(clouds) if s.held_back} if clouds else set()
@@ -124,8 +130,10 @@ def admit(
 
 
 def let_go(fleet: Fleet, provider: Provider, vm: VMRecord) -> None:
-    """The create is over: its claim within the provider's limits is given back (the
-    VM, if made, is counted by its pool's index from now on)."""
+    """Give back the create's claim within the provider's limits.
+
+    The create is over: its claim within the provider's limits is given back (the VM, if
+    made, is counted by its pool's index from now on)."""
     if isinstance(provider, Capacity) and any(provider.limits()):
         fleet.capacity.release(vm.provider, vm.pool, vm.name)
 
@@ -133,7 +141,9 @@ def let_go(fleet: Fleet, provider: Provider, vm: VMRecord) -> None:
 def create_failed(
     fleet: Fleet, provider: Provider, vm: VMRecord, lock: FencedLock, exc: Exception
 ) -> VMStep | StoreCode:
-    """Record a failed create (vm_failed, permanent when retrying cannot help, with the
+    """Record a failed create and count it toward the provider's breaker.
+
+    Record a failed create (vm_failed, permanent when retrying cannot help, with the
     cloud's message in the reason) and count it toward the provider's breaker; a quota
     answer is no failure: the VM waits (:func:`quota_wait`)."""
     if isinstance(exc, QuotaExceededError):
@@ -154,8 +164,10 @@ def create_failed(
 def quota_wait(
     fleet: Fleet, vm: VMRecord, lock: FencedLock, exc: QuotaExceededError
 ) -> VMStep | StoreCode:
-    """The cloud said quota: the VM stays reserved, no retry spent; its request learns
-    why (the last cause its failure by TTL reports) and the provider's creates wait."""
+    """Hold a VM the cloud refused for quota: it waits reserved.
+
+    The cloud said quota: the VM stays reserved, no retry spent; its request learns why
+    (the last cause its failure by TTL reports) and the provider's creates wait."""
     wait_s = fleet.config.provider_quota_wait_s
     fleet.circuit.hold_for_quota(vm.provider, str(exc), wait_s)
     reason = f"waiting for capacity at provider {vm.provider}: {exc}"
@@ -169,9 +181,11 @@ def quota_wait(
 def count_failure(
     fleet: Fleet, provider: Provider, vm: VMRecord, exc: Exception, permanent: bool
 ) -> str:
-    """Count a transient create failure toward the provider's circuit breaker (a
-    permanent one is the request's mistake, not the cloud's health); the words the
-    VM's trail gets when this failure opened the circuit."""
+    """Count a transient create failure toward the provider's breaker.
+
+    Count a transient create failure toward the provider's circuit breaker (a permanent
+    one is the request's mistake, not the cloud's health); the words the VM's trail gets
+    when this failure opened the circuit."""
     if permanent or not uses_circuit(provider):
         return ""
     if not fleet.circuit.failure(vm.provider, str(exc)):

@@ -1,5 +1,7 @@
-"""The one lock scaffold of the lifecycle: every job that works under a request's or a
-VM's fenced lock goes through :func:`locked` or :func:`run_locked`.
+"""The one lock scaffold of the lifecycle.
+
+Every job that works under a request's or a VM's fenced lock goes through :func:`locked`
+or :func:`run_locked`.
 
 A job either takes the subject's lock itself or adopts one a batch job granted for it
 (:mod:`vmpool.lifecycle.batch` grants a claim's locks in one script and releases them

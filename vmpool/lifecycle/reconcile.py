@@ -95,9 +95,11 @@ def _reconcile_vanished(
     since: float,
     counts: Counts,
 ) -> None:
-    """A handed-out VM its provider no longer holds (listed before it was handed out
-    does not count): asked again alone, then ended, so its holder sees it gone and its
-    record goes the way of every finished VM."""
+    """End a handed-out VM its provider no longer holds.
+
+    A handed-out VM its provider no longer holds (listed before it was handed out does
+    not count): asked again alone, then ended, so its holder sees it gone and its record
+    goes the way of every finished VM."""
     handed = vm.checkout_at or vm.ready_at
     if vm.state != "running" or vm.provider not in inventories or not handed or handed > since:
         return
@@ -158,8 +160,10 @@ def _reconcile_inventory(
 def _destroy_unowned(
     fleet: Fleet, provider: Provider, pvm: ProviderVM, why: Unowned, counts: Counts
 ) -> None:
-    """Destroy a provider VM no live record can claim (missing or destroyed record).
-    Under the VM's lock, so it does not race a late create of the same name."""
+    """Destroy a provider VM no live record can claim.
+
+    Its record is missing or destroyed. Under the VM's lock, so it does not race a late
+    create of the same name."""
 
     def step(lock: FencedLock) -> None:
         record = fleet.store.get_vm(pvm.name)

@@ -51,10 +51,12 @@ _REQUEST_LEVEL_REFUSALS = frozenset({"no_request", "stale_fence", "past_deadline
 
 @dataclass
 class CloneGate:
-    """Shared by the provision steps a batch job runs in the order of service: once one
-    met the clone limit, those after it reserve nothing (they still take ready VMs), so
-    a slot freed meanwhile is not handed to a younger request before the older one
-    (first come, first served); the older gets it at its next turn."""
+    """Keeps a provision batch first come, first served at the clone limit.
+
+    Shared by the provision steps a batch job runs in the order of service: once one met
+    the clone limit, those after it reserve nothing (they still take ready VMs), so a
+    slot freed meanwhile is not handed to a younger request before the older one (first
+    come, first served); the older gets it at its next turn."""
 
     closed: bool = False
 
@@ -62,8 +64,10 @@ class CloneGate:
 def provision_request(
     fleet: Fleet, request_id: str, lock: FencedLock | None = None, gate: CloneGate | None = None
 ) -> list[str]:
-    """Reserve VMs for the request's unreserved slots, within the fleet-wide clone limit,
-    and dispatch create_vm for each. Returns the names reserved by this call.
+    """Reserve VMs for the request's unreserved slots.
+
+    Each within the fleet-wide clone limit, and create_vm dispatched for it. Returns the
+    names reserved by this call.
 
     Runs under the request's lock, whose grant reads the request's record in the same
     unit; each reservation passes its fence, so a holder paused past its lock's expiry
@@ -133,8 +137,10 @@ def _reserve_one(
     lock: FencedLock,
     reserved: list[str],
 ) -> ReserveCode | StoreCode:
-    """One VM of ``pool`` reserved for the request's slot ``alias``, its create
-    dispatched; the code of :func:`~vmpool.lifecycle.reserving.reserve_fresh`."""
+    """Reserve one VM for the request's slot ``alias``.
+
+    The VM is of ``pool``; its create is dispatched. Returns the code of
+    :func:`~vmpool.lifecycle.reserving.reserve_fresh`."""
 
     def reserve(name: str) -> Outcome:
         # No ensure_held() first: the fence refuses a stale holder inside the write.

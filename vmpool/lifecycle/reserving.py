@@ -1,5 +1,6 @@
-"""One VM reserved under a fresh name within the clone limit: the step a request's
-provision and a warm pool's top-up share.
+"""One VM reserved under a fresh name within the clone limit.
+
+The step a request's provision and a warm pool's top-up share.
 
 The clone slot is taken for the name before its reservation is written, and handed to
 the VM's create job, which gives it back; a reservation refused or raising gives it
@@ -31,9 +32,11 @@ class Reservation:
 
 
 def reserve_fresh(fleet: Fleet, what: str, reserve: Callable[[str], Outcome]) -> Reservation:
-    """Reserve one VM: a fresh name, its clone slot, then ``reserve(name)`` (the store's
-    transition, logged as ``what``). Returns ``reserved`` with the name, ``clone_limit``,
-    ``names_exhausted``, or the store's refusal (the slot given back)."""
+    """Reserve one VM under a fresh name within the clone limit.
+
+    Reserve one VM: a fresh name, its clone slot, then ``reserve(name)`` (the store's
+    transition, logged as ``what``). Returns ``reserved`` with the name,
+    ``clone_limit``, ``names_exhausted``, or the store's refusal (the slot given back)."""
     for _ in range(MAX_NAME_ATTEMPTS):
         name = fleet.names()
         if fleet.slots.acquire(name) is None:

@@ -1,5 +1,7 @@
-"""Snapshots, reverts and extra disks of a held VM: what the ``vm_task`` job does, and
-which providers can (vmpooler's snapshot and disk tasks).
+"""Snapshots, reverts and extra disks of a held VM.
+
+What the ``vm_task`` job does, and which providers can (vmpooler's snapshot and disk
+tasks).
 
 The API records the task on the VM through the store (only its holder may ask) and
 queues the job; :func:`vm_task` calls the provider's capability
@@ -45,8 +47,9 @@ def _implementation(build: Any) -> type[Any] | None:
 
 
 def supports(config: Config, pool: str, kind: TaskKind) -> bool:
-    """Whether the provider of ``pool`` can carry out a task of ``kind``: judged by its
-    class, so the API builds no provider (no cloud connection) to answer."""
+    """Whether the provider of ``pool`` can carry out a task of ``kind``.
+
+    Judged by its class, so the API builds no provider (no cloud connection) to answer."""
     pool_config = config.pools.get(pool)
     provider = config.providers.get(pool_config.provider) if pool_config else None
     implementation = provider_class(provider.provider_class) if provider else None
@@ -55,9 +58,10 @@ def supports(config: Config, pool: str, kind: TaskKind) -> bool:
 
 
 def vm_task(fleet: Fleet, subject: str) -> TaskCode:
-    """Carry out one task (``<VM>:<kind>:<id>``). Returns 'done', 'failed' (any provider
-    error: the trail says why; the holder may ask again), or why nothing was done
-    ('no_task': done already; 'no_vm')."""
+    """Carry out one task (``<VM>:<kind>:<id>``).
+
+    Returns 'done', 'failed' (any provider error: the trail says why; the holder may ask
+    again), or why nothing was done ('no_task': done already; 'no_vm')."""
     task = VMTask.parse(subject)
     arg = fleet.store.vm_task_arg(task)
     if arg is None:

@@ -104,9 +104,11 @@ def _under_vm_lock(
     lock: FencedLock | None = None,
     elsewhere: Callable[[FencedLock], None] | None = None,
 ) -> VMCode:
-    """The shape of every per-VM job: the VM's lock, whose grant reads the VM's record
-    in the same unit (so the record is read under the lock, once), then ``body`` if the
-    VM is in ``state`` (else 'vm_<its state>', after ``elsewhere(lock)``). ``lock``:
+    """Run ``body`` for a VM in ``state``, under the VM's lock.
+
+    The shape of every per-VM job: the VM's lock, whose grant reads the VM's record in
+    the same unit (so the record is read under the lock, once), then ``body`` if the VM
+    is in ``state`` (else 'vm_<its state>', after ``elsewhere(lock)``). ``lock``:
     already granted that way (a batch job grants the locks of its claim in one script
     and releases them in one); else taken and released here. Another worker holding the
     lock is 'busy', not an error; a lock lost midway stops the step ('lock_lost')."""
@@ -177,8 +179,10 @@ def _create_locked(
 
 
 def _destroy_if_released(fleet: Fleet, name: str, provider: Provider) -> None:
-    """Without the lock: destroy at the provider only if the record can never need the
-    VM again (completed or destroyed are final), else leave it to the lock holder."""
+    """Destroy a VM nobody can need, without its lock.
+
+    Without the lock: destroy at the provider only if the record can never need the VM
+    again (completed or destroyed are final), else leave it to the lock holder."""
     vm = fleet.store.get_vm(name)
     if vm is None or vm.state in ("completed", "destroyed"):
         try:
@@ -190,8 +194,10 @@ def _destroy_if_released(fleet: Fleet, name: str, provider: Provider) -> None:
 def destroy_at_provider(
     fleet: Fleet, name: str, provider: Provider, lock: FencedLock, pool: str = ""
 ) -> VMCode:
-    """Under the VM's lock: destroy at the provider, then record it destroyed. A VM
-    whose record is gone (its tombstone expired) is destroyed at the provider only."""
+    """Destroy a VM at its provider, then record it destroyed.
+
+    Runs under the VM's lock. A VM whose record is gone (its tombstone expired) is
+    destroyed at the provider only."""
     vm = fleet.store.get_vm(name)
     if vm is None:
         lock.ensure_held()
@@ -249,15 +255,19 @@ def _check_pending_locked(
 
 
 def reserved_grace_s(config: Config) -> float:
-    """How long a reservation may wait for its create job before the pending sweep
-    dispatches the create again (it is idempotent; a running one answers 'busy')."""
+    """How long a reservation may wait for its create job.
+
+    Then the pending sweep dispatches the create again (it is idempotent; a running one
+    answers 'busy')."""
     return max(10.0, 2.0 * config.schedule.check_pending_sweep)
 
 
 def check_pending_sweep(fleet: Fleet, pool: str | None = None) -> int:
-    """Dispatch check_pending_vm for every pending VM of every configured pool (or of
-    ``pool``), and create_vm again for reservations older than ``reserved_grace_s``
-    (a lost create job, or one that found no clone slot). Returns the dispatch count.
+    """Dispatch the checks and creates the booting and reserved VMs need.
+
+    Dispatch check_pending_vm for every pending VM of every configured pool (or of
+    ``pool``), and create_vm again for reservations older than ``reserved_grace_s`` (a
+    lost create job, or one that found no clone slot). Returns the dispatch count.
 
     Batched: one read per state for all pools (a pipeline), one dispatch batch per job,
     so the round trips per tick do not grow with the number of pending VMs. The VMs of
@@ -293,8 +303,9 @@ def _flat(by_pool: Mapping[str, Sequence[str]]) -> list[str]:
 
 
 def reap_running(fleet: Fleet) -> int:
-    """End the VMs whose lifetime is over (their running score is their lifetime end)
-    and dispatch their destruction. Returns how many were ended.
+    """End the VMs whose lifetime is over and dispatch their destruction.
+
+    A VM's running score is its lifetime's end. Returns how many were ended.
 
     Each ``end_vm_lifetime`` is its own atomic transition (one script per expired VM:
     the cost follows the expired count, not the running count); the destroy dispatch
@@ -327,11 +338,13 @@ def retired_pools(fleet: Fleet) -> list[str]:
 
 
 def _finish_retired(fleet: Fleet, pools: list[str], now: float) -> None:
-    """For pools no longer configured (removed or renamed), what check_pending_sweep,
+    """Finish the VMs of pools no longer configured.
+
+    For pools no longer configured (removed or renamed), what check_pending_sweep,
     destroy_sweep and check_ready do for the configured ones: check booting VMs, create
-    again stale reservations, destroy released VMs, and recycle (then destroy) the
-    ready ones: no request or checkout can take them any more, and no top-up counts
-    them. Each only if its provider is configured."""
+    again stale reservations, destroy released VMs, and recycle (then destroy) the ready
+    ones: no request or checkout can take them any more, and no top-up counts them. Each
+    only if its provider is configured."""
     store = fleet.store
     grace = reserved_grace_s(fleet.config)
     pending = _reachable(fleet, _flat(store.pools_vms(pools, "pending")))
@@ -351,16 +364,19 @@ def _finish_retired(fleet: Fleet, pools: list[str], now: float) -> None:
 
 
 def _reachable(fleet: Fleet, names: list[str]) -> list[str]:
-    """The VMs among ``names`` whose provider is configured (one read for all); the
-    others are left alone (the audit reports them), not dispatched to fail every pass."""
+    """The VMs among ``names`` whose provider is configured.
+
+    One read for all; the others are left alone (the audit reports them), not dispatched
+    to fail every pass."""
     if not names:
         return []
     return [vm.name for vm in fleet.store.get_vms(names) if vm.provider in fleet.providers]
 
 
 def destroy_sweep(fleet: Fleet) -> int:
-    """Dispatch destroy_vm for every completed VM of every configured pool (one read
-    for all pools, one dispatch batch)."""
+    """Dispatch destroy_vm for every completed VM.
+
+    One read for all configured pools, one dispatch batch."""
     names = _flat(fleet.store.pools_vms(list(fleet.config.pools), "completed"))
     if names:
         fleet.dispatch.destroy_vms(names)

@@ -33,8 +33,9 @@ log = logging.getLogger(__name__)
 
 
 def top_up_pools(fleet: Fleet) -> dict[str, int]:
-    """Reserve what each warm pool is short of and dispatch the creates. Returns the
-    VMs reserved per pool."""
+    """Reserve what each warm pool is short of and dispatch the creates.
+
+    Returns the VMs reserved per pool."""
     pools = [
         pool
         for pool in effective_pools(fleet)  # runtime size and template (overrides.py)
@@ -60,8 +61,10 @@ def top_up_pools(fleet: Fleet) -> dict[str, int]:
 
 
 def _reserve_warm(fleet: Fleet, pool: PoolConfig, names: list[str]) -> ReserveCode | StoreCode:
-    """One warm VM of ``pool`` reserved, holding a clone slot that its create job takes
-    over; the code of :func:`~vmpool.lifecycle.reserving.reserve_fresh`."""
+    """Reserve one warm VM of ``pool``.
+
+    It holds a clone slot that its create job takes over. Returns the code of
+    :func:`~vmpool.lifecycle.reserving.reserve_fresh`."""
 
     def reserve(name: str) -> Outcome:
         return fleet.store.reserve_pool_vm(
@@ -82,8 +85,10 @@ def _reserve_warm(fleet: Fleet, pool: PoolConfig, names: list[str]) -> ReserveCo
 
 
 def check_ready(fleet: Fleet) -> dict[str, int]:
-    """Recycle the ready VMs that must go: past ``ready_ttl``, failing the provider's
-    check, or beyond the pool's size. Returns counts by reason."""
+    """Recycle the ready VMs that must go.
+
+    Past ``ready_ttl``, failing the provider's check, or beyond the pool's size. Returns
+    counts by reason."""
     now = fleet.store.server_time()
     by_pool = fleet.store.pools_vms(list(fleet.config.pools), "ready")
     counts: dict[str, int] = {}
@@ -129,9 +134,10 @@ def _why_recycle(
 
 
 def claim_ready(fleet: Fleet, req: RequestRecord) -> list[str]:
-    """Let a pending request take ready VMs of its pools (those whose
-    ``ondemand_from_ready`` is on) before anything is cloned for it; returns the VMs
-    it took. The claim is one unit, bounded by the request's slots."""
+    """Let a pending request take ready VMs of its pools.
+
+    Only pools whose ``ondemand_from_ready`` is on lend, before anything is cloned for
+    it; returns the VMs it took. The claim is one unit, bounded by the request's slots."""
     lending = sorted(
         {
             slot.pool
