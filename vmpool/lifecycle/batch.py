@@ -1,4 +1,4 @@
-"""Batch jobs: one RQ job runs the per-subject work of many subjects (issue 15).
+"""Batch jobs: one RQ job runs the per-subject work of many subjects.
 
 A job that handles one VM pays RQ's whole price (dequeue, bookkeeping: tens of Redis
 commands) for one VM. The dispatcher of a worker fleet (``workers.batching``) therefore
@@ -10,16 +10,16 @@ its own checked transition under its own lock, the clone limit is still the
 semaphore's, and a subject is still deduplicated (the set holds it once; its lock and
 transitions refuse a second runner). A worker killed mid-batch loses nothing: its
 claimed subjects stay in the set and are claimed again when the lease
-(:func:`lease_s`) ends, and the periodic sweeps re-dispatch any work as before.
+(:func:`lease_s`) ends, and the periodic sweeps re-dispatch any work.
 
 The follow-up work a subject's step dispatches (the create of a reserved VM, the check
 of a created one, a destroy) is collected while a claim runs and dispatched once per
 claim (:class:`DeferredDispatch`), in the dispatcher's batched forms: a dispatch costs
-a pipeline of lane checks (``workers.batching.ensure_lanes``), which per VM was most of
-a VM's Redis commands. The claim is marked done only after that dispatch, so a worker
+a pipeline of lane checks (``workers.batching.ensure_lanes``), which done per VM would be
+most of a VM's Redis commands. The claim is marked done only after that dispatch, so a worker
 killed in between leaves the claim to be run again (each step is idempotent) and a
 subject's follow-up is never lost with it; a follow-up whose dispatch is lost anyway
-(Redis gone) is re-found by the periodic sweeps, as before.
+(Redis gone) is re-found by the periodic sweeps.
 
 Each batch function loops until the set has nothing claimable or it has run for
 :data:`BATCH_TIME_S`, then returns the count of each outcome, with ``more: 1`` when it
@@ -41,6 +41,7 @@ from typing import Any
 
 from vmpool.lifecycle.claims import ClaimKeeper
 from vmpool.lifecycle.fleet import Dispatcher, Fleet
+from vmpool.lifecycle.outcomes import BatchCount, LockMiss, VMStep
 from vmpool.lifecycle.requests import CloneGate, provision_request
 from vmpool.lifecycle.vms import check_pending_vm, create_vm
 from vmpool.state.locks import FencedLock, LockKind, acquire_all, release_all
@@ -78,14 +79,18 @@ BATCHED: dict[str, str] = {
 
 
 def lease_s(fleet: Fleet) -> float:
-    """How long a claim is its job's alone: the lock expiry (so a dead worker's subjects
-    come back about when its locks do). A claim outliving it lets a second job try the
-    subject, which its lock and checked transitions make harmless."""
+    """How long a claim is its job's alone.
+
+    The lock expiry (so a dead worker's subjects come back about when its locks do). A
+    claim outliving it lets a second job try the subject, which its lock and checked
+    transitions make harmless."""
     return float(fleet.config.lock_expire_s)
 
 
 class DeferredDispatch:
-    """A Dispatcher that holds the per-subject follow-ups of one claim and hands them to
+    """A Dispatcher that holds one claim's follow-ups and sends them batched.
+
+    A Dispatcher that holds the per-subject follow-ups of one claim and hands them to
     ``inner`` in its batched forms at :meth:`flush` (each kind once, each subject once,
     in the order first asked). ``check_request`` and the batched forms go through at
     once (they are not per-VM follow-ups, or already batched)."""
@@ -156,10 +161,11 @@ def run_batch(
     locked: tuple[LockKind, str] | None = None,
     prepare: Prepare | None = None,
 ) -> dict[str, int]:
-    """Claim subjects of ``job``'s work set (in the order of service) and run ``fn``
-    for each until none is claimable ('more' absent) or :data:`BATCH_TIME_S` is over
-    ('more': 1; the claimed subjects not yet run are released at once: back in line).
-    A claim is sized to what fits in the time left at the pace so far (1 to
+    """Run ``fn`` for the subjects of ``job``'s work set, a claim at a time.
+
+    Subjects are claimed in the order of service until none is claimable ('more'
+    absent) or :data:`BATCH_TIME_S` is over ('more': 1; those not yet run go back in
+    line at once). A claim is sized to what fits in the time left at the pace so far (1 to
     :data:`CLAIM_SIZE`). An exception of one subject is logged and counted ('error');
     the subject is done (the sweeps re-find real work). A subject not over
     (:data:`DEFERRED`) stays in the set, back in line after a lease (the pending sweep
@@ -172,9 +178,8 @@ def run_batch(
     script once the claim has run. ``prepare``, given the granted locks, does for those
     subjects at once what each would do alone (the create claim's clone slots) and says
     what to pass each ``fn``. Without ``locked``, ``fn(fleet, subject)`` runs. A
-    :class:`~vmpool.lifecycle.claims.ClaimKeeper` renews the claim's lease while it
-    runs and lets go of its unstarted subjects once the batch's time is over. What the
-    subjects dispatch is dispatched once per claim, after the locks are released and
+    :class:`~vmpool.lifecycle.claims.ClaimKeeper` keeps the claim while it runs. What
+    the subjects dispatch goes out once per claim, after the locks are released and
     before the claim is marked done (:class:`DeferredDispatch`)."""
     deferred = DeferredDispatch(fleet.dispatch)
     fleet = copy.copy(fleet)  # the same clients, names and renewer; its own dispatch
@@ -186,14 +191,14 @@ def run_batch(
     while True:
         elapsed = time.monotonic() - started
         if elapsed >= BATCH_TIME_S:
-            counts["more"] = 1
-            return dict(counts)
+            counts[BatchCount.MORE] = 1
+            return _plain(counts)
         size = CLAIM_SIZE
         if ran and elapsed > 0:  # what fits in the time left at the pace so far
             size = int((BATCH_TIME_S - elapsed) * ran / elapsed)
         claim = work.claim(job, max(1, min(CLAIM_SIZE, size)), lease_s(fleet))
         if not claim.subjects:
-            return dict(counts)
+            return _plain(counts)
         done, later = _run_claim(fleet, work, (job, fn, locked, prepare), claim, started, counts)
         ran += len(done) + len(later)
         work.done(job, claim, done)
@@ -206,13 +211,16 @@ def run_batch(
 # lost, a write refused as stale): if that worker stops, the subject is not lost; or
 # no clone slot was free. (A create its provider holds back, 'circuit_open' or
 # 'quota', is left to the pending sweep, which dispatches it once the hold is over.)
-DEFERRED = frozenset({"busy", "lock_lost", "stale_fence", "throttled"})
+DEFERRED: frozenset[str] = frozenset(
+    {LockMiss.BUSY, LockMiss.LOCK_LOST, VMStep.STALE_FENCE, VMStep.THROTTLED}
+)
 
 
 def retry_s(fleet: Fleet) -> float:
-    """How long a deferred subject waits before it is back in line: a pending-sweep
-    tick (the sweep then has a batch job queued for it), at least 0.5 s, at most a
-    claim's lease (a holder that stopped has lost its lock by then)."""
+    """How long a deferred subject waits before it is back in line.
+
+    A pending-sweep tick (the sweep then has a batch job queued for it), at least 0.5 s,
+    at most a claim's lease (a holder that stopped has lost its lock by then)."""
     return min(lease_s(fleet), max(0.5, fleet.config.schedule.check_pending_sweep))
 
 
@@ -222,7 +230,9 @@ _How = tuple[str, Callable[..., object], tuple[LockKind, str] | None, Prepare | 
 def _run_claim(
     fleet: Fleet, work: WorkSet, how: _How, claim: Claim, started: float, counts: Counter[str]
 ) -> tuple[list[str], list[str]]:
-    """Run the claimed subjects (under their locks, for a locked step) until the batch's
+    """Run one claim's subjects; returns those done and those deferred.
+
+    Run the claimed subjects (under their locks, for a locked step) until the batch's
     time is over; returns those done and those deferred (:data:`DEFERRED`). The claim is
     kept (renewed, its unstarted subjects let go at the batch's end: ClaimKeeper) while
     it runs; the locks are released and the follow-ups dispatched whatever happens."""
@@ -239,8 +249,9 @@ def _run_claim(
             asked = [fleet.lock(kind, s, step, read_record=True) for s in claim.subjects]
             held = {lock.subject: lock for lock in acquire_all(asked)}
             extra = prepare(fleet, list(held.values())) if prepare and held else {}
-        keeper = ClaimKeeper(work, job, claim, held, lease_s=lease_s(fleet),
-                             deadline=started + BATCH_TIME_S)  # fmt: skip
+        keeper = ClaimKeeper(
+            work, job, claim, held, lease_s=lease_s(fleet), deadline=started + BATCH_TIME_S
+        )
         fleet.lock_renewer.add(keeper)
         for subject in claim.subjects:
             if (done or later) and time.monotonic() - started >= BATCH_TIME_S:
@@ -260,7 +271,7 @@ def _run_claim(
             fleet.lock_renewer.remove(keeper)
             let_go = set(keeper.let_go)
             if let_go:
-                counts["released"] += len(let_go)
+                counts[BatchCount.RELEASED] += len(let_go)
         release_all([lock for s, lock in held.items() if s not in let_go])
         fleet.dispatch.flush()
     return done, later
@@ -274,12 +285,14 @@ def _run_subject(
     held: dict[str, FencedLock] | None,
     extra: dict[str, dict[str, Any]],
 ) -> str:
-    """One subject's step: ``fn(fleet, subject)`` (no lock), 'busy' (its lock is held
+    """Run one subject's step; its outcome code.
+
+    One subject's step: ``fn(fleet, subject)`` (no lock), 'busy' (its lock is held
     elsewhere) or ``fn(fleet, subject, lock, **extra)``."""
     if held is None:
         return _run_one(job, subject, partial(fn, fleet, subject))
     if subject not in held:
-        return "busy"
+        return LockMiss.BUSY
     return _run_one(
         job, subject, partial(fn, fleet, subject, held[subject], **extra.get(subject, {}))
     )
@@ -290,13 +303,20 @@ def _run_one(job: str, subject: str, call: Callable[[], object]) -> str:
         outcome = call()
     except Exception:
         log.exception("%s %s failed in a batch", job, subject)
-        return "error"
-    return outcome if isinstance(outcome, str) else "done"
+        return BatchCount.ERROR
+    return outcome if isinstance(outcome, str) else BatchCount.DONE
+
+
+def _plain(counts: Counter[str]) -> dict[str, int]:
+    """The counts keyed by plain strings (a code's value, not its enum member)."""
+    return {str(code): n for code, n in counts.items()}
 
 
 def provision_batch(fleet: Fleet) -> dict[str, int]:
-    """provision_request for every request in its work set, in the order of service;
-    once one meets the clone limit, the rest of the batch only take ready VMs
+    """Run provision_request for every request in its work set.
+
+    provision_request for every request in its work set, in the order of service; once
+    one meets the clone limit, the rest of the batch only take ready VMs
     (:class:`~vmpool.lifecycle.requests.CloneGate`)."""
     locked = LOCKED_STEPS["provision_request"]
     step = partial(provision_request, gate=CloneGate())
@@ -309,11 +329,13 @@ def create_vm_batch(fleet: Fleet) -> dict[str, int]:
 
 
 def _take_slots(fleet: Fleet, locks: list[FencedLock]) -> dict[str, dict[str, Any]]:
-    """A create claim's clone slots in one script: for each VM still reserved (as read
+    """Take a create claim's clone slots in one script.
+
+    A create claim's clone slots in one script: for each VM still reserved (as read
     under its lock), its lease renewed or a free slot taken, as ``create_vm`` would do
-    alone; each ``create_vm`` is told whether it holds one (and gives it back, as
-    ever). A slot taken for a VM the claim does not reach before its time is over is
-    its own: its next create uses it, and a lease nobody renews ends by itself."""
+    alone; each ``create_vm`` is told whether it holds one (and gives it back, as ever).
+    A slot taken for a VM the claim does not reach before its time is over is its own:
+    its next create uses it, and a lease nobody renews ends by itself."""
     held = [(lk.subject, lk.fence) for lk in locks if lk.record.get("state") == "reserved"]
     return {name: {"slot": ok} for name, ok in fleet.slots.acquire_all(held).items()}
 

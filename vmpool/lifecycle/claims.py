@@ -33,7 +33,9 @@ _MIN_PERIOD_S = 0.02
 
 
 class ClaimKeeper:
-    """Keeps ``claim`` of ``job`` (subjects in the order they are run) for its batch job:
+    """Keeps a batch job's claim: renews its lease, lets go of what it cannot reach.
+
+    Keeps ``claim`` of ``job`` (subjects in the order they are run) for its batch job:
     renews its lease (``lease_s``) every third of it, and at ``deadline`` (monotonic)
     lets go of the subjects not started. A :class:`~vmpool.state.locks.Renewable`."""
 

@@ -1,5 +1,7 @@
-"""The create path's dealings with a cloud provider: its circuit breaker and its quota
-hold (:mod:`vmpool.state.circuit`, shared through Redis).
+"""The create path's dealings with a cloud provider.
+
+Its circuit breaker and its quota hold (:mod:`vmpool.state.circuit`, shared through
+Redis).
 
 Only providers that declare ``circuit_breaker`` (the real clouds) count toward or are
 held back by a breaker; the simulated cloud's failures are the chaos tests' input.
@@ -20,6 +22,7 @@ import logging
 from collections.abc import Mapping, Sequence
 
 from vmpool.lifecycle.fleet import Fleet, after_vm_failed, note_outcome
+from vmpool.lifecycle.outcomes import StoreCode, VMStep, store_code
 from vmpool.providers import (
     Capacity,
     Provider,
@@ -47,10 +50,12 @@ log = logging.getLogger(__name__)
 
 
 def held_back(fleet: Fleet, provider: Provider, vm: VMRecord) -> HoldReason:
-    """Why the VM's create must wait ('circuit_open': the provider's breaker is open;
-    'quota': its cloud answered quota a moment ago), '' when it may go (one read). A
-    VM held back stays reserved (the sweep dispatches it again once the hold is over)
-    and its creator gives its clone slot back."""
+    """Why the VM's create must wait now, '' when it may go.
+
+    Why the VM's create must wait ('circuit_open': the provider's breaker is open;
+    'quota': its cloud answered quota a moment ago), '' when it may go (one read). A VM
+    held back stays reserved (the sweep dispatches it again once the hold is over) and
+    its creator gives its clone slot back."""
     if not uses_circuit(provider):
         return ""
     reason = fleet.circuit.held_back(vm.provider)
@@ -60,9 +65,11 @@ def held_back(fleet: Fleet, provider: Provider, vm: VMRecord) -> HoldReason:
 
 
 def creates_due(fleet: Fleet, by_pool: Mapping[str, Sequence[str]]) -> list[str]:
-    """The stale reservations (by pool) to create again, less those of pools whose
-    provider holds its creates back now (circuit open, quota: they would only answer
-    so; one read for all providers) or is at its own limits (one count each)."""
+    """The stale reservations to create again now.
+
+    The stale reservations (by pool) to create again, less those of pools whose provider
+    holds its creates back now (circuit open, quota: they would only answer so; one read
+    for all providers) or is at its own limits (one count each)."""
     providers = {p: c.provider for p, c in fleet.config.pools.items() if by_pool.get(p)}
     clouds = [n for n in set(providers.values()) if uses_circuit(fleet.providers.get(n))]
     held = {s.provider for s in fleet.circuit.states(clouds) if s.held_back} if clouds else set()
@@ -92,20 +99,24 @@ def _fits(fleet: Fleet, provider_name: str) -> bool:
     return limits is None or fleet.capacity.fits(provider_name, limits)
 
 
-def admit(fleet: Fleet, provider: Provider, vm: VMRecord, lock: FencedLock) -> str:
-    """Claim the VM's place within its provider's limits: '' when it may be created
-    (or the provider has none); 'quota' when it must wait (noted on the VM and its
-    request), 'provider_error' when the cores could not be counted (it waits too)."""
+def admit(
+    fleet: Fleet, provider: Provider, vm: VMRecord, lock: FencedLock
+) -> VMStep | StoreCode | None:
+    """Claim the VM's place within its provider's limits.
+
+    Returns None when it may be created (or the provider has none); 'quota' when it
+    must wait (noted on the VM and its request), 'provider_error' when the cores could
+    not be counted (it waits too), or the store's refusal of the note."""
     try:
         limits = limits_of(fleet, vm.provider)
     except Exception as exc:
         log.warning("create %s: cannot count provider %s's cores: %s", vm.name, vm.provider, exc)
-        return "provider_error"
+        return VMStep.PROVIDER_ERROR
     if limits is None:
-        return ""
+        return None
     ok, instances, cores = fleet.capacity.admit(vm.provider, vm.pool, vm.name, limits)
     if ok:
-        return ""
+        return None
     reason = (
         f"waiting for capacity at provider {vm.provider}: its VMs are at its limits"
         f" ({instances} of max_instances {limits.max_instances or '-'},"
@@ -115,20 +126,24 @@ def admit(fleet: Fleet, provider: Provider, vm: VMRecord, lock: FencedLock) -> s
     noted = fleet.store.vm_waiting(
         vm.name, reason, actor=fleet.who("create"), fence=lock.fence, request_id=vm.request_id
     )
-    return "quota" if noted.ok else noted.code
+    return VMStep.QUOTA if noted.ok else store_code(noted)
 
 
 def let_go(fleet: Fleet, provider: Provider, vm: VMRecord) -> None:
-    """The create is over: its claim within the provider's limits is given back (the
-    VM, if made, is counted by its pool's index from now on)."""
+    """Give back the create's claim within the provider's limits.
+
+    The create is over: its claim within the provider's limits is given back (the VM, if
+    made, is counted by its pool's index from now on)."""
     if isinstance(provider, Capacity) and any(provider.limits()):
         fleet.capacity.release(vm.provider, vm.pool, vm.name)
 
 
 def create_failed(
     fleet: Fleet, provider: Provider, vm: VMRecord, lock: FencedLock, exc: Exception
-) -> str:
-    """Record a failed create (vm_failed, permanent when retrying cannot help, with the
+) -> VMStep | StoreCode:
+    """Record a failed create and count it toward the provider's breaker.
+
+    Record a failed create (vm_failed, permanent when retrying cannot help, with the
     cloud's message in the reason) and count it toward the provider's breaker; a quota
     answer is no failure: the VM waits (:func:`quota_wait`)."""
     if isinstance(exc, QuotaExceededError):
@@ -141,14 +156,18 @@ def create_failed(
     )
     note_outcome("vm_failed", vm.name, failed)
     after_vm_failed(fleet, vm, failed)
-    if failed.ok:
-        return failed.code if failed.code != "completed" else "failed"
-    return failed.code
+    if failed.ok and failed.code == "completed":
+        return VMStep.FAILED
+    return store_code(failed)
 
 
-def quota_wait(fleet: Fleet, vm: VMRecord, lock: FencedLock, exc: QuotaExceededError) -> str:
-    """The cloud said quota: the VM stays reserved, no retry spent; its request learns
-    why (the last cause its failure by TTL reports) and the provider's creates wait."""
+def quota_wait(
+    fleet: Fleet, vm: VMRecord, lock: FencedLock, exc: QuotaExceededError
+) -> VMStep | StoreCode:
+    """Hold a VM the cloud refused for quota: it waits reserved.
+
+    The cloud said quota: the VM stays reserved, no retry spent; its request learns why
+    (the last cause its failure by TTL reports) and the provider's creates wait."""
     wait_s = fleet.config.provider_quota_wait_s
     fleet.circuit.hold_for_quota(vm.provider, str(exc), wait_s)
     reason = f"waiting for capacity at provider {vm.provider}: {exc}"
@@ -156,15 +175,17 @@ def quota_wait(fleet: Fleet, vm: VMRecord, lock: FencedLock, exc: QuotaExceededE
     noted = fleet.store.vm_waiting(
         vm.name, reason, actor=fleet.who("create"), fence=lock.fence, request_id=vm.request_id
     )
-    return "quota" if noted.ok else noted.code
+    return VMStep.QUOTA if noted.ok else store_code(noted)
 
 
 def count_failure(
     fleet: Fleet, provider: Provider, vm: VMRecord, exc: Exception, permanent: bool
 ) -> str:
-    """Count a transient create failure toward the provider's circuit breaker (a
-    permanent one is the request's mistake, not the cloud's health); the words the
-    VM's trail gets when this failure opened the circuit."""
+    """Count a transient create failure toward the provider's breaker.
+
+    Count a transient create failure toward the provider's circuit breaker (a permanent
+    one is the request's mistake, not the cloud's health); the words the VM's trail gets
+    when this failure opened the circuit."""
     if permanent or not uses_circuit(provider):
         return ""
     if not fleet.circuit.failure(vm.provider, str(exc)):

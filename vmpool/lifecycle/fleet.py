@@ -61,12 +61,14 @@ log = logging.getLogger(__name__)
 
 
 class Dispatcher(Protocol):
-    """Puts follow-up work on the queues (workers/queues.py, with RQ). Each call must be
-    cheap, idempotent and deduplicated per (job, subject) by the implementation.
+    """Puts follow-up work on the queues.
+
+    The implementation is workers/queues.py (RQ). Each call must be cheap, idempotent and
+    deduplicated per (job, subject) by the implementation.
 
     The plural methods are the batched forms the sweeps use: the same effect as the
     singular call for each subject, in a constant number of Redis round trips per batch
-    (issue 3: never one round trip per open request per tick)."""
+    (never one round trip per open request per tick)."""
 
     def provision_request(self, request_id: str) -> None: ...
 
@@ -178,8 +180,10 @@ class Fleet:
     # -- helpers ------------------------------------------------------------------------
     @property
     def lease_s(self) -> float:
-        """How long a clone slot is held without renewal: twice the lock expiry, well
-        above the slowest create, so only a dead worker's slot ever times out."""
+        """How long a clone slot is held without renewal.
+
+        Twice the lock expiry, well above the slowest create, so only a dead worker's
+        slot ever times out."""
         return 2.0 * self.config.lock_expire_s
 
     @property
@@ -193,8 +197,10 @@ class Fleet:
     def lock(
         self, kind: LockKind, subject: str, job: str, *, read_record: bool = False
     ) -> FencedLock:
-        """The subject's fenced lock, not yet acquired; ``read_record``: its grant also
-        reads the subject's record (:attr:`FencedLock.record`)."""
+        """The subject's fenced lock, not yet acquired.
+
+        ``read_record``: its grant also reads the subject's record
+        (:attr:`FencedLock.record`)."""
         return FencedLock(
             self.redis,
             self.keys,
@@ -231,7 +237,9 @@ def note_outcome(what: str, subject: str, outcome: Outcome) -> None:
 
 
 def dispatch_released(fleet: Fleet, *request_ids: str) -> None:
-    """Dispatch destroy_vm, in one batch, for every VM of the requests that is on its way
+    """Dispatch destroy_vm for the requests' VMs on their way to destruction.
+
+    Dispatch destroy_vm, in one batch, for every VM of the requests that is on its way
     to destruction (after a request failed or was fulfilled late, its VMs are
     'completed'). A warm-pool VM's '' (no request) is skipped."""
     released = [
@@ -246,8 +254,10 @@ def dispatch_released(fleet: Fleet, *request_ids: str) -> None:
 
 
 def after_vm_failed(fleet: Fleet, vm: VMRecord, outcome: Outcome) -> None:
-    """Follow-up of a vm_failed transition: a new reservation on 'retry', destruction
-    of what the provider may hold, and of the request's VMs if the request failed."""
+    """Dispatch what follows a vm_failed transition.
+
+    Follow-up of a vm_failed transition: a new reservation on 'retry', destruction of
+    what the provider may hold, and of the request's VMs if the request failed."""
     if not outcome.ok:
         return
     fleet.dispatch.destroy_vm(vm.name)

@@ -91,7 +91,9 @@ def set_setting(
     actor: str,
     dispatch: Dispatcher | None = None,
 ) -> int:
-    """Set pool -> value of ``setting`` (pools already checked to exist); returns how many
+    """Set a runtime ``setting`` for some pools.
+
+    Set pool -> value of ``setting`` (pools already checked to exist); returns how many
     pools' effective value changed. A pool whose template or clone target changed is
     reset."""
     before = pools_with_overrides(store.redis, store.keys, config)
@@ -106,8 +108,9 @@ def set_setting(
 
 @dataclass(frozen=True)
 class Reverted:
-    """What a DELETE of an override found: the effective value before it, and the
-    configured one it is back to (as text)."""
+    """What a DELETE of an override found.
+
+    The effective value before it, and the configured one it is back to (as text)."""
 
     before: str
     configured: str
@@ -126,8 +129,10 @@ def revert_setting(
     actor: str,
     dispatch: Dispatcher | None = None,
 ) -> Reverted:
-    """Drop ``pool``'s runtime ``setting`` (back to the configuration); a template or
-    clone target that changed back resets the pool."""
+    """Drop ``pool``'s runtime ``setting``, back to the configuration.
+
+    Drop ``pool``'s runtime ``setting`` (back to the configuration); a template or clone
+    target that changed back resets the pool."""
     configured = configured_value(config.pools[pool], setting)
     previous = clear_override(store.redis, store.keys, setting, pool)
     out = Reverted(configured if previous is None else previous, configured)
@@ -141,7 +146,9 @@ def revert_setting(
 def reset_pools(
     store: Store, pools: Iterable[str], *, actor: str, dispatch: Dispatcher | None = None
 ) -> dict[str, list[str]]:
-    """Reset each pool (its ready VMs go, VMs reserved before now never become ready);
+    """Reset each pool: its ready VMs go.
+
+    Reset each pool (its ready VMs go, VMs reserved before now never become ready);
     returns the VMs recycled per pool, their destroys dispatched when ``dispatch``."""
     recycled: dict[str, list[str]] = {}
     for pool in pools:

@@ -22,8 +22,10 @@ from dataclasses import dataclass, field
 from vmpool.ids import InvalidIdentifier, validate_vm_name
 from vmpool.lifecycle.failpoints import failpoint
 from vmpool.lifecycle.fleet import Fleet, after_vm_failed, dispatch_released, note_outcome
+from vmpool.lifecycle.locking import run_locked
+from vmpool.lifecycle.outcomes import VMCode, VMStep, in_state, store_code
 from vmpool.providers import ProviderVM, StatusBatch
-from vmpool.state.locks import FencedLock, LockBusy, LockLost
+from vmpool.state.locks import FencedLock
 from vmpool.state.records import VMRecord
 
 __all__ = [
@@ -47,8 +49,10 @@ VANISH_GRACE_S = 30.0
 
 
 def list_lag_s(provider: object) -> float:
-    """How long after its create a VM missing from ``provider``'s list may only be
-    lagging: 0 for a provider asked VM by VM (its answer is the truth)."""
+    """How long a VM missing from ``provider``'s list may only be lagging.
+
+    How long after its create a VM missing from ``provider``'s list may only be lagging:
+    0 for a provider asked VM by VM (its answer is the truth)."""
     if not isinstance(provider, StatusBatch):
         return 0.0
     return float(getattr(provider, "list_lag_s", VANISH_GRACE_S))
@@ -62,8 +66,9 @@ def observe_pending(
     ready: bool,
     *,
     lag_s: float = 0.0,
-) -> str:
+) -> VMCode:
     """Record what the cloud said of pending ``vm`` (re-read under ``lock``).
+
     ``lag_s``: the answer came from a list that may lag a create by that long
     (:func:`list_lag_s`), so a VM missing from it is booting until it is that old.
 
@@ -72,43 +77,58 @@ def observe_pending(
     name = vm.name
     actor = fleet.who("check_pending")
     if held is None and lag_s > 0 and _age(vm, fleet.store.server_time()) < lag_s:
-        return "booting"
+        return VMStep.BOOTING
     if held is None:
         reason = "VM vanished at the provider while booting"
     elif held.state == "failed":
         reason = f"failed at the provider: {held.error or 'no reason given'}"
     elif ready:
-        # No lock check before the write: the store's fence refuses a stale holder
-        # ('stale_fence'), which is the guarantee; a check here is a round trip per VM.
-        failpoint("check_pending.before_commit")
-        outcome = fleet.store.vm_ready(
-            name, actor=actor, fence=lock.fence, hostname=_hostname(vm, held),
-            request_id=vm.request_id, address=held.address,
-        )  # fmt: skip
-        note_outcome("vm_ready", name, outcome)
-        if outcome.ok and outcome.code == "completed":
-            fleet.dispatch.destroy_vm(name)
-            dispatch_released(fleet, vm.request_id)
-        return outcome.code
+        return _record_ready(fleet, vm, lock, held)
     else:
         timeout_s = fleet.pool_timeout_s(vm.pool)
         since = vm.created_at if vm.created_at is not None else vm.state_since
         if since is None or fleet.store.server_time() - since < timeout_s:
-            return "booting"
+            return VMStep.BOOTING
         reason = f"timeout: not ready {timeout_s:g}s after create"
     failed = fleet.store.vm_failed(
         name, reason, actor=actor, fence=lock.fence, request_id=vm.request_id
     )
     note_outcome("vm_failed", name, failed)
     after_vm_failed(fleet, vm, failed)
-    if failed.ok:
-        return failed.code if failed.code != "completed" else "failed"
-    return failed.code
+    if failed.ok and failed.code == "completed":
+        return VMStep.FAILED
+    return store_code(failed)
+
+
+def _record_ready(fleet: Fleet, vm: VMRecord, lock: FencedLock, held: ProviderVM) -> VMCode:
+    """Record a booted VM ready; the store's code.
+
+    Record a booted VM ready (attached to its request, or to destruction when the
+    request is gone); the store's code."""
+    name = vm.name
+    # No lock check before the write: the store's fence refuses a stale holder
+    # ('stale_fence'), which is the guarantee; a check here is a round trip per VM.
+    failpoint("check_pending.before_commit")
+    outcome = fleet.store.vm_ready(
+        name,
+        actor=fleet.who("check_pending"),
+        fence=lock.fence,
+        hostname=_hostname(vm, held),
+        request_id=vm.request_id,
+        address=held.address,
+    )
+    note_outcome("vm_ready", name, outcome)
+    if outcome.ok and outcome.code == "completed":
+        fleet.dispatch.destroy_vm(name)
+        dispatch_released(fleet, vm.request_id)
+    return store_code(outcome)
 
 
 def _hostname(vm: VMRecord, held: ProviderVM) -> str:
-    """The cloud's address when the pool has no domain (the record's hostname is then
-    the bare name); '' keeps ``<name>.<domain>``."""
+    """The hostname to record for a VM the cloud booted.
+
+    The cloud's address when the pool has no domain (the record's hostname is then the
+    bare name); '' keeps ``<name>.<domain>``."""
     address = held.address or (held.hostname if held.hostname != vm.name else "")
     if vm.hostname == vm.name and address:
         return address
@@ -117,8 +137,10 @@ def _hostname(vm: VMRecord, held: ProviderVM) -> str:
 
 @dataclass(frozen=True)
 class Booting:
-    """A pending VM as its pool's index holds it (``since``: the score, when it went
-    pending): all the pending sweep reads of it before a cloud answer is due."""
+    """A pending VM as its pool's index holds it.
+
+    ``since`` is the score, when it went pending. It is all the pending sweep reads of
+    it before a cloud answer is due."""
 
     name: str
     pool: str
@@ -127,10 +149,12 @@ class Booting:
 
 @dataclass(frozen=True)
 class Listing:
-    """What the pending sweep read before it acts: per batching provider, its booting
-    VMs (from the pending index) and its one answer for them, at server time ``now``;
-    and the VMs left for per-VM checks (``rest``). Acting on it later, when some of it
-    is stale, is safe: each VM's record decides under its lock."""
+    """What the pending sweep read before it acts.
+
+    Per batching provider, its booting VMs (from the pending index) and its one answer
+    for them, at server time ``now``; and the VMs left for per-VM checks (``rest``).
+    Acting on it later, when some of it is stale, is safe: each VM's record decides
+    under its lock."""
 
     now: float
     answers: dict[str, tuple[list[Booting], Mapping[str, ProviderVM | None]]] = field(
@@ -140,12 +164,14 @@ class Listing:
 
 
 def check_batched(fleet: Fleet, pools: Sequence[str]) -> list[str]:
-    """Check the pending VMs of ``pools`` whose pool's provider answers for many at once
+    """Check the pending VMs of providers that answer for many at once.
+
+    Check the pending VMs of ``pools`` whose pool's provider answers for many at once
     (:class:`~vmpool.providers.StatusBatch`): one index read for all pools, one list
     call per provider, and a lock only for a VM whose answer changes something (up,
     vanished past the provider's list lag, or past its pool's timeout). Returns the
-    names left for per-VM checks: those of providers that do not batch, and any VM
-    whose record names another provider than its pool's (checked by its own).
+    names left for per-VM checks: those of providers that do not batch, and any VM whose
+    record names another provider than its pool's (checked by its own).
 
     So a booting VM costs the sweep its share of the index read and of the list call
     (the simulated cloud: one HMGET), not a job, a lock and a record read per tick:
@@ -156,8 +182,10 @@ def check_batched(fleet: Fleet, pools: Sequence[str]) -> list[str]:
 
 
 def list_pending(fleet: Fleet, pools: Sequence[str]) -> Listing:
-    """The read half of :func:`check_batched`: the pending index and one list call per
-    batching provider (a provider that fails to answer is left for the next sweep)."""
+    """The read half of :func:`check_batched`.
+
+    The pending index and one list call per batching provider (a provider that fails to
+    answer is left for the next sweep)."""
     booting: dict[str, list[Booting]] = {}
     listing = Listing(now=0.0)
     for pool, entries in fleet.store.pools_vm_scores(pools, "pending").items():
@@ -185,9 +213,11 @@ def list_pending(fleet: Fleet, pools: Sequence[str]) -> Listing:
 
 
 def apply_listing(fleet: Fleet, listing: Listing) -> tuple[list[str], dict[str, str]]:
-    """The acting half of :func:`check_batched`: for each VM whose answer changes
-    something, its lock, its record read under it, and the fenced transition. Returns
-    the names left for per-VM checks and each acted-on VM's outcome."""
+    """The acting half of :func:`check_batched`.
+
+    For each VM whose answer changes something, its lock, its record read under it, and
+    the fenced transition. Returns the names left for per-VM checks and each acted-on
+    VM's outcome."""
     rest = list(listing.rest)
     outcomes: dict[str, str] = {}
     for provider_name, (booting, seen) in listing.answers.items():
@@ -198,7 +228,7 @@ def apply_listing(fleet: Fleet, listing: Listing) -> tuple[list[str], dict[str, 
                 continue
             outcome = _observe_locked(fleet, vm.name, provider_name, held, lag)
             outcomes[vm.name] = outcome
-            if outcome == "other_provider":
+            if outcome == VMStep.OTHER_PROVIDER:
                 rest.append(vm.name)
     return rest, outcomes
 
@@ -217,9 +247,10 @@ def _age(vm: VMRecord, now: float) -> float:
 
 
 def _due(fleet: Fleet, vm: Booting, held: ProviderVM | None, now: float, lag: float) -> bool:
-    """Whether the answer changes anything (so the VM's lock is worth taking). The
-    index's score stands in for the record's created_at here; the record decides under
-    the lock."""
+    """Whether the cloud's answer changes anything for ``vm``.
+
+    Whether the answer changes anything (so the VM's lock is worth taking). The index's
+    score stands in for the record's created_at here; the record decides under the lock."""
     age = now - vm.since
     if held is None:
         return age >= lag
@@ -228,19 +259,21 @@ def _due(fleet: Fleet, vm: Booting, held: ProviderVM | None, now: float, lag: fl
 
 def _observe_locked(
     fleet: Fleet, name: str, provider_name: str, held: ProviderVM | None, lag: float
-) -> str:
-    try:
-        with fleet.lock("vm", name, "check_pending", read_record=True) as lock:
-            # the record as the grant read it, under the lock (no second read)
-            vm = VMRecord.from_hash(lock.record) if lock.record else None
-            if vm is None or vm.state != "pending":
-                return "no_vm" if vm is None else f"vm_{vm.state}"
-            if vm.provider != provider_name:  # the pool changed provider since its create
-                return "other_provider"
-            ready = held is not None and held.state == "running"
-            return observe_pending(fleet, vm, lock, held, ready, lag_s=lag)
-    except LockBusy:
-        return "busy"
-    except LockLost as exc:
-        log.warning("check_pending %s stopped: %s", name, exc)
-        return "lock_lost"
+) -> VMCode:
+    """Record the cloud's answer for one VM under its lock.
+
+    Under the VM's lock, whose grant reads its record (no second read): the cloud's
+    answer recorded if the VM is still pending at ``provider_name``."""
+
+    def step(lock: FencedLock) -> VMCode:
+        vm = VMRecord.from_hash(lock.record) if lock.record else None
+        if vm is None:
+            return VMStep.NO_VM
+        if vm.state != "pending":
+            return in_state("vm", vm.state)
+        if vm.provider != provider_name:  # the pool changed provider since its create
+            return VMStep.OTHER_PROVIDER
+        ready = held is not None and held.state == "running"
+        return observe_pending(fleet, vm, lock, held, ready, lag_s=lag)
+
+    return run_locked(fleet, "vm", name, "check_pending", step, read_record=True)

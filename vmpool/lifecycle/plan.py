@@ -72,9 +72,11 @@ def check_names(config: Config, names: Iterable[str]) -> None:
 
 
 def plan_slots(config: Config, counts: Mapping[str, int], rng: random.Random) -> list[Slot]:
-    """Slots for a request of ``counts`` (name -> positive count); RequestRejected when a
-    name is unknown (all unknown names are listed), a count is over the maximum per name,
-    or the counts add up to more than the maximum of one request."""
+    """Slots for a request of ``counts`` (name -> positive count).
+
+    RequestRejected when a name is unknown (all unknown names are listed), a count is
+    over the maximum per name, or the counts add up to more than the maximum of one
+    request."""
     check_names(config, counts)
     check_counts(config, counts)
     slots = []
@@ -85,7 +87,9 @@ def plan_slots(config: Config, counts: Mapping[str, int], rng: random.Random) ->
 
 
 def check_counts(config: Config, counts: Mapping[str, int]) -> None:
-    """RequestRejected (vmpooler's 403 wording) when one count is over the maximum per
+    """Refuse counts over the maximum per name or per request.
+
+    RequestRejected (vmpooler's 403 wording) when one count is over the maximum per
     name, or all of them together over the maximum of one request: per name alone, a
     request naming many pools (or one pool by many aliases) could ask for any number."""
     for maximum, asked in (
@@ -99,8 +103,10 @@ def check_counts(config: Config, counts: Mapping[str, int]) -> None:
 
 
 def parse_pool_counts(args: tuple[str, ...] | list[str]) -> dict[str, int]:
-    """``POOL=N`` arguments (vmfloaty's form) -> name -> count; a bare name means 1 and
-    a repeated name adds up. ValueError names the bad argument."""
+    """Parse ``POOL=N`` arguments (vmfloaty's form) into name -> count.
+
+    ``POOL=N`` arguments (vmfloaty's form) -> name -> count; a bare name means 1 and a
+    repeated name adds up. ValueError names the bad argument."""
     counts: dict[str, int] = {}
     for arg in args:
         name, sep, raw = arg.partition("=")

@@ -10,17 +10,26 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
+from typing import Literal
 
 from vmpool.ids import VM_NAME_RE
 from vmpool.lifecycle.fleet import Fleet, after_vm_failed, note_outcome
+from vmpool.lifecycle.locking import run_locked
+from vmpool.lifecycle.outcomes import LockMiss, ReconcileCount
 from vmpool.lifecycle.vms import destroy_at_provider
 from vmpool.providers import Provider, ProviderVM
-from vmpool.state.locks import FencedLock, LockBusy, LockLost
+from vmpool.state.locks import FencedLock
 from vmpool.state.records import VMRecord
 
 __all__ = ["reconcile"]
 
 log = logging.getLogger(__name__)
+
+# What a reconcile pass counts, by outcome.
+Counts = Counter[ReconcileCount | LockMiss]
+
+# Why a provider VM no live record can claim is destroyed.
+Unowned = Literal["leaked", "resurrected"]
 
 # ------------------------------------------------------------------------------------
 # reconcile
@@ -46,7 +55,7 @@ def reconcile(fleet: Fleet) -> dict[str, int]:
     - running VM (handed out before the inventory was read) that the provider no longer
       holds -> ended ('vanished at the provider'), its request left as it is.
     """
-    counts: Counter[str] = Counter()
+    counts: Counts = Counter()
     inventory_started = fleet.store.server_time()
     inventories: dict[str, list[ProviderVM]] = {}
     for provider_name, provider in fleet.providers.items():
@@ -54,7 +63,7 @@ def reconcile(fleet: Fleet) -> dict[str, int]:
             inventories[provider_name] = provider.inventory()
         except Exception as exc:
             log.warning("reconcile: inventory of %s failed: %s", provider_name, exc)
-            counts["inventory_error"] += 1
+            counts[ReconcileCount.INVENTORY_ERROR] += 1
     now = fleet.store.server_time()
 
     for provider_name, inventory in inventories.items():
@@ -76,7 +85,7 @@ def reconcile(fleet: Fleet) -> dict[str, int]:
     running = [n for p in fleet.config.pools for n in fleet.store.pool_vms(p, "running")]
     for vm in fleet.store.get_vms(n for n in running if n not in held_names):
         _reconcile_vanished(fleet, vm, inventories, inventory_started, counts)
-    return dict(counts)
+    return {code.value: n for code, n in counts.items()}
 
 
 def _reconcile_vanished(
@@ -84,11 +93,13 @@ def _reconcile_vanished(
     vm: VMRecord,
     inventories: dict[str, list[ProviderVM]],
     since: float,
-    counts: Counter[str],
+    counts: Counts,
 ) -> None:
-    """A handed-out VM its provider no longer holds (listed before it was handed out
-    does not count): asked again alone, then ended, so its holder sees it gone and its
-    record goes the way of every finished VM."""
+    """End a handed-out VM its provider no longer holds.
+
+    A handed-out VM its provider no longer holds (listed before it was handed out does
+    not count): asked again alone, then ended, so its holder sees it gone and its record
+    goes the way of every finished VM."""
     handed = vm.checkout_at or vm.ready_at
     if vm.state != "running" or vm.provider not in inventories or not handed or handed > since:
         return
@@ -98,7 +109,7 @@ def _reconcile_vanished(
             return
     except Exception as exc:
         log.warning("reconcile %s: provider error: %s", vm.name, exc)
-        counts["provider_error"] += 1
+        counts[ReconcileCount.PROVIDER_ERROR] += 1
         return
     outcome = fleet.store.end_vm_lifetime(
         vm.name, actor=fleet.who("reconcile"), force=True, reason="vanished at the provider"
@@ -107,7 +118,7 @@ def _reconcile_vanished(
     if outcome.ok:
         log.warning("reconcile: handed-out VM %s vanished at %s", vm.name, vm.provider)
         fleet.dispatch.destroy_vm(vm.name)
-        counts["running_lost"] += 1
+        counts[ReconcileCount.RUNNING_LOST] += 1
 
 
 def _reconcile_inventory(
@@ -116,7 +127,7 @@ def _reconcile_inventory(
     provider: Provider,
     inventory: list[ProviderVM],
     now: float,
-    counts: Counter[str],
+    counts: Counts,
 ) -> None:
     ours = [vm for vm in inventory if VM_NAME_RE.fullmatch(vm.name)]
     for vm in inventory:
@@ -129,7 +140,7 @@ def _reconcile_inventory(
         record = records.get(pvm.name)
         if record is None:
             if now - pvm.created_at < fleet.config.reconcile_grace_s:
-                counts["unrecorded_in_grace"] += 1
+                counts[ReconcileCount.UNRECORDED_IN_GRACE] += 1
                 continue
             _destroy_unowned(fleet, provider, pvm, "leaked", counts)
         elif record.provider != provider_name:
@@ -141,64 +152,67 @@ def _reconcile_inventory(
             )
         elif record.state == "completed":
             fleet.dispatch.destroy_vm(pvm.name)
-            counts["destroy_dispatched"] += 1
+            counts[ReconcileCount.DESTROY_DISPATCHED] += 1
         elif record.state == "destroyed":
             _destroy_unowned(fleet, provider, pvm, "resurrected", counts)
 
 
 def _destroy_unowned(
-    fleet: Fleet, provider: Provider, pvm: ProviderVM, why: str, counts: Counter[str]
+    fleet: Fleet, provider: Provider, pvm: ProviderVM, why: Unowned, counts: Counts
 ) -> None:
-    """Destroy a provider VM no live record can claim (missing or destroyed record).
-    Under the VM's lock, so it does not race a late create of the same name."""
+    """Destroy a provider VM no live record can claim.
+
+    Its record is missing or destroyed. Under the VM's lock, so it does not race a late
+    create of the same name."""
+
+    def step(lock: FencedLock) -> None:
+        record = fleet.store.get_vm(pvm.name)
+        if record is not None and record.state != "destroyed":
+            counts[ReconcileCount.SKIPPED_RECORDED] += 1  # a record appeared: not ours to destroy
+            return
+        lock.ensure_held()
+        if not provider.destroy_vm(pvm.pool, pvm.name):
+            counts[ReconcileCount(f"{why}_gone")] += 1  # gone meanwhile: nothing was destroyed
+            return
+        log.info("reconcile: destroyed %s VM %s at %s", why, pvm.name, provider.name)
+        counts[ReconcileCount(f"{why}_destroyed")] += 1
+
     try:
-        with fleet.lock("vm", pvm.name, "reconcile") as lock:
-            record = fleet.store.get_vm(pvm.name)
-            if record is not None and record.state != "destroyed":
-                counts["skipped_recorded"] += 1  # a record appeared: not ours to destroy
-                return
-            lock.ensure_held()
-            if not provider.destroy_vm(pvm.pool, pvm.name):
-                counts[f"{why}_gone"] += 1  # gone meanwhile: nothing was destroyed
-                return
-            log.info("reconcile: destroyed %s VM %s at %s", why, pvm.name, provider.name)
-            counts[f"{why}_destroyed"] += 1
-    except LockBusy:
-        counts["busy"] += 1
-    except LockLost as exc:
-        log.warning("reconcile %s stopped: %s", pvm.name, exc)
-        counts["lock_lost"] += 1
+        missed = run_locked(fleet, "vm", pvm.name, "reconcile", step)
     except Exception as exc:
         log.warning("reconcile: destroy of %s VM %s failed: %s", why, pvm.name, exc)
-        counts["provider_error"] += 1
+        counts[ReconcileCount.PROVIDER_ERROR] += 1
+        return
+    if missed is not None:
+        counts[missed] += 1
 
 
-def _reconcile_reserved(fleet: Fleet, name: str, counts: Counter[str]) -> None:
+def _reconcile_reserved(fleet: Fleet, name: str, counts: Counts) -> None:
     vm = fleet.store.get_vm(name)
     if vm is None or vm.state != "reserved":
         return
     provider = fleet.provider_for(vm)
     if provider is None:
-        counts["no_provider"] += 1
+        counts[ReconcileCount.NO_PROVIDER] += 1
         return
-    redispatch = False
+
+    def step(lock: FencedLock) -> bool:
+        return _finish_reservation(fleet, name, provider, lock, counts)
+
     try:
-        with fleet.lock("vm", name, "reconcile") as lock:
-            redispatch = _finish_reservation(fleet, name, provider, lock, counts)
-    except LockBusy:
-        counts["busy"] += 1  # a create is running: not abandoned
-    except LockLost as exc:
-        log.warning("reconcile %s stopped: %s", name, exc)
-        counts["lock_lost"] += 1
+        redispatch = run_locked(fleet, "vm", name, "reconcile", step)
     except Exception as exc:
         log.warning("reconcile %s: provider error: %s", name, exc)
-        counts["provider_error"] += 1
-    if redispatch:  # after our lock is released, so the create job can take it
+        counts[ReconcileCount.PROVIDER_ERROR] += 1
+        return
+    if isinstance(redispatch, LockMiss):
+        counts[redispatch] += 1  # busy: a create is running, not abandoned
+    elif redispatch:  # after our lock is released, so the create job can take it
         fleet.dispatch.create_vm(name)
 
 
 def _finish_reservation(
-    fleet: Fleet, name: str, provider: Provider, lock: FencedLock, counts: Counter[str]
+    fleet: Fleet, name: str, provider: Provider, lock: FencedLock, counts: Counts
 ) -> bool:
     """Returns True when create_vm should be dispatched again."""
     vm = fleet.store.get_vm(name)
@@ -212,10 +226,10 @@ def _finish_reservation(
         fleet.slots.release(name, lock.fence)
         if outcome.ok and outcome.code == "pending":
             fleet.dispatch.check_pending_vm(name)
-            counts["reservation_created"] += 1
+            counts[ReconcileCount.RESERVATION_CREATED] += 1
         elif outcome.ok or outcome.code == "vm_completed":
             destroy_at_provider(fleet, name, provider, lock)
-            counts["reservation_released"] += 1
+            counts[ReconcileCount.RESERVATION_RELEASED] += 1
         return False
     # a warm-pool VM (no request) abandoned mid-create fails; the top-up replaces it
     req = fleet.store.get_request(vm.request_id) if vm.request_id else None
@@ -227,38 +241,39 @@ def _finish_reservation(
         note_outcome("vm_failed", name, outcome)
         fleet.slots.release(name, lock.fence)
         after_vm_failed(fleet, vm, outcome)
-        counts["reservation_failed"] += 1
+        counts[ReconcileCount.RESERVATION_FAILED] += 1
         return False
-    counts["reservation_redispatched"] += 1
+    counts[ReconcileCount.RESERVATION_REDISPATCHED] += 1
     return True
 
 
-def _reconcile_lost(fleet: Fleet, vm: VMRecord, counts: Counter[str]) -> None:
+def _reconcile_lost(fleet: Fleet, vm: VMRecord, counts: Counts) -> None:
     provider = fleet.provider_for(vm)
     if provider is None:
         return
+
+    def step(lock: FencedLock) -> None:
+        current = fleet.store.get_vm(vm.name)
+        if current is None or current.state != "pending":
+            return
+        if provider.get_vm(vm.pool, vm.name) is not None:  # re-check, one VM
+            return
+        lock.ensure_held()
+        outcome = fleet.store.vm_failed(
+            vm.name,
+            "VM vanished at the provider",
+            actor=fleet.who("reconcile"),
+            fence=lock.fence,
+        )
+        note_outcome("vm_failed", vm.name, outcome)
+        after_vm_failed(fleet, current, outcome)
+        counts[ReconcileCount.PENDING_LOST] += 1
+
     try:
-        with fleet.lock("vm", vm.name, "reconcile") as lock:
-            current = fleet.store.get_vm(vm.name)
-            if current is None or current.state != "pending":
-                return
-            if provider.get_vm(vm.pool, vm.name) is not None:  # re-check, one VM
-                return
-            lock.ensure_held()
-            outcome = fleet.store.vm_failed(
-                vm.name,
-                "VM vanished at the provider",
-                actor=fleet.who("reconcile"),
-                fence=lock.fence,
-            )
-            note_outcome("vm_failed", vm.name, outcome)
-            after_vm_failed(fleet, current, outcome)
-            counts["pending_lost"] += 1
-    except LockBusy:
-        counts["busy"] += 1
-    except LockLost as exc:
-        log.warning("reconcile %s stopped: %s", vm.name, exc)
-        counts["lock_lost"] += 1
+        missed = run_locked(fleet, "vm", vm.name, "reconcile", step)
     except Exception as exc:
         log.warning("reconcile %s: provider error: %s", vm.name, exc)
-        counts["provider_error"] += 1
+        counts[ReconcileCount.PROVIDER_ERROR] += 1
+        return
+    if missed is not None:
+        counts[missed] += 1

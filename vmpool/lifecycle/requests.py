@@ -17,9 +17,19 @@ from redis.exceptions import ResponseError
 
 from vmpool.config import PoolConfig
 from vmpool.lifecycle.fleet import Fleet, dispatch_released, note_outcome
+from vmpool.lifecycle.locking import run_locked
+from vmpool.lifecycle.outcomes import (
+    RequestCode,
+    RequestStep,
+    ReserveCode,
+    StoreCode,
+    in_state,
+    store_code,
+)
+from vmpool.lifecycle.reserving import MAX_NAME_ATTEMPTS, reserve_fresh
 from vmpool.lifecycle.warm import claim_ready
-from vmpool.state.locks import FencedLock, LockLost
-from vmpool.state.records import RequestRecord
+from vmpool.state.locks import FencedLock
+from vmpool.state.records import Outcome, RequestRecord
 
 __all__ = [
     "CloneGate",
@@ -31,10 +41,6 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-# How many hostnames to draw for one VM before giving up on it this round ('name_taken'
-# from reserve_vm means the name exists, tombstones included; collisions are rare).
-MAX_NAME_ATTEMPTS = 8
-
 # Refusals of reserve_vm that concern the whole request: stop reserving for it.
 _REQUEST_LEVEL_REFUSALS = frozenset({"no_request", "stale_fence", "past_deadline"})
 
@@ -45,10 +51,12 @@ _REQUEST_LEVEL_REFUSALS = frozenset({"no_request", "stale_fence", "past_deadline
 
 @dataclass
 class CloneGate:
-    """Shared by the provision steps a batch job runs in the order of service: once one
-    met the clone limit, those after it reserve nothing (they still take ready VMs), so
-    a slot freed meanwhile is not handed to a younger request before the older one
-    (first come, first served); the older gets it at its next turn."""
+    """Keeps a provision batch first come, first served at the clone limit.
+
+    Shared by the provision steps a batch job runs in the order of service: once one met
+    the clone limit, those after it reserve nothing (they still take ready VMs), so a
+    slot freed meanwhile is not handed to a younger request before the older one (first
+    come, first served); the older gets it at its next turn."""
 
     closed: bool = False
 
@@ -56,8 +64,10 @@ class CloneGate:
 def provision_request(
     fleet: Fleet, request_id: str, lock: FencedLock | None = None, gate: CloneGate | None = None
 ) -> list[str]:
-    """Reserve VMs for the request's unreserved slots, within the fleet-wide clone limit,
-    and dispatch create_vm for each. Returns the names reserved by this call.
+    """Reserve VMs for the request's unreserved slots.
+
+    Each within the fleet-wide clone limit, and create_vm dispatched for it. Returns the
+    names reserved by this call.
 
     Runs under the request's lock, whose grant reads the request's record in the same
     unit; each reservation passes its fence, so a holder paused past its lock's expiry
@@ -72,20 +82,12 @@ def provision_request(
     expiry fails it (with the usual TTL reason) unless the pool comes back meanwhile.
     """
     reserved: list[str] = []
-    own = lock is None
-    if lock is None:
-        lock = fleet.lock("request", request_id, "provision", read_record=True)
-        if not lock.acquire():
-            log.debug("provision %s: another worker holds the request", request_id)
-            return reserved
-    try:
-        _reserve_for(fleet, request_id, lock, reserved, gate or CloneGate())
-    except LockLost as exc:
-        log.warning("provision %s stopped: %s", request_id, exc)
-    finally:
-        if own:
-            lock.release()
-    return reserved
+
+    def step(held: FencedLock) -> None:
+        _reserve_for(fleet, request_id, held, reserved, gate or CloneGate())
+
+    run_locked(fleet, "request", request_id, "provision", step, lock=lock, read_record=True)
+    return reserved  # what was reserved before a lock lost midway too
 
 
 def _reserve_for(
@@ -116,14 +118,14 @@ def _reserve_for(
             continue
         for _ in range(missing):
             code = _reserve_one(fleet, request_id, slot.alias, pool, lock, reserved)
-            if code == "clone_limit":
+            if code == ReserveCode.CLONE_LIMIT:
                 gate.closed = True
                 return
             if code in _REQUEST_LEVEL_REFUSALS:
                 return
             if code.startswith("request_"):
                 return
-            if code != "reserved":
+            if code != ReserveCode.RESERVED:
                 break  # slot_full, no_such_slot, names exhausted: next slot
 
 
@@ -134,38 +136,35 @@ def _reserve_one(
     pool: PoolConfig,
     lock: FencedLock,
     reserved: list[str],
-) -> str:
-    for _ in range(MAX_NAME_ATTEMPTS):
-        name = fleet.names()
-        if fleet.slots.acquire(name) is None:
-            log.info("provision %s: clone limit reached, the rest waits", request_id)
-            return "clone_limit"
-        try:
-            # No ensure_held() first: the fence refuses a stale holder inside the write.
-            outcome = fleet.store.reserve_vm(
-                request_id,
-                name=name,
-                alias=alias,
-                pool=pool.name,
-                template=pool.template,
-                provider=pool.provider,
-                domain=pool.domain,
-                actor=fleet.who("provision"),
-                fence=lock.fence,
-            )
-        except BaseException:
-            fleet.slots.release(name)
-            raise
-        note_outcome("reserve", name, outcome)
-        if outcome.ok:
-            reserved.append(name)
-            fleet.dispatch.create_vm(name)
-            return "reserved"
-        fleet.slots.release(name)
-        if outcome.code != "name_taken":
-            return outcome.code
-    log.warning("provision %s: %d hostnames in a row were taken", request_id, MAX_NAME_ATTEMPTS)
-    return "names_exhausted"
+) -> ReserveCode | StoreCode:
+    """Reserve one VM for the request's slot ``alias``.
+
+    The VM is of ``pool``; its create is dispatched. Returns the code of
+    :func:`~vmpool.lifecycle.reserving.reserve_fresh`."""
+
+    def reserve(name: str) -> Outcome:
+        # No ensure_held() first: the fence refuses a stale holder inside the write.
+        return fleet.store.reserve_vm(
+            request_id,
+            name=name,
+            alias=alias,
+            pool=pool.name,
+            template=pool.template,
+            provider=pool.provider,
+            domain=pool.domain,
+            actor=fleet.who("provision"),
+            fence=lock.fence,
+        )
+
+    got = reserve_fresh(fleet, "reserve", reserve)
+    if got.code == ReserveCode.RESERVED:
+        reserved.append(got.name)
+        fleet.dispatch.create_vm(got.name)
+    elif got.code == ReserveCode.CLONE_LIMIT:
+        log.info("provision %s: clone limit reached, the rest waits", request_id)
+    elif got.code == ReserveCode.NAMES_EXHAUSTED:
+        log.warning("provision %s: %d hostnames in a row were taken", request_id, MAX_NAME_ATTEMPTS)
+    return got.code
 
 
 # ------------------------------------------------------------------------------------
@@ -173,7 +172,7 @@ def _reserve_one(
 # ------------------------------------------------------------------------------------
 
 
-def check_request(fleet: Fleet, request_id: str) -> str:
+def check_request(fleet: Fleet, request_id: str) -> RequestCode:
     """One request: expire it if its time is up, else push its work along.
 
     Returns the expiry outcome ('fulfilled' / 'failed'), 'pending' (work dispatched),
@@ -181,17 +180,17 @@ def check_request(fleet: Fleet, request_id: str) -> str:
     """
     req = fleet.store.get_request(request_id)
     if req is None:
-        return "no_request"
+        return RequestStep.NO_REQUEST
     if req.status != "pending":
         if req.status in ("failed", "deleted"):
             dispatch_released(fleet, request_id)
-        return f"request_{req.status}"
+        return in_state("request", req.status)
     if fleet.store.server_time() >= req.fail_at:
         outcome = fleet.store.expire_request(request_id, actor=fleet.who("check_request"))
         note_outcome("expire", request_id, outcome)
         if outcome.ok:
             dispatch_released(fleet, request_id)
-        return outcome.code
+        return store_code(outcome)
     vms = fleet.store.get_vms(req.vm_names)
     pending = [vm.name for vm in vms if vm.state == "pending"]
     reserved = [vm.name for vm in vms if vm.state == "reserved"]
@@ -201,7 +200,7 @@ def check_request(fleet: Fleet, request_id: str) -> str:
         fleet.dispatch.create_vms(reserved)
     if req.unreserved > 0:
         fleet.dispatch.provision_request(request_id)
-    return "pending"
+    return RequestStep.PENDING
 
 
 def sweep_expired(fleet: Fleet, limit: int = 1000) -> dict[str, int]:

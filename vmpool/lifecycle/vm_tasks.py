@@ -1,5 +1,7 @@
-"""Snapshots, reverts and extra disks of a held VM: what the ``vm_task`` job does, and
-which providers can (vmpooler's snapshot and disk tasks).
+"""Snapshots, reverts and extra disks of a held VM.
+
+What the ``vm_task`` job does, and which providers can (vmpooler's snapshot and disk
+tasks).
 
 The API records the task on the VM through the store (only its holder may ask) and
 queues the job; :func:`vm_task` calls the provider's capability
@@ -19,6 +21,7 @@ from typing import Any
 
 from vmpool.config import Config
 from vmpool.lifecycle.fleet import Fleet
+from vmpool.lifecycle.outcomes import TaskCode, TaskStep, store_code
 from vmpool.providers import Disks, Snapshots, is_permanent_error
 from vmpool.providers.registry import provider_class
 from vmpool.state.vm_tasks import TaskKind, VMTask
@@ -44,8 +47,9 @@ def _implementation(build: Any) -> type[Any] | None:
 
 
 def supports(config: Config, pool: str, kind: TaskKind) -> bool:
-    """Whether the provider of ``pool`` can carry out a task of ``kind``: judged by its
-    class, so the API builds no provider (no cloud connection) to answer."""
+    """Whether the provider of ``pool`` can carry out a task of ``kind``.
+
+    Judged by its class, so the API builds no provider (no cloud connection) to answer."""
     pool_config = config.pools.get(pool)
     provider = config.providers.get(pool_config.provider) if pool_config else None
     implementation = provider_class(provider.provider_class) if provider else None
@@ -53,31 +57,32 @@ def supports(config: Config, pool: str, kind: TaskKind) -> bool:
     return made is not None and issubclass(made, capability(kind))
 
 
-def vm_task(fleet: Fleet, subject: str) -> str:
-    """Carry out one task (``<VM>:<kind>:<id>``). Returns 'done', 'failed' (any provider
-    error: the trail says why; the holder may ask again), or why nothing was done
-    ('no_task': done already; 'no_vm')."""
+def vm_task(fleet: Fleet, subject: str) -> TaskCode:
+    """Carry out one task (``<VM>:<kind>:<id>``).
+
+    Returns 'done', 'failed' (any provider error: the trail says why; the holder may ask
+    again), or why nothing was done ('no_task': done already; 'no_vm')."""
     task = VMTask.parse(subject)
     arg = fleet.store.vm_task_arg(task)
     if arg is None:
-        return "no_task"
+        return TaskStep.NO_TASK
     vm = fleet.store.get_vm(task.vm)
     provider = fleet.providers.get(vm.provider) if vm else None
     if vm is None:
-        return "no_vm"
+        return TaskStep.NO_VM
     actor = fleet.who("vm_task")
     if not isinstance(provider, capability(task.kind)):
         error = f"the provider of pool {vm.pool} cannot do a {task.kind}"
-        return fleet.store.finish_vm_task(task, actor=actor, error=error).code
+        return store_code(fleet.store.finish_vm_task(task, actor=actor, error=error))
     try:
         _call(provider, vm.pool, task, arg)
     except Exception as exc:  # the task fails, as vmpooler's: its holder may ask again
         kind = "permanent" if is_permanent_error(exc) else "transient"
         log.warning("vm_task %s failed (%s): %s", subject, kind, exc)
-        return fleet.store.finish_vm_task(task, actor=actor, error=str(exc) or kind).code
+        return store_code(fleet.store.finish_vm_task(task, actor=actor, error=str(exc) or kind))
     outcome = fleet.store.finish_vm_task(task, actor=actor)
     log.info("vm_task %s: %s", subject, outcome.code)
-    return outcome.code
+    return store_code(outcome)
 
 
 def _call(provider: Any, pool: str, task: VMTask, arg: str) -> None:

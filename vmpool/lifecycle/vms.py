@@ -31,9 +31,11 @@ from vmpool.lifecycle.cloudsteps import (
 )
 from vmpool.lifecycle.failpoints import failpoint
 from vmpool.lifecycle.fleet import Fleet, note_outcome
+from vmpool.lifecycle.locking import run_locked
+from vmpool.lifecycle.outcomes import VMCode, VMStep, in_state, store_code
 from vmpool.lifecycle.pending import check_batched, list_lag_s, observe_pending
 from vmpool.providers import Provider, StatusBatch, create_for_request
-from vmpool.state.locks import FencedLock, LockLost
+from vmpool.state.locks import FencedLock
 from vmpool.state.records import VMRecord
 from vmpool.state.workset import WorkSet
 
@@ -58,7 +60,7 @@ log = logging.getLogger(__name__)
 
 def create_vm(
     fleet: Fleet, name: str, lock: FencedLock | None = None, slot: bool | None = None
-) -> str:
+) -> VMCode:
     """Create a reserved VM at its provider and record it pending.
 
     Returns: 'pending' (created; check_pending_vm dispatched), 'completed' (the request
@@ -90,7 +92,7 @@ def create_vm(
     return _under_vm_lock(fleet, name, "reserved", "create", body, lock, not_reserved)
 
 
-LockedStep = Callable[[Fleet, VMRecord, Provider, FencedLock], str]
+LockedStep = Callable[[Fleet, VMRecord, Provider, FencedLock], VMCode]
 
 
 def _under_vm_lock(
@@ -101,52 +103,45 @@ def _under_vm_lock(
     body: LockedStep,
     lock: FencedLock | None = None,
     elsewhere: Callable[[FencedLock], None] | None = None,
-) -> str:
-    """The shape of every per-VM job: the VM's lock, whose grant reads the VM's record
-    in the same unit (so the record is read under the lock, once), then ``body`` if the
-    VM is in ``state`` (else 'vm_<its state>', after ``elsewhere(lock)``). ``lock``:
+) -> VMCode:
+    """Run ``body`` for a VM in ``state``, under the VM's lock.
+
+    The shape of every per-VM job: the VM's lock, whose grant reads the VM's record in
+    the same unit (so the record is read under the lock, once), then ``body`` if the VM
+    is in ``state`` (else 'vm_<its state>', after ``elsewhere(lock)``). ``lock``:
     already granted that way (a batch job grants the locks of its claim in one script
     and releases them in one); else taken and released here. Another worker holding the
     lock is 'busy', not an error; a lock lost midway stops the step ('lock_lost')."""
-    own = lock is None
-    if lock is None:
-        lock = fleet.lock("vm", name, step, read_record=True)
-        if not lock.acquire():
-            log.debug("%s %s: another worker holds the VM", step, name)
-            return "busy"
-    try:
-        vm = VMRecord.from_hash(lock.record) if lock.record else None
+
+    def run(held: FencedLock) -> VMCode:
+        vm = VMRecord.from_hash(held.record) if held.record else None
         if vm is None:
-            return "no_vm"
+            return VMStep.NO_VM
         if vm.state != state:
             if elsewhere is not None:
-                elsewhere(lock)
-            return f"vm_{vm.state}"
+                elsewhere(held)
+            return in_state("vm", vm.state)
         provider = fleet.provider_for(vm)
         if provider is None:
-            return "no_provider"
-        return body(fleet, vm, provider, lock)
-    except LockLost as exc:
-        log.warning("%s %s stopped: %s", step, name, exc)
-        return "lock_lost"
-    finally:
-        if own:
-            lock.release()
+            return VMStep.NO_PROVIDER
+        return body(fleet, vm, provider, held)
+
+    return run_locked(fleet, "vm", name, step, run, lock=lock, read_record=True)
 
 
 def _create_locked(
     fleet: Fleet, vm: VMRecord, provider: Provider, lock: FencedLock, slot: bool | None = None
-) -> str:
+) -> VMCode:
     name = vm.name
     hold = held_back(fleet, provider, vm)
     if hold:
         fleet.slots.release(name, lock.fence)  # the VM waits reserved, holding no slot
-        return hold
+        return VMStep(hold)
     if slot is None:  # renews (or takes over) the VM's lease, or takes a free slot
         slot = fleet.slots.acquire(name, lock.fence) is not None
     if not slot:
         log.info("create %s: clone limit reached, waiting for a slot", name)
-        return "throttled"
+        return VMStep.THROTTLED
     actor = fleet.who("create")
     try:
         lock.ensure_held()  # before the provider call: a side effect no fence guards
@@ -168,24 +163,26 @@ def _create_locked(
         note_outcome("vm_created", name, created)
         if created.ok and created.code == "pending":
             fleet.dispatch.check_pending_vm(name)
-            return "pending"
+            return VMStep.PENDING
         if created.code == "stale_fence":
             # Another worker holds the VM now and will finish (or undo) this create; but
             # if the record already let go of the VM, what we made is nobody's.
             _destroy_if_released(fleet, name, provider)
-            return "stale_fence"
+            return VMStep.STALE_FENCE
         # 'completed' (request gone), 'vm_completed' (released meanwhile), ...: the VM we
         # made belongs to nobody; destroy it now rather than wait for the reconciler.
         destroy_at_provider(fleet, name, provider, lock, pool=vm.pool)
-        return "completed" if created.ok else created.code
+        return VMStep.COMPLETED if created.ok else store_code(created)
     finally:
         fleet.slots.release(name, lock.fence)  # ours only: not a newer creator's
         let_go(fleet, provider, vm)
 
 
 def _destroy_if_released(fleet: Fleet, name: str, provider: Provider) -> None:
-    """Without the lock: destroy at the provider only if the record can never need the
-    VM again (completed or destroyed are final), else leave it to the lock holder."""
+    """Destroy a VM nobody can need, without its lock.
+
+    Without the lock: destroy at the provider only if the record can never need the VM
+    again (completed or destroyed are final), else leave it to the lock holder."""
     vm = fleet.store.get_vm(name)
     if vm is None or vm.state in ("completed", "destroyed"):
         try:
@@ -196,9 +193,11 @@ def _destroy_if_released(fleet: Fleet, name: str, provider: Provider) -> None:
 
 def destroy_at_provider(
     fleet: Fleet, name: str, provider: Provider, lock: FencedLock, pool: str = ""
-) -> str:
-    """Under the VM's lock: destroy at the provider, then record it destroyed. A VM
-    whose record is gone (its tombstone expired) is destroyed at the provider only."""
+) -> VMCode:
+    """Destroy a VM at its provider, then record it destroyed.
+
+    Runs under the VM's lock. A VM whose record is gone (its tombstone expired) is
+    destroyed at the provider only."""
     vm = fleet.store.get_vm(name)
     if vm is None:
         lock.ensure_held()
@@ -206,18 +205,18 @@ def destroy_at_provider(
             provider.destroy_vm(pool, name)
         except Exception as exc:
             log.warning("destroy of unrecorded %s failed (reconcile retries): %s", name, exc)
-        return "no_vm"
+        return VMStep.NO_VM
     if vm.state != "completed":
-        return f"vm_{vm.state}"
+        return in_state("vm", vm.state)
     lock.ensure_held()
     try:
         provider.destroy_vm(vm.pool, name)
     except Exception as exc:
         log.warning("destroy %s failed; it stays completed for the next sweep: %s", name, exc)
-        return "provider_error"
+        return VMStep.PROVIDER_ERROR
     outcome = fleet.store.vm_destroyed(name, actor=fleet.who("destroy"), fence=lock.fence)
     note_outcome("vm_destroyed", name, outcome)
-    return outcome.code
+    return store_code(outcome)
 
 
 # ------------------------------------------------------------------------------------
@@ -225,7 +224,7 @@ def destroy_at_provider(
 # ------------------------------------------------------------------------------------
 
 
-def check_pending_vm(fleet: Fleet, name: str, lock: FencedLock | None = None) -> str:
+def check_pending_vm(fleet: Fleet, name: str, lock: FencedLock | None = None) -> VMCode:
     """Ask the provider whether a pending VM booted.
 
     Returns: 'running' / 'fulfilled' (attached; the request turned ready in the same
@@ -238,7 +237,9 @@ def check_pending_vm(fleet: Fleet, name: str, lock: FencedLock | None = None) ->
     return _under_vm_lock(fleet, name, "pending", "check_pending", _check_pending_locked, lock)
 
 
-def _check_pending_locked(fleet: Fleet, vm: VMRecord, provider: Provider, lock: FencedLock) -> str:
+def _check_pending_locked(
+    fleet: Fleet, vm: VMRecord, provider: Provider, lock: FencedLock
+) -> VMCode:
     name = vm.name
     try:
         if isinstance(provider, StatusBatch):  # one cloud call, not two
@@ -249,20 +250,24 @@ def _check_pending_locked(fleet: Fleet, vm: VMRecord, provider: Provider, lock: 
             ready = held is not None and provider.is_ready(vm.pool, name)
     except Exception as exc:
         log.warning("check_pending %s: provider error, next check retries: %s", name, exc)
-        return "provider_error"
+        return VMStep.PROVIDER_ERROR
     return observe_pending(fleet, vm, lock, held, ready, lag_s=list_lag_s(provider))
 
 
 def reserved_grace_s(config: Config) -> float:
-    """How long a reservation may wait for its create job before the pending sweep
-    dispatches the create again (it is idempotent; a running one answers 'busy')."""
+    """How long a reservation may wait for its create job.
+
+    Then the pending sweep dispatches the create again (it is idempotent; a running one
+    answers 'busy')."""
     return max(10.0, 2.0 * config.schedule.check_pending_sweep)
 
 
 def check_pending_sweep(fleet: Fleet, pool: str | None = None) -> int:
-    """Dispatch check_pending_vm for every pending VM of every configured pool (or of
-    ``pool``), and create_vm again for reservations older than ``reserved_grace_s``
-    (a lost create job, or one that found no clone slot). Returns the dispatch count.
+    """Dispatch the checks and creates the booting and reserved VMs need.
+
+    Dispatch check_pending_vm for every pending VM of every configured pool (or of
+    ``pool``), and create_vm again for reservations older than ``reserved_grace_s`` (a
+    lost create job, or one that found no clone slot). Returns the dispatch count.
 
     Batched: one read per state for all pools (a pipeline), one dispatch batch per job,
     so the round trips per tick do not grow with the number of pending VMs. The VMs of
@@ -298,8 +303,9 @@ def _flat(by_pool: Mapping[str, Sequence[str]]) -> list[str]:
 
 
 def reap_running(fleet: Fleet) -> int:
-    """End the VMs whose lifetime is over (their running score is their lifetime end)
-    and dispatch their destruction. Returns how many were ended.
+    """End the VMs whose lifetime is over and dispatch their destruction.
+
+    A VM's running score is its lifetime's end. Returns how many were ended.
 
     Each ``end_vm_lifetime`` is its own atomic transition (one script per expired VM:
     the cost follows the expired count, not the running count); the destroy dispatch
@@ -332,11 +338,13 @@ def retired_pools(fleet: Fleet) -> list[str]:
 
 
 def _finish_retired(fleet: Fleet, pools: list[str], now: float) -> None:
-    """For pools no longer configured (removed or renamed), what check_pending_sweep,
+    """Finish the VMs of pools no longer configured.
+
+    For pools no longer configured (removed or renamed), what check_pending_sweep,
     destroy_sweep and check_ready do for the configured ones: check booting VMs, create
-    again stale reservations, destroy released VMs, and recycle (then destroy) the
-    ready ones: no request or checkout can take them any more, and no top-up counts
-    them. Each only if its provider is configured."""
+    again stale reservations, destroy released VMs, and recycle (then destroy) the ready
+    ones: no request or checkout can take them any more, and no top-up counts them. Each
+    only if its provider is configured."""
     store = fleet.store
     grace = reserved_grace_s(fleet.config)
     pending = _reachable(fleet, _flat(store.pools_vms(pools, "pending")))
@@ -356,23 +364,26 @@ def _finish_retired(fleet: Fleet, pools: list[str], now: float) -> None:
 
 
 def _reachable(fleet: Fleet, names: list[str]) -> list[str]:
-    """The VMs among ``names`` whose provider is configured (one read for all); the
-    others are left alone (the audit reports them), not dispatched to fail every pass."""
+    """The VMs among ``names`` whose provider is configured.
+
+    One read for all; the others are left alone (the audit reports them), not dispatched
+    to fail every pass."""
     if not names:
         return []
     return [vm.name for vm in fleet.store.get_vms(names) if vm.provider in fleet.providers]
 
 
 def destroy_sweep(fleet: Fleet) -> int:
-    """Dispatch destroy_vm for every completed VM of every configured pool (one read
-    for all pools, one dispatch batch)."""
+    """Dispatch destroy_vm for every completed VM.
+
+    One read for all configured pools, one dispatch batch."""
     names = _flat(fleet.store.pools_vms(list(fleet.config.pools), "completed"))
     if names:
         fleet.dispatch.destroy_vms(names)
     return len(names)
 
 
-def destroy_vm(fleet: Fleet, name: str) -> str:
+def destroy_vm(fleet: Fleet, name: str) -> VMCode:
     """Destroy a completed VM at its provider, then record it destroyed.
 
     Returns 'destroyed', 'provider_error' (a transient failure: the VM stays completed
@@ -382,5 +393,5 @@ def destroy_vm(fleet: Fleet, name: str) -> str:
     return _under_vm_lock(fleet, name, "completed", "destroy", _destroy_locked)
 
 
-def _destroy_locked(fleet: Fleet, vm: VMRecord, provider: Provider, lock: FencedLock) -> str:
+def _destroy_locked(fleet: Fleet, vm: VMRecord, provider: Provider, lock: FencedLock) -> VMCode:
     return destroy_at_provider(fleet, vm.name, provider, lock, pool=vm.pool)

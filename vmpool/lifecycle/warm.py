@@ -22,19 +22,20 @@ import logging
 
 from vmpool.config import PoolConfig
 from vmpool.lifecycle.fleet import Fleet, note_outcome
+from vmpool.lifecycle.outcomes import RecycleReason, ReserveCode, StoreCode
 from vmpool.lifecycle.overrides import effective_pools
-from vmpool.state.records import RequestRecord, VMRecord
+from vmpool.lifecycle.reserving import reserve_fresh
+from vmpool.state.records import Outcome, RequestRecord, VMRecord
 
-__all__ = ["MAX_NAME_ATTEMPTS", "check_ready", "claim_ready", "top_up_pools"]
+__all__ = ["check_ready", "claim_ready", "top_up_pools"]
 
 log = logging.getLogger(__name__)
 
-MAX_NAME_ATTEMPTS = 8  # hostnames drawn for one VM before giving up this round
-
 
 def top_up_pools(fleet: Fleet) -> dict[str, int]:
-    """Reserve what each warm pool is short of and dispatch the creates. Returns the
-    VMs reserved per pool."""
+    """Reserve what each warm pool is short of and dispatch the creates.
+
+    Returns the VMs reserved per pool."""
     pools = [
         pool
         for pool in effective_pools(fleet)  # runtime size and template (overrides.py)
@@ -50,7 +51,7 @@ def top_up_pools(fleet: Fleet) -> dict[str, int]:
         deficit = min(pool.size - have["ready"] - have["warming"], fleet.config.task_limit)
         for _ in range(max(0, deficit)):
             code = _reserve_warm(fleet, pool, names)
-            if code != "reserved":
+            if code != ReserveCode.RESERVED:
                 log.info("top-up %s stopped: %s", pool.name, code)
                 break
             made[pool.name] = made.get(pool.name, 0) + 1
@@ -59,40 +60,35 @@ def top_up_pools(fleet: Fleet) -> dict[str, int]:
     return made
 
 
-def _reserve_warm(fleet: Fleet, pool: PoolConfig, names: list[str]) -> str:
-    """One warm VM of ``pool`` reserved, holding a clone slot that its create job takes
-    over (as provision_request does for a request's VMs)."""
-    for _ in range(MAX_NAME_ATTEMPTS):
-        name = fleet.names()
-        if fleet.slots.acquire(name) is None:
-            return "clone_limit"
-        try:
-            outcome = fleet.store.reserve_pool_vm(
-                name,
-                pool=pool.name,
-                template=pool.template,
-                provider=pool.provider,
-                domain=pool.domain,
-                size=pool.size,
-                data_ttl_s=fleet.config.data_ttl_s,
-                actor=fleet.who("top_up_pools"),
-            )
-        except BaseException:
-            fleet.slots.release(name)
-            raise
-        note_outcome("reserve_pool_vm", name, outcome)
-        if outcome.ok:
-            names.append(name)
-            return "reserved"
-        fleet.slots.release(name)
-        if outcome.code != "name_taken":
-            return outcome.code
-    return "names_exhausted"
+def _reserve_warm(fleet: Fleet, pool: PoolConfig, names: list[str]) -> ReserveCode | StoreCode:
+    """Reserve one warm VM of ``pool``.
+
+    It holds a clone slot that its create job takes over. Returns the code of
+    :func:`~vmpool.lifecycle.reserving.reserve_fresh`."""
+
+    def reserve(name: str) -> Outcome:
+        return fleet.store.reserve_pool_vm(
+            name,
+            pool=pool.name,
+            template=pool.template,
+            provider=pool.provider,
+            domain=pool.domain,
+            size=pool.size,
+            data_ttl_s=fleet.config.data_ttl_s,
+            actor=fleet.who("top_up_pools"),
+        )
+
+    got = reserve_fresh(fleet, "reserve_pool_vm", reserve)
+    if got.code == ReserveCode.RESERVED:
+        names.append(got.name)
+    return got.code
 
 
 def check_ready(fleet: Fleet) -> dict[str, int]:
-    """Recycle the ready VMs that must go: past ``ready_ttl``, failing the provider's
-    check, or beyond the pool's size. Returns counts by reason."""
+    """Recycle the ready VMs that must go.
+
+    Past ``ready_ttl``, failing the provider's check, or beyond the pool's size. Returns
+    counts by reason."""
     now = fleet.store.server_time()
     by_pool = fleet.store.pools_vms(list(fleet.config.pools), "ready")
     counts: dict[str, int] = {}
@@ -111,7 +107,7 @@ def check_ready(fleet: Fleet) -> dict[str, int]:
             note_outcome("recycle", vm.name, outcome)
             if outcome.ok:
                 recycled.append(vm.name)
-                counts[reason] = counts.get(reason, 0) + 1
+                counts[reason.value] = counts.get(reason.value, 0) + 1
     if recycled:
         fleet.dispatch.destroy_vms(recycled)
     return counts
@@ -119,28 +115,29 @@ def check_ready(fleet: Fleet) -> dict[str, int]:
 
 def _why_recycle(
     fleet: Fleet, pool: PoolConfig, vm: VMRecord, now: float, *, excess: bool
-) -> tuple[str, float | None]:
-    """(reason, least ready age the script must re-check) or ('', None) to keep it."""
+) -> tuple[RecycleReason | None, float | None]:
+    """(reason, least ready age the script must re-check) or (None, None) to keep it."""
     ttl = pool.ready_ttl_s
     if ttl is not None and vm.ready_at is not None and now - vm.ready_at >= ttl:
-        return "ready_ttl", ttl
+        return RecycleReason.READY_TTL, ttl
     if excess:
-        return "pool shrank", None
+        return RecycleReason.POOL_SHRANK, None
     provider = fleet.providers.get(vm.provider)
     if provider is None:
-        return "", None  # left alone; the audit reports a VM whose provider is gone
+        return None, None  # left alone; the audit reports a VM whose provider is gone
     try:
         ok = provider.get_vm(vm.pool, vm.name) is not None and provider.is_ready(vm.pool, vm.name)
     except Exception as exc:  # a provider hiccup is not a failed VM: next check retries
         log.warning("check_ready %s: provider error: %s", vm.name, exc)
-        return "", None
-    return ("failed its check", None) if not ok else ("", None)
+        return None, None
+    return (RecycleReason.FAILED_CHECK, None) if not ok else (None, None)
 
 
 def claim_ready(fleet: Fleet, req: RequestRecord) -> list[str]:
-    """Let a pending request take ready VMs of its pools (those whose
-    ``ondemand_from_ready`` is on) before anything is cloned for it; returns the VMs
-    it took. The claim is one unit, bounded by the request's slots."""
+    """Let a pending request take ready VMs of its pools.
+
+    Only pools whose ``ondemand_from_ready`` is on lend, before anything is cloned for
+    it; returns the VMs it took. The claim is one unit, bounded by the request's slots."""
     lending = sorted(
         {
             slot.pool
