@@ -1,5 +1,7 @@
-"""The two layers around every request: vmpooler's optional trailing slash, and the
-per-route response counters and latency histogram."""
+"""The two layers around every request.
+
+vmpooler's optional trailing slash, and the per-route response counters and latency
+histogram."""
 
 from __future__ import annotations
 
@@ -64,9 +66,10 @@ class Observe:
 
 
 def install_middleware(app: FastAPI, metrics: ApiMetrics) -> None:
-    """:class:`Observe` in the app's middleware stack; :class:`TrailingSlash` around the
-    whole built stack, Starlette's own error middleware included, so every layer sees
-    the rewritten path."""
+    """:class:`Observe` in the app's middleware stack.
+
+    :class:`TrailingSlash` around the whole built stack, Starlette's own error middleware
+    included, so every layer sees the rewritten path."""
     app.add_middleware(Observe, metrics=metrics)
     build_stack = app.build_middleware_stack
 

@@ -31,8 +31,9 @@ WORKER_TTL_S: Final = float(RQ_SETTINGS["worker_ttl"])
 
 
 def fleet_workers(raw: redis.Redis, keys: Keys) -> list[BaseWorker]:
-    """The RQ workers registered on one of the fleet's queues (RQ's per-queue worker
-    sets), by name; another fleet's, under another key prefix, are not ours to report."""
+    """The RQ workers registered on one of the fleet's queues (RQ's per-queue worker sets), by name.
+
+    Another fleet's, under another key prefix, are not ours to report."""
     found: dict[str, BaseWorker] = {}
     for short in QUEUES:
         for key in raw.smembers(WORKERS_BY_QUEUE_KEY % keys.queue(short)):

@@ -1,8 +1,9 @@
-"""``vmpool pools --set-size POOL=N | --unset-size POOL | --reset POOL``: change pools at
-runtime from the shell, as an admin, through the same operations as the API's
-``POST /config/poolsize``, ``DELETE /config/poolsize/<pool>`` and ``POST /poolreset``
-(:mod:`vmpool.lifecycle.overrides`): the overrides live in Redis, the workers honour
-them at once, and a reset's destroys go on the fleet's queues."""
+"""``vmpool pools --set-size POOL=N | --unset-size POOL | --reset POOL``.
+
+Change pools at runtime from the shell, as an admin, through the same operations as the
+API's ``POST /config/poolsize``, ``DELETE /config/poolsize/<pool>`` and ``POST
+/poolreset`` (:mod:`vmpool.lifecycle.overrides`): the overrides live in Redis, the workers
+honour them at once, and a reset's destroys go on the fleet's queues."""
 
 from __future__ import annotations
 

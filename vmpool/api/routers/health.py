@@ -25,7 +25,8 @@ async def healthz() -> Response:
 
 @router.get("/readyz")
 async def readyz(st: State) -> Response:
-    """200 when Redis takes a write (confirmed as every write is), else 503 naming why:
+    """200 when Redis takes a write (confirmed as every write is), else 503 naming why.
+
     unreachable, out of memory, read-only, too few replicas, not confirmed."""
     condition = await run_in_threadpool(probe, st.clients.text, st.keys)
     if condition is RedisCondition.OK:
