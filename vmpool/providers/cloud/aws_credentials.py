@@ -59,8 +59,9 @@ class AwsCredentials:
 
 
 def from_platform(region: str, env: Mapping[str, str], session_name: str) -> AwsCredentials | None:
-    """Credentials from IRSA or EKS Pod Identity, as ``env`` offers them; None when it
-    offers neither."""
+    """Credentials from IRSA or EKS Pod Identity, as ``env`` offers them.
+
+    None when it offers neither."""
     role, token_file = env.get("AWS_ROLE_ARN"), env.get("AWS_WEB_IDENTITY_TOKEN_FILE")
     if role and token_file:
         token = _read(token_file, "AWS_WEB_IDENTITY_TOKEN_FILE")

@@ -35,14 +35,17 @@ from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 from pydantic import BaseModel, ValidationError
 
 from vmpool.providers.base import (
+    Capacity,
     PermanentProviderError,
+    Provider,
     ProviderError,
     ProviderVM,
-    QuotaExceededError,
+    ProviderVMState,
+    StatusBatch,
     validate_provider_name,
 )
 from vmpool.providers.cloud.dns import DnsOptions, PoolDns
-from vmpool.providers.cloud.errors import classify, retry_after_of
+from vmpool.providers.cloud.errors import backoff_s, classify, is_final
 from vmpool.providers.cloud.nodes import (
     Node,
     alive,
@@ -80,9 +83,11 @@ SSH_CHECKS = 32
 CREDENTIALS_MARGIN_S = 300.0
 
 
-class CloudProvider:
-    """The shared half of a libcloud provider; subclasses say how to build the driver,
-    launch a node with tags and list the fleet's nodes (each one API call)."""
+class CloudProvider(Provider, StatusBatch, Capacity):
+    """The shared half of a libcloud provider.
+
+    Subclasses say how to build the driver, launch a node with tags and list the fleet's
+    nodes (each one API call)."""
 
     options_model: ClassVar[type[CloudOptions]] = CloudOptions
     # the keys a pool may set for this provider (ProviderClass.pool_options)
@@ -179,8 +184,10 @@ class CloudProvider:
         raise NotImplementedError
 
     def launch(self, pool: str, template: str, name: str, tags: Mapping[str, str]) -> Node:
-        """One create call (with the pool's placement: :meth:`setting`); the node
-        carries ``tags`` (and the operator's, :meth:`user_tags`) from its first moment."""
+        """One create call (with the pool's placement: :meth:`setting`).
+
+        The node carries ``tags`` (and the operator's, :meth:`user_tags`) from its first
+        moment."""
         raise NotImplementedError
 
     def list_fleet(self) -> list[Node]:
@@ -201,8 +208,10 @@ class CloudProvider:
     # -- the Provider protocol -------------------------------------------------------------
     @property
     def fleet_id(self) -> str:
-        """The mark of this fleet's VMs: the ``fleet_id`` option, else the fleet's
-        identity in Redis (read once; generated there by whichever process came first)."""
+        """The mark of this fleet's VMs.
+
+        The ``fleet_id`` option, else the fleet's identity in Redis (read once; generated
+        there by whichever process came first)."""
         if self._fleet_id is None:
             if self.redis is None:
                 raise PermanentProviderError(
@@ -224,8 +233,10 @@ class CloudProvider:
         return self._driver
 
     def create_vm(self, pool: str, template: str, name: str, request_id: str = "") -> ProviderVM:
-        """Find the VM by its tag, else launch it; a transient failure is retried after
-        looking again, so a create whose answer was lost is not made twice."""
+        """Find the VM by its tag, else launch it.
+
+        A transient failure is retried after looking again, so a create whose answer was
+        lost is not made twice."""
         tags = self.tags(pool, name, request_id)
         attempt = 0
         while True:
@@ -237,7 +248,7 @@ class CloudProvider:
                 node = self._call("create", launch, 0)
                 return self._vm(node, tags)
             except ProviderError as exc:
-                if _final(exc) or attempt >= self.options.retries:
+                if is_final(exc) or attempt >= self.options.retries:
                     raise
                 self._wait(attempt, exc, "create " + name)
                 attempt += 1
@@ -247,7 +258,7 @@ class CloudProvider:
 
     def is_ready(self, pool: str, name: str) -> bool:
         vm = self.get_vm(pool, name)
-        return vm is not None and vm.state == "running"
+        return vm is not None and vm.state == ProviderVMState.RUNNING
 
     def statuses(self, names: Collection[str]) -> dict[str, ProviderVM | None]:
         """Every VM of ``names`` as the cloud sees it now ('running' once the pool's
@@ -312,17 +323,13 @@ class CloudProvider:
                 return call()
             except Exception as exc:
                 error = classify(exc)
-                if _final(error) or attempt >= limit:
+                if is_final(error) or attempt >= limit:
                     raise error from exc
                 self._wait(attempt, error, what)
                 attempt += 1
 
     def _wait(self, attempt: int, error: ProviderError, what: str) -> None:
-        delay = self.options.backoff * (2**attempt)
-        asked = retry_after_of(error)
-        if asked is not None:
-            delay = max(delay, asked)
-        delay = min(delay, self.options.max_backoff)
+        delay = backoff_s(attempt, error, self.options.backoff, self.options.max_backoff)
         log.info("%s: %s failed (%s); retry in %.1fs", self.name, what, error, delay)
         self.sleep(delay)
 
@@ -341,12 +348,12 @@ class CloudProvider:
         address = node_address(node)
         error = self.failure(node)
         if error:
-            state = "failed"
+            state = ProviderVMState.FAILED
         elif node_state(node) == "running" and address:
             ready = not probe or self._ready(pool, tags.get(TAG_VM, ""), address)
-            state = "running" if ready else "booting"
+            state = ProviderVMState.RUNNING if ready else ProviderVMState.BOOTING
         else:
-            state = "booting"
+            state = ProviderVMState.BOOTING
         return ProviderVM(
             name=tags.get(TAG_VM, str(getattr(node, "name", ""))),
             pool=pool,
@@ -388,9 +395,3 @@ class CloudProvider:
             return False
         self._records[name] = address
         return True
-
-
-def _final(error: ProviderError) -> bool:
-    """Whether a failed call is not retried here: a permanent error, or the cloud's
-    quota (the VM waits reserved for capacity; a worker sleeping on it helps nobody)."""
-    return error.permanent or isinstance(error, QuotaExceededError)

@@ -1,7 +1,9 @@
-"""A pool's optional ``dns`` section: vmpool keeps ``<vm name>.<domain>`` pointing at the
-VM's address through one of Libcloud's DNS drivers (Route 53, Google Cloud DNS, ...), as
-vmpooler's dns plugins do. The record is made before the VM is handed out (a VM whose
-record could not be made is not ready yet) and removed when the VM is destroyed.
+"""A pool's optional ``dns`` section.
+
+vmpool keeps ``<vm name>.<domain>`` pointing at the VM's address through one of Libcloud's
+DNS drivers (Route 53, Google Cloud DNS, ...), as vmpooler's dns plugins do. The record is
+made before the VM is handed out (a VM whose record could not be made is not ready yet)
+and removed when the VM is destroyed.
 
 Route 53 goes through a driver of our own on Libcloud's: its current API version
 (2013-04-01, where Libcloud speaks 2012-02-29) signed with SigV4, so it works against

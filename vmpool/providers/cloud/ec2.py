@@ -134,8 +134,10 @@ class EC2Provider(CloudProvider):
         return node
 
     def image(self, pool: str, template: str) -> Image:
-        """The image a pool's VMs start from: the newest matching its ``image_filters``
-        (looked up again after IMAGE_FILTER_TTL_S), else its template (looked up once)."""
+        """The image a pool's VMs start from.
+
+        The newest matching its ``image_filters`` (looked up again after
+        IMAGE_FILTER_TTL_S), else its template (looked up once)."""
         filters = self.setting(pool, "image_filters")
         owners = self.setting(pool, "image_owners") or []
         key: tuple[Any, ...] = (

@@ -97,9 +97,11 @@ class EC2PoolOptions(EC2Placement, PoolChecks):
 
 
 class EC2Options(CloudOptions, EC2Placement):
-    """``provider_class: ec2``. Credentials: the options, else AWS_ACCESS_KEY_ID,
-    AWS_SECRET_ACCESS_KEY (and AWS_SESSION_TOKEN) from the environment, else the pod's
-    role (IRSA or EKS Pod Identity: :mod:`vmpool.providers.cloud.aws_credentials`)."""
+    """``provider_class: ec2``.
+
+    Credentials: the options, else AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY (and
+    AWS_SESSION_TOKEN) from the environment, else the pod's role (IRSA or EKS Pod
+    Identity: :mod:`vmpool.providers.cloud.aws_credentials`)."""
 
     model_config = ConfigDict(frozen=True, extra="ignore", hide_input_in_errors=True)
 

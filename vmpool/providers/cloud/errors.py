@@ -28,7 +28,14 @@ from vmpool.providers.base import (
     is_permanent_error,
 )
 
-__all__ = ["QUOTA_CODES", "TRANSIENT_CODES", "classify", "retry_after_of"]
+__all__ = [
+    "QUOTA_CODES",
+    "TRANSIENT_CODES",
+    "backoff_s",
+    "classify",
+    "is_final",
+    "retry_after_of",
+]
 
 # Error codes and words (EC2's, GCE's, Nova's) that say "no capacity for you now": the
 # account's limits or the zone's stock. Waiting helps; retrying at once does not.
@@ -74,6 +81,25 @@ def retry_after_of(exc: BaseException) -> float | None:
     except (TypeError, ValueError):
         return None
     return seconds if seconds is not None and seconds >= 0 else None
+
+
+def backoff_s(attempt: int, error: ProviderError, base: float, ceiling: float) -> float:
+    """The wait before retrying a failed call: ``base`` doubled per attempt.
+
+    At least what the cloud asked for (``Retry-After``), at most ``ceiling``."""
+    delay = base * 2.0**attempt
+    asked = retry_after_of(error)
+    if asked is not None:
+        delay = max(delay, asked)
+    return min(delay, ceiling)
+
+
+def is_final(error: ProviderError) -> bool:
+    """Whether a failed call is not retried by the provider itself.
+
+    A permanent error, or the cloud's quota (the VM waits reserved for capacity; a
+    worker sleeping on it helps nobody)."""
+    return error.permanent or isinstance(error, QuotaExceededError)
 
 
 def _transient(message: str, exc: BaseException) -> TransientProviderError:

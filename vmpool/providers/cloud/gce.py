@@ -179,9 +179,10 @@ class GCEProvider(CloudProvider):
         return GCENode(name, name, "pending", [], [], {"labels": dict(tags), "zone": zone})
 
     def follow(self, zone: str, operation: Mapping[str, Any]) -> None:
-        """Follow an insert operation to its result, for ``operation_wait`` seconds at
-        most: an error in it is raised (libcloud's parser raises it, with GCE's code),
-        so quota and bad requests reach the create in GCE's words."""
+        """Follow an insert operation to its result, for ``operation_wait`` seconds at most.
+
+        An error in it is raised (libcloud's parser raises it, with GCE's code), so quota
+        and bad requests reach the create in GCE's words."""
         deadline = time.monotonic() + self.options.operation_wait
         delay = 0.5
         while operation.get("status") != "DONE" and operation.get("name"):
@@ -191,8 +192,11 @@ class GCEProvider(CloudProvider):
             if operation.get("status") == "DONE":
                 return
             if left <= 0:
-                log.info("%s: insert %s still running; the pending checks take over",
-                         self.name, operation.get("name"))  # fmt: skip
+                log.info(
+                    "%s: insert %s still running; the pending checks take over",
+                    self.name,
+                    operation.get("name"),
+                )
                 return
             self.sleep(min(delay, left))
             delay = min(delay * 2, 5.0)

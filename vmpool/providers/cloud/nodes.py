@@ -1,5 +1,6 @@
-"""What vmpool reads of a libcloud node (or of a node-shaped record): its state, its
-address, its image, when it was made, and whether a port on it answers.
+"""What vmpool reads of a libcloud node (or of a node-shaped record).
+
+Its state, its address, its image, when it was made, and whether a port on it answers.
 
 Nodes are typed loosely (``Any``) so that libcloud stays an optional import.
 """

@@ -101,9 +101,14 @@ class OpenStackProvider(CloudProvider):
         image_id = self.image_id(pool, template)
         image: Any = NodeImage(image_id, image_id, self.driver)
         if s("volume_size"):  # boot from a new volume, deleted with the server
-            volume = {"boot_index": 0, "uuid": image_id, "source_type": "image",
-                      "destination_type": "volume", "volume_size": s("volume_size"),
-                      "delete_on_termination": True}  # fmt: skip
+            volume = {
+                "boot_index": 0,
+                "uuid": image_id,
+                "source_type": "image",
+                "destination_type": "volume",
+                "volume_size": s("volume_size"),
+                "delete_on_termination": True,
+            }
             if s("volume_type"):
                 volume["volume_type"] = s("volume_type")
             kwargs["ex_blockdevicemappings"] = [volume]

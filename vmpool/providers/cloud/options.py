@@ -30,8 +30,10 @@ FleetId = Annotated[
 
 
 class CloudOptions(BaseModel):
-    """Options every cloud provider takes (each cloud adds its own). Secrets are
-    ``SecretStr``: a repr, a log line or ``vmpool config show`` never shows them."""
+    """Options every cloud provider takes (each cloud adds its own).
+
+    Secrets are ``SecretStr``: a repr, a log line or ``vmpool config show`` never shows
+    them."""
 
     model_config = ConfigDict(frozen=True, extra="ignore", hide_input_in_errors=True)
 
