@@ -106,8 +106,9 @@ class RedisClients:
 
     @classmethod
     def from_url(cls, url: str, options: RedisOptions | None = None) -> RedisClients:
-        """The three clients of the Redis at ``url``, made by the connection factory
-        (``options``: the config's ``:redis:`` settings; None: their defaults)."""
+        """The three clients of the Redis at ``url``, made by the connection factory.
+
+        ``options``: the config's ``:redis:`` settings (None: their defaults)."""
         options = options or default_redis_options()
         return cls(
             connect(url, options, decode_responses=True),

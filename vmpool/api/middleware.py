@@ -35,8 +35,10 @@ class TrailingSlash:
 
 
 class Observe:
-    """Counts responses and latency per route template (``unmatched`` for a 404 that
-    matched no route, so hostile paths cannot grow the label set)."""
+    """Counts responses and latency per route template.
+
+    A 404 that matched no route is counted as ``unmatched``, so hostile paths cannot grow
+    the label set."""
 
     def __init__(self, app: ASGIApp, metrics: ApiMetrics) -> None:
         self.app = app

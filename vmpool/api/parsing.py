@@ -47,8 +47,9 @@ class Ondemand:
 
 
 async def read_body(request: Request, limit: int = MAX_BODY_BYTES) -> bytes:
-    """The body, read up to ``limit`` bytes (BodyTooLarge past it, whatever the
-    Content-Length claims)."""
+    """The body, read up to ``limit`` bytes.
+
+    BodyTooLarge past the limit, whatever the Content-Length claims."""
     length = request.headers.get("content-length")
     if length is not None:
         try:

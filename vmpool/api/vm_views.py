@@ -198,8 +198,10 @@ def modify_failures(body: Mapping[str, Any], config: Config) -> list[str]:
 
 
 def filter_tags(tags: Mapping[str, str], tagfilter: Mapping[str, str]) -> dict[str, str]:
-    """vmpooler's filter_tags: a tag with a :tagfilter: pattern keeps what the pattern's
-    groups match, joined, when it matches; other tags are kept as given."""
+    """vmpooler's filter_tags: each tag as the :tagfilter: patterns keep it.
+
+    A tag with a pattern keeps what the pattern's groups match, joined, when it matches;
+    other tags are kept as given."""
     out: dict[str, str] = {}
     for name, value in tags.items():
         pattern = tagfilter.get(name)

@@ -216,9 +216,10 @@ class CliContext:
     def wait_for_redis(
         self, seconds: float, *, tick: Callable[[], None] | None = None, every_s: float = 10.0
     ) -> str:
-        """:meth:`check_redis`, but a Redis that does not answer yet is waited for up to
-        ``seconds`` (a pod started before its Redis, or during a restart), with a line on
-        stderr every ``every_s``; ``tick`` runs between attempts (the alive file)."""
+        """:meth:`check_redis`, waiting up to ``seconds`` for a Redis that does not answer yet.
+
+        For a pod started before its Redis, or during a restart: a line on stderr every
+        ``every_s``; ``tick`` runs between attempts (the alive file)."""
         import time
 
         from redis import RedisError

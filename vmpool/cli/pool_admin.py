@@ -41,8 +41,9 @@ def parse_sizes(cli: CliContext, given: Sequence[str]) -> dict[str, str]:
 def apply_pool_changes(
     cli: CliContext, set_size: Sequence[str], unset_size: Sequence[str], reset: Sequence[str]
 ) -> None:
-    """Check every argument first (nothing changes on a bad one), then apply them and
-    say what changed, one line each."""
+    """Check every argument, then apply them and say what changed.
+
+    Nothing changes on a bad argument; one line per change."""
     sizes = parse_sizes(cli, set_size)
     unset = [_pool(cli, name, "--unset-size") for name in unset_size]
     resets = [_pool(cli, name, "--reset") for name in reset]

@@ -1,5 +1,6 @@
-"""``vmpool pools``: per pool, its size and its VMs by state, read from the live state;
-with ``--set-size`` / ``--unset-size`` / ``--reset``, change pools at runtime first
+"""``vmpool pools``: per pool, its size and its VMs by state, read from the live state.
+
+With ``--set-size`` / ``--unset-size`` / ``--reset``, change pools at runtime first
 (:mod:`vmpool.cli.pool_admin`)."""
 
 from __future__ import annotations

@@ -195,8 +195,10 @@ def _screen(config: Config, run_dir: Path, *, verbose: bool, demo: bool) -> Scre
 
 
 def _check_redis(cli: CliContext, url: str, *, strict: bool) -> None:
-    """Before any child: the Redis answers and is set up as vmpool needs; the config is
-    published there (the CLI follows the fleet from now on)."""
+    """Make the Redis ready before any child starts.
+
+    The Redis answers and is set up as vmpool needs; the config is published there (the
+    CLI follows the fleet from then on)."""
     if cli.config.redis_url:
         _reach_redis(cli)
     check_redis_at_start(url, cli.config.redis_options, who="vmpool up", strict=strict)

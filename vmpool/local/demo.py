@@ -192,8 +192,10 @@ def run_demo(
     out: IO[str] | None = None,
     clock: Callable[[], float] = time.monotonic,
 ) -> DemoReport:
-    """Send the burst, follow every request until it settles, give back the ready ones,
-    wait for their VMs to be destroyed, and report (with an audit of the end state)."""
+    """Run the burst and report, with an audit of the end state.
+
+    Send the burst, follow every request until it settles, give back the ready ones, and
+    wait for their VMs to be destroyed."""
     out = out or sys.stdout
     start = clock()
     out.write(f"demo: {total} on-demand requests against {api.base}")

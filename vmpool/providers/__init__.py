@@ -1,5 +1,7 @@
-"""Cloud providers: what vmpool asks of a cloud (base), the classes it implements
-(registry: ``provider_class`` name -> class and options model) and the simulated cloud.
+"""Cloud providers: the interface, the registry of implementations, the simulated cloud.
+
+What vmpool asks of a cloud (base), the classes it implements (registry:
+``provider_class`` name -> class and options model) and the simulated cloud.
 
 Import from here; ``make_provider`` / ``providers_from_config`` build instances from the
 configuration, so callers never name an implementation class. Nothing here imports the
@@ -20,7 +22,6 @@ from vmpool.providers.base import (
     TransientProviderError,
     create_for_request,
     is_permanent_error,
-    takes_request_id,
     uses_circuit,
 )
 from vmpool.providers.registry import make_provider, providers_from_config
@@ -44,6 +45,5 @@ __all__ = [
     "is_permanent_error",
     "make_provider",
     "providers_from_config",
-    "takes_request_id",
     "uses_circuit",
 ]

@@ -38,7 +38,6 @@ __all__ = [
     "TransientProviderError",
     "create_for_request",
     "is_permanent_error",
-    "takes_request_id",
     "uses_circuit",
     "validate_provider_name",
 ]
@@ -213,8 +212,9 @@ class StatusBatch(Protocol):
     check per VM; a provider without it is checked VM by VM."""
 
     def statuses(self, names: Collection[str]) -> Mapping[str, ProviderVM | None]:
-        """Each of ``names`` as the cloud sees it now (``state`` 'running' once it
-        passes the ready check), None for a VM the cloud does not hold."""
+        """Each of ``names`` as the cloud sees it now, None for a VM the cloud does not hold.
+
+        ``state`` is 'running' once the VM passes the ready check."""
         ...
 
 
@@ -259,11 +259,6 @@ class Capacity(Protocol):
     def cores(self, pool: str) -> int:
         """The vCPUs of one VM of ``pool`` (asked only when max_cores is set)."""
         ...
-
-
-def takes_request_id(provider: Provider) -> bool:
-    """Whether ``create_vm`` takes ``request_id=`` (to tag the VM with it at launch)."""
-    return provider.tags_request_id
 
 
 def uses_circuit(provider: Provider | None) -> bool:

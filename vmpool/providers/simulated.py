@@ -231,8 +231,9 @@ class SimulatedProvider(Provider, Snapshots, Disks):
         self._annotate(name, f"disk:{disk}", str(int(size_gb)), "add")
 
     def annotations(self, name: str) -> dict[str, str]:
-        """For tests: the snapshots (``snapshot:<id>``), disks (``disk:<label>`` -> GB)
-        and ``reverted_to`` of VM ``name``."""
+        """For tests: the snapshots, disks and ``reverted_to`` of VM ``name``.
+
+        Snapshots as ``snapshot:<id>``, disks as ``disk:<label>`` -> GB."""
         fields = _decoded(self._redis.hgetall(self._keys.sim_vm(self.name, name)))
         wanted = ("snapshot:", "disk:", "reverted_to")
         return {k: v for k, v in fields.items() if k.startswith(wanted)}
@@ -288,9 +289,10 @@ class SimulatedProvider(Provider, Snapshots, Disks):
 
 
 class ListingSimulatedProvider(SimulatedProvider, StatusBatch):
-    """The simulated provider with a list call (:class:`~vmpool.providers.StatusBatch`),
-    as the clouds have: what ``provider_class: simulated`` builds unless its option
-    ``batch_status`` is false."""
+    """The simulated provider with a list call, as the clouds have.
+
+    A :class:`~vmpool.providers.StatusBatch`: what ``provider_class: simulated`` builds
+    unless its option ``batch_status`` is false."""
 
     # The simulated cloud's answers are its Redis keys, so a VM it created is in its
     # next list at once: a VM missing from a list vanished (no grace, as a real cloud's

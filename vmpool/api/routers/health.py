@@ -1,5 +1,6 @@
-"""Outside ``/api/v3``: liveness (/healthz), readiness (/readyz: Redis reachable and
-taking writes) and Prometheus metrics (/metrics)."""
+"""The endpoints outside ``/api/v3``: liveness, readiness and Prometheus metrics.
+
+/healthz, /readyz (Redis reachable and taking writes) and /metrics."""
 
 from __future__ import annotations
 

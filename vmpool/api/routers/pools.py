@@ -50,8 +50,10 @@ def _pools(st: ApiState) -> dict[str, PoolConfig]:
 
 @router.get("/poolstat")
 async def poolstat(request: Request, st: State) -> Response:
-    """``?pool=a,b``: each pool named (or having one of the names as an alias): its
-    ``max`` (size), ``alias`` and ``ready`` VMs; no ``pool``: ``{"pools": {}}``."""
+    """GET /poolstat: each pool's size, aliases and ready VMs.
+
+    ``?pool=a,b``: each pool named (or having one of the names as an alias): its ``max``
+    (size), ``alias`` and ``ready`` VMs; no ``pool``: ``{"pools": {}}``."""
     wanted = set((request.query_params.get("pool") or "").split(","))
 
     def body() -> Response:
@@ -158,8 +160,10 @@ def _size(value: Any) -> str | None:
 
 
 def _template(value: Any, pool: PoolConfig) -> str | None:
-    """vmpooler's check: no leading or trailing '/', and a path (with '/') where the
-    configured template is one (vSphere's folders); any other clouds' image names."""
+    """vmpooler's check of a template name.
+
+    No leading or trailing '/', and a path (with '/') where the configured template is one
+    (vSphere's folders); any other clouds' image names."""
     if not isinstance(value, str) or not _TEMPLATE_RE.fullmatch(value):
         return None
     if value.startswith("/") or value.endswith("/"):

@@ -1,5 +1,6 @@
-"""GET /status: vmpooler's pool and queue summary, plus vmpool's requests, RQ queues
-and workers."""
+"""GET /status: vmpooler's pool and queue summary.
+
+Plus vmpool's requests, RQ queues and workers."""
 
 from __future__ import annotations
 
@@ -136,8 +137,10 @@ def _capacity(config: Config, ready: int) -> dict[str, Any]:
 def pools_status(
     config: Config, counts: Mapping[str, Mapping[str, int]]
 ) -> tuple[dict[str, Any], dict[str, int]]:
-    """Each pool's entry in vmpooler's shape (``pending`` is reserved plus booting), and
-    the totals over all pools by pending, running and completed."""
+    """Each pool's entry in vmpooler's shape, and the totals over all pools.
+
+    An entry's ``pending`` is reserved plus booting; the totals are by pending, running and
+    completed."""
     pools: dict[str, Any] = {}
     totals = dict.fromkeys(("pending", "ready", "running", "completed"), 0)
     for name, pool in config.pools.items():
@@ -164,8 +167,9 @@ def pools_status(
 
 
 def rq_status(raw: redis.Redis, keys: Keys) -> tuple[dict[str, int], list[dict[str, Any]]]:
-    """Jobs waiting in each of the fleet's RQ queues, and the registered workers sorted
-    by name."""
+    """Jobs waiting in each of the fleet's RQ queues, and the registered workers.
+
+    The workers are sorted by name."""
     queues: dict[str, int] = {}
     workers: list[dict[str, Any]] = []
     try:

@@ -1,5 +1,7 @@
-"""vmpooler's per-VM API: GET /vm, checkout (POST /vm, POST /vm/<pool>+<pool>), GET,
-PUT and DELETE /vm/<hostname>, GET /token/<token> (snapshots and disks:
+"""vmpooler's per-VM API.
+
+GET /vm, checkout (POST /vm, POST /vm/<pool>+<pool>), GET, PUT and DELETE
+/vm/<hostname>, GET /token/<token> (snapshots and disks:
 :mod:`vmpool.api.routers.vm_tasks`).
 
 The API writes no state itself: a checkout is ``Store.checkout`` (one script: all or
@@ -138,8 +140,9 @@ def _vm(st: ApiState, hostname: str) -> VMRecord | None:
 
 
 async def _resolve(st: ApiState, hostname: str) -> str | None:
-    """:func:`_vm`'s name lookup, awaited on the loop (in the thread pool without an
-    asyncio client): an address costs one read of the index."""
+    """:func:`_vm`'s name lookup, awaited on the loop.
+
+    In the thread pool without an asyncio client. An address costs one read of the index."""
     if not is_address(hostname):
         return _vm_name(hostname)
     aio = st.clients.aio
@@ -151,8 +154,9 @@ async def _resolve(st: ApiState, hostname: str) -> str | None:
 
 @router.get("/vm/{hostname}", dependencies=[counted("get", "vm", "hostname")])
 async def get_vm(hostname: str, st: State) -> Response:
-    """The VM and the server's time (its age, its time left) in one pipeline, awaited on
-    the loop (in the thread pool without an asyncio client)."""
+    """The VM and the server's time (its age, its time left) in one pipeline.
+
+    Awaited on the loop (in the thread pool without an asyncio client)."""
     name = await _resolve(st, hostname)
     if name is None:
         return not_ok(404)

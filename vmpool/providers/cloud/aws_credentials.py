@@ -45,8 +45,9 @@ THROTTLED: Final = ("Throttling", "ThrottlingException", "RequestLimitExceeded")
 
 @dataclass(frozen=True)
 class AwsCredentials:
-    """A key pair, its session token for temporary credentials, and when they expire
-    (Unix time; None: never). ``source`` says where they came from (for logs)."""
+    """A key pair, its session token for temporary credentials, and when they expire.
+
+    ``expires_at``: Unix time (None: never). ``source`` says where they came from (for logs)."""
 
     key: str
     secret: str

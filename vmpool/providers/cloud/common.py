@@ -140,8 +140,7 @@ class CloudProvider(Provider, StatusBatch, Capacity):
     def parse_pool(
         cls, pool: str, raw: Mapping[str, Any], options: Mapping[str, Any]
     ) -> dict[str, Any]:
-        """A pool's keys, validated by the pool model (the provider's options as
-        context for the checks that span both): only those the pool set."""
+        """The keys a pool set, validated by its model (the provider's options as context)."""
         try:
             model = cls.pool_model.model_validate(dict(raw), context={"provider": dict(options)})
         except ValidationError as exc:
@@ -161,8 +160,7 @@ class CloudProvider(Provider, StatusBatch, Capacity):
         return self.options.max_instances or 0, self.options.max_cores or 0
 
     def cores(self, pool: str) -> int:
-        """The vCPUs of one VM of ``pool`` (its instance size), asked of the cloud once
-        per size and kept (:meth:`size_cores`)."""
+        """The vCPUs of one VM of ``pool``, asked of the cloud once per size and kept."""
         size = str(self.setting(pool, self.size_key))
         if size not in self._cores:
             self._cores[size] = self.size_cores(pool, size)
@@ -223,8 +221,10 @@ class CloudProvider(Provider, StatusBatch, Capacity):
 
     @property
     def driver(self) -> Any:
-        """The libcloud driver, built on first use, and built again before the temporary
-        credentials it holds expire (``driver_expires_at``, set by ``make_driver``)."""
+        """The libcloud driver, built on first use.
+
+        Built again before the temporary credentials it holds expire (``driver_expires_at``,
+        set by ``make_driver``)."""
         expiry = self.driver_expires_at
         if self._driver is None or (
             expiry is not None and time.time() > expiry - CREDENTIALS_MARGIN_S
@@ -261,11 +261,12 @@ class CloudProvider(Provider, StatusBatch, Capacity):
         return vm is not None and vm.state == ProviderVMState.RUNNING
 
     def statuses(self, names: Collection[str]) -> dict[str, ProviderVM | None]:
-        """Every VM of ``names`` as the cloud sees it now ('running' once the pool's
-        ready check passes, 'failed' when the cloud says it never will), None for those
-        it does not hold: one list call for all, not retried (the next check asks
-        again, so a sweep never waits out a backoff). The ssh checks of the running VMs
-        run side by side, ``ssh_timeout`` each."""
+        """Every VM of ``names`` as the cloud sees it now, None for those it does not hold.
+
+        'running' once the pool's ready check passes, 'failed' when the cloud says it never
+        will. One list call for all, not retried (the next check asks again, so a sweep never
+        waits out a backoff). The ssh checks of the running VMs run side by side,
+        ``ssh_timeout`` each."""
         nodes = self._by_name(retries=0)
         held = [nodes[name] for name in names if name in nodes]
         with ThreadPoolExecutor(max_workers=max(1, min(SSH_CHECKS, len(held)))) as pool:
@@ -273,8 +274,7 @@ class CloudProvider(Provider, StatusBatch, Capacity):
         return {name: vms.get(name) for name in names}
 
     def destroy_vm(self, pool: str, name: str) -> bool:
-        """Destroy the VM's instances (and its DNS record, when its pool has ``dns``: a
-        record that could not be removed fails the destroy, which is retried)."""
+        """Destroy the VM's instances and DNS record (a record left fails the destroy)."""
         found = self._find(name)
         for node in found:  # several only if someone else made a copy: none stays
             self._call("destroy", partial(self.remove, node))
@@ -286,8 +286,7 @@ class CloudProvider(Provider, StatusBatch, Capacity):
         return bool(found)
 
     def inventory(self) -> list[ProviderVM]:
-        """Every VM of the fleet the cloud holds, as it says (one list call, no ready
-        check: the reconciler needs what exists, not what answers)."""
+        """Every fleet VM the cloud holds: one list call, no ready check (what exists)."""
         return [self._vm(node, probe=False) for node in self._by_name().values()]
 
     # -- helpers ---------------------------------------------------------------------------
@@ -334,15 +333,16 @@ class CloudProvider(Provider, StatusBatch, Capacity):
         self.sleep(delay)
 
     def failure(self, node: Node) -> str:
-        """The cloud's words when ``node`` will never boot (an instance in ERROR, one
-        stopped while booting), '' otherwise."""
+        """The cloud's words when ``node`` will never boot (ERROR, stopped booting), else ''."""
         return ""
 
     def _vm(
         self, node: Node, tags: Mapping[str, str] | None = None, *, probe: bool = True
     ) -> ProviderVM:
-        """The VM ``node`` is; ``probe``: run the pool's ready check on a running one
-        (else 'running' is what the cloud says)."""
+        """The VM ``node`` is.
+
+        ``probe``: run the pool's ready check on a running one (else 'running' is what the
+        cloud says)."""
         tags = tags if tags is not None else self.tags_of(node)
         pool = tags.get(TAG_POOL, "")
         address = node_address(node)
@@ -366,8 +366,10 @@ class CloudProvider(Provider, StatusBatch, Capacity):
         )
 
     def _ready(self, pool: str, name: str, address: str) -> bool:
-        """The pool's ready check of a running VM with an address, then its DNS record
-        (when the pool has ``dns``): a VM whose name does not resolve is not ready."""
+        """The pool's ready check of a running VM with an address, then its DNS record.
+
+        The record is checked when the pool has ``dns``: a VM whose name does not resolve is
+        not ready."""
         if self.setting(pool, "ready_check") != "state":
             port = self.setting(pool, "ssh_port")
             if not port_answers(address, port, self.options.ssh_timeout):

@@ -116,8 +116,9 @@ class PoolDns:
         return found
 
     def _find(self, name: str, kind: Any) -> Any:
-        """The record of ``name`` of type ``kind`` (Route 53: one filtered read, else the
-        zone's list), None when there is none."""
+        """The record of ``name`` of type ``kind``, None when there is none.
+
+        Route 53: one filtered read; other drivers: the zone's list."""
         from libcloud.dns.types import RecordDoesNotExistError
 
         if self.options.driver == "route53":

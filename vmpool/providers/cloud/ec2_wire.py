@@ -164,8 +164,10 @@ def run_params(
 
 
 def _volumes(image: Image, p: Mapping[str, Any]) -> dict[str, str]:
-    """Every EBS device of the image deleted with the instance (from the image's own
-    snapshot and size, as EC2 would), the root sized and typed as the pool says."""
+    """Every EBS device of the image, deleted with the instance.
+
+    Each from the image's own snapshot and size, as EC2 would; the root sized and typed
+    as the pool says."""
     params: dict[str, str] = {}
     for n, device in enumerate(image.devices, 1):
         root = f"BlockDeviceMapping.{n}."
@@ -183,8 +185,10 @@ def _volumes(image: Image, p: Mapping[str, Any]) -> dict[str, str]:
 
 
 def instances_in(driver: Any, elements: Iterable[Any]) -> list[Node]:
-    """libcloud nodes of ``instancesSet/item`` elements, each with the reason EC2 gave
-    for its state (``stateReason``: why it stopped) in ``extra['state_reason']``."""
+    """libcloud nodes of ``instancesSet/item`` elements.
+
+    Each carries the reason EC2 gave for its state (``stateReason``: why it stopped) in
+    ``extra['state_reason']``."""
     from libcloud.compute.drivers.ec2 import NAMESPACE
     from libcloud.utils.xml import findtext
 

@@ -123,8 +123,10 @@ def _quota(message: str, exc: BaseException) -> QuotaExceededError:
 
 
 def _http_code(exc: BaseException) -> int | None:
-    """The HTTP status of a failed call (libcloud puts it in ``code`` or, for Google,
-    ``http_code``, whose ``code`` is a reason such as ``notFound``)."""
+    """The HTTP status of a failed call.
+
+    libcloud puts it in ``code`` or, for Google, ``http_code``, whose ``code`` is a reason
+    such as ``notFound``."""
     for attr in ("http_code", "code"):
         try:
             return int(getattr(exc, attr))
@@ -134,8 +136,10 @@ def _http_code(exc: BaseException) -> int | None:
 
 
 def _cloud_message(exc: BaseException) -> str:
-    """The cloud's words: its error code first (Google's reason or operation code,
-    which libcloud keeps apart from the message), then its message and HTTP status."""
+    """The cloud's words: its error code first, then its message and HTTP status.
+
+    The error code is Google's reason or operation code, which libcloud keeps apart from
+    the message."""
     message = getattr(exc, "message", None) or getattr(exc, "value", None) or str(exc)
     if isinstance(message, dict):  # Google's error item: {'reason', 'message', ...}
         message = f"{message.get('reason', '')}: {message.get('message', '')}".strip(": ")
@@ -148,8 +152,9 @@ def _cloud_message(exc: BaseException) -> str:
 
 
 def classify(exc: BaseException) -> ProviderError:
-    """``exc`` as a :class:`ProviderError` whose ``permanent`` says whether to retry,
-    carrying the cloud's own message (and ``retry_after`` when the cloud gave one)."""
+    """``exc`` as a :class:`ProviderError` whose ``permanent`` says whether to retry.
+
+    It carries the cloud's own message (and ``retry_after`` when the cloud gave one)."""
     if isinstance(exc, ProviderError):
         return exc
     if isinstance(exc, (socket.timeout, TimeoutError, ConnectionError, ssl.SSLError)):

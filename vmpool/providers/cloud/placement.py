@@ -91,8 +91,9 @@ class PoolChecks(BaseModel):
 
 
 def provider_value(info: ValidationInfo, key: str) -> Any:
-    """The provider's own value of ``key`` from the validation context (None when the
-    model is validated without one, or the provider does not set it)."""
+    """The provider's own value of ``key`` from the validation context.
+
+    None when the model is validated without one, or the provider does not set it."""
     context = info.context if isinstance(info.context, Mapping) else {}
     provider = context.get("provider")
     return provider.get(key) if isinstance(provider, Mapping) else None

@@ -126,8 +126,9 @@ class VSphereAdapter(Protocol):
         datastore: str | None,
         extra_config: Mapping[str, str],
     ) -> None:
-        """A new thin disk on the VM's first SCSI controller with room, and
-        ``extra_config`` set by the same reconfiguration (both, or neither)."""
+        """A new thin disk on the VM's first SCSI controller with room.
+
+        ``extra_config`` is set by the same reconfiguration (both, or neither)."""
         ...
 
     def close(self) -> None: ...

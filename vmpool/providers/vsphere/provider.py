@@ -102,9 +102,10 @@ class VSphereProvider(CloudProvider, Snapshots, Disks):
         return self.session.adapter()
 
     def _vs(self, call: Callable[[VSphereAdapter], T]) -> T:
-        """One adapter call on the session, its failure classified (the fault kept as
-        the error's ``fault``), and the session marked for a health check when the
-        failure may have been the session's."""
+        """One adapter call on the session, its failure classified.
+
+        The fault is kept as the error's ``fault``, and the session marked for a health check
+        when the failure may have been the session's."""
         try:
             return call(self.driver)
         except Exception as exc:
@@ -158,9 +159,10 @@ class VSphereProvider(CloudProvider, Snapshots, Disks):
     def _vm(
         self, node: VMInfo, tags: Mapping[str, str] | None = None, *, probe: bool = True
     ) -> ProviderVM:
-        """The VM ``node`` is: 'running' once powered on and, when ``probe``, past the
-        pool's ready check; its hostname the guest's address (VMware Tools), else its
-        name."""
+        """The VM ``node`` is.
+
+        'running' once powered on and, when ``probe``, past the pool's ready check; its
+        hostname the guest's address (VMware Tools), else its name."""
         tags = tags if tags is not None else self.tags_of(node)
         pool, name = tags.get(TAG_POOL, ""), tags.get(TAG_VM, node.name)
         on = node.power_state == "poweredOn"
