@@ -74,7 +74,7 @@ class LoopClients:
     A redis.asyncio connection belongs to the loop it was opened in; uvicorn runs one
     loop per process, but a test client may run each request in a loop of its own. The
     hot paths (POST /ondemandvm, GET /ondemandvm/<id>) await Redis on the loop: a thread
-    hop per request cost more Python than the request's own work (issue 15, profiled:
+    hop per request costs more Python than the request's own work (profiled:
     docs/benchmarks.md)."""
 
     def __init__(self, url: str, options: RedisOptions) -> None:
@@ -95,9 +95,10 @@ class LoopClients:
 
 @dataclass(frozen=True)
 class RedisClients:
-    """``text`` decodes responses (the store, tokens); ``raw`` does not (RQ needs that);
-    ``aio``: asyncio clients for the hot paths (None: they run ``text`` in the thread
-    pool instead)."""
+    """``text`` decodes responses (the store, tokens).
+
+    ``raw`` does not (RQ needs that); ``aio``: asyncio clients for the hot paths (None:
+    they run ``text`` in the thread pool instead)."""
 
     text: redis.Redis
     raw: redis.Redis
@@ -105,8 +106,9 @@ class RedisClients:
 
     @classmethod
     def from_url(cls, url: str, options: RedisOptions | None = None) -> RedisClients:
-        """The three clients of the Redis at ``url``, made by the connection factory
-        (``options``: the config's ``:redis:`` settings; None: their defaults)."""
+        """The three clients of the Redis at ``url``, made by the connection factory.
+
+        ``options``: the config's ``:redis:`` settings (None: their defaults)."""
         options = options or default_redis_options()
         return cls(
             connect(url, options, decode_responses=True),
@@ -161,8 +163,10 @@ def _unauthorized() -> Rejected:
 
 
 def _well_formed(token: str) -> bool:
-    """Whether ``token`` is token text at all (vmpool.ids): anything else is refused
-    with the same 401 as an unknown token, before it is hashed or looked up."""
+    """Whether ``token`` is token text at all (vmpool.ids).
+
+    Anything else is refused with the same 401 as an unknown token, before it is hashed or
+    looked up."""
     try:
         validate_token(token)
     except InvalidIdentifier:
@@ -171,8 +175,9 @@ def _well_formed(token: str) -> bool:
 
 
 def token_auth(request: Request) -> TokenInfo | None:
-    """The caller's token when auth is on (401 without a valid one, 429 over the rate
-    limit); None when auth is off."""
+    """The caller's token when auth is on (401 without a valid one, 429 over the rate limit).
+
+    None when auth is off."""
     st = api_state(request)
     auth = st.config.auth
     if auth is None:
@@ -202,18 +207,21 @@ Token = Annotated[TokenInfo | None, Depends(token_auth)]
 
 
 async def authenticate(request: Request, st: ApiState) -> TokenInfo | None:
-    """:func:`token_auth` for a handler that takes the request alone: no thread hop when
-    auth is off (nothing to look up), Redis in the thread pool when it is on."""
+    """:func:`token_auth` for a handler that takes the request alone.
+
+    No thread hop when auth is off (nothing to look up), Redis in the thread pool when it
+    is on."""
     if st.config.auth is None:
         return None
     return await run_in_threadpool(token_auth, request)
 
 
 def basic_user(request: Request) -> str:
-    """The user of valid HTTP Basic credentials (401 otherwise); 404 when auth is off
-    (vmpooler has no token endpoints then); 429 with Retry-After while the client's
-    address or the user name has too many failed logins (counted in Redis, so every
-    replica refuses alike)."""
+    """The user of valid HTTP Basic credentials (401 otherwise).
+
+    404 when auth is off (vmpooler has no token endpoints then); 429 with Retry-After
+    while the client's address or the user name has too many failed logins (counted in
+    Redis, so every replica refuses alike)."""
     st = api_state(request)
     auth = st.config.auth
     if auth is None:
@@ -246,8 +254,10 @@ def basic_user(request: Request) -> str:
 
 
 def _valid_user_name(user: str) -> bool:
-    """A user name that may become a token's owner (vmpool.ids): a refused one is a
-    failed login like a wrong password (the dummy provider would mint it a token)."""
+    """A user name that may become a token's owner (vmpool.ids).
+
+    A refused one is a failed login like a wrong password (the dummy provider would mint
+    it a token)."""
     try:
         validate_user_name(user)
     except InvalidIdentifier:

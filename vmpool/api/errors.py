@@ -81,9 +81,10 @@ async def _rejected(request: Request, exc: Exception) -> Response:
 
 
 def redis_refusal(exc: redis.RedisError, **fields: Any) -> Response | None:
-    """The 503 for a Redis outage of any kind, its message naming the condition ("Redis
-    is out of memory", ...: :mod:`vmpool.state.redis_health`); None when ``exc`` is no
-    outage (a bug: the caller lets it become a 500)."""
+    """The 503 for a Redis outage of any kind, its message naming the condition.
+
+    The condition as :mod:`vmpool.state.redis_health` words it ("Redis is out of memory",
+    ...). None when ``exc`` is no outage (a bug: the caller lets it become a 500)."""
     condition = classify(exc)
     if condition is None:
         return None

@@ -318,8 +318,10 @@ def _numbers(raw: Mapping[Any, Any] | None) -> dict[str, float]:
 
 
 def _skipped(reads: Mapping[tuple[str, ...], Any]) -> Iterator[Metric]:
-    """Items a batch skipped as invalid (vmpool.state.counters.record_skipped): the job
-    names come from the job table and the reasons from the code, so the labels stay few."""
+    """Items a batch skipped as invalid (vmpool.state.counters.record_skipped).
+
+    The job names come from the job table and the reasons from the code, so the labels
+    stay few."""
     skipped = CounterMetricFamily(
         "vmpool_skipped_items",
         "Subjects a batched enqueue skipped as invalid, by job and reason",

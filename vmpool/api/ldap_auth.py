@@ -1,5 +1,6 @@
-"""LDAP logins (``:auth: provider: ldap``), as vmpooler's ``authenticate_ldap`` makes
-them, with ldap3 (pure Python; the ``ldap`` extra).
+"""LDAP logins (``:auth: provider: ldap``), as vmpooler's ``authenticate_ldap`` makes them.
+
+With ldap3 (pure Python; the ``ldap`` extra).
 
 For each base, for each user_object: either a direct bind as
 ``<user_object>=<name>,<base>``, or, with a service account, a search under the base
@@ -34,8 +35,9 @@ class DirectoryUnavailable(Exception):
 
 
 def ldap_login(cfg: LdapConfig, user: str, password: str) -> bool:
-    """Whether ``user``/``password`` log in at the directory; DirectoryUnavailable when
-    it cannot tell."""
+    """Whether ``user``/``password`` log in at the directory.
+
+    DirectoryUnavailable when it cannot tell."""
     if not password:
         return False
     try:
@@ -59,8 +61,9 @@ def _attempt(cfg: LdapConfig, base: str, user_object: str, user: str, password: 
             return _direct_bind(cfg, base, user_object, user, password)
         return _search_and_bind(cfg, base, user_object, user, password)
     except LDAPException as exc:
-        log.warning("ldap: the directory %s:%d did not answer: %s", cfg.host, cfg.port,
-                    type(exc).__name__)  # fmt: skip
+        log.warning(
+            "ldap: the directory %s:%d did not answer: %s", cfg.host, cfg.port, type(exc).__name__
+        )
         raise DirectoryUnavailable(f"the directory {cfg.host}:{cfg.port} is unavailable") from None
     except (OSError, ssl.SSLError) as exc:
         log.warning("ldap: %s:%d: %s", cfg.host, cfg.port, type(exc).__name__)
@@ -132,8 +135,9 @@ def _search_and_bind(
         conn.bind()
         if not _bound(conn, "the service account"):
             raise DirectoryUnavailable("the service account cannot bind (check its password)")
-        conn.search(base, f"({user_object}={escape_filter_chars(user)})", attributes=[],
-                    size_limit=2)  # fmt: skip
+        conn.search(
+            base, f"({user_object}={escape_filter_chars(user)})", attributes=[], size_limit=2
+        )
         found = [e["dn"] for e in conn.response or [] if e.get("type") == "searchResEntry"]
         if len(found) != 1:
             return False

@@ -46,8 +46,10 @@ def http_method(method: str) -> str:
 
 
 class MethodBounded(Generic[M]):
-    """A metric labelled (route, method, ...) whose method label is bounded: callers
-    keep calling ``.labels(route, method, ...)`` and get :func:`http_method` applied."""
+    """A metric labelled (route, method, ...) whose method label is bounded.
+
+    Callers keep calling ``.labels(route, method, ...)`` and get :func:`http_method`
+    applied."""
 
     def __init__(self, metric: M) -> None:
         self.metric: M = metric

@@ -1,5 +1,7 @@
-"""The two layers around every request: vmpooler's optional trailing slash, and the
-per-route response counters and latency histogram."""
+"""The two layers around every request.
+
+vmpooler's optional trailing slash, and the per-route response counters and latency
+histogram."""
 
 from __future__ import annotations
 
@@ -33,8 +35,10 @@ class TrailingSlash:
 
 
 class Observe:
-    """Counts responses and latency per route template (``unmatched`` for a 404 that
-    matched no route, so hostile paths cannot grow the label set)."""
+    """Counts responses and latency per route template.
+
+    A 404 that matched no route is counted as ``unmatched``, so hostile paths cannot grow
+    the label set."""
 
     def __init__(self, app: ASGIApp, metrics: ApiMetrics) -> None:
         self.app = app
@@ -64,9 +68,10 @@ class Observe:
 
 
 def install_middleware(app: FastAPI, metrics: ApiMetrics) -> None:
-    """:class:`Observe` in the app's middleware stack; :class:`TrailingSlash` around the
-    whole built stack, Starlette's own error middleware included, so every layer sees
-    the rewritten path."""
+    """:class:`Observe` in the app's middleware stack.
+
+    :class:`TrailingSlash` around the whole built stack, Starlette's own error middleware
+    included, so every layer sees the rewritten path."""
     app.add_middleware(Observe, metrics=metrics)
     build_stack = app.build_middleware_stack
 

@@ -47,8 +47,9 @@ class Ondemand:
 
 
 async def read_body(request: Request, limit: int = MAX_BODY_BYTES) -> bytes:
-    """The body, read up to ``limit`` bytes (BodyTooLarge past it, whatever the
-    Content-Length claims)."""
+    """The body, read up to ``limit`` bytes.
+
+    BodyTooLarge past the limit, whatever the Content-Length claims."""
     length = request.headers.get("content-length")
     if length is not None:
         try:
@@ -104,7 +105,7 @@ def parse_count(name: str, value: Any, maximum: int) -> int:
 
 
 def _bad_count(name: str) -> Rejected:
-    # made only when raised: a refusal builds its body (issue 15: less Python per POST)
+    # made only when raised: an accepted POST builds no refusal body (less Python per POST)
     return Rejected(400, message=f"invalid count for '{name}': must be a positive integer")
 
 
@@ -127,6 +128,7 @@ def ondemand_from_json(data: Any, config: Config) -> Ondemand:
 
 def ondemand_from_path(names: str) -> Ondemand:
     """vmfloaty's path form, ``<name>+<name>+...``: a repeated name raises its count.
+
     The names are checked by the plan, with the counts."""
     counts: dict[str, int] = {}
     for name in names.split("+"):

@@ -1,5 +1,6 @@
-"""The providers' circuit breakers as metrics (vmpool/state/circuit.py): one pipeline
-per scrape over the configured providers, whatever the number of VMs."""
+"""The providers' circuit breakers as metrics (vmpool/state/circuit.py).
+
+One pipeline per scrape over the configured providers, whatever the number of VMs."""
 
 from __future__ import annotations
 

@@ -1,8 +1,10 @@
-"""vmpooler's run-time statistics (GET /summary, GET /summary/<route>/<key>), computed
-as vmpooler 3.9's helpers compute them (``get_task_metrics``, ``get_task_summary``,
-``get_tag_summary`` in lib/vmpooler/api/helpers.rb), from the daily hashes the store's
-scripts keep (``Keys.summary_day``: boot and clone ``POOL:VM -> seconds``, tag
-``VM:TAG -> value``; _prelude.lua's ``count_vm_move``, tag_vm.lua).
+"""vmpooler's run-time statistics (GET /summary, GET /summary/<route>/<key>).
+
+Computed as vmpooler 3.9's helpers compute them (``get_task_metrics``,
+``get_task_summary``, ``get_tag_summary`` in lib/vmpooler/api/helpers.rb), from the
+daily hashes the store's scripts keep (``Keys.summary_day``: boot and clone
+``POOL:VM -> seconds``, tag ``VM:TAG -> value``; _prelude.lua's ``count_vm_move``,
+tag_vm.lua).
 
 Pure functions of those hashes: the router reads them and replies. vmpooler's quirks
 are kept, so that dashboards built on it read the same numbers: a range's ``min``,

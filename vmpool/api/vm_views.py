@@ -17,6 +17,7 @@ from vmpool.api.errors import Rejected
 from vmpool.config import Config
 from vmpool.ids import is_address
 from vmpool.state.records import VMRecord
+from vmpool.state.transitions import VMState
 
 __all__ = [
     "MAX_DISK_GB",
@@ -40,8 +41,9 @@ _HOSTNAME_RE = re.compile(
 
 
 def short_hostname(hostname: str) -> str:
-    """vmpooler's hostname_shorten (the first label), after its validate_hostname: 400
-    ``{"ok": false, "error": ...}`` for a malformed name."""
+    """vmpooler's hostname_shorten (the first label), after its validate_hostname.
+
+    400 ``{"ok": false, "error": ...}`` for a malformed name."""
     if not hostname:
         raise Rejected(400, error="Hostname is required")
     if len(hostname) > 253:
@@ -65,22 +67,22 @@ def vm_body(vm: VMRecord, config: Config, now: float) -> dict[str, Any]:
     # the provider's template (image) the VM was made from is an extra field.
     entry: dict[str, Any] = {"template": vm.pool, "provider_template": vm.template}
     start = vm.checkout_at if vm.checkout_at is not None else vm.ready_at
-    held = vm.state == "running" and start is not None and vm.lifetime_end is not None
+    held = vm.state == VMState.RUNNING and start is not None and vm.lifetime_end is not None
     if held and start is not None and vm.lifetime_end is not None:
         entry["lifetime"] = round((vm.lifetime_end - start) / 3600.0)
         entry["running"] = _hours(now - start)
         entry["remaining"] = _hours(vm.lifetime_end - now)
         entry["start_time"] = _rfc3339(start)
         entry["end_time"] = _rfc3339(vm.lifetime_end)
-        entry["state"] = "running"
+        entry["state"] = VMState.RUNNING
     else:
         entry["lifetime"] = round(config.vm_lifetime_s / 3600.0)
-        if vm.state in ("completed", "destroyed"):
+        if vm.state in (VMState.COMPLETED, VMState.DESTROYED):
             if start is not None and vm.state_since is not None:
                 entry["running"] = _hours(vm.state_since - start)
-            entry["state"] = "destroyed"
+            entry["state"] = VMState.DESTROYED
         else:
-            entry["state"] = "ready" if vm.state == "ready" else "pending"
+            entry["state"] = VMState.READY if vm.state == VMState.READY else VMState.PENDING
     if vm.tags:
         entry["tags"] = dict(vm.tags)
     if vm.snapshots:
@@ -104,11 +106,12 @@ def checkout_body(
     config: Config,
     hostnames: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
-    """vmpooler's checkout answer: ``{"ok": true, "<name asked>": {"hostname": fqdn or
-    [fqdn, ...]}}``. ``wanted`` is (name asked, pool chosen, count) in request order;
-    ``handed`` the (VM, pool) pairs the store handed out; ``hostnames`` the hostname each
-    VM's record holds (the cloud's address for a pool without a domain), else the name
-    and the pool's domain."""
+    """vmpooler's checkout answer.
+
+    ``{"ok": true, "<name asked>": {"hostname": fqdn or [fqdn, ...]}}``. ``wanted`` is
+    (name asked, pool chosen, count) in request order; ``handed`` the (VM, pool) pairs the
+    store handed out; ``hostnames`` the hostname each VM's record holds (the cloud's
+    address for a pool without a domain), else the name and the pool's domain."""
     by_pool: dict[str, list[str]] = {}
     for name, pool in handed:
         domain = config.pools[pool].domain if pool in config.pools else None
@@ -179,6 +182,7 @@ def disk_failures(value: Any) -> list[str]:
 
 def modify_failures(body: Mapping[str, Any], config: Config) -> list[str]:
     """PUT /vm/<hostname>'s checks, vmpooler's messages: an empty list means valid.
+
     ``disk`` (vmpool's addition: what vmfloaty's ``modify --disk`` sends) adds a disk."""
     failures: list[str] = []
     for param, arg in body.items():
@@ -194,8 +198,10 @@ def modify_failures(body: Mapping[str, Any], config: Config) -> list[str]:
 
 
 def filter_tags(tags: Mapping[str, str], tagfilter: Mapping[str, str]) -> dict[str, str]:
-    """vmpooler's filter_tags: a tag with a :tagfilter: pattern keeps what the pattern's
-    groups match, joined, when it matches; other tags are kept as given."""
+    """vmpooler's filter_tags: each tag as the :tagfilter: patterns keep it.
+
+    A tag with a pattern keeps what the pattern's groups match, joined, when it matches;
+    other tags are kept as given."""
     out: dict[str, str] = {}
     for name, value in tags.items():
         pattern = tagfilter.get(name)

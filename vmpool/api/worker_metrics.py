@@ -31,8 +31,9 @@ WORKER_TTL_S: Final = float(RQ_SETTINGS["worker_ttl"])
 
 
 def fleet_workers(raw: redis.Redis, keys: Keys) -> list[BaseWorker]:
-    """The RQ workers registered on one of the fleet's queues (RQ's per-queue worker
-    sets), by name; another fleet's, under another key prefix, are not ours to report."""
+    """The RQ workers registered on one of the fleet's queues (RQ's per-queue worker sets), by name.
+
+    Another fleet's, under another key prefix, are not ours to report."""
     found: dict[str, BaseWorker] = {}
     for short in QUEUES:
         for key in raw.smembers(WORKERS_BY_QUEUE_KEY % keys.queue(short)):
@@ -69,8 +70,9 @@ def worker_families(raw: redis.Redis, keys: Keys, now: float) -> Iterator[Metric
 
 
 def _worker_beats(raw: redis.Redis, keys: Keys) -> list[tuple[str, float | None]]:
-    """(state, last heartbeat as Unix time) of each worker registered on a fleet queue,
-    in two pipelines; a registration whose worker hash is gone is skipped."""
+    """The state and last heartbeat (Unix time) of each worker registered on a fleet queue.
+
+    Two pipelines; a registration whose worker hash is gone is skipped."""
     pipe = raw.pipeline(transaction=False)
     for short in QUEUES:
         pipe.smembers(WORKERS_BY_QUEUE_KEY % keys.queue(short))

@@ -22,9 +22,10 @@ FORWARDED_ALLOW_IPS_ENV = "VMPOOL_FORWARDED_ALLOW_IPS"
 def parse_forwarded_allow_ips(
     ctx: click.Context | None, param: click.Parameter | None, value: str | None
 ) -> str | None:
-    """``*``, or a comma-separated list of IP addresses and CIDR networks; anything else
-    is a usage error naming the item (uvicorn would take it as a literal that never
-    matches, and silently trust nobody)."""
+    """``*``, or a comma-separated list of IP addresses and CIDR networks.
+
+    Anything else is a usage error naming the item (uvicorn would take it as a literal
+    that never matches, and silently trust nobody)."""
     if value is None:
         return None
     items = [item.strip() for item in value.split(",") if item.strip()]
@@ -102,6 +103,7 @@ def _serve(
     forwarded_allow_ips: str | None,
 ) -> None:
     """uvicorn with one app, or ``workers`` processes each building its own.
+
     ``forwarded_allow_ips`` None: uvicorn's default (loopback, or its
     FORWARDED_ALLOW_IPS)."""
     import uvicorn

@@ -100,8 +100,10 @@ def _redis_line(check: RedisCheck) -> str:
 
 
 def _slots_line(slots: SlotStats, limit: int) -> str:
-    """The clone limit as the semaphore recorded it: whether the fleet ever ran more
-    clones at once than its limit (a create that went on past its lapsed lease)."""
+    """The clone limit as the semaphore recorded it.
+
+    Whether the fleet ever ran more clones at once than its limit (a create that went on
+    past its lapsed lease)."""
     line = (
         f"clone slots: {slots.live} live, limit {limit}, peak {slots.peak},"
         f" overruns {slots.overruns}"

@@ -1,5 +1,7 @@
-"""``vmpool config check|show|schema``: validate a config file, print the effective config,
-print the JSON Schema of the file format."""
+"""``vmpool config check|show|schema``.
+
+Validate a config file, print the effective config, print the JSON Schema of the file
+format."""
 
 from __future__ import annotations
 

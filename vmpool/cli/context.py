@@ -112,8 +112,10 @@ class CliContext:
 
     @cached_property
     def config(self) -> Config:
-        """The config with ``--redis-url`` applied: the file named, else the running
-        fleet's (given a Redis URL), else the demo; a bad one: one line, exit 2."""
+        """The config with ``--redis-url`` applied.
+
+        The file named, else the running fleet's (given a Redis URL), else the demo; a bad
+        one: one line, exit 2."""
         try:
             if self.follow_fleet and not self.config_path and self.redis_url_option:
                 fleet = self._fleet_config(self._valid_url_option())
@@ -130,8 +132,10 @@ class CliContext:
             raise ConfigError("--redis-url", None, str(exc)) from None
 
     def _fleet_config(self, url: str) -> Config | None:
-        """The config the fleet at ``url`` published, if one did. An unreachable Redis
-        is said when the command first needs it (a command may fail on its input first)."""
+        """The config the fleet at ``url`` published, if one did.
+
+        An unreachable Redis is said when the command first needs it (a command may fail
+        on its input first)."""
         try:
             # the config (and its :redis: settings) comes from there: the defaults meanwhile
             client = self._connect_url(url, decode_responses=True, options=default_redis_options())
@@ -212,9 +216,10 @@ class CliContext:
     def wait_for_redis(
         self, seconds: float, *, tick: Callable[[], None] | None = None, every_s: float = 10.0
     ) -> str:
-        """:meth:`check_redis`, but a Redis that does not answer yet is waited for up to
-        ``seconds`` (a pod started before its Redis, or during a restart), with a line on
-        stderr every ``every_s``; ``tick`` runs between attempts (the alive file)."""
+        """:meth:`check_redis`, waiting up to ``seconds`` for a Redis that does not answer yet.
+
+        For a pod started before its Redis, or during a restart: a line on stderr every
+        ``every_s``; ``tick`` runs between attempts (the alive file)."""
         import time
 
         from redis import RedisError
@@ -248,9 +253,11 @@ class CliContext:
             delay = min(5.0, delay * 2)
 
     def publish_config(self, who: str, url: str | None = None, *, warn: bool = True) -> None:
-        """What the fleet's own processes do at start: say the config's warnings, and
-        publish the config to the Redis at ``url`` (default: the command's) as the
-        running fleet's; a warning on stderr when it replaces a different one."""
+        """What the fleet's own processes do at start.
+
+        Say the config's warnings, and publish the config to the Redis at ``url``
+        (default: the command's) as the running fleet's; a warning on stderr when it
+        replaces a different one."""
         import os
         import socket
 

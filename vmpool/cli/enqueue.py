@@ -16,6 +16,7 @@ import redis
 from vmpool.cli.context import CliContext, echo_json, with_context
 from vmpool.cli.errors import CliError
 from vmpool.ids import InvalidIdentifier, validate
+from vmpool.state.transitions import VMState
 from workers.queues import enqueue
 from workers.table import JOBS, JobSpec, job_id, lookup
 
@@ -89,7 +90,9 @@ def _plan(
         pools = cli.config.resolve_name(pool)  # a pool's name or one of its aliases
         if not pools:
             raise CliError(f"--pool: no pool or alias named {pool!r}")
-        return [(spec, name) for chosen in pools for name in cli.store.pool_vms(chosen, "pending")]
+        return [
+            (spec, name) for chosen in pools for name in cli.store.pool_vms(chosen, VMState.PENDING)
+        ]
     if spec is _CHECK_PENDING and pool is not None:
         raise CliError(f"{spec.name} takes a VM name or --pool, not both")
     if spec.subject is None and subject is not None:

@@ -37,10 +37,12 @@ F = TypeVar("F", bound=Callable[..., object])
 
 
 def wait_for_redis_option(func: F) -> F:
-    """``--wait-for-redis SECONDS``: how long a starting process waits for a Redis that
-    does not answer yet. 0 (the default) fails at once, one line; the Kubernetes
-    manifests set it, so a pod started before Redis (or during its restart) waits
-    instead of entering CrashLoopBackOff, whose back-off outlasts the outage."""
+    """``--wait-for-redis SECONDS``.
+
+    How long a starting process waits for a Redis that does not answer yet. 0 (the
+    default) fails at once, one line; the Kubernetes manifests set it, so a pod started
+    before Redis (or during its restart) waits instead of entering CrashLoopBackOff, whose
+    back-off outlasts the outage."""
     return click.option(
         "--wait-for-redis",
         "wait_s",
@@ -183,8 +185,9 @@ def _work(
 
 
 def _raise_fatal(worker: SteadyLoop) -> None:
-    """RQ's work() returns as if done after an error it swallowed: exit 1 on it (RQ
-    has logged the traceback)."""
+    """RQ's work() returns as if done after an error it swallowed.
+
+    Exit 1 on it (RQ has logged the traceback)."""
     from workers.loop import redis_unusable
 
     exc = worker.fatal_error
@@ -250,8 +253,10 @@ def scheduler_command(
 
 
 def _schedule(cli: CliContext, interval: float, *, burst: bool, alive: AliveFile | None) -> None:
-    """Run the scheduler until stopped. As the worker, a Redis that is gone or refuses
-    writes is waited out (one line when lost, one when back), not a crash."""
+    """Run the scheduler until stopped.
+
+    As the worker, a Redis that is gone or refuses writes is waited out (one line when
+    lost, one when back), not a crash."""
     from workers.loop import RedisOutage, redis_unusable, wait_for_redis, writable_check
     from workers.schedule import FleetScheduler, schedule_intervals
 

@@ -1,8 +1,9 @@
-"""``vmpool pools --set-size POOL=N | --unset-size POOL | --reset POOL``: change pools at
-runtime from the shell, as an admin, through the same operations as the API's
-``POST /config/poolsize``, ``DELETE /config/poolsize/<pool>`` and ``POST /poolreset``
-(:mod:`vmpool.lifecycle.overrides`): the overrides live in Redis, the workers honour
-them at once, and a reset's destroys go on the fleet's queues."""
+"""``vmpool pools --set-size POOL=N | --unset-size POOL | --reset POOL``.
+
+Change pools at runtime from the shell, as an admin, through the same operations as the
+API's ``POST /config/poolsize``, ``DELETE /config/poolsize/<pool>`` and ``POST
+/poolreset`` (:mod:`vmpool.lifecycle.overrides`): the overrides live in Redis, the workers
+honour them at once, and a reset's destroys go on the fleet's queues."""
 
 from __future__ import annotations
 
@@ -40,8 +41,9 @@ def parse_sizes(cli: CliContext, given: Sequence[str]) -> dict[str, str]:
 def apply_pool_changes(
     cli: CliContext, set_size: Sequence[str], unset_size: Sequence[str], reset: Sequence[str]
 ) -> None:
-    """Check every argument first (nothing changes on a bad one), then apply them and
-    say what changed, one line each."""
+    """Check every argument, then apply them and say what changed.
+
+    Nothing changes on a bad argument; one line per change."""
     sizes = parse_sizes(cli, set_size)
     unset = [_pool(cli, name, "--unset-size") for name in unset_size]
     resets = [_pool(cli, name, "--reset") for name in reset]

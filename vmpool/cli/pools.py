@@ -1,8 +1,11 @@
-"""``vmpool pools``: per pool, its size and its VMs by state, read from the live state;
-with ``--set-size`` / ``--unset-size`` / ``--reset``, change pools at runtime first
+"""``vmpool pools``: per pool, its size and its VMs by state, read from the live state.
+
+With ``--set-size`` / ``--unset-size`` / ``--reset``, change pools at runtime first
 (:mod:`vmpool.cli.pool_admin`)."""
 
 from __future__ import annotations
+
+from collections.abc import Mapping
 
 import click
 
@@ -11,6 +14,7 @@ from vmpool.cli.output import echo_table
 from vmpool.config import Config, PoolConfig
 from vmpool.lifecycle.overrides import pools_with_overrides
 from vmpool.state.store import Store
+from vmpool.state.transitions import RequestStatus, VMState
 
 __all__ = ["pool_table", "pools_command"]
 
@@ -18,46 +22,64 @@ COLUMNS = ("pool", "alias", "size", "ready", "pending", "running", "completed", 
 
 
 def pool_table(store: Store, config: Config) -> list[dict[str, object]]:
-    """One row per configured pool: its size and its VMs by state, plus the on-demand
-    queue (VMs asked for by pending requests and not reserved yet); then one row per
-    pool the config no longer names that still has VMs (removed or renamed: size None,
-    ``configured`` false) until the reap pass has finished them."""
+    """The rows of `vmpool pools`: each pool's size, its VMs by state, its on-demand queue.
+
+    One row per configured pool, then one per pool the config no longer names that
+    still has VMs (removed or renamed: size None, ``configured`` false) until the reap
+    pass has finished them."""
     retired = sorted(store.indexed_pools() - set(config.pools))
     counts = store.pool_counts([*config.pools, *retired])
-    queued: dict[str, int] = dict.fromkeys(config.pools, 0)
-    for rid in store.provision_candidates():
-        record = store.get_request(rid)
-        if record is None or record.status != "pending":
-            continue
-        for slot in record.slots:
-            if slot.pool in queued:
-                queued[slot.pool] += max(0, slot.want - slot.live)
+    queued = _ondemand_queue(store, config)
+    counted = {name: _counted(counts[name]) for name in counts}
     rows: list[dict[str, object]] = []
     for name, pool in pools_with_overrides(store.redis, store.keys, config).items():
-        c = counts[name]
         rows.append(
             {
                 "pool": name,
                 "alias": list(pool.alias),
                 "size": pool.size,
-                "ready": c["ready"],
-                "pending": c["reserved"] + c["pending"],
-                "running": c["running"],
-                "completed": c["completed"],
+                **counted[name],
                 "ondemand_queue": queued[name],
                 "overrides": _overrides(pool, config.pools[name]),
                 "configured": True,
             }
         )
     for name in retired:
-        c = counts[name]
         rows.append(
-            {"pool": name, "alias": [], "size": None, "ready": c["ready"],
-             "pending": c["reserved"] + c["pending"], "running": c["running"],
-             "completed": c["completed"], "ondemand_queue": 0, "overrides": {},
-             "configured": False}
-        )  # fmt: skip
+            {
+                "pool": name,
+                "alias": [],
+                "size": None,
+                **counted[name],
+                "ondemand_queue": 0,
+                "overrides": {},
+                "configured": False,
+            }
+        )
     return rows
+
+
+def _ondemand_queue(store: Store, config: Config) -> dict[str, int]:
+    """Per pool, the VMs pending requests ask for and have not reserved yet."""
+    queued: dict[str, int] = dict.fromkeys(config.pools, 0)
+    for rid in store.provision_candidates():
+        record = store.get_request(rid)
+        if record is None or record.status != RequestStatus.PENDING:
+            continue
+        for slot in record.slots:
+            if slot.pool in queued:
+                queued[slot.pool] += max(0, slot.want - slot.live)
+    return queued
+
+
+def _counted(c: Mapping[str, int]) -> dict[str, int]:
+    """A pool's VMs by the table's columns (``pending``: reserved plus booting)."""
+    return {
+        "ready": c[VMState.READY],
+        "pending": c[VMState.RESERVED] + c[VMState.PENDING],
+        "running": c[VMState.RUNNING],
+        "completed": c[VMState.COMPLETED],
+    }
 
 
 def _overrides(effective: PoolConfig, configured: PoolConfig) -> dict[str, object]:
@@ -98,8 +120,9 @@ def pools_command(
     unset_size: tuple[str, ...],
     reset: tuple[str, ...],
 ) -> None:
-    """Per pool: aliases, size, ready, pending, running, completed, on-demand queue. A
-    size set at runtime is marked with '*' (JSON: ``overrides``); a pool the config no
+    """Per pool: aliases, size, ready, pending, running, completed, on-demand queue.
+
+    A size set at runtime is marked with '*' (JSON: ``overrides``); a pool the config no
     longer names is listed (size "removed") while it still has VMs."""
     if set_size or unset_size or reset:
         from vmpool.cli.pool_admin import apply_pool_changes

@@ -31,8 +31,9 @@ SCHEDULER_ALIVE_FILE_ENV: Final = "VMPOOL_SCHEDULER_ALIVE_FILE"
 
 
 class _OneLineUsage(click.Command):
-    """Bad usage as one line and exit 2, like every other failure here: a probe's
-    output is read in `kubectl describe pod`, not in a terminal."""
+    """Bad usage as one line and exit 2, like every other failure here.
+
+    A probe's output is read in `kubectl describe pod`, not in a terminal."""
 
     def make_context(
         self,
@@ -111,8 +112,9 @@ def probe_scheduler_command(cli: CliContext, max_age: float, path: str | None) -
 
 
 def check_alive(what: str, path: str | None, max_age: float, env: str) -> None:
-    """One line and exit 0 when ``path`` was touched within ``max_age`` seconds; exit 1
-    when it is older, 2 when there is no file to read."""
+    """One line and exit 0 when ``path`` was touched within ``max_age`` seconds.
+
+    Exit 1 when it is older, 2 when there is no file to read."""
     if not path:
         raise CliError(f"no alive file to read: pass --alive-file PATH or set {env}")
     try:

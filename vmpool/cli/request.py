@@ -25,6 +25,7 @@ from vmpool.lifecycle.overrides import pools_with_overrides
 from vmpool.lifecycle.plan import RequestRejected, parse_pool_counts, plan_slots
 from vmpool.state.records import RequestRecord, RequestSettings
 from vmpool.state.store import Store
+from vmpool.state.transitions import RequestStatus
 
 __all__ = ["request_group", "request_view", "wait_for"]
 
@@ -86,7 +87,7 @@ def wait_for(store: Store, rid: str, timeout_s: float, interval_s: float = 0.5) 
         if line != last:
             click.echo(("\r" + line) if tty else line, err=True, nl=not tty)
             last = line
-        if record.status != "pending":
+        if record.status != RequestStatus.PENDING:
             if tty:
                 click.echo("", err=True)
             return record
@@ -143,11 +144,14 @@ def request_create(
         echo_json(view)
     elif any(entry["hostname"] for entry in view["pools"].values()):
         echo_table(
-            [{"pool": alias, "hostname": hostname}
-             for alias, entry in view["pools"].items() for hostname in entry["hostname"]],
+            [
+                {"pool": alias, "hostname": hostname}
+                for alias, entry in view["pools"].items()
+                for hostname in entry["hostname"]
+            ],
             ("pool", "hostname"),
-        )  # fmt: skip
-    if record.status != "ready":
+        )
+    if record.status != RequestStatus.READY:
         raise CliFailure(f"request {rid} {record.status}: {record.failure_reason or 'no VMs'}")
 
 
@@ -196,7 +200,7 @@ def request_get(cli: CliContext, request_id: str) -> None:
     status = view["status"]
     click.echo(f"request {rid}: {status} (version {view['version']})")
     click.echo(f"  created: {iso(view['created'])} ({relative(view['created'] - now)})")
-    if status == "pending":
+    if status == RequestStatus.PENDING:
         click.echo(
             f"  fails:   {iso(view['fail_at'])} ({relative(view['fail_at'] - now)})"
             " unless ready by then"
@@ -205,16 +209,19 @@ def request_get(cli: CliContext, request_id: str) -> None:
         click.echo(f"  reason:  {view['failure_reason']}")
     for alias, entry in view["pools"].items():
         click.echo(f"  {alias}: {_counts(status, entry['ready'], entry['requested'])}")
-        for hostname in entry["hostname"] if status in ("pending", "ready") else ():
+        for hostname in (
+            entry["hostname"] if status in (RequestStatus.PENDING, RequestStatus.READY) else ()
+        ):
             click.echo(f"    {hostname}")
 
 
 def _counts(status: str, ready: int, requested: int) -> str:
-    """A pool's VMs in words that fit the request's status: a deleted request's VMs
-    are no longer "ready"."""
-    if status == "deleted":
+    """A pool's VMs in words that fit the request's status.
+
+    A deleted request's VMs are no longer "ready"."""
+    if status == RequestStatus.DELETED:
         return f"{requested} asked, {ready} were ready; given back, its VMs are destroyed"
-    if status == "failed":
+    if status == RequestStatus.FAILED:
         return f"{requested} asked, {ready} were ready when it failed"
     return f"{ready}/{requested} ready"
 
@@ -267,8 +274,16 @@ def request_history(cli: CliContext, request_id: str) -> None:
         )
         return
     echo_table(
-        [{"version": e.version, "time": iso(e.time, millis=True), "entity": e.entity,
-          "transition": f"{e.src} -> {e.dst}", "actor": e.actor, "reason": e.reason}
-         for e in entries],
+        [
+            {
+                "version": e.version,
+                "time": iso(e.time, millis=True),
+                "entity": e.entity,
+                "transition": f"{e.src} -> {e.dst}",
+                "actor": e.actor,
+                "reason": e.reason,
+            }
+            for e in entries
+        ],
         ("version", "time", "entity", "transition", "actor", "reason"),
-    )  # fmt: skip
+    )

@@ -40,8 +40,10 @@ def strict_option(func: F) -> F:
 def check_redis_at_start(
     url: str, options: RedisOptions, *, who: str, strict: bool
 ) -> RedisCheck | None:
-    """The start-up check on its own short-lived connection. An unreachable Redis is
-    left to the command's own handling (it waits, or says so in one line): None."""
+    """The start-up check on its own short-lived connection.
+
+    An unreachable Redis is left to the command's own handling (it waits, or says so in
+    one line): None."""
     client = connect(url, options, decode_responses=False)
     try:
         return startup_check(client, who=who, strict=strict)

@@ -171,8 +171,9 @@ def up_command(
 def _start_children(
     specs: list[ChildSpec], screen: Screen, run_dir: Path, undo: contextlib.ExitStack
 ) -> Supervisor:
-    """Every child started, each with its log file there from the start (if empty);
-    the children stopped, then the log files closed, on the way out."""
+    """Every child started, each with its log file there from the start (if empty).
+
+    The children stopped, then the log files closed, on the way out."""
     undo.callback(screen.close)
     for spec in specs:
         screen.log_path(spec.name).touch()
@@ -183,8 +184,9 @@ def _start_children(
 
 
 def _screen(config: Config, run_dir: Path, *, verbose: bool, demo: bool) -> Screen:
-    """The terminal and the log files; the config's warnings said first (a misspelt key
-    runs with its default)."""
+    """The terminal and the log files.
+
+    The config's warnings said first (a misspelt key runs with its default)."""
     screen = Screen(sys.stdout, run_dir, verbose=verbose, quiet=demo)
     for warning in config.warnings:
         click.echo(f"warning: {warning}", err=True)
@@ -193,8 +195,10 @@ def _screen(config: Config, run_dir: Path, *, verbose: bool, demo: bool) -> Scre
 
 
 def _check_redis(cli: CliContext, url: str, *, strict: bool) -> None:
-    """Before any child: the Redis answers and is set up as vmpool needs; the config is
-    published there (the CLI follows the fleet from now on)."""
+    """Make the Redis ready before any child starts.
+
+    The Redis answers and is set up as vmpool needs; the config is published there (the
+    CLI follows the fleet from then on)."""
     if cli.config.redis_url:
         _reach_redis(cli)
     check_redis_at_start(url, cli.config.redis_options, who="vmpool up", strict=strict)
@@ -347,8 +351,9 @@ def _serve(
     screen: Screen,
     every_s: float,
 ) -> int:
-    """Run the demo, or supervise until stopped (a summary line every ``every_s``); the
-    exit status."""
+    """Run the demo, or supervise until stopped (a summary line every ``every_s``).
+
+    Returns the exit status."""
     if demo:
         from vmpool.local.demo import run_demo_on
 

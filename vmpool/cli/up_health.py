@@ -49,8 +49,9 @@ def wait_healthy(
     timeout_s: float,
     log_dir: Path | None = None,
 ) -> None:
-    """Poll until the probe finds the fleet healthy, restarting children that die
-    meanwhile.
+    """Poll until the probe finds the fleet healthy.
+
+    Children that die meanwhile are restarted.
 
     Raises CliFailure at the deadline, or as soon as a child has exited
     EXITS_BEFORE_UP times.

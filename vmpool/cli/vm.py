@@ -17,6 +17,7 @@ from vmpool.cli.errors import CliError, CliFailure
 from vmpool.cli.output import echo_table, iso, relative
 from vmpool.ids import InvalidIdentifier, is_address, validate_vm_name
 from vmpool.state.records import VMRecord
+from vmpool.state.transitions import VMState
 
 __all__ = ["vm_group"]
 
@@ -101,7 +102,7 @@ def vm_get(cli: CliContext, pools: tuple[str, ...], owner: str) -> None:
 
 def _row(vm: VMRecord, now: float) -> dict[str, Any]:
     """A VM as a row of `vm list`: null where there is nothing (JSON), numbers as such."""
-    held = vm.state == "running"
+    held = vm.state == VMState.RUNNING
     remaining = vm.lifetime_end - now if held and vm.lifetime_end is not None else None
     return {
         "name": vm.name,
@@ -122,7 +123,7 @@ def vm_list(cli: CliContext) -> None:
     pools = list(cli.config.pools)
     names = [
         name
-        for state in ("ready", "running")
+        for state in (VMState.READY, VMState.RUNNING)
         for by_pool in cli.store.pools_vms(pools, state).values()
         for name in by_pool
     ]
@@ -147,10 +148,16 @@ def vm_show(cli: CliContext, host: str) -> None:
         data = asdict(vm)
         data["tags"] = dict(vm.tags)
         data["trail"] = [
-            {"version": e.version, "from": e.src, "to": e.dst, "actor": e.actor,
-             "reason": e.reason, "time": e.time}
+            {
+                "version": e.version,
+                "from": e.src,
+                "to": e.dst,
+                "actor": e.actor,
+                "reason": e.reason,
+                "time": e.time,
+            }
             for e in trail
-        ]  # fmt: skip
+        ]
         echo_json(data)
         return
     now = cli.store.server_time()

@@ -40,10 +40,11 @@ def dashboard_spec(*, host: str, port: int, redis_url: str) -> ChildSpec:
 
 
 def dashboard_redis_env(redis_url: str) -> dict[str, str]:
-    """The variables that give rq-dashboard vmpool's Redis. It reads
-    ``redis+sentinel://[:password@]h1:26379,.../MASTER[/db]`` itself, but not vmpool's
-    ``sentinel_password`` query option (it would ignore it without a word): that goes in
-    ``RQ_DASHBOARD_REDIS_SENTINEL_PASSWORD`` instead."""
+    """The variables that give rq-dashboard vmpool's Redis.
+
+    It reads ``redis+sentinel://[:password@]h1:26379,.../MASTER[/db]`` itself, but not
+    vmpool's ``sentinel_password`` query option (it would ignore it without a word): that
+    goes in ``RQ_DASHBOARD_REDIS_SENTINEL_PASSWORD`` instead."""
     if not is_sentinel_url(redis_url):
         return {"RQ_DASHBOARD_REDIS_URL": redis_url}
     target = parse_sentinel_url(redis_url)

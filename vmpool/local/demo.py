@@ -28,6 +28,7 @@ from vmpool.state.audit import INVARIANTS, Violation, audit_state
 from vmpool.state.connection import connect
 from vmpool.state.keys import Keys
 from vmpool.state.store import Store
+from vmpool.state.transitions import RequestStatus, VMState
 
 
 @dataclass
@@ -36,7 +37,7 @@ class DemoRequest:
     counts: dict[str, int]
     created_at: float
     delete_after_s: float | None = None
-    outcome: str = "pending"  # pending | ready | failed | deleted
+    outcome: RequestStatus = RequestStatus.PENDING  # as the client last saw it
     ready_after_s: float | None = None
     deleted_by_demo: bool = False
 
@@ -82,7 +83,7 @@ class DemoReport:
 
     def _failures(self) -> list[str]:
         """Where the failed requests come from: the flaky pool fails on purpose."""
-        failed = self.outcomes.get("failed", 0)
+        failed = self.outcomes.get(RequestStatus.FAILED, 0)
         if not failed:
             return []
         lines = []
@@ -151,9 +152,8 @@ def plan_burst(
 
 def _progress(out: IO[str], requests: list[DemoRequest], elapsed: float) -> None:
     c = Counter(r.outcome for r in requests)
-    line = (
-        f"\r  {elapsed:5.1f}s  pending {c['pending']:3d}  ready {c['ready']:3d}  "
-        f"failed {c['failed']:3d}  deleted {c['deleted']:3d}"
+    line = f"\r  {elapsed:5.1f}s  " + "  ".join(
+        f"{status} {c[status]:3d}" for status in RequestStatus
     )
     if out.isatty():
         out.write(line)
@@ -173,7 +173,7 @@ def _count_vms(store: Store) -> tuple[int, int]:
     for vm in store.get_vms(names):
         if vm.created_at is not None:
             created += 1
-        if vm.state == "destroyed" and vm.created_at is not None:
+        if vm.state == VMState.DESTROYED and vm.created_at is not None:
             destroyed += 1
     return created, destroyed
 
@@ -192,8 +192,10 @@ def run_demo(
     out: IO[str] | None = None,
     clock: Callable[[], float] = time.monotonic,
 ) -> DemoReport:
-    """Send the burst, follow every request until it settles, give back the ready ones,
-    wait for their VMs to be destroyed, and report (with an audit of the end state)."""
+    """Run the burst and report, with an audit of the end state.
+
+    Send the burst, follow every request until it settles, give back the ready ones, and
+    wait for their VMs to be destroyed."""
     out = out or sys.stdout
     start = clock()
     out.write(f"demo: {total} on-demand requests against {api.base}")
@@ -210,7 +212,7 @@ def run_demo(
     report = DemoReport(flaky_pools=list(flaky_pools))
     for r in requests:
         report.outcomes[r.outcome] += 1
-        if r.outcome == "failed" and set(r.counts) & set(flaky_pools):
+        if r.outcome == RequestStatus.FAILED and set(r.counts) & set(flaky_pools):
             report.failed_on_flaky += 1
         if r.ready_after_s is not None:
             report.time_to_ready_s.append(r.ready_after_s)
@@ -231,9 +233,9 @@ def _settle(
 ) -> None:
     """Poll every pending request (deleting those due for it) until none is pending."""
     last_progress = 0.0
-    while any(r.outcome == "pending" for r in requests) and clock() < deadline:
+    while any(r.outcome == RequestStatus.PENDING for r in requests) and clock() < deadline:
         for r in requests:
-            if r.outcome == "pending":
+            if r.outcome == RequestStatus.PENDING:
                 _follow(api, r, clock())
         if clock() - last_progress >= 1.0:
             _progress(out, requests, clock() - start)
@@ -250,10 +252,10 @@ def _follow(api: ApiClient, r: DemoRequest, now: float) -> None:
         r.deleted_by_demo = True
     status, body = api.get(r.request_id)
     if status == 200 and body.get("ready"):
-        r.outcome, r.ready_after_s = "ready", now - r.created_at
+        r.outcome, r.ready_after_s = RequestStatus.READY, now - r.created_at
     elif status == 200:
         message = str(body.get("message", ""))
-        r.outcome = "deleted" if "deleted" in message else "failed"
+        r.outcome = RequestStatus.DELETED if "deleted" in message else RequestStatus.FAILED
 
 
 def _release(
@@ -268,7 +270,7 @@ def _release(
 ) -> None:
     """A client gives back what it got; then wait for the fleet to destroy it."""
     for r in requests:
-        if r.outcome == "ready":
+        if r.outcome == RequestStatus.READY:
             api.delete(r.request_id)
     out.write("demo: released the ready requests; waiting for their VMs to be destroyed\n")
     while clock() < until:
@@ -281,8 +283,9 @@ def _release(
 def run_demo_on(
     config: Config, sup: Supervisor, stop: threading.Event, *, api_url: str, redis_url: str
 ) -> DemoReport:
-    """The demo against the stack ``sup`` runs (`vmpool up --demo`), supervising it
-    meanwhile; ``stop`` is set once the demo is done, which ends the supervision."""
+    """The demo against the stack ``sup`` runs (`vmpool up --demo`), supervising it meanwhile.
+
+    ``stop`` is set once the demo is done, which ends the supervision."""
     client = connect(redis_url, config.redis_options, decode_responses=True)
     store = Store(client, Keys(config.key_prefix))
     providers = providers_from_config(client, store.keys, config)

@@ -48,8 +48,9 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 def listen_problem(host: str, port: int) -> str | None:
-    """Why a server could not listen on ``host:port`` (the OS's words), or None. Bound
-    as uvicorn binds, with SO_REUSEADDR: a port in TIME_WAIT is free."""
+    """Why a server could not listen on ``host:port`` (the OS's words), or None.
+
+    Bound as uvicorn binds, with SO_REUSEADDR: a port in TIME_WAIT is free."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import IO, Final
 
 from vmpool.state.store import Store
+from vmpool.state.transitions import RequestStatus, VMState
 
 __all__ = ["NOTABLE", "Screen", "fleet_summary", "is_notable", "without_stamp"]
 
@@ -94,8 +95,10 @@ class Screen:
                 self._show(f"{time.strftime('%H:%M:%S')} [{name}] {without_stamp(line)}")
 
     def event(self, name: str, line: str, *, notable: bool) -> None:
-        """One of the supervisor's own events: to supervisor.log; to the terminal when
-        notable (a child exited, a child would not stop) or with ``-v``."""
+        """One of the supervisor's own events.
+
+        To supervisor.log; to the terminal when notable (a child exited, a child would not
+        stop) or with ``-v``."""
         with self._lock:
             handle = self._file("supervisor")
             handle.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} [{name}] {line}\n")
@@ -159,11 +162,16 @@ def fleet_summary(
     pipe.hgetall(store.keys.requests_finished)
     open_requests, finished = pipe.execute()
     done = {_text(k): int(v) for k, v in finished.items()}
+    ready, failed, deleted = (
+        done.get(status, 0)
+        for status in (RequestStatus.READY, RequestStatus.FAILED, RequestStatus.DELETED)
+    )
+    booting = vms[VMState.RESERVED] + vms[VMState.PENDING]
     return (
-        f"{time.strftime('%H:%M:%S')} requests: {open_requests} open, {done.get('ready', 0)}"
-        f" ready, {done.get('failed', 0)} failed, {done.get('deleted', 0)} deleted | VMs:"
-        f" {vms['reserved'] + vms['pending']} booting, {vms['ready']} ready,"
-        f" {vms['running']} running, {vms['completed']} to destroy | processes:"
+        f"{time.strftime('%H:%M:%S')} requests: {open_requests} open, {ready} ready,"
+        f" {failed} failed, {deleted} deleted | VMs: {booting} booting,"
+        f" {vms[VMState.READY]} ready, {vms[VMState.RUNNING]} running,"
+        f" {vms[VMState.COMPLETED]} to destroy | processes:"
         f" {processes_up}/{processes} up, {restarts} restarts"
     )
 

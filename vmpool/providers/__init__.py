@@ -1,5 +1,7 @@
-"""Cloud providers: what vmpool asks of a cloud (base), the classes it implements
-(registry: ``provider_class`` name -> class and options model) and the simulated cloud.
+"""Cloud providers: the interface, the registry of implementations, the simulated cloud.
+
+What vmpool asks of a cloud (base), the classes it implements (registry:
+``provider_class`` name -> class and options model) and the simulated cloud.
 
 Import from here; ``make_provider`` / ``providers_from_config`` build instances from the
 configuration, so callers never name an implementation class. Nothing here imports the
@@ -13,13 +15,13 @@ from vmpool.providers.base import (
     Provider,
     ProviderError,
     ProviderVM,
+    ProviderVMState,
     QuotaExceededError,
     Snapshots,
     StatusBatch,
     TransientProviderError,
     create_for_request,
     is_permanent_error,
-    takes_request_id,
     uses_circuit,
 )
 from vmpool.providers.registry import make_provider, providers_from_config
@@ -32,6 +34,7 @@ __all__ = [
     "Provider",
     "ProviderError",
     "ProviderVM",
+    "ProviderVMState",
     "QuotaExceededError",
     "SimulatedOptions",
     "SimulatedProvider",
@@ -42,6 +45,5 @@ __all__ = [
     "is_permanent_error",
     "make_provider",
     "providers_from_config",
-    "takes_request_id",
     "uses_circuit",
 ]

@@ -19,7 +19,8 @@ from __future__ import annotations
 import re
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from enum import StrEnum
+from typing import ClassVar, Protocol, runtime_checkable
 
 from vmpool.ids import InvalidIdentifier, validate_pool_name
 
@@ -30,13 +31,13 @@ __all__ = [
     "Provider",
     "ProviderError",
     "ProviderVM",
+    "ProviderVMState",
     "QuotaExceededError",
     "Snapshots",
     "StatusBatch",
     "TransientProviderError",
     "create_for_request",
     "is_permanent_error",
-    "takes_request_id",
     "uses_circuit",
     "validate_provider_name",
 ]
@@ -131,20 +132,27 @@ def validate_provider_name(name: str) -> str:
         ) from None
 
 
+class ProviderVMState(StrEnum):
+    """A VM's state as its cloud reports it (:attr:`ProviderVM.state`)."""
+
+    BOOTING = "booting"  # until the VM answers
+    RUNNING = "running"  # booted and past the pool's ready check
+    FAILED = "failed"  # the cloud says it never will (an instance in ERROR, ...)
+
+
 @dataclass(frozen=True)
 class ProviderVM:
-    """A VM as the cloud sees it. ``hostname`` is the bare name: the caller adds a domain.
+    """A VM as the cloud sees it, a snapshot taken when the provider was asked.
 
-    ``state`` is ``"booting"`` until the VM answers, then ``"running"``; ``"failed"``
-    when the cloud says it never will (an instance in ERROR, stopped while booting),
-    with the cloud's words in ``error``. It is a snapshot taken when the provider was
-    asked, not a live view. ``address``: the address the cloud reports ('' if none).
+    ``hostname`` is the bare name: the caller adds a domain. ``state``: see
+    :class:`ProviderVMState`; when ``failed``, the cloud's words are in ``error``.
+    ``address``: the address the cloud reported ('' if none).
     """
 
     name: str
     pool: str
     template: str
-    state: str
+    state: ProviderVMState
     created_at: float
     hostname: str
     address: str = ""
@@ -153,12 +161,30 @@ class ProviderVM:
 
 @runtime_checkable
 class Provider(Protocol):
-    """The calls vmpool makes on a cloud. Structural, so tests may pass any fake."""
+    """The calls vmpool makes on a cloud, and the capabilities it declares.
+
+    Structural, so tests may pass any fake that delegates to a real provider.
+
+    Every provider declares two flags:
+
+    - ``tags_request_id``: ``create_vm`` tags the VM with ``request_id`` at launch.
+      A provider without it is called with the first three arguments only.
+    - ``circuit_breaker``: its failed creates count toward its circuit breaker (the
+      real clouds; the simulated cloud's failures are the chaos tests' input).
+
+    The optional calls are protocols of their own, which a provider declares by
+    subclassing them: :class:`StatusBatch`, :class:`Snapshots`, :class:`Disks` and
+    :class:`Capacity`.
+    """
 
     name: str
+    tags_request_id: ClassVar[bool]
+    circuit_breaker: ClassVar[bool]
 
-    def create_vm(self, pool: str, template: str, name: str) -> ProviderVM:
-        """Create VM ``name``; if it already exists, return it instead of making another."""
+    def create_vm(self, pool: str, template: str, name: str, request_id: str = "") -> ProviderVM:
+        """Create VM ``name``; if it already exists, return it instead of making another.
+
+        ``request_id``: the request the VM is for, used only when ``tags_request_id``."""
         ...
 
     def is_ready(self, pool: str, name: str) -> bool:
@@ -183,11 +209,12 @@ class StatusBatch(Protocol):
     """A provider that answers for many VMs with one cloud call (the cloud providers).
 
     The pending sweep asks it once per provider per tick instead of dispatching one
-    check per VM; a provider without it is checked VM by VM, as before."""
+    check per VM; a provider without it is checked VM by VM."""
 
     def statuses(self, names: Collection[str]) -> Mapping[str, ProviderVM | None]:
-        """Each of ``names`` as the cloud sees it now (``state`` 'running' once it
-        passes the ready check), None for a VM the cloud does not hold."""
+        """Each of ``names`` as the cloud sees it now, None for a VM the cloud does not hold.
+
+        ``state`` is 'running' once the VM passes the ready check."""
         ...
 
 
@@ -220,9 +247,10 @@ class Disks(Protocol):
 
 @runtime_checkable
 class Capacity(Protocol):
-    """A provider with limits of its own (``max_instances``, ``max_cores``): the create
-    path counts the fleet's VMs against them and lets a VM wait reserved rather than
-    ask a cloud that would say no (vmpool/state/capacity.py)."""
+    """A provider with limits of its own (``max_instances``, ``max_cores``).
+
+    The create path counts the fleet's VMs against them and lets a VM wait reserved
+    rather than ask a cloud that would say no (vmpool/state/capacity.py)."""
 
     def limits(self) -> tuple[int, int]:
         """(max_instances, max_cores), 0 for no limit."""
@@ -233,24 +261,20 @@ class Capacity(Protocol):
         ...
 
 
-def takes_request_id(provider: object) -> bool:
-    """Whether ``create_vm`` takes ``request_id=`` (to tag the VM with it at launch)."""
-    return bool(getattr(provider, "tags_request_id", False))
+def uses_circuit(provider: Provider | None) -> bool:
+    """Whether the provider's failed creates count toward its circuit breaker.
 
-
-def uses_circuit(provider: object) -> bool:
-    """Whether the provider's failed creates count toward its circuit breaker (the real
-    clouds; the simulated cloud's failures are the chaos tests' input, not an outage)."""
-    return bool(getattr(provider, "circuit_breaker", False))
+    False for None (a provider the configuration does not name)."""
+    return provider is not None and provider.circuit_breaker
 
 
 def create_for_request(
     provider: Provider, pool: str, template: str, name: str, request_id: str
 ) -> ProviderVM:
-    """``provider.create_vm``, with the request id when the provider takes it (the
-    cloud providers: ``tags_request_id``). A pool's placement (instance size, zone,
-    ...) is the provider's own business: it was given every pool's keys when built."""
-    if takes_request_id(provider):
-        create = getattr(provider, "create_vm")  # noqa: B009 (its signature is wider)
-        return create(pool, template, name, request_id=request_id)  # type: ignore[no-any-return]
+    """``provider.create_vm``, with the request id when the provider tags VMs with it.
+
+    A pool's placement (instance size, zone, ...) is the provider's own business: it
+    was given every pool's keys when built."""
+    if provider.tags_request_id:
+        return provider.create_vm(pool, template, name, request_id=request_id)
     return provider.create_vm(pool, template, name)

@@ -1,5 +1,7 @@
-"""Which fleet id each provider marks its VMs with: its ``fleet_id`` option, else the
-fleet's identity, generated once per Redis (:func:`vmpool.state.fleet_identity`).
+"""Which fleet id each provider marks its VMs with.
+
+Its ``fleet_id`` option, else the fleet's identity, generated once per Redis
+(:func:`vmpool.state.fleet_identity`).
 
 Reconcile destroys what a cloud holds under the mark and no record accounts for, so
 the mark is what keeps two installs sharing an account apart. ``GET /status`` and

@@ -59,8 +59,9 @@ def invalid(problem: str) -> PydanticCustomError:
 
 
 def expect(what: str, coerce: Coerce | None = None) -> WrapValidator:
-    """A validator whose every failure, coercion and bounds alike, reads
-    ``must be <what>, got <value>``. Place it after the type's ``Field`` bounds in
+    """A validator whose every failure reads ``must be <what>, got <value>``.
+
+    Coercion and bounds failures alike. Place it after the type's ``Field`` bounds in
     ``Annotated[...]`` so that it wraps them."""
 
     def validate(value: Any, handler: ValidatorFunctionWrapHandler) -> Any:

@@ -154,8 +154,9 @@ def make_provider(
 
 
 def providers_from_config(redis: Redis, keys: Keys, config: _ConfigLike) -> dict[str, Provider]:
-    """Every provider instance the configuration names, keyed as pools refer to them,
-    each given the pool-level keys of the pools that use it."""
+    """Every provider instance the configuration names, keyed as pools refer to them.
+
+    Each is given the pool-level keys of the pools that use it."""
     return {
         key: make_provider(
             redis,

@@ -30,12 +30,17 @@ import logging
 import random
 import time
 from collections.abc import Collection, Mapping
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, ClassVar, Final
 
 from vmpool.ids import validate_pool_name, validate_vm_name
 from vmpool.providers.base import (
+    Disks,
     PermanentProviderError,
+    Provider,
     ProviderVM,
+    ProviderVMState,
+    Snapshots,
+    StatusBatch,
     TransientProviderError,
     validate_provider_name,
 )
@@ -70,7 +75,7 @@ _DESTROY_LUA = _lua("simulated_destroy.lua")
 _ANNOTATE_LUA = _lua("simulated_annotate.lua")
 
 
-class SimulatedProvider:
+class SimulatedProvider(Provider, Snapshots, Disks):
     """A provider whose cloud is a pair of Redis keys per instance name.
 
     Names are unique within one provider instance (as hostnames are in a real cloud), so
@@ -78,6 +83,10 @@ class SimulatedProvider:
     the provider interface and not used as a filter, so a caller that recorded a VM under
     the wrong pool can still find and destroy it.
     """
+
+    # no tags to put a request id in; its failures are the chaos tests' input, not an outage
+    tags_request_id: ClassVar[bool] = False
+    circuit_breaker: ClassVar[bool] = False
 
     def __init__(
         self, redis: Redis, keys: Keys, name: str, options: Mapping[str, Any] | None = None
@@ -123,7 +132,7 @@ class SimulatedProvider:
         return self._roll(vm_name, f"destroy:{attempt}", self.options.destroy_fail_percent)
 
     # -- the provider interface ------------------------------------------------------------
-    def create_vm(self, pool: str, template: str, name: str) -> ProviderVM:
+    def create_vm(self, pool: str, template: str, name: str, request_id: str = "") -> ProviderVM:
         """Create VM ``name`` in ``pool`` from ``template``, or return it if it exists.
 
         Raises PermanentProviderError for a template listed in ``permanent_fail_templates``
@@ -158,7 +167,7 @@ class SimulatedProvider:
         timeout then fails it, as vmpooler's failed socket check does.
         """
         vm = self.get_vm(pool, name)
-        return vm is not None and vm.state == "running"
+        return vm is not None and vm.state == ProviderVMState.RUNNING
 
     def destroy_vm(self, pool: str, name: str) -> bool:
         """Destroy the VM; True if one was destroyed, False if there was none.
@@ -222,8 +231,9 @@ class SimulatedProvider:
         self._annotate(name, f"disk:{disk}", str(int(size_gb)), "add")
 
     def annotations(self, name: str) -> dict[str, str]:
-        """For tests: the snapshots (``snapshot:<id>``), disks (``disk:<label>`` -> GB)
-        and ``reverted_to`` of VM ``name``."""
+        """For tests: the snapshots, disks and ``reverted_to`` of VM ``name``.
+
+        Snapshots as ``snapshot:<id>``, disks as ``disk:<label>`` -> GB."""
         fields = _decoded(self._redis.hgetall(self._keys.sim_vm(self.name, name)))
         wanted = ("snapshot:", "disk:", "reverted_to")
         return {k: v for k, v in fields.items() if k.startswith(wanted)}
@@ -272,16 +282,17 @@ class SimulatedProvider:
             name=fields["name"],
             pool=fields["pool"],
             template=fields["template"],
-            state="running" if ready else "booting",
+            state=ProviderVMState.RUNNING if ready else ProviderVMState.BOOTING,
             created_at=float(fields["created_at"]),
             hostname=fields["name"],
         )
 
 
-class ListingSimulatedProvider(SimulatedProvider):
-    """The simulated provider with a list call (:class:`~vmpool.providers.StatusBatch`),
-    as the clouds have: what ``provider_class: simulated`` builds unless its option
-    ``batch_status`` is false."""
+class ListingSimulatedProvider(SimulatedProvider, StatusBatch):
+    """The simulated provider with a list call, as the clouds have.
+
+    A :class:`~vmpool.providers.StatusBatch`: what ``provider_class: simulated`` builds
+    unless its option ``batch_status`` is false."""
 
     # The simulated cloud's answers are its Redis keys, so a VM it created is in its
     # next list at once: a VM missing from a list vanished (no grace, as a real cloud's
@@ -289,11 +300,11 @@ class ListingSimulatedProvider(SimulatedProvider):
     list_lag_s = 0.0
 
     def statuses(self, names: Collection[str]) -> dict[str, ProviderVM | None]:
-        """Each of ``names`` as of the server's clock now, None for a VM not held: one
-        round trip for any number (:class:`~vmpool.providers.StatusBatch`, what a
+        """Each of ``names`` as of the server's clock now, None for a VM not held.
+
+        One round trip for any number (:class:`~vmpool.providers.StatusBatch`, what a
         cloud's list call is), so the pending sweep checks every booting VM of this
-        provider at once and takes a lock only for those whose answer changes
-        something."""
+        provider at once and takes a lock only for those whose answer changes something."""
         ordered = list(dict.fromkeys(names))
         if not ordered:
             return {}
@@ -319,8 +330,9 @@ def simulated_provider(
     *,
     pools: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> SimulatedProvider:
-    """The simulated provider that ``options`` ask for (``batch_status``); it reads no
-    pool-level keys (``pools``)."""
+    """The simulated provider that ``options`` ask for (``batch_status``).
+
+    It reads no pool-level keys (``pools``)."""
     if SimulatedOptions.parse(options or {}).batch_status:
         return ListingSimulatedProvider(redis, keys, name, options)
     return SimulatedProvider(redis, keys, name, options)

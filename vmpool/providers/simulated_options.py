@@ -1,6 +1,7 @@
-"""The simulated provider's options (``:providers: NAME: provider_class: simulated``):
-one pydantic model, the registry's and the configuration's, with the bounds and wording
-of every option (docs/configuration.md)."""
+"""The simulated provider's options (``:providers: NAME: provider_class: simulated``).
+
+One pydantic model, the registry's and the configuration's, with the bounds and wording of
+every option (docs/configuration.md)."""
 
 from __future__ import annotations
 
@@ -83,8 +84,9 @@ TemplateNames = Annotated[frozenset[str], expect("a list of template names", _te
 # and the provider validates its options with it again when it is built: one set of
 # rules, one wording.
 class SimulatedOptions(BaseModel):
-    """Options of the simulated provider, a fake cloud whose VMs live in Redis (with
-    seeded failures, for demos and tests). A null option counts as absent."""
+    """Options of the simulated provider, a fake cloud whose VMs live in Redis.
+
+    It has seeded failures, for demos and tests. A null option counts as absent."""
 
     model_config = ConfigDict(frozen=True, extra="ignore")
 

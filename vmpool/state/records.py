@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vmpool.ids import validate_pool_name
+from vmpool.state.transitions import RequestStatus, VMState
 
 __all__ = [
     "AuditEntry",
@@ -78,8 +79,9 @@ def decode_slots(requested: str) -> list[Slot]:
 
 @dataclass(frozen=True)
 class RequestSettings:
-    """Per-request policy, fixed when the request is created and kept in its record,
-    so that every later transition applies the policy the request was accepted under."""
+    """Per-request policy, fixed when the request is created and kept in its record.
+
+    Every later transition applies the policy the request was accepted under."""
 
     ttl_s: float
     grace_s: float = 0.0
@@ -102,8 +104,10 @@ class RequestSettings:
 
 @dataclass(frozen=True)
 class Outcome:
-    """What a transition did: ``ok`` and a ``code`` (``created``, ``fulfilled``,
-    ``request_failed``...), or a refusal (``ok=False``) whose code says why."""
+    """What a transition did, or why it refused.
+
+    ``ok`` with a ``code`` (``created``, ``fulfilled``, ``request_failed``...), or a
+    refusal (``ok=False``) whose code says why."""
 
     ok: bool
     code: str
@@ -127,7 +131,7 @@ class VMRecord:
     template: str
     provider: str
     hostname: str
-    state: str
+    state: VMState
     state_since: float | None
     attempt: int
     reserved_at: float | None
@@ -163,7 +167,7 @@ class VMRecord:
             template=h.get("template", ""),
             provider=h.get("provider", ""),
             hostname=h.get("hostname", h["name"]),
-            state=h.get("state", ""),
+            state=VMState(h.get("state", "")),
             state_since=_float(h.get("state_since")),
             attempt=int(h.get("attempt", "1") or 1),
             reserved_at=_float(h.get("reserved_at")),
@@ -194,7 +198,7 @@ class SlotState:
 @dataclass(frozen=True)
 class RequestRecord:
     id: str
-    status: str
+    status: RequestStatus
     version: int
     created: float
     deadline: float
@@ -225,7 +229,7 @@ class RequestRecord:
         )
         return cls(
             id=h["id"],
-            status=h.get("status", ""),
+            status=RequestStatus(h.get("status", "")),
             version=int(h.get("version", 0)),
             created=float(h.get("created", 0)),
             deadline=float(h.get("deadline", 0)),
@@ -246,8 +250,10 @@ class RequestRecord:
 
 @dataclass(frozen=True)
 class AuditEntry:
-    """One trail entry. ``stream_id``: its position in the trail ("0", "1", ...), or
-    the stream id of a trail an older release wrote as a stream."""
+    """One trail entry.
+
+    ``stream_id``: its position in the trail ("0", "1", ...), or the stream id of a
+    trail kept as a Redis stream (read by :func:`decode_stream_trail`)."""
 
     stream_id: str
     entity: str
@@ -264,8 +270,9 @@ def decode_hash(raw: Mapping[Any, Any]) -> dict[str, str]:
 
 
 def decode_trail(rows: Sequence[Any]) -> list[AuditEntry]:
-    """A trail as the scripts write it (``_prelude.lua``'s ``audit``): a list of JSON
-    arrays ``[entity, from, to, version, actor, reason, time]``."""
+    """Decode a trail as the scripts write it (``_prelude.lua``'s ``audit``).
+
+    Each row is a JSON array ``[entity, from, to, version, actor, reason, time]``."""
     entries = []
     for i, row in enumerate(rows):
         entity, src, dst, version, actor, reason, at = json.loads(text(row))
@@ -285,7 +292,7 @@ def decode_trail(rows: Sequence[Any]) -> list[AuditEntry]:
 
 
 def decode_stream_trail(rows: Sequence[Any]) -> list[AuditEntry]:
-    """A trail an older release wrote as a stream (XRANGE's reply)."""
+    """Decode a trail kept as a Redis stream (XRANGE's reply)."""
     entries = []
     for stream_id, raw in rows:
         h = decode_hash(raw or {})

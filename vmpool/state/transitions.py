@@ -31,47 +31,103 @@ VMs never pass through it. ``running -> running`` is a change in place of a held
 from __future__ import annotations
 
 from collections.abc import Mapping
+from enum import StrEnum
+
+__all__ = [
+    "NONE",
+    "REQUEST_LIVE",
+    "REQUEST_TERMINAL",
+    "REQUEST_TRANSITIONS",
+    "VM_AT_PROVIDER",
+    "VM_LIVE",
+    "VM_TRANSITIONS",
+    "RequestStatus",
+    "VMState",
+    "lua_tables",
+    "request_transition_allowed",
+    "vm_transition_allowed",
+]
+
+
+class RequestStatus(StrEnum):
+    """A request's ``status`` field: the request machine's states.
+
+    Each member equals its string, the one Redis holds and the API returns."""
+
+    PENDING = "pending"
+    READY = "ready"
+    FAILED = "failed"
+    DELETED = "deleted"
+
+
+class VMState(StrEnum):
+    """A VM record's ``state`` field: the VM machine's states.
+
+    Each member equals its string, the one Redis holds and the API returns."""
+
+    RESERVED = "reserved"
+    PENDING = "pending"
+    READY = "ready"
+    RUNNING = "running"
+    COMPLETED = "completed"
+    DESTROYED = "destroyed"
+
 
 NONE = "none"  # the "from" of a record's first audit entry
 
-REQUEST_TRANSITIONS: Mapping[str, frozenset[str]] = {
-    NONE: frozenset({"pending"}),
-    "pending": frozenset({"ready", "failed", "deleted"}),
-    "ready": frozenset({"deleted"}),
-    "failed": frozenset(),
-    "deleted": frozenset(),
+_R = RequestStatus
+REQUEST_TRANSITIONS: Mapping[str, frozenset[RequestStatus]] = {
+    NONE: frozenset({_R.PENDING}),
+    _R.PENDING: frozenset({_R.READY, _R.FAILED, _R.DELETED}),
+    _R.READY: frozenset({_R.DELETED}),
+    _R.FAILED: frozenset(),
+    _R.DELETED: frozenset(),
 }
-REQUEST_TERMINAL = frozenset({"failed", "deleted"})
-REQUEST_LIVE = frozenset({"pending", "ready"})
+REQUEST_TERMINAL = frozenset({_R.FAILED, _R.DELETED})
+REQUEST_LIVE = frozenset({_R.PENDING, _R.READY})
 
-VM_TRANSITIONS: Mapping[str, frozenset[str]] = {
-    NONE: frozenset({"reserved"}),
-    "reserved": frozenset({"pending", "completed"}),
-    "pending": frozenset({"running", "ready", "completed"}),
-    "ready": frozenset({"running", "completed"}),
-    "running": frozenset({"running", "completed"}),
-    "completed": frozenset({"destroyed"}),
-    "destroyed": frozenset(),
+_V = VMState
+VM_TRANSITIONS: Mapping[str, frozenset[VMState]] = {
+    NONE: frozenset({_V.RESERVED}),
+    _V.RESERVED: frozenset({_V.PENDING, _V.COMPLETED}),
+    _V.PENDING: frozenset({_V.RUNNING, _V.READY, _V.COMPLETED}),
+    _V.READY: frozenset({_V.RUNNING, _V.COMPLETED}),
+    _V.RUNNING: frozenset({_V.RUNNING, _V.COMPLETED}),
+    _V.COMPLETED: frozenset({_V.DESTROYED}),
+    _V.DESTROYED: frozenset(),
 }
 # VM states in which the VM still counts toward its request's slot.
-VM_LIVE = frozenset({"reserved", "pending", "running"})
+VM_LIVE = frozenset({_V.RESERVED, _V.PENDING, _V.RUNNING})
 # VM states in which the provider may hold the VM (what the inventory may show).
-VM_AT_PROVIDER = VM_LIVE | {"ready", "completed"}
+VM_AT_PROVIDER = VM_LIVE | {_V.READY, _V.COMPLETED}
+
+
+def _check_vocabulary(table: Mapping[str, frozenset[StrEnum]], states: type[StrEnum]) -> None:
+    """Refuse a table whose states are not exactly the enum's members (plus ``NONE``)."""
+    named = set(table) | {dst for dsts in table.values() for dst in dsts}
+    if named != {NONE, *states}:
+        raise RuntimeError(f"{states.__name__} and its transition table disagree")
+
+
+_check_vocabulary(REQUEST_TRANSITIONS, RequestStatus)
+_check_vocabulary(VM_TRANSITIONS, VMState)
 
 
 def request_transition_allowed(src: str, dst: str) -> bool:
+    """Whether the request machine has the edge ``src -> dst``."""
     return dst in REQUEST_TRANSITIONS.get(src, frozenset())
 
 
 def vm_transition_allowed(src: str, dst: str) -> bool:
+    """Whether the VM machine has the edge ``src -> dst``."""
     return dst in VM_TRANSITIONS.get(src, frozenset())
 
 
-def _lua_table(name: str, table: Mapping[str, frozenset[str]]) -> str:
+def _lua_table(name: str, table: Mapping[str, frozenset[StrEnum]]) -> str:
     rows = []
     for src in sorted(table):
-        dsts = ", ".join(f"[{dst!r}] = true" for dst in sorted(table[src]))
-        rows.append(f"  [{src!r}] = {{{dsts}}},")
+        dsts = ", ".join(f"[{str(dst)!r}] = true" for dst in sorted(table[src]))
+        rows.append(f"  [{str(src)!r}] = {{{dsts}}},")
     return f"local {name} = {{\n" + "\n".join(rows) + "\n}\n"
 
 

@@ -1,5 +1,6 @@
-"""Outside ``/api/v3``: liveness (/healthz), readiness (/readyz: Redis reachable and
-taking writes) and Prometheus metrics (/metrics)."""
+"""The endpoints outside ``/api/v3``: liveness, readiness and Prometheus metrics.
+
+/healthz, /readyz (Redis reachable and taking writes) and /metrics."""
 
 from __future__ import annotations
 
@@ -25,7 +26,8 @@ async def healthz() -> Response:
 
 @router.get("/readyz")
 async def readyz(st: State) -> Response:
-    """200 when Redis takes a write (confirmed as every write is), else 503 naming why:
+    """200 when Redis takes a write (confirmed as every write is), else 503 naming why.
+
     unreachable, out of memory, read-only, too few replicas, not confirmed."""
     condition = await run_in_threadpool(probe, st.clients.text, st.keys)
     if condition is RedisCondition.OK:

@@ -1,7 +1,9 @@
-"""vmpooler's pool endpoints: GET /poolstat, GET /totalrunning, GET /config, and the
-operator endpoints behind ``experimental_features`` (405 ``{"ok": false}`` when off):
-POST /config/poolsize, /config/pooltemplate, /config/clonetarget, POST /poolreset,
-DELETE /config/poolsize/<pool>, DELETE /config/pooltemplate/<pool>.
+"""vmpooler's pool endpoints.
+
+GET /poolstat, GET /totalrunning, GET /config, and the operator endpoints behind
+``experimental_features`` (405 ``{"ok": false}`` when off): POST /config/poolsize,
+/config/pooltemplate, /config/clonetarget, POST /poolreset, DELETE
+/config/poolsize/<pool>, DELETE /config/pooltemplate/<pool>.
 
 An operator call needs a token of one of ``:auth: admins`` when auth is on (401
 without a valid token, 403 for anyone else: vmpooler lets any token resize any pool).
@@ -33,6 +35,7 @@ from vmpool.lifecycle.overrides import (
     set_setting,
 )
 from vmpool.state.overrides import Setting
+from vmpool.state.transitions import VMState
 
 __all__ = ["router"]
 
@@ -47,8 +50,10 @@ def _pools(st: ApiState) -> dict[str, PoolConfig]:
 
 @router.get("/poolstat")
 async def poolstat(request: Request, st: State) -> Response:
-    """``?pool=a,b``: each pool named (or having one of the names as an alias): its
-    ``max`` (size), ``alias`` and ``ready`` VMs; no ``pool``: ``{"pools": {}}``."""
+    """GET /poolstat: each pool's size, aliases and ready VMs.
+
+    ``?pool=a,b``: each pool named (or having one of the names as an alias): its ``max``
+    (size), ``alias`` and ``ready`` VMs; no ``pool``: ``{"pools": {}}``."""
     wanted = set((request.query_params.get("pool") or "").split(","))
 
     def body() -> Response:
@@ -59,7 +64,7 @@ async def poolstat(request: Request, st: State) -> Response:
             entry: dict[str, Any] = {"max": pool.size}
             if pool.alias:
                 entry["alias"] = list(pool.alias)
-            entry["ready"] = ready[pool.name]["ready"]
+            entry["ready"] = ready[pool.name][VMState.READY]
             out[pool.name] = entry
         return reply(200, {"pools": out})
 
@@ -72,7 +77,7 @@ async def totalrunning(st: State) -> Response:
 
     def body() -> Response:
         counts = st.store.pool_counts(st.config.pools)
-        return reply(200, {"running": sum(c["running"] for c in counts.values())})
+        return reply(200, {"running": sum(c[VMState.RUNNING] for c in counts.values())})
 
     return await run_in_threadpool(body)
 
@@ -113,8 +118,9 @@ async def get_config(st: State) -> Response:
 
 # -- operator endpoints ---------------------------------------------------------------------
 def _operator(st: ApiState, request: Request) -> str:
-    """405 unless experimental_features; with auth on a valid token (401) of an admin
-    (403). Returns who acts, for the logs and trails."""
+    """405 unless experimental_features; with auth on a valid token (401) of an admin (403).
+
+    Returns who acts, for the logs and trails."""
     if not st.config.experimental_features:
         raise Rejected(405)
     token = token_auth(request)
@@ -154,8 +160,10 @@ def _size(value: Any) -> str | None:
 
 
 def _template(value: Any, pool: PoolConfig) -> str | None:
-    """vmpooler's check: no leading or trailing '/', and a path (with '/') where the
-    configured template is one (vSphere's folders); any other clouds' image names."""
+    """vmpooler's check of a template name.
+
+    No leading or trailing '/', and a path (with '/') where the configured template is one
+    (vSphere's folders); any other clouds' image names."""
     if not isinstance(value, str) or not _TEMPLATE_RE.fullmatch(value):
         return None
     if value.startswith("/") or value.endswith("/"):

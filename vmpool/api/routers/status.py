@@ -1,5 +1,6 @@
-"""GET /status: vmpooler's pool and queue summary, plus vmpool's requests, RQ queues
-and workers."""
+"""GET /status: vmpooler's pool and queue summary.
+
+Plus vmpool's requests, RQ queues and workers."""
 
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ from vmpool.state.circuit import read_states
 from vmpool.state.fleet_identity import fleet_identity
 from vmpool.state.keys import Keys
 from vmpool.state.redis_check import check_redis
+from vmpool.state.transitions import VMState
 from workers.queues import queue_names
 
 __all__ = [
@@ -50,8 +52,10 @@ async def get_status(st: State) -> Response:
 
 
 def exposure_warning(auth_on: bool, host: str | None) -> str | None:
-    """The warning for auth off on an address others can reach; None when auth is on,
-    or the address is loopback (or unknown: an app built without a server)."""
+    """The warning for auth off on an address others can reach.
+
+    None when auth is on, or the address is loopback (or unknown: an app built without a
+    server)."""
     if auth_on or host is None or is_loopback(host):
         return None
     return (
@@ -61,8 +65,10 @@ def exposure_warning(auth_on: bool, host: str | None) -> str | None:
 
 
 def is_loopback(host: str) -> bool:
-    """True for ``localhost`` and loopback addresses; any other name or address (the
-    wildcards ``0.0.0.0`` and ``::`` included) may be reachable from elsewhere."""
+    """True for ``localhost`` and loopback addresses.
+
+    Any other name or address (the wildcards ``0.0.0.0`` and ``::`` included) may be
+    reachable from elsewhere."""
     name = host.strip().strip("[]").lower()
     if name == "localhost" or name.endswith(".localhost"):
         return True
@@ -131,36 +137,39 @@ def _capacity(config: Config, ready: int) -> dict[str, Any]:
 def pools_status(
     config: Config, counts: Mapping[str, Mapping[str, int]]
 ) -> tuple[dict[str, Any], dict[str, int]]:
-    """Each pool's entry in vmpooler's shape (``pending`` is reserved plus booting), and
-    the totals over all pools by pending, running and completed."""
+    """Each pool's entry in vmpooler's shape, and the totals over all pools.
+
+    An entry's ``pending`` is reserved plus booting; the totals are by pending, running and
+    completed."""
     pools: dict[str, Any] = {}
     totals = dict.fromkeys(("pending", "ready", "running", "completed"), 0)
     for name, pool in config.pools.items():
         c = counts[name]
-        pending = c["reserved"] + c["pending"]
+        pending = c[VMState.RESERVED] + c[VMState.PENDING]
         entry: dict[str, Any] = {
-            "ready": c["ready"],
-            "running": c["running"],
+            "ready": c[VMState.READY],
+            "running": c[VMState.RUNNING],
             "pending": pending,
             "max": pool.size,
             "lastBoot": None,
-            "reserved": c["reserved"],
-            "booting": c["pending"],
-            "completed": c["completed"],
+            "reserved": c[VMState.RESERVED],
+            "booting": c[VMState.PENDING],
+            "completed": c[VMState.COMPLETED],
         }
         if pool.alias:
             entry["alias"] = list(pool.alias)
         pools[name] = entry
         totals["pending"] += pending
-        totals["ready"] += c["ready"]
-        totals["running"] += c["running"]
-        totals["completed"] += c["completed"]
+        totals["ready"] += c[VMState.READY]
+        totals["running"] += c[VMState.RUNNING]
+        totals["completed"] += c[VMState.COMPLETED]
     return pools, totals
 
 
 def rq_status(raw: redis.Redis, keys: Keys) -> tuple[dict[str, int], list[dict[str, Any]]]:
-    """Jobs waiting in each of the fleet's RQ queues, and the registered workers sorted
-    by name."""
+    """Jobs waiting in each of the fleet's RQ queues, and the registered workers.
+
+    The workers are sorted by name."""
     queues: dict[str, int] = {}
     workers: list[dict[str, Any]] = []
     try:

@@ -1,6 +1,8 @@
-"""GET /summary and GET /summary/<route>[/<key>]: vmpooler's daily boot, clone and tag
-statistics over ``from``..``to`` (YYYY-MM-DD, default today, UTC on the Redis server's
-clock), computed by :mod:`vmpool.api.summary` from the store's daily hashes."""
+"""GET /summary and GET /summary/<route>[/<key>].
+
+vmpooler's daily boot, clone and tag statistics over ``from``..``to`` (YYYY-MM-DD, default
+today, UTC on the Redis server's clock), computed by :mod:`vmpool.api.summary` from the
+store's daily hashes."""
 
 from __future__ import annotations
 

@@ -1,6 +1,8 @@
-"""vmpooler's tokens: POST /token mints one for the HTTP Basic user, GET /token lists
-that user's, DELETE /token/<token> revokes one of them. All are 404 when ``:auth:`` is
-off. Tokens are stored hashed, so GET /token names each by its SHA-256."""
+"""vmpooler's token endpoints.
+
+POST /token mints one for the HTTP Basic user, GET /token lists that user's, DELETE
+/token/<token> revokes one of them. All are 404 when ``:auth:`` is off. Tokens are
+stored hashed, so GET /token names each by its SHA-256."""
 
 from __future__ import annotations
 
@@ -44,8 +46,9 @@ async def delete_token(token: str, st: State, user: BasicUser) -> Response:
 
 @router.get("/token")
 async def list_tokens(st: State, user: BasicUser) -> Response:
-    """vmpooler's GET /token: ``{"ok": true, "<token>": {"created", "last"}, ...}``,
-    each token named by its SHA-256 (the token itself is never stored); 404 when the
+    """vmpooler's GET /token: ``{"ok": true, "<token>": {"created", "last"}, ...}``.
+
+    Each token is named by its SHA-256 (the token itself is never stored); 404 when the
     user has none."""
     tokens = await run_in_threadpool(st.tokens.of_user, user)
     if not tokens:

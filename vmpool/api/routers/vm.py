@@ -1,5 +1,7 @@
-"""vmpooler's per-VM API: GET /vm, checkout (POST /vm, POST /vm/<pool>+<pool>), GET,
-PUT and DELETE /vm/<hostname>, GET /token/<token> (snapshots and disks:
+"""vmpooler's per-VM API.
+
+GET /vm, checkout (POST /vm, POST /vm/<pool>+<pool>), GET, PUT and DELETE
+/vm/<hostname>, GET /token/<token> (snapshots and disks:
 :mod:`vmpool.api.routers.vm_tasks`).
 
 The API writes no state itself: a checkout is ``Store.checkout`` (one script: all or
@@ -34,6 +36,7 @@ from vmpool.ids import InvalidIdentifier, is_address, validate_vm_name
 from vmpool.state import reads
 from vmpool.state.records import VMRecord
 from vmpool.state.tokens import TokenInfo
+from vmpool.state.transitions import VMState
 
 __all__ = ["router"]
 
@@ -69,13 +72,15 @@ async def checkout_path(template: str, request: Request, st: State, token: Token
 
 
 def _choose(st: ApiState, counts: Mapping[str, int]) -> list[tuple[str, str, int]] | None:
-    """(name asked, pool, count) for each name: the pool of that name, or among the
-    pools an alias selects the first with enough ready VMs. None: an unknown name."""
+    """(name asked, pool, count) for each name.
+
+    The pool of that name, or among the pools an alias selects the first with enough ready
+    VMs. None: an unknown name."""
     candidates = {name: st.config.resolve_name(name) for name in counts}
     if not counts or not all(candidates.values()):
         return None
     pools = sorted({p for c in candidates.values() for p in c})
-    ready = {p: c["ready"] for p, c in st.store.pool_counts(pools).items()}
+    ready = {p: c[VMState.READY] for p, c in st.store.pool_counts(pools).items()}
     wanted = []
     for name, n in counts.items():
         pool = next((p for p in candidates[name] if ready[p] >= n), candidates[name][0])
@@ -85,8 +90,10 @@ def _choose(st: ApiState, counts: Mapping[str, int]) -> list[tuple[str, str, int
 
 
 def checkout(st: ApiState, counts: Mapping[str, int], token: TokenInfo | None) -> Response:
-    """vmpooler's checkout, all or nothing: 200 with the hostnames, 503 ``{"ok":
-    false}`` when any pool is short (nothing handed out), 404 for an unknown name."""
+    """vmpooler's checkout, all or nothing.
+
+    200 with the hostnames, 503 ``{"ok": false}`` when any pool is short (nothing handed
+    out), 404 for an unknown name."""
     if any(n > MAX_CHECKOUT for n in counts.values()):
         return not_ok(400, error=f"VM count must be at most {MAX_CHECKOUT}")
     wanted = _choose(st, counts)
@@ -112,8 +119,9 @@ def checkout(st: ApiState, counts: Mapping[str, int], token: TokenInfo | None) -
 
 
 def _vm_name(hostname: str) -> str | None:
-    """The VM a bare name or FQDN names (its first label); an address: None (see
-    :func:`_resolve`)."""
+    """The VM a bare name or FQDN names (its first label).
+
+    An address: None (see :func:`_resolve`)."""
     name = short_hostname(hostname)
     try:
         validate_vm_name(name)
@@ -123,15 +131,18 @@ def _vm_name(hostname: str) -> str | None:
 
 
 def _vm(st: ApiState, hostname: str) -> VMRecord | None:
-    """The VM ``hostname`` names: whatever the API handed out, a bare name, an FQDN or
-    the cloud's address (the address index, Keys.addresses)."""
+    """The VM ``hostname`` names.
+
+    Whatever the API handed out, a bare name, an FQDN or the cloud's address (the address
+    index, Keys.addresses)."""
     name = st.store.vm_at_address(hostname) if is_address(hostname) else _vm_name(hostname)
     return None if name is None else st.store.get_vm(name)
 
 
 async def _resolve(st: ApiState, hostname: str) -> str | None:
-    """:func:`_vm`'s name lookup, awaited on the loop (in the thread pool without an
-    asyncio client): an address costs one read of the index."""
+    """:func:`_vm`'s name lookup, awaited on the loop.
+
+    In the thread pool without an asyncio client. An address costs one read of the index."""
     if not is_address(hostname):
         return _vm_name(hostname)
     aio = st.clients.aio
@@ -143,8 +154,9 @@ async def _resolve(st: ApiState, hostname: str) -> str | None:
 
 @router.get("/vm/{hostname}", dependencies=[counted("get", "vm", "hostname")])
 async def get_vm(hostname: str, st: State) -> Response:
-    """The VM and the server's time (its age, its time left) in one pipeline, awaited on
-    the loop (in the thread pool without an asyncio client)."""
+    """The VM and the server's time (its age, its time left) in one pipeline.
+
+    Awaited on the loop (in the thread pool without an asyncio client)."""
     name = await _resolve(st, hostname)
     if name is None:
         return not_ok(404)
@@ -186,8 +198,9 @@ def modify(st: ApiState, hostname: str, raw: bytes, token: TokenInfo | None) -> 
         if param == "lifetime":
             out = st.store.extend_vm(vm.name, int(str(arg).strip()), actor="api", user=user)
         else:
-            out = st.store.tag_vm(vm.name, filter_tags(arg, st.config.tagfilter), actor="api",
-                                  user=user)  # fmt: skip
+            out = st.store.tag_vm(
+                vm.name, filter_tags(arg, st.config.tagfilter), actor="api", user=user
+            )
         if out.code == "forbidden":
             return not_ok(403, message=f"{vm.name} is held by another user")
         if not out.ok and out.code != "no_tags":
@@ -218,8 +231,10 @@ async def get_token(token: str, st: State) -> Response:
 
 
 def token_body(st: ApiState, token: str) -> Response:
-    """vmpooler's GET /token/<token>: the token's record and its running VMs (short
-    names, as vmfloaty's ``list --active`` needs them); 404 when auth is off."""
+    """vmpooler's GET /token/<token>.
+
+    The token's record and its running VMs (short names, as vmfloaty's ``list --active``
+    needs them); 404 when auth is off."""
     info = st.tokens.lookup(token, touch=False) if st.config.auth is not None else None
     if info is None:
         return not_ok(404)

@@ -1,6 +1,8 @@
-"""vmpooler's snapshot and disk endpoints: POST /vm/<hostname>/snapshot (202 with the
-new snapshot's id), POST /vm/<hostname>/snapshot/<id> (revert to it), POST
-/vm/<hostname>/disk/<size> (add a disk of <size> GB).
+"""vmpooler's snapshot and disk endpoints.
+
+POST /vm/<hostname>/snapshot (202 with the new snapshot's id), POST
+/vm/<hostname>/snapshot/<id> (revert to it), POST /vm/<hostname>/disk/<size> (add a disk
+of <size> GB).
 
 Only the VM's holder may ask (403 for another user's VM: vmpooler lets any token act
 on any VM), and only for a held VM (404 otherwise, as for an unknown one). The task is
@@ -40,8 +42,9 @@ _SNAPSHOT_ID = re.compile(r"[a-z0-9]{1,32}")
 def ask(
     st: ApiState, name: str, kind: TaskKind, arg: str, user: str
 ) -> tuple[VMTask | None, Response]:
-    """Record a task on VM ``name`` for its holder ``user`` and queue its job: (task,
-    202 reply), or (None, the refusal). Also PUT /vm/<hostname> {"disk": n}'s way."""
+    """Record a task on VM ``name`` for its holder ``user`` and queue its job.
+
+    (task, 202 reply), or (None, the refusal). Also PUT /vm/<hostname> {"disk": n}'s way."""
     vm = st.store.get_vm(name)
     if vm is None:
         return None, not_ok(404)

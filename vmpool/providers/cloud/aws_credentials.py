@@ -45,8 +45,9 @@ THROTTLED: Final = ("Throttling", "ThrottlingException", "RequestLimitExceeded")
 
 @dataclass(frozen=True)
 class AwsCredentials:
-    """A key pair, its session token for temporary credentials, and when they expire
-    (Unix time; None: never). ``source`` says where they came from (for logs)."""
+    """A key pair, its session token for temporary credentials, and when they expire.
+
+    ``expires_at``: Unix time (None: never). ``source`` says where they came from (for logs)."""
 
     key: str
     secret: str
@@ -59,8 +60,9 @@ class AwsCredentials:
 
 
 def from_platform(region: str, env: Mapping[str, str], session_name: str) -> AwsCredentials | None:
-    """Credentials from IRSA or EKS Pod Identity, as ``env`` offers them; None when it
-    offers neither."""
+    """Credentials from IRSA or EKS Pod Identity, as ``env`` offers them.
+
+    None when it offers neither."""
     role, token_file = env.get("AWS_ROLE_ARN"), env.get("AWS_WEB_IDENTITY_TOKEN_FILE")
     if role and token_file:
         token = _read(token_file, "AWS_WEB_IDENTITY_TOKEN_FILE")

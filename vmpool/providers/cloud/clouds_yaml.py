@@ -55,8 +55,10 @@ def clouds_file(env: Mapping[str, str]) -> Path | None:
 
 
 def load_cloud(name: str, env: Mapping[str, str], provider: str) -> CloudEntry:
-    """Entry ``name`` of the clouds.yaml ``env`` points at; a configuration error
-    (naming the file and the entry, never a value) when it cannot be used."""
+    """Entry ``name`` of the clouds.yaml ``env`` points at.
+
+    A configuration error (naming the file and the entry, never a value) when it cannot be
+    used."""
     path = clouds_file(env)
     where = f"provider {provider!r}: clouds.yaml"
     if path is None:

@@ -35,14 +35,17 @@ from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 from pydantic import BaseModel, ValidationError
 
 from vmpool.providers.base import (
+    Capacity,
     PermanentProviderError,
+    Provider,
     ProviderError,
     ProviderVM,
-    QuotaExceededError,
+    ProviderVMState,
+    StatusBatch,
     validate_provider_name,
 )
 from vmpool.providers.cloud.dns import DnsOptions, PoolDns
-from vmpool.providers.cloud.errors import classify, retry_after_of
+from vmpool.providers.cloud.errors import backoff_s, classify, is_final
 from vmpool.providers.cloud.nodes import (
     Node,
     alive,
@@ -80,9 +83,11 @@ SSH_CHECKS = 32
 CREDENTIALS_MARGIN_S = 300.0
 
 
-class CloudProvider:
-    """The shared half of a libcloud provider; subclasses say how to build the driver,
-    launch a node with tags and list the fleet's nodes (each one API call)."""
+class CloudProvider(Provider, StatusBatch, Capacity):
+    """The shared half of a libcloud provider.
+
+    Subclasses say how to build the driver, launch a node with tags and list the fleet's
+    nodes (each one API call)."""
 
     options_model: ClassVar[type[CloudOptions]] = CloudOptions
     # the keys a pool may set for this provider (ProviderClass.pool_options)
@@ -135,8 +140,7 @@ class CloudProvider:
     def parse_pool(
         cls, pool: str, raw: Mapping[str, Any], options: Mapping[str, Any]
     ) -> dict[str, Any]:
-        """A pool's keys, validated by the pool model (the provider's options as
-        context for the checks that span both): only those the pool set."""
+        """The keys a pool set, validated by its model (the provider's options as context)."""
         try:
             model = cls.pool_model.model_validate(dict(raw), context={"provider": dict(options)})
         except ValidationError as exc:
@@ -156,8 +160,7 @@ class CloudProvider:
         return self.options.max_instances or 0, self.options.max_cores or 0
 
     def cores(self, pool: str) -> int:
-        """The vCPUs of one VM of ``pool`` (its instance size), asked of the cloud once
-        per size and kept (:meth:`size_cores`)."""
+        """The vCPUs of one VM of ``pool``, asked of the cloud once per size and kept."""
         size = str(self.setting(pool, self.size_key))
         if size not in self._cores:
             self._cores[size] = self.size_cores(pool, size)
@@ -179,8 +182,10 @@ class CloudProvider:
         raise NotImplementedError
 
     def launch(self, pool: str, template: str, name: str, tags: Mapping[str, str]) -> Node:
-        """One create call (with the pool's placement: :meth:`setting`); the node
-        carries ``tags`` (and the operator's, :meth:`user_tags`) from its first moment."""
+        """One create call (with the pool's placement: :meth:`setting`).
+
+        The node carries ``tags`` (and the operator's, :meth:`user_tags`) from its first
+        moment."""
         raise NotImplementedError
 
     def list_fleet(self) -> list[Node]:
@@ -201,8 +206,10 @@ class CloudProvider:
     # -- the Provider protocol -------------------------------------------------------------
     @property
     def fleet_id(self) -> str:
-        """The mark of this fleet's VMs: the ``fleet_id`` option, else the fleet's
-        identity in Redis (read once; generated there by whichever process came first)."""
+        """The mark of this fleet's VMs.
+
+        The ``fleet_id`` option, else the fleet's identity in Redis (read once; generated
+        there by whichever process came first)."""
         if self._fleet_id is None:
             if self.redis is None:
                 raise PermanentProviderError(
@@ -214,8 +221,10 @@ class CloudProvider:
 
     @property
     def driver(self) -> Any:
-        """The libcloud driver, built on first use, and built again before the temporary
-        credentials it holds expire (``driver_expires_at``, set by ``make_driver``)."""
+        """The libcloud driver, built on first use.
+
+        Built again before the temporary credentials it holds expire (``driver_expires_at``,
+        set by ``make_driver``)."""
         expiry = self.driver_expires_at
         if self._driver is None or (
             expiry is not None and time.time() > expiry - CREDENTIALS_MARGIN_S
@@ -224,8 +233,10 @@ class CloudProvider:
         return self._driver
 
     def create_vm(self, pool: str, template: str, name: str, request_id: str = "") -> ProviderVM:
-        """Find the VM by its tag, else launch it; a transient failure is retried after
-        looking again, so a create whose answer was lost is not made twice."""
+        """Find the VM by its tag, else launch it.
+
+        A transient failure is retried after looking again, so a create whose answer was
+        lost is not made twice."""
         tags = self.tags(pool, name, request_id)
         attempt = 0
         while True:
@@ -237,7 +248,7 @@ class CloudProvider:
                 node = self._call("create", launch, 0)
                 return self._vm(node, tags)
             except ProviderError as exc:
-                if _final(exc) or attempt >= self.options.retries:
+                if is_final(exc) or attempt >= self.options.retries:
                     raise
                 self._wait(attempt, exc, "create " + name)
                 attempt += 1
@@ -247,14 +258,15 @@ class CloudProvider:
 
     def is_ready(self, pool: str, name: str) -> bool:
         vm = self.get_vm(pool, name)
-        return vm is not None and vm.state == "running"
+        return vm is not None and vm.state == ProviderVMState.RUNNING
 
     def statuses(self, names: Collection[str]) -> dict[str, ProviderVM | None]:
-        """Every VM of ``names`` as the cloud sees it now ('running' once the pool's
-        ready check passes, 'failed' when the cloud says it never will), None for those
-        it does not hold: one list call for all, not retried (the next check asks
-        again, so a sweep never waits out a backoff). The ssh checks of the running VMs
-        run side by side, ``ssh_timeout`` each."""
+        """Every VM of ``names`` as the cloud sees it now, None for those it does not hold.
+
+        'running' once the pool's ready check passes, 'failed' when the cloud says it never
+        will. One list call for all, not retried (the next check asks again, so a sweep never
+        waits out a backoff). The ssh checks of the running VMs run side by side,
+        ``ssh_timeout`` each."""
         nodes = self._by_name(retries=0)
         held = [nodes[name] for name in names if name in nodes]
         with ThreadPoolExecutor(max_workers=max(1, min(SSH_CHECKS, len(held)))) as pool:
@@ -262,8 +274,7 @@ class CloudProvider:
         return {name: vms.get(name) for name in names}
 
     def destroy_vm(self, pool: str, name: str) -> bool:
-        """Destroy the VM's instances (and its DNS record, when its pool has ``dns``: a
-        record that could not be removed fails the destroy, which is retried)."""
+        """Destroy the VM's instances and DNS record (a record left fails the destroy)."""
         found = self._find(name)
         for node in found:  # several only if someone else made a copy: none stays
             self._call("destroy", partial(self.remove, node))
@@ -275,8 +286,7 @@ class CloudProvider:
         return bool(found)
 
     def inventory(self) -> list[ProviderVM]:
-        """Every VM of the fleet the cloud holds, as it says (one list call, no ready
-        check: the reconciler needs what exists, not what answers)."""
+        """Every fleet VM the cloud holds: one list call, no ready check (what exists)."""
         return [self._vm(node, probe=False) for node in self._by_name().values()]
 
     # -- helpers ---------------------------------------------------------------------------
@@ -312,41 +322,38 @@ class CloudProvider:
                 return call()
             except Exception as exc:
                 error = classify(exc)
-                if _final(error) or attempt >= limit:
+                if is_final(error) or attempt >= limit:
                     raise error from exc
                 self._wait(attempt, error, what)
                 attempt += 1
 
     def _wait(self, attempt: int, error: ProviderError, what: str) -> None:
-        delay = self.options.backoff * (2**attempt)
-        asked = retry_after_of(error)
-        if asked is not None:
-            delay = max(delay, asked)
-        delay = min(delay, self.options.max_backoff)
+        delay = backoff_s(attempt, error, self.options.backoff, self.options.max_backoff)
         log.info("%s: %s failed (%s); retry in %.1fs", self.name, what, error, delay)
         self.sleep(delay)
 
     def failure(self, node: Node) -> str:
-        """The cloud's words when ``node`` will never boot (an instance in ERROR, one
-        stopped while booting), '' otherwise."""
+        """The cloud's words when ``node`` will never boot (ERROR, stopped booting), else ''."""
         return ""
 
     def _vm(
         self, node: Node, tags: Mapping[str, str] | None = None, *, probe: bool = True
     ) -> ProviderVM:
-        """The VM ``node`` is; ``probe``: run the pool's ready check on a running one
-        (else 'running' is what the cloud says)."""
+        """The VM ``node`` is.
+
+        ``probe``: run the pool's ready check on a running one (else 'running' is what the
+        cloud says)."""
         tags = tags if tags is not None else self.tags_of(node)
         pool = tags.get(TAG_POOL, "")
         address = node_address(node)
         error = self.failure(node)
         if error:
-            state = "failed"
+            state = ProviderVMState.FAILED
         elif node_state(node) == "running" and address:
             ready = not probe or self._ready(pool, tags.get(TAG_VM, ""), address)
-            state = "running" if ready else "booting"
+            state = ProviderVMState.RUNNING if ready else ProviderVMState.BOOTING
         else:
-            state = "booting"
+            state = ProviderVMState.BOOTING
         return ProviderVM(
             name=tags.get(TAG_VM, str(getattr(node, "name", ""))),
             pool=pool,
@@ -359,8 +366,10 @@ class CloudProvider:
         )
 
     def _ready(self, pool: str, name: str, address: str) -> bool:
-        """The pool's ready check of a running VM with an address, then its DNS record
-        (when the pool has ``dns``): a VM whose name does not resolve is not ready."""
+        """The pool's ready check of a running VM with an address, then its DNS record.
+
+        The record is checked when the pool has ``dns``: a VM whose name does not resolve is
+        not ready."""
         if self.setting(pool, "ready_check") != "state":
             port = self.setting(pool, "ssh_port")
             if not port_answers(address, port, self.options.ssh_timeout):
@@ -388,9 +397,3 @@ class CloudProvider:
             return False
         self._records[name] = address
         return True
-
-
-def _final(error: ProviderError) -> bool:
-    """Whether a failed call is not retried here: a permanent error, or the cloud's
-    quota (the VM waits reserved for capacity; a worker sleeping on it helps nobody)."""
-    return error.permanent or isinstance(error, QuotaExceededError)

@@ -1,7 +1,9 @@
-"""A pool's optional ``dns`` section: vmpool keeps ``<vm name>.<domain>`` pointing at the
-VM's address through one of Libcloud's DNS drivers (Route 53, Google Cloud DNS, ...), as
-vmpooler's dns plugins do. The record is made before the VM is handed out (a VM whose
-record could not be made is not ready yet) and removed when the VM is destroyed.
+"""A pool's optional ``dns`` section.
+
+vmpool keeps ``<vm name>.<domain>`` pointing at the VM's address through one of Libcloud's
+DNS drivers (Route 53, Google Cloud DNS, ...), as vmpooler's dns plugins do. The record is
+made before the VM is handed out (a VM whose record could not be made is not ready yet)
+and removed when the VM is destroyed.
 
 Route 53 goes through a driver of our own on Libcloud's: its current API version
 (2013-04-01, where Libcloud speaks 2012-02-29) signed with SigV4, so it works against
@@ -114,8 +116,9 @@ class PoolDns:
         return found
 
     def _find(self, name: str, kind: Any) -> Any:
-        """The record of ``name`` of type ``kind`` (Route 53: one filtered read, else the
-        zone's list), None when there is none."""
+        """The record of ``name`` of type ``kind``, None when there is none.
+
+        Route 53: one filtered read; other drivers: the zone's list."""
         from libcloud.dns.types import RecordDoesNotExistError
 
         if self.options.driver == "route53":

@@ -76,8 +76,10 @@ class EC2Provider(CloudProvider):
         return found.key, found.secret, found.token
 
     def resolve_credentials(self) -> AwsCredentials:
-        """The options' keys, else AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY (or ABS's
-        names), else the platform's (IRSA, EKS Pod Identity: aws_credentials)."""
+        """The credentials: the options' keys, else the environment's, else the platform's.
+
+        The environment's: AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY (or ABS's names); the
+        platform's: IRSA, EKS Pod Identity (aws_credentials)."""
         o = self.options
         key = o.access_key_id.get_secret_value() if o.access_key_id else None
         secret = o.secret_access_key.get_secret_value() if o.secret_access_key else None
@@ -134,8 +136,10 @@ class EC2Provider(CloudProvider):
         return node
 
     def image(self, pool: str, template: str) -> Image:
-        """The image a pool's VMs start from: the newest matching its ``image_filters``
-        (looked up again after IMAGE_FILTER_TTL_S), else its template (looked up once)."""
+        """The image a pool's VMs start from.
+
+        The newest matching its ``image_filters`` (looked up again after
+        IMAGE_FILTER_TTL_S), else its template (looked up once)."""
         filters = self.setting(pool, "image_filters")
         owners = self.setting(pool, "image_owners") or []
         key: tuple[Any, ...] = (
@@ -158,16 +162,19 @@ class EC2Provider(CloudProvider):
         return found[0]
 
     def client_token(self, name: str, request_id: str = "") -> str:
-        """The same token for every create of one VM of one request of one fleet (EC2:
-        at most 64 ASCII); the request id keeps a name used again later (after its VM
-        was terminated) from getting the old, terminated instance back."""
+        """The same token for every create of one VM of one request of one fleet.
+
+        EC2 takes at most 64 ASCII characters. The request id keeps a name used again later
+        (after its VM was terminated) from getting the old, terminated instance back."""
         seed = f"{self.fleet_id}\0{self.name}\0{name}\0{request_id}"
         digest = hashlib.sha256(seed.encode()).hexdigest()
         return f"vmpool-{digest[:48]}"
 
     def list_fleet(self) -> list[Node]:
-        """One DescribeInstances (libcloud's ``list_nodes`` adds a DescribeAddresses;
-        an instance's elastic address is its ``ipAddress`` here already)."""
+        """One DescribeInstances.
+
+        libcloud's ``list_nodes`` adds a DescribeAddresses; an instance's elastic address is
+        its ``ipAddress`` here already."""
         from libcloud.compute.drivers.ec2 import NAMESPACE
         from libcloud.utils.xml import findall, findtext
 

@@ -78,8 +78,10 @@ class EC2Placement(CloudPlacement):
     @field_validator("security_group_ids")
     @classmethod
     def _groups_need_a_subnet(cls, value: list[str] | None, info: ValidationInfo) -> Any:
-        """A pool's security groups (its own or the provider's) need a subnet (its own
-        or the provider's): groups belong to a VPC, and the subnet names which."""
+        """A pool's security groups need a subnet (its own or the provider's).
+
+        The groups are the pool's own or the provider's; groups belong to a VPC, and the
+        subnet names which."""
         if info.context is None:  # the provider's own options: checked per pool
             return value
         groups = value if value is not None else provider_value(info, "security_group_ids")
@@ -97,9 +99,11 @@ class EC2PoolOptions(EC2Placement, PoolChecks):
 
 
 class EC2Options(CloudOptions, EC2Placement):
-    """``provider_class: ec2``. Credentials: the options, else AWS_ACCESS_KEY_ID,
-    AWS_SECRET_ACCESS_KEY (and AWS_SESSION_TOKEN) from the environment, else the pod's
-    role (IRSA or EKS Pod Identity: :mod:`vmpool.providers.cloud.aws_credentials`)."""
+    """``provider_class: ec2``.
+
+    Credentials: the options, else AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY (and
+    AWS_SESSION_TOKEN) from the environment, else the pod's role (IRSA or EKS Pod
+    Identity: :mod:`vmpool.providers.cloud.aws_credentials`)."""
 
     model_config = ConfigDict(frozen=True, extra="ignore", hide_input_in_errors=True)
 

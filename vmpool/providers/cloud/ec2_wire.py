@@ -1,5 +1,7 @@
-"""EC2's Query API as vmpool speaks it: the RunInstances parameters, instances and
-images read from the replies, and a driver whose errors keep the cloud's words.
+"""EC2's Query API as vmpool speaks it.
+
+The RunInstances parameters, instances and images read from the replies, and a driver
+whose errors keep the cloud's words.
 
 libcloud's ``create_node`` cannot place an instance in a zone without a location
 object, refuses security groups without a subnet, and tags the instance but not its
@@ -47,8 +49,10 @@ class Device:
 
 @dataclass(frozen=True)
 class Image:
-    """An AMI as RunInstances needs it: its id, when it was made, its EBS devices (the
-    root first) so that every volume is deleted with the instance."""
+    """An AMI as RunInstances needs it.
+
+    Its id, when it was made, its EBS devices (the root first) so that every volume is
+    deleted with the instance."""
 
     id: str
     created: str
@@ -75,7 +79,8 @@ def strip_xmlns(body: Any) -> Any:
 
 
 def driver_class(*, tolerant: bool) -> Any:
-    """libcloud's EC2 driver, whose errors are read whatever their namespace;
+    """libcloud's EC2 driver, whose errors are read whatever their namespace.
+
     ``tolerant`` of an endpoint (moto's server) whose XML namespace lacks the trailing
     ``/`` libcloud's parser expects, for this driver's instances only (libcloud's
     module-wide NAMESPACE is left alone)."""
@@ -117,10 +122,12 @@ def run_params(
     client_token: str,
     placement: Mapping[str, Any],
 ) -> dict[str, str]:
-    """RunInstances for one instance of ``image``: tagged at launch with ``tags``, its
-    volumes too (and deleted with it), placed by ``placement`` (the pool's settings:
-    availability_zone, subnet_id, security_group_ids, key_name, user_data,
-    iam_instance_profile, volume_size, volume_type, spot, spot_max_price)."""
+    """RunInstances for one instance of ``image``.
+
+    Tagged at launch with ``tags``, its volumes too (and deleted with it), placed by
+    ``placement`` (the pool's settings: availability_zone, subnet_id, security_group_ids,
+    key_name, user_data, iam_instance_profile, volume_size, volume_type, spot,
+    spot_max_price)."""
     p = placement
     params: dict[str, str] = {
         "Action": "RunInstances",
@@ -157,13 +164,18 @@ def run_params(
 
 
 def _volumes(image: Image, p: Mapping[str, Any]) -> dict[str, str]:
-    """Every EBS device of the image deleted with the instance (from the image's own
-    snapshot and size, as EC2 would), the root sized and typed as the pool says."""
+    """Every EBS device of the image, deleted with the instance.
+
+    Each from the image's own snapshot and size, as EC2 would; the root sized and typed
+    as the pool says."""
     params: dict[str, str] = {}
     for n, device in enumerate(image.devices, 1):
         root = f"BlockDeviceMapping.{n}."
-        ebs = {"DeleteOnTermination": "true", "SnapshotId": device.snapshot,
-               "VolumeSize": device.size}  # fmt: skip
+        ebs = {
+            "DeleteOnTermination": "true",
+            "SnapshotId": device.snapshot,
+            "VolumeSize": device.size,
+        }
         if device.name == image.root_device:
             ebs["VolumeSize"] = str(p.get("volume_size") or device.size)
             ebs["VolumeType"] = str(p.get("volume_type") or "")
@@ -173,8 +185,10 @@ def _volumes(image: Image, p: Mapping[str, Any]) -> dict[str, str]:
 
 
 def instances_in(driver: Any, elements: Iterable[Any]) -> list[Node]:
-    """libcloud nodes of ``instancesSet/item`` elements, each with the reason EC2 gave
-    for its state (``stateReason``: why it stopped) in ``extra['state_reason']``."""
+    """libcloud nodes of ``instancesSet/item`` elements.
+
+    Each carries the reason EC2 gave for its state (``stateReason``: why it stopped) in
+    ``extra['state_reason']``."""
     from libcloud.compute.drivers.ec2 import NAMESPACE
     from libcloud.utils.xml import findtext
 

@@ -28,7 +28,14 @@ from vmpool.providers.base import (
     is_permanent_error,
 )
 
-__all__ = ["QUOTA_CODES", "TRANSIENT_CODES", "classify", "retry_after_of"]
+__all__ = [
+    "QUOTA_CODES",
+    "TRANSIENT_CODES",
+    "backoff_s",
+    "classify",
+    "is_final",
+    "retry_after_of",
+]
 
 # Error codes and words (EC2's, GCE's, Nova's) that say "no capacity for you now": the
 # account's limits or the zone's stock. Waiting helps; retrying at once does not.
@@ -76,6 +83,25 @@ def retry_after_of(exc: BaseException) -> float | None:
     return seconds if seconds is not None and seconds >= 0 else None
 
 
+def backoff_s(attempt: int, error: ProviderError, base: float, ceiling: float) -> float:
+    """The wait before retrying a failed call: ``base`` doubled per attempt.
+
+    At least what the cloud asked for (``Retry-After``), at most ``ceiling``."""
+    delay = base * 2.0**attempt
+    asked = retry_after_of(error)
+    if asked is not None:
+        delay = max(delay, asked)
+    return min(delay, ceiling)
+
+
+def is_final(error: ProviderError) -> bool:
+    """Whether a failed call is not retried by the provider itself.
+
+    A permanent error, or the cloud's quota (the VM waits reserved for capacity; a
+    worker sleeping on it helps nobody)."""
+    return error.permanent or isinstance(error, QuotaExceededError)
+
+
 def _transient(message: str, exc: BaseException) -> TransientProviderError:
     error = TransientProviderError(message)
     error.retry_after = retry_after_of(exc)  # type: ignore[attr-defined]
@@ -97,8 +123,10 @@ def _quota(message: str, exc: BaseException) -> QuotaExceededError:
 
 
 def _http_code(exc: BaseException) -> int | None:
-    """The HTTP status of a failed call (libcloud puts it in ``code`` or, for Google,
-    ``http_code``, whose ``code`` is a reason such as ``notFound``)."""
+    """The HTTP status of a failed call.
+
+    libcloud puts it in ``code`` or, for Google, ``http_code``, whose ``code`` is a reason
+    such as ``notFound``."""
     for attr in ("http_code", "code"):
         try:
             return int(getattr(exc, attr))
@@ -108,8 +136,10 @@ def _http_code(exc: BaseException) -> int | None:
 
 
 def _cloud_message(exc: BaseException) -> str:
-    """The cloud's words: its error code first (Google's reason or operation code,
-    which libcloud keeps apart from the message), then its message and HTTP status."""
+    """The cloud's words: its error code first, then its message and HTTP status.
+
+    The error code is Google's reason or operation code, which libcloud keeps apart from
+    the message."""
     message = getattr(exc, "message", None) or getattr(exc, "value", None) or str(exc)
     if isinstance(message, dict):  # Google's error item: {'reason', 'message', ...}
         message = f"{message.get('reason', '')}: {message.get('message', '')}".strip(": ")
@@ -122,8 +152,9 @@ def _cloud_message(exc: BaseException) -> str:
 
 
 def classify(exc: BaseException) -> ProviderError:
-    """``exc`` as a :class:`ProviderError` whose ``permanent`` says whether to retry,
-    carrying the cloud's own message (and ``retry_after`` when the cloud gave one)."""
+    """``exc`` as a :class:`ProviderError` whose ``permanent`` says whether to retry.
+
+    It carries the cloud's own message (and ``retry_after`` when the cloud gave one)."""
     if isinstance(exc, ProviderError):
         return exc
     if isinstance(exc, (socket.timeout, TimeoutError, ConnectionError, ssl.SSLError)):

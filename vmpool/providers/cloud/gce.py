@@ -1,5 +1,7 @@
-"""Google Compute Engine through libcloud's GCE connection (auth, retries of the
-transport, error parsing), with the few REST calls vmpool needs made directly:
+"""Google Compute Engine through libcloud's GCE connection.
+
+libcloud gives the auth, the transport's retries and the error parsing; the few REST
+calls vmpool needs are made directly:
 
 - create: ``instances.insert`` in the pool's zone, with the labels in the body (the
   instance and its boot disk: no unlabelled window), the pool's machine type, network,
@@ -134,8 +136,9 @@ class GCEProvider(CloudProvider):
         return body
 
     def source_image(self, pool: str, template: str) -> str:
-        """The pool's image family (GCE starts from its newest image), else its template
-        (a path, or an image name in the provider's project)."""
+        """The pool's image family (GCE starts from its newest image), else its template.
+
+        The template is a path, or an image name in the provider's project."""
         family = self.setting(pool, "image_family")
         if family:
             project = self.setting(pool, "image_project") or self.options.project
@@ -179,9 +182,10 @@ class GCEProvider(CloudProvider):
         return GCENode(name, name, "pending", [], [], {"labels": dict(tags), "zone": zone})
 
     def follow(self, zone: str, operation: Mapping[str, Any]) -> None:
-        """Follow an insert operation to its result, for ``operation_wait`` seconds at
-        most: an error in it is raised (libcloud's parser raises it, with GCE's code),
-        so quota and bad requests reach the create in GCE's words."""
+        """Follow an insert operation to its result, for ``operation_wait`` seconds at most.
+
+        An error in it is raised (libcloud's parser raises it, with GCE's code), so quota
+        and bad requests reach the create in GCE's words."""
         deadline = time.monotonic() + self.options.operation_wait
         delay = 0.5
         while operation.get("status") != "DONE" and operation.get("name"):
@@ -191,8 +195,11 @@ class GCEProvider(CloudProvider):
             if operation.get("status") == "DONE":
                 return
             if left <= 0:
-                log.info("%s: insert %s still running; the pending checks take over",
-                         self.name, operation.get("name"))  # fmt: skip
+                log.info(
+                    "%s: insert %s still running; the pending checks take over",
+                    self.name,
+                    operation.get("name"),
+                )
                 return
             self.sleep(min(delay, left))
             delay = min(delay * 2, 5.0)
@@ -271,8 +278,10 @@ def _timestamp(value: Any) -> datetime | None:
 
 
 def driver_class() -> Any:
-    """libcloud's GCE driver whose errors carry the response's headers, so that a
-    ``Retry-After`` reaches the provider's backoff (libcloud's Google errors drop them)."""
+    """libcloud's GCE driver, whose errors carry the response's headers.
+
+    So a ``Retry-After`` reaches the provider's backoff (libcloud's Google errors drop the
+    headers)."""
     from libcloud.common.google import GoogleBaseError
     from libcloud.compute.drivers.gce import GCEConnection, GCENodeDriver, GCEResponse
 

@@ -67,10 +67,11 @@ class GCEPoolOptions(GCEPlacement, PoolChecks):
 
 
 class GCEOptions(CloudOptions, GCEPlacement):
-    """``provider_class: gce``. Credentials: a service-account key file
-    (``credentials_file``, else GOOGLE_APPLICATION_CREDENTIALS), or the metadata
-    server's tokens (``use_metadata_server``: GKE Workload Identity, a VM's service
-    account)."""
+    """``provider_class: gce``.
+
+    Credentials: a service-account key file (``credentials_file``, else
+    GOOGLE_APPLICATION_CREDENTIALS), or the metadata server's tokens
+    (``use_metadata_server``: GKE Workload Identity, a VM's service account)."""
 
     model_config = ConfigDict(frozen=True, extra="ignore", hide_input_in_errors=True)
 

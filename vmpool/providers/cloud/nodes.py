@@ -1,5 +1,6 @@
-"""What vmpool reads of a libcloud node (or of a node-shaped record): its state, its
-address, its image, when it was made, and whether a port on it answers.
+"""What vmpool reads of a libcloud node (or of a node-shaped record).
+
+Its state, its address, its image, when it was made, and whether a port on it answers.
 
 Nodes are typed loosely (``Any``) so that libcloud stays an optional import.
 """
@@ -53,10 +54,11 @@ def node_address(node: Node) -> str | None:
 
 
 def created_at(tags: Mapping[str, str], tag: str, node: Node) -> float:
-    """The launch time from the ``tag`` vmpool set, else the one the cloud reports (an
-    instance missing the tag, made by another version or by hand with the fleet's
-    mark, still ages and is reaped once past the grace); else now, so the reconciler's
-    grace protects a node whose age nothing tells."""
+    """A node's launch time: the ``tag`` vmpool set, else the cloud's, else now.
+
+    An instance missing the tag (made by another version, or by hand with the fleet's
+    mark) still ages and is reaped once past the grace; now, when nothing tells the age,
+    so the reconciler's grace protects the node."""
     try:
         return float(tags[tag])
     except (KeyError, ValueError):
@@ -70,8 +72,9 @@ def created_at(tags: Mapping[str, str], tag: str, node: Node) -> float:
 
 
 def port_answers(address: str, port: int, timeout_s: float) -> bool:
-    """Whether a TCP connection to ``address:port`` is accepted within ``timeout_s``
-    (vmpooler's ready check, with port 22)."""
+    """Whether a TCP connection to ``address:port`` is accepted within ``timeout_s``.
+
+    vmpooler's ready check, with port 22."""
     try:
         with socket.create_connection((address, port), timeout=timeout_s):
             return True

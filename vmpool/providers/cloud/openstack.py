@@ -101,9 +101,14 @@ class OpenStackProvider(CloudProvider):
         image_id = self.image_id(pool, template)
         image: Any = NodeImage(image_id, image_id, self.driver)
         if s("volume_size"):  # boot from a new volume, deleted with the server
-            volume = {"boot_index": 0, "uuid": image_id, "source_type": "image",
-                      "destination_type": "volume", "volume_size": s("volume_size"),
-                      "delete_on_termination": True}  # fmt: skip
+            volume = {
+                "boot_index": 0,
+                "uuid": image_id,
+                "source_type": "image",
+                "destination_type": "volume",
+                "volume_size": s("volume_size"),
+                "delete_on_termination": True,
+            }
             if s("volume_type"):
                 volume["volume_type"] = s("volume_type")
             kwargs["ex_blockdevicemappings"] = [volume]
@@ -113,8 +118,9 @@ class OpenStackProvider(CloudProvider):
         return self.driver.create_node(name=name, size=node_size, image=image, **kwargs)
 
     def image_id(self, pool: str, template: str) -> str:
-        """The newest image of the pool's ``image_name`` (looked up again after
-        IMAGE_NAME_TTL_S), else the template (an image id)."""
+        """The newest image of the pool's ``image_name``, else the template (an image id).
+
+        The name is looked up again after IMAGE_NAME_TTL_S."""
         pattern = self.setting(pool, "image_name")
         if not pattern:
             return template
@@ -130,8 +136,9 @@ class OpenStackProvider(CloudProvider):
         return str(newest["id"])
 
     def _list_images(self) -> list[Mapping[str, Any]]:
-        """The active images, through Nova's image list (one call, the compute
-        endpoint's: no Glance endpoint to find)."""
+        """The active images, through Nova's image list.
+
+        One call, the compute endpoint's: no Glance endpoint to find."""
         reply = self.driver.connection.request("/images/detail").object or {}
         return [i for i in reply.get("images", []) if i.get("status", "ACTIVE") == "ACTIVE"]
 

@@ -54,11 +54,13 @@ class OpenStackPoolOptions(OpenStackPlacement, PoolChecks):
 
 
 class OpenStackOptions(CloudOptions, OpenStackPlacement):
-    """``provider_class: openstack``. Credentials: the options, else the entry ``cloud``
-    (or OS_CLOUD) of a clouds.yaml (OS_CLIENT_CONFIG_FILE, or the clients' search path:
-    :mod:`vmpool.providers.cloud.clouds_yaml`), else the usual OS_* environment
-    variables (OS_AUTH_URL, OS_USERNAME, OS_PASSWORD, OS_PROJECT_NAME,
-    OS_USER_DOMAIN_NAME, OS_REGION_NAME)."""
+    """``provider_class: openstack``.
+
+    Credentials: the options, else the entry ``cloud`` (or OS_CLOUD) of a clouds.yaml
+    (OS_CLIENT_CONFIG_FILE, or the clients' search path:
+    :mod:`vmpool.providers.cloud.clouds_yaml`), else the usual OS_* environment variables
+    (OS_AUTH_URL, OS_USERNAME, OS_PASSWORD, OS_PROJECT_NAME, OS_USER_DOMAIN_NAME,
+    OS_REGION_NAME)."""
 
     model_config = ConfigDict(frozen=True, extra="ignore", hide_input_in_errors=True)
 

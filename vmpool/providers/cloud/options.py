@@ -1,6 +1,7 @@
-"""The options every cloud provider takes (each cloud adds its own), and the pieces
-they are made of. Secrets are ``SecretStr``: a repr, a log line or ``vmpool config
-show`` never shows them.
+"""The options every cloud provider takes, and the pieces they are made of.
+
+Each cloud adds its own. Secrets are ``SecretStr``: a repr, a log line or ``vmpool
+config show`` never shows them.
 """
 
 from __future__ import annotations
@@ -30,8 +31,10 @@ FleetId = Annotated[
 
 
 class CloudOptions(BaseModel):
-    """Options every cloud provider takes (each cloud adds its own). Secrets are
-    ``SecretStr``: a repr, a log line or ``vmpool config show`` never shows them."""
+    """Options every cloud provider takes (each cloud adds its own).
+
+    Secrets are ``SecretStr``: a repr, a log line or ``vmpool config show`` never shows
+    them."""
 
     model_config = ConfigDict(frozen=True, extra="ignore", hide_input_in_errors=True)
 

@@ -45,8 +45,9 @@ Tags = dict[str, str]
 
 
 class CloudPlacement(BaseModel):
-    """The placement keys every cloud reads, on a pool or its provider; absent on a
-    pool means "the provider's"."""
+    """The placement keys every cloud reads, on a pool or its provider.
+
+    Absent on a pool means "the provider's"."""
 
     model_config = ConfigDict(frozen=True, extra="forbid", hide_input_in_errors=True)
 
@@ -56,8 +57,9 @@ class CloudPlacement(BaseModel):
 
 
 class PoolChecks(BaseModel):
-    """The keys every cloud reads per pool whose provider-level form has a default
-    (CloudOptions): absent means "the provider's"."""
+    """The keys every cloud reads per pool whose provider-level form has a default (CloudOptions).
+
+    Absent means "the provider's"."""
 
     model_config = ConfigDict(frozen=True, extra="forbid", hide_input_in_errors=True)
 
@@ -89,8 +91,9 @@ class PoolChecks(BaseModel):
 
 
 def provider_value(info: ValidationInfo, key: str) -> Any:
-    """The provider's own value of ``key`` from the validation context (None when the
-    model is validated without one, or the provider does not set it)."""
+    """The provider's own value of ``key`` from the validation context.
+
+    None when the model is validated without one, or the provider does not set it."""
     context = info.context if isinstance(info.context, Mapping) else {}
     provider = context.get("provider")
     return provider.get(key) if isinstance(provider, Mapping) else None

@@ -28,8 +28,10 @@ MARK_PREFIX = "guestinfo.vmpool."
 
 @dataclass(frozen=True)
 class VMInfo:
-    """A VM as one listing saw it. ``marks``: its ``guestinfo.vmpool.*`` extraConfig
-    (ownership, set in its clone spec), keys without the prefix.
+    """A VM as one listing saw it.
+
+    ``marks``: its ``guestinfo.vmpool.*`` extraConfig (ownership, set in its clone spec),
+    keys without the prefix.
 
     ``state``, ``public_ips``, ``private_ips`` and ``image`` are what the cloud
     providers' shared code reads of a node."""
@@ -46,8 +48,10 @@ class VMInfo:
 
     @property
     def state(self) -> str:
-        """'running' when powered on, else vCenter's word: a VM powered off is one whose
-        power-on is still to come (create powers it on), not a cloud's stopped one."""
+        """'running' when powered on, else vCenter's word.
+
+        A VM powered off is one whose power-on is still to come (create powers it on), not
+        a cloud's stopped one."""
         return "running" if self.power_state == "poweredOn" else self.power_state
 
     @property
@@ -122,8 +126,9 @@ class VSphereAdapter(Protocol):
         datastore: str | None,
         extra_config: Mapping[str, str],
     ) -> None:
-        """A new thin disk on the VM's first SCSI controller with room, and
-        ``extra_config`` set by the same reconfiguration (both, or neither)."""
+        """A new thin disk on the VM's first SCSI controller with room.
+
+        ``extra_config`` is set by the same reconfiguration (both, or neither)."""
         ...
 
     def close(self) -> None: ...

@@ -102,8 +102,9 @@ PERMANENT: Final = frozenset(
 
 
 def classify(exc: BaseException) -> ProviderError:
-    """``exc`` as a :class:`ProviderError`: quota, transient or permanent, with vCenter's
-    own message."""
+    """``exc`` as a :class:`ProviderError`.
+
+    quota, transient or permanent, with vCenter's own message."""
     if isinstance(exc, ProviderError):
         return exc
     if isinstance(exc, VSphereFault):

@@ -52,8 +52,10 @@ def split_server(server: str) -> tuple[str, int]:
 
 
 class VSphereOptions(CloudOptions):
-    """``provider_class: vsphere``. Credentials: ``username``/``password``, else the
-    environment's VSPHERE_USER / VSPHERE_PASSWORD, or ``password_file``."""
+    """``provider_class: vsphere``.
+
+    Credentials: ``username``/``password``, else the environment's VSPHERE_USER /
+    VSPHERE_PASSWORD, or ``password_file``."""
 
     server: str = Field(description="The vCenter: host[:port] (443 by default)")
     username: str | None = Field(None, description="The vCenter user (default: VSPHERE_USER)")
@@ -94,17 +96,20 @@ class VSphereOptions(CloudOptions):
     @field_validator("tags", "max_cores")
     @classmethod
     def _not_on_vsphere(cls, value: Any) -> Any:
-        """The clouds' user tags and core limit: a clone's vCPUs are its template's,
-        which vmpool does not count, and vSphere has no tags here (max_instances is
-        counted as on the clouds)."""
+        """The clouds' user tags and core limit.
+
+        A clone's vCPUs are its template's, which vmpool does not count, and vSphere has
+        no tags here (max_instances is counted as on the clouds)."""
         if value:
             raise invalid(f"not supported by the vsphere provider (got {show(value)})")
         return value
 
 
 class VSpherePoolOptions(BaseModel):
-    """A vSphere pool's keys (vmpooler's). The pool's ``template`` is the source VM's
-    inventory path below the datacenter's VM folder (``templates/debian-12``)."""
+    """A vSphere pool's keys (vmpooler's).
+
+    The pool's ``template`` is the source VM's inventory path below the datacenter's VM
+    folder (``templates/debian-12``)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
 

@@ -31,10 +31,13 @@ from functools import partial
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from vmpool.providers.base import (
+    Disks,
     PermanentProviderError,
     ProviderError,
     ProviderVM,
+    ProviderVMState,
     QuotaExceededError,
+    Snapshots,
 )
 from vmpool.providers.cloud.common import (
     TAG_CREATED,
@@ -61,7 +64,7 @@ DISK_MARK = "disk."
 _DISK_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 
 
-class VSphereProvider(CloudProvider):
+class VSphereProvider(CloudProvider, Snapshots, Disks):
     """``provider_class: vsphere``: docs/providers.md, "vSphere"."""
 
     options_model = VSphereOptions
@@ -99,9 +102,10 @@ class VSphereProvider(CloudProvider):
         return self.session.adapter()
 
     def _vs(self, call: Callable[[VSphereAdapter], T]) -> T:
-        """One adapter call on the session, its failure classified (the fault kept as
-        the error's ``fault``), and the session marked for a health check when the
-        failure may have been the session's."""
+        """One adapter call on the session, its failure classified.
+
+        The fault is kept as the error's ``fault``, and the session marked for a health check
+        when the failure may have been the session's."""
         try:
             return call(self.driver)
         except Exception as exc:
@@ -155,9 +159,10 @@ class VSphereProvider(CloudProvider):
     def _vm(
         self, node: VMInfo, tags: Mapping[str, str] | None = None, *, probe: bool = True
     ) -> ProviderVM:
-        """The VM ``node`` is: 'running' once powered on and, when ``probe``, past the
-        pool's ready check; its hostname the guest's address (VMware Tools), else its
-        name."""
+        """The VM ``node`` is.
+
+        'running' once powered on and, when ``probe``, past the pool's ready check; its
+        hostname the guest's address (VMware Tools), else its name."""
         tags = tags if tags is not None else self.tags_of(node)
         pool, name = tags.get(TAG_POOL, ""), tags.get(TAG_VM, node.name)
         on = node.power_state == "poweredOn"
@@ -166,25 +171,28 @@ class VSphereProvider(CloudProvider):
             name=name,
             pool=pool,
             template=node.image,
-            state="running" if ready else "booting",
+            state=ProviderVMState.RUNNING if ready else ProviderVMState.BOOTING,
             created_at=created_at(tags, TAG_CREATED, node),
             hostname=node.ip or name,
             address=node.ip or "",
         )
 
     def _answers(self, pool: str, name: str, address: str | None) -> bool:
-        """A powered-on VM's ready check: with an address from VMware Tools the clouds'
-        (``ready_check: ssh`` connects to ``ssh_port``); without one only ``ready_check:
-        state`` passes (powered on is enough)."""
+        """A powered-on VM's ready check.
+
+        With an address from VMware Tools the clouds' (``ready_check: ssh`` connects to
+        ``ssh_port``); without one only ``ready_check: state`` passes (powered on is
+        enough)."""
         if address:
             return self._ready(pool, name, address)
         return bool(self.setting(pool, "ready_check") == "state")
 
     # -- the Provider protocol -------------------------------------------------------------
     def create_vm(self, pool: str, template: str, name: str, request_id: str = "") -> ProviderVM:
-        """Find the VM by its mark, else clone it; then power it on. A transient failure
-        is retried after looking again, so a clone whose answer was lost is not made
-        twice; a VM found powered off is powered on."""
+        """Find the VM by its mark, else clone it; then power it on.
+
+        A transient failure is retried after looking again, so a clone whose answer was
+        lost is not made twice; a VM found powered off is powered on."""
         marks = self.tags(pool, name, request_id)
         launch = partial(self.launch, pool, template, name, marks)
         node = self._at_most_once("create", name, lambda: _first(self._find(name)), launch)
@@ -258,9 +266,11 @@ class VSphereProvider(CloudProvider):
     def _at_most_once(
         self, what: str, name: str, done: Callable[[], T | None], act: Callable[[], T]
     ) -> T:
-        """``act()`` unless ``done()`` finds its effect; a transient failure is retried
-        after looking again, so an act whose answer was lost is not done twice. Quota
-        is not retried: capacity frees in minutes, not in a backoff."""
+        """``act()`` unless ``done()`` finds its effect.
+
+        A transient failure is retried after looking again, so an act whose answer was
+        lost is not done twice. Quota is not retried: capacity frees in minutes, not in a
+        backoff."""
         attempt = 0
         while True:
             found = done()
@@ -326,8 +336,9 @@ def _power(adapter: VSphereAdapter, *, ref: str, on: bool) -> None:
 
 
 def _destroy(node: VMInfo, adapter: VSphereAdapter) -> None:
-    """Power off unless off, then destroy; a VM gone meanwhile is no error, one
-    powered on meanwhile is powered off again."""
+    """Power off unless off, then destroy.
+
+    A VM gone meanwhile is no error, one powered on meanwhile is powered off again."""
     try:
         if node.power_state != "poweredOff":
             _power(adapter, ref=node.ref, on=False)

@@ -47,8 +47,9 @@ def as_fault(fault: Any) -> VSphereFault:
 
 
 def _faults(method: F) -> F:
-    """The method's vCenter faults raised as VSphereFault; a stale reference forgets
-    what the session had looked up."""
+    """The method's vCenter faults raised as VSphereFault.
+
+    A stale reference forgets what the session had looked up."""
 
     @functools.wraps(method)
     def wrapper(self: PyVmomiAdapter, *args: Any, **kwargs: Any) -> Any:

@@ -34,8 +34,10 @@ def relocate(datastore: Any, placement: tuple[Any, Any] | None, linked: bool) ->
 
 
 def clone(relocation: Any, extra_config: Mapping[str, str], snapshot: Any, card: Any) -> Any:
-    """The clone spec: powered off (vmpool powers it on itself), the fleet's marks in
-    its extraConfig from the start, the template's snapshot for a linked clone."""
+    """The clone spec: powered off, with the fleet's marks, from a snapshot when linked.
+
+    Powered off: vmpool powers it on itself. The fleet's marks are in its extraConfig from
+    the start; a linked clone starts from the template's snapshot."""
     config = vim.vm.ConfigSpec(
         extraConfig=[vim.option.OptionValue(key=k, value=v) for k, v in extra_config.items()]
     )
@@ -48,8 +50,9 @@ def clone(relocation: Any, extra_config: Mapping[str, str], snapshot: Any, card:
 
 
 def network_card(devices: Sequence[Any], network: Any) -> Any:
-    """The template's first network card, moved to ``network`` (a standard port group
-    or a distributed one), connected at power-on."""
+    """The template's first network card, moved to ``network``, connected at power-on.
+
+    ``network`` is a standard port group or a distributed one."""
     cards = [d for d in devices if isinstance(d, vim.vm.device.VirtualEthernetCard)]
     if not cards:
         raise VSphereFault(["InvalidArgument"], "the template has no network card to connect")
@@ -76,8 +79,9 @@ def add_disk(
     datastore_name: str | None,
     extra_config: Mapping[str, str],
 ) -> Any:
-    """A reconfiguration adding one thin disk, created with it, on the first SCSI
-    controller with a free unit, and setting ``extra_config``."""
+    """A reconfiguration adding one thin disk and setting ``extra_config``.
+
+    The disk is created with it, on the first SCSI controller with a free unit."""
     controller, unit = _free_unit(devices)
     backing = vim.vm.device.VirtualDisk.FlatVer2BackingInfo(
         diskMode="persistent", thinProvisioned=True, fileName=""

@@ -25,8 +25,9 @@ log = logging.getLogger(__name__)
 
 
 def credentials(name: str, o: VSphereOptions) -> tuple[str, str]:
-    """The user and password: the options, else VSPHERE_USER / VSPHERE_PASSWORD, else
-    ``password_file``."""
+    """The user and password.
+
+    The options, else VSPHERE_USER / VSPHERE_PASSWORD, else ``password_file``."""
     user = o.username or os.environ.get("VSPHERE_USER")
     password = o.password.get_secret_value() if o.password else None
     password = password or os.environ.get("VSPHERE_PASSWORD")
