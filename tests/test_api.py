@@ -596,3 +596,30 @@ def test_tokens_store_hashed_only(redis_url: str, redis_client: redis.Redis) -> 
         {k: redis_client.hgetall(k) for k in redis_client.scan_iter(match="vmpool:token:*")}
     )
     assert token not in dump and "jdoe" in dump
+
+
+# -- shutdown ----------------------------------------------------------------------------
+
+
+def test_shutdown_closes_the_redis_connections_the_app_opened(
+    redis_url: str, redis_client: redis.Redis
+) -> None:
+    """An app built from a URL closes its clients when its lifespan ends.
+
+    The sync clients (status, metrics) and the asyncio one (the POST) each open a
+    connection. Without the close they stay open on the server after shutdown: one
+    leak per uvicorn worker restart.
+    """
+    from vmpool.api.app import create_app
+
+    before = {c["id"] for c in redis_client.client_list()}
+
+    def opened_by_app() -> set[str]:
+        return {c["id"] for c in redis_client.client_list()} - before
+
+    with TestClient(create_app(spec_config(), redis_url, enqueue=None)) as c:
+        assert c.post(f"{API}/ondemandvm", content='{"pool1":"1"}').status_code == 201
+        assert c.get(f"{API}/status").status_code == 200
+        assert c.get("/metrics").status_code == 200
+        assert opened_by_app()
+    wait_until(lambda: not opened_by_app())

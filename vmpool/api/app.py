@@ -13,6 +13,8 @@ from __future__ import annotations
 import os
 import random
 import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Literal
 
 from fastapi import FastAPI
@@ -57,15 +59,20 @@ def create_app(
     periodic provision sweep finds new requests). ``rng`` picks backends (tests seed it).
     ``listen_host``: the address the server binds (``/status`` warns when auth is off
     on one that is not loopback).
+
+    Clients made from a URL belong to the app: its shutdown closes them. Clients passed
+    in belong to the caller, who closes them.
     """
     st = _api_state(config, redis_url_or_clients, enqueue, rng)
     st.listen_host = listen_host
+    owns_clients = isinstance(redis_url_or_clients, str)
     app = FastAPI(
         title="vmpool",
         description="vmpooler v3 compatible on-demand VM API",
         docs_url=None,
         redoc_url=None,
         openapi_url=None,
+        lifespan=_closing(st.clients) if owns_clients else None,
     )
     app.state.vmpool = st
     install_error_handlers(app)
@@ -79,6 +86,33 @@ def create_app(
     app.include_router(health.router)
     install_middleware(app, st.metrics)
     return app
+
+
+def _closing(
+    clients: RedisClients,
+) -> Callable[[FastAPI], AbstractAsyncContextManager[None]]:
+    """A lifespan that closes ``clients`` when the app shuts down."""
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        try:
+            yield
+        finally:
+            await _close_clients(clients)
+
+    return lifespan
+
+
+async def _close_clients(clients: RedisClients) -> None:
+    """Close the sync clients and this event loop's asyncio client.
+
+    Each close disconnects the client's connection pool. An asyncio client of another
+    loop is left alone: it can only be closed from its own loop.
+    """
+    clients.text.close()
+    clients.raw.close()
+    if clients.aio is not None:
+        await clients.aio.get().aclose()
 
 
 def _api_state(
@@ -99,7 +133,7 @@ def _api_state(
     batch = None
     if enqueue == "rq":
         batch = BatchDispatcher(clients.raw, keys, config)
-        enqueue = batch.provision_request  # issue 15: batched
+        enqueue = batch.provision_request
     return ApiState(
         config=config,
         clients=clients,
