@@ -1,10 +1,9 @@
-"""Fenced locks (vmpool/locks.py) against a real Redis, with the store as the resource
+"""Fenced locks (vmpool/state/locks.py) against a real Redis, with the store as the resource
 they protect."""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -22,14 +21,7 @@ from vmpool.state.locks import (
 from vmpool.state.records import RequestSettings, Slot
 from vmpool.state.store import Store
 
-
-def poll(predicate: Callable[[], bool], timeout_s: float = 5.0, every_s: float = 0.02) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(every_s)
-    return predicate()
+from storehelp import poll
 
 
 def reserved_vm(store: Store, rid: str = "r1", name: str = "vm-one") -> str:

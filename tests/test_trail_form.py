@@ -1,4 +1,4 @@
-"""The audit trail's storage (issue 15): a list of packed entries, bytes per entry.
+"""The audit trail's storage: a list of packed entries, bytes per entry.
 
 The trail used to be a Redis stream, which preallocates about 4 KB per request; it is
 now a list of JSON arrays. These tests prove the entries are complete (every field of
