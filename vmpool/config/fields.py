@@ -85,8 +85,8 @@ NonNegativeInt = Annotated[int, Field(ge=0), expect("a non-negative integer", in
 # -- bounded durations and counts ----------------------------------------------------------
 # Every duration and count the fleet acts on has an upper bound as well as a lower one:
 # an unbounded value loads fine and breaks at run time instead (a data_ttl of 1e300 hours
-# made the PEXPIRE inside a transition script fail after the status was written; a
-# data_ttl of 1e-9 hours rounded to PEXPIRE 0, which deletes the tombstone at once). A
+# makes the PEXPIRE inside a transition script fail after the status is written; a
+# data_ttl of 1e-9 hours rounds to PEXPIRE 0, which deletes the tombstone at once). A
 # year is far below Redis' PEXPIRE limit (2**63 ms) and above any lifetime vmpooler
 # users set. Request TTLs, timeouts and lifetimes go down to 0.1 s (the tests use
 # sub-second TTLs; below that the sweeps cannot tell them from 0); a record's tombstone

@@ -51,8 +51,13 @@ class ProviderCapacity:
         for pool in pools:
             keys += [self.keys.pool_state(pool, s) for s in ("pending", "ready", "running")]
             keys.append(self.keys.pool_state(pool, "completed"))
-        args: list[str | int] = [op, repr(self.lease_s), member, limits.max_instances,
-                              limits.max_cores]  # fmt: skip
+        args: list[str | int] = [
+            op,
+            repr(self.lease_s),
+            member,
+            limits.max_instances,
+            limits.max_cores,
+        ]
         for pool in pools:
             args += [pool, int(limits.pool_cores[pool])]
         reply = self._script(keys=keys, args=args)

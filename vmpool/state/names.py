@@ -6,7 +6,7 @@ a name that was ever used (``reserve_vm`` -> ``name_taken``, tombstones included
 collision costs one more draw, never a shared VM.
 
 Every name is lowercase ``[a-z0-9-]``, starts with a letter or digit and is at most 63
-characters (one DNS label), which is also what ``vmpool.state.keys.VM_NAME_RE`` accepts.
+characters (one DNS label), which is also what ``vmpool.ids.VM_NAME_RE`` accepts.
 
 No global state: pass a ``random.Random`` (a seeded one in tests); the default is a
 ``random.SystemRandom``, so two worker processes forked from one parent do not draw the

@@ -30,8 +30,14 @@ from vmpool.state.keys import Keys
 from vmpool.state.lua import read_script
 from vmpool.state.records import text
 
-__all__ = ["SETTINGS", "PoolOverrides", "Setting", "clear_override", "read_overrides",
-           "set_overrides"]  # fmt: skip
+__all__ = [
+    "SETTINGS",
+    "PoolOverrides",
+    "Setting",
+    "clear_override",
+    "read_overrides",
+    "set_overrides",
+]
 
 Setting = Literal["poolsize", "template", "clone_target"]
 SETTINGS: Final[tuple[Setting, ...]] = ("poolsize", "template", "clone_target")

@@ -115,8 +115,8 @@ class CloneSemaphore:
         long as the clone it guards. A lease another holder took over (a newer token)
         is renewed no more; one that lapsed (this process paused past it) is retaken,
         over the limit if no slot is free (an overrun, counted and logged: the clone is
-        under way). One thread per semaphore renews every block's lease (issue 15: a
-        thread started and joined per create cost more than the create's Redis
+        under way). One thread per semaphore renews every block's lease (a
+        thread started and joined per create would cost more than the create's Redis
         calls); when the block ends its lease is renewed no more (an in-flight renewal
         of it is waited for)."""
         ticket = self._keeper.add((holder, int(token)))

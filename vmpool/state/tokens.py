@@ -227,9 +227,14 @@ class TokenStore:
             data = {_text(k): _text(v) for k, v in raw.items()}
             if data.get("user") == user:
                 out.append(
-                    TokenInfo(sha, user, data.get("created", ""), data.get("last", ""),
-                              data.get("expires", ""))
-                )  # fmt: skip
+                    TokenInfo(
+                        sha,
+                        user,
+                        data.get("created", ""),
+                        data.get("last", ""),
+                        data.get("expires", ""),
+                    )
+                )
         return out
 
     def revoke(self, token: str, *, user: str | None = None) -> bool:

@@ -62,8 +62,9 @@ class VMTaskStore(PoolStore):
 
     def add_vm_task(self, task: VMTask, arg: str, *, actor: str, user: str = "") -> Outcome:
         """Record ``task`` (by the VM's holder ``user``; '' for admin or auth off)."""
-        return self._run_held("vm_task_add", task.vm, actor, [task.vm, user, task.kind,
-                                                              task.id, arg])  # fmt: skip
+        return self._run_held(
+            "vm_task_add", task.vm, actor, [task.vm, user, task.kind, task.id, arg]
+        )
 
     def vm_task_arg(self, task: VMTask) -> str | None:
         """The waiting task's argument, None when it is not (or no longer) waiting."""
