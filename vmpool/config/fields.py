@@ -1,10 +1,12 @@
-"""The types the settings are made of. Each carries its bounds and the one line that says
-what a value must be; the settings (:mod:`vmpool.config.settings`) only pick one, give
-a default, a unit and a description.
+"""The types the settings are made of.
 
-Units: vmpooler gives some durations in minutes or hours. A field declares its unit with
-:func:`minutes`, :func:`hours` or :func:`seconds`; :func:`in_seconds` reads a value back
-in seconds, the unit every ``_s`` attribute of :class:`vmpool.config.Config` has.
+Each type carries its bounds and the one line that says what a value must be. A setting
+(:mod:`vmpool.config.settings`) only picks a type and gives a default, a unit and a
+description.
+
+Units: vmpooler gives some durations in minutes or hours. A field declares its unit
+with :func:`minutes`, :func:`hours` or :func:`seconds`. :func:`in_seconds` reads a value
+back in seconds, the unit of every ``_s`` attribute of :class:`vmpool.config.Config`.
 """
 
 from __future__ import annotations
@@ -168,7 +170,7 @@ BatchLanes = Annotated[
 
 
 def text(value: Any) -> str:
-    """A non-empty string, stripped; a number in its place is taken as written."""
+    """A non-empty string, stripped. A number in its place is taken as written."""
     if isinstance(value, bool) or not isinstance(value, (str, int, float)):
         raise invalid(f"must be a string, got {show(value)}")
     stripped = str(value).strip()
@@ -204,7 +206,7 @@ AliasName = Annotated[str, _NAME_SCHEMA, _name("a name")]
 
 
 def _one_or_list(value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
-    """A single name stands for a list of one; its problem is named as the name's."""
+    """A single name stands for a list of one. Its problem is named as the name's."""
     if isinstance(value, (str, int)) and not isinstance(value, bool):
         try:
             return handler([value])

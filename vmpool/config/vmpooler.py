@@ -1,21 +1,23 @@
 """vmpooler's file format: what is taken off a file before its settings are validated.
 
-- vmpooler writes its keys as Ruby symbols (``:config:``, ``:pools:``); YAML gives Python
-  the string ``":config"``. Every mapping key at every level loses one leading colon, so
-  ``:config:`` and ``config:`` (and ``:name:`` inside a pool) mean the same thing; a
-  pool's ``provider`` and ``dns_plugin`` may name their target as a symbol too.
-- Keys vmpool does not know are warnings, never a crash; vmpooler's keys vmpool has no
-  use for are accepted, so a vmpooler config loads as it is: silently in the sections
-  that do not change where VMs go, with a warning naming the key on a pool (a pool key
-  its provider class does not read, such as a ``zone`` on a simulated pool, would
-  otherwise put the VMs somewhere the operator did not ask for, unsaid). A null value
-  is an absent one.
-- Some settings are overridden by environment variables, as in vmpooler.
-- The ``:schedule:`` keys took their periodic jobs' names; the old names still load.
+Rules:
 
-:func:`read` returns the sections ready for :class:`vmpool.config.settings.ConfigFile`,
-the warnings, and where each overridden or renamed setting came from, so that a
-message names the key (or variable) the user wrote.
+- Leading colons. vmpooler writes its keys as Ruby symbols (``:config:``, ``:pools:``),
+  and YAML gives Python the string ``":config"``. Every mapping key at every level
+  loses one leading colon. So ``:config:`` and ``config:`` mean the same thing, and so
+  do ``:name:`` and ``name:`` in a pool. A pool's ``provider`` and ``dns_plugin`` may
+  name their target as a symbol too.
+- Unknown keys are warnings, never a crash. vmpooler's keys that vmpool has no use for
+  are accepted, so a vmpooler config loads as it is. They pass silently in the sections
+  that do not change where VMs go. On a pool, a warning names the key: a ``zone`` on a
+  simulated pool would otherwise put the VMs where the operator did not ask, unsaid.
+- A null value is an absent one.
+- Some settings are overridden by environment variables, as in vmpooler.
+- The ``:schedule:`` keys are their periodic jobs' names. The earlier names still load.
+
+Returns: :func:`read` gives the sections ready for
+:class:`vmpool.config.settings.ConfigFile`, the warnings, and where each overridden or
+renamed setting came from. A message then names the key or variable the user wrote.
 """
 
 from __future__ import annotations
