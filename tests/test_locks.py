@@ -248,7 +248,7 @@ def test_acquire_all_grants_each_lock_on_its_own(redis_client: redis.Redis, keys
 def test_ensure_held_writes_nothing(redis_client: redis.Redis, keys: Keys) -> None:
     """Proves: the ownership check before a provider call is a read: it leaves the
     lock's expiry to the renewer and makes no write (under ``appendfsync always`` a
-    write costs an fsync), where it used to be an extend."""
+    write costs an fsync), where an extend would write."""
     lock = FencedLock(redis_client, keys, "vm", "vm-read", expire_s=60, auto_renewal=False)
     assert lock.acquire()
     redis_client.pexpire(lock.key, 30_000)

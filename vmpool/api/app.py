@@ -1,11 +1,10 @@
-"""The HTTP API app: vmpooler 3.9's v3 on-demand endpoints, tokens, status, health,
-metrics.
+"""The HTTP API app: vmpooler 3.9's v3 on-demand endpoints, tokens, status, health, metrics.
 
 ``create_app(config, redis)`` builds one FastAPI app from the routers in
-:mod:`vmpool.api.routers`; everything it needs lives in one
-:class:`~vmpool.api.deps.ApiState` on ``app.state.vmpool`` (no module-level state), so
-several apps can share a process. ``app_from_env`` is the factory uvicorn calls in
-each process of ``vmpool api --workers N``.
+:mod:`vmpool.api.routers`. Everything it needs lives in one
+:class:`~vmpool.api.deps.ApiState` on ``app.state.vmpool``. There is no module-level
+state, so several apps can share a process. ``app_from_env`` is the factory uvicorn
+calls in each process of ``vmpool api --workers N``.
 """
 
 from __future__ import annotations
@@ -54,14 +53,17 @@ def create_app(
 ) -> FastAPI:
     """The API app for ``config`` over the Redis at ``redis_url_or_clients``.
 
-    ``enqueue(request_id)`` starts a new request's provisioning: ``"rq"`` (the default)
-    puts a provision job on the fleet's RQ queues; ``None`` enqueues nothing (the
-    periodic provision sweep finds new requests). ``rng`` picks backends (tests seed it).
-    ``listen_host``: the address the server binds (``/status`` warns when auth is off
-    on one that is not loopback).
+    Arguments:
 
-    Clients made from a URL belong to the app: its shutdown closes them. Clients passed
-    in belong to the caller, who closes them.
+    - ``enqueue(request_id)`` starts a new request's provisioning. ``"rq"`` (the default)
+      puts a provision job on the fleet's RQ queues. ``None`` enqueues nothing: the
+      periodic provision sweep finds new requests.
+    - ``rng`` picks backends (tests seed it).
+    - ``listen_host``: the address the server binds. ``/status`` warns when auth is off on
+      one that is not loopback.
+
+    Clients made from a URL belong to the app: its shutdown closes them. Clients passed in
+    belong to the caller, who closes them.
     """
     st = _api_state(config, redis_url_or_clients, enqueue, rng)
     st.listen_host = listen_host
@@ -149,8 +151,10 @@ def _api_state(
 
 
 def app_from_env() -> FastAPI:
-    """uvicorn factory (``vmpool.api.app:app_from_env``) for ``vmpool api --workers N``:
-    the config from ``VMPOOL_CONFIG``, Redis from ``VMPOOL_REDIS_URL`` or the config."""
+    """The uvicorn factory (``vmpool.api.app:app_from_env``) for ``vmpool api --workers N``.
+
+    The config comes from ``VMPOOL_CONFIG``, Redis from ``VMPOOL_REDIS_URL`` or the config.
+    """
     config = load_config()
     url = os.environ.get("VMPOOL_REDIS_URL") or config.redis_url or DEFAULT_REDIS_URL
     return create_app(config, url, listen_host=os.environ.get(LISTEN_HOST_ENV) or None)
