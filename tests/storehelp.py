@@ -52,12 +52,9 @@ def make_request(
 
 
 def wait_until(pred: Callable[[], bool], timeout: float = 5.0, step: float = 0.01) -> None:
-    """Poll ``pred`` until true; fail the test at the deadline (no bare sleeps)."""
-    deadline = time.monotonic() + timeout
-    while not pred():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met before the deadline")
-        time.sleep(step)
+    """Poll ``pred`` until true. Fail the test at the deadline (no bare sleeps)."""
+    if not poll(pred, timeout, step):
+        raise AssertionError("condition not met before the deadline")
 
 
 def refused(out: Outcome, code: str) -> bool:
