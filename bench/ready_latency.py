@@ -4,7 +4,7 @@
         [--modes 2:vm,0.25:vm,0.25:list]
 
 For each mode given (``check_pending_sweep`` interval ``:`` ``vm`` for a simulated
-provider checked VM by VM, as before issue 15's list call, or ``list`` for the default
+provider checked VM by VM (no list call), or ``list`` for the default
 one, which answers the sweep for all booting VMs at once), runs the whole fleet with ``vmpool up``
 (its Redis, API, 2 workers and schedulers; the simulated provider, boots of 0.5-1.5 s)
 and posts one-VM requests through the API at ``--rate`` per second. Once all are ready it

@@ -1,4 +1,4 @@
-"""Issue 15's target table: each figure as a ratio against a baseline of the same run.
+"""The target table of the batching work: each figure as a ratio against a baseline of the same run.
 
     .venv/bin/python bench/targets.py [--runs 3] [--vms 300] [--pending 1000,10000]
         [--open 100000] [--small-open 1000] [--aof]

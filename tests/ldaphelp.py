@@ -30,6 +30,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
+from vmpool.local.redis_server import free_port
+
 SUFFIX = "dc=example,dc=com"
 USERS = {"alice": "alice-pw", "bob": "bob-pw"}
 SERVICE_DN = f"cn=svc,{SUFFIX}"
@@ -79,12 +81,6 @@ def slapd_or_skip() -> None:
     for schema in SCHEMAS:
         if not Path(f"/etc/ldap/schema/{schema}.schema").exists():
             pytest.skip(f"needs /etc/ldap/schema/{schema}.schema: Debian package slapd")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _pem(obj: x509.Certificate) -> bytes:

@@ -1,4 +1,5 @@
-"""Helpers shared by the store tests: drive a request through the real transitions."""
+"""Helpers shared by the store tests: drive a request through the real transitions, poll
+with a deadline."""
 
 from __future__ import annotations
 
@@ -51,12 +52,9 @@ def make_request(
 
 
 def wait_until(pred: Callable[[], bool], timeout: float = 5.0, step: float = 0.01) -> None:
-    """Poll ``pred`` until true; fail the test at the deadline (no bare sleeps)."""
-    deadline = time.monotonic() + timeout
-    while not pred():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met before the deadline")
-        time.sleep(step)
+    """Poll ``pred`` until true. Fail the test at the deadline (no bare sleeps)."""
+    if not poll(pred, timeout, step):
+        raise AssertionError("condition not met before the deadline")
 
 
 def refused(out: Outcome, code: str) -> bool:
@@ -75,3 +73,13 @@ def snapshot(client: object) -> dict[str, tuple[bytes | None, bool]]:
         dumped = raw.execute_command("DUMP", key, NEVER_DECODE=True)
         out[key] = (dumped, client.pttl(key) > 0)
     return out
+
+
+def poll(predicate: Callable[[], bool], timeout_s: float = 5.0, every_s: float = 0.02) -> bool:
+    """Poll ``predicate`` until true or the deadline; its last answer (the test asserts)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(every_s)
+    return predicate()

@@ -12,7 +12,14 @@ from collections import Counter
 import pytest
 import redis
 from fastapi.testclient import TestClient
-from test_api_support import (
+
+from vmpool.api.app import RedisClients
+from vmpool.state import reads
+from vmpool.state.keys import Keys
+from vmpool.state.store import Store
+from vmpool.state.tokens import TokenStore
+
+from apihelp import (
     API,
     Recorder,
     drive_ready,
@@ -22,13 +29,6 @@ from test_api_support import (
     spec_config,
     store_for,
 )
-
-from vmpool.api.app import RedisClients
-from vmpool.state import reads
-from vmpool.state.keys import Keys
-from vmpool.state.store import Store
-from vmpool.state.tokens import TokenStore
-
 from storehelp import wait_until
 
 UUID_RE = r"^[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$"
@@ -264,7 +264,7 @@ def test_real_enqueue_puts_a_provision_job_on_rq(redis_url: str, redis_client: r
     rid = r.json()["request_id"]
     raw = redis.Redis.from_url(redis_url)
     queue_name = keys.queue(JOBS["provision_batch"].queue)
-    # issue 15: the request waits in provision_request's work set for a batch job
+    # the request waits in provision_request's work set for a batch job
     assert raw.zscore(keys.work_set("provision_request"), rid) is not None
     assert job_id(keys, "provision_batch", run=0) in Queue(queue_name, connection=raw).job_ids
     status = c.get(f"{API}/status").json()
@@ -596,3 +596,30 @@ def test_tokens_store_hashed_only(redis_url: str, redis_client: redis.Redis) -> 
         {k: redis_client.hgetall(k) for k in redis_client.scan_iter(match="vmpool:token:*")}
     )
     assert token not in dump and "jdoe" in dump
+
+
+# -- shutdown ----------------------------------------------------------------------------
+
+
+def test_shutdown_closes_the_redis_connections_the_app_opened(
+    redis_url: str, redis_client: redis.Redis
+) -> None:
+    """An app built from a URL closes its clients when its lifespan ends.
+
+    The sync clients (status, metrics) and the asyncio one (the POST) each open a
+    connection. Without the close they stay open on the server after shutdown: one
+    leak per uvicorn worker restart.
+    """
+    from vmpool.api.app import create_app
+
+    before = {c["id"] for c in redis_client.client_list()}
+
+    def opened_by_app() -> set[str]:
+        return {c["id"] for c in redis_client.client_list()} - before
+
+    with TestClient(create_app(spec_config(), redis_url, enqueue=None)) as c:
+        assert c.post(f"{API}/ondemandvm", content='{"pool1":"1"}').status_code == 201
+        assert c.get(f"{API}/status").status_code == 200
+        assert c.get("/metrics").status_code == 200
+        assert opened_by_app()
+    wait_until(lambda: not opened_by_app())

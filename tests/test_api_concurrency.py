@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import random
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -22,6 +21,7 @@ import pytest
 import redis
 import yaml
 
+from vmpool.local.redis_server import free_port
 from vmpool.state.audit import check_trail
 from vmpool.state.keys import Keys
 from vmpool.state.store import Store
@@ -39,17 +39,11 @@ CONFIG = {
 }
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture
 def api_server(tmp_path: Path, redis_url: str, redis_client: redis.Redis) -> Iterator[str]:
     config = tmp_path / "vmpool.yaml"
     config.write_text(yaml.safe_dump(CONFIG))
-    port = _free_port()
+    port = free_port()
     log = (tmp_path / "api.log").open("wb")
     env = {**os.environ, "VMPOOL_REDIS_URL": redis_url, "VMPOOL_CONFIG": str(config)}
     proc = subprocess.Popen(

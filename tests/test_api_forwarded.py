@@ -24,10 +24,11 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from test_api_support import PASSWORD_HASH
 
 from vmpool.cli.main import cli
 from vmpool.local.redis_server import free_port
+
+from apihelp import PASSWORD_HASH
 
 CONFIG = f"""
 :providers:

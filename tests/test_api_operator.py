@@ -11,12 +11,13 @@ from typing import Any
 
 import pytest
 import redis
-from test_api_support import PASSWORD, PASSWORD_HASH, make_client, pretty
 
 from vmpool.config import Config, parse_config
 from vmpool.lifecycle.overrides import pools_with_overrides
 from vmpool.state.keys import Keys
 from vmpool.state.store import Store
+
+from apihelp import PASSWORD, PASSWORD_HASH, make_client, pretty
 
 V = "/api/v3"
 

@@ -10,7 +10,6 @@ import pytest
 import redis
 from fastapi.testclient import TestClient
 from rq import Queue, Worker
-from test_api_support import API, make_client, spec_config
 
 from vmpool.api.app import RedisClients, create_app
 from vmpool.api.errors import Rejected
@@ -26,6 +25,8 @@ from vmpool.api.routers.status import pools_status
 from vmpool.lifecycle.plan import RequestRejected
 from vmpool.state.keys import Keys
 from workers.queues import queue_names
+
+from apihelp import API, make_client, spec_config
 
 # -- parsing ---------------------------------------------------------------------------
 

@@ -1,4 +1,4 @@
-"""POST /ondemandvm's path with the fleet's batching dispatcher (issue 15): the create,
+"""POST /ondemandvm's path with the fleet's batching dispatcher: the create,
 the work-set add and the lane check in one round trip, without weakening what a POST
 guarantees (the request and its queue entries in one unit, its provisioning started)."""
 
@@ -9,7 +9,6 @@ import random
 
 import redis
 from fastapi.testclient import TestClient
-from test_api_support import API, drive_ready, spec_config
 
 from vmpool.api.app import RedisClients, create_app
 from vmpool.state.keys import Keys
@@ -18,6 +17,8 @@ from vmpool.state.store import Store
 from vmpool.state.workset import WorkSet
 from workers.batching import LANES
 from workers.table import job_id
+
+from apihelp import API, drive_ready, spec_config
 
 
 def _batched_client(redis_url: str) -> tuple[TestClient, Keys]:

@@ -12,11 +12,12 @@ import json
 from typing import Any
 
 import redis
-from test_api_support import PASSWORD, drive_ready, make_client, spec_config, store_for
 
 from vmpool.lifecycle import Fleet, RecordingDispatcher, vm_task
 from vmpool.providers.simulated import SimulatedProvider
 from vmpool.state.store import Store
+
+from apihelp import PASSWORD, drive_ready, make_client, spec_config, store_for
 
 FORM = {"Content-Type": "application/x-www-form-urlencoded", "User-Agent": "Faraday v2.9.0"}
 

@@ -8,15 +8,6 @@ import hashlib
 import pytest
 import redis
 from fastapi.testclient import TestClient
-from test_api_support import (
-    API,
-    PASSWORD,
-    make_client,
-    pretty,
-    snapshot,
-    spec_config,
-    store_for,
-)
 
 from vmpool.config import parse_config
 from vmpool.state.keys import Keys
@@ -27,6 +18,16 @@ from vmpool.state.tokens import (
     hash_password,
     token_sha256,
     verify_password,
+)
+
+from apihelp import (
+    API,
+    PASSWORD,
+    make_client,
+    pretty,
+    snapshot,
+    spec_config,
+    store_for,
 )
 
 REALM = 'Basic realm="Authentication required"'

@@ -14,7 +14,6 @@ import threading
 from typing import Any
 
 import redis
-from test_lifecycle import make_config, make_fleet
 
 from vmpool import lifecycle
 from vmpool.lifecycle import Fleet, batch
@@ -23,6 +22,7 @@ from vmpool.state.records import RequestSettings, Slot
 from vmpool.state.workset import WorkSet
 from workers.batching import BatchDispatcher
 
+from lifecyclehelp import make_config, make_fleet
 from storehelp import wait_until
 
 

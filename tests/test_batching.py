@@ -1,4 +1,4 @@
-"""Batch jobs (issue 15): one RQ job runs the per-subject work of many subjects.
+"""Batch jobs: one RQ job runs the per-subject work of many subjects.
 
 Proves: the batched path brings requests to ready with every VM's change its own
 checked transition (the trail is complete and the audit clean); the work set
@@ -14,8 +14,6 @@ from collections.abc import Sequence
 from typing import Any
 
 import redis
-from test_lifecycle import create_request, make_config, make_fleet
-from test_sweep_batching import RoundTrips
 
 from vmpool import lifecycle
 from vmpool.lifecycle import Fleet, RecordingDispatcher, batch
@@ -27,6 +25,9 @@ from vmpool.state.records import Slot
 from vmpool.state.workset import WorkSet
 from workers.batching import LANES, BatchDispatcher, continue_batch, ensure_lanes
 from workers.table import job_id
+
+from lifecyclehelp import create_request, make_config, make_fleet
+from redishelp import RoundTrips
 
 
 def _batched_fleet(redis_client: redis.Redis, redis_url: str, **overrides: Any) -> Fleet:
@@ -285,8 +286,8 @@ def test_per_vm_round_trips_of_the_batch_steps(redis_url: str) -> None:
     difference between 12 VMs and 2, per VM) is its own work only: a provider call and
     its transition, the clone slot's acquire and release, one lock check before the
     provider call; not a lock grant, a release, a read and a re-read, a clone slot's
-    renewal and a dispatch of its own (the per-VM path of session 4 cost 9-13 per VM
-    and step)."""
+    renewal and a dispatch of its own (a per-VM path costs 9-13 per VM and
+    step)."""
     small = _round_trips_per_vm(redis_url, 2)
     big = _round_trips_per_vm(redis_url, 12)
     per_vm = {step: (big[step] - small[step]) / 10 for step in big}

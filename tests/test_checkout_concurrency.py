@@ -18,14 +18,14 @@ import httpx
 import pytest
 import redis
 import yaml
-from test_api_concurrency import _free_port
-from test_lifecycle import run_dispatched
 
 from vmpool import lifecycle
 from vmpool.config import load_config
 from vmpool.lifecycle import Fleet, RecordingDispatcher
+from vmpool.local.redis_server import free_port
 from vmpool.state.audit import audit_state
 
+from lifecyclehelp import run_dispatched
 from storehelp import wait_until
 
 pytestmark = pytest.mark.slow
@@ -46,7 +46,7 @@ def two_process_api(
     """(API URL, config path) of a ``vmpool api --workers 2`` on a free loopback port."""
     config = tmp_path / "vmpool.yaml"
     config.write_text(yaml.safe_dump(CONFIG))
-    port = _free_port()
+    port = free_port()
     log = (tmp_path / "api.log").open("wb")
     env = {**os.environ, "VMPOOL_REDIS_URL": redis_url, "VMPOOL_CONFIG": str(config)}
     proc = subprocess.Popen(

@@ -8,12 +8,12 @@ import sys
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner, Result
 
 from vmpool.cli.context import CliContext
 from vmpool.cli.errors import CliError, CliFailure
-from vmpool.cli.main import cli
 from vmpool.config import DEMO_SOURCE
+
+from clihelp import assert_one_line_error, run
 
 GOOD = """\
 :config:
@@ -32,27 +32,11 @@ GOOD = """\
 
 BAD = ":pools:\n  - name: p1\n    size: abc\n"
 
-CLEAN_ENV = {"VMPOOL_CONFIG": None, "VMPOOL_REDIS_URL": None, "TIMEOUT": None}
-
-
-def run(*args: str, env: dict[str, str | None] | None = None) -> Result:
-    return CliRunner().invoke(cli, list(args), env={**CLEAN_ENV, **(env or {})})
-
 
 def write(tmp_path: Path, text: str, name: str = "vmpool.yaml") -> Path:
     path = tmp_path / name
     path.write_text(text)
     return path
-
-
-def assert_one_line_error(result: Result, *fragments: str) -> None:
-    assert result.exit_code == 2, result.output
-    lines = result.stderr.splitlines()
-    assert len(lines) == 1, result.stderr
-    assert lines[0].startswith("vmpool: error: ")
-    for fragment in fragments:
-        assert fragment in lines[0]
-    assert "Traceback" not in result.output
 
 
 def test_check_ok(tmp_path: Path) -> None:

@@ -7,11 +7,12 @@ import json
 
 import redis
 from click.testing import CliRunner
-from test_cli_vm import POOL, warm
 
 from vmpool.cli.main import cli
 from vmpool.state.keys import Keys
 from vmpool.state.store import Store
+
+from clihelp import POOL, warm
 
 
 def test_set_size_reset_and_bad_input(redis_url: str, redis_client: redis.Redis) -> None:

@@ -13,7 +13,7 @@ from vmpool.cli.main import cli
 from vmpool.state.keys import Keys
 from vmpool.state.store import Store
 
-POOL = "debian-12-x86_64"  # from the built-in demo config, alias "debian"
+from clihelp import POOL, warm
 
 
 @pytest.fixture
@@ -24,26 +24,6 @@ def run(redis_url: str, redis_client: redis.Redis) -> object:
         return runner.invoke(cli, [*args, "--redis-url", redis_url])
 
     return invoke
-
-
-def warm(store: Store, n: int) -> list[str]:
-    names = []
-    for i in range(n):
-        name = f"cli-warm-{i}"
-        assert store.reserve_pool_vm(
-            name,
-            pool=POOL,
-            template="t",
-            provider="simulated",
-            domain="example.com",
-            size=n,
-            data_ttl_s=60,
-            actor="test",
-        ).ok
-        store.vm_created(name, actor="test")
-        store.vm_ready(name, actor="test")
-        names.append(name)
-    return names
 
 
 def test_vm_commands(run, redis_client: redis.Redis) -> None:  # type: ignore[no-untyped-def]

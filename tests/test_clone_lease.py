@@ -1,5 +1,5 @@
-"""The clone limit holds while a provider call runs longer than a clone slot's lease
-(issue 11): the lease is renewed for as long as the call it guards."""
+"""The clone limit holds while a provider call runs longer than a clone slot's lease:
+the lease is renewed for as long as the call it guards."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Bounds on every duration and count of the config (issue 11).
+"""Bounds on every duration and count of the config.
 
 A value out of range is a one-line config error naming the file, the key and the range,
 never a value that loads and breaks at run time: before the bounds a data_ttl of 1e300
@@ -16,7 +16,6 @@ import pytest
 import redis
 import yaml
 from click.testing import CliRunner
-from test_api_support import make_client
 
 from vmpool.cli.main import cli
 from vmpool.config import ConfigError, json_schema, parse_config
@@ -24,6 +23,8 @@ from vmpool.lifecycle.plan import RequestRejected, plan_slots
 from vmpool.state.keys import Keys
 from vmpool.state.records import RequestSettings, Slot
 from vmpool.state.store import Store
+
+from apihelp import make_client
 
 # (section, key, too small, too large): each is the edge of its range, one step out.
 BOUNDS: list[tuple[str, str, Any, Any]] = [

@@ -29,8 +29,8 @@ RECORDED = [
 
 
 # Defaults changed on purpose since the recording: key -> (recorded value, today's). The
-# pending sweep went from 2 s (the demo's 1 s) to 0.25 s in issue 15 (the simulated
-# provider lists, so a short interval is cheap: docs/benchmarks.md "Ready latency");
+# pending sweep's default is 0.25 s, recorded as 2 s (the demo's 1 s): the simulated
+# provider lists, so a short interval is cheap (docs/benchmarks.md "Ready latency").
 # A recorded config that sets the key itself keeps its value.
 CHANGED_SCHEDULE: dict[str, dict[float, float]] = {"check_pending_sweep": {2.0: 0.25, 1.0: 0.25}}
 # Provider classes implemented after the recording (it warned of their instances and left

@@ -5,10 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from test_cli_config import assert_one_line_error, run
 
 from vmpool.config import ConfigError, load_config
 from vmpool.state.tokens import hash_password, verify_password
+
+from clihelp import assert_one_line_error, run
 
 POOLS = """
 :pools:

@@ -1,11 +1,11 @@
 """The worker's dequeue stamps the job it pops, so the reclaim of a duplicate is O(1).
 
-Issue 15: the reclaim used to tell a ``queued`` job still in its queue from one popped
-by a dead worker with LPOS over the queue, for every duplicate a sweep met: a warm
-check-pending sweep of 10,000 VMs cost seconds of Redis time. These tests prove the
-decision now needs no scan (no LPOS at all, whatever the queue's length) and is still
-right: a job waiting anywhere in its queue is live, a popped one is live while its beat
-is fresh and reclaimed once it is stale.
+Telling a ``queued`` job still in its queue from one popped by a dead worker with LPOS
+over the queue, for every duplicate a sweep meets, costs a warm check-pending sweep of
+10,000 VMs seconds of Redis time. These tests prove the decision needs no scan (no LPOS
+at all, whatever the queue's length) and is still right: a job waiting anywhere in its
+queue is live, a popped one is live while its beat is fresh and reclaimed once it is
+stale.
 """
 
 from __future__ import annotations

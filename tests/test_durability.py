@@ -29,7 +29,6 @@ from aof_tail import NEEDS, build_shim, cut_to_fsynced, preload_env
 from click.testing import CliRunner
 from fastapi.testclient import TestClient
 from sentinelhelp import HOST, Node, wait_for
-from test_api_support import API, make_client, spec_config
 
 from vmpool.api.app import RedisClients, create_app
 from vmpool.cli.main import cli
@@ -38,6 +37,8 @@ from vmpool.local.redis_server import free_port
 from vmpool.state.connection import RedisOptions, connect
 from vmpool.state.durability import DurabilitySetting, WriteNotConfirmed
 from vmpool.state.redis_check import check_redis
+
+from apihelp import API, make_client, spec_config
 
 pytestmark = pytest.mark.slow
 

@@ -13,12 +13,13 @@ from __future__ import annotations
 from typing import Any
 
 import redis
-from test_lifecycle import make_config, make_fleet
 
 from vmpool import lifecycle
 from vmpool.lifecycle import Fleet
 from vmpool.state.records import RequestSettings, Slot
 from workers.batching import BatchDispatcher
+
+from lifecyclehelp import make_config, make_fleet
 
 
 def _batched_fleet(redis_client: redis.Redis, redis_url: str, **overrides: Any) -> Fleet:

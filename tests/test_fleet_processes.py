@@ -284,7 +284,7 @@ def test_worker_killed_mid_create_leaks_nothing(fleet: Fleet) -> None:
 
     def create_running() -> bool:
         # The worker inside a create holds the VM's lock, whichever job runs the create
-        # (create_vm, or create_vm_batch since issue 15): its id is
+        # (create_vm or create_vm_batch): its id is
         # "worker:<worker name>/create:<random>".
         for vm in fleet.store.request_vms(rid):
             owner = fleet.store.redis.get(fleet.store.keys.lock("vm", vm.name))

@@ -1,4 +1,4 @@
-"""Hostile names (issue 11): one validator per kind of name (vmpool.ids), the same in the
+"""Hostile names: one validator per kind of name (vmpool.ids), the same in the
 API, the CLI, the store and the job ids; and a hostile id never stops the fleet.
 
 The verified attack: ``POST /api/v3/ondemandvm`` with ``"request_id": "poison\\n"`` was
@@ -19,8 +19,6 @@ from urllib.parse import quote
 import pytest
 import redis
 from click.testing import CliRunner
-from test_api_fuzz import HOSTILE_IDS
-from test_api_support import API, make_client, snapshot
 
 from vmpool.cli.main import cli
 from vmpool.config import Config, parse_config
@@ -36,14 +34,15 @@ from vmpool.state.store import Store
 from workers import queues as q
 from workers.worker import build_worker
 
+from apihelp import API, HOSTILE_IDS, make_client, snapshot
+
 TEXT_IDS = [h for h in HOSTILE_IDS if isinstance(h, str)]
 
 
 # -- the validators ---------------------------------------------------------------------
 def test_the_old_dollar_anchor_let_a_final_newline_through() -> None:
-    """Why the bug existed (red at 7a3df28, whose vmpool/keys.py checked request ids with
-    ``re.match(r"^...$")``): that match accepts 'poison\\n'. The validator of today, a
-    full match of the same pattern, refuses it."""
+    """Why the bug existed: a request id checked with ``re.match(r"^...$")`` accepts
+    'poison\\n'. The validator, a full match of the same pattern, refuses it."""
     old = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
     assert old.match("poison\n") is not None  # the bug
     assert REQUEST_ID_RE.fullmatch("poison\n") is None

@@ -1,4 +1,4 @@
-"""Ids are never reused (issue 11), and a VM whose lifetime ends while its request is
+"""Ids are never reused, and a VM whose lifetime ends while its request is
 pending never lets the request turn ready short of VMs.
 
 Each test drives the real scripts in a deterministic sequence of store calls; where

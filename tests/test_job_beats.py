@@ -1,4 +1,4 @@
-"""A worker beats its jobs from one long-lived thread, not a thread per job (issue 15).
+"""A worker beats its jobs from one long-lived thread, not a thread per job.
 
 The per-job thread (started before each job and joined after it) was a fixed cost of
 every job; the worker now keeps one :class:`workers.worker.JobBeats` thread that beats

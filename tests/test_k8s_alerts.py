@@ -23,7 +23,8 @@ from typing import Any
 
 import pytest
 import yaml
-from test_k8s_manifests import find, render
+
+from k8shelp import find, render
 
 ROOT = Path(__file__).resolve().parent.parent
 CASES = Path(__file__).resolve().parent / "promtool" / "vmpool-alerts.test.yaml"

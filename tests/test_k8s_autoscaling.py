@@ -32,7 +32,8 @@ from typing import Any
 
 import pytest
 import redis
-from test_k8s_manifests import find, render
+
+from k8shelp import find, render
 
 pytestmark = [
     pytest.mark.slow,

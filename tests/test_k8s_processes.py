@@ -63,7 +63,7 @@ def wait_for(pred: Callable[[], bool], timeout: float, what: str, step: float = 
 
 @pytest.fixture(scope="module")
 def objs() -> list[dict[str, Any]]:
-    from test_k8s_manifests import SITE, render
+    from k8shelp import SITE, render
 
     return list(render(SITE))
 

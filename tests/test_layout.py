@@ -10,12 +10,15 @@ What this proves, for every module of ``vmpool/`` and ``workers/``:
 - no module is over :data:`MAX_MODULE_LINES` lines and no function over
   :data:`MAX_FUNCTION_LINES` (docstring included), except the few listed in
   :data:`ALLOWED`, each with its reason.
+- no ``.py`` or ``.lua`` file tells history ("issue 15", "session 4": that goes in commit
+  messages and docs), except the files still listed in :data:`HISTORY_PENDING`.
 The checker itself is tested on small made-up trees, so that each check can fail.
 """
 
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,6 +48,33 @@ SIBLINGS_APART = frozenset({("vmpool.api", "vmpool.local"), ("vmpool.local", "vm
 
 # "path" or "path:function" -> why it may stay over the limit.
 ALLOWED: Mapping[str, str] = {}
+
+
+# A reference to the project's history in code.
+# (A reference may break across lines, a comment marker between its words.)
+HISTORY_RE = re.compile(r"\b(?:[Ii]ssues?|[Ss]essions?)\s+(?:(?:#|--)\s*)?\d+\b")
+# Files that still tell history, each for its owner to clean. The list may shrink, never
+# grow: a reference in any other file fails the test.
+HISTORY_PENDING: frozenset[str] = frozenset(
+    {
+        "vmpool/api/deps.py",
+        "vmpool/api/parsing.py",
+        "vmpool/api/routers/ondemand.py",
+        "vmpool/lifecycle/batch.py",
+        "vmpool/lifecycle/fleet.py",
+        "vmpool/state/locks.py",
+        "vmpool/state/reads.py",
+        "vmpool/state/scripts/_prelude.lua",
+        "vmpool/state/scripts/create_request.lua",
+        "workers/batching.py",
+        "workers/dequeue.py",
+        "workers/jobs.py",
+        "workers/lanes_probe.lua",
+        "workers/queues.py",
+        "workers/reclaim_job.lua",
+        "workers/worker.py",
+    }
+)
 
 
 @dataclass(frozen=True)
@@ -176,6 +206,22 @@ def oversized(
     return problems
 
 
+def history_references(root: Path, packages: tuple[str, ...] = PACKAGES) -> list[str]:
+    """``<path>:<line>: <text>`` for each history reference in the packages' source."""
+    found: list[str] = []
+    for package in packages:
+        for path in sorted((root / package).rglob("*")):
+            if path.suffix not in (".py", ".lua"):
+                continue
+            rel = path.relative_to(root).as_posix()
+            text = path.read_text(encoding="utf-8")
+            lines = text.splitlines()
+            for match in HISTORY_RE.finditer(text):
+                number = text.count("\n", 0, match.start()) + 1
+                found.append(f"{rel}:{number}: {lines[number - 1].strip()}")
+    return found
+
+
 # -- the project ------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def project() -> dict[str, Module]:
@@ -199,6 +245,15 @@ def test_allow_list_names_real_oversized_things(project: dict[str, Module]) -> N
     over = {line.rsplit(": ", 1)[0] for line in oversized(project, allowed={})}
     for entry in ALLOWED:
         assert entry in over, f"{entry} is within the limits now: drop it from ALLOWED"
+
+
+def test_no_history_in_code_outside_the_pending_files() -> None:
+    """History in code only where :data:`HISTORY_PENDING` still lists the file."""
+    found = history_references(ROOT)
+    dirty = {line.split(":", 1)[0] for line in found}
+    assert dirty <= HISTORY_PENDING, [
+        line for line in found if line.split(":", 1)[0] not in HISTORY_PENDING
+    ]
 
 
 def test_the_domain_never_imports_workers_api_or_cli(project: dict[str, Module]) -> None:
@@ -278,3 +333,17 @@ def test_checker_places_an_unknown_module_nowhere(tmp_path: Path) -> None:
     files = {"vmpool/__init__.py": "", "workers/__init__.py": "", "vmpool/misc.py": ""}
     modules = _tree(tmp_path, files)
     assert upward_imports(modules) == ["vmpool.misc: in no layer (add it to LAYERS and the docs)"]
+
+
+def test_checker_finds_history_in_python_and_lua(tmp_path: Path) -> None:
+    files = {
+        "vmpool/a.py": "x = 1  # issue 15: batched\n# the issue is 3 words\n",
+        "workers/b.lua": "-- Session 4 measured this (issue\n-- 15)\n",
+        "workers/c.txt": "issue 15\n",
+    }
+    _tree(tmp_path, files)
+    assert history_references(tmp_path) == [
+        "vmpool/a.py:1: x = 1  # issue 15: batched",
+        "workers/b.lua:1: -- Session 4 measured this (issue",
+        "workers/b.lua:1: -- Session 4 measured this (issue",
+    ]

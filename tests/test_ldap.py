@@ -23,14 +23,14 @@ import pytest
 import redis
 import yaml
 from ldaphelp import SERVICE_DN, SERVICE_PW, SUFFIX, Slapd, cleanup, ldap_section, slapd_or_skip
-from test_api_support import make_client
-from test_up import Output
 
 from vmpool.api import deps
 from vmpool.api.ldap_auth import DirectoryUnavailable, ldap_login
 from vmpool.config import ConfigError, LdapConfig, parse_config
 from vmpool.config.published import public_form
 
+from apihelp import make_client
+from processhelp import Output
 from storehelp import wait_until
 
 V = "/api/v3"

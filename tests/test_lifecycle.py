@@ -1,12 +1,10 @@
-"""The on-demand lifecycle (vmpool/lifecycle.py), run in-process against a real Redis
+"""The on-demand lifecycle (vmpool/lifecycle/), run in-process against a real Redis
 and the simulated provider, with a recording Dispatcher standing in for RQ."""
 
 from __future__ import annotations
 
 import dataclasses
 import random
-import time
-from collections.abc import Callable
 from types import MappingProxyType
 from typing import Any
 
@@ -14,81 +12,18 @@ import pytest
 import redis
 
 from vmpool import lifecycle
-from vmpool.config import Config, parse_config
+from vmpool.config import Config
 from vmpool.ids import VM_NAME_RE
 from vmpool.lifecycle import Fleet, RecordingDispatcher
 from vmpool.providers import ProviderVM, SimulatedProvider
 from vmpool.state.keys import Keys
 from vmpool.state.locks import FencedLock
 from vmpool.state.names import NameGenerator, generate_name
-from vmpool.state.records import RequestSettings, Slot
+from vmpool.state.records import Slot
 from vmpool.state.store import Store
 
-SIM = "sim"
-
-
-def make_config(sim_options: dict[str, Any] | None = None, **overrides: Any) -> Config:
-    data = {
-        ":providers": {SIM: {"provider_class": "simulated", "boot_seconds": 0, "seed": 1}},
-        ":config": {
-            "ondemand_request_ttl": 10,
-            "ondemand_clone_limit": 10,
-            "max_vm_retries": 3,
-            "timeout": 1,
-        },
-        ":pools": [
-            {"name": "debian", "alias": ["deb"], "template": "debian-12", "size": 0,
-             "provider": SIM, "domain": "example.com"},
-            {"name": "centos", "alias": ["cent"], "template": "centos-9", "size": 0,
-             "provider": SIM, "domain": "example.com"},
-        ],
-    }  # fmt: skip
-    data[":providers"][SIM].update(sim_options or {})  # type: ignore[index]
-    config = parse_config(data, source="test", env={})
-    return dataclasses.replace(config, **overrides)
-
-
-def make_fleet(
-    client: redis.Redis, config: Config, actor: str = "worker:test:1", seed: int = 7
-) -> Fleet:
-    fleet = Fleet.build(client, config, RecordingDispatcher(), actor)
-    fleet.rng = random.Random(seed)
-    fleet.names = NameGenerator(config.hostname_prefix, fleet.rng)
-    return fleet
-
-
-def recorder(fleet: Fleet) -> RecordingDispatcher:
-    assert isinstance(fleet.dispatch, RecordingDispatcher)
-    return fleet.dispatch
-
-
-def run_dispatched(fleet: Fleet, max_rounds: int = 200) -> list[tuple[str, str, Any]]:
-    """Run every dispatched job in-process (as workers would), until none is left."""
-    done: list[tuple[str, str, Any]] = []
-    for _ in range(max_rounds):
-        calls = recorder(fleet).take()
-        if not calls:
-            return done
-        for job, subject in calls:
-            done.append((job, subject, getattr(lifecycle, job)(fleet, subject)))
-    raise AssertionError("dispatch did not settle")
-
-
-def poll(predicate: Callable[[], bool], timeout_s: float = 10.0, every_s: float = 0.02) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(every_s)
-    return predicate()
-
-
-def create_request(
-    store: Store, rid: str, slots: list[Slot], config: Config, **settings: Any
-) -> None:
-    base = RequestSettings.from_config(config)
-    out = store.create_request(rid, slots, dataclasses.replace(base, **settings), actor="api")
-    assert out.ok, out
+from lifecyclehelp import SIM, create_request, make_config, make_fleet, recorder, run_dispatched
+from storehelp import poll
 
 
 def provider(fleet: Fleet) -> SimulatedProvider:
@@ -361,7 +296,7 @@ def test_stale_creator_cannot_record_its_create(fleet: Fleet) -> None:
             made = sim.create_vm(pool, template, vm_name)
             # "paused" past the lock's expiry; another worker takes the VM lock
             client.pexpire(fleet.keys.lock("vm", vm_name), 1)
-            assert poll(lambda: client.exists(fleet.keys.lock("vm", vm_name)) == 0)
+            assert poll(lambda: client.exists(fleet.keys.lock("vm", vm_name)) == 0, timeout_s=10)
             other = FencedLock(client, fleet.keys, "vm", vm_name, expire_s=60, holder="b")
             assert other.acquire()
             return made
@@ -370,7 +305,7 @@ def test_stale_creator_cannot_record_its_create(fleet: Fleet) -> None:
             return getattr(sim, attr)
 
     fleet.providers = {SIM: Pausing()}
-    # No extend before the write (issue 15): the store's fence refuses it inside the write.
+    # No extend before the write: the store's fence refuses it inside the write.
     assert lifecycle.create_vm(fleet, name) == "stale_fence"
     vm = fleet.store.get_vm(name)
     assert vm is not None and vm.state == "reserved"
@@ -584,7 +519,7 @@ def test_fleet_build_uses_config_prefix(redis_client: redis.Redis) -> None:
     assert set(fleet.providers) == {SIM}
 
 
-# -- pools removed from the config (issue 11) -------------------------------------------
+# -- pools removed from the config -------------------------------------------------------
 
 
 def _without_pool(config: Config, pool: str) -> Config:

@@ -1,10 +1,9 @@
-"""Fenced locks (vmpool/locks.py) against a real Redis, with the store as the resource
+"""Fenced locks (vmpool/state/locks.py) against a real Redis, with the store as the resource
 they protect."""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -22,14 +21,7 @@ from vmpool.state.locks import (
 from vmpool.state.records import RequestSettings, Slot
 from vmpool.state.store import Store
 
-
-def poll(predicate: Callable[[], bool], timeout_s: float = 5.0, every_s: float = 0.02) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(every_s)
-    return predicate()
+from storehelp import poll
 
 
 def reserved_vm(store: Store, rid: str = "r1", name: str = "vm-one") -> str:
@@ -256,7 +248,7 @@ def test_acquire_all_grants_each_lock_on_its_own(redis_client: redis.Redis, keys
 def test_ensure_held_writes_nothing(redis_client: redis.Redis, keys: Keys) -> None:
     """Proves: the ownership check before a provider call is a read: it leaves the
     lock's expiry to the renewer and makes no write (under ``appendfsync always`` a
-    write costs an fsync), where it used to be an extend."""
+    write costs an fsync), where an extend would write."""
     lock = FencedLock(redis_client, keys, "vm", "vm-read", expire_s=60, auto_renewal=False)
     assert lock.acquire()
     redis_client.pexpire(lock.key, 30_000)

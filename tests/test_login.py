@@ -1,4 +1,4 @@
-"""Login and "auth never turns off by accident" (issue 11).
+"""Login and "auth never turns off by accident".
 
 - POST /token does the same PBKDF2 work for an unknown user as for a known one;
 - failed logins are limited per client address and per user, shared through Redis;
@@ -20,11 +20,12 @@ import pytest
 import redis
 from click.testing import CliRunner
 from fastapi.testclient import TestClient
-from test_api_support import API, PASSWORD, PASSWORD_HASH, make_client, spec_config
 
 from vmpool.config import Config, ConfigError, load_config, parse_config
 from vmpool.state.keys import Keys
 from vmpool.state.tokens import TokenStore, token_sha256
+
+from apihelp import API, PASSWORD, PASSWORD_HASH, make_client, spec_config
 
 
 def basic(user: str, password: str) -> dict[str, str]:

@@ -15,7 +15,6 @@ from click.testing import CliRunner
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 from rq import Queue, Worker
-from test_api_support import API, drive_ready, spec_config
 
 from vmpool.api.app import RedisClients, create_app
 from vmpool.cli.main import cli
@@ -28,6 +27,7 @@ from vmpool.state.semaphore import CloneSemaphore
 from vmpool.state.store import Store
 from workers.table import PERIODIC, template_id
 
+from apihelp import API, drive_ready, spec_config
 from storehelp import ACTOR, settings, wait_until
 
 

@@ -93,7 +93,7 @@ FLEET_STEPS = int(os.environ.get("VMPOOL_MODEL_FLEET_STEPS", "30"))
 class RealActors:
     """vmpool's store in the two-phase shape of ``NaiveStore.begin_*``. The read phase
     reads only what vmpool's real actors read before they call the script
-    (vmpool/lifecycle.py, vmpool/api.py); the commit is the script, which re-checks
+    (vmpool/lifecycle/, vmpool/api/); the commit is the script, which re-checks
     everything inside its atomic unit."""
 
     FENCED = True

@@ -5,15 +5,15 @@ Redis and the simulated provider, with the recording Dispatcher standing in for 
 from __future__ import annotations
 
 import redis
-from test_api_support import make_client, spec_config
-from test_lifecycle import make_fleet, run_dispatched
-from test_warm_lifecycle import clean, filled, warm_config
 
 from vmpool import lifecycle
 from vmpool.lifecycle.overrides import reset_pools, revert_setting, set_setting
 from vmpool.state.keys import Keys
 from vmpool.state.records import RequestSettings, Slot
 from vmpool.state.store import Store
+
+from apihelp import make_client, spec_config
+from lifecyclehelp import clean, filled, make_fleet, run_dispatched, warm_config
 
 
 def test_a_size_override_grows_the_pool_and_its_delete_shrinks_it(

@@ -138,10 +138,10 @@ def test_a_prefix_with_every_allowed_character_works_end_to_end(
 ) -> None:
     """A full request lifecycle (create, provision, ready, delete, destroy) through real
     RQ workers under the prefix "a:b.c-d_e", with `vmpool audit` (the function and the
-    command) clean at each stage. The audit used to drop every VM record when the
-    prefix held a ':' (it kept only keys with exactly two ':'; fixed in 1735e68, this
-    test keeps it fixed): with two VMs at the provider and none read back, it reported
-    both as leaked, so a clean audit here also proves the VMs were read."""
+    command) clean at each stage. An audit that keeps only keys with exactly two ':'
+    drops every VM record when the prefix holds a ':'. With two VMs at the provider and
+    none read back, it reports both as leaked, so a clean audit here also proves the VMs
+    were read."""
     from click.testing import CliRunner
 
     from vmpool.cli.main import cli

@@ -20,36 +20,20 @@ import logging
 import socket
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
 import redis
 
-from vmpool.providers import PermanentProviderError, Provider, SimulatedProvider
+from vmpool.providers import PermanentProviderError, SimulatedProvider
 from vmpool.providers.cloud import EC2Provider, GCEProvider, OpenStackProvider
 from vmpool.providers.cloud.common import TAG_KEYS, CloudProvider
 from vmpool.state.keys import Keys
 
 import cloudfakes
+from providerhelp import CLOUDS, Subject, mock_cloud
 
 MOTO_AMI = "ami-12c6146b"  # one of moto's own images
-CLOUDS: dict[str, tuple[type[CloudProvider], dict[str, Any]]] = {
-    "ec2": (EC2Provider, {}),
-    "gce": (GCEProvider, {"project": "proj", "zone": "us-central1-a"}),
-    "openstack": (OpenStackProvider, {"flavor": "m1.small"}),
-}
-
-
-@dataclass
-class Subject:
-    """A provider under test, with what the test needs to know of its cloud."""
-
-    provider: Provider
-    kind: str
-    cloud: cloudfakes.FakeCloud | None = None
-    slept: list[float] = field(default_factory=list)
-    template: str = "img-1"  # an image the cloud has (moto validates them)
 
 
 def _wait(pred: Callable[[], bool], timeout: float, what: str) -> None:
@@ -58,17 +42,6 @@ def _wait(pred: Callable[[], bool], timeout: float, what: str) -> None:
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
         time.sleep(0.05)
-
-
-def mock_cloud(
-    monkeypatch: pytest.MonkeyPatch, kind: str, fleet: str = "fleet-a", **options: Any
-) -> Subject:
-    cloud, driver = cloudfakes.install(monkeypatch, kind)
-    cls, base = CLOUDS[kind]
-    slept: list[float] = []
-    options = {**base, "ready_check": "state", "fleet_id": fleet, **options}
-    provider = cls(None, Keys("vmpool"), "cloud", options, driver=driver, sleep=slept.append)
-    return Subject(provider, kind, cloud, slept)
 
 
 _vsphere_folders = itertools.count(1)
@@ -326,7 +299,7 @@ def test_ssh_ready_check_connects_to_the_port(
 ) -> None:
     """ready_check ssh: running is not enough, the port must accept a connection (the
     fakes give every instance 127.0.0.1; a local socket listens on ``listener``)."""
-    from motohelp import free_port
+    from vmpool.local.redis_server import free_port
 
     s = mock_cloud(monkeypatch, kind, ready_check="ssh", ssh_port=listener, ssh_timeout=1)
     s.provider.create_vm("pool-1", "img-1", "vm-ssh")

@@ -13,12 +13,12 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from test_provider_contract import Subject, mock_cloud
 
 from vmpool.providers import PermanentProviderError, QuotaExceededError
 from vmpool.providers.cloud.common import CloudProvider
 
 from cloudfakes import EC2_NS, FakeCloud, ec2_error, gce_error
+from providerhelp import Subject, mock_cloud
 
 Setup = Callable[[FakeCloud], None]
 

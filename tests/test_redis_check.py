@@ -1,4 +1,4 @@
-"""Redis as the contract assumes (issue 11): every process checks maxmemory-policy
+"""Redis as the contract assumes: every process checks maxmemory-policy
 (noeviction) and persistence (AOF) at start, warns or refuses with --strict; /status
 and `vmpool audit` report it. Each case is a real redis-server started with the
 setting under test (a managed Redis that hides CONFIG is modelled with
@@ -13,11 +13,12 @@ from collections.abc import Iterator
 import pytest
 import redis
 from click.testing import CliRunner
-from test_api_support import make_client, spec_config
 
 from vmpool.cli.main import cli
 from vmpool.local.redis_server import RedisServer
 from vmpool.state.redis_check import RedisMisconfigured, check_redis, startup_check
+
+from apihelp import make_client, spec_config
 
 
 class ConfiguredServer(RedisServer):

@@ -134,7 +134,7 @@ def test_a_frozen_connection_is_left_within_the_socket_timeout(redis_url: str) -
     frozen connection after the socket timeout and is retried once on a new one, so it
     succeeds, late by about one timeout, without an error reaching the caller; and the
     idle frozen connections were closed with it: the commands after it are not late
-    (each used to wait out its own timeout, one after the other)."""
+    (without the close, each would wait out its own timeout, one after the other)."""
     import dataclasses
     import time
     from concurrent.futures import ThreadPoolExecutor

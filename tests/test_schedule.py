@@ -235,7 +235,7 @@ def test_a_frozen_run_does_not_block_the_next(conn: redis.Redis) -> None:
     assert conn.hget(K.rq_job(first), "status") == b"started"  # left alone
 
 
-# -- config changes take effect (issue 11) ----------------------------------------------
+# -- config changes take effect --------------------------------------------------------
 
 
 def test_a_shorter_interval_applies_when_a_scheduler_starts(conn: redis.Redis) -> None:

@@ -1,10 +1,8 @@
-"""The fleet-wide clone semaphore (vmpool/semaphore.py) against a real Redis."""
+"""The fleet-wide clone semaphore (vmpool/state/semaphore.py) against a real Redis."""
 
 from __future__ import annotations
 
 import threading
-import time
-from collections.abc import Callable
 
 import pytest
 import redis
@@ -12,14 +10,7 @@ import redis
 from vmpool.state.keys import Keys
 from vmpool.state.semaphore import CloneSemaphore, SlotStats
 
-
-def poll(predicate: Callable[[], bool], timeout_s: float = 5.0, every_s: float = 0.02) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(every_s)
-    return predicate()
+from storehelp import poll
 
 
 def test_limit_holds_under_concurrent_acquirers(redis_url: str, keys: Keys) -> None:

@@ -7,13 +7,14 @@ from __future__ import annotations
 from datetime import UTC, date, datetime, timedelta
 
 import redis
-from test_api_support import make_client, spec_config
 
 from vmpool.api.summary import summary_body, task_summary
 from vmpool.state.counters import lua_metrics
 from vmpool.state.keys import Keys
 from vmpool.state.lua import read_script
 from vmpool.state.transitions import lua_tables
+
+from apihelp import make_client, spec_config
 
 V = "/api/v3"
 

@@ -1,5 +1,5 @@
-"""The sweeps' Redis round trips do not grow with the work they find (issue 3: "never one
-round trip per open request per tick"), against a real Redis.
+"""The sweeps' Redis round trips do not grow with the work they find ("never one round
+trip per open request per tick"), against a real Redis.
 
 A round trip is counted on the client: every ``send_packed_command`` of a redis-py
 connection is one write the client then waits on (a command, or a whole pipeline), so
@@ -30,29 +30,10 @@ from vmpool.state.store import Store
 from workers import queues as q
 from workers.table import QUEUE_REQUESTS, QUEUE_VMS, job_id
 
+from redishelp import RoundTrips
+
 SIM = "sim"
 POOLS = ("debian", "centos")
-
-
-class RoundTrips:
-    """Counts client writes (round trips) on every connection of the pools it built."""
-
-    def __init__(self) -> None:
-        self.count = 0
-        counter = self
-
-        class Counting(redis.Connection):
-            def send_packed_command(self, command: Any, check_health: bool = True) -> None:
-                counter.count += 1
-                super().send_packed_command(command, check_health)
-
-        self.connection_class = Counting
-
-    def client(self, url: str, *, decode: bool) -> redis.Redis:
-        pool = redis.ConnectionPool.from_url(
-            url, connection_class=self.connection_class, decode_responses=decode
-        )
-        return redis.Redis(connection_pool=pool)
 
 
 class PerSubjectDispatcher(q.RQDispatcher):

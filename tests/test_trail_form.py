@@ -1,7 +1,7 @@
-"""The audit trail's storage (issue 15): a list of packed entries, bytes per entry.
+"""The audit trail's storage: a list of packed entries, bytes per entry.
 
-The trail used to be a Redis stream, which preallocates about 4 KB per request; it is
-now a list of JSON arrays. These tests prove the entries are complete (every field of
+A Redis stream would preallocate about 4 KB per request. The trail is a list of JSON
+arrays. These tests prove the entries are complete (every field of
 every transition, in order, versions contiguous), that the size is bytes per entry, and
 that a trail an older release wrote as a stream (a request open across the upgrade)
 is still read and still appended to.

@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 import redis
 
+from processhelp import Output
 from storehelp import wait_until
 
 pytestmark = pytest.mark.slow
@@ -34,25 +35,6 @@ def alive(pid: int) -> bool:
     except FileNotFoundError:
         return False
     return stat.split()[2] != "Z"
-
-
-class Output:
-    """Collects a process's output lines from a reader thread."""
-
-    def __init__(self, stream: object) -> None:
-        self.lines: list[str] = []
-        self._lock = threading.Lock()
-        self._thread = threading.Thread(target=self._read, args=(stream,), daemon=True)
-        self._thread.start()
-
-    def _read(self, stream: object) -> None:
-        for raw in iter(stream.readline, b""):  # type: ignore[attr-defined]
-            with self._lock:
-                self.lines.append(raw.decode(errors="replace").rstrip())
-
-    def text(self) -> str:
-        with self._lock:
-            return "\n".join(self.lines)
 
 
 FLEET_CONFIG = """\
@@ -224,7 +206,6 @@ def test_up_on_a_taken_port_names_it_at_once(tmp_path: Path) -> None:
 def test_a_child_that_keeps_exiting_fails_the_start_with_its_last_line(tmp_path: Path) -> None:
     """A child that exits again and again while the fleet starts (here: one that cannot
     start at all) ends the wait early, naming the child, its last line and its log."""
-    import threading
 
     from vmpool.cli.errors import CliFailure
     from vmpool.cli.up_health import EXITS_BEFORE_UP, FleetProbe, wait_healthy

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from test_lifecycle import make_config
-
 from vmpool.api.vm_views import vm_body
 from vmpool.state.records import VMRecord
+
+from lifecyclehelp import make_config
 
 
 def _vm(hostname: str) -> VMRecord:
@@ -18,7 +18,7 @@ def _vm(hostname: str) -> VMRecord:
 
 def test_ip_is_the_cloud_address_when_the_vm_is_known_by_one() -> None:
     """Proves: vmpooler's `ip` carries the address a cloud reported (a pool without a
-    domain: the VM's hostname is that address); a name is no address, so "" as before."""
+    domain: the VM's hostname is that address); a name is no address, so ""."""
     config = make_config()
     assert vm_body(_vm("203.0.113.7"), config, now=200.0)["ip"] == "203.0.113.7"
     assert vm_body(_vm("2001:db8::7"), config, now=200.0)["ip"] == "2001:db8::7"

@@ -311,7 +311,7 @@ def test_ssh_ready_check_needs_a_tools_address_that_answers() -> None:
     and its ssh_port must accept a connection (a local socket listens here)."""
     import socket
 
-    from motohelp import free_port
+    from vmpool.local.redis_server import free_port
 
     with socket.socket() as listening:
         listening.bind(("127.0.0.1", 0))
@@ -474,9 +474,8 @@ def test_secrets_never_shown(caplog: pytest.LogCaptureFixture) -> None:
 def test_fleet_identity_from_redis_unless_fleet_id(redis_client: Any) -> None:
     import redis as redis_lib
 
+    from vmpool.local.redis_server import free_port
     from vmpool.state.fleet_identity import fleet_identity
-
-    from motohelp import free_port
 
     nowhere = redis_lib.Redis(host="127.0.0.1", port=free_port())  # never reached
     VSphereProvider(nowhere, Keys("kp"), "vc", {"server": "h"})  # building reads no Redis

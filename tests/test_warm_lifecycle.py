@@ -5,41 +5,15 @@ simulated provider, with the recording Dispatcher standing in for RQ."""
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
 import redis
-from test_lifecycle import SIM, make_fleet, run_dispatched
 
 from vmpool import lifecycle
-from vmpool.config import Config, parse_config
 from vmpool.lifecycle import Fleet
-from vmpool.state.audit import audit_state
 from vmpool.state.records import RequestSettings, Slot
 
+from lifecyclehelp import SIM, clean, filled, make_fleet, run_dispatched, warm_config
 from storehelp import wait_until
-
-
-def warm_config(size: int = 3, **pool: Any) -> Config:
-    data = {
-        ":providers": {SIM: {"provider_class": "simulated", "boot_seconds": 0, "seed": 1}},
-        ":config": {"ondemand_request_ttl": 10, "ondemand_clone_limit": 10, "timeout": 1},
-        ":pools": [
-            {"name": "debian", "template": "debian-12", "size": size, "provider": SIM,
-             "domain": "example.com", **pool},
-        ],
-    }  # fmt: skip
-    return parse_config(data, source="test", env={})
-
-
-def filled(fleet: Fleet) -> list[str]:
-    lifecycle.top_up_pools(fleet)
-    run_dispatched(fleet)
-    return fleet.store.pool_vms("debian", "ready")
-
-
-def clean(fleet: Fleet) -> None:
-    problems = audit_state(fleet.store, fleet.providers, sweep_interval_s=60, reap_interval_s=60)
-    assert not problems, [p.line() for p in problems]
 
 
 def test_top_up_fills_the_pool_to_its_size_and_no_further(redis_client: redis.Redis) -> None:

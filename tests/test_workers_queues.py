@@ -334,11 +334,11 @@ HOSTILE_SUBJECTS = ["poison\n", "a b", "{tag}", "", "x" * 5000, "UPPER-vm\r\n", 
 def test_one_hostile_subject_never_fails_the_batch(
     conn: redis.Redis, caplog: pytest.LogCaptureFixture, job: str, good: list[str]
 ) -> None:
-    """Issue 11: one request id RQ refuses ('poison\n', accepted by an older API) made
-    every provision sweep raise inside enqueue_many and queue nothing, for everyone. Red
-    on the old enqueue_many (ValueError, nothing queued): now each bad subject is
-    skipped, logged once at warning (bounded: never the whole 5000 characters), counted
-    in Redis, and the good ones are queued."""
+    """One request id RQ refuses ('poison\n') must not stop the provision sweep.
+
+    A naive enqueue_many raises ValueError inside the sweep and queues nothing, for
+    everyone. Each bad subject is skipped, logged once at warning (bounded: never the
+    whole 5000 characters) and counted in Redis. The good ones are queued."""
     batch = [HOSTILE_SUBJECTS[0], good[0], *HOSTILE_SUBJECTS[1:], *good[1:], "poison\n"]
     with caplog.at_level("WARNING", logger="workers.queues"):
         assert q.enqueue_many(conn, K, job, batch) == len(good)

@@ -56,8 +56,7 @@ def test_soak_through_sentinel_loses_no_acknowledged_write(tmp_path: Path) -> No
     restarted on its own data once a replica is promoted: no acknowledged create lost,
     no acknowledged delete undone (the client's history), the audit clean, no canary
     lost, and a new request ready within 15 s of the promoted primary taking writes
-    (confirmed by a replica) again (docs/invariants.md, invariant 9; issue 20's
-    acceptance)."""
+    (confirmed by a replica) again (docs/invariants.md, invariant 9)."""
     report = _run(tmp_path, "vmpool", 60, seed=21, redis="sentinel", faults=SENTINEL_FAULTS,
                   fault_gap_s=(2.0, 3.0))  # fmt: skip
     text = "\n".join(report.lines())

@@ -6,7 +6,7 @@ refused every later enqueue of that id, forever: in the soak, ``provision_sweep`
 lost 2.5 minutes in, ``check_pending_sweep`` after 11, and VMs stayed ``completed``
 because their ``destroy_vm`` ids were blocked. The reclaim must free such an id.
 
-Since issue 15 a worker pops through ``pop_job.lua``, which stamps the job's heartbeat
+A worker pops through ``pop_job.lua``, which stamps the job's heartbeat
 in the same unit, and the reclaim frees a popped ``queued`` hash once that beat is
 stale (O(1), no LPOS over the queue); here the beat is aged instead of waited for.
 """

@@ -1,11 +1,10 @@
-"""The HTTP API app: vmpooler 3.9's v3 on-demand endpoints, tokens, status, health,
-metrics.
+"""The HTTP API app: vmpooler 3.9's v3 on-demand endpoints, tokens, status, health, metrics.
 
 ``create_app(config, redis)`` builds one FastAPI app from the routers in
-:mod:`vmpool.api.routers`; everything it needs lives in one
-:class:`~vmpool.api.deps.ApiState` on ``app.state.vmpool`` (no module-level state), so
-several apps can share a process. ``app_from_env`` is the factory uvicorn calls in
-each process of ``vmpool api --workers N``.
+:mod:`vmpool.api.routers`. Everything it needs lives in one
+:class:`~vmpool.api.deps.ApiState` on ``app.state.vmpool``. There is no module-level
+state, so several apps can share a process. ``app_from_env`` is the factory uvicorn
+calls in each process of ``vmpool api --workers N``.
 """
 
 from __future__ import annotations
@@ -13,6 +12,8 @@ from __future__ import annotations
 import os
 import random
 import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Literal
 
 from fastapi import FastAPI
@@ -52,20 +53,28 @@ def create_app(
 ) -> FastAPI:
     """The API app for ``config`` over the Redis at ``redis_url_or_clients``.
 
-    ``enqueue(request_id)`` starts a new request's provisioning: ``"rq"`` (the default)
-    puts a provision job on the fleet's RQ queues; ``None`` enqueues nothing (the
-    periodic provision sweep finds new requests). ``rng`` picks backends (tests seed it).
-    ``listen_host``: the address the server binds (``/status`` warns when auth is off
-    on one that is not loopback).
+    Arguments:
+
+    - ``enqueue(request_id)`` starts a new request's provisioning. ``"rq"`` (the default)
+      puts a provision job on the fleet's RQ queues. ``None`` enqueues nothing: the
+      periodic provision sweep finds new requests.
+    - ``rng`` picks backends (tests seed it).
+    - ``listen_host``: the address the server binds. ``/status`` warns when auth is off on
+      one that is not loopback.
+
+    Clients made from a URL belong to the app: its shutdown closes them. Clients passed in
+    belong to the caller, who closes them.
     """
     st = _api_state(config, redis_url_or_clients, enqueue, rng)
     st.listen_host = listen_host
+    owns_clients = isinstance(redis_url_or_clients, str)
     app = FastAPI(
         title="vmpool",
         description="vmpooler v3 compatible on-demand VM API",
         docs_url=None,
         redoc_url=None,
         openapi_url=None,
+        lifespan=_closing(st.clients) if owns_clients else None,
     )
     app.state.vmpool = st
     install_error_handlers(app)
@@ -79,6 +88,33 @@ def create_app(
     app.include_router(health.router)
     install_middleware(app, st.metrics)
     return app
+
+
+def _closing(
+    clients: RedisClients,
+) -> Callable[[FastAPI], AbstractAsyncContextManager[None]]:
+    """A lifespan that closes ``clients`` when the app shuts down."""
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        try:
+            yield
+        finally:
+            await _close_clients(clients)
+
+    return lifespan
+
+
+async def _close_clients(clients: RedisClients) -> None:
+    """Close the sync clients and this event loop's asyncio client.
+
+    Each close disconnects the client's connection pool. An asyncio client of another
+    loop is left alone: it can only be closed from its own loop.
+    """
+    clients.text.close()
+    clients.raw.close()
+    if clients.aio is not None:
+        await clients.aio.get().aclose()
 
 
 def _api_state(
@@ -99,7 +135,7 @@ def _api_state(
     batch = None
     if enqueue == "rq":
         batch = BatchDispatcher(clients.raw, keys, config)
-        enqueue = batch.provision_request  # issue 15: batched
+        enqueue = batch.provision_request
     return ApiState(
         config=config,
         clients=clients,
@@ -115,8 +151,10 @@ def _api_state(
 
 
 def app_from_env() -> FastAPI:
-    """uvicorn factory (``vmpool.api.app:app_from_env``) for ``vmpool api --workers N``:
-    the config from ``VMPOOL_CONFIG``, Redis from ``VMPOOL_REDIS_URL`` or the config."""
+    """The uvicorn factory (``vmpool.api.app:app_from_env``) for ``vmpool api --workers N``.
+
+    The config comes from ``VMPOOL_CONFIG``, Redis from ``VMPOOL_REDIS_URL`` or the config.
+    """
     config = load_config()
     url = os.environ.get("VMPOOL_REDIS_URL") or config.redis_url or DEFAULT_REDIS_URL
     return create_app(config, url, listen_host=os.environ.get(LISTEN_HOST_ENV) or None)

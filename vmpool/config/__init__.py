@@ -1,16 +1,19 @@
 """The configuration: one YAML file in vmpooler's format, validated up front.
 
-- :mod:`~vmpool.config.settings`: every setting's type, bounds, default, unit, meaning
-  (pydantic models of the file; :mod:`~vmpool.config.fields` holds the types);
-- :mod:`~vmpool.config.vmpooler`: vmpooler's format (leading colons, ignored and unknown
-  keys, old key names, environment overrides);
-- :mod:`~vmpool.config.build`: the resolved :class:`Config` (seconds, inherited defaults,
-  references, provider options through the provider registry);
-- :mod:`~vmpool.config.loader`: file -> YAML -> the above; :mod:`~vmpool.config.demo`:
-  the built-in demo; :mod:`~vmpool.config.schema`: the file's JSON Schema.
+Modules:
 
-A problem with the file is a :class:`ConfigError` whose text is one line:
-``<file>: <key path>: <problem>``. Keys vmpool does not know are warnings
+- :mod:`~vmpool.config.settings`: every setting's type, bounds, default, unit and
+  meaning, as pydantic models of the file. :mod:`~vmpool.config.fields` holds the types.
+- :mod:`~vmpool.config.vmpooler`: vmpooler's format. Leading colons, ignored and unknown
+  keys, old key names, environment overrides.
+- :mod:`~vmpool.config.build`: the resolved :class:`Config`. Seconds, inherited
+  defaults, references, provider options through the provider registry.
+- :mod:`~vmpool.config.loader`: file -> YAML -> the above.
+- :mod:`~vmpool.config.demo`: the built-in demo.
+- :mod:`~vmpool.config.schema`: the file's JSON Schema.
+
+Errors: a problem with the file is a :class:`ConfigError` of one line,
+``<file>: <key path>: <problem>``. A key vmpool does not know is a warning
 (:attr:`Config.warnings`), never a crash.
 """
 

@@ -1,10 +1,13 @@
 """From a validated file to the :class:`~vmpool.config.Config` vmpool runs with.
 
-What happens here is what no single setting can check alone: durations turned into
-seconds (each field declares its unit), defaults taken from other settings (a pool's
-timeout is ``config.timeout`` unless it has its own), references followed (a pool's
-provider and dns_plugin), each provider's options validated by its class's own model
-(from the provider registry), and the Redis URL composed from its parts.
+Here happens what no single setting can check alone:
+
+- durations turned into seconds (each field declares its unit);
+- defaults taken from other settings (a pool's timeout is ``config.timeout`` unless it
+  has its own);
+- references followed (a pool's provider and dns_plugin);
+- each provider's options validated by its class's own model (from the registry);
+- the Redis URL composed from its parts.
 """
 
 from __future__ import annotations
@@ -44,7 +47,7 @@ __all__ = ["build", "default_redis_options"]
 
 
 def build(file: ConfigFile, *, source: str, warnings: tuple[str, ...]) -> Config:
-    """The configuration ``file`` describes; ConfigError when a reference is broken."""
+    """The configuration ``file`` describes. ConfigError when a reference is broken."""
     cfg = file.config
     vm_lifetime_s = _seconds(cfg, "vm_lifetime")
     data_ttl_s = in_seconds(cfg, "data_ttl") or _seconds(file.redis, "data_ttl")
@@ -86,8 +89,10 @@ def build(file: ConfigFile, *, source: str, warnings: tuple[str, ...]) -> Config
 
 
 def _tagfilter(file: ConfigFile, source: str) -> dict[str, str]:
-    """vmpooler's :tagfilter: (tag name -> regular expression), each one compiled once
-    here so a bad one is a config error, not a 500 on PUT /vm/<hostname>."""
+    """vmpooler's :tagfilter: (tag name -> regular expression), compiled once here.
+
+    A bad expression is then a config error, not a 500 on PUT /vm/<hostname>.
+    """
     for name, pattern in file.tagfilter.items():
         try:
             re.compile(pattern)
@@ -98,8 +103,11 @@ def _tagfilter(file: ConfigFile, source: str) -> dict[str, str]:
 
 
 def _total(cfg: ConfigSection, pools: int) -> int:
-    """The most VMs of one request over all its names: the setting, else what asking
-    every pool for its maximum adds up to (so a config without it keeps its meaning)."""
+    """The most VMs of one request over all its names.
+
+    The setting, else the sum of every pool's maximum: a config without it keeps its
+    meaning.
+    """
     if cfg.max_ondemand_instances_total is not None:
         return cfg.max_ondemand_instances_total
     return cfg.max_ondemand_instances_per_request * max(1, pools)
@@ -187,11 +195,13 @@ class _Pools:
     def provider_options(
         self, resolved: PoolConfig, pool: PoolSection, path: str
     ) -> dict[str, Any]:
-        """The pool's keys for its provider's class, validated by the class's pool model
-        (with the provider's options as the validation context: ``{"provider": ...}``).
+        """The pool's keys for its provider's class, validated by the class's pool model.
 
-        A key the model shares with the pool's own settings (``clone_target``) is given
-        the pool's resolved value unless the pool wrote its own for the provider."""
+        The validation context holds the provider's options: ``{"provider": ...}``.
+
+        A key the model shares with the pool's own settings (``clone_target``) gets the pool's
+        resolved value, unless the pool wrote its own for the provider.
+        """
         provider = self.providers[resolved.provider]
         implementation = provider_class(provider.provider_class)
         if implementation is None:  # pragma: no cover - provider() refused it already
@@ -245,8 +255,10 @@ class _Pools:
 
 
 def _redis_url(redis: RedisSection) -> str | None:
-    """``url``, else one composed of the parts given (a ``redis+sentinel://`` URL from
-    ``sentinel``), else None (none given)."""
+    """``url``, else one composed of the parts given, else None.
+
+    A ``redis+sentinel://`` URL is composed from ``sentinel``.
+    """
     if redis.url is not None:
         return redis.url
     if redis.sentinel is not None:
@@ -285,8 +297,11 @@ def default_redis_options() -> RedisOptions:
 
 
 def _redis_options(redis: RedisSection, source: str) -> RedisOptions:
-    """The connection settings; ConfigError when a socket timeout would cut a write's
-    durability confirmation short (it may wait ``durability_timeout``)."""
+    """The connection settings.
+
+    ConfigError when a socket timeout would cut a write's durability confirmation short:
+    that may wait ``durability_timeout``.
+    """
     options = RedisOptions(
         socket_timeout_s=_seconds(redis, "socket_timeout"),
         connect_timeout_s=_seconds(redis, "socket_connect_timeout"),
@@ -326,7 +341,7 @@ def _auth(auth: AuthSection, source: str) -> AuthConfig:
 
 
 def _ldap(auth: AuthSection, source: str) -> LdapConfig | None:
-    """provider ldap's settings (required then, ignored otherwise)."""
+    """Provider ldap's settings: required then, ignored otherwise."""
     if auth.provider != "ldap":
         return None
     if auth.ldap is None:

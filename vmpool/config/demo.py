@@ -1,5 +1,8 @@
-"""The built-in demo configuration, used when neither --config nor VMPOOL_CONFIG names a
-file (two pools with aliases, the simulated provider booting in seconds)."""
+"""The built-in demo configuration, used when no config file is named.
+
+Neither --config nor VMPOOL_CONFIG names one. Two pools with aliases, the simulated
+provider booting in seconds.
+"""
 
 from __future__ import annotations
 

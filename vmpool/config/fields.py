@@ -1,10 +1,12 @@
-"""The types the settings are made of. Each carries its bounds and the one line that says
-what a value must be; the settings (:mod:`vmpool.config.settings`) only pick one, give
-a default, a unit and a description.
+"""The types the settings are made of.
 
-Units: vmpooler gives some durations in minutes or hours. A field declares its unit with
-:func:`minutes`, :func:`hours` or :func:`seconds`; :func:`in_seconds` reads a value back
-in seconds, the unit every ``_s`` attribute of :class:`vmpool.config.Config` has.
+Each type carries its bounds and the one line that says what a value must be. A setting
+(:mod:`vmpool.config.settings`) only picks a type and gives a default, a unit and a
+description.
+
+Units: vmpooler gives some durations in minutes or hours. A field declares its unit
+with :func:`minutes`, :func:`hours` or :func:`seconds`. :func:`in_seconds` reads a value
+back in seconds, the unit of every ``_s`` attribute of :class:`vmpool.config.Config`.
 """
 
 from __future__ import annotations
@@ -85,8 +87,8 @@ NonNegativeInt = Annotated[int, Field(ge=0), expect("a non-negative integer", in
 # -- bounded durations and counts ----------------------------------------------------------
 # Every duration and count the fleet acts on has an upper bound as well as a lower one:
 # an unbounded value loads fine and breaks at run time instead (a data_ttl of 1e300 hours
-# made the PEXPIRE inside a transition script fail after the status was written; a
-# data_ttl of 1e-9 hours rounded to PEXPIRE 0, which deletes the tombstone at once). A
+# makes the PEXPIRE inside a transition script fail after the status is written; a
+# data_ttl of 1e-9 hours rounds to PEXPIRE 0, which deletes the tombstone at once). A
 # year is far below Redis' PEXPIRE limit (2**63 ms) and above any lifetime vmpooler
 # users set. Request TTLs, timeouts and lifetimes go down to 0.1 s (the tests use
 # sub-second TTLs; below that the sweeps cannot tell them from 0); a record's tombstone
@@ -168,7 +170,7 @@ BatchLanes = Annotated[
 
 
 def text(value: Any) -> str:
-    """A non-empty string, stripped; a number in its place is taken as written."""
+    """A non-empty string, stripped. A number in its place is taken as written."""
     if isinstance(value, bool) or not isinstance(value, (str, int, float)):
         raise invalid(f"must be a string, got {show(value)}")
     stripped = str(value).strip()
@@ -204,7 +206,7 @@ AliasName = Annotated[str, _NAME_SCHEMA, _name("a name")]
 
 
 def _one_or_list(value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
-    """A single name stands for a list of one; its problem is named as the name's."""
+    """A single name stands for a list of one. Its problem is named as the name's."""
     if isinstance(value, (str, int)) and not isinstance(value, bool):
         try:
             return handler([value])

@@ -1,9 +1,13 @@
 """The configuration keys as Markdown, for docs/migrating-from-vmpooler.md.
 
-Written from the settings models (:mod:`vmpool.config.settings`), each provider class's
-options and pool keys (:mod:`vmpool.providers.registry`) and vmpooler's key facts
-(:mod:`vmpool.config.vmpooler_keys`), so the page says what the code reads:
-``tests/test_docs_migration.py`` fails when they part. To write the page's block again::
+Sources, so the page says what the code reads:
+
+- the settings models (:mod:`vmpool.config.settings`);
+- each provider class's options and pool keys (:mod:`vmpool.providers.registry`);
+- vmpooler's key facts (:mod:`vmpool.config.vmpooler_keys`).
+
+``tests/test_docs_migration.py`` fails when the page and the code part. To write the
+page's block again::
 
     python -m vmpool.config.keys_doc docs/migrating-from-vmpooler.md
 """
@@ -163,7 +167,7 @@ def keys_markdown() -> str:
 
 
 def rewrite(page: Path) -> bool:
-    """Put the block in ``page`` in place of the one there; True when it changed."""
+    """Put the block in ``page`` in place of the one there. True when it changed."""
     text = page.read_text(encoding="utf-8")
     head, _, rest = text.partition(BEGIN)
     _, _, tail = rest.partition(END)

@@ -89,8 +89,10 @@ def _listed(value: str | list[str]) -> tuple[str, ...]:
 
 
 def _encryption(raw: Any) -> tuple[str, str | None]:
-    """(method, ca_file) from vmpooler's ``encryption`` hash (or a bare method name);
-    ValueError for anything else, a plain method included."""
+    """(method, ca_file) from vmpooler's ``encryption`` hash, or a bare method name.
+
+    ValueError for anything else, a plain method included.
+    """
     if raw is None:
         return "start_tls", None
     options: Mapping[str, Any] = {}
@@ -114,8 +116,11 @@ def _encryption(raw: Any) -> tuple[str, str | None]:
 
 
 def build_ldap(section: LdapSection, base_dir: Path | None) -> LdapConfig:
-    """The LDAP settings resolved: lists, the method, a relative ca_file read from the
-    config file's directory. ValueError names what is wrong."""
+    """The LDAP settings resolved: lists, the method, the ca_file.
+
+    A relative ca_file is read from the config file's directory. ValueError names what is
+    wrong.
+    """
     method, ca_file = _encryption(section.encryption)
     if ca_file is not None and base_dir is not None and not Path(ca_file).is_absolute():
         ca_file = str(base_dir / ca_file)

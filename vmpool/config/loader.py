@@ -1,5 +1,8 @@
-"""Loading a configuration: the file, its YAML, vmpooler's format, the settings, the
-resolved :class:`~vmpool.config.Config`; each step's problem a one-line ConfigError."""
+"""Loading a configuration, one step after another, each problem a one-line ConfigError.
+
+The steps: the file, its YAML, vmpooler's format, the settings, the resolved
+:class:`~vmpool.config.Config`.
+"""
 
 from __future__ import annotations
 
@@ -27,8 +30,8 @@ def load_config(
 ) -> Config:
     """Load and validate a config file.
 
-    ``path`` None means ``env["VMPOOL_CONFIG"]`` when set, else the built-in demo.
-    ``env`` (default ``os.environ``) supplies vmpooler's overriding variables.
+    - ``path`` None means ``env["VMPOOL_CONFIG"]`` when set, else the built-in demo.
+    - ``env`` (default ``os.environ``) supplies vmpooler's overriding variables.
     """
     environ: Mapping[str, str] = os.environ if env is None else env
     if path is None:

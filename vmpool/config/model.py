@@ -1,9 +1,8 @@
 """The configuration as the rest of vmpool reads it: resolved, immutable, in seconds.
 
-:mod:`vmpool.config.build` makes a :class:`Config` from a validated file; nothing else
-does. Every default has been applied (a pool's timeout is the global one unless it has
-its own), every duration is in seconds (the ``_s`` attributes), every mapping is
-read-only.
+Only :mod:`vmpool.config.build` makes a :class:`Config`, from a validated file. Every
+default is applied: a pool's timeout is the global one unless it has its own. Every
+duration is in seconds (the ``_s`` attributes). Every mapping is read-only.
 """
 
 from __future__ import annotations
@@ -40,8 +39,11 @@ class PoolConfig:
 
 @dataclass(frozen=True)
 class ProviderConfig:
-    """A provider instance: its class and its options as the file gives them (the
-    class's options model validated them; the provider validates them again when built)."""
+    """A provider instance: its class and its options as the file gives them.
+
+    The class's options model validated the options. The provider validates them again
+    when built.
+    """
 
     name: str
     provider_class: str
@@ -97,12 +99,15 @@ class Config:
     provider_quota_wait_s: float = 30.0
 
     def pool(self, name: str) -> PoolConfig:
-        """The pool called ``name``; KeyError if there is none (aliases do not count)."""
+        """The pool called ``name``. KeyError if there is none (aliases do not count)."""
         return self.pools[name]
 
     def resolve_name(self, name: str) -> list[str]:
-        """The pools a requested name may select: the pool of that name, if any, then
-        every pool that lists it as an alias, in file order. [] when nothing matches."""
+        """The pools a requested name may select, in order.
+
+        First the pool of that name, if any, then every pool that lists it as an alias, in
+        file order. ``[]`` when nothing matches.
+        """
         selected = [name] if name in self.pools else []
         for pool in self.pools.values():
             if name in pool.alias and pool.name not in selected:
@@ -110,8 +115,10 @@ class Config:
         return selected
 
     def to_public_dict(self) -> dict[str, Any]:
-        """The effective configuration as plain data, safe to print or serve: the Redis
-        password is masked, provider secrets are masked, auth password hashes left out."""
+        """The effective configuration as plain data, safe to print or serve.
+
+        The Redis password and provider secrets are masked. Auth password hashes are left out.
+        """
         return {
             "source": self.source,
             "pools": [_public_pool(pool) for pool in self.pools.values()],
@@ -186,8 +193,11 @@ def _public_redis_options(options: RedisOptions) -> dict[str, Any]:
 
 
 def _mask_option(key: str, value: Any) -> Any:
-    """A provider's option as shown: secrets (by name, or a SecretStr a model kept, in a
-    section such as a pool's ``dns`` too) as ``***``."""
+    """A provider's option as shown, a secret as ``***``.
+
+    A secret is known by its name, or as a SecretStr a model kept. Nested sections count
+    too, such as a pool's ``dns``.
+    """
     lowered = key.lower()
     words = ("password", "secret", "token", "credential", "access_key")
     if any(word in lowered for word in words) or isinstance(value, SecretStr):

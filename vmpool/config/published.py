@@ -1,14 +1,16 @@
-"""The running fleet's config, published to Redis, so that a command given only the Redis
-URL works on the fleet's pools (as vmpooler keeps its config in Redis).
+"""The running fleet's config, published to Redis for commands given only its URL.
 
-The processes that run the fleet (``vmpool up``, ``api``, ``worker``, ``scheduler``)
-publish the config they run with when they start; the other commands read it when no
-config file is named, and compare it with the one named when there is one.
+A command given only the Redis URL then works on the fleet's pools, as vmpooler keeps
+its config in Redis.
 
-What is published is the config's public form: no Redis URL (the reader has one), no
-password hash (users by name only), every provider option whose name says secret
-masked as ``***`` (as ``vmpool config show`` does). A command that needs a provider's
-secrets (``vmpool audit`` on a real cloud) still needs the file.
+Who: the processes that run the fleet (``vmpool up``, ``api``, ``worker``,
+``scheduler``) publish the config they run with when they start. The other commands
+read it when no config file is named. When one is named, they compare the two.
+
+What: the config's public form. No Redis URL (the reader has one). No password hash
+(users by name only). Every provider option whose name says secret is masked as
+``***``, as ``vmpool config show`` does. A command that needs a provider's secrets
+(``vmpool audit`` on a real cloud) still needs the file.
 """
 
 from __future__ import annotations
@@ -80,8 +82,7 @@ class PublishedConfig:
 
 
 def _plain(value: Any) -> Any:
-    """A config value as JSON data (a secret a model kept, such as a pool's dns key, as
-    the mask)."""
+    """A config value as JSON data. A secret a model kept (a pool's dns key) is masked."""
     if isinstance(value, SecretStr):
         return MASK
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
@@ -131,8 +132,10 @@ def _digest(form: Mapping[str, Any]) -> str:
 
 
 def config_differences(a: Config, b: Mapping[str, Any]) -> list[str]:
-    """The settings (top-level names, as ``vmpool config show --json`` has them) in which
-    ``a`` differs from the published form ``b``."""
+    """The settings in which ``a`` differs from the published form ``b``.
+
+    Settings are named by their top-level names, as ``vmpool config show --json`` has them.
+    """
     form = public_form(a)
     return sorted(
         key
@@ -142,8 +145,11 @@ def config_differences(a: Config, b: Mapping[str, Any]) -> list[str]:
 
 
 def publish_config(client: redis.Redis, config: Config, *, publisher: str) -> str | None:
-    """Publish ``config`` as the fleet's; the origin of the different config it replaced,
-    if any (the caller warns: two processes of one fleet run different configs)."""
+    """Publish ``config`` as the fleet's.
+
+    Returns the origin of the different config it replaced, if any. The caller warns: two
+    processes of one fleet run different configs.
+    """
     keys = Keys(config.key_prefix)
     form = public_form(config)
     digest = _digest(form)
@@ -170,7 +176,7 @@ def publish_config(client: redis.Redis, config: Config, *, publisher: str) -> st
 
 
 def read_published(client: redis.Redis, keys: Keys) -> PublishedConfig | None:
-    """The config the fleet of ``keys``' prefix published; None if none did."""
+    """The config the fleet of ``keys``' prefix published. None if none did."""
     fields = {_text(k): _text(v) for k, v in client.hgetall(keys.fleet_config).items()}
     if not fields:
         return None
@@ -191,9 +197,11 @@ def read_published(client: redis.Redis, keys: Keys) -> PublishedConfig | None:
 
 
 def find_published(client: redis.Redis) -> PublishedConfig | None:
-    """The published config of the one fleet in this Redis database: the default
-    prefix's, else the only prefix that published one. PublishedConfigError when
-    several fleets (prefixes) published and none is the default."""
+    """The published config of the one fleet in this Redis database.
+
+    That is the default prefix's, else the only prefix that published one.
+    PublishedConfigError when several fleets (prefixes) published and none is the default.
+    """
     found = read_published(client, Keys(DEFAULT_PREFIX))
     if found is not None:
         return found
@@ -228,8 +236,10 @@ def config_from_form(form: Mapping[str, Any]) -> Config:
 
 
 def _redis_options(form: Mapping[str, Any] | None) -> RedisOptions:
-    """The connection settings of a published form (the defaults when a publisher
-    older than them published none)."""
+    """The connection settings of a published form.
+
+    The defaults when the publisher predates them and published none.
+    """
     if not form:
         return default_redis_options()
     durability = _dataclass(DurabilitySetting, form["durability"])
@@ -240,8 +250,11 @@ _T = typing.TypeVar("_T")
 
 
 def _dataclass(cls: type[_T], data: Mapping[str, Any]) -> _T:
-    """``cls`` from ``data``: unknown names dropped (a newer publisher), lists made the
-    tuples and mappings the read-only mappings the field's type says."""
+    """``cls`` from ``data``, as the field types say.
+
+    Unknown names are dropped (a newer publisher). Lists become tuples, mappings read-only
+    mappings.
+    """
     hints = typing.get_type_hints(cls)
     kwargs: dict[str, Any] = {}
     for f in dataclasses.fields(cls):  # type: ignore[arg-type]

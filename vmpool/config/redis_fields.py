@@ -1,7 +1,9 @@
-"""The types of ``:redis:``'s connection settings (:class:`~vmpool.config.settings.RedisSection`):
-timeouts, the durability of acknowledged writes, Sentinel addresses. As in
-:mod:`vmpool.config.fields`, each carries its bounds and the line that says what a value
-must be."""
+"""The types of ``:redis:``'s connection settings.
+
+They are the fields of :class:`~vmpool.config.settings.RedisSection`: timeouts, the
+durability of acknowledged writes, Sentinel addresses. As in :mod:`vmpool.config.fields`,
+each carries its bounds and the line that says what a value must be.
+"""
 
 from __future__ import annotations
 

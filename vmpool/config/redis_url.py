@@ -1,7 +1,7 @@
 """Redis URLs: which ones vmpool takes, and how one is shown without its password.
 
 The forms and their parsing live with the connection factory
-(:mod:`vmpool.state.redis_target`); this module checks a URL given in the config, on
+(:mod:`vmpool.state.redis_target`). This module checks a URL given in the config, on
 the command line or in the environment.
 """
 
@@ -21,9 +21,11 @@ __all__ = ["REDIS_SCHEMES", "mask_url_password", "validate_redis_url"]
 
 
 def validate_redis_url(url: str) -> str:
-    """``url`` stripped, if it is a usable redis://, rediss://, unix:// or
-    redis+sentinel:// URL; else ValueError with a one-line reason (the password never
-    appears in it)."""
+    """``url`` stripped, if it is a usable Redis URL.
+
+    Usable: redis://, rediss://, unix:// or redis+sentinel://. Otherwise ValueError with a
+    one-line reason. The password never appears in it.
+    """
     url = url.strip()
     shown = show(mask_url_password(url))
     if is_sentinel_url(url):

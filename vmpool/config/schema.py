@@ -13,7 +13,7 @@ __all__ = ["json_schema"]
 def json_schema() -> dict[str, Any]:
     """The JSON Schema of a config file, keys written without their leading colon.
 
-    Every setting has its description, default and bounds, and ``unit`` where the file
+    Every setting has its description, default and bounds. ``unit`` is given where the file
     gives a duration (vmpooler's minutes and hours included). A ``:providers:`` entry is
     described by its class's options model, from the provider registry.
     """
@@ -32,8 +32,10 @@ def json_schema() -> dict[str, Any]:
 
 
 def _describe_range(prop: dict[str, Any]) -> None:
-    """Append a bounded setting's range to its description, in the file's unit (the
-    bounds themselves live in the field types, vmpool.config.fields)."""
+    """Append a bounded setting's range to its description, in the file's unit.
+
+    The bounds themselves live in the field types (vmpool.config.fields).
+    """
     bounded = [o for o in prop.get("anyOf", [prop]) if "maximum" in o]
     if not bounded or "description" not in prop:
         return

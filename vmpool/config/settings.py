@@ -1,14 +1,15 @@
 """Every setting of the configuration file: its type, bounds, default, unit and meaning.
 
 This is the one place those are written. The models describe the file as vmpool reads
-it once :mod:`vmpool.config.vmpooler` has taken vmpooler's spelling off it (leading
-colons, old key names, environment overrides, keys vmpool ignores), and in the file's
-units: vmpooler gives timeouts and TTLs in minutes and lifetimes in hours.
+it, after :mod:`vmpool.config.vmpooler` has taken vmpooler's spelling off it: leading
+colons, old key names, environment overrides, ignored keys.
+
+Units: the file's own. vmpooler gives timeouts and TTLs in minutes, lifetimes in hours.
 :mod:`vmpool.config.build` turns a validated :class:`ConfigFile` into the
 :class:`vmpool.config.Config` the rest of vmpool reads, every duration in seconds.
 
-:class:`Schedule` is both a section of the file and the value ``Config.schedule`` holds:
-its keys are the periodic jobs' names, in seconds already.
+:class:`Schedule` is both a section of the file and the value of ``Config.schedule``.
+Its keys are the periodic jobs' names, its values seconds.
 """
 
 from __future__ import annotations
@@ -78,8 +79,10 @@ class _Section(BaseModel):
 
 
 class Schedule(_Section):
-    """Seconds between the runs of each periodic job (top-level ``:schedule:``, a vmpool
-    extension). Each key is the job's name; the names older releases used still load."""
+    """Seconds between the runs of each periodic job (``:schedule:``, a vmpool extension).
+
+    Each key is the job's name. The names of earlier releases still load.
+    """
 
     # Built in code as well as read from a file: a misspelt keyword is an error here.
     model_config = ConfigDict(extra="forbid", json_schema_extra={"additionalProperties": True})
@@ -229,8 +232,11 @@ class SentinelSection(_Section):
 
 
 class RedisSection(_Section):
-    """``:redis:``: where the state lives. ``url`` wins over the separate parts and
-    ``sentinel``; ``sentinel`` over ``server`` and ``port``."""
+    """``:redis:``: where the state lives.
+
+    Precedence: ``url`` wins over the separate parts and ``sentinel``. ``sentinel`` wins
+    over ``server`` and ``port``.
+    """
 
     url: RedisUrl | None = Field(
         default=None,
@@ -331,7 +337,7 @@ class AuthSection(_Section):
 
 
 class DnsConfig(_Section):
-    """One entry of ``:dns_configs:``; vmpool reads only its domain."""
+    """One entry of ``:dns_configs:``. vmpool reads only its domain."""
 
     domain: Domain | None = Field(default=None, description="The DNS domain")
 
@@ -339,10 +345,11 @@ class DnsConfig(_Section):
 class ConfigFile(_Section):
     """A vmpool configuration file, in vmpooler's format.
 
-    Every key may carry one leading colon (``:config:``), as vmpooler writes Ruby symbols.
-    Unknown keys are warnings; vmpooler's keys vmpool has no use for are accepted
-    silently. Environment variables override some settings (ONDEMAND_REQUEST_TTL,
-    TIMEOUT, VM_LIFETIME, ..., VMPOOL_REDIS_URL), as vmpooler's do.
+    - Every key may carry one leading colon (``:config:``), as vmpooler writes Ruby
+      symbols.
+    - Unknown keys are warnings. vmpooler's keys that vmpool has no use for pass silently.
+    - Environment variables override some settings (ONDEMAND_REQUEST_TTL, TIMEOUT,
+      VM_LIFETIME, ..., VMPOOL_REDIS_URL), as vmpooler's do.
     """
 
     config: ConfigSection = ConfigSection()

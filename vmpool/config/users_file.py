@@ -1,10 +1,13 @@
-"""``:auth: users_file``: the API users' password hashes kept in a file of their own.
+"""``:auth: users_file``: the API users' password hashes, in a file of their own.
 
 Under Kubernetes the users belong in a Secret, not in the ConfigMap with the rest of
-vmpool.yaml: the Secret is mounted as a file and the config names it. The file is YAML
-(or JSON), a mapping of user name to password hash, exactly as ``:auth: users``; its
-users are added to those of the config. A user named in both places, a missing or
-unreadable file, or a bad hash is a config error naming the file.
+vmpool.yaml. The Secret is mounted as a file and the config names it.
+
+Format: YAML (or JSON), a mapping of user name to password hash, as ``:auth: users``.
+Its users are added to those of the config.
+
+Errors: a user named in both places, a missing or unreadable file, or a bad hash is a
+config error naming the file.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ def resolve_users_file(name: str, source: str) -> Path:
 
 
 def read_users_file(name: str, source: str, users: dict[str, str]) -> dict[str, str]:
-    """``users`` plus the users of the file ``name``; ConfigError on any problem."""
+    """``users`` plus the users of the file ``name``. ConfigError on any problem."""
     path = resolve_users_file(name, source)
     try:
         loaded: Any = yaml.safe_load(path.read_text(encoding="utf-8"))

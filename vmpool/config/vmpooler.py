@@ -1,21 +1,23 @@
 """vmpooler's file format: what is taken off a file before its settings are validated.
 
-- vmpooler writes its keys as Ruby symbols (``:config:``, ``:pools:``); YAML gives Python
-  the string ``":config"``. Every mapping key at every level loses one leading colon, so
-  ``:config:`` and ``config:`` (and ``:name:`` inside a pool) mean the same thing; a
-  pool's ``provider`` and ``dns_plugin`` may name their target as a symbol too.
-- Keys vmpool does not know are warnings, never a crash; vmpooler's keys vmpool has no
-  use for are accepted, so a vmpooler config loads as it is: silently in the sections
-  that do not change where VMs go, with a warning naming the key on a pool (a pool key
-  its provider class does not read, such as a ``zone`` on a simulated pool, would
-  otherwise put the VMs somewhere the operator did not ask for, unsaid). A null value
-  is an absent one.
-- Some settings are overridden by environment variables, as in vmpooler.
-- The ``:schedule:`` keys took their periodic jobs' names; the old names still load.
+Rules:
 
-:func:`read` returns the sections ready for :class:`vmpool.config.settings.ConfigFile`,
-the warnings, and where each overridden or renamed setting came from, so that a
-message names the key (or variable) the user wrote.
+- Leading colons. vmpooler writes its keys as Ruby symbols (``:config:``, ``:pools:``),
+  and YAML gives Python the string ``":config"``. Every mapping key at every level
+  loses one leading colon. So ``:config:`` and ``config:`` mean the same thing, and so
+  do ``:name:`` and ``name:`` in a pool. A pool's ``provider`` and ``dns_plugin`` may
+  name their target as a symbol too.
+- Unknown keys are warnings, never a crash. vmpooler's keys that vmpool has no use for
+  are accepted, so a vmpooler config loads as it is. They pass silently in the sections
+  that do not change where VMs go. On a pool, a warning names the key: a ``zone`` on a
+  simulated pool would otherwise put the VMs where the operator did not ask, unsaid.
+- A null value is an absent one.
+- Some settings are overridden by environment variables, as in vmpooler.
+- The ``:schedule:`` keys are their periodic jobs' names. The earlier names still load.
+
+Returns: :func:`read` gives the sections ready for
+:class:`vmpool.config.settings.ConfigFile`, the warnings, and where each overridden or
+renamed setting came from. A message then names the key or variable the user wrote.
 """
 
 from __future__ import annotations
@@ -84,9 +86,11 @@ _POOL_OPTIONS = "provider_options"
 
 @dataclass(frozen=True)
 class FileData:
-    """A file read in vmpooler's format: its sections for
-    :class:`~vmpool.config.settings.ConfigFile`, its warnings, and the key (or
-    environment variable) each renamed or overridden setting was given as."""
+    """A file read in vmpooler's format.
+
+    Holds its sections for :class:`~vmpool.config.settings.ConfigFile`, its warnings, and
+    the key (or environment variable) each renamed or overridden setting was given as.
+    """
 
     sections: dict[str, Any]
     warnings: tuple[str, ...]
@@ -94,7 +98,7 @@ class FileData:
 
 
 def read(data: Any, *, source: str, env: Mapping[str, str]) -> FileData:
-    """Take vmpooler's spelling off already-parsed YAML; ConfigError on a shape problem."""
+    """Take vmpooler's spelling off already-parsed YAML. ConfigError on a shape problem."""
     reader = _Reader(source)
     top = reader.top(data)
     reader.config(top)
@@ -159,7 +163,7 @@ class _Reader:
         ignored: frozenset[str] = frozenset(),
         prefixes: tuple[str, ...] = (),
     ) -> dict[str, Any]:
-        """The known keys that have a value; a warning for each key nobody knows."""
+        """The known keys that have a value. A warning for each key nobody knows."""
         for key in mapping:
             if key not in known and key not in ignored and not key.startswith(prefixes):
                 self.warn(f"{path}.{key}", "unknown key, ignored")
@@ -218,8 +222,11 @@ class _Reader:
                 self.warn(f"config.{key}", message)
 
     def data_ttl(self, top: dict[str, Any]) -> None:
-        """vmpooler keeps data_ttl under :redis:; docs/ list it under :config:, which
-        wins: the other is then neither used nor checked."""
+        """Where data_ttl is read: ``:config:`` wins over ``:redis:``.
+
+        vmpooler keeps data_ttl under ``:redis:``, its docs list it under ``:config:``. When
+        both are given, the ``:redis:`` one is neither used nor checked.
+        """
         if "data_ttl" in top["config"]:
             top["redis"].pop("data_ttl", None)
 
@@ -237,8 +244,11 @@ class _Reader:
             self.origins[(section, key)] = f"environment {variable}"
 
     def providers(self, top: dict[str, Any]) -> None:
-        """Each entry's ``provider_class`` made explicit; unknown options of an
-        implemented class warned about (and kept: the class ignores them)."""
+        """Each entry with its ``provider_class`` made explicit.
+
+        Unknown options of an implemented class are warned about, and kept: the class ignores
+        them.
+        """
         section = self.mapping(top.get("providers"), "providers")
         for name, raw in section.items():
             path = f"providers.{name}"
@@ -292,8 +302,10 @@ class _Reader:
     def pool_class_keys(
         self, top: dict[str, Any], pool: Mapping[str, Any]
     ) -> tuple[str, frozenset[str]]:
-        """The pool's provider class, and the keys it reads of a pool (none when the
-        class is unknown)."""
+        """The pool's provider class, and the keys that class reads of a pool.
+
+        No keys when the class is unknown.
+        """
         name = pool.get("provider") or DEFAULT_PROVIDER
         entry = top["providers"].get(name)
         class_name = str(entry["provider_class"] if entry else name)
@@ -362,9 +374,11 @@ class _Reader:
             self.origins[("schedule", new)] = f"schedule.{old}"
 
     def auth(self, top: dict[str, Any]) -> None:
-        """No ``:auth:`` means no authentication at all. One present but empty (null,
-        ``{}``, every line commented out) is an error: a commented-out section must not
-        quietly turn auth off."""
+        """``:auth:`` checked: absent means no authentication at all.
+
+        One present but empty (null, ``{}``, every line commented out) is an error. A
+        commented-out section must not quietly turn auth off.
+        """
         if "auth" not in top:
             return
         section = self.section(top, "auth", _fields(AuthSection), AUTH_IGNORED)

@@ -1,6 +1,11 @@
-"""vmpooler's keys, as facts of the file format: the ones vmpool accepts and ignores
-(so that a vmpooler config loads as it is), the ones it renamed, and the environment
-variables that override settings. :mod:`vmpool.config.vmpooler` applies them."""
+"""vmpooler's keys, as facts of the file format.
+
+- The keys vmpool accepts and ignores, so that a vmpooler config loads as it is.
+- The keys it renamed.
+- The environment variables that override settings.
+
+:mod:`vmpool.config.vmpooler` applies them.
+"""
 
 from __future__ import annotations
 

@@ -1,10 +1,13 @@
-"""Checks the invariants (docs/invariants.md) over live Redis state and the provider's inventory.
+"""Checks the invariants (docs/invariants.md) over live Redis state and providers.
 
-``check_trail`` judges one request's audit trail on its own (invariants 1, 2, 5); it is
-a pure function so that the race tests can run it over any store's trail, the naive
-reference included. ``audit_state`` walks every request and VM record, the indexes and
-the providers' inventories (invariants 3 and 4, and the trails). Each problem is one
-``Violation`` with the invariant it breaks and one line saying what was seen.
+- ``check_trail`` judges one request's audit trail on its own (invariants 1, 2, 5). It
+  is a pure function, so the race tests can run it over any store's trail, the naive
+  reference included.
+- ``audit_state`` walks every request and VM record, the indexes and the providers'
+  inventories (invariants 3 and 4, and the trails).
+
+Each problem is one ``Violation``: the invariant it breaks and one line saying what was
+seen.
 """
 
 from __future__ import annotations
@@ -134,10 +137,12 @@ def check_vm_trail(name: str, entries: Sequence[AuditEntry]) -> list[Violation]:
 
 
 def retired_pool_notes(store: Store, configured: Iterable[str]) -> list[str]:
-    """One line per pool the config no longer names that still has VMs (removed or
-    renamed): not a violation while the reap pass finishes them (its ready VMs are
-    recycled and destroyed, its held ones reaped at their lifetime's end), but shown
-    until they are gone."""
+    """One line per pool the config no longer names that still has VMs.
+
+    Such a pool was removed or renamed. It is not a violation while the reap pass finishes
+    its VMs: ready ones are recycled and destroyed, held ones reaped at their lifetime's
+    end. It is shown until they are gone.
+    """
     retired = sorted(store.indexed_pools() - set(configured))
     lines = []
     for pool, counts in store.pool_counts(retired).items():
@@ -162,12 +167,13 @@ def audit_state(
 ) -> list[Violation]:
     """Every invariant over what Redis and the providers hold right now.
 
-    ``reap_interval_s`` (the ``reap_running`` interval) enables invariant 8; without it
-    a held VM's lifetime is not judged.
+    ``reap_interval_s`` (the ``reap_running`` interval) enables invariant 8. Without it a
+    held VM's lifetime is not judged.
 
-    ``providers`` are the configured provider instances by name; a VM whose provider is
-    not among them is reported (invariant 3: it can never be destroyed). An empty
-    mapping skips every provider check (a store-only audit)."""
+    ``providers`` are the configured provider instances by name. A VM whose provider is not
+    among them is reported (invariant 3: it can never be destroyed). An empty mapping skips
+    every provider check (a store-only audit).
+    """
     now = store.server_time() if now is None else now
     requests = _read_requests(store)
     out = _check_requests(store, requests, now, sweep_interval_s)
@@ -202,8 +208,10 @@ def _read_requests(store: Store) -> dict[str, RequestRecord]:
 
 
 def _trails(store: Store, keys: Sequence[str]) -> list[list[AuditEntry]]:
-    """The trails at ``keys``, oldest entry first, in one pipeline (a trail an older
-    release wrote as a stream is read on its own)."""
+    """The trails at ``keys``, oldest entry first, in one pipeline.
+
+    A trail kept as a stream (the earlier form) is read on its own.
+    """
     pipe = store.redis.pipeline(transaction=False)
     for key in keys:
         pipe.lrange(key, 0, -1)
@@ -219,7 +227,7 @@ def _trails(store: Store, keys: Sequence[str]) -> list[list[AuditEntry]]:
 def _check_requests(
     store: Store, requests: Mapping[str, RequestRecord], now: float, sweep_interval_s: float
 ) -> list[Violation]:
-    """Invariants 1, 2 and 5 per trail; 4 (settled in time); 3 (one request per VM)."""
+    """Invariants 1, 2 and 5 per trail, 4 (settled in time), 3 (one request per VM)."""
     out: list[Violation] = []
     owner_of: dict[str, str] = {}
     trails = _trails(store, [store.keys.request_audit(rid) for rid in requests])
@@ -236,8 +244,11 @@ def _check_requests(
 
 
 def _read_vms(store: Store) -> dict[str, VMRecord]:
-    """Every VM record. A VM name holds no ':', so the ``...:fence`` keys are skipped
-    whatever characters the key prefix has."""
+    """Every VM record.
+
+    A VM name holds no ':', so the ``...:fence`` keys are skipped, whatever characters the
+    key prefix has.
+    """
     vm_prefix = store.keys.vm_prefix()
     names = [
         name
@@ -311,8 +322,11 @@ def _check_indexes(store: Store, vms: Mapping[str, VMRecord]) -> list[Violation]
 
 
 def _check_reachable(providers: Mapping[str, Any], vms: Mapping[str, VMRecord]) -> list[Violation]:
-    """Every VM not yet destroyed names a configured provider: one whose provider left
-    the config is never checked, reaped at its provider or destroyed (invariant 3)."""
+    """Every VM not yet destroyed names a configured provider (invariant 3).
+
+    A VM whose provider left the config is never checked, reaped at its provider or
+    destroyed.
+    """
     if not providers:
         return []
     return [

@@ -1,11 +1,13 @@
-"""A provider's own limits (``max_instances``, ``max_cores``), counted from the fleet's
-VMs in Redis, so vmpool stops asking before the cloud says no (as Nodepool does).
+"""A provider's own limits (``max_instances``, ``max_cores``), counted in Redis.
 
-The count is the provider's pools' indexes of the VMs the cloud holds or is making
-(pending, ready, running, completed) plus the claims of the creates running now; a
-create claims its place in the same unit as the count
+vmpool stops asking before the cloud says no, as Nodepool does.
+
+The count: the provider's pools' indexes of the VMs the cloud holds or is making
+(pending, ready, running, completed), plus the claims of the creates running now.
+
+A create claims its place in the same unit as the count
 (``vmpool/state/scripts/provider_capacity.lua``), so racing workers never exceed a
-limit, and gives the claim back when it is over (a dead worker's claim lapses).
+limit. It gives the claim back when it is over. A dead worker's claim lapses.
 """
 
 from __future__ import annotations
@@ -51,16 +53,24 @@ class ProviderCapacity:
         for pool in pools:
             keys += [self.keys.pool_state(pool, s) for s in ("pending", "ready", "running")]
             keys.append(self.keys.pool_state(pool, "completed"))
-        args: list[str | int] = [op, repr(self.lease_s), member, limits.max_instances,
-                              limits.max_cores]  # fmt: skip
+        args: list[str | int] = [
+            op,
+            repr(self.lease_s),
+            member,
+            limits.max_instances,
+            limits.max_cores,
+        ]
         for pool in pools:
             args += [pool, int(limits.pool_cores[pool])]
         reply = self._script(keys=keys, args=args)
         return int(reply[0]) == 1, int(reply[1]), int(reply[2])
 
     def admit(self, provider: str, pool: str, name: str, limits: Limits) -> tuple[bool, int, int]:
-        """Claim a place for VM ``name`` of ``pool``; (admitted, instances, cores) as
-        counted before it (a claim it already holds is renewed)."""
+        """Claim a place for VM ``name`` of ``pool``.
+
+        Returns (admitted, instances, cores), as counted before it. A claim it already holds is
+        renewed.
+        """
         return self._run("admit", provider, f"{pool}|{name}", limits)
 
     def fits(self, provider: str, limits: Limits) -> bool:

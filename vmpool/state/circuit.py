@@ -1,19 +1,22 @@
 """Per-provider circuit breakers, shared through Redis by every worker process.
 
-After ``threshold`` consecutive transient create failures at one provider (a cloud that
-is down, throttling hard, out of capacity), the provider's pools stop creating for
-``cooldown_s``: reservations wait (the pending sweep dispatches their creates again)
-instead of burning every request's retries against a cloud that cannot answer. After
-the cool-down creates go through again; the first failure opens the circuit again at
-once (the count is still at the threshold), a success closes it. The count and the
-check are one Lua unit (``vmpool/state/scripts/provider_circuit.lua``), so workers
-failing together open it once.
+The breaker: after ``threshold`` consecutive transient create failures at one provider
+(a cloud that is down, throttling hard, out of capacity), its pools stop creating for
+``cooldown_s``. Reservations wait, and the pending sweep dispatches their creates
+again. They do not burn every request's retries against a cloud that cannot answer.
 
-The same hash holds the provider's quota hold: a create the cloud refused for quota or
-capacity (:class:`vmpool.providers.QuotaExceededError`) stops the provider's creates
-for a while (``provider_quota.lua``), without counting toward the breaker, so the
-waiting reservations do not ask a cloud that already said no. One read tells a create
-whether either holds it back (:meth:`ProviderCircuit.held_back`).
+- After the cool-down, creates go through again.
+- The first failure then opens the circuit again at once (the count is still at the
+  threshold). A success closes it.
+- The count and the check are one Lua unit (``vmpool/state/scripts/provider_circuit.lua``),
+  so workers failing together open it once.
+
+The quota hold lives in the same hash. A create the cloud refused for quota or capacity
+(:class:`vmpool.providers.QuotaExceededError`) stops the provider's creates for a while
+(``provider_quota.lua``). It does not count toward the breaker. The waiting
+reservations then do not ask a cloud that already said no.
+
+One read tells a create whether either holds it back (:meth:`ProviderCircuit.held_back`).
 Time is the Redis server's.
 """
 
@@ -92,7 +95,7 @@ class ProviderCircuit:
         )
 
     def failure(self, provider: str, message: str) -> bool:
-        """Count a failed create; True when this failure opened the circuit."""
+        """Count a failed create. True when this failure opened the circuit."""
         reply = self._script(
             keys=[self.keys.provider_circuit(provider)],
             args=["failure", self.threshold, repr(self.cooldown_s), message[:500]],
@@ -107,7 +110,7 @@ class ProviderCircuit:
         return self.states([provider])[0].open
 
     def hold_for_quota(self, provider: str, message: str, wait_s: float) -> float:
-        """The cloud said quota: the provider's creates wait ``wait_s``; its end."""
+        """The cloud said quota: the provider's creates wait ``wait_s``. Returns its end."""
         reply = self._quota(
             keys=[self.keys.provider_circuit(provider)], args=[repr(float(wait_s)), message[:500]]
         )

@@ -1,23 +1,27 @@
 """The one Redis connection factory: every vmpool process makes its clients here.
 
-:func:`connect` (and :func:`connect_async` for the API's event loop) takes a URL of any
-form vmpool accepts (:mod:`vmpool.state.redis_target`: one server, or a Sentinel group)
-and the ``:redis:`` settings (:class:`RedisOptions`), and gives a client that
+:func:`connect` (and :func:`connect_async` for the API's event loop) takes a URL and the
+``:redis:`` settings (:class:`RedisOptions`). The URL is any form vmpool accepts
+(:mod:`vmpool.state.redis_target`): one server, or a Sentinel group.
 
-- finds the primary through the sentinels for a ``redis+sentinel://`` URL (the address
-  a majority of them name: :class:`MajoritySentinel`) and follows a failover: a
-  connection that meets READONLY (its server became a replica) is dropped and the next
-  one asks the sentinels again (redis-py's ``SentinelConnectionPool``);
-- notices a dead or frozen connection within bounded time: a socket timeout on every
-  read (``socket_timeout``), a connect timeout, a PING before reusing a connection idle
-  for ``health_check_interval``, and TCP keepalive (:data:`KEEPALIVE`) for peers that
-  vanish while a connection idles; a command that meets a dead connection is retried
-  once, on a new connection, so a server restart costs no error, and the pool's idle
-  connections are closed with it (:class:`ResettingRetry`): they lead to the same dead
-  or frozen server, and would each cost one more socket timeout;
-- confirms the durability of every script it runs (:mod:`vmpool.state.durability`).
+The client it gives:
 
-RQ needs ``decode_responses=False``; the store works with either.
+- Finds the primary through the sentinels for a ``redis+sentinel://`` URL. That is the
+  address a majority of them name (:class:`MajoritySentinel`).
+- Follows a failover. A connection that meets READONLY (its server became a replica) is
+  dropped, and the next one asks the sentinels again (redis-py's
+  ``SentinelConnectionPool``).
+- Notices a dead or frozen connection within bounded time. It has a socket timeout on
+  every read (``socket_timeout``), a connect timeout, a PING before reusing a connection
+  idle for ``health_check_interval``, and TCP keepalive (:data:`KEEPALIVE`) for peers
+  that vanish while a connection idles.
+- Retries a command that meets a dead connection once, on a new connection. A server
+  restart costs no error. The pool's idle connections are closed with it
+  (:class:`ResettingRetry`): they lead to the same dead or frozen server, and would each
+  cost one more socket timeout.
+- Confirms the durability of every script it runs (:mod:`vmpool.state.durability`).
+
+RQ needs ``decode_responses=False``. The store works with either.
 """
 
 from __future__ import annotations
@@ -78,10 +82,12 @@ def _no_master(service: str, errors: list[str]) -> MasterNotFoundError:
 
 
 class MajoritySentinel(Sentinel):
-    """redis-py's Sentinel, except that the primary is the address a majority of the
-    configured sentinels name, not the first sentinel's answer: a sentinel that has not
-    heard of a failover yet still names the old primary, which may be back on its own
-    data, and writes sent there would be lost (docs/reliability.md, Findings)."""
+    """redis-py's Sentinel, whose primary is the address a majority of sentinels name.
+
+    redis-py takes the first sentinel's answer. A sentinel that has not heard of a failover
+    yet still names the old primary. That one may be back on its own data, and writes sent
+    there would be lost (docs/reliability.md, Findings).
+    """
 
     def discover_master(self, service_name: str) -> tuple[Any, Any]:
         votes: Counter[tuple[Any, Any]] = Counter()
@@ -123,11 +129,14 @@ class AsyncMajoritySentinel(AsyncSentinel):
 
 
 class _PoolRetry:
-    """The retry of one client's connections (redis-py deep-copies it into each: the
-    pool it resets is shared, not copied). A connection that failed (timed out, reset)
-    leads to a server its idle siblings lead to, and they are most likely as dead (a
-    node gone, frozen connections): they are closed at once, so that the next commands
-    reconnect instead of each waiting out its own socket timeout, one after the other."""
+    """The retry of one client's connections: a failure closes the idle ones too.
+
+    redis-py deep-copies the retry into each connection. The pool it resets is shared, not
+    copied. A connection that failed (timed out, reset) leads to a server its idle siblings
+    lead to, and they are most likely as dead: a node gone, frozen connections. They are
+    closed at once. The next commands then reconnect, instead of each waiting out its own
+    socket timeout, one after the other.
+    """
 
     pool: Any = None
 
@@ -160,8 +169,10 @@ class AsyncResettingRetry(_PoolRetry, AsyncRetry):
 
 @dataclass(frozen=True)
 class RedisOptions:
-    """The ``:redis:`` settings a connection is made with (defaults and bounds:
-    :class:`vmpool.config.settings.RedisSection`), in seconds."""
+    """The ``:redis:`` settings a connection is made with, in seconds.
+
+    Defaults and bounds: :class:`vmpool.config.settings.RedisSection`.
+    """
 
     socket_timeout_s: float
     connect_timeout_s: float
@@ -198,8 +209,10 @@ def connect(
     decode_responses: bool,
     max_connections: int | None = None,
 ) -> ConfirmingRedis:
-    """A client of the Redis at ``url`` (see the module docstring); nothing is sent
-    until it is used."""
+    """A client of the Redis at ``url`` (see the module docstring).
+
+    Nothing is sent until it is used.
+    """
     kwargs = options.client_kwargs()
     retry = ResettingRetry(_BACKOFF, _RETRIES, supported_errors=RETRY_ON)
     kwargs["retry"] = retry

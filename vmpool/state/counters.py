@@ -1,15 +1,15 @@
 """Fleet-wide counters kept in Redis, so every process adds to the same totals.
 
-Workers may run each job in a forked child, and the API runs in several replicas, so no
+Workers may run each job in a forked child, and the API runs in several replicas. So no
 process keeps these in memory. Three kinds of writer:
 
-* the store's transition scripts, in the same atomic unit as the transition: requests
-  finished by outcome (``keys.requests_finished``) and the ready-time histogram of each
-  pool (``keys.time_to_ready(pool)``). :func:`lua_metrics` renders their keys and the
-  histogram's bucket bounds into the scripts' prelude, so the bounds are defined here
-  once and the scripts and the scrape cannot disagree;
-* the workers: :func:`record_job` / :func:`record_error` HINCRBY a hash, and
-  :func:`record_skipped` counts the subjects a batch skipped as invalid;
+* The store's transition scripts, in the same atomic unit as the transition. They count
+  requests finished by outcome (``keys.requests_finished``) and the ready-time
+  histogram of each pool (``keys.time_to_ready(pool)``). :func:`lua_metrics` renders
+  their keys and the histogram's bucket bounds into the scripts' prelude. The bounds
+  are defined here once, so the scripts and the scrape cannot disagree.
+* The workers. :func:`record_job` and :func:`record_error` HINCRBY a hash.
+  :func:`record_skipped` counts the subjects a batch skipped as invalid.
 * ``vmpool audit --metrics``: :func:`record_audit`.
 
 Every scrape of ``/metrics`` (vmpool.api.fleet_metrics) reads those hashes.
@@ -81,10 +81,12 @@ def bucket_field(bound: float) -> str:
 
 
 def lua_metrics(keys: Keys) -> str:
-    """The metric keys of ``keys``' fleet and the ready-time buckets as Lua source, for
-    the store to prepend to every script (before ``_prelude.lua``, which uses them).
-    Each bucket holds only its own observations; :func:`cumulative_buckets` adds them
-    up at scrape time, so one observation costs one HINCRBY, not one per bound."""
+    """The metric keys of ``keys``' fleet and the ready-time buckets, as Lua source.
+
+    The store prepends it to every script, before ``_prelude.lua``, which uses them. Each
+    bucket holds only its own observations. :func:`cumulative_buckets` adds them up at
+    scrape time, so one observation costs one HINCRBY, not one per bound.
+    """
     bounds = ", ".join(repr(float(b)) for b in READY_BUCKETS)
     fields = ", ".join(repr(bucket_field(b)) for b in READY_BUCKETS)
     return (
@@ -103,9 +105,12 @@ def lua_metrics(keys: Keys) -> str:
 
 
 def cumulative_buckets(counts: Mapping[str, float]) -> tuple[list[tuple[str, float]], float]:
-    """One pool's histogram hash (fields as numbers) as Prometheus wants it: ``(le,
-    count)`` pairs, each counting the observations at or below ``le``, ending with
-    ``+Inf``; and the sum of the observations."""
+    """One pool's histogram hash as Prometheus wants it, and the sum.
+
+    The hash's fields are numbers. Returns ``(le, count)`` pairs, each counting the
+    observations at or below ``le``, ending with ``+Inf``. Then the sum of the
+    observations.
+    """
     out: list[tuple[str, float]] = []
     total = 0.0
     for bound in READY_BUCKETS:
@@ -128,14 +133,18 @@ def record_error(redis_client: redis.Redis, keys: Keys, kind: str, pool: str) ->
 def record_skipped(
     redis_client: redis.Redis, keys: Keys, job: str, reason: str, count: int = 1
 ) -> None:
-    """Count ``count`` subjects of ``job`` skipped by a batch for ``reason`` (e.g.
-    ``bad_subject``: a name its kind's validator refuses), so a skipped item is seen."""
+    """Count ``count`` subjects of ``job`` skipped by a batch for ``reason``.
+
+    Say ``bad_subject``: a name its kind's validator refuses. A skipped item is then seen.
+    """
     redis_client.hincrby(keys.metrics(SKIPPED_METRIC), f"{job}:{reason}", count)
 
 
 def record_audit(redis_client: redis.Redis, keys: Keys, violations: int) -> float:
-    """Record the result of an audit run: its number of violations and when it ran
-    (Redis server time, so every replica's scrape agrees). Returns that time."""
+    """Record an audit run: its number of violations and when it ran. Returns that time.
+
+    The time is Redis server time, so every replica's scrape agrees.
+    """
     seconds, micros = redis_client.time()
     now = float(seconds) + float(micros) / 1e6
     redis_client.hset(keys.audit_result, mapping={"violations": int(violations), "time": repr(now)})

@@ -1,34 +1,35 @@
 """Durability of acknowledged writes: what a write waits for before vmpool says "done".
 
-Redis answers a write once it is in its memory. Two ways to lose such a write remain:
+Redis answers a write once it is in its memory. Two ways to lose such a write remain.
 
-- a crash or power loss before the append-only file (AOF) reached the disk. vmpool
+- A crash or power loss before the append-only file (AOF) reached the disk. vmpool
   relies on ``appendfsync always`` for this: Redis then fsyncs before it replies (one
-  fsync per event-loop turn for all clients: a group commit). ``WAITAOF`` was measured
-  as the per-write alternative under ``appendfsync everysec`` and rejected: Valkey
-  9.1.2 answers it on its next event-loop turn without an fsync when no write is
-  buffered, and a power cut played exactly (the AOF cut back to its last fsync) lost
-  WAITAOF-acknowledged writes (docs/reliability.md). The startup check names any other
-  ``appendfsync`` as a risk (:mod:`vmpool.state.redis_check`);
-- a failover to a replica the write had not reached (replication is asynchronous).
-  Per write, ``WAIT N T`` in the same round trip: N replicas hold every write of this
-  connection (Sentinel promotes the most up-to-date replica).
+  fsync per event-loop turn for all clients, a group commit). The startup check names
+  any other ``appendfsync`` as a risk (:mod:`vmpool.state.redis_check`). ``WAITAOF``
+  under ``appendfsync everysec`` was measured as the per-write alternative, and
+  rejected. Valkey 9.1.2 answers it on its next event-loop turn without an fsync when no
+  write is buffered. A power cut played exactly (the AOF cut back to its last fsync)
+  lost WAITAOF-acknowledged writes (docs/reliability.md).
+- A failover to a replica the write had not reached: replication is asynchronous. Per
+  write, ``WAIT N T`` runs in the same round trip: N replicas hold every write of this
+  connection. Sentinel promotes the most up-to-date replica.
 
-A write whose confirmations do not all come within ``T`` is *not acknowledged*: the
-script's reply is dropped and :class:`WriteNotConfirmed` is raised. It may still be on
-the primary (nothing undoes it); the API answers 503 with the request id so that the
-client can look it up, a job fails and the sweeps run it again.
+Not acknowledged: a write whose confirmations do not all come within ``T``. The
+script's reply is dropped and :class:`WriteNotConfirmed` is raised. The write may still
+be on the primary (nothing undoes it). The API answers 503 with the request id, so the
+client can look it up. A job fails and the sweeps run it again.
 
-``WAIT`` confirms every earlier write of the connection's stream, so a confirmed write
-confirms the state it was decided on, whoever wrote it. A read answered to a client is
-confirmed the same way (:meth:`ConfirmingRedis.confirm`): a ``PUBLISH`` (replicated,
-allowed when Redis is full) moves the connection's offset to "now", and the same wait
-follows; so the API never shows a state a failover could take back.
+Reads: ``WAIT`` confirms every earlier write of the connection's stream. So a confirmed
+write confirms the state it was decided on, whoever wrote it. A read answered to a
+client is confirmed the same way (:meth:`ConfirmingRedis.confirm`). A ``PUBLISH``
+(replicated, allowed when Redis is full) moves the connection's offset to "now", and
+the same wait follows. The API never shows a state a failover could take back.
 
-The setting (``:redis: durability``): ``auto`` (the default) waits for
-``durability_replicas`` replicas when Redis is reached through Sentinel (a failover is
-then automatic) and for nothing otherwise; ``none`` and ``replicas`` say it outright.
-docs/operations.md, "Durability".
+The setting (``:redis: durability``, docs/operations.md, "Durability"):
+
+- ``auto`` (the default) waits for ``durability_replicas`` replicas when Redis is
+  reached through Sentinel (a failover is then automatic), and for nothing otherwise.
+- ``none`` and ``replicas`` say it outright.
 """
 
 from __future__ import annotations
@@ -63,8 +64,10 @@ _REPLICA_REFUSAL = "cannot be used with replica instances"
 
 
 class WriteNotConfirmed(redis.RedisError):
-    """A write (or a read) whose durability could not be confirmed in time: it is not
-    acknowledged. Not a ConnectionError, so that redis-py does not run it again."""
+    """A write (or a read) whose durability could not be confirmed in time.
+
+    It is not acknowledged. Not a ConnectionError, so that redis-py does not run it again.
+    """
 
 
 @dataclass(frozen=True)
@@ -78,8 +81,10 @@ class DurabilitySetting:
 
 @dataclass(frozen=True)
 class Durability:
-    """The confirmations every acknowledged write waits for: ``replicas`` replicas
-    holding it (WAIT), within ``timeout_s``."""
+    """The confirmations every acknowledged write waits for.
+
+    ``replicas`` replicas holding it (WAIT), within ``timeout_s``.
+    """
 
     replicas: int
     timeout_s: float
@@ -127,9 +132,12 @@ def resolve_durability(setting: DurabilitySetting, *, sentinel: bool) -> Durabil
 
 
 class ConfirmingRedis(redis.Redis):
-    """A client whose every script call (every state change vmpool makes) returns only
-    once its durability is confirmed (module docstring). Made by
-    :func:`vmpool.state.connection.connect`, which sets :attr:`durability`."""
+    """A client whose every script call returns only once its durability is confirmed.
+
+    Every state change vmpool makes is a script call (see the module docstring).
+    :func:`vmpool.state.connection.connect` makes these clients and sets
+    :attr:`durability`.
+    """
 
     durability: Durability = NO_DURABILITY
     via_sentinel: bool = False
@@ -168,15 +176,17 @@ def confirm(client: redis.Redis) -> None:
 
 
 async def confirm_async(client: aredis.Redis) -> None:
-    """:meth:`ConfirmingAsyncRedis.confirm` on ``client`` (nothing for another client)."""
+    """:meth:`ConfirmingAsyncRedis.confirm` on ``client``. Nothing for another client."""
     if isinstance(client, ConfirmingAsyncRedis):
         await client.confirm()
 
 
 class ConfirmingAsyncRedis(aredis.Redis):
-    """The asyncio twin of :class:`ConfirmingRedis` for the API's hot paths, which
-    pipeline their scripts themselves (:func:`vmpool.state.lua.run_pipelined_async`
-    queues :meth:`Durability.queue`)."""
+    """The asyncio twin of :class:`ConfirmingRedis`, for the API's hot paths.
+
+    Those paths pipeline their scripts themselves: :func:`vmpool.state.lua.run_pipelined_async`
+    queues :meth:`Durability.queue`.
+    """
 
     durability: Durability = NO_DURABILITY
     via_sentinel: bool = False

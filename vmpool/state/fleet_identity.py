@@ -1,17 +1,19 @@
 """The fleet's ownership id: the mark every provider puts on the VMs it makes.
 
-Reconcile destroys the VMs a cloud holds under this mark that no record accounts for,
-so two installs sharing a cloud account must never share one. A default that everybody
-has (the key prefix) would make them share it; so the id is generated once per Redis,
-at random, and kept there: every process of the fleet reads the same one, and another
-install, with its own Redis, gets another. ``fleet_id`` in a provider's options
-overrides it (to move a fleet to a new Redis without orphaning its VMs).
+Why it must be unique: reconcile destroys the VMs a cloud holds under this mark that no
+record accounts for. Two installs sharing a cloud account must never share one. A
+default everybody has (the key prefix) would make them share it.
 
-A Redis that already holds VM records when no identity is kept there was run by a
-version that marked VMs with the key prefix: the identity is then the prefix, so an
-upgrade (a rolling one too, old workers still creating) keeps seeing the VMs it made.
-Every fleet process settles the identity before it writes anything (``Fleet.build``),
-so a new install's own first VM never makes it look like an old one.
+So the id is generated once per Redis, at random, and kept there. Every process of the
+fleet reads the same one. Another install, with its own Redis, gets another.
+``fleet_id`` in a provider's options overrides it, to move a fleet to a new Redis
+without orphaning its VMs.
+
+Upgrades: a Redis that holds VM records but no identity belongs to a fleet that marked
+its VMs with the key prefix. The identity is then the prefix, so an upgrade (a rolling
+one too, old workers still creating) keeps seeing the VMs it made. Every fleet process
+settles the identity before it writes anything (``Fleet.build``). A new install's own
+first VM never makes it look like an old one.
 """
 
 from __future__ import annotations
@@ -44,6 +46,9 @@ def fleet_identity(client: redis.Redis, keys: Keys) -> str:
 
 
 def _holds_older_fleet(client: redis.Redis, keys: Keys) -> bool:
-    """Whether VM records exist: made before any identity was kept, so by a version
-    whose mark was the prefix. A SCAN, paid once per Redis (the key exists after)."""
+    """Whether VM records exist, made before any identity was kept.
+
+    Such records come from a fleet whose mark was the prefix. A SCAN, paid once per Redis
+    (the key exists after).
+    """
     return next(iter(client.scan_iter(match=keys.vm_pattern(), count=1000)), None) is not None

@@ -1,14 +1,14 @@
 """VM hostnames, vmpooler style: ``<prefix><adjective>-<noun>-<suffix>``.
 
-vmpooler names its VMs with an adjective and a noun (``spicy-proton``); vmpool adds a
-short random suffix so that a fleet of thousands rarely collides, and the store refuses
-a name that was ever used (``reserve_vm`` -> ``name_taken``, tombstones included), so a
-collision costs one more draw, never a shared VM.
+vmpooler names its VMs with an adjective and a noun (``spicy-proton``). vmpool adds a
+short random suffix, so a fleet of thousands rarely collides. The store refuses a name
+that was ever used (``reserve_vm`` -> ``name_taken``, tombstones included). A collision
+costs one more draw, never a shared VM.
 
 Every name is lowercase ``[a-z0-9-]``, starts with a letter or digit and is at most 63
-characters (one DNS label), which is also what ``vmpool.state.keys.VM_NAME_RE`` accepts.
+characters (one DNS label). ``vmpool.ids.VM_NAME_RE`` accepts the same.
 
-No global state: pass a ``random.Random`` (a seeded one in tests); the default is a
+No global state: pass a ``random.Random`` (a seeded one in tests). The default is a
 ``random.SystemRandom``, so two worker processes forked from one parent do not draw the
 same sequence.
 """

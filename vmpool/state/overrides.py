@@ -1,17 +1,18 @@
-"""Pool settings changed at runtime: size, template and clone target (vmpooler's
-``vmpooler__config__poolsize|template|clone_target`` hashes), and pool resets.
+"""Pool settings changed at runtime: size, template, clone target, and pool resets.
 
-An override is kept in Redis (``Keys.pool_override(setting)``: pool -> value) so that
-every API replica and worker sees it at once; it holds only values that differ from
-the configuration. Who honours what:
+These are vmpooler's ``vmpooler__config__poolsize|template|clone_target`` hashes.
+
+An override is kept in Redis (``Keys.pool_override(setting)``: pool -> value), so every
+API replica and worker sees it at once. It holds only values that differ from the
+configuration. Who honours what:
 
 * size: the warm-pool top-up and ready check read the effective size
-  (:func:`vmpool.lifecycle.overrides.effective_pools`);
+  (:func:`vmpool.lifecycle.overrides.effective_pools`).
 * template: the reservation scripts (``reserve_vm``, ``pool_reserve``) take the
-  runtime template in their own unit (``_prelude.lua``'s ``pool_template``), so the
-  next VM reserved is made from it;
-* clone target: read with the others by ``effective_pools`` (the pool's
-  ``clone_target``, for backend weights and the providers that place VMs by it).
+  runtime template in their own unit (``_prelude.lua``'s ``pool_template``). The next
+  VM reserved is made from it.
+* clone target: read with the others by ``effective_pools``. It is the pool's
+  ``clone_target``, for backend weights and the providers that place VMs by it.
 
 A changed template or clone target resets the pool (``Store.reset_pool``), as vmpooler
 drains a pool then. Nothing here writes a VM's state.
@@ -30,8 +31,14 @@ from vmpool.state.keys import Keys
 from vmpool.state.lua import read_script
 from vmpool.state.records import text
 
-__all__ = ["SETTINGS", "PoolOverrides", "Setting", "clear_override", "read_overrides",
-           "set_overrides"]  # fmt: skip
+__all__ = [
+    "SETTINGS",
+    "PoolOverrides",
+    "Setting",
+    "clear_override",
+    "read_overrides",
+    "set_overrides",
+]
 
 Setting = Literal["poolsize", "template", "clone_target"]
 SETTINGS: Final[tuple[Setting, ...]] = ("poolsize", "template", "clone_target")
@@ -39,7 +46,7 @@ SETTINGS: Final[tuple[Setting, ...]] = ("poolsize", "template", "clone_target")
 
 @dataclass(frozen=True)
 class PoolOverrides:
-    """The runtime values, by pool; a pool absent from a mapping has its configured one."""
+    """The runtime values, by pool. A pool absent from a mapping has its configured one."""
 
     size: Mapping[str, int] = field(default_factory=dict)
     template: Mapping[str, str] = field(default_factory=dict)
@@ -67,8 +74,10 @@ def read_overrides(r: redis.Redis, keys: Keys) -> PoolOverrides:
 def set_overrides(
     r: redis.Redis, keys: Keys, setting: Setting, values: Mapping[str, tuple[str, str]]
 ) -> int:
-    """Set pool -> (value, configured value) of ``setting`` in one unit
-    (``override_set.lua``); returns how many pools' effective value changed."""
+    """Set pool -> (value, configured value) of ``setting`` in one unit.
+
+    The unit is ``override_set.lua``. Returns how many pools' effective value changed.
+    """
     argv: list[str] = []
     for pool, (value, configured) in values.items():
         argv += [validate_pool_name(pool), value, configured]
@@ -79,8 +88,10 @@ def set_overrides(
 
 
 def clear_override(r: redis.Redis, keys: Keys, setting: Setting, pool: str) -> str | None:
-    """Drop ``pool``'s runtime value of ``setting``; returns the value it had (None:
-    there was none), read and removed in one transaction."""
+    """Drop ``pool``'s runtime value of ``setting``, read and removed in one transaction.
+
+    Returns the value it had (None: there was none).
+    """
     key = keys.pool_override(setting)
     pipe = r.pipeline(transaction=True)
     pipe.hget(key, validate_pool_name(pool))

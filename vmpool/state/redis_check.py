@@ -1,26 +1,28 @@
 """Is Redis set up as vmpool's guarantees assume? One check for every process.
 
-vmpool keeps its state, its audit trails and its queues in Redis and relies on:
+vmpool keeps its state, its audit trails and its queues in Redis. It relies on:
 
-- ``maxmemory-policy noeviction``: under memory pressure Redis then refuses writes
+- ``maxmemory-policy noeviction``. Under memory pressure Redis then refuses writes
   (each script fails whole, changing nothing) instead of evicting keys. An evicting
-  policy may drop a request's record, a VM's tombstone or a lock: a request id or VM
+  policy may drop a request's record, a VM's tombstone or a lock. A request id or VM
   name could then be taken again, a VM leak, a transition run twice.
-- ``appendonly yes`` (AOF): a restart loses at most what was not fsynced instead of
-  everything since the last snapshot, which would bring back requests in states they
-  already left.
-- the durability of acknowledged writes (:mod:`vmpool.state.durability`): any
+- ``appendonly yes`` (AOF). A restart then loses at most what was not fsynced. Without
+  it, a restart loses everything since the last snapshot, and brings back requests in
+  states they already left.
+- The durability of acknowledged writes (:mod:`vmpool.state.durability`). Any
   ``appendfsync`` but ``always`` loses the last second of acknowledged writes on a
-  crash or power loss; through Sentinel a failover loses the writes the promoted
-  replica had not received unless each write waits for a replica (WAIT).
+  crash or power loss. Through Sentinel, a failover loses the writes the promoted
+  replica had not received, unless each write waits for a replica (WAIT).
 
-:func:`check_redis` reads the settings with ``CONFIG GET`` or, where a managed Redis
-disables it, from ``INFO``; what it cannot read is "unknown", never an error. On a
-client of the connection factory it also reports the durability its writes wait for,
-and says by name when an acknowledged write could be lost (or when every write would be
-refused). The api, worker, scheduler and up commands call :func:`startup_check` when
-they start (a warning per problem, or a refusal with ``--strict``); ``/api/v3/status``
-and ``vmpool audit`` (``--strict``: exit 1 on a problem) report :meth:`RedisCheck.as_dict`.
+How: :func:`check_redis` reads the settings with ``CONFIG GET``. Where a managed Redis
+disables that, it reads ``INFO``. What it cannot read is "unknown", never an error. On a
+client of the connection factory it also reports the durability its writes wait for. It
+says by name when an acknowledged write could be lost, or when every write would be
+refused.
+
+Who: the api, worker, scheduler and up commands call :func:`startup_check` when they
+start: a warning per problem, or a refusal with ``--strict``. ``/api/v3/status`` and
+``vmpool audit`` report :meth:`RedisCheck.as_dict` (``--strict``: exit 1 on a problem).
 """
 
 from __future__ import annotations
@@ -49,9 +51,11 @@ class RedisMisconfigured(RuntimeError):
 
 @dataclass(frozen=True)
 class RedisCheck:
-    """What the server said (as Redis spells it, or ``"unknown"`` when it would not
-    say), and the durability this process's writes wait for (None: not known, a client
-    made outside the connection factory)."""
+    """What the server said, and the durability this process's writes wait for.
+
+    Settings are as Redis spells them, or ``"unknown"`` when it would not say. The
+    durability is None when not known: a client made outside the connection factory.
+    """
 
     maxmemory_policy: str
     appendonly: str
@@ -63,8 +67,10 @@ class RedisCheck:
     via_sentinel: bool = False
 
     def problems(self) -> list[str]:
-        """One line per setting known to be wrong, naming it (an unknown one is not a
-        problem: it is reported as unknown, see :meth:`unknowns`)."""
+        """One line per setting known to be wrong, naming it.
+
+        An unknown setting is not a problem. It is reported as unknown (:meth:`unknowns`).
+        """
         out = []
         if self.maxmemory_policy not in (WANT_POLICY, UNKNOWN):
             out.append(
@@ -171,8 +177,10 @@ def _info_get(client: redis.Redis, section: str, field: str) -> str | None:
 
 
 def check_redis(client: redis.Redis) -> RedisCheck:
-    """Read the settings; "unknown" for what the server will not tell. A lost
-    connection (redis.ConnectionError) is raised: that is not a setting."""
+    """Read the settings. "unknown" for what the server will not tell.
+
+    A lost connection (redis.ConnectionError) is raised: that is not a setting.
+    """
     policy = _config_get(client, "maxmemory-policy") or _info_get(
         client, "memory", "maxmemory_policy"
     )
@@ -201,11 +209,13 @@ def _count(value: Any) -> int | None:
 
 
 def startup_check(client: redis.Redis, *, who: str, strict: bool = False) -> RedisCheck:
-    """The check every process makes when it starts: the durability its writes wait
-    for (a line), a warning per problem (and one for what could not be read); with
-    ``strict``, :class:`RedisMisconfigured` (one line) when a setting is known wrong.
-    An unknown setting never refuses: a managed Redis that hides CONFIG must still run
-    vmpool, and its operator is told."""
+    """The check every process makes when it starts.
+
+    It logs the durability its writes wait for (a line), and a warning per problem (and one
+    for what could not be read). With ``strict`` it raises :class:`RedisMisconfigured`
+    (one line) when a setting is known wrong. An unknown setting never refuses: a managed
+    Redis that hides CONFIG must still run vmpool, and its operator is told.
+    """
     result = check_redis(client)
     problems = result.problems()
     if strict and problems:

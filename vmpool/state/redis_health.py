@@ -1,14 +1,19 @@
 """Is Redis usable for vmpool now, and if not, why: one vocabulary for every process.
 
-A Redis that answers PING may still refuse every write: it is full (``maxmemory``
-reached under ``noeviction``: OOM), it is a replica (READONLY: a failover moved the
-primary), it lacks the replicas ``min-replicas-to-write`` asks for (NOREPLICAS), or a
-write's durability cannot be confirmed (:class:`~vmpool.state.durability.WriteNotConfirmed`).
-:func:`classify` names the condition of an error (None: not a Redis condition, a bug);
+A Redis that answers PING may still refuse every write:
+
+- it is full (``maxmemory`` reached under ``noeviction``: OOM);
+- it is a replica (READONLY: a failover moved the primary);
+- it lacks the replicas ``min-replicas-to-write`` asks for (NOREPLICAS);
+- a write's durability cannot be confirmed
+  (:class:`~vmpool.state.durability.WriteNotConfirmed`).
+
+:func:`classify` names the condition of an error (None: not a Redis condition, a bug).
 :func:`probe` makes a real write (:file:`scripts/write_probe.lua`) and says what it met.
-The API's ``/readyz`` and ``/metrics``, its error replies, and the workers and the
-scheduler waiting out an outage all use these, so a full Redis reads "Redis is out of
-memory" everywhere, not "unavailable".
+
+Users: the API's ``/readyz`` and ``/metrics``, its error replies, and the workers and
+the scheduler waiting out an outage. A full Redis reads "Redis is out of memory"
+everywhere, not "unavailable".
 """
 
 from __future__ import annotations
@@ -53,8 +58,10 @@ MESSAGES: Final = {
 
 
 def classify(exc: BaseException) -> RedisCondition | None:
-    """The condition ``exc`` (raised by redis-py) shows, or None when it is no outage
-    of Redis (a script's own error, a bug)."""
+    """The condition ``exc`` (raised by redis-py) shows.
+
+    None when it is no outage of Redis: a script's own error, a bug.
+    """
     if isinstance(exc, redis.BusyLoadingError):
         return RedisCondition.LOADING
     if isinstance(exc, (redis.ConnectionError, redis.TimeoutError)):
@@ -75,8 +82,10 @@ def classify(exc: BaseException) -> RedisCondition | None:
 
 
 def probe(client: redis.Redis, keys: Keys) -> RedisCondition:
-    """Make one small write through ``client`` (confirmed as any of its writes) and
-    say what it met."""
+    """Make one small write through ``client`` and say what it met.
+
+    The write is confirmed as any of the client's writes.
+    """
     try:
         client.register_script(_PROBE_LUA)(keys=[keys.write_probe], args=[PROBE_TTL_MS])
     except redis.RedisError as exc:
@@ -88,6 +97,6 @@ def probe(client: redis.Redis, keys: Keys) -> RedisCondition:
 
 
 def memory(client: redis.Redis) -> tuple[int, int]:
-    """(used, maximum) bytes of Redis's memory; maximum 0 means no limit."""
+    """(used, maximum) bytes of Redis's memory. A maximum of 0 means no limit."""
     info = client.info("memory")
     return int(info.get("used_memory", 0)), int(info.get("maxmemory", 0))

@@ -1,16 +1,18 @@
 """Where Redis is: the URL forms vmpool takes, parsed, composed and shown masked.
 
-Every process is given one URL (``--redis-url``, ``VMPOOL_REDIS_URL``, ``:redis: url``,
-or one composed from ``:redis:``'s parts or its ``sentinel`` section), and hands the
-same URL to the processes it starts. The forms:
+Every process is given one URL and hands the same URL to the processes it starts. It
+comes from ``--redis-url``, ``VMPOOL_REDIS_URL`` or ``:redis: url``, or is composed from
+``:redis:``'s parts or its ``sentinel`` section.
+
+The forms:
 
 - ``redis://[[user]:password@]host[:port][/db]``, ``rediss://`` (TLS), ``unix://PATH``:
-  one server (redis-py's own URL forms);
+  one server (redis-py's own URL forms).
 - ``redis+sentinel://[[user]:password@]h1:26379,h2:26379,.../MASTER[/db]
   [?sentinel_password=...]``: the primary of the group ``MASTER`` as the sentinels
   name it, found again after every failover. The password (and user) are the
-  primary's; ``sentinel_password`` the sentinels' own (``requirepass`` on them), when
-  they have one. The form without the query is the one rq-dashboard reads too.
+  primary's. ``sentinel_password`` is the sentinels' own (``requirepass`` on them),
+  when they have one. The form without the query is the one rq-dashboard reads too.
 
 A password never appears in an error message: :func:`mask_url_password` shows a URL.
 """
@@ -50,8 +52,10 @@ class SentinelTarget:
     sentinel_password: str | None = None
 
     def url(self) -> str:
-        """The ``redis+sentinel://`` URL of this target (parsed back by
-        :func:`parse_sentinel_url` to an equal target)."""
+        """The ``redis+sentinel://`` URL of this target.
+
+        :func:`parse_sentinel_url` parses it back to an equal target.
+        """
         auth = ""
         if self.password is not None:
             user = quote(self.username or "", safe="")
@@ -70,8 +74,10 @@ def is_sentinel_url(url: str) -> bool:
 
 
 def parse_sentinel_url(url: str) -> SentinelTarget:
-    """The target of a ``redis+sentinel://`` URL; ValueError with a one-line reason
-    (which never contains a password)."""
+    """The target of a ``redis+sentinel://`` URL.
+
+    ValueError with a one-line reason, which never contains a password.
+    """
     rest = url.strip()[len(SENTINEL_SCHEME) + 3 :]
     rest, _, query = rest.partition("?")
     netloc, _, path = rest.partition("/")
@@ -132,7 +138,7 @@ def _host_text(host: str) -> str:
 
 
 def mask_url_password(url: str) -> str:
-    """``url`` with its passwords (if any) replaced by ``***``; fit to print or log."""
+    """``url`` with its passwords (if any) replaced by ``***``. Fit to print or log."""
     if is_sentinel_url(url):
         return _mask_sentinel(url)
     try:

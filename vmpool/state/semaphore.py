@@ -1,28 +1,35 @@
 """The fleet-wide on-demand clone limit: a Redis semaphore of leases.
 
-vmpooler counts clones in progress in one process; vmpool has many worker processes on
-many machines, so the count lives in Redis: a zset whose members are VM names and whose
-scores are the leases' expiry times (Redis server time), and beside it each lease's
-holder token. ``vmpool/state/scripts/clone_semaphore.lua`` drops expired leases, then
+vmpooler counts clones in progress in one process. vmpool has many worker processes on
+many machines, so the count lives in Redis. It is a zset whose members are VM names and
+whose scores are the leases' expiry times (Redis server time). Beside it sits each
+lease's holder token. ``vmpool/state/scripts/clone_semaphore.lua`` drops expired leases,
 checks the limit and adds the lease in one atomic unit.
 
-A slot is taken for a VM when it is reserved (``lifecycle.provision_request``, the warm
-top-up: token 0, no lock of the VM exists yet) and taken over by its create
-(``lifecycle.create_vm``, under the VM's lock: its token is that lock's fencing
-token), which gives it back when the create is over, however it ends. **A lease is
-released or renewed only by its holder**: a token older than the lease's is refused,
-so a creator paused past its lease (and its lock), whose VM another creator took over
-with a newer token, cannot drop that creator's slot when it wakes, and the fleet never
-runs more clones than the limit because of it. Acquiring again with a token not older
-than the lease's renews it, so a create job that runs twice holds one slot, not two. A
-worker killed mid-create never releases: its lease expires (``lease_s``, twice the lock
-expiry) and the slot comes back by itself. A live create keeps its lease for as long as
-its provider call runs: ``renewing`` renews it every third of ``lease_s`` (so two
-renewals may be missed before it lapses), from one thread per semaphore (so per Fleet,
-per process) shared by every create. A renewal that finds its lease gone and no slot
-free re-registers it over the limit and counts an **overrun** (the clone is under way):
-the count stays true, and :meth:`stats` (the audit, /metrics) shows the fleet's peak
-and overruns, so an exceeded limit is seen, never silent.
+A lease's life:
+
+- Taken when the VM is reserved (``lifecycle.provision_request``, the warm top-up),
+  with token 0: no lock of the VM exists yet.
+- Taken over by the VM's create (``lifecycle.create_vm``), under the VM's lock: its
+  token is that lock's fencing token. The create gives it back when it is over,
+  however it ends.
+- Renewed by acquiring again with a token not older than the lease's. A create job
+  that runs twice holds one slot, not two.
+- Kept alive while the provider call runs: ``renewing`` renews it every third of
+  ``lease_s``, so two renewals may be missed before it lapses. One thread per
+  semaphore (per Fleet, per process) renews for every create.
+- Expired when its worker was killed mid-create: after ``lease_s`` (twice the lock
+  expiry) the slot comes back by itself.
+
+Invariant: **a lease is released or renewed only by its holder.** A token older than the
+lease's is refused. A creator paused past its lease (and its lock), whose VM another
+creator took over with a newer token, cannot drop that creator's slot when it wakes. So
+the fleet never runs more clones than the limit because of it.
+
+Overruns: a renewal that finds its lease gone and no slot free re-registers it over the
+limit and counts an **overrun** (the clone is under way). The count stays true.
+:meth:`stats` (the audit, /metrics) shows the fleet's peak and overruns: an exceeded
+limit is seen, never silent.
 """
 
 from __future__ import annotations
@@ -57,8 +64,11 @@ def _script_text() -> str:
 
 @dataclass(frozen=True)
 class SlotStats:
-    """The semaphore's record: live leases now, the most ever live at once, and the
-    renewals that went on over the limit (each a create that ran without a slot)."""
+    """The semaphore's record: live leases now, the peak, and the overruns.
+
+    The peak is the most leases ever live at once. An overrun is a renewal that went on
+    over the limit: a create that ran without a slot.
+    """
 
     live: int
     peak: int
@@ -66,8 +76,10 @@ class SlotStats:
 
 
 class CloneSemaphore:
-    """At most ``limit`` live leases fleet-wide, each expiring ``lease_s`` after it was
-    taken (or last renewed), each released only by its holder."""
+    """At most ``limit`` live leases fleet-wide, each released only by its holder.
+
+    A lease expires ``lease_s`` after it was taken or last renewed.
+    """
 
     def __init__(self, redis_client: redis.Redis, keys: Keys, limit: int, lease_s: float) -> None:
         if limit < 1:
@@ -86,16 +98,20 @@ class CloneSemaphore:
         return self._script(keys=self._keys, args=list(args))
 
     def acquire(self, holder: str, token: int = 0) -> str | None:
-        """Take (or renew, or take over from an older token) the lease of VM
-        ``holder`` with ``token`` (the fence of the VM lock it is taken under; 0 at a
-        reservation); its name, or None when no slot is free or a newer holder has
-        it."""
+        """Take the lease of VM ``holder`` with ``token``: its name, or None.
+
+        Taking also renews a lease this holder has, or takes it over from an older token.
+        ``token`` is the fence of the VM lock it is taken under (0 at a reservation). None when
+        no slot is free or a newer holder has it.
+        """
         granted = self._call("acquire", holder, int(token), self.limit, repr(self.lease_s))
         return holder if int(str(granted)) == 1 else None
 
     def acquire_all(self, holders: Sequence[tuple[str, int]]) -> dict[str, bool]:
-        """:meth:`acquire` for each (VM, token) of ``holders`` in turn, in one script (a
-        batch job's create claim); VM -> whether it holds a lease now."""
+        """:meth:`acquire` for each (VM, token) of ``holders`` in turn, in one script.
+
+        A batch job's create claim. Returns VM -> whether it holds a lease now.
+        """
         if not holders:
             return {}
         pairs = [x for name, token in holders for x in (name, int(token))]
@@ -104,21 +120,27 @@ class CloneSemaphore:
         return {name: int(g) == 1 for (name, _), g in zip(holders, granted, strict=True)}
 
     def release(self, lease: str, token: int = 0) -> bool:
-        """Give the slot of VM ``lease`` back, if it is ours (or an older token's);
-        True if a live lease was dropped (releasing twice is fine)."""
+        """Give the slot of VM ``lease`` back, if it is ours or an older token's.
+
+        True if a live lease was dropped. Releasing twice is fine.
+        """
         return int(str(self._call("release", lease, int(token)))) == 1
 
     @contextmanager
     def renewing(self, holder: str, token: int = 0) -> Iterator[None]:
-        """Keep the lease of VM ``holder`` (held with ``token``) alive while the block
-        runs (a provider call that may outlast ``lease_s``): the limit must hold for as
-        long as the clone it guards. A lease another holder took over (a newer token)
-        is renewed no more; one that lapsed (this process paused past it) is retaken,
-        over the limit if no slot is free (an overrun, counted and logged: the clone is
-        under way). One thread per semaphore renews every block's lease (issue 15: a
-        thread started and joined per create cost more than the create's Redis
-        calls); when the block ends its lease is renewed no more (an in-flight renewal
-        of it is waited for)."""
+        """Keep the lease of VM ``holder`` alive while the block runs.
+
+        The block is a provider call that may outlast ``lease_s``: the limit must hold for as
+        long as the clone it guards. ``token`` is the lease's holder token.
+
+        - A lease another holder took over (a newer token) is renewed no more.
+        - A lease that lapsed (this process paused past it) is retaken. If no slot is free it
+          is retaken over the limit: an overrun, counted and logged (the clone is under way).
+        - One thread per semaphore renews every block's lease. A thread started and joined per
+          create would cost more than the create's Redis calls.
+        - When the block ends its lease is renewed no more. An in-flight renewal of it is
+          waited for.
+        """
         ticket = self._keeper.add((holder, int(token)))
         try:
             yield
@@ -126,7 +148,7 @@ class CloneSemaphore:
             self._keeper.remove(ticket)
 
     def _renew(self, lease: tuple[str, int]) -> bool:
-        """One renewal; False once the lease is another holder's (stop renewing it)."""
+        """One renewal. False once the lease is another holder's: stop renewing it."""
         holder, token = lease
         try:
             got = int(str(self._call("renew", holder, token, self.limit, repr(self.lease_s))))
@@ -159,12 +181,15 @@ class CloneSemaphore:
 
 
 class _LeaseKeeper:
-    """One daemon thread calling ``renew(lease)`` for each added ticket every ``every``
-    seconds until it is removed (or ``renew`` says to stop: False). Started on first
-    use; it waits on a condition (no Redis traffic) while nothing is added, and ends
-    after :data:`KEEPER_LINGER_S` without a ticket. :meth:`remove` returns only once no
-    renewal of its ticket runs, so nothing renews a lease after its block ended (its
-    release stays a release)."""
+    """One daemon thread that renews each added ticket's lease every ``every`` seconds.
+
+    It calls ``renew(lease)`` until the ticket is removed, or until ``renew`` answers
+    False. It starts on first use. While nothing is added it waits on a condition (no Redis
+    traffic). It ends after :data:`KEEPER_LINGER_S` without a ticket.
+
+    :meth:`remove` returns only once no renewal of its ticket runs. So nothing renews a
+    lease after its block ended, and its release stays a release.
+    """
 
     def __init__(self, renew: Callable[[tuple[str, int]], bool], every: float) -> None:
         self._renew = renew

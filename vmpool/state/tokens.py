@@ -2,27 +2,31 @@
 
 Tokens look like vmpooler's: 32 characters of ``[a-z0-9]``, the first a letter. Only
 ``sha256(token)`` is stored (``keys.token(sha)``: a hash with ``user``, ``created``,
-``last``); the plain token is shown once, to whoever minted it, and never logged.
+``last``). The plain token is shown once, to whoever minted it, and never logged.
 
 Password hashes in the config (``:auth: users:``) take one of two forms:
 
 * ``pbkdf2_sha256$<iterations>$<salt>$<hex>``: PBKDF2-HMAC-SHA256 of the UTF-8 password
-  with the UTF-8 salt (``hash_password`` writes these);
+  with the UTF-8 salt. ``hash_password`` writes these.
 * ``sha256$<salt>$<hex>``: ``sha256(salt + password)``, for configs written by hand.
 
 Every comparison is constant-time (``hmac.compare_digest``). A login for an unknown
 user is checked against :func:`dummy_hash`, so it runs the PBKDF2 a known user's does.
 
-Tokens may expire (``:auth: token_ttl``: the hash gets a TTL), and a user's tokens are
-bounded: ``P:user-tokens:<sha256 of the user>`` indexes them, and minting one more than
-``max_tokens_per_user`` drops the oldest (clients that mint a token per run keep
-working; an unbounded list would let one user fill Redis).
+Tokens may expire (``:auth: token_ttl``: the hash gets a TTL). A user's tokens are
+bounded. ``P:user-tokens:<sha256 of the user>`` indexes them, and minting one more than
+``max_tokens_per_user`` drops the oldest. Clients that mint a token per run keep
+working, and one user cannot fill Redis.
 
-Two counters refuse a caller with 429: the POST/DELETE calls of one *user* per minute
-(:func:`check_user_rate_limit`; per user, so minting more tokens buys no more calls),
-and failed logins per client address and per user name in a TTL window
-(:func:`login_retry_after`, :func:`record_failed_login`). Both live in Redis, so every
-API replica shares them. User names and addresses appear in keys only as SHA-256.
+Two counters refuse a caller with 429:
+
+- The POST/DELETE calls of one *user* per minute (:func:`check_user_rate_limit`). It
+  counts per user, so minting more tokens buys no more calls.
+- Failed logins per client address and per user name in a TTL window
+  (:func:`login_retry_after`, :func:`record_failed_login`).
+
+Both live in Redis, so every API replica shares them. User names and addresses appear
+in keys only as SHA-256.
 """
 
 from __future__ import annotations
@@ -84,7 +88,7 @@ def hash_password(
 
 
 def verify_password(password: str, stored: str) -> bool:
-    """True when ``password`` matches ``stored`` (either supported form); never raises."""
+    """True when ``password`` matches ``stored`` (either supported form). Never raises."""
     try:
         candidate = password.encode("utf-8")
         parts = stored.split("$")
@@ -103,9 +107,11 @@ def verify_password(password: str, stored: str) -> bool:
 
 
 def dummy_hash(stored: Iterable[str]) -> str:
-    """A hash no password matches that costs what the costliest of ``stored`` does: a
-    login for an unknown user is verified against it, so it runs the same PBKDF2 (the
-    same iterations) as a wrong password for a known user, and timing tells no names."""
+    """A hash no password matches, costing what the costliest of ``stored`` does.
+
+    A login for an unknown user is verified against it. It runs the same PBKDF2 (the same
+    iterations) as a wrong password for a known user, so timing tells no names.
+    """
     iterations = 0
     for value in stored:
         parts = value.split("$")
@@ -162,12 +168,14 @@ class TokenStore:
         return f"{float(seconds) + float(micros) / 1e6:.6f}"
 
     def create(self, user: str, *, ttl_s: float | None = None, max_tokens: int = 100) -> str:
-        """Mint a token for ``user``; returns the plain token (shown once, never stored)."""
+        """Mint a token for ``user``. Returns the plain token (shown once, never stored)."""
         return self.mint(user, ttl_s=ttl_s, max_tokens=max_tokens).token
 
     def mint(self, user: str, *, ttl_s: float | None = None, max_tokens: int = 100) -> MintedToken:
-        """Mint a token for ``user`` that lives ``ttl_s`` seconds (None: until revoked);
-        beyond ``max_tokens`` live tokens of the user, the oldest are dropped."""
+        """Mint a token for ``user`` that lives ``ttl_s`` seconds (None: until revoked).
+
+        Beyond ``max_tokens`` live tokens of the user, the oldest are dropped.
+        """
         if not user:
             raise ValueError("user must not be empty")
         if max_tokens < 1 or (ttl_s is not None and ttl_s <= 0):
@@ -192,7 +200,7 @@ class TokenStore:
         return MintedToken(token, expires, int(dropped))
 
     def lookup(self, token: str, *, touch: bool = True) -> TokenInfo | None:
-        """The token's record, or None; ``touch`` records the time of use in ``last``."""
+        """The token's record, or None. ``touch`` records the time of use in ``last``."""
         if not token:
             return None
         sha = token_sha256(token)
@@ -216,8 +224,10 @@ class TokenStore:
         )
 
     def of_user(self, user: str) -> list[TokenInfo]:
-        """The user's live tokens, oldest first (from their index: no scan). Only the
-        hashes are known: ``TokenInfo.sha256`` stands for each token."""
+        """The user's live tokens, oldest first, from their index (no scan).
+
+        Only the hashes are known: ``TokenInfo.sha256`` stands for each token.
+        """
         shas = [_text(s) for s in self.redis.zrange(self.keys.user_tokens(_sha(user)), 0, -1)]
         pipe = self.redis.pipeline(transaction=False)
         for sha in shas:
@@ -227,13 +237,18 @@ class TokenStore:
             data = {_text(k): _text(v) for k, v in raw.items()}
             if data.get("user") == user:
                 out.append(
-                    TokenInfo(sha, user, data.get("created", ""), data.get("last", ""),
-                              data.get("expires", ""))
-                )  # fmt: skip
+                    TokenInfo(
+                        sha,
+                        user,
+                        data.get("created", ""),
+                        data.get("last", ""),
+                        data.get("expires", ""),
+                    )
+                )
         return out
 
     def revoke(self, token: str, *, user: str | None = None) -> bool:
-        """Delete the token; with ``user``, only if it belongs to that user."""
+        """Delete the token. With ``user``, only if it belongs to that user."""
         key = self.keys.token(token_sha256(token))
         if user is None:
             return int(self.redis.delete(key)) > 0
@@ -252,8 +267,11 @@ class RateDecision:
 def check_user_rate_limit(
     redis_client: redis.Redis, keys: Keys, user: str, limit_per_minute: int
 ) -> RateDecision:
-    """Count one call of ``user`` (whichever of their tokens it came with) in the current
-    minute; refuse once the count exceeds ``limit_per_minute``."""
+    """Count one call of ``user`` in the current minute; refuse over the limit.
+
+    Every token of the user counts alike. Refused once the count exceeds
+    ``limit_per_minute``.
+    """
     return _count_call(
         redis_client, lambda w: keys.user_rate_limit(_sha(user), w), limit_per_minute
     )
@@ -262,9 +280,11 @@ def check_user_rate_limit(
 def check_rate_limit(
     redis_client: redis.Redis, keys: Keys, token_sha: str, limit_per_minute: int
 ) -> RateDecision:
-    """Count one call of the token in the current minute (a fixed window in Redis, on the
-    server's clock); refuse once the count exceeds ``limit_per_minute``. The API counts
-    per user (:func:`check_user_rate_limit`)."""
+    """Count one call of the token in the current minute; refuse over the limit.
+
+    The window is fixed, in Redis, on the server's clock. Refused once the count exceeds
+    ``limit_per_minute``. The API counts per user (:func:`check_user_rate_limit`).
+    """
     return _count_call(redis_client, lambda w: keys.rate_limit(token_sha, w), limit_per_minute)
 
 
@@ -299,9 +319,11 @@ def login_retry_after(
     max_per_user: int,
     max_per_address: int,
 ) -> int:
-    """Seconds until ``user`` may try again from ``address`` (0: now): non-zero while
-    either has ``max_per_...`` failed logins in its window. Checked before the password,
-    so a limited caller costs no PBKDF2."""
+    """Seconds until ``user`` may try again from ``address`` (0: now).
+
+    Non-zero while either has ``max_per_...`` failed logins in its window. Checked before
+    the password, so a limited caller costs no PBKDF2.
+    """
     pipe = redis_client.pipeline(transaction=False)
     for key in _login_keys(keys, user, address):
         pipe.get(key)
@@ -320,7 +342,9 @@ def login_retry_after(
 def record_failed_login(
     redis_client: redis.Redis, keys: Keys, user: str, address: str, *, window_s: float
 ) -> None:
-    """Count one failed login against ``address`` and ``user`` (one script: each count
-    gets its TTL window with its first failure)."""
+    """Count one failed login against ``address`` and ``user``.
+
+    One script. Each count gets its TTL window with its first failure.
+    """
     script = redis_client.register_script(read_script(_SCRIPTS, "login_failed.lua"))
     script(keys=_login_keys(keys, user, address), args=[max(1, round(window_s * 1000))])

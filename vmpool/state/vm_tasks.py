@@ -1,10 +1,13 @@
-"""A held VM's snapshots, reverts and extra disks in the state store (vmpooler's
-``vmpooler__tasks__snapshot|snapshot-revert|disk``), as a mixin of
+"""A held VM's snapshots, reverts and extra disks in the state store.
+
+These are vmpooler's ``vmpooler__tasks__snapshot|snapshot-revert|disk``, as a mixin of
 :class:`vmpool.state.store.Store`.
 
-The API records a task on the VM (``vm_task_add.lua``: only its holder may, and a
-revert only to a snapshot taken); the ``vm_task`` job calls the provider and records the
-result (``vm_task_done.lua``: ``snapshot:<id>`` and ``disk`` as vmpooler writes them).
+- The API records a task on the VM (``vm_task_add.lua``). Only its holder may, and a
+  revert only to a snapshot taken.
+- The ``vm_task`` job calls the provider and records the result (``vm_task_done.lua``:
+  ``snapshot:<id>`` and ``disk`` as vmpooler writes them).
+
 A task is named ``<VM>:<kind>:<id>`` (:data:`vmpool.ids.VM_TASK_RE`), the job's subject.
 """
 
@@ -61,9 +64,10 @@ class VMTaskStore(PoolStore):
     """The VM-task half of the store (mixed into :class:`~vmpool.state.store.Store`)."""
 
     def add_vm_task(self, task: VMTask, arg: str, *, actor: str, user: str = "") -> Outcome:
-        """Record ``task`` (by the VM's holder ``user``; '' for admin or auth off)."""
-        return self._run_held("vm_task_add", task.vm, actor, [task.vm, user, task.kind,
-                                                              task.id, arg])  # fmt: skip
+        """Record ``task`` by the VM's holder ``user`` ('' for admin or auth off)."""
+        return self._run_held(
+            "vm_task_add", task.vm, actor, [task.vm, user, task.kind, task.id, arg]
+        )
 
     def vm_task_arg(self, task: VMTask) -> str | None:
         """The waiting task's argument, None when it is not (or no longer) waiting."""

@@ -1,21 +1,27 @@
 """Work sets: the subjects waiting for a batch job, in their order of service.
 
-One work set per kind of per-subject work (``keys.work_set(job)``: ``create_vm``,
-``check_pending_vm``, ``provision_request``). :meth:`WorkSet.add` puts subjects in (a
-subject already waiting or claimed keeps its place, so the set is the dedup); a batch
-job :meth:`claim` s up to N of them for a lease (one script), runs each, and ends its
-claim on each: :meth:`done` (the work is over: out of the set), :meth:`release` (not
-run: back in line at once), :meth:`defer` (not run now, say its lock is held
-elsewhere: back in line after a delay, and still in the set meanwhile, so nothing
-re-adds it or loses it). :meth:`renew` extends the lease of a claim still at work.
-A claimer that dies leaves its subjects claimed; they are back in line, at their
-arrival, when the lease ends.
+There is one work set per kind of per-subject work (``keys.work_set(job)``:
+``create_vm``, ``check_pending_vm``, ``provision_request``).
+
+A subject's way through:
+
+- :meth:`WorkSet.add` puts subjects in. A subject already waiting or claimed keeps its
+  place, so the set is the dedup.
+- A batch job :meth:`claim` s up to N of them for a lease (one script) and runs each.
+- It ends its claim on each. :meth:`done`: the work is over, out of the set.
+  :meth:`release`: not run, back in line at once. :meth:`defer`: not run now (say its
+  lock is held elsewhere), back in line after a delay. A deferred subject stays in the
+  set meanwhile, so nothing re-adds it or loses it.
+- :meth:`renew` extends the lease of a claim still at work. A claimer that dies leaves
+  its subjects claimed. They are back in line, at their arrival, when the lease ends.
 
 **Order of service** (docs/invariants.md, invariant 10; ``_workset.lua`` says how):
-first come, first served by arrival in server time (a request's ``created``, so
-neither its id nor a re-dispatch moves it), round-robin across owners (a request's
-token user; VMs have none): the owner served longest ago goes next, with its oldest
-waiting subject, so one user's burst cannot starve another user's request.
+
+- First come, first served, by arrival in server time. That is a request's
+  ``created``, so neither its id nor a re-dispatch moves it.
+- Round-robin across owners (a request's token user; VMs have none). The owner served
+  longest ago goes next, with its oldest waiting subject. One user's burst cannot
+  starve another user's request.
 """
 
 from __future__ import annotations
@@ -38,8 +44,10 @@ REQUEST_JOBS = frozenset({"provision_request"})
 
 
 def lua_workset() -> str:
-    """The work-set functions (_workset.lua) with the parts' suffixes rendered in: the
-    head of every script that touches a work set."""
+    """The work-set functions (_workset.lua) with the parts' suffixes rendered in.
+
+    This is the head of every script that touches a work set.
+    """
     parts = ", ".join(f"{name} = '{suffix}'" for name, suffix in WORK_PARTS.items())
     return f"local WORK_PARTS = {{{parts}}}\n" + read_script(_PACKAGE, "_workset.lua")
 
@@ -62,14 +70,19 @@ class WorkSet:
         self._done = redis_client.register_script(head + read_script(_PACKAGE, "work_done.lua"))
 
     def record_key_parts(self, job: str) -> tuple[str, str]:
-        """What the add scripts need to read a subject's arrival and owner: the parts of
-        a request's key around its id for a job on requests, else ('', '')."""
+        """The parts of a request's key around its id, for a job on requests.
+
+        The add scripts read a subject's arrival and owner with them. ``('', '')`` for other
+        jobs.
+        """
         return self.keys.request_key_parts() if job in REQUEST_JOBS else ("", "")
 
     def add(self, job: str, subjects: Sequence[str], *, client: Any = None) -> int:
-        """Put ``subjects`` in ``job``'s work set (one already in keeps its place).
-        ``client``: a pipeline to add to (returns 0), else one round trip (returns how
-        many were added)."""
+        """Put ``subjects`` in ``job``'s work set. One already in keeps its place.
+
+        ``client``: a pipeline to add to (returns 0). Without it, one round trip, returning how
+        many were added.
+        """
         if not subjects:
             return 0
         head, tail = self.record_key_parts(job)
@@ -94,13 +107,18 @@ class WorkSet:
         return self._end(job, claim, "release", subjects)
 
     def defer(self, job: str, claim: Claim, subjects: Sequence[str], delay_s: float) -> int:
-        """Put ``subjects`` of ``claim`` back in line after ``delay_s`` (held by no claim
-        meanwhile, and still in the set: a dispatch does not add them again)."""
+        """Put ``subjects`` of ``claim`` back in line after ``delay_s``.
+
+        Meanwhile no claim holds them, and they stay in the set: a dispatch does not add them
+        again.
+        """
         return self._end(job, claim, "defer", subjects, delay_s)
 
     def renew(self, job: str, claim: Claim, subjects: Sequence[str], lease_s: float) -> int:
-        """Extend the lease of ``subjects`` still claimed by ``claim`` to ``lease_s``
-        from now (a claim still at work keeps them)."""
+        """Extend the lease of ``subjects`` still claimed by ``claim`` to ``lease_s`` from now.
+
+        A claim still at work keeps them.
+        """
         return self._end(job, claim, "renew", subjects, lease_s)
 
     def _end(
@@ -116,9 +134,12 @@ class WorkSet:
         return int(self.redis.zcard(self.keys.work_set(job)))
 
     def lapsed(self, jobs: Iterable[str], now: float, limit: int = 100) -> dict[str, list[str]]:
-        """Per job, up to ``limit`` subjects whose claim or deferral ended by ``now``
-        (server time): they go back in line at the next claim, so a batch job should be
-        queued (a claimer that died, a subject deferred). One round trip for all."""
+        """Per job, up to ``limit`` subjects whose claim or deferral ended by ``now``.
+
+        ``now`` is server time. These subjects go back in line at the next claim, so a batch
+        job should be queued: a claimer died, or a subject was deferred. One round trip for
+        all jobs.
+        """
         jobs = list(jobs)
         pipe = self.redis.pipeline(transaction=False)
         for job in jobs:

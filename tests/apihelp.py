@@ -134,3 +134,17 @@ def drive_ready(store: Store, rid: str, domain: str = "example.com") -> list[str
             assert store.vm_ready(name, actor="test").ok
             names.append(name)
     return names
+
+
+# Every request id a client might send to break a key, a job id or a log line. The
+# first stops provisioning for everyone under a naive check: `$` in
+# `re.match(r"^...$")` also matches before a final newline, and RQ refuses the job id.
+HOSTILE_IDS: list[Any] = [
+    "poison\n", "poison\r\n", "poison\n\n", "\npoison", "poi\nson", "poison\r",
+    "poison\x00", "poison\t", " poison", "poison ", "poi son", "poison\u2028",
+    "poison\x85", "p\u043eison",  # a Cyrillic o
+    "", "-poison", ".poison", "_poison", "..", "../../etc/passwd", "a/b", "a\\b",
+    "{poison}", "poi{son", "poi}son", "a:b", "a*", "*", "?", "[ab]", "a%0Ab", "a+b",
+    "x" * 129, "1" * 10_000, "ü" * 3, "\ud800",
+    1, 1.5, True, None, [], {}, ["poison"], {"id": "poison"},
+]  # fmt: skip
