@@ -11,7 +11,7 @@ What this proves, for every module of ``vmpool/`` and ``workers/``:
   :data:`MAX_FUNCTION_LINES` (docstring included), except the few listed in
   :data:`ALLOWED`, each with its reason.
 - no ``.py`` or ``.lua`` file tells history ("issue 15", "session 4": that goes in commit
-  messages and docs), except the files still listed in :data:`HISTORY_PENDING`.
+  messages and docs).
 The checker itself is tested on small made-up trees, so that each check can fail.
 """
 
@@ -53,28 +53,6 @@ ALLOWED: Mapping[str, str] = {}
 # A reference to the project's history in code.
 # (A reference may break across lines, a comment marker between its words.)
 HISTORY_RE = re.compile(r"\b(?:[Ii]ssues?|[Ss]essions?)\s+(?:(?:#|--)\s*)?\d+\b")
-# Files that still tell history, each for its owner to clean. The list may shrink, never
-# grow: a reference in any other file fails the test.
-HISTORY_PENDING: frozenset[str] = frozenset(
-    {
-        "vmpool/api/deps.py",
-        "vmpool/api/parsing.py",
-        "vmpool/api/routers/ondemand.py",
-        "vmpool/lifecycle/batch.py",
-        "vmpool/lifecycle/fleet.py",
-        "vmpool/state/locks.py",
-        "vmpool/state/reads.py",
-        "vmpool/state/scripts/_prelude.lua",
-        "vmpool/state/scripts/create_request.lua",
-        "workers/batching.py",
-        "workers/dequeue.py",
-        "workers/jobs.py",
-        "workers/lanes_probe.lua",
-        "workers/queues.py",
-        "workers/reclaim_job.lua",
-        "workers/worker.py",
-    }
-)
 
 
 @dataclass(frozen=True)
@@ -247,13 +225,9 @@ def test_allow_list_names_real_oversized_things(project: dict[str, Module]) -> N
         assert entry in over, f"{entry} is within the limits now: drop it from ALLOWED"
 
 
-def test_no_history_in_code_outside_the_pending_files() -> None:
-    """History in code only where :data:`HISTORY_PENDING` still lists the file."""
-    found = history_references(ROOT)
-    dirty = {line.split(":", 1)[0] for line in found}
-    assert dirty <= HISTORY_PENDING, [
-        line for line in found if line.split(":", 1)[0] not in HISTORY_PENDING
-    ]
+def test_no_history_in_code() -> None:
+    """No issue or session number in vmpool/ or workers/: history lives in git and docs."""
+    assert history_references(ROOT) == []
 
 
 def test_the_domain_never_imports_workers_api_or_cli(project: dict[str, Module]) -> None:
