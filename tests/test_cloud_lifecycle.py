@@ -126,9 +126,11 @@ def test_pending_sweep_is_one_list_call_per_provider(cloud_fleet: Any) -> None:
 
 
 def test_a_vm_missing_from_a_fresh_list_is_booting_not_vanished(cloud_fleet: Any) -> None:
-    """A cloud's list may lag its create: a VM missing from it within VANISH_GRACE_S of
+    """A cloud's list may lag its create: a VM missing from it within its list lag of
     its create stays pending (per-VM check and sweep alike); past it, it failed."""
-    from vmpool.lifecycle.pending import VANISH_GRACE_S
+    from vmpool.providers import StatusBatch
+
+    grace_s = StatusBatch.list_lag_s
 
     fleet, cloud = cloud_fleet
     rid = request(fleet, "bare", 1, "r-lag")
@@ -139,7 +141,7 @@ def test_a_vm_missing_from_a_fresh_list_is_booting_not_vanished(cloud_fleet: Any
     assert lifecycle.check_pending_vm(fleet, vm.name) == "booting"
     lifecycle.check_pending_sweep(fleet)
     assert fleet.store.get_vm(vm.name).state == "pending"  # type: ignore[union-attr]
-    old = fleet.store.server_time() - VANISH_GRACE_S - 1
+    old = fleet.store.server_time() - grace_s - 1
     fleet.redis.hset(fleet.keys.vm(vm.name), "created_at", repr(old))
     # the pending index's score is the create time too (the sweep reads only the index)
     fleet.redis.zadd(fleet.keys.pool_state(vm.pool, "pending"), {vm.name: old})

@@ -20,6 +20,7 @@ answer of a race it lost (logged, never raised).
 
 from vmpool.lifecycle.batch import check_pending_batch, create_vm_batch, provision_batch
 from vmpool.lifecycle.fleet import Dispatcher, Fleet, RecordingDispatcher
+from vmpool.lifecycle.reaping import reap_running
 from vmpool.lifecycle.reconcile import reconcile
 from vmpool.lifecycle.requests import (
     check_request,
@@ -34,7 +35,6 @@ from vmpool.lifecycle.vms import (
     create_vm,
     destroy_sweep,
     destroy_vm,
-    reap_running,
     reserved_grace_s,
 )
 from vmpool.lifecycle.warm import check_ready, claim_ready, top_up_pools

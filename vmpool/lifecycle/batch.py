@@ -45,6 +45,7 @@ from vmpool.lifecycle.outcomes import BatchCount, LockMiss, VMStep
 from vmpool.lifecycle.requests import CloneGate, provision_request
 from vmpool.lifecycle.vms import check_pending_vm, create_vm
 from vmpool.state.locks import FencedLock, LockKind, acquire_all, release_all
+from vmpool.state.transitions import VMState
 from vmpool.state.workset import Claim, WorkSet
 
 __all__ = [
@@ -336,7 +337,7 @@ def _take_slots(fleet: Fleet, locks: list[FencedLock]) -> dict[str, dict[str, An
     alone; each ``create_vm`` is told whether it holds one (and gives it back, as ever).
     A slot taken for a VM the claim does not reach before its time is over is its own:
     its next create uses it, and a lease nobody renews ends by itself."""
-    held = [(lk.subject, lk.fence) for lk in locks if lk.record.get("state") == "reserved"]
+    held = [(lk.subject, lk.fence) for lk in locks if lk.record.get("state") == VMState.RESERVED]
     return {name: {"slot": ok} for name, ok in fleet.slots.acquire_all(held).items()}
 
 

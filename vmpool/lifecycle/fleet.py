@@ -47,6 +47,7 @@ from vmpool.state.names import NameGenerator
 from vmpool.state.records import Outcome, VMRecord
 from vmpool.state.semaphore import CloneSemaphore
 from vmpool.state.store import Store
+from vmpool.state.transitions import VMState
 
 __all__ = [
     "Dispatcher",
@@ -247,7 +248,7 @@ def dispatch_released(fleet: Fleet, *request_ids: str) -> None:
         for request_id in request_ids
         if request_id
         for vm in fleet.store.request_vms(request_id)
-        if vm.state == "completed"
+        if vm.state == VMState.COMPLETED
     ]
     if released:
         fleet.dispatch.destroy_vms(released)

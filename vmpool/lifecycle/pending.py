@@ -24,12 +24,12 @@ from vmpool.lifecycle.failpoints import failpoint
 from vmpool.lifecycle.fleet import Fleet, after_vm_failed, dispatch_released, note_outcome
 from vmpool.lifecycle.locking import run_locked
 from vmpool.lifecycle.outcomes import VMCode, VMStep, in_state, store_code
-from vmpool.providers import ProviderVM, StatusBatch
+from vmpool.providers import ProviderVM, ProviderVMState, StatusBatch
 from vmpool.state.locks import FencedLock
 from vmpool.state.records import VMRecord
+from vmpool.state.transitions import VMState
 
 __all__ = [
-    "VANISH_GRACE_S",
     "Booting",
     "Listing",
     "apply_listing",
@@ -41,21 +41,16 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-# A cloud's list may lag its create by a moment (EC2's DescribeInstances is eventually
-# consistent): a VM created less than this long ago and missing from a list is booting,
-# not vanished. The per-VM check and the reconciler are not affected. A provider states
-# its own lag as ``list_lag_s`` (the simulated one: 0, its list is its keys).
-VANISH_GRACE_S = 30.0
-
 
 def list_lag_s(provider: object) -> float:
-    """How long a VM missing from ``provider``'s list may only be lagging.
+    """How long after its create a VM missing from ``provider``'s list may only be lagging.
 
-    How long after its create a VM missing from ``provider``'s list may only be lagging:
-    0 for a provider asked VM by VM (its answer is the truth)."""
+    The provider's :attr:`~vmpool.providers.StatusBatch.list_lag_s`; 0 for a provider
+    asked VM by VM (its answer is the truth). The per-VM check and the reconciler do not
+    use it."""
     if not isinstance(provider, StatusBatch):
         return 0.0
-    return float(getattr(provider, "list_lag_s", VANISH_GRACE_S))
+    return float(provider.list_lag_s)
 
 
 def observe_pending(
@@ -80,7 +75,7 @@ def observe_pending(
         return VMStep.BOOTING
     if held is None:
         reason = "VM vanished at the provider while booting"
-    elif held.state == "failed":
+    elif held.state == ProviderVMState.FAILED:
         reason = f"failed at the provider: {held.error or 'no reason given'}"
     elif ready:
         return _record_ready(fleet, vm, lock, held)
@@ -188,7 +183,7 @@ def list_pending(fleet: Fleet, pools: Sequence[str]) -> Listing:
     answer is left for the next sweep)."""
     booting: dict[str, list[Booting]] = {}
     listing = Listing(now=0.0)
-    for pool, entries in fleet.store.pools_vm_scores(pools, "pending").items():
+    for pool, entries in fleet.store.pools_vm_scores(pools, VMState.PENDING).items():
         pool_config = fleet.config.pools.get(pool)
         provider_name = pool_config.provider if pool_config is not None else ""
         if not isinstance(fleet.providers.get(provider_name), StatusBatch):
@@ -254,7 +249,10 @@ def _due(fleet: Fleet, vm: Booting, held: ProviderVM | None, now: float, lag: fl
     age = now - vm.since
     if held is None:
         return age >= lag
-    return held.state in ("running", "failed") or age >= fleet.pool_timeout_s(vm.pool)
+    return held.state in (
+        ProviderVMState.RUNNING,
+        ProviderVMState.FAILED,
+    ) or age >= fleet.pool_timeout_s(vm.pool)
 
 
 def _observe_locked(
@@ -269,11 +267,11 @@ def _observe_locked(
         vm = VMRecord.from_hash(lock.record) if lock.record else None
         if vm is None:
             return VMStep.NO_VM
-        if vm.state != "pending":
+        if vm.state != VMState.PENDING:
             return in_state("vm", vm.state)
         if vm.provider != provider_name:  # the pool changed provider since its create
             return VMStep.OTHER_PROVIDER
-        ready = held is not None and held.state == "running"
+        ready = held is not None and held.state == ProviderVMState.RUNNING
         return observe_pending(fleet, vm, lock, held, ready, lag_s=lag)
 
     return run_locked(fleet, "vm", name, "check_pending", step, read_record=True)

@@ -20,6 +20,7 @@ from vmpool.lifecycle.vms import destroy_at_provider
 from vmpool.providers import Provider, ProviderVM
 from vmpool.state.locks import FencedLock
 from vmpool.state.records import VMRecord
+from vmpool.state.transitions import RequestStatus, VMState
 
 __all__ = ["reconcile"]
 
@@ -74,15 +75,15 @@ def reconcile(fleet: Fleet) -> dict[str, int]:
     held = {(p, vm.name) for p, inv in inventories.items() for vm in inv}
     stuck_before = now - 2.0 * fleet.config.lock_expire_s
     for pool in fleet.config.pools:
-        for name in fleet.store.pool_vms(pool, "reserved", max_score=stuck_before):
+        for name in fleet.store.pool_vms(pool, VMState.RESERVED, max_score=stuck_before):
             _reconcile_reserved(fleet, name, counts)
-        for name in fleet.store.pool_vms(pool, "pending", max_score=inventory_started):
+        for name in fleet.store.pool_vms(pool, VMState.PENDING, max_score=inventory_started):
             vm = fleet.store.get_vm(name)
             if vm is None or vm.provider not in inventories or (vm.provider, name) in held:
                 continue
             _reconcile_lost(fleet, vm, counts)
     held_names = {name for _, name in held}
-    running = [n for p in fleet.config.pools for n in fleet.store.pool_vms(p, "running")]
+    running = [n for p in fleet.config.pools for n in fleet.store.pool_vms(p, VMState.RUNNING)]
     for vm in fleet.store.get_vms(n for n in running if n not in held_names):
         _reconcile_vanished(fleet, vm, inventories, inventory_started, counts)
     return {code.value: n for code, n in counts.items()}
@@ -101,7 +102,12 @@ def _reconcile_vanished(
     not count): asked again alone, then ended, so its holder sees it gone and its record
     goes the way of every finished VM."""
     handed = vm.checkout_at or vm.ready_at
-    if vm.state != "running" or vm.provider not in inventories or not handed or handed > since:
+    if (
+        vm.state != VMState.RUNNING
+        or vm.provider not in inventories
+        or not handed
+        or handed > since
+    ):
         return
     provider = fleet.provider_for(vm)
     try:
@@ -150,10 +156,10 @@ def _reconcile_inventory(
                 pvm.name,
                 record.provider,
             )
-        elif record.state == "completed":
+        elif record.state == VMState.COMPLETED:
             fleet.dispatch.destroy_vm(pvm.name)
             counts[ReconcileCount.DESTROY_DISPATCHED] += 1
-        elif record.state == "destroyed":
+        elif record.state == VMState.DESTROYED:
             _destroy_unowned(fleet, provider, pvm, "resurrected", counts)
 
 
@@ -167,7 +173,7 @@ def _destroy_unowned(
 
     def step(lock: FencedLock) -> None:
         record = fleet.store.get_vm(pvm.name)
-        if record is not None and record.state != "destroyed":
+        if record is not None and record.state != VMState.DESTROYED:
             counts[ReconcileCount.SKIPPED_RECORDED] += 1  # a record appeared: not ours to destroy
             return
         lock.ensure_held()
@@ -189,7 +195,7 @@ def _destroy_unowned(
 
 def _reconcile_reserved(fleet: Fleet, name: str, counts: Counts) -> None:
     vm = fleet.store.get_vm(name)
-    if vm is None or vm.state != "reserved":
+    if vm is None or vm.state != VMState.RESERVED:
         return
     provider = fleet.provider_for(vm)
     if provider is None:
@@ -216,7 +222,7 @@ def _finish_reservation(
 ) -> bool:
     """Returns True when create_vm should be dispatched again."""
     vm = fleet.store.get_vm(name)
-    if vm is None or vm.state != "reserved":
+    if vm is None or vm.state != VMState.RESERVED:
         return False
     actor = fleet.who("reconcile")
     if provider.get_vm(vm.pool, name) is not None:
@@ -233,7 +239,11 @@ def _finish_reservation(
         return False
     # a warm-pool VM (no request) abandoned mid-create fails; the top-up replaces it
     req = fleet.store.get_request(vm.request_id) if vm.request_id else None
-    if req is None or req.status != "pending" or fleet.store.server_time() >= req.deadline:
+    if (
+        req is None
+        or req.status != RequestStatus.PENDING
+        or fleet.store.server_time() >= req.deadline
+    ):
         lock.ensure_held()
         outcome = fleet.store.vm_failed(
             name, "create abandoned: the creating worker died", actor=actor, fence=lock.fence
@@ -254,7 +264,7 @@ def _reconcile_lost(fleet: Fleet, vm: VMRecord, counts: Counts) -> None:
 
     def step(lock: FencedLock) -> None:
         current = fleet.store.get_vm(vm.name)
-        if current is None or current.state != "pending":
+        if current is None or current.state != VMState.PENDING:
             return
         if provider.get_vm(vm.pool, vm.name) is not None:  # re-check, one VM
             return

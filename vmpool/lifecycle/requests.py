@@ -30,6 +30,7 @@ from vmpool.lifecycle.reserving import MAX_NAME_ATTEMPTS, reserve_fresh
 from vmpool.lifecycle.warm import claim_ready
 from vmpool.state.locks import FencedLock
 from vmpool.state.records import Outcome, RequestRecord
+from vmpool.state.transitions import RequestStatus, VMState
 
 __all__ = [
     "CloneGate",
@@ -95,11 +96,11 @@ def _reserve_for(
 ) -> None:
     # The record as the grant read it; its VM names are not needed here (not read).
     req = RequestRecord.from_hash(lock.record) if lock.record else None
-    if req is None or req.status != "pending" or req.unreserved <= 0:
+    if req is None or req.status != RequestStatus.PENDING or req.unreserved <= 0:
         return
     if claim_ready(fleet, req):  # ready VMs of warm pools first; clone the shortfall
         req = fleet.store.get_request(request_id)
-        if req is None or req.status != "pending" or req.unreserved <= 0:
+        if req is None or req.status != RequestStatus.PENDING or req.unreserved <= 0:
             return
     if gate.closed:
         return
@@ -181,8 +182,8 @@ def check_request(fleet: Fleet, request_id: str) -> RequestCode:
     req = fleet.store.get_request(request_id)
     if req is None:
         return RequestStep.NO_REQUEST
-    if req.status != "pending":
-        if req.status in ("failed", "deleted"):
+    if req.status != RequestStatus.PENDING:
+        if req.status in (RequestStatus.FAILED, RequestStatus.DELETED):
             dispatch_released(fleet, request_id)
         return in_state("request", req.status)
     if fleet.store.server_time() >= req.fail_at:
@@ -192,8 +193,8 @@ def check_request(fleet: Fleet, request_id: str) -> RequestCode:
             dispatch_released(fleet, request_id)
         return store_code(outcome)
     vms = fleet.store.get_vms(req.vm_names)
-    pending = [vm.name for vm in vms if vm.state == "pending"]
-    reserved = [vm.name for vm in vms if vm.state == "reserved"]
+    pending = [vm.name for vm in vms if vm.state == VMState.PENDING]
+    reserved = [vm.name for vm in vms if vm.state == VMState.RESERVED]
     if pending:
         fleet.dispatch.check_pending_vms(pending)
     if reserved:

@@ -1,17 +1,11 @@
-"""The VM's side of the lifecycle: create, check while booting, reap, destroy.
+"""The VM's side of the lifecycle: create, check while booting, destroy.
 
 ``create_vm`` calls the provider for a reserved VM, ``check_pending_vm`` asks whether a
 booting VM is ready (or past its timeout), ``destroy_vm`` gives a completed VM back; the
-sweeps (``check_pending_sweep``, ``reap_running``, ``destroy_sweep``) find the VMs that
-need work. Provider work runs under the VM's fenced lock; every state change is one
-checked store transition.
-
-A pool removed from the config (or renamed) keeps its VMs: the reap pass finds the pools
-whose indexes still hold VMs (``retired_pools``) and does for them what the frequent
-sweeps and check_ready do for configured pools (its ready VMs are recycled and
-destroyed), as long as each VM's provider is configured; a VM whose provider is gone
-too is left alone, and ``vmpool audit`` reports it. Until they are gone, `vmpool pools`
-lists such a pool and `vmpool audit` notes it.
+sweeps (``check_pending_sweep``, ``destroy_sweep``) find the VMs that need work. The
+reap pass, which ends lifetimes and finishes removed pools, is
+:mod:`vmpool.lifecycle.reaping`. Provider work runs under the VM's fenced lock; every
+state change is one checked store transition.
 """
 
 from __future__ import annotations
@@ -34,9 +28,10 @@ from vmpool.lifecycle.fleet import Fleet, note_outcome
 from vmpool.lifecycle.locking import run_locked
 from vmpool.lifecycle.outcomes import VMCode, VMStep, in_state, store_code
 from vmpool.lifecycle.pending import check_batched, list_lag_s, observe_pending
-from vmpool.providers import Provider, StatusBatch, create_for_request
+from vmpool.providers import Provider, ProviderVMState, StatusBatch, create_for_request
 from vmpool.state.locks import FencedLock
 from vmpool.state.records import VMRecord
+from vmpool.state.transitions import VMState
 from vmpool.state.workset import WorkSet
 
 __all__ = [
@@ -46,9 +41,7 @@ __all__ = [
     "destroy_at_provider",
     "destroy_sweep",
     "destroy_vm",
-    "reap_running",
     "reserved_grace_s",
-    "retired_pools",
 ]
 
 log = logging.getLogger(__name__)
@@ -89,7 +82,7 @@ def create_vm(
     def not_reserved(lock: FencedLock) -> None:
         fleet.slots.release(name, lock.fence)  # no create needs its slot any more
 
-    return _under_vm_lock(fleet, name, "reserved", "create", body, lock, not_reserved)
+    return _under_vm_lock(fleet, name, VMState.RESERVED, "create", body, lock, not_reserved)
 
 
 LockedStep = Callable[[Fleet, VMRecord, Provider, FencedLock], VMCode]
@@ -184,7 +177,7 @@ def _destroy_if_released(fleet: Fleet, name: str, provider: Provider) -> None:
     Without the lock: destroy at the provider only if the record can never need the VM
     again (completed or destroyed are final), else leave it to the lock holder."""
     vm = fleet.store.get_vm(name)
-    if vm is None or vm.state in ("completed", "destroyed"):
+    if vm is None or vm.state in (VMState.COMPLETED, VMState.DESTROYED):
         try:
             provider.destroy_vm(vm.pool if vm else "", name)
         except Exception as exc:
@@ -206,7 +199,7 @@ def destroy_at_provider(
         except Exception as exc:
             log.warning("destroy of unrecorded %s failed (reconcile retries): %s", name, exc)
         return VMStep.NO_VM
-    if vm.state != "completed":
+    if vm.state != VMState.COMPLETED:
         return in_state("vm", vm.state)
     lock.ensure_held()
     try:
@@ -234,7 +227,9 @@ def check_pending_vm(fleet: Fleet, name: str, lock: FencedLock | None = None) ->
     'provider_error', 'lock_lost', 'no_provider', or a refusal ('no_vm', 'vm_<state>').
     ``lock``: as for :func:`create_vm`.
     """
-    return _under_vm_lock(fleet, name, "pending", "check_pending", _check_pending_locked, lock)
+    return _under_vm_lock(
+        fleet, name, VMState.PENDING, "check_pending", _check_pending_locked, lock
+    )
 
 
 def _check_pending_locked(
@@ -244,7 +239,7 @@ def _check_pending_locked(
     try:
         if isinstance(provider, StatusBatch):  # one cloud call, not two
             held = provider.statuses([name]).get(name)
-            ready = held is not None and held.state == "running"
+            ready = held is not None and held.state == ProviderVMState.RUNNING
         else:
             held = provider.get_vm(vm.pool, name)
             ready = held is not None and provider.is_ready(vm.pool, name)
@@ -278,7 +273,9 @@ def check_pending_sweep(fleet: Fleet, pool: str | None = None) -> int:
     now = fleet.store.server_time()
     grace = reserved_grace_s(fleet.config)
     pools = [pool] if pool else list(fleet.config.pools)
-    stale = creates_due(fleet, fleet.store.pools_vms(pools, "reserved", max_score=now - grace))
+    stale = creates_due(
+        fleet, fleet.store.pools_vms(pools, VMState.RESERVED, max_score=now - grace)
+    )
     pending = check_batched(fleet, pools)  # a batching provider's VMs: checked here
     # work-set subjects back in line (a deferral over, a dead claimer's lease ended):
     # dispatched again, which queues a batch job for them (they are in the set once)
@@ -302,82 +299,11 @@ def _flat(by_pool: Mapping[str, Sequence[str]]) -> list[str]:
     return [name for names in by_pool.values() for name in names]
 
 
-def reap_running(fleet: Fleet) -> int:
-    """End the VMs whose lifetime is over and dispatch their destruction.
-
-    A VM's running score is its lifetime's end. Returns how many were ended.
-
-    Each ``end_vm_lifetime`` is its own atomic transition (one script per expired VM:
-    the cost follows the expired count, not the running count); the destroy dispatch
-    for all of them is one batch at the end (a pass that dies before it leaves the VMs
-    'completed', which destroy_sweep finds). The pools no longer configured are
-    included, and their other work dispatched (``_finish_retired``)."""
-    now = fleet.store.server_time()
-    retired = retired_pools(fleet)
-    pools = [*fleet.config.pools, *retired]
-    ended: list[str] = []
-    for name in _flat(fleet.store.pools_vms(pools, "running", max_score=now)):
-        outcome = fleet.store.end_vm_lifetime(name, actor=fleet.who("reap"))
-        note_outcome("end_vm_lifetime", name, outcome)
-        if outcome.ok:
-            ended.append(name)
-    if ended:
-        fleet.dispatch.destroy_vms(_reachable(fleet, ended))
-    if retired:
-        _finish_retired(fleet, retired, now)
-    return len(ended)
-
-
-def retired_pools(fleet: Fleet) -> list[str]:
-    """The pools whose VM indexes exist in Redis but which the config no longer names.
-
-    One SCAN of the keyspace (``store.indexed_pools``), so only the reap pass (every
-    30 s by default) runs it and the frequent sweeps keep their fixed number of round
-    trips."""
-    return sorted(p for p in fleet.store.indexed_pools() if p not in fleet.config.pools)
-
-
-def _finish_retired(fleet: Fleet, pools: list[str], now: float) -> None:
-    """Finish the VMs of pools no longer configured.
-
-    For pools no longer configured (removed or renamed), what check_pending_sweep,
-    destroy_sweep and check_ready do for the configured ones: check booting VMs, create
-    again stale reservations, destroy released VMs, and recycle (then destroy) the ready
-    ones: no request or checkout can take them any more, and no top-up counts them. Each
-    only if its provider is configured."""
-    store = fleet.store
-    grace = reserved_grace_s(fleet.config)
-    pending = _reachable(fleet, _flat(store.pools_vms(pools, "pending")))
-    stale = _reachable(fleet, _flat(store.pools_vms(pools, "reserved", max_score=now - grace)))
-    completed = _reachable(fleet, _flat(store.pools_vms(pools, "completed")))
-    for name in _reachable(fleet, _flat(store.pools_vms(pools, "ready"))):
-        outcome = store.recycle_vm(name, "pool not configured", actor=fleet.who("reap"))
-        note_outcome("recycle", name, outcome)
-        if outcome.ok:  # a VM claimed in between is held now: the recycle is refused
-            completed.append(name)
-    if pending:
-        fleet.dispatch.check_pending_vms(pending)
-    if stale:
-        fleet.dispatch.create_vms(stale)
-    if completed:
-        fleet.dispatch.destroy_vms(completed)
-
-
-def _reachable(fleet: Fleet, names: list[str]) -> list[str]:
-    """The VMs among ``names`` whose provider is configured.
-
-    One read for all; the others are left alone (the audit reports them), not dispatched
-    to fail every pass."""
-    if not names:
-        return []
-    return [vm.name for vm in fleet.store.get_vms(names) if vm.provider in fleet.providers]
-
-
 def destroy_sweep(fleet: Fleet) -> int:
     """Dispatch destroy_vm for every completed VM.
 
     One read for all configured pools, one dispatch batch."""
-    names = _flat(fleet.store.pools_vms(list(fleet.config.pools), "completed"))
+    names = _flat(fleet.store.pools_vms(list(fleet.config.pools), VMState.COMPLETED))
     if names:
         fleet.dispatch.destroy_vms(names)
     return len(names)
@@ -390,7 +316,7 @@ def destroy_vm(fleet: Fleet, name: str) -> VMCode:
     and the next destroy sweep retries), 'busy', 'lock_lost', 'no_provider', or a
     refusal ('no_vm', 'vm_<state>': only a completed VM is destroyed).
     """
-    return _under_vm_lock(fleet, name, "completed", "destroy", _destroy_locked)
+    return _under_vm_lock(fleet, name, VMState.COMPLETED, "destroy", _destroy_locked)
 
 
 def _destroy_locked(fleet: Fleet, vm: VMRecord, provider: Provider, lock: FencedLock) -> VMCode:

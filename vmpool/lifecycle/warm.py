@@ -26,6 +26,7 @@ from vmpool.lifecycle.outcomes import RecycleReason, ReserveCode, StoreCode
 from vmpool.lifecycle.overrides import effective_pools
 from vmpool.lifecycle.reserving import reserve_fresh
 from vmpool.state.records import Outcome, RequestRecord, VMRecord
+from vmpool.state.transitions import RequestStatus, VMState
 
 __all__ = ["check_ready", "claim_ready", "top_up_pools"]
 
@@ -90,7 +91,7 @@ def check_ready(fleet: Fleet) -> dict[str, int]:
     Past ``ready_ttl``, failing the provider's check, or beyond the pool's size. Returns
     counts by reason."""
     now = fleet.store.server_time()
-    by_pool = fleet.store.pools_vms(list(fleet.config.pools), "ready")
+    by_pool = fleet.store.pools_vms(list(fleet.config.pools), VMState.READY)
     counts: dict[str, int] = {}
     recycled: list[str] = []
     pools = {pool.name: pool for pool in effective_pools(fleet)}  # runtime sizes
@@ -147,7 +148,7 @@ def claim_ready(fleet: Fleet, req: RequestRecord) -> list[str]:
             and pool.ondemand_from_ready
         }
     )
-    if not lending or req.status != "pending":
+    if not lending or req.status != RequestStatus.PENDING:
         return []
     claim = fleet.store.claim_for_request(req.id, lending, actor=fleet.who("provision"))
     if claim.ok:

@@ -211,6 +211,11 @@ class StatusBatch(Protocol):
     The pending sweep asks it once per provider per tick instead of dispatching one
     check per VM; a provider without it is checked VM by VM."""
 
+    # A cloud's list may lag its create (EC2's DescribeInstances is eventually
+    # consistent): a VM created less than this long ago and missing from a list is
+    # booting, not vanished. A provider whose list is exact says 0.
+    list_lag_s: ClassVar[float] = 30.0
+
     def statuses(self, names: Collection[str]) -> Mapping[str, ProviderVM | None]:
         """Each of ``names`` as the cloud sees it now, None for a VM the cloud does not hold.
 
