@@ -86,6 +86,27 @@ def test_every_relative_link_resolves(doc: Path) -> None:
     assert not dead, f"{doc.name}: links to missing files: {dead}"
 
 
+# A repository path named in a comment or docstring: a doc page or a module's file.
+NAMED_PATH = re.compile(
+    r"\b((?:docs|vmpool|workers|tests|bench|deploy)/[\w./-]*\w\.(?:md|py|lua))\b"
+)
+
+
+def test_every_path_named_in_code_exists() -> None:
+    """A comment or docstring that names ``docs/x.md`` or ``vmpool/x.py`` names a file
+    that exists (one renamed or removed leaves a dead reference). test_layout.py's
+    made-up trees are not the repository's."""
+    dead = [
+        f"{path.relative_to(ROOT)}:{number}: {named}"
+        for path in _files()
+        if path.suffix in (".py", ".lua") and path.name != "test_layout.py"
+        for number, line in enumerate(path.read_text(errors="replace").splitlines(), 1)
+        for named in NAMED_PATH.findall(line)
+        if not (ROOT / named).exists()
+    ]
+    assert not dead, "paths that do not exist:\n" + "\n".join(dead)
+
+
 def test_readme_keeps_the_two_commands() -> None:
     text = (ROOT / "README.md").read_text()
     assert "make demo" in text and "make test" in text

@@ -1,7 +1,7 @@
 """The simulated provider's options (``:providers: NAME: provider_class: simulated``).
 
 One pydantic model, the registry's and the configuration's, with the bounds and wording of
-every option (docs/configuration.md)."""
+every option (docs/providers.md, "Configuration")."""
 
 from __future__ import annotations
 
