@@ -109,7 +109,7 @@ def ensure_lanes(
     lanes: int = LANES,
     rng: random.Random | None = None,
 ) -> int:
-    """Queue up to ``want`` free lanes of ``batch_job``; returns how many were queued.
+    """Queue up to ``want`` free lanes of ``batch_job``. Returns how many were queued.
 
     A lane is free when its two ids both are (absent or plainly dead). One script
     (lanes_probe.lua: the add and the reclaim checks), then, only when some lanes are
@@ -170,7 +170,7 @@ def probe_lanes(
 
 
 def queue_free_lanes(conn: redis.Redis, keys: Keys, probe: LaneProbe, found: Any) -> int:
-    """Queue the lanes ``probe``'s reply ``found`` says are free; how many were queued.
+    """Queue the lanes ``probe``'s reply ``found`` says are free. How many were queued.
 
     One pipeline of RQ's unique-enqueue script, none when no lane is free.
     """
@@ -196,7 +196,7 @@ class LaneFollowUp:
         return isinstance(found, Exception) or bool(found)
 
     def queue(self, replies: Sequence[Any]) -> int:
-        """Queue the lanes found free (RQ: blocking); raises the check's error."""
+        """Queue the lanes found free (RQ: blocking). Raises the check's error."""
         found = replies[self.index]
         if isinstance(found, Exception):
             raise found
@@ -264,7 +264,7 @@ class BatchDispatcher(RQDispatcher):
         """Add to ``pipeline`` what starts the provisioning of the request it creates.
 
         The create (create_request.lua given the provision work set, KEYS[7]) adds the
-        request to the work set in its own unit; this adds the lane check after it (one
+        request to the work set in its own unit. This adds the lane check after it (one
         round trip per POST). The follow-up reads the check's reply and queues the
         lanes it found free.
         """

@@ -2,7 +2,7 @@
 
 RQ pops with BLPOP (or BLMOVE for one queue) and marks the job started later, in another
 round trip. A worker killed in between (or one that lost the pop's reply with its
-connection) leaves a hash that says ``queued`` while its id is in no queue; telling that
+connection) leaves a hash that says ``queued`` while its id is in no queue. Telling that
 apart from a job still waiting would take an LPOS over the whole queue for every
 duplicate the sweeps meet: Redis time quadratic in the backlog.
 
@@ -12,7 +12,7 @@ together with the vmpool heartbeat on its hash, so ``reclaim_job.lua`` decides i
 
 Blocking: Lua cannot block, so an idle worker polls, backing off from
 :data:`POLL_MIN_S` to :data:`POLL_MAX_S` (one cheap script per poll: at most 20 per
-second per idle worker), until RQ's dequeue timeout; a job queued while a worker idles
+second per idle worker), until RQ's dequeue timeout. A job queued while a worker idles
 waits at most :data:`POLL_MAX_S` for it.
 """
 

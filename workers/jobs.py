@@ -4,10 +4,10 @@ A job parses its argument, takes the Fleet its worker bound to it
 (:func:`workers.worker.current_fleet`: the worker process builds one Fleet and hands it
 to each job through RQ's current-job context; no module globals), and calls the domain.
 All the logic, every check and every state change lives in :mod:`vmpool.lifecycle` and
-the store; these functions only adapt RQ's calling convention. The return value is for
+the store. These functions only adapt RQ's calling convention. The return value is for
 the worker log only (``result_ttl=0``: RQ keeps no results).
 
-Every job is idempotent and safe to run twice, late, or beside a copy of itself; none
+Every job is idempotent and safe to run twice, late, or beside a copy of itself. None
 relies on RQ re-running it (no ``Retry``): the periodic sweeps re-find the work.
 """
 

@@ -238,9 +238,9 @@ class SteadyLoop(BaseWorker):
             log.warning("worker %s: death not recorded (%s)", self.name, exc)
 
     def _guarded(self, step: Callable[[], T], *, again: bool, default: T) -> T:
-        """Run ``step``; a lost Redis is waited out, other errors are fatal.
+        """Run ``step``. A lost Redis is waited out, other errors are fatal.
 
-        After the wait the step runs ``again``, or ``default`` is returned; any other
+        After the wait the step runs ``again``, or ``default`` is returned. Any other
         error is kept as fatal and raised on.
         """
         while True:

@@ -1,7 +1,7 @@
 """The one way to put vmpool work on RQ: :func:`enqueue` (and its batch form).
 
-The jobs, their queues and their ids come from the job table (:mod:`workers.table`);
-the queue names and RQ keys from :class:`vmpool.state.keys.Keys`, under the fleet's key
+The jobs, their queues and their ids come from the job table (:mod:`workers.table`).
+The queue names and RQ keys from :class:`vmpool.state.keys.Keys`, under the fleet's key
 prefix. Queues (``<prefix>-<short>``): ``sweeps`` (the periodic jobs), ``requests``
 (per request), ``vms`` (per VM).
 
@@ -11,14 +11,14 @@ run per kind, workers/schedule.py) and each is short, so they cannot starve the 
 and the expiry sweep, on which invariant 4's settle bound rests, is never stuck behind
 a flood of other jobs (in the chaos soak a provision-sweep after a Redis restart queued
 a hundred provision jobs, and with the requests first the expiry sweep waited 7 s).
-Then the request jobs, so a new request starts however long the VM backlog; then the
+Then the request jobs, so a new request starts however long the VM backlog. Then the
 VM jobs, the bulk of the work.
 
 Job ids are deterministic (:func:`workers.table.job_id`). Every job is enqueued with
 ``unique=True``: while a job of that id exists (queued or running) a second enqueue
 raises ``DuplicateJobError``, which :func:`enqueue` turns into ``False``.
 ``result_ttl=0`` deletes the job hash as soon as it succeeds, so the next enqueue of the
-same (job, subject) goes through; a failed job keeps its hash for :data:`FAILURE_TTL`
+same (job, subject) goes through. A failed job keeps its hash for :data:`FAILURE_TTL`
 seconds only.
 
 A job hash that outlives its run would block its (job, subject) for as long as RQ takes
@@ -27,7 +27,7 @@ duplicate that is plainly dead, in one Lua script: a ``failed``/``stopped``/``ca
 job, or a ``queued`` or ``started`` job whose vmpool heartbeat is older than
 :data:`STALE_AFTER_SECONDS`. A vmpool worker pops a job and stamps that heartbeat on
 its hash in one script (:mod:`workers.dequeue`, ``pop_job.lua``), then beats every
-:data:`HEARTBEAT_SECONDS` (Redis server time) while it runs it; so a ``queued`` hash
+:data:`HEARTBEAT_SECONDS` (Redis server time) while it runs it. So a ``queued`` hash
 with a stale beat was popped by a worker that was killed, or lost the reply with its
 connection, before it marked the job started (RQ never runs or expires such a hash:
 without this its id would be blocked forever), and a ``queued`` hash without a beat is
@@ -35,7 +35,7 @@ still in its queue. Every check is O(1) in the queue's length (an LPOS over the 
 would make a warm sweep of 10,000 VMs cost seconds of Redis time).
 The hash is deleted and the enqueue retried once. A paused
 process that resumes after its job was reclaimed may run beside the new copy or delete
-its hash when it finishes (``result_ttl=0``); both are harmless because every job is
+its hash when it finishes (``result_ttl=0``). Both are harmless because every job is
 idempotent and the periodic sweeps re-find any work a lost job leaves behind.
 
 :func:`enqueue_many` is the batched form the sweeps use. A subject its kind's validator
@@ -46,10 +46,10 @@ sweep raise and queue nothing, for every request. Otherwise it has the same guar
 ids, same job hash, ``unique``, the same reclaim), in a constant number of round trips
 per :data:`ENQUEUE_CHUNK` subjects instead of several per subject: the reclaim script
 runs for every id in ONE non-transactional pipeline (it answers "free" for an absent or
-plainly dead job, deleting the dead hash, and "live" otherwise); then each free job is
+plainly dead job, deleting the dead hash, and "live" otherwise). Then each free job is
 built as RQ builds it and RQ's own unique-enqueue Lua script (``rq.scripts``) runs for
 all of them in a second pipeline. Each script is still its own atomic unit (a pipeline
-is not a transaction), so the per-job uniqueness is RQ's; a live duplicate costs one
+is not a transaction), so the per-job uniqueness is RQ's. A live duplicate costs one
 cheap script and no job building.
 """
 
@@ -153,9 +153,9 @@ def enqueue(
     *,
     run: int | None = None,
 ) -> bool:
-    """Put ``job`` for ``subject`` on its queue; False when a live copy already exists.
+    """Put ``job`` for ``subject`` on its queue. False when a live copy already exists.
 
-    ``conn`` is a bytes client (``decode_responses=False``), as RQ requires; ``keys``
+    ``conn`` is a bytes client (``decode_responses=False``), as RQ requires. ``keys``
     names the fleet (queue names and job ids carry its prefix). Raises ValueError for an
     unknown job or a missing/extra/invalid subject. ``run``: see
     :func:`workers.table.job_id`.
@@ -194,14 +194,14 @@ def enqueue_many(
     *,
     chunk: int = ENQUEUE_CHUNK,
 ) -> int:
-    """:func:`enqueue` for many subjects of one job; returns how many were newly queued.
+    """:func:`enqueue` for many subjects of one job. Returns how many were newly queued.
 
     The same guarantees as :func:`enqueue` (deterministic ids, at most one live copy per
     id, ``result_ttl=0``, :data:`FAILURE_TTL`, the job's timeout, a plainly dead
     duplicate reclaimed and queued) in a constant number of round trips per ``chunk``
     subjects: two pipelines (see the module docstring). A subject given twice is queued once.
     A subject that is no valid name of its kind is skipped (logged once, counted), and
-    the others are queued; an unknown job, or one without a subject, raises ValueError.
+    the others are queued. An unknown job, or one without a subject, raises ValueError.
     """
     spec = lookup(job)
     if spec.subject is None:
@@ -238,7 +238,7 @@ def valid_items(
 ) -> list[tuple[str, str]]:
     """(job id, subject) of each valid subject, first occurrence first.
 
-    Each invalid one is skipped and counted; each distinct one is logged once, shown
+    Each invalid one is skipped and counted. Each distinct one is logged once, shown
     bounded and escaped (the input may be anything a client or an old record held).
     """
     assert spec.subject is not None

@@ -1,7 +1,7 @@
 """The periodic work: rq-scheduler puts each sweep on the queues at its config interval.
 
 The periodic jobs are the rows of the job table (:mod:`workers.table`) marked
-``periodic``; each one's interval is the ``:schedule:`` setting of the same name
+``periodic``. Each one's interval is the ``:schedule:`` setting of the same name
 (seconds; :class:`vmpool.config.Schedule`, docs/architecture.md).
 
 What the schedule is for: each job runs every interval, and two runs of the expiry
@@ -14,7 +14,7 @@ ids (:func:`workers.table.template_id`) in one sorted set (score = next due time
 server time), added with ``NX`` so a restart does not push the next run back. A template
 whose interval changed (a new config) has its due time moved to where the new interval
 puts it, the last due time plus the new cadence, if that is sooner (``LT``): a shorter
-interval applies at once, not after one more run of the old one; a longer one after the
+interval applies at once, not after one more run of the old one. A longer one after the
 run already due. Due times
 lie on a grid: the next is the previous plus the job's :func:`cadence`. A grid, unlike
 "now + interval" at each move, does not let the delay from a due time to its move (a
@@ -22,7 +22,7 @@ wake-up, a few round trips) add up run after run. After a stall the next due tim
 first grid point still ahead, never a burst of catch-up runs. For the jobs whose
 interval is a promised bound (the table's ``bounded`` rows: the expiry sweep) the
 cadence is the interval less a lead (a quarter of it, at most :data:`MAX_LEAD_S`), which
-absorbs that delay, so the runs themselves stay within the interval; for the others it
+absorbs that delay, so the runs themselves stay within the interval. For the others it
 is the interval itself (a frequency, not a promise: a lead would only add work).
 
 A replica sleeps until the earliest due time or its tick (``--interval``, default 1 s),
@@ -207,7 +207,7 @@ class FleetScheduler(Scheduler):  # type: ignore[misc]
                 self._reschedule(job, template.id, previous, seconds)
 
     def _installed_interval(self, template: str) -> float | None:
-        """The interval the installed template of that id runs at; None if there is none."""
+        """The interval the installed template of that id runs at. None if there is none."""
         try:
             job = self.job_class.fetch(template, connection=self.connection)
         except NoSuchJobError:
@@ -312,7 +312,7 @@ class FleetScheduler(Scheduler):  # type: ignore[misc]
         return self.connection.lpos(queue_key, last) is not None
 
     def enqueue_jobs(self) -> list[str]:
-        """Move every due template; the ids this replica moved."""
+        """Move every due template. The ids this replica moved."""
         return [tid for tid, due in self.due_templates() if self.move(tid, due)]
 
     def seconds_to_next_tick(self) -> float:

@@ -20,8 +20,8 @@ one Redis database never share a job::
     <tag>-schedule-<job>         the scheduler's template of a periodic job
 
 ``<tag>`` is the key prefix encoded by :func:`encode_fragment` (``vmpool`` stays
-``vmpool``); the subject too. The encoding is injective and the tag holds no ``-``, so
-the first ``-`` ends the tag; job names hold no ``-`` either, and ``_r<digits>`` ends
+``vmpool``). The subject too. The encoding is injective and the tag holds no ``-``, so
+the first ``-`` ends the tag. Job names hold no ``-`` either, and ``_r<digits>`` ends
 no job name, so no two (prefix, job, subject, run) share an id.
 """
 
@@ -129,7 +129,7 @@ _BY_ALIAS: Final[Mapping[str, JobSpec]] = MappingProxyType(
 
 
 def lookup(name: str) -> JobSpec:
-    """The job called ``name`` (or an older alias of it); ValueError if none is."""
+    """The job called ``name`` (or an older alias of it). ValueError if none is."""
     spec = JOBS.get(name) or _BY_ALIAS.get(name)
     if spec is None:
         raise ValueError(f"unknown job {name!r}; one of: {', '.join(JOBS)}")

@@ -3,14 +3,14 @@
 How a job reaches its Fleet (no module globals, no hidden singleton):
 the bootstrap (:func:`build_worker`) builds one :class:`vmpool.lifecycle.Fleet` per
 worker process and stores it on the worker object. The worker is built with
-``job_class=FleetJob``; right before a job runs, the worker binds its Fleet to that job
+``job_class=FleetJob``. Right before a job runs, the worker binds its Fleet to that job
 object (``job.fleet``). The job function finds it through RQ's own current-job context
 (``rq.get_current_job()``, a contextvar RQ sets around ``job.perform()``):
 :func:`current_fleet`. A vmpool job run by a plain ``rq worker`` fails at once with a
 clear error instead of guessing a configuration.
 
 Worker class (see docs/benchmarks.md for the figures, docs/architecture.md for the
-argument): :class:`FleetSimpleWorker` (no fork per job) is the default; the forking
+argument): :class:`FleetSimpleWorker` (no fork per job) is the default. The forking
 :class:`FleetForkWorker` stays available (``vmpool worker --fork``) for isolation.
 
 Redis outages, fatal errors and the alive file of Kubernetes' liveness probe: both
@@ -26,7 +26,7 @@ variant refreshes RQ's heartbeats from that thread while a job runs (stock Simpl
 sets a TTL of job timeout + 60 s once and never refreshes it). The same thread writes
 the vmpool heartbeat (Redis server time) that :func:`workers.queues.enqueue` uses to
 reclaim a dead job's id within seconds. vmpool never relies on RQ re-running a job:
-no ``Retry``; the periodic sweeps find the work.
+no ``Retry``. The periodic sweeps find the work.
 """
 
 from __future__ import annotations
@@ -269,7 +269,7 @@ class FleetForkWorker(SteadyLoop, Worker):
     """Forks a work horse per job (RQ's default).
 
     The parent keeps RQ's heartbeats (and the alive file: its monitor kills a hung
-    horse); the horse writes the vmpool heartbeat, so it stops exactly when the job's
+    horse). The horse writes the vmpool heartbeat, so it stops exactly when the job's
     process dies.
     """
 

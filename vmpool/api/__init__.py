@@ -11,6 +11,6 @@
 - ``metrics``: the Prometheus registry and the fleet's state read at scrape time.
 
 Imports go downward only: ``app`` -> ``routers`` -> ``deps``/``parsing`` ->
-``errors``/``responses``/``metrics``; the package uses workers, lifecycle, config,
+``errors``/``responses``/``metrics``. The package uses workers, lifecycle, config,
 state and ids, never the CLI.
 """

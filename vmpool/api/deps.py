@@ -1,11 +1,11 @@
 """What the route handlers depend on: the app's state, and who is calling.
 
 Everything one app needs lives in one :class:`ApiState` on ``app.state.vmpool`` (no
-module-level state, so several apps share a process, as the tests make them); handlers
+module-level state, so several apps share a process, as the tests make them). Handlers
 get it through :data:`State`. The two kinds of caller identity are dependencies too:
 :data:`Token` (``X-AUTH-TOKEN``, for POST and DELETE when ``:auth:`` is configured) and
 :data:`BasicUser` (HTTP Basic, for the token endpoints). Both refuse with vmpooler's 401
-``{"ok": false}``; the Redis work they do runs in FastAPI's thread pool (plain ``def``).
+``{"ok": false}``. The Redis work they do runs in FastAPI's thread pool (plain ``def``).
 """
 
 from __future__ import annotations
@@ -71,7 +71,7 @@ EnqueueFn = Callable[[str], Any]
 class LoopClients:
     """One asyncio Redis client (decoding) per event loop, made on first use in it.
 
-    A redis.asyncio connection belongs to the loop it was opened in; uvicorn runs one
+    A redis.asyncio connection belongs to the loop it was opened in. Uvicorn runs one
     loop per process, but a test client may run each request in a loop of its own. The
     hot paths (POST /ondemandvm, GET /ondemandvm/<id>) await Redis on the loop: a thread
     hop per request costs more Python than the request's own work (profiled:
@@ -97,7 +97,7 @@ class LoopClients:
 class RedisClients:
     """``text`` decodes responses (the store, tokens).
 
-    ``raw`` does not (RQ needs that); ``aio``: asyncio clients for the hot paths (None:
+    ``raw`` does not (RQ needs that). ``aio``: asyncio clients for the hot paths (None:
     they run ``text`` in the thread pool instead)."""
 
     text: redis.Redis
@@ -219,7 +219,7 @@ async def authenticate(request: Request, st: ApiState) -> TokenInfo | None:
 def basic_user(request: Request) -> str:
     """The user of valid HTTP Basic credentials (401 otherwise).
 
-    404 when auth is off (vmpooler has no token endpoints then); 429 with Retry-After
+    404 when auth is off (vmpooler has no token endpoints then). 429 with Retry-After
     while the client's address or the user name has too many failed logins (counted in
     Redis, so every replica refuses alike)."""
     st = api_state(request)
@@ -269,7 +269,7 @@ BasicUser = Annotated[str, Depends(basic_user)]
 
 
 def _basic_credentials(header: str) -> tuple[str, str]:
-    """(user, password) from an ``Authorization: Basic ...`` header; 401 when malformed."""
+    """(user, password) from an ``Authorization: Basic ...`` header. 401 when malformed."""
     scheme, _, encoded = header.partition(" ")
     if scheme.lower() != "basic" or not encoded:
         raise _unauthorized()

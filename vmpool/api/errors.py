@@ -1,10 +1,10 @@
 """The API's refusals, and the handlers that turn every exception into one JSON reply.
 
 A user never sees a traceback: a refusal raised anywhere (a dependency, the parsing of
-a body) carries its status and fields; an HTTP error from routing is vmpooler's
-``{"ok": false}``; a Redis outage is a 503 the client can retry, whose message names
-the condition (unreachable, out of memory, read-only, a write not confirmed durable);
-anything else is a 500 whose details stay in the log.
+a body) carries its status and fields. An HTTP error from routing is vmpooler's
+``{"ok": false}``. A Redis outage is a 503 the client can retry, whose message names
+the condition (unreachable, out of memory, read-only, a write not confirmed durable).
+Anything else is a 500 whose details stay in the log.
 """
 
 from __future__ import annotations

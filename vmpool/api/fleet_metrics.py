@@ -57,8 +57,8 @@ def _text(value: Any) -> str:
 class RedisStateCollector(Collector):
     """Reads the fleet's state from Redis on every scrape.
 
-    ``pools`` are the configured pools (the only ``pool`` label values); the clone limit
-    and the schedule come from the config (:meth:`from_config`); without them their
+    ``pools`` are the configured pools (the only ``pool`` label values). The clone limit
+    and the schedule come from the config (:meth:`from_config`). Without them their
     gauges have no sample.
     """
 
@@ -126,7 +126,7 @@ class RedisStateCollector(Collector):
         yield from circuit_families(self.store.redis, self.keys, self.providers)
 
     def _read(self, now: float) -> dict[tuple[str, ...], Any]:
-        """Every count the scrape reports, in one pipeline; reply by name."""
+        """Every count the scrape reports, in one pipeline. Reply by name."""
         k = self.keys
         pipe = self.store.redis.pipeline(transaction=False)
         names: list[tuple[str, ...]] = []

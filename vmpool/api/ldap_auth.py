@@ -12,7 +12,7 @@ with the certificate checked against ``ca_file`` (or the system's CAs), before a
 password is sent. An empty password is refused before the directory is asked (many
 directories take it for an anonymous bind, which succeeds). A directory that cannot be
 reached, or refuses TLS, is :class:`DirectoryUnavailable` (the API's 503), never a
-login; the next login asks again. Passwords are never logged.
+login. The next login asks again. Passwords are never logged.
 """
 
 from __future__ import annotations

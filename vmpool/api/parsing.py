@@ -72,7 +72,7 @@ def _no_constants(name: str) -> Any:
 
 
 def parse_json_body(body: bytes) -> Any:
-    """Strict JSON (no NaN or Infinity) in UTF-8; 400 otherwise."""
+    """Strict JSON (no NaN or Infinity) in UTF-8. 400 otherwise."""
     try:
         return json.loads(body.decode("utf-8"), parse_constant=_no_constants)
     except (UnicodeDecodeError, ValueError, RecursionError):
@@ -80,7 +80,7 @@ def parse_json_body(body: bytes) -> Any:
 
 
 def parse_count(name: str, value: Any, maximum: int) -> int:
-    """A count as vmpooler's clients send it: ``n`` or ``"n"``; a positive integer.
+    """A count as vmpooler's clients send it: ``n`` or ``"n"``. A positive integer.
 
     A count too large to hold is ``maximum + 1``, so the plan refuses it as over the
     maximum (vmpooler's 403) rather than as malformed."""

@@ -1,7 +1,7 @@
 """Redis's own health as metrics: memory against its limit, and whether it takes writes.
 
 ``vmpool_redis_memory_used_bytes`` / ``vmpool_redis_memory_max_bytes`` let an alert fire
-before a full Redis refuses writes (``maxmemory`` under ``noeviction``);
+before a full Redis refuses writes (``maxmemory`` under ``noeviction``).
 ``vmpool_redis_writable`` is 0 while it refuses them (out of memory, read-only, too few
 replicas, writes not confirmed durable) or does not answer. Two round trips per scrape:
 ``INFO memory`` and one small write (:func:`vmpool.state.redis_health.probe`).

@@ -1,7 +1,7 @@
 """Every response the API sends is JSON rendered as vmpooler renders it.
 
 vmpooler's specs compare ``JSON.pretty_generate`` output byte for byte, so the body is
-two-space indented and keeps the key order the handler built; errors and unknown routes
+two-space indented and keeps the key order the handler built. Errors and unknown routes
 go through the same class.
 """
 

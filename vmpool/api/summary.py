@@ -9,7 +9,7 @@ tag_vm.lua).
 Pure functions of those hashes: the router reads them and replies. vmpooler's quirks
 are kept, so that dashboards built on it read the same numbers: a range's ``min``,
 ``max`` and ``average`` exist only per pool and come from each day's per-pool minimum
-and maximum (their ``average`` is the mean of those, not of every boot); a day with
+and maximum (their ``average`` is the mean of those, not of every boot). A day with
 nothing has zeros and no ``pool`` entry.
 """
 

@@ -109,8 +109,8 @@ def checkout_body(
     """vmpooler's checkout answer.
 
     ``{"ok": true, "<name asked>": {"hostname": fqdn or [fqdn, ...]}}``. ``wanted`` is
-    (name asked, pool chosen, count) in request order; ``handed`` the (VM, pool) pairs the
-    store handed out; ``hostnames`` the hostname each VM's record holds (the cloud's
+    (name asked, pool chosen, count) in request order. ``handed`` the (VM, pool) pairs the
+    store handed out. ``hostnames`` the hostname each VM's record holds (the cloud's
     address for a pool without a domain), else the name and the pool's domain."""
     by_pool: dict[str, list[str]] = {}
     for name, pool in handed:
@@ -200,8 +200,8 @@ def modify_failures(body: Mapping[str, Any], config: Config) -> list[str]:
 def filter_tags(tags: Mapping[str, str], tagfilter: Mapping[str, str]) -> dict[str, str]:
     """vmpooler's filter_tags: each tag as the :tagfilter: patterns keep it.
 
-    A tag with a pattern keeps what the pattern's groups match, joined, when it matches;
-    other tags are kept as given."""
+    A tag with a pattern keeps what the pattern's groups match, joined, when it matches.
+    Other tags are kept as given."""
     out: dict[str, str] = {}
     for name, value in tags.items():
         pattern = tagfilter.get(name)

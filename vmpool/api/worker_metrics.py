@@ -72,7 +72,7 @@ def worker_families(raw: redis.Redis, keys: Keys, now: float) -> Iterator[Metric
 def _worker_beats(raw: redis.Redis, keys: Keys) -> list[tuple[str, float | None]]:
     """The state and last heartbeat (Unix time) of each worker registered on a fleet queue.
 
-    Two pipelines; a registration whose worker hash is gone is skipped."""
+    Two pipelines. A registration whose worker hash is gone is skipped."""
     pipe = raw.pipeline(transaction=False)
     for short in QUEUES:
         pipe.smembers(WORKERS_BY_QUEUE_KEY % keys.queue(short))

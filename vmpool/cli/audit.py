@@ -36,7 +36,7 @@ __all__ = ["audit_command"]
 def audit_command(cli: CliContext, record: bool, strict: bool) -> None:
     """Check invariants 1-8 (docs/invariants.md) over the live state.
 
-    Exit 0 when every invariant holds; exit 1 and one line per violation otherwise
+    Exit 0 when every invariant holds. Exit 1 and one line per violation otherwise
     (with --strict, also per Redis setting that puts acknowledged writes at risk).
     """
     violations = audit_state(

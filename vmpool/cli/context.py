@@ -1,7 +1,7 @@
 """The options every command shares, declared once, and the one context built from them.
 
 A command asks for them with ``@with_context()`` (``@with_context(json=True)`` where it
-prints data), placed right under ``@click.command``; it then receives a
+prints data), placed right under ``@click.command``. It then receives a
 :class:`CliContext` as its first argument::
 
     @click.command("pools")
@@ -17,7 +17,7 @@ built on them), so a command that never needs Redis never connects, and a bad co
 an unreachable Redis is one line on stderr (exit 2 and 1) whichever command met it.
 
 The config of a command that names no file is the running fleet's, as its processes
-published it to Redis (vmpool/config/published.py), when a Redis URL is given; else the
+published it to Redis (vmpool/config/published.py), when a Redis URL is given. Else the
 built-in demo. A file named while a fleet publishes a different config: a warning on
 stderr, and the command uses the file. The fleet's own processes (``follow_fleet=False``:
 up, api, worker, scheduler) never follow: they run with their own config and publish it.
@@ -70,7 +70,7 @@ LOCAL_REDIS_URL = "redis://127.0.0.1:6379/0"
 
 
 def load_with_redis_url(config_path: str | None, redis_url: str | None) -> Config:
-    """The config with ``--redis-url`` applied; ConfigError when either is bad."""
+    """The config with ``--redis-url`` applied. ConfigError when either is bad."""
     config = load_config(config_path or None)
     if redis_url is not None and redis_url.strip():
         try:
@@ -114,7 +114,7 @@ class CliContext:
     def config(self) -> Config:
         """The config with ``--redis-url`` applied.
 
-        The file named, else the running fleet's (given a Redis URL), else the demo; a bad
+        The file named, else the running fleet's (given a Redis URL), else the demo. A bad
         one: one line, exit 2."""
         try:
             if self.follow_fleet and not self.config_path and self.redis_url_option:
@@ -170,7 +170,7 @@ class CliContext:
 
     @property
     def redis_url(self) -> str:
-        """The Redis URL to use; one line and exit 2 when there is none."""
+        """The Redis URL to use. One line and exit 2 when there is none."""
         url = self.config.redis_url or self._fallback_redis_url
         if not url:
             raise CliError(
@@ -209,7 +209,7 @@ class CliContext:
         return TokenStore(self.redis, self.keys)
 
     def check_redis(self) -> str:
-        """The Redis URL once it answers PING (else one line, exit 1); no client kept."""
+        """The Redis URL once it answers PING (else one line, exit 1). No client kept."""
         self._connect(decode_responses=False).close()
         return self.redis_url
 
@@ -219,7 +219,7 @@ class CliContext:
         """:meth:`check_redis`, waiting up to ``seconds`` for a Redis that does not answer yet.
 
         For a pod started before its Redis, or during a restart: a line on stderr every
-        ``every_s``; ``tick`` runs between attempts (the alive file)."""
+        ``every_s``. ``tick`` runs between attempts (the alive file)."""
         import time
 
         from redis import RedisError
@@ -256,7 +256,7 @@ class CliContext:
         """What the fleet's own processes do at start.
 
         Say the config's warnings, and publish the config to the Redis at ``url``
-        (default: the command's) as the running fleet's; a warning on stderr when it
+        (default: the command's) as the running fleet's. A warning on stderr when it
         replaces a different one."""
         import os
         import socket
@@ -322,8 +322,8 @@ def with_context(
 ) -> Callable[[Callable[Concatenate[CliContext, P], R]], Callable[P, R]]:
     """Give a command the shared options and its :class:`CliContext` as first argument.
 
-    ``json`` adds ``--json``; ``fallback_redis_url`` is the Redis to use when neither
-    option, environment nor config names one (else that is an error, exit 2);
+    ``json`` adds ``--json``. ``fallback_redis_url`` is the Redis to use when neither
+    option, environment nor config names one (else that is an error, exit 2).
     ``follow_fleet=False`` for the fleet's own processes (they publish their config).
     """
 

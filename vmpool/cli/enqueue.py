@@ -81,7 +81,7 @@ def enqueue_command(cli: CliContext, job: str, subject: str | None, pool: str | 
 def _plan(
     cli: CliContext, spec: JobSpec, subject: str | None, pool: str | None
 ) -> list[tuple[JobSpec, str | None]]:
-    """What to enqueue: [(job, subject)]; every usage error as one line (exit 2)."""
+    """What to enqueue: [(job, subject)]. Every usage error as one line (exit 2)."""
     if pool is not None and spec is not _CHECK_PENDING:
         raise CliError(f"--pool goes with {_CHECK_PENDING.name} only")
     if spec is _CHECK_PENDING and subject is None:

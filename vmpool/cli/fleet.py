@@ -1,7 +1,7 @@
 """``vmpool worker`` and ``vmpool scheduler``: the fleet's long-running processes.
 
 Redis URL: ``--redis-url``, else ``VMPOOL_REDIS_URL``, else the config's ``:redis:``
-url; with none, one line and exit 2. See docs/architecture.md for what runs where.
+url. With none, one line and exit 2. See docs/architecture.md for what runs where.
 
 A worker waits out a Redis outage of any length inside its loop (workers/loop.py),
 finishes its job on SIGTERM and exits 0 (RQ's warm shutdown; a second SIGTERM is a
@@ -40,7 +40,7 @@ def wait_for_redis_option(func: F) -> F:
     """``--wait-for-redis SECONDS``.
 
     How long a starting process waits for a Redis that does not answer yet. 0 (the
-    default) fails at once, one line; the Kubernetes manifests set it, so a pod started
+    default) fails at once, one line. The Kubernetes manifests set it, so a pod started
     before Redis (or during its restart) waits instead of entering CrashLoopBackOff, whose
     back-off outlasts the outage."""
     return click.option(
@@ -153,7 +153,7 @@ def _work(
     verbose: bool,
     alive: AliveFile | None,
 ) -> None:
-    """Run the worker until its loop ends; exit 1 if an error ended it.
+    """Run the worker until its loop ends. Exit 1 if an error ended it.
 
     Inside its loop the worker waits out a lost Redis itself (workers/loop.py). Here
     only a Redis lost while it registers, before the loop, is waited out, with a fresh

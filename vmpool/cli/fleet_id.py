@@ -1,6 +1,6 @@
 """``vmpool fleet-id``: the fleet's identity and the mark each provider tags its VMs with.
 
-The identity is generated once per Redis (docs/providers.md, "Fleet identity"); a
+The identity is generated once per Redis (docs/providers.md, "Fleet identity"). A
 provider's ``fleet_id`` option overrides it. Note it before moving the fleet to a new
 Redis: the new one must be given the same mark, or the VMs already made are orphaned.
 """

@@ -3,10 +3,10 @@
 Each command group lives in its own module and is imported only when invoked (the
 table below), so ``vmpool config check`` does not pay for importing the API server.
 Command modules get their options and their config and Redis from
-:mod:`vmpool.cli.context` and report failures with :mod:`vmpool.cli.errors`; none of
+:mod:`vmpool.cli.context` and report failures with :mod:`vmpool.cli.errors`. None of
 them imports this module.
 
-Exit status: 0 success, 1 a failed check or request, 2 bad usage or input; anything
+Exit status: 0 success, 1 a failed check or request, 2 bad usage or input. Anything
 unexpected is one line and status 1 (``VMPOOL_DEBUG=1`` shows the traceback instead).
 """
 

@@ -19,7 +19,7 @@ EMPTY = "-"
 
 
 def iso(epoch: float | None, *, millis: bool = False) -> str:
-    """``epoch`` (seconds) as ISO 8601 in UTC: 2026-12-03T16:13:55Z; EMPTY for None."""
+    """``epoch`` (seconds) as ISO 8601 in UTC: 2026-12-03T16:13:55Z. EMPTY for None."""
     if epoch is None:
         return EMPTY
     when = datetime.fromtimestamp(epoch, tz=timezone.utc)
@@ -29,7 +29,7 @@ def iso(epoch: float | None, *, millis: bool = False) -> str:
 
 
 def relative(seconds: float | None) -> str:
-    """A span from now: "in 3.0 h", "in 45 min", "12 s ago"; EMPTY for None."""
+    """A span from now: "in 3.0 h", "in 45 min", "12 s ago". EMPTY for None."""
     if seconds is None:
         return EMPTY
     size = abs(seconds)

@@ -43,7 +43,7 @@ def apply_pool_changes(
 ) -> None:
     """Check every argument, then apply them and say what changed.
 
-    Nothing changes on a bad argument; one line per change."""
+    Nothing changes on a bad argument. One line per change."""
     sizes = parse_sizes(cli, set_size)
     unset = [_pool(cli, name, "--unset-size") for name in unset_size]
     resets = [_pool(cli, name, "--reset") for name in reset]

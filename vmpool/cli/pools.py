@@ -122,7 +122,7 @@ def pools_command(
 ) -> None:
     """Per pool: aliases, size, ready, pending, running, completed, on-demand queue.
 
-    A size set at runtime is marked with '*' (JSON: ``overrides``); a pool the config no
+    A size set at runtime is marked with '*' (JSON: ``overrides``). A pool the config no
     longer names is listed (size "removed") while it still has VMs."""
     if set_size or unset_size or reset:
         from vmpool.cli.pool_admin import apply_pool_changes

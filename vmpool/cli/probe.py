@@ -2,13 +2,13 @@
 
 ``worker`` reads the modification time of the file ``vmpool worker --alive-file``
 touches on every turn of its loop, while a job runs (up to the job's timeout plus a
-minute) and while it waits out a Redis outage (workers/loop.py); ``scheduler`` the file
+minute) and while it waits out a Redis outage (workers/loop.py). ``scheduler`` the file
 ``vmpool scheduler --alive-file`` touches on every tick (at most ``--interval`` apart)
 and while it waits for Redis. Neither connects to Redis: a process waiting for Redis is
 alive, and an unreachable Redis has its own alert.
 
-Exit status: 0 the file is fresher than ``--max-age``; 1 it is older (one line
-naming its age); 2 bad usage or no file (one line).
+Exit status: 0 the file is fresher than ``--max-age``. 1 it is older (one line
+naming its age). 2 bad usage or no file (one line).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """`vmpool request create|get|delete|history`: on-demand requests from the shell.
 
 These go straight to Redis through the store (the same atomic transitions the API
-uses), so an operator can work without the API running; provisioning is enqueued on
+uses), so an operator can work without the API running. Provisioning is enqueued on
 the fleet's queues exactly as the API does it.
 """
 
@@ -77,7 +77,7 @@ def _progress_line(record: RequestRecord, elapsed: float) -> str:
 
 
 def wait_for(store: Store, rid: str, timeout_s: float, interval_s: float = 0.5) -> RequestRecord:
-    """Poll until the request leaves ``pending`` or the timeout; show progress on stderr."""
+    """Poll until the request leaves ``pending`` or the timeout. Show progress on stderr."""
     start = time.monotonic()
     tty = sys.stderr.isatty()
     last = ""
@@ -122,7 +122,7 @@ def request_create(
     wait: bool,
     timeout_s: float | None,
 ) -> None:
-    """Ask for VMs: prints the request id; with --wait, then the hostnames."""
+    """Ask for VMs: prints the request id. With --wait, then the hostnames."""
     rid = _create(cli, pools, request_id)
     _enqueue_provision(cli, rid)
     if not wait:
@@ -156,7 +156,7 @@ def request_create(
 
 
 def _create(cli: CliContext, pools: tuple[str, ...], request_id: str | None) -> str:
-    """Create the request (input checked before Redis is touched); its id."""
+    """Create the request (input checked before Redis is touched). Its id."""
     try:
         counts = parse_pool_counts(pools)
         slots = plan_slots(cli.config, counts, random.SystemRandom())
@@ -177,7 +177,7 @@ def _create(cli: CliContext, pools: tuple[str, ...], request_id: str | None) -> 
 
 
 def _enqueue_provision(cli: CliContext, rid: str) -> None:
-    """Start provisioning now; if RQ is unreachable the provision sweep still finds it."""
+    """Start provisioning now. If RQ is unreachable the provision sweep still finds it."""
     from workers.queues import enqueue
 
     try:

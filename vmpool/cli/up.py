@@ -197,7 +197,7 @@ def _screen(config: Config, run_dir: Path, *, verbose: bool, demo: bool) -> Scre
 def _check_redis(cli: CliContext, url: str, *, strict: bool) -> None:
     """Make the Redis ready before any child starts.
 
-    The Redis answers and is set up as vmpool needs; the config is published there (the
+    The Redis answers and is set up as vmpool needs. The config is published there (the
     CLI follows the fleet from then on)."""
     if cli.config.redis_url:
         _reach_redis(cli)
@@ -229,7 +229,7 @@ def _specs(
 
 
 def _api_port(host: str, port: int | None, demo: bool) -> int:
-    """``--port``: 0 is any free port; unset, 8080 (a free port for the demo)."""
+    """``--port``: 0 is any free port. Unset, 8080 (a free port for the demo)."""
     if port is None:
         return free_port(host) if demo else 8080
     return free_port(host) if port == 0 else port
@@ -290,7 +290,7 @@ def _stop_on_signals() -> threading.Event:
 
 
 def _embedded_redis(undo: contextlib.ExitStack) -> str:
-    """Start a redis-server of our own (stopped by ``undo``); its URL."""
+    """Start a redis-server of our own (stopped by ``undo``). Its URL."""
     try:
         server = RedisServer(appendonly=True).start()
     except RedisServerError as exc:

@@ -1,6 +1,6 @@
 """The on-demand lifecycle: what each job does, as plain functions of a :class:`Fleet`.
 
-``workers/`` holds thin RQ entry points; each calls the function of the same name here
+``workers/`` holds thin RQ entry points. Each calls the function of the same name here
 (the job table, :mod:`workers.table`, names them). Every function is idempotent (safe to
 run twice, late, or beside a copy of itself): it re-reads the state it acts on, does
 provider work only under a fenced lock (:mod:`vmpool.state.locks`), records the result

@@ -18,7 +18,7 @@ claim (:class:`DeferredDispatch`), in the dispatcher's batched forms: a dispatch
 a pipeline of lane checks (``workers.batching.ensure_lanes``), which done per VM would be
 most of a VM's Redis commands. The claim is marked done only after that dispatch, so a worker
 killed in between leaves the claim to be run again (each step is idempotent) and a
-subject's follow-up is never lost with it; a follow-up whose dispatch is lost anyway
+subject's follow-up is never lost with it. A follow-up whose dispatch is lost anyway
 (Redis gone) is re-found by the periodic sweeps.
 
 Each batch function loops until the set has nothing claimable or it has run for
@@ -167,15 +167,15 @@ def run_batch(
     Subjects are claimed in the order of service until none is claimable ('more'
     absent) or :data:`BATCH_TIME_S` is over ('more': 1; those not yet run go back in
     line at once). A claim is sized to what fits in the time left at the pace so far (1 to
-    :data:`CLAIM_SIZE`). An exception of one subject is logged and counted ('error');
-    the subject is done (the sweeps re-find real work). A subject not over
+    :data:`CLAIM_SIZE`). An exception of one subject is logged and counted ('error').
+    The subject is done (the sweeps re-find real work). A subject not over
     (:data:`DEFERRED`) stays in the set, back in line after a lease (the pending sweep
     then has a batch job queued for it).
 
     With ``locked`` (the lock's kind and step, :data:`LOCKED_STEPS`), the locks of a
     claim's subjects are granted in one script (each its own lock and token, read with
-    its subject's record) and ``fn(fleet, subject, lock)`` runs for each granted one; a
-    subject whose lock another worker holds is 'busy'; the locks are released in one
+    its subject's record) and ``fn(fleet, subject, lock)`` runs for each granted one. A
+    subject whose lock another worker holds is 'busy'. The locks are released in one
     script once the claim has run. ``prepare``, given the granted locks, does for those
     subjects at once what each would do alone (the create claim's clone slots) and says
     what to pass each ``fn``. Without ``locked``, ``fn(fleet, subject)`` runs. A
@@ -231,12 +231,12 @@ _How = tuple[str, Callable[..., object], tuple[LockKind, str] | None, Prepare | 
 def _run_claim(
     fleet: Fleet, work: WorkSet, how: _How, claim: Claim, started: float, counts: Counter[str]
 ) -> tuple[list[str], list[str]]:
-    """Run one claim's subjects; returns those done and those deferred.
+    """Run one claim's subjects. Returns those done and those deferred.
 
     Run the claimed subjects (under their locks, for a locked step) until the batch's
-    time is over; returns those done and those deferred (:data:`DEFERRED`). The claim is
+    time is over. Returns those done and those deferred (:data:`DEFERRED`). The claim is
     kept (renewed, its unstarted subjects let go at the batch's end: ClaimKeeper) while
-    it runs; the locks are released and the follow-ups dispatched whatever happens."""
+    it runs. The locks are released and the follow-ups dispatched whatever happens."""
     assert isinstance(fleet.dispatch, DeferredDispatch)
     job, fn, locked, prepare = how
     held: dict[str, FencedLock] = {}
@@ -286,7 +286,7 @@ def _run_subject(
     held: dict[str, FencedLock] | None,
     extra: dict[str, dict[str, Any]],
 ) -> str:
-    """Run one subject's step; its outcome code.
+    """Run one subject's step. Its outcome code.
 
     One subject's step: ``fn(fleet, subject)`` (no lock), 'busy' (its lock is held
     elsewhere) or ``fn(fleet, subject, lock, **extra)``."""
@@ -316,7 +316,7 @@ def _plain(counts: Counter[str]) -> dict[str, int]:
 def provision_batch(fleet: Fleet) -> dict[str, int]:
     """Run provision_request for every request in its work set.
 
-    provision_request for every request in its work set, in the order of service; once
+    provision_request for every request in its work set, in the order of service. Once
     one meets the clone limit, the rest of the batch only take ready VMs
     (:class:`~vmpool.lifecycle.requests.CloneGate`)."""
     locked = LOCKED_STEPS["provision_request"]
@@ -334,7 +334,7 @@ def _take_slots(fleet: Fleet, locks: list[FencedLock]) -> dict[str, dict[str, An
 
     A create claim's clone slots in one script: for each VM still reserved (as read
     under its lock), its lease renewed or a free slot taken, as ``create_vm`` would do
-    alone; each ``create_vm`` is told whether it holds one (and gives it back, as ever).
+    alone. Each ``create_vm`` is told whether it holds one (and gives it back, as ever).
     A slot taken for a VM the claim does not reach before its time is over is its own:
     its next create uses it, and a lease nobody renews ends by itself."""
     held = [(lk.subject, lk.fence) for lk in locks if lk.record.get("state") == VMState.RESERVED]

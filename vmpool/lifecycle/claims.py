@@ -14,7 +14,7 @@ not depend on how long one of them takes (a cloud create retries for up to a min
 
 :class:`ClaimKeeper` does both from the process's one renewal thread (the Fleet's
 ``LockRenewer``, which keeps the locks too): no thread per claim. The job's thread asks
-:meth:`ClaimKeeper.start` before each subject; a subject let go is not started.
+:meth:`ClaimKeeper.start` before each subject. A subject let go is not started.
 """
 
 from __future__ import annotations

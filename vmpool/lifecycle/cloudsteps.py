@@ -4,12 +4,12 @@ Its circuit breaker and its quota hold (:mod:`vmpool.state.circuit`, shared thro
 Redis).
 
 Only providers that declare ``circuit_breaker`` (the real clouds) count toward or are
-held back by a breaker; the simulated cloud's failures are the chaos tests' input.
+held back by a breaker. The simulated cloud's failures are the chaos tests' input.
 
 Quota is a third kind of failure, neither transient nor permanent: when the cloud
 refuses a create for quota or capacity (:class:`~vmpool.providers.QuotaExceededError`)
 the VM stays reserved (no retry spent), its request learns why, and the provider's
-creates wait ``provider_quota_wait`` before asking again; the pending sweep dispatches
+creates wait ``provider_quota_wait`` before asking again. The pending sweep dispatches
 the waiting creates once the wait is over, and the request is served when capacity
 frees, within its TTL. A provider's own ``max_instances`` / ``max_cores`` are counted
 from the fleet's VMs before its cloud is asked (:mod:`vmpool.state.capacity`): a VM
@@ -104,7 +104,7 @@ def admit(
 ) -> VMStep | StoreCode | None:
     """Claim the VM's place within its provider's limits.
 
-    Returns None when it may be created (or the provider has none); 'quota' when it
+    Returns None when it may be created (or the provider has none). 'quota' when it
     must wait (noted on the VM and its request), 'provider_error' when the cores could
     not be counted (it waits too), or the store's refusal of the note."""
     try:
@@ -144,7 +144,7 @@ def create_failed(
     """Record a failed create and count it toward the provider's breaker.
 
     Record a failed create (vm_failed, permanent when retrying cannot help, with the
-    cloud's message in the reason) and count it toward the provider's breaker; a quota
+    cloud's message in the reason) and count it toward the provider's breaker. A quota
     answer is no failure: the VM waits (:func:`quota_wait`)."""
     if isinstance(exc, QuotaExceededError):
         return quota_wait(fleet, vm, lock, exc)
@@ -166,7 +166,7 @@ def quota_wait(
 ) -> VMStep | StoreCode:
     """Hold a VM the cloud refused for quota: it waits reserved.
 
-    The cloud said quota: the VM stays reserved, no retry spent; its request learns why
+    The cloud said quota: the VM stays reserved, no retry spent. Its request learns why
     (the last cause its failure by TTL reports) and the provider's creates wait."""
     wait_s = fleet.config.provider_quota_wait_s
     fleet.circuit.hold_for_quota(vm.provider, str(exc), wait_s)
@@ -184,7 +184,7 @@ def count_failure(
     """Count a transient create failure toward the provider's breaker.
 
     Count a transient create failure toward the provider's circuit breaker (a permanent
-    one is the request's mistake, not the cloud's health); the words the VM's trail gets
+    one is the request's mistake, not the cloud's health). The words the VM's trail gets
     when this failure opened the circuit."""
     if permanent or not uses_circuit(provider):
         return ""

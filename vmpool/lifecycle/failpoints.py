@@ -38,7 +38,7 @@ def _first_time(path: str) -> bool:
 
 
 def failpoint(name: str, env: Mapping[str, str] | None = None) -> None:
-    """Run the action configured for ``name``, if any; otherwise do nothing (cheap)."""
+    """Run the action configured for ``name``, if any. Otherwise do nothing (cheap)."""
     spec = (os.environ if env is None else env).get(ENV)
     if not spec:
         return

@@ -1,6 +1,6 @@
 """The on-demand lifecycle: what each RQ job does, as plain functions of a :class:`Fleet`.
 
-``workers/`` holds thin RQ entry points; each calls one function here. Every function is
+``workers/`` holds thin RQ entry points. Each calls one function here. Every function is
 idempotent (safe to run twice, late, or beside a copy of itself): it re-reads the state
 it acts on, does provider work only under a fenced lock (:mod:`vmpool.state.locks`), records
 the result through one checked store transition, and treats the store's refusals as the
@@ -18,7 +18,7 @@ The job graph::
     reconcile ── provider inventory, then records: leaks, abandoned reservations, lost VMs
 
 Which lock guards what: ``reserve_vm`` runs under the request's lock (fence from
-``keys.request_fence``); ``vm_created``, ``vm_ready``, ``vm_failed`` and ``vm_destroyed``
+``keys.request_fence``). ``vm_created``, ``vm_ready``, ``vm_failed`` and ``vm_destroyed``
 under the VM's lock (fence from ``keys.vm_fence``). ``expire_request`` and
 ``end_vm_lifetime`` take no lock: they involve no provider work and their scripts check
 everything they need.
@@ -132,7 +132,7 @@ class RecordingDispatcher:
 
 @dataclass
 class Fleet:
-    """Everything a lifecycle function needs; no globals. One per worker process."""
+    """Everything a lifecycle function needs. No globals. One per worker process."""
 
     redis: Redis
     keys: Keys

@@ -57,7 +57,7 @@ class LockMiss(StrEnum):
 
 
 class ReserveCode(StrEnum):
-    """What a reservation coins; else a refusal of the store passes through."""
+    """What a reservation coins. Else a refusal of the store passes through."""
 
     RESERVED = "reserved"
     CLONE_LIMIT = "clone_limit"  # no clone slot free: the rest waits

@@ -2,14 +2,14 @@
 
 vmpooler's operator endpoints (``POST /config/poolsize``, ``/config/pooltemplate``,
 ``/config/clonetarget``, their DELETEs, ``POST /poolreset``) and ``vmpool pools
---set-size`` / ``vmpool pools reset`` all go through these functions; the overrides
+--set-size`` / ``vmpool pools reset`` all go through these functions. The overrides
 live in Redis (:mod:`vmpool.state.overrides`), so every replica and worker sees them at
 once. :func:`effective_pools` is the one read of a pool's effective settings the
 workers use (the warm-pool top-up and ready check: the size).
 
 A pool reset (and a changed template or clone target, which vmpooler follows with a
 drain) is ``Store.reset_pool``: one script sends the ready VMs to destruction and marks
-the reset, so the VMs reserved before it never become ready; held VMs are never
+the reset, so the VMs reserved before it never become ready. Held VMs are never
 touched. The destroys are dispatched at once when a dispatcher is given (else the
 destroy sweep finds them), and the top-up refills the pool with new VMs.
 """
@@ -93,7 +93,7 @@ def set_setting(
 ) -> int:
     """Set a runtime ``setting`` for some pools.
 
-    Set pool -> value of ``setting`` (pools already checked to exist); returns how many
+    Set pool -> value of ``setting`` (pools already checked to exist). Returns how many
     pools' effective value changed. A pool whose template or clone target changed is
     reset."""
     before = pools_with_overrides(store.redis, store.keys, config)
@@ -131,7 +131,7 @@ def revert_setting(
 ) -> Reverted:
     """Drop ``pool``'s runtime ``setting``, back to the configuration.
 
-    Drop ``pool``'s runtime ``setting`` (back to the configuration); a template or clone
+    Drop ``pool``'s runtime ``setting`` (back to the configuration). A template or clone
     target that changed back resets the pool."""
     configured = configured_value(config.pools[pool], setting)
     previous = clear_override(store.redis, store.keys, setting, pool)
@@ -148,8 +148,8 @@ def reset_pools(
 ) -> dict[str, list[str]]:
     """Reset each pool: its ready VMs go.
 
-    Reset each pool (its ready VMs go, VMs reserved before now never become ready);
-    returns the VMs recycled per pool, their destroys dispatched when ``dispatch``."""
+    Reset each pool (its ready VMs go, VMs reserved before now never become ready).
+    Returns the VMs recycled per pool, their destroys dispatched when ``dispatch``."""
     recycled: dict[str, list[str]] = {}
     for pool in pools:
         recycled[pool] = store.reset_pool(pool, actor=actor)

@@ -9,7 +9,7 @@ past its pool's timeout, or nothing while it boots. Both paths use it:
 sweep runs for providers that answer for many VMs at once
 (:class:`~vmpool.providers.StatusBatch`): one list call per provider per sweep for
 every pending VM, never one cloud call per VM per tick. Only the VMs whose
-answer changes something take their lock; every change is the same fenced transition
+answer changes something take their lock. Every change is the same fenced transition
 as in ``check_pending_vm``.
 """
 
@@ -45,7 +45,7 @@ log = logging.getLogger(__name__)
 def list_lag_s(provider: object) -> float:
     """How long after its create a VM missing from ``provider``'s list may only be lagging.
 
-    The provider's :attr:`~vmpool.providers.StatusBatch.list_lag_s`; 0 for a provider
+    The provider's :attr:`~vmpool.providers.StatusBatch.list_lag_s`. 0 for a provider
     asked VM by VM (its answer is the truth). The per-VM check and the reconciler do not
     use it."""
     if not isinstance(provider, StatusBatch):
@@ -96,10 +96,10 @@ def observe_pending(
 
 
 def _record_ready(fleet: Fleet, vm: VMRecord, lock: FencedLock, held: ProviderVM) -> VMCode:
-    """Record a booted VM ready; the store's code.
+    """Record a booted VM ready. The store's code.
 
     Record a booted VM ready (attached to its request, or to destruction when the
-    request is gone); the store's code."""
+    request is gone). The store's code."""
     name = vm.name
     # No lock check before the write: the store's fence refuses a stale holder
     # ('stale_fence'), which is the guarantee; a check here is a round trip per VM.
@@ -123,7 +123,7 @@ def _hostname(vm: VMRecord, held: ProviderVM) -> str:
     """The hostname to record for a VM the cloud booted.
 
     The cloud's address when the pool has no domain (the record's hostname is then the
-    bare name); '' keeps ``<name>.<domain>``."""
+    bare name). '' keeps ``<name>.<domain>``."""
     address = held.address or (held.hostname if held.hostname != vm.name else "")
     if vm.hostname == vm.name and address:
         return address
@@ -147,7 +147,7 @@ class Listing:
     """What the pending sweep read before it acts.
 
     Per batching provider, its booting VMs (from the pending index) and its one answer
-    for them, at server time ``now``; and the VMs left for per-VM checks (``rest``).
+    for them, at server time ``now``. Also the VMs left for per-VM checks (``rest``).
     Acting on it later, when some of it is stale, is safe: each VM's record decides
     under its lock."""
 
@@ -245,7 +245,7 @@ def _due(fleet: Fleet, vm: Booting, held: ProviderVM | None, now: float, lag: fl
     """Whether the cloud's answer changes anything for ``vm``.
 
     Whether the answer changes anything (so the VM's lock is worth taking). The index's
-    score stands in for the record's created_at here; the record decides under the lock."""
+    score stands in for the record's created_at here. The record decides under the lock."""
     age = now - vm.since
     if held is None:
         return age >= lag

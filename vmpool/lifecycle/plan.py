@@ -17,9 +17,9 @@ from vmpool.state.records import Slot
 
 @dataclass
 class RequestRejected(Exception):
-    """Why a request cannot be accepted; nothing has been written.
+    """Why a request cannot be accepted. Nothing has been written.
 
-    ``bad_templates`` lists names that are neither a pool nor an alias (vmpooler's 404);
+    ``bad_templates`` lists names that are neither a pool nor an alias (vmpooler's 404).
     ``maximum`` is set when a count exceeds ``max_ondemand_instances_per_request``, or
     the sum of the counts ``max_ondemand_instances_total`` (vmpooler's 403).
     """
@@ -37,7 +37,7 @@ def choose_pools(config: Config, name: str, count: int, rng: random.Random) -> d
 
     Candidates: ``name`` if it is a pool, plus every pool listing it as an alias. When
     more than one candidate exists and every candidate's clone_target has a
-    ``backend_weight``, the pick is weighted by it (weight 0: never picked); otherwise
+    ``backend_weight``, the pick is weighted by it (weight 0: never picked). Otherwise
     it is uniformly random. Returns pool -> count, in order of first pick.
     """
     candidates = config.resolve_name(name)
@@ -62,7 +62,7 @@ def choose_pools(config: Config, name: str, count: int, rng: random.Random) -> d
 def check_names(config: Config, names: Iterable[str]) -> None:
     """RequestRejected listing, in order, every name that is neither a pool nor an alias.
 
-    The one check of requested names; the API calls it before it parses the counts
+    The one check of requested names. The API calls it before it parses the counts
     (vmpooler answers an unknown name before a bad count)."""
     unknown = [name for name in names if not config.resolve_name(name)]
     if unknown:
@@ -105,7 +105,7 @@ def check_counts(config: Config, counts: Mapping[str, int]) -> None:
 def parse_pool_counts(args: tuple[str, ...] | list[str]) -> dict[str, int]:
     """Parse ``POOL=N`` arguments (vmfloaty's form) into name -> count.
 
-    ``POOL=N`` arguments (vmfloaty's form) -> name -> count; a bare name means 1 and a
+    ``POOL=N`` arguments (vmfloaty's form) -> name -> count. A bare name means 1 and a
     repeated name adds up. ValueError names the bad argument."""
     counts: dict[str, int] = {}
     for arg in args:

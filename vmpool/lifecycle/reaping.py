@@ -29,7 +29,7 @@ def reap_running(fleet: Fleet) -> int:
     A VM's running score is its lifetime's end. Returns how many were ended.
 
     Each ``end_vm_lifetime`` is its own atomic transition (one script per expired VM:
-    the cost follows the expired count, not the running count); the destroy dispatch
+    the cost follows the expired count, not the running count). The destroy dispatch
     for all of them is one batch at the end (a pass that dies before it leaves the VMs
     'completed', which destroy_sweep finds). The pools no longer configured are
     included, and their other work dispatched (``_finish_retired``)."""
@@ -89,7 +89,7 @@ def _finish_retired(fleet: Fleet, pools: list[str], now: float) -> None:
 def _reachable(fleet: Fleet, names: list[str]) -> list[str]:
     """The VMs among ``names`` whose provider is configured.
 
-    One read for all; the others are left alone (the audit reports them), not dispatched
+    One read for all. The others are left alone (the audit reports them), not dispatched
     to fail every pass."""
     if not names:
         return []

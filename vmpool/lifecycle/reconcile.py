@@ -38,7 +38,7 @@ Unowned = Literal["leaked", "resurrected"]
 
 
 def reconcile(fleet: Fleet) -> dict[str, int]:
-    """Provider inventory against the records; finish or undo what a crash left.
+    """Provider inventory against the records. Finish or undo what a crash left.
 
     The inventory is read FIRST, then the records (Karpenter's and Nodepool's order): a
     VM is reserved before it is created, so any VM in the inventory already had its
@@ -46,11 +46,11 @@ def reconcile(fleet: Fleet) -> dict[str, int]:
     tombstone that expired), never an in-flight create. Still, a VM nobody records is
     destroyed only once it is older than ``reconcile_grace_s`` (by the provider's clock).
 
-    - provider VM, record completed -> destroy_vm dispatched; record destroyed (a paused
+    - provider VM, record completed -> destroy_vm dispatched. Record destroyed (a paused
       creator made it after the destroy) or missing (past the grace) -> destroyed here.
     - reserved VM older than ``2 * lock_expire_s`` whose create job died (its VM lock is
-      free): the provider has it -> vm_created; else the request is past its deadline
-      (or gone) -> vm_failed; else create_vm dispatched again.
+      free): the provider has it -> vm_created. Else the request is past its deadline
+      (or gone) -> vm_failed. Else create_vm dispatched again.
     - pending VM (pending since before the inventory was read) that the provider no
       longer holds -> vm_failed.
     - running VM (handed out before the inventory was read) that the provider no longer

@@ -1,10 +1,10 @@
 """The request's side of the lifecycle: reserving its VMs, re-checking it, expiring it.
 
 ``provision_request`` reserves VMs for a request's unreserved slots within the fleet's
-clone limit (under the request's fenced lock); ``check_request`` re-checks one request;
+clone limit (under the request's fenced lock). ``check_request`` re-checks one request.
 ``sweep_expired`` and ``provision_sweep`` are the periodic sweeps that find the requests
 needing work from Redis state alone. Every state change is one checked store transition
-(:mod:`vmpool.state.store`); a refusal is the normal answer of a race lost.
+(:mod:`vmpool.state.store`). A refusal is the normal answer of a race lost.
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ class CloneGate:
     Shared by the provision steps a batch job runs in the order of service: once one met
     the clone limit, those after it reserve nothing (they still take ready VMs), so a
     slot freed meanwhile is not handed to a younger request before the older one (first
-    come, first served); the older gets it at its next turn."""
+    come, first served). The older gets it at its next turn."""
 
     closed: bool = False
 
@@ -71,15 +71,15 @@ def provision_request(
     names reserved by this call.
 
     Runs under the request's lock, whose grant reads the request's record in the same
-    unit; each reservation passes its fence, so a holder paused past its lock's expiry
+    unit. Each reservation passes its fence, so a holder paused past its lock's expiry
     cannot over-reserve (the store refuses 'stale_fence', and 'slot_full' bounds the
     slot whatever the lock does). One clone slot is taken per VM before it is reserved
     and handed to create_vm, which gives it back. ``lock``: already granted that way by
-    a batch job, which releases it; else taken and released here. ``gate``: the batch
+    a batch job, which releases it. Else taken and released here. ``gate``: the batch
     job's :class:`CloneGate`.
 
     A slot whose pool is no longer in the configuration is skipped with an error in the
-    log: no VM exists yet, so there is nothing to fail; the request stays pending and its
+    log: no VM exists yet, so there is nothing to fail. The request stays pending and its
     expiry fails it (with the usual TTL reason) unless the pool comes back meanwhile.
     """
     reserved: list[str] = []
@@ -140,7 +140,7 @@ def _reserve_one(
 ) -> ReserveCode | StoreCode:
     """Reserve one VM for the request's slot ``alias``.
 
-    The VM is of ``pool``; its create is dispatched. Returns the code of
+    The VM is of ``pool``. Its create is dispatched. Returns the code of
     :func:`~vmpool.lifecycle.reserving.reserve_fresh`."""
 
     def reserve(name: str) -> Outcome:
@@ -205,15 +205,15 @@ def check_request(fleet: Fleet, request_id: str) -> RequestCode:
 
 
 def sweep_expired(fleet: Fleet, limit: int = 1000) -> dict[str, int]:
-    """Expire every request whose time (TTL + grace) is up; count the outcomes.
+    """Expire every request whose time (TTL + grace) is up. Count the outcomes.
 
     The candidates come from one score-range read of the open-request index
     (``store.due_for_expiry``), so the cost follows the number due, not the number open.
     Each candidate then gets its own ``expire_request`` script, deliberately not one
     script for the batch: each expiry is its own atomic unit with its own version bump
     and audit entry on its own request's keys (one ``{rid}`` hash tag per script, as a
-    Redis Cluster would require); a long batch script would stall every other client
-    for the whole batch; and a script that fails halfway does not roll back, so one bad
+    Redis Cluster would require). A long batch script would stall every other client
+    for the whole batch. A script that fails halfway does not roll back either, so one bad
     record must not stop or half-apply the others. The script re-checks the deadline and
     readiness inside the unit: a request whose VMs are all attached is fulfilled, never
     failed.

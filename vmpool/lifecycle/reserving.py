@@ -3,9 +3,9 @@
 The step a request's provision and a warm pool's top-up share.
 
 The clone slot is taken for the name before its reservation is written, and handed to
-the VM's create job, which gives it back; a reservation refused or raising gives it
+the VM's create job, which gives it back. A reservation refused or raising gives it
 back at once. A name already taken (``name_taken``: the name exists, tombstones
-included) is drawn again, up to :data:`MAX_NAME_ATTEMPTS` times; collisions are rare.
+included) is drawn again, up to :data:`MAX_NAME_ATTEMPTS` times. Collisions are rare.
 """
 
 from __future__ import annotations

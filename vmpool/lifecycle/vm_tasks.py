@@ -4,7 +4,7 @@ What the ``vm_task`` job does, and which providers can (vmpooler's snapshot and 
 tasks).
 
 The API records the task on the VM through the store (only its holder may ask) and
-queues the job; :func:`vm_task` calls the provider's capability
+queues the job. :func:`vm_task` calls the provider's capability
 (:class:`~vmpool.providers.Snapshots`, :class:`~vmpool.providers.Disks`), idempotent by
 the task's id (the snapshot's name, the disk's label), then records the result through
 the store (``finish_vm_task``: once, so a job run twice does the work at most twice and

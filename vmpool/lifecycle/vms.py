@@ -1,10 +1,10 @@
 """The VM's side of the lifecycle: create, check while booting, destroy.
 
 ``create_vm`` calls the provider for a reserved VM, ``check_pending_vm`` asks whether a
-booting VM is ready (or past its timeout), ``destroy_vm`` gives a completed VM back; the
+booting VM is ready (or past its timeout), ``destroy_vm`` gives a completed VM back. The
 sweeps (``check_pending_sweep``, ``destroy_sweep``) find the VMs that need work. The
 reap pass, which ends lifetimes and finishes removed pools, is
-:mod:`vmpool.lifecycle.reaping`. Provider work runs under the VM's fenced lock; every
+:mod:`vmpool.lifecycle.reaping`. Provider work runs under the VM's fenced lock. Every
 state change is one checked store transition.
 """
 
@@ -70,7 +70,7 @@ def create_vm(
     The create is idempotent at the provider (by name), so a second run, or a run after
     a worker died mid-create, finds the same VM. The clone slot is released in a
     ``finally`` once the create is over, whichever way it went. ``lock``: the VM's lock,
-    granted with its record by a batch job, which releases it (see ``_under_vm_lock``);
+    granted with its record by a batch job, which releases it (see ``_under_vm_lock``).
     ``slot``: whether the batch job took (or renewed) the VM's clone slot for it (one
     script for its claim), else it is taken here. The slot's lease is held with the
     lock's fencing token, so only this create (or a newer holder of the VM's lock)
@@ -103,8 +103,8 @@ def _under_vm_lock(
     the same unit (so the record is read under the lock, once), then ``body`` if the VM
     is in ``state`` (else 'vm_<its state>', after ``elsewhere(lock)``). ``lock``:
     already granted that way (a batch job grants the locks of its claim in one script
-    and releases them in one); else taken and released here. Another worker holding the
-    lock is 'busy', not an error; a lock lost midway stops the step ('lock_lost')."""
+    and releases them in one). Else taken and released here. Another worker holding the
+    lock is 'busy', not an error. A lock lost midway stops the step ('lock_lost')."""
 
     def run(held: FencedLock) -> VMCode:
         vm = VMRecord.from_hash(held.record) if held.record else None

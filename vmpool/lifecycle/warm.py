@@ -3,15 +3,15 @@
 ``top_up_pools`` (periodic) reserves, for each pool, the VMs it is short of (size minus
 ready minus the pool's own reserved and booting VMs), at most ``task_limit`` per pool
 per run and each within the fleet's clone limit (the clone semaphore every create
-shares), and dispatches ``create_vm`` for them; the ordinary create and pending-check
+shares), and dispatches ``create_vm`` for them. The ordinary create and pending-check
 jobs then make them ready (the store runs the warm-pool variant of each transition for
 a VM no request holds). ``check_ready`` (periodic, vmpooler's check_ready) recycles
 ready VMs past the pool's ``ready_ttl``, those the provider no longer holds or says are
-not ready, and those beyond a pool's size (the size shrank); each goes to destruction
+not ready, and those beyond a pool's size (the size shrank). Each goes to destruction
 and the next top-up replaces it. ``claim_ready`` lets an on-demand request take ready
 VMs of its pools before any is cloned (``ondemand_from_ready``, per pool).
 
-Every state change is one checked store transition (vmpool/state/pool_store.py); the
+Every state change is one checked store transition (vmpool/state/pool_store.py). The
 pool's size is enforced inside ``pool_reserve``'s unit, so two top-ups at once never
 over-fill a pool.
 """
@@ -138,7 +138,7 @@ def claim_ready(fleet: Fleet, req: RequestRecord) -> list[str]:
     """Let a pending request take ready VMs of its pools.
 
     Only pools whose ``ondemand_from_ready`` is on lend, before anything is cloned for
-    it; returns the VMs it took. The claim is one unit, bounded by the request's slots."""
+    it. Returns the VMs it took. The claim is one unit, bounded by the request's slots."""
     lending = sorted(
         {
             slot.pool

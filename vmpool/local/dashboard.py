@@ -4,7 +4,7 @@ rq-dashboard (the ``dashboard`` extra: ``pip install 'vmpool[dashboard]'``) show
 queues, jobs and workers on the same Redis. It runs as one more supervised child. The
 Redis URL reaches it through ``RQ_DASHBOARD_REDIS_URL`` (rq-dashboard reads its options
 from ``RQ_DASHBOARD_*`` variables), never the command line, where any user of the
-machine could read a password in it; ``RQ_DASHBOARD_USERNAME`` / ``_PASSWORD`` set in the
+machine could read a password in it. ``RQ_DASHBOARD_USERNAME`` / ``_PASSWORD`` set in the
 environment of ``vmpool up`` turn on its basic auth.
 """
 

@@ -268,7 +268,7 @@ def _release(
     until: float,
     clock: Callable[[], float],
 ) -> None:
-    """A client gives back what it got; then wait for the fleet to destroy it."""
+    """A client gives back what it got. Then wait for the fleet to destroy it."""
     for r in requests:
         if r.outcome == RequestStatus.READY:
             api.delete(r.request_id)

@@ -65,7 +65,7 @@ class RedisServer:
     """One redis-server child process in its own temporary directory.
 
     ``appendonly`` with ``appendfsync always`` is what vmpool's guarantees assume
-    (docs/reliability.md); the tests may turn it off for speed.
+    (docs/reliability.md). The tests may turn it off for speed.
     """
 
     def __init__(

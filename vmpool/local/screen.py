@@ -1,7 +1,7 @@
 """What `vmpool up` shows on the terminal while the fleet runs, and what goes to files.
 
 Every child's whole output goes to its own file in the run directory (``api.log``,
-``worker-1.log``, ...); the supervisor's own events go to ``supervisor.log``. The
+``worker-1.log``, ...). The supervisor's own events go to ``supervisor.log``. The
 terminal gets only what needs a person: a child's warnings and errors, a child that
 exits, and (when asked) a one-line summary now and then. Routine lines (a sweep ran, a
 job completed) never reach it unless ``-v`` streams everything.
@@ -47,7 +47,7 @@ def without_stamp(line: str) -> str:
 class Screen:
     """The terminal of `vmpool up`, and the run directory's log files.
 
-    ``child_line`` and ``event`` are called from the supervisor's reader threads; every
+    ``child_line`` and ``event`` are called from the supervisor's reader threads. Every
     write is under one lock.
     """
 
@@ -84,7 +84,7 @@ class Screen:
         return handle
 
     def child_line(self, name: str, line: str) -> None:
-        """One line of a child's output: to its file; to the terminal when it matters."""
+        """One line of a child's output: to its file. To the terminal when it matters."""
         with self._lock:
             handle = self._file(name)
             handle.write(line + "\n")
@@ -97,7 +97,7 @@ class Screen:
     def event(self, name: str, line: str, *, notable: bool) -> None:
         """One of the supervisor's own events.
 
-        To supervisor.log; to the terminal when notable (a child exited, a child would not
+        To supervisor.log. To the terminal when notable (a child exited, a child would not
         stop) or with ``-v``."""
         with self._lock:
             handle = self._file("supervisor")

@@ -3,7 +3,7 @@
 Each child is its own OS process (a worker here is what a pod would be in Kubernetes).
 A child that dies is restarted after a backoff that doubles up to a cap and resets once
 the child has stayed up for a while. Children run in their own sessions, so a Ctrl-C
-reaches only the supervisor, which then stops them in order; on Linux each child also
+reaches only the supervisor, which then stops them in order. On Linux each child also
 asks the kernel for SIGTERM should the supervisor itself die (PR_SET_PDEATHSIG), so no
 process is left behind either way.
 """
@@ -75,7 +75,7 @@ class Child:
 class Supervisor:
     """Starts children, restarts the ones that die, and stops them all.
 
-    ``output`` receives every child's output, each line prefixed with ``[name]``; with
+    ``output`` receives every child's output, each line prefixed with ``[name]``. With
     a ``sink`` instead, the lines and the supervisor's events go there (files and a
     quiet terminal: vmpool.local.screen).
     """
@@ -149,7 +149,7 @@ class Supervisor:
             self._spawn(child)
 
     def poll(self) -> list[str]:
-        """Restart children that died (after their backoff); return the names restarted."""
+        """Restart children that died (after their backoff). Return the names restarted."""
         restarted = []
         now = self.clock()
         for child in self.children.values():
@@ -196,7 +196,7 @@ class Supervisor:
         }
 
     def stop(self) -> None:
-        """SIGTERM every child, wait, SIGKILL what is left; no process stays behind."""
+        """SIGTERM every child, wait, SIGKILL what is left. No process stays behind."""
         self._stopping.set()
         live = [c for c in self.children.values() if c.process and c.process.poll() is None]
         for child in live:

@@ -3,7 +3,7 @@
 What vmpool asks of a cloud (base), the classes it implements (registry:
 ``provider_class`` name -> class and options model) and the simulated cloud.
 
-Import from here; ``make_provider`` / ``providers_from_config`` build instances from the
+Import from here. ``make_provider`` / ``providers_from_config`` build instances from the
 configuration, so callers never name an implementation class. Nothing here imports the
 configuration: it is read through the few attributes the registry needs.
 """

@@ -61,7 +61,7 @@ class PermanentProviderError(ProviderError):
 
 
 class TransientProviderError(ProviderError):
-    """The cloud hiccupped (API timeout, capacity, a flaky create); a retry may succeed."""
+    """The cloud hiccupped (API timeout, capacity, a flaky create). A retry may succeed."""
 
     permanent = False
 
@@ -145,7 +145,7 @@ class ProviderVM:
     """A VM as the cloud sees it, a snapshot taken when the provider was asked.
 
     ``hostname`` is the bare name: the caller adds a domain. ``state``: see
-    :class:`ProviderVMState`; when ``failed``, the cloud's words are in ``error``.
+    :class:`ProviderVMState`. When ``failed``, the cloud's words are in ``error``.
     ``address``: the address the cloud reported ('' if none).
     """
 
@@ -182,7 +182,7 @@ class Provider(Protocol):
     circuit_breaker: ClassVar[bool]
 
     def create_vm(self, pool: str, template: str, name: str, request_id: str = "") -> ProviderVM:
-        """Create VM ``name``; if it already exists, return it instead of making another.
+        """Create VM ``name``. If it already exists, return it instead of making another.
 
         ``request_id``: the request the VM is for, used only when ``tags_request_id``."""
         ...
@@ -192,7 +192,7 @@ class Provider(Protocol):
         ...
 
     def destroy_vm(self, pool: str, name: str) -> bool:
-        """Destroy the VM; True if it destroyed one, False if there was no such VM."""
+        """Destroy the VM. True if it destroyed one, False if there was no such VM."""
         ...
 
     def get_vm(self, pool: str, name: str) -> ProviderVM | None:
@@ -209,7 +209,7 @@ class StatusBatch(Protocol):
     """A provider that answers for many VMs with one cloud call (the cloud providers).
 
     The pending sweep asks it once per provider per tick instead of dispatching one
-    check per VM; a provider without it is checked VM by VM."""
+    check per VM. A provider without it is checked VM by VM."""
 
     # A cloud's list may lag its create (EC2's DescribeInstances is eventually
     # consistent): a VM created less than this long ago and missing from a list is
@@ -231,11 +231,11 @@ class Snapshots(Protocol):
     so both calls are idempotent by that name: a job run twice takes one snapshot."""
 
     def create_snapshot(self, pool: str, name: str, snapshot: str) -> None:
-        """Take the snapshot ``snapshot`` of VM ``name``; nothing if it already exists."""
+        """Take the snapshot ``snapshot`` of VM ``name``. Nothing if it already exists."""
         ...
 
     def revert_snapshot(self, pool: str, name: str, snapshot: str) -> None:
-        """Revert VM ``name`` to ``snapshot``; PermanentProviderError when it has none."""
+        """Revert VM ``name`` to ``snapshot``. PermanentProviderError when it has none."""
         ...
 
 

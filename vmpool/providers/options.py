@@ -1,7 +1,7 @@
 """The pieces options models are made of, so that every problem reads as one line.
 
-A provider class declares its options as a pydantic model (the registry pairs the two);
-the configuration builds its own settings from the same pieces. Pydantic's own error
+A provider class declares its options as a pydantic model (the registry pairs the two).
+The configuration builds its own settings from the same pieces. Pydantic's own error
 texts ("Input should be a valid number, unable to parse string as a number") are never
 shown to a user: a field built with :func:`expect` fails with ``must be <what>, got
 <the value as written>``, and :func:`problems` reads any ``ValidationError`` back as
@@ -74,7 +74,7 @@ def expect(what: str, coerce: Coerce | None = None) -> WrapValidator:
 
 
 def real(value: Any) -> float:
-    """A number as YAML gives one; not a bool (``yes`` is not 1%), not a string."""
+    """A number as YAML gives one. Not a bool (``yes`` is not 1%), not a string."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError("not a number")
     return float(value)

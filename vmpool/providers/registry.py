@@ -63,8 +63,8 @@ PoolOptions = Mapping[str, Mapping[str, Any]]
 class ProviderClass:
     """One implementation: its ``provider_class`` name, its options, how to build one.
 
-    ``pool_options`` is the model of the keys a pool using this class may carry for it;
-    the configuration validates each pool's with it, and ``build`` receives them all,
+    ``pool_options`` is the model of the keys a pool using this class may carry for it.
+    The configuration validates each pool's with it, and ``build`` receives them all,
     by pool name (``pools=``), so every call naming a pool can read its own."""
 
     name: str
@@ -136,7 +136,7 @@ def make_provider(
     options: Mapping[str, Any],
     pools: PoolOptions | None = None,
 ) -> Provider:
-    """Build one named provider instance; an unknown class is a configuration error.
+    """Build one named provider instance. An unknown class is a configuration error.
 
     ``pools`` holds the pool-level keys of each pool that uses the instance.
 

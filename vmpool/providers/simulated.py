@@ -1,7 +1,7 @@
 """A fake cloud whose VMs live in Redis, so workers, the API and the auditor share one view.
 
 Why Redis and not process memory: vmpool runs many worker processes (maybe on several
-machines); a VM one of them created must be visible to the one that destroys it and to the
+machines). A VM one of them created must be visible to the one that destroys it and to the
 reconciler that audits the inventory. Why the server's clock (``TIME``) and not the local
 one: processes on different machines must agree on when a VM finished booting.
 
@@ -18,9 +18,9 @@ Storage (see vmpool/state/keys.py)::
     keys.sim_inventory(provider)     set   every name the provider holds
 
 Invariant: a name is in the inventory set if and only if its hash exists. Create and
-destroy keep it by writing both in one Lua script; nothing else writes these keys.
+destroy keep it by writing both in one Lua script. Nothing else writes these keys.
 
-The stored ``state`` field is always ``booting``; the state a reader sees is derived from
+The stored ``state`` field is always ``booting``. The state a reader sees is derived from
 ``ready_at`` against the server clock at read time, so no process has to flip it.
 """
 
@@ -79,7 +79,7 @@ class SimulatedProvider(Provider, Snapshots, Disks):
     """A provider whose cloud is a pair of Redis keys per instance name.
 
     Names are unique within one provider instance (as hostnames are in a real cloud), so
-    lookups go by name alone; the ``pool`` argument of get/ready/destroy is accepted for
+    lookups go by name alone. The ``pool`` argument of get/ready/destroy is accepted for
     the provider interface and not used as a filter, so a caller that recorded a VM under
     the wrong pool can still find and destroy it.
     """
@@ -136,7 +136,7 @@ class SimulatedProvider(Provider, Snapshots, Disks):
         """Create VM ``name`` in ``pool`` from ``template``, or return it if it exists.
 
         Raises PermanentProviderError for a template listed in ``permanent_fail_templates``
-        and TransientProviderError for a seeded create failure; neither leaves anything in
+        and TransientProviderError for a seeded create failure. Neither leaves anything in
         the inventory.
         """
         validate_vm_name(name)
@@ -170,10 +170,10 @@ class SimulatedProvider(Provider, Snapshots, Disks):
         return vm is not None and vm.state == ProviderVMState.RUNNING
 
     def destroy_vm(self, pool: str, name: str) -> bool:
-        """Destroy the VM; True if one was destroyed, False if there was none.
+        """Destroy the VM. True if one was destroyed, False if there was none.
 
         A seeded failure (destroy_fail_percent) raises TransientProviderError and leaves
-        the VM in place; each attempt is counted in the VM's hash so the n-th retry gets
+        the VM in place. Each attempt is counted in the VM's hash so the n-th retry gets
         its own decision and a retried destroy eventually succeeds.
         """
         vm_key = self._keys.sim_vm(self.name, name)
@@ -221,7 +221,7 @@ class SimulatedProvider(Provider, Snapshots, Disks):
         self._annotate(name, f"snapshot:{snapshot}", "taken", "add")
 
     def revert_snapshot(self, pool: str, name: str, snapshot: str) -> None:
-        """Revert VM ``name`` to ``snapshot``; PermanentProviderError if it has none."""
+        """Revert VM ``name`` to ``snapshot``. PermanentProviderError if it has none."""
         self._annotate(name, f"snapshot:{snapshot}", "", "revert")
 
     def add_disk(self, pool: str, name: str, size_gb: int, disk: str) -> None:
@@ -355,7 +355,7 @@ def _seconds(server_time: tuple[int, int]) -> float:
 
 
 def _text(value: str | bytes) -> str:
-    """Replies are str with decode_responses=True; accept a bytes client as well."""
+    """Replies are str with decode_responses=True. Accept a bytes client as well."""
     return value.decode() if isinstance(value, bytes) else value
 
 

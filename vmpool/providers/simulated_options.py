@@ -48,7 +48,7 @@ Percent = Annotated[float, Field(ge=0, le=100), expect("a number from 0 to 100",
 
 
 def _boot_pair(value: Any, handler: ValidatorFunctionWrapHandler) -> tuple[float, float]:
-    """A number means [number, number]; a problem with it is named as the number's."""
+    """A number means [number, number]. A problem with it is named as the number's."""
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         try:
             low, high = handler((value, value))
@@ -144,7 +144,7 @@ class SimulatedOptions(BaseModel):
 
     @classmethod
     def parse(cls, options: Mapping[str, Any]) -> SimulatedOptions:
-        """Validate a raw options mapping; a bad value is a permanent configuration error."""
+        """Validate a raw options mapping. A bad value is a permanent configuration error."""
         unknown = sorted(str(key) for key in options if key not in cls.model_fields)
         if unknown:
             # As vmpooler providers ignore options meant for others.

@@ -169,7 +169,7 @@ class ConfirmingRedis(redis.Redis):
 
 
 def confirm(client: redis.Redis) -> None:
-    """:meth:`ConfirmingRedis.confirm` on ``client``; nothing for a client made
+    """:meth:`ConfirmingRedis.confirm` on ``client``. Nothing for a client made
     elsewhere (a test's plain client: no durability to confirm)."""
     if isinstance(client, ConfirmingRedis):
         client.confirm()

@@ -2,7 +2,7 @@
 
 Every key lives under one prefix (``vmpool`` by default). A request's own keys share
 the hash tag ``{<request id>}`` so that they land in one slot should the state ever
-move to a Redis Cluster; the scripts that also touch fleet-wide indexes (pool sets,
+move to a Redis Cluster. The scripts that also touch fleet-wide indexes (pool sets,
 the open-request index) assume a single primary, which is what vmpool supports.
 
 Layout (``P`` is the prefix)::
@@ -17,7 +17,7 @@ Layout (``P`` is the prefix)::
     P:vm:NAME:fence              string fencing counter of the VM's lock grants
     P:vm:NAME:audit              list   a warm-pool VM's own trail (while no request holds it)
     P:addresses                  hash   a ready VM's cloud address -> its name (/vm/<address>)
-    P:pool:POOL:STATE            zset   VMs of a pool in a state; score depends on state
+    P:pool:POOL:STATE            zset   VMs of a pool in a state. Score depends on state
                                         (ready: the warm pool, score = ready time)
     P:token:SHA256               hash   an API token (stored hashed): user, created, last
     P:user-tokens:SHA256         zset   a user's tokens (by user name's sha256), score = created
@@ -106,7 +106,7 @@ RQ_JOB_NAMESPACE = "rq:job:"
 
 @dataclass(frozen=True)
 class Keys:
-    """Builds every key from one prefix. Pass it around; never build keys by hand."""
+    """Builds every key from one prefix. Pass it around. Never build keys by hand."""
 
     prefix: str = DEFAULT_PREFIX
 
@@ -179,7 +179,7 @@ class Keys:
         return self.vm(name) + ":audit"
 
     def vm_prefix(self) -> str:
-        """Prefix of VM hashes; scripts append a VM name to reach a request's VMs."""
+        """Prefix of VM hashes. Scripts append a VM name to reach a request's VMs."""
         return f"{self.prefix}:vm:"
 
     @property
@@ -196,7 +196,7 @@ class Keys:
         return f"{self.prefix}:pool:{validate_pool_name(pool)}:{state}"
 
     def pool_state_prefix(self) -> str:
-        """Prefix of the per-pool indexes; scripts append ``POOL:STATE`` themselves."""
+        """Prefix of the per-pool indexes. Scripts append ``POOL:STATE`` themselves."""
         return f"{self.prefix}:pool:"
 
     def pool_state_pattern(self) -> str:
@@ -300,7 +300,7 @@ class Keys:
         return self.time_to_ready_prefix() + validate_pool_name(pool)
 
     def time_to_ready_prefix(self) -> str:
-        """Prefix of the ready-time histograms; the scripts append the VM's pool."""
+        """Prefix of the ready-time histograms. The scripts append the VM's pool."""
         return self.metrics("time_to_ready") + ":"
 
     @property
@@ -321,7 +321,7 @@ class Keys:
         return f"{self.prefix}:pool-resets"
 
     def summary_prefix(self) -> str:
-        """Prefix of the daily summary hashes; the scripts append ``TASK:DATE``."""
+        """Prefix of the daily summary hashes. The scripts append ``TASK:DATE``."""
         return f"{self.prefix}:summary:"
 
     def summary_day(self, task: str, date: str) -> str:
@@ -382,5 +382,5 @@ class Keys:
 
     @property
     def scheduler_lock(self) -> str:
-        """rq-scheduler's tick lock; vmpool's loop never takes it (workers/schedule.py)."""
+        """rq-scheduler's tick lock, which vmpool's loop never takes (workers/schedule.py)."""
         return f"{self.prefix}:schedule:lock"

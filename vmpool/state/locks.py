@@ -1,7 +1,7 @@
 """Per-request and per-VM locks with fencing tokens.
 
 Why locks at all: two workers creating the same VM, or reserving for the same request,
-at once would waste provider work. The locks are an efficiency measure; safety rests
+at once would waste provider work. The locks are an efficiency measure. Safety rests
 on the store's checked transitions (docs/invariants.md). A lock is a lease: its holder
 can be paused (GC, SIGSTOP, a slow provider call) past its expiry while another worker
 is granted the same lock. Three things make that harmless:
@@ -10,24 +10,24 @@ is granted the same lock. Three things make that harmless:
    (``keys.request_fence(rid)`` / ``keys.vm_fence(name)``), issued by
    ``vmpool/state/scripts/lock_fence.lua`` in the same atomic unit that takes the lock
    (``SET NX PX``). Tokens therefore increase in grant order.
-2. Every side-effecting store transition is passed ``fence=lock.fence``; the store
+2. Every side-effecting store transition is passed ``fence=lock.fence``. The store
    refuses a token older than the newest grant (``stale_fence``), inside its script.
 3. The holder may call :meth:`FencedLock.ensure_held` before a side effect the fence
    cannot guard (a provider call): a token-checked read (it writes nothing, so under
    ``appendfsync always`` it costs no fsync; the renewer keeps the expiry), which
    raises :class:`LockLost` if another id owns the key or nobody does. Before a store
    write it is not needed and not made (the fence refuses a stale holder inside the
-   write); it narrows the window, the fence closes it.
+   write). It narrows the window, the fence closes it.
 
 Renewal: a :class:`LockRenewer` (one daemon thread, shared by every lock of a process
 that is given it: the Fleet holds one) extends each held lock every third of its expiry
-with the same token-checked script; a lock it finds lost is marked lost (and
+with the same token-checked script. A lock it finds lost is marked lost (and
 :meth:`FencedLock.ensure_held` raises). A lock given no renewer gets a renewer of its
 own. A grant is one script and a release another (no round trip or thread per lock
 beyond them).
 
 Batch jobs: :func:`acquire_all` grants the locks of a claim's subjects in
-one script and :func:`release_all` releases them in one; each is still its own lock
+one script and :func:`release_all` releases them in one. Each is still its own lock
 with its own fresh id and token, granted or refused on its own. A lock made with
 ``read_record=True`` also gets its subject's record, read in the grant's unit
 (:attr:`FencedLock.record`), so its holder need not read it again.
@@ -36,7 +36,7 @@ Acquisition is non-blocking by default: a job that finds the lock taken returns
 ``busy`` (another worker is on it; the periodic sweeps bring the work back if that
 worker dies). ``blocking=True`` polls the grant with a backoff up to ``timeout_s``.
 
-Keys: the lock key is exactly ``keys.lock(kind, subject)``; its value is the holder's
+Keys: the lock key is exactly ``keys.lock(kind, subject)``. Its value is the holder's
 lock id (fresh per grant).
 """
 
@@ -104,7 +104,7 @@ class Renewable(Protocol):
         ...
 
     def _renew(self) -> bool:
-        """One renewal; False to be renewed no more."""
+        """One renewal. False to be renewed no more."""
         ...
 
 
@@ -112,7 +112,7 @@ class LockRenewer:
     """One daemon thread extending every lock it is given, each every third of its expiry.
 
     A lock is extended until it is released or found lost. The thread starts on first
-    use; it idles (waiting on a condition, no Redis traffic) while no lock is held, and
+    use. It idles (waiting on a condition, no Redis traffic) while no lock is held, and
     ends after :data:`RENEWER_LINGER_S` without any (a process holding locks now and
     then keeps one thread, not one per lock). It keeps any :class:`Renewable` the same
     way.
@@ -227,13 +227,13 @@ class FencedLock:
         return self._granted(reply)
 
     def _granted(self, reply: list[Any]) -> int:
-        """Take one lock's part of a grant reply ({token, record}); the token."""
+        """Take one lock's part of a grant reply ({token, record}). The token."""
         token, flat = int(reply[0]), reply[1]
         self.record = {text(flat[i]): text(flat[i + 1]) for i in range(0, len(flat), 2)}
         return token
 
     def acquire(self) -> bool:
-        """Try to take the lock; True with :attr:`fence` set, False if someone holds it."""
+        """Try to take the lock. True with :attr:`fence` set, False if someone holds it."""
         if self._held:
             raise RuntimeError(f"{self.key}: already acquired by this FencedLock")
         token = self._try_grant()
@@ -260,7 +260,7 @@ class FencedLock:
         return True
 
     def release(self) -> None:
-        """Release the lock; a lock already lost is logged, not raised.
+        """Release the lock. A lock already lost is logged, not raised.
 
         The work done under it was fenced, and the new holder's lock must not be touched.
         """
@@ -270,7 +270,7 @@ class FencedLock:
             self._expired_before_release()
 
     def _let_go(self) -> bool:
-        """Mark released (the renewer forgets it); False if it was not held."""
+        """Mark released (the renewer forgets it). False if it was not held."""
         if not self._held:
             return False
         self._held = False
@@ -285,7 +285,7 @@ class FencedLock:
         return self.expire_s / 3
 
     def _renew(self) -> bool:
-        """One token-checked extend (the renewer's); False, and marked lost, if not ours."""
+        """One token-checked extend (the renewer's). False, and marked lost, if not ours."""
         if not self._held:
             return False
         if int(self._extend(keys=[self.key], args=[self.expire_s * 1000, self.id])):
@@ -295,7 +295,7 @@ class FencedLock:
         return False
 
     def _owned(self) -> bool:
-        """One token-checked read (writes nothing); False, and marked lost, if not ours."""
+        """One token-checked read (writes nothing). False, and marked lost, if not ours."""
         if int(self._check(keys=[self.key], args=[self.id])):
             return True
         self._lost = True
@@ -316,7 +316,7 @@ class FencedLock:
         A token-checked read (``lock_check.lua``, which writes nothing): the key holds our id.
         It does not push the expiry out (the renewer does, every third of it; a write
         here would cost an fsync under ``appendfsync always``). Call it before a side
-        effect the fence cannot guard (a provider call); the store's fence check remains
+        effect the fence cannot guard (a provider call). The store's fence check remains
         the guarantee, and no call is needed before a store write.
         """
         if not self._held:
@@ -352,7 +352,7 @@ def _grant_args(lock: FencedLock) -> list[str | int]:
 
 
 def acquire_all(locks: Sequence[FencedLock]) -> list[FencedLock]:
-    """Try to grant every lock of ``locks`` in one script; returns the granted ones.
+    """Try to grant every lock of ``locks`` in one script. Returns the granted ones.
 
     The locks are not yet held and made alike (one client, one expiry, one orphan TTL,
     one ``read_record``). Each is granted or refused on its own (a refused one is busy,

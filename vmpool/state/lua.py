@@ -55,7 +55,7 @@ class ScriptCall:
 class ScriptPipeline:
     """Script calls gathered to run in one round trip, each still its own atomic unit.
 
-    A store method given ``pipeline=`` adds its call here instead of running it; the
+    A store method given ``pipeline=`` adds its call here instead of running it. The
     caller runs them all with :meth:`execute_async` (replies in the order added).
     """
 
@@ -63,7 +63,7 @@ class ScriptPipeline:
         self.calls: list[ScriptCall] = []
 
     def add(self, call: ScriptCall) -> int:
-        """Add ``call``; its index in the replies."""
+        """Add ``call``. Its index in the replies."""
         self.calls.append(call)
         return len(self.calls) - 1
 
@@ -76,8 +76,8 @@ async def run_pipelined_async(client: aredis.Redis, calls: Sequence[ScriptCall])
     """The replies of ``calls`` run in order in one round trip on an asyncio client.
 
     A pipeline of EVALSHA, with no SCRIPT EXISTS round trip first (redis-py's pipeline
-    sends one whenever it holds a script). Each call is still its own atomic script;
-    the pipeline adds no atomicity across them. A call the server answered NOSCRIPT did
+    sends one whenever it holds a script). Each call is still its own atomic script.
+    The pipeline adds no atomicity across them. A call the server answered NOSCRIPT did
     not run: its script is loaded and it runs again, alone (so after the calls that
     followed it: rare, after a Redis restart or SCRIPT FLUSH). A call that failed
     otherwise has its exception in its place, not raised, so that one call's error does

@@ -4,7 +4,7 @@ A read queues its commands on any pipeline (sync or asyncio, so the API can awai
 on its loop), then builds the records from the replies. A read of several keys is one
 pipeline, not a round trip per key.
 
-:class:`~vmpool.state.store.Store` runs them on its own client; the API's hot GET paths
+:class:`~vmpool.state.store.Store` runs them on its own client. The API's hot GET paths
 run them on a redis.asyncio pipeline.
 """
 
@@ -59,7 +59,7 @@ def queue_vms(pipe: Any, keys: Keys, names: Iterable[str]) -> None:
 
 
 def vms_from(replies: Iterable[Any]) -> list[VMRecord]:
-    """The VMs of :func:`queue_vms`'s replies; a VM gone (no hash) is left out."""
+    """The VMs of :func:`queue_vms`'s replies. A VM gone (no hash) is left out."""
     return [VMRecord.from_hash(decode_hash(raw)) for raw in replies if raw]
 
 

@@ -1,6 +1,6 @@
 """The records the store reads and writes: requests, VMs, slots, audit entries, outcomes.
 
-Plain frozen dataclasses built from Redis hashes (``from_hash``); nothing here talks to
+Plain frozen dataclasses built from Redis hashes (``from_hash``). Nothing here talks to
 Redis. The store (:mod:`vmpool.state.store`) is what reads and changes them.
 """
 

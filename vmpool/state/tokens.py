@@ -267,7 +267,7 @@ class RateDecision:
 def check_user_rate_limit(
     redis_client: redis.Redis, keys: Keys, user: str, limit_per_minute: int
 ) -> RateDecision:
-    """Count one call of ``user`` in the current minute; refuse over the limit.
+    """Count one call of ``user`` in the current minute. Refuse over the limit.
 
     Every token of the user counts alike. Refused once the count exceeds
     ``limit_per_minute``.
@@ -280,7 +280,7 @@ def check_user_rate_limit(
 def check_rate_limit(
     redis_client: redis.Redis, keys: Keys, token_sha: str, limit_per_minute: int
 ) -> RateDecision:
-    """Count one call of the token in the current minute; refuse over the limit.
+    """Count one call of the token in the current minute. Refuse over the limit.
 
     The window is fixed, in Redis, on the server's clock. Refused once the count exceeds
     ``limit_per_minute``. The API counts per user (:func:`check_user_rate_limit`).

@@ -21,9 +21,9 @@ VM::
                                           \\-> completed (recycled, failed its check)
     held:                 running -> running (lifetime extended, tagged)
 
-``reserved`` is the intent record written before the provider is called; ``completed``
-means "on its way to destruction"; ``destroyed`` is a tombstone kept for ``data_ttl``.
-``ready`` is a warm-pool VM nobody holds (vmpool/state/pool_store.py); a request's own
+``reserved`` is the intent record written before the provider is called. ``completed``
+means "on its way to destruction". ``destroyed`` is a tombstone kept for ``data_ttl``.
+``ready`` is a warm-pool VM nobody holds (vmpool/state/pool_store.py). A request's own
 VMs never pass through it. ``running -> running`` is a change in place of a held VM
 (its lifetime or tags), checked, versioned and in the trail like any other edge.
 """

@@ -119,7 +119,7 @@ def _weighed(config: Config, counts: Mapping[str, int]) -> bool:
 async def _weighing(st: ApiState) -> Config:
     """The config with the pools' runtime clone targets (POST /config/clonetarget).
 
-    Backend weights are looked up by them; read only when weights are configured.
+    Backend weights are looked up by them. Read only when weights are configured.
     """
     key = st.keys.pool_override("clone_target")
     aio = st.clients.aio
@@ -255,7 +255,7 @@ def refused(metrics: ApiMetrics, rejected: RequestRejected, counts: Mapping[str,
 
 
 def _start_provisioning(st: ApiState, rid: str, enqueue: EnqueueFn | None = None) -> None:
-    """Call ``enqueue`` (else the app's) for the new request; a failure is not raised.
+    """Call ``enqueue`` (else the app's) for the new request. A failure is not raised.
 
     It is counted and logged: the request exists, and the provision sweep finds it.
     """
@@ -329,7 +329,7 @@ def _well_formed(rid: str) -> bool:
 def status_reply(rid: str, record: RequestRecord, hostnames: Mapping[str, list[str]]) -> Response:
     """The answer to GET /ondemandvm/<id>.
 
-    202 while pending; 200 once ready (with ``hostnames`` by alias), failed or deleted.
+    202 while pending. 200 once ready (with ``hostnames`` by alias), failed or deleted.
     """
     body: dict[str, Any] = {"ok": True, "request_id": rid, "ready": False}
     if record.status == "ready":

@@ -53,7 +53,7 @@ async def poolstat(request: Request, st: State) -> Response:
     """GET /poolstat: each pool's size, aliases and ready VMs.
 
     ``?pool=a,b``: each pool named (or having one of the names as an alias): its ``max``
-    (size), ``alias`` and ``ready`` VMs; no ``pool``: ``{"pools": {}}``."""
+    (size), ``alias`` and ``ready`` VMs. No ``pool``: ``{"pools": {}}``."""
     wanted = set((request.query_params.get("pool") or "").split(","))
 
     def body() -> Response:
@@ -118,7 +118,7 @@ async def get_config(st: State) -> Response:
 
 # -- operator endpoints ---------------------------------------------------------------------
 def _operator(st: ApiState, request: Request) -> str:
-    """405 unless experimental_features; with auth on a valid token (401) of an admin (403).
+    """405 unless experimental_features. With auth on a valid token (401) of an admin (403).
 
     Returns who acts, for the logs and trails."""
     if not st.config.experimental_features:
@@ -163,7 +163,7 @@ def _template(value: Any, pool: PoolConfig) -> str | None:
     """vmpooler's check of a template name.
 
     No leading or trailing '/', and a path (with '/') where the configured template is one
-    (vSphere's folders); any other clouds' image names."""
+    (vSphere's folders). Any other clouds' image names."""
     if not isinstance(value, str) or not _TEMPLATE_RE.fullmatch(value):
         return None
     if value.startswith("/") or value.endswith("/"):

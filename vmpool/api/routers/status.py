@@ -139,7 +139,7 @@ def pools_status(
 ) -> tuple[dict[str, Any], dict[str, int]]:
     """Each pool's entry in vmpooler's shape, and the totals over all pools.
 
-    An entry's ``pending`` is reserved plus booting; the totals are by pending, running and
+    An entry's ``pending`` is reserved plus booting. The totals are by pending, running and
     completed."""
     pools: dict[str, Any] = {}
     totals = dict.fromkeys(("pending", "ready", "running", "completed"), 0)

@@ -48,7 +48,7 @@ async def delete_token(token: str, st: State, user: BasicUser) -> Response:
 async def list_tokens(st: State, user: BasicUser) -> Response:
     """vmpooler's GET /token: ``{"ok": true, "<token>": {"created", "last"}, ...}``.
 
-    Each token is named by its SHA-256 (the token itself is never stored); 404 when the
+    Each token is named by its SHA-256 (the token itself is never stored). 404 when the
     user has none."""
     tokens = await run_in_threadpool(st.tokens.of_user, user)
     if not tokens:

@@ -234,7 +234,7 @@ def token_body(st: ApiState, token: str) -> Response:
     """vmpooler's GET /token/<token>.
 
     The token's record and its running VMs (short names, as vmfloaty's ``list --active``
-    needs them); 404 when auth is off."""
+    needs them). 404 when auth is off."""
     info = st.tokens.lookup(token, touch=False) if st.config.auth is not None else None
     if info is None:
         return not_ok(404)

@@ -7,7 +7,7 @@ of <size> GB).
 Only the VM's holder may ask (403 for another user's VM: vmpooler lets any token act
 on any VM), and only for a held VM (404 otherwise, as for an unknown one). The task is
 recorded on the VM through the store and carried out by the ``vm_task`` job
-(:mod:`vmpool.lifecycle.vm_tasks`); GET /vm/<hostname> shows the snapshots taken and
+(:mod:`vmpool.lifecycle.vm_tasks`). GET /vm/<hostname> shows the snapshots taken and
 the disks added, as vmpooler does, once they are done. A pool whose provider cannot do
 it: 501 ``{"ok": false, "message": ...}``.
 """

@@ -7,7 +7,7 @@ on EKS needs, after the provider's own options and ``AWS_ACCESS_KEY_ID`` /
 
 - **IRSA** (IAM roles for service accounts): EKS puts ``AWS_ROLE_ARN`` and
   ``AWS_WEB_IDENTITY_TOKEN_FILE`` (a projected service-account token) in the pod's
-  environment; STS ``AssumeRoleWithWebIdentity`` (an unsigned call) turns the token
+  environment. STS ``AssumeRoleWithWebIdentity`` (an unsigned call) turns the token
   into temporary credentials. The STS endpoint is ``AWS_ENDPOINT_URL_STS`` (or
   ``AWS_ENDPOINT_URL``) when set, else the region's.
 - **EKS Pod Identity** (and ECS task roles): ``AWS_CONTAINER_CREDENTIALS_FULL_URI`` with

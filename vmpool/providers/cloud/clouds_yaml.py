@@ -5,7 +5,7 @@ A Kubernetes Secret holding a ``clouds.yaml`` (as the OpenStack CLI and Horizon'
 a pod OpenStack credentials. :func:`load_cloud` reads one entry of it: the file is
 ``OS_CLIENT_CONFIG_FILE`` when set, else the first of ``./clouds.yaml``,
 ``~/.config/openstack/clouds.yaml`` and ``/etc/openstack/clouds.yaml`` that exists (the
-clients' own search order); the entry is the provider's ``cloud`` option, else
+clients' own search order). The entry is the provider's ``cloud`` option, else
 ``OS_CLOUD``. Password auth (``v3password``, the default) only: an application
 credential or a token entry is a clear configuration error, not a silent wrong login.
 """

@@ -17,7 +17,7 @@ same account. ``statuses`` answers for any number of VMs with one list call, whi
 how the pending sweep checks every booting VM of a provider at once.
 
 Cloud calls go through :meth:`CloudProvider._call` (counted in ``calls``, retried on
-transient failures with exponential backoff, ``Retry-After`` respected); a create is
+transient failures with exponential backoff, ``Retry-After`` respected). A create is
 retried only after a tag lookup found no VM of that name, and carries an idempotency
 token where the cloud has one, so a lost answer never leaves two instances.
 """
@@ -313,7 +313,7 @@ class CloudProvider(Provider, StatusBatch, Capacity):
         return [n for n in self._fleet_nodes() if self.tags_of(n).get(TAG_VM) == name]
 
     def _call(self, what: str, call: Callable[[], T], retries: int | None = None) -> T:
-        """One cloud call, counted; transient failures retried with backoff."""
+        """One cloud call, counted. Transient failures retried with backoff."""
         limit = self.options.retries if retries is None else retries
         attempt = 0
         while True:

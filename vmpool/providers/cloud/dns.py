@@ -104,7 +104,7 @@ class PoolDns:
         log.info("dns: %s.%s -> %s", name, self.domain, address)
 
     def withdraw(self, name: str) -> bool:
-        """Remove ``name.domain``; whether there was a record."""
+        """Remove ``name.domain``. Whether there was a record."""
         from libcloud.dns.types import RecordType
 
         found = False
@@ -118,7 +118,7 @@ class PoolDns:
     def _find(self, name: str, kind: Any) -> Any:
         """The record of ``name`` of type ``kind``, None when there is none.
 
-        Route 53: one filtered read; other drivers: the zone's list."""
+        Route 53: one filtered read. Other drivers: the zone's list."""
         from libcloud.dns.types import RecordDoesNotExistError
 
         if self.options.driver == "route53":

@@ -78,7 +78,7 @@ class EC2Provider(CloudProvider):
     def resolve_credentials(self) -> AwsCredentials:
         """The credentials: the options' keys, else the environment's, else the platform's.
 
-        The environment's: AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY (or ABS's names); the
+        The environment's: AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY (or ABS's names). The
         platform's: IRSA, EKS Pod Identity (aws_credentials)."""
         o = self.options
         key = o.access_key_id.get_secret_value() if o.access_key_id else None
@@ -118,7 +118,7 @@ class EC2Provider(CloudProvider):
         return cls(found.key, found.secret, token=found.token, **self.driver_kwargs())
 
     def query(self, params: Mapping[str, str]) -> Any:
-        """One signed Query API call; its parsed XML reply."""
+        """One signed Query API call. Its parsed XML reply."""
         driver = self.driver
         return driver.connection.request(driver.path, params=dict(params)).object
 
@@ -173,7 +173,7 @@ class EC2Provider(CloudProvider):
     def list_fleet(self) -> list[Node]:
         """One DescribeInstances.
 
-        libcloud's ``list_nodes`` adds a DescribeAddresses; an instance's elastic address is
+        libcloud's ``list_nodes`` adds a DescribeAddresses. An instance's elastic address is
         its ``ipAddress`` here already."""
         from libcloud.compute.drivers.ec2 import NAMESPACE
         from libcloud.utils.xml import findall, findtext

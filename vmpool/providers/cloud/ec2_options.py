@@ -80,7 +80,7 @@ class EC2Placement(CloudPlacement):
     def _groups_need_a_subnet(cls, value: list[str] | None, info: ValidationInfo) -> Any:
         """A pool's security groups need a subnet (its own or the provider's).
 
-        The groups are the pool's own or the provider's; groups belong to a VPC, and the
+        The groups are the pool's own or the provider's. Groups belong to a VPC, and the
         subnet names which."""
         if info.context is None:  # the provider's own options: checked per pool
             return value

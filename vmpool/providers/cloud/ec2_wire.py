@@ -5,7 +5,7 @@ whose errors keep the cloud's words.
 
 libcloud's ``create_node`` cannot place an instance in a zone without a location
 object, refuses security groups without a subnet, and tags the instance but not its
-volumes; so the provider sends its own RunInstances (this module builds it) through
+volumes. So the provider sends its own RunInstances (this module builds it) through
 libcloud's signed connection, and reads the reply with libcloud's node parser.
 
 Errors: EC2 answers ``<Response><Errors><Error><Code>..</Code><Message>..``; moto (and
@@ -166,7 +166,7 @@ def run_params(
 def _volumes(image: Image, p: Mapping[str, Any]) -> dict[str, str]:
     """Every EBS device of the image, deleted with the instance.
 
-    Each from the image's own snapshot and size, as EC2 would; the root sized and typed
+    Each from the image's own snapshot and size, as EC2 would. The root sized and typed
     as the pool says."""
     params: dict[str, str] = {}
     for n, device in enumerate(image.devices, 1):

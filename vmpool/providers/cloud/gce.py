@@ -1,12 +1,12 @@
 """Google Compute Engine through libcloud's GCE connection.
 
-libcloud gives the auth, the transport's retries and the error parsing; the few REST
+libcloud gives the auth, the transport's retries and the error parsing. The few REST
 calls vmpool needs are made directly:
 
 - create: ``instances.insert`` in the pool's zone, with the labels in the body (the
   instance and its boot disk: no unlabelled window), the pool's machine type, network,
   disk, image (or image family), service account, metadata (user-data, ssh-keys) and
-  scheduling (spot); then the insert operation is followed (``zoneOperations.get``,
+  scheduling (spot). Then the insert operation is followed (``zoneOperations.get``,
   backing off, for ``operation_wait`` seconds at most) to its result, so the cloud's
   answer reaches the create: ``QUOTA_EXCEEDED`` and ``ZONE_RESOURCE_POOL_EXHAUSTED``
   as quota (the VM waits), a bad image or machine type as a permanent error, in GCE's
@@ -17,7 +17,7 @@ calls vmpool needs are made directly:
 - destroy: ``instances.delete`` in the instance's zone.
 
 libcloud's ``create_node`` would look up the zone, machine type, network, image and disk
-type first (five calls per create); these calls name them by URL instead.
+type first (five calls per create). These calls name them by URL instead.
 
 Labels are lowercase letters, digits, ``-`` and ``_``, at most 63 characters: tag keys
 and values are folded to that (``label``), so two fleet ids differing only in case

@@ -57,7 +57,7 @@ def created_at(tags: Mapping[str, str], tag: str, node: Node) -> float:
     """A node's launch time: the ``tag`` vmpool set, else the cloud's, else now.
 
     An instance missing the tag (made by another version, or by hand with the fleet's
-    mark) still ages and is reaped once past the grace; now, when nothing tells the age,
+    mark) still ages and is reaped once past the grace. Now, when nothing tells the age,
     so the reconciler's grace protects the node."""
     try:
         return float(tags[tag])

@@ -1,7 +1,7 @@
 """Where and how a cloud makes a pool's VMs: the keys a pool may set for its provider.
 
 Each cloud declares its placement once, as a model whose every field may be absent
-(a :class:`CloudPlacement` subclass); the provider's options model inherits the same
+(a :class:`CloudPlacement` subclass). The provider's options model inherits the same
 fields, so the provider-level value is the default of every pool, and the pool model
 (the placement and :class:`PoolChecks`, the keys every cloud reads per pool) is what
 the registry hands the configuration (``ProviderClass.pool_options``), so a pool's

@@ -95,7 +95,7 @@ class VSphereAdapter(Protocol):
         ...
 
     def clone(self, request: CloneRequest) -> VMInfo:
-        """Clone and wait for the task; the new VM is powered off."""
+        """Clone and wait for the task. The new VM is powered off."""
         ...
 
     def power_on(self, ref: str) -> None: ...
@@ -111,7 +111,7 @@ class VSphereAdapter(Protocol):
     def create_snapshot(self, ref: str, name: str, memory: bool) -> None: ...
 
     def revert_snapshot(self, ref: str, name: str) -> None:
-        """Revert to the snapshot called ``name``; ``NotFound`` when there is none."""
+        """Revert to the snapshot called ``name``. ``NotFound`` when there is none."""
         ...
 
     def extra_config(self, ref: str) -> dict[str, str]:

@@ -2,7 +2,7 @@
 
 A vmpooler ``:providers: :vsphere:`` section carries over as it is (``server``,
 ``username``, ``password``, ``insecure``, ``datacenter``; ``vsphere_timeout`` is read
-as ``timeout``); so do its pools' keys (``folder``, ``datastore``, ``clone_target``,
+as ``timeout``). So do its pools' keys (``folder``, ``datastore``, ``clone_target``,
 ``create_linked_clone``, ``network``, ``datacenter``, ``snapshot_mainMem_*``).
 """
 
@@ -43,7 +43,7 @@ _SERVER = re.compile(
 
 
 def split_server(server: str) -> tuple[str, int]:
-    """``host[:port]`` (an IPv6 address in brackets) as (host, port); 443 by default."""
+    """``host[:port]`` (an IPv6 address in brackets) as (host, port). 443 by default."""
     found = _SERVER.match(server.strip())
     port = int(found.group("port") or 443) if found else 0
     if not found or not 0 < port < 65536:

@@ -6,12 +6,12 @@ check), on vCenter's terms:
 
 - **Ownership** is marked in the clone spec's extraConfig (``guestinfo.vmpool.fleet``,
   ``.pool``, ``.request``, ``.vm``, ``.created``, ``.template``), so a VM of ours is
-  never unmarked; every VM the provider lists, powers, snapshots or destroys is one
+  never unmarked. Every VM the provider lists, powers, snapshots or destroys is one
   carrying this fleet's mark. A hand-made VM in the pool's own folder is never touched.
 - **Inventory** is one ``RetrievePropertiesEx`` over container views of the pools'
   folders (name, power state, extraConfig, guest address of every VM in them).
 - **Create**: look the VM up by its mark, else clone (linked from the template's
-  current snapshot when the pool asks), then power on explicitly; a VM found powered off
+  current snapshot when the pool asks), then power on explicitly. A VM found powered off
   (its power-on lost) is powered on. ``DuplicateName`` from a clone is looked up again.
 - **Destroy** powers off first (vCenter refuses to destroy a running VM).
 - **Snapshots and disks**, idempotent by the name the API chose: a snapshot of that name,
@@ -161,7 +161,7 @@ class VSphereProvider(CloudProvider, Snapshots, Disks):
     ) -> ProviderVM:
         """The VM ``node`` is.
 
-        'running' once powered on and, when ``probe``, past the pool's ready check; its
+        'running' once powered on and, when ``probe``, past the pool's ready check. Its
         hostname the guest's address (VMware Tools), else its name."""
         tags = tags if tags is not None else self.tags_of(node)
         pool, name = tags.get(TAG_POOL, ""), tags.get(TAG_VM, node.name)
@@ -181,7 +181,7 @@ class VSphereProvider(CloudProvider, Snapshots, Disks):
         """A powered-on VM's ready check.
 
         With an address from VMware Tools the clouds' (``ready_check: ssh`` connects to
-        ``ssh_port``); without one only ``ready_check: state`` passes (powered on is
+        ``ssh_port``). Without one only ``ready_check: state`` passes (powered on is
         enough)."""
         if address:
             return self._ready(pool, name, address)
@@ -189,10 +189,10 @@ class VSphereProvider(CloudProvider, Snapshots, Disks):
 
     # -- the Provider protocol -------------------------------------------------------------
     def create_vm(self, pool: str, template: str, name: str, request_id: str = "") -> ProviderVM:
-        """Find the VM by its mark, else clone it; then power it on.
+        """Find the VM by its mark, else clone it. Then power it on.
 
         A transient failure is retried after looking again, so a clone whose answer was
-        lost is not made twice; a VM found powered off is powered on."""
+        lost is not made twice. A VM found powered off is powered on."""
         marks = self.tags(pool, name, request_id)
         launch = partial(self.launch, pool, template, name, marks)
         node = self._at_most_once("create", name, lambda: _first(self._find(name)), launch)
@@ -327,7 +327,7 @@ def _is(error: ProviderError, kind: str) -> bool:
 
 
 def _power(adapter: VSphereAdapter, *, ref: str, on: bool) -> None:
-    """Power on or off; a VM in that state already is no error."""
+    """Power on or off. A VM in that state already is no error."""
     try:
         adapter.power_on(ref) if on else adapter.power_off(ref)
     except VSphereFault as fault:

@@ -5,7 +5,7 @@ first connects: a fleet without a vSphere pool never needs the extra.
 
 Every read is a ``RetrievePropertiesEx`` with explicit property paths, never pyVmomi's
 lazy attribute reads (one round trip each, and govmomi's simulator drops the connection
-on a lazy read of an unset property); every task is awaited by reading its state, its
+on a lazy read of an unset property). Every task is awaited by reading its state, its
 error and its result (nothing else of ``info``: the simulator's task entity for a
 snapshot revert is not a ManagedEntity, which pyVmomi refuses to parse). Inventory
 lookups (datacenter, folder, template, datastore, cluster, network) are remembered for
@@ -234,7 +234,7 @@ class PyVmomiAdapter:
         return vim.VirtualMachine(ref, self.si._stub)
 
     def _wait(self, task: Any) -> Any:
-        """The task's result once it succeeded; its fault raised if it failed."""
+        """The task's result once it succeeded. Its fault raised if it failed."""
         deadline = time.monotonic() + self.task_timeout
         delay = 0.05
         while True:

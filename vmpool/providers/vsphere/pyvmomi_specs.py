@@ -19,7 +19,7 @@ def relocate(datastore: Any, placement: tuple[Any, Any] | None, linked: bool) ->
     """Where the clone goes: datastore, resource pool (and host), disk backing.
 
     A linked clone gets a child disk on the template snapshot's (vCenter's
-    ``createNewChildDiskBacking``); a full clone copies the disks, consolidated."""
+    ``createNewChildDiskBacking``). A full clone copies the disks, consolidated."""
     spec = vim.vm.RelocateSpec()
     if datastore is not None:
         spec.datastore = datastore
@@ -37,7 +37,7 @@ def clone(relocation: Any, extra_config: Mapping[str, str], snapshot: Any, card:
     """The clone spec: powered off, with the fleet's marks, from a snapshot when linked.
 
     Powered off: vmpool powers it on itself. The fleet's marks are in its extraConfig from
-    the start; a linked clone starts from the template's snapshot."""
+    the start. A linked clone starts from the template's snapshot."""
     config = vim.vm.ConfigSpec(
         extraConfig=[vim.option.OptionValue(key=k, value=v) for k, v in extra_config.items()]
     )
