@@ -60,8 +60,10 @@ _SHOWN_MAX: Final = 40
 
 
 class InvalidIdentifier(ValueError):
-    """A name of some kind (request id, VM name, pool name, key prefix, token, user)
-    that does not match its validator."""
+    """A name that does not match its validator.
+
+    Any kind of name: request id, VM name, pool name, key prefix, token, user.
+    """
 
 
 def _full(pattern: re.Pattern[str], value: object) -> bool:
@@ -69,9 +71,11 @@ def _full(pattern: re.Pattern[str], value: object) -> bool:
 
 
 def shown(value: object) -> str:
-    """``value`` as it may appear in a message or a log line: its repr (control
-    characters escaped), cut to a bounded length, so hostile input is never echoed
-    unbounded."""
+    """``value`` as it may appear in a message or a log line.
+
+    Its repr (control characters escaped), cut to a bounded length, so hostile input is
+    never echoed unbounded.
+    """
     text = repr(value)
     if len(text) <= _SHOWN_MAX:
         return text

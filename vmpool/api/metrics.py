@@ -5,7 +5,7 @@ one process, as the tests make them). Two kinds of metric:
 
 * counters the API process keeps (``ApiMetrics``, per replica: sum them over replicas):
   vmpooler's on-demand names, with vmpooler's default Prometheus prefix ``vmpooler_``
-  and its dotted segments as labels, and the HTTP responses and latency;
+  and its dotted segments as labels, and the HTTP responses and latency
 * the fleet's gauges, counters and histogram, read from Redis on each scrape
   (:class:`~vmpool.api.fleet_metrics.RedisStateCollector`), the same on every replica.
 

@@ -2,11 +2,11 @@
 
 Here happens what no single setting can check alone:
 
-- durations turned into seconds (each field declares its unit);
+- durations turned into seconds (each field declares its unit)
 - defaults taken from other settings (a pool's timeout is ``config.timeout`` unless it
-  has its own);
-- references followed (a pool's provider and dns_plugin);
-- each provider's options validated by its class's own model (from the registry);
+  has its own)
+- references followed (a pool's provider and dns_plugin)
+- each provider's options validated by its class's own model (from the registry)
 - the Redis URL composed from its parts.
 """
 

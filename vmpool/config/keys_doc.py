@@ -2,8 +2,8 @@
 
 Sources, so the page says what the code reads:
 
-- the settings models (:mod:`vmpool.config.settings`);
-- each provider class's options and pool keys (:mod:`vmpool.providers.registry`);
+- the settings models (:mod:`vmpool.config.settings`)
+- each provider class's options and pool keys (:mod:`vmpool.providers.registry`)
 - vmpooler's key facts (:mod:`vmpool.config.vmpooler_keys`).
 
 ``tests/test_docs_migration.py`` fails when the page and the code part. To write the

@@ -8,13 +8,13 @@ through one checked store transition, and treats the store's refusals as the nor
 answer of a race it lost (logged, never raised).
 
 - :mod:`~vmpool.lifecycle.fleet`: the Fleet (what a worker process holds) and the
-  Dispatcher (how follow-up work is queued);
-- :mod:`~vmpool.lifecycle.requests`: provision, check and expire requests;
-- :mod:`~vmpool.lifecycle.vms`: create, check, reap and destroy VMs;
-- :mod:`~vmpool.lifecycle.warm`: warm pools: top up, re-check, recycle, lend to requests;
-- :mod:`~vmpool.lifecycle.overrides`: pool settings changed at runtime, pool resets;
-- :mod:`~vmpool.lifecycle.vm_tasks`: snapshots, reverts and disks of held VMs;
-- :mod:`~vmpool.lifecycle.reconcile`: the provider's inventory against the records;
+  Dispatcher (how follow-up work is queued)
+- :mod:`~vmpool.lifecycle.requests`: provision, check and expire requests
+- :mod:`~vmpool.lifecycle.vms`: create, check, reap and destroy VMs
+- :mod:`~vmpool.lifecycle.warm`: warm pools: top up, re-check, recycle, lend to requests
+- :mod:`~vmpool.lifecycle.overrides`: pool settings changed at runtime, pool resets
+- :mod:`~vmpool.lifecycle.vm_tasks`: snapshots, reverts and disks of held VMs
+- :mod:`~vmpool.lifecycle.reconcile`: the provider's inventory against the records
 - :mod:`~vmpool.lifecycle.plan`: a request's counts as slots of pools (API and CLI).
 """
 

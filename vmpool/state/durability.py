@@ -155,8 +155,10 @@ class ConfirmingRedis(redis.Redis):
         return replies[0]
 
     def confirm(self) -> None:
-        """Confirm every write Redis holds now (whoever made it), as a write of this
-        connection would be: before a read is answered as a fact."""
+        """Confirm every write Redis holds now, before a read is answered as a fact.
+
+        Whoever made the writes, they are confirmed as a write of this connection would be.
+        """
         if not self.durability.waits:
             return
         with self.pipeline(transaction=False) as pipe:
@@ -169,8 +171,10 @@ class ConfirmingRedis(redis.Redis):
 
 
 def confirm(client: redis.Redis) -> None:
-    """:meth:`ConfirmingRedis.confirm` on ``client``. Nothing for a client made
-    elsewhere (a test's plain client: no durability to confirm)."""
+    """:meth:`ConfirmingRedis.confirm` on ``client``.
+
+    Nothing for a client made elsewhere (a test's plain client: no durability to confirm).
+    """
     if isinstance(client, ConfirmingRedis):
         client.confirm()
 
@@ -192,8 +196,10 @@ class ConfirmingAsyncRedis(aredis.Redis):
     via_sentinel: bool = False
 
     async def confirm(self) -> None:
-        """:meth:`ConfirmingRedis.confirm`, awaited: one round trip when the durability
-        waits for something, none otherwise."""
+        """:meth:`ConfirmingRedis.confirm`, awaited.
+
+        One round trip when the durability waits for something, none otherwise.
+        """
         if not self.durability.waits:
             return
         pipe = self.pipeline(transaction=False)

@@ -2,9 +2,9 @@
 
 A Redis that answers PING may still refuse every write:
 
-- it is full (``maxmemory`` reached under ``noeviction``: OOM);
-- it is a replica (READONLY: a failover moved the primary);
-- it lacks the replicas ``min-replicas-to-write`` asks for (NOREPLICAS);
+- it is full (``maxmemory`` reached under ``noeviction``: OOM)
+- it is a replica (READONLY: a failover moved the primary)
+- it lacks the replicas ``min-replicas-to-write`` asks for (NOREPLICAS)
 - a write's durability cannot be confirmed
   (:class:`~vmpool.state.durability.WriteNotConfirmed`).
 

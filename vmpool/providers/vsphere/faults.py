@@ -7,11 +7,11 @@ ancestors' (``InsufficientCpuResourcesFault``, ``InsufficientResourcesFault``,
 faults without pyVmomi. :func:`classify` sorts them, the most specific name first:
 
 - quota (:class:`QuotaExceededError`): the cluster or host lacks the resources or the
-  licence (``InsufficientResourcesFault`` and its kind, ``NoDiskSpace``, ...);
+  licence (``InsufficientResourcesFault`` and its kind, ``NoDiskSpace``, ...)
 - transient: vCenter or a host is busy or unreachable (``TaskInProgress``,
   ``InvalidState``, ``HostCommunication``, ``NotAuthenticated``: an expired session,
   re-established on the next call), a stale reference (``ManagedObjectNotFound``), any
-  other system fault (``RuntimeFault``), timeouts and dropped connections;
+  other system fault (``RuntimeFault``), timeouts and dropped connections
 - permanent: the request is wrong (``NoPermission``, ``NotFound``, ``InvalidLogin``,
   ``DuplicateName``, ``InvalidArgument``, any other ``VimFault``).
 """
