@@ -13,8 +13,8 @@ unique-enqueue script: a constant number of round trips whatever the number of s
 of work is shared by that many workers.
 
 Each lane has two job ids, ``_r<lane>`` and ``_r<lane + LANES>``: a batch job that
-stopped on time with work left queues the other id of its lane (:func:`continue_batch`;
-its own id is still live while it runs), at the back of the queue. A lane is free when
+stopped on time with work left queues the other id of its lane (:func:`continue_batch`,
+as its own id is still live while it runs), at the back of the queue. A lane is free when
 both its ids are.
 
 A subject added while every lane's job exists and is about to finish waits for the

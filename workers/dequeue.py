@@ -8,7 +8,7 @@ duplicate the sweeps meet: Redis time quadratic in the backlog.
 
 :class:`StampingQueue` pops through ``pop_job.lua`` instead: the id leaves its queue
 together with the vmpool heartbeat on its hash, so ``reclaim_job.lua`` decides in O(1)
-(a ``queued`` hash without a beat is queued; with a stale beat, its popper died).
+(a ``queued`` hash without a beat is queued, and with a stale beat its popper died).
 
 Blocking: Lua cannot block, so an idle worker polls, backing off from
 :data:`POLL_MIN_S` to :data:`POLL_MAX_S` (one cheap script per poll: at most 20 per

@@ -2,7 +2,7 @@
 
 A job parses its argument, takes the Fleet its worker bound to it
 (:func:`workers.worker.current_fleet`: the worker process builds one Fleet and hands it
-to each job through RQ's current-job context; no module globals), and calls the domain.
+to each job through RQ's current-job context, with no module globals), and calls the domain.
 All the logic, every check and every state change lives in :mod:`vmpool.lifecycle` and
 the store. These functions only adapt RQ's calling convention. The return value is for
 the worker log only (``result_ttl=0``: RQ keeps no results).

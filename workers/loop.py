@@ -7,10 +7,10 @@ as if it were done. So a Redis restart or stall met at the wrong moment ended
 `vmpool worker` with status 0 (25 such exits in the chaos soak), and Kubernetes
 restarted the pod. :class:`SteadyLoop`, mixed into vmpool's worker classes, wraps
 those steps: a Redis that is gone or refuses writes (out of memory, read-only after a
-failover, too few replicas, writes not confirmed durable) is waited out in place (a
-small write with backoff, until one is taken; one warning per outage naming why and
-one line when it is over; the alive file touched meanwhile), and any other error is
-kept in ``fatal_error`` so the command exits 1 instead of 0.
+failover, too few replicas, writes not confirmed durable) is waited out in place, and
+any other error is kept in ``fatal_error`` so the command exits 1 instead of 0. Waiting
+out is a small write with backoff until one is taken, one warning per outage naming
+why, one line when it is over, and the alive file touched meanwhile.
 
 The alive file (:class:`AliveFile`) is the loop's liveness signal for Kubernetes
 (``vmpool probe worker``): touched on every turn of the loop, every RQ heartbeat

@@ -2,7 +2,7 @@
 
 The periodic jobs are the rows of the job table (:mod:`workers.table`) marked
 ``periodic``. Each one's interval is the ``:schedule:`` setting of the same name
-(seconds; :class:`vmpool.config.Schedule`, docs/architecture.md).
+(in seconds: :class:`vmpool.config.Schedule`, docs/architecture.md).
 
 What the schedule is for: each job runs every interval, and two runs of the expiry
 sweep (``sweep_expired``) are *queued* at most its interval apart (while a scheduler
@@ -37,7 +37,7 @@ A template this version does not know (a job of a newer release, during a rollin
 upgrade) is left alone and logged once: the replica that knows it runs it.
 
 A job's runs share its one id (``unique``: while a run is queued or running, no other
-is queued; a dead one is reclaimed, workers/queues.py), except for the bounded jobs:
+is queued, and a dead one is reclaimed, workers/queues.py), except for the bounded jobs:
 each of their runs has its own id, ``..._r<due time in ms>`` (still ``unique``, so
 two replicas enqueueing one due time queue it once), and the next run is queued unless
 the last one (``keys.schedule_last_runs``) still *waits* in its queue. So at most one run of the
@@ -54,7 +54,7 @@ time is moved and logged once (the script's compare), a due time never goes back
 and a replica frozen in the middle of its tick (SIGSTOP, a GC pause) delays nobody.
 Enqueueing before the move means a replica killed between the two leaves the template
 due for the next replica, so no run is lost. (rq-scheduler's own
-loop takes a lock with ``SET NX EX interval+10``; a replica frozen holding it stopped
+loop takes a lock with ``SET NX EX interval+10``. A replica frozen holding it stopped
 every sweep for up to 11 s, longer than the sweep interval. It is not used here.)
 
 Each move is logged to a capped list (``keys.schedule_log``, newest first:
@@ -184,7 +184,7 @@ class FleetScheduler(Scheduler):  # type: ignore[misc]
         return float(sec) + float(usec) / 1_000_000
 
     def install(self, intervals: dict[str, float]) -> None:
-        """Write the templates (idempotent; every replica does it at start).
+        """Write the templates (idempotent: every replica does it at start).
 
         A changed interval moves the next due time (see the module docstring).
         """

@@ -1,6 +1,6 @@
 """LDAP logins (``:auth: provider: ldap``), as vmpooler's ``authenticate_ldap`` makes them.
 
-With ldap3 (pure Python; the ``ldap`` extra).
+With ldap3, which is pure Python (the ``ldap`` extra).
 
 For each base, for each user_object: either a direct bind as
 ``<user_object>=<name>,<base>``, or, with a service account, a search under the base

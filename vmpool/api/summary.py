@@ -3,8 +3,8 @@
 Computed as vmpooler 3.9's helpers compute them (``get_task_metrics``,
 ``get_task_summary``, ``get_tag_summary`` in lib/vmpooler/api/helpers.rb), from the
 daily hashes the store's scripts keep (``Keys.summary_day``: boot and clone
-``POOL:VM -> seconds``, tag ``VM:TAG -> value``; _prelude.lua's ``count_vm_move``,
-tag_vm.lua).
+``POOL:VM -> seconds``, tag ``VM:TAG -> value``), written by _prelude.lua's
+``count_vm_move`` and tag_vm.lua.
 
 Pure functions of those hashes: the router reads them and replies. vmpooler's quirks
 are kept, so that dashboards built on it read the same numbers: a range's ``min``,

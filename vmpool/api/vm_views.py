@@ -3,7 +3,7 @@
 Pure functions of records, config and the server's clock: the router
 (:mod:`vmpool.api.routers.vm`) reads, calls these, and replies. Shapes follow vmpooler
 3.9's lib/vmpooler/api/v3.rb (GET /vm/<hostname>, checkout, PUT's failures, GET
-/token/<token>); docs/api.md lists where vmpool differs.
+/token/<token>). The page docs/api.md lists where vmpool differs.
 """
 
 from __future__ import annotations

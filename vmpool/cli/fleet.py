@@ -4,8 +4,8 @@ Redis URL: ``--redis-url``, else ``VMPOOL_REDIS_URL``, else the config's ``:redi
 url. With none, one line and exit 2. See docs/architecture.md for what runs where.
 
 A worker waits out a Redis outage of any length inside its loop (workers/loop.py),
-finishes its job on SIGTERM and exits 0 (RQ's warm shutdown; a second SIGTERM is a
-cold one), and exits 1 only on a real error. ``--alive-file`` is what
+finishes its job on SIGTERM and exits 0 (RQ's warm shutdown, where a second SIGTERM is
+a cold one), and exits 1 only on a real error. ``--alive-file`` is what
 ``vmpool probe worker`` reads for Kubernetes' liveness probe.
 """
 

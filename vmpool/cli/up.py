@@ -8,7 +8,7 @@ stopped on exit.
 
 The terminal stays short: what runs, the URLs, a line to paste in another shell, then
 only warnings and errors (vmpool/local/screen.py). Every process's whole log is a file
-in the run directory it names (``--log-dir``; ``-v`` streams them all). What would keep
+in the run directory it names (``--log-dir``). ``-v`` streams them all. What would keep
 the fleet from starting is said at once, with what to do: a port taken, a Redis that
 does not answer, a child that keeps exiting.
 """

@@ -7,7 +7,7 @@ the job's work set (:mod:`vmpool.state.workset`) and queues a batch job, which c
 them :data:`CLAIM_SIZE` at a time and runs the very same per-subject function for each
 (:func:`vmpool.lifecycle.create_vm` etc., unchanged): each subject's change is still
 its own checked transition under its own lock, the clone limit is still the
-semaphore's, and a subject is still deduplicated (the set holds it once; its lock and
+semaphore's, and a subject is still deduplicated (the set holds it once, and its lock and
 transitions refuse a second runner). A worker killed mid-batch loses nothing: its
 claimed subjects stay in the set and are claimed again when the lease
 (:func:`lease_s`) ends, and the periodic sweeps re-dispatch any work.
@@ -165,7 +165,7 @@ def run_batch(
     """Run ``fn`` for the subjects of ``job``'s work set, a claim at a time.
 
     Subjects are claimed in the order of service until none is claimable ('more'
-    absent) or :data:`BATCH_TIME_S` is over ('more': 1; those not yet run go back in
+    absent) or :data:`BATCH_TIME_S` is over ('more': 1, and those not yet run go back in
     line at once). A claim is sized to what fits in the time left at the pace so far (1 to
     :data:`CLAIM_SIZE`). An exception of one subject is logged and counted ('error').
     The subject is done (the sweeps re-find real work). A subject not over

@@ -52,10 +52,10 @@ log = logging.getLogger(__name__)
 def held_back(fleet: Fleet, provider: Provider, vm: VMRecord) -> HoldReason:
     """Why the VM's create must wait now, '' when it may go.
 
-    Why the VM's create must wait ('circuit_open': the provider's breaker is open;
-    'quota': its cloud answered quota a moment ago), '' when it may go (one read). A VM
-    held back stays reserved (the sweep dispatches it again once the hold is over) and
-    its creator gives its clone slot back."""
+    The reasons to wait are 'circuit_open' (the provider's breaker is open) and 'quota'
+    (its cloud answered quota a moment ago). Deciding takes one read. A VM held back
+    stays reserved (the sweep dispatches it again once the hold is over) and its creator
+    gives its clone slot back."""
     if not uses_circuit(provider):
         return ""
     reason = fleet.circuit.held_back(vm.provider)
@@ -68,8 +68,8 @@ def creates_due(fleet: Fleet, by_pool: Mapping[str, Sequence[str]]) -> list[str]
     """The stale reservations to create again now.
 
     The stale reservations (by pool) to create again, less those of pools whose provider
-    holds its creates back now (circuit open, quota: they would only answer so; one read
-    for all providers) or is at its own limits (one count each)."""
+    holds its creates back now (circuit open, quota: they would only answer so) or is at
+    its own limits. The first costs one read for all providers, the second one count each."""
     providers = {p: c.provider for p, c in fleet.config.pools.items() if by_pool.get(p)}
     clouds = [n for n in set(providers.values()) if uses_circuit(fleet.providers.get(n))]
     held = {s.provider for s in fleet.circuit.states(clouds) if s.held_back} if clouds else set()

@@ -2,8 +2,8 @@
 
 Finds what no job will: VMs the provider holds that no record owns (leaks, destroyed
 after a grace), reservations whose creator died (finished or cleaned up), and records
-whose VM the provider lost (booting: failed; handed out: ended, as vmpooler moves it to
-completed). The inventory is one list call per provider and runs no ready check.
+whose VM the provider lost (failed when booting, ended when handed out, as vmpooler moves
+it to completed). The inventory is one list call per provider and runs no ready check.
 """
 
 from __future__ import annotations

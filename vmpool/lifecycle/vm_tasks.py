@@ -60,8 +60,9 @@ def supports(config: Config, pool: str, kind: TaskKind) -> bool:
 def vm_task(fleet: Fleet, subject: str) -> TaskCode:
     """Carry out one task (``<VM>:<kind>:<id>``).
 
-    Returns 'done', 'failed' (any provider error: the trail says why; the holder may ask
-    again), or why nothing was done ('no_task': done already; 'no_vm')."""
+    Returns 'done', 'failed' or why nothing was done. 'failed' is any provider error: the
+    trail says why, and the holder may ask again. Nothing was done: 'no_task' (done
+    already) or 'no_vm'."""
     task = VMTask.parse(subject)
     arg = fleet.store.vm_task_arg(task)
     if arg is None:

@@ -56,16 +56,20 @@ def create_vm(
 ) -> VMCode:
     """Create a reserved VM at its provider and record it pending.
 
-    Returns: 'pending' (created; check_pending_vm dispatched), 'completed' (the request
-    let go of the VM while the provider worked: destroyed at the provider at once),
-    'retry' / 'request_failed' / 'failed' (the provider refused; vm_failed recorded),
-    'busy' (another worker holds the VM), 'throttled' (no clone slot free; the pending
-    sweep dispatches it again), 'circuit_open' (the provider's circuit breaker is open;
-    likewise), 'quota' (the cloud refused for quota or capacity, now or a moment ago,
-    or the provider is at its own max_instances / max_cores: the VM waits reserved, no
-    retry spent; likewise), 'lock_lost', 'no_provider', or
-    the store's refusal
-    ('no_vm', 'vm_<state>', 'stale_fence').
+    Returns one of:
+
+    - 'pending': created, check_pending_vm dispatched.
+    - 'completed': the request let go of the VM while the provider worked. The VM was
+      destroyed at the provider at once.
+    - 'retry' / 'request_failed' / 'failed': the provider refused, vm_failed recorded.
+    - 'busy': another worker holds the VM.
+    - 'throttled': no clone slot free. The pending sweep dispatches it again.
+    - 'circuit_open': the provider's circuit breaker is open. Likewise dispatched again.
+    - 'quota': the cloud refused for quota or capacity, now or a moment ago, or the
+      provider is at its own max_instances / max_cores. The VM waits reserved, no retry
+      spent. Likewise dispatched again.
+    - 'lock_lost', 'no_provider'.
+    - the store's refusal: 'no_vm', 'vm_<state>', 'stale_fence'.
 
     The create is idempotent at the provider (by name), so a second run, or a run after
     a worker died mid-create, finds the same VM. The clone slot is released in a
@@ -220,7 +224,7 @@ def destroy_at_provider(
 def check_pending_vm(fleet: Fleet, name: str, lock: FencedLock | None = None) -> VMCode:
     """Ask the provider whether a pending VM booted.
 
-    Returns: 'running' / 'fulfilled' (attached; the request turned ready in the same
+    Returns: 'running' / 'fulfilled' (attached, and the request turned ready in the same
     step) / 'completed' (the request is gone or out of time: to destruction), 'booting'
     (not yet), 'retry' / 'request_failed' / 'failed' (past the pool's timeout, counted
     from the VM's created_at in server time, or vanished at the provider), 'busy',
@@ -252,7 +256,7 @@ def _check_pending_locked(
 def reserved_grace_s(config: Config) -> float:
     """How long a reservation may wait for its create job.
 
-    Then the pending sweep dispatches the create again (it is idempotent; a running one
+    Then the pending sweep dispatches the create again (it is idempotent, and a running one
     answers 'busy')."""
     return max(10.0, 2.0 * config.schedule.check_pending_sweep)
 

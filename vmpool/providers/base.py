@@ -169,8 +169,9 @@ class Provider(Protocol):
 
     - ``tags_request_id``: ``create_vm`` tags the VM with ``request_id`` at launch.
       A provider without it is called with the first three arguments only.
-    - ``circuit_breaker``: its failed creates count toward its circuit breaker (the
-      real clouds; the simulated cloud's failures are the chaos tests' input).
+    - ``circuit_breaker``: its failed creates count toward its circuit breaker. The real
+      clouds declare it, not the simulated cloud, whose failures are the chaos tests'
+      input.
 
     The optional calls are protocols of their own, which a provider declares by
     subclassing them: :class:`StatusBatch`, :class:`Snapshots`, :class:`Disks` and

@@ -5,7 +5,7 @@ Its ``fleet_id`` option, else the fleet's identity, generated once per Redis
 
 Reconcile destroys what a cloud holds under the mark and no record accounts for, so
 the mark is what keeps two installs sharing an account apart. ``GET /status`` and
-``vmpool fleet-id`` show it; docs/providers.md says how to move a fleet to a new Redis.
+``vmpool fleet-id`` show it. The page docs/providers.md says how to move a fleet to a new Redis.
 """
 
 from __future__ import annotations

@@ -221,7 +221,7 @@ class Keys:
         return f"{self.prefix}:user-tokens:{user_sha256}"
 
     def token_prefix(self) -> str:
-        """Prefix of token hashes; token_create.lua appends a token's SHA-256."""
+        """Prefix of token hashes, to which token_create.lua appends a token's SHA-256."""
         return f"{self.prefix}:token:"
 
     def login_failures(self, kind: str, subject_sha256: str) -> str:
@@ -255,13 +255,13 @@ class Keys:
     def work_set(self, job: str) -> str:
         """Zset: the subjects of per-subject ``job`` waiting for a batch job or claimed.
 
-        Score: their arrival (server time); vmpool.state.workset. Its parts are this key
+        Score: their arrival in server time (:mod:`vmpool.state.workset`). Its parts are this key
         plus a suffix of :data:`WORK_PARTS` (rendered into the work-set scripts).
         """
         return f"{self.prefix}:work:{job}"
 
     def work_part(self, job: str, part: str) -> str:
-        """One part of ``job``'s work set (:data:`WORK_PARTS`; ``queue``: :meth:`work_queue`)."""
+        """One part of ``job``'s work set (:data:`WORK_PARTS`, ``queue``: :meth:`work_queue`)."""
         return self.work_set(job) + WORK_PARTS[part]
 
     def work_queue(self, job: str, owner: str) -> str:
@@ -366,7 +366,7 @@ class Keys:
 
     @property
     def scheduler_prefix(self) -> str:
-        """Prefix of one scheduler replica's hash; rq-scheduler appends its name."""
+        """Prefix of one scheduler replica's hash, to which rq-scheduler appends its name."""
         return f"{self.prefix}:schedule:scheduler:"
 
     # -- the fleet's published config (vmpool/config/published.py) --------------------

@@ -14,7 +14,7 @@ is granted the same lock. Three things make that harmless:
    refuses a token older than the newest grant (``stale_fence``), inside its script.
 3. The holder may call :meth:`FencedLock.ensure_held` before a side effect the fence
    cannot guard (a provider call): a token-checked read (it writes nothing, so under
-   ``appendfsync always`` it costs no fsync; the renewer keeps the expiry), which
+   ``appendfsync always`` it costs no fsync, and the renewer keeps the expiry), which
    raises :class:`LockLost` if another id owns the key or nobody does. Before a store
    write it is not needed and not made (the fence refuses a stale holder inside the
    write). It narrows the window, the fence closes it.
@@ -33,7 +33,7 @@ with its own fresh id and token, granted or refused on its own. A lock made with
 (:attr:`FencedLock.record`), so its holder need not read it again.
 
 Acquisition is non-blocking by default: a job that finds the lock taken returns
-``busy`` (another worker is on it; the periodic sweeps bring the work back if that
+``busy`` (another worker is on it, and the periodic sweeps bring the work back if that
 worker dies). ``blocking=True`` polls the grant with a backoff up to ``timeout_s``.
 
 Keys: the lock key is exactly ``keys.lock(kind, subject)``. Its value is the holder's
@@ -314,7 +314,7 @@ class FencedLock:
         """Raise :class:`LockLost` unless this holder still owns the lock.
 
         A token-checked read (``lock_check.lua``, which writes nothing): the key holds our id.
-        It does not push the expiry out (the renewer does, every third of it; a write
+        It does not push the expiry out (the renewer does, every third of it). A write
         here would cost an fsync under ``appendfsync always``). Call it before a side
         effect the fence cannot guard (a provider call). The store's fence check remains
         the guarantee, and no call is needed before a store write.

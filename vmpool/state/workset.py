@@ -15,11 +15,11 @@ A subject's way through:
 - :meth:`renew` extends the lease of a claim still at work. A claimer that dies leaves
   its subjects claimed. They are back in line, at their arrival, when the lease ends.
 
-**Order of service** (docs/invariants.md, invariant 10; ``_workset.lua`` says how):
+**Order of service** (docs/invariants.md, invariant 10, carried out by ``_workset.lua``):
 
 - First come, first served, by arrival in server time. That is a request's
   ``created``, so neither its id nor a re-dispatch moves it.
-- Round-robin across owners (a request's token user; VMs have none). The owner served
+- Round-robin across owners (a request's token user, while VMs have none). The owner served
   longest ago goes next, with its oldest waiting subject. One user's burst cannot
   starve another user's request.
 """

@@ -7,8 +7,8 @@ GET /poolstat, GET /totalrunning, GET /config, and the operator endpoints behind
 
 An operator call needs a token of one of ``:auth: admins`` when auth is on (401
 without a valid token, 403 for anyone else: vmpooler lets any token resize any pool).
-Every change goes through :mod:`vmpool.lifecycle.overrides` (runtime values in Redis;
-a reset through the store's ``reset_pool`` script), so workers honour it at once.
+Every change goes through :mod:`vmpool.lifecycle.overrides` (runtime values in Redis,
+and a reset through the store's ``reset_pool`` script), so workers honour it at once.
 """
 
 from __future__ import annotations
@@ -89,7 +89,7 @@ def _minutes(seconds: float) -> float | int:
 
 
 def _public(pool: PoolConfig) -> dict[str, Any]:
-    """A pool as vmpooler's GET /config lists it (its effective values; no secrets)."""
+    """A pool as vmpooler's GET /config lists it (its effective values, without secrets)."""
     entry: dict[str, Any] = {"name": pool.name}
     if pool.alias:
         entry["alias"] = list(pool.alias)

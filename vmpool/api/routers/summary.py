@@ -36,7 +36,7 @@ _DATE_RE = re.compile(r"\d{4}-\d{2}-\d{2}")
 
 
 def _dates(st: ApiState, request: Request) -> list[str]:
-    """The days asked for, checked as vmpooler checks them (its messages; JSON here)."""
+    """The days asked for, checked as vmpooler checks them (its messages, in JSON here)."""
     today = datetime.fromtimestamp(st.store.server_time(), UTC).date()
     given = [request.query_params.get(k) or today.isoformat() for k in ("from", "to")]
     parsed: list[date] = []

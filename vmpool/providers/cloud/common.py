@@ -208,8 +208,8 @@ class CloudProvider(Provider, StatusBatch, Capacity):
     def fleet_id(self) -> str:
         """The mark of this fleet's VMs.
 
-        The ``fleet_id`` option, else the fleet's identity in Redis (read once; generated
-        there by whichever process came first)."""
+        The ``fleet_id`` option, else the fleet's identity in Redis. It is read once, and
+        generated there by whichever process came first."""
         if self._fleet_id is None:
             if self.redis is None:
                 raise PermanentProviderError(

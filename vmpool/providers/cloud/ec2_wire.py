@@ -8,7 +8,7 @@ object, refuses security groups without a subnet, and tags the instance but not 
 volumes. So the provider sends its own RunInstances (this module builds it) through
 libcloud's signed connection, and reads the reply with libcloud's node parser.
 
-Errors: EC2 answers ``<Response><Errors><Error><Code>..</Code><Message>..``; moto (and
+Errors: EC2 answers ``<Response><Errors><Error><Code>..</Code><Message>..``. Moto (and
 other endpoints) put an ``xmlns`` on it, which libcloud's parser misses, leaving a bare
 ``BaseHTTPError (HTTP 400)``. The driver strips any namespace from an error body first,
 so ``InvalidAMIID.NotFound: The image id '[ami-x]' does not exist`` reaches the user.

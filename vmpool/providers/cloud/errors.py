@@ -97,7 +97,7 @@ def backoff_s(attempt: int, error: ProviderError, base: float, ceiling: float) -
 def is_final(error: ProviderError) -> bool:
     """Whether a failed call is not retried by the provider itself.
 
-    A permanent error, or the cloud's quota (the VM waits reserved for capacity; a
+    A permanent error, or the cloud's quota (the VM waits reserved for capacity, and a
     worker sleeping on it helps nobody)."""
     return error.permanent or isinstance(error, QuotaExceededError)
 

@@ -1,7 +1,7 @@
 """The vSphere provider's options, with vmpooler's keys, and the keys of its pools.
 
 A vmpooler ``:providers: :vsphere:`` section carries over as it is (``server``,
-``username``, ``password``, ``insecure``, ``datacenter``; ``vsphere_timeout`` is read
+``username``, ``password``, ``insecure``, ``datacenter``, and ``vsphere_timeout`` read
 as ``timeout``). So do its pools' keys (``folder``, ``datastore``, ``clone_target``,
 ``create_linked_clone``, ``network``, ``datacenter``, ``snapshot_mainMem_*``).
 """

@@ -1,1 +1,1 @@
-"""The store's Lua scripts (data files; loaded by :mod:`vmpool.state.lua`)."""
+"""The store's Lua scripts (data files, loaded by :mod:`vmpool.state.lua`)."""
