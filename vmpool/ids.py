@@ -39,7 +39,7 @@ __all__ = [
 
 DEFAULT_PREFIX: Final = "vmpool"
 
-# vmpooler's clients send uuid4s; ABS sends its own ids. Letters, digits, '-', '_' and
+# vmpooler's clients send uuid4s. ABS sends its own ids. Letters, digits, '-', '_' and
 # '.' cover both, and nothing here can open a hash tag or split a key.
 REQUEST_ID_RE: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 VM_NAME_RE: Final = re.compile(r"[a-z0-9][a-z0-9-]{0,62}")
@@ -49,11 +49,11 @@ POOL_NAME_RE: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 VM_TASK_RE: Final = re.compile(r"[a-z0-9][a-z0-9-]{0,62}:(snapshot|revert|disk):[a-z0-9]{1,32}")
 KEY_PREFIX_RE: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}")
 # API token text as a client sends it in X-AUTH-TOKEN: vmpooler's (and ours) are 32 of
-# [a-z0-9]; letters, digits, '_' and '-' leave room for other minting schemes
+# [a-z0-9]. Letters, digits, '_' and '-' leave room for other minting schemes
 # (base64url) while nothing unbounded or unprintable is ever hashed, looked up or logged.
 TOKEN_RE: Final = re.compile(r"[A-Za-z0-9_-]{1,128}")
 # A user name (the HTTP Basic user, the owner stored with a token, `vmpool token create
-# USER`): login names and e-mail-like names; no space, ':' (HTTP Basic's separator) or
+# USER`): login names and e-mail-like names. No space, ':' (HTTP Basic's separator) or
 # control character, so it is safe in a log line and a token record.
 USER_NAME_RE: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.@+-]{0,63}")
 _SHOWN_MAX: Final = 40

@@ -68,11 +68,11 @@ __all__ = [
 ]
 
 # Batch jobs of one kind that may be queued or running at once, when no config says
-# (``:config: batch_lanes``; see :func:`lanes_for`).
+# (``:config: batch_lanes``, see :func:`lanes_for`).
 LANES: Final = 4
 # Most lanes of one batch job.
 MAX_LANES: Final = 64
-# Lanes one dispatch checks (at least; more when it wants more): a window of them from a
+# Lanes one dispatch checks (at least, more when it wants more): a window of them from a
 # random lane, so the cost of a dispatch does not grow with the number of lanes.
 PROBE: Final = 4
 _BATCH_OF: Final = {job: batch for batch, job in BATCHED.items()}
@@ -94,7 +94,7 @@ def lanes_for(config: Config | None, batch_job: str) -> int:
     wants as many lanes as clone slots. More lanes than needed cost RQ jobs that find
     little to do (measured: docs/benchmarks.md).
     """
-    del batch_job  # one setting for every kind today; the argument is the place for more
+    del batch_job  # one setting for every kind today. The argument is the place for more
     if config is None:
         return LANES
     return max(1, min(MAX_LANES, config.batch_lanes))

@@ -103,8 +103,8 @@ def check_ready() -> dict[str, int]:
     return lifecycle.check_ready(current_fleet())
 
 
-# Batch jobs: one job runs many subjects of a work set (vmpool.lifecycle.batch);
-# one that stopped on time with work left queues its continuation (workers.batching).
+# Batch jobs: one job runs many subjects of a work set (vmpool.lifecycle.batch).
+# One that stopped on time with work left queues its continuation (workers.batching).
 def provision_batch() -> dict[str, int]:
     fleet = current_fleet()
     return continued(fleet, "provision_batch", lifecycle.provision_batch(fleet))

@@ -77,7 +77,7 @@ class AliveFile:
     def touch(self) -> None:
         try:
             self.path.touch()
-        except OSError as exc:  # the probe will say so; the loop itself goes on
+        except OSError as exc:  # the probe will say so. The loop itself goes on
             if not self._warned:
                 self._warned = True
                 log.warning("cannot touch the alive file %s: %s", self.path, exc)
@@ -154,7 +154,7 @@ class SteadyLoop(BaseWorker):
 
     alive: AliveFile | None = None
     fatal_error: BaseException | None = None
-    # How the loop tells Redis takes writes again (build_worker sets the write probe);
+    # How the loop tells Redis takes writes again (build_worker sets the write probe).
     # None: a PING.
     redis_check: Callable[[], RedisCondition] | None = None
     # RQ's dequeue sleeps up to this between two attempts, touching nothing (RQ: 60 s,
@@ -168,7 +168,7 @@ class SteadyLoop(BaseWorker):
 
     def _set_connection(self, connection: redis.Redis) -> redis.Redis:
         # RQ raises the socket timeout to its dequeue timeout + 10 s (25 s here) for a
-        # blocking pop; vmpool's dequeue polls (workers/dequeue.py) and nothing else
+        # blocking pop. The vmpool dequeue polls (workers/dequeue.py) and nothing else
         # blocks, so the connection factory's timeout stays: a frozen connection is
         # noticed in seconds, not after 25.
         return connection
@@ -222,7 +222,7 @@ class SteadyLoop(BaseWorker):
     def _pubsub_exception_handler(
         self, exc: Exception, pubsub: PubSub, pubsub_thread: PubSubWorkerThread
     ) -> None:
-        # RQ's handler logs every 2 s of an outage; one warning is enough.
+        # RQ's handler logs every 2 s of an outage. One warning is enough.
         if redis_unusable(exc) is None:
             super()._pubsub_exception_handler(exc, pubsub, pubsub_thread)
             return

@@ -90,12 +90,12 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-# A failed job's hash (and so its block on re-enqueue) lives this long; the traceback is
+# A failed job's hash (and so its block on re-enqueue) lives this long. The traceback is
 # in the worker's log. Reclaiming in enqueue() makes even this a soft limit.
 FAILURE_TTL: Final = 10
 # A scheduled run's hash expires if it waits this long in its queue without starting
 # (RQ persists the hash when a worker starts the job). Every run has its own id, so the
-# reclaim above never meets a run's id twice; without this, a run popped by a worker
+# reclaim above never meets a run's id twice. Without this, a run popped by a worker
 # killed before it started would leave its 'queued' hash behind forever.
 RUN_WAIT_TTL: Final = 600
 # The process running a job refreshes HEARTBEAT_FIELD on the job hash this often ...
@@ -104,7 +104,7 @@ HEARTBEAT_FIELD: Final = "vmpool_heartbeat"
 # ... and a started job whose heartbeat is older than this is taken for dead.
 STALE_AFTER_SECONDS: Final = 10.0
 # enqueue_many sends at most this many jobs per pipeline (bounds one request's size and
-# the time the server spends on one batch; 500 scripts run in a few ms).
+# the time the server spends on one batch: 500 scripts run in a few ms).
 ENQUEUE_CHUNK: Final = 500
 
 

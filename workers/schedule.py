@@ -101,7 +101,7 @@ _LOG_LENGTH: Final = 2000
 # The lead (see the module docstring): a quarter of the interval, at most 1 s. Measured
 # in the 10,600-request chaos soak (docs/reliability.md), a sweep move came 43 ms
 # (median) after its due time and at worst 0.20 s away from Redis restarts, on a loaded
-# 2-core machine; 0.5 s of lead for the 2 s sweep covers that.
+# 2-core machine. 0.5 s of lead for the 2 s sweep covers that.
 LEAD_FRACTION: Final = 0.25
 MAX_LEAD_S: Final = 1.0
 # The random part of each sleep, as a share of the tick: the replicas' turns.
@@ -242,7 +242,7 @@ class FleetScheduler(Scheduler):  # type: ignore[misc]
             return False
         name, interval = periodic
         # A replica that lost the race usually sees it here, before enqueueing a sweep
-        # that may already have run; the script below is what decides.
+        # that may already have run. The script below is what decides.
         score = self.connection.zscore(self.scheduled_jobs_key, template_id)
         if score is None or float(score) != due:
             return False
@@ -293,7 +293,7 @@ class FleetScheduler(Scheduler):  # type: ignore[misc]
         interval = float(template.meta.get("vmpool_interval") or 0)
         if name not in JOBS or not JOBS[name].periodic or interval <= 0:
             # A newer release's job (a rolling upgrade): its replicas run it. Cancelling
-            # it here would delete their template; leave it, and say so once.
+            # it here would delete their template. Leave it, and say so once.
             self._foreign.add(template_id)
             log.warning(
                 "schedule entry %s (job %r) is unknown to this version: left alone",

@@ -52,7 +52,7 @@ __all__ = [
     "template_id",
 ]
 
-# Queues by their short name; the RQ queue name is ``keys.queue(short)``
+# Queues by their short name. The RQ queue name is ``keys.queue(short)``
 # (``<prefix>-<short>``: ``vmpool-sweeps`` with the default prefix).
 QUEUE_SWEEPS: Final = "sweeps"
 QUEUE_REQUESTS: Final = "requests"
@@ -68,7 +68,7 @@ class JobSpec:
     name: str
     queue: str  # short queue name, one of QUEUES
     subject: Subject | None
-    timeout: int  # seconds; RQ's hard limit for one run
+    timeout: int  # seconds. RQ's hard limit for one run
     summary: str  # one line, for `vmpool enqueue --help` and the docs
     periodic: bool = False
     bounded: bool = False
@@ -142,7 +142,7 @@ def queue_names(keys: Keys) -> list[str]:
 
 
 # -- job ids ----------------------------------------------------------------------------
-# '_' opens an escape; '-' (which ends the tag) and the characters RQ refuses get one.
+# '_' opens an escape. '-' (which ends the tag) and the characters RQ refuses get one.
 _ESCAPES: Final = {"_": "__", "-": "_d", ".": "_o", ":": "_c"}
 _UNESCAPES: Final = {v[1]: k for k, v in _ESCAPES.items()}
 _FRAGMENT_RE: Final = re.compile(r"[A-Za-z0-9_.:-]{1,200}")

@@ -77,8 +77,8 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 # RQ's abandoned-job settings (docs/architecture.md, "Worker death"): a killed worker's
-# job is noticed in about a minute (entry TTL 5 + 60 s, a maintenance pass every 10 s;
-# an idle worker wakes every worker_ttl - 15 = 15 s to run it).
+# job is noticed in about a minute (entry TTL 5 + 60 s, a maintenance pass every 10 s,
+# an idle worker waking every worker_ttl - 15 = 15 s to run it).
 RQ_SETTINGS: Final[dict[str, int]] = {
     "job_monitoring_interval": 5,
     "maintenance_interval": 10,
@@ -118,7 +118,7 @@ class _Running:
     key: str
     rq_beat: Callable[[], None] | None
     rq_every: float
-    alive_until: float | None  # monotonic; None: no time budget
+    alive_until: float | None  # monotonic. None: no time budget
     since_rq: float = 0.0
 
 
@@ -197,7 +197,7 @@ class JobBeats:
             if now.rq_beat is not None and now.since_rq >= now.rq_every:
                 now.since_rq = 0.0
                 now.rq_beat()
-        except Exception as exc:  # a missed beat is not fatal; the next one may work
+        except Exception as exc:  # a missed beat is not fatal. The next one may work
             if redis_unusable(exc) is None:
                 log.warning("job heartbeat failed", exc_info=True)
             else:  # an outage: said once, the next beat may land

@@ -63,7 +63,7 @@ log = logging.getLogger(__name__)
 
 REALM = 'Basic realm="Authentication required"'
 
-# Called with a new request's id to start its provisioning; None: no call (the
+# Called with a new request's id to start its provisioning. None: no call (the
 # periodic provision sweep finds new requests on its own).
 EnqueueFn = Callable[[str], Any]
 

@@ -32,7 +32,7 @@ __all__ = [
     "http_method",
 ]
 
-# The methods a `method` label may carry; any other string a client sends is "other",
+# The methods a `method` label may carry. Any other string a client sends is "other",
 # so a client cannot grow the label set (and the scrape) by inventing methods.
 HTTP_METHODS: Final = frozenset({"GET", "POST", "PUT", "DELETE", "HEAD", "OPTIONS", "PATCH"})
 OTHER_METHOD: Final = "other"

@@ -63,8 +63,8 @@ def _hours(seconds: float) -> float:
 
 def vm_body(vm: VMRecord, config: Config, now: float) -> dict[str, Any]:
     """GET /vm/<hostname>'s entry for one VM, in vmpooler's key order."""
-    # vmpooler's `template` is the POOL's name (clients and dashboards group by it);
-    # the provider's template (image) the VM was made from is an extra field.
+    # vmpooler's `template` is the POOL's name (clients and dashboards group by it).
+    # The provider's template (image) the VM was made from is an extra field.
     entry: dict[str, Any] = {"template": vm.pool, "provider_template": vm.template}
     start = vm.checkout_at if vm.checkout_at is not None else vm.ready_at
     held = vm.state == VMState.RUNNING and start is not None and vm.lifetime_end is not None
@@ -89,8 +89,8 @@ def vm_body(vm: VMRecord, config: Config, now: float) -> dict[str, Any]:
         entry["snapshots"] = list(vm.snapshots)
     if vm.disks:
         entry["disk"] = list(vm.disks)
-    # vmpooler answers "" when its DNS lookup fails; vmpool looks up none, but a cloud VM
-    # is known by the address its cloud reported when it turned ready.
+    # vmpooler answers "" when its DNS lookup fails. No lookup here, but a cloud VM is
+    # known by the address its cloud reported when it turned ready.
     entry["ip"] = vm.address or (vm.hostname if is_address(vm.hostname) else "")
     pool = config.pools.get(vm.pool)
     domain = pool.domain if pool is not None else None

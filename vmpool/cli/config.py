@@ -68,5 +68,5 @@ def config_show(cli: CliContext) -> None:
 @config_group.command("schema")
 @with_context(json=True)
 def config_schema(cli: CliContext) -> None:
-    """Print the JSON Schema of the config file (JSON, --json or not; no file is read)."""
+    """Print the JSON Schema of the config file (JSON, --json or not). No file is read."""
     echo_json(json_schema())

@@ -65,7 +65,7 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 # Where `vmpool api` and `vmpool token` look when no Redis is configured, as the API's
-# own factory does; the other commands refuse to guess.
+# own factory does. The other commands refuse to guess.
 LOCAL_REDIS_URL = "redis://127.0.0.1:6379/0"
 
 
@@ -271,7 +271,7 @@ class CliContext:
         publisher = f"{who} on {socket.gethostname()} (pid {os.getpid()})"
         try:
             replaced = publish_config(client, self.config, publisher=publisher)
-        except RedisError as exc:  # the fleet runs without it; the CLI then needs --config
+        except RedisError as exc:  # the fleet runs without it. The CLI then needs --config
             click.echo(f"warning: {who}: could not publish the config: {exc}", err=True)
             return
         finally:

@@ -28,7 +28,7 @@ def token_group() -> None:
 @with_context(json=True, fallback_redis_url=LOCAL_REDIS_URL)
 @click.argument("user")
 def token_create(cli: CliContext, user: str) -> None:
-    """Mint a token for USER and print it (shown once; only its SHA-256 is stored)."""
+    """Mint a token for USER and print it (shown once: only its SHA-256 is stored)."""
     try:
         validate_user_name(user)  # the same rule as everywhere a user name is taken in
     except InvalidIdentifier as exc:

@@ -87,11 +87,11 @@ NonNegativeInt = Annotated[int, Field(ge=0), expect("a non-negative integer", in
 # -- bounded durations and counts ----------------------------------------------------------
 # Every duration and count the fleet acts on has an upper bound as well as a lower one:
 # an unbounded value loads fine and breaks at run time instead (a data_ttl of 1e300 hours
-# makes the PEXPIRE inside a transition script fail after the status is written; a
+# makes the PEXPIRE inside a transition script fail after the status is written. A
 # data_ttl of 1e-9 hours rounds to PEXPIRE 0, which deletes the tombstone at once). A
 # year is far below Redis' PEXPIRE limit (2**63 ms) and above any lifetime vmpooler
 # users set. Request TTLs, timeouts and lifetimes go down to 0.1 s (the tests use
-# sub-second TTLs; below that the sweeps cannot tell them from 0); a record's tombstone
+# sub-second TTLs. Below that the sweeps cannot tell them from 0). A record's tombstone
 # (data_ttl) lives at least a minute, longer than the jobs that may still name it.
 
 YEAR_S: Final = 365 * 86400.0
@@ -112,7 +112,7 @@ DataTtlHours = Annotated[
     Field(ge=1 / 60, le=YEAR_S / 3600, allow_inf_nan=False),
     expect("a number of hours from 1/60 (1 minute) to 8760 (a year)", number),
 ]
-# A lock shorter than a second expires under an ordinary pause; one longer than a day
+# A lock shorter than a second expires under an ordinary pause. One longer than a day
 # keeps a dead worker's VM or request locked for that long.
 LockSeconds = Annotated[
     float,
@@ -124,7 +124,7 @@ GraceSeconds = Annotated[
     Field(ge=0, le=DAY_S, allow_inf_nan=False),
     expect("a number of seconds from 0 to 86400 (a day)", number),
 ]
-# Below 0.1 s a periodic job would be queued faster than a worker can take it; above a
+# Below 0.1 s a periodic job would be queued faster than a worker can take it. Above a
 # day the expiry sweep's interval would be the bound of invariant 4 (docs/invariants.md).
 IntervalSeconds = Annotated[
     float,
@@ -262,7 +262,7 @@ def _key_prefix(value: Any) -> str:
     try:
         return validate_key_prefix(value)
     except InvalidIdentifier as exc:
-        # The rule is worded in vmpool.ids; the value is shown as every message here shows it.
+        # The rule is worded in vmpool.ids. The value is shown as every message here shows it.
         rule = str(exc).rsplit(", got ", 1)[0]
         raise invalid(f"{rule}, got {show(value)}") from None
 

@@ -24,7 +24,7 @@ __all__ = [
     "SentinelHosts",
 ]
 
-# A reply slower than 0.1 s is not yet a dead connection; one slower than 5 minutes
+# A reply slower than 0.1 s is not yet a dead connection. One slower than 5 minutes
 # leaves a frozen connection unnoticed for longer than any request's TTL should be.
 RedisTimeoutSeconds = Annotated[
     float,
@@ -36,7 +36,7 @@ HealthCheckSeconds = Annotated[
     Field(ge=0, le=3600, allow_inf_nan=False),
     expect("a number of seconds from 0 (never) to 3600", number),
 ]
-# WAIT for more replicas than a group has never succeeds; 16 is far above any.
+# WAIT for more replicas than a group has never succeeds. 16 is far above any.
 ReplicaCount = Annotated[int, Field(ge=1, le=16), expect("an integer from 1 to 16", integer)]
 
 

@@ -276,8 +276,8 @@ class RedisSection(_Section):
     )
 
 
-# The :auth: section's own bounds: a token lives at most a year (Redis' EXPIRE takes it);
-# a count or window of 0 would refuse every login.
+# The :auth: section's own bounds: a token lives at most a year (Redis' EXPIRE takes it).
+# A count or window of 0 would refuse every login.
 _TokenTtlHours = Annotated[
     float,
     Field(ge=1 / 3600, le=8760, allow_inf_nan=False),

@@ -80,7 +80,7 @@ def _accepted(model: type[BaseModel]) -> frozenset[str]:
     return frozenset(names)
 
 
-# Filled by the reader from a pool's other keys; a file that writes it is warned about.
+# Filled by the reader from a pool's other keys. A file that writes it is warned about.
 _POOL_OPTIONS = "provider_options"
 
 

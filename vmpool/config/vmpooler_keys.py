@@ -137,7 +137,7 @@ SCHEDULE_KEY_ALIASES: Final = MappingProxyType(
 )
 
 # Environment variable -> the setting it overrides (section, key). REDIS_DATA_TTL
-# overrides config.data_ttl instead when the file sets that; VMPOOL_REDIS_URL also
+# overrides config.data_ttl instead when the file sets that. VMPOOL_REDIS_URL also
 # makes the file's separate Redis parts irrelevant.
 ENVIRONMENT: Final = (
     ("ONDEMAND_REQUEST_TTL", "config", "ondemand_request_ttl"),

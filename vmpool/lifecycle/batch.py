@@ -65,7 +65,7 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-# Subjects claimed per round trip; small enough that a slow provider call does not keep
+# Subjects claimed per round trip. Small enough that a slow provider call does not keep
 # many subjects waiting behind it in one job while other workers idle.
 CLAIM_SIZE = 20
 # A batch job claims again only within this many seconds of its start.
@@ -183,7 +183,7 @@ def run_batch(
     the subjects dispatch goes out once per claim, after the locks are released and
     before the claim is marked done (:class:`DeferredDispatch`)."""
     deferred = DeferredDispatch(fleet.dispatch)
-    fleet = copy.copy(fleet)  # the same clients, names and renewer; its own dispatch
+    fleet = copy.copy(fleet)  # the same clients, names and renewer. Its own dispatch
     fleet.dispatch = deferred
     work = WorkSet(fleet.redis, fleet.keys)
     counts: Counter[str] = Counter()
@@ -208,9 +208,9 @@ def run_batch(
 
 
 # Outcomes of a subject whose work is not over: it stays in its work set, back in line
-# after retry_s. Another worker holds its lock, or took it over meanwhile (the lock
-# lost, a write refused as stale): if that worker stops, the subject is not lost; or
-# no clone slot was free. (A create its provider holds back, 'circuit_open' or
+# after retry_s. Either no clone slot was free, or another worker holds its lock or took
+# it over meanwhile (the lock lost, a write refused as stale). Kept in the set, the
+# subject is not lost if that worker stops. (A create its provider holds back, 'circuit_open' or
 # 'quota', is left to the pending sweep, which dispatches it once the hold is over.)
 DEFERRED: frozenset[str] = frozenset(
     {LockMiss.BUSY, LockMiss.LOCK_LOST, VMStep.STALE_FENCE, VMStep.THROTTLED}

@@ -102,7 +102,7 @@ def _record_ready(fleet: Fleet, vm: VMRecord, lock: FencedLock, held: ProviderVM
     request is gone). The store's code."""
     name = vm.name
     # No lock check before the write: the store's fence refuses a stale holder
-    # ('stale_fence'), which is the guarantee; a check here is a round trip per VM.
+    # ('stale_fence'), which is the guarantee. A check here is a round trip per VM.
     failpoint("check_pending.before_commit")
     outcome = fleet.store.vm_ready(
         name,

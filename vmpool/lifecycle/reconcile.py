@@ -237,7 +237,7 @@ def _finish_reservation(
             destroy_at_provider(fleet, name, provider, lock)
             counts[ReconcileCount.RESERVATION_RELEASED] += 1
         return False
-    # a warm-pool VM (no request) abandoned mid-create fails; the top-up replaces it
+    # a warm-pool VM (no request) abandoned mid-create fails. The top-up replaces it
     req = fleet.store.get_request(vm.request_id) if vm.request_id else None
     if (
         req is None

@@ -94,11 +94,11 @@ def provision_request(
 def _reserve_for(
     fleet: Fleet, request_id: str, lock: FencedLock, reserved: list[str], gate: CloneGate
 ) -> None:
-    # The record as the grant read it; its VM names are not needed here (not read).
+    # The record as the grant read it. Its VM names are not needed here (not read).
     req = RequestRecord.from_hash(lock.record) if lock.record else None
     if req is None or req.status != RequestStatus.PENDING or req.unreserved <= 0:
         return
-    if claim_ready(fleet, req):  # ready VMs of warm pools first; clone the shortfall
+    if claim_ready(fleet, req):  # ready VMs of warm pools first. Clone the shortfall
         req = fleet.store.get_request(request_id)
         if req is None or req.status != RequestStatus.PENDING or req.unreserved <= 0:
             return

@@ -162,12 +162,12 @@ def _create_locked(
             fleet.dispatch.check_pending_vm(name)
             return VMStep.PENDING
         if created.code == "stale_fence":
-            # Another worker holds the VM now and will finish (or undo) this create; but
+            # Another worker holds the VM now and will finish (or undo) this create. But
             # if the record already let go of the VM, what we made is nobody's.
             _destroy_if_released(fleet, name, provider)
             return VMStep.STALE_FENCE
         # 'completed' (request gone), 'vm_completed' (released meanwhile), ...: the VM we
-        # made belongs to nobody; destroy it now rather than wait for the reconciler.
+        # made belongs to nobody. Destroy it now rather than wait for the reconciler.
         destroy_at_provider(fleet, name, provider, lock, pool=vm.pool)
         return VMStep.COMPLETED if created.ok else store_code(created)
     finally:

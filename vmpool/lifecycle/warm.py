@@ -125,7 +125,7 @@ def _why_recycle(
         return RecycleReason.POOL_SHRANK, None
     provider = fleet.providers.get(vm.provider)
     if provider is None:
-        return None, None  # left alone; the audit reports a VM whose provider is gone
+        return None, None  # left alone. The audit reports a VM whose provider is gone
     try:
         ok = provider.get_vm(vm.pool, vm.name) is not None and provider.is_ready(vm.pool, vm.name)
     except Exception as exc:  # a provider hiccup is not a failed VM: next check retries

@@ -87,7 +87,7 @@ _PERMANENT_MESSAGE_PATTERNS = tuple(
 )
 
 # Ruby's ArgumentError / NoMethodError / NameError are programming or configuration
-# mistakes, never a cloud's mood; these are their Python analogues.
+# mistakes, never a cloud's mood. These are their Python analogues.
 _PERMANENT_EXCEPTION_TYPES: tuple[type[BaseException], ...] = (
     TypeError,
     AttributeError,
@@ -106,7 +106,7 @@ def is_permanent_error(exc: BaseException) -> bool:
         if exc.permanent:
             return True
         # A transient ProviderError may still carry a message that gives it away (a
-        # wrapped SDK error); vmpooler checks the message of every error.
+        # wrapped SDK error). The message of every error is checked, as vmpooler does.
         return _message_is_permanent(str(exc))
     if _message_is_permanent(str(exc)):
         return True

@@ -61,7 +61,7 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-# -- Lua scripts (next to this module; each file's header gives keys, args, returns and
+# -- Lua scripts (next to this module, each file's header giving keys, args, returns and
 # the invariant it protects) ----------------------------------------------------------------
 
 
@@ -84,7 +84,7 @@ class SimulatedProvider(Provider, Snapshots, Disks):
     the wrong pool can still find and destroy it.
     """
 
-    # no tags to put a request id in; its failures are the chaos tests' input, not an outage
+    # no tags to put a request id in. Its failures are the chaos tests' input, not an outage
     tags_request_id: ClassVar[bool] = False
     circuit_breaker: ClassVar[bool] = False
 

@@ -36,8 +36,8 @@ log = logging.getLogger("vmpool.providers.simulated")
 
 # -- options -------------------------------------------------------------------------------
 
-# Simulated times: at most a day (a larger value would only make time.sleep overflow or
-# a VM never boot; either is a config mistake, so it is a config error).
+# Simulated times: at most a day. A larger value would only make time.sleep overflow or
+# a VM never boot. Either is a config mistake, so it is a config error.
 MAX_SIMULATED_SECONDS = 86400.0
 NonNegativeReal = Annotated[
     float,

@@ -347,7 +347,7 @@ def _check_inventory(providers: Mapping[str, Any], vms: Mapping[str, VMRecord]) 
         for pvm in provider.inventory():
             vm_rec = vms.get(pvm.name)
             if vm_rec is None:
-                # a create in flight has a reserved record; anything else is a leak
+                # a create in flight has a reserved record. Anything else is a leak
                 problem = f"held by {provider_name} with no record"
             elif vm_rec.state == "destroyed":
                 problem = f"held by {provider_name} but destroyed"

@@ -59,7 +59,7 @@ KEEPALIVE: Final[dict[int, int]] = {
     if (opt := getattr(socket, name, None)) is not None
 }
 # One retry, soon, on a new connection: enough for a pooled connection a restart or a
-# failover left dead; more retries would multiply the socket timeout a frozen Redis
+# failover left dead. More retries would multiply the socket timeout a frozen Redis
 # costs before the process hears of it.
 RETRY_ON: Final = (redis.ConnectionError, redis.TimeoutError)
 _RETRIES: Final = 1

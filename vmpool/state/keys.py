@@ -27,7 +27,7 @@ Layout (``P`` is the prefix)::
     P:sim:PROVIDER:inventory     set    the names the simulated provider holds
     P:lock:KIND:SUBJECT          string a lock (per request or VM): the holder's id
     P:work:JOB                   zset   subjects of a batch job, waiting or claimed, score = arrival
-    P:work:JOB:PART              the work set's order and claims (WORK_PARTS; vmpool.state.workset)
+    P:work:JOB:PART              the work set's order and claims (WORK_PARTS, vmpool.state.workset)
     P:clone-slots                zset   the fleet-wide clone semaphore's leases (VM -> lease end)
     P:clone-slots:holders        hash   VM -> the token of its lease's holder
     P:clone-slots:stats          hash   the semaphore's peak and overruns
@@ -97,7 +97,7 @@ WORK_PARTS = {
 }
 
 VM_STATES = ("reserved", "pending", "ready", "running", "completed", "destroyed")
-# VM states that have a per-pool index; destroyed VMs keep only their tombstone hash.
+# VM states that have a per-pool index. Destroyed VMs keep only their tombstone hash.
 INDEXED_VM_STATES = ("reserved", "pending", "ready", "running", "completed")
 # RQ's namespaces (rq.Queue.redis_queue_namespace_prefix, rq.job.Job's): a test checks.
 RQ_QUEUE_NAMESPACE = "rq:queue:"

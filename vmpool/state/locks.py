@@ -200,7 +200,7 @@ class FencedLock:
         self.redis = redis_client
         self.blocking = blocking
         self.timeout_s = timeout_s
-        # Whole seconds; never round a short expiry down to 0.
+        # Whole seconds. Never round a short expiry down to 0.
         self.expire_s = max(1, math.ceil(expire_s))
         self.orphan_fence_ttl_ms = (
             "" if orphan_fence_ttl_s is None else str(max(1, int(orphan_fence_ttl_s * 1000)))

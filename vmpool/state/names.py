@@ -57,7 +57,7 @@ _PREFIX_RE = re.compile(r"[a-z0-9-]*")
 
 
 def _check_prefix(prefix: str) -> str:
-    # Room for the shortest body ("odd-art-xxxxx" is 13 characters); config allows <= 32.
+    # Room for the shortest body ("odd-art-xxxxx" is 13 characters). Config allows <= 32.
     # fullmatch: `$` alone would also match before a final newline
     if not _PREFIX_RE.fullmatch(prefix) or len(prefix) > MAX_NAME_LENGTH - 20:
         raise ValueError(f"hostname prefix must be lowercase [a-z0-9-], got {prefix!r}")

@@ -141,13 +141,13 @@ class TokenInfo:
     user: str
     created: str
     last: str
-    expires: str = ""  # seconds since the epoch, as text; "" for none
+    expires: str = ""  # seconds since the epoch, as text. "" for none
 
 
 @dataclass(frozen=True)
 class MintedToken:
     token: str  # the plain token: shown once, never stored or logged
-    expires: float | None  # seconds since the epoch (the Redis server's clock); None: never
+    expires: float | None  # seconds since the epoch (the Redis server's clock). None: never
     dropped: int  # older tokens of the user dropped to stay within the bound
 
 

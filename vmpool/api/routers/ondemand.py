@@ -89,7 +89,7 @@ async def post_ondemand_path(request: Request) -> Response:
     return await create_request(st, wanted, token)
 
 
-# As the POST routes: the request alone, the counter inline; the reads awaited on the
+# As the POST routes: the request alone, the counter inline. The reads awaited on the
 # loop in one pipeline (two when ready: the record, then its VMs).
 @router.get("/ondemandvm/{request_id}")
 async def get_ondemand(request: Request) -> Response:
@@ -156,7 +156,7 @@ async def create_request(st: ApiState, wanted: Ondemand, token: TokenInfo | None
             if wanted.request_id is None:
                 outcome = Outcome(True, "created")
     except redis.RedisError as exc:
-        # Not acknowledged; it may exist all the same: the id lets the client look.
+        # Not acknowledged. It may exist all the same: the id lets the client look.
         refusal = redis_refusal(exc, request_id=rid)
         if refusal is None:
             raise
@@ -264,7 +264,7 @@ def _start_provisioning(st: ApiState, rid: str, enqueue: EnqueueFn | None = None
         return
     try:
         enqueue(rid)
-    except Exception as exc:  # the request exists; the provision sweep finds it
+    except Exception as exc:  # the request exists. The provision sweep finds it
         st.metrics.enqueue_failures.inc()
         log.warning(
             "request %s: enqueue of its provisioning failed (%s); the sweep will pick it up",

@@ -4,7 +4,7 @@ A cloud provider (docs/providers.md) keeps no state of its own: the cloud is the
 and a VM is found by its tags, set at launch (never after, so there is no untagged
 window)::
 
-    vmpool-fleet    the fleet id (option ``fleet_id``; default: the fleet's identity,
+    vmpool-fleet    the fleet id (option ``fleet_id``, by default the fleet's identity,
                     generated once per Redis: vmpool.state.fleet_identity)
     vmpool-pool     the pool
     vmpool-request  the request the VM was made for
@@ -118,7 +118,7 @@ class CloudProvider(Provider, StatusBatch, Capacity):
         self.keys = keys
         self._fleet_id: str | None = self.options.fleet_id
         self._driver = driver
-        # When the credentials make_driver used expire (Unix time); None: never.
+        # When the credentials make_driver used expire (Unix time). None: never.
         self.driver_expires_at: float | None = None
         self._cores: dict[str, int] = {}
         self._dns: dict[str, PoolDns | None] = {}

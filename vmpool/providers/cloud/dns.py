@@ -214,6 +214,6 @@ def route53_driver_class() -> Any:
 
     class Driver(route53.Route53DNSDriver):  # type: ignore[misc]
         connectionCls = Connection
-        region_name = "us-east-1"  # Route 53 is global; SigV4 signs it in us-east-1
+        region_name = "us-east-1"  # Route 53 is global. SigV4 signs it in us-east-1
 
     return Driver

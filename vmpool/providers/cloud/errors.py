@@ -38,7 +38,7 @@ __all__ = [
 ]
 
 # Error codes and words (EC2's, GCE's, Nova's) that say "no capacity for you now": the
-# account's limits or the zone's stock. Waiting helps; retrying at once does not.
+# account's limits or the zone's stock. Waiting helps. Retrying at once does not.
 QUOTA_CODES: Final = (
     "VcpuLimitExceeded",
     "InstanceLimitExceeded",

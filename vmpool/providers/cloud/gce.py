@@ -175,7 +175,7 @@ class GCEProvider(CloudProvider):
         except Exception as exc:
             if getattr(exc, "http_code", None) != 409:
                 raise
-            # alreadyExists: an earlier insert of this VM went through; the caller's
+            # alreadyExists: an earlier insert of this VM went through. The caller's
             # next lookup finds it (and never a second instance: names are unique).
         else:
             self.follow(zone, reply.object or {})

@@ -24,7 +24,7 @@ __all__ = [
     "port_answers",
 ]
 
-Node = Any  # a libcloud Node; typed loosely so libcloud stays an optional import
+Node = Any  # a libcloud Node. Typed loosely so libcloud stays an optional import
 
 # States of an instance that is going or gone: nobody's VM any more.
 GONE_STATES = ("terminated", "terminating", "shutting-down")

@@ -40,7 +40,7 @@ __all__ = [
 ReadyCheck = Annotated[Literal["ssh", "state"], expect("ssh or state")]
 PortNumber = Annotated[int, Field(ge=1, le=65535), expect("a port from 1 to 65535", integer)]
 VolumeSize = Annotated[int, Field(ge=1, le=65536), expect("a size in GB from 1 to 65536", integer)]
-# User-defined tags: a cloud's tag keys and values are strings; vmpool's own keys win.
+# User-defined tags: a cloud's tag keys and values are strings, and vmpool's own keys win.
 Tags = dict[str, str]
 
 

@@ -11,7 +11,7 @@ from vmpool.providers.vsphere.faults import VSphereFault
 
 __all__ = ["add_disk", "clone", "network_card", "relocate"]
 
-# SCSI unit 7 is the controller's own; a controller takes 16 units (0 to 15).
+# SCSI unit 7 is the controller's own. A controller takes 16 units (0 to 15).
 _SCSI_UNITS = [unit for unit in range(16) if unit != 7]
 
 
