@@ -314,8 +314,8 @@ class FencedLock:
         """Raise :class:`LockLost` unless this holder still owns the lock.
 
         A token-checked read (``lock_check.lua``, which writes nothing): the key holds our id.
-        It does not push the expiry out (the renewer does, every third of it). A write
-        here would cost an fsync under ``appendfsync always``). Call it before a side
+        It does not push the expiry out (the renewer does, every third of it): a write
+        here would cost an fsync under ``appendfsync always``. Call it before a side
         effect the fence cannot guard (a provider call). The store's fence check remains
         the guarantee, and no call is needed before a store write.
         """
