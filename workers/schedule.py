@@ -6,20 +6,20 @@ The periodic jobs are the rows of the job table (:mod:`workers.table`) marked
 
 What the schedule is for: each job runs every interval, and two runs of the expiry
 sweep (``sweep_expired``) are *queued* at most its interval apart (while a scheduler
-replica runs and Redis answers): invariant 4 (docs/invariants.md) ("TTL plus one sweep
+replica runs and Redis answers). Invariant 4 (docs/invariants.md) ("TTL plus one sweep
 interval") rests on it.
 
 How. Every replica writes the same six *templates* at start: RQ job hashes with fixed
 ids (:func:`workers.table.template_id`) in one sorted set (score = next due time, Redis
 server time), added with ``NX`` so a restart does not push the next run back. A template
 whose interval changed (a new config) has its due time moved to where the new interval
-puts it, the last due time plus the new cadence, if that is sooner (``LT``): a shorter
-interval applies at once, not after one more run of the old one. A longer one after the
-run already due. Due times
-lie on a grid: the next is the previous plus the job's :func:`cadence`. A grid, unlike
-"now + interval" at each move, does not let the delay from a due time to its move (a
-wake-up, a few round trips) add up run after run. After a stall the next due time is the
-first grid point still ahead, never a burst of catch-up runs. For the jobs whose
+puts it, the last due time plus the new cadence, if that is sooner (``LT``). So a shorter
+interval applies at once, not after one more run of the old one. A longer one applies
+after the run already due. Due times lie on a grid: the next is the previous plus the
+job's :func:`cadence`. A grid, unlike "now + interval" at each move, does not let the
+delay from a due time to its move (a wake-up, a few round trips) add up run after run.
+After a stall the next due time is the first grid point still ahead, never a burst of
+catch-up runs. For the jobs whose
 interval is a promised bound (the table's ``bounded`` rows: the expiry sweep) the
 cadence is the interval less a lead (a quarter of it, at most :data:`MAX_LEAD_S`), which
 absorbs that delay, so the runs themselves stay within the interval. For the others it
@@ -28,30 +28,30 @@ is the interval itself (a frequency, not a promise: a lead would only add work).
 A replica sleeps until the earliest due time or its tick (``--interval``, default 1 s),
 whichever comes first, plus a random jitter of up to a twentieth of the tick, so the
 replicas take turns instead of one winning every due time. Awake, it reads the due
-templates and moves each one: it enqueues a run of the job through
-:func:`workers.queues.enqueue`, then runs ``schedule_move.lua``, which moves the template
-to its next due time, logs the move and records the run, only if the score is still the
-due time it read.
+templates and moves each one. It enqueues a run of the job through
+:func:`workers.queues.enqueue`, then runs ``schedule_move.lua``. Only if the score is
+still the due time it read, the script moves the template to its next due time, logs the
+move and records the run.
 
 A template this version does not know (a job of a newer release, during a rolling
 upgrade) is left alone and logged once: the replica that knows it runs it.
 
 A job's runs share its one id (``unique``: while a run is queued or running, no other
-is queued, and a dead one is reclaimed, workers/queues.py), except for the bounded jobs:
-each of their runs has its own id, ``..._r<due time in ms>`` (still ``unique``, so
-two replicas enqueueing one due time queue it once), and the next run is queued unless
-the last one (``keys.schedule_last_runs``) still *waits* in its queue. So at most one run of the
-expiry sweep waits at a time, however long the workers are busy, but a run that has
-*started* never blocks the next: a worker frozen (SIGSTOP) or killed in the middle of a
-sweep leaves its job ``started``, and with one fixed id that held back every sweep until
-the worker woke or its heartbeat went stale (10 s), which made requests settle late in
-the soak. Two expiry sweeps may then overlap, which is harmless: each expiry is its own
-atomic, checked transition. The other jobs keep one id, so a slow one (a reconcile took
-7 s in the soak) never runs beside itself.
+is queued, and a dead one is reclaimed, workers/queues.py). The bounded jobs are the
+exception. Each of their runs has its own id, ``..._r<due time in ms>`` (still
+``unique``, so two replicas enqueueing one due time queue it once). Their next run is
+queued unless the last one (``keys.schedule_last_runs``) still *waits* in its queue. So
+at most one run of the expiry sweep waits at a time, however long the workers are busy.
+But a run that has *started* never blocks the next. A worker frozen (SIGSTOP) or killed
+in the middle of a sweep leaves its job ``started``. With one fixed id, that held back
+every sweep until the worker woke or its heartbeat went stale (10 s), which made
+requests settle late in the soak. Two expiry sweeps may then overlap, which is
+harmless: each expiry is its own atomic, checked transition. The other jobs keep one
+id, so a slow one (a reconcile took 7 s in the soak) never runs beside itself.
 
-There is no scheduler lock to hold: any number of replicas may wake at once, each due
-time is moved and logged once (the script's compare), a due time never goes backwards,
-and a replica frozen in the middle of its tick (SIGSTOP, a GC pause) delays nobody.
+There is no scheduler lock to hold. Any number of replicas may wake at once, and each
+due time is moved and logged once (the script's compare). A due time never goes
+backwards, and a replica frozen in the middle of its tick (SIGSTOP, a GC pause) delays nobody.
 Enqueueing before the move means a replica killed between the two leaves the template
 due for the next replica, so no run is lost. (rq-scheduler's own
 loop takes a lock with ``SET NX EX interval+10``. A replica frozen holding it stopped

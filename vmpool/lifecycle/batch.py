@@ -3,30 +3,34 @@
 A job that handles one VM pays RQ's whole price (dequeue, bookkeeping: tens of Redis
 commands) for one VM. The dispatcher of a worker fleet (``workers.batching``) therefore
 puts the subjects of ``provision_request``, ``create_vm`` and ``check_pending_vm`` into
-the job's work set (:mod:`vmpool.state.workset`) and queues a batch job, which claims
-them :data:`CLAIM_SIZE` at a time and runs the very same per-subject function for each
-(:func:`vmpool.lifecycle.create_vm` etc., unchanged): each subject's change is still
-its own checked transition under its own lock, the clone limit is still the
-semaphore's, and a subject is still deduplicated (the set holds it once, and its lock and
-transitions refuse a second runner). A worker killed mid-batch loses nothing: its
-claimed subjects stay in the set and are claimed again when the lease
-(:func:`lease_s`) ends, and the periodic sweeps re-dispatch any work.
+the job's work set (:mod:`vmpool.state.workset`) and queues a batch job. The batch job
+claims them :data:`CLAIM_SIZE` at a time and runs the very same per-subject function for
+each (:func:`vmpool.lifecycle.create_vm` etc., unchanged). So:
+
+- each subject's change is still its own checked transition under its own lock
+- the clone limit is still the semaphore's
+- a subject is still deduplicated: the set holds it once, and its lock and transitions
+  refuse a second runner.
+
+A worker killed mid-batch loses nothing. Its claimed subjects stay in the set and are
+claimed again when the lease (:func:`lease_s`) ends, and the periodic sweeps re-dispatch
+any work.
 
 The follow-up work a subject's step dispatches (the create of a reserved VM, the check
-of a created one, a destroy) is collected while a claim runs and dispatched once per
-claim (:class:`DeferredDispatch`), in the dispatcher's batched forms: a dispatch costs
+of a created one, a destroy) is collected while a claim runs. It is dispatched once per
+claim (:class:`DeferredDispatch`), in the dispatcher's batched forms. A dispatch costs
 a pipeline of lane checks (``workers.batching.ensure_lanes``), which done per VM would be
-most of a VM's Redis commands. The claim is marked done only after that dispatch, so a worker
-killed in between leaves the claim to be run again (each step is idempotent) and a
+most of a VM's Redis commands. The claim is marked done only after that dispatch. So a worker
+killed in between leaves the claim to be run again (each step is idempotent), and a
 subject's follow-up is never lost with it. A follow-up whose dispatch is lost anyway
 (Redis gone) is re-found by the periodic sweeps.
 
 Each batch function loops until the set has nothing claimable or it has run for
-:data:`BATCH_TIME_S`, then returns the count of each outcome, with ``more: 1`` when it
-stopped on time with work left: the job's entry point then queues its continuation
+:data:`BATCH_TIME_S`. It then returns the count of each outcome, with ``more: 1`` when it
+stopped on time with work left. The job's entry point then queues its continuation
 (``workers.batching.continue_batch``) at the back of the queue, so a long backlog never
-holds a worker away from the sweeps (which RQ's priority order serves first only at a
-dequeue: the expiry sweep's settle bound needs workers to come back to the queues).
+holds a worker away from the sweeps. RQ's priority order serves the sweeps first only at
+a dequeue, and the expiry sweep's settle bound needs workers to come back to the queues.
 """
 
 from __future__ import annotations
