@@ -1,16 +1,16 @@
 """The one way to put vmpool work on RQ: :func:`enqueue` (and its batch form).
 
 The jobs, their queues and their ids come from the job table (:mod:`workers.table`).
-The queue names and RQ keys from :class:`vmpool.state.keys.Keys`, under the fleet's key
+The queue names and RQ keys come from :class:`vmpool.state.keys.Keys`, under the fleet's key
 prefix. Queues (``<prefix>-<short>``): ``sweeps`` (the periodic jobs), ``requests``
 (per request), ``vms`` (per VM).
 
 A worker listens to the sweeps first, then the requests, then the VMs (RQ dequeues by
 strict priority). The sweeps first: only a handful are ever queued (at most one waiting
-run per kind, workers/schedule.py) and each is short, so they cannot starve the others,
-and the expiry sweep, on which invariant 4's settle bound rests, is never stuck behind
-a flood of other jobs (in the chaos soak a provision-sweep after a Redis restart queued
-a hundred provision jobs, and with the requests first the expiry sweep waited 7 s).
+run per kind, workers/schedule.py) and each is short, so they cannot starve the others.
+So the expiry sweep, on which invariant 4's settle bound rests, is never stuck behind
+a flood of other jobs. In the chaos soak a provision-sweep after a Redis restart queued
+a hundred provision jobs, and with the requests first the expiry sweep waited 7 s.
 Then the request jobs, so a new request starts however long the VM backlog. Then the
 VM jobs, the bulk of the work.
 
@@ -40,13 +40,14 @@ idempotent and the periodic sweeps re-find any work a lost job leaves behind.
 
 :func:`enqueue_many` is the batched form the sweeps use. A subject its kind's validator
 (:mod:`vmpool.ids`) refuses is skipped, logged and counted (``record_skipped``), never
-fatal to the batch: the sweeps feed it ids read back from Redis, and one record an older
+fatal to the batch. The sweeps feed it ids read back from Redis, and one record an older
 release let in (``poison\n``, which RQ refuses as a job id) once made every provision
-sweep raise and queue nothing, for every request. Otherwise it has the same guarantees (same
-ids, same job hash, ``unique``, the same reclaim), in a constant number of round trips
-per :data:`ENQUEUE_CHUNK` subjects instead of several per subject: the reclaim script
-runs for every id in ONE non-transactional pipeline (it answers "free" for an absent or
-plainly dead job, deleting the dead hash, and "live" otherwise). Then each free job is
+sweep raise and queue nothing, for every request. Otherwise it has the same guarantees
+(same ids, same job hash, ``unique``, the same reclaim). It needs a constant number of
+round trips per :data:`ENQUEUE_CHUNK` subjects instead of several per subject. The
+reclaim script runs for every id in ONE non-transactional pipeline (it answers "free"
+for an absent or plainly dead job, deleting the dead hash, and "live" otherwise). Then
+each free job is
 built as RQ builds it and RQ's own unique-enqueue Lua script (``rq.scripts``) runs for
 all of them in a second pipeline. Each script is still its own atomic unit (a pipeline
 is not a transaction), so the per-job uniqueness is RQ's. A live duplicate costs one

@@ -1,14 +1,18 @@
 """What a booting VM's check records, and the batched check of the cloud providers.
 
 ``observe_pending`` turns one answer of the cloud (the VM as it holds it, or nothing)
-into the VM's next state: ``vm_ready`` (with the cloud's address as hostname when the
-pool has no domain), ``vm_failed`` when it vanished, when the cloud says it never will
-boot (an instance in ERROR, stopped: at once, with the cloud's words), or when it is
-past its pool's timeout, or nothing while it boots. Both paths use it:
-``check_pending_vm`` (one VM, one question) and ``check_batched``, which the pending
-sweep runs for providers that answer for many VMs at once
-(:class:`~vmpool.providers.StatusBatch`): one list call per provider per sweep for
-every pending VM, never one cloud call per VM per tick. Only the VMs whose
+into the VM's next state:
+
+- ``vm_ready``, with the cloud's address as hostname when the pool has no domain
+- ``vm_failed`` when it vanished, when the cloud says it never will boot (an instance
+  in ERROR, stopped: at once, with the cloud's words), or when it is past its pool's
+  timeout
+- nothing while it boots.
+
+Both paths use it: ``check_pending_vm`` (one VM, one question) and ``check_batched``.
+The pending sweep runs ``check_batched`` for providers that answer for many VMs at once
+(:class:`~vmpool.providers.StatusBatch`). That is one list call per provider per sweep
+for every pending VM, never one cloud call per VM per tick. Only the VMs whose
 answer changes something take their lock. Every change is the same fenced transition
 as in ``check_pending_vm``.
 """
