@@ -1,16 +1,16 @@
 """The batching dispatcher: per-subject work goes to a work set and one batch job.
 
-:class:`BatchDispatcher` is the worker fleet's Dispatcher. For the three
-kinds of per-subject work that make up a VM's way to ready (``provision_request``,
-``create_vm``, ``check_pending_vm``) it adds the subjects to the job's work set
-(:class:`vmpool.state.workset.WorkSet`, a ``ZADD NX``: the set is the dedup) and makes
-sure a batch job (:mod:`vmpool.lifecycle.batch`) is queued to run them: one of
-:data:`LANES` job ids per batch job (``<tag>-create_vm_batch_r<lane>``), each
-``unique`` as every vmpool job. :func:`ensure_lanes` costs one script (the work-set add
-and the reclaim checks of the lane ids) and, when some are free, one pipeline of RQ's
-unique-enqueue script: a constant number of round trips whatever the number of subjects. Up to
-``ceil(subjects / CLAIM_SIZE)`` lanes are queued (at most :data:`LANES`), so a burst
-of work is shared by that many workers.
+:class:`BatchDispatcher` is the worker fleet's Dispatcher. Three kinds of per-subject
+work make up a VM's way to ready: ``provision_request``, ``create_vm`` and
+``check_pending_vm``. For them it adds the subjects to the job's work set
+(:class:`vmpool.state.workset.WorkSet`, a ``ZADD NX``: the set is the dedup). It then
+makes sure a batch job (:mod:`vmpool.lifecycle.batch`) is queued to run them: one of
+:data:`LANES` job ids per batch job (``<tag>-create_vm_batch_r<lane>``), each ``unique``
+as every vmpool job. :func:`ensure_lanes` costs one script (the work-set add and the
+reclaim checks of the lane ids) and, when some are free, one pipeline of RQ's
+unique-enqueue script. That is a constant number of round trips whatever the number of
+subjects. Up to ``ceil(subjects / CLAIM_SIZE)`` lanes are queued (at most
+:data:`LANES`), so a burst of work is shared by that many workers.
 
 Each lane has two job ids, ``_r<lane>`` and ``_r<lane + LANES>``: a batch job that
 stopped on time with work left queues the other id of its lane (:func:`continue_batch`,
@@ -18,7 +18,7 @@ as its own id is still live while it runs), at the back of the queue. A lane is 
 both its ids are.
 
 A subject added while every lane's job exists and is about to finish waits for the
-next dispatch of it: the periodic sweeps re-dispatch every booting VM each
+next dispatch of it. The periodic sweeps re-dispatch every booting VM each
 ``check_pending_sweep`` tick, every stale reservation after ``reserved_grace_s``, and
 every request with unreserved slots each ``provision_sweep`` tick (the same bound as a
 per-subject job lost today). The other jobs (destroy_vm, check_request) stay one job

@@ -2,9 +2,9 @@
 
 Each cloud declares its placement once, as a model whose every field may be absent
 (a :class:`CloudPlacement` subclass). The provider's options model inherits the same
-fields, so the provider-level value is the default of every pool, and the pool model
-(the placement and :class:`PoolChecks`, the keys every cloud reads per pool) is what
-the registry hands the configuration (``ProviderClass.pool_options``), so a pool's
+fields, so the provider-level value is the default of every pool. The pool model (the
+placement and :class:`PoolChecks`, the keys every cloud reads per pool) is what the
+registry hands the configuration (``ProviderClass.pool_options``). So a pool's
 ``subnet_id`` or ``zone`` is read, checked and named in errors like any other key.
 vmpooler's names are validation aliases (``amisize`` for ``instance_type``, ``zone``
 for ``availability_zone``, ``subnetwork_name`` for ``subnetwork``): a vmpooler config
