@@ -1,15 +1,21 @@
 """The job table: every job vmpool runs, once. Everything else is derived from it.
 
-One row per job: its **name** (the one name used everywhere: the RQ job function in
-:mod:`workers.jobs`, the lifecycle function in :mod:`vmpool.lifecycle`, the job id, the
-``:schedule:`` key of a periodic job, ``vmpool enqueue``, the ``job`` label of the
-``vmpool_worker_jobs`` metric and the docs), its **queue**, its **subject** (what its one
-argument names: a request id, a VM name, or nothing), RQ's hard **timeout** for one run,
-and whether it is **periodic** (the scheduler enqueues it every ``:schedule:`` interval of
-the same name) and **bounded** (its interval is a promised bound, see
-:mod:`workers.schedule`). ``aliases`` are the job names older releases used, still
-accepted by ``vmpool enqueue`` (the config's older ``:schedule:`` keys are the config's own
-aliases: ``vmpool.config.SCHEDULE_KEY_ALIASES``).
+One row per job:
+
+- its **name**, the one name used everywhere: the RQ job function in :mod:`workers.jobs`,
+  the lifecycle function in :mod:`vmpool.lifecycle`, the job id, the ``:schedule:`` key
+  of a periodic job, ``vmpool enqueue``, the ``job`` label of the ``vmpool_worker_jobs``
+  metric and the docs
+- its **queue**
+- its **subject**: what its one argument names (a request id, a VM name, or nothing)
+- RQ's hard **timeout** for one run
+- whether it is **periodic**: the scheduler enqueues it every ``:schedule:`` interval of
+  the same name
+- whether it is **bounded**: its interval is a promised bound, see :mod:`workers.schedule`.
+
+``aliases`` are the job names older releases used, still accepted by ``vmpool enqueue``.
+The config's older ``:schedule:`` keys are the config's own aliases
+(``vmpool.config.SCHEDULE_KEY_ALIASES``).
 
 Job ids (RQ allows ``[A-Za-z0-9_-]`` only) carry the fleet's key prefix, so two fleets in
 one Redis database never share a job::
@@ -20,7 +26,7 @@ one Redis database never share a job::
     <tag>-schedule-<job>         the scheduler's template of a periodic job
 
 ``<tag>`` is the key prefix encoded by :func:`encode_fragment` (``vmpool`` stays
-``vmpool``). The subject too. The encoding is injective and the tag holds no ``-``, so
+``vmpool``), and so is the subject. The encoding is injective and the tag holds no ``-``, so
 the first ``-`` ends the tag. Job names hold no ``-`` either, and ``_r<digits>`` ends
 no job name, so no two (prefix, job, subject, run) share an id.
 """

@@ -2,10 +2,10 @@
 
 ``workers/`` holds thin RQ entry points. Each calls the function of the same name here
 (the job table, :mod:`workers.table`, names them). Every function is idempotent (safe to
-run twice, late, or beside a copy of itself): it re-reads the state it acts on, does
-provider work only under a fenced lock (:mod:`vmpool.state.locks`), records the result
-through one checked store transition, and treats the store's refusals as the normal
-answer of a race it lost (logged, never raised).
+run twice, late, or beside a copy of itself). It re-reads the state it acts on, does
+provider work only under a fenced lock (:mod:`vmpool.state.locks`), and records the
+result through one checked store transition. It treats the store's refusals as the
+normal answer of a race it lost (logged, never raised).
 
 - :mod:`~vmpool.lifecycle.fleet`: the Fleet (what a worker process holds) and the
   Dispatcher (how follow-up work is queued)

@@ -1,10 +1,10 @@
 """The on-demand lifecycle: what each RQ job does, as plain functions of a :class:`Fleet`.
 
 ``workers/`` holds thin RQ entry points. Each calls one function here. Every function is
-idempotent (safe to run twice, late, or beside a copy of itself): it re-reads the state
-it acts on, does provider work only under a fenced lock (:mod:`vmpool.state.locks`), records
-the result through one checked store transition, and treats the store's refusals as the
-normal answer of a race it lost (logged at debug/info, never raised).
+idempotent (safe to run twice, late, or beside a copy of itself). It re-reads the state
+it acts on, does provider work only under a fenced lock (:mod:`vmpool.state.locks`), and
+records the result through one checked store transition. It treats the store's refusals
+as the normal answer of a race it lost (logged at debug/info, never raised).
 
 The job graph::
 

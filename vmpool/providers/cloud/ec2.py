@@ -1,15 +1,19 @@
 """Amazon EC2 (and any EC2-compatible endpoint) through libcloud's EC2 connection.
 
-A create is one RunInstances (:mod:`vmpool.providers.cloud.ec2_wire` builds it) with
-the pool's placement (zone, subnet, security groups, instance type, key, user data, IAM
-profile, root volume, spot), the tags as the launch's TagSpecification for the instance
-and its volumes (``Name`` set to the VM name too), every EBS volume deleted with the
-instance, and a ClientToken derived from the fleet, the request and the VM name, so EC2
-itself answers a repeated create with the first instance. The image is looked up once
-per process (DescribeImages: its devices, or the newest image matching the pool's
-``image_filters``). The fleet is listed with one DescribeInstances filtered by
-``tag:vmpool-fleet``. Requests are signed with SigV4 (right for every region and
-endpoint).
+A create is one RunInstances (:mod:`vmpool.providers.cloud.ec2_wire` builds it) with:
+
+- the pool's placement (zone, subnet, security groups, instance type, key, user data,
+  IAM profile, root volume, spot)
+- the tags as the launch's TagSpecification for the instance and its volumes (``Name``
+  set to the VM name too)
+- every EBS volume deleted with the instance
+- a ClientToken derived from the fleet, the request and the VM name, so EC2 itself
+  answers a repeated create with the first instance.
+
+The image is looked up once per process (DescribeImages: its devices, or the newest
+image matching the pool's ``image_filters``). The fleet is listed with one
+DescribeInstances filtered by ``tag:vmpool-fleet``. Requests are signed with SigV4
+(right for every region and endpoint).
 """
 
 from __future__ import annotations
