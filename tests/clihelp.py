@@ -32,7 +32,7 @@ def warm(store: Store, n: int) -> list[str]:
     names = []
     for i in range(n):
         name = f"cli-warm-{i}"
-        assert store.reserve_pool_vm(
+        assert store.pools.reserve_pool_vm(
             name,
             pool=POOL,
             template="t",

@@ -267,7 +267,7 @@ class FleetMachine(RuleBasedStateMachine):
             pipe.zcard(self.keys.work_part(job, "claims"))
         pipe.hlen(self.keys.work_part("create_vm", "claimed"))
         counts = pipe.execute()
-        warm = self.fleet.store.warm_counts(["debian"])["debian"]
+        warm = self.fleet.store.pools.warm_counts(["debian"])["debian"]
         self.seen["warm_short"] = warm["ready"] + warm["warming"] < 2
         for i, state in enumerate(states):
             self.seen[state] = counts[2 * i] + counts[2 * i + 1]
@@ -427,7 +427,7 @@ class WarmFleetMachine(FleetMachine):
     @precondition(lambda self: self.seen["ready"])
     @rule(n=st.integers(1, 2), user=st.sampled_from(["ann", "bob"]))
     def checkout(self, n: int, user: str) -> None:
-        out = self.fleet.store.checkout({"debian": n}, owner=user, owner_hash="",
+        out = self.fleet.store.pools.checkout({"debian": n}, owner=user, owner_hash="",
                                         lifetime_s=600, actor="api")  # fmt: skip
         self._note(f"checkout:{out.code}")
 
@@ -436,7 +436,7 @@ class WarmFleetMachine(FleetMachine):
     def give_back(self, index: int) -> None:
         name = self._pick(self._vms("running"), index)
         if name is not None:
-            self._note(f"give_back:{self.fleet.store.give_back(name, actor='api').code}")
+            self._note(f"give_back:{self.fleet.store.pools.give_back(name, actor='api').code}")
 
     @precondition(lambda self: self.seen["pending"] or self.seen["ready"])
     @rule(index=st.integers(0, 9))
@@ -468,7 +468,7 @@ class WarmFleetMachine(FleetMachine):
     @rule(check=consumes(ready_checks))
     def recycle_commit(self, check: ReadyCheck) -> None:
         """...and recycles it later: refused if a checkout or a claim took it between."""
-        out = self.fleet.store.recycle_vm(check.name, "failed its check", actor=ACTOR)
+        out = self.fleet.store.pools.recycle_vm(check.name, "failed its check", actor=ACTOR)
         self._note(f"recycle:{out.code}")
 
     # -- the listing pending sweep, acting on a stale list --------------------------------

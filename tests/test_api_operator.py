@@ -216,7 +216,7 @@ def test_snapshot_on_a_provider_without_them_is_501(
     pools = [{"name": "p", "provider": "aws", "domain": "example.com"}]
     cfg = parse_config({":providers": {"aws": aws}, ":pools": pools}, source="test", env={})
     store = Store(redis_client, Keys())
-    assert store.reserve_pool_vm(
+    assert store.pools.reserve_pool_vm(
         "vm-1",
         pool="p",
         template="ami-1",
@@ -228,7 +228,7 @@ def test_snapshot_on_a_provider_without_them_is_501(
     ).ok
     store.vm_created("vm-1", actor="t")
     store.vm_ready("vm-1", actor="t")
-    assert store.checkout({"p": 1}, owner="", owner_hash="", lifetime_s=60, actor="t").ok
+    assert store.pools.checkout({"p": 1}, owner="", owner_hash="", lifetime_s=60, actor="t").ok
     client = make_client(cfg, redis_url)[0]
     for path in ("snapshot", "disk/10"):
         r = client.post(f"{V}/vm/vm-1.example.com/{path}")

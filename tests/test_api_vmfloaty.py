@@ -84,7 +84,7 @@ def warm(store: Store, pool: str, n: int) -> list[str]:
     base = len(store.pool_vms(pool, "ready")) + len(store.pool_vms(pool, "running"))
     for i in range(n):
         name = f"{pool}-warm-{base + i}"
-        out = store.reserve_pool_vm(
+        out = store.pools.reserve_pool_vm(
             name,
             pool=pool,
             template=pool,

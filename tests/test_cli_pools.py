@@ -26,7 +26,7 @@ def test_set_size_reset_and_bad_input(redis_url: str, redis_client: redis.Redis)
 
     store = Store(redis_client, Keys())
     names = warm(store, 3)
-    store.checkout({POOL: 1}, owner="ops", owner_hash="", lifetime_s=60, actor="test")
+    store.pools.checkout({POOL: 1}, owner="ops", owner_hash="", lifetime_s=60, actor="test")
     before = dict(redis_client.hgetall(Keys().pool_override("poolsize")))
     for bad in (("--set-size", f"{POOL}=x"), ("--set-size", "nosuch=3"), ("--reset", "nosuch")):
         out = run("pools", *bad)

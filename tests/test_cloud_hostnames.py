@@ -138,11 +138,11 @@ def test_a_destroyed_vm_leaves_the_address_index(moto_fleet: Fleet, moto: MotoSe
     (warm,) = fleet.store.pool_vms("warm", "ready")
     address = public_addresses(moto)[warm]
     assert fleet.store.vm_at_address(address) == warm
-    checkout: Any = fleet.store.checkout(
+    checkout: Any = fleet.store.pools.checkout(
         {"warm": 1}, owner="", owner_hash="", lifetime_s=60, actor="t"
     )
     assert checkout.ok
-    assert fleet.store.give_back(warm, actor="t").ok
+    assert fleet.store.pools.give_back(warm, actor="t").ok
     lifecycle.destroy_sweep(fleet)
     settle(fleet)
     record = fleet.store.get_vm(warm)

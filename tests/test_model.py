@@ -463,7 +463,7 @@ class WarmStoreMachine(StoreMachine):
         name = f"warm-{self.warm_made}"
         self.warm_made += 1
         self.wrote = True
-        out = self.store.reserve_pool_vm(
+        out = self.store.pools.reserve_pool_vm(
             name,
             pool="debian",
             template="t",
@@ -483,7 +483,7 @@ class WarmStoreMachine(StoreMachine):
         """POST /vm/debian+...: n ready VMs to one owner, or none at all."""
         before = set(self.store.pool_vms("debian", "ready"))
         self.wrote = True
-        out = self.store.checkout(
+        out = self.store.pools.checkout(
             {"debian": n}, owner=user, owner_hash="", lifetime_s=600, actor=ACTOR
         )
         self.outcomes[f"checkout:{out.code}"] += 1
@@ -512,7 +512,7 @@ class WarmStoreMachine(StoreMachine):
     def claim_for_request(self, request: Req) -> None:
         """The provisioner lets a request take ready VMs of its pool first."""
         self.wrote = True
-        out = self.store.claim_for_request(request.rid, ["debian"], actor=ACTOR)
+        out = self.store.pools.claim_for_request(request.rid, ["debian"], actor=ACTOR)
         self.outcomes[f"claim:{out.code}"] += 1
 
     @rule(index=st.integers(0, 7), user=st.sampled_from(["", "alice", "bob"]))
@@ -522,7 +522,7 @@ class WarmStoreMachine(StoreMachine):
         if name is not None:
             self.wrote = True
             self.outcomes[
-                f"give_back:{self.store.give_back(name, actor=ACTOR, user=user).code}"
+                f"give_back:{self.store.pools.give_back(name, actor=ACTOR, user=user).code}"
             ] += 1
 
     @rule(index=st.integers(0, 7), hours=st.integers(1, 48), user=st.sampled_from(["", "bob"]))
@@ -531,7 +531,7 @@ class WarmStoreMachine(StoreMachine):
         name = self._held(index)
         if name is not None:
             self.wrote = True
-            out = self.store.extend_vm(name, hours, actor=ACTOR, user=user)
+            out = self.store.pools.extend_vm(name, hours, actor=ACTOR, user=user)
             self.outcomes[f"extend:{out.code}"] += 1
 
     @rule(index=st.integers(0, 7))

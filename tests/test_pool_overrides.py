@@ -42,7 +42,7 @@ def test_a_reset_replaces_the_ready_vms_and_never_touches_a_checked_out_one(
     VMs of new names."""
     fleet = make_fleet(redis_client, warm_config(3))
     before = set(filled(fleet))
-    out = fleet.store.checkout({"debian": 1}, owner="jdoe", owner_hash="", lifetime_s=600,
+    out = fleet.store.pools.checkout({"debian": 1}, owner="jdoe", owner_hash="", lifetime_s=600,
                                actor="api")  # fmt: skip
     held = out.vms[0][0]
     recycled = reset_pools(fleet.store, ["debian"], actor="t", dispatch=fleet.dispatch)
@@ -53,7 +53,9 @@ def test_a_reset_replaces_the_ready_vms_and_never_touches_a_checked_out_one(
     after = set(filled(fleet))
     assert len(after) == 3 and not after & before
     assert fleet.store.get_vm(held).state == "running"  # type: ignore[union-attr]
-    assert any(e.reason == "pool reset" for e in fleet.store.vm_history(sorted(before - {held})[0]))
+    assert any(
+        e.reason == "pool reset" for e in fleet.store.pools.vm_history(sorted(before - {held})[0])
+    )
     clean(fleet)
 
 

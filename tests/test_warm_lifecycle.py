@@ -22,7 +22,7 @@ def test_top_up_fills_the_pool_to_its_size_and_no_further(redis_client: redis.Re
     fleet = make_fleet(redis_client, warm_config(3))
     assert len(filled(fleet)) == 3
     assert lifecycle.top_up_pools(fleet) == {}
-    assert fleet.store.warm_counts(["debian"])["debian"] == {"ready": 3, "warming": 0}
+    assert fleet.store.pools.warm_counts(["debian"])["debian"] == {"ready": 3, "warming": 0}
     clean(fleet)
 
 
@@ -31,11 +31,11 @@ def test_two_top_ups_at_once_do_not_overfill(redis_client: redis.Redis) -> None:
     most the size between them: the size is checked inside pool_reserve's unit."""
     fleet_a = make_fleet(redis_client, warm_config(3), actor="worker:a")
     fleet_b = make_fleet(redis_client, warm_config(3), actor="worker:b", seed=8)
-    counts = fleet_a.store.warm_counts(["debian"])
+    counts = fleet_a.store.pools.warm_counts(["debian"])
     made = 0
     for fleet in (fleet_a, fleet_b):  # both act on the same stale read
         for _ in range(3 - counts["debian"]["ready"] - counts["debian"]["warming"]):
-            out = fleet.store.reserve_pool_vm(
+            out = fleet.store.pools.reserve_pool_vm(
                 fleet.names(),
                 pool="debian",
                 template="t",
@@ -47,7 +47,7 @@ def test_two_top_ups_at_once_do_not_overfill(redis_client: redis.Redis) -> None:
             )
             made += out.ok
     assert made == 3
-    assert fleet_a.store.warm_counts(["debian"])["debian"]["warming"] == 3
+    assert fleet_a.store.pools.warm_counts(["debian"])["debian"]["warming"] == 3
 
 
 def test_request_takes_ready_vms_and_clones_the_shortfall(redis_client: redis.Redis) -> None:
@@ -163,7 +163,7 @@ def test_vmpool_pools_lists_a_removed_pool_while_it_has_vms(
     from vmpool.state.store import Store
 
     store = Store(redis_client, Keys("vmpool"))
-    out = store.reserve_pool_vm("gone-vm-1", pool="gone", template="t", provider=SIM,
+    out = store.pools.reserve_pool_vm("gone-vm-1", pool="gone", template="t", provider=SIM,
                                 domain=None, size=1, data_ttl_s=60, actor="test")  # fmt: skip
     assert out.ok
     result = CliRunner().invoke(cli, ["pools", "--redis-url", redis_url])  # the demo config

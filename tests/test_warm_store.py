@@ -12,6 +12,7 @@ import redis
 
 from vmpool.state.audit import audit_state, check_vm_trail
 from vmpool.state.keys import Keys
+from vmpool.state.pool_store import PoolStore
 from vmpool.state.records import RequestSettings, Slot
 from vmpool.state.store import Store
 
@@ -27,7 +28,7 @@ def warm(store: Store, n: int, *, pool: str = POOL, size: int | None = None) -> 
     base = len(store.pool_vms(pool, "ready")) + len(store.pool_vms(pool, "completed"))
     for i in range(n):
         name = f"{pool}-w{base + i}"
-        out = store.reserve_pool_vm(
+        out = store.pools.reserve_pool_vm(
             name,
             pool=pool,
             template="t",
@@ -56,7 +57,7 @@ def test_pool_vm_lifecycle_is_audited(redis_client: redis.Redis) -> None:
     store = Store(redis_client, Keys())
     [name] = warm(store, 1, size=1)
     assert refused(
-        store.reserve_pool_vm(
+        store.pools.reserve_pool_vm(
             "debian-extra",
             pool=POOL,
             template="t",
@@ -68,10 +69,12 @@ def test_pool_vm_lifecycle_is_audited(redis_client: redis.Redis) -> None:
         ),
         "pool_full",
     )
-    assert store.recycle_vm(name, "ready_ttl", actor=ACTOR, min_ready_s=3600).code == "not_due"
-    assert store.recycle_vm(name, "ready_ttl", actor=ACTOR).code == "completed"
+    assert (
+        store.pools.recycle_vm(name, "ready_ttl", actor=ACTOR, min_ready_s=3600).code == "not_due"
+    )
+    assert store.pools.recycle_vm(name, "ready_ttl", actor=ACTOR).code == "completed"
     assert store.vm_destroyed(name, actor=ACTOR).code == "destroyed"
-    trail = store.vm_history(name)
+    trail = store.pools.vm_history(name)
     assert [(e.src, e.dst) for e in trail] == [
         ("none", "reserved"),
         ("reserved", "pending"),
@@ -90,12 +93,12 @@ def test_checkout_all_or_nothing(redis_client: redis.Redis) -> None:
     store = Store(redis_client, Keys())
     warm(store, 2)
     warm(store, 1, pool="centos")
-    short = store.checkout(
+    short = store.pools.checkout(
         {POOL: 2, "centos": 2}, owner="jdoe", owner_hash="h", lifetime_s=3600, actor=ACTOR
     )
     assert not short.ok and short.code == "short" and short.short == "centos"
     assert len(store.pool_vms(POOL, "ready")) == 2
-    got = store.checkout(
+    got = store.pools.checkout(
         {POOL: 2, "centos": 1}, owner="jdoe", owner_hash="h", lifetime_s=3600, actor=ACTOR
     )
     assert got.ok and len(got.vms) == 3
@@ -118,7 +121,7 @@ def test_checkout_race_hands_each_vm_out_once(redis_url: str, redis_client: redi
 
     def one() -> None:
         client = redis.Redis.from_url(redis_url, decode_responses=True)
-        mine = Store(client, Keys())
+        mine = PoolStore(client, Keys())  # the warm-pool part on its own
         barrier.wait(timeout=10)
         out = mine.checkout({POOL: 1}, owner="u", owner_hash="", lifetime_s=60, actor=ACTOR)
         with lock:
@@ -145,14 +148,14 @@ def test_request_claims_ready_vms_first(redis_client: redis.Redis) -> None:
     assert store.create_request(
         "r1", [Slot("deb", POOL, 3)], RequestSettings(ttl_s=300), actor=ACTOR
     ).ok
-    claim = store.claim_for_request("r1", [POOL], actor=ACTOR)
+    claim = store.pools.claim_for_request("r1", [POOL], actor=ACTOR)
     assert claim.ok and claim.code == "claimed" and sorted(claim.names) == sorted(ready)
     req = store.get_request("r1")
     assert req is not None and req.unreserved == 1 and req.have == 2
     claimed = [e for e in store.history("r1") if e.reason == "claimed from the pool"]
     assert sorted(e.entity for e in claimed) == sorted(f"vm:{n}" for n in ready)
-    assert store.vm_history(ready[0])[-1].reason == "claimed by request r1"
-    assert refused(store.claim_for_request("r1", [POOL], actor=ACTOR), "none_ready")
+    assert store.pools.vm_history(ready[0])[-1].reason == "claimed by request r1"
+    assert refused(store.pools.claim_for_request("r1", [POOL], actor=ACTOR), "none_ready")
     out = store.reserve_vm(
         "r1",
         name="r1-c",
@@ -197,14 +200,14 @@ def test_give_back_never_fails_or_resurrects_the_request(redis_client: redis.Red
         store.vm_created(name, actor=ACTOR)
         store.vm_ready(name, actor=ACTOR)
         names.append(name)
-    assert refused(store.give_back(names[0], actor=ACTOR, user="mallory"), "forbidden")
-    assert store.give_back(names[0], actor=ACTOR, user="jdoe").code == "completed"
+    assert refused(store.pools.give_back(names[0], actor=ACTOR, user="mallory"), "forbidden")
+    assert store.pools.give_back(names[0], actor=ACTOR, user="jdoe").code == "completed"
     req = store.get_request("r2")
     assert req is not None and req.status == "ready"
     assert store.hostnames("r2") == {"deb": sorted(names)}
-    assert refused(store.give_back(names[0], actor=ACTOR), "vm_completed")
+    assert refused(store.pools.give_back(names[0], actor=ACTOR), "vm_completed")
     assert store.delete_request("r2", actor=ACTOR).ok
-    assert refused(store.give_back(names[1], actor=ACTOR), "vm_completed")
+    assert refused(store.pools.give_back(names[1], actor=ACTOR), "vm_completed")
     clean(store)
 
 
@@ -213,22 +216,22 @@ def test_extend_and_tag_a_checked_out_vm(redis_client: redis.Redis) -> None:
     the VM, each a versioned running -> running entry; another user is refused."""
     store = Store(redis_client, Keys())
     warm(store, 1)
-    [(name, _)] = store.checkout(
+    [(name, _)] = store.pools.checkout(
         {POOL: 1}, owner="jdoe", owner_hash="", lifetime_s=3600, actor=ACTOR
     ).vms
-    assert refused(store.extend_vm(name, 5, actor=ACTOR, user="other"), "forbidden")
-    assert store.extend_vm(name, 5, actor=ACTOR, user="jdoe").code == "extended"
+    assert refused(store.pools.extend_vm(name, 5, actor=ACTOR, user="other"), "forbidden")
+    assert store.pools.extend_vm(name, 5, actor=ACTOR, user="jdoe").code == "extended"
     vm = store.get_vm(name)
     assert vm is not None and vm.checkout_at is not None and vm.lifetime_end is not None
     assert abs(vm.lifetime_end - vm.checkout_at - 5 * 3600) < 1
     score = redis_client.zscore(Keys().pool_state(POOL, "running"), name)
     assert score is not None and abs(score - vm.lifetime_end) < 1
-    assert store.tag_vm(name, {"project": "x"}, actor=ACTOR, user="jdoe").code == "tagged"
+    assert store.pools.tag_vm(name, {"project": "x"}, actor=ACTOR, user="jdoe").code == "tagged"
     vm = store.get_vm(name)
     assert vm is not None and vm.tags == {"project": "x"}
     assert store.end_vm_lifetime(name, actor=ACTOR).code == "not_expired"
     assert store.end_vm_lifetime(name, actor=ACTOR, force=True).code == "completed"
-    assert check_vm_trail(name, store.vm_history(name)) == []
+    assert check_vm_trail(name, store.pools.vm_history(name)) == []
     clean(store)
 
 
@@ -238,7 +241,7 @@ def test_request_vm_extension_keeps_the_request_trail(redis_client: redis.Redis)
     store = Store(redis_client, Keys())
     names = make_request(store, "r3", 1)
     assert store.vm_ready(names[0], actor=ACTOR).code == "fulfilled"
-    assert store.extend_vm(names[0], 2, actor=ACTOR).code == "extended"
+    assert store.pools.extend_vm(names[0], 2, actor=ACTOR).code == "extended"
     assert store.history("r3")[-1].dst == "running"
     clean(store)
 
@@ -312,7 +315,7 @@ def test_checkout_serves_one_of_two_crossed_clients(
         client = redis.Redis.from_url(redis_url, decode_responses=True)
         try:
             barrier.wait(timeout=5)  # both start together; the script has no gap
-            out = Store(client, keys).checkout(
+            out = PoolStore(client, keys).checkout(
                 order, owner="u", owner_hash="", lifetime_s=60, actor=ACTOR
             )
             return out.ok
@@ -321,3 +324,14 @@ def test_checkout_serves_one_of_two_crossed_clients(
 
     assert sorted(_two_crossed_clients(real)) == [False, True]
     clean(store)
+
+
+def test_store_parts_share_one_registry(redis_client: redis.Redis) -> None:
+    """The store's parts run through its one registry; a part built alone has its own."""
+    store = Store(redis_client, Keys())
+    assert store.pools.scripts is store.scripts and store.tasks.scripts is store.scripts
+    assert (store.pools.redis, store.pools.keys) == (store.redis, store.keys)
+    alone = PoolStore(redis_client, Keys())
+    assert alone.scripts is not store.scripts and alone.warm_counts([POOL]) == {
+        POOL: {"ready": 0, "warming": 0}
+    }

@@ -27,7 +27,7 @@ def pool_table(store: Store, config: Config) -> list[dict[str, object]]:
     One row per configured pool, then one per pool the config no longer names that
     still has VMs (removed or renamed: size None, ``configured`` false) until the reap
     pass has finished them."""
-    retired = sorted(store.indexed_pools() - set(config.pools))
+    retired = sorted(store.pools.indexed_pools() - set(config.pools))
     counts = store.pool_counts([*config.pools, *retired])
     queued = _ondemand_queue(store, config)
     counted = {name: _counted(counts[name]) for name in counts}

@@ -86,7 +86,7 @@ def vm_group() -> None:
 def vm_get(cli: CliContext, pools: tuple[str, ...], owner: str) -> None:
     """Check ready VMs out: all or nothing (exit 1 when a pool is short)."""
     counts = _counts(cli, pools)
-    out = cli.store.checkout(
+    out = cli.store.pools.checkout(
         counts, owner=owner, owner_hash="", lifetime_s=cli.config.vm_lifetime_s, actor="cli"
     )
     if not out.ok:
@@ -143,7 +143,7 @@ def vm_list(cli: CliContext) -> None:
 def vm_show(cli: CliContext, host: str) -> None:
     """One VM's record, and its own trail while no request holds it."""
     vm = _record(cli, _name(cli, host))
-    trail = cli.store.vm_history(vm.name)
+    trail = cli.store.pools.vm_history(vm.name)
     if cli.as_json:
         data = asdict(vm)
         data["tags"] = dict(vm.tags)
@@ -186,7 +186,7 @@ def vm_extend(cli: CliContext, host: str, hours: int) -> None:
     limit = cli.config.max_lifetime_upper_limit_s
     if limit is not None and hours * 3600 >= limit:
         raise CliError(f"a lifetime of {hours}h exceeds the maximum of {int(limit // 3600)}h")
-    out = cli.store.extend_vm(name, hours, actor="cli")
+    out = cli.store.pools.extend_vm(name, hours, actor="cli")
     if not out.ok:
         raise CliFailure(f"{name}: not extended: {REFUSALS.get(out.code, out.code)}")
     if cli.as_json:
@@ -204,7 +204,7 @@ def vm_delete(cli: CliContext, host: str) -> None:
     A VM given back already is no error (exit 0), as a request deleted twice is not.
     """
     name = _name(cli, host)
-    out = cli.store.give_back(name, actor="cli")
+    out = cli.store.pools.give_back(name, actor="cli")
     if not out.ok and out.code not in ALREADY_GIVEN_BACK:
         raise CliFailure(f"{name}: not given back: {REFUSALS.get(out.code, out.code)}")
     result = "given_back" if out.ok else "already_given_back"

@@ -152,7 +152,7 @@ def reset_pools(
     Returns the VMs recycled per pool, their destroys dispatched when ``dispatch``."""
     recycled: dict[str, list[str]] = {}
     for pool in pools:
-        recycled[pool] = store.reset_pool(pool, actor=actor)
+        recycled[pool] = store.pools.reset_pool(pool, actor=actor)
         log.info("pool %s reset by %s: %d ready VMs replaced", pool, actor, len(recycled[pool]))
     names = [name for batch in recycled.values() for name in batch]
     if names and dispatch is not None:

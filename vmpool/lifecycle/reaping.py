@@ -55,7 +55,7 @@ def retired_pools(fleet: Fleet) -> list[str]:
     One SCAN of the keyspace (``store.indexed_pools``), so only the reap pass (every
     30 s by default) runs it and the frequent sweeps keep their fixed number of round
     trips."""
-    return sorted(p for p in fleet.store.indexed_pools() if p not in fleet.config.pools)
+    return sorted(p for p in fleet.store.pools.indexed_pools() if p not in fleet.config.pools)
 
 
 def _finish_retired(fleet: Fleet, pools: list[str], now: float) -> None:
@@ -74,7 +74,7 @@ def _finish_retired(fleet: Fleet, pools: list[str], now: float) -> None:
     )
     completed = _reachable(fleet, _flat(store.pools_vms(pools, VMState.COMPLETED)))
     for name in _reachable(fleet, _flat(store.pools_vms(pools, VMState.READY))):
-        outcome = store.recycle_vm(name, "pool not configured", actor=fleet.who("reap"))
+        outcome = store.pools.recycle_vm(name, "pool not configured", actor=fleet.who("reap"))
         note_outcome("recycle", name, outcome)
         if outcome.ok:  # a VM claimed in between is held now: the recycle is refused
             completed.append(name)

@@ -64,7 +64,7 @@ def vm_task(fleet: Fleet, subject: str) -> TaskCode:
     trail says why, and the holder may ask again. Nothing was done: 'no_task' (done
     already) or 'no_vm'."""
     task = VMTask.parse(subject)
-    arg = fleet.store.vm_task_arg(task)
+    arg = fleet.store.tasks.vm_task_arg(task)
     if arg is None:
         return TaskStep.NO_TASK
     vm = fleet.store.get_vm(task.vm)
@@ -74,14 +74,16 @@ def vm_task(fleet: Fleet, subject: str) -> TaskCode:
     actor = fleet.who("vm_task")
     if not isinstance(provider, capability(task.kind)):
         error = f"the provider of pool {vm.pool} cannot do a {task.kind}"
-        return store_code(fleet.store.finish_vm_task(task, actor=actor, error=error))
+        return store_code(fleet.store.tasks.finish_vm_task(task, actor=actor, error=error))
     try:
         _call(provider, vm.pool, task, arg)
     except Exception as exc:  # the task fails, as vmpooler's: its holder may ask again
         kind = "permanent" if is_permanent_error(exc) else "transient"
         log.warning("vm_task %s failed (%s): %s", subject, kind, exc)
-        return store_code(fleet.store.finish_vm_task(task, actor=actor, error=str(exc) or kind))
-    outcome = fleet.store.finish_vm_task(task, actor=actor)
+        return store_code(
+            fleet.store.tasks.finish_vm_task(task, actor=actor, error=str(exc) or kind)
+        )
+    outcome = fleet.store.tasks.finish_vm_task(task, actor=actor)
     log.info("vm_task %s: %s", subject, outcome.code)
     return store_code(outcome)
 

@@ -44,7 +44,7 @@ def top_up_pools(fleet: Fleet) -> dict[str, int]:
     ]
     if not pools:
         return {}
-    counts = fleet.store.warm_counts(pool.name for pool in pools)
+    counts = fleet.store.pools.warm_counts(pool.name for pool in pools)
     made: dict[str, int] = {}
     names: list[str] = []
     for pool in pools:
@@ -68,7 +68,7 @@ def _reserve_warm(fleet: Fleet, pool: PoolConfig, names: list[str]) -> ReserveCo
     :func:`~vmpool.lifecycle.reserving.reserve_fresh`."""
 
     def reserve(name: str) -> Outcome:
-        return fleet.store.reserve_pool_vm(
+        return fleet.store.pools.reserve_pool_vm(
             name,
             pool=pool.name,
             template=pool.template,
@@ -102,7 +102,7 @@ def check_ready(fleet: Fleet) -> dict[str, int]:
             reason, min_age = _why_recycle(fleet, pool, vm, now, excess=i < excess)
             if not reason:
                 continue
-            outcome = fleet.store.recycle_vm(
+            outcome = fleet.store.pools.recycle_vm(
                 vm.name, reason, actor=fleet.who("check_ready"), min_ready_s=min_age
             )
             note_outcome("recycle", vm.name, outcome)
@@ -150,7 +150,7 @@ def claim_ready(fleet: Fleet, req: RequestRecord) -> list[str]:
     )
     if not lending or req.status != RequestStatus.PENDING:
         return []
-    claim = fleet.store.claim_for_request(req.id, lending, actor=fleet.who("provision"))
+    claim = fleet.store.pools.claim_for_request(req.id, lending, actor=fleet.who("provision"))
     if claim.ok:
         log.info("request %s took ready VMs: %s", req.id, ", ".join(claim.names))
         return list(claim.names)

@@ -143,7 +143,7 @@ def retired_pool_notes(store: Store, configured: Iterable[str]) -> list[str]:
     its VMs: ready ones are recycled and destroyed, held ones reaped at their lifetime's
     end. It is shown until they are gone.
     """
-    retired = sorted(store.indexed_pools() - set(configured))
+    retired = sorted(store.pools.indexed_pools() - set(configured))
     lines = []
     for pool, counts in store.pool_counts(retired).items():
         held = ", ".join(f"{n} {state}" for state, n in counts.items() if n)

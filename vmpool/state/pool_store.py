@@ -1,25 +1,25 @@
 """Warm pools in the state store: ready VMs nobody holds, checkouts, claims, give-backs.
 
-:class:`PoolStore` is the warm-pool part of :class:`vmpool.state.store.Store` (the one
-writer of request and VM state); it runs its scripts through the store's one registry
-(:class:`~vmpool.state.store_scripts.StoreScripts`). Each method runs one script from
+:class:`PoolStore` is the warm-pool part the store holds (``Store.pools``); built alone,
+it makes its own script registry. Each method runs one script from
 ``vmpool/state/scripts/`` (the ``pool_*``, ``checkout``, ``claim_for_request``,
 ``give_back``, ``extend_vm`` and ``tag_vm`` files; their headers give keys, arguments,
-returns and invariants).
+returns and invariants) through the registry
+(:class:`~vmpool.state.store_scripts.StoreScripts`).
 
 A warm-pool VM's record has ``request_id`` ''. Until a request claims it, its
 transitions are versioned in its own hash and audited to its own trail
 (``Keys.vm_audit``); the store's VM transitions (``vm_created``, ``vm_ready``,
-``vm_failed``, ``end_vm_lifetime``, ``vm_destroyed``) run the pool variant of their
-script for such a VM (:data:`~vmpool.state.store_scripts.POOL_VARIANTS`), so the
-lifecycle's create, check, reap and destroy jobs serve both kinds of VM unchanged.
+``vm_failed``, ``vm_waiting``, ``end_vm_lifetime``, ``vm_destroyed``) run the pool
+variant of their script for such a VM
+(:meth:`~vmpool.state.store_scripts.StoreScripts.run_on_vm`), so the lifecycle's
+create, check, reap and destroy jobs serve both kinds of VM unchanged.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 import redis
 
@@ -62,7 +62,7 @@ class Claim:
 
 
 class PoolStore:
-    """The warm-pool part of the store (a base of :class:`~vmpool.state.store.Store`)."""
+    """The warm-pool part of the store (``Store.pools``); usable on its own."""
 
     def __init__(
         self, redis_client: redis.Redis, keys: Keys, scripts: StoreScripts | None = None
@@ -70,58 +70,6 @@ class PoolStore:
         self.redis = redis_client
         self.keys = keys
         self.scripts = scripts or StoreScripts(redis_client, keys)
-
-    # -- plumbing -------------------------------------------------------------------
-    def _request_of(self, name: str, request_id: str | None = None) -> str | None:
-        """The VM's request id ('' for a warm-pool VM), None when there is no VM.
-
-        ``request_id``: the caller's, from a record read under the VM's lock (no read
-        then). A VM's request id changes once, '' -> a request, while it is ready, and
-        never after: the script's own check settles a read made just before it.
-        """
-        if request_id is not None:
-            return request_id
-        raw = self.redis.hget(self.keys.vm(validate_vm_name(name)), "request_id")
-        return None if raw is None else text(raw)
-
-    def _run_one(
-        self, script: str, name: str, request_id: str, actor: str, args: Sequence[Any]
-    ) -> Any:
-        keys = self.keys.vm_script_keys(name, request_id)
-        return self.scripts.run(script, keys, actor, request_id, args)
-
-    def _run_held(self, script: str, name: str, actor: str, args: Sequence[Any]) -> Outcome:
-        """A script acting on a held VM, in the layout its holder calls for."""
-        request_id = self._request_of(name)
-        if request_id is None:
-            return Outcome(False, "no_vm")
-        return Outcome.from_reply(self._run_one(script, name, request_id, actor, args))
-
-    # -- a request's or a warm VM's, in the layout its record calls for ----------------
-    def vm_waiting(
-        self,
-        name: str,
-        reason: str,
-        *,
-        actor: str,
-        fence: int | None = None,
-        request_id: str | None = None,
-    ) -> Outcome:
-        """A reserved VM waits for capacity (no transition).
-
-        ``reason`` goes to its ``error`` and to its request's ``last_error``, which the
-        request's failure by TTL reports. ``request_id``: as for :meth:`vm_created`.
-        """
-        request_id = self._request_of(name, request_id)
-        if request_id is None:
-            return Outcome(False, "no_vm")
-        args = [name, "" if fence is None else str(int(fence)), reason[:1000]]
-        return Outcome.from_reply(self._run_one("vm_waiting", name, request_id, actor, args))
-
-    def vm_at_address(self, address: str) -> str | None:
-        """The name of the VM that last turned ready with this cloud address, if any."""
-        raw = self.redis.hget(self.keys.addresses, address)
-        return None if raw is None else text(raw)
 
     # -- warm-pool VM transitions ----------------------------------------------------
     def reserve_pool_vm(
@@ -139,14 +87,15 @@ class PoolStore:
         validate_vm_name(name)
         validate_pool_name(pool)
         args = [name, pool, template, provider, domain or "", int(size), repr(float(data_ttl_s))]
-        return Outcome.from_reply(self._run_one("pool_reserve", name, "", actor, args))
+        return self.scripts.run_on_vm(name, "pool_reserve", actor, args, request_id="")
 
     def recycle_vm(
         self, name: str, reason: str, *, actor: str, min_ready_s: float | None = None
     ) -> Outcome:
         age = "" if min_ready_s is None else repr(float(min_ready_s))
-        return Outcome.from_reply(
-            self._run_one("pool_recycle", validate_vm_name(name), "", actor, [name, reason, age])
+        args = [name, reason, age]
+        return self.scripts.run_on_vm(
+            validate_vm_name(name), "pool_recycle", actor, args, request_id=""
         )
 
     def checkout(
@@ -178,16 +127,16 @@ class PoolStore:
         return Claim(True, text(reply[1]), int(reply[2]), tuple(text(n) for n in reply[3:]))
 
     def give_back(self, name: str, *, actor: str, user: str = "") -> Outcome:
-        return self._run_held("give_back", name, actor, [name, user])
+        return self.scripts.run_on_vm(name, "give_back", actor, [name, user])
 
     def extend_vm(self, name: str, hours: int, *, actor: str, user: str = "") -> Outcome:
         if int(hours) <= 0:
             raise ValueError("a lifetime is a positive number of hours")
-        return self._run_held("extend_vm", name, actor, [name, user, int(hours)])
+        return self.scripts.run_on_vm(name, "extend_vm", actor, [name, user, int(hours)])
 
     def tag_vm(self, name: str, tags: Mapping[str, str], *, actor: str, user: str = "") -> Outcome:
         flat = [str(x) for pair in tags.items() for x in pair]
-        return self._run_held("tag_vm", name, actor, [name, user, *flat])
+        return self.scripts.run_on_vm(name, "tag_vm", actor, [name, user, *flat])
 
     def reset_pool(self, pool: str, *, actor: str) -> list[str]:
         """Send the pool's ready VMs to destruction; returns the VMs recycled.

@@ -1,11 +1,17 @@
 """The state store: every change of a request or a VM is one Lua script.
 
-Each method below runs one script from ``vmpool/state/scripts/`` (their headers state keys,
+Each transition below runs one script from ``vmpool/state/scripts/`` (their headers state keys,
 arguments, returns and the invariant each protects). A script checks its precondition
 (the record exists, the status, the deadline, the fencing token) and makes the change
 in one atomic unit, with the request's version bump and audit entry. A refused change
 comes back as an ``Outcome`` with ``ok=False`` and a ``code`` saying why; nothing here
 raises for a refusal.
+
+The store holds its parts, each built with its Redis, keys and one script registry
+(:class:`~vmpool.state.store_scripts.StoreScripts`): ``store.pools`` the warm pools
+(:class:`~vmpool.state.pool_store.PoolStore`: ready VMs, checkouts, claims, give-backs),
+``store.tasks`` a held VM's snapshots and disks
+(:class:`~vmpool.state.vm_tasks.VMTaskStore`).
 
 Nothing else in vmpool writes a status: not the API, not a job, not the CLI.
 """
@@ -21,6 +27,7 @@ from vmpool.ids import validate_request_id, validate_vm_name
 from vmpool.state import reads
 from vmpool.state.keys import Keys
 from vmpool.state.lua import ScriptPipeline
+from vmpool.state.pool_store import PoolStore
 from vmpool.state.records import (
     AuditEntry,
     Outcome,
@@ -32,26 +39,27 @@ from vmpool.state.records import (
     encode_slots,
     text,
 )
-from vmpool.state.store_scripts import POOL_VARIANTS, StoreScripts
+from vmpool.state.store_scripts import StoreScripts
 from vmpool.state.vm_tasks import VMTaskStore
 
 __all__ = ["Store"]
 
 
-class Store(VMTaskStore):
+class Store:
     """The request/VM state in Redis, changed only through checked atomic scripts.
 
-    Warm pools (ready VMs, checkouts, claims): :class:`~vmpool.state.pool_store.PoolStore`;
-    snapshots and disks: :class:`~vmpool.state.vm_tasks.VMTaskStore`. Every part runs
-    its scripts through one registry (:class:`~vmpool.state.store_scripts.StoreScripts`).
-
-    ``redis`` may or may not decode responses; ``keys`` fixes the prefix. The store
-    keeps no state of its own beyond the registered scripts, so one per process (or per
-    thread) is fine.
+    Its parts: ``pools`` (warm pools) and ``tasks`` (VM tasks), sharing its Redis, its
+    keys and its script registry ``scripts``. ``redis`` may or may not decode
+    responses; ``keys`` fixes the prefix. The store keeps no state of its own beyond the
+    registered scripts, so one per process (or per thread) is fine.
     """
 
     def __init__(self, redis_client: redis.Redis, keys: Keys) -> None:
-        super().__init__(redis_client, keys, StoreScripts(redis_client, keys))
+        self.redis = redis_client
+        self.keys = keys
+        self.scripts = StoreScripts(redis_client, keys)
+        self.pools = PoolStore(redis_client, keys, self.scripts)
+        self.tasks = VMTaskStore(redis_client, keys, self.scripts)
 
     # -- plumbing -------------------------------------------------------------------
     def _run(
@@ -67,26 +75,6 @@ class Store(VMTaskStore):
         else:
             keys = self.keys.vm_script_keys(vm_name, request_id)
         return Outcome.from_reply(self.scripts.run(script, keys, actor, request_id, args))
-
-    def _run_vm(
-        self,
-        script: str,
-        name: str,
-        actor: str,
-        args: Sequence[Any] = (),
-        *,
-        request_id: str | None = None,
-    ) -> Outcome:
-        # Reading the VM's request id before the script (or taking it from a record the
-        # caller read) is no check-then-act gap: it never changes once a request holds
-        # the VM, and the script re-checks it.
-        request_id = self._request_of(name, request_id)
-        if request_id is None:
-            return Outcome(False, "no_vm")
-        validate_vm_name(name)
-        if not request_id:  # a warm-pool VM: no request, its pool variant
-            return Outcome.from_reply(self._run_one(POOL_VARIANTS[script], name, "", actor, args))
-        return self._run(script, request_id, actor, args, vm_name=name)
 
     @staticmethod
     def _fence(token: int | None) -> str:
@@ -193,7 +181,7 @@ class Store(VMTaskStore):
         it; the script checks it all the same).
         """
         args = [name, self._fence(fence)]
-        return self._run_vm("vm_created", name, actor, args, request_id=request_id)
+        return self.scripts.run_on_vm(name, "vm_created", actor, args, request_id=request_id)
 
     def vm_ready(
         self,
@@ -214,7 +202,7 @@ class Store(VMTaskStore):
         """
         index = self.keys.addresses if address else ""
         args = [name, self._fence(fence), hostname, address, index]
-        return self._run_vm("vm_ready", name, actor, args, request_id=request_id)
+        return self.scripts.run_on_vm(name, "vm_ready", actor, args, request_id=request_id)
 
     def vm_failed(
         self,
@@ -228,7 +216,24 @@ class Store(VMTaskStore):
     ) -> Outcome:
         """``request_id``: as for :meth:`vm_created`."""
         args = [name, self._fence(fence), reason, "1" if permanent else "0"]
-        return self._run_vm("vm_failed", name, actor, args, request_id=request_id)
+        return self.scripts.run_on_vm(name, "vm_failed", actor, args, request_id=request_id)
+
+    def vm_waiting(
+        self,
+        name: str,
+        reason: str,
+        *,
+        actor: str,
+        fence: int | None = None,
+        request_id: str | None = None,
+    ) -> Outcome:
+        """A reserved VM waits for capacity (no transition).
+
+        ``reason`` goes to its ``error`` and to its request's ``last_error``, which the
+        request's failure by TTL reports. ``request_id``: as for :meth:`vm_created`.
+        """
+        args = [name, self._fence(fence), reason[:1000]]
+        return self.scripts.run_on_vm(name, "vm_waiting", actor, args, request_id=request_id)
 
     def expire_request(self, request_id: str, *, actor: str) -> Outcome:
         return self._run("expire_request", request_id, actor)
@@ -241,11 +246,11 @@ class Store(VMTaskStore):
     ) -> Outcome:
         """``reason``: why it ended ('' for 'lifetime ended')."""
         args = [name, "1" if force else "0", reason]
-        return self._run_vm("end_vm_lifetime", name, actor, args)
+        return self.scripts.run_on_vm(name, "end_vm_lifetime", actor, args)
 
     def vm_destroyed(self, name: str, *, actor: str, fence: int | None = None) -> Outcome:
         args = [name, self._fence(fence), self.keys.addresses]
-        return self._run_vm("vm_destroyed", name, actor, args)
+        return self.scripts.run_on_vm(name, "vm_destroyed", actor, args)
 
     # -- reads --------------------------------------------------------------------------
     def server_time(self) -> float:
@@ -260,6 +265,11 @@ class Store(VMTaskStore):
     def get_vm(self, name: str) -> VMRecord | None:
         raw = self.redis.hgetall(self.keys.vm(name))
         return VMRecord.from_hash(decode_hash(raw)) if raw else None
+
+    def vm_at_address(self, address: str) -> str | None:
+        """The name of the VM that last turned ready with this cloud address, if any."""
+        raw = self.redis.hget(self.keys.addresses, address)
+        return None if raw is None else text(raw)
 
     def get_vms(self, names: Iterable[str]) -> list[VMRecord]:
         names = list(names)

@@ -6,6 +6,7 @@ then ``_prelude.lua``, then its own helpers (the work-set functions for
 ``create_request``, ``_pool.lua`` for the warm-pool scripts), then its file. The KEYS
 layouts come from :class:`~vmpool.state.keys.Keys` (``request_script_keys``,
 ``vm_script_keys``); ARGV 1-4 are the same for every script (:meth:`StoreScripts.call`).
+A script on one VM takes the layout its record calls for (:meth:`StoreScripts.run_on_vm`).
 """
 
 from __future__ import annotations
@@ -16,9 +17,11 @@ from typing import Any, Final
 import redis
 from redis.commands.core import Script
 
+from vmpool.ids import validate_vm_name
 from vmpool.state.counters import lua_metrics
 from vmpool.state.keys import Keys
 from vmpool.state.lua import ScriptCall, read_script
+from vmpool.state.records import Outcome, text
 from vmpool.state.transitions import lua_tables
 from vmpool.state.workset import lua_workset
 
@@ -64,7 +67,11 @@ POOL_SCRIPTS: Final = (
 
 
 class StoreScripts:
-    """The store's scripts by name, each registered on first use (one per store)."""
+    """The store's scripts by name, each registered on first use (one per store).
+
+    The store and its parts (:class:`~vmpool.state.pool_store.PoolStore`,
+    :class:`~vmpool.state.vm_tasks.VMTaskStore`) share one registry.
+    """
 
     def __init__(self, redis_client: redis.Redis, keys: Keys) -> None:
         self.keys = keys
@@ -104,6 +111,42 @@ class StoreScripts:
     ) -> Any:
         """Run :meth:`call`'s call now; the script's raw reply."""
         return self.call(name, keys, actor, request_id, args).run()
+
+    def request_of(self, name: str, request_id: str | None = None) -> str | None:
+        """The VM's request id ('' for a warm-pool VM), None when there is no VM.
+
+        ``request_id``: the caller's, from a record read under the VM's lock (no read
+        then). A VM's request id changes once, '' -> a request, while it is ready, and
+        never after: the script's own check settles a read made just before it.
+        """
+        if request_id is not None:
+            return request_id
+        raw = self._redis.hget(self.keys.vm(validate_vm_name(name)), "request_id")
+        return None if raw is None else text(raw)
+
+    def run_on_vm(
+        self,
+        name: str,
+        script: str,
+        actor: str,
+        args: Sequence[Any],
+        *,
+        request_id: str | None = None,
+    ) -> Outcome:
+        """Run ``script`` on VM ``name`` in the KEYS layout its record calls for.
+
+        Its request's layout, or a warm-pool VM's own (request id ''): a request VM's
+        transition runs its pool variant then (:data:`POOL_VARIANTS`); the other VM
+        scripts take either layout. ``request_id``: as for :meth:`request_of`.
+        Outcome ``no_vm`` when there is no such VM.
+        """
+        request_id = self.request_of(name, request_id)
+        if request_id is None:
+            return Outcome(False, "no_vm")
+        if not request_id:
+            script = POOL_VARIANTS.get(script, script)
+        keys = self.keys.vm_script_keys(name, request_id)
+        return Outcome.from_reply(self.run(script, keys, actor, request_id, args))
 
 
 def _text(name: str) -> str:

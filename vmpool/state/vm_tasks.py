@@ -1,7 +1,7 @@
 """A held VM's snapshots, reverts and extra disks in the state store.
 
-These are vmpooler's ``vmpooler__tasks__snapshot|snapshot-revert|disk``, as a mixin of
-:class:`vmpool.state.store.Store`.
+These are vmpooler's ``vmpooler__tasks__snapshot|snapshot-revert|disk``, in
+:class:`VMTaskStore`: the part of the store that holds them (``Store.tasks``).
 
 - The API records a task on the VM (``vm_task_add.lua``). Only its holder may, and a
   revert only to a snapshot taken.
@@ -18,9 +18,12 @@ import string
 from dataclasses import dataclass
 from typing import Final, Literal
 
+import redis
+
 from vmpool.ids import validate_vm_name, validate_vm_task
-from vmpool.state.pool_store import PoolStore
+from vmpool.state.keys import Keys
 from vmpool.state.records import Outcome, text
+from vmpool.state.store_scripts import StoreScripts
 
 __all__ = ["TASK_KINDS", "TaskKind", "VMTask", "VMTaskStore", "new_task_id"]
 
@@ -60,14 +63,20 @@ class VMTask:
         return cls(name, kind, task_id)  # type: ignore[arg-type]
 
 
-class VMTaskStore(PoolStore):
-    """The VM-task half of the store (mixed into :class:`~vmpool.state.store.Store`)."""
+class VMTaskStore:
+    """The VM-task part of the store (``Store.tasks``); usable on its own."""
+
+    def __init__(
+        self, redis_client: redis.Redis, keys: Keys, scripts: StoreScripts | None = None
+    ) -> None:
+        self.redis = redis_client
+        self.keys = keys
+        self.scripts = scripts or StoreScripts(redis_client, keys)
 
     def add_vm_task(self, task: VMTask, arg: str, *, actor: str, user: str = "") -> Outcome:
         """Record ``task`` by the VM's holder ``user`` ('' for admin or auth off)."""
-        return self._run_held(
-            "vm_task_add", task.vm, actor, [task.vm, user, task.kind, task.id, arg]
-        )
+        args = [task.vm, user, task.kind, task.id, arg]
+        return self.scripts.run_on_vm(task.vm, "vm_task_add", actor, args)
 
     def vm_task_arg(self, task: VMTask) -> str | None:
         """The waiting task's argument, None when it is not (or no longer) waiting."""
@@ -77,4 +86,4 @@ class VMTaskStore(PoolStore):
     def finish_vm_task(self, task: VMTask, *, actor: str, error: str = "") -> Outcome:
         """Record the task done (``error`` '') or failed, once."""
         args = [task.vm, task.kind, task.id, "0" if error else "1", error[:200]]
-        return self._run_held("vm_task_done", task.vm, actor, args)
+        return self.scripts.run_on_vm(task.vm, "vm_task_done", actor, args)

@@ -103,7 +103,7 @@ def checkout(st: ApiState, counts: Mapping[str, int], token: TokenInfo | None) -
     for _, pool, n in wanted:
         per_pool[pool] = per_pool.get(pool, 0) + n
     lifetime = st.config.vm_lifetime_auth_s if token else st.config.vm_lifetime_s
-    out = st.store.checkout(
+    out = st.store.pools.checkout(
         per_pool,
         owner=token.user if token else "",
         owner_hash=token.sha256 if token else "",
@@ -196,9 +196,9 @@ def modify(st: ApiState, hostname: str, raw: bytes, token: TokenInfo | None) -> 
                 return refused
             continue
         if param == "lifetime":
-            out = st.store.extend_vm(vm.name, int(str(arg).strip()), actor="api", user=user)
+            out = st.store.pools.extend_vm(vm.name, int(str(arg).strip()), actor="api", user=user)
         else:
-            out = st.store.tag_vm(
+            out = st.store.pools.tag_vm(
                 vm.name, filter_tags(arg, st.config.tagfilter), actor="api", user=user
             )
         if out.code == "forbidden":
@@ -214,7 +214,7 @@ async def delete_vm(hostname: str, st: State, token: Token) -> Response:
         vm = _vm(st, hostname)
         if vm is None:
             return not_ok(404)
-        out = st.store.give_back(vm.name, actor="api", user=token.user if token else "")
+        out = st.store.pools.give_back(vm.name, actor="api", user=token.user if token else "")
         if out.ok:
             log.info("VM %s given back%s", vm.name, f" by {token.user}" if token else "")
             return reply(200, {"ok": True})
@@ -241,14 +241,14 @@ def token_body(st: ApiState, token: str) -> Response:
     entry: dict[str, Any] = {"user": info.user, "created": info.created, "last": info.last}
     owners: dict[str, str] = {}
     running = []
-    for vm in st.store.held_vms(st.config.pools):
+    for vm in st.store.pools.held_vms(st.config.pools):
         if vm.request_id:
             if vm.request_id not in owners:
                 req = st.store.get_request(vm.request_id)
                 owners[vm.request_id] = req.token_hash if req else ""
             mine = owners[vm.request_id] == info.sha256
         else:
-            mine = st.store.owner_token(vm.name) == info.sha256
+            mine = st.store.pools.owner_token(vm.name) == info.sha256
         if mine:
             running.append(vm.name)
     if running:

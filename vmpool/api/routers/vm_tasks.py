@@ -52,7 +52,7 @@ def ask(
         what = "disks" if kind == "disk" else "snapshots"
         return None, not_ok(501, message=f"the provider of pool {vm.pool} does not do {what}")
     task = VMTask(name, kind, new_task_id())
-    out = st.store.add_vm_task(task, arg, actor="api", user=user)
+    out = st.store.tasks.add_vm_task(task, arg, actor="api", user=user)
     if out.code == "forbidden":
         return None, not_ok(403, message=f"{name} is held by another user")
     if not out.ok:  # not held, no such snapshot
