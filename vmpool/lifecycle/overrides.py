@@ -8,7 +8,7 @@ once. :func:`effective_pools` is the one read of a pool's effective settings the
 workers use (the warm-pool top-up and ready check: the size).
 
 A pool reset (and a changed template or clone target, which vmpooler follows with a
-drain) is ``Store.reset_pool``: one script sends the ready VMs to destruction and marks
+drain) is ``PoolStore.reset_pool``: one script sends the ready VMs to destruction and marks
 the reset, so the VMs reserved before it never become ready. Held VMs are never
 touched. The destroys are dispatched at once when a dispatcher is given (else the
 destroy sweep finds them), and the top-up refills the pool with new VMs.

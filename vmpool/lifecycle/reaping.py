@@ -52,7 +52,7 @@ def reap_running(fleet: Fleet) -> int:
 def retired_pools(fleet: Fleet) -> list[str]:
     """The pools whose VM indexes exist in Redis but which the config no longer names.
 
-    One SCAN of the keyspace (``store.indexed_pools``), so only the reap pass (every
+    One SCAN of the keyspace (``store.pools.indexed_pools``), so only the reap pass (every
     30 s by default) runs it and the frequent sweeps keep their fixed number of round
     trips."""
     return sorted(p for p in fleet.store.pools.indexed_pools() if p not in fleet.config.pools)

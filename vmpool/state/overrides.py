@@ -14,7 +14,7 @@ configuration. Who honours what:
 * clone target: read with the others by ``effective_pools``. It is the pool's
   ``clone_target``, for backend weights and the providers that place VMs by it.
 
-A changed template or clone target resets the pool (``Store.reset_pool``), as vmpooler
+A changed template or clone target resets the pool (``PoolStore.reset_pool``), as vmpooler
 drains a pool then. Nothing here writes a VM's state.
 """
 

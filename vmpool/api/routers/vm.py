@@ -4,9 +4,9 @@ GET /vm, checkout (POST /vm, POST /vm/<pool>+<pool>), GET, PUT and DELETE
 /vm/<hostname>, GET /token/<token> (snapshots and disks:
 :mod:`vmpool.api.routers.vm_tasks`).
 
-The API writes no state itself: a checkout is ``Store.checkout`` (one script: all or
-nothing, each ready VM to one client), a give-back ``Store.give_back``, a modification
-``Store.extend_vm`` / ``Store.tag_vm``. Content types are not checked: vmfloaty posts the
+The API writes no state itself: a checkout is ``PoolStore.checkout`` (one script: all or
+nothing, each ready VM to one client), a give-back ``PoolStore.give_back``, a modification
+``PoolStore.extend_vm`` / ``PoolStore.tag_vm``. Content types are not checked: vmfloaty posts the
 path form with no body and sends PUT's JSON labelled as a form.
 """
 
