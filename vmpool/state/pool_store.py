@@ -1,15 +1,15 @@
 """Warm pools in the state store: ready VMs nobody holds, checkouts, claims, give-backs.
 
-:class:`PoolStore` is the warm-pool part the store holds (``Store.pools``); built alone,
+:class:`PoolStore` is the warm-pool part the store holds (``Store.pools``). Built alone,
 it makes its own script registry. Each method runs one script from
 ``vmpool/state/scripts/`` (the ``pool_*``, ``checkout``, ``claim_for_request``,
-``give_back``, ``extend_vm`` and ``tag_vm`` files; their headers give keys, arguments,
+``give_back``, ``extend_vm`` and ``tag_vm`` files, whose headers give keys, arguments,
 returns and invariants) through the registry
 (:class:`~vmpool.state.store_scripts.StoreScripts`).
 
 A warm-pool VM's record has ``request_id`` ''. Until a request claims it, its
 transitions are versioned in its own hash and audited to its own trail
-(``Keys.vm_audit``); the store's VM transitions (``vm_created``, ``vm_ready``,
+(``Keys.vm_audit``). The store's VM transitions (``vm_created``, ``vm_ready``,
 ``vm_failed``, ``vm_waiting``, ``end_vm_lifetime``, ``vm_destroyed``) run the pool
 variant of their script for such a VM
 (:meth:`~vmpool.state.store_scripts.StoreScripts.run_on_vm`), so the lifecycle's
@@ -62,7 +62,7 @@ class Claim:
 
 
 class PoolStore:
-    """The warm-pool part of the store (``Store.pools``); usable on its own."""
+    """The warm-pool part of the store (``Store.pools``), usable on its own."""
 
     def __init__(
         self, redis_client: redis.Redis, keys: Keys, scripts: StoreScripts | None = None
@@ -139,7 +139,7 @@ class PoolStore:
         return self.scripts.run_on_vm(name, "tag_vm", actor, [name, user, *flat])
 
     def reset_pool(self, pool: str, *, actor: str) -> list[str]:
-        """Send the pool's ready VMs to destruction; returns the VMs recycled.
+        """Send the pool's ready VMs to destruction, and return the VMs recycled.
 
         The reset is recorded so that no VM reserved before it becomes ready
         (pool_reset.lua). Held VMs are never touched.
@@ -155,7 +155,7 @@ class PoolStore:
     def warm_counts(self, pools: Iterable[str]) -> dict[str, dict[str, int]]:
         """Per pool: ``ready`` VMs, and ``warming`` (its own reserved and booting ones).
 
-        A request's VMs are not counted. What the top-up job's deficit is made of;
+        A request's VMs are not counted. The top-up job's deficit is made of these, and
         pool_reserve.lua counts the same inside its unit.
         """
         pools = list(pools)

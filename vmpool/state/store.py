@@ -4,7 +4,7 @@ Each transition below runs one script from ``vmpool/state/scripts/`` (their head
 arguments, returns and the invariant each protects). A script checks its precondition
 (the record exists, the status, the deadline, the fencing token) and makes the change
 in one atomic unit, with the request's version bump and audit entry. A refused change
-comes back as an ``Outcome`` with ``ok=False`` and a ``code`` saying why; nothing here
+comes back as an ``Outcome`` with ``ok=False`` and a ``code`` saying why. Nothing here
 raises for a refusal.
 
 The store holds its parts, each built with its Redis, keys and one script registry
@@ -50,7 +50,7 @@ class Store:
 
     Its parts: ``pools`` (warm pools) and ``tasks`` (VM tasks), sharing its Redis, its
     keys and its script registry ``scripts``. ``redis`` may or may not decode
-    responses; ``keys`` fixes the prefix. The store keeps no state of its own beyond the
+    responses. ``keys`` fixes the prefix. The store keeps no state of its own beyond the
     registered scripts, so one per process (or per thread) is fine.
     """
 
@@ -126,7 +126,7 @@ class Store:
         ``work_set``: a work-set key (``Keys.work_set('provision_request')``) the id is
         added to in the same unit (create_request.lua). ``pipeline``: add the script
         call to it instead of running it, and return None (its reply makes an Outcome
-        with ``Outcome.from_reply``); a refusal made without Redis is returned all the
+        with ``Outcome.from_reply``). A refusal made without Redis is returned all the
         same, and nothing is added.
         """
         validate_request_id(request_id)
@@ -175,10 +175,10 @@ class Store:
     def vm_created(
         self, name: str, *, actor: str, fence: int | None = None, request_id: str | None = None
     ) -> Outcome:
-        """The provider created the VM; it is booting (reserved -> pending).
+        """The provider created the VM, which is booting (reserved -> pending).
 
-        ``request_id``: the VM's, from a record read under its lock (saves the read of
-        it; the script checks it all the same).
+        ``request_id``: the VM's, from a record read under its lock. It saves a read,
+        and the script checks it all the same.
         """
         args = [name, self._fence(fence)]
         return self.scripts.run_on_vm(name, "vm_created", actor, args, request_id=request_id)
@@ -196,7 +196,7 @@ class Store:
         """The VM booted: attached to its request (running), or ready in its warm pool.
 
         ``hostname``: the address the cloud reports, for a VM whose pool has no domain
-        (recorded in the same unit as the VM turning running); '' keeps it.
+        (recorded in the same unit as the VM turning running). '' keeps it.
         ``address``: the cloud's address, recorded and indexed (Keys.addresses) so the
         API finds the VM by it. ``request_id``: as for :meth:`vm_created`.
         """
@@ -357,9 +357,9 @@ class Store:
     ) -> dict[str, list[str]]:
         """VM names of pools in a state, in one round trip: pool -> names in score order.
 
-        Scores: entry time for reserved, pending and completed; lifetime end for running
-        (so ``max_score=now`` finds the expired). ``limit``: at most that many per pool.
-        The sweeps read through this (a non-transactional pipeline).
+        Scores: the entry time for reserved, pending and completed VMs. For running ones,
+        the lifetime's end (so ``max_score=now`` finds the expired). ``limit``: at most
+        that many per pool. The sweeps read through this (a non-transactional pipeline).
         """
         pools = list(dict.fromkeys(pools))
         hi: float | str = "+inf" if max_score is None else max_score

@@ -5,7 +5,7 @@ Each store script is the rendered transition table and metric keys
 then ``_prelude.lua``, then its own helpers (the work-set functions for
 ``create_request``, ``_pool.lua`` for the warm-pool scripts), then its file. The KEYS
 layouts come from :class:`~vmpool.state.keys.Keys` (``request_script_keys``,
-``vm_script_keys``); ARGV 1-4 are the same for every script (:meth:`StoreScripts.call`).
+``vm_script_keys``). ARGV 1-4 are the same for every script (:meth:`StoreScripts.call`).
 A script on one VM takes the layout its record calls for (:meth:`StoreScripts.run_on_vm`).
 """
 
@@ -109,7 +109,7 @@ class StoreScripts:
     def run(
         self, name: str, keys: Sequence[str], actor: str, request_id: str, args: Sequence[Any]
     ) -> Any:
-        """Run :meth:`call`'s call now; the script's raw reply."""
+        """Run :meth:`call`'s call now and return the script's raw reply."""
         return self.call(name, keys, actor, request_id, args).run()
 
     def request_of(self, name: str, request_id: str | None = None) -> str | None:
@@ -135,8 +135,8 @@ class StoreScripts:
     ) -> Outcome:
         """Run ``script`` on VM ``name`` in the KEYS layout its record calls for.
 
-        Its request's layout, or a warm-pool VM's own (request id ''): a request VM's
-        transition runs its pool variant then (:data:`POOL_VARIANTS`); the other VM
+        Its request's layout, or a warm-pool VM's own (request id ''). A warm-pool VM's
+        transition runs the script's pool variant (:data:`POOL_VARIANTS`). The other VM
         scripts take either layout. ``request_id``: as for :meth:`request_of`.
         Outcome ``no_vm`` when there is no such VM.
         """

@@ -64,7 +64,7 @@ class VMTask:
 
 
 class VMTaskStore:
-    """The VM-task part of the store (``Store.tasks``); usable on its own."""
+    """The VM-task part of the store (``Store.tasks``), usable on its own."""
 
     def __init__(
         self, redis_client: redis.Redis, keys: Keys, scripts: StoreScripts | None = None
