@@ -77,3 +77,46 @@ def test_the_running_job_is_still_beaten(
     finally:
         beats.close()
     assert not beat_threads()
+
+
+def test_no_beat_of_a_job_lands_after_its_running_block_returned(
+    redis_url: str, conn: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Proves: once ``running(job)`` has returned, no beat of that job is still to land.
+
+    The beat thread is paused between reading the running job and stamping its hash (the
+    window a loaded machine opens by itself). The block is then left from another thread.
+    Without the end waiting for the beat in flight, the block returns at once, and the
+    paused beat stamps the finished job's hash after the test deleted the stamp."""
+    monkeypatch.setattr(worker_module, "HEARTBEAT_SECONDS", 0.05)
+    in_flight, release, landed = threading.Event(), threading.Event(), threading.Event()
+    real_beat = worker_module.JobBeats._beat
+
+    def paused_beat(self: worker_module.JobBeats, now: object) -> None:
+        in_flight.set()
+        release.wait(10)
+        real_beat(self, now)  # type: ignore[arg-type]
+        landed.set()
+
+    monkeypatch.setattr(worker_module.JobBeats, "_beat", paused_beat)
+    worker = worker_module.build_worker(redis_url, None, [queue(conn).name])
+    job = queue(conn).enqueue("workerhelp.quick_job")
+    beats = worker_module.JobBeats(worker, alive=None)
+    block = beats.running(job)
+    block.__enter__()
+    try:
+        assert in_flight.wait(5), "the beat thread never beat"
+        leaving = threading.Thread(target=block.__exit__, args=(None, None, None))
+        leaving.start()
+        leaving.join(0.5)
+        if leaving.is_alive():  # the end waits for the beat in flight: let it land
+            release.set()
+        leaving.join(5)
+        assert not leaving.is_alive()
+        conn.hdel(job.key, HEARTBEAT_FIELD)  # the job has ended: no stamp may follow
+        release.set()
+        assert landed.wait(5)
+        assert conn.hget(job.key, HEARTBEAT_FIELD) is None
+    finally:
+        release.set()
+        beats.close()

@@ -130,8 +130,8 @@ class JobBeats:
     sign of life), RQ's own heartbeats every ``rq_every`` seconds when given, and the
     alive file within the job's time budget. Between jobs the thread beats nothing.
 
-    A beat that lands just after its job ended stamps a finished job's hash (or none:
-    the script writes only to a hash that exists), which the reclaim check ignores.
+    Leaving :meth:`running` waits for a beat in flight, so no beat of a job lands
+    after its block returned.
     """
 
     def __init__(self, worker: SteadyLoop, *, alive: AliveFile | None) -> None:
@@ -139,6 +139,7 @@ class JobBeats:
         self._outage: RedisOutage = worker.outage
         self._alive = alive
         self._lock = threading.Lock()
+        self._beating = threading.Lock()  # held while a beat is in flight
         self._running: _Running | None = None
         self._closed = threading.Event()
         self._thread: threading.Thread | None = None
@@ -162,6 +163,8 @@ class JobBeats:
         finally:
             with self._lock:
                 self._running = None
+            with self._beating:  # a beat that read this job lands before the block ends
+                pass
 
     def close(self) -> None:
         """Stop the thread (the worker's teardown)."""
@@ -180,10 +183,11 @@ class JobBeats:
 
     def _run(self) -> None:
         while not self._closed.wait(HEARTBEAT_SECONDS):
-            with self._lock:
-                now = self._running
-            if now is not None:
-                self._beat(now)
+            with self._beating:
+                with self._lock:
+                    now = self._running
+                if now is not None:
+                    self._beat(now)
 
     def _beat(self, now: _Running) -> None:
         if self._alive is not None and (
