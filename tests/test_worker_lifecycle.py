@@ -297,3 +297,41 @@ def test_sigterm_while_waiting_for_redis_exits_0_at_once(
     finally:
         conn.close()
         worker.kill()
+
+
+def test_a_stop_request_outlives_a_swallowed_stop_requested(
+    tmp_path: Path, private_redis: RedisServer
+) -> None:
+    """Proves: a SIGTERM whose StopRequested is swallowed on its way up still stops the
+    wait for Redis.
+
+    RQ's handler raises StopRequested wherever the main thread is. If that is inside a
+    logging handler's emit (logging catches Exception), the exception is gone. Without a
+    flag that outlives it, a worker waiting for Redis would wait on until SIGKILL. Here
+    the handler runs inside such a catch-all, then the wait must end at its next tick."""
+    import contextlib
+    import threading
+
+    from rq.exceptions import StopRequested
+
+    from workers.loop import wait_for_redis
+    from workers.worker import build_worker
+
+    worker = build_worker(private_redis.url, None, [queue_names(Keys())[0]])
+    private_redis.stop()
+    with contextlib.suppress(Exception):  # what logging.Handler.emit does with it
+        worker.request_stop(signal.SIGTERM, None)
+    assert worker.redis_check is not None
+    outcome: list[str] = []
+
+    def wait() -> None:
+        try:
+            wait_for_redis(worker.redis_check, tick=worker.wait_tick)  # type: ignore[arg-type]
+            outcome.append("redis back")
+        except StopRequested:
+            outcome.append("stopped")
+
+    waiter = threading.Thread(target=wait, daemon=True)
+    waiter.start()
+    waiter.join(10)
+    assert outcome == ["stopped"]

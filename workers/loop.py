@@ -26,6 +26,7 @@ import time
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
+from types import FrameType
 from typing import Any, Final, TypeVar
 
 import redis
@@ -34,7 +35,7 @@ from rq.exceptions import StopRequested
 from rq.executions import Execution
 from rq.job import Job
 from rq.queue import Queue
-from rq.worker.base import BaseWorker
+from rq.worker.base import BaseWorker, WorkerStatus
 
 from vmpool.lifecycle.failpoints import failpoint
 from vmpool.state.keys import Keys
@@ -202,6 +203,8 @@ class SteadyLoop(BaseWorker):
         # own thread (workers/worker.py) beats for the alive file by the job's budget.
         if threading.current_thread() is threading.main_thread():
             self._touch_alive()
+            if self._stop_requested and self.get_state() != WorkerStatus.BUSY:
+                raise StopRequested()  # a stop whose StopRequested was swallowed
         if pipeline is not None:  # only queued: whoever executes it meets Redis
             super().heartbeat(timeout, pipeline)
             return
@@ -266,7 +269,7 @@ class SteadyLoop(BaseWorker):
             self.fatal_error = exc
             raise exc
         self.outage.lost(exc)
-        wait_for_redis(self.redis_check or self._ping, tick=self._tick)
+        wait_for_redis(self.redis_check or self._ping, tick=self.wait_tick)
         self.outage.back()
 
     def _ping(self) -> RedisCondition:
@@ -276,10 +279,21 @@ class SteadyLoop(BaseWorker):
             return redis_unusable(exc) or RedisCondition.UNREACHABLE
         return RedisCondition.OK
 
-    def _tick(self) -> None:
+    def wait_tick(self) -> None:
+        """Touch the alive file, and raise StopRequested once a stop was requested.
+
+        Run before each attempt of a wait for Redis.
+        """
         self._touch_alive()
-        if self._stop_requested:  # SIGTERM during a job, then the outage: stop now
+        if self._stop_requested:
             raise StopRequested()
+
+    def request_stop(self, signum: int, frame: FrameType | None) -> None:
+        # RQ's handler raises StopRequested wherever the main thread is. Inside a logging
+        # handler's emit, logging swallows it. The flag outlives that: the wait for Redis
+        # and the idle dequeue's heartbeat see it.
+        self._stop_requested = True
+        super().request_stop(signum, frame)  # type: ignore[no-untyped-call]
 
     def _touch_alive(self) -> None:
         if self.alive is not None:

@@ -159,6 +159,8 @@ def _work(
     only a Redis lost while it registers, before the loop, is waited out, with a fresh
     worker. In burst mode a lost Redis ends the run with exit 1.
     """
+    from rq.exceptions import StopRequested
+
     from workers.loop import redis_unusable, wait_for_redis
     from workers.worker import build_worker
 
@@ -175,7 +177,10 @@ def _work(
                 raise CliFailure(f"lost Redis: {exc}") from None
             worker.outage.lost(exc)
             assert worker.redis_check is not None  # build_worker sets it
-            wait_for_redis(worker.redis_check, tick=alive.touch if alive else None)
+            try:
+                wait_for_redis(worker.redis_check, tick=worker.wait_tick)
+            except StopRequested:  # SIGTERM while waiting: nothing runs, nothing to finish
+                return
             worker.outage.back()
             with contextlib.suppress(redis.RedisError):
                 worker.register_death()  # type: ignore[no-untyped-call]  # frees a fixed --name
