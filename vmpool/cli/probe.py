@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any, Final
+from collections.abc import Callable
+from typing import Any, Final, TypeVar
 
 import click
 
@@ -58,6 +59,33 @@ class _OneLineGroup(click.Group):
             raise CliError(f"{self.name}: {exc.format_message()}") from None
 
 
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _alive_options(env: str, who: str) -> Callable[[F], F]:
+    """The two options of a liveness probe: --max-age, and --alive-file (or ``env``)."""
+
+    def decorate(command: F) -> F:
+        command = click.option(
+            "--alive-file",
+            "path",
+            metavar="PATH",
+            envvar=env,
+            default=None,
+            help=f"The file `vmpool {who}` touches [env {env}].",
+        )(command)
+        return click.option(
+            "--max-age",
+            type=click.FloatRange(min=0, min_open=True),
+            default=60.0,
+            show_default=True,
+            metavar="SECONDS",
+            help="Alive while the file was touched less than this long ago.",
+        )(command)
+
+    return decorate
+
+
 @click.group("probe", cls=_OneLineGroup)
 def probe_group() -> None:
     """Health checks for Kubernetes' probes (no Redis needed)."""
@@ -65,22 +93,7 @@ def probe_group() -> None:
 
 @probe_group.command("worker", cls=_OneLineUsage)
 @with_context(follow_fleet=False)
-@click.option(
-    "--max-age",
-    type=click.FloatRange(min=0, min_open=True),
-    default=60.0,
-    show_default=True,
-    metavar="SECONDS",
-    help="Alive while the file was touched less than this long ago.",
-)
-@click.option(
-    "--alive-file",
-    "path",
-    metavar="PATH",
-    envvar=ALIVE_FILE_ENV,
-    default=None,
-    help=f"The file `vmpool worker` touches [env {ALIVE_FILE_ENV}].",
-)
+@_alive_options(ALIVE_FILE_ENV, "worker")
 def probe_worker_command(cli: CliContext, max_age: float, path: str | None) -> None:
     """Exit 0 when the worker loop touched its alive file within --max-age seconds."""
     # ``cli`` is never touched: the config is not loaded and Redis never connected.
@@ -89,22 +102,7 @@ def probe_worker_command(cli: CliContext, max_age: float, path: str | None) -> N
 
 @probe_group.command("scheduler", cls=_OneLineUsage)
 @with_context()
-@click.option(
-    "--max-age",
-    type=click.FloatRange(min=0, min_open=True),
-    default=60.0,
-    show_default=True,
-    metavar="SECONDS",
-    help="Alive while the file was touched less than this long ago.",
-)
-@click.option(
-    "--alive-file",
-    "path",
-    metavar="PATH",
-    envvar=SCHEDULER_ALIVE_FILE_ENV,
-    default=None,
-    help=f"The file `vmpool scheduler` touches [env {SCHEDULER_ALIVE_FILE_ENV}].",
-)
+@_alive_options(SCHEDULER_ALIVE_FILE_ENV, "scheduler")
 def probe_scheduler_command(cli: CliContext, max_age: float, path: str | None) -> None:
     """Exit 0 when the scheduler ticked (touched its alive file) within --max-age seconds."""
     # ``cli`` is never touched: the config is not loaded and Redis never connected.
