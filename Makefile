@@ -6,14 +6,18 @@ PYTEST_ARGS ?=
 
 .PHONY: venv test lint unit demo clean
 
-# The editable install's one notice ("Editable installation ...") is setuptools' standing
-# advice, not about this project: filtered by its text, every other warning still shows.
-$(VENV)/.installed: pyproject.toml
-	@echo "installing vmpool and its dependencies into $(VENV) (a minute or two, once) ..."
+# The venv is installed from requirements/dev.lock (every version pinned, with hashes: the
+# same files on any machine and any day), then vmpool itself, editable, with no dependency
+# resolution and no build isolation (its build backend, setuptools, is in the lock too).
+# `pip check` proves the lock satisfies pyproject.toml. The editable install's one notice
+# ("Editable installation ...") is setuptools' standing advice, filtered by its text.
+$(VENV)/.installed: pyproject.toml requirements/dev.lock
+	@echo "installing vmpool and its locked dependencies into $(VENV) (a minute or two, once) ..."
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q --require-hashes --no-deps -r requirements/dev.lock
 	PYTHONWARNINGS="ignore:Editable installation" \
-	  $(PY) -m pip install -q -e '.[embedded,test,dashboard,ldap,vsphere]'
+	  $(PY) -m pip install -q --no-deps --no-build-isolation -e .
+	$(PY) -m pip check
 	@echo "installed: $(VENV)/bin/vmpool"
 	touch $@
 
@@ -54,16 +58,24 @@ BENCH ?=
 bench: venv
 	$(PY) bench/run_all.py $(if $(BENCH),--only $(BENCH))
 
-# The image's locked dependencies (requirements/image.lock: pinned, with hashes), from
-# pyproject.toml's dependencies and the extras the image installs (IMAGE_EXTRAS, the
-# Dockerfile's VMPOOL_EXTRAS). pip-tools runs from a throwaway venv.
+# The locks (pinned, with hashes), from pyproject.toml; pip-tools runs from a throwaway venv.
+# - requirements/dev.lock: the development and CI venv (`make venv`): vmpool's dependencies,
+#   every extra `make venv` installs (DEV_EXTRAS), and requirements/tools.in (pip, setuptools).
+# - requirements/image.lock: the container image (IMAGE_EXTRAS, the Dockerfile's
+#   VMPOOL_EXTRAS), compiled with dev.lock as constraints, so the image runs the versions
+#   the tests ran.
+# A pin already in a lock is kept while pyproject.toml allows it; `make lock UPGRADE=1`
+# takes the newest versions the index serves.
 .PHONY: lock
+DEV_EXTRAS   ?= embedded test dashboard ldap vsphere cloud
 IMAGE_EXTRAS ?= cloud vsphere dashboard ldap
 LOCK_VENV ?= .venv-lock
+PIP_COMPILE = $(LOCK_VENV)/bin/pip-compile --quiet --generate-hashes --strip-extras --allow-unsafe \
+  --no-emit-index-url --no-emit-find-links --no-emit-trusted-host $(if $(UPGRADE),--upgrade)
 lock:
 	$(PYTHON) -m venv $(LOCK_VENV)
 	$(LOCK_VENV)/bin/python -m pip install -q 'pip-tools==7.7.0'
-	$(LOCK_VENV)/bin/pip-compile --quiet --generate-hashes --strip-extras --allow-unsafe \
-	  --no-emit-index-url --no-emit-find-links --no-emit-trusted-host \
-	  $(foreach e,$(IMAGE_EXTRAS),--extra $(e)) \
+	$(PIP_COMPILE) $(foreach e,$(DEV_EXTRAS),--extra $(e)) \
+	  --output-file requirements/dev.lock pyproject.toml requirements/tools.in
+	$(PIP_COMPILE) $(foreach e,$(IMAGE_EXTRAS),--extra $(e)) --constraint requirements/dev.lock \
 	  --output-file requirements/image.lock pyproject.toml

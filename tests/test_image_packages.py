@@ -1,5 +1,5 @@
-"""The container image's package set: requirements/image.lock, and what the Dockerfile
-does with it.
+"""The locked package sets: requirements/image.lock (the container image, and what the
+Dockerfile does with it) and requirements/dev.lock (the development and CI venv).
 
 No image can be built here (no Docker daemon), so the package set is checked where it
 is written down: the lock pins every distribution the Dockerfile installs (with
@@ -16,6 +16,16 @@ missing one). These tests prove that the lock
   that the image would miss while this test venv has it fails too: the image would
   behave differently from what the tests ran (libcloud's GCE service-account auth
   quietly needs ``cryptography``). Each distribution used is at the locked version here.
+
+and that the development lock
+
+- satisfies pyproject.toml with every extra (``make venv`` installs nothing else), pins
+  the installer and the build backend, and is what ``make venv`` installs, with hashes;
+- pins every distribution the image's lock pins, at the same version: the image ships
+  what the tests ran.
+
+Every check reads the lock files and pyproject.toml, never the package index: a release
+published today changes nothing here until ``make lock`` is run and committed.
 """
 
 from __future__ import annotations
@@ -32,6 +42,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+import pytest
 import tomllib
 from packaging.markers import default_environment
 from packaging.requirements import Requirement
@@ -39,17 +50,19 @@ from packaging.utils import canonicalize_name
 
 ROOT = Path(__file__).resolve().parent.parent
 LOCK = ROOT / "requirements" / "image.lock"
+DEV_LOCK = ROOT / "requirements" / "dev.lock"
+MAKEFILE = ROOT / "Makefile"
 DOCKERFILE = ROOT / "Dockerfile"
 IMAGE_PYTHON = "3.11"  # the Dockerfile's PYTHON_IMAGE
 REQUIRED_EXTRAS = {"cloud", "vsphere", "dashboard"}
 PIN_RE = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([^\s;\\]+)")
 
 
-def locked() -> dict[str, tuple[str, list[str]]]:
-    """Canonical name -> (version, its sha256 hashes) of every pin of the lock."""
+def locked(lock: Path = LOCK) -> dict[str, tuple[str, list[str]]]:
+    """Canonical name -> (version, its sha256 hashes) of every pin of a lock."""
     pins: dict[str, tuple[str, list[str]]] = {}
     current = ""
-    for line in LOCK.read_text().splitlines():
+    for line in lock.read_text().splitlines():
         match = PIN_RE.match(line)
         if match:
             current = canonicalize_name(match.group(1))
@@ -75,13 +88,15 @@ def test_the_dockerfile_installs_the_lock_with_hashes_and_every_extra() -> None:
     assert "!requirements/image.lock" in ignore, ".dockerignore lets the lock in"
 
 
-def test_every_pin_has_hashes() -> None:
-    pins = locked()
+@pytest.mark.parametrize("lock", [LOCK, DEV_LOCK], ids=lambda p: p.name)
+def test_every_pin_has_hashes(lock: Path) -> None:
+    pins = locked(lock)
     assert pins
     unhashed = sorted(name for name, (_, hashes) in pins.items() if not hashes)
     assert not unhashed, f"pins without --hash: {unhashed}"
-    text = LOCK.read_text()
+    text = lock.read_text()
     assert "--index-url" not in text and "--find-links" not in text, "no machine's index"
+    assert not re.search(r"^-e |^file:|@ file:", text, re.M), "no local path in a lock"
 
 
 def test_the_lock_satisfies_pyproject() -> None:
@@ -89,13 +104,63 @@ def test_the_lock_satisfies_pyproject() -> None:
     them on the image's Python (Linux), are each pinned at a version they allow. An
     extra the Dockerfile names and pyproject.toml does not declare yet is reported, not
     failed (pip only warns for it; it is pending)."""
+    problems = unsatisfied(LOCK, dockerfile_extras())
+    assert not problems, "run `make lock`:\n" + "\n".join(problems)
+
+
+def test_the_dev_lock_satisfies_pyproject_with_every_extra() -> None:
+    """``make venv`` installs the dev lock and nothing else: it must hold every extra's
+    requirements (the tests', the embedded Redis', the clouds'), and the installer and
+    build backend it runs with."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    problems = unsatisfied(DEV_LOCK, set(project["project"]["optional-dependencies"]))
+    pins = locked(DEV_LOCK)
+    for text in project["build-system"]["requires"]:
+        requirement = Requirement(text)
+        pin = pins.get(canonicalize_name(requirement.name))
+        if pin is None or not requirement.specifier.contains(pin[0]):
+            problems.append(f"build-system: {text}: the lock has {pin and pin[0]}")
+    if "pip" not in pins:
+        problems.append("pip: not in the lock (requirements/tools.in)")
+    assert not problems, "run `make lock`:\n" + "\n".join(problems)
+
+
+def test_the_image_ships_the_versions_the_tests_ran() -> None:
+    """Every distribution of the image's lock is pinned in the dev lock at the same
+    version (``make lock`` compiles the image's lock with the dev lock as constraints)."""
+    dev = locked(DEV_LOCK)
+    differs = sorted(
+        f"{name}: image {version}, dev {dev[name][0] if name in dev else 'missing'}"
+        for name, (version, _) in locked(LOCK).items()
+        if name not in dev or dev[name][0] != version
+    )
+    assert not differs, "run `make lock`:\n" + "\n".join(differs)
+
+
+def test_make_venv_installs_the_dev_lock_with_hashes() -> None:
+    """The venv's recipe installs from the lock with hashes and resolves nothing itself:
+    vmpool goes in with ``--no-deps`` and no build isolation (which would fetch the
+    build backend from the index)."""
+    text = MAKEFILE.read_text()
+    recipe = text[text.index("$(VENV)/.installed:") :].split("\n\n", 1)[0]
+    assert "requirements/dev.lock" in recipe.splitlines()[0], "the venv depends on the lock"
+    assert "pip install -q --require-hashes --no-deps -r requirements/dev.lock" in recipe
+    installs = [line for line in recipe.splitlines() if "pip install" in line]
+    assert all("--no-deps" in line for line in installs), installs
+    assert "--no-build-isolation -e ." in recipe
+    assert "pip check" in recipe
+
+
+def unsatisfied(lock: Path, extras: set[str]) -> list[str]:
+    """What of vmpool's requirements and those of ``extras``, as pip would evaluate them
+    on the image's Python (Linux), a lock does not pin at a version they allow."""
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     declared: dict[str, list[str]] = project["optional-dependencies"]
-    pins = locked()
+    pins = locked(lock)
     env = {**default_environment(), "python_version": IMAGE_PYTHON, "sys_platform": "linux"}
     problems: list[str] = []
     wanted: list[tuple[str, str]] = [("(base)", r) for r in project["dependencies"]]
-    for extra in sorted(dockerfile_extras()):
+    for extra in sorted(extras):
         if extra not in declared:
             warnings.warn(f"the image's extra {extra!r} is not declared yet", stacklevel=1)
             continue
@@ -115,7 +180,7 @@ def test_the_lock_satisfies_pyproject() -> None:
                 wanted_here = dep_req.marker and dep_req.marker.evaluate({**env, "extra": sub})
                 if wanted_here and canonicalize_name(dep_req.name) not in pins:
                     problems.append(f"{where}: {text}: {dep_req.name} not in the lock")
-    assert not problems, "run `make lock`:\n" + "\n".join(problems)
+    return problems
 
 
 # -- the providers, imported with nothing but the lock ------------------------------------------
@@ -226,13 +291,16 @@ def test_the_locked_package_set_imports_every_registered_provider() -> None:
     assert not differs, (
         f"the providers try to import {differs}: installed here, missing from the image's lock"
     )
-    # What was loaded is at the locked version here.
+    # What was loaded is at the locked version here (this venv comes from the dev lock,
+    # which pins the image's versions): a venv made some other way is named, not trusted.
     for top in report["loaded"]:
         for dist in top_dists.get(top, []):
             name = canonicalize_name(dist)
             if name in pins:
                 here = importlib.metadata.version(dist)
-                assert here == pins[name][0], f"{dist} {here} here, {pins[name][0]} in the lock"
+                assert here == pins[name][0], (
+                    f"{dist} {here} here, {pins[name][0]} in the lock: run `make venv`"
+                )
 
 
 def test_the_child_refuses_what_the_lock_lacks() -> None:
