@@ -10,7 +10,9 @@ The client it gives:
   address a majority of them name (:class:`MajoritySentinel`).
 - Follows a failover. A connection that meets READONLY (its server became a replica) is
   dropped, and the next one asks the sentinels again (redis-py's
-  ``SentinelConnectionPool``).
+  ``SentinelConnectionPool``). Open connections follow too: the client watches the
+  group (:mod:`vmpool.state.group_watch`), closes its idle connections when a majority
+  of the sentinels name another primary, and acknowledges no write through the old one.
 - Notices a dead or frozen connection within bounded time. It has a socket timeout on
   every read (``socket_timeout``), a connect timeout, a PING before reusing a connection
   idle for ``health_check_interval``, and TCP keepalive (:data:`KEEPALIVE`) for peers
@@ -19,17 +21,21 @@ The client it gives:
   restart costs no error. The pool's idle connections are closed with it
   (:class:`ResettingRetry`): they lead to the same dead or frozen server, and would each
   cost one more socket timeout.
-- Confirms the durability of every script it runs (:mod:`vmpool.state.durability`).
+- Confirms the durability of every script it runs (:mod:`vmpool.state.durability`):
+  through Sentinel, held by every replica the sentinels could promote.
 
 RQ needs ``decode_responses=False``. The store works with either.
 """
 
 from __future__ import annotations
 
+import asyncio
 import copy
+import functools
 import inspect
 import socket
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final, cast
 
@@ -46,6 +52,7 @@ from vmpool.state.durability import (
     DurabilitySetting,
     resolve_durability,
 )
+from vmpool.state.group_watch import Address, FollowingDurability, GroupView, GroupWatch, read_view
 from vmpool.state.redis_target import SentinelTarget, is_sentinel_url, parse_sentinel_url
 
 __all__ = ["KEEPALIVE", "RETRY_ON", "RedisOptions", "connect", "connect_async"]
@@ -139,6 +146,9 @@ class _PoolRetry:
     """
 
     pool: Any = None
+    # Called on every failure: a demoted primary (READONLY) or a lost server is a reason
+    # to ask the sentinels again.
+    wake: Callable[[], None] | None = None
 
     def __deepcopy__(self, memo: dict[int, Any]) -> Any:
         clone = copy.copy(self)
@@ -149,6 +159,8 @@ class _PoolRetry:
 class ResettingRetry(_PoolRetry, Retry):
     def call_with_retry(self, do: Any, fail: Any, *args: Any, **kwargs: Any) -> Any:
         def failed(error: Exception, *rest: Any) -> Any:
+            if self.wake is not None:
+                self.wake()
             if self.pool is not None:
                 self.pool.disconnect(inuse_connections=False)
             return fail(error, *rest)
@@ -159,6 +171,8 @@ class ResettingRetry(_PoolRetry, Retry):
 class AsyncResettingRetry(_PoolRetry, AsyncRetry):
     async def call_with_retry(self, do: Any, fail: Any, *args: Any, **kwargs: Any) -> Any:
         async def failed(error: Exception, *rest: Any) -> Any:
+            if self.wake is not None:
+                self.wake()
             if self.pool is not None:
                 await self.pool.disconnect(inuse_connections=False)
             result = fail(error, *rest)
@@ -220,45 +234,134 @@ def connect(
     if max_connections is not None:
         kwargs["max_connections"] = max_connections
     client: ConfirmingRedis
-    if is_sentinel_url(url):
-        target = parse_sentinel_url(url)
-        sentinel = MajoritySentinel(  # type: ignore[no-untyped-call]
-            list(target.hosts), sentinel_kwargs=options.sentinel_kwargs(target)
-        )
-        client = sentinel.master_for(  # type: ignore[no-untyped-call]
-            target.master, redis_class=ConfirmingRedis, **_auth(target), **kwargs
-        )
-        client.via_sentinel = True
-    else:
+    if not is_sentinel_url(url):
         client = cast(ConfirmingRedis, ConfirmingRedis.from_url(url, **kwargs))
-    client.durability = resolve_durability(options.durability, sentinel=client.via_sentinel)
-    retry.pool = client.connection_pool  # before any connection copies the retry
+        client.durability = resolve_durability(options.durability)
+        retry.pool = client.connection_pool  # before any connection copies the retry
+        return client
+    target = parse_sentinel_url(url)
+    sentinel = MajoritySentinel(  # type: ignore[no-untyped-call]
+        list(target.hosts), sentinel_kwargs=options.sentinel_kwargs(target)
+    )
+    client = sentinel.master_for(  # type: ignore[no-untyped-call]
+        target.master, redis_class=ConfirmingRedis, **_auth(target), **kwargs
+    )
+    pool: Any = client.connection_pool
+    watch = _watch(sentinel, target, options, functools.partial(_leave_sync, pool))
+    _follow(client, watch, options, lambda: pool.master_address)
+    retry.pool, retry.wake = pool, watch.wake  # before any connection copies the retry
     return client
 
 
 def connect_async(
     url: str, options: RedisOptions, *, decode_responses: bool
 ) -> ConfirmingAsyncRedis:
-    """:func:`connect` for asyncio: one per event loop (a connection belongs to its loop)."""
+    """:func:`connect` for asyncio: one per event loop (a connection belongs to its loop).
+
+    Through Sentinel it watches the group with a synchronous client of its own, in the
+    watch's thread: made in a running loop, it closes the idle connections of that loop.
+    """
     kwargs = options.client_kwargs()
     retry = AsyncResettingRetry(_BACKOFF, _RETRIES, supported_errors=RETRY_ON)
     kwargs["retry"] = retry
     kwargs["decode_responses"] = decode_responses
     client: ConfirmingAsyncRedis
-    if is_sentinel_url(url):
-        target = parse_sentinel_url(url)
-        sentinel = AsyncMajoritySentinel(  # type: ignore[no-untyped-call]
-            list(target.hosts), sentinel_kwargs=options.sentinel_kwargs(target)
-        )
-        client = sentinel.master_for(
-            target.master, redis_class=ConfirmingAsyncRedis, **_auth(target), **kwargs
-        )
-        client.via_sentinel = True
-    else:
+    if not is_sentinel_url(url):
         client = cast(ConfirmingAsyncRedis, ConfirmingAsyncRedis.from_url(url, **kwargs))
-    client.durability = resolve_durability(options.durability, sentinel=client.via_sentinel)
-    retry.pool = client.connection_pool  # before any connection copies the retry
+        client.durability = resolve_durability(options.durability)
+        retry.pool = client.connection_pool  # before any connection copies the retry
+        return client
+    target = parse_sentinel_url(url)
+    sentinels = AsyncMajoritySentinel(  # type: ignore[no-untyped-call]
+        list(target.hosts), sentinel_kwargs=options.sentinel_kwargs(target)
+    )
+    client = sentinels.master_for(
+        target.master, redis_class=ConfirmingAsyncRedis, **_auth(target), **kwargs
+    )
+    pool: Any = client.connection_pool
+    watcher = MajoritySentinel(  # type: ignore[no-untyped-call]
+        list(target.hosts), sentinel_kwargs=options.sentinel_kwargs(target)
+    )
+    watch = _watch(watcher, target, options, _leave_async(pool))
+    _follow(client, watch, options, lambda: pool.master_address)
+    retry.pool, retry.wake = pool, watch.wake  # before any connection copies the retry
     return client
+
+
+def _follow(
+    client: ConfirmingRedis | ConfirmingAsyncRedis,
+    watch: GroupWatch,
+    options: RedisOptions,
+    pool_primary: Callable[[], Address | None],
+) -> None:
+    """Make ``client``'s durability follow the group (or wait for nothing: ``none``)."""
+    client.via_sentinel = True
+    setting = options.durability
+    if setting.mode == "none":
+        client.durability = resolve_durability(setting)
+        watch.close()
+        return
+    client.source = FollowingDurability(watch, setting.replicas, setting.timeout_s, pool_primary)
+
+
+def _watch(
+    sentinel: Sentinel,
+    target: SentinelTarget,
+    options: RedisOptions,
+    leave: Callable[[Address], None],
+) -> GroupWatch:
+    """A watch of ``target``'s group; ``leave(primary)`` when a view names another one."""
+    sockets = {k: v for k, v in options.sentinel_kwargs(target).items() if k != "password"}
+    reader = _ReplicationReader({**sockets, **_auth(target)})
+    read = functools.partial(read_view, sentinel.sentinels, target.master, reader)
+
+    def on_view(view: GroupView) -> None:
+        if view.primary is not None:
+            leave(view.primary)
+
+    return GroupWatch(read, on_view)
+
+
+def _leave_sync(pool: Any, primary: Address) -> None:
+    """Close ``pool``'s idle connections when they lead elsewhere than ``primary``."""
+    if pool.master_address is not None and tuple(pool.master_address) != tuple(primary):
+        pool.disconnect(inuse_connections=False)
+
+
+def _leave_async(pool: Any) -> Callable[[Address], None]:
+    """:func:`_leave_sync` for an asyncio pool, run on the loop it was made in (if any)."""
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        return lambda primary: None
+
+    def leave(primary: Address) -> None:
+        moved = pool.master_address is not None and tuple(pool.master_address) != primary
+        if moved and not loop.is_closed():
+            asyncio.run_coroutine_threadsafe(pool.disconnect(inuse_connections=False), loop)
+
+    return leave
+
+
+class _ReplicationReader:
+    """``INFO replication`` of a server the watch names, on one client per address.
+
+    Called from the watch's refresh only (one at a time).
+    """
+
+    def __init__(self, kwargs: dict[str, Any]) -> None:
+        kwargs.pop("db", None)
+        self.kwargs = kwargs
+        self.address: Address | None = None
+        self.client: redis.Redis | None = None
+
+    def __call__(self, address: Address) -> dict[str, Any]:
+        if self.client is None or self.address != address:
+            if self.client is not None:
+                self.client.close()
+            self.address = address
+            self.client = redis.Redis(host=address[0], port=address[1], **self.kwargs)
+        return dict(self.client.info("replication"))
 
 
 def _auth(target: SentinelTarget) -> dict[str, Any]:
