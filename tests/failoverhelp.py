@@ -68,17 +68,17 @@ class OpWriter(threading.Thread):
         live: str | None = None
         while not self.halt.is_set():
             rid = str(uuid.uuid4())
-            if not self._acknowledged(self._create, rid):
+            if not self._acknowledged(self._create_one, rid):
                 continue
             self.creates.append((time.monotonic(), rid))
             previous, live = live, rid
-            if previous is not None and self._acknowledged(self._delete, previous):
+            if previous is not None and self._acknowledged(self._delete_one, previous):
                 self.deletes.append((time.monotonic(), previous))
 
-    def _create(self, rid: str) -> bool:
+    def _create_one(self, rid: str) -> bool:
         return self.store.create_request(rid, SLOTS, SETTINGS, actor="test").ok
 
-    def _delete(self, rid: str) -> bool:
+    def _delete_one(self, rid: str) -> bool:
         return self.store.delete_request(rid, actor="test").ok
 
     def _acknowledged(self, op: Callable[[str], bool], rid: str) -> bool:
