@@ -61,6 +61,7 @@ class OpWriter(threading.Thread):
         self.creates: list[tuple[float, str]] = []
         self.deletes: list[tuple[float, str]] = []
         self.refusals: Counter[str] = Counter()
+        self.seen: dict[str, str] = {}  # the first message of each condition
         self.unexpected: list[str] = []
         self.halt = threading.Event()
 
@@ -87,6 +88,7 @@ class OpWriter(threading.Thread):
         except redis.RedisError as exc:
             condition = classify(exc)
             self.refusals[str(condition)] += 1
+            self.seen.setdefault(str(condition), f"{type(exc).__name__}: {exc}")
             if condition is None:
                 self.unexpected.append(f"{type(exc).__name__}: {exc}")
             time.sleep(0.01)

@@ -34,17 +34,15 @@ import copy
 import functools
 import inspect
 import socket
-from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final, cast
 
 import redis
 from redis.asyncio.retry import Retry as AsyncRetry
-from redis.asyncio.sentinel import Sentinel as AsyncSentinel
 from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
-from redis.sentinel import MasterNotFoundError, Sentinel
+from redis.sentinel import Sentinel
 
 from vmpool.state.durability import (
     ConfirmingAsyncRedis,
@@ -54,8 +52,22 @@ from vmpool.state.durability import (
 )
 from vmpool.state.group_watch import Address, FollowingDurability, GroupView, GroupWatch, read_view
 from vmpool.state.redis_target import SentinelTarget, is_sentinel_url, parse_sentinel_url
+from vmpool.state.sentinel import (
+    AsyncDiscoveringConnection,
+    AsyncMajoritySentinel,
+    DiscoveringConnection,
+    MajoritySentinel,
+)
 
-__all__ = ["KEEPALIVE", "RETRY_ON", "RedisOptions", "connect", "connect_async"]
+__all__ = [
+    "KEEPALIVE",
+    "RETRY_ON",
+    "RedisOptions",
+    "connect",
+    "connect_async",
+    "node_kwargs",
+    "sentinel_clients",
+]
 
 # TCP keepalive on every connection: the first probe after 10 s idle, then every 5 s,
 # given up after 3 unanswered: a peer gone without a word is noticed within ~25 s even
@@ -71,68 +83,6 @@ KEEPALIVE: Final[dict[int, int]] = {
 RETRY_ON: Final = (redis.ConnectionError, redis.TimeoutError)
 _RETRIES: Final = 1
 _BACKOFF: Final = ExponentialBackoff(cap=0.5, base=0.05)
-
-
-def _majority(sentinels: int, votes: Counter[tuple[Any, Any]]) -> tuple[Any, Any] | None:
-    """The address a majority of ``sentinels`` name, if one does."""
-    for address, count in votes.most_common(1):
-        if count > sentinels // 2:
-            return address
-    return None
-
-
-def _no_master(service: str, errors: list[str]) -> MasterNotFoundError:
-    seen = f": {', '.join(errors)}" if errors else ""
-    return MasterNotFoundError(
-        f"No master named by a majority of the sentinels for {service!r}{seen}"
-    )
-
-
-class MajoritySentinel(Sentinel):
-    """redis-py's Sentinel, whose primary is the address a majority of sentinels name.
-
-    redis-py takes the first sentinel's answer. A sentinel that has not heard of a failover
-    yet still names the old primary. That one may be back on its own data, and writes sent
-    there would be lost (docs/reliability.md, Findings).
-    """
-
-    def discover_master(self, service_name: str) -> tuple[Any, Any]:
-        votes: Counter[tuple[Any, Any]] = Counter()
-        errors = []
-        for sentinel in self.sentinels:
-            try:
-                masters: dict[str, Any] = sentinel.sentinel_masters()  # type: ignore[assignment]
-                state = masters.get(service_name)
-            except (redis.ConnectionError, redis.TimeoutError) as exc:
-                errors.append(repr(exc))
-                continue
-            if state and self.check_master_state(state, service_name):  # type: ignore[no-untyped-call]
-                votes[(state["ip"], state["port"])] += 1
-        address = _majority(len(self.sentinels), votes)
-        if address is None:
-            raise _no_master(service_name, errors)
-        return address
-
-
-class AsyncMajoritySentinel(AsyncSentinel):
-    """:class:`MajoritySentinel` for asyncio."""
-
-    async def discover_master(self, service_name: str) -> tuple[Any, Any]:
-        votes: Counter[tuple[Any, Any]] = Counter()
-        errors = []
-        for sentinel in self.sentinels:
-            try:
-                masters: dict[str, Any] = await sentinel.sentinel_masters()  # type: ignore[assignment]
-                state = masters.get(service_name)
-            except (redis.ConnectionError, redis.TimeoutError) as exc:
-                errors.append(repr(exc))
-                continue
-            if state and self.check_master_state(state, service_name):
-                votes[(state["ip"], state["port"])] += 1
-        address = _majority(len(self.sentinels), votes)
-        if address is None:
-            raise _no_master(service_name, errors)
-        return address
 
 
 class _PoolRetry:
@@ -244,8 +194,9 @@ def connect(
         list(target.hosts), sentinel_kwargs=options.sentinel_kwargs(target)
     )
     client = sentinel.master_for(  # type: ignore[no-untyped-call]
-        target.master, redis_class=ConfirmingRedis, **_auth(target), **kwargs
-    )
+        target.master, redis_class=ConfirmingRedis, connection_class=DiscoveringConnection,
+        **_auth(target), **kwargs,
+    )  # fmt: skip
     pool: Any = client.connection_pool
     watch = _watch(sentinel, target, options, functools.partial(_leave_sync, pool))
     _follow(client, watch, options, lambda: pool.master_address)
@@ -276,8 +227,9 @@ def connect_async(
         list(target.hosts), sentinel_kwargs=options.sentinel_kwargs(target)
     )
     client = sentinels.master_for(
-        target.master, redis_class=ConfirmingAsyncRedis, **_auth(target), **kwargs
-    )
+        target.master, redis_class=ConfirmingAsyncRedis,
+        connection_class=AsyncDiscoveringConnection, **_auth(target), **kwargs,
+    )  # fmt: skip
     pool: Any = client.connection_pool
     watcher = MajoritySentinel(  # type: ignore[no-untyped-call]
         list(target.hosts), sentinel_kwargs=options.sentinel_kwargs(target)
@@ -311,8 +263,7 @@ def _watch(
     leave: Callable[[Address], None],
 ) -> GroupWatch:
     """A watch of ``target``'s group; ``leave(primary)`` when a view names another one."""
-    sockets = {k: v for k, v in options.sentinel_kwargs(target).items() if k != "password"}
-    reader = _ReplicationReader({**sockets, **_auth(target)})
+    reader = _ReplicationReader(node_kwargs(target, options))
     read = functools.partial(read_view, sentinel.sentinels, target.master, reader)
 
     def on_view(view: GroupView) -> None:
@@ -343,6 +294,25 @@ def _leave_async(pool: Any) -> Callable[[Address], None]:
     return leave
 
 
+def node_kwargs(target: SentinelTarget, options: RedisOptions) -> dict[str, Any]:
+    """Keyword arguments of a client of one data node of ``target``'s group.
+
+    Its credentials, the socket settings of the sentinels' clients; no database.
+    """
+    kwargs = {k: v for k, v in options.sentinel_kwargs(target).items() if k != "password"}
+    kwargs.update(_auth(target))
+    kwargs.pop("db", None)
+    return kwargs
+
+
+def sentinel_clients(target: SentinelTarget, options: RedisOptions) -> list[redis.Redis]:
+    """A client of each of ``target``'s sentinels (for an operator's command)."""
+    return [
+        redis.Redis(host=host, port=port, **options.sentinel_kwargs(target))
+        for host, port in target.hosts
+    ]
+
+
 class _ReplicationReader:
     """``INFO replication`` of a server the watch names, on one client per address.
 
@@ -350,7 +320,6 @@ class _ReplicationReader:
     """
 
     def __init__(self, kwargs: dict[str, Any]) -> None:
-        kwargs.pop("db", None)
         self.kwargs = kwargs
         self.address: Address | None = None
         self.client: redis.Redis | None = None
