@@ -14,7 +14,7 @@ import dataclasses
 import threading
 import time
 import uuid
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -48,16 +48,19 @@ def store(url: str, redis_options: RedisOptions | None = None) -> Store:
 
 
 class OpWriter(threading.Thread):
-    """Creates a request, deletes the one before, and again, as fast as the store answers.
+    """Creates a request, deletes the one created ``lag`` creates before, and again, as
+    fast as the store answers (a delete of a request older than the switch can be
+    undone by it: the record comes back).
 
     Keeps every create and delete the store acknowledged, with when (monotonic), and
     counts what it was refused, by condition. A refused write is not retried: its id is
     dropped (it may exist: it was not acknowledged, so nothing is promised of it).
     """
 
-    def __init__(self, target: Store, name: str = "writer") -> None:
+    def __init__(self, target: Store, name: str = "writer", lag: int = 100) -> None:
         super().__init__(daemon=True, name=name)
         self.store = target
+        self.lag = lag
         self.creates: list[tuple[float, str]] = []
         self.deletes: list[tuple[float, str]] = []
         self.refusals: Counter[str] = Counter()
@@ -66,15 +69,17 @@ class OpWriter(threading.Thread):
         self.halt = threading.Event()
 
     def run(self) -> None:
-        live: str | None = None
+        live: deque[str] = deque()
         while not self.halt.is_set():
             rid = str(uuid.uuid4())
             if not self._acknowledged(self._create_one, rid):
                 continue
             self.creates.append((time.monotonic(), rid))
-            previous, live = live, rid
-            if previous is not None and self._acknowledged(self._delete_one, previous):
-                self.deletes.append((time.monotonic(), previous))
+            live.append(rid)
+            if len(live) > self.lag:
+                old = live.popleft()
+                if self._acknowledged(self._delete_one, old):
+                    self.deletes.append((time.monotonic(), old))
 
     def _create_one(self, rid: str) -> bool:
         return self.store.create_request(rid, SLOTS, SETTINGS, actor="test").ok
@@ -156,3 +161,17 @@ def wait_acknowledged(writer: OpWriter, count: int, timeout: float) -> None:
             raise AssertionError(f"no {count} acknowledged creates within {timeout} s:"
                                  f" refused {dict(writer.refusals)}")  # fmt: skip
         time.sleep(0.02)
+
+
+def wait_served(writer: OpWriter, since: float, timeout: float) -> float:
+    """Seconds from ``since`` (monotonic) to ``writer``'s first acknowledgement after it.
+
+    Fails after ``timeout`` seconds without one.
+    """
+    deadline = since + timeout
+    while (took := writer.acknowledged_after(since)) is None:
+        if time.monotonic() > deadline or not writer.is_alive():
+            raise AssertionError(f"not served within {timeout} s: refused {dict(writer.refusals)}"
+                                 f" {writer.seen}")  # fmt: skip
+        time.sleep(0.02)
+    return took
