@@ -291,18 +291,23 @@ class SentinelGroup:
         return self.current_primary()
 
     def partition(self, nodes: list[Node]) -> None:
-        """The sentinels lose ``nodes``: their user switched off there, its connections
-        killed. vmpool's connections and the replication links are untouched."""
+        """The sentinels lose ``nodes``: their user may run nothing there, and its
+        connections are killed. vmpool's connections and the replication links are
+        untouched.
+
+        The user keeps logging in (it is not switched off): a sentinel whose login failed
+        keeps that connection and never logs in again, so the heal would not reach it.
+        """
         for node in nodes:
             with contextlib.closing(node.client(socket_timeout=2)) as c:
-                c.acl_setuser(SENTINEL_USER, enabled=False)
+                c.execute_command("ACL", "SETUSER", SENTINEL_USER, "-@all", "resetchannels")
                 c.execute_command("CLIENT", "KILL", "USER", SENTINEL_USER)
 
     def heal(self, nodes: list[Node]) -> None:
-        """The sentinels reach ``nodes`` again."""
+        """The sentinels reach ``nodes`` again: their connections work at once."""
         for node in nodes:
             with contextlib.closing(node.client(socket_timeout=2)) as c:
-                c.acl_setuser(SENTINEL_USER, enabled=True)
+                c.execute_command("ACL", "SETUSER", SENTINEL_USER, "+@all", "&*")
 
     def failover(self) -> None:
         """``SENTINEL FAILOVER``: a planned switch, asked of one sentinel."""

@@ -147,7 +147,8 @@ def test_a_write_that_cannot_be_confirmed_is_a_503_naming_the_request_id(
     written on the primary but not confirmed: 503, "could not be confirmed", with the
     id it tried. GET of that id is refused the same way (its state is not durable). Once
     the replica is back, the request is there (pending), and a POST of the same id
-    is 409 with the id: still one request."""
+    is 409 with the id: still one request. A GET of an id that does not exist is 503
+    too: a 404 from a primary that cannot confirm may be taken back by a failover."""
     primary, replica = primary_and_replica
     app = create_app(
         spec_config(), RedisClients.from_url(url_of(primary), options("replicas", 0.5)),
@@ -165,6 +166,8 @@ def test_a_write_that_cannot_be_confirmed_is_a_503_naming_the_request_id(
         assert body["request_id"] == rid and body["redis"] == "not_confirmed"
         assert "could not be confirmed" in body["message"]
         assert c.get(f"{API}/ondemandvm/{rid}").status_code == 503
+        # "not found" is a state shown too: a primary that cannot confirm does not say it
+        assert c.get(f"{API}/ondemandvm/{uuid.uuid4()}").status_code == 503
         assert c.get("/readyz").json()["redis"] == "not_confirmed"
     finally:
         os.kill(replica.pid, signal.SIGCONT)

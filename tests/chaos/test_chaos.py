@@ -67,3 +67,27 @@ def test_soak_through_sentinel_loses_no_acknowledged_write(tmp_path: Path) -> No
         assert figures["lost_canaries"] == 0, text
         assert "missed_served_after_s" not in figures, text
         assert figures.get("worst_served_after_writable_s", 0) < 15, text
+
+
+PLANNED_AND_PARTITION = ("planned_switch", "switchover", "partition")
+
+
+def test_soak_through_sentinel_planned_switches_and_partitions(tmp_path: Path) -> None:
+    """The fleet on a Sentinel group through ``SENTINEL FAILOVER``, ``vmpool redis
+    switchover`` and a 15 s partition of the primary and one replica from the
+    sentinels: no acknowledged create lost, no acknowledged delete undone (every
+    acknowledged operation read again after it), the audit clean, no canary lost, no
+    process exited; a new request ready within 20 s of a switch and 30 s of the heal."""
+    report = _run(tmp_path, "vmpool", 60, seed=23, redis="sentinel", rate=3.0,
+                  faults=PLANNED_AND_PARTITION, fault_gap_s=(2.0, 3.0))  # fmt: skip
+    text = "\n".join(report.lines())
+    assert report.violation_count == 0, text
+    assert report.acknowledged["create_acknowledged"] == report.acknowledged["create_checked"]
+    assert not report.restarts or not any(report.restarts.values()), text
+    bounds = {"planned_switch": 20, "switchover": 20, "partition": 30}
+    for kind, bound in bounds.items():
+        figures = report.redis_faults.get(kind, {})
+        assert figures.get("count", 0) >= 1, f"no {kind} fault:\n{text}"
+        assert figures["lost_canaries"] == 0, text
+        assert "missed_served_after_s" not in figures, text
+        assert figures.get("worst_served_after_s", 0) < bound, text

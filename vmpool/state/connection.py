@@ -8,11 +8,12 @@ The client it gives:
 
 - Finds the primary through the sentinels for a ``redis+sentinel://`` URL. That is the
   address a majority of them name (:class:`MajoritySentinel`).
-- Follows a failover. A connection that meets READONLY (its server became a replica) is
-  dropped, and the next one asks the sentinels again (redis-py's
-  ``SentinelConnectionPool``). Open connections follow too: the client watches the
-  group (:mod:`vmpool.state.group_watch`), closes its idle connections when a majority
-  of the sentinels name another primary, and acknowledges no write through the old one.
+- Follows a failover. The client watches the group (:mod:`vmpool.state.group_watch`):
+  every connection leads to the primary a majority of the sentinels name now, and one
+  open to another server reopens there before it sends
+  (:class:`~vmpool.state.sentinel.FollowingConnection`). A connection that meets
+  READONLY (its server became a replica) is dropped, the sentinels are asked again,
+  and the command is retried where they name.
 - Notices a dead or frozen connection within bounded time. It has a socket timeout on
   every read (``socket_timeout``), a connect timeout, a PING before reusing a connection
   idle for ``health_check_interval``, and TCP keepalive (:data:`KEEPALIVE`) for peers
@@ -50,12 +51,12 @@ from vmpool.state.durability import (
     DurabilitySetting,
     resolve_durability,
 )
-from vmpool.state.group_watch import Address, FollowingDurability, GroupView, GroupWatch, read_view
+from vmpool.state.group_watch import Address, FollowingDurability, GroupWatch, read_view
 from vmpool.state.redis_target import SentinelTarget, is_sentinel_url, parse_sentinel_url
 from vmpool.state.sentinel import (
-    AsyncDiscoveringConnection,
+    AsyncFollowingConnection,
     AsyncMajoritySentinel,
-    DiscoveringConnection,
+    FollowingConnection,
     MajoritySentinel,
 )
 
@@ -96,9 +97,10 @@ class _PoolRetry:
     """
 
     pool: Any = None
-    # Called on every failure: a demoted primary (READONLY) or a lost server is a reason
-    # to ask the sentinels again.
-    wake: Callable[[], None] | None = None
+    # Through Sentinel: called on every failure, before the retry. A demoted primary
+    # (READONLY) or a lost server is a reason to ask the sentinels again, and the retry
+    # goes where they name.
+    refresh: Callable[[], Any] | None = None
 
     def __deepcopy__(self, memo: dict[int, Any]) -> Any:
         clone = copy.copy(self)
@@ -109,8 +111,8 @@ class _PoolRetry:
 class ResettingRetry(_PoolRetry, Retry):
     def call_with_retry(self, do: Any, fail: Any, *args: Any, **kwargs: Any) -> Any:
         def failed(error: Exception, *rest: Any) -> Any:
-            if self.wake is not None:
-                self.wake()
+            if self.refresh is not None:
+                self.refresh()
             if self.pool is not None:
                 self.pool.disconnect(inuse_connections=False)
             return fail(error, *rest)
@@ -121,8 +123,8 @@ class ResettingRetry(_PoolRetry, Retry):
 class AsyncResettingRetry(_PoolRetry, AsyncRetry):
     async def call_with_retry(self, do: Any, fail: Any, *args: Any, **kwargs: Any) -> Any:
         async def failed(error: Exception, *rest: Any) -> Any:
-            if self.wake is not None:
-                self.wake()
+            if self.refresh is not None:
+                await asyncio.to_thread(self.refresh)
             if self.pool is not None:
                 await self.pool.disconnect(inuse_connections=False)
             result = fail(error, *rest)
@@ -193,14 +195,16 @@ def connect(
     sentinel = MajoritySentinel(  # type: ignore[no-untyped-call]
         list(target.hosts), sentinel_kwargs=options.sentinel_kwargs(target)
     )
+    following = _following(sentinel, target, options)
+    if following is not None:
+        kwargs["named_primary"] = following.watch.named_primary
+        retry.refresh = following.watch.refresh
     client = sentinel.master_for(  # type: ignore[no-untyped-call]
-        target.master, redis_class=ConfirmingRedis, connection_class=DiscoveringConnection,
+        target.master, redis_class=ConfirmingRedis, connection_class=FollowingConnection,
         **_auth(target), **kwargs,
     )  # fmt: skip
-    pool: Any = client.connection_pool
-    watch = _watch(sentinel, target, options, functools.partial(_leave_sync, pool))
-    _follow(client, watch, options, lambda: pool.master_address)
-    retry.pool, retry.wake = pool, watch.wake  # before any connection copies the retry
+    _follow(client, following, options)
+    retry.pool = client.connection_pool  # before any connection copies the retry
     return client
 
 
@@ -209,8 +213,8 @@ def connect_async(
 ) -> ConfirmingAsyncRedis:
     """:func:`connect` for asyncio: one per event loop (a connection belongs to its loop).
 
-    Through Sentinel it watches the group with a synchronous client of its own, in the
-    watch's thread: made in a running loop, it closes the idle connections of that loop.
+    Through Sentinel it watches the group with synchronous clients of its own, in the
+    watch's thread.
     """
     kwargs = options.client_kwargs()
     retry = AsyncResettingRetry(_BACKOFF, _RETRIES, supported_errors=RETRY_ON)
@@ -226,72 +230,44 @@ def connect_async(
     sentinels = AsyncMajoritySentinel(  # type: ignore[no-untyped-call]
         list(target.hosts), sentinel_kwargs=options.sentinel_kwargs(target)
     )
-    client = sentinels.master_for(
-        target.master, redis_class=ConfirmingAsyncRedis,
-        connection_class=AsyncDiscoveringConnection, **_auth(target), **kwargs,
-    )  # fmt: skip
-    pool: Any = client.connection_pool
     watcher = MajoritySentinel(  # type: ignore[no-untyped-call]
         list(target.hosts), sentinel_kwargs=options.sentinel_kwargs(target)
     )
-    watch = _watch(watcher, target, options, _leave_async(pool))
-    _follow(client, watch, options, lambda: pool.master_address)
-    retry.pool, retry.wake = pool, watch.wake  # before any connection copies the retry
+    following = _following(watcher, target, options)
+    if following is not None:
+        kwargs["named_primary"] = following.watch.named_primary
+        retry.refresh = following.watch.refresh
+    client = sentinels.master_for(
+        target.master, redis_class=ConfirmingAsyncRedis,
+        connection_class=AsyncFollowingConnection, **_auth(target), **kwargs,
+    )  # fmt: skip
+    _follow(client, following, options)
+    retry.pool = client.connection_pool  # before any connection copies the retry
     return client
+
+
+def _following(
+    sentinel: Sentinel, target: SentinelTarget, options: RedisOptions
+) -> FollowingDurability | None:
+    """The durability that follows ``target``'s group (None: ``durability: none``)."""
+    setting = options.durability
+    if setting.mode == "none":
+        return None
+    reader = _ReplicationReader(node_kwargs(target, options))
+    watch = GroupWatch(functools.partial(read_view, sentinel.sentinels, target.master, reader))
+    return FollowingDurability(watch, setting.replicas, setting.timeout_s)
 
 
 def _follow(
     client: ConfirmingRedis | ConfirmingAsyncRedis,
-    watch: GroupWatch,
+    following: FollowingDurability | None,
     options: RedisOptions,
-    pool_primary: Callable[[], Address | None],
 ) -> None:
-    """Make ``client``'s durability follow the group (or wait for nothing: ``none``)."""
     client.via_sentinel = True
-    setting = options.durability
-    if setting.mode == "none":
-        client.durability = resolve_durability(setting)
-        watch.close()
-        return
-    client.source = FollowingDurability(watch, setting.replicas, setting.timeout_s, pool_primary)
-
-
-def _watch(
-    sentinel: Sentinel,
-    target: SentinelTarget,
-    options: RedisOptions,
-    leave: Callable[[Address], None],
-) -> GroupWatch:
-    """A watch of ``target``'s group; ``leave(primary)`` when a view names another one."""
-    reader = _ReplicationReader(node_kwargs(target, options))
-    read = functools.partial(read_view, sentinel.sentinels, target.master, reader)
-
-    def on_view(view: GroupView) -> None:
-        if view.primary is not None:
-            leave(view.primary)
-
-    return GroupWatch(read, on_view)
-
-
-def _leave_sync(pool: Any, primary: Address) -> None:
-    """Close ``pool``'s idle connections when they lead elsewhere than ``primary``."""
-    if pool.master_address is not None and tuple(pool.master_address) != tuple(primary):
-        pool.disconnect(inuse_connections=False)
-
-
-def _leave_async(pool: Any) -> Callable[[Address], None]:
-    """:func:`_leave_sync` for an asyncio pool, run on the loop it was made in (if any)."""
-    try:
-        loop = asyncio.get_running_loop()
-    except RuntimeError:
-        return lambda primary: None
-
-    def leave(primary: Address) -> None:
-        moved = pool.master_address is not None and tuple(pool.master_address) != primary
-        if moved and not loop.is_closed():
-            asyncio.run_coroutine_threadsafe(pool.disconnect(inuse_connections=False), loop)
-
-    return leave
+    if following is None:
+        client.durability = resolve_durability(options.durability)
+    else:
+        client.source = following
 
 
 def node_kwargs(target: SentinelTarget, options: RedisOptions) -> dict[str, Any]:

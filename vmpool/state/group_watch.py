@@ -11,10 +11,13 @@ runs:
   taking writes after a replica was promoted, and the replica left behind still follows
   it. ``WAIT 1`` then counts that replica, and the write vanishes when the group
   settles on the new primary.
-- **Which server is the primary.** A process's open connections lead to the server the
-  sentinels named when each connection opened. One that a majority no longer names
-  (demoted, or cut off from the sentinels) must not acknowledge a write
-  (:meth:`FollowingDurability.refusal`).
+- **Which server is the primary.** A connection opened to a primary stays open after
+  the sentinels promoted another (the old one demoted, or cut off from them). The
+  client's connections lead to the primary the last view names, and one open to
+  another server reopens there before it sends
+  (:class:`vmpool.state.sentinel.FollowingConnection`). A write's count is made for
+  that primary, and the write is not acknowledged when, by the time its replies are
+  in, a majority of the sentinels name another one (:class:`PinnedPrimary`).
 
 A replica that a majority of the sentinels hold down, and that the primary has no live
 link to (online, acknowledged within :data:`LAG_LIMIT_S`), is not waited for. It holds
@@ -24,9 +27,10 @@ follows the primary (a partition between the sentinels and part of the group) is
 for: the sentinels may promote another one meanwhile, and the write must be refused.
 
 :class:`GroupWatch` asks the sentinels (and the primary, for its links) every
-:data:`REFRESH_S` seconds in a thread of its own, and at once when a write's ``WAIT``
-came short or a connection met a demoted primary (:meth:`GroupWatch.wake`). The write path
-never waits for the sentinels, except for the first view. Sentinels that cannot be
+:data:`REFRESH_S` seconds in a thread of its own, at once when a write's ``WAIT`` came
+short (:meth:`GroupWatch.wake`), and before a command that failed (a demoted primary's
+READONLY, a lost connection) is retried (:meth:`GroupWatch.refresh`). A write does not
+wait for the sentinels otherwise, except for the first view. Sentinels that cannot be
 reached leave the last view in place: no failover can happen without them, and the
 count it holds keeps writes safe.
 """
@@ -181,20 +185,12 @@ def read_view(
 class GroupWatch:
     """A view of the group, refreshed in a thread of its own (module docstring).
 
-    ``read()`` makes a fresh view. ``on_view(view)`` is called after each refresh (the
-    connection factory closes idle connections that lead elsewhere). The thread holds
-    the watch weakly: it ends when the watch is closed or dropped, and starts again in a
-    forked child on first use.
+    ``read()`` makes a fresh view. The thread holds the watch weakly: it ends when the
+    watch is closed or dropped, and starts again in a forked child on first use.
     """
 
-    def __init__(
-        self,
-        read: Callable[[], GroupView],
-        on_view: Callable[[GroupView], None] = lambda view: None,
-        interval_s: float = REFRESH_S,
-    ) -> None:
+    def __init__(self, read: Callable[[], GroupView], interval_s: float = REFRESH_S) -> None:
         self._read = read
-        self._on_view = on_view
         self.interval_s = interval_s
         self._view: GroupView | None = None
         self._lock = threading.Lock()
@@ -210,18 +206,21 @@ class GroupWatch:
         return view if view is not None else self.refresh()
 
     def refresh(self) -> GroupView:
-        """Ask the sentinels now. A view without a primary keeps the last one's."""
+        """Ask the sentinels now. A view without a primary keeps the last one's replicas."""
         with self._lock:
             fresh = self._read()
             last = self._view
             if fresh.primary is None and last is not None:
                 fresh = GroupView(None, last.replicas, last.linked, fresh.at)
             self._view = fresh
-        self._on_view(fresh)
         return fresh
 
+    def named_primary(self) -> Address | None:
+        """The primary a majority of the sentinels name (None: none did, last time)."""
+        return self.current().primary
+
     def wake(self) -> None:
-        """Ask the sentinels again now (a WAIT came short, a primary was demoted)."""
+        """Ask the sentinels again now, in the watch's thread (a WAIT came short)."""
         self._wake.set()
 
     def close(self) -> None:
@@ -258,41 +257,44 @@ class FollowingDurability:
     """The confirmations a write through Sentinel waits for, as the group is now.
 
     ``replicas``: a fixed count (``durability_replicas`` set), or None for every replica
-    the sentinels could promote. ``pool_primary()``: the address the client's
-    connections were opened to (None before the first).
+    the sentinels could promote. Each write's :class:`Durability` is pinned to the
+    primary its count was made for (:class:`PinnedPrimary`); the client's connections
+    lead to that same primary (:class:`vmpool.state.sentinel.FollowingConnection`).
     """
 
     watch: GroupWatch
     replicas: int | None
     timeout_s: float
-    pool_primary: Callable[[], Address | None]
 
     def current(self) -> Durability:
         view = self.watch.current()
         count = view.must_hold() if self.replicas is None else self.replicas
-        return Durability(count, self.timeout_s, automatic=self.replicas is None, guard=self)
-
-    def refusal(self) -> str | None:
-        """Why a write just confirmed must still not be acknowledged, or None."""
-        view = self.watch.current()
-        ours = self.pool_primary()
-        if view.primary is None or ours is None or _same(ours, view.primary):
-            return None
-        self.watch.wake()
-        return (
-            f"{_show(ours)} is no longer the primary a majority of the sentinels name"
-            f" ({_show(view.primary)})"
-        )
-
-    def shortfall(self) -> None:
-        self.watch.wake()
+        guard = PinnedPrimary(self.watch, view.primary)
+        return Durability(count, self.timeout_s, automatic=self.replicas is None, guard=guard)
 
     def close(self) -> None:
         self.watch.close()
 
 
-def _same(a: Address, b: Address) -> bool:
-    return str(a[0]) == str(b[0]) and int(a[1]) == int(b[1])
+@dataclass(frozen=True)
+class PinnedPrimary:
+    """A write's guard: the primary it was counted for must still be the one named."""
+
+    watch: GroupWatch
+    primary: Address | None
+
+    def refusal(self) -> str | None:
+        """Why a write just confirmed must still not be acknowledged, or None."""
+        named = self.watch.current().primary
+        if named is None or self.primary is None or named == self.primary:
+            return None
+        return (
+            f"{_show(self.primary)} is no longer the primary a majority of the sentinels"
+            f" name ({_show(named)})"
+        )
+
+    def shortfall(self) -> None:
+        self.watch.wake()
 
 
 def _show(address: Address) -> str:

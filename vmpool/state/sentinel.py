@@ -2,8 +2,8 @@
 
 - :class:`MajoritySentinel`: the primary is the address a majority of the sentinels
   name, not the first sentinel's answer.
-- :class:`DiscoveringConnection`: a connection to the primary that reconnects through
-  the sentinels every time.
+- :class:`FollowingConnection`: a connection that leads to the primary the client's
+  group watch names now (:mod:`vmpool.state.group_watch`), and reopens there.
 
 Both have an asyncio twin. :mod:`vmpool.state.connection` makes its clients with them.
 """
@@ -11,6 +11,7 @@ Both have an asyncio twin. :mod:`vmpool.state.connection` makes its clients with
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 import redis
@@ -19,9 +20,9 @@ from redis.asyncio.sentinel import SentinelManagedConnection as AsyncSentinelMan
 from redis.sentinel import MasterNotFoundError, Sentinel, SentinelManagedConnection
 
 __all__ = [
-    "AsyncDiscoveringConnection",
+    "AsyncFollowingConnection",
     "AsyncMajoritySentinel",
-    "DiscoveringConnection",
+    "FollowingConnection",
     "MajoritySentinel",
 ]
 
@@ -88,24 +89,60 @@ class AsyncMajoritySentinel(AsyncSentinel):
         return address
 
 
-class DiscoveringConnection(SentinelManagedConnection):
-    """A connection to the primary that always reconnects through the sentinels.
+NamedPrimary = Callable[[], "tuple[str, int] | None"]
 
-    redis-py 8 reconnects a dropped connection, when it next sends, to the address it had,
-    not to the one the sentinels name now. A command retried after READONLY (its server
-    demoted) met the old primary again and failed.
+
+def _no_view() -> tuple[str, int] | None:
+    return None
+
+
+class FollowingConnection(SentinelManagedConnection):
+    """A connection that leads to the primary the client's group watch names now.
+
+    ``named_primary()`` (:meth:`vmpool.state.group_watch.GroupWatch.named_primary`; None:
+    no view, ask the sentinels). Before each send, a connection open to another server
+    closes and opens again to the named one: an open connection never goes on writing
+    to a primary a majority of the sentinels no longer name. A dropped connection
+    reopens the same way: redis-py 8 reopened it to the address it had (a command
+    retried after READONLY met the demoted primary again).
     """
 
+    def __init__(self, *, named_primary: NamedPrimary = _no_view, **kwargs: Any) -> None:
+        self.named_primary = named_primary
+        super().__init__(**kwargs)  # type: ignore[no-untyped-call]
+
+    def _connect_retry(self) -> None:
+        if self._sock:
+            return
+        address = self.named_primary() or self.connection_pool.get_master_address()
+        self.connect_to(address)  # type: ignore[no-untyped-call]
+
     def send_packed_command(self, command: Any, check_health: bool = True) -> None:
+        named = self.named_primary()
+        if self._sock and named is not None and (self.host, self.port) != named:
+            self.disconnect()
         if not self._sock:
             self.connect()  # type: ignore[no-untyped-call]
         super().send_packed_command(command, check_health)  # type: ignore[no-untyped-call]
 
 
-class AsyncDiscoveringConnection(AsyncSentinelManagedConnection):
-    """:class:`DiscoveringConnection` for asyncio."""
+class AsyncFollowingConnection(AsyncSentinelManagedConnection):
+    """:class:`FollowingConnection` for asyncio."""
+
+    def __init__(self, *, named_primary: NamedPrimary = _no_view, **kwargs: Any) -> None:
+        self.named_primary = named_primary
+        super().__init__(**kwargs)  # type: ignore[no-untyped-call]
+
+    async def _connect_retry(self) -> None:
+        if self._reader:
+            return
+        address = self.named_primary() or await self.connection_pool.get_master_address()
+        await self.connect_to(address)  # type: ignore[no-untyped-call]
 
     async def send_packed_command(self, command: Any, check_health: bool = True) -> None:
+        named = self.named_primary()
+        if self.is_connected and named is not None and (self.host, self.port) != named:
+            await self.disconnect()
         if not self.is_connected:
             await self.connect()  # type: ignore[no-untyped-call]
         await super().send_packed_command(command, check_health)

@@ -288,6 +288,7 @@ def request_status(store: Store, rid: str) -> Response:
         return _not_found(rid)
     record = store.get_request(rid)
     if record is None:
+        confirm(store.redis)  # "not found" is shown too: not from a stale or demoted primary
         return _not_found(rid)
     ready = record.status == "ready"
     vms = store.get_vms(sorted(record.vm_names)) if ready else []
@@ -308,6 +309,7 @@ async def request_status_async(st: ApiState, client: aredis.Redis, rid: str) -> 
     raw, names = await pipe.execute()
     record = reads.request_from(raw, names)
     if record is None:
+        await confirm_async(client)  # "not found" is shown too (request_status)
         return _not_found(rid)
     hostnames: dict[str, list[str]] = {}
     if record.status == "ready" and record.vm_names:
