@@ -30,6 +30,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
+import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -234,3 +236,31 @@ def test_a_dead_replica_costs_writes_until_the_sentinels_hold_it_down(
         gap = wait_served(writer, killed + 0.2, 20)  # past the writes already in flight
     assert writer.store.redis.durability.replicas == 1
     assert gap < group.down_after_ms / 1000 + 8, gap
+
+
+@pytest.mark.slow
+def test_a_forked_child_watches_the_group_itself(group: SentinelGroup) -> None:
+    """``vmpool worker --fork`` runs each job in a forked child. The watch's lock may be
+    held by the parent's thread at the fork (held here on purpose): the child starts a
+    watch of its own, with a new lock, and its writes are confirmed as the parent's."""
+    client = store(group.url).redis
+    assert client.durability.replicas == 2
+    watch = client.source.watch  # type: ignore[union-attr]
+    with watch._lock:  # a refresh under way in the parent's thread
+        pid = os.fork()
+        if pid == 0:  # the child: exit 0 once it refreshed and wrote
+            code = 1
+            try:
+                watch.current()
+                watch.refresh()
+                client.register_script("return redis.call('SET', KEYS[1], '1')")(keys=["fork"])
+                code = 0
+            finally:
+                os._exit(code)
+    deadline = time.monotonic() + 20
+    while (done := os.waitpid(pid, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if done[0] == 0:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+    assert done[0] == pid and os.waitstatus_to_exitcode(done[1]) == 0, "the child hung or failed"

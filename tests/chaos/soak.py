@@ -1053,6 +1053,8 @@ def run_soak(opts: SoakOptions, command: str = "") -> SoakReport:
         finally:
             conn.close()
         (workdir / "history.jsonl").write_text(ops_to_jsonl(client.ops))
+        if warm is not None:
+            (workdir / "warm_history.jsonl").write_text(ops_to_jsonl(warm.ops))
         findings += nemesis.findings
         report.requests = len(client.tracked)
         report.client_ops = dict(Counter(f"{o.f}:{o.type}" for o in client.ops))

@@ -228,15 +228,15 @@ class GroupWatch:
         self._wake.set()
 
     def _start(self) -> None:
-        with self._lock:
-            if self._pid == os.getpid():
-                return
-            self._pid = os.getpid()
-            self._wake = threading.Event()
-            threading.Thread(
-                target=_keep_fresh, args=(weakref.ref(self), self._wake, self.interval_s),
-                name="vmpool-group-watch", daemon=True,
-            ).start()  # fmt: skip
+        """Start the thread: on first use, and in a forked child (which has no thread, and
+        whose copy of the lock may be held by the parent's thread at the fork)."""
+        self._pid = os.getpid()
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        threading.Thread(
+            target=_keep_fresh, args=(weakref.ref(self), self._wake, self.interval_s),
+            name="vmpool-group-watch", daemon=True,
+        ).start()  # fmt: skip
 
 
 def _keep_fresh(ref: weakref.ref[GroupWatch], wake: threading.Event, interval_s: float) -> None:
