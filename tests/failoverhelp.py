@@ -11,6 +11,7 @@ vmpool would acknowledge it.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import threading
 import time
 import uuid
@@ -175,3 +176,10 @@ def wait_served(writer: OpWriter, since: float, timeout: float) -> float:
                                  f" {writer.seen}")  # fmt: skip
         time.sleep(0.02)
     return took
+
+
+def longest_gap(writer: OpWriter, since: float, until: float) -> float:
+    """The longest time without an acknowledgement between ``since`` and ``until``."""
+    times = sorted(t for t, _ in writer.creates + writer.deletes if since <= t <= until)
+    edges = [since, *times, until]
+    return max(b - a for a, b in itertools.pairwise(edges))
