@@ -2,7 +2,7 @@
 speed, every acknowledged one recorded, and the verdict over what the group kept.
 
 Used by the tests of planned switches and partitions (tests/test_failover_safety.py) and
-by ``bench/switchover.py``, which repeats the switch and publishes the figures. The
+by tests/chaos/failover_runs.py, which repeats them and prints the figures. The
 group is a :class:`sentinelhelp.SentinelGroup`; the store is vmpool's own, made through
 the connection factory with the options given, so a write is acknowledged exactly when
 vmpool would acknowledge it.
