@@ -264,3 +264,21 @@ def test_a_forked_child_watches_the_group_itself(group: SentinelGroup) -> None:
         os.kill(pid, signal.SIGKILL)
         os.waitpid(pid, 0)
     assert done[0] == pid and os.waitstatus_to_exitcode(done[1]) == 0, "the child hung or failed"
+
+
+@pytest.mark.slow
+def test_the_watch_asks_dead_servers_once(group: SentinelGroup) -> None:
+    """The primary and a sentinel SIGKILLed: a view is made in well under a second, not
+    after redis-py's default retries (10, with backoff: about 5 s a dead server). A view
+    that slow was assembled from the sentinels' answers of seconds before: it named the
+    old primary when it came back on its own data, and the API read from it."""
+    client = store(group.url).redis
+    watch = client.source.watch  # type: ignore[union-attr]
+    watch.refresh()
+    group.primary.kill()
+    group.sentinels[2].kill()
+    started = time.monotonic()
+    view = watch.refresh()
+    took = time.monotonic() - started
+    assert view.primary == ("127.0.0.1", group.primary.port)  # not yet down for them
+    assert took < 1.0, took

@@ -166,7 +166,7 @@ def read_view(
     """Ask every sentinel, and the primary a majority names for its replication links.
 
     ``replication_of(address)``: that server's ``INFO replication`` (an error leaves
-    its links unknown: none).
+    its links unknown: none). A server that says it is a replica is named by no view.
     """
     answers = [a for a in (_ask(s, service) for s in sentinels) if a is not None]
     votes = Counter(address for address, _ in answers)
@@ -175,11 +175,13 @@ def read_view(
         return GroupView(primary=None, at=time.monotonic())
     primary = named[0]
     try:
-        linked = _linked(replication_of(primary))
+        info = replication_of(primary)
     except _ERRORS:
-        linked = frozenset()
+        info = {}
+    if info.get("role") == "slave":  # demoted: the sentinels will say so soon
+        return GroupView(primary=None, at=time.monotonic())
     replicas = _replicas([r for address, r in answers if address == primary])
-    return GroupView(primary, replicas, linked, time.monotonic())
+    return GroupView(primary, replicas, _linked(info), time.monotonic())
 
 
 class GroupWatch:
