@@ -7,7 +7,7 @@
 The client it gives:
 
 - Finds the primary through the sentinels for a ``redis+sentinel://`` URL. That is the
-  address a majority of them name (:class:`MajoritySentinel`).
+  address a majority of them name (:class:`~vmpool.state.sentinel.MajoritySentinel`).
 - Follows a failover. The client watches the group (:mod:`vmpool.state.group_watch`):
   every connection leads to the primary a majority of the sentinels name now, and one
   open to another server reopens there before it sends
