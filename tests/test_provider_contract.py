@@ -82,7 +82,7 @@ def vsphere(kind: str, request: pytest.FixtureRequest) -> Iterator[Subject]:
         "ec2-mock",
         "gce-mock",
         "openstack-mock",
-        "vsphere-sim",
+        pytest.param("vsphere-sim", marks=pytest.mark.slow),  # builds and runs vcsim
         "vsphere-fake",
     ]
 )

@@ -15,7 +15,7 @@ import pytest
 from redis_faults import SENTINEL_FAULTS
 from soak import FAULT_KINDS, SoakOptions, SoakReport, run_soak
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.chaos]
 
 
 def _run(tmp_path: Path, target: str, seconds: float, seed: int, **more: Any) -> SoakReport:
