@@ -14,7 +14,7 @@ import pytest
 import redis
 
 from vmpool import lifecycle
-from vmpool.config import parse_config
+from vmpool.config import parse_config, public_form
 from vmpool.lifecycle import Fleet, RecordingDispatcher
 from vmpool.state.names import NameGenerator
 from vmpool.state.records import RequestSettings, Slot
@@ -70,7 +70,7 @@ def test_a_pools_vms_get_and_lose_their_dns_records(
         ],
     }  # fmt: skip
     cfg = parse_config(data, source="test", env={})
-    assert cfg.to_public_dict()["pools"][0]["provider_options"]["dns"]["secret"] == "***"
+    assert public_form(cfg)["pools"][0]["provider_options"]["dns"]["secret"] == "***"
     fleet = Fleet.build(redis_client, cfg, RecordingDispatcher(), "worker:test")
     fleet.names = NameGenerator("", random.Random(17))
     settings = RequestSettings.from_config(cfg)

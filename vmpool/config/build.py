@@ -12,7 +12,6 @@ Here happens what no single setting can check alone:
 
 from __future__ import annotations
 
-import dataclasses
 import re
 from collections.abc import Mapping
 from pathlib import Path
@@ -177,39 +176,40 @@ class _Pools:
         provider = self.provider(pool.provider, f"{path}.provider")
         domain = self.domain(pool, path)
         ready_ttl_s = in_seconds(pool, "ready_ttl")
-        resolved = PoolConfig(
-            name=pool.name,
-            alias=tuple(dict.fromkeys(alias for alias in pool.alias if alias != pool.name)),
-            template=pool.template or pool.name,
-            size=pool.size,
-            timeout_s=in_seconds(pool, "timeout") or self.timeout_s,
-            provider=provider,
-            ready_ttl_s=self.ready_ttl_s if ready_ttl_s is None else ready_ttl_s,
-            domain=domain,
-            clone_target=pool.clone_target or self.file.config.clone_target,
-            ondemand_from_ready=pool.ondemand_from_ready,
-        )
+        resolved: dict[str, Any] = {
+            "name": pool.name,
+            "alias": tuple(dict.fromkeys(alias for alias in pool.alias if alias != pool.name)),
+            "template": pool.template or pool.name,
+            "size": pool.size,
+            "timeout_s": in_seconds(pool, "timeout") or self.timeout_s,
+            "provider": provider,
+            "ready_ttl_s": self.ready_ttl_s if ready_ttl_s is None else ready_ttl_s,
+            "domain": domain,
+            "clone_target": pool.clone_target or self.file.config.clone_target,
+            "ondemand_from_ready": pool.ondemand_from_ready,
+        }
         options = self.provider_options(resolved, pool, path)
-        return dataclasses.replace(resolved, provider_options=MappingProxyType(options))
+        return PoolConfig(**resolved, provider_options=MappingProxyType(options))
 
     def provider_options(
-        self, resolved: PoolConfig, pool: PoolSection, path: str
+        self, resolved: Mapping[str, Any], pool: PoolSection, path: str
     ) -> dict[str, Any]:
         """The pool's keys for its provider's class, validated by the class's pool model.
 
-        The validation context holds the provider's options: ``{"provider": ...}``.
+        ``resolved`` holds the pool's own settings, resolved. The validation context holds
+        the provider's options: ``{"provider": ...}``.
 
         A key the model shares with the pool's own settings (``clone_target``) gets the pool's
         resolved value, unless the pool wrote its own for the provider.
         """
-        provider = self.providers[resolved.provider]
+        provider = self.providers[resolved["provider"]]
         implementation = provider_class(provider.provider_class)
         if implementation is None:  # pragma: no cover - provider() refused it already
             return {}
         model = implementation.pool_options
         raw = dict(pool.provider_options)
         for name in model.model_fields:
-            value = getattr(resolved, name, None)
+            value = resolved.get(name)
             if name not in raw and name in PoolSection.model_fields and value is not None:
                 raw[name] = value
         try:  # the provider's options are the context of checks spanning both levels
@@ -334,7 +334,7 @@ def _auth(auth: AuthSection, source: str) -> AuthConfig:
         max_tokens_per_user=auth.max_tokens_per_user,
         max_failed_logins_per_user=auth.max_failed_logins_per_user,
         max_failed_logins_per_address=auth.max_failed_logins_per_address,
-        failed_login_window_s=in_seconds(auth, "failed_login_window") or 300.0,
+        failed_login_window_s=_seconds(auth, "failed_login_window"),
         admins=tuple(sorted(set(auth.admins))),
         ldap=_ldap(auth, source),
     )
