@@ -10,8 +10,8 @@ What this proves, for every module of ``vmpool/`` and ``workers/``:
 - no module is over :data:`MAX_MODULE_LINES` lines and no function over
   :data:`MAX_FUNCTION_LINES` (docstring included), except the few listed in
   :data:`ALLOWED`, each with its reason.
-- no ``.py`` or ``.lua`` file tells history ("issue 15", "session 4": that goes in commit
-  messages and docs).
+- no ``.py`` or ``.lua`` file tells history ("issue 15", "session 4"), and neither does
+  README.md or a page of ``docs/``: history goes in commit messages and CHANGELOG.md.
 The checker itself is tested on small made-up trees, so that each check can fail.
 """
 
@@ -50,9 +50,11 @@ SIBLINGS_APART = frozenset({("vmpool.api", "vmpool.local"), ("vmpool.local", "vm
 ALLOWED: Mapping[str, str] = {}
 
 
-# A reference to the project's history in code.
+# A reference to the project's history in code or docs.
 # (A reference may break across lines, a comment marker between its words.)
 HISTORY_RE = re.compile(r"\b(?:[Ii]ssues?|[Ss]essions?)\s+(?:(?:#|--)\s*)?\d+\b")
+# The one file where the project's history belongs.
+CHANGELOG = "CHANGELOG.md"
 
 
 @dataclass(frozen=True)
@@ -184,20 +186,35 @@ def oversized(
     return problems
 
 
+def _history_in(root: Path, paths: list[Path]) -> list[str]:
+    """``<path>:<line>: <text>`` for each history reference in ``paths``."""
+    found: list[str] = []
+    for path in paths:
+        rel = path.relative_to(root).as_posix()
+        text = path.read_text(encoding="utf-8")
+        lines = text.splitlines()
+        for match in HISTORY_RE.finditer(text):
+            number = text.count("\n", 0, match.start()) + 1
+            found.append(f"{rel}:{number}: {lines[number - 1].strip()}")
+    return found
+
+
 def history_references(root: Path, packages: tuple[str, ...] = PACKAGES) -> list[str]:
     """``<path>:<line>: <text>`` for each history reference in the packages' source."""
-    found: list[str] = []
-    for package in packages:
-        for path in sorted((root / package).rglob("*")):
-            if path.suffix not in (".py", ".lua"):
-                continue
-            rel = path.relative_to(root).as_posix()
-            text = path.read_text(encoding="utf-8")
-            lines = text.splitlines()
-            for match in HISTORY_RE.finditer(text):
-                number = text.count("\n", 0, match.start()) + 1
-                found.append(f"{rel}:{number}: {lines[number - 1].strip()}")
-    return found
+    paths = [
+        path
+        for package in packages
+        for path in sorted((root / package).rglob("*"))
+        if path.suffix in (".py", ".lua")
+    ]
+    return _history_in(root, paths)
+
+
+def doc_history_references(root: Path) -> list[str]:
+    """``<path>:<line>: <text>`` for each history reference in README.md and docs/
+    (CHANGELOG.md, at the root, is where history goes and is not read)."""
+    paths = [root / "README.md", *sorted((root / "docs").rglob("*.md"))]
+    return _history_in(root, [path for path in paths if path.is_file()])
 
 
 # -- the project ------------------------------------------------------------------------
@@ -226,8 +243,16 @@ def test_allow_list_names_real_oversized_things(project: dict[str, Module]) -> N
 
 
 def test_no_history_in_code() -> None:
-    """No issue or session number in vmpool/ or workers/: history lives in git and docs."""
+    """No issue or session number in vmpool/ or workers/: history lives in git and
+    CHANGELOG.md."""
     assert history_references(ROOT) == []
+
+
+def test_no_history_in_docs() -> None:
+    """No issue or session number in README.md or docs/: they describe the product as it
+    is; its history is CHANGELOG.md's."""
+    assert (ROOT / CHANGELOG).is_file()
+    assert doc_history_references(ROOT) == []
 
 
 def test_the_domain_never_imports_workers_api_or_cli(project: dict[str, Module]) -> None:
@@ -320,4 +345,20 @@ def test_checker_finds_history_in_python_and_lua(tmp_path: Path) -> None:
         "vmpool/a.py:1: x = 1  # issue 15: batched",
         "workers/b.lua:1: -- Session 4 measured this (issue",
         "workers/b.lua:1: -- Session 4 measured this (issue",
+    ]
+
+
+def test_checker_finds_history_in_readme_and_docs_not_in_the_changelog(tmp_path: Path) -> None:
+    files = {
+        "README.md": "Fast since Session 5.\n",
+        "docs/a.md": "# Batching (issue 15)\n\nthe issue is 3 words\n",
+        "docs/deep/b.md": "see issue\n#21\n",
+        "docs/c.txt": "issue 15\n",
+        CHANGELOG: "## Throughput (issue 15)\n",
+    }
+    _tree(tmp_path, files)
+    assert doc_history_references(tmp_path) == [
+        "README.md:1: Fast since Session 5.",
+        "docs/a.md:1: # Batching (issue 15)",
+        "docs/deep/b.md:1: see issue",
     ]
