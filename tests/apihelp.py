@@ -41,6 +41,25 @@ def spec_config(
     key_prefix: str | None = None,
 ) -> Config:
     """vmpooler's ondemandvm_spec.rb configuration, in vmpool's loader."""
+    data = spec_data(
+        auth=auth,
+        rate_limit=rate_limit,
+        weights=weights,
+        ttl_minutes=ttl_minutes,
+        key_prefix=key_prefix,
+    )
+    return parse_config(data, source="test", env={})
+
+
+def spec_data(
+    *,
+    auth: bool = False,
+    rate_limit: int | None = None,
+    weights: dict[str, float] | None = None,
+    ttl_minutes: float = 5,
+    key_prefix: str | None = None,
+) -> dict[str, Any]:
+    """:func:`spec_config`'s file, as data (JSON is YAML: a config file's text as well)."""
     data: dict[str, Any] = {
         "config": {
             "site_name": "test pooler",
@@ -71,7 +90,7 @@ def spec_config(
         }
         if rate_limit is not None:
             data["auth"]["rate_limit_per_minute"] = rate_limit
-    return parse_config(data, source="test", env={})
+    return data
 
 
 def make_app(
