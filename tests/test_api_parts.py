@@ -3,15 +3,12 @@ summary, the dependencies' order, and an app that reports only its own fleet."""
 
 from __future__ import annotations
 
-import random
 from typing import Any
 
 import pytest
 import redis
-from fastapi.testclient import TestClient
 from rq import Queue, Worker
 
-from vmpool.api.app import RedisClients, create_app
 from vmpool.api.errors import Rejected
 from vmpool.api.parsing import (
     MAX_NAMES,
@@ -150,13 +147,7 @@ def test_an_app_reports_only_its_own_fleet(redis_url: str, redis_client: redis.R
     for keys, name in [(mine, "w-mine"), (theirs, "w-theirs")]:
         queues = [Queue(q, connection=raw) for q in queue_names(keys)]
         Worker(queues, connection=raw, name=name).register_birth()
-    app = create_app(
-        spec_config(),
-        RedisClients.from_url(redis_url),
-        enqueue=None,
-        rng=random.Random(1),
-    )
-    c = TestClient(app)
+    c, _ = make_client(spec_config(), redis_url)
     status = c.get(f"{API}/status").json()
     assert sorted(status["queues"]) == sorted(queue_names(mine))
     assert [w["name"] for w in status["workers"]] == ["w-mine"]
@@ -167,9 +158,9 @@ def test_an_app_reports_only_its_own_fleet(redis_url: str, redis_client: redis.R
     assert sum(float(line.rsplit(" ", 1)[1]) for line in workers) == 1.0
 
 
-def test_the_default_enqueue_uses_the_key_prefix(redis_url: str, redis_client: redis.Redis) -> None:
+def test_the_enqueue_uses_the_key_prefix(redis_url: str, redis_client: redis.Redis) -> None:
     cfg = spec_config(key_prefix="other")
-    c = TestClient(create_app(cfg, RedisClients.from_url(redis_url)))
+    c, _ = make_client(cfg, redis_url)
     rid = c.post(f"{API}/ondemandvm", content='{"pool1": 1}').json()["request_id"]
     raw = redis.Redis.from_url(redis_url)
     keys = Keys("other")

@@ -18,12 +18,12 @@ import redis
 from fastapi.testclient import TestClient
 
 from vmpool import lifecycle
-from vmpool.api.app import create_app
 from vmpool.config import parse_config
 from vmpool.lifecycle import Fleet, RecordingDispatcher
 from vmpool.state.names import NameGenerator
 from vmpool.state.records import RequestSettings, Slot
 
+from apihelp import make_app
 from motohelp import MotoServer, boto_ec2
 
 pytestmark = pytest.mark.slow
@@ -111,7 +111,7 @@ def test_handed_out_hostnames_work_with_every_vm_endpoint(
     (warm,) = fleet.store.pool_vms("warm", "ready")
     assert fleet.store.get_vm(warm).address == addresses[warm]  # type: ignore[union-attr]
 
-    with TestClient(create_app(fleet.config, redis_url, enqueue=None)) as client:
+    with TestClient(make_app(fleet.config, redis_url)) as client:
         handed = client.get("/api/v3/ondemandvm/r-bare").json()["bare"]["hostname"]
         assert handed == [addresses[bare.name]]
         checkout = client.post("/api/v3/vm/warm").json()

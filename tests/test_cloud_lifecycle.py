@@ -21,7 +21,6 @@ import redis
 from fastapi.testclient import TestClient
 
 from vmpool import lifecycle
-from vmpool.api.app import create_app
 from vmpool.config import Config, parse_config
 from vmpool.lifecycle import Fleet, RecordingDispatcher
 from vmpool.providers.cloud import EC2Provider
@@ -29,6 +28,7 @@ from vmpool.state.names import NameGenerator
 from vmpool.state.records import RequestSettings, Slot
 
 import cloudfakes
+from apihelp import make_app
 
 THROTTLED = (503, cloudfakes.ec2_error("RequestLimitExceeded", "Request limit exceeded."))
 
@@ -190,7 +190,7 @@ def test_permanent_error_fails_fast_with_the_clouds_message(
     assert cloud.calls["create"] <= 2  # at most once per VM: never retried
     trail = " ".join(e.reason for e in fleet.store.history(rid))
     assert "The image id '[ami-1]' does not exist" in trail
-    app = create_app(fleet.config, redis_url, enqueue=None)
+    app = make_app(fleet.config, redis_url)
     with TestClient(app) as client:
         body = client.get(f"/api/v3/ondemandvm/{rid}").json()
     assert "InvalidAMIID.NotFound" in body["reason"] and body["ready"] is False
@@ -210,7 +210,7 @@ def test_circuit_opens_holds_creates_and_closes(cloud_fleet: Any, redis_url: str
     trail = " ".join(e.reason for e in fleet.store.history("r-circuit"))
     assert "circuit open for 60s" in trail
 
-    app = create_app(fleet.config, redis_url, enqueue=None)
+    app = make_app(fleet.config, redis_url)
     with TestClient(app) as client:
         status = client.get("/api/v3/status").json()["providers"]["aws"]
         metrics = client.get("/metrics").text

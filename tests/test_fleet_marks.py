@@ -13,13 +13,14 @@ import redis
 from click.testing import CliRunner
 from fastapi.testclient import TestClient
 
-from vmpool.api.app import create_app
 from vmpool.cli.main import cli
 from vmpool.config import load_config
 from vmpool.providers import PermanentProviderError
 from vmpool.providers.cloud import EC2Provider, GCEProvider
 from vmpool.state.fleet_identity import fleet_identity
 from vmpool.state.keys import Keys
+
+from apihelp import make_app
 
 CONFIG = """
 :providers:
@@ -51,7 +52,7 @@ def test_status_and_cli_show_it(tmp_path: Path, redis_url: str, redis_client: re
     path = tmp_path / "vmpool.yaml"
     path.write_text(CONFIG)
     identity = fleet_identity(redis_client, Keys("vmpool"))
-    with TestClient(create_app(load_config(path), redis_url, enqueue=None)) as client:
+    with TestClient(make_app(load_config(path), redis_url)) as client:
         fleet = client.get("/api/v3/status").json()["fleet"]
     assert fleet == {"id": identity, "providers": {"aws": identity, "old": "vmpool"}}
 

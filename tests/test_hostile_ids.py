@@ -30,6 +30,7 @@ from vmpool.ids import (
     validate_request_id,
 )
 from vmpool.state.keys import Keys
+from vmpool.state.records import RequestSettings, Slot
 from vmpool.state.store import Store
 from workers import queues as q
 from workers.worker import build_worker
@@ -172,16 +173,14 @@ def test_hostile_ids_never_stop_the_clone_limited_sweep(
     config = _config()
     keys = Keys(config.key_prefix)
     _post_hostile_ids(redis_url, config)
-    client, _ = make_client(config, redis_url, enqueue=None)  # only the sweep provisions
-    rids = []
-    for _ in range(6):
-        r = client.post(f"{API}/ondemandvm", content='{"deb": 2}')
-        assert r.status_code == 201, r.text
-        rids.append(r.json()["request_id"])
+    store = Store(redis_client, keys)
+    settings = RequestSettings.from_config(config)
+    rids = [f"ordinary-{i}" for i in range(6)]
+    for rid in rids:  # in the provision queue only: the sweep alone finds them
+        assert store.create_request(rid, [Slot("deb", "deb", 2)], settings, actor="test").ok
     planted = ["poison\n", "poison\r\n", "{poison}", "x" * 300]
     redis_client.zadd(keys.provision_queue, {rid: 0 for rid in planted})  # first in line
     redis_client.zadd(keys.pool_state("deb", "pending"), {"BAD\nvm": 0})
-    store = Store(redis_client, keys)
     worker = build_worker(redis_url, config, kind="simple")
     deadline = time.monotonic() + 60
     while not _all_ready(store, rids):

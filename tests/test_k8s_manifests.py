@@ -690,8 +690,9 @@ def test_api_probes_and_ports_exist(redis_url: str, redis_client: Any, tmp_path:
     a real Redis behind it), on the port the pods declare."""
     from fastapi.testclient import TestClient
 
-    from vmpool.api.app import create_app
     from vmpool.config import load_config
+
+    from apihelp import make_app
 
     base = render("base")
     config = load_config(rendered_config(base, tmp_path), env={})
@@ -721,7 +722,7 @@ def test_api_probes_and_ports_exist(redis_url: str, redis_client: Any, tmp_path:
         dash_port = int(args[args.index("--port") + 1])
         assert [p["containerPort"] for p in dashboard["ports"]] == [dash_port]
     assert paths == {"/healthz", "/readyz", "/metrics"}
-    with TestClient(create_app(config, redis_url)) as client:
+    with TestClient(make_app(config, redis_url)) as client:
         for path in sorted(paths):
             response = client.get(path)
             assert response.status_code == 200, (
@@ -1071,9 +1072,10 @@ def _scrape(redis_url: str, tmp_path: Path) -> dict[str, set[str]]:
     from fastapi.testclient import TestClient
     from prometheus_client.parser import text_string_to_metric_families
 
-    from vmpool.api.app import create_app
     from vmpool.cli.audit import audit_command
     from vmpool.config import load_config
+
+    from apihelp import make_app
 
     objs = render(SITE)
     path = rendered_config(objs, tmp_path)
@@ -1092,7 +1094,7 @@ def _scrape(redis_url: str, tmp_path: Path) -> dict[str, set[str]]:
             timeout=120,
         )
         assert proc.returncode == 0, proc.stdout + proc.stderr
-    with TestClient(create_app(config, redis_url)) as client:
+    with TestClient(make_app(config, redis_url)) as client:
         response = client.get("/metrics")
     assert response.status_code == 200
     exported: dict[str, set[str]] = {}

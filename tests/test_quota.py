@@ -21,7 +21,6 @@ import redis
 from fastapi.testclient import TestClient
 
 from vmpool import lifecycle
-from vmpool.api.app import create_app
 from vmpool.config import Config, parse_config
 from vmpool.lifecycle import Fleet, RecordingDispatcher
 from vmpool.providers.cloud import EC2Provider
@@ -29,6 +28,7 @@ from vmpool.state.names import NameGenerator
 from vmpool.state.records import RequestSettings, Slot
 
 import cloudfakes
+from apihelp import make_app
 from motohelp import FaultProxy, MotoServer
 
 VCPU_LIMIT = (
@@ -142,7 +142,7 @@ def test_waiting_vms_are_not_asked_for_and_the_ttl_names_the_quota(
     (waiting,) = fleet.store.request_vms("r-wait")
     assert waiting.state == "reserved" and "VcpuLimitExceeded" in waiting.error
 
-    with TestClient(create_app(fleet.config, redis_url, enqueue=None)) as client:
+    with TestClient(make_app(fleet.config, redis_url)) as client:
         status = client.get("/api/v3/status").json()["providers"]["aws"]
         assert status["quota"] == "held" and status["quota_held_total"] == 1
         assert "VcpuLimitExceeded" in status["quota_error"]

@@ -16,7 +16,6 @@ import binascii
 import logging
 import random
 import weakref
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Annotated, Any
 
@@ -47,7 +46,6 @@ from workers.batching import BatchDispatcher
 __all__ = [
     "ApiState",
     "BasicUser",
-    "EnqueueFn",
     "LoopClients",
     "RedisClients",
     "State",
@@ -62,10 +60,6 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 REALM = 'Basic realm="Authentication required"'
-
-# Called with a new request's id to start its provisioning. None: no call (the
-# periodic provision sweep finds new requests on its own).
-EnqueueFn = Callable[[str], Any]
 
 
 class LoopClients:
@@ -97,12 +91,11 @@ class LoopClients:
 class RedisClients:
     """``text`` decodes responses (the store, tokens).
 
-    ``raw`` does not (RQ needs that). ``aio``: asyncio clients for the hot paths (None:
-    they run ``text`` in the thread pool instead)."""
+    ``raw`` does not (RQ needs that). ``aio``: the asyncio clients the hot paths await."""
 
     text: redis.Redis
     raw: redis.Redis
-    aio: LoopClients | None = None
+    aio: LoopClients
 
     @classmethod
     def from_url(cls, url: str, options: RedisOptions | None = None) -> RedisClients:
@@ -127,14 +120,13 @@ class ApiState:
     store: Store
     tokens: TokenStore
     metrics: ApiMetrics
-    enqueue: EnqueueFn | None
+    # The fleet's batching dispatcher: a POST creates the request, adds it to the
+    # provision work set and checks the lanes in one round trip (routers/ondemand.py);
+    # the operator endpoints and the VM tasks queue their jobs through it.
+    batch: BatchDispatcher
     rng: random.Random
     started: float  # time.monotonic() when the app was built (/status's uptime)
     listen_host: str | None = None  # the address served on, when known (/status warns)
-    # The fleet's batching dispatcher when ``enqueue`` is its provision_request: then a
-    # POST creates the request, adds it to the provision work set and checks the lanes
-    # in one round trip (routers/ondemand.py).
-    batch: BatchDispatcher | None = None
 
 
 def api_state(request: Request) -> ApiState:

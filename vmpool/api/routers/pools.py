@@ -27,7 +27,6 @@ from vmpool.api.parsing import parse_json_body, read_body
 from vmpool.api.responses import not_ok, reply
 from vmpool.config import PoolConfig
 from vmpool.config.fields import MAX_COUNT
-from vmpool.lifecycle.fleet import Dispatcher
 from vmpool.lifecycle.overrides import (
     pools_with_overrides,
     reset_pools,
@@ -132,10 +131,6 @@ def _operator(st: ApiState, request: Request) -> str:
     return f"api:{token.user}"
 
 
-def _dispatcher(st: ApiState) -> Dispatcher | None:
-    return st.batch
-
-
 def _mapping(raw: bytes) -> Mapping[str, Any]:
     """The body as a JSON object: vmpooler's 400 for bad JSON, 404 for ``null``."""
     data = parse_json_body(raw)
@@ -199,9 +194,7 @@ def _change(st: ApiState, request: Request, setting: Setting, raw: bytes) -> Res
             values[name] = value
     if bad:
         return not_ok(400, **{field: bad})
-    changed = set_setting(
-        st.store, st.config, setting, values, actor=actor, dispatch=_dispatcher(st)
-    )
+    changed = set_setting(st.store, st.config, setting, values, actor=actor, dispatch=st.batch)
     return reply(201 if changed else 200, {"ok": True})
 
 
@@ -230,9 +223,7 @@ def _delete(setting: Setting) -> Any:
         actor = _operator(st, request)
         if pool not in st.config.pools:
             return not_ok(404)
-        out = revert_setting(
-            st.store, st.config, setting, pool, actor=actor, dispatch=_dispatcher(st)
-        )
+        out = revert_setting(st.store, st.config, setting, pool, actor=actor, dispatch=st.batch)
         now, configured = _REVERTED_FIELDS[setting]
         as_value: Callable[[str], Any] = int if setting == "poolsize" else str
         body = {"ok": True, now: as_value(out.before), configured: as_value(out.configured)}
@@ -261,7 +252,7 @@ async def poolreset(request: Request, st: State) -> Response:
         bad = [name for name in payload if name not in st.config.pools]
         if bad:
             return not_ok(400, bad_pools=bad)
-        reset_pools(st.store, list(payload), actor=actor, dispatch=_dispatcher(st))
+        reset_pools(st.store, list(payload), actor=actor, dispatch=st.batch)
         return reply(201, {"ok": True})
 
     return await run_in_threadpool(reset)

@@ -142,29 +142,25 @@ def _vm(st: ApiState, hostname: str) -> VMRecord | None:
 async def _resolve(st: ApiState, hostname: str) -> str | None:
     """:func:`_vm`'s name lookup, awaited on the loop.
 
-    In the thread pool without an asyncio client. An address costs one read of the index."""
+    An address costs one read of the index."""
     if not is_address(hostname):
         return _vm_name(hostname)
-    aio = st.clients.aio
-    if aio is None:
-        return await run_in_threadpool(st.store.vm_at_address, hostname)
-    raw = await aio.get().hget(st.keys.addresses, hostname)
-    return None if raw is None else raw.decode() if isinstance(raw, bytes) else str(raw)
+    raw = await st.clients.aio.get().hget(st.keys.addresses, hostname)
+    return None if raw is None else str(raw)
 
 
 @router.get("/vm/{hostname}", dependencies=[counted("get", "vm", "hostname")])
 async def get_vm(hostname: str, st: State) -> Response:
     """The VM and the server's time (its age, its time left) in one pipeline.
 
-    Awaited on the loop (in the thread pool without an asyncio client)."""
+    Awaited on the loop."""
     name = await _resolve(st, hostname)
     if name is None:
         return not_ok(404)
-    aio = st.clients.aio
-    pipe: Any = (aio.get() if aio else st.clients.text).pipeline(transaction=False)
+    pipe = st.clients.aio.get().pipeline(transaction=False)
     reads.queue_vms(pipe, st.keys, [name])
     pipe.time()
-    replies = await pipe.execute() if aio else await run_in_threadpool(pipe.execute)
+    replies = await pipe.execute()
     vms = reads.vms_from(replies[:1])
     if not vms:
         return not_ok(404)
