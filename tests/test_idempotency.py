@@ -22,6 +22,7 @@ from urllib.parse import urlsplit
 
 import pytest
 import redis
+from sentinelhelp import HOST, FaultProxy, Node, wait_for
 
 from vmpool.local.redis_server import free_port
 from vmpool.state.connection import RedisOptions, connect
@@ -33,7 +34,6 @@ from vmpool.state.store import Store
 from vmpool.state.tokens import MintedToken, TokenStore
 from vmpool.state.vm_tasks import VMTask
 
-from sentinelhelp import HOST, FaultProxy, Node, wait_for
 from storehelp import ACTOR, make_ready, make_request, settings
 
 POOL = "debian"
@@ -162,9 +162,15 @@ CASES: dict[str, Case] = {
     "reserve_pool_vm": Case(
         _nothing,
         lambda p, _: p.store.pools.reserve_pool_vm(
-            "debian-r0", pool=POOL, template="t", provider="sim", domain=None, size=2,
-            data_ttl_s=60, actor=ACTOR,
-        ),  # fmt: skip
+            "debian-r0",
+            pool=POOL,
+            template="t",
+            provider="sim",
+            domain=None,
+            size=2,
+            data_ttl_s=60,
+            actor=ACTOR,
+        ),
     ),
     "claim_for_request": Case(
         lambda p: (
@@ -175,16 +181,20 @@ CASES: dict[str, Case] = {
     ),
     "create_request": Case(
         _nothing,
-        lambda p, _: p.store.create_request(
-            RID, [Slot("deb", POOL, 1)], settings(), actor=ACTOR
-        ),
+        lambda p, _: p.store.create_request(RID, [Slot("deb", POOL, 1)], settings(), actor=ACTOR),
     ),
     "reserve_vm": Case(
         lambda p: p.store.create_request(RID, [Slot("deb", POOL, 1)], settings(), actor=ACTOR),
         lambda p, _: p.store.reserve_vm(
-            RID, name="vm-1", alias="deb", pool=POOL, template="t", provider="sim",
-            domain=None, actor=ACTOR,
-        ),  # fmt: skip
+            RID,
+            name="vm-1",
+            alias="deb",
+            pool=POOL,
+            template="t",
+            provider="sim",
+            domain=None,
+            actor=ACTOR,
+        ),
     ),
     "vm_created": Case(
         lambda p: make_request(p.store, RID, 1, created=False),

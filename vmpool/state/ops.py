@@ -67,6 +67,10 @@ class Op:
     ttl_s: float
     fingerprint: str = ""
 
+    def part(self, name: str) -> Op:
+        """The operation of one step of this call (a call making several changes)."""
+        return Op(f"{self.id}:{name}", self.ttl_s, self.fingerprint)
+
     def argv(self, keys: Keys) -> list[str | int]:
         """The three arguments _once.lua takes from the end of ARGV."""
         return [keys.op(self.id), max(1, round(self.ttl_s * 1000)), self.fingerprint]

@@ -150,6 +150,7 @@ class MintedToken:
     token: str  # the plain token: shown once, never stored or logged
     expires: float | None  # seconds since the epoch (the Redis server's clock). None: never
     dropped: int  # older tokens of the user dropped to stay within the bound
+    sealed: str = ""  # the sealed token the operation recorded (a repeat: the first one's)
 
 
 class TokenStore:
@@ -188,24 +189,26 @@ class TokenStore:
         *,
         ttl_s: float | None = None,
         max_tokens: int = 100,
-        token: str | None = None,
+        seal: Callable[[str], str] | None = None,
         op: Op | None = None,
     ) -> MintedToken:
         """Mint a token for ``user`` that lives ``ttl_s`` seconds (None: until revoked).
 
-        Beyond ``max_tokens`` live tokens of the user, the oldest are dropped. ``token``:
-        the plain token to store (None: a new one); ``op``: as for the class.
+        Beyond ``max_tokens`` live tokens of the user, the oldest are dropped. ``op``: as
+        for the class. ``seal``: seals the new token for the caller; the sealed token is
+        recorded with the operation, and a repeat of ``op`` stores nothing and answers the
+        first call's (``MintedToken.sealed``: the caller unseals it).
         """
         if not user:
             raise ValueError("user must not be empty")
         if max_tokens < 1 or (ttl_s is not None and ttl_s <= 0):
             raise ValueError("max_tokens and ttl_s must be positive")
-        token = token or generate_token()
+        token = generate_token()
         sha = token_sha256(token)
         now = self._now()
         ttl_ms = 0 if ttl_s is None else max(1, round(ttl_s * 1000))
         expires = None if ttl_s is None else float(now) + ttl_ms / 1000
-        dropped = self._create(
+        reply = self._create(
             keys=[self.keys.token(sha), self.keys.user_tokens(_sha(user))],
             args=[
                 user,
@@ -215,10 +218,11 @@ class TokenStore:
                 self.keys.token_prefix(),
                 sha,
                 "" if expires is None else f"{expires:.6f}",
+                seal(token) if seal else "",
                 *self._op_args(op),
             ],
         )
-        return MintedToken(token, expires, int(dropped))
+        return MintedToken(token, expires, int(reply[1]), _text(reply[2]))
 
     def lookup(self, token: str, *, touch: bool = True) -> TokenInfo | None:
         """The token's record, or None. ``touch`` records the time of use in ``last``."""

@@ -6,7 +6,7 @@ its queue entries in one atomic unit), then asks the fleet to provision it. With
 batching dispatcher the id joins the provision work set in that same unit, and the
 lane check its dispatcher adds (``BatchDispatcher.provision_after_create``) runs in the
 same pipeline: one round trip awaited on the loop. DELETE goes through
-``Store.delete_request``. A refusal writes nothing.
+``Store.delete_request``. A refusal writes nothing. Idempotency keys: vmpool.api.idempotency.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from vmpool.api.deps import (
     authenticate,
 )
 from vmpool.api.errors import redis_refusal
+from vmpool.api.idempotency import call_key, keyed
 from vmpool.api.metrics import ApiMetrics
 from vmpool.api.parsing import (
     Ondemand,
@@ -47,6 +48,7 @@ from vmpool.lifecycle.plan import RequestRejected, plan_slots
 from vmpool.state import reads
 from vmpool.state.durability import confirm, confirm_async
 from vmpool.state.lua import ScriptPipeline
+from vmpool.state.ops import Op
 from vmpool.state.records import Outcome, RequestRecord, RequestSettings, Slot
 from vmpool.state.store import Store
 from vmpool.state.tokens import TokenInfo
@@ -75,7 +77,7 @@ async def post_ondemand(request: Request) -> Response:
         wanted = ondemand_from_json(data, st.config)
     except RequestRejected as rejected:
         return refused(st.metrics, rejected, {})
-    return await create_request(st, wanted, token)
+    return await create_request(st, keyed(wanted, request, token), token)
 
 
 # vmpooler counts this route under the (misnamed) delete.ondemand.template.
@@ -86,7 +88,7 @@ async def post_ondemand_path(request: Request) -> Response:
     token = await authenticate(request, st)
     await read_body(request)  # ignored, but bounded
     wanted = ondemand_from_path(request.path_params["template"])
-    return await create_request(st, wanted, token)
+    return await create_request(st, keyed(wanted, request, token), token)
 
 
 # As the POST routes: the request alone, the counter inline. The reads awaited on the
@@ -102,10 +104,11 @@ async def get_ondemand(request: Request) -> Response:
 
 
 @router.delete("/ondemandvm/{request_id}")
-async def delete_ondemand(request_id: str, st: State, token: Token) -> Response:
+async def delete_ondemand(request_id: str, request: Request, st: State, token: Token) -> Response:
     # Counted after the auth check, as vmpooler counts it.
     st.metrics.http_requests_vm.labels("delete", "ondemand", "request").inc()
-    return await run_in_threadpool(delete_request, st.store, request_id, token)
+    op = call_key(request).op(token.user if token else "")
+    return await run_in_threadpool(delete_request, st.store, request_id, token, op)
 
 
 def _weighed(config: Config, counts: Mapping[str, int]) -> bool:
@@ -141,7 +144,7 @@ async def create_request(st: ApiState, wanted: Ondemand, token: TokenInfo | None
         slots = plan_slots(config, wanted.counts, st.rng)
     except RequestRejected as rejected:
         return refused(st.metrics, rejected, wanted.counts)
-    rid = wanted.request_id or str(uuid.uuid4())
+    rid = wanted.request_id or wanted.keyed_id or str(uuid.uuid4())
     try:
         if st.batch is not None and st.clients.aio is not None:
             aio = st.clients.aio.get()
@@ -150,8 +153,8 @@ async def create_request(st: ApiState, wanted: Ondemand, token: TokenInfo | None
             outcome = await run_in_threadpool(_create_then_enqueue, st, rid, slots, token)
         if outcome.code == "exists":
             # An id that exists is acknowledged (201 or 409) only once durable. An id the
-            # API made up (uuid4) can only exist if this very create ran before: redis-py
-            # sent it again after a lost connection.
+            # API made up (uuid4, or the key's) can only exist if this very create ran
+            # before: redis-py, or the client with its key, sent it again.
             await run_in_threadpool(confirm, st.store.redis)
             if wanted.request_id is None:
                 outcome = Outcome(True, "created")
@@ -373,13 +376,13 @@ def _ttl_minutes(record: RequestRecord) -> str:
     return str(int(minutes)) if float(minutes).is_integer() else str(minutes)
 
 
-def delete_request(store: Store, rid: str, token: TokenInfo | None) -> Response:
+def delete_request(store: Store, rid: str, token: TokenInfo | None, op: Op | None) -> Response:
     """DELETE /ondemandvm/<id>: the request and its VMs released for destruction."""
     try:
         validate_request_id(rid)
     except InvalidIdentifier:
         return _not_found(rid)
-    outcome = store.delete_request(rid, actor="api", user=token.user if token else "")
+    outcome = store.delete_request(rid, actor="api", user=token.user if token else "", op=op)
     if outcome.code in ("request_failed", "already_deleted"):
         confirm(store.redis)  # a state read, acknowledged: durable first
     if outcome.ok or outcome.code == "request_failed":
