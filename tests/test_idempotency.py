@@ -12,6 +12,7 @@ leave the same data: the retry is answered from the first run's record
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import re
 from collections.abc import Callable, Iterator
@@ -24,12 +25,14 @@ import pytest
 import redis
 from sentinelhelp import HOST, FaultProxy, Node, wait_for
 
-from vmpool.local.redis_server import free_port
-from vmpool.state.connection import RedisOptions, connect
+from vmpool.local.redis_server import RedisServer, free_port
+from vmpool.state.connection import RedisOptions, connect, connect_async
 from vmpool.state.durability import DurabilitySetting
 from vmpool.state.keys import Keys
+from vmpool.state.lua import ScriptPipeline
+from vmpool.state.ops import new_op
 from vmpool.state.overrides import clear_override, set_overrides
-from vmpool.state.records import Slot
+from vmpool.state.records import Outcome, Slot
 from vmpool.state.store import Store
 from vmpool.state.tokens import MintedToken, TokenStore
 from vmpool.state.vm_tasks import VMTask
@@ -319,3 +322,63 @@ def test_a_lost_reply_of_a_confirmed_write_changes_nothing_more(tmp_path: Path) 
             fault.stop()
         replica.stop()
         primary.stop()
+
+
+def test_a_full_redis_refuses_no_more_than_before(tmp_path: Path) -> None:
+    """Proves the record costs no refusal when Redis is full (maxmemory reached under
+    noeviction): Redis refuses a script only at its first write, and the record is
+    written after the change. A give-back (its first write frees) is made and answered;
+    sent again with its operation id, it answers the same; a refused checkout answers
+    its refusal; a checkout whose first write takes memory is refused (OOM) and leaves
+    nothing behind."""
+    directory = tmp_path / "full"
+    directory.mkdir()
+    server = RedisServer(appendonly=False, directory=str(directory)).start()
+    try:
+        client = redis.Redis.from_url(server.url, decode_responses=True)
+        store = Store(client, Keys())
+        held = make_ready(store, POOL, 2)[0]
+        assert store.pools.checkout(
+            {POOL: 1}, owner="alice", owner_hash="", lifetime_s=3600, actor=ACTOR
+        ).vms == ((held, POOL),)
+        client.config_set("maxmemory-policy", "noeviction")
+        client.config_set("maxmemory", 1)
+        op = new_op(60)
+        out = store.pools.give_back(held, actor=ACTOR, op=op)
+        assert out.ok and store.pools.give_back(held, actor=ACTOR, op=op) == out
+        short = store.pools.checkout(
+            {POOL: 2}, owner="bob", owner_hash="", lifetime_s=3600, actor=ACTOR
+        )
+        assert (short.ok, short.short) == (False, POOL)
+        before = shape(client)
+        with pytest.raises(redis.OutOfMemoryError):
+            store.create_request(RID, [Slot("deb", POOL, 1)], settings(), actor=ACTOR)
+        assert shape(client) == before
+    finally:
+        server.stop()
+
+
+def test_a_lost_reply_of_a_pipelined_script_changes_nothing_more(
+    proxy: FaultProxy, redis_url: str, redis_client: redis.Redis
+) -> None:
+    """Proves the same on the API's asyncio path (run_pipelined_async: POST
+    /ondemandvm's create, one pipeline): the pipeline whose reply was lost is sent
+    again by redis-py, and the create answers 'created' (its own record), not 'exists'
+    (its first run found by its second)."""
+    db = int(urlsplit(redis_url).path.strip("/") or 0)
+    p = proxied(proxy, db, options())
+    p.redis.script_load(p.store.scripts["create_request"].script)
+    aio = connect_async(f"redis://{HOST}:{proxy.port}/{db}", options(), decode_responses=True)
+    pipe = ScriptPipeline()
+    p.store.create_request(RID, [Slot("deb", POOL, 1)], settings(), actor=ACTOR, pipeline=pipe)
+    proxy.lose_replies(1)
+
+    async def run() -> list[Any]:
+        try:
+            return await pipe.execute_async(aio)
+        finally:
+            await aio.aclose()
+
+    [reply] = asyncio.run(run())
+    assert proxy.replies_lost == 1
+    assert Outcome.from_reply(reply) == Outcome(True, "created", 1)

@@ -14,12 +14,15 @@
 --
 -- Invariant: one operation id changes the data at most once. The reply of a run that
 -- changed something is recorded in the same atomic unit as the change, so no crash or
--- lost reply can separate them; a repeat runs nothing and answers the first reply. A
--- refusal ({0, ...}: it changed nothing) and an error reply are not recorded: a write-free refusal stays
--- write-free (Redis full), and its repeat is a fresh attempt, as if the first had
--- never been made. A repeat renews the record's TTL: that write moves the caller's
--- replication offset past the first run, so the WAIT sent after it confirms the
--- first run's change (vmpool/state/durability.py).
+-- lost reply can separate them; a repeat runs nothing and answers the first reply.
+-- A refusal ({0, ...}: it changed nothing) and an error reply are not recorded: its
+-- repeat is a fresh attempt, as if the first had never been made, and a refusal stays
+-- free of writes. The record is written after the change: Redis refuses a script for
+-- memory (a full Redis) only at its first write, so a full Redis refuses what it
+-- refused before and records every change it lets start. A repeat renews the record's
+-- TTL (allowed when Redis is full): that write moves the caller's replication offset
+-- past the first run, so the WAIT sent after it confirms the first run's change
+-- (vmpool/state/durability.py).
 local OP_PRINT = table.remove(ARGV)
 local OP_TTL = table.remove(ARGV)
 local OP_KEY = table.remove(ARGV)
