@@ -58,6 +58,7 @@ UNCONFIRMED: dict[tuple[str, str], str] = {
     ("HSET", r"vmpool:fleet:config$"): "a process's config, published again at each start",
     ("HSET", r"vmpool:fleets$"): "the same publication's index",
     ("HINCRBY", r"vmpool:metrics:"): "a counter of the metrics",
+    ("HSET", r"vmpool:metrics:audit$"): "the last audit's count for /metrics: each run's own",
     ("SADD", r"rq:queues$"): "RQ's index of its queues (a job: below)",
 }
 # Scripts whose writes are RQ's jobs, queued in a pipeline of their own: a job carries
@@ -163,7 +164,7 @@ def api_session(url: str) -> None:
 
 
 def cli_session(url: str, config_path: Path) -> None:
-    """Every change the CLI offers an operator."""
+    """Every change the CLI offers an operator (and `audit --metrics`' record)."""
     runner = CliRunner()
 
     def run(*args: str) -> str:
@@ -180,6 +181,7 @@ def cli_session(url: str, config_path: Path) -> None:
     run("pools", "--unset-size", OTHER, "--reset", OTHER)
     run("request", "create", f"{OTHER}=1", "--request-id", "cli-1")
     run("request", "delete", "cli-1")
+    runner.invoke(cli, ["audit", "--metrics", "--config", str(config_path), "--redis-url", url])
 
 
 def writes(port: int) -> set[str]:
