@@ -44,6 +44,7 @@ Layout (``P`` is the prefix)::
     P:schedule:schedulers        zset   live scheduler replicas (rq-scheduler's registry)
     P:schedule:scheduler:NAME    hash   one scheduler replica (rq-scheduler's birth record)
     P:health:write-probe         string the readiness probe's write (expires in a minute)
+    P:op:ID                      string a mutating call's reply by its operation id (ops.py; TTL)
     P:config:poolsize            hash   pool -> size set at runtime (POST /config/poolsize)
     P:config:template            hash   pool -> template set at runtime
     P:config:clone_target        hash   pool -> clone target set at runtime
@@ -114,6 +115,10 @@ class Keys:
     @property
     def write_probe(self) -> str:
         return f"{self.prefix}:health:write-probe"
+
+    def op(self, op_id: str) -> str:
+        """String: the recorded reply of operation ``op_id`` (vmpool/state/ops.py)."""
+        return f"{self.prefix}:op:{op_id}"
 
     # -- requests -------------------------------------------------------------------
     def request(self, request_id: str) -> str:

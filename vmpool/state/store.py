@@ -27,6 +27,7 @@ from vmpool.ids import validate_request_id, validate_vm_name
 from vmpool.state import reads
 from vmpool.state.keys import Keys
 from vmpool.state.lua import ScriptPipeline
+from vmpool.state.ops import Op
 from vmpool.state.pool_store import PoolStore
 from vmpool.state.records import (
     AuditEntry,
@@ -238,8 +239,13 @@ class Store:
     def expire_request(self, request_id: str, *, actor: str) -> Outcome:
         return self._run("expire_request", request_id, actor)
 
-    def delete_request(self, request_id: str, *, actor: str, user: str = "") -> Outcome:
-        return self._run("delete_request", request_id, actor, [user])
+    def delete_request(
+        self, request_id: str, *, actor: str, user: str = "", op: Op | None = None
+    ) -> Outcome:
+        """``op``: the operation (:mod:`vmpool.state.ops`; None: one made for the call)."""
+        keys = self.keys.request_script_keys(request_id)
+        reply = self.scripts.run("delete_request", keys, actor, request_id, [user], op)
+        return Outcome.from_reply(reply)
 
     def end_vm_lifetime(
         self, name: str, *, actor: str, force: bool = False, reason: str = ""

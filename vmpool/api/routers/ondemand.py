@@ -6,7 +6,7 @@ its queue entries and its place in the provision work set in one atomic unit), a
 lane check of the fleet's batching dispatcher
 (``BatchDispatcher.provision_after_create``) runs in the same pipeline: one round trip
 awaited on the loop. GET reads in pipelines awaited on the loop. DELETE goes through
-``Store.delete_request``. A refusal writes nothing.
+``Store.delete_request``. A refusal writes nothing. Idempotency keys: vmpool.api.idempotency.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from starlette.responses import Response
 
 from vmpool.api.deps import ApiState, State, Token, api_state, authenticate
 from vmpool.api.errors import redis_refusal
+from vmpool.api.idempotency import call_key, keyed
 from vmpool.api.metrics import ApiMetrics
 from vmpool.api.parsing import (
     Ondemand,
@@ -41,6 +42,7 @@ from vmpool.lifecycle.plan import RequestRejected, plan_slots
 from vmpool.state import reads
 from vmpool.state.durability import confirm, confirm_async
 from vmpool.state.lua import ScriptPipeline
+from vmpool.state.ops import Op
 from vmpool.state.records import Outcome, RequestRecord, RequestSettings, Slot
 from vmpool.state.store import Store
 from vmpool.state.tokens import TokenInfo
@@ -69,7 +71,7 @@ async def post_ondemand(request: Request) -> Response:
         wanted = ondemand_from_json(data, st.config)
     except RequestRejected as rejected:
         return refused(st.metrics, rejected, {})
-    return await create_request(st, wanted, token)
+    return await create_request(st, keyed(wanted, request, token), token)
 
 
 # vmpooler counts this route under the (misnamed) delete.ondemand.template.
@@ -80,7 +82,7 @@ async def post_ondemand_path(request: Request) -> Response:
     token = await authenticate(request, st)
     await read_body(request)  # ignored, but bounded
     wanted = ondemand_from_path(request.path_params["template"])
-    return await create_request(st, wanted, token)
+    return await create_request(st, keyed(wanted, request, token), token)
 
 
 # As the POST routes: the request alone, the counter inline. The reads awaited on the
@@ -93,10 +95,11 @@ async def get_ondemand(request: Request) -> Response:
 
 
 @router.delete("/ondemandvm/{request_id}")
-async def delete_ondemand(request_id: str, st: State, token: Token) -> Response:
+async def delete_ondemand(request_id: str, request: Request, st: State, token: Token) -> Response:
     # Counted after the auth check, as vmpooler counts it.
     st.metrics.http_requests_vm.labels("delete", "ondemand", "request").inc()
-    return await run_in_threadpool(delete_request, st.store, request_id, token)
+    op = call_key(request).op(token.user if token else "")
+    return await run_in_threadpool(delete_request, st.store, request_id, token, op)
 
 
 def _weighed(config: Config, counts: Mapping[str, int]) -> bool:
@@ -130,14 +133,14 @@ async def create_request(st: ApiState, wanted: Ondemand, token: TokenInfo | None
         slots = plan_slots(config, wanted.counts, st.rng)
     except RequestRejected as rejected:
         return refused(st.metrics, rejected, wanted.counts)
-    rid = wanted.request_id or str(uuid.uuid4())
+    rid = wanted.request_id or wanted.keyed_id or str(uuid.uuid4())
     try:
         aio = st.clients.aio.get()
         outcome = await _create_pipelined(st, aio, rid, slots, token)
         if outcome.code == "exists":
             # An id that exists is acknowledged (201 or 409) only once durable. An id the
-            # API made up (uuid4) can only exist if this very create ran before: redis-py
-            # sent it again after a lost connection.
+            # API made up (uuid4, or the key's) can only exist if this very create ran
+            # before: redis-py, or the client with its key, sent it again.
             await confirm_async(aio)
             if wanted.request_id is None:
                 outcome = Outcome(True, "created")
@@ -327,13 +330,13 @@ def _ttl_minutes(record: RequestRecord) -> str:
     return str(int(minutes)) if float(minutes).is_integer() else str(minutes)
 
 
-def delete_request(store: Store, rid: str, token: TokenInfo | None) -> Response:
+def delete_request(store: Store, rid: str, token: TokenInfo | None, op: Op | None) -> Response:
     """DELETE /ondemandvm/<id>: the request and its VMs released for destruction."""
     try:
         validate_request_id(rid)
     except InvalidIdentifier:
         return _not_found(rid)
-    outcome = store.delete_request(rid, actor="api", user=token.user if token else "")
+    outcome = store.delete_request(rid, actor="api", user=token.user if token else "", op=op)
     if outcome.code in ("request_failed", "already_deleted"):
         confirm(store.redis)  # a state read, acknowledged: durable first
     if outcome.ok or outcome.code == "request_failed":
