@@ -16,6 +16,7 @@ from typing import Any
 import redis
 
 from vmpool import lifecycle
+from vmpool.ids import Job
 from vmpool.lifecycle import Fleet, RecordingDispatcher, batch
 from vmpool.lifecycle.batch import run_batch
 from vmpool.state.audit import check_trail
@@ -55,8 +56,8 @@ def test_batches_bring_requests_to_ready_one_transition_each(
     rids = [f"r{i}" for i in range(5)]
     for rid in rids:
         create_request(fleet.store, rid, [Slot("deb", "debian", 2)], fleet.config)
-    fleet.dispatch.provision_requests(rids)
-    fleet.dispatch.provision_requests(rids)  # dispatched twice: the set holds each once
+    fleet.dispatch.send(Job.PROVISION_REQUEST, rids)
+    fleet.dispatch.send(Job.PROVISION_REQUEST, rids)  # dispatched twice: the set holds each once
     assert WorkSet(fleet.redis, fleet.keys).size("provision_request") == 5
     _drain(fleet)
     for rid in rids:
@@ -115,7 +116,7 @@ def test_one_bad_subject_does_not_stop_the_batch(redis_client: redis.Redis, redi
 def test_the_clone_limit_holds_in_a_batch(redis_client: redis.Redis, redis_url: str) -> None:
     fleet = _batched_fleet(redis_client, redis_url, ondemand_clone_limit=3)
     create_request(fleet.store, "big", [Slot("deb", "debian", 8)], fleet.config)
-    fleet.dispatch.provision_request("big")
+    fleet.dispatch.send(Job.PROVISION_REQUEST, ["big"])
     lifecycle.provision_batch(fleet)
     req = fleet.store.get_request("big")
     assert req is not None and len(req.vm_names) == 3  # reserved within the limit only
@@ -162,7 +163,9 @@ def test_lanes_follow_the_config(
     fleet = make_fleet(redis_client, make_config(ondemand_clone_limit=12, batch_lanes=12))
     dispatch = BatchDispatcher(redis.Redis.from_url(redis_url), fleet.keys, fleet.config)
     for i in range(20):
-        dispatch.create_vm(f"vm-{i}")  # one by one, as provision_request dispatches them
+        dispatch.send(
+            Job.CREATE_VM, [f"vm-{i}"]
+        )  # one by one, as provision_request dispatches them
     queued = set(conn.lrange(fleet.keys.rq_queue("vms"), 0, -1))
     lanes = {job_id(fleet.keys, "create_vm_batch", run=i).encode() for i in range(12)}
     # Each dispatch checks a window of 4 lanes from a random one (its cost does not grow
@@ -207,17 +210,14 @@ def test_a_dispatch_costs_the_same_with_many_lanes(conn: redis.Redis, keys: Keys
 
 
 class _CountingDispatcher(RecordingDispatcher):
-    """Records each call it gets as (method, subjects), batched forms as one call."""
+    """Records each send it gets as (job, subjects): one entry per send."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.methods: list[tuple[str, list[str]]] = []
+        self.sends: list[tuple[str, list[str]]] = []
 
-    def check_pending_vm(self, name: str) -> None:
-        self.methods.append(("check_pending_vm", [name]))
-
-    def check_pending_vms(self, names: Sequence[str]) -> None:
-        self.methods.append(("check_pending_vms", list(names)))
+    def send(self, job: Job, subjects: Sequence[str]) -> None:
+        self.sends.append((job, list(subjects)))
 
 
 def test_a_claims_follow_ups_are_dispatched_once_per_claim(redis_client: redis.Redis) -> None:
@@ -233,7 +233,7 @@ def test_a_claims_follow_ups_are_dispatched_once_per_claim(redis_client: redis.R
     counting = _CountingDispatcher()
     fleet.dispatch = counting
     assert lifecycle.create_vm_batch(fleet) == {"pending": 3}
-    assert [(m, sorted(s)) for m, s in counting.methods] == [("check_pending_vms", sorted(names))]
+    assert [(j, sorted(s)) for j, s in counting.sends] == [("check_pending_vm", sorted(names))]
     assert fleet.dispatch is counting  # the batch's deferral stayed inside the batch
 
 
@@ -270,7 +270,7 @@ def _round_trips_per_vm(redis_url: str, vms: int) -> dict[str, int]:
     rids = [f"rt{i}" for i in range(vms)]
     for rid in rids:
         create_request(fleet.store, rid, [Slot("deb", "debian", 1)], fleet.config)
-    fleet.dispatch.provision_requests(rids)
+    fleet.dispatch.send(Job.PROVISION_REQUEST, rids)
     out: dict[str, int] = {}
     for step in (lifecycle.provision_batch, lifecycle.create_vm_batch,
                  lifecycle.check_pending_batch):  # fmt: skip

@@ -37,6 +37,7 @@ import redis
 from rq.job import get_current_job
 
 from vmpool.config import Config
+from vmpool.ids import Job
 from vmpool.lifecycle import Fleet
 from vmpool.lifecycle.batch import BATCHED, CLAIM_SIZE
 from vmpool.state.keys import Keys
@@ -85,7 +86,7 @@ _PROBE_LUA: Final = (
 )
 
 
-def lanes_for(config: Config | None, batch_job: str) -> int:
+def lanes_for(config: Config | None, batch_job: Job) -> int:
     """How many lanes ``batch_job`` has: ``:config: batch_lanes`` (at most :data:`MAX_LANES`).
 
     A create batch runs its provider calls one after the other, so
@@ -103,9 +104,9 @@ def lanes_for(config: Config | None, batch_job: str) -> int:
 def ensure_lanes(
     conn: redis.Redis,
     keys: Keys,
-    batch_job: str,
+    batch_job: Job,
     want: int = 1,
-    add: tuple[WorkSet, str, Sequence[str]] | None = None,
+    add: tuple[WorkSet, Job, Sequence[str]] | None = None,
     lanes: int = LANES,
     rng: random.Random | None = None,
 ) -> int:
@@ -134,16 +135,16 @@ class LaneProbe:
     """
 
     call: ScriptCall
-    batch_job: str
+    batch_job: Job
     free_ids: list[str]  # per probed lane, in probe order: the id to queue when free
 
 
 def probe_lanes(
     conn: redis.Redis,
     keys: Keys,
-    batch_job: str,
+    batch_job: Job,
     want: int = 1,
-    add: tuple[WorkSet, str, Sequence[str]] | None = None,
+    add: tuple[WorkSet, Job, Sequence[str]] | None = None,
     lanes: int = LANES,
     rng: random.Random | None = None,
     run_ids: Sequence[str] | None = None,
@@ -204,7 +205,7 @@ class LaneFollowUp:
 
 
 def continue_batch(
-    conn: redis.Redis, keys: Keys, batch_job: str, current_id: str, lanes: int = LANES
+    conn: redis.Redis, keys: Keys, batch_job: Job, current_id: str, lanes: int = LANES
 ) -> bool:
     """Queue the continuation of the batch job ``current_id``: the other id of its lane.
 
@@ -221,7 +222,7 @@ def continue_batch(
     return ensure_lanes(conn, keys, batch_job, lanes=lanes) > 0
 
 
-def continued(fleet: Fleet, batch_job: str, counts: dict[str, int]) -> dict[str, int]:
+def continued(fleet: Fleet, batch_job: Job, counts: dict[str, int]) -> dict[str, int]:
     """After a batch job ran (in the worker): queue its continuation if one is due.
 
     Due when it stopped on time with work left (``counts['more']``). Returns ``counts``.
@@ -244,7 +245,11 @@ class BatchDispatcher(RQDispatcher):
         self._run_ids: dict[tuple[str, int], list[str]] = {}
         self._probes: dict[tuple[str, int], LaneProbe] = {}
 
-    def _batch(self, job: str, subjects: Sequence[str]) -> None:
+    def send(self, job: Job, subjects: Sequence[str]) -> None:
+        """Batched work to its work set and batch job, the rest as RQDispatcher sends it."""
+        if job not in _BATCH_OF:
+            super().send(job, subjects)
+            return
         # A subject that is no valid name of its kind is skipped, logged and counted,
         # as enqueue_many does (the sweeps feed ids read back from Redis).
         subjects = [s for _, s in valid_items(self.conn, self.keys, lookup(job), subjects)]
@@ -256,9 +261,6 @@ class BatchDispatcher(RQDispatcher):
         ensure_lanes(
             self.conn, self.keys, batch_job, want, add=(self.work, job, subjects), lanes=lanes
         )
-
-    def provision_request(self, request_id: str) -> None:
-        self._batch("provision_request", [request_id])
 
     def provision_after_create(self, pipeline: ScriptPipeline) -> LaneFollowUp:
         """Add to ``pipeline`` what starts the provisioning of the request it creates.
@@ -272,8 +274,8 @@ class BatchDispatcher(RQDispatcher):
         return LaneFollowUp(self.conn, self.keys, probe, pipeline.add(probe.call))
 
     def _provision_probe(self) -> LaneProbe:
-        """The lane check of :meth:`provision_request` without its work-set add."""
-        batch_job = _BATCH_OF["provision_request"]
+        """The lane check of a provision_request send without its work-set add."""
+        batch_job = _BATCH_OF[Job.PROVISION_REQUEST]
         lanes = lanes_for(self.config, batch_job)
         probe = self._probes.get((batch_job, lanes))
         if probe is not None:
@@ -286,18 +288,3 @@ class BatchDispatcher(RQDispatcher):
         if lanes <= PROBE:  # the window is every lane, from lane 0: the same call each time
             self._probes[(batch_job, lanes)] = probe
         return probe
-
-    def create_vm(self, name: str) -> None:
-        self._batch("create_vm", [name])
-
-    def check_pending_vm(self, name: str) -> None:
-        self._batch("check_pending_vm", [name])
-
-    def provision_requests(self, request_ids: Sequence[str]) -> None:
-        self._batch("provision_request", request_ids)
-
-    def create_vms(self, names: Sequence[str]) -> None:
-        self._batch("create_vm", names)
-
-    def check_pending_vms(self, names: Sequence[str]) -> None:
-        self._batch("check_pending_vm", names)

@@ -63,14 +63,13 @@ from typing import Any, Final
 import redis
 from rq import Queue
 from rq.exceptions import DuplicateJobError
-from rq.job import Job
 from rq.scripts import UNIQUE_ENQUEUE_SCRIPT, _build_hset_args
 
-from vmpool.ids import shown, validate
+from vmpool.ids import Job, shown, validate
 from vmpool.state.counters import record_skipped
 from vmpool.state.keys import Keys
 from vmpool.state.lua import read_script
-from workers.table import QUEUES, JobSpec, job_id, lookup, queue_names
+from workers.table import QUEUES, JobSpec, job_id, queue_names, spec_of
 
 __all__ = [
     "ENQUEUE_CHUNK",
@@ -149,7 +148,7 @@ def _reclaim(conn: redis.Redis, keys: Keys, spec: JobSpec, jid: str) -> bool:
 def enqueue(
     conn: redis.Redis,
     keys: Keys,
-    job: str,
+    job: Job,
     subject: str | None = None,
     *,
     run: int | None = None,
@@ -161,7 +160,7 @@ def enqueue(
     unknown job or a missing/extra/invalid subject. ``run``: see
     :func:`workers.table.job_id`.
     """
-    spec = lookup(job)
+    spec = spec_of(job)
     if spec.subject is not None and subject is not None:
         validate(spec.subject, subject)  # InvalidIdentifier, a ValueError
     jid = job_id(keys, job, subject, run=run)
@@ -190,7 +189,7 @@ def enqueue(
 def enqueue_many(
     conn: redis.Redis,
     keys: Keys,
-    job: str,
+    job: Job,
     subjects: Sequence[str],
     *,
     chunk: int = ENQUEUE_CHUNK,
@@ -204,7 +203,7 @@ def enqueue_many(
     A subject that is no valid name of its kind is skipped (logged once, counted), and
     the others are queued. An unknown job, or one without a subject, raises ValueError.
     """
-    spec = lookup(job)
+    spec = spec_of(job)
     if spec.subject is None:
         raise ValueError(f"job {job!r} takes no subject; use enqueue()")
     if chunk < 1:
@@ -243,6 +242,8 @@ def valid_items(
     bounded and escaped (the input may be anything a client or an old record held).
     """
     assert spec.subject is not None
+    if isinstance(subjects, str):  # a str is a Sequence[str] too: one name is not many
+        raise TypeError(f"{spec.name}: subjects are a sequence of names, got {shown(subjects)}")
     items: dict[tuple[str, str], None] = {}
     logged: set[str] = set()
     skipped = 0
@@ -283,7 +284,7 @@ def push_unique(
     pipe = conn.pipeline(transaction=False)
     pipe.sadd(queue.redis_queues_keys, queue.key)  # what enqueue_job does first
     for jid, args in jobs:
-        rq_job: Job = queue.create_job(
+        rq_job = queue.create_job(
             spec.func,
             args=args,
             job_id=jid,
@@ -312,36 +313,6 @@ class RQDispatcher:
         self.conn = conn
         self.keys = keys
 
-    def _one(self, job: str, subject: str) -> None:
-        enqueue(self.conn, self.keys, job, subject)
-
-    def _many(self, job: str, subjects: Sequence[str]) -> None:
+    def send(self, job: Job, subjects: Sequence[str]) -> None:
+        """:func:`enqueue_many`: a constant number of round trips per ENQUEUE_CHUNK."""
         enqueue_many(self.conn, self.keys, job, subjects)
-
-    def provision_request(self, request_id: str) -> None:
-        self._one("provision_request", request_id)
-
-    def create_vm(self, name: str) -> None:
-        self._one("create_vm", name)
-
-    def check_pending_vm(self, name: str) -> None:
-        self._one("check_pending_vm", name)
-
-    def check_request(self, request_id: str) -> None:
-        self._one("check_request", request_id)
-
-    def destroy_vm(self, name: str) -> None:
-        self._one("destroy_vm", name)
-
-    # Batched forms (the sweeps): a constant number of round trips per ENQUEUE_CHUNK.
-    def provision_requests(self, request_ids: Sequence[str]) -> None:
-        self._many("provision_request", request_ids)
-
-    def create_vms(self, names: Sequence[str]) -> None:
-        self._many("create_vm", names)
-
-    def check_pending_vms(self, names: Sequence[str]) -> None:
-        self._many("check_pending_vm", names)
-
-    def destroy_vms(self, names: Sequence[str]) -> None:
-        self._many("destroy_vm", names)

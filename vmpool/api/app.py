@@ -14,6 +14,7 @@ import random
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from functools import partial
 from typing import Literal
 
 from fastapi import FastAPI
@@ -24,6 +25,7 @@ from vmpool.api.metrics import ApiMetrics, RedisStateCollector
 from vmpool.api.middleware import install_middleware
 from vmpool.api.routers import health, ondemand, pools, status, summary, token, vm, vm_tasks
 from vmpool.config import Config, load_config
+from vmpool.ids import Job
 from vmpool.state.keys import Keys
 from vmpool.state.store import Store
 from vmpool.state.tokens import TokenStore
@@ -135,7 +137,7 @@ def _api_state(
     batch = None
     if enqueue == "rq":
         batch = BatchDispatcher(clients.raw, keys, config)
-        enqueue = batch.provision_request
+        enqueue = partial(_provision, batch)
     return ApiState(
         config=config,
         clients=clients,
@@ -148,6 +150,10 @@ def _api_state(
         started=time.monotonic(),
         batch=batch,
     )
+
+
+def _provision(dispatch: BatchDispatcher, request_id: str) -> None:
+    dispatch.send(Job.PROVISION_REQUEST, [request_id])
 
 
 def app_from_env() -> FastAPI:

@@ -24,7 +24,7 @@ from starlette.responses import Response
 from vmpool.api.deps import ApiState, State, Token, counted
 from vmpool.api.responses import not_ok, reply
 from vmpool.api.vm_views import disk_failures, short_hostname
-from vmpool.ids import InvalidIdentifier, validate_vm_name
+from vmpool.ids import InvalidIdentifier, Job, validate_vm_name
 from vmpool.lifecycle.vm_tasks import supports
 from vmpool.state.tokens import TokenInfo
 from vmpool.state.vm_tasks import TaskKind, VMTask, new_task_id
@@ -58,7 +58,7 @@ def ask(
     if not out.ok:  # not held, no such snapshot
         return None, not_ok(404)
     if st.batch is not None:  # the fleet's queues (None: tests run the job themselves)
-        enqueue(st.clients.raw, st.keys, "vm_task", task.subject)
+        enqueue(st.clients.raw, st.keys, Job.VM_TASK, task.subject)
     log.info("%s asked for VM %s%s", task.subject, name, f" by {user}" if user else "")
     return task, reply(202, {"ok": True})
 
