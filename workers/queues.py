@@ -47,9 +47,9 @@ sweep raise and queue nothing, for every request. Otherwise it has the same guar
 round trips per :data:`ENQUEUE_CHUNK` subjects instead of several per subject. The
 reclaim script runs for every id in ONE non-transactional pipeline (it answers "free"
 for an absent or plainly dead job, deleting the dead hash, and "live" otherwise). Then
-each free job is
-built as RQ builds it and RQ's own unique-enqueue Lua script (``rq.scripts``) runs for
-all of them in a second pipeline. Each script is still its own atomic unit (a pipeline
+each free job is built as RQ builds it and RQ's own unique-enqueue Lua script
+(``rq.scripts``) runs for all of them in a second pipeline (RQ's private names it takes
+are behind :mod:`workers.rqcompat`). Each script is still its own atomic unit (a pipeline
 is not a transaction), so the per-job uniqueness is RQ's. A live duplicate costs one
 cheap script and no job building.
 """
@@ -58,17 +58,18 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import Any, Final
+from typing import Final
 
 import redis
 from rq import Queue
 from rq.exceptions import DuplicateJobError
-from rq.scripts import UNIQUE_ENQUEUE_SCRIPT, _build_hset_args
+from rq.scripts import UNIQUE_ENQUEUE_SCRIPT
 
 from vmpool.ids import Job, shown, validate
 from vmpool.state.counters import record_skipped
 from vmpool.state.keys import Keys
 from vmpool.state.lua import read_script
+from workers.rqcompat import push_unique_job
 from workers.table import QUEUES, JobSpec, job_id, queue_names, spec_of
 
 __all__ = [
@@ -273,9 +274,8 @@ def push_unique(
 ) -> list[bool]:
     """Queue each (job id, args) of ``spec`` as ``Queue.enqueue(..., unique=True)`` does.
 
-    The one place vmpool touches RQ's private API: each job is built as RQ builds it
-    (create_job, origin, ``_prepare_for_queue``, RQ's HSET fields) and RQ's
-    unique-enqueue script runs for all of them in one non-transactional pipeline.
+    Each job is built as RQ builds it and RQ's unique-enqueue script runs for all of them
+    in one non-transactional pipeline (:func:`workers.rqcompat.push_unique_job`).
     ``ttl``: how long a job may wait in its queue (None: forever). Returns, per job,
     whether it was queued (False: a live duplicate).
     """
@@ -284,7 +284,7 @@ def push_unique(
     pipe = conn.pipeline(transaction=False)
     pipe.sadd(queue.redis_queues_keys, queue.key)  # what enqueue_job does first
     for jid, args in jobs:
-        rq_job = queue.create_job(
+        job = queue.create_job(
             spec.func,
             args=args,
             job_id=jid,
@@ -294,11 +294,7 @@ def push_unique(
             description=jid,
             ttl=ttl,
         )
-        rq_job.origin = queue.name
-        queue._prepare_for_queue(rq_job)
-        hset: list[Any] = _build_hset_args(rq_job)  # type: ignore[no-untyped-call]
-        job_ttl = rq_job.ttl if rq_job.ttl is not None else -1
-        push(keys=[rq_job.key, queue.key], args=[rq_job.id, "R", job_ttl, *hset], client=pipe)
+        push_unique_job(pipe, push, queue, job)
     return [bool(ok) for ok in pipe.execute()[1:]]
 
 

@@ -73,12 +73,12 @@ from typing import TYPE_CHECKING, Any, Final, NamedTuple
 
 import redis
 from rq.exceptions import NoSuchJobError
-from rq_scheduler import Scheduler
 
 from vmpool.ids import Job
 from vmpool.state.keys import Keys
 from vmpool.state.lua import read_script
 from workers.queues import enqueue
+from workers.rqcompat import SchedulerHooks
 from workers.table import JOBS, PERIODIC, QUEUE_SWEEPS, job_id, template_id
 
 if TYPE_CHECKING:
@@ -143,7 +143,7 @@ class ScheduleMove(NamedTuple):
     replica: str
 
 
-class FleetScheduler(Scheduler):  # type: ignore[misc]
+class FleetScheduler(SchedulerHooks):
     """rq-scheduler with vmpool's keys, server time, a due-time grid, no lock.
 
     Its enqueues are deduplicated. ``clock`` replaces the Redis server clock (tests only).
@@ -171,6 +171,7 @@ class FleetScheduler(Scheduler):  # type: ignore[misc]
         self.scheduler_key = keys.schedulers
         self.scheduler_lock_key = keys.scheduler_lock  # never taken by this loop
         self.scheduled_jobs_key = keys.schedule_due
+        self.tick_s = float(interval)  # the longest sleep between two ticks
         self._clock = clock
         self._rng = random.Random(seed)
         self._move_script = connection.register_script(_MOVE_LUA)
@@ -194,11 +195,9 @@ class FleetScheduler(Scheduler):  # type: ignore[misc]
             if job not in JOBS or seconds <= 0:
                 raise ValueError(f"bad periodic job {job!r} every {seconds!r} s")
             previous = self._installed_interval(template_id(self.keys, job))
-            template = self._create_job(
+            template = self.create_template(
                 "workers.jobs.noop",
-                id=template_id(self.keys, job),
-                commit=False,
-                result_ttl=-1,
+                template_id(self.keys, job),
                 description=f"every {seconds:g} s: enqueue {job}",
                 meta={"vmpool_job": job, "vmpool_interval": seconds},
             )
@@ -323,10 +322,10 @@ class FleetScheduler(Scheduler):  # type: ignore[misc]
             self.scheduled_jobs_key, 0, len(self._foreign), withscores=True
         )
         first = [score for member, score in rows if _text(member) not in self._foreign]
-        wait = float(self._interval)
+        wait = self.tick_s
         if first:
             wait = min(wait, max(0.0, float(first[0]) - self._now()))
-        return wait + self._rng.uniform(0.0, float(self._interval) * JITTER_FRACTION)
+        return wait + self._rng.uniform(0.0, self.tick_s * JITTER_FRACTION)
 
     def tick(self) -> list[str]:
         """One pass: the liveness heartbeat (and the alive file), then the due moves."""
@@ -338,7 +337,7 @@ class FleetScheduler(Scheduler):  # type: ignore[misc]
     def run(self, burst: bool = False) -> None:
         """Tick until SIGTERM/SIGINT (rq-scheduler's handlers), or once with ``burst``."""
         self.register_birth()
-        self._install_signal_handlers()
+        self.install_signal_handlers()
         try:
             while True:
                 self.tick()
