@@ -199,7 +199,7 @@ class FleetScheduler(SchedulerHooks):
                 "workers.jobs.noop",
                 template_id(self.keys, job),
                 description=f"every {seconds:g} s: enqueue {job}",
-                meta={"vmpool_job": job, "vmpool_interval": seconds},
+                meta={"vmpool_job": str(job), "vmpool_interval": seconds},  # plain text
             )
             template.save()
             self.connection.zadd(self.scheduled_jobs_key, {template.id: now}, nx=True)

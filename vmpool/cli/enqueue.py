@@ -23,7 +23,7 @@ from workers.table import JOBS, JobSpec, job_id, lookup
 __all__ = ["enqueue_command"]
 
 # Every name `vmpool enqueue` accepts: the table's names, then the older aliases.
-_CHOICES = (*JOBS, *(alias for spec in JOBS.values() for alias in spec.aliases))
+_CHOICES = (*(job.value for job in JOBS), *(a for spec in JOBS.values() for a in spec.aliases))
 _CHECK_PENDING = JOBS[Job.CHECK_PENDING_VM]
 
 
