@@ -10,6 +10,7 @@ number of round trips.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
@@ -24,7 +25,7 @@ from vmpool.state.keys import Keys
 from vmpool.state.locks import FencedLock
 from vmpool.state.records import Slot
 from vmpool.state.workset import WorkSet
-from workers.batching import LANES, BatchDispatcher, continue_batch, ensure_lanes
+from workers.batching import LANES, BatchDispatcher
 from workers.table import job_id
 
 from lifecyclehelp import create_request, make_config, make_fleet
@@ -129,8 +130,10 @@ def test_the_clone_limit_holds_in_a_batch(redis_client: redis.Redis, redis_url: 
 
 
 def test_lanes_are_bounded_and_cost_constant_round_trips(conn: redis.Redis, keys: Keys) -> None:
-    assert ensure_lanes(conn, keys, "create_vm_batch", want=10) == LANES
-    assert ensure_lanes(conn, keys, "create_vm_batch", want=10) == 0  # all live
+    dispatch = BatchDispatcher(conn, keys)
+    lanes = dispatch.lanes[Job.CREATE_VM]
+    assert dispatch.queue_lanes(lanes, want=10) == LANES
+    assert dispatch.queue_lanes(lanes, want=10) == 0  # all live
     queued = conn.lrange(keys.rq_queue("vms"), 0, -1)
     assert queued == [job_id(keys, "create_vm_batch", run=i).encode() for i in range(LANES)]
 
@@ -147,7 +150,7 @@ def test_a_batch_yields_on_time_and_queues_its_continuation(
     assert run_batch(fleet, "create_vm", lambda f, s: "pending") == {"more": 1}
     assert WorkSet(fleet.redis, fleet.keys).size("create_vm") == 2
     current = job_id(fleet.keys, "create_vm_batch", run=1)
-    assert continue_batch(conn, fleet.keys, "create_vm_batch", current)
+    assert BatchDispatcher(conn, fleet.keys).continue_batch(Job.CREATE_VM_BATCH, current)
     assert conn.lrange(fleet.keys.rq_queue("vms"), 0, -1) == [
         job_id(fleet.keys, "create_vm_batch", run=1 + LANES).encode()
     ]
@@ -173,9 +176,8 @@ def test_lanes_follow_the_config(
     # lanes of the 12 (the chance of staying at 4 is about 1e-17).
     assert 4 < len(queued) <= 12 and queued <= lanes, queued
     # a run of a lane the config no longer has continues on a lane it has
-    continue_batch(
-        conn, fleet.keys, "create_vm_batch", job_id(fleet.keys, "create_vm_batch", run=40), lanes=2
-    )
+    two = BatchDispatcher(conn, fleet.keys, dataclasses.replace(fleet.config, batch_lanes=2))
+    two.continue_batch(Job.CREATE_VM_BATCH, job_id(fleet.keys, "create_vm_batch", run=40))
     assert any(
         conn.exists(fleet.keys.rq_job(job_id(fleet.keys, "create_vm_batch", run=r)))
         for r in range(4)
@@ -193,17 +195,17 @@ def test_a_dispatch_costs_the_same_with_many_lanes(conn: redis.Redis, keys: Keys
         return sum(int(v["calls"]) for k, v in stats.items() if k in names)
 
     work = WorkSet(conn, keys)
+    dispatch = BatchDispatcher(conn, keys, dataclasses.replace(make_config(), batch_lanes=64))
+    lanes = dispatch.lanes[Job.CREATE_VM]
     scripts = ("cmdstat_evalsha", "cmdstat_eval")
     before = calls(*scripts)
-    add = (work, "create_vm", ["vm-1"])
-    assert ensure_lanes(conn, keys, "create_vm_batch", want=1, add=add, lanes=64) == 1
+    assert dispatch.queue_lanes(lanes, 1, ["vm-1"]) == 1
     # the probe (its first EVALSHA meets NOSCRIPT and is sent again) + one enqueue
     assert calls(*scripts) - before <= 3
     before, before_exists = calls(*scripts), calls("cmdstat_script|exists")
     for lane in range(64):  # every lane live: the next dispatch queues nothing
         conn.hset(keys.rq_job(job_id(keys, "create_vm_batch", run=lane)), "status", "queued")
-    add = (work, "create_vm", ["vm-2"])
-    assert ensure_lanes(conn, keys, "create_vm_batch", want=1, add=add, lanes=64) == 0
+    assert dispatch.queue_lanes(lanes, 1, ["vm-2"]) == 0
     assert calls(*scripts) - before == 1  # the probe alone, no SCRIPT EXISTS round trip
     assert calls("cmdstat_script|exists") == before_exists
     assert work.size("create_vm") == 2

@@ -82,11 +82,12 @@ __all__ = [
     "STALE_AFTER_SECONDS",
     "RQDispatcher",
     "enqueue",
+    "enqueue_ids",
     "enqueue_many",
     "push_unique",
     "queue_names",
     "resolve_queue_names",
-    "valid_items",
+    "valid_subjects",
 ]
 
 log = logging.getLogger(__name__)
@@ -136,7 +137,7 @@ def resolve_queue_names(keys: Keys, names: str | None) -> list[str]:
 RECLAIM_LUA: Final = read_script("workers", "reclaim_job.lua")
 
 
-def _reclaim(conn: redis.Redis, keys: Keys, spec: JobSpec, jid: str) -> bool:
+def _reclaim(conn: redis.Redis, keys: Keys, jid: str) -> bool:
     script = conn.register_script(RECLAIM_LUA)
     return bool(
         script(
@@ -182,7 +183,7 @@ def enqueue(
             )
             return True
         except DuplicateJobError:
-            if attempt or not _reclaim(conn, keys, spec, jid):
+            if attempt or not _reclaim(conn, keys, jid):
                 return False
     return False
 
@@ -209,35 +210,44 @@ def enqueue_many(
         raise ValueError(f"job {job!r} takes no subject; use enqueue()")
     if chunk < 1:
         raise ValueError("chunk must be >= 1")
-    items = valid_items(conn, keys, spec, subjects)
-    if not items:
+    jobs = [(job_id(keys, job, s), (s,)) for s in valid_subjects(conn, keys, spec, subjects)]
+    return sum(
+        enqueue_ids(conn, keys, spec, jobs[start : start + chunk])
+        for start in range(0, len(jobs), chunk)
+    )
+
+
+def enqueue_ids(
+    conn: redis.Redis,
+    keys: Keys,
+    spec: JobSpec,
+    jobs: Sequence[tuple[str, tuple[str, ...]]],
+    *,
+    ttl: int | None = None,
+) -> int:
+    """Queue each (job id, args) of ``spec`` unless a live copy exists. How many were queued.
+
+    Two pipelines: the reclaim script for every id, then :func:`push_unique` for the free
+    ones. ``ttl``: as :func:`push_unique`'s.
+    """
+    if not jobs:
         return 0
+    # Reclaim first: the script answers "free" for an absent or plainly dead job
+    # (deleting the dead hash) and "live" otherwise, so the live duplicates (the usual
+    # case when workers are behind) cost no job building at all. A copy that appears
+    # between the two pipelines is fresh and live: the push refuses it.
     reclaim = conn.register_script(RECLAIM_LUA)
-    queued = 0
-    for start in range(0, len(items), chunk):
-        part = items[start : start + chunk]
-        # Reclaim first: the script answers "free" for an absent or plainly dead job
-        # (deleting the dead hash) and "live" otherwise, so the live duplicates (the
-        # usual case when workers are behind) cost no job building at all. A copy that
-        # appears between the two pipelines is fresh and live: the push refuses it.
-        pipe = conn.pipeline(transaction=False)
-        for jid, _ in part:
-            reclaim(
-                keys=[keys.rq_job(jid)],
-                args=[HEARTBEAT_FIELD, STALE_AFTER_SECONDS],
-                client=pipe,
-            )
-        free = [item for item, ok in zip(part, pipe.execute(), strict=True) if ok]
-        if free:
-            jobs = [(jid, (subject,)) for jid, subject in free]
-            queued += sum(push_unique(conn, keys, spec, jobs))
-    return queued
+    pipe = conn.pipeline(transaction=False)
+    for jid, _ in jobs:
+        reclaim(keys=[keys.rq_job(jid)], args=[HEARTBEAT_FIELD, STALE_AFTER_SECONDS], client=pipe)
+    free = [item for item, ok in zip(jobs, pipe.execute(), strict=True) if ok]
+    return sum(push_unique(conn, keys, spec, free, ttl=ttl)) if free else 0
 
 
-def valid_items(
+def valid_subjects(
     conn: redis.Redis, keys: Keys, spec: JobSpec, subjects: Sequence[str]
-) -> list[tuple[str, str]]:
-    """(job id, subject) of each valid subject, first occurrence first.
+) -> list[str]:
+    """The subjects that are valid names of ``spec``'s kind, each once, first one first.
 
     Each invalid one is skipped and counted. Each distinct one is logged once, shown
     bounded and escaped (the input may be anything a client or an old record held).
@@ -245,13 +255,12 @@ def valid_items(
     assert spec.subject is not None
     if isinstance(subjects, str):  # a str is a Sequence[str] too: one name is not many
         raise TypeError(f"{spec.name}: subjects are a sequence of names, got {shown(subjects)}")
-    items: dict[tuple[str, str], None] = {}
+    valid: dict[str, None] = {}
     logged: set[str] = set()
     skipped = 0
     for subject in subjects:
         try:
-            validate(spec.subject, subject)
-            items[(job_id(keys, spec.name, subject), subject)] = None
+            valid[validate(spec.subject, subject)] = None
         except ValueError:
             skipped += 1
             if shown(subject) not in logged:
@@ -261,7 +270,7 @@ def valid_items(
                 )
     if skipped:
         record_skipped(conn, keys, spec.name, "bad_subject", skipped)
-    return list(items)
+    return list(valid)
 
 
 def push_unique(

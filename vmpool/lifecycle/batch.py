@@ -18,9 +18,9 @@ any work.
 
 The follow-up work a subject's step dispatches (the create of a reserved VM, the check
 of a created one, a destroy) is collected while a claim runs. It is dispatched once per
-claim (:class:`DeferredDispatch`), one send per job. A dispatch costs
-a pipeline of lane checks (``workers.batching.ensure_lanes``), which done per VM would be
-most of a VM's Redis commands. The claim is marked done only after that dispatch. So a worker
+claim (:class:`DeferredDispatch`), one send per job. A dispatch costs a script of lane
+checks (``workers.batching.BatchDispatcher.probe``), which done per VM would be most of a
+VM's Redis commands. The claim is marked done only after that dispatch. So a worker
 killed in between leaves the claim to be run again (each step is idempotent), and a
 subject's follow-up is never lost with it. A follow-up whose dispatch is lost anyway
 (Redis gone) is re-found by the periodic sweeps.
@@ -28,9 +28,10 @@ subject's follow-up is never lost with it. A follow-up whose dispatch is lost an
 Each batch function loops until the set has nothing claimable or it has run for
 :data:`BATCH_TIME_S`. It then returns the count of each outcome, with ``more: 1`` when it
 stopped on time with work left. The job's entry point then queues its continuation
-(``workers.batching.continue_batch``) at the back of the queue, so a long backlog never
-holds a worker away from the sweeps. RQ's priority order serves the sweeps first only at
-a dequeue, and the expiry sweep's settle bound needs workers to come back to the queues.
+(``workers.batching.BatchDispatcher.continue_batch``) at the back of the queue, so a long
+backlog never holds a worker away from the sweeps. RQ's priority order serves the sweeps
+first only at a dequeue, and the expiry sweep's settle bound needs workers to come back
+to the queues.
 """
 
 from __future__ import annotations
