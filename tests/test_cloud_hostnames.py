@@ -19,6 +19,7 @@ from fastapi.testclient import TestClient
 
 from vmpool import lifecycle
 from vmpool.config import parse_config
+from vmpool.ids import Job
 from vmpool.lifecycle import Fleet, RecordingDispatcher
 from vmpool.state.names import NameGenerator
 from vmpool.state.records import RequestSettings, Slot
@@ -100,7 +101,7 @@ def test_handed_out_hostnames_work_with_every_vm_endpoint(
     settings = RequestSettings.from_config(fleet.config)
     for rid, pool in (("r-bare", "bare"), ("r-named", "named")):
         assert fleet.store.create_request(rid, [Slot(pool, pool, 1)], settings, actor="t").ok
-        fleet.dispatch.provision_request(rid)
+        fleet.dispatch.send(Job.PROVISION_REQUEST, [rid])
     lifecycle.top_up_pools(fleet)
     boot(fleet)
     addresses = public_addresses(moto)

@@ -22,6 +22,7 @@ from fastapi.testclient import TestClient
 
 from vmpool import lifecycle
 from vmpool.config import Config, parse_config
+from vmpool.ids import Job
 from vmpool.lifecycle import Fleet, RecordingDispatcher
 from vmpool.providers.cloud import EC2Provider
 from vmpool.state.names import NameGenerator
@@ -94,7 +95,7 @@ def run(fleet: Fleet, skip: tuple[str, ...] = ()) -> list[tuple[str, str, Any]]:
 def request(fleet: Fleet, pool: str, n: int, rid: str) -> str:
     settings = RequestSettings.from_config(fleet.config)
     assert fleet.store.create_request(rid, [Slot(pool, pool, n)], settings, actor="t").ok
-    recorder(fleet).provision_request(rid)
+    recorder(fleet).send(Job.PROVISION_REQUEST, [rid])
     return rid
 
 

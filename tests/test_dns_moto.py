@@ -15,6 +15,7 @@ import redis
 
 from vmpool import lifecycle
 from vmpool.config import parse_config, public_form
+from vmpool.ids import Job
 from vmpool.lifecycle import Fleet, RecordingDispatcher
 from vmpool.state.names import NameGenerator
 from vmpool.state.records import RequestSettings, Slot
@@ -76,7 +77,7 @@ def test_a_pools_vms_get_and_lose_their_dns_records(
     settings = RequestSettings.from_config(cfg)
     for rid, pool in (("r-named", "named"), ("r-nozone", "nozone")):
         assert fleet.store.create_request(rid, [Slot(pool, pool, 1)], settings, actor="t").ok
-        fleet.dispatch.provision_request(rid)
+        fleet.dispatch.send(Job.PROVISION_REQUEST, [rid])
     run(fleet)
 
     record = fleet.store.get_request("r-named")

@@ -15,6 +15,7 @@ from fastapi.testclient import TestClient
 
 from vmpool import lifecycle
 from vmpool.config import parse_config
+from vmpool.ids import Job
 from vmpool.lifecycle import Fleet, RecordingDispatcher
 from vmpool.providers import PermanentProviderError
 from vmpool.providers.cloud import EC2Provider
@@ -91,7 +92,7 @@ def test_a_missing_ami_fails_the_request_fast_with_invalid_ami_id(
     settings = RequestSettings.from_config(cfg)
     assert fleet.store.create_request("r-gone", [Slot("gone", "gone", 1)], settings,
                                       actor="t").ok  # fmt: skip
-    fleet.dispatch.provision_request("r-gone")
+    fleet.dispatch.send(Job.PROVISION_REQUEST, ["r-gone"])
     outcomes: list[Any] = []
     dispatch = fleet.dispatch
     assert isinstance(dispatch, RecordingDispatcher)

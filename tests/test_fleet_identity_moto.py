@@ -24,6 +24,7 @@ import redis
 
 from vmpool import lifecycle
 from vmpool.config import Config, parse_config
+from vmpool.ids import Job
 from vmpool.lifecycle import Fleet, RecordingDispatcher
 from vmpool.providers.identity import fleet_ids
 from vmpool.state.fleet_identity import fleet_identity
@@ -61,7 +62,7 @@ def ready_request(fleet: Fleet, rid: str) -> str:
     """A request of one VM, run until ready; the VM's name."""
     settings = RequestSettings.from_config(fleet.config)
     assert fleet.store.create_request(rid, [Slot("ubuntu", "ubuntu", 1)], settings, actor="t").ok
-    fleet.dispatch.provision_request(rid)
+    fleet.dispatch.send(Job.PROVISION_REQUEST, [rid])
     for _ in range(20):
         settle(fleet)
         record = fleet.store.get_request(rid)

@@ -22,6 +22,7 @@ from fastapi.testclient import TestClient
 
 from vmpool import lifecycle
 from vmpool.config import Config, parse_config
+from vmpool.ids import Job
 from vmpool.lifecycle import Fleet, RecordingDispatcher
 from vmpool.providers.cloud import EC2Provider
 from vmpool.state.names import NameGenerator
@@ -65,7 +66,7 @@ def settle(fleet: Fleet) -> list[tuple[str, str, Any]]:
 def request(fleet: Fleet, rid: str) -> None:
     settings = RequestSettings.from_config(fleet.config)
     assert fleet.store.create_request(rid, [Slot("ubuntu", "ubuntu", 1)], settings, actor="t").ok
-    fleet.dispatch.provision_request(rid)
+    fleet.dispatch.send(Job.PROVISION_REQUEST, [rid])
 
 
 def make_fleet(client: redis.Redis, cfg: Config) -> Fleet:

@@ -20,7 +20,7 @@ import redis
 from vmpool.cli.context import CliContext, echo_json, with_context
 from vmpool.cli.errors import CliError, CliFailure
 from vmpool.cli.output import echo_table, iso, relative
-from vmpool.ids import InvalidIdentifier, validate_request_id
+from vmpool.ids import InvalidIdentifier, Job, validate_request_id
 from vmpool.lifecycle.overrides import pools_with_overrides
 from vmpool.lifecycle.plan import RequestRejected, parse_pool_counts, plan_slots
 from vmpool.state.records import RequestRecord, RequestSettings
@@ -181,7 +181,7 @@ def _enqueue_provision(cli: CliContext, rid: str) -> None:
     from workers.queues import enqueue
 
     try:
-        enqueue(cli.rq_redis, cli.keys, "provision_request", rid)
+        enqueue(cli.rq_redis, cli.keys, Job.PROVISION_REQUEST, rid)
     except redis.RedisError as exc:
         click.echo(f"warning: could not enqueue provisioning ({exc}); the sweep will", err=True)
 

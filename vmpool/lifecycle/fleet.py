@@ -37,6 +37,7 @@ from typing import Protocol
 from redis import Redis
 
 from vmpool.config import Config
+from vmpool.ids import Job
 from vmpool.providers import Provider, providers_from_config
 from vmpool.providers.identity import fleet_ids
 from vmpool.state.capacity import ProviderCapacity
@@ -62,69 +63,32 @@ log = logging.getLogger(__name__)
 
 
 class Dispatcher(Protocol):
-    """Puts follow-up work on the queues.
+    """Puts follow-up work on the queues: :meth:`send`, one entry for every job.
 
-    The implementation is workers/queues.py (RQ). Each call must be cheap, idempotent and
-    deduplicated per (job, subject) by the implementation.
+    The implementations are workers/queues.py's (a deduplicated RQ job per subject) and
+    workers/batching.py's (a work set and its batch jobs)."""
 
-    The plural methods are the batched forms the sweeps use: the same effect as the
-    singular call for each subject, in a constant number of Redis round trips per batch
-    (never one round trip per open request per tick)."""
+    def send(self, job: Job, subjects: Sequence[str]) -> None:
+        """Queue ``job`` for each of ``subjects`` (request ids or VM names).
 
-    def provision_request(self, request_id: str) -> None: ...
-
-    def create_vm(self, name: str) -> None: ...
-
-    def check_pending_vm(self, name: str) -> None: ...
-
-    def check_request(self, request_id: str) -> None: ...
-
-    def destroy_vm(self, name: str) -> None: ...
-
-    def provision_requests(self, request_ids: Sequence[str]) -> None: ...
-
-    def create_vms(self, names: Sequence[str]) -> None: ...
-
-    def check_pending_vms(self, names: Sequence[str]) -> None: ...
-
-    def destroy_vms(self, names: Sequence[str]) -> None: ...
+        Cheap, idempotent, and deduplicated per (job, subject) by the implementation. In
+        a constant number of Redis round trips per call however many subjects: a sweep
+        sends all it found at once, never one round trip per open request per tick.
+        """
 
 
 @dataclass
 class RecordingDispatcher:
-    """A Dispatcher that only records what it was asked (tests, ``--dry-run`` tools)."""
+    """A Dispatcher that only records what it was asked (tests, ``--dry-run`` tools).
 
-    calls: list[tuple[str, str]] = field(default_factory=list)
+    One (job, subject) per subject sent, in order (run_dispatched-style replay)."""
 
-    def provision_request(self, request_id: str) -> None:
-        self.calls.append(("provision_request", request_id))
+    calls: list[tuple[Job, str]] = field(default_factory=list)
 
-    def create_vm(self, name: str) -> None:
-        self.calls.append(("create_vm", name))
+    def send(self, job: Job, subjects: Sequence[str]) -> None:
+        self.calls.extend((job, subject) for subject in subjects)
 
-    def check_pending_vm(self, name: str) -> None:
-        self.calls.append(("check_pending_vm", name))
-
-    def check_request(self, request_id: str) -> None:
-        self.calls.append(("check_request", request_id))
-
-    def destroy_vm(self, name: str) -> None:
-        self.calls.append(("destroy_vm", name))
-
-    # A batch is recorded as its singular calls, in order (run_dispatched-style replay).
-    def provision_requests(self, request_ids: Sequence[str]) -> None:
-        self.calls.extend(("provision_request", rid) for rid in request_ids)
-
-    def create_vms(self, names: Sequence[str]) -> None:
-        self.calls.extend(("create_vm", name) for name in names)
-
-    def check_pending_vms(self, names: Sequence[str]) -> None:
-        self.calls.extend(("check_pending_vm", name) for name in names)
-
-    def destroy_vms(self, names: Sequence[str]) -> None:
-        self.calls.extend(("destroy_vm", name) for name in names)
-
-    def take(self) -> list[tuple[str, str]]:
+    def take(self) -> list[tuple[Job, str]]:
         """The calls recorded so far, and forget them."""
         calls, self.calls = self.calls, []
         return calls
@@ -251,7 +215,7 @@ def dispatch_released(fleet: Fleet, *request_ids: str) -> None:
         if vm.state == VMState.COMPLETED
     ]
     if released:
-        fleet.dispatch.destroy_vms(released)
+        fleet.dispatch.send(Job.DESTROY_VM, released)
 
 
 def after_vm_failed(fleet: Fleet, vm: VMRecord, outcome: Outcome) -> None:
@@ -261,8 +225,8 @@ def after_vm_failed(fleet: Fleet, vm: VMRecord, outcome: Outcome) -> None:
     what the provider may hold, and of the request's VMs if the request failed."""
     if not outcome.ok:
         return
-    fleet.dispatch.destroy_vm(vm.name)
+    fleet.dispatch.send(Job.DESTROY_VM, [vm.name])
     if outcome.code == "retry":
-        fleet.dispatch.provision_request(vm.request_id)
+        fleet.dispatch.send(Job.PROVISION_REQUEST, [vm.request_id])
     elif outcome.code == "request_failed":
         dispatch_released(fleet, vm.request_id)

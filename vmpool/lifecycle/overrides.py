@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import redis
 
 from vmpool.config import Config, PoolConfig
+from vmpool.ids import Job
 from vmpool.lifecycle.fleet import Dispatcher, Fleet
 from vmpool.state.keys import Keys
 from vmpool.state.ops import Op
@@ -169,5 +170,5 @@ def reset_pools(
         log.info("pool %s reset by %s: %d ready VMs replaced", pool, actor, len(recycled[pool]))
     names = [name for batch in recycled.values() for name in batch]
     if names and dispatch is not None:
-        dispatch.destroy_vms(names)
+        dispatch.send(Job.DESTROY_VM, names)
     return recycled

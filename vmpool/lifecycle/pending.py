@@ -23,7 +23,7 @@ import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from vmpool.ids import InvalidIdentifier, validate_vm_name
+from vmpool.ids import InvalidIdentifier, Job, validate_vm_name
 from vmpool.lifecycle.failpoints import failpoint
 from vmpool.lifecycle.fleet import Fleet, after_vm_failed, dispatch_released, note_outcome
 from vmpool.lifecycle.locking import run_locked
@@ -118,7 +118,7 @@ def _record_ready(fleet: Fleet, vm: VMRecord, lock: FencedLock, held: ProviderVM
     )
     note_outcome("vm_ready", name, outcome)
     if outcome.ok and outcome.code == "completed":
-        fleet.dispatch.destroy_vm(name)
+        fleet.dispatch.send(Job.DESTROY_VM, [name])
         dispatch_released(fleet, vm.request_id)
     return store_code(outcome)
 

@@ -12,7 +12,7 @@ import logging
 from collections import Counter
 from typing import Literal
 
-from vmpool.ids import VM_NAME_RE
+from vmpool.ids import VM_NAME_RE, Job
 from vmpool.lifecycle.fleet import Fleet, after_vm_failed, note_outcome
 from vmpool.lifecycle.locking import run_locked
 from vmpool.lifecycle.outcomes import LockMiss, ReconcileCount
@@ -123,7 +123,7 @@ def _reconcile_vanished(
     note_outcome("end_vm_lifetime", vm.name, outcome)
     if outcome.ok:
         log.warning("reconcile: handed-out VM %s vanished at %s", vm.name, vm.provider)
-        fleet.dispatch.destroy_vm(vm.name)
+        fleet.dispatch.send(Job.DESTROY_VM, [vm.name])
         counts[ReconcileCount.RUNNING_LOST] += 1
 
 
@@ -157,7 +157,7 @@ def _reconcile_inventory(
                 record.provider,
             )
         elif record.state == VMState.COMPLETED:
-            fleet.dispatch.destroy_vm(pvm.name)
+            fleet.dispatch.send(Job.DESTROY_VM, [pvm.name])
             counts[ReconcileCount.DESTROY_DISPATCHED] += 1
         elif record.state == VMState.DESTROYED:
             _destroy_unowned(fleet, provider, pvm, "resurrected", counts)
@@ -214,7 +214,7 @@ def _reconcile_reserved(fleet: Fleet, name: str, counts: Counts) -> None:
     if isinstance(redispatch, LockMiss):
         counts[redispatch] += 1  # busy: a create is running, not abandoned
     elif redispatch:  # after our lock is released, so the create job can take it
-        fleet.dispatch.create_vm(name)
+        fleet.dispatch.send(Job.CREATE_VM, [name])
 
 
 def _finish_reservation(
@@ -231,7 +231,7 @@ def _finish_reservation(
         note_outcome("vm_created", name, outcome)
         fleet.slots.release(name, lock.fence)
         if outcome.ok and outcome.code == "pending":
-            fleet.dispatch.check_pending_vm(name)
+            fleet.dispatch.send(Job.CHECK_PENDING_VM, [name])
             counts[ReconcileCount.RESERVATION_CREATED] += 1
         elif outcome.ok or outcome.code == "vm_completed":
             destroy_at_provider(fleet, name, provider, lock)

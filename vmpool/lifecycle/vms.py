@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 
 from vmpool.config import Config
+from vmpool.ids import Job
 from vmpool.lifecycle.cloudsteps import (
     admit,
     circuit_closed,
@@ -159,7 +160,7 @@ def _create_locked(
         )
         note_outcome("vm_created", name, created)
         if created.ok and created.code == "pending":
-            fleet.dispatch.check_pending_vm(name)
+            fleet.dispatch.send(Job.CHECK_PENDING_VM, [name])
             return VMStep.PENDING
         if created.code == "stale_fence":
             # Another worker holds the VM now and will finish (or undo) this create. But
@@ -284,19 +285,20 @@ def check_pending_sweep(fleet: Fleet, pool: str | None = None) -> int:
     # work-set subjects back in line (a deferral over, a dead claimer's lease ended):
     # dispatched again, which queues a batch job for them (they are in the set once)
     due = WorkSet(fleet.redis, fleet.keys).lapsed(_REDISPATCH, now) if pool is None else {}
-    pending = list(dict.fromkeys([*pending, *due.get("check_pending_vm", [])]))
-    stale = list(dict.fromkeys([*stale, *due.get("create_vm", [])]))
+    pending = list(dict.fromkeys([*pending, *due.get(Job.CHECK_PENDING_VM, [])]))
+    stale = list(dict.fromkeys([*stale, *due.get(Job.CREATE_VM, [])]))
     if pending:
-        fleet.dispatch.check_pending_vms(pending)
+        fleet.dispatch.send(Job.CHECK_PENDING_VM, pending)
     if stale:
-        fleet.dispatch.create_vms(stale)
-    if due.get("provision_request"):
-        fleet.dispatch.provision_requests(due["provision_request"])
-    return len(pending) + len(stale) + len(due.get("provision_request", []))
+        fleet.dispatch.send(Job.CREATE_VM, stale)
+    requests = due.get(Job.PROVISION_REQUEST, [])
+    if requests:
+        fleet.dispatch.send(Job.PROVISION_REQUEST, requests)
+    return len(pending) + len(stale) + len(requests)
 
 
 # The work sets whose subjects the pending sweep dispatches again once they are due.
-_REDISPATCH = ("create_vm", "check_pending_vm", "provision_request")
+_REDISPATCH = (Job.CREATE_VM, Job.CHECK_PENDING_VM, Job.PROVISION_REQUEST)
 
 
 def _flat(by_pool: Mapping[str, Sequence[str]]) -> list[str]:
@@ -309,7 +311,7 @@ def destroy_sweep(fleet: Fleet) -> int:
     One read for all configured pools, one dispatch batch."""
     names = _flat(fleet.store.pools_vms(list(fleet.config.pools), VMState.COMPLETED))
     if names:
-        fleet.dispatch.destroy_vms(names)
+        fleet.dispatch.send(Job.DESTROY_VM, names)
     return len(names)
 
 

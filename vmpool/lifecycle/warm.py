@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 
 from vmpool.config import PoolConfig
+from vmpool.ids import Job
 from vmpool.lifecycle.fleet import Fleet, note_outcome
 from vmpool.lifecycle.outcomes import RecycleReason, ReserveCode, StoreCode
 from vmpool.lifecycle.overrides import effective_pools
@@ -57,7 +58,7 @@ def top_up_pools(fleet: Fleet) -> dict[str, int]:
                 break
             made[pool.name] = made.get(pool.name, 0) + 1
     if names:
-        fleet.dispatch.create_vms(names)
+        fleet.dispatch.send(Job.CREATE_VM, names)
     return made
 
 
@@ -110,7 +111,7 @@ def check_ready(fleet: Fleet) -> dict[str, int]:
                 recycled.append(vm.name)
                 counts[reason.value] = counts.get(reason.value, 0) + 1
     if recycled:
-        fleet.dispatch.destroy_vms(recycled)
+        fleet.dispatch.send(Job.DESTROY_VM, recycled)
     return counts
 
 

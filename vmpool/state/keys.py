@@ -69,6 +69,7 @@ from dataclasses import dataclass
 from vmpool.ids import (
     DEFAULT_PREFIX,
     InvalidIdentifier,
+    Job,
     validate_pool_name,
     validate_request_id,
     validate_vm_name,
@@ -257,7 +258,7 @@ class Keys:
         """Zset: a provider's creates now, 'pool|name' -> when the claim lapses (capacity.py)."""
         return f"{self.prefix}:provider-launching:{validate_pool_name(provider)}"
 
-    def work_set(self, job: str) -> str:
+    def work_set(self, job: Job) -> str:
         """Zset: the subjects of per-subject ``job`` waiting for a batch job or claimed.
 
         Score: their arrival in server time (:mod:`vmpool.state.workset`). Its parts are this key
@@ -265,11 +266,11 @@ class Keys:
         """
         return f"{self.prefix}:work:{job}"
 
-    def work_part(self, job: str, part: str) -> str:
+    def work_part(self, job: Job, part: str) -> str:
         """One part of ``job``'s work set (:data:`WORK_PARTS`, ``queue``: :meth:`work_queue`)."""
         return self.work_set(job) + WORK_PARTS[part]
 
-    def work_queue(self, job: str, owner: str) -> str:
+    def work_queue(self, job: Job, owner: str) -> str:
         """Zset: ``owner``'s subjects ('' for no user) waiting in ``job``'s work set, by arrival."""
         return self.work_part(job, "queue") + owner
 

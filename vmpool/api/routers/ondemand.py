@@ -36,7 +36,7 @@ from vmpool.api.parsing import (
 )
 from vmpool.api.responses import not_ok, reply
 from vmpool.config import Config
-from vmpool.ids import InvalidIdentifier, validate_request_id
+from vmpool.ids import InvalidIdentifier, Job, validate_request_id
 from vmpool.lifecycle.failpoints import failpoint
 from vmpool.lifecycle.plan import RequestRejected, plan_slots
 from vmpool.state import reads
@@ -186,7 +186,7 @@ async def _create_pipelined(
     user, sha = (token.user, token.sha256) if token else ("", "")
     settings = RequestSettings.from_config(st.config, authenticated=token is not None)
     pipe = ScriptPipeline()
-    work_set = st.keys.work_set("provision_request")
+    work_set = st.keys.work_set(Job.PROVISION_REQUEST)
     refused = st.store.create_request(
         rid,
         slots,

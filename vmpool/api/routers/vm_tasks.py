@@ -25,7 +25,7 @@ from vmpool.api.deps import ApiState, State, Token, counted
 from vmpool.api.idempotency import CallKey, call_key
 from vmpool.api.responses import not_ok, reply
 from vmpool.api.vm_views import disk_failures, short_hostname
-from vmpool.ids import InvalidIdentifier, validate_vm_name
+from vmpool.ids import InvalidIdentifier, Job, validate_vm_name
 from vmpool.lifecycle.vm_tasks import supports
 from vmpool.state.ops import Op
 from vmpool.state.tokens import TokenInfo
@@ -60,7 +60,7 @@ def ask(
         return None, not_ok(403, message=f"{name} is held by another user")
     if not out.ok:  # not held, no such snapshot
         return None, not_ok(404)
-    enqueue(st.clients.raw, st.keys, "vm_task", task.subject)
+    enqueue(st.clients.raw, st.keys, Job.VM_TASK, task.subject)
     log.info("%s asked for VM %s%s", task.subject, name, f" by {user}" if user else "")
     return task, reply(202, {"ok": True})
 
