@@ -29,7 +29,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from vmpool.api.deps import ApiState, LoopClients
 from vmpool.cli.main import cli
 from vmpool.state.durability import ConfirmingAsyncRedis, ConfirmingRedis
-from workers.batching import BatchDispatcher
+from workers.batching import BatchDispatcher, lanes_for
 
 from apihelp import make_app, spec_config, spec_data
 
@@ -96,7 +96,8 @@ def shape(app: FastAPI) -> dict[str, Any]:
         },
         "batch": (
             _kind(st.batch),
-            getattr(st.batch, "config", None) is st.config,
+            # its lanes are the config's: as many ids per batch job as batch_lanes gives
+            all(len(lanes.ids) == 2 * lanes_for(st.config) for lanes in st.batch.lanes.values()),
             getattr(st.batch, "conn", None) is clients.raw,
         ),
         "listen_host": st.listen_host,
