@@ -25,12 +25,11 @@ import redis
 from vmpool import lifecycle
 from vmpool.config import Config, parse_config
 from vmpool.lifecycle import Fleet, RecordingDispatcher
+from vmpool.local.redis_server import RedisServer
 from vmpool.providers.identity import fleet_ids
-from vmpool.state.fleet_identity import fleet_identity
+from vmpool.state.fleet_identity import fleet_identity, read_marks, set_mark
 from vmpool.state.names import NameGenerator
 from vmpool.state.records import RequestSettings, Slot
-
-from vmpool.local.redis_server import RedisServer
 
 from motohelp import MotoServer, boto_ec2
 
@@ -175,9 +174,10 @@ def test_redis_losing_its_data_under_a_running_fleet_destroys_no_vm(
     The running fleet keeps creating (a request made after the loss), a process started
     after the loss joins it, and both reconcile with no grace and sweep the pending VMs
     several times: no instance is destroyed, the request made after the loss stays
-    ready (not ended as vanished), and nothing takes the key prefix as its mark. On the
-    naive code the running worker's reconcile destroys every VM made before the loss
-    (none has a record any more), and the new process marks with the prefix."""
+    ready (not ended as vanished), nothing takes the key prefix as its mark, and the old
+    identity is a lost mark until the operator adopts it (its VMs with no record are
+    then destroyed). On the naive code the running worker's reconcile destroys every VM
+    made before the loss (none has a record any more)."""
     moto.reset()
     client: redis.Redis = redis.Redis.from_url(own_redis.url, decode_responses=True)
     config = install_config(moto)
@@ -202,6 +202,15 @@ def test_redis_losing_its_data_under_a_running_fleet_destroys_no_vm(
         record = joined.store.get_request("r-3")
         assert record is not None and record.status == "ready"
         assert running.keys.prefix not in fleet_ids(client, joined.keys, config.providers).values()
+        marks = read_marks(client, joined.keys)
+        assert marks is not None and marks.lost == (before,)
+        assert live[made_after] == marks.identity != before
+
+        # The operator's word: the old mark is the fleet's again, its VMs with no record
+        # are leaks; the one made after the loss has its record and stays.
+        assert set_mark(client, running.keys, "adopt", before) == "adopted"
+        assert lifecycle.reconcile(joined) == {"leaked_destroyed": 2}
+        assert {t["vmpool-vm"] for t in live_instances(moto).values()} == {made_after}
     finally:
         own_redis.stop()
 
