@@ -104,6 +104,7 @@ ALERTS = {
     "VmpoolCloneSlotsSaturated",
     "VmpoolWorkersSaturated",
     "VmpoolProviderCircuitOpen",
+    "VmpoolFleetMarkLost",
 }
 
 # Metrics the alerts name that another part of the work is adding to /metrics (Redis'
@@ -1295,7 +1296,9 @@ def test_redis_sentinel() -> None:
     """components/redis-sentinel on overlays/prod: three Redis pods with a Sentinel each
     (Redis keeps redis.conf's durability: the same ConfigMap), no Service that would
     spread clients over replicas, vmpool's URL naming every sentinel pod, KEDA's
-    triggers through the sentinels' Service and master name, the start scripts valid sh."""
+    triggers through the sentinels' Service and master name, the start scripts valid sh
+    (run for real by tests/test_redis_sentinel_start.py), min-replicas-to-write set, the
+    pods started together."""
     objs = render(SENTINEL_SITE)
     redis = named(objs, "StatefulSet", "vmpool-redis")
     assert redis["spec"]["replicas"] == 3
@@ -1307,8 +1310,24 @@ def test_redis_sentinel() -> None:
     start_redis = scripts["start-redis.sh"]
     assert by_name["redis"]["command"] == ["sh", "/scripts/start-redis.sh"]
     assert by_name["sentinel"]["command"] == ["sh", "/scripts/start-sentinel.sh"]
-    assert 'exec redis-server "$@"' in start_redis
-    assert 'set -- /etc/redis/redis.conf --requirepass "${REDIS_PASSWORD}"' in start_redis
+    assert 'exec "${REDIS_SERVER:-redis-server}" "$@"' in start_redis
+    assert 'set -- "${REDIS_CONF:-/etc/redis/redis.conf}" --requirepass "${REDIS_PASSWORD}"' in (
+        start_redis
+    )
+    # a primary refuses writes without a replica (docs/operations.md recommends it)
+    assert '--min-replicas-to-write "${MIN_REPLICAS_TO_WRITE:-1}"' in start_redis
+    # the scripts' defaults name the pods as the StatefulSet does (tests/
+    # test_redis_sentinel_start.py runs them with the addresses given instead)
+    for text in scripts.values():
+        assert 'set_name="${STATEFULSET_NAME:-vmpool-redis}"' in text
+        assert 'domain="${set_name}-headless.' in text
+        assert '"${REDIS_PODS:-3}"' in text
+    assert redis["metadata"]["name"] == "vmpool-redis"
+    assert redis["spec"]["serviceName"] == "vmpool-redis-headless"
+    # the pods start together: an empty one waits for the others, which OrderedReady
+    # would keep from starting
+    assert redis["spec"]["podManagementPolicy"] == "Parallel"
+    assert by_name["redis"]["startupProbe"]["failureThreshold"] >= 60
     mounts = {m["mountPath"]: m["name"] for m in by_name["redis"]["volumeMounts"]}
     conf = named(
         objs,

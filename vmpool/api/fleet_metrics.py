@@ -30,6 +30,7 @@ from prometheus_client.registry import Collector
 from rq.registry import FailedJobRegistry
 
 from vmpool.api.backlog_metrics import backlog_families, read_backlog
+from vmpool.api.identity_metrics import identity_families
 from vmpool.api.provider_metrics import circuit_families
 from vmpool.api.redis_metrics import redis_health_families, unwritable_family
 from vmpool.api.worker_metrics import worker_families
@@ -124,6 +125,7 @@ class RedisStateCollector(Collector):
         yield from self._audit(reads)
         yield from worker_families(self.raw, self.keys, now)
         yield from circuit_families(self.store.redis, self.keys, self.providers)
+        yield from identity_families(self.store.redis, self.keys)
 
     def _read(self, now: float) -> dict[tuple[str, ...], Any]:
         """Every count the scrape reports, in one pipeline. Reply by name."""

@@ -30,6 +30,7 @@ import redis
 
 from vmpool.cli.context import CliContext, with_context
 from vmpool.cli.errors import CliError, CliFailure
+from vmpool.cli.identity_check import lost_marks_at_start
 from vmpool.cli.strict import STRICT_ENV, check_redis_at_start, strict_option
 from vmpool.cli.up_health import FleetProbe, wait_healthy
 from vmpool.config import Config, mask_url_password
@@ -202,6 +203,9 @@ def _check_redis(cli: CliContext, url: str, *, strict: bool) -> None:
     if cli.config.redis_url:
         _reach_redis(cli)
     check_redis_at_start(url, cli.config.redis_options, who="vmpool up", strict=strict)
+    lost = lost_marks_at_start(url, cli.config.redis_options, cli.keys)
+    if lost:
+        click.echo(f"warning: {lost}", err=True)
     cli.publish_config("vmpool up", url, warn=False)
 
 

@@ -39,9 +39,9 @@ from redis import Redis
 from vmpool.config import Config
 from vmpool.ids import Job
 from vmpool.providers import Provider, providers_from_config
-from vmpool.providers.identity import fleet_ids
 from vmpool.state.capacity import ProviderCapacity
 from vmpool.state.circuit import ProviderCircuit
+from vmpool.state.fleet_identity import IdentityWatch
 from vmpool.state.keys import Keys
 from vmpool.state.locks import FencedLock, LockKind, LockRenewer
 from vmpool.state.names import NameGenerator
@@ -110,6 +110,7 @@ class Fleet:
     names: NameGenerator = field(init=False)
     circuit: ProviderCircuit = field(init=False)
     capacity: ProviderCapacity = field(init=False)
+    identity: IdentityWatch = field(init=False)
     # One renewal thread for every lock this process holds (not one per lock).
     lock_renewer: LockRenewer = field(default_factory=LockRenewer)
 
@@ -126,13 +127,12 @@ class Fleet:
         )
         self.names = NameGenerator(self.config.hostname_prefix, self.rng)
         self.capacity = ProviderCapacity(self.redis, self.keys, self.lease_s)
+        self.identity = IdentityWatch(self.redis, self.keys)
 
     @classmethod
     def build(cls, redis_client: Redis, config: Config, dispatch: Dispatcher, actor: str) -> Fleet:
         keys = Keys(config.key_prefix)
-        # Settled before this process writes a VM record (vmpool/state/fleet_identity.py).
-        fleet_ids(redis_client, keys, config.providers)
-        return cls(
+        fleet = cls(
             redis=redis_client,
             keys=keys,
             config=config,
@@ -141,6 +141,8 @@ class Fleet:
             dispatch=dispatch,
             actor=actor,
         )
+        fleet.identity.start()  # held from now on, so that a loss is noticed
+        return fleet
 
     # -- helpers ------------------------------------------------------------------------
     @property

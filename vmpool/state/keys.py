@@ -52,6 +52,8 @@ Layout (``P`` is the prefix)::
     P:summary:TASK:DATE          hash   vmpooler's daily stats (boot, clone: POOL:VM -> s;
                                         tag: VM:TAG -> value), DATE = YYYY-MM-DD (UTC)
     P:fleet:config               hash   the running fleet's config, public form (no secret)
+    P:fleet-identity             string the fleet's mark on its VMs (vmpool-<12 hex>), made once
+    P:fleet-marks                hash   the fleet's other marks: mark -> lost, legacy or adopted
     vmpool:fleets                hash   key prefix -> when its fleet last published its config:
                                         the one key outside a prefix, so that a command given
                                         only a Redis URL finds a fleet of any prefix
@@ -249,6 +251,10 @@ class Keys:
     def fleet_identity(self) -> str:
         """String: the fleet's ownership id, generated once (vmpool/state/fleet_identity.py)."""
         return f"{self.prefix}:fleet-identity"
+
+    def fleet_marks(self) -> str:
+        """Hash: the fleet's other marks, mark -> role (vmpool/state/fleet_identity.py)."""
+        return f"{self.prefix}:fleet-marks"
 
     def provider_circuit(self, provider: str) -> str:
         """Hash: one provider's circuit breaker (vmpool/state/circuit.py)."""

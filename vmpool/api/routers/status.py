@@ -24,7 +24,7 @@ from vmpool.config import Config
 from vmpool.lifecycle.overrides import pools_with_overrides
 from vmpool.providers.identity import fleet_ids
 from vmpool.state.circuit import read_states
-from vmpool.state.fleet_identity import fleet_identity
+from vmpool.state.fleet_identity import fleet_identity, read_marks
 from vmpool.state.keys import Keys
 from vmpool.state.redis_check import check_redis
 from vmpool.state.transitions import VMState
@@ -112,10 +112,12 @@ def status_body(st: ApiState) -> dict[str, Any]:
         "providers": {
             s.provider: s.as_dict() for s in read_states(r, st.keys, st.config.providers)
         },
-        # vmpool: the fleet's identity and the mark each provider tags its VMs with
+        # vmpool: the fleet's identity, the mark each provider tags its VMs with, and the
+        # fleet's other marks by role (vmpool/state/fleet_identity.py)
         "fleet": {
             "id": fleet_identity(r, st.keys),
             "providers": fleet_ids(r, st.keys, st.config.providers),
+            "marks": _marks(r, st.keys),
         },
     }
     empty = [name for name, entry in pools.items() if entry["ready"] == 0 and entry["max"]]
@@ -125,6 +127,11 @@ def status_body(st: ApiState) -> dict[str, Any]:
     if warning:
         body["warnings"] = [warning]
     return dict(sorted(body.items()))  # vmpooler sorts the top level
+
+
+def _marks(r: redis.Redis, keys: Keys) -> dict[str, str]:
+    marks = read_marks(r, keys)
+    return {} if marks is None else {mark: str(role) for mark, role in marks.others.items()}
 
 
 def _capacity(config: Config, ready: int) -> dict[str, Any]:
