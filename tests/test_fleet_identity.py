@@ -21,6 +21,7 @@ from fastapi.testclient import TestClient
 from vmpool import lifecycle
 from vmpool.cli.main import cli
 from vmpool.config import default_redis_options, load_config
+from vmpool.ids import Job
 from vmpool.lifecycle import Fleet, RecordingDispatcher
 from vmpool.providers import SimulatedProvider
 from vmpool.state.connection import connect
@@ -147,7 +148,7 @@ def test_a_running_fleet_that_lost_its_redis_data_destroys_nothing(
     fleet = make_fleet(redis_client, config)
     held = fleet_identity(redis_client, fleet.keys)
     create_request(fleet.store, "r1", [Slot("deb", "debian", 2)], config)
-    fleet.dispatch.provision_request("r1")
+    fleet.dispatch.send(Job.PROVISION_REQUEST, ["r1"])
     run_dispatched(fleet)
     sim = fleet.providers[SIM]
     assert isinstance(sim, SimulatedProvider) and sim.count() == 2
