@@ -114,6 +114,18 @@ def vcsim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
         server.stop()
 
 
+# Session fixtures that start a server of their own: a test using one is slow
+# (tests/slowrule.py), whichever test happens to start it.
+SERVER_FIXTURES = frozenset({"moto", "vcsim"})
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if SERVER_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
+
+
 def pytest_configure(config: Any) -> None:
     # Child processes started by tests find the same server through this variable.
     os.environ.setdefault("VMPOOL_TESTING", "1")

@@ -22,7 +22,7 @@ from typing import Any, Final
 
 import pytest
 
-DEFAULT_BUDGET_S: Final = 1.0
+DEFAULT_BUDGET_S: Final = 2.0
 # Markers that take a test out of the fast loop.
 OUT_OF_THE_LOOP: Final = frozenset({"slow", "chaos"})
 

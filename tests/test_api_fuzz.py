@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+import pytest
 import redis
 from click.testing import CliRunner
 from fastapi.testclient import TestClient
@@ -72,6 +73,7 @@ FUZZ = settings(
 )
 
 
+@pytest.mark.slow
 @FUZZ
 @given(body=BODIES, content_type=CONTENT_TYPES)
 def test_fuzz_post_bodies(
@@ -96,6 +98,7 @@ def test_fuzz_post_bodies(
 @given(
     segment=SEGMENTS, method=st.sampled_from(["POST", "GET", "DELETE", "PUT"]), raw=st.booleans()
 )
+@pytest.mark.slow
 def test_fuzz_paths(
     redis_url: str, redis_client: redis.Redis, segment: str, method: str, raw: bool
 ) -> None:
@@ -214,6 +217,7 @@ def _settle(redis_url: str, config: Config, store: Store, rids: list[str]) -> No
         conn.close()
 
 
+@pytest.mark.slow
 def test_fuzz_every_route_then_the_fleet_still_provisions(
     redis_url: str, redis_client: redis.Redis, tmp_path: Path
 ) -> None:

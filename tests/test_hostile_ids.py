@@ -160,6 +160,7 @@ def _all_ready(store: Store, rids: list[str]) -> bool:
     return all(r is not None and r.status == "ready" for r in records)
 
 
+@pytest.mark.slow
 def test_hostile_ids_never_stop_the_clone_limited_sweep(
     redis_url: str, redis_client: redis.Redis, conn: redis.Redis, tmp_path: Path
 ) -> None:

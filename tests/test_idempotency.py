@@ -287,6 +287,7 @@ def test_a_lost_checkout_reply_hands_out_one_vm(
     assert [v.owner for v in p.store.get_vms(running)] == ["alice"]
 
 
+@pytest.mark.slow
 def test_a_lost_reply_of_a_confirmed_write_changes_nothing_more(tmp_path: Path) -> None:
     """Proves the same where every write waits for a replica (``WAIT 1`` in the
     script's round trip, vmpool/state/durability.py): the lost reply is the pipeline's

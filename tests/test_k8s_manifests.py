@@ -415,6 +415,7 @@ def _is_custom(obj: dict[str, Any]) -> bool:
     return "." in group and not group.endswith(".k8s.io")
 
 
+@pytest.mark.slow
 def test_every_object_validates_strictly(monkeypatch: pytest.MonkeyPatch) -> None:
     try:
         import kubernetes_validate
@@ -637,6 +638,7 @@ def test_replicas_and_commands_of_each_process() -> None:
         )
 
 
+@pytest.mark.slow
 def test_generated_config_passes_config_check(tmp_path: Path) -> None:
     for target in COMPLETE:
         if target == SENTINEL_SITE and not sentinel_urls_landed():

@@ -126,6 +126,7 @@ def fake_fleet(redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch) -> An
     return fleet, cloud
 
 
+@pytest.mark.slow
 def test_waiting_vms_are_not_asked_for_and_the_ttl_names_the_quota(
     fake_fleet: Any, redis_url: str
 ) -> None:

@@ -140,6 +140,7 @@ def measure(rig: Rig, sweep: Any, state: str, n: int) -> tuple[int, int]:
 SWEEPS = [(lifecycle.check_pending_sweep, "pending"), (lifecycle.destroy_sweep, "completed")]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("sweep", "state"), SWEEPS, ids=["check_pending", "destroy"])
 def test_sweep_round_trips_do_not_grow_with_the_vms(rig: Rig, sweep: Any, state: str) -> None:
     """Proves: one check-pending sweep (and one destroy sweep) over 300 VMs costs no
