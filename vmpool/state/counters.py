@@ -10,6 +10,8 @@ process keeps these in memory. Three kinds of writer:
   are defined here once, so the scripts and the scrape cannot disagree.
 * The workers. :func:`record_job` and :func:`record_error` HINCRBY a hash.
   :func:`record_skipped` counts the subjects a batch skipped as invalid.
+  :func:`record_vm` counts a pool's VMs made and destroyed at its provider (the
+  dashboard's per-minute rates are differences of these totals, vmpool.state.history).
 * ``vmpool audit --metrics``: :func:`record_audit`.
 
 Every scrape of ``/metrics`` (vmpool.api.fleet_metrics) reads those hashes.
@@ -18,7 +20,7 @@ Every scrape of ``/metrics`` (vmpool.api.fleet_metrics) reads those hashes.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Final
+from typing import Final, Literal
 
 import redis
 
@@ -32,6 +34,8 @@ __all__ = [
     "READY_OVERFLOW",
     "READY_SUM",
     "SKIPPED_METRIC",
+    "VMS_METRIC",
+    "VMEvent",
     "bucket_field",
     "cumulative_buckets",
     "lua_metrics",
@@ -39,6 +43,8 @@ __all__ = [
     "record_error",
     "record_job",
     "record_skipped",
+    "record_vm",
+    "vm_totals",
 ]
 
 JOBS_METRIC: Final = "jobs"  # hash field "<job>:<outcome>" -> count
@@ -46,6 +52,9 @@ JOBS_METRIC: Final = "jobs"  # hash field "<job>:<outcome>" -> count
 ERRORS_METRIC: Final = "errors"
 # hash field "<job>:<reason>" -> subjects a batch enqueue skipped (workers/queues.py)
 SKIPPED_METRIC: Final = "skipped"
+# hash field "<event>:<pool>" -> VMs of the pool created (or destroyed) at its provider
+VMS_METRIC: Final = "vms"
+VMEvent = Literal["created", "destroyed"]
 
 # How a request leaves ``pending``, once each: fulfilled, failed, or deleted before it
 # was ready (a ready request deleted later was already counted as ready, so the
@@ -128,6 +137,16 @@ def record_job(redis_client: redis.Redis, keys: Keys, job: str, outcome: str) ->
 def record_error(redis_client: redis.Redis, keys: Keys, kind: str, pool: str) -> None:
     """Count one error of a pool (vmpooler's ``vmpooler_errors.<kind>.<pool>``)."""
     redis_client.hincrby(keys.metrics(ERRORS_METRIC), f"{kind}:{pool}", 1)
+
+
+def record_vm(redis_client: redis.Redis, keys: Keys, event: VMEvent, pool: str) -> None:
+    """Count one VM of ``pool`` created or destroyed at its provider (a pipeline will do)."""
+    redis_client.hincrby(keys.metrics(VMS_METRIC), f"{event}:{pool}", 1)
+
+
+def vm_totals(raw: Mapping[str, str], pool: str) -> tuple[int, int]:
+    """The pool's (created, destroyed) totals in the ``VMS_METRIC`` hash as read."""
+    return int(raw.get(f"created:{pool}", 0)), int(raw.get(f"destroyed:{pool}", 0))
 
 
 def record_skipped(
