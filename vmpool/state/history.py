@@ -141,14 +141,17 @@ def series_of(points: Mapping[str, list[Point | None]], field: str) -> dict[str,
 
 
 def per_minute(points: Mapping[str, list[Point | None]], field: str) -> list[int]:
-    """A running total's increase minute by minute, over all pools (one less than points).
+    """A running total's increase minute by minute, over all pools, oldest first.
 
-    A minute next to a gap counts 0; a total that went down (a counter reset) too."""
+    From the first minute any pool has a point before it on. A minute next to a gap
+    counts 0, and so does a total that went down (a counter reset)."""
     span = max((len(series) for series in points.values()), default=1)
-    out = [0] * max(0, span - 1)
+    out: list[int | None] = [None] * max(0, span - 1)
     for series in points.values():
         for i in range(1, len(series)):
             before, now = series[i - 1], series[i]
             if before is not None and now is not None:
-                out[i - 1] += max(0, int(getattr(now, field)) - int(getattr(before, field)))
-    return out
+                rise = max(0, int(getattr(now, field)) - int(getattr(before, field)))
+                out[i - 1] = (out[i - 1] or 0) + rise
+    start = next((i for i, v in enumerate(out) if v is not None), len(out))
+    return [v or 0 for v in out[start:]]
