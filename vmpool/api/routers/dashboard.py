@@ -36,6 +36,7 @@ router = APIRouter()
 ASSETS: Final = {
     "dashboard.js": "text/javascript; charset=utf-8",
     "dashboard.css": "text/css; charset=utf-8",
+    "favicon.svg": "image/svg+xml",
 }
 # Only the API's own files and its JSON: no inline script, no other origin.
 PAGE_POLICY: Final = (
