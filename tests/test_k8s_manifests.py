@@ -104,6 +104,7 @@ ALERTS = {
     "VmpoolCloneSlotsSaturated",
     "VmpoolWorkersSaturated",
     "VmpoolProviderCircuitOpen",
+    "VmpoolPoolCreatesFailing",
 }
 
 # Metrics the alerts name that another part of the work is adding to /metrics (Redis'
