@@ -5,8 +5,6 @@
   counter (``vmpooler_errors_total{type="create_failed"}`` on /metrics), and joins the
   latest-failures list. The failure that begins a streak is logged once as a WARNING,
   which `vmpool up` shows on its screen; the rest of the streak is logged at INFO.
-- :func:`created_noted` and :func:`destroyed_noted`: a create that went through ends the
-  streak; both count the pool's VMs made and destroyed (the dashboard's rates).
 - :func:`boot_failed_noted` and :func:`requests_failed_noted`: the latest-failures list.
 - :func:`top_up_allowance`: how many VMs a failing pool's top-up may reserve now (none
   while it backs off, then one: a probe), None for a pool that is not failing.
@@ -18,8 +16,8 @@ import logging
 from collections.abc import Iterable
 
 from vmpool.lifecycle.fleet import Fleet
-from vmpool.state.counters import record_error, record_vm
-from vmpool.state.pool_failures import end_streak, read_pool_failures, record_failure
+from vmpool.state.counters import record_error
+from vmpool.state.pool_failures import read_pool_failures, record_failure
 from vmpool.state.records import VMRecord
 from vmpool.state.transitions import RequestStatus
 
@@ -27,8 +25,6 @@ __all__ = [
     "CREATE_FAILED",
     "boot_failed_noted",
     "create_failed_noted",
-    "created_noted",
-    "destroyed_noted",
     "requests_failed_noted",
     "top_up_allowance",
 ]
@@ -62,15 +58,6 @@ def create_failed_noted(fleet: Fleet, vm: VMRecord, reason: str, *, permanent: b
             vm.name,
             reason,
         )
-
-
-def created_noted(fleet: Fleet, vm: VMRecord) -> None:
-    """A create of ``vm`` went through: its pool's streak ends, its total grows."""
-    end_streak(fleet.redis, fleet.keys, vm.pool)
-
-
-def destroyed_noted(fleet: Fleet, vm: VMRecord) -> None:
-    record_vm(fleet.redis, fleet.keys, "destroyed", vm.pool)
 
 
 def boot_failed_noted(fleet: Fleet, vm: VMRecord, reason: str) -> None:

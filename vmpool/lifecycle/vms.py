@@ -24,7 +24,6 @@ from vmpool.lifecycle.cloudsteps import (
     let_go,
 )
 from vmpool.lifecycle.failpoints import failpoint
-from vmpool.lifecycle.failures import created_noted, destroyed_noted
 from vmpool.lifecycle.fleet import Fleet, note_outcome
 from vmpool.lifecycle.locking import run_locked
 from vmpool.lifecycle.outcomes import VMCode, VMStep, in_state, store_code
@@ -153,7 +152,6 @@ def _create_locked(
             return create_failed(fleet, provider, vm, lock, exc)
         failpoint("create_vm.after_provider")
         circuit_closed(fleet, provider, vm)
-        created_noted(fleet, vm)
         # No ensure_held() before the write: its fence refuses a stale holder inside it.
         failpoint("create_vm.before_commit")  # a pause here is what the fence is for
         created = fleet.store.vm_created(
@@ -215,8 +213,6 @@ def destroy_at_provider(
         return VMStep.PROVIDER_ERROR
     outcome = fleet.store.vm_destroyed(name, actor=fleet.who("destroy"), fence=lock.fence)
     note_outcome("vm_destroyed", name, outcome)
-    if outcome.ok:
-        destroyed_noted(fleet, vm)
     return store_code(outcome)
 
 

@@ -10,8 +10,10 @@ process keeps these in memory. Three kinds of writer:
   are defined here once, so the scripts and the scrape cannot disagree.
 * The workers. :func:`record_job` and :func:`record_error` HINCRBY a hash.
   :func:`record_skipped` counts the subjects a batch skipped as invalid.
-  :func:`record_vm` counts a pool's VMs made and destroyed at its provider (the
-  dashboard's per-minute rates are differences of these totals, vmpool.state.history).
+
+The scripts also count each pool's VMs made (reserved -> booting) and destroyed at its
+provider (``VMS_METRIC``): the dashboard's per-minute rates are differences of these
+totals (vmpool.state.history).
 * ``vmpool audit --metrics``: :func:`record_audit`.
 
 Every scrape of ``/metrics`` (vmpool.api.fleet_metrics) reads those hashes.
@@ -20,11 +22,12 @@ Every scrape of ``/metrics`` (vmpool.api.fleet_metrics) reads those hashes.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Final, Literal
+from typing import Final
 
 import redis
 
 from vmpool.state.keys import Keys
+from vmpool.state.pool_failures import streak_key_prefix
 
 __all__ = [
     "ERRORS_METRIC",
@@ -35,7 +38,6 @@ __all__ = [
     "READY_SUM",
     "SKIPPED_METRIC",
     "VMS_METRIC",
-    "VMEvent",
     "bucket_field",
     "cumulative_buckets",
     "lua_metrics",
@@ -43,7 +45,6 @@ __all__ = [
     "record_error",
     "record_job",
     "record_skipped",
-    "record_vm",
     "vm_totals",
 ]
 
@@ -54,7 +55,6 @@ ERRORS_METRIC: Final = "errors"
 SKIPPED_METRIC: Final = "skipped"
 # hash field "<event>:<pool>" -> VMs of the pool created (or destroyed) at its provider
 VMS_METRIC: Final = "vms"
-VMEvent = Literal["created", "destroyed"]
 
 # How a request leaves ``pending``, once each: fulfilled, failed, or deleted before it
 # was ready (a ready request deleted later was already counted as ready, so the
@@ -110,6 +110,10 @@ def lua_metrics(keys: Keys) -> str:
         f"local SUMMARY_PREFIX = {keys.summary_prefix()!r}\n"
         f"local POOL_RESETS = {keys.pool_resets!r}\n"
         f"local TEMPLATE_OVERRIDES = {keys.pool_override('template')!r}\n"
+        # each pool's VMs made and destroyed, and its run of failed creates (ended by a
+        # create that went through: vmpool/state/pool_failures.py)
+        f"local METRIC_VMS = {keys.metrics(VMS_METRIC)!r}\n"
+        f"local POOL_FAILURES_PREFIX = {streak_key_prefix(keys)!r}\n"
     )
 
 
@@ -137,11 +141,6 @@ def record_job(redis_client: redis.Redis, keys: Keys, job: str, outcome: str) ->
 def record_error(redis_client: redis.Redis, keys: Keys, kind: str, pool: str) -> None:
     """Count one error of a pool (vmpooler's ``vmpooler_errors.<kind>.<pool>``)."""
     redis_client.hincrby(keys.metrics(ERRORS_METRIC), f"{kind}:{pool}", 1)
-
-
-def record_vm(redis_client: redis.Redis, keys: Keys, event: VMEvent, pool: str) -> None:
-    """Count one VM of ``pool`` created or destroyed at its provider (a pipeline will do)."""
-    redis_client.hincrby(keys.metrics(VMS_METRIC), f"{event}:{pool}", 1)
 
 
 def vm_totals(raw: Mapping[str, str], pool: str) -> tuple[int, int]:

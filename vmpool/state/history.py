@@ -7,8 +7,9 @@ slots. The field is a minute's number (Unix minutes, Redis server time) modulo
 
     "<minute> <ready> <running> <pending> <size> <created> <destroyed>"
 
-``created`` and ``destroyed`` are the pool's running totals (vmpool.state.counters,
-``record_vm``): a minute's rate is the difference between two points.
+``created`` and ``destroyed`` are the pool's running totals (``VMS_METRIC`` of
+vmpool.state.counters, counted by the store's scripts): a minute's rate is the
+difference between two points.
 
 Writing a minute's slot replaces what it held, so the series has one point a minute
 however often the writer runs (the ``record_history`` job; a second run within a

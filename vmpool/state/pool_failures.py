@@ -1,7 +1,8 @@
 """Failures in plain sight: each pool's failed creates, and the fleet's latest failures.
 
-A create that fails counts toward its pool's streak; one that goes through ends it
-(:func:`end_streak`). The streak is what ``/status``, ``vmpool pools``, ``/metrics`` and
+A create that fails counts toward its pool's streak; one that goes through ends it (the
+store's scripts, in the unit that records the VM created: ``count_made`` in
+``scripts/_prelude.lua``, under :func:`streak_key_prefix`). The streak is what ``/status``, ``vmpool pools``, ``/metrics`` and
 the dashboard show: how many creates failed in a row, the last error and when.
 
 A **permanent** create error (retrying cannot help: a template that does not exist, an
@@ -31,7 +32,6 @@ from typing import Any, Final, Literal
 
 import redis
 
-from vmpool.state.counters import record_vm
 from vmpool.state.keys import Keys
 from vmpool.state.lua import read_script
 from vmpool.state.records import decode_hash, text
@@ -44,10 +44,10 @@ __all__ = [
     "FailureKind",
     "PoolFailures",
     "Streak",
-    "end_streak",
     "latest_failures",
     "read_pool_failures",
     "record_failure",
+    "streak_key_prefix",
 ]
 
 BACKOFF_FIRST_S: Final = 10.0  # the first round's back-off (the top-up runs every 5 s)
@@ -149,15 +149,13 @@ def record_failure(
     return Streak(int(reply[0]), float(retry_at) if retry_at else None)
 
 
-def end_streak(redis_client: redis.Redis, keys: Keys, pool: str) -> None:
-    """A create of ``pool`` went through: its streak and back-off end, its total grows.
+def streak_key_prefix(keys: Keys) -> str:
+    """What comes before a pool's name in its failures hash's key (the scripts append it).
 
-    The last error stays, for people to see when it was. One round trip; a pool that
-    never failed gains no key."""
-    pipe = redis_client.pipeline(transaction=False)
-    pipe.hdel(keys.pool_failures(pool), "consecutive", "rounds", "retry_at")
-    record_vm(pipe, keys, "created", pool)
-    pipe.execute()
+    The store's scripts end a pool's streak (its ``consecutive``, ``rounds`` and
+    ``retry_at``; the last error stays) where they record a VM created: no round trip of
+    its own, and a pool that never failed gains no key."""
+    return keys.pool_failures("x")[: -len("x")]
 
 
 def read_pool_failures(
