@@ -226,8 +226,8 @@ def test_fuzz_every_route_then_the_fleet_still_provisions(
 ) -> None:
     """Random bodies, path ids, headers and methods (an unknown one too) on every route
     of the app (enumerated from app.routes): 2xx or 4xx, JSON (but /metrics' text, the
-    dashboard's page and files, and HEAD's empty body), never a 5xx. Then ordinary requests are still provisioned by
-    the sweeps and `vmpool audit` is clean."""
+    dashboard's page and files, and HEAD's empty body), never a 5xx. Then ordinary
+    requests are still provisioned by the sweeps and `vmpool audit` is clean."""
     path = tmp_path / "fleet.yaml"
     path.write_text(FLEET_YAML)
     config = load_config(path)

@@ -2,8 +2,9 @@
 
 A create that fails counts toward its pool's streak; one that goes through ends it (the
 store's scripts, in the unit that records the VM created: ``count_made`` in
-``scripts/_prelude.lua``, under :func:`streak_key_prefix`). The streak is what ``/status``, ``vmpool pools``, ``/metrics`` and
-the dashboard show: how many creates failed in a row, the last error and when.
+``scripts/_prelude.lua``, under :func:`streak_key_prefix`). The streak is what
+``/status``, ``vmpool pools``, ``/metrics`` and the dashboard show: how many creates
+failed in a row, the last error and when.
 
 A **permanent** create error (retrying cannot help: a template that does not exist, an
 option the cloud refuses) also backs the pool's top-ups off, so that a warm pool does
