@@ -157,3 +157,16 @@ def test_the_latest_failures_list_is_bounded(redis_client: redis.Redis) -> None:
     assert len(listed) == RECENT_KEPT == redis_client.llen(keys.recent_failures)
     assert listed[0].vm == f"vm-{RECENT_KEPT + 19}"  # newest first
     assert not redis_client.exists(keys.pool_failures("p"))  # a boot is not a create
+
+
+def test_a_transient_failure_does_not_hold_the_pool_back(redis_client: redis.Redis) -> None:
+    """Proves: a pool whose last create failed for a transient reason is shown failing
+    but still tops up its whole deficit (no back-off, no probe: the cloud's breaker
+    handles a cloud that keeps failing)."""
+    fleet = make_fleet(redis_client, warm_config(3))
+    record_failure(redis_client, fleet.keys, "create", pool="debian", reason="HTTP 503")
+    now, f = failures(fleet)
+    assert f.failing and f.retry_at is None and not f.backing_off(now)
+    assert lifecycle.top_up_pools(fleet) == {"debian": 3}
+    run_dispatched(fleet)
+    assert not failures(fleet)[1].failing  # a create went through: the streak ended

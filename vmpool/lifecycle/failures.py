@@ -6,8 +6,8 @@
   latest-failures list. The failure that begins a streak is logged once as a WARNING,
   which `vmpool up` shows on its screen; the rest of the streak is logged at INFO.
 - :func:`boot_failed_noted` and :func:`requests_failed_noted`: the latest-failures list.
-- :func:`top_up_allowance`: how many VMs a failing pool's top-up may reserve now (none
-  while it backs off, then one: a probe), None for a pool that is not failing.
+- :func:`top_up_allowance`: how many VMs a pool whose creates fail permanently may
+  reserve now (none while it backs off, then one: a probe).
 """
 
 from __future__ import annotations
@@ -90,8 +90,14 @@ def requests_failed_noted(fleet: Fleet, request_ids: Iterable[str]) -> None:
 
 
 def top_up_allowance(fleet: Fleet, pools: Iterable[str]) -> dict[str, int]:
-    """The most a failing pool's top-up reserves now: 0 while it backs off, else 1.
+    """The most a pool's top-up reserves now while a permanent error holds it back.
 
-    Pools that are not failing are left out (no bound). One round trip."""
+    0 while the pool backs off, then 1 (a probe) until a create goes through. Pools
+    without a permanent error in their streak are left out (no bound: a transient
+    failure is the cloud's breaker's business). One round trip."""
     now, failures = read_pool_failures(fleet.redis, fleet.keys, pools)
-    return {pool: 0 if f.backing_off(now) else 1 for pool, f in failures.items() if f.failing}
+    return {
+        pool: 0 if f.backing_off(now) else 1
+        for pool, f in failures.items()
+        if f.failing and f.retry_at is not None
+    }
