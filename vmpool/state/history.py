@@ -15,8 +15,8 @@ Writing a minute's slot replaces what it held, so the series has one point a min
 however often the writer runs (the ``record_history`` job; a second run within a
 minute only refreshes the point). A slot holds its minute: one written a day or more
 ago reads as a gap. Memory is bounded: :data:`MINUTES` short fields per pool (about
-60 KB), and the hash expires a day after its last write, so a pool taken out of the
-config leaves nothing behind.
+100 KB: Redis' MEMORY USAGE of a full day with six-digit totals), and the hash expires a
+day after its last write, so a pool taken out of the config leaves nothing behind.
 """
 
 from __future__ import annotations
