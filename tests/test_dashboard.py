@@ -8,6 +8,7 @@ import redis
 from fastapi.testclient import TestClient
 
 from vmpool import lifecycle
+from vmpool.config import parse_config
 from vmpool.state.history import Point, minute_of, write_points
 
 from apihelp import API, PASSWORD_HASH, make_client
@@ -144,3 +145,13 @@ def test_every_dashboard_read_works_without_a_token_when_auth_is_on(
         assert got.status_code == 200, (path, got.text)
         assert "jdoe" not in got.text and PASSWORD_HASH not in got.text
     assert client.post(f"{API}/ondemandvm", json={"centos": 1}).status_code == 401
+
+
+def test_site_name_comes_from_the_file_or_vmpoolers_variable() -> None:
+    """`:config: site_name` (vmpooler's key, no longer ignored), `SITE_NAME` over it as
+    vmpooler reads it, `vmpool` without either."""
+    pools = {":pools": [{"name": "p"}]}
+    assert parse_config(pools, source="t", env={}).site_name == "vmpool"
+    named = {**pools, ":config": {"site_name": "<b>vmpooler</b>"}}
+    assert parse_config(named, source="t", env={}).site_name == "<b>vmpooler</b>"
+    assert parse_config(named, source="t", env={"SITE_NAME": "Lab"}).site_name == "Lab"
