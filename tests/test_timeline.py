@@ -27,9 +27,10 @@ def steps(timeline: list[dict[str, Any]]) -> list[tuple[str, str, str]]:
 def test_a_request_made_ready_and_deleted_lists_its_transitions_in_order(
     redis_url: str, redis_client: redis.Redis
 ) -> None:
-    """The acceptance: created, provisioned (reserved, created at the provider), ready,
-    deleted, destroyed at the provider, in that order, each with a server timestamp and
-    its actor; the provider calls named."""
+    """The acceptance: created, provisioned (a ready VM of the warm pool, with its own
+    life: reserved, created at the provider, ready), ready, deleted, destroyed at the
+    provider, in that order, each with a server timestamp and its actor; the provider
+    calls named."""
     config = three_pools()
     fleet = filled(redis_client, config)
     client, _ = make_client(config, redis_url, enqueue=lambda rid: True)
@@ -53,9 +54,19 @@ def test_a_request_made_ready_and_deleted_lists_its_transitions_in_order(
     ]
     times = [e["time"] for e in timeline]
     assert times == sorted(times) and all(t > 1.6e9 for t in times)
-    calls = [(e["from"], e["to"], e["provider_call"]) for e in timeline if e["provider_call"]]
-    # a ready VM of the warm pool is lent first (ondemand_from_ready is off: cloned here)
-    assert [c[2] for c in calls] == ["create", "ready_check", "destroy"]
+    # the warm pool lent a ready VM (ondemand_from_ready): its life in the pool (its own
+    # trail) comes first, then the request's entries about it
+    vm_steps = [s[1:] for s in steps(timeline) if s[0] == "vm"]
+    assert vm_steps == [
+        ("none", "reserved"),
+        ("reserved", "pending"),
+        ("pending", "ready"),
+        ("ready", "running"),
+        ("running", "completed"),
+        ("completed", "destroyed"),
+    ]
+    calls = [e["provider_call"] for e in timeline if e["provider_call"]]
+    assert calls == ["create", "ready_check", "destroy"]
     assert not any(e["error"] for e in timeline)
     assert {e["actor"].split(":")[0].split("/")[0] for e in timeline} <= {"api", "worker"}
 

@@ -85,9 +85,18 @@ def vm_timeline(store: Store, name: str) -> list[TimelineEntry] | None:
 
 
 def _merged(entries: Sequence[AuditEntry], vms: Iterable[VMRecord]) -> list[TimelineEntry]:
-    """The entries by server time (a stable sort: a trail's own order breaks ties)."""
+    """The entries by server time (a stable sort: a trail's own order breaks ties).
+
+    A warm VM's claim by a request is written in both trails, in one unit (same time):
+    it is shown once, as the trail given first tells it."""
     errors = {f"vm:{vm.name}": vm.error for vm in vms if vm.error}
-    return [_entry(e, errors) for e in sorted(entries, key=lambda e: e.time)]
+    seen: set[tuple[float, str, str, str]] = set()
+    out = []
+    for e in sorted(entries, key=lambda e: e.time):
+        if (e.time, e.entity, e.src, e.dst) not in seen:
+            seen.add((e.time, e.entity, e.src, e.dst))
+            out.append(_entry(e, errors))
+    return out
 
 
 def _entry(e: AuditEntry, errors: dict[str, str]) -> TimelineEntry:
