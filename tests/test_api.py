@@ -457,7 +457,7 @@ def test_delete_ready_releases_vms(client: TestClient, store: Store) -> None:
 @pytest.mark.parametrize(
     ("method", "path"),
     [
-        ("GET", "/"),
+        ("GET", "/dashboard/nope"),  # `/` is vmpooler's redirect to the dashboard
         ("GET", f"{API}/nope"),
         ("PUT", f"{API}/ondemandvm"),
         ("PATCH", f"{API}/ondemandvm/x"),

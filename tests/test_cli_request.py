@@ -158,7 +158,7 @@ def test_pools_table(run, redis_client: redis.Redis) -> None:  # type: ignore[no
     table = run("pools")
     assert table.exit_code == 0, table.output
     line = next(row for row in table.output.splitlines() if row.startswith(POOL))
-    assert line.split()[-1] == "3"  # three VMs waiting in the on-demand queue
+    assert line.split()[-2:] == ["3", "-"]  # three VMs waiting on demand; creates not failing
     assert '"ondemand_queue": 3' in run("pools", "--json").output
 
 

@@ -234,6 +234,7 @@ def test_schedule_section(tmp_path: Path) -> None:
         "reconcile": 30,
         "top_up_pools": 5,
         "check_ready": 60,
+        "record_history": 20,
     }
 
 

@@ -70,6 +70,7 @@ ADDED_TOP = (
     "provider_circuit_failures",
     "provider_circuit_cooldown_s",
     "experimental_features",
+    "site_name",
 )
 ADDED_POOL = ("ondemand_from_ready", "provider_options")
 ADDED_AUTH = (
@@ -81,7 +82,7 @@ ADDED_AUTH = (
     "admins",
     "ldap",
 )
-ADDED_SCHEDULE = ("top_up_pools", "check_ready")
+ADDED_SCHEDULE = ("top_up_pools", "check_ready", "record_history")
 # Warnings the recording predates: a vmpooler pool key its provider class does not read.
 ADDED_WARNING = "a vmpooler key provider class"
 

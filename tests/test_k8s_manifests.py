@@ -105,6 +105,7 @@ ALERTS = {
     "VmpoolWorkersSaturated",
     "VmpoolProviderCircuitOpen",
     "VmpoolFleetMarkLost",
+    "VmpoolPoolCreatesFailing",
 }
 
 # Metrics the alerts name that another part of the work is adding to /metrics (Redis'

@@ -53,7 +53,12 @@ LAYERS: Mapping[str, int] = {
 SIBLINGS_APART = frozenset({("vmpool.api", "vmpool.local"), ("vmpool.local", "vmpool.api")})
 
 # "path" or "path:function" -> why it may stay over the limit.
-ALLOWED: Mapping[str, str] = {}
+ALLOWED: Mapping[str, str] = {
+    "vmpool/state/keys.py": (
+        "the whole Redis key schema, one method and one layout line per key: its one home"
+        " (split, a key's spelling would have two)"
+    ),
+}
 
 
 # A reference to the project's history in code or docs.

@@ -91,6 +91,7 @@ class Job(StrEnum):
     RECONCILE = "reconcile"
     TOP_UP_POOLS = "top_up_pools"
     CHECK_READY = "check_ready"
+    RECORD_HISTORY = "record_history"
 
 
 class InvalidIdentifier(ValueError):

@@ -34,6 +34,7 @@ __all__ = [
     "provision_sweep",
     "reap_running",
     "reconcile",
+    "record_history",
     "sweep_expired",
     "top_up_pools",
     "vm_task",
@@ -101,6 +102,10 @@ def top_up_pools() -> dict[str, int]:
 
 def check_ready() -> dict[str, int]:
     return lifecycle.check_ready(current_fleet())
+
+
+def record_history() -> int:
+    return lifecycle.record_history(current_fleet())
 
 
 # Batch jobs: one job runs many subjects of a work set (vmpool.lifecycle.batch).

@@ -123,6 +123,8 @@ _ROWS: Final = (
             "clone what each warm pool is short of its size", periodic=True),
     JobSpec(Job.CHECK_READY, QUEUE_SWEEPS, None, 300,
             "re-check ready VMs; recycle those past ready_ttl or failing", periodic=True),
+    JobSpec(Job.RECORD_HISTORY, QUEUE_SWEEPS, None, 60,
+            "write each pool's counts of this minute (the dashboard's history)", periodic=True),
 )  # fmt: skip
 
 # How the jobs table shows a job's argument.

@@ -1,4 +1,4 @@
-"""The HTTP API app: vmpooler 3.9's v3 on-demand endpoints, tokens, status, health, metrics.
+"""The HTTP API app: vmpooler 3.9's v3 endpoints, status, health, metrics, the dashboard.
 
 ``create_app(config, redis_url)`` builds one FastAPI app from the routers in
 :mod:`vmpool.api.routers`. Everything it needs lives in one
@@ -21,7 +21,18 @@ from vmpool.api.deps import ApiState, RedisClients
 from vmpool.api.errors import install_error_handlers
 from vmpool.api.metrics import ApiMetrics, RedisStateCollector
 from vmpool.api.middleware import install_middleware
-from vmpool.api.routers import health, ondemand, pools, status, summary, token, vm, vm_tasks
+from vmpool.api.routers import (
+    dashboard,
+    health,
+    ondemand,
+    pools,
+    status,
+    summary,
+    timeline,
+    token,
+    vm,
+    vm_tasks,
+)
 from vmpool.config import Config, load_config
 from vmpool.state.keys import Keys
 from vmpool.state.store import Store
@@ -78,7 +89,9 @@ def create_app(
     app.include_router(vm_tasks.router, prefix=API_PREFIX)
     app.include_router(pools.router, prefix=API_PREFIX)
     app.include_router(summary.router, prefix=API_PREFIX)
+    app.include_router(timeline.router, prefix=API_PREFIX)
     app.include_router(health.router)
+    app.include_router(dashboard.router)
     install_middleware(app, st.metrics)
     return app
 

@@ -140,6 +140,7 @@ class RedisStateCollector(Collector):
             for state in INDEXED_VM_STATES:
                 add(("vms", pool, state), pipe.zcard(k.pool_state(pool, state)))
             add(("ready_time", pool), pipe.hgetall(k.time_to_ready(pool)))
+            add(("create_failures", pool), pipe.hget(k.pool_failures(pool), "consecutive"))
         add(("open",), pipe.zcard(k.open_requests))
         add(("provisioning",), pipe.zcard(k.provision_queue))
         for short in QUEUES:
@@ -167,6 +168,14 @@ class RedisStateCollector(Collector):
             for state in INDEXED_VM_STATES:
                 vms.add_metric([pool, state], int(reads["vms", pool, state]))
         yield vms
+        failing = GaugeMetricFamily(
+            "vmpool_pool_create_failures",
+            "Creates of the pool that failed in a row (0 once one goes through)",
+            labels=["pool"],
+        )
+        for pool in self.pools:
+            failing.add_metric([pool], int(reads["create_failures", pool] or 0))
+        yield failing
         yield _gauge(
             "vmpool_requests_open",
             "Requests pending (the open-request index)",

@@ -25,6 +25,7 @@ from vmpool.lifecycle.overrides import pools_with_overrides
 from vmpool.lifecycle.plan import RequestRejected, parse_pool_counts, plan_slots
 from vmpool.state.records import RequestRecord, RequestSettings
 from vmpool.state.store import Store
+from vmpool.state.timeline import request_timeline
 from vmpool.state.transitions import RequestStatus
 
 __all__ = ["request_group", "request_view", "wait_for"]
@@ -253,25 +254,15 @@ def request_delete(cli: CliContext, request_id: str) -> None:
 @with_context(json=True)
 @click.argument("request_id")
 def request_history(cli: CliContext, request_id: str) -> None:
-    """The request's audit trail: every transition, its version, actor and time."""
+    """The request's timeline: every transition of it and its VMs, with actor and time.
+
+    The same entries as GET /api/v3/ondemandvm/<id>/timeline; a failure is marked '!'.
+    """
     rid = _request_id(request_id)
     _record(cli.store, rid)
-    entries = cli.store.history(rid)
+    entries = request_timeline(cli.store, rid) or []
     if cli.as_json:
-        echo_json(
-            [
-                {
-                    "version": e.version,
-                    "entity": e.entity,
-                    "from": e.src,
-                    "to": e.dst,
-                    "actor": e.actor,
-                    "reason": e.reason,
-                    "time": e.time,
-                }
-                for e in entries
-            ]
-        )
+        echo_json([e.as_dict() for e in entries])
         return
     echo_table(
         [
@@ -281,7 +272,7 @@ def request_history(cli: CliContext, request_id: str) -> None:
                 "entity": e.entity,
                 "transition": f"{e.src} -> {e.dst}",
                 "actor": e.actor,
-                "reason": e.reason,
+                "reason": f"! {e.reason}" if e.error else e.reason,
             }
             for e in entries
         ],

@@ -322,6 +322,7 @@ def _announce(
     """The few lines a person needs once everything is healthy."""
     click.echo(f"vmpool is up: API {api_url}  Redis {mask_url_password(redis_url)}")
     click.echo("  processes: " + ", ".join(f"{n} ({p})" for n, p in sup.pids().items()))
+    click.echo(f"  dashboard: {api_url}/dashboard/")
     if board_url is not None:
         click.echo(f"rq-dashboard: {board_url}")
     if demo:

@@ -84,6 +84,7 @@ def build(file: ConfigFile, *, source: str, warnings: tuple[str, ...]) -> Config
         max_lifetime_upper_limit_s=in_seconds(cfg, "max_lifetime_upper_limit"),
         tagfilter=MappingProxyType(_tagfilter(file, source)),
         experimental_features=cfg.experimental_features,
+        site_name=cfg.site_name,
     )
 
 

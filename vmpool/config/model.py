@@ -99,6 +99,7 @@ class Config:
     provider_circuit_cooldown_s: float
     provider_quota_wait_s: float
     experimental_features: bool
+    site_name: str
 
     def pool(self, name: str) -> PoolConfig:
         """The pool called ``name``. KeyError if there is none (aliases do not count)."""

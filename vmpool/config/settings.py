@@ -99,6 +99,9 @@ class Schedule(_Section):
     check_ready: IntervalSeconds = seconds(
         60, "Re-check the ready VMs of the warm pools; recycle those past ready_ttl"
     )
+    record_history: IntervalSeconds = seconds(
+        20, "Write each pool's counts of this minute, for the dashboard (a point a minute)"
+    )
 
 
 class ConfigSection(_Section):
@@ -168,6 +171,10 @@ class ConfigSection(_Section):
     )
     max_lifetime_upper_limit: TtlHours | None = hours(
         None, "The longest lifetime PUT /vm/<hostname> may set (default: no limit)"
+    )
+    site_name: Text = Field(
+        default="vmpool",
+        description="The name the dashboard (/dashboard/) shows; HTML tags in it are dropped",
     )
     experimental_features: bool = Field(
         default=False,

@@ -34,7 +34,6 @@ IGNORED_SECTIONS: Final = frozenset(
 )
 CONFIG_IGNORED: Final = frozenset(
     [
-        "site_name",
         "logfile",
         "timeout_notification",
         "vm_checktime",
@@ -147,6 +146,7 @@ ENVIRONMENT: Final = (
     ("VM_LIFETIME_AUTH", "config", "vm_lifetime_auth"),
     ("TIMEOUT", "config", "timeout"),
     ("PREFIX", "config", "prefix"),
+    ("SITE_NAME", "config", "site_name"),
     ("REDIS_DATA_TTL", "redis", "data_ttl"),
     ("VMPOOL_REDIS_URL", "redis", "url"),
 )

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 
 from vmpool.ids import InvalidIdentifier, Job, validate_vm_name
 from vmpool.lifecycle.failpoints import failpoint
+from vmpool.lifecycle.failures import boot_failed_noted
 from vmpool.lifecycle.fleet import Fleet, after_vm_failed, dispatch_released, note_outcome
 from vmpool.lifecycle.locking import run_locked
 from vmpool.lifecycle.outcomes import VMCode, VMStep, in_state, store_code
@@ -93,6 +94,8 @@ def observe_pending(
         name, reason, actor=actor, fence=lock.fence, request_id=vm.request_id
     )
     note_outcome("vm_failed", name, failed)
+    if failed.ok:
+        boot_failed_noted(fleet, vm, reason)
     after_vm_failed(fleet, vm, failed)
     if failed.ok and failed.code == "completed":
         return VMStep.FAILED

@@ -17,6 +17,7 @@ from redis.exceptions import ResponseError
 
 from vmpool.config import PoolConfig
 from vmpool.ids import Job
+from vmpool.lifecycle.failures import requests_failed_noted
 from vmpool.lifecycle.fleet import Fleet, dispatch_released, note_outcome
 from vmpool.lifecycle.locking import run_locked
 from vmpool.lifecycle.outcomes import (
@@ -233,6 +234,8 @@ def sweep_expired(fleet: Fleet, limit: int = 1000) -> dict[str, int]:
         counts[outcome.code] += 1
         if outcome.ok:
             expired.append(request_id)
+        if outcome.code == "failed":  # out of time: listed with its reason (dashboard)
+            requests_failed_noted(fleet, [request_id])
     # Every expiry first, then the destroys in one batch: a request late in a long due
     # list is not kept waiting behind the others' follow-up work (the settle bound).
     dispatch_released(fleet, *expired)

@@ -37,6 +37,9 @@ Layout (``P`` is the prefix)::
     P:metrics:requests_finished  hash   requests finished, by outcome (the store's scripts)
     P:metrics:time_to_ready:POOL hash   ready-time histogram of a pool: bucket -> count, sum
     P:metrics:audit              hash   the last `vmpool audit --metrics`: violations, time
+    P:history:POOL               hash   a pool's counts, one field a minute for a day (history.py)
+    P:pool-failures:POOL         hash   a pool's create failures: streak, last error, back-off
+    P:failures                   list   the fleet's latest failures, newest first (pool_failures.py)
     P:workers                    zset   vmpool worker heartbeats
     P:schedule:due               zset   the scheduler's templates, score = next due time
     P:schedule:log               list   every move of the schedule, newest first
@@ -314,6 +317,16 @@ class Keys:
     def time_to_ready_prefix(self) -> str:
         """Prefix of the ready-time histograms. The scripts append the VM's pool."""
         return self.metrics("time_to_ready") + ":"
+
+    def pool_history(self, pool: str) -> str:
+        return f"{self.prefix}:history:{validate_pool_name(pool)}"
+
+    def pool_failures(self, pool: str) -> str:
+        return f"{self.prefix}:pool-failures:{validate_pool_name(pool)}"
+
+    @property
+    def recent_failures(self) -> str:
+        return f"{self.prefix}:failures"
 
     @property
     def audit_result(self) -> str:

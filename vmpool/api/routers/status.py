@@ -26,6 +26,7 @@ from vmpool.providers.identity import fleet_ids
 from vmpool.state.circuit import read_states
 from vmpool.state.fleet_identity import fleet_identity, read_marks
 from vmpool.state.keys import Keys
+from vmpool.state.pool_failures import read_pool_failures
 from vmpool.state.redis_check import check_redis
 from vmpool.state.transitions import VMState
 from workers.queues import queue_names
@@ -112,26 +113,55 @@ def status_body(st: ApiState) -> dict[str, Any]:
         "providers": {
             s.provider: s.as_dict() for s in read_states(r, st.keys, st.config.providers)
         },
-        # vmpool: the fleet's identity, the mark each provider tags its VMs with, and the
-        # fleet's other marks by role (vmpool/state/fleet_identity.py)
-        "fleet": {
-            "id": fleet_identity(r, st.keys),
-            "providers": fleet_ids(r, st.keys, st.config.providers),
-            "marks": _marks(r, st.keys),
-        },
+        "fleet": _fleet(st),
     }
     empty = [name for name, entry in pools.items() if entry["ready"] == 0 and entry["max"]]
     if empty:  # vmpooler's "empty" pools: a warm pool with no ready VM
         body["status"].update(ok=False, empty=empty, message=f"Found {len(empty)} empty pools.")
+    warnings = _pool_failures(st, pools)
     warning = exposure_warning(st.config.auth is not None, st.listen_host)
     if warning:
-        body["warnings"] = [warning]
+        warnings.append(warning)
+    if warnings:
+        body["warnings"] = warnings
     return dict(sorted(body.items()))  # vmpooler sorts the top level
+
+
+def _fleet(st: ApiState) -> dict[str, Any]:
+    """vmpool: the fleet's identity, the mark each provider tags its VMs with, and the
+    fleet's other marks by role (vmpool/state/fleet_identity.py)."""
+    r = st.clients.text
+    return {
+        "id": fleet_identity(r, st.keys),
+        "providers": fleet_ids(r, st.keys, st.config.providers),
+        "marks": _marks(r, st.keys),
+    }
 
 
 def _marks(r: redis.Redis, keys: Keys) -> dict[str, str]:
     marks = read_marks(r, keys)
     return {} if marks is None else {mark: str(role) for mark, role in marks.others.items()}
+
+
+def _pool_failures(st: ApiState, pools: dict[str, Any]) -> list[str]:
+    """Each pool's create failures into its entry (vmpool.state.pool_failures).
+
+    ``last_error`` ('' when none), ``last_error_at``, ``create_failures`` (in a row, 0
+    once one went through) and ``retry_at`` (its top-ups wait until then). Returns a
+    warning for each pool whose creates fail now."""
+    now, failures = read_pool_failures(st.clients.text, st.keys, pools)
+    warnings = []
+    for name, f in failures.items():
+        shown = f.as_dict(now)
+        pools[name].update(
+            last_error=f.last_error,
+            last_error_at=f.last_error_at,
+            create_failures=f.consecutive,
+            retry_at=shown["retry_at"],
+        )
+        if f.failing:
+            warnings.append(f"pool {name}: {f.consecutive} creates failed in a row: {f.last_error}")
+    return warnings
 
 
 def _capacity(config: Config, ready: int) -> dict[str, Any]:
