@@ -98,7 +98,7 @@ def test_the_live_feed_shows_pools_requests_failures_and_rates(
     lifecycle.top_up_pools(fleet)
     run_dispatched(fleet)
     lifecycle.record_history(fleet)
-    client, _ = make_client(config, redis_url, enqueue=lambda rid: True)
+    client, _ = make_client(config, redis_url)
     failed = client.post(f"{API}/ondemandvm", json={"broken": 1}).json()["request_id"]
     lifecycle.provision_request(fleet, failed)
     run_dispatched(fleet)

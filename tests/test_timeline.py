@@ -33,7 +33,7 @@ def test_a_request_made_ready_and_deleted_lists_its_transitions_in_order(
     calls named."""
     config = three_pools()
     fleet = filled(redis_client, config)
-    client, _ = make_client(config, redis_url, enqueue=lambda rid: True)
+    client, _ = make_client(config, redis_url)
     rid = client.post(f"{API}/ondemandvm", json={"debian-11": 1}).json()["request_id"]
     lifecycle.provision_request(fleet, rid)
     run_dispatched(fleet)
@@ -78,7 +78,7 @@ def test_a_failed_request_shows_the_providers_error(
     the request's failure, both marked as errors."""
     config = three_pools()
     fleet = filled(redis_client, config)
-    client, _ = make_client(config, redis_url, enqueue=lambda rid: True)
+    client, _ = make_client(config, redis_url)
     rid = client.post(f"{API}/ondemandvm", json={"broken": 1}).json()["request_id"]
     lifecycle.provision_request(fleet, rid)
     run_dispatched(fleet)
@@ -141,7 +141,7 @@ def test_vmpool_request_history_shows_the_same_entries(
     """One reader: the CLI's --json is the API's timeline, entry for entry."""
     config = three_pools()
     fleet = filled(redis_client, config)
-    client, _ = make_client(config, redis_url, enqueue=lambda rid: True)
+    client, _ = make_client(config, redis_url)
     rid = client.post(f"{API}/ondemandvm", json={"broken": 1}).json()["request_id"]
     lifecycle.provision_request(fleet, rid)
     run_dispatched(fleet)
