@@ -48,7 +48,6 @@ CONFIG_IGNORED: Final = frozenset(
         "purge_unconfigured_resources",
         "usage_stats",
         "request_logger",
-        "extra_config",
         "allowed_tags",
         "manage_host_selection",
         "host_selection_max_age",
