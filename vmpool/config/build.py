@@ -13,7 +13,7 @@ Here happens what no single setting can check alone:
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -35,7 +35,7 @@ from vmpool.config.settings import (
 )
 from vmpool.config.users_file import read_users_file
 from vmpool.config.vmpooler import implemented
-from vmpool.config.vmpooler_keys import REDIS_URL_PARTS
+from vmpool.config.vmpooler_keys import CONFIG_PROVIDER_DEFAULTS, REDIS_URL_PARTS
 from vmpool.providers.options import key_path, problems
 from vmpool.providers.registry import DEFAULT_PROVIDER, provider_class
 from vmpool.state.connection import RedisOptions
@@ -78,12 +78,25 @@ def build(file: ConfigFile, *, source: str, warnings: tuple[str, ...]) -> Config
         schedule=file.schedule,
         auth=None if file.auth is None else _auth(file.auth, source),
         source=source,
-        warnings=warnings,
+        warnings=warnings + _unread_provider_defaults(cfg, providers.values(), source),
         task_limit=cfg.task_limit,
         batch_lanes=cfg.batch_lanes,
         max_lifetime_upper_limit_s=in_seconds(cfg, "max_lifetime_upper_limit"),
         tagfilter=MappingProxyType(_tagfilter(file, source)),
         experimental_features=cfg.experimental_features,
+    )
+
+
+def _unread_provider_defaults(
+    cfg: ConfigSection, providers: Iterable[ProviderConfig], source: str
+) -> tuple[str, ...]:
+    """A warning for each of vmpooler's :config: provider keys that no provider reads."""
+    classes = [provider_class(p.provider_class) for p in providers]
+    read = {name for c in classes if c is not None for name in c.options.model_fields}
+    return tuple(
+        f"{source}: config.{key}: no provider here reads it (vsphere does); ignored"
+        for key in CONFIG_PROVIDER_DEFAULTS
+        if getattr(cfg, key) is not None and key not in read
     )
 
 
@@ -130,6 +143,10 @@ def _providers(file: ConfigFile, source: str) -> tuple[dict[str, ProviderConfig]
         if implementation is None:
             unimplemented[name] = class_name
             continue
+        for key in CONFIG_PROVIDER_DEFAULTS:  # vmpooler's :config: keys for its providers
+            value = getattr(file.config, key)
+            if value is not None and key in implementation.options.model_fields:
+                options.setdefault(key, value)
         try:
             implementation.options.model_validate(options)
         except ValidationError as exc:

@@ -174,6 +174,19 @@ class ConfigSection(_Section):
         description="Serve vmpooler's operator endpoints: POST /config/poolsize,"
         " /config/pooltemplate, /config/clonetarget, /poolreset and their DELETEs (405 off)",
     )
+    # vmpooler reads these here for its vSphere provider: each is the default of every
+    # provider whose class has the option of that name (build.py), unless it sets its own.
+    create_folders: bool | None = Field(
+        default=None, description="vSphere: create a pool's missing folder (the providers')"
+    )
+    create_linked_clones: bool | None = Field(
+        default=None, description="vSphere: linked clones for every pool (the providers')"
+    )
+    create_template_delta_disks: bool | None = Field(
+        default=None,
+        description="vSphere: snapshot a template that has none, to link clones to it"
+        " (the providers')",
+    )
 
 
 class PoolSection(_Section):

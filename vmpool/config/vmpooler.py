@@ -57,6 +57,7 @@ from vmpool.config.vmpooler_keys import (
     REDIS_URL_PARTS,
     SCHEDULE_KEY_ALIASES,
 )
+from vmpool.config.vmpooler_limits import LIMITS, map_limits
 from vmpool.ids import InvalidIdentifier, validate_pool_name
 from vmpool.providers.options import key_path, show
 from vmpool.providers.registry import DEFAULT_PROVIDER, PROVIDER_CLASSES, provider_class
@@ -215,8 +216,12 @@ class _Reader:
         return {key: value for key, value in top.items() if key in sections}
 
     def config(self, top: dict[str, Any]) -> None:
-        ignored = CONFIG_IGNORED | frozenset(CONFIG_REMOVED)
+        ignored = CONFIG_IGNORED | frozenset(CONFIG_REMOVED) | frozenset(LIMITS)
         raw = self.mapping(top.get("config"), "config")
+        mapped = map_limits(raw)  # vmpooler 3.8/3.9's circuit and rate-limit keys
+        for key, message in mapped.warnings:
+            self.warn(f"config.{key}", message)
+        self.origins.update({("config", key): given for key, given in mapped.origins.items()})
         self.section(top, "config", _fields(ConfigSection), ignored, CONFIG_IGNORED_PREFIXES)
         for key, message in CONFIG_REMOVED.items():
             if raw.get(key) is not None:
