@@ -70,6 +70,7 @@ ADDED_TOP = (
     "provider_circuit_failures",
     "provider_circuit_cooldown_s",
     "experimental_features",
+    "allowed_tags",
 )
 ADDED_POOL = ("ondemand_from_ready", "provider_options")
 ADDED_AUTH = (

@@ -83,6 +83,7 @@ def build(file: ConfigFile, *, source: str, warnings: tuple[str, ...]) -> Config
         batch_lanes=cfg.batch_lanes,
         max_lifetime_upper_limit_s=in_seconds(cfg, "max_lifetime_upper_limit"),
         tagfilter=MappingProxyType(_tagfilter(file, source)),
+        allowed_tags=None if cfg.allowed_tags is None else tuple(cfg.allowed_tags),
         experimental_features=cfg.experimental_features,
     )
 

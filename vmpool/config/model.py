@@ -95,6 +95,7 @@ class Config:
     batch_lanes: int
     max_lifetime_upper_limit_s: float | None
     tagfilter: Mapping[str, str]
+    allowed_tags: tuple[str, ...] | None  # None: any tag name
     provider_circuit_failures: int
     provider_circuit_cooldown_s: float
     provider_quota_wait_s: float

@@ -166,6 +166,9 @@ class ConfigSection(_Section):
     task_limit: FleetCount = Field(
         default=10, description="The most VMs one warm pool's top-up reserves at a time"
     )
+    allowed_tags: list[Text] | None = Field(
+        default=None, description="The tag names PUT /vm/<hostname> accepts (default: any)"
+    )
     max_lifetime_upper_limit: TtlHours | None = hours(
         None, "The longest lifetime PUT /vm/<hostname> may set (default: no limit)"
     )

