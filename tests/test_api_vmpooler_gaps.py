@@ -81,3 +81,78 @@ def test_without_allowed_tags_any_tag_is_taken(redis_url: str, redis_client: red
     vm = checked_out(client)
     r = client.put(f"{API}/vm/{vm}", content=json.dumps({"tags": {"team": "y"}}))
     assert r.status_code == 200 and r.json() == {"ok": True}
+
+
+# -- checkout without a token ------------------------------------------------------------
+
+
+def token_for(client: TestClient, user: str = "jdoe") -> str:
+    r = client.post(f"{API}/token", auth=(user, "s3cret-pass"))
+    assert r.status_code == 200, r.text
+    return str(r.json()["token"])
+
+
+def test_auth_on_a_checkout_without_a_token_gets_vm_lifetime_and_a_token_extends_it(
+    redis_url: str, redis_client: redis.Redis
+) -> None:
+    """vmpooler: POST /vm/<pool> and POST /vm need no token even with auth on; the VM
+    then gets vm_lifetime (2 h here), and a token gives it vm_lifetime_auth (5 h). vmpool
+    answered 401, which broke CI jobs that check out anonymously."""
+    warm(redis_client, 3)
+    client, _ = make_client(config(auth={}), redis_url)
+    anonymous = checked_out(client)
+    assert client.get(f"{API}/vm/{anonymous}").json()[anonymous]["lifetime"] == 2
+    r = client.post(f"{API}/vm", content=json.dumps({"debian": 1}))
+    assert r.status_code == 200 and r.json()["ok"] is True
+    token = token_for(client)
+    r = client.post(f"{API}/vm/{POOL}", headers={"X-AUTH-TOKEN": token})
+    mine = str(r.json()[POOL]["hostname"]).split(".")[0]
+    assert client.get(f"{API}/vm/{mine}").json()[mine]["lifetime"] == 5
+
+
+def test_a_bad_token_on_a_checkout_is_401_and_takes_nothing(
+    redis_url: str, redis_client: redis.Redis
+) -> None:
+    warm(redis_client, 1)
+    client, _ = make_client(config(auth={}), redis_url)
+    before = snapshot(redis_url)
+    for token in ("nope", ""):
+        r = client.post(f"{API}/vm/{POOL}", headers={"X-AUTH-TOKEN": token})
+        assert r.status_code == 401 and r.json() == {"ok": False}
+    assert snapshot(redis_url) == before
+
+
+def test_a_vm_handed_out_without_a_token_is_given_back_without_one(
+    redis_url: str, redis_client: redis.Redis
+) -> None:
+    """vmpooler's DELETE /vm/<hostname> asks for a token only when the VM was handed out
+    with one (need_token! if rdata['token:token']): an anonymous VM goes back without
+    one; a user's VM is 401 without a token, 403 with another user's."""
+    warm(redis_client, 2)
+    client, _ = make_client(
+        config(auth={"users": {"jdoe": PASSWORD_HASH, "alice": PASSWORD_HASH}}), redis_url
+    )
+    anonymous = checked_out(client)
+    token = token_for(client)
+    r = client.post(f"{API}/vm/{POOL}", headers={"X-AUTH-TOKEN": token})
+    mine = str(r.json()[POOL]["hostname"]).split(".")[0]
+    r = client.delete(f"{API}/vm/{mine}")
+    assert r.status_code == 401 and r.json() == {"ok": False}
+    r = client.delete(f"{API}/vm/{mine}", headers={"X-AUTH-TOKEN": token_for(client, "alice")})
+    assert r.status_code == 403
+    assert client.delete(f"{API}/vm/{anonymous}").json() == {"ok": True}
+    assert client.delete(f"{API}/vm/{mine}", headers={"X-AUTH-TOKEN": token}).json() == {"ok": True}
+
+
+def test_checkout_requires_token_refuses_a_checkout_without_one(
+    redis_url: str, redis_client: redis.Redis
+) -> None:
+    warm(redis_client, 1)
+    client, _ = make_client(config(auth={"checkout_requires_token": True}), redis_url)
+    before = snapshot(redis_url)
+    for r in (client.post(f"{API}/vm/{POOL}"), client.post(f"{API}/vm", content='{"deb": 1}')):
+        assert r.status_code == 401 and r.json() == {"ok": False}
+        assert r.headers["www-authenticate"] == 'Basic realm="Authentication required"'
+    assert snapshot(redis_url) == before
+    r = client.post(f"{API}/vm/{POOL}", headers={"X-AUTH-TOKEN": token_for(client)})
+    assert r.status_code == 200

@@ -80,6 +80,7 @@ ADDED_AUTH = (
     "max_failed_logins_per_address",
     "failed_login_window_s",
     "admins",
+    "checkout_requires_token",
     "ldap",
 )
 ADDED_SCHEDULE = ("top_up_pools", "check_ready")

@@ -2,8 +2,9 @@
 
 Everything one app needs lives in one :class:`ApiState` on ``app.state.vmpool`` (no
 module-level state, so several apps share a process, as the tests make them). Handlers
-get it through :data:`State`. The two kinds of caller identity are dependencies too:
-:data:`Token` (``X-AUTH-TOKEN``, for POST and DELETE when ``:auth:`` is configured) and
+get it through :data:`State`. The kinds of caller identity are dependencies too:
+:data:`Token` (``X-AUTH-TOKEN``, for POST and DELETE when ``:auth:`` is configured),
+:data:`CheckoutToken` (the same, but optional for a warm-pool VM, as in vmpooler) and
 :data:`BasicUser` (HTTP Basic, for the token endpoints). Both refuse with vmpooler's 401
 ``{"ok": false}``. The Redis work they do runs in FastAPI's thread pool (plain ``def``).
 """
@@ -47,6 +48,7 @@ from workers.batching import BatchDispatcher
 __all__ = [
     "ApiState",
     "BasicUser",
+    "CheckoutToken",
     "EnqueueFn",
     "LoopClients",
     "RedisClients",
@@ -55,6 +57,7 @@ __all__ = [
     "api_state",
     "authenticate",
     "basic_user",
+    "checkout_token",
     "counted",
     "token_auth",
 ]
@@ -204,6 +207,24 @@ def token_auth(request: Request) -> TokenInfo | None:
 
 
 Token = Annotated[TokenInfo | None, Depends(token_auth)]
+
+
+def checkout_token(request: Request) -> TokenInfo | None:
+    """The caller's token for a warm-pool VM (checkout, give back), None without one.
+
+    vmpooler hands out warm VMs without a token even with auth on: such a VM gets
+    ``vm_lifetime`` and anyone may give it back. A token sent is checked as
+    :func:`token_auth` checks it (401 when bad); it gives the VM ``vm_lifetime_auth`` and
+    makes it its user's. ``:auth: checkout_requires_token`` asks for one (401)."""
+    auth = api_state(request).config.auth
+    if auth is None:
+        return None
+    if "x-auth-token" not in request.headers and not auth.checkout_requires_token:
+        return None
+    return token_auth(request)
+
+
+CheckoutToken = Annotated[TokenInfo | None, Depends(checkout_token)]
 
 
 async def authenticate(request: Request, st: ApiState) -> TokenInfo | None:

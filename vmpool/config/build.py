@@ -354,6 +354,7 @@ def _auth(auth: AuthSection, source: str) -> AuthConfig:
         max_failed_logins_per_address=auth.max_failed_logins_per_address,
         failed_login_window_s=_seconds(auth, "failed_login_window"),
         admins=tuple(sorted(set(auth.admins))),
+        checkout_requires_token=auth.checkout_requires_token,
         ldap=_ldap(auth, source),
     )
 

@@ -63,6 +63,7 @@ class AuthConfig:
     max_failed_logins_per_address: int
     failed_login_window_s: float
     admins: tuple[str, ...]  # sorted
+    checkout_requires_token: bool  # else POST /vm hands out VMs without a token
     ldap: LdapConfig | None  # provider ldap
 
 

@@ -345,6 +345,11 @@ class AuthSection(_Section):
         description="provider ldap: vmpooler's {host, port, base, user_object, encryption,"
         " service_account_hash}",
     )
+    checkout_requires_token: bool = Field(
+        default=False,
+        description="POST /vm and POST /vm/<pool> need a token too (vmpooler's do not: a"
+        " VM handed out without one gets vm_lifetime)",
+    )
     admins: list[Text] = Field(
         default_factory=list,
         description="Users whose tokens may change pools at runtime (the experimental"
