@@ -120,7 +120,7 @@ def test_pools_status() -> None:
         "alias": ["poolone", "pool2"],
     }
     assert "alias" not in pools["pool3"]
-    assert totals == {"pending": 3, "ready": 5, "running": 3, "completed": 4}
+    assert totals == {"pending": 3, "cloning": 1, "ready": 5, "running": 3, "completed": 4}
 
 
 # -- dependencies ------------------------------------------------------------------------

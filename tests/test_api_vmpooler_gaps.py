@@ -156,3 +156,53 @@ def test_checkout_requires_token_refuses_a_checkout_without_one(
     assert snapshot(redis_url) == before
     r = client.post(f"{API}/vm/{POOL}", headers={"X-AUTH-TOKEN": token_for(client)})
     assert r.status_code == 200
+
+
+# -- /status ------------------------------------------------------------------------------
+
+
+def test_status_queue_has_vmpoolers_cloning_and_booting(
+    redis_url: str, redis_client: redis.Redis
+) -> None:
+    """vmpooler's queue: pending is cloning (a create in flight: vmpool's reserved VMs)
+    plus booting (created, not ready yet); total counts each VM once."""
+    store = Store(redis_client, Keys())
+    warm(redis_client, 1)
+    for i in range(3):
+        name = f"gap-boot-{i}"
+        assert store.pools.reserve_pool_vm(
+            name, pool=POOL, template="t", provider="simulated", domain=None, size=9,
+            data_ttl_s=60, actor="test",
+        ).ok  # fmt: skip
+        if i:
+            store.vm_created(name, actor="test")  # two booting, one still cloning
+    client, _ = make_client(config(), redis_url)
+    queue = client.get(f"{API}/status").json()["queue"]
+    assert queue == {
+        "pending": 3,
+        "cloning": 1,
+        "booting": 2,
+        "ready": 1,
+        "running": 0,
+        "completed": 0,
+        "total": 4,
+    }
+
+
+def test_status_view_returns_the_parts_named_and_status(
+    redis_url: str, redis_client: redis.Redis
+) -> None:
+    """vmpooler's ?view=capacity,boot: only those parts, and status always; a pool with
+    no ready VM makes status not ok only when the pools are in the view."""
+    client, _ = make_client(
+        parse_config({":pools": [{"name": POOL, "size": 2}]}, source="t", env={}), redis_url
+    )
+    full = client.get(f"{API}/status").json()
+    assert {"pools", "queue", "capacity", "status", "workers"} <= set(full)
+    assert full["status"]["ok"] is False and full["status"]["empty"] == [POOL]
+    some = client.get(f"{API}/status", params={"view": "capacity,boot"}).json()
+    assert list(some) == ["capacity", "status"]
+    assert some["status"]["ok"] is True and "empty" not in some["status"]
+    pools = client.get(f"{API}/status", params={"view": "pools,queue"}).json()
+    assert list(pools) == ["pools", "queue", "status"] and pools["status"]["ok"] is False
+    assert list(client.get(f"{API}/status", params={"view": ""}).json()) == ["status"]
