@@ -57,6 +57,7 @@ __all__ = [
     "api_state",
     "authenticate",
     "basic_user",
+    "canonical_user",
     "checkout_token",
     "counted",
     "token_auth",
@@ -248,6 +249,7 @@ def basic_user(request: Request) -> str:
     if auth is None:
         raise Rejected(404)
     user, password = _basic_credentials(request.headers.get("authorization", ""))
+    user = canonical_user(auth, user)
     address = request.client.host if request.client else "unknown"
     r = st.clients.text
     wait = login_retry_after(
@@ -272,6 +274,15 @@ def basic_user(request: Request) -> str:
         record_failed_login(r, st.keys, user, address, window_s=auth.failed_login_window_s)
         raise _unauthorized()
     return user
+
+
+def canonical_user(auth: AuthConfig, user: str) -> str:
+    """The one spelling of a login's user name: its budgets, its tokens, its turns.
+
+    A directory matches user names case-insensitively (uid and cn compare with
+    caseIgnoreMatch), so ``Alice`` and ``ALICE`` are the one user ``alice``; static users
+    are the config's keys, spelt as written."""
+    return user.lower() if auth.provider == "ldap" else user
 
 
 def _valid_user_name(user: str) -> bool:

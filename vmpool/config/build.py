@@ -23,7 +23,7 @@ from pydantic import BaseModel, ValidationError
 
 from vmpool.config.errors import ConfigError
 from vmpool.config.fields import in_seconds
-from vmpool.config.ldap import LdapConfig, build_ldap
+from vmpool.config.ldap import LdapConfig, build_ldap, ssl_version
 from vmpool.config.model import AuthConfig, Config, PoolConfig, ProviderConfig
 from vmpool.config.settings import (
     AuthSection,
@@ -78,7 +78,9 @@ def build(file: ConfigFile, *, source: str, warnings: tuple[str, ...]) -> Config
         schedule=file.schedule,
         auth=None if file.auth is None else _auth(file.auth, source),
         source=source,
-        warnings=warnings + _unread_provider_defaults(cfg, providers.values(), source),
+        warnings=warnings
+        + _unread_provider_defaults(cfg, providers.values(), source)
+        + _ldap_warnings(file.auth, source),
         task_limit=cfg.task_limit,
         batch_lanes=cfg.batch_lanes,
         max_lifetime_upper_limit_s=in_seconds(cfg, "max_lifetime_upper_limit"),
@@ -99,6 +101,17 @@ def _unread_provider_defaults(
         for key in CONFIG_PROVIDER_DEFAULTS
         if getattr(cfg, key) is not None and key not in read
     )
+
+
+def _ldap_warnings(auth: AuthSection | None, source: str) -> tuple[str, ...]:
+    """A vmpooler LDAP setting vmpool does not honour as written (an obsolete ssl_version)."""
+    if auth is None or auth.provider != "ldap" or auth.ldap is None:
+        return ()
+    try:
+        _, warning = ssl_version(auth.ldap.encryption)
+    except ValueError:  # the config error is raised where the LDAP settings are built
+        return ()
+    return () if warning is None else (f"{source}: auth.ldap.encryption: {warning}",)
 
 
 def _tagfilter(file: ConfigFile, source: str) -> dict[str, str]:
@@ -353,7 +366,8 @@ def _auth(auth: AuthSection, source: str) -> AuthConfig:
         max_failed_logins_per_user=auth.max_failed_logins_per_user,
         max_failed_logins_per_address=auth.max_failed_logins_per_address,
         failed_login_window_s=_seconds(auth, "failed_login_window"),
-        admins=tuple(sorted(set(auth.admins))),
+        # a directory matches names case-insensitively: its users are spelt in lower case
+        admins=tuple(sorted({a.lower() if auth.provider == "ldap" else a for a in auth.admins})),
         checkout_requires_token=auth.checkout_requires_token,
         ldap=_ldap(auth, source),
     )
