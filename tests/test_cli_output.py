@@ -43,6 +43,7 @@ def test_the_pools_table_has_a_header_and_the_aliases(run) -> None:  # type: ign
         "PENDING",
         "RUNNING",
         "COMPLETED",
+        "ON_HOLD",
         "ONDEMAND_QUEUE",
     ]
     assert lines[1].split()[:2] == [POOL, "debian,debian-12"]

@@ -72,7 +72,7 @@ ADDED_TOP = (
     "experimental_features",
     "allowed_tags",
 )
-ADDED_POOL = ("ondemand_from_ready", "provider_options")
+ADDED_POOL = ("ondemand_from_ready", "provider_options", "hold_failed_s")
 ADDED_AUTH = (
     "token_ttl_s",
     "max_tokens_per_user",

@@ -78,7 +78,10 @@ def vm_body(vm: VMRecord, config: Config, now: float) -> dict[str, Any]:
         entry["state"] = VMState.RUNNING
     else:
         entry["lifetime"] = round(config.vm_lifetime_s / 3600.0)
-        if vm.state in (VMState.COMPLETED, VMState.DESTROYED):
+        if vm.state == VMState.ON_HOLD and vm.hold_until is not None:
+            entry["state"] = VMState.ON_HOLD  # vmpool's: failed its check, kept for debugging
+            entry["hold_until"] = _rfc3339(vm.hold_until)
+        elif vm.state in (VMState.COMPLETED, VMState.DESTROYED):
             if start is not None and vm.state_since is not None:
                 entry["running"] = _hours(vm.state_since - start)
             entry["state"] = VMState.DESTROYED

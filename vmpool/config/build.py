@@ -186,6 +186,7 @@ class _Pools:
         self.unimplemented = unimplemented
         self.timeout_s = _seconds(file.config, "timeout")
         self.ready_ttl_s = in_seconds(file.config, "ready_ttl")
+        self.hold_s = _seconds(file.config, "hold_failed_minutes")
         self.domains = {name: dns.domain for name, dns in file.dns_configs.items()}
 
     def build(self) -> dict[str, PoolConfig]:
@@ -207,6 +208,7 @@ class _Pools:
         provider = self.provider(pool.provider, f"{path}.provider")
         domain = self.domain(pool, path)
         ready_ttl_s = in_seconds(pool, "ready_ttl")
+        hold_s = in_seconds(pool, "hold_failed_minutes")
         resolved: dict[str, Any] = {
             "name": pool.name,
             "alias": tuple(dict.fromkeys(alias for alias in pool.alias if alias != pool.name)),
@@ -218,6 +220,7 @@ class _Pools:
             "domain": domain,
             "clone_target": pool.clone_target or self.file.config.clone_target,
             "ondemand_from_ready": pool.ondemand_from_ready,
+            "hold_failed_s": self.hold_s if hold_s is None else hold_s,
         }
         options = self.provider_options(resolved, pool, path)
         return PoolConfig(**resolved, provider_options=MappingProxyType(options))

@@ -46,6 +46,7 @@ __all__ = [
     "Domain",
     "FleetCount",
     "GraceSeconds",
+    "HoldMinutes",
     "HostnamePrefix",
     "InstanceCount",
     "IntervalSeconds",
@@ -101,6 +102,12 @@ TtlMinutes = Annotated[
     float,
     Field(ge=0.1 / 60, le=YEAR_S / 60, allow_inf_nan=False),
     expect("a number of minutes from 1/600 (0.1 second) to 525600 (a year)", number),
+]
+# How long a VM whose ready check failed is kept for debugging: 0 (not kept) to a week.
+HoldMinutes = Annotated[
+    float,
+    Field(ge=0, le=7 * DAY_S / 60, allow_inf_nan=False),
+    expect("a number of minutes from 0 (none) to 10080 (a week)", number),
 ]
 TtlHours = Annotated[
     float,

@@ -35,6 +35,7 @@ class PoolConfig:
     domain: str | None
     clone_target: str | None
     ondemand_from_ready: bool
+    hold_failed_s: float  # a VM failing its ready check is held this long (0: not held)
     # the pool's keys for its provider's class (its pool model validated them)
     provider_options: Mapping[str, Any]
 

@@ -27,6 +27,7 @@ from vmpool.config.fields import (
     Domain,
     FleetCount,
     GraceSeconds,
+    HoldMinutes,
     HostnamePrefix,
     InstanceCount,
     IntervalSeconds,
@@ -124,6 +125,11 @@ class ConfigSection(_Section):
     max_vm_retries: RetryCount = Field(
         default=3, description="How many times a failed create or boot is retried with a new VM"
     )
+    hold_failed_minutes: HoldMinutes = minutes(
+        0,
+        "How long a VM whose ready check failed is kept (held, never handed out) before"
+        " it is destroyed, for debugging (0: destroyed at once; a pool may set its own)",
+    )
     vm_lifetime: TtlHours = hours(12, "How long a VM handed out may run")
     vm_lifetime_auth: TtlHours | None = hours(
         None, "How long a VM handed out to an authenticated user may run (default: vm_lifetime)"
@@ -211,6 +217,9 @@ class PoolSection(_Section):
     )
     ready_ttl: TtlMinutes | None = minutes(
         None, "How long a ready VM may wait in the pool (default: config.ready_ttl)"
+    )
+    hold_failed_minutes: HoldMinutes | None = minutes(
+        None, "How long a VM that failed its ready check is held (default: config's)"
     )
     domain: Domain | None = Field(default=None, description="The DNS domain of the VMs' hostnames")
     dns_plugin: Text | None = Field(

@@ -175,6 +175,7 @@ def pools_status(
             "reserved": c[VMState.RESERVED],
             "booting": c[VMState.PENDING],
             "completed": c[VMState.COMPLETED],
+            "on_hold": c[VMState.ON_HOLD],  # failed its ready check, kept for debugging
         }
         if pool.alias:
             entry["alias"] = list(pool.alias)
