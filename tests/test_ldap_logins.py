@@ -134,3 +134,16 @@ def test_an_obsolete_ssl_version_is_a_warning_and_a_bad_one_an_error(slapd: Slap
     bad = {":method": ":start_tls", ":tls_options": {"ssl_version": "SSLv3"}}
     with pytest.raises(ConfigError, match="ssl_version 'SSLv3': use one of"):
         parse_config({":auth": ldap_section(slapd, encryption=bad)}, source="t", env={})
+
+
+def test_an_ldap_form_published_before_ssl_version_reads_back() -> None:
+    """A fleet whose vmpool predates ssl_version published LDAP settings without it: the
+    CLI following that fleet reads them (negotiate, as that vmpool did)."""
+    from vmpool.config.public import config_from_form, public_form
+
+    auth = {"provider": "ldap", ":ldap": {"host": "h", "base": "dc=x", "user_object": "uid"}}
+    form = public_form(parse_config({":auth": auth}, source="t", env={}))
+    del form["auth"]["ldap"]["tls_version"]
+    back = config_from_form(form)
+    assert back.auth is not None and back.auth.ldap is not None
+    assert back.auth.ldap.tls_version is None and back.auth.ldap.host == "h"

@@ -85,7 +85,7 @@ class LdapConfig:
     timeout_s: float
     # vmpooler's tls_options.ssl_version, as ssl.TLSVersion's name ("TLSv1_2"), pinning
     # the connection's TLS version; None: negotiate (TLS 1.2 or newer on a current system)
-    tls_version: str | None = None
+    tls_version: str | None
 
 
 def _listed(value: str | list[str]) -> tuple[str, ...]:
