@@ -100,8 +100,9 @@ def test_ondemand_from_path() -> None:
 
 def test_pools_status() -> None:
     cfg = spec_config()
-    zero = {"reserved": 0, "pending": 0, "ready": 0, "running": 0, "completed": 0}
-    counts = {"pool1": {"reserved": 1, "pending": 2, "ready": 5, "running": 3, "completed": 4}}
+    zero = {"reserved": 0, "pending": 0, "ready": 0, "running": 0, "completed": 0, "on_hold": 0}
+    counts = {"pool1": {**zero, "reserved": 1, "pending": 2, "ready": 5, "running": 3,
+                        "completed": 4, "on_hold": 1}}  # fmt: skip
     counts |= {"pool2": zero, "pool3": zero}
     pools, totals = pools_status(cfg, counts)
     assert list(pools) == ["pool1", "pool2", "pool3"]
@@ -114,10 +115,11 @@ def test_pools_status() -> None:
         "reserved": 1,
         "booting": 2,
         "completed": 4,
+        "on_hold": 1,
         "alias": ["poolone", "pool2"],
     }
     assert "alias" not in pools["pool3"]
-    assert totals == {"pending": 3, "ready": 5, "running": 3, "completed": 4}
+    assert totals == {"pending": 3, "cloning": 1, "ready": 5, "running": 3, "completed": 4}
 
 
 # -- dependencies ------------------------------------------------------------------------

@@ -147,10 +147,17 @@ def test_audit_of_a_fleet_whose_provider_needs_its_secrets_asks_for_the_file(
     assert "provider aws needs them" in result.stderr and "pass --config" in result.stderr
 
 
-def test_nothing_published_is_the_demo_config(redis_url: str, redis_client: redis.Redis) -> None:
+def test_nothing_published_is_the_demo_config_and_says_so(
+    redis_url: str, redis_client: redis.Redis
+) -> None:
+    """Proves: a Redis URL that reaches a Redis with no fleet on it runs the command with
+    the demo config, and a warning on stderr says so (it was silent: the demo's pools
+    passed for the fleet's)."""
     result = run("pools", "--json", "--redis-url", redis_url)
     assert result.exit_code == 0, result.output
     assert [row["pool"] for row in json.loads(result.stdout)] == list(demo_config().pools)
+    assert result.stderr.startswith("warning: no fleet has published its config at redis://")
+    assert "uses the built-in demo config; pass --config FILE" in result.stderr
 
 
 def test_a_setting_the_publisher_predates_reads_as_its_default(tmp_path: Path) -> None:

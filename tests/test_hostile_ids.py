@@ -36,6 +36,7 @@ from workers import queues as q
 from workers.worker import build_worker
 
 from apihelp import API, HOSTILE_IDS, make_client, snapshot
+from clihelp import publish_demo
 
 TEXT_IDS = [h for h in HOSTILE_IDS if isinstance(h, str)]
 
@@ -145,12 +146,14 @@ def test_the_cli_refuses_hostile_names_with_exit_2(
 ) -> None:
     """Exit 2, one line naming the problem, nothing written (red before for `token
     create`: any non-blank user, newline or 5000 characters included, got a token)."""
+    publish_demo(redis_client)
+    written = redis_client.dbsize()
     result = CliRunner().invoke(cli, [*args, "--redis-url", redis_url])
     assert result.exit_code == 2, result.output
     lines = result.output.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("vmpool: error:"), result.output
     assert len(lines[0]) < 300 and "Traceback" not in result.output
-    assert redis_client.dbsize() == 0
+    assert redis_client.dbsize() == written
 
 
 # -- the acceptance: the fleet still provisions ---------------------------------------

@@ -120,7 +120,7 @@ def test_no_encryption_key_means_start_tls_never_clear(slapd: Slapd) -> None:
 def test_an_empty_password_never_reaches_the_directory() -> None:
     """Proves: an empty password is refused before any connection (the port here is
     closed: asking would raise DirectoryUnavailable)."""
-    cfg = LdapConfig("127.0.0.1", 1, ("dc=x",), ("uid",), "start_tls", None, None, None, 1.0)
+    cfg = LdapConfig("127.0.0.1", 1, ("dc=x",), ("uid",), "start_tls", None, None, None, 1.0, None)
     assert ldap_login(cfg, "alice", "") is False
 
 

@@ -19,6 +19,7 @@ from types import MappingProxyType
 from typing import Final
 
 __all__ = [
+    "ANONYMOUS_USER",
     "DEFAULT_PREFIX",
     "KEY_PREFIX_RE",
     "POOL_NAME_RE",
@@ -157,6 +158,11 @@ def validate_token(token: str) -> str:
     if not _full(TOKEN_RE, token):
         raise InvalidIdentifier("a token is 1-128 letters, digits, '_' or '-'")
     return token
+
+
+# Who acts on a VM without a token when auth is on: no user name can be it (a name
+# starts with a letter or digit), so it never matches a VM's holder.
+ANONYMOUS_USER: Final = "*anonymous"
 
 
 def validate_user_name(user: str) -> str:

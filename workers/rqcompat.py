@@ -9,7 +9,7 @@ given a public name, and nowhere else (tests/test_layout.py checks every other m
 - the worker's hooks vmpool changes (workers/loop.py): the connection it keeps, the
   handler of an error in its pubsub thread, and the stop flag its loop checks:
   :class:`WorkerHooks`;
-- rq-scheduler's job builder and signal handlers (workers/schedule.py):
+- rq-scheduler's job builder (workers/schedule.py):
   :class:`SchedulerHooks`.
 
 :data:`PRIVATE_NAMES` lists each private name this module relies on, with the
@@ -58,7 +58,6 @@ PRIVATE_NAMES: Final = (
         "self func args kwargs commit result_ttl ttl id description queue_name timeout meta"
         " depends_on on_success on_failure",
     ),
-    PrivateName(Scheduler, "_install_signal_handlers", "self"),
 )
 
 
@@ -127,7 +126,3 @@ class SchedulerHooks(Scheduler):  # type: ignore[misc]
         return self._create_job(  # type: ignore[no-any-return]
             func, id=job_id, commit=False, result_ttl=-1, description=description, meta=meta
         )
-
-    def install_signal_handlers(self) -> None:
-        """rq-scheduler's SIGINT and SIGTERM handlers: its death recorded, then SystemExit."""
-        self._install_signal_handlers()

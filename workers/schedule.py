@@ -67,6 +67,7 @@ from __future__ import annotations
 import logging
 import math
 import random
+import signal
 import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Final, NamedTuple
@@ -335,7 +336,7 @@ class FleetScheduler(SchedulerHooks):
         return self.enqueue_jobs()
 
     def run(self, burst: bool = False) -> None:
-        """Tick until SIGTERM/SIGINT (rq-scheduler's handlers), or once with ``burst``."""
+        """Tick until SIGTERM/SIGINT, or once with ``burst``."""
         self.register_birth()
         self.install_signal_handlers()
         try:
@@ -345,7 +346,28 @@ class FleetScheduler(SchedulerHooks):
                     return
                 time.sleep(self.seconds_to_next_tick())
         finally:
+            self._say_death()
+
+    def install_signal_handlers(self) -> None:
+        """Stop on SIGTERM and SIGINT, never waiting on Redis.
+
+        rq-scheduler's own handler writes the scheduler's death first: with Redis gone (an
+        outage, or `vmpool up` killed with its Redis) that raised a Redis error, which the
+        caller took for an outage to wait out, and the process never stopped."""
+
+        def stop(signum: int, frame: Any) -> None:
+            self.log.info("Shutting down RQ scheduler...")
+            raise SystemExit()
+
+        signal.signal(signal.SIGINT, stop)
+        signal.signal(signal.SIGTERM, stop)
+
+    def _say_death(self) -> None:
+        """Record the death if Redis answers (a scheduler's record expires anyway)."""
+        try:
             self.register_death()
+        except redis.RedisError as exc:
+            log.info("scheduler: could not record its death: %s", exc)
 
 
 def _text(value: bytes | str) -> str:

@@ -27,6 +27,7 @@ COLUMNS = (
     "pending",
     "running",
     "completed",
+    "on_hold",
     "ondemand_queue",
     "failing",
 )
@@ -94,6 +95,7 @@ def _counted(c: Mapping[str, int]) -> dict[str, int]:
         "pending": c[VMState.RESERVED] + c[VMState.PENDING],
         "running": c[VMState.RUNNING],
         "completed": c[VMState.COMPLETED],
+        "on_hold": c[VMState.ON_HOLD],  # failed their ready check, kept for debugging
     }
 
 
@@ -135,7 +137,7 @@ def pools_command(
     unset_size: tuple[str, ...],
     reset: tuple[str, ...],
 ) -> None:
-    """Per pool: aliases, size, ready, pending, running, completed, on-demand queue.
+    """Per pool: aliases, size, VMs by state (on hold: kept for debugging), on-demand queue.
 
     A size set at runtime is marked with '*' (JSON: ``overrides``). A pool the config no
     longer names is listed (size "removed") while it still has VMs. A pool whose creates

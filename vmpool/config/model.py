@@ -35,6 +35,7 @@ class PoolConfig:
     domain: str | None
     clone_target: str | None
     ondemand_from_ready: bool
+    hold_failed_s: float  # a VM failing its ready check is held this long (0: not held)
     # the pool's keys for its provider's class (its pool model validated them)
     provider_options: Mapping[str, Any]
 
@@ -63,6 +64,7 @@ class AuthConfig:
     max_failed_logins_per_address: int
     failed_login_window_s: float
     admins: tuple[str, ...]  # sorted
+    checkout_requires_token: bool  # else POST /vm hands out VMs without a token
     ldap: LdapConfig | None  # provider ldap
 
 
@@ -95,6 +97,7 @@ class Config:
     batch_lanes: int
     max_lifetime_upper_limit_s: float | None
     tagfilter: Mapping[str, str]
+    allowed_tags: tuple[str, ...] | None  # None: any tag name
     provider_circuit_failures: int
     provider_circuit_cooldown_s: float
     provider_quota_wait_s: float

@@ -121,6 +121,11 @@ def _default_form() -> dict[str, Any]:
     return public_form(build(file, source="defaults", warnings=()))
 
 
+# The LDAP settings a publisher may predate, as it meant them (no settings-model default:
+# they are made from vmpooler's `encryption` hash).
+_LDAP_BEFORE: Final[Mapping[str, Any]] = {"tls_version": None}
+
+
 def config_from_form(form: Mapping[str, Any]) -> Config:
     """The :class:`Config` a public form describes.
 
@@ -145,7 +150,7 @@ def config_from_form(form: Mapping[str, Any]) -> Config:
     if data["auth"] is not None:
         auth = {**defaults["auth"], **data["auth"]}
         auth["users"] = dict.fromkeys(auth["users"], "")
-        auth["ldap"] = auth["ldap"] and _dataclass(LdapConfig, auth["ldap"])
+        auth["ldap"] = auth["ldap"] and _dataclass(LdapConfig, {**_LDAP_BEFORE, **auth["ldap"]})
         data["auth"] = _dataclass(AuthConfig, auth)
     data["schedule"] = Schedule.model_validate(
         {k: v for k, v in data["schedule"].items() if k in Schedule.model_fields}

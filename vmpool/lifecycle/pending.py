@@ -90,16 +90,24 @@ def observe_pending(
         if since is None or fleet.store.server_time() - since < timeout_s:
             return VMStep.BOOTING
         reason = f"timeout: not ready {timeout_s:g}s after create"
+    # a VM the provider holds failed its ready check: kept on hold when its pool says so
+    hold_s = 0.0 if held is None else _hold_s(fleet, vm.pool)
     failed = fleet.store.vm_failed(
-        name, reason, actor=actor, fence=lock.fence, request_id=vm.request_id
+        name, reason, actor=actor, fence=lock.fence, request_id=vm.request_id, hold_s=hold_s
     )
     note_outcome("vm_failed", name, failed)
     if failed.ok:
         boot_failed_noted(fleet, vm, reason)
-    after_vm_failed(fleet, vm, failed)
-    if failed.ok and failed.code == "completed":
+    after_vm_failed(fleet, vm, failed)  # its destroy job waits out a hold (vms.py)
+    if failed.ok and failed.code in (VMState.COMPLETED, VMState.ON_HOLD):
         return VMStep.FAILED
     return store_code(failed)
+
+
+def _hold_s(fleet: Fleet, pool: str) -> float:
+    """How long a VM of ``pool`` that failed its ready check is kept on hold."""
+    pool_config = fleet.config.pools.get(pool)
+    return pool_config.hold_failed_s if pool_config is not None else 0.0
 
 
 def _record_ready(fleet: Fleet, vm: VMRecord, lock: FencedLock, held: ProviderVM) -> VMCode:

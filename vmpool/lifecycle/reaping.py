@@ -74,6 +74,7 @@ def _finish_retired(fleet: Fleet, pools: list[str], now: float) -> None:
         fleet, _flat(store.pools_vms(pools, VMState.RESERVED, max_score=now - grace))
     )
     completed = _reachable(fleet, _flat(store.pools_vms(pools, VMState.COMPLETED)))
+    completed += _reachable(fleet, _flat(store.pools_vms(pools, VMState.ON_HOLD, max_score=now)))
     for name in _reachable(fleet, _flat(store.pools_vms(pools, VMState.READY))):
         outcome = store.pools.recycle_vm(name, "pool not configured", actor=fleet.who("reap"))
         note_outcome("recycle", name, outcome)

@@ -103,9 +103,9 @@ WORK_PARTS = {
     "queue": ":queue:",
 }
 
-VM_STATES = ("reserved", "pending", "ready", "running", "completed", "destroyed")
+VM_STATES = ("reserved", "pending", "ready", "running", "completed", "on_hold", "destroyed")
 # VM states that have a per-pool index. Destroyed VMs keep only their tombstone hash.
-INDEXED_VM_STATES = ("reserved", "pending", "ready", "running", "completed")
+INDEXED_VM_STATES = ("reserved", "pending", "ready", "running", "completed", "on_hold")
 # RQ's namespaces (rq.Queue.redis_queue_namespace_prefix, rq.job.Job's): a test checks.
 RQ_QUEUE_NAMESPACE = "rq:queue:"
 RQ_JOB_NAMESPACE = "rq:job:"

@@ -25,7 +25,7 @@ import redis
 
 from vmpool.ids import validate_request_id, validate_vm_name
 from vmpool.state import reads
-from vmpool.state.keys import Keys
+from vmpool.state.keys import INDEXED_VM_STATES, Keys
 from vmpool.state.lua import ScriptPipeline
 from vmpool.state.ops import Op
 from vmpool.state.pool_store import PoolStore
@@ -214,9 +214,11 @@ class Store:
         permanent: bool = False,
         fence: int | None = None,
         request_id: str | None = None,
+        hold_s: float = 0.0,
     ) -> Outcome:
-        """``request_id``: as for :meth:`vm_created`."""
-        args = [name, self._fence(fence), reason, "1" if permanent else "0"]
+        """``request_id``: as for :meth:`vm_created`. ``hold_s`` > 0: a booted VM is kept
+        on hold that long for debugging (code 'on_hold' where 'completed' would be)."""
+        args = [name, self._fence(fence), reason, "1" if permanent else "0", repr(float(hold_s))]
         return self.scripts.run_on_vm(name, "vm_failed", actor, args, request_id=request_id)
 
     def vm_waiting(
@@ -345,7 +347,7 @@ class Store:
 
     def pool_counts(self, pools: Iterable[str]) -> dict[str, dict[str, int]]:
         pools = list(pools)
-        states = ("reserved", "pending", "ready", "running", "completed")
+        states = INDEXED_VM_STATES
         pipe = self.redis.pipeline(transaction=False)
         for pool in pools:
             for state in states:

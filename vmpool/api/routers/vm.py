@@ -23,7 +23,7 @@ from fastapi import APIRouter, Request
 from starlette.concurrency import run_in_threadpool
 from starlette.responses import Response
 
-from vmpool.api.deps import ApiState, State, Token, counted
+from vmpool.api.deps import REALM, ApiState, CheckoutToken, State, Token, counted
 from vmpool.api.errors import Rejected
 from vmpool.api.idempotency import CallKey, call_key
 from vmpool.api.parsing import parse_count, parse_json_body, read_body
@@ -36,7 +36,7 @@ from vmpool.api.vm_views import (
     short_hostname,
     vm_body,
 )
-from vmpool.ids import InvalidIdentifier, is_address, validate_vm_name
+from vmpool.ids import ANONYMOUS_USER, InvalidIdentifier, is_address, validate_vm_name
 from vmpool.state import reads
 from vmpool.state.records import VMRecord
 from vmpool.state.tokens import TokenInfo
@@ -57,7 +57,7 @@ async def list_pools(st: State) -> Response:
 
 
 @router.post("/vm", dependencies=[counted("post", "vm", "checkout")])
-async def checkout_json(request: Request, st: State, token: Token) -> Response:
+async def checkout_json(request: Request, st: State, token: CheckoutToken) -> Response:
     raw = await read_body(request)
     data = parse_json_body(raw) if raw.strip() else {}
     if not isinstance(data, Mapping):
@@ -67,7 +67,9 @@ async def checkout_json(request: Request, st: State, token: Token) -> Response:
 
 
 @router.post("/vm/{template}", dependencies=[counted("get", "vm", "template")])
-async def checkout_path(template: str, request: Request, st: State, token: Token) -> Response:
+async def checkout_path(
+    template: str, request: Request, st: State, token: CheckoutToken
+) -> Response:
     raw = await read_body(request)  # ignored, but bounded
     counts: dict[str, int] = {}
     for name in template.split("+"):
@@ -220,18 +222,22 @@ def modify(
 
 
 @router.delete("/vm/{hostname}", dependencies=[counted("delete", "vm", "hostname")])
-async def delete_vm(hostname: str, request: Request, st: State, token: Token) -> Response:
+async def delete_vm(hostname: str, request: Request, st: State, token: CheckoutToken) -> Response:
+    """vmpooler's give-back: a token is needed only for a VM handed out with one."""
     key = call_key(request)
-    user = token.user if token else ""
 
     def give_back() -> Response:
         vm = _vm(st, hostname)
         if vm is None:
             return not_ok(404)
+        anonymous = token is None and st.config.auth is not None
+        user = ANONYMOUS_USER if anonymous else token.user if token else ""
         out = st.store.pools.give_back(vm.name, actor="api", user=user, op=key.op(user))
         if out.ok:
             log.info("VM %s given back%s", vm.name, f" by {token.user}" if token else "")
             return reply(200, {"ok": True})
+        if out.code == "forbidden" and anonymous:  # vmpooler's need_token!
+            raise Rejected(401, {"WWW-Authenticate": REALM})
         if out.code == "forbidden":
             return not_ok(403, message=f"{vm.name} is held by another user")
         return not_ok(404)

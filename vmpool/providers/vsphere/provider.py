@@ -226,6 +226,7 @@ class VSphereProvider(CloudProvider, Snapshots, Disks):
             linked=self.options.create_linked_clones if linked is None else linked,
             network=p.network,
             create_folder=self.options.create_folders,
+            template_delta_disks=self.options.create_template_delta_disks,
         )
 
     # -- snapshots and disks ---------------------------------------------------------------

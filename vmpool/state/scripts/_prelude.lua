@@ -245,6 +245,20 @@ local function move_vm(vm_key, vm, to, now, score, reason)
   return true
 end
 
+-- A create or a boot failed: the VM goes to destruction (completed), or, booted and
+-- with ``hold_s`` > 0, on hold until then for debugging (its index scored by the hold's
+-- end, so the destroy sweep finds it when the hold is over). Returns the state reached.
+local function fail_vm(vm, now, reason, hold_s)
+  local to, score = 'completed', now
+  if vm.state == 'pending' and hold_s and hold_s > 0 then
+    to, score = 'on_hold', now + hold_s
+    redis.call('HSET', KEYS[7], 'hold_until', fmt(score))
+  end
+  move_vm(KEYS[7], vm, to, now, score, reason)
+  redis.call('HSET', KEYS[7], 'error', reason)
+  return to
+end
+
 -- One observation of the ready-time histogram of a pool: the bucket of the smallest
 -- bound at or above it (buckets are not cumulative here; the scrape adds them up).
 local function observe_ready_time(pool, seconds)
