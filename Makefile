@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: venv test lint unit demo clean
+.PHONY: venv test lint unit soak-tests fast check demo clean distclean
 
 # The venv is installed from requirements/dev.lock (every version pinned, with hashes: the
 # same files on any machine and any day), then vmpool itself, editable, with no dependency
@@ -29,17 +29,42 @@ lint: venv
 	$(VENV)/bin/mypy
 
 # pytest exits 5 when it collected nothing: that is a failure here, not a pass.
-unit: venv
-	$(PY) -m pytest $(PYTEST_ARGS); rc=$$?; \
+define pytest
+	$(PY) -m pytest $(1) $(PYTEST_ARGS); rc=$$?; \
 	  if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing"; exit 1; fi; exit $$rc
+endef
 
-test: lint unit
+# The whole suite, in two steps: every test but the chaos soaks, then the soaks (each
+# starts a fleet of processes under seeded faults for a minute or two).
+unit: venv
+	$(call pytest,-m "not chaos")
+
+soak-tests: venv
+	$(call pytest,-m chaos)
+
+test: lint unit soak-tests
+
+# The fast loop: lint, types, and every test not marked slow (nor chaos), under two
+# minutes on two cores. A test over the budget that is not marked slow fails it
+# (tests/slowrule.py); the time taken is printed at the end.
+fast: venv
+	$(call pytest,-m "not slow and not chaos" --slow-strict -q)
+
+check: venv
+	@start=$$(date +%s%N); $(MAKE) --no-print-directory lint fast; rc=$$?; \
+	  ms=$$(( ($$(date +%s%N) - start) / 1000000 )); \
+	  echo "make check: $$(( ms / 1000 )).$$(( ms % 1000 / 100 )) s (the fast loop's goal: under 120 s)"; \
+	  exit $$rc
 
 demo: venv
 	$(VENV)/bin/vmpool up --demo
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+
+# Also the machine's test build cache (the vCenter simulator: tests/vcsimhelp.py).
+distclean: clean
+	rm -rf "$${VMPOOL_TEST_CACHE:-$${XDG_CACHE_HOME:-$$HOME/.cache}/vmpool-tests}"
 
 # The chaos soak (tests/chaos/soak.py, docs/reliability.md): vmpool's fleet as real
 # processes under seeded faults, checked at the end. TARGET=seed-reference runs the

@@ -36,12 +36,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from vmpool import lifecycle
 from vmpool.config import Config, parse_config
+from vmpool.ids import Job
 from vmpool.lifecycle import Fleet
 from vmpool.local.redis_server import RedisServer
 from vmpool.state.keys import Keys
 from vmpool.state.records import RequestSettings, Slot
 from vmpool.state.store import Store
-from workers.queues import RQDispatcher
+from workers.queues import RQDispatcher, enqueue
 from workers.table import QUEUE_VMS
 
 POOLS = ("debian", "centos")
@@ -50,13 +51,9 @@ POOLS = ("debian", "centos")
 class PerVMDispatcher(RQDispatcher):
     """The dispatch before batching: one enqueue() (several round trips) per subject."""
 
-    def check_pending_vms(self, names: Sequence[str]) -> None:
-        for name in names:
-            self.check_pending_vm(name)
-
-    def create_vms(self, names: Sequence[str]) -> None:
-        for name in names:
-            self.create_vm(name)
+    def send(self, job: Job, subjects: Sequence[str]) -> None:
+        for subject in subjects:
+            enqueue(self.conn, self.keys, job, subject)
 
 
 class Counter:

@@ -45,6 +45,7 @@ sys.path.insert(0, str(ROOT))
 
 from vmpool import lifecycle  # noqa: E402
 from vmpool.config import Config, parse_config  # noqa: E402
+from vmpool.ids import Job  # noqa: E402
 from vmpool.lifecycle import Fleet, RecordingDispatcher  # noqa: E402
 from vmpool.local.redis_server import RedisServer  # noqa: E402
 from vmpool.state.keys import Keys  # noqa: E402
@@ -182,7 +183,7 @@ def fleet_real(
         assert store.create_request(rid, [Slot(pool, pool, 1)], settings, actor="bench").ok
     dispatch = BatchDispatcher(conn, keys)  # what POST /ondemandvm does, once per request
     for rid in rids:
-        dispatch.provision_request(rid)
+        dispatch.send(Job.PROVISION_REQUEST, [rid])
     _hold_queues(conn, keys)
     finished = keys.requests_finished
     done = lambda: int(conn.hget(finished, "ready") or 0) >= n  # noqa: E731

@@ -1,4 +1,11 @@
-"""Helpers shared by the API tests: configs, apps, state snapshots, driving to ready."""
+"""Helpers shared by the API tests: configs, apps, state snapshots, driving to ready.
+
+Every API test builds its app with :func:`make_app`: the production app, made by the
+factory ``vmpool api`` calls with the options it passes, over the test Redis. A test
+observes what the app sent to the fleet in Redis (the work sets and RQ's queues) and
+injects faults through real peers or failpoints (vmpool.lifecycle.failpoints), never
+through an app built another way (tests/test_api_app.py holds the two to one shape).
+"""
 
 from __future__ import annotations
 
@@ -9,14 +16,18 @@ from typing import Any
 import redis
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
+from rq import Queue
 
-from vmpool.api.app import EnqueueFn, RedisClients, create_app
+from vmpool.api.app import create_app
 from vmpool.config import Config, parse_config
 from vmpool.state.keys import Keys
 from vmpool.state.store import Store
 from vmpool.state.tokens import hash_password
+from workers.table import JOBS, job_id
 
 API = "/api/v3"
+# Where `vmpool api` listens unless told otherwise (its --host default).
+LISTEN_HOST = "127.0.0.1"
 PASSWORD = "s3cret-pass"
 PASSWORD_HASH = hash_password(PASSWORD, iterations=1000, salt="testsalt")
 
@@ -30,6 +41,25 @@ def spec_config(
     key_prefix: str | None = None,
 ) -> Config:
     """vmpooler's ondemandvm_spec.rb configuration, in vmpool's loader."""
+    data = spec_data(
+        auth=auth,
+        rate_limit=rate_limit,
+        weights=weights,
+        ttl_minutes=ttl_minutes,
+        key_prefix=key_prefix,
+    )
+    return parse_config(data, source="test", env={})
+
+
+def spec_data(
+    *,
+    auth: bool = False,
+    rate_limit: int | None = None,
+    weights: dict[str, float] | None = None,
+    ttl_minutes: float = 5,
+    key_prefix: str | None = None,
+) -> dict[str, Any]:
+    """:func:`spec_config`'s file, as data (JSON is YAML: a config file's text as well)."""
     data: dict[str, Any] = {
         "config": {
             "site_name": "test pooler",
@@ -60,31 +90,45 @@ def spec_config(
         }
         if rate_limit is not None:
             data["auth"]["rate_limit_per_minute"] = rate_limit
-    return parse_config(data, source="test", env={})
+    return data
 
 
-class Recorder:
-    """An enqueue function that records the request ids it is given (and can be told
-    to fail)."""
+def make_app(
+    config: Config, redis_url: str, *, seed: int = 1, listen_host: str | None = LISTEN_HOST
+) -> FastAPI:
+    """The app ``vmpool api`` serves for ``config`` and ``redis_url``.
 
-    def __init__(self, fail: bool = False) -> None:
-        self.calls: list[str] = []
-        self.fail = fail
-
-    def __call__(self, request_id: str) -> bool:
-        self.calls.append(request_id)
-        if self.fail:
-            raise redis.ConnectionError("queue unavailable")
-        return True
+    ``seed`` seeds its backend picks (served: the system's random source, the same
+    code). Enter a TestClient of it (``with``) to run its lifespan, as uvicorn does.
+    """
+    return create_app(config, redis_url, rng=random.Random(seed), listen_host=listen_host)
 
 
 def make_client(
-    config: Config, redis_url: str, enqueue: EnqueueFn | None = None, seed: int = 1
+    config: Config, redis_url: str, *, seed: int = 1, listen_host: str | None = LISTEN_HOST
 ) -> tuple[TestClient, FastAPI]:
-    app = create_app(
-        config, RedisClients.from_url(redis_url), enqueue=enqueue, rng=random.Random(seed)
-    )
+    """A client of :func:`make_app`'s app that answers an unexpected error with its 500."""
+    app = make_app(config, redis_url, seed=seed, listen_host=listen_host)
     return TestClient(app, raise_server_exceptions=False), app
+
+
+def provision_work(redis_client: redis.Redis, config: Config) -> list[str]:
+    """The request ids waiting in the provision work set, in arrival order: where a POST
+    hands a new request to the fleet."""
+    keys = Keys(config.key_prefix)
+    return [str(rid) for rid in redis_client.zrange(keys.work_set("provision_request"), 0, -1)]
+
+
+def queued_provision_lanes(redis_url: str, config: Config) -> list[str]:
+    """The provision batch jobs waiting in RQ's queue: what a POST queued for a worker."""
+    keys = Keys(config.key_prefix)
+    raw = redis.Redis.from_url(redis_url)
+    try:
+        queue = Queue(keys.queue(JOBS["provision_batch"].queue), connection=raw)
+        lane = job_id(keys, "provision_batch") + "_r"
+        return [jid for jid in queue.job_ids if jid.startswith(lane)]
+    finally:
+        raw.close()
 
 
 def pretty(obj: Any) -> str:

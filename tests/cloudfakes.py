@@ -17,6 +17,7 @@ from __future__ import annotations
 import fnmatch
 import itertools
 import json
+import re
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
@@ -331,8 +332,9 @@ class GCEMock(MockHttp):  # type: ignore[misc]
         return self.cloud.take_failure(kind)
 
     def _list(self, query: dict[str, list[str]]) -> Reply:
-        key, _, value = query.get("filter", [""])[0].removeprefix("labels.").partition("=")
-        found = [i for i in self.cloud.live() if i.tags.get(key) == value]
+        # labels.K=V, or (labels.K=V1) OR (labels.K=V2) ...: one of them
+        terms = re.findall(r"labels\.([\w.-]+)=([^)\s]+)", query.get("filter", [""])[0])
+        found = [i for i in self.cloud.live() if any(i.tags.get(k) == v for k, v in terms)]
         page, token = self.cloud.page(found, query.get("pageToken", [None])[0])
         items: dict[str, Any] = {"zones/us-east1-b": {"warning": {"code": "NO_RESULTS_ON_PAGE"}}}
         for i in page:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -20,6 +19,9 @@ import redis
 
 from vmpool.local.redis_server import RedisServer
 from vmpool.state.keys import Keys
+
+# The fast loop's budget per test: a test over it must be marked slow (tests/slowrule.py).
+pytest_plugins = ("slowrule", "pytester")
 
 
 def _docker_answers() -> bool:
@@ -92,14 +94,16 @@ def moto(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
 
 
 @pytest.fixture(scope="session")
-def vcsim(tmp_path_factory: pytest.TempPathFactory, pytestconfig: pytest.Config) -> Iterator[Any]:
-    """govmomi's vCenter simulator, built once into pytest's cache and run as one process
-    for the session, killed by pid at its end (tests/vcsimhelp.py); its inventory holds
-    two templates. Tests keep apart by their own fleet ids and folders."""
-    from vcsimhelp import PACKAGES, VCSim, build, prepare
+def vcsim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """govmomi's vCenter simulator, built once per machine into the test build cache
+    (tests/vcsimhelp.py, ``build_cache``) and run as one process for the session, killed
+    by pid at its end; its inventory holds two templates. Tests keep apart by their own
+    fleet ids and folders. Tests that use it are marked slow: its first build takes half
+    a minute."""
+    from vcsimhelp import PACKAGES, VCSim, build, build_cache, prepare
 
     pytest.importorskip("pyVmomi", reason="needs the vsphere extra (pyvmomi)")
-    binary = build(Path(pytestconfig.cache.mkdir("vcsim")))
+    binary = build(build_cache())
     if binary is None:
         pytest.skip(f"the vCenter simulator needs the Debian packages {PACKAGES}")
     server = VCSim.start(binary, tmp_path_factory.mktemp("vcsim") / "vcsim.log")
@@ -108,6 +112,18 @@ def vcsim(tmp_path_factory: pytest.TempPathFactory, pytestconfig: pytest.Config)
         yield server
     finally:
         server.stop()
+
+
+# Session fixtures that start a server of their own: a test using one is slow
+# (tests/slowrule.py), whichever test happens to start it.
+SERVER_FIXTURES = frozenset({"moto", "vcsim"})
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if SERVER_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
 
 
 def pytest_configure(config: Any) -> None:

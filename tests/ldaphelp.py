@@ -19,7 +19,10 @@ import datetime
 import ipaddress
 import shutil
 import socket
+import socketserver
 import subprocess
+import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -123,14 +126,48 @@ def make_tls(directory: Path) -> None:
     )
 
 
+class BindAnswers:
+    """What a slapd built with ``bind_socket`` answers to binds: a Unix socket server
+    (slapd's sock overlay, ``sockops bind``) that lets each bind through (``code`` None)
+    or answers it with the LDAP result ``code`` (51 busy, 52 unavailable) itself."""
+
+    def __init__(self) -> None:
+        self.dir = Path(tempfile.mkdtemp(prefix="ldapsock-"))  # short: a socket path
+        self.path = self.dir / "binds"
+        self.code: int | None = None
+        self.asked = 0
+        answers = self
+
+        class Handler(socketserver.StreamRequestHandler):
+            def handle(self) -> None:
+                while self.rfile.readline().strip():  # the request, up to its blank line
+                    pass
+                answers.asked += 1
+                code = answers.code
+                reply = "CONTINUE\n" if code is None else f"RESULT\ncode: {code}\ninfo: test\n"
+                self.wfile.write(reply.encode())
+
+        self.server = socketserver.ThreadingUnixStreamServer(str(self.path), Handler)
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
 @dataclass
 class Slapd:
-    """One slapd: ``ldap_port`` (start_tls) and ``ldaps_port`` (simple_tls)."""
+    """One slapd: ``ldap_port`` (start_tls) and ``ldaps_port`` (simple_tls).
+
+    ``bind_socket``: binds go first to the program listening there (:class:`BindAnswers`)."""
 
     root: Path
     ldap_port: int = field(default_factory=free_port)
     ldaps_port: int = field(default_factory=free_port)
     proc: subprocess.Popen[bytes] | None = None
+    bind_socket: Path | None = None
 
     @property
     def ca_file(self) -> str:
@@ -145,6 +182,7 @@ class Slapd:
 pidfile {self.root}/slapd.pid
 modulepath /usr/lib/ldap
 moduleload back_mdb
+moduleload back_sock
 TLSCACertificateFile {self.root}/ca.pem
 TLSCertificateFile {self.root}/server.pem
 TLSCertificateKeyFile {self.root}/server.key
@@ -154,13 +192,18 @@ suffix "{SUFFIX}"
 rootdn "cn=admin,{SUFFIX}"
 directory {self.root}/data
 maxsize 10485760
-"""
+{self._overlay()}"""
         )
         (self.root / "data.ldif").write_text(DATA)
         subprocess.run(
             [SLAPADD, "-f", str(self.root / "slapd.conf"), "-l", str(self.root / "data.ldif")],
             check=True, capture_output=True, timeout=30,
         )  # fmt: skip
+
+    def _overlay(self) -> str:
+        if self.bind_socket is None:
+            return ""
+        return f"overlay sock\nsocketpath {self.bind_socket}\nsockops bind\n"
 
     def start(self) -> None:
         urls = f"ldap://127.0.0.1:{self.ldap_port}/ ldaps://127.0.0.1:{self.ldaps_port}/"

@@ -21,6 +21,7 @@ import copy
 import random
 import threading
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -39,6 +40,7 @@ from hypothesis.stateful import (
 
 from vmpool import lifecycle
 from vmpool.config import Config, parse_config
+from vmpool.ids import Job
 from vmpool.lifecycle import Fleet
 from vmpool.lifecycle.batch import DEFERRED, retry_s
 from vmpool.lifecycle.pending import Listing, apply_listing, list_pending
@@ -86,35 +88,16 @@ class WorkSetDispatcher:
     def __init__(self, work: WorkSet, added: Any, store: Any) -> None:
         self.work, self.added, self.store = work, added, store
 
-    def provision_requests(self, ids: Any) -> None:
-        for rid in ids:
-            if self.work.add("provision_request", [rid]):
-                req = self.store.get_request(rid)
-                self.added(rid, req.created, req.token_user)
-
-    def provision_request(self, rid: str) -> None:
-        self.provision_requests([rid])
-
-    def create_vms(self, names: Any) -> None:
-        self.work.add("create_vm", list(names))
-
-    def create_vm(self, name: str) -> None:
-        self.create_vms([name])
-
-    def check_pending_vms(self, names: Any) -> None:
-        self.work.add("check_pending_vm", list(names))
-
-    def check_pending_vm(self, name: str) -> None:
-        self.check_pending_vms([name])
-
-    def check_request(self, rid: str) -> None:
-        pass  # the machine's rules stand for what it would do
-
-    def destroy_vm(self, name: str) -> None:
-        pass  # the destroy rule finds completed VMs by their index
-
-    def destroy_vms(self, names: Any) -> None:
-        pass
+    def send(self, job: Job, subjects: Sequence[str]) -> None:
+        if job == Job.PROVISION_REQUEST:
+            for rid in subjects:
+                if self.work.add(job, [rid]):
+                    req = self.store.get_request(rid)
+                    self.added(rid, req.created, req.token_user)
+        elif job in (Job.CREATE_VM, Job.CHECK_PENDING_VM):
+            self.work.add(job, list(subjects))
+        # check_request and destroy_vm: the machine's rules stand for what they would do
+        # (the destroy rule finds completed VMs by their index)
 
 
 @dataclass

@@ -10,7 +10,10 @@ WAITAOF), which also runs as a sentinel (``--sentinel``).
 server: ``freeze()`` stops forwarding on the connections open now and leaves them open
 (a node that vanished without closing anything), while new connections pass;
 ``stall()`` stops forwarding on every connection, new ones included, until
-``resume()`` (a network stall: what was sent arrives afterwards).
+``resume()`` (a network stall: what was sent arrives afterwards); ``lose_replies()``
+forwards the next requests that carry a marker (``EVALSHA``), lets the server run them,
+then drops the server's reply and closes that connection (a reply lost after the
+script ran: the client sees a connection error and redis-py sends the call again).
 
 The sentinels log in to the data nodes as their own ACL user (:data:`SENTINEL_USER`);
 vmpool and the replication links use the default user, which has a password
@@ -368,6 +371,8 @@ class FaultProxy:
         self._stalled = threading.Event()
         self._lock = threading.Lock()
         self._pairs: list[_Pair] = []
+        self._lose: list[bytes] = []  # one marker per reply still to lose
+        self.replies_lost = 0
 
     def start(self) -> FaultProxy:
         listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -407,15 +412,39 @@ class FaultProxy:
                 readable, _, _ = select.select(list(ends), [], [], 0.05)
                 for sock in readable:
                     data = sock.recv(65536)
-                    if not data:
+                    if not data or (sock is pair.server and self._loses(pair)):
                         pair.closed = True
                         break
+                    if sock is pair.client:
+                        self._mark(pair, data)
                     ends[sock].sendall(data)
         except OSError:
             pass
         finally:
             if not pair.frozen or self._stop.is_set():
                 pair.close()
+
+    def _mark(self, pair: _Pair, request: bytes) -> None:
+        with self._lock:
+            if self._lose and self._lose[0] in request:
+                self._lose.pop(0)
+                pair.lose_reply = True
+
+    def _loses(self, pair: _Pair) -> bool:
+        """Whether this reply is to be lost (the pair then closes: see _pump)."""
+        if pair.lose_reply:
+            with self._lock:
+                self.replies_lost += 1
+            return True
+        return False
+
+    def lose_replies(self, count: int = 1, marker: bytes = b"EVALSHA") -> None:
+        """Lose the reply to each of the next ``count`` requests carrying ``marker``.
+
+        The request reaches the server, which runs it; its reply is dropped and the
+        connection closed. :attr:`replies_lost` counts them."""
+        with self._lock:
+            self._lose += [marker] * count
 
     def freeze(self) -> int:
         """Stop forwarding on the connections open now, for good; new ones pass. The
@@ -451,6 +480,7 @@ class _Pair:
     server: socket.socket
     frozen: bool = False
     closed: bool = False
+    lose_reply: bool = False
 
     def close(self) -> None:
         self.closed = True

@@ -83,3 +83,24 @@ def poll(predicate: Callable[[], bool], timeout_s: float = 5.0, every_s: float =
             return True
         time.sleep(every_s)
     return predicate()
+
+
+def make_ready(store: Store, pool: str, n: int, *, prefix: str = "w") -> list[str]:
+    """``n`` warm-pool VMs made ready in ``pool`` through the real transitions."""
+    names = []
+    for i in range(n):
+        name = f"{pool}-{prefix}{i}"
+        assert store.pools.reserve_pool_vm(
+            name,
+            pool=pool,
+            template="t",
+            provider="sim",
+            domain="example.com",
+            size=n,
+            data_ttl_s=3600,
+            actor=ACTOR,
+        ).ok
+        assert store.vm_created(name, actor=ACTOR).code == "pending"
+        assert store.vm_ready(name, actor=ACTOR).code == "ready"
+        names.append(name)
+    return names

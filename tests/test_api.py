@@ -13,7 +13,7 @@ import pytest
 import redis
 from fastapi.testclient import TestClient
 
-from vmpool.api.app import RedisClients
+from vmpool.lifecycle.failpoints import ENV as FAILPOINTS
 from vmpool.state import reads
 from vmpool.state.keys import Keys
 from vmpool.state.store import Store
@@ -21,10 +21,12 @@ from vmpool.state.tokens import TokenStore
 
 from apihelp import (
     API,
-    Recorder,
     drive_ready,
+    make_app,
     make_client,
     pretty,
+    provision_work,
+    queued_provision_lanes,
     snapshot,
     spec_config,
     store_for,
@@ -35,13 +37,8 @@ UUID_RE = r"^[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}
 
 
 @pytest.fixture
-def enq() -> Recorder:
-    return Recorder()
-
-
-@pytest.fixture
-def client(redis_url: str, redis_client: redis.Redis, enq: Recorder) -> TestClient:
-    c, _ = make_client(spec_config(), redis_url, enqueue=enq)
+def client(redis_url: str, redis_client: redis.Redis) -> TestClient:
+    c, _ = make_client(spec_config(), redis_url)
     return c
 
 
@@ -59,7 +56,9 @@ def post(client: TestClient, body: str | bytes, **kw: object) -> tuple[int, str]
 # -- POST /ondemandvm (ondemandvm_spec.rb) -------------------------------------------------
 
 
-def test_generates_a_request_id(client: TestClient, store: Store, enq: Recorder) -> None:
+def test_generates_a_request_id(
+    client: TestClient, store: Store, redis_client: redis.Redis, redis_url: str
+) -> None:
     status, text = post(client, '{"pool1":"1"}')
     assert status == 201
     rid = json.loads(text)["request_id"]
@@ -68,7 +67,9 @@ def test_generates_a_request_id(client: TestClient, store: Store, enq: Recorder)
     record = store.get_request(rid)
     assert record is not None and record.status == "pending"
     assert record.requested == "pool1:pool1:1"
-    assert enq.calls == [rid]
+    # handed to the fleet: in the provision work set, a provision batch job queued
+    assert provision_work(redis_client, spec_config()) == [rid]
+    assert queued_provision_lanes(redis_url, spec_config())
     # The request and its queue entry exist together (one atomic unit).
     assert rid in store.provision_candidates()
     assert rid in store.open_requests()
@@ -199,15 +200,14 @@ def test_counts_as_numbers_and_several_names(client: TestClient, store: Store) -
     ],
 )
 def test_hostile_bodies_are_400_and_write_nothing(
-    client: TestClient, redis_url: str, body: str, enq: Recorder
+    client: TestClient, redis_url: str, body: str
 ) -> None:
     before = snapshot(redis_url)
     r = client.post(f"{API}/ondemandvm", content=body)
     assert r.status_code == 400, r.text
     data = r.json()
     assert list(data) == ["ok", "message"] and data["ok"] is False
-    assert snapshot(redis_url) == before
-    assert enq.calls == []
+    assert snapshot(redis_url) == before  # no request, no work, no job
 
 
 @pytest.mark.parametrize(
@@ -239,26 +239,33 @@ def test_unknown_names_listed_in_order(client: TestClient) -> None:
     assert r.text == pretty({"ok": False, "bad_templates": ["a", "b/c"]})
 
 
-def test_enqueue_failure_still_creates(redis_url: str, redis_client: redis.Redis) -> None:
+def test_enqueue_failure_still_creates(
+    redis_url: str, redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Proves: when queueing the provision job fails after the create (the failpoint
+    raises where RQ is called), the answer is still 201, the request is where the sweep
+    and the batch jobs find it, and the failure is counted."""
     cfg = spec_config()
-    c, _ = make_client(cfg, redis_url, enqueue=Recorder(fail=True))
+    c, _ = make_client(cfg, redis_url)
+    monkeypatch.setenv(FAILPOINTS, "api.queue_lanes=raise")
     r = c.post(f"{API}/ondemandvm", content='{"pool1": 1}')
     assert r.status_code == 201
     rid = r.json()["request_id"]
     store = store_for(redis_client, cfg)
     assert rid in store.provision_candidates()  # the sweep will find it
+    assert provision_work(redis_client, cfg) == [rid]
+    assert queued_provision_lanes(redis_url, cfg) == []
     assert "vmpool_api_enqueue_failures_total 1.0" in c.get("/metrics").text
 
 
 def test_real_enqueue_puts_a_provision_job_on_rq(redis_url: str, redis_client: redis.Redis) -> None:
     from rq import Queue
 
-    from vmpool.api.app import RedisClients, create_app
     from workers.table import JOBS, job_id
 
     cfg = spec_config()
     keys = Keys(cfg.key_prefix)
-    c = TestClient(create_app(cfg, RedisClients.from_url(redis_url)))
+    c, _ = make_client(cfg, redis_url)
     r = c.post(f"{API}/ondemandvm/pool1+pool3")
     assert r.status_code == 201
     rid = r.json()["request_id"]
@@ -450,7 +457,7 @@ def test_delete_ready_releases_vms(client: TestClient, store: Store) -> None:
 @pytest.mark.parametrize(
     ("method", "path"),
     [
-        ("GET", "/"),
+        ("GET", "/dashboard/nope"),  # `/` is vmpooler's redirect to the dashboard
         ("GET", f"{API}/nope"),
         ("PUT", f"{API}/ondemandvm"),
         ("PATCH", f"{API}/ondemandvm/x"),
@@ -486,10 +493,7 @@ def test_health_and_readiness(client: TestClient, redis_url: str) -> None:
 
 
 def test_readyz_without_redis_is_503() -> None:
-    from vmpool.api.app import create_app
-
-    app = create_app(spec_config(), "redis://127.0.0.1:1/0", enqueue=None)
-    c = TestClient(app, raise_server_exceptions=False)
+    c, _ = make_client(spec_config(), "redis://127.0.0.1:1/0")
     r = c.get("/readyz")
     assert r.status_code == 503 and r.json()["ok"] is False
     assert c.get("/healthz").status_code == 200
@@ -538,7 +542,7 @@ def test_metrics(client: TestClient, store: Store, redis_client: redis.Redis) ->
         'vmpooler_time_to_ready_state_count{pool="pool1"} 1.0',
         'vmpool_worker_jobs_total{job="provision",outcome="ok"} 2.0',
         'vmpooler_errors_total{pool="pool1",type="markedasfailed"} 1.0',
-        'vmpool_queue_depth{queue="vmpool-requests"} 0.0',
+        'vmpool_queue_depth{queue="vmpool-requests"} 1.0',  # its provision batch job
         "vmpool_redis_up 1.0",
     ]:
         assert line in text, line
@@ -548,6 +552,9 @@ def test_metrics(client: TestClient, store: Store, redis_client: redis.Redis) ->
 def test_no_traceback_on_unexpected_errors(
     redis_url: str, redis_client: redis.Redis, path: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Proves: an unexpected error is vmpooler's 500 without its text, both where a
+    route's Redis work runs in the thread pool (DELETE) and where it is awaited on the
+    loop (GET)."""
     cfg = spec_config()
     c, app = make_client(cfg, redis_url)
 
@@ -555,12 +562,12 @@ def test_no_traceback_on_unexpected_errors(
         raise RuntimeError("secret internals")
 
     st = app.state.vmpool
-    if path == "thread pool":  # no asyncio client: the store's reads in the thread pool
-        st.clients = RedisClients(st.clients.text, st.clients.raw)
-        st.store.get_request = boom
+    if path == "thread pool":
+        st.store.delete_request = boom
+        r = c.delete(f"{API}/ondemandvm/abc")
     else:
         monkeypatch.setattr(reads, "request_from", boom)
-    r = c.get(f"{API}/ondemandvm/abc")
+        r = c.get(f"{API}/ondemandvm/abc")
     assert r.status_code == 500
     assert r.json() == {"ok": False, "message": "internal error"}
     assert "secret" not in r.text
@@ -610,14 +617,12 @@ def test_shutdown_closes_the_redis_connections_the_app_opened(
     connection. Without the close they stay open on the server after shutdown: one
     leak per uvicorn worker restart.
     """
-    from vmpool.api.app import create_app
-
     before = {c["id"] for c in redis_client.client_list()}
 
     def opened_by_app() -> set[str]:
         return {c["id"] for c in redis_client.client_list()} - before
 
-    with TestClient(create_app(spec_config(), redis_url, enqueue=None)) as c:
+    with TestClient(make_app(spec_config(), redis_url)) as c:
         assert c.post(f"{API}/ondemandvm", content='{"pool1":"1"}').status_code == 201
         assert c.get(f"{API}/status").status_code == 200
         assert c.get("/metrics").status_code == 200

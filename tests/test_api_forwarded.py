@@ -99,6 +99,7 @@ def test_a_trusted_proxy_gives_each_client_its_own_limit(
         assert failed_login(base, "203.0.113.8") == 401, "another client is not locked out"
 
 
+@pytest.mark.slow
 def test_an_untrusted_proxy_shares_one_limit(
     tmp_path: Path, redis_url: str, redis_client: object
 ) -> None:

@@ -3,15 +3,12 @@ summary, the dependencies' order, and an app that reports only its own fleet."""
 
 from __future__ import annotations
 
-import random
 from typing import Any
 
 import pytest
 import redis
-from fastapi.testclient import TestClient
 from rq import Queue, Worker
 
-from vmpool.api.app import RedisClients, create_app
 from vmpool.api.errors import Rejected
 from vmpool.api.parsing import (
     MAX_NAMES,
@@ -103,8 +100,9 @@ def test_ondemand_from_path() -> None:
 
 def test_pools_status() -> None:
     cfg = spec_config()
-    zero = {"reserved": 0, "pending": 0, "ready": 0, "running": 0, "completed": 0}
-    counts = {"pool1": {"reserved": 1, "pending": 2, "ready": 5, "running": 3, "completed": 4}}
+    zero = {"reserved": 0, "pending": 0, "ready": 0, "running": 0, "completed": 0, "on_hold": 0}
+    counts = {"pool1": {**zero, "reserved": 1, "pending": 2, "ready": 5, "running": 3,
+                        "completed": 4, "on_hold": 1}}  # fmt: skip
     counts |= {"pool2": zero, "pool3": zero}
     pools, totals = pools_status(cfg, counts)
     assert list(pools) == ["pool1", "pool2", "pool3"]
@@ -117,10 +115,11 @@ def test_pools_status() -> None:
         "reserved": 1,
         "booting": 2,
         "completed": 4,
+        "on_hold": 1,
         "alias": ["poolone", "pool2"],
     }
     assert "alias" not in pools["pool3"]
-    assert totals == {"pending": 3, "ready": 5, "running": 3, "completed": 4}
+    assert totals == {"pending": 3, "cloning": 1, "ready": 5, "running": 3, "completed": 4}
 
 
 # -- dependencies ------------------------------------------------------------------------
@@ -150,13 +149,7 @@ def test_an_app_reports_only_its_own_fleet(redis_url: str, redis_client: redis.R
     for keys, name in [(mine, "w-mine"), (theirs, "w-theirs")]:
         queues = [Queue(q, connection=raw) for q in queue_names(keys)]
         Worker(queues, connection=raw, name=name).register_birth()
-    app = create_app(
-        spec_config(),
-        RedisClients.from_url(redis_url),
-        enqueue=None,
-        rng=random.Random(1),
-    )
-    c = TestClient(app)
+    c, _ = make_client(spec_config(), redis_url)
     status = c.get(f"{API}/status").json()
     assert sorted(status["queues"]) == sorted(queue_names(mine))
     assert [w["name"] for w in status["workers"]] == ["w-mine"]
@@ -167,9 +160,9 @@ def test_an_app_reports_only_its_own_fleet(redis_url: str, redis_client: redis.R
     assert sum(float(line.rsplit(" ", 1)[1]) for line in workers) == 1.0
 
 
-def test_the_default_enqueue_uses_the_key_prefix(redis_url: str, redis_client: redis.Redis) -> None:
+def test_the_enqueue_uses_the_key_prefix(redis_url: str, redis_client: redis.Redis) -> None:
     cfg = spec_config(key_prefix="other")
-    c = TestClient(create_app(cfg, RedisClients.from_url(redis_url)))
+    c, _ = make_client(cfg, redis_url)
     rid = c.post(f"{API}/ondemandvm", content='{"pool1": 1}').json()["request_id"]
     raw = redis.Redis.from_url(redis_url)
     keys = Keys("other")

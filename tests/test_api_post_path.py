@@ -5,12 +5,10 @@ guarantees (the request and its queue entries in one unit, its provisioning star
 from __future__ import annotations
 
 import json
-import random
 
 import redis
 from fastapi.testclient import TestClient
 
-from vmpool.api.app import RedisClients, create_app
 from vmpool.state.keys import Keys
 from vmpool.state.records import RequestSettings, Slot
 from vmpool.state.store import Store
@@ -18,13 +16,13 @@ from vmpool.state.workset import WorkSet
 from workers.batching import LANES
 from workers.table import job_id
 
-from apihelp import API, drive_ready, spec_config
+from apihelp import API, drive_ready, make_client, spec_config
 
 
 def _batched_client(redis_url: str) -> tuple[TestClient, Keys]:
     config = spec_config()
-    app = create_app(config, RedisClients.from_url(redis_url), rng=random.Random(1))
-    return TestClient(app, raise_server_exceptions=False), Keys(config.key_prefix)
+    client, _ = make_client(config, redis_url)
+    return client, Keys(config.key_prefix)
 
 
 def _calls(conn: redis.Redis, name: str) -> int:

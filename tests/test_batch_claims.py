@@ -13,6 +13,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+import pytest
 import redis
 
 from vmpool import lifecycle
@@ -87,6 +88,7 @@ class _FirstCreateWaits:
         return getattr(self.sim, attr)
 
 
+@pytest.mark.slow
 def test_a_slow_create_keeps_its_claim_and_lets_the_others_go(
     redis_client: redis.Redis, redis_url: str
 ) -> None:

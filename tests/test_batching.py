@@ -10,12 +10,14 @@ number of round trips.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
 import redis
 
 from vmpool import lifecycle
+from vmpool.ids import Job
 from vmpool.lifecycle import Fleet, RecordingDispatcher, batch
 from vmpool.lifecycle.batch import run_batch
 from vmpool.state.audit import check_trail
@@ -23,7 +25,7 @@ from vmpool.state.keys import Keys
 from vmpool.state.locks import FencedLock
 from vmpool.state.records import Slot
 from vmpool.state.workset import WorkSet
-from workers.batching import LANES, BatchDispatcher, continue_batch, ensure_lanes
+from workers.batching import LANES, BatchDispatcher
 from workers.table import job_id
 
 from lifecyclehelp import create_request, make_config, make_fleet
@@ -55,8 +57,8 @@ def test_batches_bring_requests_to_ready_one_transition_each(
     rids = [f"r{i}" for i in range(5)]
     for rid in rids:
         create_request(fleet.store, rid, [Slot("deb", "debian", 2)], fleet.config)
-    fleet.dispatch.provision_requests(rids)
-    fleet.dispatch.provision_requests(rids)  # dispatched twice: the set holds each once
+    fleet.dispatch.send(Job.PROVISION_REQUEST, rids)
+    fleet.dispatch.send(Job.PROVISION_REQUEST, rids)  # dispatched twice: the set holds each once
     assert WorkSet(fleet.redis, fleet.keys).size("provision_request") == 5
     _drain(fleet)
     for rid in rids:
@@ -115,7 +117,7 @@ def test_one_bad_subject_does_not_stop_the_batch(redis_client: redis.Redis, redi
 def test_the_clone_limit_holds_in_a_batch(redis_client: redis.Redis, redis_url: str) -> None:
     fleet = _batched_fleet(redis_client, redis_url, ondemand_clone_limit=3)
     create_request(fleet.store, "big", [Slot("deb", "debian", 8)], fleet.config)
-    fleet.dispatch.provision_request("big")
+    fleet.dispatch.send(Job.PROVISION_REQUEST, ["big"])
     lifecycle.provision_batch(fleet)
     req = fleet.store.get_request("big")
     assert req is not None and len(req.vm_names) == 3  # reserved within the limit only
@@ -128,8 +130,10 @@ def test_the_clone_limit_holds_in_a_batch(redis_client: redis.Redis, redis_url: 
 
 
 def test_lanes_are_bounded_and_cost_constant_round_trips(conn: redis.Redis, keys: Keys) -> None:
-    assert ensure_lanes(conn, keys, "create_vm_batch", want=10) == LANES
-    assert ensure_lanes(conn, keys, "create_vm_batch", want=10) == 0  # all live
+    dispatch = BatchDispatcher(conn, keys)
+    lanes = dispatch.lanes[Job.CREATE_VM]
+    assert dispatch.queue_lanes(lanes, want=10) == LANES
+    assert dispatch.queue_lanes(lanes, want=10) == 0  # all live
     queued = conn.lrange(keys.rq_queue("vms"), 0, -1)
     assert queued == [job_id(keys, "create_vm_batch", run=i).encode() for i in range(LANES)]
 
@@ -146,7 +150,7 @@ def test_a_batch_yields_on_time_and_queues_its_continuation(
     assert run_batch(fleet, "create_vm", lambda f, s: "pending") == {"more": 1}
     assert WorkSet(fleet.redis, fleet.keys).size("create_vm") == 2
     current = job_id(fleet.keys, "create_vm_batch", run=1)
-    assert continue_batch(conn, fleet.keys, "create_vm_batch", current)
+    assert BatchDispatcher(conn, fleet.keys).continue_batch(Job.CREATE_VM_BATCH, current)
     assert conn.lrange(fleet.keys.rq_queue("vms"), 0, -1) == [
         job_id(fleet.keys, "create_vm_batch", run=1 + LANES).encode()
     ]
@@ -162,7 +166,9 @@ def test_lanes_follow_the_config(
     fleet = make_fleet(redis_client, make_config(ondemand_clone_limit=12, batch_lanes=12))
     dispatch = BatchDispatcher(redis.Redis.from_url(redis_url), fleet.keys, fleet.config)
     for i in range(20):
-        dispatch.create_vm(f"vm-{i}")  # one by one, as provision_request dispatches them
+        dispatch.send(
+            Job.CREATE_VM, [f"vm-{i}"]
+        )  # one by one, as provision_request dispatches them
     queued = set(conn.lrange(fleet.keys.rq_queue("vms"), 0, -1))
     lanes = {job_id(fleet.keys, "create_vm_batch", run=i).encode() for i in range(12)}
     # Each dispatch checks a window of 4 lanes from a random one (its cost does not grow
@@ -170,9 +176,8 @@ def test_lanes_follow_the_config(
     # lanes of the 12 (the chance of staying at 4 is about 1e-17).
     assert 4 < len(queued) <= 12 and queued <= lanes, queued
     # a run of a lane the config no longer has continues on a lane it has
-    continue_batch(
-        conn, fleet.keys, "create_vm_batch", job_id(fleet.keys, "create_vm_batch", run=40), lanes=2
-    )
+    two = BatchDispatcher(conn, fleet.keys, dataclasses.replace(fleet.config, batch_lanes=2))
+    two.continue_batch(Job.CREATE_VM_BATCH, job_id(fleet.keys, "create_vm_batch", run=40))
     assert any(
         conn.exists(fleet.keys.rq_job(job_id(fleet.keys, "create_vm_batch", run=r)))
         for r in range(4)
@@ -190,34 +195,31 @@ def test_a_dispatch_costs_the_same_with_many_lanes(conn: redis.Redis, keys: Keys
         return sum(int(v["calls"]) for k, v in stats.items() if k in names)
 
     work = WorkSet(conn, keys)
+    dispatch = BatchDispatcher(conn, keys, dataclasses.replace(make_config(), batch_lanes=64))
+    lanes = dispatch.lanes[Job.CREATE_VM]
     scripts = ("cmdstat_evalsha", "cmdstat_eval")
     before = calls(*scripts)
-    add = (work, "create_vm", ["vm-1"])
-    assert ensure_lanes(conn, keys, "create_vm_batch", want=1, add=add, lanes=64) == 1
+    assert dispatch.queue_lanes(lanes, 1, ["vm-1"]) == 1
     # the probe (its first EVALSHA meets NOSCRIPT and is sent again) + one enqueue
     assert calls(*scripts) - before <= 3
     before, before_exists = calls(*scripts), calls("cmdstat_script|exists")
     for lane in range(64):  # every lane live: the next dispatch queues nothing
         conn.hset(keys.rq_job(job_id(keys, "create_vm_batch", run=lane)), "status", "queued")
-    add = (work, "create_vm", ["vm-2"])
-    assert ensure_lanes(conn, keys, "create_vm_batch", want=1, add=add, lanes=64) == 0
+    assert dispatch.queue_lanes(lanes, 1, ["vm-2"]) == 0
     assert calls(*scripts) - before == 1  # the probe alone, no SCRIPT EXISTS round trip
     assert calls("cmdstat_script|exists") == before_exists
     assert work.size("create_vm") == 2
 
 
 class _CountingDispatcher(RecordingDispatcher):
-    """Records each call it gets as (method, subjects), batched forms as one call."""
+    """Records each send it gets as (job, subjects): one entry per send."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.methods: list[tuple[str, list[str]]] = []
+        self.sends: list[tuple[str, list[str]]] = []
 
-    def check_pending_vm(self, name: str) -> None:
-        self.methods.append(("check_pending_vm", [name]))
-
-    def check_pending_vms(self, names: Sequence[str]) -> None:
-        self.methods.append(("check_pending_vms", list(names)))
+    def send(self, job: Job, subjects: Sequence[str]) -> None:
+        self.sends.append((job, list(subjects)))
 
 
 def test_a_claims_follow_ups_are_dispatched_once_per_claim(redis_client: redis.Redis) -> None:
@@ -233,7 +235,7 @@ def test_a_claims_follow_ups_are_dispatched_once_per_claim(redis_client: redis.R
     counting = _CountingDispatcher()
     fleet.dispatch = counting
     assert lifecycle.create_vm_batch(fleet) == {"pending": 3}
-    assert [(m, sorted(s)) for m, s in counting.methods] == [("check_pending_vms", sorted(names))]
+    assert [(j, sorted(s)) for j, s in counting.sends] == [("check_pending_vm", sorted(names))]
     assert fleet.dispatch is counting  # the batch's deferral stayed inside the batch
 
 
@@ -270,7 +272,7 @@ def _round_trips_per_vm(redis_url: str, vms: int) -> dict[str, int]:
     rids = [f"rt{i}" for i in range(vms)]
     for rid in rids:
         create_request(fleet.store, rid, [Slot("deb", "debian", 1)], fleet.config)
-    fleet.dispatch.provision_requests(rids)
+    fleet.dispatch.send(Job.PROVISION_REQUEST, rids)
     out: dict[str, int] = {}
     for step in (lifecycle.provision_batch, lifecycle.create_vm_batch,
                  lifecycle.check_pending_batch):  # fmt: skip

@@ -17,6 +17,7 @@ import redis
 
 from vmpool import lifecycle
 from vmpool.config import parse_config
+from vmpool.ids import Job
 from vmpool.lifecycle import Fleet, RecordingDispatcher
 from vmpool.providers.cloud import EC2Provider
 from vmpool.state.capacity import Limits, ProviderCapacity
@@ -70,7 +71,7 @@ def settle(fleet: Fleet) -> list[tuple[str, str, Any]]:
 def request(fleet: Fleet, rid: str, pool: str, n: int) -> None:
     settings = RequestSettings.from_config(fleet.config)
     assert fleet.store.create_request(rid, [Slot(pool, pool, n)], settings, actor="t").ok
-    fleet.dispatch.provision_request(rid)
+    fleet.dispatch.send(Job.PROVISION_REQUEST, [rid])
 
 
 def make_due(fleet: Fleet) -> None:

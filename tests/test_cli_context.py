@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import click
 import pytest
+import redis
 from click.testing import CliRunner
 
 import vmpool.cli.main
@@ -28,7 +29,8 @@ def test_context_unreachable_redis_is_exit_1() -> None:
     cli_ctx.close()
 
 
-def test_context_builds_once_and_closes(redis_url: str) -> None:
+def test_context_builds_once_and_closes(redis_url: str, redis_client: redis.Redis) -> None:
+    # redis_client: a clean database (no fleet's published config left by another test)
     cli_ctx = CliContext(redis_url=redis_url)
     assert cli_ctx.store is cli_ctx.store
     assert cli_ctx.store.redis is cli_ctx.redis

@@ -15,6 +15,7 @@ from vmpool.cli.main import cli
 from vmpool.state.keys import Keys
 from vmpool.state.store import Store
 
+from clihelp import publish_demo
 from storehelp import ACTOR
 
 POOL = "debian-12-x86_64"  # the built-in demo config's, aliases debian and debian-12
@@ -23,6 +24,7 @@ HASH = "sha256$salt$" + "ab" * 32
 
 @pytest.fixture
 def run(redis_url: str, redis_client: redis.Redis) -> object:
+
     def invoke(*args: str) -> Result:
         return CliRunner().invoke(
             cli, [*args, "--redis-url", redis_url], env={"VMPOOL_CONFIG": None}
@@ -41,7 +43,9 @@ def test_the_pools_table_has_a_header_and_the_aliases(run) -> None:  # type: ign
         "PENDING",
         "RUNNING",
         "COMPLETED",
+        "ON_HOLD",
         "ONDEMAND_QUEUE",
+        "FAILING",
     ]
     assert lines[1].split()[:2] == [POOL, "debian,debian-12"]
 
@@ -103,7 +107,10 @@ def test_a_token_for_a_user_the_config_does_not_know_is_a_warning(
         (("audit",), 0),
     ],
 )
-def test_exit_status_says_what_happened(run, args: tuple[str, ...], code: int) -> None:  # type: ignore[no-untyped-def]
+def test_exit_status_says_what_happened(
+    run, redis_client: redis.Redis, args: tuple[str, ...], code: int
+) -> None:  # type: ignore[no-untyped-def]
+    publish_demo(redis_client)
     result = run(*args)
     assert result.exit_code == code, result.output
     assert "Traceback" not in result.output

@@ -12,7 +12,7 @@ from vmpool.cli.main import cli
 from vmpool.state.keys import Keys
 from vmpool.state.store import Store
 
-from clihelp import POOL, warm
+from clihelp import POOL, publish_demo, warm
 
 
 def test_set_size_reset_and_bad_input(redis_url: str, redis_client: redis.Redis) -> None:
@@ -24,6 +24,7 @@ def test_set_size_reset_and_bad_input(redis_url: str, redis_client: redis.Redis)
     def run(*args: str) -> object:
         return runner.invoke(cli, [*args, "--redis-url", redis_url])
 
+    publish_demo(redis_client)
     store = Store(redis_client, Keys())
     names = warm(store, 3)
     store.pools.checkout({POOL: 1}, owner="ops", owner_hash="", lifetime_s=60, actor="test")

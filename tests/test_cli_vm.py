@@ -13,11 +13,12 @@ from vmpool.cli.main import cli
 from vmpool.state.keys import Keys
 from vmpool.state.store import Store
 
-from clihelp import POOL, warm
+from clihelp import POOL, publish_demo, warm
 
 
 @pytest.fixture
 def run(redis_url: str, redis_client: redis.Redis) -> object:
+    publish_demo(redis_client)
     runner = CliRunner()
 
     def invoke(*args: str) -> object:

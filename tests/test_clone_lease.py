@@ -8,6 +8,7 @@ import random
 import threading
 from typing import Any
 
+import pytest
 import redis
 
 from vmpool import lifecycle
@@ -35,6 +36,7 @@ def make_fleet(client: redis.Redis, **overrides: Any) -> Fleet:
     return fleet
 
 
+@pytest.mark.slow
 def test_slot_lease_is_renewed_while_the_provider_call_runs(redis_client: redis.Redis) -> None:
     """Limit 1, leases of 0.5 s (lock_expire 0.25 s). The provider call lasts three
     leases; in the middle of it another worker asks for a slot and must be refused.
@@ -67,6 +69,7 @@ def test_slot_lease_is_renewed_while_the_provider_call_runs(redis_client: redis.
     assert fleet.slots.count() == 0  # released once the call is over
 
 
+@pytest.mark.slow
 def test_renewal_stops_with_the_call(redis_client: redis.Redis) -> None:
     """The renewal ends when the guarded block ends (nothing left renewing a slot
     nobody holds): after release, and a few renewal periods later, the slot is still

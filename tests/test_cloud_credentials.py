@@ -79,6 +79,7 @@ def http_server() -> Iterator[tuple[str, type[_Handler]]]:
         thread.join(timeout=5)
 
 
+@pytest.mark.slow
 def test_irsa_web_identity_creates_on_ec2(
     moto: MotoServer, no_aws_env: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:

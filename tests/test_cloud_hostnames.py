@@ -18,12 +18,13 @@ import redis
 from fastapi.testclient import TestClient
 
 from vmpool import lifecycle
-from vmpool.api.app import create_app
 from vmpool.config import parse_config
+from vmpool.ids import Job
 from vmpool.lifecycle import Fleet, RecordingDispatcher
 from vmpool.state.names import NameGenerator
 from vmpool.state.records import RequestSettings, Slot
 
+from apihelp import make_app
 from motohelp import MotoServer, boto_ec2
 
 pytestmark = pytest.mark.slow
@@ -100,7 +101,7 @@ def test_handed_out_hostnames_work_with_every_vm_endpoint(
     settings = RequestSettings.from_config(fleet.config)
     for rid, pool in (("r-bare", "bare"), ("r-named", "named")):
         assert fleet.store.create_request(rid, [Slot(pool, pool, 1)], settings, actor="t").ok
-        fleet.dispatch.provision_request(rid)
+        fleet.dispatch.send(Job.PROVISION_REQUEST, [rid])
     lifecycle.top_up_pools(fleet)
     boot(fleet)
     addresses = public_addresses(moto)
@@ -111,7 +112,7 @@ def test_handed_out_hostnames_work_with_every_vm_endpoint(
     (warm,) = fleet.store.pool_vms("warm", "ready")
     assert fleet.store.get_vm(warm).address == addresses[warm]  # type: ignore[union-attr]
 
-    with TestClient(create_app(fleet.config, redis_url, enqueue=None)) as client:
+    with TestClient(make_app(fleet.config, redis_url)) as client:
         handed = client.get("/api/v3/ondemandvm/r-bare").json()["bare"]["hostname"]
         assert handed == [addresses[bare.name]]
         checkout = client.post("/api/v3/vm/warm").json()

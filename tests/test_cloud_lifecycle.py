@@ -21,14 +21,15 @@ import redis
 from fastapi.testclient import TestClient
 
 from vmpool import lifecycle
-from vmpool.api.app import create_app
 from vmpool.config import Config, parse_config
+from vmpool.ids import Job
 from vmpool.lifecycle import Fleet, RecordingDispatcher
 from vmpool.providers.cloud import EC2Provider
 from vmpool.state.names import NameGenerator
 from vmpool.state.records import RequestSettings, Slot
 
 import cloudfakes
+from apihelp import make_app
 
 THROTTLED = (503, cloudfakes.ec2_error("RequestLimitExceeded", "Request limit exceeded."))
 
@@ -94,7 +95,7 @@ def run(fleet: Fleet, skip: tuple[str, ...] = ()) -> list[tuple[str, str, Any]]:
 def request(fleet: Fleet, pool: str, n: int, rid: str) -> str:
     settings = RequestSettings.from_config(fleet.config)
     assert fleet.store.create_request(rid, [Slot(pool, pool, n)], settings, actor="t").ok
-    recorder(fleet).provision_request(rid)
+    recorder(fleet).send(Job.PROVISION_REQUEST, [rid])
     return rid
 
 
@@ -190,7 +191,7 @@ def test_permanent_error_fails_fast_with_the_clouds_message(
     assert cloud.calls["create"] <= 2  # at most once per VM: never retried
     trail = " ".join(e.reason for e in fleet.store.history(rid))
     assert "The image id '[ami-1]' does not exist" in trail
-    app = create_app(fleet.config, redis_url, enqueue=None)
+    app = make_app(fleet.config, redis_url)
     with TestClient(app) as client:
         body = client.get(f"/api/v3/ondemandvm/{rid}").json()
     assert "InvalidAMIID.NotFound" in body["reason"] and body["ready"] is False
@@ -210,7 +211,7 @@ def test_circuit_opens_holds_creates_and_closes(cloud_fleet: Any, redis_url: str
     trail = " ".join(e.reason for e in fleet.store.history("r-circuit"))
     assert "circuit open for 60s" in trail
 
-    app = create_app(fleet.config, redis_url, enqueue=None)
+    app = make_app(fleet.config, redis_url)
     with TestClient(app) as client:
         status = client.get("/api/v3/status").json()["providers"]["aws"]
         metrics = client.get("/metrics").text

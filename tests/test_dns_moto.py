@@ -14,7 +14,8 @@ import pytest
 import redis
 
 from vmpool import lifecycle
-from vmpool.config import parse_config
+from vmpool.config import parse_config, public_form
+from vmpool.ids import Job
 from vmpool.lifecycle import Fleet, RecordingDispatcher
 from vmpool.state.names import NameGenerator
 from vmpool.state.records import RequestSettings, Slot
@@ -70,13 +71,13 @@ def test_a_pools_vms_get_and_lose_their_dns_records(
         ],
     }  # fmt: skip
     cfg = parse_config(data, source="test", env={})
-    assert cfg.to_public_dict()["pools"][0]["provider_options"]["dns"]["secret"] == "***"
+    assert public_form(cfg)["pools"][0]["provider_options"]["dns"]["secret"] == "***"
     fleet = Fleet.build(redis_client, cfg, RecordingDispatcher(), "worker:test")
     fleet.names = NameGenerator("", random.Random(17))
     settings = RequestSettings.from_config(cfg)
     for rid, pool in (("r-named", "named"), ("r-nozone", "nozone")):
         assert fleet.store.create_request(rid, [Slot(pool, pool, 1)], settings, actor="t").ok
-        fleet.dispatch.provision_request(rid)
+        fleet.dispatch.send(Job.PROVISION_REQUEST, [rid])
     run(fleet)
 
     record = fleet.store.get_request("r-named")

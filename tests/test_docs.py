@@ -1,5 +1,6 @@
-"""The project is self-contained: its README, docs, manifests, code and every `--help`
-text point only inside the repository, and every relative link in the docs resolves.
+"""The project is self-contained: its README, changelog, docs, manifests, code and every
+`--help` text point only inside the repository, and every relative link in the docs
+resolves.
 
 A newcomer on a fresh clone has only the repository: a reference to a file outside it
 (``../shared/...``, a path on the machine it was written on, a contract kept elsewhere)
@@ -27,7 +28,7 @@ LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 
 
 def _files() -> list[Path]:
-    found = [ROOT / "README.md", ROOT / "Dockerfile", ROOT / "Makefile"]
+    found = [ROOT / "README.md", ROOT / "CHANGELOG.md", ROOT / "Dockerfile", ROOT / "Makefile"]
     found += sorted((ROOT / "docs").rglob("*.md"))
     for folder, patterns in (
         ("deploy", ("*.yaml", "*.yml", "*.json")),
@@ -73,7 +74,9 @@ def test_no_help_text_points_outside_the_repository() -> None:
 
 
 @pytest.mark.parametrize(
-    "doc", [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))], ids=lambda p: p.name
+    "doc",
+    [ROOT / "README.md", ROOT / "CHANGELOG.md", *sorted((ROOT / "docs").glob("*.md"))],
+    ids=lambda p: p.name,
 )
 def test_every_relative_link_resolves(doc: Path) -> None:
     text = doc.read_text()

@@ -12,6 +12,7 @@ from pydantic import BaseModel
 from vmpool.config import vmpooler_keys
 from vmpool.config.keys_doc import keys_markdown
 from vmpool.config.settings import AuthSection, ConfigSection, PoolSection, RedisSection, Schedule
+from vmpool.config.vmpooler_limits import LIMITS
 from vmpool.providers.registry import PROVIDER_CLASSES
 
 PAGE = Path(__file__).resolve().parent.parent / "docs" / "migrating-from-vmpooler.md"
@@ -43,6 +44,7 @@ def test_every_key_vmpool_knows_is_on_the_page() -> None:
         vmpooler_keys.AUTH_IGNORED,
         vmpooler_keys.CONFIG_REMOVED,
         vmpooler_keys.SCHEDULE_KEY_ALIASES,
+        LIMITS,
     )
     variables = {variable for variable, _, _ in vmpooler_keys.ENVIRONMENT}
     missing = sorted(key for key in known | ignored | variables if f"`{key}`" not in text)

@@ -31,10 +31,8 @@ import pytest
 import redis
 from aof_tail import NEEDS, build_shim, cut_to_fsynced, preload_env
 from click.testing import CliRunner
-from fastapi.testclient import TestClient
 from sentinelhelp import HOST, Node, wait_for
 
-from vmpool.api.app import RedisClients, create_app
 from vmpool.cli.main import cli
 from vmpool.config import default_redis_options
 from vmpool.local.redis_server import free_port
@@ -150,11 +148,8 @@ def test_a_write_that_cannot_be_confirmed_is_a_503_naming_the_request_id(
     is 409 with the id: still one request. A GET of an id that does not exist is 503
     too: a 404 from a primary that cannot confirm may be taken back by a failover."""
     primary, replica = primary_and_replica
-    app = create_app(
-        spec_config(), RedisClients.from_url(url_of(primary), options("replicas", 0.5)),
-        enqueue=None,
-    )  # fmt: skip
-    c = TestClient(app, raise_server_exceptions=False)
+    config = dataclasses.replace(spec_config(), redis_options=options("replicas", 0.5))
+    c, _ = make_client(config, url_of(primary))
     assert c.post(f"{API}/ondemandvm", json={"pool3": 1}).status_code == 201
     rid = str(uuid.uuid4())
     assert replica.pid is not None

@@ -14,8 +14,8 @@ import redis
 from fastapi.testclient import TestClient
 
 from vmpool import lifecycle
-from vmpool.api.app import create_app
 from vmpool.config import parse_config
+from vmpool.ids import Job
 from vmpool.lifecycle import Fleet, RecordingDispatcher
 from vmpool.providers import PermanentProviderError
 from vmpool.providers.cloud import EC2Provider
@@ -23,6 +23,7 @@ from vmpool.state.keys import Keys
 from vmpool.state.names import NameGenerator
 from vmpool.state.records import RequestSettings, Slot
 
+from apihelp import make_app
 from motohelp import MotoServer, boto_ec2
 
 pytestmark = pytest.mark.slow
@@ -91,14 +92,14 @@ def test_a_missing_ami_fails_the_request_fast_with_invalid_ami_id(
     settings = RequestSettings.from_config(cfg)
     assert fleet.store.create_request("r-gone", [Slot("gone", "gone", 1)], settings,
                                       actor="t").ok  # fmt: skip
-    fleet.dispatch.provision_request("r-gone")
+    fleet.dispatch.send(Job.PROVISION_REQUEST, ["r-gone"])
     outcomes: list[Any] = []
     dispatch = fleet.dispatch
     assert isinstance(dispatch, RecordingDispatcher)
     while calls := dispatch.take():
         outcomes += [(job, getattr(lifecycle, job)(fleet, subject)) for job, subject in calls]
     assert ("create_vm", "request_failed") in outcomes  # the first create, no retry
-    with TestClient(create_app(cfg, redis_url, enqueue=None)) as client:
+    with TestClient(make_app(cfg, redis_url)) as client:
         body = client.get("/api/v3/ondemandvm/r-gone").json()
     assert body["ready"] is False and "InvalidAMIID" in body["reason"]
     assert "ami-00000000deadbeef" in body["reason"]

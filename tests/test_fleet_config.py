@@ -19,12 +19,9 @@ from click.testing import CliRunner, Result
 
 from vmpool.cli.main import cli
 from vmpool.config import Config, demo_config, load_config
-from vmpool.config.published import (
-    config_from_form,
-    public_form,
-    publish_config,
-    read_published,
-)
+from vmpool.config.public import config_from_form, public_form
+from vmpool.config.published import publish_config, read_published
+from vmpool.config.settings import AuthSection, ConfigSection, PoolSection, RedisSection
 from vmpool.state.keys import Keys
 
 FLEET = """\
@@ -150,7 +147,63 @@ def test_audit_of_a_fleet_whose_provider_needs_its_secrets_asks_for_the_file(
     assert "provider aws needs them" in result.stderr and "pass --config" in result.stderr
 
 
-def test_nothing_published_is_the_demo_config(redis_url: str, redis_client: redis.Redis) -> None:
+def test_nothing_published_is_the_demo_config_and_says_so(
+    redis_url: str, redis_client: redis.Redis
+) -> None:
+    """Proves: a Redis URL that reaches a Redis with no fleet on it runs the command with
+    the demo config, and a warning on stderr says so (it was silent: the demo's pools
+    passed for the fleet's)."""
     result = run("pools", "--json", "--redis-url", redis_url)
     assert result.exit_code == 0, result.output
     assert [row["pool"] for row in json.loads(result.stdout)] == list(demo_config().pools)
+    assert result.stderr.startswith("warning: no fleet has published its config at redis://")
+    assert "uses the built-in demo config; pass --config FILE" in result.stderr
+
+
+def test_a_setting_the_publisher_predates_reads_as_its_default(tmp_path: Path) -> None:
+    """Proves: a published form without a setting (its publisher predates the setting)
+    reads back with the settings model's default for it: at the top, in a pool, in auth
+    and in the Redis options. The config published sets each one to another value, so a
+    value carried over from it would show."""
+    text = FLEET.replace(
+        "  vm_lifetime: 3\n",
+        "  vm_lifetime: 3\n  experimental_features: true\n  provider_quota_wait: 45\n",
+    )
+    text = text.replace("domain: example.com, size: 0}", "domain: example.com, size: 0,"
+                        " ondemand_from_ready: false}")  # fmt: skip
+    text = text.replace("  provider: static\n", "  provider: static\n  max_tokens_per_user: 5\n")
+    text = text.replace("  key_prefix: ci\n", "  key_prefix: ci\n  durability_timeout: 3\n")
+    form = json.loads(json.dumps(public_form(_load(tmp_path, text))))
+    assert form["experimental_features"] is True and form["provider_quota_wait_s"] == 45
+    assert form["pools"][0]["ondemand_from_ready"] is False
+    assert form["auth"]["max_tokens_per_user"] == 5
+    assert form["redis_options"]["durability_timeout_s"] == 3
+    for section, key in (
+        (form, "experimental_features"),
+        (form, "provider_quota_wait_s"),
+        (form["pools"][0], "ondemand_from_ready"),
+        (form["auth"], "max_tokens_per_user"),
+        (form["redis_options"], "durability_timeout_s"),
+    ):
+        del section[key]
+    back = config_from_form(form)
+    assert back.experimental_features is ConfigSection().experimental_features is False
+    assert back.provider_quota_wait_s == ConfigSection().provider_quota_wait == 30
+    assert back.pools["fleetpool"].ondemand_from_ready is PoolSection(name="p").ondemand_from_ready
+    assert back.auth is not None
+    assert back.auth.max_tokens_per_user == AuthSection().max_tokens_per_user == 100
+    assert back.redis_options.durability.timeout_s == RedisSection().durability_timeout == 2
+
+
+def test_a_form_of_another_layout_is_refused_in_one_line(
+    redis_url: str, redis_client: redis.Redis
+) -> None:
+    """Proves: a config published by a vmpool whose form has another layout (its format
+    number) is not misread: the command says so in one line and asks for the file."""
+    redis_client.hset(
+        Keys("vmpool").fleet_config, mapping={"format": 1, "config": json.dumps({"pools": {}})}
+    )
+    result = run("pools", "--redis-url", redis_url)
+    assert result.exit_code == 2
+    assert result.stderr.count("\n") == 1 and "Traceback" not in result.output
+    assert "format '1', not 2" in result.stderr and "pass --config" in result.stderr

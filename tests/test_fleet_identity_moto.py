@@ -24,9 +24,11 @@ import redis
 
 from vmpool import lifecycle
 from vmpool.config import Config, parse_config
+from vmpool.ids import Job
 from vmpool.lifecycle import Fleet, RecordingDispatcher
+from vmpool.local.redis_server import RedisServer
 from vmpool.providers.identity import fleet_ids
-from vmpool.state.fleet_identity import fleet_identity
+from vmpool.state.fleet_identity import fleet_identity, read_marks, set_mark
 from vmpool.state.names import NameGenerator
 from vmpool.state.records import RequestSettings, Slot
 
@@ -61,7 +63,7 @@ def ready_request(fleet: Fleet, rid: str) -> str:
     """A request of one VM, run until ready; the VM's name."""
     settings = RequestSettings.from_config(fleet.config)
     assert fleet.store.create_request(rid, [Slot("ubuntu", "ubuntu", 1)], settings, actor="t").ok
-    fleet.dispatch.provision_request(rid)
+    fleet.dispatch.send(Job.PROVISION_REQUEST, [rid])
     for _ in range(20):
         settle(fleet)
         record = fleet.store.get_request(rid)
@@ -145,3 +147,112 @@ def test_one_shared_fleet_id_is_what_destroyed_the_other_install(
     counts = lifecycle.reconcile(second)
     assert counts.get("leaked_destroyed") == 1
     assert vm_a not in {t.get("vmpool-vm") for t in live_instances(moto).values()}
+
+
+@pytest.fixture
+def own_redis() -> Iterator[RedisServer]:
+    """A Redis of the test's own, so that the test can lose its data for real."""
+    server = RedisServer(appendonly=False).start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def lose_data(server: RedisServer) -> RedisServer:
+    """Redis stopped and started again, empty, on the same port (a lost volume, a
+    replica with no data promoted): the clients reconnect to a Redis that knows nothing."""
+    port = server.port
+    server.stop()
+    return RedisServer(port=port, appendonly=False).start()
+
+
+def test_redis_losing_its_data_under_a_running_fleet_destroys_no_vm(
+    moto: MotoServer, own_redis: RedisServer
+) -> None:
+    """Redis loses its data while a worker runs and VMs of the fleet run in the cloud.
+
+    The running fleet keeps creating (a request made after the loss), a process started
+    after the loss joins it, and both reconcile with no grace and sweep the pending VMs
+    several times: no instance is destroyed, the request made after the loss stays
+    ready (not ended as vanished), nothing takes the key prefix as its mark, and the old
+    identity is a lost mark until the operator adopts it (its VMs with no record are
+    then destroyed). On the naive code the running worker's reconcile destroys every VM
+    made before the loss (none has a record any more)."""
+    moto.reset()
+    client: redis.Redis = redis.Redis.from_url(own_redis.url, decode_responses=True)
+    config = install_config(moto)
+    running = build(client, config, 1)
+    before = fleet_identity(client, running.keys)
+    made_before = {ready_request(running, "r-1"), ready_request(running, "r-2")}
+
+    own_redis = lose_data(own_redis)
+    try:
+        made_after = ready_request(running, "r-3")
+        joined = build(client, config, 2)
+        for _ in range(3):
+            for fleet in (running, joined):
+                counts = lifecycle.reconcile(fleet)
+                assert not any(k.endswith("_destroyed") for k in counts), counts
+                settle(fleet)
+                lifecycle.check_pending_sweep(fleet)
+                settle(fleet)
+        live = {t["vmpool-vm"]: t["vmpool-fleet"] for t in live_instances(moto).values()}
+        assert made_before | {made_after} <= set(live), live
+        assert {live[name] for name in made_before} == {before}
+        record = joined.store.get_request("r-3")
+        assert record is not None and record.status == "ready"
+        assert running.keys.prefix not in fleet_ids(client, joined.keys, config.providers).values()
+        marks = read_marks(client, joined.keys)
+        assert marks is not None and marks.lost == (before,)
+        assert live[made_after] == marks.identity != before
+
+        # The operator's word: the old mark is the fleet's again, its VMs with no record
+        # are leaks; the one made after the loss has its record and stays.
+        assert set_mark(client, running.keys, "adopt", before) == "adopted"
+        assert lifecycle.reconcile(joined) == {"leaked_destroyed": 2}
+        assert {t["vmpool-vm"] for t in live_instances(moto).values()} == {made_after}
+    finally:
+        own_redis.stop()
+
+
+@pytest.mark.parametrize("kept", ["none", "prefix"])
+def test_two_upgraded_installs_keep_apart(
+    moto: MotoServer, redis_client: redis.Redis, second_redis: redis.Redis, kept: str
+) -> None:
+    """Two installs upgraded from a version that marked its VMs with the key prefix share
+    an account: both have the default prefix, so all their VMs carry
+    ``vmpool-fleet=vmpool``, and each Redis holds the records of its own. ``kept``: what
+    the Redis holds as identity after the upgrade: none (the version before identities)
+    or the prefix (what an upgrade rule of the next version wrote).
+
+    After the upgrade each install keeps its own VMs (requests ready, their VMs not
+    vanished) and neither destroys the other's, over several reconcile rounds with no
+    grace; new VMs get a mark of their own. On the naive code both took the prefix as
+    their identity and the first reconcile destroyed the other install's VM."""
+    moto.reset()
+    older = install_config(moto, fleet_id="vmpool")
+    first, second = build(redis_client, older, 1), build(second_redis, older, 2)
+    vm_a, vm_b = ready_request(first, "r-first"), ready_request(second, "r-second")
+    for client in (redis_client, second_redis):
+        if kept == "prefix":
+            client.set(first.keys.fleet_identity(), first.keys.prefix)
+        else:
+            client.delete(first.keys.fleet_identity())
+
+    config = install_config(moto)
+    first, second = build(redis_client, config, 3), build(second_redis, config, 4)
+    for _ in range(3):
+        for fleet in (first, second):
+            counts = lifecycle.reconcile(fleet)
+            assert not any(k.endswith("_destroyed") for k in counts), counts
+            settle(fleet)
+            lifecycle.check_pending_sweep(fleet)
+            settle(fleet)
+    assert {t["vmpool-vm"] for t in live_instances(moto).values()} == {vm_a, vm_b}
+    for fleet, rid in ((first, "r-first"), (second, "r-second")):
+        record = fleet.store.get_request(rid)
+        assert record is not None and record.status == "ready"
+    vm_c = ready_request(first, "r-third")
+    tags = {t["vmpool-vm"]: t["vmpool-fleet"] for t in live_instances(moto).values()}
+    assert tags[vm_c] == fleet_identity(redis_client, first.keys) != first.keys.prefix

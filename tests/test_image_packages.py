@@ -274,6 +274,7 @@ def _run_child(allowed: set[str], modules: dict[str, list[str]]) -> dict[str, An
     return dict(json.loads(proc.stdout.strip().splitlines()[-1]))
 
 
+@pytest.mark.slow
 def test_the_locked_package_set_imports_every_registered_provider() -> None:
     pins = locked()
     top_dists = importlib.metadata.packages_distributions()
@@ -303,6 +304,7 @@ def test_the_locked_package_set_imports_every_registered_provider() -> None:
                 )
 
 
+@pytest.mark.slow
 def test_the_child_refuses_what_the_lock_lacks() -> None:
     """The check can fail: with libcloud's distribution left out, every cloud provider
     is reported and the simulated one is not."""

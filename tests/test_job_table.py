@@ -14,6 +14,7 @@ from pathlib import Path
 import workers.jobs
 from vmpool import lifecycle
 from vmpool.config import Schedule
+from vmpool.ids import Job
 from workers.table import JOBS, PERIODIC, jobs_markdown, lookup
 
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "architecture.md"
@@ -29,6 +30,12 @@ def test_each_job_is_one_name_in_workers_and_lifecycle() -> None:
     for name, spec in JOBS.items():
         assert spec.func == f"workers.jobs.{name}"
         assert callable(getattr(lifecycle, name)), name
+
+
+def test_the_table_has_one_row_per_job_name_in_its_order() -> None:
+    """Job (vmpool.ids) names the jobs, the table holds the rest of their facts."""
+    assert list(JOBS) == list(Job)
+    assert all(type(spec.name) is Job for spec in JOBS.values())
 
 
 def test_periodic_jobs_are_exactly_the_schedule_settings() -> None:

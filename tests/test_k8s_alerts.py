@@ -77,6 +77,7 @@ def promtool(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(["promtool", *args], cwd=cwd, capture_output=True, text=True, timeout=120)
 
 
+@pytest.mark.slow
 @needs_promtool
 def test_rules_pass_promtool_check_and_unit_tests(tmp_path: Path) -> None:
     write_rule_file(rule_groups(), tmp_path)

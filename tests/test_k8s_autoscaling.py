@@ -199,8 +199,9 @@ def test_a_burst_on_one_worker_makes_keda_wish_for_several(
 ) -> None:
     from fastapi.testclient import TestClient
 
-    from vmpool.api.app import create_app
     from vmpool.config import load_config
+
+    from apihelp import make_app
 
     spec = scaled_object()
     queue_triggers = [t for t in spec["triggers"] if t["metadata"]["listName"].startswith("rq:")]
@@ -216,7 +217,7 @@ def test_a_burst_on_one_worker_makes_keda_wish_for_several(
         queue_counts = counts[: len(queue_triggers)]
         wishes.append((keda_wish(spec, counts, 1), keda_wish(queues_only, queue_counts, 1)))
 
-    with TestClient(create_app(config, redis_url)) as api:
+    with TestClient(make_app(config, redis_url)) as api:
         ids = []
         for _ in range(BURST_REQUESTS):
             reply = api.post("/api/v3/ondemandvm", json={"deb": VMS_PER_REQUEST})

@@ -104,6 +104,8 @@ ALERTS = {
     "VmpoolCloneSlotsSaturated",
     "VmpoolWorkersSaturated",
     "VmpoolProviderCircuitOpen",
+    "VmpoolFleetMarkLost",
+    "VmpoolPoolCreatesFailing",
 }
 
 # Metrics the alerts name that another part of the work is adding to /metrics (Redis'
@@ -414,6 +416,7 @@ def _is_custom(obj: dict[str, Any]) -> bool:
     return "." in group and not group.endswith(".k8s.io")
 
 
+@pytest.mark.slow
 def test_every_object_validates_strictly(monkeypatch: pytest.MonkeyPatch) -> None:
     try:
         import kubernetes_validate
@@ -636,6 +639,7 @@ def test_replicas_and_commands_of_each_process() -> None:
         )
 
 
+@pytest.mark.slow
 def test_generated_config_passes_config_check(tmp_path: Path) -> None:
     for target in COMPLETE:
         if target == SENTINEL_SITE and not sentinel_urls_landed():
@@ -690,8 +694,9 @@ def test_api_probes_and_ports_exist(redis_url: str, redis_client: Any, tmp_path:
     a real Redis behind it), on the port the pods declare."""
     from fastapi.testclient import TestClient
 
-    from vmpool.api.app import create_app
     from vmpool.config import load_config
+
+    from apihelp import make_app
 
     base = render("base")
     config = load_config(rendered_config(base, tmp_path), env={})
@@ -721,7 +726,7 @@ def test_api_probes_and_ports_exist(redis_url: str, redis_client: Any, tmp_path:
         dash_port = int(args[args.index("--port") + 1])
         assert [p["containerPort"] for p in dashboard["ports"]] == [dash_port]
     assert paths == {"/healthz", "/readyz", "/metrics"}
-    with TestClient(create_app(config, redis_url)) as client:
+    with TestClient(make_app(config, redis_url)) as client:
         for path in sorted(paths):
             response = client.get(path)
             assert response.status_code == 200, (
@@ -1071,9 +1076,10 @@ def _scrape(redis_url: str, tmp_path: Path) -> dict[str, set[str]]:
     from fastapi.testclient import TestClient
     from prometheus_client.parser import text_string_to_metric_families
 
-    from vmpool.api.app import create_app
     from vmpool.cli.audit import audit_command
     from vmpool.config import load_config
+
+    from apihelp import make_app
 
     objs = render(SITE)
     path = rendered_config(objs, tmp_path)
@@ -1092,7 +1098,7 @@ def _scrape(redis_url: str, tmp_path: Path) -> dict[str, set[str]]:
             timeout=120,
         )
         assert proc.returncode == 0, proc.stdout + proc.stderr
-    with TestClient(create_app(config, redis_url)) as client:
+    with TestClient(make_app(config, redis_url)) as client:
         response = client.get("/metrics")
     assert response.status_code == 200
     exported: dict[str, set[str]] = {}
@@ -1293,7 +1299,9 @@ def test_redis_sentinel() -> None:
     """components/redis-sentinel on overlays/prod: three Redis pods with a Sentinel each
     (Redis keeps redis.conf's durability: the same ConfigMap), no Service that would
     spread clients over replicas, vmpool's URL naming every sentinel pod, KEDA's
-    triggers through the sentinels' Service and master name, the start scripts valid sh."""
+    triggers through the sentinels' Service and master name, the start scripts valid sh
+    (run for real by tests/test_redis_sentinel_start.py), min-replicas-to-write set, the
+    pods started together."""
     objs = render(SENTINEL_SITE)
     redis = named(objs, "StatefulSet", "vmpool-redis")
     assert redis["spec"]["replicas"] == 3
@@ -1305,8 +1313,27 @@ def test_redis_sentinel() -> None:
     start_redis = scripts["start-redis.sh"]
     assert by_name["redis"]["command"] == ["sh", "/scripts/start-redis.sh"]
     assert by_name["sentinel"]["command"] == ["sh", "/scripts/start-sentinel.sh"]
-    assert 'exec redis-server "$@"' in start_redis
-    assert 'set -- /etc/redis/redis.conf --requirepass "${REDIS_PASSWORD}"' in start_redis
+    assert 'exec "${REDIS_SERVER:-redis-server}" "$@"' in start_redis
+    assert 'set -- "${REDIS_CONF:-/etc/redis/redis.conf}" --requirepass "${REDIS_PASSWORD}"' in (
+        start_redis
+    )
+    # a primary refuses writes without a replica (docs/operations.md recommends it)
+    assert '--min-replicas-to-write "${MIN_REPLICAS_TO_WRITE:-1}"' in start_redis
+    # the scripts' defaults name the pods as the StatefulSet does (tests/
+    # test_redis_sentinel_start.py runs them with the addresses given instead): one
+    # file of addresses, sourced by both from the same ConfigMap
+    addresses = scripts["addresses.sh"]
+    assert 'set_name="${STATEFULSET_NAME:-vmpool-redis}"' in addresses
+    assert 'domain="${set_name}-headless.' in addresses
+    assert '"${REDIS_PODS:-3}"' in addresses
+    for name in ("start-redis.sh", "start-sentinel.sh"):
+        assert '. "$(dirname "$0")/addresses.sh"' in scripts[name]
+    assert redis["metadata"]["name"] == "vmpool-redis"
+    assert redis["spec"]["serviceName"] == "vmpool-redis-headless"
+    # the pods start together: an empty one waits for the others, which OrderedReady
+    # would keep from starting
+    assert redis["spec"]["podManagementPolicy"] == "Parallel"
+    assert by_name["redis"]["startupProbe"]["failureThreshold"] >= 60
     mounts = {m["mountPath"]: m["name"] for m in by_name["redis"]["volumeMounts"]}
     conf = named(
         objs,

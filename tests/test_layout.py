@@ -10,14 +10,20 @@ What this proves, for every module of ``vmpool/`` and ``workers/``:
 - no module is over :data:`MAX_MODULE_LINES` lines and no function over
   :data:`MAX_FUNCTION_LINES` (docstring included), except the few listed in
   :data:`ALLOWED`, each with its reason.
-- no ``.py`` or ``.lua`` file tells history ("issue 15", "session 4": that goes in commit
-  messages and docs).
+- no ``.py`` or ``.lua`` file tells history ("issue 15", "session 4"), and neither does
+  README.md or a page of ``docs/``: history goes in commit messages and CHANGELOG.md.
+- no module but the RQ adapter (``workers/rqcompat.py``) uses a private name of RQ or
+  rq-scheduler: imports an underscore name from them, reaches an underscore attribute
+  RQ defines on anything but its own ``self`` (a class that is no RQ class), or
+  overrides one in a subclass of an RQ class. RQ's names are read from its installed
+  source, not imported.
 The checker itself is tested on small made-up trees, so that each check can fail.
 """
 
 from __future__ import annotations
 
 import ast
+import importlib.metadata
 import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -47,12 +53,19 @@ LAYERS: Mapping[str, int] = {
 SIBLINGS_APART = frozenset({("vmpool.api", "vmpool.local"), ("vmpool.local", "vmpool.api")})
 
 # "path" or "path:function" -> why it may stay over the limit.
-ALLOWED: Mapping[str, str] = {}
+ALLOWED: Mapping[str, str] = {
+    "vmpool/state/keys.py": (
+        "the whole Redis key schema, one method and one layout line per key: its one home"
+        " (split, a key's spelling would have two)"
+    ),
+}
 
 
-# A reference to the project's history in code.
+# A reference to the project's history in code or docs.
 # (A reference may break across lines, a comment marker between its words.)
 HISTORY_RE = re.compile(r"\b(?:[Ii]ssues?|[Ss]essions?)\s+(?:(?:#|--)\s*)?\d+\b")
+# The one file where the project's history belongs.
+CHANGELOG = "CHANGELOG.md"
 
 
 @dataclass(frozen=True)
@@ -184,20 +197,153 @@ def oversized(
     return problems
 
 
+def _history_in(root: Path, paths: list[Path]) -> list[str]:
+    """``<path>:<line>: <text>`` for each history reference in ``paths``."""
+    found: list[str] = []
+    for path in paths:
+        rel = path.relative_to(root).as_posix()
+        text = path.read_text(encoding="utf-8")
+        lines = text.splitlines()
+        for match in HISTORY_RE.finditer(text):
+            number = text.count("\n", 0, match.start()) + 1
+            found.append(f"{rel}:{number}: {lines[number - 1].strip()}")
+    return found
+
+
 def history_references(root: Path, packages: tuple[str, ...] = PACKAGES) -> list[str]:
     """``<path>:<line>: <text>`` for each history reference in the packages' source."""
-    found: list[str] = []
-    for package in packages:
-        for path in sorted((root / package).rglob("*")):
-            if path.suffix not in (".py", ".lua"):
-                continue
-            rel = path.relative_to(root).as_posix()
-            text = path.read_text(encoding="utf-8")
-            lines = text.splitlines()
-            for match in HISTORY_RE.finditer(text):
-                number = text.count("\n", 0, match.start()) + 1
-                found.append(f"{rel}:{number}: {lines[number - 1].strip()}")
-    return found
+    paths = [
+        path
+        for package in packages
+        for path in sorted((root / package).rglob("*"))
+        if path.suffix in (".py", ".lua")
+    ]
+    return _history_in(root, paths)
+
+
+def doc_history_references(root: Path) -> list[str]:
+    """``<path>:<line>: <text>`` for each history reference in README.md and docs/
+    (CHANGELOG.md, at the root, is where history goes and is not read)."""
+    paths = [root / "README.md", *sorted((root / "docs").rglob("*.md"))]
+    return _history_in(root, [path for path in paths if path.is_file()])
+
+
+# -- RQ's private names -----------------------------------------------------------------
+# The one module that may use them.
+RQ_ADAPTER = "workers.rqcompat"
+# RQ's distributions and the package each installs.
+RQ_PACKAGES: Mapping[str, str] = {"rq": "rq", "rq-scheduler": "rq_scheduler"}
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def rq_private_names() -> frozenset[str]:
+    """Every underscore name RQ and rq-scheduler define or assign, from their source."""
+    names: set[str] = set()
+    for distribution, package in RQ_PACKAGES.items():
+        root = Path(str(importlib.metadata.distribution(distribution).locate_file(package)))
+        for path in root.rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+                    names.add(node.name)
+                elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+                    names.add(node.attr)
+                elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+                    names.add(node.id)
+    return frozenset(name for name in names if _private(name))
+
+
+def _from_rq(module: str | None) -> bool:
+    return module is not None and module.split(".")[0] in RQ_PACKAGES.values()
+
+
+def _rq_classes(modules: Mapping[str, Module]) -> set[str]:
+    """The project's classes (by name) derived from a class of RQ, directly or not."""
+    found: set[str] = set()
+    while True:
+        before = len(found)
+        for module in modules.values():
+            rq_names = set()
+            for node in ast.walk(module.tree):
+                if isinstance(node, ast.ImportFrom) and _from_rq(node.module):
+                    rq_names.update(alias.asname or alias.name for alias in node.names)
+                elif isinstance(node, ast.Import):
+                    rq_names.update(a.asname or a.name for a in node.names if _from_rq(a.name))
+            for node in ast.walk(module.tree):
+                if isinstance(node, ast.ClassDef) and any(
+                    _root_name(base) in rq_names | found for base in node.bases
+                ):
+                    found.add(node.name)
+        if len(found) == before:
+            return found
+
+
+def _root_name(node: ast.expr) -> str:
+    while isinstance(node, ast.Attribute):
+        node = node.value
+    return node.id if isinstance(node, ast.Name) else ""
+
+
+class _PrivateUses(ast.NodeVisitor):
+    """The uses of RQ's private names in one module (see :func:`rq_private_uses`)."""
+
+    def __init__(self, rq_private: frozenset[str], rq_classes: set[str]) -> None:
+        self.rq_private, self.rq_classes = rq_private, rq_classes
+        self.classes: list[bool] = []  # per enclosing class: is it an RQ class?
+        self.found: list[tuple[int, str]] = []
+
+    def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
+        for alias in node.names if _from_rq(node.module) else ():
+            if _private(alias.name) or any(map(_private, str(node.module).split("."))):
+                self.found.append((node.lineno, f"imports {node.module}.{alias.name}"))
+
+    def visit_Import(self, node: ast.Import) -> None:
+        for alias in node.names:
+            if _from_rq(alias.name) and any(map(_private, alias.name.split("."))):
+                self.found.append((node.lineno, f"imports {alias.name}"))
+
+    def visit_ClassDef(self, node: ast.ClassDef) -> None:
+        is_rq = node.name in self.rq_classes
+        for stmt in node.body if is_rq else ():
+            targets = [stmt] if isinstance(stmt, ast.FunctionDef | ast.AsyncFunctionDef) else []
+            names = [t.name for t in targets]
+            if isinstance(stmt, ast.Assign | ast.AnnAssign):
+                aims = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
+                names += [aim.id for aim in aims if isinstance(aim, ast.Name)]
+            for name in names:
+                if name in self.rq_private:
+                    self.found.append((stmt.lineno, f"overrides {node.name}.{name}"))
+        self.classes.append(is_rq)
+        self.generic_visit(node)
+        self.classes.pop()
+
+    def visit_Attribute(self, node: ast.Attribute) -> None:
+        own = (
+            isinstance(node.value, ast.Name)
+            and node.value.id in ("self", "cls")
+            and bool(self.classes)
+            and not self.classes[-1]
+        )
+        if node.attr in self.rq_private and not own:
+            self.found.append((node.lineno, f"reaches .{node.attr}"))
+        self.generic_visit(node)
+
+
+def rq_private_uses(
+    modules: Mapping[str, Module], rq_private: frozenset[str], adapter: str = RQ_ADAPTER
+) -> list[str]:
+    """``<module>:<line>: <what>`` for each use of a private RQ name outside ``adapter``."""
+    rq_classes = _rq_classes(modules)
+    problems: list[str] = []
+    for module in modules.values():
+        if module.name == adapter:
+            continue
+        uses = _PrivateUses(rq_private, rq_classes)
+        uses.visit(module.tree)
+        problems += [f"{module.name}:{line}: {what}" for line, what in sorted(uses.found)]
+    return problems
 
 
 # -- the project ------------------------------------------------------------------------
@@ -226,8 +372,21 @@ def test_allow_list_names_real_oversized_things(project: dict[str, Module]) -> N
 
 
 def test_no_history_in_code() -> None:
-    """No issue or session number in vmpool/ or workers/: history lives in git and docs."""
+    """No issue or session number in vmpool/ or workers/: history lives in git and
+    CHANGELOG.md."""
     assert history_references(ROOT) == []
+
+
+def test_no_history_in_docs() -> None:
+    """No issue or session number in README.md or docs/: they describe the product as it
+    is; its history is CHANGELOG.md's."""
+    assert (ROOT / CHANGELOG).is_file()
+    assert doc_history_references(ROOT) == []
+
+
+def test_rqs_private_names_are_used_by_the_adapter_alone(project: dict[str, Module]) -> None:
+    assert RQ_ADAPTER in project
+    assert rq_private_uses(project, rq_private_names()) == []
 
 
 def test_the_domain_never_imports_workers_api_or_cli(project: dict[str, Module]) -> None:
@@ -320,4 +479,58 @@ def test_checker_finds_history_in_python_and_lua(tmp_path: Path) -> None:
         "vmpool/a.py:1: x = 1  # issue 15: batched",
         "workers/b.lua:1: -- Session 4 measured this (issue",
         "workers/b.lua:1: -- Session 4 measured this (issue",
+    ]
+
+
+def test_checker_finds_history_in_readme_and_docs_not_in_the_changelog(tmp_path: Path) -> None:
+    files = {
+        "README.md": "Fast since Session 5.\n",
+        "docs/a.md": "# Batching (issue 15)\n\nthe issue is 3 words\n",
+        "docs/deep/b.md": "see issue\n#21\n",
+        "docs/c.txt": "issue 15\n",
+        CHANGELOG: "## Throughput (issue 15)\n",
+    }
+    _tree(tmp_path, files)
+    assert doc_history_references(tmp_path) == [
+        "README.md:1: Fast since Session 5.",
+        "docs/a.md:1: # Batching (issue 15)",
+        "docs/deep/b.md:1: see issue",
+    ]
+
+
+def test_checker_finds_rqs_private_names_outside_the_adapter(tmp_path: Path) -> None:
+    rq_private = frozenset({"_secret", "_hook"})
+    modules = _tree(
+        tmp_path,
+        {
+            "workers/rqcompat.py": (
+                "from rq.scripts import _secret\n"
+                "from rq.worker import BaseWorker\n"
+                "class Hooks(BaseWorker):\n"
+                "    def hook(self):\n"
+                "        return super()._hook()\n"
+            ),
+            "workers/loop.py": (
+                "from rq.scripts import _secret\n"
+                "import rq._internal\n"
+                "from workers.rqcompat import Hooks\n"
+                "class Loop(Hooks):\n"
+                "    _hook = None\n"
+                "    def _secret(self):\n"
+                "        return self._hook, self._mine\n"
+                "class Own:\n"
+                "    def f(self):\n"
+                "        return self._hook\n"
+                "def g(worker):\n"
+                "    return worker._secret\n"
+            ),
+        },
+    )
+    assert rq_private_uses(modules, rq_private) == [
+        "workers.loop:1: imports rq.scripts._secret",
+        "workers.loop:2: imports rq._internal",
+        "workers.loop:5: overrides Loop._hook",
+        "workers.loop:6: overrides Loop._secret",
+        "workers.loop:7: reaches ._hook",
+        "workers.loop:12: reaches ._secret",
     ]

@@ -27,7 +27,7 @@ from ldaphelp import SERVICE_DN, SERVICE_PW, SUFFIX, Slapd, cleanup, ldap_sectio
 from vmpool.api import deps
 from vmpool.api.ldap_auth import DirectoryUnavailable, ldap_login
 from vmpool.config import ConfigError, LdapConfig, parse_config
-from vmpool.config.published import public_form
+from vmpool.config.public import public_form
 
 from apihelp import make_client
 from processhelp import Output
@@ -120,7 +120,7 @@ def test_no_encryption_key_means_start_tls_never_clear(slapd: Slapd) -> None:
 def test_an_empty_password_never_reaches_the_directory() -> None:
     """Proves: an empty password is refused before any connection (the port here is
     closed: asking would raise DirectoryUnavailable)."""
-    cfg = LdapConfig("127.0.0.1", 1, ("dc=x",), ("uid",), "start_tls", None, None, None, 1.0)
+    cfg = LdapConfig("127.0.0.1", 1, ("dc=x",), ("uid",), "start_tls", None, None, None, 1.0, None)
     assert ldap_login(cfg, "alice", "") is False
 
 
@@ -207,7 +207,7 @@ def test_vmpool_up_with_ldap_auth(slapd: Slapd, tmp_path: Path) -> None:
 def test_an_ldap_config_round_trips_through_the_published_form(tmp_path: Path) -> None:
     """Proves: the fleet's published config (what CLI commands follow) carries the LDAP
     settings, with the service account's password masked."""
-    from vmpool.config.published import config_from_form
+    from vmpool.config.public import config_from_form
 
     account = {":user_dn": SERVICE_DN, ":password": SERVICE_PW}
     auth = {"provider": "ldap", "admins": ["ops", "alice"],

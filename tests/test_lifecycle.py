@@ -13,7 +13,7 @@ import redis
 
 from vmpool import lifecycle
 from vmpool.config import Config
-from vmpool.ids import VM_NAME_RE
+from vmpool.ids import VM_NAME_RE, Job
 from vmpool.lifecycle import Fleet, RecordingDispatcher
 from vmpool.providers import ProviderVM, SimulatedProvider
 from vmpool.state.keys import Keys
@@ -113,7 +113,7 @@ def test_request_of_three_goes_reserved_pending_running_ready(fleet: Fleet) -> N
 
 def test_whole_flow_via_dispatch(fleet: Fleet) -> None:
     create_request(fleet.store, "r1", [Slot("deb", "debian", 3)], fleet.config)
-    fleet.dispatch.provision_request("r1")
+    fleet.dispatch.send(Job.PROVISION_REQUEST, ["r1"])
     run_dispatched(fleet)
     req = fleet.store.get_request("r1")
     assert req is not None and req.status == "ready"
@@ -181,7 +181,7 @@ def test_failed_creates_retry_with_new_names_then_fail_the_request(
     config = make_config({"create_fail_percent": 100}, max_vm_retries=2)
     fleet = make_fleet(redis_client, config)
     create_request(fleet.store, "r1", [Slot("deb", "debian", 1)], config)
-    fleet.dispatch.provision_request("r1")
+    fleet.dispatch.send(Job.PROVISION_REQUEST, ["r1"])
     done = run_dispatched(fleet)
     creates = [(subject, outcome) for job, subject, outcome in done if job == "create_vm"]
     assert [o for _, o in creates] == ["retry", "retry", "request_failed"]
@@ -339,7 +339,7 @@ def test_reap_running_ends_expired_vms_only(fleet: Fleet) -> None:
                    vm_lifetime_s=0.3)  # fmt: skip
     create_request(fleet.store, "long", [Slot("deb", "debian", 1)], fleet.config)
     for rid in ("short", "long"):
-        fleet.dispatch.provision_request(rid)
+        fleet.dispatch.send(Job.PROVISION_REQUEST, [rid])
     run_dispatched(fleet)
     short_vm = fleet.store.request_vms("short")[0]
     long_vm = fleet.store.request_vms("long")[0]
@@ -445,7 +445,7 @@ def test_reconcile_destroys_a_leaked_vm_after_the_grace(redis_client: redis.Redi
     config = make_config(reconcile_grace_s=0.5)
     fleet = make_fleet(redis_client, config)
     create_request(fleet.store, "r1", [Slot("deb", "debian", 1)], config)
-    fleet.dispatch.provision_request("r1")
+    fleet.dispatch.send(Job.PROVISION_REQUEST, ["r1"])
     run_dispatched(fleet)
     sim = provider(fleet)
     sim.leak_vm("debian", "debian-12", "leaked-vm-1")
@@ -536,7 +536,7 @@ def test_running_vms_of_a_removed_pool_are_still_reaped_and_destroyed(
     read only the configured pools' indexes, reap_running found 0 and the VM ran on)."""
     old = make_fleet(redis_client, make_config())
     create_request(old.store, "r1", [Slot("cent", "centos", 1)], old.config, vm_lifetime_s=0.3)
-    old.dispatch.provision_request("r1")
+    old.dispatch.send(Job.PROVISION_REQUEST, ["r1"])
     run_dispatched(old)
     [vm] = old.store.request_vms("r1")
     assert vm.state == "running"

@@ -140,6 +140,7 @@ def test_silent_renewal_death_is_noticed(redis_client: redis.Redis, keys: Keys) 
     assert redis_client.get(key) == "someone-else"
 
 
+@pytest.mark.slow
 def test_auto_renewal_keeps_a_slow_holder(redis_client: redis.Redis, keys: Keys) -> None:
     """Proves: a holder working longer than the expiry keeps its lock (renewal), so a
     second acquirer stays 'busy' and the holder's fence stays current."""
@@ -158,6 +159,7 @@ def test_auto_renewal_keeps_a_slow_holder(redis_client: redis.Redis, keys: Keys)
         lock.ensure_held()
 
 
+@pytest.mark.slow
 def test_blocking_acquire_waits_for_release(redis_client: redis.Redis, keys: Keys) -> None:
     holder = FencedLock(redis_client, keys, "vm", "vm-four", expire_s=60)
     assert holder.acquire()
@@ -181,6 +183,7 @@ def test_fence_of_a_subject_without_record_gets_a_ttl(
     assert 0 < ttl <= 30_000
 
 
+@pytest.mark.slow
 def test_error_after_grant_leaves_no_renewed_lease(
     redis_client: redis.Redis, keys: Keys, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -25,7 +25,7 @@ from vmpool.config import Config, ConfigError, load_config, parse_config
 from vmpool.state.keys import Keys
 from vmpool.state.tokens import TokenStore, token_sha256
 
-from apihelp import API, PASSWORD, PASSWORD_HASH, make_client, spec_config
+from apihelp import API, PASSWORD, PASSWORD_HASH, make_app, make_client, spec_config
 
 
 def basic(user: str, password: str) -> dict[str, str]:
@@ -221,20 +221,16 @@ def test_no_auth_section_is_still_auth_off(tmp_path: Path) -> None:
 def test_status_says_auth_is_off_on_an_exposed_address(
     redis_url: str, redis_client: redis.Redis
 ) -> None:
-    from vmpool.api.app import RedisClients, create_app
-
     cfg = spec_config()
     for host, warned in [("0.0.0.0", True), ("::", True), ("127.0.0.1", False), (None, False)]:
-        app = create_app(cfg, RedisClients.from_url(redis_url), enqueue=None, listen_host=host)
+        app = make_app(cfg, redis_url, listen_host=host)
         body = TestClient(app).get(f"{API}/status").json()
         assert body["auth"] == "off"
         assert body["status"]["ok"] is True and "pools" in body  # vmpooler's keys stay
         assert ("warnings" in body) is warned
         if warned:
             assert "auth is off" in body["warnings"][0]
-    on = create_app(
-        spec_config(auth=True), RedisClients.from_url(redis_url), enqueue=None, listen_host="::"
-    )
+    on = make_app(spec_config(auth=True), redis_url, listen_host="::")
     body = TestClient(on).get(f"{API}/status").json()
     assert body["auth"] == "on" and "warnings" not in body
 

@@ -17,7 +17,7 @@ import pytest
 import redis
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 
-from vmpool.config import ConfigError, parse_config
+from vmpool.config import ConfigError, parse_config, public_form
 from vmpool.providers import providers_from_config, registry
 from vmpool.providers.simulated import SimulatedOptions, simulated_provider
 from vmpool.state.keys import Keys
@@ -121,5 +121,5 @@ def test_keys_no_class_reads_are_warned_about(placed: None) -> None:
 
 def test_the_public_form_shows_them(placed: None) -> None:
     cfg = parse_config(config({"folder": "ci/p1"}), source="t.yaml", env={})
-    public = cfg.to_public_dict()["pools"][0]
+    public = public_form(cfg)["pools"][0]
     assert public["provider_options"]["folder"] == "ci/p1"

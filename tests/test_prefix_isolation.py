@@ -20,6 +20,7 @@ from pathlib import Path
 import redis
 
 from vmpool.config import Config, load_config
+from vmpool.ids import Job
 from vmpool.providers import SimulatedProvider, providers_from_config
 from vmpool.state.audit import audit_state
 from vmpool.state.keys import Keys
@@ -56,7 +57,9 @@ def _request(conn: redis.Redis, config: Config, rid: str) -> None:
     store = Store(conn, keys)
     settings = RequestSettings.from_config(config)
     assert store.create_request(rid, [Slot("debian", "debian", 2)], settings, actor="t").ok
-    RQDispatcher(redis.Redis(connection_pool=conn.connection_pool), keys).provision_request(rid)
+    RQDispatcher(redis.Redis(connection_pool=conn.connection_pool), keys).send(
+        Job.PROVISION_REQUEST, [rid]
+    )
 
 
 def test_two_fleets_in_one_database_share_nothing(
@@ -159,7 +162,7 @@ def test_a_prefix_with_every_allowed_character_works_end_to_end(
     while (rec := store.get_request(rid)) is None or rec.status != "ready":
         assert time.monotonic() < deadline, "not provisioned in time"
         worker.work(burst=True)
-        RQDispatcher(redis.Redis.from_url(redis_url), keys).check_request(rid)
+        RQDispatcher(redis.Redis.from_url(redis_url), keys).send(Job.CHECK_REQUEST, [rid])
 
     providers = providers_from_config(redis_client, keys, config)
     (sim,) = providers.values()
@@ -171,7 +174,7 @@ def test_a_prefix_with_every_allowed_character_works_end_to_end(
     assert audit.exit_code == 0 and "clean" in audit.stdout, audit.output
 
     assert store.delete_request(rid, actor="test").ok
-    RQDispatcher(redis.Redis.from_url(redis_url), keys).destroy_vms(list(rec.vm_names))
+    RQDispatcher(redis.Redis.from_url(redis_url), keys).send(Job.DESTROY_VM, list(rec.vm_names))
     while sim.count() > 0:
         assert time.monotonic() < deadline, "not destroyed in time"
         worker.work(burst=True)

@@ -78,11 +78,11 @@ def vsphere(kind: str, request: pytest.FixtureRequest) -> Iterator[Subject]:
 @pytest.fixture(
     params=[
         "simulated",
-        "ec2-moto",
+        pytest.param("ec2-moto", marks=pytest.mark.slow),  # moto's server
         "ec2-mock",
         "gce-mock",
         "openstack-mock",
-        "vsphere-sim",
+        pytest.param("vsphere-sim", marks=pytest.mark.slow),  # builds and runs vcsim
         "vsphere-fake",
     ]
 )
@@ -361,6 +361,7 @@ def test_ec2_endpoint_and_options_are_checked() -> None:
         GCEProvider(None, Keys("f"), "gce", {"zone": "z"})
 
 
+@pytest.mark.slow
 def test_vmpool_runs_without_libcloud() -> None:
     """The demo needs no `cloud` extra: with libcloud unimportable, the CLI, the API,
     the lifecycle and the provider registry import, and a cloud provider can even be

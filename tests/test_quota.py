@@ -21,14 +21,15 @@ import redis
 from fastapi.testclient import TestClient
 
 from vmpool import lifecycle
-from vmpool.api.app import create_app
 from vmpool.config import Config, parse_config
+from vmpool.ids import Job
 from vmpool.lifecycle import Fleet, RecordingDispatcher
 from vmpool.providers.cloud import EC2Provider
 from vmpool.state.names import NameGenerator
 from vmpool.state.records import RequestSettings, Slot
 
 import cloudfakes
+from apihelp import make_app
 from motohelp import FaultProxy, MotoServer
 
 VCPU_LIMIT = (
@@ -65,7 +66,7 @@ def settle(fleet: Fleet) -> list[tuple[str, str, Any]]:
 def request(fleet: Fleet, rid: str) -> None:
     settings = RequestSettings.from_config(fleet.config)
     assert fleet.store.create_request(rid, [Slot("ubuntu", "ubuntu", 1)], settings, actor="t").ok
-    fleet.dispatch.provision_request(rid)
+    fleet.dispatch.send(Job.PROVISION_REQUEST, [rid])
 
 
 def make_fleet(client: redis.Redis, cfg: Config) -> Fleet:
@@ -125,6 +126,7 @@ def fake_fleet(redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch) -> An
     return fleet, cloud
 
 
+@pytest.mark.slow
 def test_waiting_vms_are_not_asked_for_and_the_ttl_names_the_quota(
     fake_fleet: Any, redis_url: str
 ) -> None:
@@ -142,7 +144,7 @@ def test_waiting_vms_are_not_asked_for_and_the_ttl_names_the_quota(
     (waiting,) = fleet.store.request_vms("r-wait")
     assert waiting.state == "reserved" and "VcpuLimitExceeded" in waiting.error
 
-    with TestClient(create_app(fleet.config, redis_url, enqueue=None)) as client:
+    with TestClient(make_app(fleet.config, redis_url)) as client:
         status = client.get("/api/v3/status").json()["providers"]["aws"]
         assert status["quota"] == "held" and status["quota_held_total"] == 1
         assert "VcpuLimitExceeded" in status["quota_error"]

@@ -17,6 +17,7 @@ import redis
 
 from vmpool import lifecycle
 from vmpool.config import parse_config
+from vmpool.ids import Job
 from vmpool.lifecycle import Fleet, RecordingDispatcher
 from vmpool.providers.cloud import EC2Provider, common
 from vmpool.state.names import NameGenerator
@@ -59,7 +60,7 @@ def settle(fleet: Fleet) -> None:
 def ready(fleet: Fleet, rid: str, n: int = 1) -> None:
     settings = RequestSettings.from_config(fleet.config)
     assert fleet.store.create_request(rid, [Slot("p", "p", n)], settings, actor="t").ok
-    fleet.dispatch.provision_request(rid)
+    fleet.dispatch.send(Job.PROVISION_REQUEST, [rid])
     for _ in range(5):
         settle(fleet)
         lifecycle.check_pending_sweep(fleet)

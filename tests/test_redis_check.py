@@ -113,6 +113,7 @@ def test_strict_refuses_to_start_in_one_line(bad_url: str, command: list[str]) -
     assert "Traceback" not in result.output
 
 
+@pytest.mark.slow
 def test_without_strict_a_worker_warns_and_runs(
     bad_url: str, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -128,6 +128,7 @@ def test_rq_dashboard_gets_the_url_it_reads_and_the_sentinel_password_apart() ->
     assert dashboard_redis_env("redis://h:1/0") == {"RQ_DASHBOARD_REDIS_URL": "redis://h:1/0"}
 
 
+@pytest.mark.slow
 def test_a_frozen_connection_is_left_within_the_socket_timeout(redis_url: str) -> None:
     """Every connection open now (three in the pool) freezes for good (a node gone
     without a word) while new ones work: the client's next command gives up on its

@@ -16,6 +16,7 @@ What these prove, each against a real Redis:
 
 from __future__ import annotations
 
+import pickle
 import re
 from itertools import pairwise
 from pathlib import Path
@@ -276,11 +277,10 @@ def test_a_job_of_a_newer_version_is_left_alone(
     clock = Clock(1000.0)
     s = FleetScheduler(conn, K, clock=clock, interval=1.0, seed=1)
     future = "schedule-" + "future_sweep"
-    template = s._create_job(
+    template = s.create_template(
         "workers.jobs.noop",
-        id=future,
-        commit=False,
-        result_ttl=-1,
+        future,
+        description="",
         meta={"vmpool_job": "future_sweep", "vmpool_interval": 3.0},
     )
     template.save()
@@ -294,3 +294,17 @@ def test_a_job_of_a_newer_version_is_left_alone(
     assert sum("future_sweep" in r.getMessage() for r in caplog.records) == 1
     # it is not due for this replica: the sleep is a tick, not a busy loop on it
     assert s.seconds_to_next_tick() >= 1.0
+
+
+def test_a_template_names_its_job_in_plain_text(conn: redis.Redis, tmp_path: Path) -> None:
+    """The job's name in a template's meta (which RQ pickles) is a str, not the Job enum:
+    the hash stays what it was, and a release without vmpool.ids.Job (a rolling upgrade)
+    still reads it (red when install stored the Job member itself)."""
+    path = tmp_path / "vmpooler.yaml"
+    path.write_text(CONFIG)
+    intervals = schedule_intervals(load_config(path).schedule)
+    FleetScheduler(conn, K, clock=Clock(1000.0)).install(intervals)
+    for job in intervals:
+        meta = conn.hget(K.rq_job(template_id(K, job)), "meta")
+        assert meta is not None and b"vmpool.ids" not in meta
+        assert type(pickle.loads(meta)["vmpool_job"]) is str

@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner, Result
 
 from vmpool.cli.main import cli
@@ -46,6 +47,7 @@ def wait_for(pred: Callable[[], bool], timeout: float, what: str) -> None:
         time.sleep(0.1)
 
 
+@pytest.mark.slow
 def test_the_probe_follows_the_scheduler_loop(
     tmp_path: Path, redis_url: str, redis_client: object
 ) -> None:

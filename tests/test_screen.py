@@ -76,3 +76,25 @@ def test_verbose_streams_everything_and_quiet_nothing(tmp_path: Path) -> None:
     assert loud.getvalue().count("\n") == 3 and "[api] INFO: routine" in loud.getvalue()
     assert silent.getvalue() == ""
     assert "api exited with 1" in (tmp_path / "b" / "supervisor.log").read_text()
+
+
+class _ClosedPipe(io.StringIO):
+    """A terminal whose reader went away (`vmpool up | head` once head is done)."""
+
+    def write(self, text: str) -> int:
+        raise BrokenPipeError(32, "Broken pipe")
+
+
+def test_a_closed_terminal_is_said_once_and_never_written_again(tmp_path: Path) -> None:
+    """The write that meets EPIPE tells on_gone (`vmpool up` then stops everything) and
+    raises nothing in the thread that wrote (a child's reader thread: it went on reading
+    into the log files); the log files still get every line."""
+    gone: list[bool] = []
+    screen = Screen(_ClosedPipe(), tmp_path)
+    screen.on_gone = lambda: gone.append(True)
+    screen.say("vmpool is up")
+    screen.child_line("api", "2026-12-03 16:13:55,599 1 WARNING x: y")
+    screen.event("supervisor", "api exited", notable=True)
+    assert gone == [True] and screen.gone
+    assert "WARNING x: y" in (tmp_path / "api.log").read_text()
+    screen.close()

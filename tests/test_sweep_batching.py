@@ -23,6 +23,7 @@ from rq import Queue
 
 from vmpool import lifecycle
 from vmpool.config import Config, parse_config
+from vmpool.ids import Job
 from vmpool.lifecycle import Fleet
 from vmpool.state.keys import Keys
 from vmpool.state.records import RequestSettings, Slot
@@ -39,21 +40,9 @@ POOLS = ("debian", "centos")
 class PerSubjectDispatcher(q.RQDispatcher):
     """The dispatch before batching: one enqueue (several round trips) per subject."""
 
-    def provision_requests(self, request_ids: Sequence[str]) -> None:
-        for rid in request_ids:
-            self.provision_request(rid)
-
-    def create_vms(self, names: Sequence[str]) -> None:
-        for name in names:
-            self.create_vm(name)
-
-    def check_pending_vms(self, names: Sequence[str]) -> None:
-        for name in names:
-            self.check_pending_vm(name)
-
-    def destroy_vms(self, names: Sequence[str]) -> None:
-        for name in names:
-            self.destroy_vm(name)
+    def send(self, job: Job, subjects: Sequence[str]) -> None:
+        for subject in subjects:
+            q.enqueue(self.conn, self.keys, job, subject)
 
 
 def make_config() -> Config:
@@ -151,6 +140,7 @@ def measure(rig: Rig, sweep: Any, state: str, n: int) -> tuple[int, int]:
 SWEEPS = [(lifecycle.check_pending_sweep, "pending"), (lifecycle.destroy_sweep, "completed")]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("sweep", "state"), SWEEPS, ids=["check_pending", "destroy"])
 def test_sweep_round_trips_do_not_grow_with_the_vms(rig: Rig, sweep: Any, state: str) -> None:
     """Proves: one check-pending sweep (and one destroy sweep) over 300 VMs costs no

@@ -106,6 +106,16 @@ def test_linked_clone_when_the_pool_asks(s: Subject) -> None:
         s.provider.create_vm("linked", "templates/bare", "vm-nosnap")
 
 
+def test_template_delta_disks_give_a_bare_template_its_snapshot() -> None:
+    """vmpooler's create_template_delta_disks: a linked clone of a template without a
+    snapshot snapshots it once, then links to it (it failed: no snapshot)."""
+    s = make(create_template_delta_disks=True)
+    s.provider.create_vm("linked", "templates/bare", "vm-delta")
+    s.provider.create_vm("linked", "templates/bare", "vm-delta-2")
+    assert s.vc.templates["templates/bare"].snapshots == ["vmpool-delta-disks"]
+    assert s.vc.named("vm-delta")[0].linked and s.vc.named("vm-delta-2")[0].linked
+
+
 def test_create_is_idempotent_by_name(s: Subject) -> None:
     first = s.provider.create_vm("debian", TEMPLATE, "vm-one")
     again = s.provider.create_vm("debian", TEMPLATE, "vm-one")

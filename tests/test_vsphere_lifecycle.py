@@ -19,6 +19,7 @@ import redis
 
 from vmpool import lifecycle
 from vmpool.config import Config, parse_config
+from vmpool.ids import Job
 from vmpool.lifecycle import Fleet, RecordingDispatcher
 from vmpool.providers.vsphere import VSphereProvider
 from vmpool.state.names import NameGenerator
@@ -86,7 +87,7 @@ def run(fleet: Fleet, skip: tuple[str, ...] = ()) -> list[tuple[str, str, Any]]:
 def request(fleet: Fleet, n: int, rid: str) -> str:
     settings = RequestSettings.from_config(fleet.config)
     assert fleet.store.create_request(rid, [Slot("debian", "debian", n)], settings, actor="t").ok
-    recorder(fleet).provision_request(rid)
+    recorder(fleet).send(Job.PROVISION_REQUEST, [rid])
     return rid
 
 

@@ -28,6 +28,9 @@ from vmpool.state.keys import Keys
 
 from vcsimhelp import BARE_TEMPLATE, TEMPLATE, VCSim, hand_made
 
+# govmomi's simulator is a process of its own, built on first use (half a minute).
+pytestmark = pytest.mark.slow
+
 _unique = itertools.count(1)
 
 

@@ -7,12 +7,15 @@ from pathlib import Path
 import pytest
 import redis
 from rq import Queue
-from rq.job import Job, JobStatus
+from rq.job import Job as RQJob
+from rq.job import JobStatus
 
 from vmpool.config import load_config
+from vmpool.ids import Job
 from vmpool.state.counters import SKIPPED_METRIC
 from vmpool.state.keys import Keys
 from workers import queues as q
+from workers.batching import BatchDispatcher
 from workers.jobs import noop
 from workers.table import (
     JOBS,
@@ -81,8 +84,10 @@ def test_ids_carry_the_prefix_and_stay_readable() -> None:
 
 
 def test_old_job_names_are_aliases() -> None:
-    assert job_id(K, "provision", "r1") == job_id(K, "provision_request", "r1")
-    assert job_id(K, "check-pending-sweep") == "vmpool-check_pending_sweep"
+    assert job_id(K, lookup("provision").name, "r1") == job_id(K, "provision_request", "r1")
+    assert job_id(K, lookup("check-pending-sweep").name) == "vmpool-check_pending_sweep"
+    with pytest.raises(ValueError):  # an alias is text a person typed, not a job's name
+        job_id(K, "provision", "r1")
 
 
 def test_ids_of_two_fleets_never_collide() -> None:
@@ -148,7 +153,7 @@ def test_resolve_queue_names() -> None:
 def test_keys_spell_rq_keys_as_rq_does(conn: redis.Redis) -> None:
     queue = Queue(K.queue(QUEUE_VMS), connection=conn)
     assert K.rq_queue(QUEUE_VMS) == queue.key
-    assert K.rq_job("vmpool-x") == Job.key_for("vmpool-x")
+    assert K.rq_job("vmpool-x") == RQJob.key_for("vmpool-x")
 
 
 # -- dedup ------------------------------------------------------------------------------
@@ -160,7 +165,7 @@ def test_at_most_one_queued_copy(conn: redis.Redis) -> None:
     assert sorted(queue.job_ids) == sorted(
         [job_id(K, "provision_request", "r.1"), "vmpool-provision_request-r__1"]
     )
-    job = Job.fetch(job_id(K, "provision_request", "r.1"), connection=conn)
+    job = RQJob.fetch(job_id(K, "provision_request", "r.1"), connection=conn)
     assert job.args == ("r.1",)
     assert job.result_ttl == 0
     assert job.failure_ttl == q.FAILURE_TTL
@@ -183,7 +188,7 @@ def _job_of(jid: str) -> str:
 
 def test_running_job_is_not_requeued_but_a_finished_one_is(conn: redis.Redis) -> None:
     assert q.enqueue(conn, K, "sweep_expired")
-    job = Job.fetch(job_id(K, "sweep_expired"), connection=conn)
+    job = RQJob.fetch(job_id(K, "sweep_expired"), connection=conn)
     job.set_status(JobStatus.STARTED)
     conn.hset(job.key, q.HEARTBEAT_FIELD, f"{_server_now(conn):.3f}")
     Queue(K.queue(QUEUE_SWEEPS), connection=conn).remove(job)
@@ -194,7 +199,7 @@ def test_running_job_is_not_requeued_but_a_finished_one_is(conn: redis.Redis) ->
 
 def test_failed_duplicate_is_reclaimed(conn: redis.Redis) -> None:
     assert q.enqueue(conn, K, "reap_running")
-    job = Job.fetch(job_id(K, "reap_running"), connection=conn)
+    job = RQJob.fetch(job_id(K, "reap_running"), connection=conn)
     Queue(K.queue(QUEUE_SWEEPS), connection=conn).remove(job)
     job.set_status(JobStatus.FAILED)
     assert q.enqueue(conn, K, "reap_running") is True
@@ -203,7 +208,7 @@ def test_failed_duplicate_is_reclaimed(conn: redis.Redis) -> None:
 
 def test_stale_started_duplicate_is_reclaimed(conn: redis.Redis) -> None:
     assert q.enqueue(conn, K, "destroy_vm", "vm-9")
-    job = Job.fetch(job_id(K, "destroy_vm", "vm-9"), connection=conn)
+    job = RQJob.fetch(job_id(K, "destroy_vm", "vm-9"), connection=conn)
     Queue(K.queue(QUEUE_VMS), connection=conn).remove(job)
     job.set_status(JobStatus.STARTED)
     stale = _server_now(conn) - q.STALE_AFTER_SECONDS - 1
@@ -214,7 +219,7 @@ def test_stale_started_duplicate_is_reclaimed(conn: redis.Redis) -> None:
 
 def test_started_without_heartbeat_is_left_alone(conn: redis.Redis) -> None:
     assert q.enqueue(conn, K, "reconcile")
-    job = Job.fetch(job_id(K, "reconcile"), connection=conn)
+    job = RQJob.fetch(job_id(K, "reconcile"), connection=conn)
     Queue(K.queue(QUEUE_SWEEPS), connection=conn).remove(job)
     job.set_status(JobStatus.STARTED)
     assert q.enqueue(conn, K, "reconcile") is False
@@ -222,12 +227,12 @@ def test_started_without_heartbeat_is_left_alone(conn: redis.Redis) -> None:
 
 def test_dispatcher_enqueues_each_step(conn: redis.Redis) -> None:
     d = q.RQDispatcher(conn, K)
-    d.provision_request("r1")
-    d.check_request("r1")
-    d.create_vm("vm-a")
-    d.check_pending_vm("vm-a")
-    d.destroy_vm("vm-a")
-    d.create_vm("vm-a")  # duplicate: silently absorbed
+    d.send(Job.PROVISION_REQUEST, ["r1"])
+    d.send(Job.CHECK_REQUEST, ["r1"])
+    d.send(Job.CREATE_VM, ["vm-a"])
+    d.send(Job.CHECK_PENDING_VM, ["vm-a"])
+    d.send(Job.DESTROY_VM, ["vm-a"])
+    d.send(Job.CREATE_VM, ["vm-a"])  # duplicate: silently absorbed
     assert sorted(Queue(K.queue(QUEUE_REQUESTS), connection=conn).job_ids) == [
         "vmpool-check_request-r1",
         "vmpool-provision_request-r1",
@@ -242,7 +247,7 @@ def test_dispatcher_enqueues_each_step(conn: redis.Redis) -> None:
 # -- enqueue_many (the sweeps' batched dispatch) ---------------------------------------
 def _hash(conn: redis.Redis, jid: str) -> dict[bytes, bytes]:
     """A job hash minus the fields that are timestamps of the enqueue itself."""
-    h = conn.hgetall(Job.key_for(jid))
+    h = conn.hgetall(RQJob.key_for(jid))
     return {k: v for k, v in h.items() if k not in (b"created_at", b"enqueued_at")}
 
 
@@ -258,7 +263,7 @@ def test_enqueue_many_builds_the_same_job_as_enqueue(conn: redis.Redis) -> None:
     assert many == one and many
     jid = "vmpool-check_request-r_oa__1"
     assert Queue(K.queue(QUEUE_REQUESTS), connection=conn).job_ids == [jid]
-    job = Job.fetch(jid, connection=conn)
+    job = RQJob.fetch(jid, connection=conn)
     assert job.args == ("r.a_1",)
     assert job.result_ttl == 0
     assert job.failure_ttl == q.FAILURE_TTL
@@ -291,7 +296,7 @@ def test_enqueue_many_reclaims_dead_duplicates_only(conn: redis.Redis) -> None:
         ("vm-live", JobStatus.STARTED, now),
         ("vm-nobeat", JobStatus.STARTED, None),
     ]:
-        job = Job.fetch(job_id(K, "check_pending_vm", name), connection=conn)
+        job = RQJob.fetch(job_id(K, "check_pending_vm", name), connection=conn)
         queue.remove(job)
         job.set_status(status)
         if beat is not None:
@@ -303,7 +308,7 @@ def test_enqueue_many_reclaims_dead_duplicates_only(conn: redis.Redis) -> None:
         "vmpool-check_pending_vm-vm-stale",
     ]
     for name in ("vm-failed", "vm-stale"):
-        job = Job.fetch(job_id(K, "check_pending_vm", name), connection=conn)
+        job = RQJob.fetch(job_id(K, "check_pending_vm", name), connection=conn)
         assert job.get_status() == JobStatus.QUEUED
         assert conn.hget(job.key, q.HEARTBEAT_FIELD) is None  # a fresh hash
 
@@ -374,12 +379,12 @@ def test_enqueue_many_more_than_a_chunk(conn: redis.Redis, chunk: int) -> None:
 
 def test_dispatcher_batches(conn: redis.Redis) -> None:
     d = q.RQDispatcher(conn, K)
-    d.provision_requests(["r1", "r2"])
-    d.create_vms(["vm-a"])
-    d.check_pending_vms(["vm-a", "vm-b"])
-    d.destroy_vms([])
-    d.destroy_vms(["vm-a"])
-    d.create_vm("vm-a")  # duplicate of a batched one: absorbed
+    d.send(Job.PROVISION_REQUEST, ["r1", "r2"])
+    d.send(Job.CREATE_VM, ["vm-a"])
+    d.send(Job.CHECK_PENDING_VM, ["vm-a", "vm-b"])
+    d.send(Job.DESTROY_VM, [])
+    d.send(Job.DESTROY_VM, ["vm-a"])
+    d.send(Job.CREATE_VM, ["vm-a"])  # duplicate of a batched one: absorbed
     assert Queue(K.queue(QUEUE_REQUESTS), connection=conn).job_ids == [
         "vmpool-provision_request-r1",
         "vmpool-provision_request-r2",
@@ -390,6 +395,15 @@ def test_dispatcher_batches(conn: redis.Redis) -> None:
         "vmpool-check_pending_vm-vm-b",
         "vmpool-destroy_vm-vm-a",
     ]
+
+
+def test_a_single_name_is_not_a_sequence_of_subjects(conn: redis.Redis) -> None:
+    """``send(job, "vm-a")`` would type-check (a str is a Sequence[str]) and queue one
+    job per letter: it is refused, and nothing is queued."""
+    for dispatch in (q.RQDispatcher(conn, K), BatchDispatcher(conn, K)):
+        with pytest.raises(TypeError):
+            dispatch.send(Job.CREATE_VM, "vm-a")
+    assert conn.dbsize() == 0
 
 
 def _server_now(conn: redis.Redis) -> float:
@@ -426,16 +440,16 @@ def test_worker_hands_its_fleet_to_jobs(
     config = load_config(path)
     assert q.enqueue(conn, K, "provision_sweep")
     assert q.enqueue(conn, K, "reap_running", run=7)  # a scheduled run: its hash waits with a TTL
-    assert conn.ttl(Job.key_for(job_id(K, "reap_running", run=7))) > 0
+    assert conn.ttl(RQJob.key_for(job_id(K, "reap_running", run=7))) > 0
     queue = Queue(K.queue(QUEUE_SWEEPS), connection=conn)
     queue.enqueue(noop, job_id="plain-noop", result_ttl=60)
     worker = build_worker(redis_url, config, [K.queue(QUEUE_SWEEPS)], kind=kind)
     assert worker.job_class is FleetJob
     assert worker.work(burst=True)
-    assert Job.fetch("plain-noop", connection=conn).get_status() == JobStatus.FINISHED
+    assert RQJob.fetch("plain-noop", connection=conn).get_status() == JobStatus.FINISHED
     # the sweep ran with the Fleet (result_ttl=0: its hash is gone, not failed)
-    assert not conn.exists(Job.key_for(job_id(K, "provision_sweep")))
-    assert not conn.exists(Job.key_for(job_id(K, "reap_running", run=7)))
+    assert not conn.exists(RQJob.key_for(job_id(K, "provision_sweep")))
+    assert not conn.exists(RQJob.key_for(job_id(K, "reap_running", run=7)))
     assert worker.failed_job_count == 0
     # every finished vmpool job is counted in Redis for /metrics (the horse's too)
     counts = conn.hgetall(Keys(config.key_prefix).metrics("jobs"))
@@ -458,5 +472,5 @@ def test_a_queued_sweep_goes_before_a_flood_of_request_jobs(
     worker = build_worker(redis_url, config, kind="simple")
     assert worker.work(burst=True, max_jobs=1)
     # the one job it ran was the sweep
-    assert not conn.exists(Job.key_for(job_id(K, "sweep_expired", run=1)))
+    assert not conn.exists(RQJob.key_for(job_id(K, "sweep_expired", run=1)))
     assert len(Queue(K.queue(QUEUE_REQUESTS), connection=conn)) == 30

@@ -3,6 +3,11 @@
 ``build(cache)`` compiles tests/vcsim/main.go against Debian's govmomi
 (golang-go, golang-github-vmware-govmomi-dev: offline, no module proxy) into ``cache``,
 once per source and toolchain, and answers None when the packages are absent.
+``build_cache()`` is where: outside the checkout (``VMPOOL_TEST_CACHE``, else
+``$XDG_CACHE_HOME/vmpool-tests``, else ``~/.cache/vmpool-tests``), so a fresh clone, a
+``make clean`` or ``pytest --cache-clear`` reuses a build whose inputs are unchanged;
+the binary's name is the hash of those inputs (Go's version, govmomi's source, main.go),
+so a change to any of them builds anew, and the older binaries are removed then.
 ``VCSim.start()`` runs it on a free loopback port (the simulator picks it and prints
 its URL), with a login of the test's choosing; ``stop()`` kills it by pid.
 ``VCSim.client()`` is a pyVmomi session of the test's own, to make hand-made VMs and
@@ -26,6 +31,17 @@ PACKAGES = "golang-go and golang-github-vmware-govmomi-dev"
 GOCODE = Path("/usr/share/gocode")
 SOURCE = Path(__file__).parent / "vcsim" / "main.go"
 USER, PASSWORD = "vmpool-test", "vcsim-secret"
+
+
+def build_cache() -> Path:
+    """The machine's build cache of the tests (see the module docstring)."""
+    root = os.environ.get("VMPOOL_TEST_CACHE")
+    if not root:
+        xdg = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+        root = str(Path(xdg) / "vmpool-tests")
+    cache = Path(root) / "vcsim"
+    cache.mkdir(parents=True, exist_ok=True)
+    return cache
 
 
 def build(cache: Path, timeout_s: float = 300.0) -> Path | None:
@@ -62,6 +78,9 @@ def build(cache: Path, timeout_s: float = 300.0) -> Path | None:
             timeout=timeout_s,
         )
         os.replace(work / "vcsim", binary)  # atomic: a concurrent build wins or loses whole
+        for old in cache.glob("vcsim-*"):
+            if old != binary:
+                old.unlink(missing_ok=True)
     except subprocess.CalledProcessError as exc:
         raise AssertionError(f"building vcsim failed: {exc.stderr.decode()[-2000:]}") from None
     finally:

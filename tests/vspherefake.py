@@ -18,7 +18,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from vmpool.providers.vsphere.adapter import MARK_PREFIX, CloneRequest, PowerState, VMInfo
+from vmpool.providers.vsphere.adapter import (
+    DELTA_DISKS_SNAPSHOT,
+    MARK_PREFIX,
+    CloneRequest,
+    PowerState,
+    VMInfo,
+)
 from vmpool.providers.vsphere.faults import VSphereFault
 
 # Each fault's ancestors in vSphere's type hierarchy (pyVmomi's MRO; a test checks it).
@@ -181,6 +187,8 @@ class FakeSession:
             if not r.create_folder:
                 raise fault("NotFound", f"folder {r.folder!r} not found")
             self.vc.folders.add(r.folder)
+        if r.linked and not source.snapshots and r.template_delta_disks:
+            source.snapshots.append(DELTA_DISKS_SNAPSHOT)
         if r.linked and not source.snapshots:
             raise fault("NotFound", "the template has no snapshot")
         for kind, value, known in (

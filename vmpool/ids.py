@@ -1,9 +1,12 @@
-"""Names of things, and the one validator for each kind.
+"""Names of things: the one validator for each kind, and the names of the jobs.
 
 Every identifier that becomes part of a Redis key, an RQ job id or a log line is
 checked here, with a full match (``re.fullmatch``: ``$`` alone would also match before a
 final newline), by the API, the CLI, the store and the workers alike. Nothing else
 spells these patterns.
+
+:class:`Job` is the closed vocabulary of job names, here so that every layer (the
+work sets of the state, the lifecycle's dispatch, the workers) names a job by it.
 """
 
 from __future__ import annotations
@@ -11,10 +14,12 @@ from __future__ import annotations
 import ipaddress
 import re
 from collections.abc import Callable, Mapping
+from enum import StrEnum
 from types import MappingProxyType
 from typing import Final
 
 __all__ = [
+    "ANONYMOUS_USER",
     "DEFAULT_PREFIX",
     "KEY_PREFIX_RE",
     "POOL_NAME_RE",
@@ -25,6 +30,7 @@ __all__ = [
     "VM_NAME_RE",
     "VM_TASK_RE",
     "InvalidIdentifier",
+    "Job",
     "is_address",
     "shown",
     "validate",
@@ -57,6 +63,36 @@ TOKEN_RE: Final = re.compile(r"[A-Za-z0-9_-]{1,128}")
 # control character, so it is safe in a log line and a token record.
 USER_NAME_RE: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.@+-]{0,63}")
 _SHOWN_MAX: Final = 40
+
+
+class Job(StrEnum):
+    """The name of each job vmpool runs: a misspelt one fails the type check.
+
+    The value is the one spelling of the job's name wherever it appears: its RQ function
+    (``workers.jobs.<name>``), its job ids, its work set, the ``:schedule:`` key of a
+    periodic job, the ``job`` label of the ``vmpool_worker_jobs`` metric and the docs.
+    The rest of a job's facts (queue, argument, timeout, schedule) are its row of the
+    job table, ``workers/table.py``.
+    """
+
+    PROVISION_REQUEST = "provision_request"
+    CHECK_REQUEST = "check_request"
+    CREATE_VM = "create_vm"
+    CHECK_PENDING_VM = "check_pending_vm"
+    DESTROY_VM = "destroy_vm"
+    VM_TASK = "vm_task"
+    PROVISION_BATCH = "provision_batch"
+    CREATE_VM_BATCH = "create_vm_batch"
+    CHECK_PENDING_BATCH = "check_pending_batch"
+    SWEEP_EXPIRED = "sweep_expired"
+    PROVISION_SWEEP = "provision_sweep"
+    CHECK_PENDING_SWEEP = "check_pending_sweep"
+    REAP_RUNNING = "reap_running"
+    DESTROY_SWEEP = "destroy_sweep"
+    RECONCILE = "reconcile"
+    TOP_UP_POOLS = "top_up_pools"
+    CHECK_READY = "check_ready"
+    RECORD_HISTORY = "record_history"
 
 
 class InvalidIdentifier(ValueError):
@@ -122,6 +158,11 @@ def validate_token(token: str) -> str:
     if not _full(TOKEN_RE, token):
         raise InvalidIdentifier("a token is 1-128 letters, digits, '_' or '-'")
     return token
+
+
+# Who acts on a VM without a token when auth is on: no user name can be it (a name
+# starts with a letter or digit), so it never matches a VM's holder.
+ANONYMOUS_USER: Final = "*anonymous"
 
 
 def validate_user_name(user: str) -> str:

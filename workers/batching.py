@@ -5,17 +5,22 @@ work make up a VM's way to ready: ``provision_request``, ``create_vm`` and
 ``check_pending_vm``. For them it adds the subjects to the job's work set
 (:class:`vmpool.state.workset.WorkSet`, a ``ZADD NX``: the set is the dedup). It then
 makes sure a batch job (:mod:`vmpool.lifecycle.batch`) is queued to run them: one of
-:data:`LANES` job ids per batch job (``<tag>-create_vm_batch_r<lane>``), each ``unique``
-as every vmpool job. :func:`ensure_lanes` costs one script (the work-set add and the
-reclaim checks of the lane ids) and, when some are free, one pipeline of RQ's
-unique-enqueue script. That is a constant number of round trips whatever the number of
-subjects. Up to ``ceil(subjects / CLAIM_SIZE)`` lanes are queued (at most
-:data:`LANES`), so a burst of work is shared by that many workers.
+the batch job's :class:`Lanes` (``<tag>-create_vm_batch_r<lane>``), each ``unique``
+as every vmpool job. A send costs one script (the work-set add and the reclaim checks
+of the lane ids, :meth:`BatchDispatcher.probe`) and, when some lanes are free, one
+pipeline of RQ's unique-enqueue script. That is a constant number of round trips
+whatever the number of subjects. Up to ``ceil(subjects / CLAIM_SIZE)`` lanes are queued
+(at most the lanes there are), so a burst of work is shared by that many workers.
 
-Each lane has two job ids, ``_r<lane>`` and ``_r<lane + LANES>``: a batch job that
-stopped on time with work left queues the other id of its lane (:func:`continue_batch`,
-as its own id is still live while it runs), at the back of the queue. A lane is free when
-both its ids are.
+Each lane has two job ids, ``_r<lane>`` and ``_r<lane + lanes>``: a batch job that
+stopped on time with work left queues the other id of its lane
+(:meth:`BatchDispatcher.continue_batch`, as its own id is still live while it runs), at
+the back of the queue. A lane is free when both its ids are.
+
+The way of a batch job, in this module's order: a send (lifecycle) -> its work set and
+a free lane (here) -> RQ (:mod:`workers.queues`) -> a worker runs the batch job's entry
+point (:mod:`workers.jobs`), which runs the lifecycle's batch function, then
+:func:`continued` -> its continuation, back to RQ.
 
 A subject added while every lane's job exists and is about to finish waits for the
 next dispatch of it. The periodic sweeps re-dispatch every booting VM each
@@ -37,6 +42,7 @@ import redis
 from rq.job import get_current_job
 
 from vmpool.config import Config
+from vmpool.ids import Job
 from vmpool.lifecycle import Fleet
 from vmpool.lifecycle.batch import BATCHED, CLAIM_SIZE
 from vmpool.state.keys import Keys
@@ -48,22 +54,20 @@ from workers.queues import (
     RUN_WAIT_TTL,
     STALE_AFTER_SECONDS,
     RQDispatcher,
-    enqueue,
+    enqueue_ids,
     push_unique,
-    valid_items,
+    valid_subjects,
 )
-from workers.table import job_id, lookup
+from workers.table import JOBS, JobSpec, job_id
 
 __all__ = [
     "LANES",
     "BatchDispatcher",
     "LaneFollowUp",
     "LaneProbe",
-    "continue_batch",
+    "Lanes",
     "continued",
-    "ensure_lanes",
     "lanes_for",
-    "probe_lanes",
     "queue_free_lanes",
 ]
 
@@ -75,7 +79,6 @@ MAX_LANES: Final = 64
 # Lanes one dispatch checks (at least, more when it wants more): a window of them from a
 # random lane, so the cost of a dispatch does not grow with the number of lanes.
 PROBE: Final = 4
-_BATCH_OF: Final = {job: batch for batch, job in BATCHED.items()}
 # The work-set add and the lanes' reclaim checks of one dispatch, one script: the text of
 # reclaim_job.lua becomes its function reclaim(KEYS, ARGV) (see lanes_probe.lua).
 _PROBE_LUA: Final = (
@@ -85,8 +88,8 @@ _PROBE_LUA: Final = (
 )
 
 
-def lanes_for(config: Config | None, batch_job: str) -> int:
-    """How many lanes ``batch_job`` has: ``:config: batch_lanes`` (at most :data:`MAX_LANES`).
+def lanes_for(config: Config | None) -> int:
+    """How many lanes a batch job has: ``:config: batch_lanes`` (at most :data:`MAX_LANES`).
 
     A create batch runs its provider calls one after the other, so
     for creates this is also how many run at once: the clouds here answer a create at
@@ -94,91 +97,67 @@ def lanes_for(config: Config | None, batch_job: str) -> int:
     wants as many lanes as clone slots. More lanes than needed cost RQ jobs that find
     little to do (measured: docs/benchmarks.md).
     """
-    del batch_job  # one setting for every kind today. The argument is the place for more
     if config is None:
         return LANES
     return max(1, min(MAX_LANES, config.batch_lanes))
 
 
-def ensure_lanes(
-    conn: redis.Redis,
-    keys: Keys,
-    batch_job: str,
-    want: int = 1,
-    add: tuple[WorkSet, str, Sequence[str]] | None = None,
-    lanes: int = LANES,
-    rng: random.Random | None = None,
-) -> int:
-    """Queue up to ``want`` free lanes of ``batch_job``. Returns how many were queued.
+@dataclass(frozen=True)
+class Lanes:
+    """The lanes of one batch job: its row, its work set, its job id of each run.
 
-    A lane is free when its two ids both are (absent or plainly dead). One script
-    (lanes_probe.lua: the add and the reclaim checks), then, only when some lanes are
-    free, one pipeline of RQ's unique-enqueue script. ``add`` (work set, job, subjects):
-    added to the work set first, in the same script (the subjects are in the set before
-    any lane is checked).
-
-    Only a window of ``max(want, PROBE)`` lanes is checked, from a random one: with many
-    lanes (creates follow the clone limit) a dispatch costs the same as with four. When
-    every lane of the window is live, none is queued: the live ones drain the work set
-    (a batch job claims until it is empty, then its continuation).
+    Lane ``n`` is runs ``n`` and ``n + count``.
     """
-    probe = probe_lanes(conn, keys, batch_job, want, add, lanes, rng)
-    return queue_free_lanes(conn, keys, probe, probe.call.run())
+
+    batch: JobSpec  # the batch job's row of the job table
+    work: JobSpec  # the per-subject job whose work set it runs
+    work_set: str  # that work set's key
+    record_key_parts: tuple[str, str]  # its subjects' (WorkSet.record_key_parts)
+    ids: tuple[str, ...]  # by run, two per lane
+
+    @classmethod
+    def of(cls, work: WorkSet, batch_job: Job, count: int) -> Lanes:
+        """``count`` lanes of ``batch_job`` whose work set is in ``work``."""
+        job = BATCHED[batch_job]
+        ids = tuple(job_id(work.keys, batch_job, run=run) for run in range(2 * count))
+        parts = work.record_key_parts(job)
+        return cls(JOBS[batch_job], JOBS[job], work.keys.work_set(job), parts, ids)
+
+    @property
+    def count(self) -> int:
+        return len(self.ids) // 2
+
+    def continuation(self, current_id: str) -> str | None:
+        """The other id of the lane of ``current_id``. None if it is no id of these lanes."""
+        if current_id not in self.ids:
+            return None
+        return self.ids[(self.ids.index(current_id) + self.count) % len(self.ids)]
 
 
 @dataclass(frozen=True)
 class LaneProbe:
-    """The lane check of one dispatch (:func:`probe_lanes`).
+    """The lane check of one dispatch (:meth:`BatchDispatcher.probe`).
 
     The script call to run, and what :func:`queue_free_lanes` needs to read its reply.
     """
 
     call: ScriptCall
-    batch_job: str
-    free_ids: list[str]  # per probed lane, in probe order: the id to queue when free
+    batch: JobSpec
+    first_ids: list[str]  # per probed lane, in probe order: the id to queue when free
 
-
-def probe_lanes(
-    conn: redis.Redis,
-    keys: Keys,
-    batch_job: str,
-    want: int = 1,
-    add: tuple[WorkSet, str, Sequence[str]] | None = None,
-    lanes: int = LANES,
-    rng: random.Random | None = None,
-    run_ids: Sequence[str] | None = None,
-) -> LaneProbe:
-    """:func:`ensure_lanes`'s script call, to run alone or pipelined.
-
-    Pipelined after the caller's own script: the API's create_request, which adds the
-    request to the work set. ``run_ids``: the job ids of ``batch_job`` by run,
-    ``2 * lanes`` of them, when the caller keeps them (else made here).
-    """
-    window = min(lanes, max(want, PROBE))
-    start = (rng or random).randrange(lanes) if window < lanes else 0
-    probed = [(start + i) % lanes for i in range(window)]
-    runs = [run for lane in probed for run in (lane, lane + lanes)]
-    ids = [run_ids[run] if run_ids else job_id(keys, batch_job, run=run) for run in runs]
-    job = add[1] if add else BATCHED[batch_job]
-    work_key = add[0].keys.work_set(job) if add else keys.work_set(job)
-    head, tail = add[0].record_key_parts(job) if add else ("", "")
-    args: list[Any] = [HEARTBEAT_FIELD, STALE_AFTER_SECONDS, max(0, want), head, tail]
-    args += add[2] if add else ()
-    keys_ = [work_key, *(keys.rq_job(jid) for jid in ids)]
-    call = ScriptCall(conn.register_script(_PROBE_LUA), keys_, args)
-    return LaneProbe(call, batch_job, ids[::2])
+    def free(self, found: Any) -> list[str]:
+        """The ids to queue of the lanes the reply ``found`` says are free."""
+        return [self.first_ids[int(i) - 1] for i in found or ()]
 
 
 def queue_free_lanes(conn: redis.Redis, keys: Keys, probe: LaneProbe, found: Any) -> int:
     """Queue the lanes ``probe``'s reply ``found`` says are free. How many were queued.
 
-    One pipeline of RQ's unique-enqueue script, none when no lane is free.
+    One pipeline of RQ's unique-enqueue script, none when no lane is free (the probe
+    made the reclaim checks).
     """
-    free = [probe.free_ids[int(i) - 1] for i in found or ()]
-    if not free:
-        return 0
-    jobs = [(jid, ()) for jid in free]
-    return sum(push_unique(conn, keys, lookup(probe.batch_job), jobs, ttl=RUN_WAIT_TTL))
+    jobs = [(jid, ()) for jid in probe.free(found)]
+    return sum(push_unique(conn, keys, probe.batch, jobs, ttl=RUN_WAIT_TTL)) if jobs else 0
 
 
 @dataclass(frozen=True)
@@ -203,62 +182,66 @@ class LaneFollowUp:
         return queue_free_lanes(self.conn, self.keys, self.probe, found)
 
 
-def continue_batch(
-    conn: redis.Redis, keys: Keys, batch_job: str, current_id: str, lanes: int = LANES
-) -> bool:
-    """Queue the continuation of the batch job ``current_id``: the other id of its lane.
-
-    For a job that stopped on time with work left. False if it could not (a live copy:
-    that copy does the work). A run id beyond ``lanes`` (the config had more lanes when
-    it was queued) continues on a lane of today's.
-    """
-    for run in range(2 * MAX_LANES):
-        if job_id(keys, batch_job, run=run) == current_id:
-            if run < 2 * lanes:
-                return enqueue(conn, keys, batch_job, run=(run + lanes) % (2 * lanes))
-            break
-    # not a lane id (vmpool enqueue ...), or one of more lanes than the config has now
-    return ensure_lanes(conn, keys, batch_job, lanes=lanes) > 0
-
-
-def continued(fleet: Fleet, batch_job: str, counts: dict[str, int]) -> dict[str, int]:
-    """After a batch job ran (in the worker): queue its continuation if one is due.
-
-    Due when it stopped on time with work left (``counts['more']``). Returns ``counts``.
-    """
-    current = get_current_job()
-    if counts.get("more") and current is not None and isinstance(fleet.dispatch, RQDispatcher):
-        lanes = lanes_for(fleet.config, batch_job)
-        continue_batch(fleet.dispatch.conn, fleet.keys, batch_job, current.id, lanes)
-    return counts
-
-
 class BatchDispatcher(RQDispatcher):
     """RQDispatcher whose VM-bound work is batched (see the module docstring)."""
 
-    def __init__(self, conn: redis.Redis, keys: Keys, config: Config | None = None) -> None:
+    def __init__(
+        self,
+        conn: redis.Redis,
+        keys: Keys,
+        config: Config | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
         super().__init__(conn, keys)
         self.work = WorkSet(conn, keys)
-        self.config = config
-        # Per (batch job, lanes): its job ids by run, and its probe when that never varies.
-        self._run_ids: dict[tuple[str, int], list[str]] = {}
-        self._probes: dict[tuple[str, int], LaneProbe] = {}
+        count = lanes_for(config)
+        # The lanes of each batch job, by the per-subject job it runs.
+        self.lanes = {job: Lanes.of(self.work, batch, count) for batch, job in BATCHED.items()}
+        self._rng = rng or random.Random()
+        self._probes: dict[Job, LaneProbe] = {}  # the probes that never vary
 
-    def _batch(self, job: str, subjects: Sequence[str]) -> None:
+    def send(self, job: Job, subjects: Sequence[str]) -> None:
+        """Batched work to its work set and a lane, the rest as RQDispatcher sends it."""
+        lanes = self.lanes.get(job)
+        if lanes is None:
+            super().send(job, subjects)
+            return
         # A subject that is no valid name of its kind is skipped, logged and counted,
         # as enqueue_many does (the sweeps feed ids read back from Redis).
-        subjects = [s for _, s in valid_items(self.conn, self.keys, lookup(job), subjects)]
-        if not subjects:
-            return
-        batch_job = _BATCH_OF[job]
-        lanes = lanes_for(self.config, batch_job)
-        want = min(lanes, math.ceil(len(subjects) / CLAIM_SIZE))
-        ensure_lanes(
-            self.conn, self.keys, batch_job, want, add=(self.work, job, subjects), lanes=lanes
-        )
+        subjects = valid_subjects(self.conn, self.keys, lanes.work, subjects)
+        if subjects:
+            self.queue_lanes(lanes, math.ceil(len(subjects) / CLAIM_SIZE), subjects)
 
-    def provision_request(self, request_id: str) -> None:
-        self._batch("provision_request", [request_id])
+    def queue_lanes(self, lanes: Lanes, want: int = 1, subjects: Sequence[str] = ()) -> int:
+        """Add ``subjects`` to the work set, then queue up to ``want`` free lanes.
+
+        How many were queued: one script (:meth:`probe`), then, only when some lanes are
+        free, one pipeline of RQ's unique-enqueue script.
+        """
+        probe = self.probe(lanes, want, subjects)
+        return queue_free_lanes(self.conn, self.keys, probe, probe.call.run())
+
+    def probe(self, lanes: Lanes, want: int = 1, subjects: Sequence[str] = ()) -> LaneProbe:
+        """The script that adds ``subjects`` to the work set and finds ``want`` free lanes.
+
+        The subjects are in the set before any lane is checked (lanes_probe.lua). At most
+        as many lanes as there are are wanted.
+
+        Only a window of ``max(want, PROBE)`` lanes is checked, from a random one: with
+        many lanes (creates follow the clone limit) a dispatch costs the same as with
+        four. When every lane of the window is live, none is free: the live ones drain
+        the work set (a batch job claims until it is empty, then its continuation).
+        """
+        want = max(0, min(lanes.count, want))
+        window = min(lanes.count, max(want, PROBE))
+        start = self._rng.randrange(lanes.count) if window < lanes.count else 0
+        probed = [(start + i) % lanes.count for i in range(window)]
+        ids = [lanes.ids[run] for lane in probed for run in (lane, lane + lanes.count)]
+        head, tail = lanes.record_key_parts
+        args = [HEARTBEAT_FIELD, STALE_AFTER_SECONDS, want, head, tail, *subjects]
+        keys = [lanes.work_set, *(Keys.rq_job(jid) for jid in ids)]
+        call = ScriptCall(self.conn.register_script(_PROBE_LUA), keys, args)
+        return LaneProbe(call, lanes.batch, ids[::2])
 
     def provision_after_create(self, pipeline: ScriptPipeline) -> LaneFollowUp:
         """Add to ``pipeline`` what starts the provisioning of the request it creates.
@@ -268,36 +251,38 @@ class BatchDispatcher(RQDispatcher):
         round trip per POST). The follow-up reads the check's reply and queues the
         lanes it found free.
         """
-        probe = self._provision_probe()
+        probe = self._probes.get(Job.PROVISION_REQUEST)
+        if probe is None:
+            lanes = self.lanes[Job.PROVISION_REQUEST]
+            probe = self.probe(lanes)
+            if lanes.count <= PROBE:  # the window is every lane, from lane 0: the same call
+                self._probes[Job.PROVISION_REQUEST] = probe
         return LaneFollowUp(self.conn, self.keys, probe, pipeline.add(probe.call))
 
-    def _provision_probe(self) -> LaneProbe:
-        """The lane check of :meth:`provision_request` without its work-set add."""
-        batch_job = _BATCH_OF["provision_request"]
-        lanes = lanes_for(self.config, batch_job)
-        probe = self._probes.get((batch_job, lanes))
-        if probe is not None:
-            return probe
-        run_ids = self._run_ids.get((batch_job, lanes))
-        if run_ids is None:  # the same ids every POST: made once
-            run_ids = [job_id(self.keys, batch_job, run=run) for run in range(2 * lanes)]
-            self._run_ids[(batch_job, lanes)] = run_ids
-        probe = probe_lanes(self.conn, self.keys, batch_job, lanes=lanes, run_ids=run_ids)
-        if lanes <= PROBE:  # the window is every lane, from lane 0: the same call each time
-            self._probes[(batch_job, lanes)] = probe
-        return probe
+    def continue_batch(self, batch_job: Job, current_id: str) -> bool:
+        """Queue the continuation of the batch job ``current_id``: the other id of its lane.
 
-    def create_vm(self, name: str) -> None:
-        self._batch("create_vm", [name])
+        For a job that stopped on time with work left. False if it could not (a live
+        copy: that copy does the work). An id that is no lane's (``vmpool enqueue``, or a
+        run of more lanes than the config has now) continues on a free lane of today's.
+        """
+        lanes = self.lanes[BATCHED[batch_job]]
+        after = lanes.continuation(current_id)
+        if after is None:
+            probe = self.probe(lanes)
+            ids = probe.free(probe.call.run())
+        else:
+            ids = [after]
+        jobs = [(jid, ()) for jid in ids]
+        return enqueue_ids(self.conn, self.keys, lanes.batch, jobs, ttl=RUN_WAIT_TTL) > 0
 
-    def check_pending_vm(self, name: str) -> None:
-        self._batch("check_pending_vm", [name])
 
-    def provision_requests(self, request_ids: Sequence[str]) -> None:
-        self._batch("provision_request", request_ids)
+def continued(fleet: Fleet, batch_job: Job, counts: dict[str, int]) -> dict[str, int]:
+    """After a batch job ran (in the worker): queue its continuation if one is due.
 
-    def create_vms(self, names: Sequence[str]) -> None:
-        self._batch("create_vm", names)
-
-    def check_pending_vms(self, names: Sequence[str]) -> None:
-        self._batch("check_pending_vm", names)
+    Due when it stopped on time with work left (``counts['more']``). Returns ``counts``.
+    """
+    current = get_current_job()
+    if counts.get("more") and current is not None and isinstance(fleet.dispatch, BatchDispatcher):
+        fleet.dispatch.continue_batch(batch_job, current.id)
+    return counts

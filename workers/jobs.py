@@ -14,7 +14,7 @@ relies on RQ re-running it (no ``Retry``): the periodic sweeps re-find the work.
 from __future__ import annotations
 
 from vmpool import lifecycle
-from vmpool.ids import validate_request_id, validate_vm_name, validate_vm_task
+from vmpool.ids import Job, validate_request_id, validate_vm_name, validate_vm_task
 from workers.batching import continued
 from workers.worker import current_fleet
 
@@ -34,6 +34,7 @@ __all__ = [
     "provision_sweep",
     "reap_running",
     "reconcile",
+    "record_history",
     "sweep_expired",
     "top_up_pools",
     "vm_task",
@@ -103,18 +104,22 @@ def check_ready() -> dict[str, int]:
     return lifecycle.check_ready(current_fleet())
 
 
+def record_history() -> int:
+    return lifecycle.record_history(current_fleet())
+
+
 # Batch jobs: one job runs many subjects of a work set (vmpool.lifecycle.batch).
 # One that stopped on time with work left queues its continuation (workers.batching).
 def provision_batch() -> dict[str, int]:
     fleet = current_fleet()
-    return continued(fleet, "provision_batch", lifecycle.provision_batch(fleet))
+    return continued(fleet, Job.PROVISION_BATCH, lifecycle.provision_batch(fleet))
 
 
 def create_vm_batch() -> dict[str, int]:
     fleet = current_fleet()
-    return continued(fleet, "create_vm_batch", lifecycle.create_vm_batch(fleet))
+    return continued(fleet, Job.CREATE_VM_BATCH, lifecycle.create_vm_batch(fleet))
 
 
 def check_pending_batch() -> dict[str, int]:
     fleet = current_fleet()
-    return continued(fleet, "check_pending_batch", lifecycle.check_pending_batch(fleet))
+    return continued(fleet, Job.CHECK_PENDING_BATCH, lifecycle.check_pending_batch(fleet))

@@ -35,11 +35,12 @@ from rq.exceptions import StopRequested
 from rq.executions import Execution
 from rq.job import Job
 from rq.queue import Queue
-from rq.worker.base import BaseWorker, WorkerStatus
+from rq.worker.base import WorkerStatus
 
 from vmpool.lifecycle.failpoints import failpoint
 from vmpool.state.keys import Keys
 from vmpool.state.redis_health import MESSAGES, RedisCondition, classify, probe
+from workers.rqcompat import WorkerHooks
 
 __all__ = [
     "AliveFile",
@@ -150,7 +151,7 @@ def writable_check(conn: redis.Redis, keys: Keys) -> Callable[[], RedisCondition
     return partial(probe, conn, keys)
 
 
-class SteadyLoop(BaseWorker):
+class SteadyLoop(WorkerHooks):
     """The steps of RQ's loop, guarded (see the module docstring)."""
 
     alive: AliveFile | None = None
@@ -167,7 +168,7 @@ class SteadyLoop(BaseWorker):
         super().__init__(*args, **kwargs)
         self.outage = RedisOutage(f"worker {self.name}")
 
-    def _set_connection(self, connection: redis.Redis) -> redis.Redis:
+    def worker_connection(self, connection: redis.Redis) -> redis.Redis:
         # RQ raises the socket timeout to its dequeue timeout + 10 s (25 s here) for a
         # blocking pop. The vmpool dequeue polls (workers/dequeue.py) and nothing else
         # blocks, so the connection factory's timeout stays: a frozen connection is
@@ -203,7 +204,7 @@ class SteadyLoop(BaseWorker):
         # own thread (workers/worker.py) beats for the alive file by the job's budget.
         if threading.current_thread() is threading.main_thread():
             self._touch_alive()
-            if self._stop_requested and self.get_state() != WorkerStatus.BUSY:
+            if self.stop_requested and self.get_state() != WorkerStatus.BUSY:
                 raise StopRequested()  # a stop whose StopRequested was swallowed
         if pipeline is not None:  # only queued: whoever executes it meets Redis
             super().heartbeat(timeout, pipeline)
@@ -222,12 +223,12 @@ class SteadyLoop(BaseWorker):
         else:
             self.outage.back()
 
-    def _pubsub_exception_handler(
+    def pubsub_error(
         self, exc: Exception, pubsub: PubSub, pubsub_thread: PubSubWorkerThread
     ) -> None:
         # RQ's handler logs every 2 s of an outage. One warning is enough.
         if redis_unusable(exc) is None:
-            super()._pubsub_exception_handler(exc, pubsub, pubsub_thread)
+            super().pubsub_error(exc, pubsub, pubsub_thread)
             return
         self.outage.lost(exc)
         time.sleep(2.0)  # as RQ's: redis-py resubscribes once connected again
@@ -285,14 +286,14 @@ class SteadyLoop(BaseWorker):
         Run before each attempt of a wait for Redis.
         """
         self._touch_alive()
-        if self._stop_requested:
+        if self.stop_requested:
             raise StopRequested()
 
     def request_stop(self, signum: int, frame: FrameType | None) -> None:
         # RQ's handler raises StopRequested wherever the main thread is. Inside a logging
         # handler's emit, logging swallows it. The flag outlives that: the wait for Redis
         # and the idle dequeue's heartbeat see it.
-        self._stop_requested = True
+        self.stop_requested = True
         super().request_stop(signum, frame)  # type: ignore[no-untyped-call]
 
     def _touch_alive(self) -> None:

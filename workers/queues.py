@@ -47,9 +47,9 @@ sweep raise and queue nothing, for every request. Otherwise it has the same guar
 round trips per :data:`ENQUEUE_CHUNK` subjects instead of several per subject. The
 reclaim script runs for every id in ONE non-transactional pipeline (it answers "free"
 for an absent or plainly dead job, deleting the dead hash, and "live" otherwise). Then
-each free job is
-built as RQ builds it and RQ's own unique-enqueue Lua script (``rq.scripts``) runs for
-all of them in a second pipeline. Each script is still its own atomic unit (a pipeline
+each free job is built as RQ builds it and RQ's own unique-enqueue Lua script
+(``rq.scripts``) runs for all of them in a second pipeline (RQ's private names it takes
+are behind :mod:`workers.rqcompat`). Each script is still its own atomic unit (a pipeline
 is not a transaction), so the per-job uniqueness is RQ's. A live duplicate costs one
 cheap script and no job building.
 """
@@ -58,19 +58,19 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import Any, Final
+from typing import Final
 
 import redis
 from rq import Queue
 from rq.exceptions import DuplicateJobError
-from rq.job import Job
-from rq.scripts import UNIQUE_ENQUEUE_SCRIPT, _build_hset_args
+from rq.scripts import UNIQUE_ENQUEUE_SCRIPT
 
-from vmpool.ids import shown, validate
+from vmpool.ids import Job, shown, validate
 from vmpool.state.counters import record_skipped
 from vmpool.state.keys import Keys
 from vmpool.state.lua import read_script
-from workers.table import QUEUES, JobSpec, job_id, lookup, queue_names
+from workers.rqcompat import push_unique_job
+from workers.table import QUEUES, JobSpec, job_id, queue_names, spec_of
 
 __all__ = [
     "ENQUEUE_CHUNK",
@@ -82,11 +82,12 @@ __all__ = [
     "STALE_AFTER_SECONDS",
     "RQDispatcher",
     "enqueue",
+    "enqueue_ids",
     "enqueue_many",
     "push_unique",
     "queue_names",
     "resolve_queue_names",
-    "valid_items",
+    "valid_subjects",
 ]
 
 log = logging.getLogger(__name__)
@@ -136,7 +137,7 @@ def resolve_queue_names(keys: Keys, names: str | None) -> list[str]:
 RECLAIM_LUA: Final = read_script("workers", "reclaim_job.lua")
 
 
-def _reclaim(conn: redis.Redis, keys: Keys, spec: JobSpec, jid: str) -> bool:
+def _reclaim(conn: redis.Redis, keys: Keys, jid: str) -> bool:
     script = conn.register_script(RECLAIM_LUA)
     return bool(
         script(
@@ -149,7 +150,7 @@ def _reclaim(conn: redis.Redis, keys: Keys, spec: JobSpec, jid: str) -> bool:
 def enqueue(
     conn: redis.Redis,
     keys: Keys,
-    job: str,
+    job: Job,
     subject: str | None = None,
     *,
     run: int | None = None,
@@ -161,7 +162,7 @@ def enqueue(
     unknown job or a missing/extra/invalid subject. ``run``: see
     :func:`workers.table.job_id`.
     """
-    spec = lookup(job)
+    spec = spec_of(job)
     if spec.subject is not None and subject is not None:
         validate(spec.subject, subject)  # InvalidIdentifier, a ValueError
     jid = job_id(keys, job, subject, run=run)
@@ -182,7 +183,7 @@ def enqueue(
             )
             return True
         except DuplicateJobError:
-            if attempt or not _reclaim(conn, keys, spec, jid):
+            if attempt or not _reclaim(conn, keys, jid):
                 return False
     return False
 
@@ -190,7 +191,7 @@ def enqueue(
 def enqueue_many(
     conn: redis.Redis,
     keys: Keys,
-    job: str,
+    job: Job,
     subjects: Sequence[str],
     *,
     chunk: int = ENQUEUE_CHUNK,
@@ -204,52 +205,62 @@ def enqueue_many(
     A subject that is no valid name of its kind is skipped (logged once, counted), and
     the others are queued. An unknown job, or one without a subject, raises ValueError.
     """
-    spec = lookup(job)
+    spec = spec_of(job)
     if spec.subject is None:
         raise ValueError(f"job {job!r} takes no subject; use enqueue()")
     if chunk < 1:
         raise ValueError("chunk must be >= 1")
-    items = valid_items(conn, keys, spec, subjects)
-    if not items:
+    jobs = [(job_id(keys, job, s), (s,)) for s in valid_subjects(conn, keys, spec, subjects)]
+    return sum(
+        enqueue_ids(conn, keys, spec, jobs[start : start + chunk])
+        for start in range(0, len(jobs), chunk)
+    )
+
+
+def enqueue_ids(
+    conn: redis.Redis,
+    keys: Keys,
+    spec: JobSpec,
+    jobs: Sequence[tuple[str, tuple[str, ...]]],
+    *,
+    ttl: int | None = None,
+) -> int:
+    """Queue each (job id, args) of ``spec`` unless a live copy exists. How many were queued.
+
+    Two pipelines: the reclaim script for every id, then :func:`push_unique` for the free
+    ones. ``ttl``: as :func:`push_unique`'s.
+    """
+    if not jobs:
         return 0
+    # Reclaim first: the script answers "free" for an absent or plainly dead job
+    # (deleting the dead hash) and "live" otherwise, so the live duplicates (the usual
+    # case when workers are behind) cost no job building at all. A copy that appears
+    # between the two pipelines is fresh and live: the push refuses it.
     reclaim = conn.register_script(RECLAIM_LUA)
-    queued = 0
-    for start in range(0, len(items), chunk):
-        part = items[start : start + chunk]
-        # Reclaim first: the script answers "free" for an absent or plainly dead job
-        # (deleting the dead hash) and "live" otherwise, so the live duplicates (the
-        # usual case when workers are behind) cost no job building at all. A copy that
-        # appears between the two pipelines is fresh and live: the push refuses it.
-        pipe = conn.pipeline(transaction=False)
-        for jid, _ in part:
-            reclaim(
-                keys=[keys.rq_job(jid)],
-                args=[HEARTBEAT_FIELD, STALE_AFTER_SECONDS],
-                client=pipe,
-            )
-        free = [item for item, ok in zip(part, pipe.execute(), strict=True) if ok]
-        if free:
-            jobs = [(jid, (subject,)) for jid, subject in free]
-            queued += sum(push_unique(conn, keys, spec, jobs))
-    return queued
+    pipe = conn.pipeline(transaction=False)
+    for jid, _ in jobs:
+        reclaim(keys=[keys.rq_job(jid)], args=[HEARTBEAT_FIELD, STALE_AFTER_SECONDS], client=pipe)
+    free = [item for item, ok in zip(jobs, pipe.execute(), strict=True) if ok]
+    return sum(push_unique(conn, keys, spec, free, ttl=ttl)) if free else 0
 
 
-def valid_items(
+def valid_subjects(
     conn: redis.Redis, keys: Keys, spec: JobSpec, subjects: Sequence[str]
-) -> list[tuple[str, str]]:
-    """(job id, subject) of each valid subject, first occurrence first.
+) -> list[str]:
+    """The subjects that are valid names of ``spec``'s kind, each once, first one first.
 
     Each invalid one is skipped and counted. Each distinct one is logged once, shown
     bounded and escaped (the input may be anything a client or an old record held).
     """
     assert spec.subject is not None
-    items: dict[tuple[str, str], None] = {}
+    if isinstance(subjects, str):  # a str is a Sequence[str] too: one name is not many
+        raise TypeError(f"{spec.name}: subjects are a sequence of names, got {shown(subjects)}")
+    valid: dict[str, None] = {}
     logged: set[str] = set()
     skipped = 0
     for subject in subjects:
         try:
-            validate(spec.subject, subject)
-            items[(job_id(keys, spec.name, subject), subject)] = None
+            valid[validate(spec.subject, subject)] = None
         except ValueError:
             skipped += 1
             if shown(subject) not in logged:
@@ -259,7 +270,7 @@ def valid_items(
                 )
     if skipped:
         record_skipped(conn, keys, spec.name, "bad_subject", skipped)
-    return list(items)
+    return list(valid)
 
 
 def push_unique(
@@ -272,9 +283,8 @@ def push_unique(
 ) -> list[bool]:
     """Queue each (job id, args) of ``spec`` as ``Queue.enqueue(..., unique=True)`` does.
 
-    The one place vmpool touches RQ's private API: each job is built as RQ builds it
-    (create_job, origin, ``_prepare_for_queue``, RQ's HSET fields) and RQ's
-    unique-enqueue script runs for all of them in one non-transactional pipeline.
+    Each job is built as RQ builds it and RQ's unique-enqueue script runs for all of them
+    in one non-transactional pipeline (:func:`workers.rqcompat.push_unique_job`).
     ``ttl``: how long a job may wait in its queue (None: forever). Returns, per job,
     whether it was queued (False: a live duplicate).
     """
@@ -283,7 +293,7 @@ def push_unique(
     pipe = conn.pipeline(transaction=False)
     pipe.sadd(queue.redis_queues_keys, queue.key)  # what enqueue_job does first
     for jid, args in jobs:
-        rq_job: Job = queue.create_job(
+        job = queue.create_job(
             spec.func,
             args=args,
             job_id=jid,
@@ -293,11 +303,7 @@ def push_unique(
             description=jid,
             ttl=ttl,
         )
-        rq_job.origin = queue.name
-        queue._prepare_for_queue(rq_job)
-        hset: list[Any] = _build_hset_args(rq_job)  # type: ignore[no-untyped-call]
-        job_ttl = rq_job.ttl if rq_job.ttl is not None else -1
-        push(keys=[rq_job.key, queue.key], args=[rq_job.id, "R", job_ttl, *hset], client=pipe)
+        push_unique_job(pipe, push, queue, job)
     return [bool(ok) for ok in pipe.execute()[1:]]
 
 
@@ -312,36 +318,6 @@ class RQDispatcher:
         self.conn = conn
         self.keys = keys
 
-    def _one(self, job: str, subject: str) -> None:
-        enqueue(self.conn, self.keys, job, subject)
-
-    def _many(self, job: str, subjects: Sequence[str]) -> None:
+    def send(self, job: Job, subjects: Sequence[str]) -> None:
+        """:func:`enqueue_many`: a constant number of round trips per ENQUEUE_CHUNK."""
         enqueue_many(self.conn, self.keys, job, subjects)
-
-    def provision_request(self, request_id: str) -> None:
-        self._one("provision_request", request_id)
-
-    def create_vm(self, name: str) -> None:
-        self._one("create_vm", name)
-
-    def check_pending_vm(self, name: str) -> None:
-        self._one("check_pending_vm", name)
-
-    def check_request(self, request_id: str) -> None:
-        self._one("check_request", request_id)
-
-    def destroy_vm(self, name: str) -> None:
-        self._one("destroy_vm", name)
-
-    # Batched forms (the sweeps): a constant number of round trips per ENQUEUE_CHUNK.
-    def provision_requests(self, request_ids: Sequence[str]) -> None:
-        self._many("provision_request", request_ids)
-
-    def create_vms(self, names: Sequence[str]) -> None:
-        self._many("create_vm", names)
-
-    def check_pending_vms(self, names: Sequence[str]) -> None:
-        self._many("check_pending_vm", names)
-
-    def destroy_vms(self, names: Sequence[str]) -> None:
-        self._many("destroy_vm", names)

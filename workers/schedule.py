@@ -67,17 +67,19 @@ from __future__ import annotations
 import logging
 import math
 import random
+import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Final, NamedTuple
 
 import redis
 from rq.exceptions import NoSuchJobError
-from rq_scheduler import Scheduler
 
+from vmpool.ids import Job
 from vmpool.state.keys import Keys
 from vmpool.state.lua import read_script
 from workers.queues import enqueue
+from workers.rqcompat import SchedulerHooks
 from workers.table import JOBS, PERIODIC, QUEUE_SWEEPS, job_id, template_id
 
 if TYPE_CHECKING:
@@ -110,12 +112,12 @@ JITTER_FRACTION: Final = 0.05
 _MOVE_LUA: Final = read_script("workers", "schedule_move.lua")
 
 
-def schedule_intervals(schedule: Schedule) -> dict[str, float]:
+def schedule_intervals(schedule: Schedule) -> dict[Job, float]:
     """Seconds between runs, per periodic job (its ``:schedule:`` setting of one name)."""
     return {spec.name: float(getattr(schedule, spec.name)) for spec in PERIODIC}
 
 
-def cadence(job: str, interval: float) -> float:
+def cadence(job: Job, interval: float) -> float:
     """The spacing of a job's due times: its interval, less the lead if it is bounded.
 
     A bounded job is due a lead early, and each run has its own id, so a frozen run
@@ -142,7 +144,7 @@ class ScheduleMove(NamedTuple):
     replica: str
 
 
-class FleetScheduler(Scheduler):  # type: ignore[misc]
+class FleetScheduler(SchedulerHooks):
     """rq-scheduler with vmpool's keys, server time, a due-time grid, no lock.
 
     Its enqueues are deduplicated. ``clock`` replaces the Redis server clock (tests only).
@@ -170,6 +172,7 @@ class FleetScheduler(Scheduler):  # type: ignore[misc]
         self.scheduler_key = keys.schedulers
         self.scheduler_lock_key = keys.scheduler_lock  # never taken by this loop
         self.scheduled_jobs_key = keys.schedule_due
+        self.tick_s = float(interval)  # the longest sleep between two ticks
         self._clock = clock
         self._rng = random.Random(seed)
         self._move_script = connection.register_script(_MOVE_LUA)
@@ -183,7 +186,7 @@ class FleetScheduler(Scheduler):  # type: ignore[misc]
         sec, usec = self.connection.time()
         return float(sec) + float(usec) / 1_000_000
 
-    def install(self, intervals: dict[str, float]) -> None:
+    def install(self, intervals: Mapping[Job, float]) -> None:
         """Write the templates (idempotent: every replica does it at start).
 
         A changed interval moves the next due time (see the module docstring).
@@ -193,13 +196,11 @@ class FleetScheduler(Scheduler):  # type: ignore[misc]
             if job not in JOBS or seconds <= 0:
                 raise ValueError(f"bad periodic job {job!r} every {seconds!r} s")
             previous = self._installed_interval(template_id(self.keys, job))
-            template = self._create_job(
+            template = self.create_template(
                 "workers.jobs.noop",
-                id=template_id(self.keys, job),
-                commit=False,
-                result_ttl=-1,
+                template_id(self.keys, job),
                 description=f"every {seconds:g} s: enqueue {job}",
-                meta={"vmpool_job": job, "vmpool_interval": seconds},
+                meta={"vmpool_job": str(job), "vmpool_interval": seconds},  # plain text
             )
             template.save()
             self.connection.zadd(self.scheduled_jobs_key, {template.id: now}, nx=True)
@@ -215,7 +216,7 @@ class FleetScheduler(Scheduler):  # type: ignore[misc]
         interval = job.meta.get("vmpool_interval")
         return float(interval) if isinstance(interval, (int, float)) else None
 
-    def _reschedule(self, job: str, template: str, old: float, new: float) -> None:
+    def _reschedule(self, job: Job, template: str, old: float, new: float) -> None:
         """Move the due time to the last one plus the new cadence, if that is sooner."""
         score = self.connection.zscore(self.scheduled_jobs_key, template)
         if score is None:
@@ -277,7 +278,7 @@ class FleetScheduler(Scheduler):  # type: ignore[misc]
             log.debug("%s: %s", name, "enqueued" if enqueued else "already queued")
         return moved
 
-    def _periodic(self, template_id: str) -> tuple[str, float] | None:
+    def _periodic(self, template_id: str) -> tuple[Job, float] | None:
         """The (job name, interval) of a template this version runs, else None.
 
         None for one that is gone (its entry dropped) or unknown to this version (left
@@ -301,9 +302,9 @@ class FleetScheduler(Scheduler):  # type: ignore[misc]
                 name,
             )
             return None
-        return str(name), interval
+        return Job(name), interval
 
-    def _still_waiting(self, name: str) -> bool:
+    def _still_waiting(self, name: Job) -> bool:
         """Whether the job's last scheduled run still waits in its queue (not started)."""
         last = last_run_id(self.connection, self.keys, name)
         if last is None:
@@ -322,10 +323,10 @@ class FleetScheduler(Scheduler):  # type: ignore[misc]
             self.scheduled_jobs_key, 0, len(self._foreign), withscores=True
         )
         first = [score for member, score in rows if _text(member) not in self._foreign]
-        wait = float(self._interval)
+        wait = self.tick_s
         if first:
             wait = min(wait, max(0.0, float(first[0]) - self._now()))
-        return wait + self._rng.uniform(0.0, float(self._interval) * JITTER_FRACTION)
+        return wait + self._rng.uniform(0.0, self.tick_s * JITTER_FRACTION)
 
     def tick(self) -> list[str]:
         """One pass: the liveness heartbeat (and the alive file), then the due moves."""
@@ -335,9 +336,9 @@ class FleetScheduler(Scheduler):  # type: ignore[misc]
         return self.enqueue_jobs()
 
     def run(self, burst: bool = False) -> None:
-        """Tick until SIGTERM/SIGINT (rq-scheduler's handlers), or once with ``burst``."""
+        """Tick until SIGTERM/SIGINT, or once with ``burst``."""
         self.register_birth()
-        self._install_signal_handlers()
+        self.install_signal_handlers()
         try:
             while True:
                 self.tick()
@@ -345,14 +346,35 @@ class FleetScheduler(Scheduler):  # type: ignore[misc]
                     return
                 time.sleep(self.seconds_to_next_tick())
         finally:
+            self._say_death()
+
+    def install_signal_handlers(self) -> None:
+        """Stop on SIGTERM and SIGINT, never waiting on Redis.
+
+        rq-scheduler's own handler writes the scheduler's death first: with Redis gone (an
+        outage, or `vmpool up` killed with its Redis) that raised a Redis error, which the
+        caller took for an outage to wait out, and the process never stopped."""
+
+        def stop(signum: int, frame: Any) -> None:
+            self.log.info("Shutting down RQ scheduler...")
+            raise SystemExit()
+
+        signal.signal(signal.SIGINT, stop)
+        signal.signal(signal.SIGTERM, stop)
+
+    def _say_death(self) -> None:
+        """Record the death if Redis answers (a scheduler's record expires anyway)."""
+        try:
             self.register_death()
+        except redis.RedisError as exc:
+            log.info("scheduler: could not record its death: %s", exc)
 
 
 def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
-def last_run_id(conn: redis.Redis, keys: Keys, job: str) -> str | None:
+def last_run_id(conn: redis.Redis, keys: Keys, job: Job) -> str | None:
     """The RQ job id of the job's latest scheduled run (its hash is gone once it ran)."""
     value = conn.hget(keys.schedule_last_runs, job)
     return None if value is None else _text(value)

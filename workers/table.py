@@ -1,11 +1,10 @@
 """The job table: every job vmpool runs, once. Everything else is derived from it.
 
-One row per job:
+One row per job, keyed by its name (:class:`vmpool.ids.Job`: the RQ job function in
+:mod:`workers.jobs`, the lifecycle function in :mod:`vmpool.lifecycle`, the job id, the
+``:schedule:`` key of a periodic job, ``vmpool enqueue``, the ``job`` label of the
+``vmpool_worker_jobs`` metric and the docs):
 
-- its **name**, the one name used everywhere: the RQ job function in :mod:`workers.jobs`,
-  the lifecycle function in :mod:`vmpool.lifecycle`, the job id, the ``:schedule:`` key
-  of a periodic job, ``vmpool enqueue``, the ``job`` label of the ``vmpool_worker_jobs``
-  metric and the docs
 - its **queue**
 - its **subject**: what its one argument names (a request id, a VM name, or nothing)
 - RQ's hard **timeout** for one run
@@ -39,6 +38,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Final, Literal
 
+from vmpool.ids import Job
 from vmpool.state.keys import Keys
 
 __all__ = [
@@ -55,6 +55,7 @@ __all__ = [
     "jobs_markdown",
     "lookup",
     "queue_names",
+    "spec_of",
     "template_id",
 ]
 
@@ -71,7 +72,7 @@ Subject = Literal["request", "vm", "vm_task"]
 
 @dataclass(frozen=True)
 class JobSpec:
-    name: str
+    name: Job
     queue: str  # short queue name, one of QUEUES
     subject: Subject | None
     timeout: int  # seconds. RQ's hard limit for one run
@@ -87,59 +88,70 @@ class JobSpec:
 
 
 _ROWS: Final = (
-    JobSpec("provision_request", QUEUE_REQUESTS, "request", 120,
+    JobSpec(Job.PROVISION_REQUEST, QUEUE_REQUESTS, "request", 120,
             "reserve VMs for a request's unreserved slots", aliases=("provision",)),
-    JobSpec("check_request", QUEUE_REQUESTS, "request", 120,
+    JobSpec(Job.CHECK_REQUEST, QUEUE_REQUESTS, "request", 120,
             "re-check one request: fulfil, expire or provision it", aliases=("check-request",)),
-    JobSpec("create_vm", QUEUE_VMS, "vm", 600,
+    JobSpec(Job.CREATE_VM, QUEUE_VMS, "vm", 600,
             "create one reserved VM at its provider", aliases=("create-vm",)),
-    JobSpec("check_pending_vm", QUEUE_VMS, "vm", 120,
+    JobSpec(Job.CHECK_PENDING_VM, QUEUE_VMS, "vm", 120,
             "is one booting VM ready, or past its timeout?", aliases=("check-pending",)),
-    JobSpec("destroy_vm", QUEUE_VMS, "vm", 600,
+    JobSpec(Job.DESTROY_VM, QUEUE_VMS, "vm", 600,
             "destroy one completed VM at its provider", aliases=("destroy",)),
-    JobSpec("vm_task", QUEUE_VMS, "vm_task", 600,
+    JobSpec(Job.VM_TASK, QUEUE_VMS, "vm_task", 600,
             "take a VM's snapshot, revert it to one, or add a disk (its holder asked)"),
-    JobSpec("provision_batch", QUEUE_REQUESTS, None, 600,
+    JobSpec(Job.PROVISION_BATCH, QUEUE_REQUESTS, None, 600,
             "provision_request for every request in its work set"),
-    JobSpec("create_vm_batch", QUEUE_VMS, None, 600,
+    JobSpec(Job.CREATE_VM_BATCH, QUEUE_VMS, None, 600,
             "create_vm for every reserved VM in its work set"),
-    JobSpec("check_pending_batch", QUEUE_VMS, None, 600,
+    JobSpec(Job.CHECK_PENDING_BATCH, QUEUE_VMS, None, 600,
             "check_pending_vm for every booting VM in its work set"),
-    JobSpec("sweep_expired", QUEUE_SWEEPS, None, 300,
+    JobSpec(Job.SWEEP_EXPIRED, QUEUE_SWEEPS, None, 300,
             "expire pending requests past their TTL (plus grace)",
             periodic=True, bounded=True, aliases=("sweep",)),
-    JobSpec("provision_sweep", QUEUE_SWEEPS, None, 300,
+    JobSpec(Job.PROVISION_SWEEP, QUEUE_SWEEPS, None, 300,
             "find requests with unreserved slots", periodic=True, aliases=("provision-sweep",)),
-    JobSpec("check_pending_sweep", QUEUE_SWEEPS, None, 300,
+    JobSpec(Job.CHECK_PENDING_SWEEP, QUEUE_SWEEPS, None, 300,
             "find booting VMs to check", periodic=True, aliases=("check-pending-sweep",)),
-    JobSpec("reap_running", QUEUE_SWEEPS, None, 300,
+    JobSpec(Job.REAP_RUNNING, QUEUE_SWEEPS, None, 300,
             "end running VMs past their lifetime", periodic=True, aliases=("reap",)),
-    JobSpec("destroy_sweep", QUEUE_SWEEPS, None, 300,
+    JobSpec(Job.DESTROY_SWEEP, QUEUE_SWEEPS, None, 300,
             "find completed VMs still to destroy", periodic=True, aliases=("destroy-sweep",)),
-    JobSpec("reconcile", QUEUE_SWEEPS, None, 600,
+    JobSpec(Job.RECONCILE, QUEUE_SWEEPS, None, 600,
             "provider inventory against the records", periodic=True),
-    JobSpec("top_up_pools", QUEUE_SWEEPS, None, 300,
+    JobSpec(Job.TOP_UP_POOLS, QUEUE_SWEEPS, None, 300,
             "clone what each warm pool is short of its size", periodic=True),
-    JobSpec("check_ready", QUEUE_SWEEPS, None, 300,
+    JobSpec(Job.CHECK_READY, QUEUE_SWEEPS, None, 300,
             "re-check ready VMs; recycle those past ready_ttl or failing", periodic=True),
+    JobSpec(Job.RECORD_HISTORY, QUEUE_SWEEPS, None, 60,
+            "write each pool's counts of this minute (the dashboard's history)", periodic=True),
 )  # fmt: skip
 
 # How the jobs table shows a job's argument.
 _ARGUMENT_SHOWN: Final = {"request": "request id", "vm": "VM name", "vm_task": "VM task", None: "-"}
 
-JOBS: Final[Mapping[str, JobSpec]] = MappingProxyType({spec.name: spec for spec in _ROWS})
+JOBS: Final[Mapping[Job, JobSpec]] = MappingProxyType({spec.name: spec for spec in _ROWS})
 PERIODIC: Final[tuple[JobSpec, ...]] = tuple(spec for spec in _ROWS if spec.periodic)
-_BY_ALIAS: Final[Mapping[str, JobSpec]] = MappingProxyType(
-    {alias: spec for spec in _ROWS for alias in spec.aliases}
+# A job by the text that names it: its name or an older alias.
+_BY_TEXT: Final[Mapping[str, JobSpec]] = MappingProxyType(
+    {text: spec for spec in _ROWS for text in (spec.name.value, *spec.aliases)}
 )
 
 
 def lookup(name: str) -> JobSpec:
-    """The job called ``name`` (or an older alias of it). ValueError if none is."""
-    spec = JOBS.get(name) or _BY_ALIAS.get(name)
+    """The job called ``name`` (or an older alias of it): text a person typed.
+
+    ValueError if no job is called so.
+    """
+    spec = _BY_TEXT.get(name)
     if spec is None:
         raise ValueError(f"unknown job {name!r}; one of: {', '.join(JOBS)}")
     return spec
+
+
+def spec_of(job: Job) -> JobSpec:
+    """The row of ``job``. ValueError for a text that names no job (an untyped caller's)."""
+    return JOBS[Job(job)]
 
 
 def queue_names(keys: Keys) -> list[str]:
@@ -182,13 +194,13 @@ def decode_fragment(encoded: str) -> str:
     return "".join(out)
 
 
-def job_id(keys: Keys, job: str, subject: str | None = None, *, run: int | None = None) -> str:
+def job_id(keys: Keys, job: Job, subject: str | None = None, *, run: int | None = None) -> str:
     """The deterministic RQ job id of ``job`` for ``subject`` in the fleet of ``keys``.
 
     ``run`` (bounded periodic jobs only) numbers one scheduled run: ``..._r<run>``
     (workers/schedule.py gives each due time its own id).
     """
-    spec = lookup(job)
+    spec = spec_of(job)
     head = f"{encode_fragment(keys.prefix)}-{spec.name}"
     if spec.subject is None:
         if subject is not None:
@@ -205,9 +217,9 @@ def job_id(keys: Keys, job: str, subject: str | None = None, *, run: int | None 
     return f"{head}-{encode_fragment(subject, keep_dashes=True)}"
 
 
-def template_id(keys: Keys, job: str) -> str:
+def template_id(keys: Keys, job: Job) -> str:
     """The id of the scheduler's template job of periodic ``job``."""
-    spec = lookup(job)
+    spec = spec_of(job)
     if not spec.periodic:
         raise ValueError(f"job {spec.name!r} is not periodic")
     return f"{encode_fragment(keys.prefix)}-schedule-{spec.name}"

@@ -305,7 +305,7 @@ def api_app(config: Config, url: str, seed: str) -> Any:
     """vmpool's HTTP app with the seed's DELETE: read, decide, write, release."""
     from vmpool.api.app import create_app
 
-    app = create_app(config, url, enqueue=None)  # the managers poll the provisioning queue
+    app = create_app(config, url)  # the seed's managers poll the provisioning queue
     st = app.state.vmpool
     client = redis.Redis.from_url(url, decode_responses=True, socket_timeout=10)
     keys = Keys(config.key_prefix)

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from soak import FAULT_KINDS, SoakOptions, SoakReport, run_soak
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.chaos]
 
 FAILOVERS = ("failover_kill", "failover_lagging")
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs real vmfloaty (puppetlabs/vmfloaty) against `vmpool up` from this worktree, every
-# command issues 12 and 26 name, and prints each command with its output. By hand only: CI
+# vmfloaty command vmpool supports, and prints each command with its output. By hand only: CI
 # does not need Ruby.
 #
 # Needs: Debian's `ruby ruby-faraday ruby-commander`; vmfloaty's source in $VMFLOATY

@@ -1,6 +1,6 @@
-"""The HTTP API app: vmpooler 3.9's v3 on-demand endpoints, tokens, status, health, metrics.
+"""The HTTP API app: vmpooler 3.9's v3 endpoints, status, health, metrics, the dashboard.
 
-``create_app(config, redis)`` builds one FastAPI app from the routers in
+``create_app(config, redis_url)`` builds one FastAPI app from the routers in
 :mod:`vmpool.api.routers`. Everything it needs lives in one
 :class:`~vmpool.api.deps.ApiState` on ``app.state.vmpool``. There is no module-level
 state, so several apps can share a process. ``app_from_env`` is the factory uvicorn
@@ -14,15 +14,25 @@ import random
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from typing import Literal
 
 from fastapi import FastAPI
 
-from vmpool.api.deps import ApiState, EnqueueFn, RedisClients
+from vmpool.api.deps import ApiState, RedisClients
 from vmpool.api.errors import install_error_handlers
 from vmpool.api.metrics import ApiMetrics, RedisStateCollector
 from vmpool.api.middleware import install_middleware
-from vmpool.api.routers import health, ondemand, pools, status, summary, token, vm, vm_tasks
+from vmpool.api.routers import (
+    dashboard,
+    health,
+    ondemand,
+    pools,
+    status,
+    summary,
+    timeline,
+    token,
+    vm,
+    vm_tasks,
+)
 from vmpool.config import Config, load_config
 from vmpool.state.keys import Keys
 from vmpool.state.store import Store
@@ -32,8 +42,6 @@ from workers.batching import BatchDispatcher
 __all__ = [
     "API_PREFIX",
     "LISTEN_HOST_ENV",
-    "EnqueueFn",
-    "RedisClients",
     "app_from_env",
     "create_app",
 ]
@@ -45,36 +53,32 @@ LISTEN_HOST_ENV = "VMPOOL_API_HOST"  # set by `vmpool api` for its uvicorn worke
 
 def create_app(
     config: Config,
-    redis_url_or_clients: str | RedisClients,
+    redis_url: str,
     *,
-    enqueue: EnqueueFn | Literal["rq"] | None = "rq",
     rng: random.Random | None = None,
     listen_host: str | None = None,
 ) -> FastAPI:
-    """The API app for ``config`` over the Redis at ``redis_url_or_clients``.
+    """The API app for ``config`` over the Redis at ``redis_url``.
 
-    Arguments:
+    The one factory: ``vmpool api`` (and so ``vmpool up``) serves what it builds, and the
+    tests build their apps with it (tests/apihelp.py). Arguments:
 
-    - ``enqueue(request_id)`` starts a new request's provisioning. ``"rq"`` (the default)
-      puts a provision job on the fleet's RQ queues. ``None`` enqueues nothing: the
-      periodic provision sweep finds new requests.
-    - ``rng`` picks backends (tests seed it).
+    - ``rng`` picks backends (tests seed it; None: the system's).
     - ``listen_host``: the address the server binds. ``/status`` warns when auth is off on
       one that is not loopback.
 
-    Clients made from a URL belong to the app: its shutdown closes them. Clients passed in
-    belong to the caller, who closes them.
+    A new request's provisioning goes to the fleet's RQ queues through the batching
+    dispatcher. The app owns its Redis clients: its shutdown closes them.
     """
-    st = _api_state(config, redis_url_or_clients, enqueue, rng)
+    st = _api_state(config, redis_url, rng)
     st.listen_host = listen_host
-    owns_clients = isinstance(redis_url_or_clients, str)
     app = FastAPI(
         title="vmpool",
         description="vmpooler v3 compatible on-demand VM API",
         docs_url=None,
         redoc_url=None,
         openapi_url=None,
-        lifespan=_closing(st.clients) if owns_clients else None,
+        lifespan=_closing(st.clients),
     )
     app.state.vmpool = st
     install_error_handlers(app)
@@ -85,7 +89,9 @@ def create_app(
     app.include_router(vm_tasks.router, prefix=API_PREFIX)
     app.include_router(pools.router, prefix=API_PREFIX)
     app.include_router(summary.router, prefix=API_PREFIX)
+    app.include_router(timeline.router, prefix=API_PREFIX)
     app.include_router(health.router)
+    app.include_router(dashboard.router)
     install_middleware(app, st.metrics)
     return app
 
@@ -113,29 +119,15 @@ async def _close_clients(clients: RedisClients) -> None:
     """
     clients.text.close()
     clients.raw.close()
-    if clients.aio is not None:
-        await clients.aio.get().aclose()
+    await clients.aio.get().aclose()
 
 
-def _api_state(
-    config: Config,
-    redis_url_or_clients: str | RedisClients,
-    enqueue: EnqueueFn | Literal["rq"] | None,
-    rng: random.Random | None,
-) -> ApiState:
-    clients = (
-        RedisClients.from_url(redis_url_or_clients, config.redis_options)
-        if isinstance(redis_url_or_clients, str)
-        else redis_url_or_clients
-    )
+def _api_state(config: Config, redis_url: str, rng: random.Random | None) -> ApiState:
+    clients = RedisClients.from_url(redis_url, config.redis_options)
     keys = Keys(config.key_prefix)
     store = Store(clients.text, keys)
     metrics = ApiMetrics()
     metrics.registry.register(RedisStateCollector.from_config(store, clients.raw, config))
-    batch = None
-    if enqueue == "rq":
-        batch = BatchDispatcher(clients.raw, keys, config)
-        enqueue = batch.provision_request
     return ApiState(
         config=config,
         clients=clients,
@@ -143,10 +135,9 @@ def _api_state(
         store=store,
         tokens=TokenStore(clients.text, keys),
         metrics=metrics,
-        enqueue=enqueue,
+        batch=BatchDispatcher(clients.raw, keys, config),
         rng=rng or random.SystemRandom(),
         started=time.monotonic(),
-        batch=batch,
     )
 
 

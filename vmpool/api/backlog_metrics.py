@@ -21,13 +21,14 @@ from typing import Any, Final
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 
+from vmpool.ids import Job
 from vmpool.lifecycle.batch import BATCHED
 from vmpool.state.keys import Keys
 
 __all__ = ["BACKLOG_JOBS", "backlog_families", "busy_family", "read_backlog"]
 
 # The per-subject jobs that have a work set, in the job table's order.
-BACKLOG_JOBS: Final[tuple[str, ...]] = tuple(BATCHED.values())
+BACKLOG_JOBS: Final[tuple[Job, ...]] = tuple(BATCHED.values())
 
 
 def read_backlog(keys: Keys, pipe: Any, add: Callable[[tuple[str, ...], Any], None]) -> None:

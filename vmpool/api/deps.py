@@ -2,8 +2,9 @@
 
 Everything one app needs lives in one :class:`ApiState` on ``app.state.vmpool`` (no
 module-level state, so several apps share a process, as the tests make them). Handlers
-get it through :data:`State`. The two kinds of caller identity are dependencies too:
-:data:`Token` (``X-AUTH-TOKEN``, for POST and DELETE when ``:auth:`` is configured) and
+get it through :data:`State`. The kinds of caller identity are dependencies too:
+:data:`Token` (``X-AUTH-TOKEN``, for POST and DELETE when ``:auth:`` is configured),
+:data:`CheckoutToken` (the same, but optional for a warm-pool VM, as in vmpooler) and
 :data:`BasicUser` (HTTP Basic, for the token endpoints). Both refuse with vmpooler's 401
 ``{"ok": false}``. The Redis work they do runs in FastAPI's thread pool (plain ``def``).
 """
@@ -16,7 +17,6 @@ import binascii
 import logging
 import random
 import weakref
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Annotated, Any
 
@@ -47,7 +47,7 @@ from workers.batching import BatchDispatcher
 __all__ = [
     "ApiState",
     "BasicUser",
-    "EnqueueFn",
+    "CheckoutToken",
     "LoopClients",
     "RedisClients",
     "State",
@@ -55,6 +55,8 @@ __all__ = [
     "api_state",
     "authenticate",
     "basic_user",
+    "canonical_user",
+    "checkout_token",
     "counted",
     "token_auth",
 ]
@@ -62,10 +64,6 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 REALM = 'Basic realm="Authentication required"'
-
-# Called with a new request's id to start its provisioning. None: no call (the
-# periodic provision sweep finds new requests on its own).
-EnqueueFn = Callable[[str], Any]
 
 
 class LoopClients:
@@ -97,12 +95,11 @@ class LoopClients:
 class RedisClients:
     """``text`` decodes responses (the store, tokens).
 
-    ``raw`` does not (RQ needs that). ``aio``: asyncio clients for the hot paths (None:
-    they run ``text`` in the thread pool instead)."""
+    ``raw`` does not (RQ needs that). ``aio``: the asyncio clients the hot paths await."""
 
     text: redis.Redis
     raw: redis.Redis
-    aio: LoopClients | None = None
+    aio: LoopClients
 
     @classmethod
     def from_url(cls, url: str, options: RedisOptions | None = None) -> RedisClients:
@@ -127,14 +124,13 @@ class ApiState:
     store: Store
     tokens: TokenStore
     metrics: ApiMetrics
-    enqueue: EnqueueFn | None
+    # The fleet's batching dispatcher: a POST creates the request, adds it to the
+    # provision work set and checks the lanes in one round trip (routers/ondemand.py);
+    # the operator endpoints and the VM tasks queue their jobs through it.
+    batch: BatchDispatcher
     rng: random.Random
     started: float  # time.monotonic() when the app was built (/status's uptime)
     listen_host: str | None = None  # the address served on, when known (/status warns)
-    # The fleet's batching dispatcher when ``enqueue`` is its provision_request: then a
-    # POST creates the request, adds it to the provision work set and checks the lanes
-    # in one round trip (routers/ondemand.py).
-    batch: BatchDispatcher | None = None
 
 
 def api_state(request: Request) -> ApiState:
@@ -206,6 +202,24 @@ def token_auth(request: Request) -> TokenInfo | None:
 Token = Annotated[TokenInfo | None, Depends(token_auth)]
 
 
+def checkout_token(request: Request) -> TokenInfo | None:
+    """The caller's token for a warm-pool VM (checkout, give back), None without one.
+
+    vmpooler hands out warm VMs without a token even with auth on: such a VM gets
+    ``vm_lifetime`` and anyone may give it back. A token sent is checked as
+    :func:`token_auth` checks it (401 when bad); it gives the VM ``vm_lifetime_auth`` and
+    makes it its user's. ``:auth: checkout_requires_token`` asks for one (401)."""
+    auth = api_state(request).config.auth
+    if auth is None:
+        return None
+    if "x-auth-token" not in request.headers and not auth.checkout_requires_token:
+        return None
+    return token_auth(request)
+
+
+CheckoutToken = Annotated[TokenInfo | None, Depends(checkout_token)]
+
+
 async def authenticate(request: Request, st: ApiState) -> TokenInfo | None:
     """:func:`token_auth` for a handler that takes the request alone.
 
@@ -227,6 +241,7 @@ def basic_user(request: Request) -> str:
     if auth is None:
         raise Rejected(404)
     user, password = _basic_credentials(request.headers.get("authorization", ""))
+    user = canonical_user(auth, user)
     address = request.client.host if request.client else "unknown"
     r = st.clients.text
     wait = login_retry_after(
@@ -251,6 +266,15 @@ def basic_user(request: Request) -> str:
         record_failed_login(r, st.keys, user, address, window_s=auth.failed_login_window_s)
         raise _unauthorized()
     return user
+
+
+def canonical_user(auth: AuthConfig, user: str) -> str:
+    """The one spelling of a login's user name: its budgets, its tokens, its turns.
+
+    A directory matches user names case-insensitively (uid and cn compare with
+    caseIgnoreMatch), so ``Alice`` and ``ALICE`` are the one user ``alice``; static users
+    are the config's keys, spelt as written."""
+    return user.lower() if auth.provider == "ldap" else user
 
 
 def _valid_user_name(user: str) -> bool:

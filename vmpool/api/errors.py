@@ -3,8 +3,10 @@
 A user never sees a traceback: a refusal raised anywhere (a dependency, the parsing of
 a body) carries its status and fields. An HTTP error from routing is vmpooler's
 ``{"ok": false}``. A Redis outage is a 503 the client can retry, whose message names
-the condition (unreachable, out of memory, read-only, a write not confirmed durable).
-Anything else is a 500 whose details stay in the log.
+the condition (unreachable, out of memory, read-only, a write not confirmed durable);
+on a mutating call it names the call's idempotency key (vmpool/api/idempotency.py), so
+the client can send the call again with it and learn what it got. An idempotency key
+reused for another call is a 422. Anything else is a 500 whose details stay in the log.
 """
 
 from __future__ import annotations
@@ -20,9 +22,12 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 
 from vmpool.api.responses import not_ok, reply
+from vmpool.state.ops import op_mismatch
 from vmpool.state.redis_health import MESSAGES, classify
 
 __all__ = [
+    "IDEMPOTENCY_HEADER",
+    "IDEMPOTENCY_STATE",
     "MAX_BODY_BYTES",
     "BodyTooLarge",
     "Rejected",
@@ -34,6 +39,10 @@ log = logging.getLogger(__name__)
 
 # The largest request body the API reads (vmpooler's bodies are a few names and counts).
 MAX_BODY_BYTES = 64 * 1024
+# The header of a client's idempotency key, and where a mutating call keeps its key
+# (request.state) for a 503 to name (vmpool/api/idempotency.py).
+IDEMPOTENCY_HEADER = "Idempotency-Key"
+IDEMPOTENCY_STATE = "idempotency_key"
 
 
 class Rejected(Exception):
@@ -93,9 +102,17 @@ def redis_refusal(exc: redis.RedisError, **fields: Any) -> Response | None:
 
 async def _redis_down(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, redis.RedisError)
+    if op_mismatch(exc):
+        return not_ok(422, message=f"this {IDEMPOTENCY_HEADER} was used for another request")
     log.error("Redis error serving %s %s: %s", request.method, request.url.path, exc)
-    refusal = redis_refusal(exc)
-    return refusal if refusal is not None else not_ok(500, message="internal error")
+    key = getattr(request.state, IDEMPOTENCY_STATE, None)
+    fields = {} if key is None else {"idempotency_key": key}
+    refusal = redis_refusal(exc, **fields)
+    if refusal is None:
+        return not_ok(500, message="internal error")
+    if key is not None:
+        refusal.headers[IDEMPOTENCY_HEADER] = key
+    return refusal
 
 
 async def _unexpected(request: Request, exc: Exception) -> Response:

@@ -30,6 +30,7 @@ from prometheus_client.registry import Collector
 from rq.registry import FailedJobRegistry
 
 from vmpool.api.backlog_metrics import backlog_families, read_backlog
+from vmpool.api.identity_metrics import identity_families
 from vmpool.api.provider_metrics import circuit_families
 from vmpool.api.redis_metrics import redis_health_families, unwritable_family
 from vmpool.api.worker_metrics import worker_families
@@ -124,6 +125,7 @@ class RedisStateCollector(Collector):
         yield from self._audit(reads)
         yield from worker_families(self.raw, self.keys, now)
         yield from circuit_families(self.store.redis, self.keys, self.providers)
+        yield from identity_families(self.store.redis, self.keys)
 
     def _read(self, now: float) -> dict[tuple[str, ...], Any]:
         """Every count the scrape reports, in one pipeline. Reply by name."""
@@ -138,6 +140,7 @@ class RedisStateCollector(Collector):
             for state in INDEXED_VM_STATES:
                 add(("vms", pool, state), pipe.zcard(k.pool_state(pool, state)))
             add(("ready_time", pool), pipe.hgetall(k.time_to_ready(pool)))
+            add(("create_failures", pool), pipe.hget(k.pool_failures(pool), "consecutive"))
         add(("open",), pipe.zcard(k.open_requests))
         add(("provisioning",), pipe.zcard(k.provision_queue))
         for short in QUEUES:
@@ -165,6 +168,14 @@ class RedisStateCollector(Collector):
             for state in INDEXED_VM_STATES:
                 vms.add_metric([pool, state], int(reads["vms", pool, state]))
         yield vms
+        failing = GaugeMetricFamily(
+            "vmpool_pool_create_failures",
+            "Creates of the pool that failed in a row (0 once one goes through)",
+            labels=["pool"],
+        )
+        for pool in self.pools:
+            failing.add_metric([pool], int(reads["create_failures", pool] or 0))
+        yield failing
         yield _gauge(
             "vmpool_requests_open",
             "Requests pending (the open-request index)",

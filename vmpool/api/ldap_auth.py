@@ -11,12 +11,15 @@ Never in clear: the connection is start_tls (the default) or LDAPS (``simple_tls
 with the certificate checked against ``ca_file`` (or the system's CAs), before any
 password is sent. An empty password is refused before the directory is asked (many
 directories take it for an anonymous bind, which succeeds). A directory that cannot be
-reached, or refuses TLS, is :class:`DirectoryUnavailable` (the API's 503), never a
-login. The next login asks again. Passwords are never logged.
+reached, refuses TLS, or answers that it cannot tell now (busy, unavailable) is
+:class:`DirectoryUnavailable` (the API's 503), never a login nor a failed one. The next
+login asks again. Passwords are never logged. vmpooler's ``ssl_version`` pins the TLS
+version.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import ssl
 from typing import Any
@@ -28,6 +31,9 @@ __all__ = ["DirectoryUnavailable", "ldap_login"]
 log = logging.getLogger(__name__)
 
 INVALID_CREDENTIALS = 49  # LDAP result code
+# Result codes of a directory that cannot tell now (timeLimitExceeded, adminLimitExceeded,
+# busy, unavailable): no login, and no failed login either.
+CANNOT_TELL = frozenset({3, 11, 51, 52})
 
 
 class DirectoryUnavailable(Exception):
@@ -74,10 +80,10 @@ def _connect(cfg: LdapConfig, dn: str, password: str) -> Any:
     """An open connection (TLS established: start_tls or LDAPS), not yet bound."""
     from ldap3 import NONE, SIMPLE, Connection, Server, Tls
 
-    tls = Tls(
-        validate=ssl.CERT_REQUIRED,
-        version=ssl.PROTOCOL_TLS_CLIENT,
-        ca_certs_file=cfg.ca_file,
+    tls = (
+        Tls(validate=ssl.CERT_REQUIRED, version=ssl.PROTOCOL_TLS_CLIENT, ca_certs_file=cfg.ca_file)
+        if cfg.tls_version is None
+        else _pinned_tls(cfg.tls_version)(validate=ssl.CERT_REQUIRED, ca_certs_file=cfg.ca_file)
     )
     server = Server(
         cfg.host,
@@ -103,14 +109,59 @@ def _connect(cfg: LdapConfig, dn: str, password: str) -> Any:
     return conn
 
 
+@functools.cache
+def _pinned_tls(version: str) -> type[Any]:
+    """ldap3's Tls with the connection's TLS version pinned (vmpooler's ssl_version).
+
+    ldap3 makes its SSL context itself and sets a version only through the deprecated
+    PROTOCOL_* constants: this one makes it with the minimum and maximum at ``version``,
+    the certificate required and checked by ldap3 after the handshake, as ldap3 does."""
+    from ldap3 import Tls
+    from ldap3.core.tls import check_hostname
+
+    pinned = ssl.TLSVersion[version]
+
+    class PinnedTls(Tls):  # type: ignore[misc]
+        def wrap_socket(self, connection: Any, do_handshake: bool = False) -> None:
+            context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+            context.minimum_version = context.maximum_version = pinned
+            context.check_hostname = False  # ldap3's check below, as for its own contexts
+            if self.ca_certs_file:
+                context.load_verify_locations(self.ca_certs_file)
+            else:
+                context.load_default_certs(ssl.Purpose.SERVER_AUTH)
+            context.verify_mode = self.validate
+            wrapped = context.wrap_socket(
+                connection.socket, server_side=False, do_handshake_on_connect=do_handshake
+            )
+            if do_handshake:
+                check_hostname(wrapped, connection.server.host, self.valid_names)
+            connection.socket = wrapped
+
+    return PinnedTls
+
+
 def _bound(conn: Any, what: str) -> bool:
-    """The bind's verdict: True, False for bad credentials (or another refusal, logged)."""
+    """The bind's verdict: True, False for bad credentials (or another refusal, logged).
+
+    DirectoryUnavailable when the directory answered that it cannot tell (busy)."""
     if conn.bound:
         return True
+    _answered(conn, what)
     code = conn.result.get("result") if conn.result else None
     if code != INVALID_CREDENTIALS:
         log.info("ldap: bind as %s refused: %s", what, conn.result.get("description"))
     return False
+
+
+def _answered(conn: Any, what: str) -> None:
+    """DirectoryUnavailable when the last operation's result says the directory cannot
+    tell now (busy, unavailable, a limit hit)."""
+    result = conn.result or {}
+    if result.get("result") in CANNOT_TELL:
+        host, port = conn.server.host, conn.server.port
+        log.warning("ldap: %s:%d answered %s to %s", host, port, result.get("description"), what)
+        raise DirectoryUnavailable(f"the directory {host}:{port} is {result.get('description')}")
 
 
 def _direct_bind(cfg: LdapConfig, base: str, user_object: str, user: str, password: str) -> bool:
@@ -138,6 +189,7 @@ def _search_and_bind(
         conn.search(
             base, f"({user_object}={escape_filter_chars(user)})", attributes=[], size_limit=2
         )
+        _answered(conn, "the search")
         found = [e["dn"] for e in conn.response or [] if e.get("type") == "searchResEntry"]
         if len(found) != 1:
             return False

@@ -40,10 +40,14 @@ _UNPARSABLE = "JSON payload could not be parsed"
 
 @dataclass(frozen=True)
 class Ondemand:
-    """What a POST /ondemandvm asks for: name -> count, and the client's request id."""
+    """What a POST /ondemandvm asks for: name -> count, and the client's request id.
+
+    ``keyed_id``: the id the call's idempotency key names (vmpool/api/idempotency.py),
+    taken when the body names none: a repeat of the call finds the request it made."""
 
     counts: dict[str, int]
     request_id: str | None = None
+    keyed_id: str | None = None
 
 
 async def read_body(request: Request, limit: int = MAX_BODY_BYTES) -> bytes:

@@ -8,6 +8,7 @@ Pure functions of records, config and the server's clock: the router
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
@@ -77,7 +78,10 @@ def vm_body(vm: VMRecord, config: Config, now: float) -> dict[str, Any]:
         entry["state"] = VMState.RUNNING
     else:
         entry["lifetime"] = round(config.vm_lifetime_s / 3600.0)
-        if vm.state in (VMState.COMPLETED, VMState.DESTROYED):
+        if vm.state == VMState.ON_HOLD and vm.hold_until is not None:
+            entry["state"] = VMState.ON_HOLD  # vmpool's: failed its check, kept for debugging
+            entry["hold_until"] = _rfc3339(vm.hold_until)
+        elif vm.state in (VMState.COMPLETED, VMState.DESTROYED):
             if start is not None and vm.state_since is not None:
                 entry["running"] = _hours(vm.state_since - start)
             entry["state"] = VMState.DESTROYED
@@ -166,6 +170,16 @@ def _tag_failures(tags: Any) -> list[str]:
     return failures
 
 
+def _unsupported_tags(tags: Any, allowed: tuple[str, ...] | None) -> list[str]:
+    """vmpooler's ``allowed_tags`` check: a tag name outside the list is refused.
+
+    Its message, spelling and the tags as Ruby prints a hash included."""
+    if allowed is None or not isinstance(tags, Mapping) or not set(tags) - set(allowed):
+        return []
+    shown = ", ".join(f"{json.dumps(str(k))}=>{json.dumps(v)}" for k, v in tags.items())
+    return [f"You provided unsuppored tags ({{{shown}}})."]
+
+
 MAX_DISK_GB = 2048  # vmpooler's validate_disk_size
 
 
@@ -189,7 +203,7 @@ def modify_failures(body: Mapping[str, Any], config: Config) -> list[str]:
         if param == "lifetime":
             failures += _lifetime_failures(arg, config)
         elif param == "tags":
-            failures += _tag_failures(arg)
+            failures += _tag_failures(arg) + _unsupported_tags(arg, config.allowed_tags)
         elif param == "disk":
             failures += disk_failures(arg)
         else:

@@ -9,6 +9,7 @@ import os
 import click
 
 from vmpool.cli.context import LOCAL_REDIS_URL, CliContext, with_context
+from vmpool.cli.identity_check import lost_marks_at_start
 from vmpool.cli.strict import check_redis_at_start, strict_option
 from vmpool.config import mask_url_password
 
@@ -79,6 +80,7 @@ def api_command(
     """Serve the HTTP API (vmpooler v3 compatible) with uvicorn."""
     url = cli.redis_url
     check_redis_at_start(url, cli.config.redis_options, who="vmpool api", strict=strict)
+    lost_marks_at_start(url, cli.config.redis_options, cli.keys)
     cli.publish_config("vmpool api")
     click.echo(
         f"vmpool api: http://{host}:{port}/api/v3 (redis {mask_url_password(url)},"

@@ -11,6 +11,7 @@ from vmpool.cli.errors import CliError
 from vmpool.providers import Provider, providers_from_config
 from vmpool.state.audit import INVARIANTS, audit_state, retired_pool_notes
 from vmpool.state.counters import record_audit
+from vmpool.state.fleet_identity import FleetMarks, read_marks
 from vmpool.state.redis_check import RedisCheck, check_redis
 from vmpool.state.semaphore import CloneSemaphore, SlotStats
 
@@ -36,8 +37,9 @@ __all__ = ["audit_command"]
 def audit_command(cli: CliContext, record: bool, strict: bool) -> None:
     """Check invariants 1-8 (docs/invariants.md) over the live state.
 
-    Exit 0 when every invariant holds. Exit 1 and one line per violation otherwise
-    (with --strict, also per Redis setting that puts acknowledged writes at risk).
+    Exit 0 when every invariant holds and the fleet's Redis has not lost its data (no
+    lost mark: docs/operations.md). Exit 1 and one line per violation otherwise (with
+    --strict, also per Redis setting that puts acknowledged writes at risk).
     """
     violations = audit_state(
         cli.store,
@@ -46,6 +48,8 @@ def audit_command(cli: CliContext, record: bool, strict: bool) -> None:
         reap_interval_s=cli.config.schedule.reap_running,
     )
     redis_settings = check_redis(cli.redis)
+    marks = read_marks(cli.redis, cli.keys)
+    lost = marks.problem() if marks is not None else None
     notes = retired_pool_notes(cli.store, cli.config.pools)
     limit = cli.config.ondemand_clone_limit
     slots = CloneSemaphore(cli.redis, cli.keys, limit, 2.0 * cli.config.lock_expire_s).stats()
@@ -61,6 +65,7 @@ def audit_command(cli: CliContext, record: bool, strict: bool) -> None:
                 "redis": redis_settings.as_dict(),
                 "notes": notes,
                 "clone_slots": {**asdict(slots), "limit": limit, "exceeded": slots.peak > limit},
+                "fleet": _fleet(marks, lost),
             }
         )
     else:
@@ -71,10 +76,20 @@ def audit_command(cli: CliContext, record: bool, strict: bool) -> None:
             click.echo(f"note: {note}", err=True)
         for violation in violations:
             click.echo(violation.line())
-        if not violations:
+        if lost:
+            click.echo(lost)
+        elif not violations:
             click.echo(f"audit: clean (invariants 1-{max(INVARIANTS)} hold)")
-    if violations or (strict and redis_settings.problems()):
+    if violations or lost or (strict and redis_settings.problems()):
         raise SystemExit(1)
+
+
+def _fleet(marks: FleetMarks | None, lost: str | None) -> dict[str, object]:
+    """The fleet's identity and other marks, and the lost marks' line (or None)."""
+    if marks is None:
+        return {"id": None, "marks": {}, "problem": None}
+    others = {mark: str(role) for mark, role in marks.others.items()}
+    return {"id": marks.identity, "marks": others, "problem": lost}
 
 
 def _providers(cli: CliContext) -> dict[str, Provider]:

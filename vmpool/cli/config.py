@@ -10,7 +10,7 @@ import yaml
 
 from vmpool.cli.context import CliContext, echo_json, with_context
 from vmpool.cli.errors import CliError
-from vmpool.config import ConfigError, json_schema
+from vmpool.config import ConfigError, json_schema, public_form
 
 __all__ = ["config_group"]
 
@@ -57,8 +57,11 @@ def config_check(cli: CliContext) -> None:
 @config_group.command("show")
 @with_context(json=True)
 def config_show(cli: CliContext) -> None:
-    """Print the effective configuration (secrets masked, durations in seconds)."""
-    data = cli.config.to_public_dict()
+    """Print the effective configuration (secrets masked, durations in seconds).
+
+    The same form the fleet's processes publish to Redis.
+    """
+    data = public_form(cli.config)
     if cli.as_json:
         echo_json(data)
         return

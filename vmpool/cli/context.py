@@ -18,9 +18,11 @@ an unreachable Redis is one line on stderr (exit 2 and 1) whichever command met 
 
 The config of a command that names no file is the running fleet's, as its processes
 published it to Redis (vmpool/config/published.py), when a Redis URL is given. Else the
-built-in demo. A file named while a fleet publishes a different config: a warning on
-stderr, and the command uses the file. The fleet's own processes (``follow_fleet=False``:
-up, api, worker, scheduler) never follow: they run with their own config and publish it.
+built-in demo (a warning when that Redis has no fleet). vmpooler's VMPOOLER_CONFIG and
+VMPOOLER_CONFIG_FILE name a config as --config does. A config named while a fleet
+publishes a different one: a warning on stderr, and the command uses the one named. The
+fleet's own processes (``follow_fleet=False``: up, api, worker, scheduler) never follow:
+they run with their own config and publish it.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from vmpool.config import (
     mask_url_password,
     validate_redis_url,
 )
+from vmpool.config.loader import named_by_environment
 from vmpool.config.published import (
     PublishedConfig,
     PublishedConfigError,
@@ -117,13 +120,26 @@ class CliContext:
         The file named, else the running fleet's (given a Redis URL), else the demo. A bad
         one: one line, exit 2."""
         try:
-            if self.follow_fleet and not self.config_path and self.redis_url_option:
-                fleet = self._fleet_config(self._valid_url_option())
+            if self._follows_fleet():
+                url = self._valid_url_option()
+                fleet = self._fleet_config(url)
                 if fleet is not None:
                     return fleet
+                if self._unreachable is None:
+                    click.echo(
+                        f"warning: no fleet has published its config at {mask_url_password(url)}"
+                        " (no `vmpool up`, api, worker or scheduler has run on it): this"
+                        " command uses the built-in demo config; pass --config FILE",
+                        err=True,
+                    )
             return self.load_config()
         except ConfigError as exc:
             raise CliError(str(exc)) from None
+
+    def _follows_fleet(self) -> bool:
+        """Whether the config is the fleet's: no file named, a Redis URL given."""
+        named = self.config_path or named_by_environment()
+        return self.follow_fleet and not named and bool(self.redis_url_option)
 
     def _valid_url_option(self) -> str:
         try:
@@ -183,7 +199,7 @@ class CliContext:
     def redis(self) -> Redis:
         """A client decoding replies to str (the store, tokens), checked with PING."""
         client = self._connect(decode_responses=True)
-        if self.follow_fleet and self.config_path:
+        if self.follow_fleet and (self.config_path or named_by_environment()):
             self._warn_if_the_fleet_differs(client)
         return client
 

@@ -15,7 +15,7 @@ import redis
 
 from vmpool.cli.context import CliContext, echo_json, with_context
 from vmpool.cli.errors import CliError
-from vmpool.ids import InvalidIdentifier, validate
+from vmpool.ids import InvalidIdentifier, Job, validate
 from vmpool.state.transitions import VMState
 from workers.queues import enqueue
 from workers.table import JOBS, JobSpec, job_id, lookup
@@ -23,8 +23,8 @@ from workers.table import JOBS, JobSpec, job_id, lookup
 __all__ = ["enqueue_command"]
 
 # Every name `vmpool enqueue` accepts: the table's names, then the older aliases.
-_CHOICES = (*JOBS, *(alias for spec in JOBS.values() for alias in spec.aliases))
-_CHECK_PENDING = JOBS["check_pending_vm"]
+_CHOICES = (*(job.value for job in JOBS), *(a for spec in JOBS.values() for a in spec.aliases))
+_CHECK_PENDING = JOBS[Job.CHECK_PENDING_VM]
 
 
 def _usage() -> str:
@@ -86,7 +86,7 @@ def _plan(
         raise CliError(f"--pool goes with {_CHECK_PENDING.name} only")
     if spec is _CHECK_PENDING and subject is None:
         if pool is None:
-            return [(JOBS["check_pending_sweep"], None)]
+            return [(JOBS[Job.CHECK_PENDING_SWEEP], None)]
         pools = cli.config.resolve_name(pool)  # a pool's name or one of its aliases
         if not pools:
             raise CliError(f"--pool: no pool or alias named {pool!r}")

@@ -21,6 +21,7 @@ import redis
 
 from vmpool.cli.context import CliContext, with_context
 from vmpool.cli.errors import CliError, CliFailure
+from vmpool.cli.identity_check import lost_marks_at_start
 from vmpool.cli.probe import ALIVE_FILE_ENV, SCHEDULER_ALIVE_FILE_ENV
 from vmpool.cli.strict import check_redis_at_start, strict_option
 from vmpool.config import Config
@@ -249,6 +250,7 @@ def scheduler_command(
     check_redis_at_start(
         cli.redis_url, cli.config.redis_options, who="vmpool scheduler", strict=strict
     )
+    lost_marks_at_start(cli.redis_url, cli.config.redis_options, cli.keys)
     cli.publish_config("vmpool scheduler")
     _setup_logging(verbose)
     logging.getLogger("rq_scheduler.scheduler").setLevel(

@@ -13,12 +13,25 @@ from vmpool.cli.context import CliContext, echo_json, with_context
 from vmpool.cli.output import echo_table
 from vmpool.config import Config, PoolConfig
 from vmpool.lifecycle.overrides import pools_with_overrides
+from vmpool.state.pool_failures import read_pool_failures
 from vmpool.state.store import Store
 from vmpool.state.transitions import RequestStatus, VMState
 
 __all__ = ["pool_table", "pools_command"]
 
-COLUMNS = ("pool", "alias", "size", "ready", "pending", "running", "completed", "ondemand_queue")
+COLUMNS = (
+    "pool",
+    "alias",
+    "size",
+    "ready",
+    "pending",
+    "running",
+    "completed",
+    "on_hold",
+    "ondemand_queue",
+    "failing",
+)
+FAILING_SHOWN = 100  # characters of the last error the table shows (JSON: all of it)
 
 
 def pool_table(store: Store, config: Config) -> list[dict[str, object]]:
@@ -30,6 +43,7 @@ def pool_table(store: Store, config: Config) -> list[dict[str, object]]:
     retired = sorted(store.pools.indexed_pools() - set(config.pools))
     counts = store.pool_counts([*config.pools, *retired])
     queued = _ondemand_queue(store, config)
+    now, failures = read_pool_failures(store.redis, store.keys, config.pools)
     counted = {name: _counted(counts[name]) for name in counts}
     rows: list[dict[str, object]] = []
     for name, pool in pools_with_overrides(store.redis, store.keys, config).items():
@@ -42,6 +56,7 @@ def pool_table(store: Store, config: Config) -> list[dict[str, object]]:
                 "ondemand_queue": queued[name],
                 "overrides": _overrides(pool, config.pools[name]),
                 "configured": True,
+                "create_failures": failures[name].as_dict(now),
             }
         )
     for name in retired:
@@ -54,6 +69,7 @@ def pool_table(store: Store, config: Config) -> list[dict[str, object]]:
                 "ondemand_queue": 0,
                 "overrides": {},
                 "configured": False,
+                "create_failures": None,
             }
         )
     return rows
@@ -79,6 +95,7 @@ def _counted(c: Mapping[str, int]) -> dict[str, int]:
         "pending": c[VMState.RESERVED] + c[VMState.PENDING],
         "running": c[VMState.RUNNING],
         "completed": c[VMState.COMPLETED],
+        "on_hold": c[VMState.ON_HOLD],  # failed their ready check, kept for debugging
     }
 
 
@@ -120,10 +137,11 @@ def pools_command(
     unset_size: tuple[str, ...],
     reset: tuple[str, ...],
 ) -> None:
-    """Per pool: aliases, size, ready, pending, running, completed, on-demand queue.
+    """Per pool: aliases, size, VMs by state (on hold: kept for debugging), on-demand queue.
 
     A size set at runtime is marked with '*' (JSON: ``overrides``). A pool the config no
-    longer names is listed (size "removed") while it still has VMs."""
+    longer names is listed (size "removed") while it still has VMs. A pool whose creates
+    fail says how many in a row and the last error (JSON: ``create_failures``)."""
     if set_size or unset_size or reset:
         from vmpool.cli.pool_admin import apply_pool_changes
 
@@ -132,7 +150,16 @@ def pools_command(
     if cli.as_json:
         echo_json(rows)
         return
-    echo_table([{**r, "size": _size_shown(r)} for r in rows], COLUMNS)
+    echo_table([{**r, "size": _size_shown(r), "failing": _failing(r)} for r in rows], COLUMNS)
+
+
+def _failing(row: dict[str, object]) -> str:
+    """The table's word on a pool whose creates fail: how many in a row, the last error."""
+    failures = row["create_failures"]
+    if not isinstance(failures, dict) or not failures["failing"]:
+        return ""
+    text = f"{failures['consecutive_failures']} in a row: {failures['last_error']}"
+    return text if len(text) <= FAILING_SHOWN else text[: FAILING_SHOWN - 3] + "..."
 
 
 def _size_shown(row: dict[str, object]) -> object:

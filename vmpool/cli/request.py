@@ -20,11 +20,12 @@ import redis
 from vmpool.cli.context import CliContext, echo_json, with_context
 from vmpool.cli.errors import CliError, CliFailure
 from vmpool.cli.output import echo_table, iso, relative
-from vmpool.ids import InvalidIdentifier, validate_request_id
+from vmpool.ids import InvalidIdentifier, Job, validate_request_id
 from vmpool.lifecycle.overrides import pools_with_overrides
 from vmpool.lifecycle.plan import RequestRejected, parse_pool_counts, plan_slots
 from vmpool.state.records import RequestRecord, RequestSettings
 from vmpool.state.store import Store
+from vmpool.state.timeline import request_timeline
 from vmpool.state.transitions import RequestStatus
 
 __all__ = ["request_group", "request_view", "wait_for"]
@@ -181,7 +182,7 @@ def _enqueue_provision(cli: CliContext, rid: str) -> None:
     from workers.queues import enqueue
 
     try:
-        enqueue(cli.rq_redis, cli.keys, "provision_request", rid)
+        enqueue(cli.rq_redis, cli.keys, Job.PROVISION_REQUEST, rid)
     except redis.RedisError as exc:
         click.echo(f"warning: could not enqueue provisioning ({exc}); the sweep will", err=True)
 
@@ -253,25 +254,15 @@ def request_delete(cli: CliContext, request_id: str) -> None:
 @with_context(json=True)
 @click.argument("request_id")
 def request_history(cli: CliContext, request_id: str) -> None:
-    """The request's audit trail: every transition, its version, actor and time."""
+    """The request's timeline: every transition of it and its VMs, with actor and time.
+
+    The same entries as GET /api/v3/ondemandvm/<id>/timeline; a failure is marked '!'.
+    """
     rid = _request_id(request_id)
     _record(cli.store, rid)
-    entries = cli.store.history(rid)
+    entries = request_timeline(cli.store, rid) or []
     if cli.as_json:
-        echo_json(
-            [
-                {
-                    "version": e.version,
-                    "entity": e.entity,
-                    "from": e.src,
-                    "to": e.dst,
-                    "actor": e.actor,
-                    "reason": e.reason,
-                    "time": e.time,
-                }
-                for e in entries
-            ]
-        )
+        echo_json([e.as_dict() for e in entries])
         return
     echo_table(
         [
@@ -281,7 +272,7 @@ def request_history(cli: CliContext, request_id: str) -> None:
                 "entity": e.entity,
                 "transition": f"{e.src} -> {e.dst}",
                 "actor": e.actor,
-                "reason": e.reason,
+                "reason": f"! {e.reason}" if e.error else e.reason,
             }
             for e in entries
         ],

@@ -16,12 +16,12 @@ does not answer, a child that keeps exiting.
 from __future__ import annotations
 
 import contextlib
-import shlex
 import signal
 import sys
 import tempfile
 import threading
 import time
+from functools import partial
 from pathlib import Path
 from types import FrameType
 
@@ -30,9 +30,17 @@ import redis
 
 from vmpool.cli.context import CliContext, with_context
 from vmpool.cli.errors import CliError, CliFailure
+from vmpool.cli.identity_check import lost_marks_at_start
 from vmpool.cli.strict import STRICT_ENV, check_redis_at_start, strict_option
 from vmpool.cli.up_health import FleetProbe, wait_healthy
-from vmpool.config import Config, mask_url_password
+from vmpool.cli.up_screen import (
+    announce,
+    clean_leftovers_of_killed_runs,
+    starting_line,
+    stop_children,
+    terminal_gone,
+)
+from vmpool.config import Config
 from vmpool.local.dashboard import (
     DEFAULT_PORT,
     dashboard_installed,
@@ -136,19 +144,17 @@ def up_command(
     process's log is a file in the run directory). Ctrl-C or SIGTERM stops them all.
     """
     config = cli.config
-    if dashboard and not dashboard_installed():
-        raise CliError("--dashboard needs rq-dashboard: pip install 'vmpool[dashboard]'")
-    port = _api_port(host, port, demo)
-    board_url = f"http://{host}:{dashboard_port or free_port(host)}" if dashboard else None
-    _check_ports(host, port, board_url)
+    clean_leftovers_of_killed_runs()
+    port, board_url = _ports(host, port, dashboard_port if dashboard else None, demo=demo)
     run_dir = _run_dir(log_dir)
     screen = _screen(config, run_dir, verbose=verbose, demo=demo)
     stop = _stop_on_signals()
+    screen.on_gone = partial(terminal_gone, stop)  # `vmpool up | head`: stop as Ctrl-C
     # Undone in reverse: the children, then the log files, then the embedded Redis.
     with contextlib.ExitStack() as undo:
         url = config.redis_url or _embedded_redis(undo)
         _check_redis(cli, url, strict=strict)
-        click.echo(_starting_line(config, n_workers, host, port, url, run_dir))
+        screen.say(starting_line(config, n_workers, host, port, url, run_dir))
         specs = _specs(
             cli, url, workers=n_workers, host=host, port=port, board_url=board_url, strict=strict
         )
@@ -163,7 +169,7 @@ def up_command(
         )
         if stop.is_set():
             return
-        _announce(sup, api_url, url, board_url, demo=demo)
+        announce(screen, sup, api_url, url, board_url, demo=demo)
         code = _serve(cli, sup, stop, api_url, url, demo=demo, screen=screen, every_s=summary_s)
     sys.exit(code)
 
@@ -178,7 +184,7 @@ def _start_children(
     for spec in specs:
         screen.log_path(spec.name).touch()
     sup = Supervisor(specs, sink=screen)
-    undo.callback(_stop_children, sup, run_dir)
+    undo.callback(stop_children, sup, run_dir, screen)
     sup.start()
     return sup
 
@@ -202,6 +208,9 @@ def _check_redis(cli: CliContext, url: str, *, strict: bool) -> None:
     if cli.config.redis_url:
         _reach_redis(cli)
     check_redis_at_start(url, cli.config.redis_options, who="vmpool up", strict=strict)
+    lost = lost_marks_at_start(url, cli.config.redis_options, cli.keys)
+    if lost:
+        click.echo(f"warning: {lost}", err=True)
     cli.publish_config("vmpool up", url, warn=False)
 
 
@@ -226,6 +235,20 @@ def _specs(
         board_port = int(board_url.rsplit(":", 1)[1])
         specs.append(dashboard_spec(host=host, port=board_port, redis_url=url))
     return specs
+
+
+def _ports(
+    host: str, port: int | None, dashboard_port: int | None, *, demo: bool
+) -> tuple[int, str | None]:
+    """The API's port and the dashboard's URL (None: no dashboard), both free to listen on."""
+    if dashboard_port is not None and not dashboard_installed():
+        raise CliError("--dashboard needs rq-dashboard: pip install 'vmpool[dashboard]'")
+    port = _api_port(host, port, demo)
+    board_url = None
+    if dashboard_port is not None:
+        board_url = f"http://{host}:{dashboard_port or free_port(host)}"
+    _check_ports(host, port, board_url)
+    return port, board_url
 
 
 def _api_port(host: str, port: int | None, demo: bool) -> int:
@@ -299,47 +322,6 @@ def _embedded_redis(undo: contextlib.ExitStack) -> str:
     return server.url
 
 
-def _starting_line(
-    config: Config, workers: int, host: str, port: int, redis_url: str, run_dir: Path
-) -> str:
-    pools = ", ".join(config.pools) or "none"
-    redis_kind = "given" if config.redis_url else "embedded"
-    return (
-        f"vmpool up: starting the API on {host}:{port}, {workers} worker(s) and the scheduler"
-        f" on Redis {mask_url_password(redis_url)} ({redis_kind})\n"
-        f"  config: {config.source} (pools: {pools})\n"
-        f"  logs:   {run_dir}/ (one file per process)"
-    )
-
-
-def _announce(
-    sup: Supervisor, api_url: str, redis_url: str, board_url: str | None, *, demo: bool
-) -> None:
-    """The few lines a person needs once everything is healthy."""
-    click.echo(f"vmpool is up: API {api_url}  Redis {mask_url_password(redis_url)}")
-    click.echo("  processes: " + ", ".join(f"{n} ({p})" for n, p in sup.pids().items()))
-    if board_url is not None:
-        click.echo(f"rq-dashboard: {board_url}")
-    if demo:
-        return
-    masked = mask_url_password(redis_url)
-    click.echo(
-        "\nIn another shell, the vmpool commands work on this fleet (its pools, its config) with:"
-    )
-    click.echo(f"  export VMPOOL_REDIS_URL={shlex.quote(masked)}")
-    if masked != redis_url:
-        click.echo("  (the password is masked here: put yours in its place)")
-    click.echo(
-        "\nCtrl-C stops everything. Below: warnings and errors only (-v: every line of every log)."
-    )
-
-
-def _stop_children(sup: Supervisor, run_dir: Path) -> None:
-    click.echo("stopping every process ...")
-    sup.stop()
-    click.echo(f"stopped; the logs stay in {run_dir}/")
-
-
 def _serve(
     cli: CliContext,
     sup: Supervisor,
@@ -359,7 +341,7 @@ def _serve(
 
         report = run_demo_on(cli.config, sup, stop, api_url=api_url, redis_url=redis_url)
         for line in report.lines():
-            click.echo(line)
+            screen.say(line)
         return 1 if report.violations else 0
     client = connect(redis_url, cli.config.redis_options, decode_responses=True)
     store = Store(client, cli.keys)

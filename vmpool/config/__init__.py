@@ -9,6 +9,9 @@ Modules:
 - :mod:`~vmpool.config.build`: the resolved :class:`Config`. Seconds, inherited
   defaults, references, provider options through the provider registry.
 - :mod:`~vmpool.config.loader`: file -> YAML -> the above.
+- :mod:`~vmpool.config.public`: the config's public form, every setting and no secret
+  (``vmpool config show`` prints it, the fleet publishes it:
+  :mod:`~vmpool.config.published`).
 - :mod:`~vmpool.config.demo`: the built-in demo.
 - :mod:`~vmpool.config.schema`: the file's JSON Schema.
 
@@ -23,6 +26,7 @@ from vmpool.config.errors import ConfigError
 from vmpool.config.ldap import LdapConfig
 from vmpool.config.loader import demo_config, load_config, parse_config
 from vmpool.config.model import AuthConfig, Config, PoolConfig, ProviderConfig
+from vmpool.config.public import public_form
 from vmpool.config.redis_url import mask_url_password, validate_redis_url
 from vmpool.config.schema import json_schema
 from vmpool.config.settings import Schedule
@@ -45,5 +49,6 @@ __all__ = [
     "load_config",
     "mask_url_password",
     "parse_config",
+    "public_form",
     "validate_redis_url",
 ]

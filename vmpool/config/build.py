@@ -12,9 +12,8 @@ Here happens what no single setting can check alone:
 
 from __future__ import annotations
 
-import dataclasses
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -24,7 +23,7 @@ from pydantic import BaseModel, ValidationError
 
 from vmpool.config.errors import ConfigError
 from vmpool.config.fields import in_seconds
-from vmpool.config.ldap import LdapConfig, build_ldap
+from vmpool.config.ldap import LdapConfig, build_ldap, ssl_version
 from vmpool.config.model import AuthConfig, Config, PoolConfig, ProviderConfig
 from vmpool.config.settings import (
     AuthSection,
@@ -36,7 +35,7 @@ from vmpool.config.settings import (
 )
 from vmpool.config.users_file import read_users_file
 from vmpool.config.vmpooler import implemented
-from vmpool.config.vmpooler_keys import REDIS_URL_PARTS
+from vmpool.config.vmpooler_keys import CONFIG_PROVIDER_DEFAULTS, REDIS_URL_PARTS
 from vmpool.providers.options import key_path, problems
 from vmpool.providers.registry import DEFAULT_PROVIDER, provider_class
 from vmpool.state.connection import RedisOptions
@@ -79,13 +78,41 @@ def build(file: ConfigFile, *, source: str, warnings: tuple[str, ...]) -> Config
         schedule=file.schedule,
         auth=None if file.auth is None else _auth(file.auth, source),
         source=source,
-        warnings=warnings,
+        warnings=warnings
+        + _unread_provider_defaults(cfg, providers.values(), source)
+        + _ldap_warnings(file.auth, source),
         task_limit=cfg.task_limit,
         batch_lanes=cfg.batch_lanes,
         max_lifetime_upper_limit_s=in_seconds(cfg, "max_lifetime_upper_limit"),
         tagfilter=MappingProxyType(_tagfilter(file, source)),
+        allowed_tags=None if cfg.allowed_tags is None else tuple(cfg.allowed_tags),
         experimental_features=cfg.experimental_features,
+        site_name=cfg.site_name,
     )
+
+
+def _unread_provider_defaults(
+    cfg: ConfigSection, providers: Iterable[ProviderConfig], source: str
+) -> tuple[str, ...]:
+    """A warning for each of vmpooler's :config: provider keys that no provider reads."""
+    classes = [provider_class(p.provider_class) for p in providers]
+    read = {name for c in classes if c is not None for name in c.options.model_fields}
+    return tuple(
+        f"{source}: config.{key}: no provider here reads it (vsphere does); ignored"
+        for key in CONFIG_PROVIDER_DEFAULTS
+        if getattr(cfg, key) is not None and key not in read
+    )
+
+
+def _ldap_warnings(auth: AuthSection | None, source: str) -> tuple[str, ...]:
+    """A vmpooler LDAP setting vmpool does not honour as written (an obsolete ssl_version)."""
+    if auth is None or auth.provider != "ldap" or auth.ldap is None:
+        return ()
+    try:
+        _, warning = ssl_version(auth.ldap.encryption)
+    except ValueError:  # the config error is raised where the LDAP settings are built
+        return ()
+    return () if warning is None else (f"{source}: auth.ldap.encryption: {warning}",)
 
 
 def _tagfilter(file: ConfigFile, source: str) -> dict[str, str]:
@@ -131,6 +158,10 @@ def _providers(file: ConfigFile, source: str) -> tuple[dict[str, ProviderConfig]
         if implementation is None:
             unimplemented[name] = class_name
             continue
+        for key in CONFIG_PROVIDER_DEFAULTS:  # vmpooler's :config: keys for its providers
+            value = getattr(file.config, key)
+            if value is not None and key in implementation.options.model_fields:
+                options.setdefault(key, value)
         try:
             implementation.options.model_validate(options)
         except ValidationError as exc:
@@ -156,6 +187,7 @@ class _Pools:
         self.unimplemented = unimplemented
         self.timeout_s = _seconds(file.config, "timeout")
         self.ready_ttl_s = in_seconds(file.config, "ready_ttl")
+        self.hold_s = _seconds(file.config, "hold_failed_minutes")
         self.domains = {name: dns.domain for name, dns in file.dns_configs.items()}
 
     def build(self) -> dict[str, PoolConfig]:
@@ -177,39 +209,42 @@ class _Pools:
         provider = self.provider(pool.provider, f"{path}.provider")
         domain = self.domain(pool, path)
         ready_ttl_s = in_seconds(pool, "ready_ttl")
-        resolved = PoolConfig(
-            name=pool.name,
-            alias=tuple(dict.fromkeys(alias for alias in pool.alias if alias != pool.name)),
-            template=pool.template or pool.name,
-            size=pool.size,
-            timeout_s=in_seconds(pool, "timeout") or self.timeout_s,
-            provider=provider,
-            ready_ttl_s=self.ready_ttl_s if ready_ttl_s is None else ready_ttl_s,
-            domain=domain,
-            clone_target=pool.clone_target or self.file.config.clone_target,
-            ondemand_from_ready=pool.ondemand_from_ready,
-        )
+        hold_s = in_seconds(pool, "hold_failed_minutes")
+        resolved: dict[str, Any] = {
+            "name": pool.name,
+            "alias": tuple(dict.fromkeys(alias for alias in pool.alias if alias != pool.name)),
+            "template": pool.template or pool.name,
+            "size": pool.size,
+            "timeout_s": in_seconds(pool, "timeout") or self.timeout_s,
+            "provider": provider,
+            "ready_ttl_s": self.ready_ttl_s if ready_ttl_s is None else ready_ttl_s,
+            "domain": domain,
+            "clone_target": pool.clone_target or self.file.config.clone_target,
+            "ondemand_from_ready": pool.ondemand_from_ready,
+            "hold_failed_s": self.hold_s if hold_s is None else hold_s,
+        }
         options = self.provider_options(resolved, pool, path)
-        return dataclasses.replace(resolved, provider_options=MappingProxyType(options))
+        return PoolConfig(**resolved, provider_options=MappingProxyType(options))
 
     def provider_options(
-        self, resolved: PoolConfig, pool: PoolSection, path: str
+        self, resolved: Mapping[str, Any], pool: PoolSection, path: str
     ) -> dict[str, Any]:
         """The pool's keys for its provider's class, validated by the class's pool model.
 
-        The validation context holds the provider's options: ``{"provider": ...}``.
+        ``resolved`` holds the pool's own settings, resolved. The validation context holds
+        the provider's options: ``{"provider": ...}``.
 
         A key the model shares with the pool's own settings (``clone_target``) gets the pool's
         resolved value, unless the pool wrote its own for the provider.
         """
-        provider = self.providers[resolved.provider]
+        provider = self.providers[resolved["provider"]]
         implementation = provider_class(provider.provider_class)
         if implementation is None:  # pragma: no cover - provider() refused it already
             return {}
         model = implementation.pool_options
         raw = dict(pool.provider_options)
         for name in model.model_fields:
-            value = getattr(resolved, name, None)
+            value = resolved.get(name)
             if name not in raw and name in PoolSection.model_fields and value is not None:
                 raw[name] = value
         try:  # the provider's options are the context of checks spanning both levels
@@ -334,8 +369,10 @@ def _auth(auth: AuthSection, source: str) -> AuthConfig:
         max_tokens_per_user=auth.max_tokens_per_user,
         max_failed_logins_per_user=auth.max_failed_logins_per_user,
         max_failed_logins_per_address=auth.max_failed_logins_per_address,
-        failed_login_window_s=in_seconds(auth, "failed_login_window") or 300.0,
-        admins=tuple(sorted(set(auth.admins))),
+        failed_login_window_s=_seconds(auth, "failed_login_window"),
+        # a directory matches names case-insensitively: its users are spelt in lower case
+        admins=tuple(sorted({a.lower() if auth.provider == "ldap" else a for a in auth.admins})),
+        checkout_requires_token=auth.checkout_requires_token,
         ldap=_ldap(auth, source),
     )
 

@@ -18,6 +18,7 @@ from typing import Annotated, Any, Final, Literal
 from pydantic import (
     BaseModel,
     BeforeValidator,
+    ConfigDict,
     Field,
     ValidationError,
     ValidatorFunctionWrapHandler,
@@ -46,6 +47,7 @@ __all__ = [
     "Domain",
     "FleetCount",
     "GraceSeconds",
+    "HoldMinutes",
     "HostnamePrefix",
     "InstanceCount",
     "IntervalSeconds",
@@ -62,6 +64,7 @@ __all__ = [
     "PositiveNumber",
     "RedisUrl",
     "RetryCount",
+    "Section",
     "Text",
     "TtlHours",
     "TtlMinutes",
@@ -74,6 +77,14 @@ __all__ = [
 ]
 
 UNITS: Final = MappingProxyType({"seconds": 1.0, "minutes": 60.0, "hours": 3600.0})
+
+
+class Section(BaseModel):
+    """The base of every section of the file: frozen, unknown keys left to the reader."""
+
+    # Defaults are validated too, so that a duration is a float whether given or not.
+    model_config = ConfigDict(frozen=True, extra="ignore", validate_default=True)
+
 
 PositiveNumber = Annotated[
     float, Field(gt=0, allow_inf_nan=False), expect("a positive number", number)
@@ -101,6 +112,12 @@ TtlMinutes = Annotated[
     float,
     Field(ge=0.1 / 60, le=YEAR_S / 60, allow_inf_nan=False),
     expect("a number of minutes from 1/600 (0.1 second) to 525600 (a year)", number),
+]
+# How long a VM whose ready check failed is kept for debugging: 0 (not kept) to a week.
+HoldMinutes = Annotated[
+    float,
+    Field(ge=0, le=7 * DAY_S / 60, allow_inf_nan=False),
+    expect("a number of minutes from 0 (none) to 10080 (a week)", number),
 ]
 TtlHours = Annotated[
     float,

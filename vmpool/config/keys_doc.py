@@ -36,6 +36,7 @@ from vmpool.config.vmpooler_keys import (
     REDIS_IGNORED,
     SCHEDULE_KEY_ALIASES,
 )
+from vmpool.config.vmpooler_limits import LIMITS
 from vmpool.providers.registry import PROVIDER_CLASSES, NoPoolOptions
 
 __all__ = ["BEGIN", "END", "keys_markdown", "rewrite"]
@@ -144,6 +145,15 @@ def _vmpooler_keys() -> list[str]:
         f"| `:redis:` | {_names(REDIS_IGNORED)} |",
         f"| each provider | {_names(PROVIDER_IGNORED)} |",
         f"| `:auth:` | {_names(AUTH_IGNORED)} |",
+        "",
+        "### vmpooler 3.8/3.9's circuit breaker, adaptive timeout and rate limiter",
+        "",
+        "Read as vmpool's own setting where the meaning is the same; where it is not, a"
+        " value that would change what vmpooler does is a warning naming the key.",
+        "",
+        "| `:config:` key | in vmpool |",
+        "|---|---|",
+        *[f"| `{key}` | {what} |" for key, what in LIMITS.items()],
         "",
         "### Renamed and removed keys",
         "",

@@ -13,6 +13,7 @@ vmpooler's form (lib/vmpooler/api/helpers.rb ``authenticate``)::
           :method: :start_tls             # or :simple_tls (LDAPS)
           :tls_options:
             ca_file: /etc/ssl/ldap-ca.pem # default: the system's CAs
+            :ssl_version: TLSv1_2         # default: negotiate (TLS 1.2 or newer)
         service_account_hash:             # optional: search, then bind as the user
           :user_dn: cn=vmpool,ou=services,dc=example,dc=com
           :password: secret
@@ -28,27 +29,24 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from types import MappingProxyType
+from typing import Any, Final, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
-from vmpool.config.fields import Password, Port, Text
+from vmpool.config.fields import Password, Port, Section, Text
 
-__all__ = ["LdapConfig", "LdapSection", "build_ldap"]
+__all__ = ["LdapConfig", "LdapSection", "build_ldap", "ssl_version"]
 
 Method = Literal["start_tls", "simple_tls"]
 
 
-class _Section(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="ignore", validate_default=True)
-
-
-class LdapServiceAccount(_Section):
+class LdapServiceAccount(Section):
     user_dn: Text = Field(description="The service account's DN (it searches for users)")
     password: Password = Field(description="The service account's password")
 
 
-class LdapSection(_Section):
+class LdapSection(Section):
     """``:auth: ldap:`` (vmpooler's keys)."""
 
     host: Text = Field(description="The directory's host name")
@@ -81,11 +79,42 @@ class LdapConfig:
     service_user_dn: str | None
     service_password: str | None
     timeout_s: float
+    # vmpooler's tls_options.ssl_version, as ssl.TLSVersion's name ("TLSv1_2"), pinning
+    # the connection's TLS version; None: negotiate (TLS 1.2 or newer on a current system)
+    tls_version: str | None
 
 
 def _listed(value: str | list[str]) -> tuple[str, ...]:
     # vmpooler splits a string on whitespace (Ruby's String#split)
     return tuple(value.split()) if isinstance(value, str) else tuple(value)
+
+
+# vmpooler's ssl_version (Ruby OpenSSL's names) -> the version pinned; None: negotiate.
+SSL_VERSIONS: Final = MappingProxyType(
+    {"TLSv1_2": "TLSv1_2", "TLSv1_3": "TLSv1_3", "SSLv23": None, "TLS": None}
+)
+# Versions no current OpenSSL speaks by default: a warning, and the connection negotiates.
+OBSOLETE_SSL_VERSIONS: Final = ("TLSv1", "TLSv1_1")
+
+
+def ssl_version(raw: Any) -> tuple[str | None, str | None]:
+    """(version to pin, warning) for ``encryption``'s ``tls_options: ssl_version``.
+
+    ValueError for a name that is not a TLS version."""
+    options = raw.get("tls_options") if isinstance(raw, Mapping) else None
+    given = options.get("ssl_version") if isinstance(options, Mapping) else None
+    if given is None:
+        return None, None
+    name = str(given).lstrip(":")
+    if name in OBSOLETE_SSL_VERSIONS:
+        return None, (
+            f"ssl_version {name!r} is obsolete (no current OpenSSL speaks it by default):"
+            " the connection negotiates TLS 1.2 or newer"
+        )
+    if name not in SSL_VERSIONS:
+        known = ", ".join([*SSL_VERSIONS, *OBSOLETE_SSL_VERSIONS])
+        raise ValueError(f"encryption.tls_options.ssl_version {name!r}: use one of {known}")
+    return SSL_VERSIONS[name], None
 
 
 def _encryption(raw: Any) -> tuple[str, str | None]:
@@ -122,6 +151,7 @@ def build_ldap(section: LdapSection, base_dir: Path | None) -> LdapConfig:
     wrong.
     """
     method, ca_file = _encryption(section.encryption)
+    tls_version, _ = ssl_version(section.encryption)
     if ca_file is not None and base_dir is not None and not Path(ca_file).is_absolute():
         ca_file = str(base_dir / ca_file)
     bases, objects = _listed(section.base), _listed(section.user_object)
@@ -138,4 +168,5 @@ def build_ldap(section: LdapSection, base_dir: Path | None) -> LdapConfig:
         service_user_dn=account.user_dn if account else None,
         service_password=account.password if account else None,
         timeout_s=section.timeout,
+        tls_version=tls_version,
     )

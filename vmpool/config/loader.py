@@ -22,7 +22,16 @@ from vmpool.config.settings import ConfigFile
 from vmpool.config.vmpooler import read, where
 from vmpool.providers.options import problems
 
-__all__ = ["demo_config", "load_config", "parse_config"]
+__all__ = [
+    "VMPOOLER_VARIABLES",
+    "demo_config",
+    "load_config",
+    "named_by_environment",
+    "parse_config",
+]
+
+# vmpooler's variables naming its config: the text itself, or a file.
+VMPOOLER_VARIABLES = ("VMPOOLER_CONFIG", "VMPOOLER_CONFIG_FILE")
 
 
 def load_config(
@@ -30,19 +39,45 @@ def load_config(
 ) -> Config:
     """Load and validate a config file.
 
-    - ``path`` None means ``env["VMPOOL_CONFIG"]`` when set, else the built-in demo.
+    - ``path`` None means ``env["VMPOOL_CONFIG"]`` when set; else vmpooler's variables:
+      ``VMPOOLER_CONFIG`` (the config as YAML text), else ``VMPOOLER_CONFIG_FILE`` (a
+      file); else the built-in demo. A variable passed over is a warning.
     - ``env`` (default ``os.environ``) supplies vmpooler's overriding variables.
     """
     environ: Mapping[str, str] = os.environ if env is None else env
+    given = {name: (environ.get(name) or "").strip() for name in VMPOOLER_VARIABLES}
+    used: str | None = None
     if path is None:
-        from_env = environ.get("VMPOOL_CONFIG", "").strip()
-        if not from_env:
-            return parse_config(
-                _load_yaml(DEMO_CONFIG_YAML, DEMO_SOURCE), source=DEMO_SOURCE, env=environ
-            )
-        path = from_env
+        path = (environ.get("VMPOOL_CONFIG") or "").strip() or None
+    if path is None and given["VMPOOLER_CONFIG"]:
+        source = "environment VMPOOLER_CONFIG"
+        data = _load_yaml(environ["VMPOOLER_CONFIG"], source)
+        notes = _passed_over(given, source, "VMPOOLER_CONFIG")
+        return parse_config(data, source=source, env=environ, notes=notes, files=False)
+    if path is None and given["VMPOOLER_CONFIG_FILE"]:
+        path, used = given["VMPOOLER_CONFIG_FILE"], "VMPOOLER_CONFIG_FILE"
+    if path is None:
+        data = _load_yaml(DEMO_CONFIG_YAML, DEMO_SOURCE)
+        return parse_config(data, source=DEMO_SOURCE, env=environ)
     source = os.fspath(path)
-    return parse_config(_load_yaml(_read_text(source), source), source=source, env=environ)
+    data = _load_yaml(_read_text(source), source)
+    notes = _passed_over(given, source, used)
+    return parse_config(data, source=source, env=environ, notes=notes)
+
+
+def named_by_environment(env: Mapping[str, str] | None = None) -> bool:
+    """Whether vmpooler's variables name a config (the CLI then uses it, not the fleet's)."""
+    environ: Mapping[str, str] = os.environ if env is None else env
+    return any((environ.get(name) or "").strip() for name in VMPOOLER_VARIABLES)
+
+
+def _passed_over(given: Mapping[str, str], source: str, used: str | None) -> tuple[str, ...]:
+    """A warning for each of vmpooler's variables set but not the one used."""
+    return tuple(
+        f"environment {name}: ignored: the config is {source}"
+        for name, value in given.items()
+        if value and name != used
+    )
 
 
 def demo_config() -> Config:
@@ -50,15 +85,37 @@ def demo_config() -> Config:
     return parse_config(_load_yaml(DEMO_CONFIG_YAML, DEMO_SOURCE), source=DEMO_SOURCE, env={})
 
 
-def parse_config(data: Any, *, source: str, env: Mapping[str, str] | None = None) -> Config:
-    """Validate already-parsed YAML (``source`` names it in messages)."""
-    file = read(data, source=source, env=os.environ if env is None else env)
+def parse_config(
+    data: Any,
+    *,
+    source: str,
+    env: Mapping[str, str] | None = None,
+    notes: tuple[str, ...] = (),
+    files: bool = True,
+) -> Config:
+    """Validate already-parsed YAML (``source`` names it in messages).
+
+    ``notes``: warnings said before the file's own. ``files`` False: the config is text,
+    which reads no extra file (vmpooler's VMPOOLER_CONFIG)."""
+    base_dir = Path(source).parent if files and Path(source).is_file() else None
+    file = read(
+        data,
+        source=source,
+        env=os.environ if env is None else env,
+        load=_load_file if files else None,
+        base_dir=base_dir,
+    )
     try:
         settings = ConfigFile.model_validate(file.sections)
     except ValidationError as exc:
         loc, problem = problems(exc)[0]
         raise ConfigError(source, where(loc, file.origins), problem) from None
-    return build(settings, source=source, warnings=file.warnings)
+    return build(settings, source=source, warnings=notes + file.warnings)
+
+
+def _load_file(path: str) -> Any:
+    """One extra config file, parsed."""
+    return _load_yaml(_read_text(path), path)
 
 
 def _read_text(source: str) -> str:

@@ -7,53 +7,43 @@ Who: the processes that run the fleet (``vmpool up``, ``api``, ``worker``,
 ``scheduler``) publish the config they run with when they start. The other commands
 read it when no config file is named. When one is named, they compare the two.
 
-What: the config's public form. No Redis URL (the reader has one). No password hash
-(users by name only). Every provider option whose name says secret is masked as
-``***``, as ``vmpool config show`` does. A command that needs a provider's secrets
-(``vmpool audit`` on a real cloud) still needs the file.
+What: the config's public form (:mod:`vmpool.config.public`), the very form
+``vmpool config show --json`` prints: every setting, every secret masked as ``***``
+(users by name only, the Redis URL's password masked). A reader takes its own Redis
+URL, never the published one. A command that needs a provider's secrets (``vmpool
+audit`` on a real cloud) still needs the file.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
-import typing
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from types import MappingProxyType
 from typing import Any, Final
 
 import redis
-from pydantic import SecretStr
 
-from vmpool.config.build import default_redis_options
-from vmpool.config.ldap import LdapConfig
-from vmpool.config.model import AuthConfig, Config, PoolConfig, ProviderConfig
-from vmpool.config.settings import Schedule
+from vmpool.config.model import Config
+from vmpool.config.public import MASK, config_from_form, public_form
 from vmpool.ids import DEFAULT_PREFIX
-from vmpool.state.connection import RedisOptions
-from vmpool.state.durability import DurabilitySetting
 from vmpool.state.keys import Keys
 
 __all__ = [
-    "MASK",
     "PublishedConfig",
     "PublishedConfigError",
     "config_differences",
     "find_published",
-    "public_form",
     "publish_config",
     "read_published",
 ]
 
-MASK: Final = "***"
-# Words that make an option a secret, wherever it is nested.
-_SECRET_WORDS: Final = ("password", "secret", "token", "credential", "access_key", "private_key")
 # What may differ between two processes running the same config.
 _NOT_COMPARED: Final = frozenset({"source", "warnings", "redis_url"})
-FORMAT: Final = 1
+# The layout of the published form: a reader refuses any other, as written by another
+# vmpool version.
+FORMAT: Final = 2
 
 
 class PublishedConfigError(ValueError):
@@ -81,49 +71,12 @@ class PublishedConfig:
         return [name for name, prov in self.config.providers.items() if _has_mask(prov.options)]
 
 
-def _plain(value: Any) -> Any:
-    """A config value as JSON data. A secret a model kept (a pool's dns key) is masked."""
-    if isinstance(value, SecretStr):
-        return MASK
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
-    if hasattr(value, "model_dump"):
-        return value.model_dump()
-    if isinstance(value, Mapping):
-        return {str(k): _plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple, set, frozenset)):
-        return [_plain(v) for v in value]
-    return value
-
-
-def _masked(value: Any, key: str = "") -> Any:
-    if any(word in key.lower() for word in _SECRET_WORDS):
-        return MASK
-    if isinstance(value, Mapping):
-        return {k: _masked(v, str(k)) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_masked(v) for v in value]
-    return value
-
-
 def _has_mask(value: Any) -> bool:
     if value == MASK:
         return True
     if isinstance(value, Mapping):
         return any(_has_mask(v) for v in value.values())
     return isinstance(value, list) and any(_has_mask(v) for v in value)
-
-
-def public_form(config: Config) -> dict[str, Any]:
-    """Every setting of ``config`` as JSON data, without a secret."""
-    form: dict[str, Any] = _plain(config)
-    form["redis_url"] = None
-    form["providers"] = _masked(form["providers"])
-    form["pools"] = _masked(form["pools"])  # a pool's keys for its provider too
-    if config.auth is not None:
-        form["auth"]["ldap"] = _masked(form["auth"]["ldap"])  # its service account's password
-        form["auth"]["users"] = sorted(config.auth.users)
-    return form
 
 
 def _digest(form: Mapping[str, Any]) -> str:
@@ -134,7 +87,8 @@ def _digest(form: Mapping[str, Any]) -> str:
 def config_differences(a: Config, b: Mapping[str, Any]) -> list[str]:
     """The settings in which ``a`` differs from the published form ``b``.
 
-    Settings are named by their top-level names, as ``vmpool config show --json`` has them.
+    Settings are named by their top-level names, those ``vmpool config show --json``
+    prints.
     """
     form = public_form(a)
     return sorted(
@@ -212,62 +166,6 @@ def find_published(client: redis.Redis) -> PublishedConfig | None:
             f" {', '.join(prefixes)})"
         )
     return read_published(client, Keys(prefixes[0])) if prefixes else None
-
-
-def config_from_form(form: Mapping[str, Any]) -> Config:
-    """The :class:`Config` a public form describes (its secrets stay masked)."""
-    data = dict(form)
-    data["pools"] = MappingProxyType(
-        {pool["name"]: _dataclass(PoolConfig, pool) for pool in data.get("pools", {}).values()}
-    )
-    data["providers"] = MappingProxyType(
-        {name: _dataclass(ProviderConfig, prov) for name, prov in data["providers"].items()}
-    )
-    auth = data.get("auth")
-    if auth is not None:
-        ldap = auth.get("ldap") and _dataclass(LdapConfig, auth["ldap"])
-        users = dict.fromkeys(auth["users"], "")
-        data["auth"] = _dataclass(AuthConfig, {**auth, "users": users, "ldap": ldap or None})
-    data["schedule"] = Schedule.model_validate(
-        {k: v for k, v in data["schedule"].items() if k in Schedule.model_fields}
-    )
-    data["redis_options"] = _redis_options(data.get("redis_options"))
-    return _dataclass(Config, data)
-
-
-def _redis_options(form: Mapping[str, Any] | None) -> RedisOptions:
-    """The connection settings of a published form.
-
-    The defaults when the publisher predates them and published none.
-    """
-    if not form:
-        return default_redis_options()
-    durability = _dataclass(DurabilitySetting, form["durability"])
-    return _dataclass(RedisOptions, {**form, "durability": durability})
-
-
-_T = typing.TypeVar("_T")
-
-
-def _dataclass(cls: type[_T], data: Mapping[str, Any]) -> _T:
-    """``cls`` from ``data``, as the field types say.
-
-    Unknown names are dropped (a newer publisher). Lists become tuples, mappings read-only
-    mappings.
-    """
-    hints = typing.get_type_hints(cls)
-    kwargs: dict[str, Any] = {}
-    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
-        if f.name not in data:
-            continue
-        value = data[f.name]
-        origin = typing.get_origin(hints[f.name])
-        if origin is tuple and isinstance(value, list):
-            value = tuple(value)
-        elif origin is Mapping and isinstance(value, dict):
-            value = MappingProxyType(value)
-        kwargs[f.name] = value
-    return cls(**kwargs)
 
 
 def _server_time(client: redis.Redis) -> float:

@@ -1,6 +1,7 @@
 """Every setting of the configuration file: its type, bounds, default, unit and meaning.
 
-This is the one place those are written. The models describe the file as vmpool reads
+This is the one place those are written (with its part for ``:auth:``,
+:mod:`vmpool.config.auth_settings`). The models describe the file as vmpool reads
 it, after :mod:`vmpool.config.vmpooler` has taken vmpooler's spelling off it: leading
 colons, old key names, environment overrides, ignored keys.
 
@@ -14,19 +15,20 @@ Its keys are the periodic jobs' names, its values seconds.
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
+from vmpool.config.auth_settings import AuthSection
 from vmpool.config.fields import (
     Aliases,
-    AuthProvider,
     BatchLanes,
     CircuitFailures,
     DataTtlHours,
     Domain,
     FleetCount,
     GraceSeconds,
+    HoldMinutes,
     HostnamePrefix,
     InstanceCount,
     IntervalSeconds,
@@ -34,13 +36,12 @@ from vmpool.config.fields import (
     LockSeconds,
     NonNegativeInt,
     Password,
-    PasswordHash,
     PoolName,
     PoolSize,
     Port,
-    PositiveInt,
     RedisUrl,
     RetryCount,
+    Section,
     Text,
     TtlHours,
     TtlMinutes,
@@ -49,7 +50,6 @@ from vmpool.config.fields import (
     minutes,
     seconds,
 )
-from vmpool.config.ldap import LdapSection
 from vmpool.config.redis_fields import (
     DurabilityModeName,
     HealthCheckSeconds,
@@ -58,7 +58,6 @@ from vmpool.config.redis_fields import (
     SentinelHosts,
 )
 from vmpool.ids import DEFAULT_PREFIX
-from vmpool.providers.options import expect, integer, number
 from vmpool.providers.registry import DEFAULT_PROVIDER
 
 __all__ = [
@@ -73,12 +72,7 @@ __all__ = [
 ]
 
 
-class _Section(BaseModel):
-    # Defaults are validated too, so that a duration is a float whether given or not.
-    model_config = ConfigDict(frozen=True, extra="ignore", validate_default=True)
-
-
-class Schedule(_Section):
+class Schedule(Section):
     """Seconds between the runs of each periodic job (``:schedule:``, a vmpool extension).
 
     Each key is the job's name. The names of earlier releases still load.
@@ -99,9 +93,12 @@ class Schedule(_Section):
     check_ready: IntervalSeconds = seconds(
         60, "Re-check the ready VMs of the warm pools; recycle those past ready_ttl"
     )
+    record_history: IntervalSeconds = seconds(
+        20, "Write each pool's counts of this minute, for the dashboard (a point a minute)"
+    )
 
 
-class ConfigSection(_Section):
+class ConfigSection(Section):
     """``:config:``, vmpooler's global settings."""
 
     ondemand_request_ttl: TtlMinutes = minutes(
@@ -123,6 +120,11 @@ class ConfigSection(_Section):
     )
     max_vm_retries: RetryCount = Field(
         default=3, description="How many times a failed create or boot is retried with a new VM"
+    )
+    hold_failed_minutes: HoldMinutes = minutes(
+        0,
+        "How long a VM whose ready check failed is kept (held, never handed out) before"
+        " it is destroyed, for debugging (0: destroyed at once; a pool may set its own)",
     )
     vm_lifetime: TtlHours = hours(12, "How long a VM handed out may run")
     vm_lifetime_auth: TtlHours | None = hours(
@@ -166,17 +168,37 @@ class ConfigSection(_Section):
     task_limit: FleetCount = Field(
         default=10, description="The most VMs one warm pool's top-up reserves at a time"
     )
+    allowed_tags: list[Text] | None = Field(
+        default=None, description="The tag names PUT /vm/<hostname> accepts (default: any)"
+    )
     max_lifetime_upper_limit: TtlHours | None = hours(
         None, "The longest lifetime PUT /vm/<hostname> may set (default: no limit)"
+    )
+    site_name: Text = Field(
+        default="vmpool",
+        description="The name the dashboard (/dashboard/) shows; HTML tags in it are dropped",
     )
     experimental_features: bool = Field(
         default=False,
         description="Serve vmpooler's operator endpoints: POST /config/poolsize,"
         " /config/pooltemplate, /config/clonetarget, /poolreset and their DELETEs (405 off)",
     )
+    # vmpooler reads these here for its vSphere provider: each is the default of every
+    # provider whose class has the option of that name (build.py), unless it sets its own.
+    create_folders: bool | None = Field(
+        default=None, description="vSphere: create a pool's missing folder (the providers')"
+    )
+    create_linked_clones: bool | None = Field(
+        default=None, description="vSphere: linked clones for every pool (the providers')"
+    )
+    create_template_delta_disks: bool | None = Field(
+        default=None,
+        description="vSphere: snapshot a template that has none, to link clones to it"
+        " (the providers')",
+    )
 
 
-class PoolSection(_Section):
+class PoolSection(Section):
     """One entry of ``:pools:``."""
 
     name: PoolName = Field(description="The pool's name, as clients request it")
@@ -195,6 +217,9 @@ class PoolSection(_Section):
     )
     ready_ttl: TtlMinutes | None = minutes(
         None, "How long a ready VM may wait in the pool (default: config.ready_ttl)"
+    )
+    hold_failed_minutes: HoldMinutes | None = minutes(
+        None, "How long a VM that failed its ready check is held (default: config's)"
     )
     domain: Domain | None = Field(default=None, description="The DNS domain of the VMs' hostnames")
     dns_plugin: Text | None = Field(
@@ -218,7 +243,7 @@ class PoolSection(_Section):
     )
 
 
-class SentinelSection(_Section):
+class SentinelSection(Section):
     """``:redis: sentinel:``: the primary is found through Redis Sentinel."""
 
     master: Text = Field(description="The group's name, as the sentinels monitor it")
@@ -231,7 +256,7 @@ class SentinelSection(_Section):
     )
 
 
-class RedisSection(_Section):
+class RedisSection(Section):
     """``:redis:``: where the state lives.
 
     Precedence: ``url`` wins over the separate parts and ``sentinel``. ``sentinel`` wins
@@ -279,73 +304,13 @@ class RedisSection(_Section):
     )
 
 
-# The :auth: section's own bounds: a token lives at most a year (Redis' EXPIRE takes it).
-# A count or window of 0 would refuse every login.
-_TokenTtlHours = Annotated[
-    float,
-    Field(ge=1 / 3600, le=8760, allow_inf_nan=False),
-    expect("a number of hours from 1/3600 (1 second) to 8760 (a year)", number),
-]
-_AuthCount = Annotated[int, Field(ge=1, le=10_000), expect("an integer from 1 to 10000", integer)]
-_WindowSeconds = Annotated[
-    float,
-    Field(ge=1, le=86400, allow_inf_nan=False),
-    expect("a number of seconds from 1 to 86400 (a day)", number),
-]
-
-
-class AuthSection(_Section):
-    """``:auth:``: who may create and delete requests. Absent: anyone may."""
-
-    provider: AuthProvider = Field(
-        default="static", description="'static' users, 'ldap' (a directory), or 'dummy' (anyone)"
-    )
-    users: dict[str, PasswordHash] = Field(
-        default_factory=dict,
-        description="User name -> password hash (pbkdf2_sha256$... or sha256$...)",
-    )
-    users_file: Text | None = Field(
-        default=None,
-        description="A YAML file mapping more users to password hashes (a mounted Kubernetes"
-        " Secret); relative to the config file",
-    )
-    rate_limit_per_minute: PositiveInt | None = Field(
-        default=None, description="POST and DELETE calls per minute per user (default: no limit)"
-    )
-    token_ttl: _TokenTtlHours | None = hours(
-        None, "How long a token minted by POST /token lives (default: no expiry)"
-    )
-    max_tokens_per_user: _AuthCount = Field(
-        default=100, description="Live tokens a user may hold; one more drops the oldest"
-    )
-    max_failed_logins_per_user: _AuthCount = Field(
-        default=10, description="Failed logins of one user name per window before 429"
-    )
-    max_failed_logins_per_address: _AuthCount = Field(
-        default=50, description="Failed logins from one client address per window before 429"
-    )
-    failed_login_window: _WindowSeconds = seconds(
-        300, "How long failed logins are counted (from the first failure)"
-    )
-    ldap: LdapSection | None = Field(
-        default=None,
-        description="provider ldap: vmpooler's {host, port, base, user_object, encryption,"
-        " service_account_hash}",
-    )
-    admins: list[Text] = Field(
-        default_factory=list,
-        description="Users whose tokens may change pools at runtime (the experimental"
-        " operator endpoints); nobody else may, with auth on",
-    )
-
-
-class DnsConfig(_Section):
+class DnsConfig(Section):
     """One entry of ``:dns_configs:``. vmpool reads only its domain."""
 
     domain: Domain | None = Field(default=None, description="The DNS domain")
 
 
-class ConfigFile(_Section):
+class ConfigFile(Section):
     """A vmpool configuration file, in vmpooler's format.
 
     - Every key may carry one leading colon (``:config:``), as vmpooler writes Ruby

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
@@ -31,6 +32,7 @@ from pydantic import AliasChoices, BaseModel
 from pydantic_core import PydanticCustomError
 
 from vmpool.config.errors import ConfigError, one_line
+from vmpool.config.extra import LoadFile, strip_colons, with_extra_files
 from vmpool.config.fields import NAME_RULE, text
 from vmpool.config.settings import (
     AuthSection,
@@ -55,6 +57,7 @@ from vmpool.config.vmpooler_keys import (
     REDIS_URL_PARTS,
     SCHEDULE_KEY_ALIASES,
 )
+from vmpool.config.vmpooler_limits import LIMITS, map_limits
 from vmpool.ids import InvalidIdentifier, validate_pool_name
 from vmpool.providers.options import key_path, show
 from vmpool.providers.registry import DEFAULT_PROVIDER, PROVIDER_CLASSES, provider_class
@@ -97,10 +100,25 @@ class FileData:
     origins: Mapping[Loc, str]
 
 
-def read(data: Any, *, source: str, env: Mapping[str, str]) -> FileData:
-    """Take vmpooler's spelling off already-parsed YAML. ConfigError on a shape problem."""
+def read(
+    data: Any,
+    *,
+    source: str,
+    env: Mapping[str, str],
+    load: LoadFile | None = None,
+    base_dir: Path | None = None,
+) -> FileData:
+    """Take vmpooler's spelling off already-parsed YAML. ConfigError on a shape problem.
+
+    ``load`` reads the extra files the config names (``extra_config``, ``EXTRA_CONFIG``),
+    relative to ``base_dir``. None: the config is text, with no extra files
+    (:mod:`vmpool.config.extra`)."""
     reader = _Reader(source)
-    top = reader.top(data)
+    merged, notes = with_extra_files(
+        reader.top(data), source=source, env=env, load=load, base_dir=base_dir
+    )
+    reader.warnings += notes
+    top = reader.sections(merged)
     reader.config(top)
     reader.section(top, "redis", _fields(RedisSection), REDIS_IGNORED)
     reader.data_ttl(top)
@@ -186,36 +204,24 @@ class _Reader:
             data = {}
         if not isinstance(data, Mapping):
             raise self.fail("top level", f"must be a mapping of sections, got {show(data)}")
-        top = self.normalize(data, "")
+        top = strip_colons(data, self.source)
+        return top  # type: ignore[no-any-return]
+
+    def sections(self, top: dict[str, Any]) -> dict[str, Any]:
+        """The sections vmpool reads; a warning for each it does not know."""
         sections = _fields(ConfigFile)
         for key in top:
             if key not in sections and key not in IGNORED_SECTIONS:
                 self.warn(key, "unknown section, ignored")
         return {key: value for key, value in top.items() if key in sections}
 
-    def normalize(self, value: Any, path: str) -> Any:
-        """Strip one leading colon from every mapping key, recursively."""
-        if isinstance(value, list):
-            return [self.normalize(item, f"{path}[{i}]") for i, item in enumerate(value)]
-        if not isinstance(value, Mapping):
-            return value
-        out: dict[str, Any] = {}
-        written: dict[str, Any] = {}
-        for raw_key, item in value.items():
-            if isinstance(raw_key, bool) or not isinstance(raw_key, (str, int)):
-                raise self.fail(path or "top level", f"keys must be strings, got {show(raw_key)}")
-            key = str(raw_key)
-            key = key[1:] if key.startswith(":") else key
-            full = f"{path}.{key}" if path else key
-            if key in out:
-                raise self.fail(full, f"given twice (as {show(written[key])} and {show(raw_key)})")
-            written[key] = raw_key
-            out[key] = self.normalize(item, full)
-        return out
-
     def config(self, top: dict[str, Any]) -> None:
-        ignored = CONFIG_IGNORED | frozenset(CONFIG_REMOVED)
+        ignored = CONFIG_IGNORED | frozenset(CONFIG_REMOVED) | frozenset(LIMITS)
         raw = self.mapping(top.get("config"), "config")
+        mapped = map_limits(raw)  # vmpooler 3.8/3.9's circuit and rate-limit keys
+        for key, message in mapped.warnings:
+            self.warn(f"config.{key}", message)
+        self.origins.update({("config", key): given for key, given in mapped.origins.items()})
         self.section(top, "config", _fields(ConfigSection), ignored, CONFIG_IGNORED_PREFIXES)
         for key, message in CONFIG_REMOVED.items():
             if raw.get(key) is not None:

@@ -16,6 +16,7 @@ __all__ = [
     "AUTH_IGNORED",
     "CONFIG_IGNORED",
     "CONFIG_IGNORED_PREFIXES",
+    "CONFIG_PROVIDER_DEFAULTS",
     "CONFIG_REMOVED",
     "ENVIRONMENT",
     "IGNORED_SECTIONS",
@@ -34,22 +35,16 @@ IGNORED_SECTIONS: Final = frozenset(
 )
 CONFIG_IGNORED: Final = frozenset(
     [
-        "site_name",
         "logfile",
         "timeout_notification",
         "vm_checktime",
         "migration_limit",
         "max_tries",
         "retry_factor",
-        "create_folders",
-        "create_template_delta_disks",
-        "create_linked_clones",
         "purge_unconfigured_folders",
         "purge_unconfigured_resources",
         "usage_stats",
         "request_logger",
-        "extra_config",
-        "allowed_tags",
         "manage_host_selection",
         "host_selection_max_age",
         "utilization_limit",
@@ -69,17 +64,11 @@ CONFIG_IGNORED: Final = frozenset(
         "health_check_enabled",
         "health_check_interval",
         "health_thresholds",
-        "rate_limiting_enabled",
-        "rate_limits",
         "connection_pool_monitor_enabled",
         "connection_pool_monitor_interval",
-        "connection_pool_timeout_min",
-        "connection_pool_timeout_max",
-        "connection_pool_timeout_initial",
-        "adaptive_timeout_enabled",
     ]
 )
-CONFIG_IGNORED_PREFIXES: Final = ("check_loop_delay_", "circuit_breaker_", "adaptive_timeout_")
+CONFIG_IGNORED_PREFIXES: Final = ("check_loop_delay_",)
 POOL_IGNORED: Final = frozenset(
     [
         "folder",
@@ -147,8 +136,19 @@ ENVIRONMENT: Final = (
     ("VM_LIFETIME_AUTH", "config", "vm_lifetime_auth"),
     ("TIMEOUT", "config", "timeout"),
     ("PREFIX", "config", "prefix"),
+    ("SITE_NAME", "config", "site_name"),
+    ("CREATE_FOLDERS", "config", "create_folders"),
+    ("CREATE_LINKED_CLONES", "config", "create_linked_clones"),
+    ("CREATE_TEMPLATE_DELTA_DISKS", "config", "create_template_delta_disks"),
     ("REDIS_DATA_TTL", "redis", "data_ttl"),
     ("VMPOOL_REDIS_URL", "redis", "url"),
+)
+# The :config: keys that are the default of a provider option of the same name (vmpooler
+# reads them there for its vSphere provider).
+CONFIG_PROVIDER_DEFAULTS: Final = (
+    "create_folders",
+    "create_linked_clones",
+    "create_template_delta_disks",
 )
 # The :redis: keys a URL is composed of when `url` is not given (`sentinel`: a
 # redis+sentinel:// URL, with `username` and `db`).

@@ -16,10 +16,14 @@ normal answer of a race it lost (logged, never raised).
 - :mod:`~vmpool.lifecycle.vm_tasks`: snapshots, reverts and disks of held VMs
 - :mod:`~vmpool.lifecycle.reconcile`: the provider's inventory against the records
 - :mod:`~vmpool.lifecycle.plan`: a request's counts as slots of pools (API and CLI).
+- :mod:`~vmpool.lifecycle.failures`: failed creates, boots and requests noted for people
+  to see; a failing pool's top-ups backed off
+- :mod:`~vmpool.lifecycle.history`: each pool's counts, a point a minute (the dashboard).
 """
 
 from vmpool.lifecycle.batch import check_pending_batch, create_vm_batch, provision_batch
 from vmpool.lifecycle.fleet import Dispatcher, Fleet, RecordingDispatcher
+from vmpool.lifecycle.history import record_history
 from vmpool.lifecycle.reaping import reap_running
 from vmpool.lifecycle.reconcile import reconcile
 from vmpool.lifecycle.requests import (
@@ -58,6 +62,7 @@ __all__ = [
     "provision_sweep",
     "reap_running",
     "reconcile",
+    "record_history",
     "reserved_grace_s",
     "sweep_expired",
     "top_up_pools",

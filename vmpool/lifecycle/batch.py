@@ -18,9 +18,9 @@ any work.
 
 The follow-up work a subject's step dispatches (the create of a reserved VM, the check
 of a created one, a destroy) is collected while a claim runs. It is dispatched once per
-claim (:class:`DeferredDispatch`), in the dispatcher's batched forms. A dispatch costs
-a pipeline of lane checks (``workers.batching.ensure_lanes``), which done per VM would be
-most of a VM's Redis commands. The claim is marked done only after that dispatch. So a worker
+claim (:class:`DeferredDispatch`), one send per job. A dispatch costs a script of lane
+checks (``workers.batching.BatchDispatcher.probe``), which done per VM would be most of a
+VM's Redis commands. The claim is marked done only after that dispatch. So a worker
 killed in between leaves the claim to be run again (each step is idempotent), and a
 subject's follow-up is never lost with it. A follow-up whose dispatch is lost anyway
 (Redis gone) is re-found by the periodic sweeps.
@@ -28,9 +28,10 @@ subject's follow-up is never lost with it. A follow-up whose dispatch is lost an
 Each batch function loops until the set has nothing claimable or it has run for
 :data:`BATCH_TIME_S`. It then returns the count of each outcome, with ``more: 1`` when it
 stopped on time with work left. The job's entry point then queues its continuation
-(``workers.batching.continue_batch``) at the back of the queue, so a long backlog never
-holds a worker away from the sweeps. RQ's priority order serves the sweeps first only at
-a dequeue, and the expiry sweep's settle bound needs workers to come back to the queues.
+(``workers.batching.BatchDispatcher.continue_batch``) at the back of the queue, so a long
+backlog never holds a worker away from the sweeps. RQ's priority order serves the sweeps
+first only at a dequeue, and the expiry sweep's settle bound needs workers to come back
+to the queues.
 """
 
 from __future__ import annotations
@@ -39,10 +40,12 @@ import copy
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from functools import partial
-from typing import Any
+from types import MappingProxyType
+from typing import Any, Final
 
+from vmpool.ids import Job
 from vmpool.lifecycle.claims import ClaimKeeper
 from vmpool.lifecycle.fleet import Dispatcher, Fleet
 from vmpool.lifecycle.outcomes import BatchCount, LockMiss, VMStep
@@ -75,12 +78,14 @@ CLAIM_SIZE = 20
 # A batch job claims again only within this many seconds of its start.
 BATCH_TIME_S = 1.0
 
-# The per-subject job each batch job runs, by batch job name.
-BATCHED: dict[str, str] = {
-    "provision_batch": "provision_request",
-    "create_vm_batch": "create_vm",
-    "check_pending_batch": "check_pending_vm",
-}
+# The per-subject job each batch job runs, by batch job.
+BATCHED: Final[Mapping[Job, Job]] = MappingProxyType(
+    {
+        Job.PROVISION_BATCH: Job.PROVISION_REQUEST,
+        Job.CREATE_VM_BATCH: Job.CREATE_VM,
+        Job.CHECK_PENDING_BATCH: Job.CHECK_PENDING_VM,
+    }
+)
 
 
 def lease_s(fleet: Fleet) -> float:
@@ -95,65 +100,32 @@ def lease_s(fleet: Fleet) -> float:
 class DeferredDispatch:
     """A Dispatcher that holds one claim's follow-ups and sends them batched.
 
-    A Dispatcher that holds the per-subject follow-ups of one claim and hands them to
-    ``inner`` in its batched forms at :meth:`flush` (each kind once, each subject once,
-    in the order first asked). ``check_request`` and the batched forms go through at
-    once (they are not per-VM follow-ups, or already batched)."""
+    It holds what the subjects of one claim send and hands it to ``inner`` at
+    :meth:`flush`: one send per job, each subject once, in the order first asked."""
 
     def __init__(self, inner: Dispatcher) -> None:
         self.inner = inner
-        self._held: dict[str, dict[str, None]] = {}
+        self._held: dict[Job, dict[str, None]] = {}
 
-    def _hold(self, kind: str, subject: str) -> None:
-        self._held.setdefault(kind, {})[subject] = None
+    def send(self, job: Job, subjects: Sequence[str]) -> None:
+        self._held.setdefault(job, {}).update(dict.fromkeys(subjects))
 
     def flush(self) -> None:
-        """Dispatch what is held, one batched call per kind."""
+        """Dispatch what is held, one send per job."""
         held, self._held = self._held, {}
-        send: dict[str, Callable[[Sequence[str]], None]] = {
-            "provision_request": self.inner.provision_requests,
-            "create_vm": self.inner.create_vms,
-            "check_pending_vm": self.inner.check_pending_vms,
-            "destroy_vm": self.inner.destroy_vms,
-        }
-        for kind, subjects in held.items():
-            send[kind](list(subjects))
-
-    def provision_request(self, request_id: str) -> None:
-        self._hold("provision_request", request_id)
-
-    def create_vm(self, name: str) -> None:
-        self._hold("create_vm", name)
-
-    def check_pending_vm(self, name: str) -> None:
-        self._hold("check_pending_vm", name)
-
-    def destroy_vm(self, name: str) -> None:
-        self._hold("destroy_vm", name)
-
-    def check_request(self, request_id: str) -> None:
-        self.inner.check_request(request_id)
-
-    def provision_requests(self, request_ids: Sequence[str]) -> None:
-        self.inner.provision_requests(request_ids)
-
-    def create_vms(self, names: Sequence[str]) -> None:
-        self.inner.create_vms(names)
-
-    def check_pending_vms(self, names: Sequence[str]) -> None:
-        self.inner.check_pending_vms(names)
-
-    def destroy_vms(self, names: Sequence[str]) -> None:
-        self.inner.destroy_vms(names)
+        for job, subjects in held.items():
+            self.inner.send(job, list(subjects))
 
 
 # The lock each batched step runs under: the kind of its subject and the step's name
 # (the holder id says which step holds it).
-LOCKED_STEPS: dict[str, tuple[LockKind, str]] = {
-    "provision_request": ("request", "provision"),
-    "create_vm": ("vm", "create"),
-    "check_pending_vm": ("vm", "check_pending"),
-}
+LOCKED_STEPS: Final[Mapping[Job, tuple[LockKind, str]]] = MappingProxyType(
+    {
+        Job.PROVISION_REQUEST: ("request", "provision"),
+        Job.CREATE_VM: ("vm", "create"),
+        Job.CHECK_PENDING_VM: ("vm", "check_pending"),
+    }
+)
 
 # Per-claim work done for all granted subjects at once: subject -> extra arguments.
 Prepare = Callable[[Fleet, list[FencedLock]], dict[str, dict[str, Any]]]
@@ -161,7 +133,7 @@ Prepare = Callable[[Fleet, list[FencedLock]], dict[str, dict[str, Any]]]
 
 def run_batch(
     fleet: Fleet,
-    job: str,
+    job: Job,
     fn: Callable[..., object],
     locked: tuple[LockKind, str] | None = None,
     prepare: Prepare | None = None,
@@ -229,7 +201,7 @@ def retry_s(fleet: Fleet) -> float:
     return min(lease_s(fleet), max(0.5, fleet.config.schedule.check_pending_sweep))
 
 
-_How = tuple[str, Callable[..., object], tuple[LockKind, str] | None, Prepare | None]
+_How = tuple[Job, Callable[..., object], tuple[LockKind, str] | None, Prepare | None]
 
 
 def _run_claim(
@@ -284,7 +256,7 @@ def _run_claim(
 
 def _run_subject(
     fleet: Fleet,
-    job: str,
+    job: Job,
     fn: Callable[..., object],
     subject: str,
     held: dict[str, FencedLock] | None,
@@ -303,7 +275,7 @@ def _run_subject(
     )
 
 
-def _run_one(job: str, subject: str, call: Callable[[], object]) -> str:
+def _run_one(job: Job, subject: str, call: Callable[[], object]) -> str:
     try:
         outcome = call()
     except Exception:
@@ -323,14 +295,14 @@ def provision_batch(fleet: Fleet) -> dict[str, int]:
     provision_request for every request in its work set, in the order of service. Once
     one meets the clone limit, the rest of the batch only take ready VMs
     (:class:`~vmpool.lifecycle.requests.CloneGate`)."""
-    locked = LOCKED_STEPS["provision_request"]
+    locked = LOCKED_STEPS[Job.PROVISION_REQUEST]
     step = partial(provision_request, gate=CloneGate())
-    return run_batch(fleet, "provision_request", step, locked)
+    return run_batch(fleet, Job.PROVISION_REQUEST, step, locked)
 
 
 def create_vm_batch(fleet: Fleet) -> dict[str, int]:
     """create_vm for every reserved VM in its work set."""
-    return run_batch(fleet, "create_vm", create_vm, LOCKED_STEPS["create_vm"], _take_slots)
+    return run_batch(fleet, Job.CREATE_VM, create_vm, LOCKED_STEPS[Job.CREATE_VM], _take_slots)
 
 
 def _take_slots(fleet: Fleet, locks: list[FencedLock]) -> dict[str, dict[str, Any]]:
@@ -347,4 +319,5 @@ def _take_slots(fleet: Fleet, locks: list[FencedLock]) -> dict[str, dict[str, An
 
 def check_pending_batch(fleet: Fleet) -> dict[str, int]:
     """check_pending_vm for every booting VM in its work set."""
-    return run_batch(fleet, "check_pending_vm", check_pending_vm, LOCKED_STEPS["check_pending_vm"])
+    job = Job.CHECK_PENDING_VM
+    return run_batch(fleet, job, check_pending_vm, LOCKED_STEPS[job])

@@ -23,6 +23,7 @@ import threading
 import time
 from collections.abc import Mapping
 
+from vmpool.ids import Job
 from vmpool.state.locks import FencedLock, release_all
 from vmpool.state.workset import Claim, WorkSet
 
@@ -42,7 +43,7 @@ class ClaimKeeper:
     def __init__(
         self,
         work: WorkSet,
-        job: str,
+        job: Job,
         claim: Claim,
         locks: Mapping[str, FencedLock],
         *,

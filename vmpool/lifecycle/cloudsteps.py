@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping, Sequence
 
+from vmpool.lifecycle.failures import create_failed_noted
 from vmpool.lifecycle.fleet import Fleet, after_vm_failed, note_outcome
 from vmpool.lifecycle.outcomes import StoreCode, VMStep, store_code
 from vmpool.providers import (
@@ -144,8 +145,9 @@ def create_failed(
     """Record a failed create and count it toward the provider's breaker.
 
     Record a failed create (vm_failed, permanent when retrying cannot help, with the
-    cloud's message in the reason) and count it toward the provider's breaker. A quota
-    answer is no failure: the VM waits (:func:`quota_wait`)."""
+    cloud's message in the reason) and count it toward the provider's breaker and its
+    pool's streak (vmpool.lifecycle.failures). A quota answer is no failure: the VM waits
+    (:func:`quota_wait`)."""
     if isinstance(exc, QuotaExceededError):
         return quota_wait(fleet, vm, lock, exc)
     permanent = is_permanent_error(exc)
@@ -155,6 +157,8 @@ def create_failed(
         vm.name, reason, actor=fleet.who("create"), permanent=permanent, fence=lock.fence
     )
     note_outcome("vm_failed", vm.name, failed)
+    if failed.ok:  # once per failed VM, whoever else reports it
+        create_failed_noted(fleet, vm, reason, permanent=permanent)
     after_vm_failed(fleet, vm, failed)
     if failed.ok and failed.code == "completed":
         return VMStep.FAILED

@@ -1,4 +1,4 @@
-"""Named failpoints: places in the worker's steps where a test can pause or kill it.
+"""Named failpoints: places in vmpool's steps where a test can pause or kill the process.
 
 Off unless ``VMPOOL_FAILPOINTS`` is set in the process's environment, which only tests
 and chaos runs do. The value is a comma-separated list of ``POINT=ACTION[@ONCE_FILE]``:
@@ -11,7 +11,8 @@ and chaos runs do. The value is a comma-separated list of ``POINT=ACTION[@ONCE_F
 
 With ``@ONCE_FILE`` the action fires only for the first process that creates that file
 (``O_CREAT|O_EXCL``), so one failpoint fires once across a whole fleet sharing a
-filesystem. The points are named ``<step>.<where>``, e.g. ``create_vm.before_commit``.
+filesystem. The points are named ``<step>.<where>``, e.g. ``create_vm.before_commit``
+(the API's: ``api.<where>``).
 """
 
 from __future__ import annotations

@@ -37,10 +37,11 @@ from typing import Protocol
 from redis import Redis
 
 from vmpool.config import Config
+from vmpool.ids import Job
 from vmpool.providers import Provider, providers_from_config
-from vmpool.providers.identity import fleet_ids
 from vmpool.state.capacity import ProviderCapacity
 from vmpool.state.circuit import ProviderCircuit
+from vmpool.state.fleet_identity import IdentityWatch
 from vmpool.state.keys import Keys
 from vmpool.state.locks import FencedLock, LockKind, LockRenewer
 from vmpool.state.names import NameGenerator
@@ -62,69 +63,32 @@ log = logging.getLogger(__name__)
 
 
 class Dispatcher(Protocol):
-    """Puts follow-up work on the queues.
+    """Puts follow-up work on the queues: :meth:`send`, one entry for every job.
 
-    The implementation is workers/queues.py (RQ). Each call must be cheap, idempotent and
-    deduplicated per (job, subject) by the implementation.
+    The implementations are workers/queues.py's (a deduplicated RQ job per subject) and
+    workers/batching.py's (a work set and its batch jobs)."""
 
-    The plural methods are the batched forms the sweeps use: the same effect as the
-    singular call for each subject, in a constant number of Redis round trips per batch
-    (never one round trip per open request per tick)."""
+    def send(self, job: Job, subjects: Sequence[str]) -> None:
+        """Queue ``job`` for each of ``subjects`` (request ids or VM names).
 
-    def provision_request(self, request_id: str) -> None: ...
-
-    def create_vm(self, name: str) -> None: ...
-
-    def check_pending_vm(self, name: str) -> None: ...
-
-    def check_request(self, request_id: str) -> None: ...
-
-    def destroy_vm(self, name: str) -> None: ...
-
-    def provision_requests(self, request_ids: Sequence[str]) -> None: ...
-
-    def create_vms(self, names: Sequence[str]) -> None: ...
-
-    def check_pending_vms(self, names: Sequence[str]) -> None: ...
-
-    def destroy_vms(self, names: Sequence[str]) -> None: ...
+        Cheap, idempotent, and deduplicated per (job, subject) by the implementation. In
+        a constant number of Redis round trips per call however many subjects: a sweep
+        sends all it found at once, never one round trip per open request per tick.
+        """
 
 
 @dataclass
 class RecordingDispatcher:
-    """A Dispatcher that only records what it was asked (tests, ``--dry-run`` tools)."""
+    """A Dispatcher that only records what it was asked (tests, ``--dry-run`` tools).
 
-    calls: list[tuple[str, str]] = field(default_factory=list)
+    One (job, subject) per subject sent, in order (run_dispatched-style replay)."""
 
-    def provision_request(self, request_id: str) -> None:
-        self.calls.append(("provision_request", request_id))
+    calls: list[tuple[Job, str]] = field(default_factory=list)
 
-    def create_vm(self, name: str) -> None:
-        self.calls.append(("create_vm", name))
+    def send(self, job: Job, subjects: Sequence[str]) -> None:
+        self.calls.extend((job, subject) for subject in subjects)
 
-    def check_pending_vm(self, name: str) -> None:
-        self.calls.append(("check_pending_vm", name))
-
-    def check_request(self, request_id: str) -> None:
-        self.calls.append(("check_request", request_id))
-
-    def destroy_vm(self, name: str) -> None:
-        self.calls.append(("destroy_vm", name))
-
-    # A batch is recorded as its singular calls, in order (run_dispatched-style replay).
-    def provision_requests(self, request_ids: Sequence[str]) -> None:
-        self.calls.extend(("provision_request", rid) for rid in request_ids)
-
-    def create_vms(self, names: Sequence[str]) -> None:
-        self.calls.extend(("create_vm", name) for name in names)
-
-    def check_pending_vms(self, names: Sequence[str]) -> None:
-        self.calls.extend(("check_pending_vm", name) for name in names)
-
-    def destroy_vms(self, names: Sequence[str]) -> None:
-        self.calls.extend(("destroy_vm", name) for name in names)
-
-    def take(self) -> list[tuple[str, str]]:
+    def take(self) -> list[tuple[Job, str]]:
         """The calls recorded so far, and forget them."""
         calls, self.calls = self.calls, []
         return calls
@@ -146,6 +110,7 @@ class Fleet:
     names: NameGenerator = field(init=False)
     circuit: ProviderCircuit = field(init=False)
     capacity: ProviderCapacity = field(init=False)
+    identity: IdentityWatch = field(init=False)
     # One renewal thread for every lock this process holds (not one per lock).
     lock_renewer: LockRenewer = field(default_factory=LockRenewer)
 
@@ -162,13 +127,12 @@ class Fleet:
         )
         self.names = NameGenerator(self.config.hostname_prefix, self.rng)
         self.capacity = ProviderCapacity(self.redis, self.keys, self.lease_s)
+        self.identity = IdentityWatch(self.redis, self.keys)
 
     @classmethod
     def build(cls, redis_client: Redis, config: Config, dispatch: Dispatcher, actor: str) -> Fleet:
         keys = Keys(config.key_prefix)
-        # Settled before this process writes a VM record (vmpool/state/fleet_identity.py).
-        fleet_ids(redis_client, keys, config.providers)
-        return cls(
+        fleet = cls(
             redis=redis_client,
             keys=keys,
             config=config,
@@ -177,6 +141,8 @@ class Fleet:
             dispatch=dispatch,
             actor=actor,
         )
+        fleet.identity.start()  # held from now on, so that a loss is noticed
+        return fleet
 
     # -- helpers ------------------------------------------------------------------------
     @property
@@ -251,7 +217,7 @@ def dispatch_released(fleet: Fleet, *request_ids: str) -> None:
         if vm.state == VMState.COMPLETED
     ]
     if released:
-        fleet.dispatch.destroy_vms(released)
+        fleet.dispatch.send(Job.DESTROY_VM, released)
 
 
 def after_vm_failed(fleet: Fleet, vm: VMRecord, outcome: Outcome) -> None:
@@ -261,8 +227,8 @@ def after_vm_failed(fleet: Fleet, vm: VMRecord, outcome: Outcome) -> None:
     what the provider may hold, and of the request's VMs if the request failed."""
     if not outcome.ok:
         return
-    fleet.dispatch.destroy_vm(vm.name)
+    fleet.dispatch.send(Job.DESTROY_VM, [vm.name])
     if outcome.code == "retry":
-        fleet.dispatch.provision_request(vm.request_id)
+        fleet.dispatch.send(Job.PROVISION_REQUEST, [vm.request_id])
     elif outcome.code == "request_failed":
         dispatch_released(fleet, vm.request_id)

@@ -119,6 +119,10 @@ class ReconcileCount(StrEnum):
     PROVIDER_ERROR = "provider_error"
     NO_PROVIDER = "no_provider"
     UNRECORDED_IN_GRACE = "unrecorded_in_grace"
+    # no record, under a mark the fleet only recognises: maybe another install's, kept
+    UNRECORDED_NOT_OWNED = "unrecorded_not_owned"
+    # no record, while the fleet has a lost mark (its Redis lost its data): kept
+    UNRECORDED_KEPT = "unrecorded_kept"
     DESTROY_DISPATCHED = "destroy_dispatched"
     SKIPPED_RECORDED = "skipped_recorded"
     LEAKED_DESTROYED = "leaked_destroyed"

@@ -24,8 +24,10 @@ from dataclasses import dataclass
 import redis
 
 from vmpool.config import Config, PoolConfig
+from vmpool.ids import Job
 from vmpool.lifecycle.fleet import Dispatcher, Fleet
 from vmpool.state.keys import Keys
+from vmpool.state.ops import Op
 from vmpool.state.overrides import (
     PoolOverrides,
     Setting,
@@ -90,18 +92,19 @@ def set_setting(
     *,
     actor: str,
     dispatch: Dispatcher | None = None,
+    op: Op | None = None,
 ) -> int:
     """Set a runtime ``setting`` for some pools.
 
     Set pool -> value of ``setting`` (pools already checked to exist). Returns how many
     pools' effective value changed. A pool whose template or clone target changed is
-    reset."""
+    reset. ``op``: the call's operation (:mod:`vmpool.state.ops`), one part per change."""
     before = pools_with_overrides(store.redis, store.keys, config)
     pairs = {p: (v, configured_value(config.pools[p], setting)) for p, v in values.items()}
-    changed = set_overrides(store.redis, store.keys, setting, pairs)
+    changed = set_overrides(store.redis, store.keys, setting, pairs, op=_part(op, "set"))
     if setting in _RESETTING:
         moved = [p for p, v in values.items() if configured_value(before[p], setting) != v]
-        reset_pools(store, moved, actor=actor, dispatch=dispatch)
+        reset_pools(store, moved, actor=actor, dispatch=dispatch, op=_part(op, "reset"))
     log.info("%s set at runtime for %s by %s (%d changed)", setting, dict(values), actor, changed)
     return changed
 
@@ -128,33 +131,44 @@ def revert_setting(
     *,
     actor: str,
     dispatch: Dispatcher | None = None,
+    op: Op | None = None,
 ) -> Reverted:
     """Drop ``pool``'s runtime ``setting``, back to the configuration.
 
     Drop ``pool``'s runtime ``setting`` (back to the configuration). A template or clone
-    target that changed back resets the pool."""
+    target that changed back resets the pool. ``op``: as for :func:`set_setting`."""
     configured = configured_value(config.pools[pool], setting)
-    previous = clear_override(store.redis, store.keys, setting, pool)
+    previous = clear_override(store.redis, store.keys, setting, pool, op=_part(op, "clear"))
     out = Reverted(configured if previous is None else previous, configured)
     if out.changed:
         log.info("%s of %s back to the configured %r by %s", setting, pool, configured, actor)
         if setting in _RESETTING:
-            reset_pools(store, [pool], actor=actor, dispatch=dispatch)
+            reset_pools(store, [pool], actor=actor, dispatch=dispatch, op=_part(op, "reset"))
     return out
 
 
+def _part(op: Op | None, name: str) -> Op | None:
+    return None if op is None else op.part(name)
+
+
 def reset_pools(
-    store: Store, pools: Iterable[str], *, actor: str, dispatch: Dispatcher | None = None
+    store: Store,
+    pools: Iterable[str],
+    *,
+    actor: str,
+    dispatch: Dispatcher | None = None,
+    op: Op | None = None,
 ) -> dict[str, list[str]]:
     """Reset each pool: its ready VMs go.
 
     Reset each pool (its ready VMs go, VMs reserved before now never become ready).
-    Returns the VMs recycled per pool, their destroys dispatched when ``dispatch``."""
+    Returns the VMs recycled per pool, their destroys dispatched when ``dispatch``.
+    ``op``: as for :func:`set_setting`."""
     recycled: dict[str, list[str]] = {}
     for pool in pools:
-        recycled[pool] = store.pools.reset_pool(pool, actor=actor)
+        recycled[pool] = store.pools.reset_pool(pool, actor=actor, op=_part(op, pool))
         log.info("pool %s reset by %s: %d ready VMs replaced", pool, actor, len(recycled[pool]))
     names = [name for batch in recycled.values() for name in batch]
     if names and dispatch is not None:
-        dispatch.destroy_vms(names)
+        dispatch.send(Job.DESTROY_VM, names)
     return recycled

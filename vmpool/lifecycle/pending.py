@@ -23,8 +23,9 @@ import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from vmpool.ids import InvalidIdentifier, validate_vm_name
+from vmpool.ids import InvalidIdentifier, Job, validate_vm_name
 from vmpool.lifecycle.failpoints import failpoint
+from vmpool.lifecycle.failures import boot_failed_noted
 from vmpool.lifecycle.fleet import Fleet, after_vm_failed, dispatch_released, note_outcome
 from vmpool.lifecycle.locking import run_locked
 from vmpool.lifecycle.outcomes import VMCode, VMStep, in_state, store_code
@@ -89,14 +90,24 @@ def observe_pending(
         if since is None or fleet.store.server_time() - since < timeout_s:
             return VMStep.BOOTING
         reason = f"timeout: not ready {timeout_s:g}s after create"
+    # a VM the provider holds failed its ready check: kept on hold when its pool says so
+    hold_s = 0.0 if held is None else _hold_s(fleet, vm.pool)
     failed = fleet.store.vm_failed(
-        name, reason, actor=actor, fence=lock.fence, request_id=vm.request_id
+        name, reason, actor=actor, fence=lock.fence, request_id=vm.request_id, hold_s=hold_s
     )
     note_outcome("vm_failed", name, failed)
-    after_vm_failed(fleet, vm, failed)
-    if failed.ok and failed.code == "completed":
+    if failed.ok:
+        boot_failed_noted(fleet, vm, reason)
+    after_vm_failed(fleet, vm, failed)  # its destroy job waits out a hold (vms.py)
+    if failed.ok and failed.code in (VMState.COMPLETED, VMState.ON_HOLD):
         return VMStep.FAILED
     return store_code(failed)
+
+
+def _hold_s(fleet: Fleet, pool: str) -> float:
+    """How long a VM of ``pool`` that failed its ready check is kept on hold."""
+    pool_config = fleet.config.pools.get(pool)
+    return pool_config.hold_failed_s if pool_config is not None else 0.0
 
 
 def _record_ready(fleet: Fleet, vm: VMRecord, lock: FencedLock, held: ProviderVM) -> VMCode:
@@ -118,7 +129,7 @@ def _record_ready(fleet: Fleet, vm: VMRecord, lock: FencedLock, held: ProviderVM
     )
     note_outcome("vm_ready", name, outcome)
     if outcome.ok and outcome.code == "completed":
-        fleet.dispatch.destroy_vm(name)
+        fleet.dispatch.send(Job.DESTROY_VM, [name])
         dispatch_released(fleet, vm.request_id)
     return store_code(outcome)
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from vmpool.ids import Job
 from vmpool.lifecycle.fleet import Fleet, note_outcome
 from vmpool.lifecycle.vms import reserved_grace_s
 from vmpool.state.transitions import VMState
@@ -43,7 +44,7 @@ def reap_running(fleet: Fleet) -> int:
         if outcome.ok:
             ended.append(name)
     if ended:
-        fleet.dispatch.destroy_vms(_reachable(fleet, ended))
+        fleet.dispatch.send(Job.DESTROY_VM, _reachable(fleet, ended))
     if retired:
         _finish_retired(fleet, retired, now)
     return len(ended)
@@ -73,17 +74,18 @@ def _finish_retired(fleet: Fleet, pools: list[str], now: float) -> None:
         fleet, _flat(store.pools_vms(pools, VMState.RESERVED, max_score=now - grace))
     )
     completed = _reachable(fleet, _flat(store.pools_vms(pools, VMState.COMPLETED)))
+    completed += _reachable(fleet, _flat(store.pools_vms(pools, VMState.ON_HOLD, max_score=now)))
     for name in _reachable(fleet, _flat(store.pools_vms(pools, VMState.READY))):
         outcome = store.pools.recycle_vm(name, "pool not configured", actor=fleet.who("reap"))
         note_outcome("recycle", name, outcome)
         if outcome.ok:  # a VM claimed in between is held now: the recycle is refused
             completed.append(name)
     if pending:
-        fleet.dispatch.check_pending_vms(pending)
+        fleet.dispatch.send(Job.CHECK_PENDING_VM, pending)
     if stale:
-        fleet.dispatch.create_vms(stale)
+        fleet.dispatch.send(Job.CREATE_VM, stale)
     if completed:
-        fleet.dispatch.destroy_vms(completed)
+        fleet.dispatch.send(Job.DESTROY_VM, completed)
 
 
 def _reachable(fleet: Fleet, names: list[str]) -> list[str]:

@@ -12,7 +12,7 @@ import logging
 from collections import Counter
 from typing import Literal
 
-from vmpool.ids import VM_NAME_RE
+from vmpool.ids import VM_NAME_RE, Job
 from vmpool.lifecycle.fleet import Fleet, after_vm_failed, note_outcome
 from vmpool.lifecycle.locking import run_locked
 from vmpool.lifecycle.outcomes import LockMiss, ReconcileCount
@@ -47,7 +47,8 @@ def reconcile(fleet: Fleet) -> dict[str, int]:
     destroyed only once it is older than ``reconcile_grace_s`` (by the provider's clock).
 
     - provider VM, record completed -> destroy_vm dispatched. Record destroyed (a paused
-      creator made it after the destroy) or missing (past the grace) -> destroyed here.
+      creator made it after the destroy) or missing (past the grace) -> destroyed here,
+      unless unowned or the fleet has a lost mark (vmpool/state/fleet_identity.py).
     - reserved VM older than ``2 * lock_expire_s`` whose create job died (its VM lock is
       free): the provider has it -> vm_created. Else the request is past its deadline
       (or gone) -> vm_failed. Else create_vm dispatched again.
@@ -57,6 +58,7 @@ def reconcile(fleet: Fleet) -> dict[str, int]:
       holds -> ended ('vanished at the provider'), its request left as it is.
     """
     counts: Counts = Counter()
+    keep_unrecorded = bool(fleet.identity.marks().lost)  # before the inventory: noticed
     inventory_started = fleet.store.server_time()
     inventories: dict[str, list[ProviderVM]] = {}
     for provider_name, provider in fleet.providers.items():
@@ -68,9 +70,7 @@ def reconcile(fleet: Fleet) -> dict[str, int]:
     now = fleet.store.server_time()
 
     for provider_name, inventory in inventories.items():
-        _reconcile_inventory(
-            fleet, provider_name, fleet.providers[provider_name], inventory, now, counts
-        )
+        _reconcile_inventory(fleet, provider_name, inventory, now, counts, keep_unrecorded)
 
     held = {(p, vm.name) for p, inv in inventories.items() for vm in inv}
     stuck_before = now - 2.0 * fleet.config.lock_expire_s
@@ -123,18 +123,19 @@ def _reconcile_vanished(
     note_outcome("end_vm_lifetime", vm.name, outcome)
     if outcome.ok:
         log.warning("reconcile: handed-out VM %s vanished at %s", vm.name, vm.provider)
-        fleet.dispatch.destroy_vm(vm.name)
+        fleet.dispatch.send(Job.DESTROY_VM, [vm.name])
         counts[ReconcileCount.RUNNING_LOST] += 1
 
 
 def _reconcile_inventory(
     fleet: Fleet,
     provider_name: str,
-    provider: Provider,
     inventory: list[ProviderVM],
     now: float,
     counts: Counts,
+    keep_unrecorded: bool,
 ) -> None:
+    provider = fleet.providers[provider_name]
     ours = [vm for vm in inventory if VM_NAME_RE.fullmatch(vm.name)]
     for vm in inventory:
         if not VM_NAME_RE.fullmatch(vm.name):
@@ -145,6 +146,10 @@ def _reconcile_inventory(
     for pvm in ours:
         record = records.get(pvm.name)
         if record is None:
+            if not pvm.owned or keep_unrecorded:
+                kept = ReconcileCount.UNRECORDED_KEPT if pvm.owned else None
+                counts[kept or ReconcileCount.UNRECORDED_NOT_OWNED] += 1
+                continue
             if now - pvm.created_at < fleet.config.reconcile_grace_s:
                 counts[ReconcileCount.UNRECORDED_IN_GRACE] += 1
                 continue
@@ -157,7 +162,7 @@ def _reconcile_inventory(
                 record.provider,
             )
         elif record.state == VMState.COMPLETED:
-            fleet.dispatch.destroy_vm(pvm.name)
+            fleet.dispatch.send(Job.DESTROY_VM, [pvm.name])
             counts[ReconcileCount.DESTROY_DISPATCHED] += 1
         elif record.state == VMState.DESTROYED:
             _destroy_unowned(fleet, provider, pvm, "resurrected", counts)
@@ -175,6 +180,9 @@ def _destroy_unowned(
         record = fleet.store.get_vm(pvm.name)
         if record is not None and record.state != VMState.DESTROYED:
             counts[ReconcileCount.SKIPPED_RECORDED] += 1  # a record appeared: not ours to destroy
+            return
+        if record is None and fleet.identity.marks().lost:  # Redis lost its data meanwhile
+            counts[ReconcileCount.UNRECORDED_KEPT] += 1
             return
         lock.ensure_held()
         if not provider.destroy_vm(pvm.pool, pvm.name):
@@ -214,7 +222,7 @@ def _reconcile_reserved(fleet: Fleet, name: str, counts: Counts) -> None:
     if isinstance(redispatch, LockMiss):
         counts[redispatch] += 1  # busy: a create is running, not abandoned
     elif redispatch:  # after our lock is released, so the create job can take it
-        fleet.dispatch.create_vm(name)
+        fleet.dispatch.send(Job.CREATE_VM, [name])
 
 
 def _finish_reservation(
@@ -231,7 +239,7 @@ def _finish_reservation(
         note_outcome("vm_created", name, outcome)
         fleet.slots.release(name, lock.fence)
         if outcome.ok and outcome.code == "pending":
-            fleet.dispatch.check_pending_vm(name)
+            fleet.dispatch.send(Job.CHECK_PENDING_VM, [name])
             counts[ReconcileCount.RESERVATION_CREATED] += 1
         elif outcome.ok or outcome.code == "vm_completed":
             destroy_at_provider(fleet, name, provider, lock)

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from redis.exceptions import ResponseError
 
 from vmpool.config import PoolConfig
+from vmpool.ids import Job
+from vmpool.lifecycle.failures import requests_failed_noted
 from vmpool.lifecycle.fleet import Fleet, dispatch_released, note_outcome
 from vmpool.lifecycle.locking import run_locked
 from vmpool.lifecycle.outcomes import (
@@ -160,7 +162,7 @@ def _reserve_one(
     got = reserve_fresh(fleet, "reserve", reserve)
     if got.code == ReserveCode.RESERVED:
         reserved.append(got.name)
-        fleet.dispatch.create_vm(got.name)
+        fleet.dispatch.send(Job.CREATE_VM, [got.name])
     elif got.code == ReserveCode.CLONE_LIMIT:
         log.info("provision %s: clone limit reached, the rest waits", request_id)
     elif got.code == ReserveCode.NAMES_EXHAUSTED:
@@ -196,11 +198,11 @@ def check_request(fleet: Fleet, request_id: str) -> RequestCode:
     pending = [vm.name for vm in vms if vm.state == VMState.PENDING]
     reserved = [vm.name for vm in vms if vm.state == VMState.RESERVED]
     if pending:
-        fleet.dispatch.check_pending_vms(pending)
+        fleet.dispatch.send(Job.CHECK_PENDING_VM, pending)
     if reserved:
-        fleet.dispatch.create_vms(reserved)
+        fleet.dispatch.send(Job.CREATE_VM, reserved)
     if req.unreserved > 0:
-        fleet.dispatch.provision_request(request_id)
+        fleet.dispatch.send(Job.PROVISION_REQUEST, [request_id])
     return RequestStep.PENDING
 
 
@@ -232,6 +234,8 @@ def sweep_expired(fleet: Fleet, limit: int = 1000) -> dict[str, int]:
         counts[outcome.code] += 1
         if outcome.ok:
             expired.append(request_id)
+        if outcome.code == "failed":  # out of time: listed with its reason (dashboard)
+            requests_failed_noted(fleet, [request_id])
     # Every expiry first, then the destroys in one batch: a request late in a long due
     # list is not kept waiting behind the others' follow-up work (the settle bound).
     dispatch_released(fleet, *expired)
@@ -242,5 +246,5 @@ def provision_sweep(fleet: Fleet) -> int:
     """Dispatch provision_request for every request with unreserved slots (one batch)."""
     candidates = fleet.store.provision_candidates()
     if candidates:
-        fleet.dispatch.provision_requests(candidates)
+        fleet.dispatch.send(Job.PROVISION_REQUEST, candidates)
     return len(candidates)

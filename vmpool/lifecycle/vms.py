@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 
 from vmpool.config import Config
+from vmpool.ids import Job
 from vmpool.lifecycle.cloudsteps import (
     admit,
     circuit_closed,
@@ -31,7 +32,7 @@ from vmpool.lifecycle.pending import check_batched, list_lag_s, observe_pending
 from vmpool.providers import Provider, ProviderVMState, StatusBatch, create_for_request
 from vmpool.state.locks import FencedLock
 from vmpool.state.records import VMRecord
-from vmpool.state.transitions import VMState
+from vmpool.state.transitions import VM_TO_DESTROY, VMState
 from vmpool.state.workset import WorkSet
 
 __all__ = [
@@ -95,7 +96,7 @@ LockedStep = Callable[[Fleet, VMRecord, Provider, FencedLock], VMCode]
 def _under_vm_lock(
     fleet: Fleet,
     name: str,
-    state: str,
+    state: str | frozenset[VMState],
     step: str,
     body: LockedStep,
     lock: FencedLock | None = None,
@@ -105,7 +106,7 @@ def _under_vm_lock(
 
     The shape of every per-VM job: the VM's lock, whose grant reads the VM's record in
     the same unit (so the record is read under the lock, once), then ``body`` if the VM
-    is in ``state`` (else 'vm_<its state>', after ``elsewhere(lock)``). ``lock``:
+    is in ``state`` (or one of them; else 'vm_<its state>', after ``elsewhere(lock)``). ``lock``:
     already granted that way (a batch job grants the locks of its claim in one script
     and releases them in one). Else taken and released here. Another worker holding the
     lock is 'busy', not an error. A lock lost midway stops the step ('lock_lost')."""
@@ -114,7 +115,7 @@ def _under_vm_lock(
         vm = VMRecord.from_hash(held.record) if held.record else None
         if vm is None:
             return VMStep.NO_VM
-        if vm.state != state:
+        if vm.state not in (state if isinstance(state, frozenset) else {state}):
             if elsewhere is not None:
                 elsewhere(held)
             return in_state("vm", vm.state)
@@ -159,7 +160,7 @@ def _create_locked(
         )
         note_outcome("vm_created", name, created)
         if created.ok and created.code == "pending":
-            fleet.dispatch.check_pending_vm(name)
+            fleet.dispatch.send(Job.CHECK_PENDING_VM, [name])
             return VMStep.PENDING
         if created.code == "stale_fence":
             # Another worker holds the VM now and will finish (or undo) this create. But
@@ -203,7 +204,7 @@ def destroy_at_provider(
         except Exception as exc:
             log.warning("destroy of unrecorded %s failed (reconcile retries): %s", name, exc)
         return VMStep.NO_VM
-    if vm.state != VMState.COMPLETED:
+    if not _to_destroy_now(fleet, vm):
         return in_state("vm", vm.state)
     lock.ensure_held()
     try:
@@ -214,6 +215,14 @@ def destroy_at_provider(
     outcome = fleet.store.vm_destroyed(name, actor=fleet.who("destroy"), fence=lock.fence)
     note_outcome("vm_destroyed", name, outcome)
     return store_code(outcome)
+
+
+def _to_destroy_now(fleet: Fleet, vm: VMRecord) -> bool:
+    """Whether ``vm`` (read under its lock) is destroyed now: completed, or on hold with
+    its hold over (server time). A hold is set once, when the VM fails, and never moves."""
+    if vm.state == VMState.ON_HOLD:
+        return vm.hold_until is not None and vm.hold_until <= fleet.store.server_time()
+    return vm.state == VMState.COMPLETED
 
 
 # ------------------------------------------------------------------------------------
@@ -284,19 +293,20 @@ def check_pending_sweep(fleet: Fleet, pool: str | None = None) -> int:
     # work-set subjects back in line (a deferral over, a dead claimer's lease ended):
     # dispatched again, which queues a batch job for them (they are in the set once)
     due = WorkSet(fleet.redis, fleet.keys).lapsed(_REDISPATCH, now) if pool is None else {}
-    pending = list(dict.fromkeys([*pending, *due.get("check_pending_vm", [])]))
-    stale = list(dict.fromkeys([*stale, *due.get("create_vm", [])]))
+    pending = list(dict.fromkeys([*pending, *due.get(Job.CHECK_PENDING_VM, [])]))
+    stale = list(dict.fromkeys([*stale, *due.get(Job.CREATE_VM, [])]))
     if pending:
-        fleet.dispatch.check_pending_vms(pending)
+        fleet.dispatch.send(Job.CHECK_PENDING_VM, pending)
     if stale:
-        fleet.dispatch.create_vms(stale)
-    if due.get("provision_request"):
-        fleet.dispatch.provision_requests(due["provision_request"])
-    return len(pending) + len(stale) + len(due.get("provision_request", []))
+        fleet.dispatch.send(Job.CREATE_VM, stale)
+    requests = due.get(Job.PROVISION_REQUEST, [])
+    if requests:
+        fleet.dispatch.send(Job.PROVISION_REQUEST, requests)
+    return len(pending) + len(stale) + len(requests)
 
 
 # The work sets whose subjects the pending sweep dispatches again once they are due.
-_REDISPATCH = ("create_vm", "check_pending_vm", "provision_request")
+_REDISPATCH = (Job.CREATE_VM, Job.CHECK_PENDING_VM, Job.PROVISION_REQUEST)
 
 
 def _flat(by_pool: Mapping[str, Sequence[str]]) -> list[str]:
@@ -304,12 +314,16 @@ def _flat(by_pool: Mapping[str, Sequence[str]]) -> list[str]:
 
 
 def destroy_sweep(fleet: Fleet) -> int:
-    """Dispatch destroy_vm for every completed VM.
+    """Dispatch destroy_vm for every completed VM, and every VM whose hold is over.
 
-    One read for all configured pools, one dispatch batch."""
-    names = _flat(fleet.store.pools_vms(list(fleet.config.pools), VMState.COMPLETED))
+    One read for all configured pools (an on-hold VM's index score is its hold's end),
+    one dispatch batch."""
+    pools = list(fleet.config.pools)
+    now = fleet.store.server_time()
+    names = _flat(fleet.store.pools_vms(pools, VMState.COMPLETED))
+    names += _flat(fleet.store.pools_vms(pools, VMState.ON_HOLD, max_score=now))
     if names:
-        fleet.dispatch.destroy_vms(names)
+        fleet.dispatch.send(Job.DESTROY_VM, names)
     return len(names)
 
 
@@ -318,9 +332,10 @@ def destroy_vm(fleet: Fleet, name: str) -> VMCode:
 
     Returns 'destroyed', 'provider_error' (a transient failure: the VM stays completed
     and the next destroy sweep retries), 'busy', 'lock_lost', 'no_provider', or a
-    refusal ('no_vm', 'vm_<state>': only a completed VM is destroyed).
+    refusal ('no_vm', 'vm_<state>': only a completed VM is destroyed, or one on hold
+    once its hold is over: 'vm_on_hold' before).
     """
-    return _under_vm_lock(fleet, name, VMState.COMPLETED, "destroy", _destroy_locked)
+    return _under_vm_lock(fleet, name, VM_TO_DESTROY, "destroy", _destroy_locked)
 
 
 def _destroy_locked(fleet: Fleet, vm: VMRecord, provider: Provider, lock: FencedLock) -> VMCode:

@@ -3,7 +3,9 @@
 ``top_up_pools`` (periodic) reserves, for each pool, the VMs it is short of (size minus
 ready minus the pool's own reserved and booting VMs), at most ``task_limit`` per pool
 per run and each within the fleet's clone limit (the clone semaphore every create
-shares), and dispatches ``create_vm`` for them. The ordinary create and pending-check
+shares), and dispatches ``create_vm`` for them. A pool whose creates fail with a permanent error
+(vmpool.lifecycle.failures) reserves none while it backs off, then one VM at a time, a
+probe, until a create goes through. The ordinary create and pending-check
 jobs then make them ready (the store runs the warm-pool variant of each transition for
 a VM no request holds). ``check_ready`` (periodic, vmpooler's check_ready) recycles
 ready VMs past the pool's ``ready_ttl``, those the provider no longer holds or says are
@@ -21,6 +23,8 @@ from __future__ import annotations
 import logging
 
 from vmpool.config import PoolConfig
+from vmpool.ids import Job
+from vmpool.lifecycle.failures import top_up_allowance
 from vmpool.lifecycle.fleet import Fleet, note_outcome
 from vmpool.lifecycle.outcomes import RecycleReason, ReserveCode, StoreCode
 from vmpool.lifecycle.overrides import effective_pools
@@ -45,11 +49,14 @@ def top_up_pools(fleet: Fleet) -> dict[str, int]:
     if not pools:
         return {}
     counts = fleet.store.pools.warm_counts(pool.name for pool in pools)
+    allowed = top_up_allowance(fleet, (pool.name for pool in pools))
     made: dict[str, int] = {}
     names: list[str] = []
     for pool in pools:
         have = counts[pool.name]
         deficit = min(pool.size - have["ready"] - have["warming"], fleet.config.task_limit)
+        if pool.name in allowed:  # failing for good: none while backing off, then a probe
+            deficit = min(deficit, allowed[pool.name] - have["warming"])
         for _ in range(max(0, deficit)):
             code = _reserve_warm(fleet, pool, names)
             if code != ReserveCode.RESERVED:
@@ -57,7 +64,7 @@ def top_up_pools(fleet: Fleet) -> dict[str, int]:
                 break
             made[pool.name] = made.get(pool.name, 0) + 1
     if names:
-        fleet.dispatch.create_vms(names)
+        fleet.dispatch.send(Job.CREATE_VM, names)
     return made
 
 
@@ -110,7 +117,7 @@ def check_ready(fleet: Fleet) -> dict[str, int]:
                 recycled.append(vm.name)
                 counts[reason.value] = counts.get(reason.value, 0) + 1
     if recycled:
-        fleet.dispatch.destroy_vms(recycled)
+        fleet.dispatch.send(Job.DESTROY_VM, recycled)
     return counts
 
 

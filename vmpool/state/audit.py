@@ -346,6 +346,8 @@ def _check_inventory(providers: Mapping[str, Any], vms: Mapping[str, VMRecord]) 
     for provider_name, provider in providers.items():
         for pvm in provider.inventory():
             vm_rec = vms.get(pvm.name)
+            if vm_rec is None and not pvm.owned:
+                continue  # under a mark the fleet does not own: maybe another install's
             if vm_rec is None:
                 # a create in flight has a reserved record. Anything else is a leak
                 problem = f"held by {provider_name} with no record"

@@ -3,7 +3,7 @@
 vmpool stops asking before the cloud says no, as Nodepool does.
 
 The count: the provider's pools' indexes of the VMs the cloud holds or is making
-(pending, ready, running, completed), plus the claims of the creates running now.
+(pending, ready, running, completed, on hold), plus the claims of the creates running now.
 
 A create claims its place in the same unit as the count
 (``vmpool/state/scripts/provider_capacity.lua``), so racing workers never exceed a
@@ -51,8 +51,8 @@ class ProviderCapacity:
         pools = sorted(limits.pool_cores)
         keys = [self.keys.provider_launching(provider)]
         for pool in pools:
-            keys += [self.keys.pool_state(pool, s) for s in ("pending", "ready", "running")]
-            keys.append(self.keys.pool_state(pool, "completed"))
+            held = ("pending", "ready", "running", "completed", "on_hold")  # at the cloud
+            keys += [self.keys.pool_state(pool, s) for s in held]
         args: list[str | int] = [
             op,
             repr(self.lease_s),

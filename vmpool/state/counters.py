@@ -10,6 +10,10 @@ process keeps these in memory. Three kinds of writer:
   are defined here once, so the scripts and the scrape cannot disagree.
 * The workers. :func:`record_job` and :func:`record_error` HINCRBY a hash.
   :func:`record_skipped` counts the subjects a batch skipped as invalid.
+
+The scripts also count each pool's VMs made (reserved -> booting) and destroyed at its
+provider (``VMS_METRIC``): the dashboard's per-minute rates are differences of these
+totals (vmpool.state.history).
 * ``vmpool audit --metrics``: :func:`record_audit`.
 
 Every scrape of ``/metrics`` (vmpool.api.fleet_metrics) reads those hashes.
@@ -23,6 +27,7 @@ from typing import Final
 import redis
 
 from vmpool.state.keys import Keys
+from vmpool.state.pool_failures import streak_key_prefix
 
 __all__ = [
     "ERRORS_METRIC",
@@ -32,6 +37,7 @@ __all__ = [
     "READY_OVERFLOW",
     "READY_SUM",
     "SKIPPED_METRIC",
+    "VMS_METRIC",
     "bucket_field",
     "cumulative_buckets",
     "lua_metrics",
@@ -39,6 +45,7 @@ __all__ = [
     "record_error",
     "record_job",
     "record_skipped",
+    "vm_totals",
 ]
 
 JOBS_METRIC: Final = "jobs"  # hash field "<job>:<outcome>" -> count
@@ -46,6 +53,8 @@ JOBS_METRIC: Final = "jobs"  # hash field "<job>:<outcome>" -> count
 ERRORS_METRIC: Final = "errors"
 # hash field "<job>:<reason>" -> subjects a batch enqueue skipped (workers/queues.py)
 SKIPPED_METRIC: Final = "skipped"
+# hash field "<event>:<pool>" -> VMs of the pool created (or destroyed) at its provider
+VMS_METRIC: Final = "vms"
 
 # How a request leaves ``pending``, once each: fulfilled, failed, or deleted before it
 # was ready (a ready request deleted later was already counted as ready, so the
@@ -101,6 +110,10 @@ def lua_metrics(keys: Keys) -> str:
         f"local SUMMARY_PREFIX = {keys.summary_prefix()!r}\n"
         f"local POOL_RESETS = {keys.pool_resets!r}\n"
         f"local TEMPLATE_OVERRIDES = {keys.pool_override('template')!r}\n"
+        # each pool's VMs made and destroyed, and its run of failed creates (ended by a
+        # create that went through: vmpool/state/pool_failures.py)
+        f"local METRIC_VMS = {keys.metrics(VMS_METRIC)!r}\n"
+        f"local POOL_FAILURES_PREFIX = {streak_key_prefix(keys)!r}\n"
     )
 
 
@@ -128,6 +141,11 @@ def record_job(redis_client: redis.Redis, keys: Keys, job: str, outcome: str) ->
 def record_error(redis_client: redis.Redis, keys: Keys, kind: str, pool: str) -> None:
     """Count one error of a pool (vmpooler's ``vmpooler_errors.<kind>.<pool>``)."""
     redis_client.hincrby(keys.metrics(ERRORS_METRIC), f"{kind}:{pool}", 1)
+
+
+def vm_totals(raw: Mapping[str, str], pool: str) -> tuple[int, int]:
+    """The pool's (created, destroyed) totals in the ``VMS_METRIC`` hash as read."""
+    return int(raw.get(f"created:{pool}", 0)), int(raw.get(f"destroyed:{pool}", 0))
 
 
 def record_skipped(

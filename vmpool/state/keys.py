@@ -37,6 +37,9 @@ Layout (``P`` is the prefix)::
     P:metrics:requests_finished  hash   requests finished, by outcome (the store's scripts)
     P:metrics:time_to_ready:POOL hash   ready-time histogram of a pool: bucket -> count, sum
     P:metrics:audit              hash   the last `vmpool audit --metrics`: violations, time
+    P:history:POOL               hash   a pool's counts, one field a minute for a day (history.py)
+    P:pool-failures:POOL         hash   a pool's create failures: streak, last error, back-off
+    P:failures                   list   the fleet's latest failures, newest first (pool_failures.py)
     P:workers                    zset   vmpool worker heartbeats
     P:schedule:due               zset   the scheduler's templates, score = next due time
     P:schedule:log               list   every move of the schedule, newest first
@@ -44,6 +47,7 @@ Layout (``P`` is the prefix)::
     P:schedule:schedulers        zset   live scheduler replicas (rq-scheduler's registry)
     P:schedule:scheduler:NAME    hash   one scheduler replica (rq-scheduler's birth record)
     P:health:write-probe         string the readiness probe's write (expires in a minute)
+    P:op:ID                      string a mutating call's reply by its operation id (ops.py; TTL)
     P:config:poolsize            hash   pool -> size set at runtime (POST /config/poolsize)
     P:config:template            hash   pool -> template set at runtime
     P:config:clone_target        hash   pool -> clone target set at runtime
@@ -51,6 +55,8 @@ Layout (``P`` is the prefix)::
     P:summary:TASK:DATE          hash   vmpooler's daily stats (boot, clone: POOL:VM -> s;
                                         tag: VM:TAG -> value), DATE = YYYY-MM-DD (UTC)
     P:fleet:config               hash   the running fleet's config, public form (no secret)
+    P:fleet-identity             string the fleet's mark on its VMs (vmpool-<12 hex>), made once
+    P:fleet-marks                hash   the fleet's other marks: mark -> lost, legacy or adopted
     vmpool:fleets                hash   key prefix -> when its fleet last published its config:
                                         the one key outside a prefix, so that a command given
                                         only a Redis URL finds a fleet of any prefix
@@ -68,6 +74,7 @@ from dataclasses import dataclass
 from vmpool.ids import (
     DEFAULT_PREFIX,
     InvalidIdentifier,
+    Job,
     validate_pool_name,
     validate_request_id,
     validate_vm_name,
@@ -96,9 +103,9 @@ WORK_PARTS = {
     "queue": ":queue:",
 }
 
-VM_STATES = ("reserved", "pending", "ready", "running", "completed", "destroyed")
+VM_STATES = ("reserved", "pending", "ready", "running", "completed", "on_hold", "destroyed")
 # VM states that have a per-pool index. Destroyed VMs keep only their tombstone hash.
-INDEXED_VM_STATES = ("reserved", "pending", "ready", "running", "completed")
+INDEXED_VM_STATES = ("reserved", "pending", "ready", "running", "completed", "on_hold")
 # RQ's namespaces (rq.Queue.redis_queue_namespace_prefix, rq.job.Job's): a test checks.
 RQ_QUEUE_NAMESPACE = "rq:queue:"
 RQ_JOB_NAMESPACE = "rq:job:"
@@ -114,6 +121,10 @@ class Keys:
     @property
     def write_probe(self) -> str:
         return f"{self.prefix}:health:write-probe"
+
+    def op(self, op_id: str) -> str:
+        """String: the recorded reply of operation ``op_id`` (vmpool/state/ops.py)."""
+        return f"{self.prefix}:op:{op_id}"
 
     # -- requests -------------------------------------------------------------------
     def request(self, request_id: str) -> str:
@@ -244,6 +255,10 @@ class Keys:
         """String: the fleet's ownership id, generated once (vmpool/state/fleet_identity.py)."""
         return f"{self.prefix}:fleet-identity"
 
+    def fleet_marks(self) -> str:
+        """Hash: the fleet's other marks, mark -> role (vmpool/state/fleet_identity.py)."""
+        return f"{self.prefix}:fleet-marks"
+
     def provider_circuit(self, provider: str) -> str:
         """Hash: one provider's circuit breaker (vmpool/state/circuit.py)."""
         return f"{self.prefix}:provider-circuit:{validate_pool_name(provider)}"
@@ -252,7 +267,7 @@ class Keys:
         """Zset: a provider's creates now, 'pool|name' -> when the claim lapses (capacity.py)."""
         return f"{self.prefix}:provider-launching:{validate_pool_name(provider)}"
 
-    def work_set(self, job: str) -> str:
+    def work_set(self, job: Job) -> str:
         """Zset: the subjects of per-subject ``job`` waiting for a batch job or claimed.
 
         Score: their arrival in server time (:mod:`vmpool.state.workset`). Its parts are this key
@@ -260,11 +275,11 @@ class Keys:
         """
         return f"{self.prefix}:work:{job}"
 
-    def work_part(self, job: str, part: str) -> str:
+    def work_part(self, job: Job, part: str) -> str:
         """One part of ``job``'s work set (:data:`WORK_PARTS`, ``queue``: :meth:`work_queue`)."""
         return self.work_set(job) + WORK_PARTS[part]
 
-    def work_queue(self, job: str, owner: str) -> str:
+    def work_queue(self, job: Job, owner: str) -> str:
         """Zset: ``owner``'s subjects ('' for no user) waiting in ``job``'s work set, by arrival."""
         return self.work_part(job, "queue") + owner
 
@@ -302,6 +317,16 @@ class Keys:
     def time_to_ready_prefix(self) -> str:
         """Prefix of the ready-time histograms. The scripts append the VM's pool."""
         return self.metrics("time_to_ready") + ":"
+
+    def pool_history(self, pool: str) -> str:
+        return f"{self.prefix}:history:{validate_pool_name(pool)}"
+
+    def pool_failures(self, pool: str) -> str:
+        return f"{self.prefix}:pool-failures:{validate_pool_name(pool)}"
+
+    @property
+    def recent_failures(self) -> str:
+        return f"{self.prefix}:failures"
 
     @property
     def audit_result(self) -> str:

@@ -15,20 +15,23 @@ configuration. Who honours what:
   ``clone_target``, for backend weights and the providers that place VMs by it.
 
 A changed template or clone target resets the pool (``PoolStore.reset_pool``), as vmpooler
-drains a pool then. Nothing here writes a VM's state.
+drains a pool then. Nothing here writes a VM's state. Each change is one script, answered
+once per operation id (:mod:`vmpool.state.ops`: the caller's ``op``, else one made for
+the call) and confirmed as every acknowledged write is.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Final, Literal
+from typing import Any, Final, Literal
 
 import redis
 
 from vmpool.ids import validate_pool_name
 from vmpool.state.keys import Keys
 from vmpool.state.lua import read_script
+from vmpool.state.ops import Op, new_op, once_text, retry_window_s
 from vmpool.state.records import text
 
 __all__ = [
@@ -71,8 +74,22 @@ def read_overrides(r: redis.Redis, keys: Keys) -> PoolOverrides:
     )
 
 
+def _run_once(
+    r: redis.Redis, keys: Keys, script: str, key: str, argv: list[str], op: Op | None
+) -> Any:
+    """Run ``script`` (a file of vmpool/state/scripts) once per operation id."""
+    runner = r.register_script(once_text(read_script("vmpool.state.scripts", script)))
+    op = op or new_op(retry_window_s(r))
+    return runner(keys=[key], args=[*argv, *op.argv(keys)])
+
+
 def set_overrides(
-    r: redis.Redis, keys: Keys, setting: Setting, values: Mapping[str, tuple[str, str]]
+    r: redis.Redis,
+    keys: Keys,
+    setting: Setting,
+    values: Mapping[str, tuple[str, str]],
+    *,
+    op: Op | None = None,
 ) -> int:
     """Set pool -> (value, configured value) of ``setting`` in one unit.
 
@@ -83,18 +100,17 @@ def set_overrides(
         argv += [validate_pool_name(pool), value, configured]
     if not argv:
         return 0
-    script = r.register_script(read_script("vmpool.state.scripts", "override_set.lua"))
-    return int(script(keys=[keys.pool_override(setting)], args=argv))
+    changed = _run_once(r, keys, "override_set.lua", keys.pool_override(setting), argv, op)
+    return int(changed)
 
 
-def clear_override(r: redis.Redis, keys: Keys, setting: Setting, pool: str) -> str | None:
-    """Drop ``pool``'s runtime value of ``setting``, read and removed in one transaction.
+def clear_override(
+    r: redis.Redis, keys: Keys, setting: Setting, pool: str, *, op: Op | None = None
+) -> str | None:
+    """Drop ``pool``'s runtime value of ``setting``, read and removed in one unit.
 
-    Returns the value it had (None: there was none).
+    The unit is ``override_clear.lua``. Returns the value it had (None: there was none).
     """
     key = keys.pool_override(setting)
-    pipe = r.pipeline(transaction=True)
-    pipe.hget(key, validate_pool_name(pool))
-    pipe.hdel(key, pool)
-    before, _ = pipe.execute()
+    before = _run_once(r, keys, "override_clear.lua", key, [validate_pool_name(pool)], op)
     return None if before is None else text(before)

@@ -31,6 +31,7 @@ from vmpool.ids import (
 )
 from vmpool.state import reads
 from vmpool.state.keys import INDEXED_VM_STATES, Keys
+from vmpool.state.ops import Op
 from vmpool.state.records import AuditEntry, Outcome, VMRecord, decode_hash, text
 from vmpool.state.store_scripts import StoreScripts
 
@@ -42,13 +43,15 @@ class Checkout:
     """What a checkout did.
 
     ``vms`` (name, pool) handed out, or ``short`` naming the pool that had too few ready
-    VMs (then nothing was handed out).
+    VMs (then nothing was handed out). ``asked``: the caller's ``asked``, as the checkout
+    that handed them out was given it (a repeat of an operation: the first call's).
     """
 
     ok: bool
     code: str
     vms: tuple[tuple[str, str], ...] = ()
     short: str = ""
+    asked: str = ""
 
 
 @dataclass(frozen=True)
@@ -106,14 +109,23 @@ class PoolStore:
         owner_hash: str,
         lifetime_s: float,
         actor: str,
+        asked: str = "",
+        op: Op | None = None,
     ) -> Checkout:
+        """Hand out ready VMs of several pools to one client, all or nothing.
+
+        ``asked``: what the caller asked in its own terms (opaque), returned in the
+        Checkout. ``op``: the operation (:mod:`vmpool.state.ops`; None: one made for the
+        call). The other transitions below take ``op`` alike.
+        """
         wanted = ",".join(f"{validate_pool_name(p)}:{int(n)}" for p, n in counts.items() if n > 0)
-        args = [owner, owner_hash, repr(float(lifetime_s)), wanted]
-        reply = self.scripts.run("checkout", [], actor, "", args)
+        args = [owner, owner_hash, repr(float(lifetime_s)), wanted, asked]
+        reply = self.scripts.run("checkout", [], actor, "", args, op)
         if int(reply[0]) != 1:
             return Checkout(False, text(reply[1]), short=text(reply[2]) if len(reply) > 2 else "")
         items = [text(x) for x in reply[3:]]
-        return Checkout(True, text(reply[1]), tuple(zip(items[::2], items[1::2], strict=True)))
+        vms = tuple(zip(items[::2], items[1::2], strict=True))
+        return Checkout(True, text(reply[1]), vms, asked=text(reply[2] or ""))
 
     def claim_for_request(self, request_id: str, pools: Iterable[str], *, actor: str) -> Claim:
         validate_request_id(request_id)
@@ -126,25 +138,35 @@ class PoolStore:
             return Claim(False, text(reply[1]))
         return Claim(True, text(reply[1]), int(reply[2]), tuple(text(n) for n in reply[3:]))
 
-    def give_back(self, name: str, *, actor: str, user: str = "") -> Outcome:
-        return self.scripts.run_on_vm(name, "give_back", actor, [name, user])
+    def give_back(self, name: str, *, actor: str, user: str = "", op: Op | None = None) -> Outcome:
+        return self.scripts.run_on_vm(name, "give_back", actor, [name, user], op=op)
 
-    def extend_vm(self, name: str, hours: int, *, actor: str, user: str = "") -> Outcome:
+    def extend_vm(
+        self, name: str, hours: int, *, actor: str, user: str = "", op: Op | None = None
+    ) -> Outcome:
         if int(hours) <= 0:
             raise ValueError("a lifetime is a positive number of hours")
-        return self.scripts.run_on_vm(name, "extend_vm", actor, [name, user, int(hours)])
+        return self.scripts.run_on_vm(name, "extend_vm", actor, [name, user, int(hours)], op=op)
 
-    def tag_vm(self, name: str, tags: Mapping[str, str], *, actor: str, user: str = "") -> Outcome:
+    def tag_vm(
+        self,
+        name: str,
+        tags: Mapping[str, str],
+        *,
+        actor: str,
+        user: str = "",
+        op: Op | None = None,
+    ) -> Outcome:
         flat = [str(x) for pair in tags.items() for x in pair]
-        return self.scripts.run_on_vm(name, "tag_vm", actor, [name, user, *flat])
+        return self.scripts.run_on_vm(name, "tag_vm", actor, [name, user, *flat], op=op)
 
-    def reset_pool(self, pool: str, *, actor: str) -> list[str]:
+    def reset_pool(self, pool: str, *, actor: str, op: Op | None = None) -> list[str]:
         """Send the pool's ready VMs to destruction, and return the VMs recycled.
 
         The reset is recorded so that no VM reserved before it becomes ready
         (pool_reset.lua). Held VMs are never touched.
         """
-        reply = self.scripts.run("pool_reset", [], actor, "", [validate_pool_name(pool)])
+        reply = self.scripts.run("pool_reset", [], actor, "", [validate_pool_name(pool)], op)
         return [text(n) for n in reply[3:]]
 
     # -- reads --------------------------------------------------------------------------

@@ -151,6 +151,8 @@ class VMRecord:
     disks: tuple[str, ...] = ()
     # the address the cloud reported when the VM turned ready ('' when none)
     address: str = ""
+    # on hold (it failed its ready check): kept until then for debugging
+    hold_until: float | None = None
 
     @property
     def held_by_checkout(self) -> bool:
@@ -183,6 +185,7 @@ class VMRecord:
             snapshots=tuple(k[9:] for k in h if k.startswith("snapshot:")),
             disks=tuple(h["disk"].split(":")) if h.get("disk") else (),
             address=h.get("address", ""),
+            hold_until=_float(h.get("hold_until")),
         )
 
 

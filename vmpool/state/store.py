@@ -25,8 +25,9 @@ import redis
 
 from vmpool.ids import validate_request_id, validate_vm_name
 from vmpool.state import reads
-from vmpool.state.keys import Keys
+from vmpool.state.keys import INDEXED_VM_STATES, Keys
 from vmpool.state.lua import ScriptPipeline
+from vmpool.state.ops import Op
 from vmpool.state.pool_store import PoolStore
 from vmpool.state.records import (
     AuditEntry,
@@ -213,9 +214,11 @@ class Store:
         permanent: bool = False,
         fence: int | None = None,
         request_id: str | None = None,
+        hold_s: float = 0.0,
     ) -> Outcome:
-        """``request_id``: as for :meth:`vm_created`."""
-        args = [name, self._fence(fence), reason, "1" if permanent else "0"]
+        """``request_id``: as for :meth:`vm_created`. ``hold_s`` > 0: a booted VM is kept
+        on hold that long for debugging (code 'on_hold' where 'completed' would be)."""
+        args = [name, self._fence(fence), reason, "1" if permanent else "0", repr(float(hold_s))]
         return self.scripts.run_on_vm(name, "vm_failed", actor, args, request_id=request_id)
 
     def vm_waiting(
@@ -238,8 +241,13 @@ class Store:
     def expire_request(self, request_id: str, *, actor: str) -> Outcome:
         return self._run("expire_request", request_id, actor)
 
-    def delete_request(self, request_id: str, *, actor: str, user: str = "") -> Outcome:
-        return self._run("delete_request", request_id, actor, [user])
+    def delete_request(
+        self, request_id: str, *, actor: str, user: str = "", op: Op | None = None
+    ) -> Outcome:
+        """``op``: the operation (:mod:`vmpool.state.ops`; None: one made for the call)."""
+        keys = self.keys.request_script_keys(request_id)
+        reply = self.scripts.run("delete_request", keys, actor, request_id, [user], op)
+        return Outcome.from_reply(reply)
 
     def end_vm_lifetime(
         self, name: str, *, actor: str, force: bool = False, reason: str = ""
@@ -339,7 +347,7 @@ class Store:
 
     def pool_counts(self, pools: Iterable[str]) -> dict[str, dict[str, int]]:
         pools = list(pools)
-        states = ("reserved", "pending", "ready", "running", "completed")
+        states = INDEXED_VM_STATES
         pipe = self.redis.pipeline(transaction=False)
         for pool in pools:
             for state in states:

@@ -7,6 +7,10 @@ then ``_prelude.lua``, then its own helpers (the work-set functions for
 layouts come from :class:`~vmpool.state.keys.Keys` (``request_script_keys``,
 ``vm_script_keys``). ARGV 1-4 are the same for every script (:meth:`StoreScripts.call`).
 A script on one VM takes the layout its record calls for (:meth:`StoreScripts.run_on_vm`).
+
+Every store script is answered once per operation id (:mod:`vmpool.state.ops`): its
+body runs inside ``_once.lua``, and each call carries an id, the caller's or one made
+for the call, so a retry of a call whose reply was lost changes nothing.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from vmpool.ids import validate_vm_name
 from vmpool.state.counters import lua_metrics
 from vmpool.state.keys import Keys
 from vmpool.state.lua import ScriptCall, read_script
+from vmpool.state.ops import Op, new_op, once_text, retry_window_s
 from vmpool.state.records import Outcome, text
 from vmpool.state.transitions import lua_tables
 from vmpool.state.workset import lua_workset
@@ -84,33 +89,49 @@ class StoreScripts:
         # create_request adds the request to the provision work set in its unit.
         self._heads["create_request"] = lua_workset()
         self._registered: dict[str, Script] = {}
+        # How long the reply of a call made without a caller's operation id is kept.
+        self.op_ttl_s = retry_window_s(redis_client)
 
     def __getitem__(self, name: str) -> Script:
         script = self._registered.get(name)
         if script is None:
             if name not in self._heads and name not in REQUEST_SCRIPTS:
                 raise KeyError(f"not a store script: {name!r}")
-            text = self._prelude + self._heads.get(name, "") + _text(name)
+            text = self._prelude + self._heads.get(name, "") + once_text(_text(name))
             script = self._registered[name] = self._redis.register_script(text)
         return script
 
     def call(
-        self, name: str, keys: Sequence[str], actor: str, request_id: str, args: Sequence[Any]
+        self,
+        name: str,
+        keys: Sequence[str],
+        actor: str,
+        request_id: str,
+        args: Sequence[Any],
+        op: Op | None = None,
     ) -> ScriptCall:
         """A call of script ``name`` with ``keys``, its ARGV built the one way.
 
         ARGV 1-4 as in _prelude.lua (the pool-index and VM key prefixes, the actor, the
-        request id), then ``args``.
+        request id), then ``args``, then the operation's (_once.lua): ``op``, else one
+        made now for this call (every send of the call carries it).
         """
         k = self.keys
-        argv = [k.pool_state_prefix(), k.vm_prefix(), actor, request_id, *args]
+        op = op or new_op(self.op_ttl_s)
+        argv = [k.pool_state_prefix(), k.vm_prefix(), actor, request_id, *args, *op.argv(k)]
         return ScriptCall(self[name], list(keys), argv)
 
     def run(
-        self, name: str, keys: Sequence[str], actor: str, request_id: str, args: Sequence[Any]
+        self,
+        name: str,
+        keys: Sequence[str],
+        actor: str,
+        request_id: str,
+        args: Sequence[Any],
+        op: Op | None = None,
     ) -> Any:
         """Run :meth:`call`'s call now and return the script's raw reply."""
-        return self.call(name, keys, actor, request_id, args).run()
+        return self.call(name, keys, actor, request_id, args, op).run()
 
     def request_of(self, name: str, request_id: str | None = None) -> str | None:
         """The VM's request id ('' for a warm-pool VM), None when there is no VM.
@@ -132,13 +153,14 @@ class StoreScripts:
         args: Sequence[Any],
         *,
         request_id: str | None = None,
+        op: Op | None = None,
     ) -> Outcome:
         """Run ``script`` on VM ``name`` in the KEYS layout its record calls for.
 
         Its request's layout, or a warm-pool VM's own (request id ''). A warm-pool VM's
         transition runs the script's pool variant (:data:`POOL_VARIANTS`). The other VM
-        scripts take either layout. ``request_id``: as for :meth:`request_of`.
-        Outcome ``no_vm`` when there is no such VM.
+        scripts take either layout. ``request_id``: as for :meth:`request_of`. ``op``:
+        as for :meth:`call`. Outcome ``no_vm`` when there is no such VM.
         """
         request_id = self.request_of(name, request_id)
         if request_id is None:
@@ -146,7 +168,7 @@ class StoreScripts:
         if not request_id:
             script = POOL_VARIANTS.get(script, script)
         keys = self.keys.vm_script_keys(name, request_id)
-        return Outcome.from_reply(self.run(script, keys, actor, request_id, args))
+        return Outcome.from_reply(self.run(script, keys, actor, request_id, args, op))
 
 
 def _text(name: str) -> str:

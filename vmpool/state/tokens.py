@@ -43,6 +43,7 @@ import redis
 
 from vmpool.state.keys import Keys
 from vmpool.state.lua import read_script
+from vmpool.state.ops import Op, new_op, once_text, retry_window_s
 
 _SCRIPTS = "vmpool.state.scripts"
 
@@ -149,19 +150,30 @@ class MintedToken:
     token: str  # the plain token: shown once, never stored or logged
     expires: float | None  # seconds since the epoch (the Redis server's clock). None: never
     dropped: int  # older tokens of the user dropped to stay within the bound
+    sealed: str = ""  # the sealed token the operation recorded (a repeat: the first one's)
 
 
 class TokenStore:
-    """Tokens in Redis, stored by their SHA-256 only."""
+    """Tokens in Redis, stored by their SHA-256 only.
+
+    A mint and a revoke are answered once per operation id (:mod:`vmpool.state.ops`):
+    the caller's ``op``, else one made for the call.
+    """
 
     def __init__(self, redis_client: redis.Redis, keys: Keys) -> None:
         self.redis = redis_client
         self.keys = keys
         self._touch = redis_client.register_script(read_script(_SCRIPTS, "token_touch.lua"))
-        self._revoke_own = redis_client.register_script(
-            read_script(_SCRIPTS, "token_revoke_own.lua")
+        self._revoke = redis_client.register_script(
+            once_text(read_script(_SCRIPTS, "token_revoke.lua"))
         )
-        self._create = redis_client.register_script(read_script(_SCRIPTS, "token_create.lua"))
+        self._create = redis_client.register_script(
+            once_text(read_script(_SCRIPTS, "token_create.lua"))
+        )
+        self._op_ttl_s = retry_window_s(redis_client)
+
+    def _op_args(self, op: Op | None) -> list[str | int]:
+        return (op or new_op(self._op_ttl_s)).argv(self.keys)
 
     def _now(self) -> str:
         seconds, micros = self.redis.time()
@@ -171,10 +183,21 @@ class TokenStore:
         """Mint a token for ``user``. Returns the plain token (shown once, never stored)."""
         return self.mint(user, ttl_s=ttl_s, max_tokens=max_tokens).token
 
-    def mint(self, user: str, *, ttl_s: float | None = None, max_tokens: int = 100) -> MintedToken:
+    def mint(
+        self,
+        user: str,
+        *,
+        ttl_s: float | None = None,
+        max_tokens: int = 100,
+        seal: Callable[[str], str] | None = None,
+        op: Op | None = None,
+    ) -> MintedToken:
         """Mint a token for ``user`` that lives ``ttl_s`` seconds (None: until revoked).
 
-        Beyond ``max_tokens`` live tokens of the user, the oldest are dropped.
+        Beyond ``max_tokens`` live tokens of the user, the oldest are dropped. ``op``: as
+        for the class. ``seal``: seals the new token for the caller; the sealed token is
+        recorded with the operation, and a repeat of ``op`` stores nothing and answers the
+        first call's (``MintedToken.sealed``: the caller unseals it).
         """
         if not user:
             raise ValueError("user must not be empty")
@@ -185,7 +208,7 @@ class TokenStore:
         now = self._now()
         ttl_ms = 0 if ttl_s is None else max(1, round(ttl_s * 1000))
         expires = None if ttl_s is None else float(now) + ttl_ms / 1000
-        dropped = self._create(
+        reply = self._create(
             keys=[self.keys.token(sha), self.keys.user_tokens(_sha(user))],
             args=[
                 user,
@@ -195,9 +218,11 @@ class TokenStore:
                 self.keys.token_prefix(),
                 sha,
                 "" if expires is None else f"{expires:.6f}",
+                seal(token) if seal else "",
+                *self._op_args(op),
             ],
         )
-        return MintedToken(token, expires, int(dropped))
+        return MintedToken(token, expires, int(reply[1]), _text(reply[2]))
 
     def lookup(self, token: str, *, touch: bool = True) -> TokenInfo | None:
         """The token's record, or None. ``touch`` records the time of use in ``last``."""
@@ -247,12 +272,14 @@ class TokenStore:
                 )
         return out
 
-    def revoke(self, token: str, *, user: str | None = None) -> bool:
-        """Delete the token. With ``user``, only if it belongs to that user."""
+    def revoke(self, token: str, *, user: str | None = None, op: Op | None = None) -> bool:
+        """Delete the token. With ``user``, only if it belongs to that user.
+
+        ``op``: as for the class."""
+        if user == "":
+            raise ValueError("user must not be empty (None revokes any user's token)")
         key = self.keys.token(token_sha256(token))
-        if user is None:
-            return int(self.redis.delete(key)) > 0
-        deleted = self._revoke_own(keys=[key], args=[user])
+        deleted = self._revoke(keys=[key], args=[user or "", *self._op_args(op)])
         return int(deleted) > 0
 
 

@@ -20,12 +20,16 @@ VM::
     warm pool:            pending -> ready -> running (claimed: a checkout or a request)
                                           \\-> completed (recycled, failed its check)
     held:                 running -> running (lifetime extended, tagged)
+    on hold:              pending -> on_hold -> destroyed (hold_failed_minutes over)
 
 ``reserved`` is the intent record written before the provider is called. ``completed``
 means "on its way to destruction". ``destroyed`` is a tombstone kept for ``data_ttl``.
 ``ready`` is a warm-pool VM nobody holds (vmpool/state/pool_store.py). A request's own
-VMs never pass through it. ``running -> running`` is a change in place of a held VM
-(its lifetime or tags), checked, versioned and in the trail like any other edge.
+VMs never pass through it. ``on_hold`` is a VM that failed its ready check, kept at its
+provider for debugging until ``hold_until`` (Nodepool's autohold): in no pool's ready
+set and in no request's slot, so never handed out, then destroyed as a completed VM is.
+``running -> running`` is a change in place of a held VM (its lifetime or tags),
+checked, versioned and in the trail like any other edge.
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ __all__ = [
     "REQUEST_TRANSITIONS",
     "VM_AT_PROVIDER",
     "VM_LIVE",
+    "VM_TO_DESTROY",
     "VM_TRANSITIONS",
     "RequestStatus",
     "VMState",
@@ -70,6 +75,7 @@ class VMState(StrEnum):
     READY = "ready"
     RUNNING = "running"
     COMPLETED = "completed"
+    ON_HOLD = "on_hold"
     DESTROYED = "destroyed"
 
 
@@ -90,16 +96,19 @@ _V = VMState
 VM_TRANSITIONS: Mapping[str, frozenset[VMState]] = {
     NONE: frozenset({_V.RESERVED}),
     _V.RESERVED: frozenset({_V.PENDING, _V.COMPLETED}),
-    _V.PENDING: frozenset({_V.RUNNING, _V.READY, _V.COMPLETED}),
+    _V.PENDING: frozenset({_V.RUNNING, _V.READY, _V.COMPLETED, _V.ON_HOLD}),
     _V.READY: frozenset({_V.RUNNING, _V.COMPLETED}),
     _V.RUNNING: frozenset({_V.RUNNING, _V.COMPLETED}),
     _V.COMPLETED: frozenset({_V.DESTROYED}),
+    _V.ON_HOLD: frozenset({_V.DESTROYED}),
     _V.DESTROYED: frozenset(),
 }
 # VM states in which the VM still counts toward its request's slot.
 VM_LIVE = frozenset({_V.RESERVED, _V.PENDING, _V.RUNNING})
 # VM states in which the provider may hold the VM (what the inventory may show).
-VM_AT_PROVIDER = VM_LIVE | {_V.READY, _V.COMPLETED}
+VM_AT_PROVIDER = VM_LIVE | {_V.READY, _V.COMPLETED, _V.ON_HOLD}
+# VM states the destroy job takes: on its way to destruction (on hold: once the hold is over).
+VM_TO_DESTROY = frozenset({_V.COMPLETED, _V.ON_HOLD})
 
 
 def _check_vocabulary(table: Mapping[str, frozenset[StrEnum]], states: type[StrEnum]) -> None:

@@ -13,6 +13,7 @@ A task is named ``<VM>:<kind>:<id>`` (:data:`vmpool.ids.VM_TASK_RE`), the job's 
 
 from __future__ import annotations
 
+import hashlib
 import secrets
 import string
 from dataclasses import dataclass
@@ -22,6 +23,7 @@ import redis
 
 from vmpool.ids import validate_vm_name, validate_vm_task
 from vmpool.state.keys import Keys
+from vmpool.state.ops import Op
 from vmpool.state.records import Outcome, text
 from vmpool.state.store_scripts import StoreScripts
 
@@ -33,9 +35,16 @@ _FIRST = string.ascii_lowercase
 _REST = string.ascii_lowercase + string.digits
 
 
-def new_task_id() -> str:
-    """A task id as vmpooler makes a snapshot's: 32 of [a-z0-9], the first a letter."""
-    return secrets.choice(_FIRST) + "".join(secrets.choice(_REST) for _ in range(31))
+def new_task_id(seed: str | None = None) -> str:
+    """A task id as vmpooler makes a snapshot's: 32 of [a-z0-9], the first a letter.
+
+    Random, or drawn from ``seed`` (an operation id: the repeat of a call names the task
+    the first call asked for).
+    """
+    if seed is None:
+        return secrets.choice(_FIRST) + "".join(secrets.choice(_REST) for _ in range(31))
+    digest = hashlib.sha256(seed.encode()).digest()
+    return _FIRST[digest[0] % 26] + "".join(_REST[b % 36] for b in digest[1:32])
 
 
 @dataclass(frozen=True)
@@ -73,10 +82,14 @@ class VMTaskStore:
         self.keys = keys
         self.scripts = scripts or StoreScripts(redis_client, keys)
 
-    def add_vm_task(self, task: VMTask, arg: str, *, actor: str, user: str = "") -> Outcome:
-        """Record ``task`` by the VM's holder ``user`` ('' for admin or auth off)."""
+    def add_vm_task(
+        self, task: VMTask, arg: str, *, actor: str, user: str = "", op: Op | None = None
+    ) -> Outcome:
+        """Record ``task`` by the VM's holder ``user`` ('' for admin or auth off).
+
+        ``op``: the operation (:mod:`vmpool.state.ops`; None: one made for the call)."""
         args = [task.vm, user, task.kind, task.id, arg]
-        return self.scripts.run_on_vm(task.vm, "vm_task_add", actor, args)
+        return self.scripts.run_on_vm(task.vm, "vm_task_add", actor, args, op=op)
 
     def vm_task_arg(self, task: VMTask) -> str | None:
         """The waiting task's argument, None when it is not (or no longer) waiting."""

@@ -1,7 +1,7 @@
 """Work sets: the subjects waiting for a batch job, in their order of service.
 
-There is one work set per kind of per-subject work (``keys.work_set(job)``:
-``create_vm``, ``check_pending_vm``, ``provision_request``).
+There is one work set per kind of per-subject work (``keys.work_set(job)``: the jobs
+``create_vm``, ``check_pending_vm`` and ``provision_request``).
 
 A subject's way through:
 
@@ -32,6 +32,7 @@ from typing import Any
 
 import redis
 
+from vmpool.ids import Job
 from vmpool.state.keys import WORK_PARTS, Keys
 from vmpool.state.lua import read_script
 from vmpool.state.records import text
@@ -40,7 +41,7 @@ __all__ = ["REQUEST_JOBS", "Claim", "WorkSet", "lua_workset"]
 
 _PACKAGE = "vmpool.state.scripts"
 # The jobs whose subjects are request ids (ordered by the request's arrival and owner).
-REQUEST_JOBS = frozenset({"provision_request"})
+REQUEST_JOBS: frozenset[Job] = frozenset({Job.PROVISION_REQUEST})
 
 
 def lua_workset() -> str:
@@ -69,7 +70,7 @@ class WorkSet:
         self._claim = redis_client.register_script(head + read_script(_PACKAGE, "work_claim.lua"))
         self._done = redis_client.register_script(head + read_script(_PACKAGE, "work_done.lua"))
 
-    def record_key_parts(self, job: str) -> tuple[str, str]:
+    def record_key_parts(self, job: Job) -> tuple[str, str]:
         """The parts of a request's key around its id, for a job on requests.
 
         The add scripts read a subject's arrival and owner with them. ``('', '')`` for other
@@ -77,7 +78,7 @@ class WorkSet:
         """
         return self.keys.request_key_parts() if job in REQUEST_JOBS else ("", "")
 
-    def add(self, job: str, subjects: Sequence[str], *, client: Any = None) -> int:
+    def add(self, job: Job, subjects: Sequence[str], *, client: Any = None) -> int:
         """Put ``subjects`` in ``job``'s work set. One already in keeps its place.
 
         ``client``: a pipeline to add to (returns 0). Without it, one round trip, returning how
@@ -91,22 +92,22 @@ class WorkSet:
         )
         return 0 if client is not None else int(reply)
 
-    def claim(self, job: str, n: int, lease_s: float) -> Claim:
+    def claim(self, job: Job, n: int, lease_s: float) -> Claim:
         claim_id = os.urandom(8).hex()
         reply: list[Any] = self._claim(
             keys=[self.keys.work_set(job)], args=[n, repr(float(lease_s)), claim_id]
         )
         return Claim(claim_id, [text(s) for s in reply])
 
-    def done(self, job: str, claim: Claim, subjects: Sequence[str]) -> int:
+    def done(self, job: Job, claim: Claim, subjects: Sequence[str]) -> int:
         """Remove finished ``subjects`` of ``claim`` (those still claimed by it)."""
         return self._end(job, claim, "done", subjects)
 
-    def release(self, job: str, claim: Claim, subjects: Sequence[str]) -> int:
+    def release(self, job: Job, claim: Claim, subjects: Sequence[str]) -> int:
         """Put unprocessed ``subjects`` of ``claim`` back in line at once."""
         return self._end(job, claim, "release", subjects)
 
-    def defer(self, job: str, claim: Claim, subjects: Sequence[str], delay_s: float) -> int:
+    def defer(self, job: Job, claim: Claim, subjects: Sequence[str], delay_s: float) -> int:
         """Put ``subjects`` of ``claim`` back in line after ``delay_s``.
 
         Meanwhile no claim holds them, and they stay in the set: a dispatch does not add them
@@ -114,7 +115,7 @@ class WorkSet:
         """
         return self._end(job, claim, "defer", subjects, delay_s)
 
-    def renew(self, job: str, claim: Claim, subjects: Sequence[str], lease_s: float) -> int:
+    def renew(self, job: Job, claim: Claim, subjects: Sequence[str], lease_s: float) -> int:
         """Extend the lease of ``subjects`` still claimed by ``claim`` to ``lease_s`` from now.
 
         A claim still at work keeps them.
@@ -122,18 +123,18 @@ class WorkSet:
         return self._end(job, claim, "renew", subjects, lease_s)
 
     def _end(
-        self, job: str, claim: Claim, mode: str, subjects: Sequence[str], secs: float = 0.0
+        self, job: Job, claim: Claim, mode: str, subjects: Sequence[str], secs: float = 0.0
     ) -> int:
         if not subjects:
             return 0
         keys = [self.keys.work_set(job)]
         return int(self._done(keys=keys, args=[claim.id, mode, repr(float(secs)), *subjects]))
 
-    def size(self, job: str) -> int:
+    def size(self, job: Job) -> int:
         """Subjects in the set: waiting, claimed or deferred."""
         return int(self.redis.zcard(self.keys.work_set(job)))
 
-    def lapsed(self, jobs: Iterable[str], now: float, limit: int = 100) -> dict[str, list[str]]:
+    def lapsed(self, jobs: Iterable[Job], now: float, limit: int = 100) -> dict[Job, list[str]]:
         """Per job, up to ``limit`` subjects whose claim or deferral ended by ``now``.
 
         ``now`` is server time. These subjects go back in line at the next claim, so a batch
@@ -151,7 +152,7 @@ class WorkSet:
             if found
         }
 
-    def clear(self, job: str) -> None:
+    def clear(self, job: Job) -> None:
         """Drop ``job``'s work set with all its parts (benchmarks, tests)."""
         owners = [text(o) for o in self.redis.zrange(self.keys.work_part(job, "turns"), 0, -1)]
         owners += [text(o) for o in self.redis.hvals(self.keys.work_part(job, "owner"))]

@@ -1,12 +1,12 @@
 """vmpooler's on-demand requests: POST, GET and DELETE /ondemandvm.
 
 POST takes JSON or vmfloaty's path form (/ondemandvm/<template>). The API writes no
-request or VM state itself: POST goes through ``Store.create_request`` (the record and
-its queue entries in one atomic unit), then asks the fleet to provision it. With the
-batching dispatcher the id joins the provision work set in that same unit, and the
-lane check its dispatcher adds (``BatchDispatcher.provision_after_create``) runs in the
-same pipeline: one round trip awaited on the loop. DELETE goes through
-``Store.delete_request``. A refusal writes nothing.
+request or VM state itself: POST goes through ``Store.create_request`` (the record,
+its queue entries and its place in the provision work set in one atomic unit), and the
+lane check of the fleet's batching dispatcher
+(``BatchDispatcher.provision_after_create``) runs in the same pipeline: one round trip
+awaited on the loop. GET reads in pipelines awaited on the loop. DELETE goes through
+``Store.delete_request``. A refusal writes nothing. Idempotency keys: vmpool.api.idempotency.
 """
 
 from __future__ import annotations
@@ -23,15 +23,9 @@ from fastapi import APIRouter, Request
 from starlette.concurrency import run_in_threadpool
 from starlette.responses import Response
 
-from vmpool.api.deps import (
-    ApiState,
-    EnqueueFn,
-    State,
-    Token,
-    api_state,
-    authenticate,
-)
+from vmpool.api.deps import ApiState, State, Token, api_state, authenticate
 from vmpool.api.errors import redis_refusal
+from vmpool.api.idempotency import call_key, keyed
 from vmpool.api.metrics import ApiMetrics
 from vmpool.api.parsing import (
     Ondemand,
@@ -42,15 +36,17 @@ from vmpool.api.parsing import (
 )
 from vmpool.api.responses import not_ok, reply
 from vmpool.config import Config
-from vmpool.ids import InvalidIdentifier, validate_request_id
+from vmpool.ids import InvalidIdentifier, Job, validate_request_id
+from vmpool.lifecycle.failpoints import failpoint
 from vmpool.lifecycle.plan import RequestRejected, plan_slots
 from vmpool.state import reads
 from vmpool.state.durability import confirm, confirm_async
 from vmpool.state.lua import ScriptPipeline
+from vmpool.state.ops import Op
 from vmpool.state.records import Outcome, RequestRecord, RequestSettings, Slot
 from vmpool.state.store import Store
 from vmpool.state.tokens import TokenInfo
-from workers.batching import BatchDispatcher
+from workers.batching import LaneFollowUp
 
 __all__ = ["create_request", "delete_request", "request_status", "router"]
 
@@ -75,7 +71,7 @@ async def post_ondemand(request: Request) -> Response:
         wanted = ondemand_from_json(data, st.config)
     except RequestRejected as rejected:
         return refused(st.metrics, rejected, {})
-    return await create_request(st, wanted, token)
+    return await create_request(st, keyed(wanted, request, token), token)
 
 
 # vmpooler counts this route under the (misnamed) delete.ondemand.template.
@@ -86,7 +82,7 @@ async def post_ondemand_path(request: Request) -> Response:
     token = await authenticate(request, st)
     await read_body(request)  # ignored, but bounded
     wanted = ondemand_from_path(request.path_params["template"])
-    return await create_request(st, wanted, token)
+    return await create_request(st, keyed(wanted, request, token), token)
 
 
 # As the POST routes: the request alone, the counter inline. The reads awaited on the
@@ -95,17 +91,15 @@ async def post_ondemand_path(request: Request) -> Response:
 async def get_ondemand(request: Request) -> Response:
     st = api_state(request)
     st.metrics.http_requests_vm.labels("get", "ondemand", "request").inc()
-    rid: str = request.path_params["request_id"]
-    if st.clients.aio is None:
-        return await run_in_threadpool(request_status, st.store, rid)
-    return await request_status_async(st, st.clients.aio.get(), rid)
+    return await request_status(st, request.path_params["request_id"])
 
 
 @router.delete("/ondemandvm/{request_id}")
-async def delete_ondemand(request_id: str, st: State, token: Token) -> Response:
+async def delete_ondemand(request_id: str, request: Request, st: State, token: Token) -> Response:
     # Counted after the auth check, as vmpooler counts it.
     st.metrics.http_requests_vm.labels("delete", "ondemand", "request").inc()
-    return await run_in_threadpool(delete_request, st.store, request_id, token)
+    op = call_key(request).op(token.user if token else "")
+    return await run_in_threadpool(delete_request, st.store, request_id, token, op)
 
 
 def _weighed(config: Config, counts: Mapping[str, int]) -> bool:
@@ -121,9 +115,7 @@ async def _weighing(st: ApiState) -> Config:
 
     Backend weights are looked up by them. Read only when weights are configured.
     """
-    key = st.keys.pool_override("clone_target")
-    aio = st.clients.aio
-    raw = await (aio.get().hgetall(key) if aio else run_in_threadpool(st.clients.text.hgetall, key))
+    raw = await st.clients.aio.get().hgetall(st.keys.pool_override("clone_target"))
     targets = {str(p): str(t) for p, t in raw.items() if p in st.config.pools}
     if not targets:
         return st.config
@@ -141,18 +133,15 @@ async def create_request(st: ApiState, wanted: Ondemand, token: TokenInfo | None
         slots = plan_slots(config, wanted.counts, st.rng)
     except RequestRejected as rejected:
         return refused(st.metrics, rejected, wanted.counts)
-    rid = wanted.request_id or str(uuid.uuid4())
+    rid = wanted.request_id or wanted.keyed_id or str(uuid.uuid4())
     try:
-        if st.batch is not None and st.clients.aio is not None:
-            aio = st.clients.aio.get()
-            outcome = await _create_pipelined(st, st.batch, aio, rid, slots, token)
-        else:
-            outcome = await run_in_threadpool(_create_then_enqueue, st, rid, slots, token)
+        aio = st.clients.aio.get()
+        outcome = await _create_pipelined(st, aio, rid, slots, token)
         if outcome.code == "exists":
             # An id that exists is acknowledged (201 or 409) only once durable. An id the
-            # API made up (uuid4) can only exist if this very create ran before: redis-py
-            # sent it again after a lost connection.
-            await run_in_threadpool(confirm, st.store.redis)
+            # API made up (uuid4, or the key's) can only exist if this very create ran
+            # before: redis-py, or the client with its key, sent it again.
+            await confirm_async(aio)
             if wanted.request_id is None:
                 outcome = Outcome(True, "created")
     except redis.RedisError as exc:
@@ -181,23 +170,8 @@ async def create_request(st: ApiState, wanted: Ondemand, token: TokenInfo | None
     return reply(201, {"ok": True, "request_id": rid})
 
 
-def _create_then_enqueue(
-    st: ApiState, rid: str, slots: Sequence[Slot], token: TokenInfo | None
-) -> Outcome:
-    """Create the request, then call the app's ``enqueue`` (in the thread pool)."""
-    user, sha = (token.user, token.sha256) if token else ("", "")
-    settings = RequestSettings.from_config(st.config, authenticated=token is not None)
-    outcome = st.store.create_request(
-        rid, slots, settings, actor="api", token_user=user, token_hash=sha
-    )
-    if outcome.ok:
-        _start_provisioning(st, rid)
-    return outcome
-
-
 async def _create_pipelined(
     st: ApiState,
-    batch: BatchDispatcher,
     client: aredis.Redis,
     rid: str,
     slots: Sequence[Slot],
@@ -212,7 +186,7 @@ async def _create_pipelined(
     user, sha = (token.user, token.sha256) if token else ("", "")
     settings = RequestSettings.from_config(st.config, authenticated=token is not None)
     pipe = ScriptPipeline()
-    work_set = st.keys.work_set("provision_request")
+    work_set = st.keys.work_set(Job.PROVISION_REQUEST)
     refused = st.store.create_request(
         rid,
         slots,
@@ -225,17 +199,13 @@ async def _create_pipelined(
     )
     if refused is not None:
         return refused
-    follow_up = batch.provision_after_create(pipe)
+    follow_up = st.batch.provision_after_create(pipe)
     replies = await pipe.execute_async(client)
     if isinstance(replies[0], Exception):
         raise replies[0]
     outcome = Outcome.from_reply(replies[0])
-
-    def queue_lanes(_: str) -> None:
-        follow_up.queue(replies)
-
     if outcome.ok and follow_up.wanted(replies):
-        await run_in_threadpool(_start_provisioning, st, rid, queue_lanes)
+        await run_in_threadpool(_queue_lanes, st, rid, follow_up, replies)
     return outcome
 
 
@@ -254,16 +224,15 @@ def refused(metrics: ApiMetrics, rejected: RequestRejected, counts: Mapping[str,
     return not_ok(403, message=str(rejected))
 
 
-def _start_provisioning(st: ApiState, rid: str, enqueue: EnqueueFn | None = None) -> None:
-    """Call ``enqueue`` (else the app's) for the new request. A failure is not raised.
+def _queue_lanes(st: ApiState, rid: str, follow_up: LaneFollowUp, replies: Sequence[Any]) -> None:
+    """Queue the provision lanes the create's lane check found free. A failure is not raised.
 
-    It is counted and logged: the request exists, and the provision sweep finds it.
+    It is counted and logged: the request exists, in the provision work set, and the
+    provision sweep finds it.
     """
-    enqueue = enqueue or st.enqueue
-    if enqueue is None:
-        return
     try:
-        enqueue(rid)
+        failpoint("api.queue_lanes")  # tests: the queueing fails after the create
+        follow_up.queue(replies)
     except Exception as exc:  # the request exists. The provision sweep finds it
         st.metrics.enqueue_failures.inc()
         log.warning(
@@ -282,21 +251,7 @@ def _not_found(rid: str) -> Response:
     return not_ok(404, message=f"no request found for request_id '{rid}'")
 
 
-def request_status(store: Store, rid: str) -> Response:
-    """GET /ondemandvm/<id> on the store's client (in the thread pool)."""
-    if not _well_formed(rid):
-        return _not_found(rid)
-    record = store.get_request(rid)
-    if record is None:
-        confirm(store.redis)  # "not found" is shown too: not from a stale or demoted primary
-        return _not_found(rid)
-    ready = record.status == "ready"
-    vms = store.get_vms(sorted(record.vm_names)) if ready else []
-    confirm(store.redis)  # what is shown is durable (vmpool.state.durability)
-    return status_reply(rid, record, reads.hostnames_by_alias(vms))
-
-
-async def request_status_async(st: ApiState, client: aredis.Redis, rid: str) -> Response:
+async def request_status(st: ApiState, rid: str) -> Response:
     """GET /ondemandvm/<id> awaited on the loop.
 
     One pipeline for the record and its VM set (MULTI/EXEC: one snapshot), one more for
@@ -304,12 +259,13 @@ async def request_status_async(st: ApiState, client: aredis.Redis, rid: str) -> 
     """
     if not _well_formed(rid):
         return _not_found(rid)
+    client = st.clients.aio.get()
     pipe = client.pipeline(transaction=True)
     reads.queue_request(pipe, st.keys, rid)
     raw, names = await pipe.execute()
     record = reads.request_from(raw, names)
     if record is None:
-        await confirm_async(client)  # "not found" is shown too (request_status)
+        await confirm_async(client)  # "not found" is shown too: not from a stale or demoted primary
         return _not_found(rid)
     hostnames: dict[str, list[str]] = {}
     if record.status == "ready" and record.vm_names:
@@ -375,13 +331,13 @@ def _ttl_minutes(record: RequestRecord) -> str:
     return str(int(minutes)) if float(minutes).is_integer() else str(minutes)
 
 
-def delete_request(store: Store, rid: str, token: TokenInfo | None) -> Response:
+def delete_request(store: Store, rid: str, token: TokenInfo | None, op: Op | None) -> Response:
     """DELETE /ondemandvm/<id>: the request and its VMs released for destruction."""
     try:
         validate_request_id(rid)
     except InvalidIdentifier:
         return _not_found(rid)
-    outcome = store.delete_request(rid, actor="api", user=token.user if token else "")
+    outcome = store.delete_request(rid, actor="api", user=token.user if token else "", op=op)
     if outcome.code in ("request_failed", "already_deleted"):
         confirm(store.redis)  # a state read, acknowledged: durable first
     if outcome.ok or outcome.code == "request_failed":

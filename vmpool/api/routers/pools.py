@@ -9,6 +9,7 @@ An operator call needs a token of one of ``:auth: admins`` when auth is on (401
 without a valid token, 403 for anyone else: vmpooler lets any token resize any pool).
 Every change goes through :mod:`vmpool.lifecycle.overrides` (runtime values in Redis,
 and a reset through the store's ``reset_pool`` script), so workers honour it at once.
+Each is an operation of the call's idempotency key (:mod:`vmpool.api.idempotency`).
 """
 
 from __future__ import annotations
@@ -23,11 +24,11 @@ from starlette.responses import Response
 
 from vmpool.api.deps import ApiState, State, token_auth
 from vmpool.api.errors import Rejected
+from vmpool.api.idempotency import call_key
 from vmpool.api.parsing import parse_json_body, read_body
 from vmpool.api.responses import not_ok, reply
 from vmpool.config import PoolConfig
 from vmpool.config.fields import MAX_COUNT
-from vmpool.lifecycle.fleet import Dispatcher
 from vmpool.lifecycle.overrides import (
     pools_with_overrides,
     reset_pools,
@@ -132,10 +133,6 @@ def _operator(st: ApiState, request: Request) -> str:
     return f"api:{token.user}"
 
 
-def _dispatcher(st: ApiState) -> Dispatcher | None:
-    return st.batch
-
-
 def _mapping(raw: bytes) -> Mapping[str, Any]:
     """The body as a JSON object: vmpooler's 400 for bad JSON, 404 for ``null``."""
     data = parse_json_body(raw)
@@ -190,17 +187,18 @@ def _change(st: ApiState, request: Request, setting: Setting, raw: bytes) -> Res
     field, check = _CHECKS[setting]
     values: dict[str, str] = {}
     bad: list[str] = []
-    for name, raw in payload.items():
+    for name, given in payload.items():
         pool = st.config.pools.get(name)
-        value = None if pool is None else check(raw, pool)
+        value = None if pool is None else check(given, pool)
         if value is None:
             bad.append(name)
         else:
             values[name] = value
     if bad:
         return not_ok(400, **{field: bad})
+    op = call_key(request, raw).op(actor)
     changed = set_setting(
-        st.store, st.config, setting, values, actor=actor, dispatch=_dispatcher(st)
+        st.store, st.config, setting, values, actor=actor, dispatch=st.batch, op=op
     )
     return reply(201 if changed else 200, {"ok": True})
 
@@ -230,8 +228,9 @@ def _delete(setting: Setting) -> Any:
         actor = _operator(st, request)
         if pool not in st.config.pools:
             return not_ok(404)
+        op = call_key(request).op(actor)
         out = revert_setting(
-            st.store, st.config, setting, pool, actor=actor, dispatch=_dispatcher(st)
+            st.store, st.config, setting, pool, actor=actor, dispatch=st.batch, op=op
         )
         now, configured = _REVERTED_FIELDS[setting]
         as_value: Callable[[str], Any] = int if setting == "poolsize" else str
@@ -261,7 +260,8 @@ async def poolreset(request: Request, st: State) -> Response:
         bad = [name for name in payload if name not in st.config.pools]
         if bad:
             return not_ok(400, bad_pools=bad)
-        reset_pools(st.store, list(payload), actor=actor, dispatch=_dispatcher(st))
+        op = call_key(request, raw).op(actor)
+        reset_pools(st.store, list(payload), actor=actor, dispatch=st.batch, op=op)
         return reply(201, {"ok": True})
 
     return await run_in_threadpool(reset)

@@ -7,11 +7,14 @@ GET /vm, checkout (POST /vm, POST /vm/<pool>+<pool>), GET, PUT and DELETE
 The API writes no state itself: a checkout is ``PoolStore.checkout`` (one script: all or
 nothing, each ready VM to one client), a give-back ``PoolStore.give_back``, a modification
 ``PoolStore.extend_vm`` / ``PoolStore.tag_vm``. Content types are not checked: vmfloaty posts the
-path form with no body and sends PUT's JSON labelled as a form.
+path form with no body and sends PUT's JSON labelled as a form. Each change is one
+operation of the call's idempotency key (:mod:`vmpool.api.idempotency`): a repeat answers
+what the first call did (a checkout: the VMs it handed out).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Mapping
 from typing import Any
@@ -20,8 +23,9 @@ from fastapi import APIRouter, Request
 from starlette.concurrency import run_in_threadpool
 from starlette.responses import Response
 
-from vmpool.api.deps import ApiState, State, Token, counted
+from vmpool.api.deps import REALM, ApiState, CheckoutToken, State, Token, counted
 from vmpool.api.errors import Rejected
+from vmpool.api.idempotency import CallKey, call_key
 from vmpool.api.parsing import parse_count, parse_json_body, read_body
 from vmpool.api.responses import PrettyJSON, not_ok, reply
 from vmpool.api.routers.vm_tasks import ask
@@ -32,7 +36,7 @@ from vmpool.api.vm_views import (
     short_hostname,
     vm_body,
 )
-from vmpool.ids import InvalidIdentifier, is_address, validate_vm_name
+from vmpool.ids import ANONYMOUS_USER, InvalidIdentifier, is_address, validate_vm_name
 from vmpool.state import reads
 from vmpool.state.records import VMRecord
 from vmpool.state.tokens import TokenInfo
@@ -53,22 +57,24 @@ async def list_pools(st: State) -> Response:
 
 
 @router.post("/vm", dependencies=[counted("post", "vm", "checkout")])
-async def checkout_json(request: Request, st: State, token: Token) -> Response:
+async def checkout_json(request: Request, st: State, token: CheckoutToken) -> Response:
     raw = await read_body(request)
     data = parse_json_body(raw) if raw.strip() else {}
     if not isinstance(data, Mapping):
         raise Rejected(400, error="Request body must be a JSON object")
     counts = {str(name): parse_count(str(name), n, MAX_CHECKOUT) for name, n in data.items()}
-    return await run_in_threadpool(checkout, st, counts, token)
+    return await run_in_threadpool(checkout, st, counts, token, call_key(request, raw))
 
 
 @router.post("/vm/{template}", dependencies=[counted("get", "vm", "template")])
-async def checkout_path(template: str, request: Request, st: State, token: Token) -> Response:
-    await read_body(request)  # ignored, but bounded
+async def checkout_path(
+    template: str, request: Request, st: State, token: CheckoutToken
+) -> Response:
+    raw = await read_body(request)  # ignored, but bounded
     counts: dict[str, int] = {}
     for name in template.split("+"):
         counts[name] = counts.get(name, 0) + 1
-    return await run_in_threadpool(checkout, st, counts, token)
+    return await run_in_threadpool(checkout, st, counts, token, call_key(request, raw))
 
 
 def _choose(st: ApiState, counts: Mapping[str, int]) -> list[tuple[str, str, int]] | None:
@@ -89,11 +95,14 @@ def _choose(st: ApiState, counts: Mapping[str, int]) -> list[tuple[str, str, int
     return wanted
 
 
-def checkout(st: ApiState, counts: Mapping[str, int], token: TokenInfo | None) -> Response:
+def checkout(
+    st: ApiState, counts: Mapping[str, int], token: TokenInfo | None, key: CallKey
+) -> Response:
     """vmpooler's checkout, all or nothing.
 
     200 with the hostnames, 503 ``{"ok": false}`` when any pool is short (nothing handed
-    out), 404 for an unknown name."""
+    out), 404 for an unknown name. The names asked travel with the checkout (``asked``):
+    a repeat of ``key`` answers the first call's VMs under the names that call chose."""
     if any(n > MAX_CHECKOUT for n in counts.values()):
         return not_ok(400, error=f"VM count must be at most {MAX_CHECKOUT}")
     wanted = _choose(st, counts)
@@ -109,13 +118,16 @@ def checkout(st: ApiState, counts: Mapping[str, int], token: TokenInfo | None) -
         owner_hash=token.sha256 if token else "",
         lifetime_s=lifetime,
         actor="api",
+        asked=json.dumps(wanted),
+        op=key.op(token.user if token else ""),
     )
     if not out.ok:
         log.info("checkout of %s refused: %s %s", dict(per_pool), out.code, out.short)
         return not_ok(503)
     log.info("checked out %s%s", [n for n, _ in out.vms], f" to {token.user}" if token else "")
     hostnames = {vm.name: vm.hostname for vm in st.store.get_vms(n for n, _ in out.vms)}
-    return reply(200, checkout_body(wanted, out.vms, st.config, hostnames))
+    asked = [(str(a), str(p), int(n)) for a, p, n in json.loads(out.asked)] if out.asked else wanted
+    return reply(200, checkout_body(asked, out.vms, st.config, hostnames))
 
 
 def _vm_name(hostname: str) -> str | None:
@@ -142,29 +154,25 @@ def _vm(st: ApiState, hostname: str) -> VMRecord | None:
 async def _resolve(st: ApiState, hostname: str) -> str | None:
     """:func:`_vm`'s name lookup, awaited on the loop.
 
-    In the thread pool without an asyncio client. An address costs one read of the index."""
+    An address costs one read of the index."""
     if not is_address(hostname):
         return _vm_name(hostname)
-    aio = st.clients.aio
-    if aio is None:
-        return await run_in_threadpool(st.store.vm_at_address, hostname)
-    raw = await aio.get().hget(st.keys.addresses, hostname)
-    return None if raw is None else raw.decode() if isinstance(raw, bytes) else str(raw)
+    raw = await st.clients.aio.get().hget(st.keys.addresses, hostname)
+    return None if raw is None else str(raw)
 
 
 @router.get("/vm/{hostname}", dependencies=[counted("get", "vm", "hostname")])
 async def get_vm(hostname: str, st: State) -> Response:
     """The VM and the server's time (its age, its time left) in one pipeline.
 
-    Awaited on the loop (in the thread pool without an asyncio client)."""
+    Awaited on the loop."""
     name = await _resolve(st, hostname)
     if name is None:
         return not_ok(404)
-    aio = st.clients.aio
-    pipe: Any = (aio.get() if aio else st.clients.text).pipeline(transaction=False)
+    pipe = st.clients.aio.get().pipeline(transaction=False)
     reads.queue_vms(pipe, st.keys, [name])
     pipe.time()
-    replies = await pipe.execute() if aio else await run_in_threadpool(pipe.execute)
+    replies = await pipe.execute()
     vms = reads.vms_from(replies[:1])
     if not vms:
         return not_ok(404)
@@ -175,10 +183,14 @@ async def get_vm(hostname: str, st: State) -> Response:
 @router.put("/vm/{hostname}", dependencies=[counted("put", "vm", "modify")])
 async def modify_vm(hostname: str, request: Request, st: State, token: Token) -> Response:
     raw = await read_body(request)  # JSON whatever the content type says (vmfloaty)
-    return await run_in_threadpool(modify, st, hostname, raw, token)
+    key = call_key(request, raw)
+    return await run_in_threadpool(modify, st, hostname, raw, token, key)
 
 
-def modify(st: ApiState, hostname: str, raw: bytes, token: TokenInfo | None) -> Response:
+def modify(
+    st: ApiState, hostname: str, raw: bytes, token: TokenInfo | None, key: CallKey
+) -> Response:
+    """PUT /vm/<hostname>: each change one operation of ``key`` (its step: the field)."""
     vm = _vm(st, hostname)
     if vm is None:
         return not_ok(404)
@@ -190,17 +202,18 @@ def modify(st: ApiState, hostname: str, raw: bytes, token: TokenInfo | None) -> 
         return not_ok(400, failure=failures)
     user = token.user if token else ""
     for param, arg in data.items():
+        op = key.op(user, param)
         if param == "disk":  # what vmfloaty's `modify --disk N` sends
-            task, refused = ask(st, vm.name, "disk", str(int(str(arg).strip())), user)
+            task, refused = ask(st, vm.name, "disk", str(int(str(arg).strip())), user, op)
             if task is None:
                 return refused
             continue
         if param == "lifetime":
-            out = st.store.pools.extend_vm(vm.name, int(str(arg).strip()), actor="api", user=user)
+            hours = int(str(arg).strip())
+            out = st.store.pools.extend_vm(vm.name, hours, actor="api", user=user, op=op)
         else:
-            out = st.store.pools.tag_vm(
-                vm.name, filter_tags(arg, st.config.tagfilter), actor="api", user=user
-            )
+            tags = filter_tags(arg, st.config.tagfilter)
+            out = st.store.pools.tag_vm(vm.name, tags, actor="api", user=user, op=op)
         if out.code == "forbidden":
             return not_ok(403, message=f"{vm.name} is held by another user")
         if not out.ok and out.code != "no_tags":
@@ -209,15 +222,22 @@ def modify(st: ApiState, hostname: str, raw: bytes, token: TokenInfo | None) -> 
 
 
 @router.delete("/vm/{hostname}", dependencies=[counted("delete", "vm", "hostname")])
-async def delete_vm(hostname: str, st: State, token: Token) -> Response:
+async def delete_vm(hostname: str, request: Request, st: State, token: CheckoutToken) -> Response:
+    """vmpooler's give-back: a token is needed only for a VM handed out with one."""
+    key = call_key(request)
+
     def give_back() -> Response:
         vm = _vm(st, hostname)
         if vm is None:
             return not_ok(404)
-        out = st.store.pools.give_back(vm.name, actor="api", user=token.user if token else "")
+        anonymous = token is None and st.config.auth is not None
+        user = ANONYMOUS_USER if anonymous else token.user if token else ""
+        out = st.store.pools.give_back(vm.name, actor="api", user=user, op=key.op(user))
         if out.ok:
             log.info("VM %s given back%s", vm.name, f" by {token.user}" if token else "")
             return reply(200, {"ok": True})
+        if out.code == "forbidden" and anonymous:  # vmpooler's need_token!
+            raise Rejected(401, {"WWW-Authenticate": REALM})
         if out.code == "forbidden":
             return not_ok(403, message=f"{vm.name} is held by another user")
         return not_ok(404)

@@ -17,15 +17,17 @@ from __future__ import annotations
 import logging
 import re
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 from starlette.concurrency import run_in_threadpool
 from starlette.responses import Response
 
 from vmpool.api.deps import ApiState, State, Token, counted
+from vmpool.api.idempotency import CallKey, call_key
 from vmpool.api.responses import not_ok, reply
 from vmpool.api.vm_views import disk_failures, short_hostname
-from vmpool.ids import InvalidIdentifier, validate_vm_name
+from vmpool.ids import InvalidIdentifier, Job, validate_vm_name
 from vmpool.lifecycle.vm_tasks import supports
+from vmpool.state.ops import Op
 from vmpool.state.tokens import TokenInfo
 from vmpool.state.vm_tasks import TaskKind, VMTask, new_task_id
 from workers.queues import enqueue
@@ -40,44 +42,52 @@ _SNAPSHOT_ID = re.compile(r"[a-z0-9]{1,32}")
 
 
 def ask(
-    st: ApiState, name: str, kind: TaskKind, arg: str, user: str
+    st: ApiState, name: str, kind: TaskKind, arg: str, user: str, op: Op
 ) -> tuple[VMTask | None, Response]:
     """Record a task on VM ``name`` for its holder ``user`` and queue its job.
 
-    (task, 202 reply), or (None, the refusal). Also PUT /vm/<hostname> {"disk": n}'s way."""
+    (task, 202 reply), or (None, the refusal). Also PUT /vm/<hostname> {"disk": n}'s way.
+    The task's id is drawn from ``op``: a repeat names the task the first call asked for."""
     vm = st.store.get_vm(name)
     if vm is None:
         return None, not_ok(404)
     if not supports(st.config, vm.pool, kind):
         what = "disks" if kind == "disk" else "snapshots"
         return None, not_ok(501, message=f"the provider of pool {vm.pool} does not do {what}")
-    task = VMTask(name, kind, new_task_id())
-    out = st.store.tasks.add_vm_task(task, arg, actor="api", user=user)
+    task = VMTask(name, kind, new_task_id(op.id))
+    out = st.store.tasks.add_vm_task(task, arg, actor="api", user=user, op=op)
     if out.code == "forbidden":
         return None, not_ok(403, message=f"{name} is held by another user")
     if not out.ok:  # not held, no such snapshot
         return None, not_ok(404)
-    if st.batch is not None:  # the fleet's queues (None: tests run the job themselves)
-        enqueue(st.clients.raw, st.keys, "vm_task", task.subject)
+    enqueue(st.clients.raw, st.keys, Job.VM_TASK, task.subject)
     log.info("%s asked for VM %s%s", task.subject, name, f" by {user}" if user else "")
     return task, reply(202, {"ok": True})
 
 
 def _ask(
-    st: ApiState, hostname: str, kind: TaskKind, arg: str, token: TokenInfo | None
+    st: ApiState,
+    hostname: str,
+    kind: TaskKind,
+    arg: str,
+    token: TokenInfo | None,
+    key: CallKey,
 ) -> tuple[VMTask | None, Response]:
     name = short_hostname(hostname)
     try:
         validate_vm_name(name)
     except InvalidIdentifier:
         return None, not_ok(404)
-    return ask(st, name, kind, arg, token.user if token else "")
+    user = token.user if token else ""
+    return ask(st, name, kind, arg, user, key.op(user))
 
 
 @router.post("/vm/{hostname}/snapshot", dependencies=[counted("post", "vm", "snapshot")])
-async def snapshot(hostname: str, st: State, token: Token) -> Response:
+async def snapshot(hostname: str, request: Request, st: State, token: Token) -> Response:
+    key = call_key(request)
+
     def run() -> Response:
-        task, refused = _ask(st, hostname, "snapshot", "", token)
+        task, refused = _ask(st, hostname, "snapshot", "", token, key)
         if task is None:
             return refused
         return reply(202, {"ok": True, task.vm: {"snapshot": task.id}})
@@ -88,22 +98,26 @@ async def snapshot(hostname: str, st: State, token: Token) -> Response:
 @router.post(
     "/vm/{hostname}/snapshot/{snapshot_id}", dependencies=[counted("post", "vm", "snapshot")]
 )
-async def revert(hostname: str, snapshot_id: str, st: State, token: Token) -> Response:
+async def revert(
+    hostname: str, snapshot_id: str, request: Request, st: State, token: Token
+) -> Response:
     if not _SNAPSHOT_ID.fullmatch(snapshot_id):
         return not_ok(404)
-    return await run_in_threadpool(lambda: _ask(st, hostname, "revert", snapshot_id, token)[1])
+    key = call_key(request)
+    return await run_in_threadpool(lambda: _ask(st, hostname, "revert", snapshot_id, token, key)[1])
 
 
 @router.post("/vm/{hostname}/disk/{size}", dependencies=[counted("post", "vm", "disksize")])
-async def disk(hostname: str, size: str, st: State, token: Token) -> Response:
+async def disk(hostname: str, size: str, request: Request, st: State, token: Token) -> Response:
     short_hostname(hostname)  # vmpooler validates the hostname, then the size
     failures = disk_failures(size)
     if failures:
         return not_ok(400, error=failures[0])
     gb = int(size)
+    key = call_key(request)
 
     def run() -> Response:
-        task, refused = _ask(st, hostname, "disk", str(gb), token)
+        task, refused = _ask(st, hostname, "disk", str(gb), token, key)
         if task is None:
             return refused
         return reply(202, {"ok": True, task.vm: {"disk": f"+{gb}gb"}})

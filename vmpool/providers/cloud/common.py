@@ -4,17 +4,17 @@ A cloud provider (docs/providers.md) keeps no state of its own: the cloud is the
 and a VM is found by its tags, set at launch (never after, so there is no untagged
 window)::
 
-    vmpool-fleet    the fleet id (option ``fleet_id``, by default the fleet's identity,
-                    generated once per Redis: vmpool.state.fleet_identity)
+    vmpool-fleet    the fleet's mark (option ``fleet_id``, by default the fleet's
+                    identity, made once per Redis: vmpool.state.fleet_identity)
     vmpool-pool     the pool
     vmpool-request  the request the VM was made for
     vmpool-vm       the VM's name (unique in the fleet)
     vmpool-created  the launch time, whole seconds since the epoch
 
-Every listing is filtered by the fleet tag: the inventory holds only this fleet's VMs,
-so the reconciler never sees, let alone destroys, a VM someone else launched in the
-same account. ``statuses`` answers for any number of VMs with one list call, which is
-how the pending sweep checks every booting VM of a provider at once.
+Every listing is filtered by the fleet's marks (:mod:`.marks`): the inventory holds
+only this fleet's VMs, so the reconciler never sees, let alone destroys, a VM someone
+else launched in the same account. ``statuses`` answers for any number of VMs with one
+list call, which is how the pending sweep checks every booting VM of a provider at once.
 
 Cloud calls go through :meth:`CloudProvider._call` (counted in ``calls``, retried on
 transient failures with exponential backoff, ``Retry-After`` respected). A create is
@@ -29,6 +29,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Collection, Mapping
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from functools import partial
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
@@ -46,6 +47,7 @@ from vmpool.providers.base import (
 )
 from vmpool.providers.cloud.dns import DnsOptions, PoolDns
 from vmpool.providers.cloud.errors import backoff_s, classify, is_final
+from vmpool.providers.cloud.marks import Marks, ProviderMarks
 from vmpool.providers.cloud.nodes import (
     Node,
     alive,
@@ -58,7 +60,6 @@ from vmpool.providers.cloud.nodes import (
 from vmpool.providers.cloud.options import CloudOptions, Secret
 from vmpool.providers.cloud.placement import PoolChecks
 from vmpool.providers.options import key_path, problems
-from vmpool.state.fleet_identity import fleet_identity
 
 if TYPE_CHECKING:
     from redis import Redis
@@ -116,7 +117,7 @@ class CloudProvider(Provider, StatusBatch, Capacity):
         }
         self.redis = redis
         self.keys = keys
-        self._fleet_id: str | None = self.options.fleet_id
+        self.marks = ProviderMarks(redis, keys, self.name, self.options.fleet_id)
         self._driver = driver
         # When the credentials make_driver used expire (Unix time). None: never.
         self.driver_expires_at: float | None = None
@@ -188,8 +189,8 @@ class CloudProvider(Provider, StatusBatch, Capacity):
         moment."""
         raise NotImplementedError
 
-    def list_fleet(self) -> list[Node]:
-        """One list call: the nodes tagged with this fleet (any not terminated)."""
+    def list_fleet(self, marks: tuple[str, ...]) -> list[Node]:
+        """One list call: the nodes tagged with one of ``marks`` (any not terminated)."""
         raise NotImplementedError
 
     def tags_of(self, node: Node) -> Mapping[str, str]:
@@ -206,18 +207,8 @@ class CloudProvider(Provider, StatusBatch, Capacity):
     # -- the Provider protocol -------------------------------------------------------------
     @property
     def fleet_id(self) -> str:
-        """The mark of this fleet's VMs.
-
-        The ``fleet_id`` option, else the fleet's identity in Redis. It is read once, and
-        generated there by whichever process came first."""
-        if self._fleet_id is None:
-            if self.redis is None:
-                raise PermanentProviderError(
-                    f"configuration error: provider {self.name!r} has no fleet_id and no"
-                    " Redis to keep the fleet's identity in"
-                )
-            self._fleet_id = fleet_identity(self.redis, self.keys)
-        return self._fleet_id
+        """The mark new VMs get: the ``fleet_id`` option, else the fleet's identity."""
+        return self.marks.now().create
 
     @property
     def driver(self) -> Any:
@@ -287,7 +278,12 @@ class CloudProvider(Provider, StatusBatch, Capacity):
 
     def inventory(self) -> list[ProviderVM]:
         """Every fleet VM the cloud holds: one list call, no ready check (what exists)."""
-        return [self._vm(node, probe=False) for node in self._by_name().values()]
+        marks = self.marks.now()
+        owned = {self.label(mark) for mark in marks.owned}
+        return [
+            replace(self._vm(node, probe=False), owned=self.tags_of(node)[TAG_FLEET] in owned)
+            for node in self._by_name(marks=marks).values()
+        ]
 
     # -- helpers ---------------------------------------------------------------------------
     def tags(self, pool: str, name: str, request_id: str) -> dict[str, str]:
@@ -300,13 +296,14 @@ class CloudProvider(Provider, StatusBatch, Capacity):
         }
         return {key: self.label(value) for key, value in raw.items()}
 
-    def _fleet_nodes(self, retries: int | None = None) -> list[Node]:
-        fleet = self.label(self.fleet_id)
-        nodes = self._call("list", self.list_fleet, retries)
-        return [n for n in nodes if self.tags_of(n).get(TAG_FLEET) == fleet and alive(n)]
+    def _fleet_nodes(self, retries: int | None = None, marks: Marks | None = None) -> list[Node]:
+        listed = (marks or self.marks.now()).listed
+        labels = {self.label(mark) for mark in listed}
+        nodes = self._call("list", partial(self.list_fleet, listed), retries)
+        return [n for n in nodes if self.tags_of(n).get(TAG_FLEET) in labels and alive(n)]
 
-    def _by_name(self, retries: int | None = None) -> dict[str, Node]:
-        nodes = self._fleet_nodes(retries)
+    def _by_name(self, retries: int | None = None, marks: Marks | None = None) -> dict[str, Node]:
+        nodes = self._fleet_nodes(retries, marks)
         return {self.tags_of(n)[TAG_VM]: n for n in nodes if self.tags_of(n).get(TAG_VM)}
 
     def _find(self, name: str) -> list[Node]:

@@ -174,15 +174,15 @@ class EC2Provider(CloudProvider):
         digest = hashlib.sha256(seed.encode()).hexdigest()
         return f"vmpool-{digest[:48]}"
 
-    def list_fleet(self) -> list[Node]:
-        """One DescribeInstances.
+    def list_fleet(self, marks: tuple[str, ...]) -> list[Node]:
+        """One DescribeInstances, filtered by the fleet tag's values ``marks``.
 
         libcloud's ``list_nodes`` adds a DescribeAddresses. An instance's elastic address is
         its ``ipAddress`` here already."""
         from libcloud.compute.drivers.ec2 import NAMESPACE
         from libcloud.utils.xml import findall, findtext
 
-        filters = {f"tag:{TAG_FLEET}": self.fleet_id, "instance-state-name": LIVE_STATES}
+        filters = {f"tag:{TAG_FLEET}": list(marks), "instance-state-name": LIVE_STATES}
         params = {"Action": "DescribeInstances", **self.driver._build_filters(filters)}
         nodes: list[Node] = []
         while True:  # one page, unless EC2 answers with a NextToken

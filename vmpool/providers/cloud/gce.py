@@ -207,9 +207,11 @@ class GCEProvider(CloudProvider):
     def _get(self, path: str) -> Any:
         return self.driver.connection.request(path, method="GET").object
 
-    def list_fleet(self) -> list[Node]:
+    def list_fleet(self, marks: tuple[str, ...]) -> list[Node]:
+        """One aggregated list (per page), filtered by the fleet label's values ``marks``."""
+        terms = [f"labels.{TAG_FLEET}={self.label(mark)}" for mark in marks]
         params = {
-            "filter": f"labels.{TAG_FLEET}={self.label(self.fleet_id)}",
+            "filter": terms[0] if len(terms) == 1 else " OR ".join(f"({t})" for t in terms),
             "returnPartialSuccess": "true",
         }
         nodes: list[Node] = []

@@ -142,7 +142,8 @@ class OpenStackProvider(CloudProvider):
         reply = self.driver.connection.request("/images/detail").object or {}
         return [i for i in reply.get("images", []) if i.get("status", "ACTIVE") == "ACTIVE"]
 
-    def list_fleet(self) -> list[Node]:
+    def list_fleet(self, marks: tuple[str, ...] = ()) -> list[Node]:
+        """Every server (Nova filters no metadata: the caller picks the marked ones)."""
         return list(self.driver.list_nodes())
 
     def size_cores(self, pool: str, size: str) -> int:

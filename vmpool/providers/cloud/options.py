@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from vmpool.providers.cloud.placement import PortNumber, ReadyCheck, Secret, Tags
 from vmpool.providers.options import expect, integer, number
+from vmpool.state.fleet_identity import MARK_PATTERN
 
 __all__ = ["CloudOptions", "FleetId", "Limit", "Retries", "Seconds", "Secret"]
 
@@ -25,7 +26,7 @@ Retries = Annotated[int, Field(ge=0, le=20), expect("an integer from 0 to 20", i
 Limit = Annotated[int, Field(ge=1, le=1_000_000), expect("a whole number from 1", integer)]
 FleetId = Annotated[
     str,
-    Field(min_length=1, max_length=63, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"),
+    Field(min_length=1, max_length=63, pattern=MARK_PATTERN),
     expect("1 to 63 letters, digits, '-', '_' or '.'"),
 ]
 

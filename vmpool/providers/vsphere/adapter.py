@@ -18,7 +18,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
-__all__ = ["MARK_PREFIX", "CloneRequest", "PowerState", "VMInfo", "VSphereAdapter"]
+__all__ = [
+    "DELTA_DISKS_SNAPSHOT",
+    "MARK_PREFIX",
+    "CloneRequest",
+    "PowerState",
+    "VMInfo",
+    "VSphereAdapter",
+]
 
 PowerState = Literal["poweredOn", "poweredOff", "suspended"]
 
@@ -67,6 +74,10 @@ class VMInfo:
         return self.marks.get("template", "")
 
 
+# The snapshot that gives a template the delta disks linked clones start from.
+DELTA_DISKS_SNAPSHOT = "vmpool-delta-disks"
+
+
 @dataclass(frozen=True)
 class CloneRequest:
     """One clone: where from, where to, and the extraConfig it carries from its start."""
@@ -81,6 +92,8 @@ class CloneRequest:
     linked: bool = False  # from the template's current snapshot, on delta disks
     network: str | None = None
     create_folder: bool = False
+    # a linked clone's template without a snapshot gets one (vmpooler's delta disks)
+    template_delta_disks: bool = False
 
 
 class VSphereAdapter(Protocol):

@@ -86,6 +86,11 @@ class VSphereOptions(CloudOptions):
     create_linked_clones: Flag = Field(
         False, description="Default of the pools' create_linked_clone (vmpooler's config key)"
     )
+    create_template_delta_disks: Flag = Field(
+        False,
+        description="A linked clone's template without a snapshot gets one (delta disks"
+        " on every disk, as vmpooler's key makes them) instead of the clone failing",
+    )
 
     @field_validator("server")
     @classmethod

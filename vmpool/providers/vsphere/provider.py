@@ -121,8 +121,10 @@ class VSphereProvider(CloudProvider, Snapshots, Disks):
         return self._at_most_once(what, what, _nothing, partial(self._vs, call))
 
     # -- what CloudProvider asks of a cloud ------------------------------------------------
-    def list_fleet(self) -> list[VMInfo]:
-        """One listing per datacenter of the pools' folders (one, as a rule)."""
+    def list_fleet(self, marks: tuple[str, ...] = ()) -> list[VMInfo]:
+        """One listing per datacenter of the pools' folders (one, as a rule).
+
+        Every VM in them: the caller picks those carrying one of the fleet's ``marks``."""
         by_datacenter: dict[str | None, list[str]] = {}
         for options in self.placement.values():
             dc = options.datacenter or self.options.datacenter
@@ -224,6 +226,7 @@ class VSphereProvider(CloudProvider, Snapshots, Disks):
             linked=self.options.create_linked_clones if linked is None else linked,
             network=p.network,
             create_folder=self.options.create_folders,
+            template_delta_disks=self.options.create_template_delta_disks,
         )
 
     # -- snapshots and disks ---------------------------------------------------------------

@@ -25,7 +25,13 @@ from pyVim.connect import Disconnect, SmartConnect
 from pyVmomi import vim, vmodl
 
 from vmpool.providers.vsphere import pyvmomi_specs as specs
-from vmpool.providers.vsphere.adapter import MARK_PREFIX, CloneRequest, PowerState, VMInfo
+from vmpool.providers.vsphere.adapter import (
+    DELTA_DISKS_SNAPSHOT,
+    MARK_PREFIX,
+    CloneRequest,
+    PowerState,
+    VMInfo,
+)
 from vmpool.providers.vsphere.faults import VSphereFault
 
 __all__ = ["PyVmomiAdapter", "as_fault"]
@@ -166,6 +172,8 @@ class PyVmomiAdapter:
         folder = self._folder(dc, request.folder, request.create_folder)
         source_props = self._props(source, ["snapshot.currentSnapshot", "config.hardware.device"])
         snapshot = source_props.get("snapshot.currentSnapshot") if request.linked else None
+        if request.linked and snapshot is None and request.template_delta_disks:
+            snapshot = self._delta_disks(source)
         if request.linked and snapshot is None:
             raise VSphereFault(
                 ["NotFound"], f"template {request.template!r} has no snapshot to link clones to"
@@ -230,6 +238,18 @@ class PyVmomiAdapter:
         self._wait(vm.ReconfigVM_Task(spec=spec))
 
     # -- helpers ---------------------------------------------------------------------------
+    def _delta_disks(self, template: Any) -> Any:
+        """Snapshot ``template``: every disk gets a delta disk, the base read-only.
+
+        vmpooler's ``create_template_delta_disks`` adds that layer by reconfiguring the
+        template; a snapshot makes the same layer, and linked clones start from it. Two
+        workers at once make two snapshots, one a child of the other: either serves."""
+        name, why = DELTA_DISKS_SNAPSHOT, "vmpool: linked clones"
+        self._wait(
+            template.CreateSnapshot_Task(name=name, description=why, memory=False, quiesce=False)
+        )
+        return self._props(template, ["snapshot.currentSnapshot"]).get("snapshot.currentSnapshot")
+
     def _vm(self, ref: str) -> Any:
         return vim.VirtualMachine(ref, self.si._stub)
 

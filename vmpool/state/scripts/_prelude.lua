@@ -1,8 +1,8 @@
 -- _prelude.lua: helpers shared by every store script. The store prepends the
 -- transition tables (vmpool/state/transitions.py: REQUEST_EDGES, VM_EDGES), the metric
 -- block (vmpool/state/counters.py lua_metrics: METRIC_FINISHED, METRIC_READY_PREFIX,
--- READY_BOUNDS, READY_FIELDS, READY_OVERFLOW, READY_SUM: the fleet's metric keys and
--- the ready-time buckets) and this file to each script body, so every script enforces
+-- READY_BOUNDS, READY_FIELDS, READY_OVERFLOW, READY_SUM, METRIC_VMS,
+-- POOL_FAILURES_PREFIX: the fleet's metric keys and the ready-time buckets) and this file to each script body, so every script enforces
 -- the same table and counts into the same keys.
 --
 -- Calling convention of every store script:
@@ -208,8 +208,21 @@ local function pool_template(pool, configured)
   return redis.call('HGET', TEMPLATE_OVERRIDES, pool) or configured
 end
 
+-- A VM made at its provider (reserved -> booting) or destroyed there counts in its
+-- pool's totals (METRIC_VMS: the dashboard's rates), and a create that went through
+-- ends its pool's run of failed creates and their back-off (POOL_FAILURES_PREFIX ..
+-- pool: vmpool/state/pool_failures.py), in the unit of the transition.
+local function count_made(vm, from, to)
+  if from == 'reserved' and to == 'pending' then
+    redis.call('HINCRBY', METRIC_VMS, 'created:' .. vm.pool, 1)
+    redis.call('HDEL', POOL_FAILURES_PREFIX .. vm.pool, 'consecutive', 'rounds', 'retry_at')
+  elseif to == 'destroyed' then
+    redis.call('HINCRBY', METRIC_VMS, 'destroyed:' .. vm.pool, 1)
+  end
+end
+
 -- Moves a VM along one edge of VM_EDGES and keeps its pool index in step (and the
--- daily summary: count_vm_move).
+-- daily summary: count_vm_move; the pool's totals: count_made).
 -- Returns false (and changes nothing) when the edge does not exist.
 local function move_vm(vm_key, vm, to, now, score, reason)
   local from = vm.state
@@ -227,8 +240,23 @@ local function move_vm(vm_key, vm, to, now, score, reason)
     redis.call('HSET', vm_key, 'reason', reason)
   end
   count_vm_move(vm, from, to, now)
+  count_made(vm, from, to)
   vm.state = to
   return true
+end
+
+-- A create or a boot failed: the VM goes to destruction (completed), or, booted and
+-- with ``hold_s`` > 0, on hold until then for debugging (its index scored by the hold's
+-- end, so the destroy sweep finds it when the hold is over). Returns the state reached.
+local function fail_vm(vm, now, reason, hold_s)
+  local to, score = 'completed', now
+  if vm.state == 'pending' and hold_s and hold_s > 0 then
+    to, score = 'on_hold', now + hold_s
+    redis.call('HSET', KEYS[7], 'hold_until', fmt(score))
+  end
+  move_vm(KEYS[7], vm, to, now, score, reason)
+  redis.call('HSET', KEYS[7], 'error', reason)
+  return to
 end
 
 -- One observation of the ready-time histogram of a pool: the bucket of the smallest

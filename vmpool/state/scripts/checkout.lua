@@ -4,8 +4,10 @@
 --   (single primary, as every store script).
 -- ARGV: 1-4 as in _prelude.lua (4 is ''); 5 owner (the token's user, '' for none);
 --   6 the owner's token hash ('' for none); 7 lifetime seconds; 8 counts
---   "pool:n,pool:n" (each pool once).
--- Returns: {1, 'checked_out', 0, name, pool, name, pool, ...} or {0, 'short', pool}
+--   "pool:n,pool:n" (each pool once); 9 what the caller asked, in its own terms
+--   (opaque here, '' for nothing): returned, so that the repeat of an operation
+--   (_once.lua) answers in the first call's terms.
+-- Returns: {1, 'checked_out', ARGV[9], name, pool, name, pool, ...} or {0, 'short', pool}
 --   (that pool has fewer ready VMs than asked: nothing was handed out) or
 --   {0, 'index_out_of_step', name}.
 -- Invariant: a ready VM goes to exactly one client however many API processes race (one
@@ -37,7 +39,7 @@ local who = ARGV[5]
 if who == '' then
   who = 'anonymous'
 end
-local out = {1, 'checked_out', 0}
+local out = {1, 'checked_out', ARGV[9] or ''}
 for _, pair in ipairs(chosen) do
   local vm_key, vm = pair[1], pair[2]
   move_vm(vm_key, vm, 'running', now, fmt(lifetime_end), '')

@@ -4,8 +4,8 @@
 -- Not a store script: vmpool/state/capacity.py loads it alone (no transition tables).
 -- KEYS[1]  the provider's launching zset (keys.provider_launching): 'pool|name' of each
 --          VM being created now, score = when its claim lapses (server time)
--- KEYS[2..] for each pool of the provider, in ARGV's order: its pending, ready, running
---          and completed indexes (VMs the cloud holds or is making)
+-- KEYS[2..] for each pool of the provider, in ARGV's order: its pending, ready, running,
+--          completed and on_hold indexes (VMs the cloud holds or is making)
 -- ARGV[1]  'admit' (claim a place for ARGV[3]) | 'check' (would one more fit?)
 -- ARGV[2]  how long a claim lasts unless renewed (seconds)
 -- ARGV[3]  the member 'pool|name' to admit ('' for check)
@@ -27,9 +27,9 @@ local pools = 0
 for i = 6, #ARGV, 2 do
   local pool, c = ARGV[i], tonumber(ARGV[i + 1])
   cores_of[pool] = c
-  local base = 2 + pools * 4
+  local base = 2 + pools * 5
   local n = 0
-  for k = base, base + 3 do
+  for k = base, base + 4 do
     n = n + redis.call('ZCARD', KEYS[k])
   end
   instances = instances + n

@@ -9,7 +9,9 @@
 -- ARGV[5]  the token hash prefix (P:token:), to reach the user's other tokens
 -- ARGV[6]  the new token's sha256
 -- ARGV[7]  the expiry time (seconds, text) or '' for none
--- Returns  the number of older tokens dropped to stay within the bound.
+-- ARGV[8]  the token sealed for its caller's repeat (vmpool/api/idempotency.py), or ''
+-- Returns  {1, the number of older tokens dropped to stay within the bound, ARGV[8]}:
+--          the reply a repeat of the same operation id answers (_once.lua).
 --
 -- Invariant: after the script, the user holds at most ARGV[4] live tokens created through
 -- it; the oldest go first. Entries whose token expired or was revoked are pruned before
@@ -39,4 +41,4 @@ if ttl > 0 then
 else
   redis.call('PERSIST', KEYS[2])
 end
-return dropped
+return {1, dropped, ARGV[8]}

@@ -3,8 +3,9 @@
 -- error, the request fails and all its VMs are released.
 -- KEYS: 1-8 as in _prelude.lua.
 -- ARGV: 1-4 as in _prelude.lua; 5 VM name; 6 fencing token of the VM's lock ('');
---   7 reason; 8 '1' when the error is permanent (retrying cannot help), else '0'.
--- Returns: {1, 'retry' | 'request_failed' | 'completed', version} or
+--   7 reason; 8 '1' when the error is permanent (retrying cannot help), else '0';
+--   9 seconds to keep a booted VM on hold for debugging ('0': completed at once).
+-- Returns: {1, 'retry' | 'request_failed' | 'completed' | 'on_hold', version} or
 --   {0, 'no_vm' | 'wrong_request' | 'stale_fence' | 'vm_<state>'}.
 -- Invariant: only a pending request is failed (a ready one never); retries are counted
 -- once per failed VM, however many workers report it.
@@ -18,13 +19,12 @@ end
 local now = server_now()
 local from = vm.state
 local reason = ARGV[7]
-move_vm(KEYS[7], vm, 'completed', now, now, reason)
-redis.call('HSET', KEYS[7], 'error', reason)
+local to = fail_vm(vm, now, reason, tonumber(ARGV[9]))
 local req = request_of(vm)
 if not req then
-  return {1, 'completed', -1}
+  return {1, to, -1}
 end
-local v = audit('vm:' .. vm.name, from, 'completed', reason, now)
+local v = audit('vm:' .. vm.name, from, to, reason, now)
 if req.status ~= 'pending' then
   return {1, 'completed', v}
 end
