@@ -43,6 +43,7 @@ from vmpool.state.redis_health import MESSAGES, RedisCondition, classify, probe
 from workers.rqcompat import WorkerHooks
 
 __all__ = [
+    "PUBSUB_WAIT_S",
     "AliveFile",
     "RedisOutage",
     "SteadyLoop",
@@ -56,6 +57,11 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 MAX_WAIT_DELAY_S: Final = 2.0  # how late a worker may notice Redis is back
+# How long the thread that listens for commands to the worker waits for one before it
+# looks at its stop flag again, so the longest a stop waits for that thread. RQ's wait
+# is 60 s, and redis-py 8.2's PubSubWorkerThread.stop() joins the thread without a
+# timeout: a worker could take a minute to exit.
+PUBSUB_WAIT_S: Final = 1.0
 
 
 def redis_unusable(exc: BaseException) -> RedisCondition | None:
@@ -222,6 +228,17 @@ class SteadyLoop(WorkerHooks):
             self.outage.lost(exc)
         else:
             self.outage.back()
+
+    def subscribe(self) -> None:
+        # RQ's, with the thread's wait PUBSUB_WAIT_S instead of 60 s: RQ's teardown stops
+        # the thread and (redis-py 8.2) waits for it to end, which it does only once its
+        # wait is over. Its errors go to pubsub_error, as RQ's do.
+        self.log.info("Worker %s: subscribing to channel %s", self.name, self.pubsub_channel_name)
+        self.pubsub = self.connection.pubsub()  # type: ignore[no-untyped-call]
+        self.pubsub.subscribe(**{self.pubsub_channel_name: self.handle_payload})
+        self.pubsub_thread = self.pubsub.run_in_thread(  # type: ignore[assignment]
+            sleep_time=PUBSUB_WAIT_S, daemon=True, exception_handler=self.pubsub_error
+        )
 
     def pubsub_error(
         self, exc: Exception, pubsub: PubSub, pubsub_thread: PubSubWorkerThread
