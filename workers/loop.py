@@ -60,8 +60,10 @@ MAX_WAIT_DELAY_S: Final = 2.0  # how late a worker may notice Redis is back
 # How long the thread that listens for commands to the worker waits for one before it
 # looks at its stop flag again, so the longest a stop waits for that thread. RQ's wait
 # is 60 s, and redis-py 8.2's PubSubWorkerThread.stop() joins the thread without a
-# timeout: a worker could take a minute to exit.
-PUBSUB_WAIT_S: Final = 1.0
+# timeout: a worker could take a minute to exit. Below the 1 s RQ's teardown gives the
+# thread (redis-py 8.1), so the thread has closed its connection before RQ closes it
+# again (two closes at once fail in the thread).
+PUBSUB_WAIT_S: Final = 0.5
 
 
 def redis_unusable(exc: BaseException) -> RedisCondition | None:
@@ -176,9 +178,9 @@ class SteadyLoop(WorkerHooks):
 
     def worker_connection(self, connection: redis.Redis) -> redis.Redis:
         # RQ raises the socket timeout to its dequeue timeout + 10 s (25 s here) for a
-        # blocking pop. The vmpool dequeue polls (workers/dequeue.py) and nothing else
-        # blocks, so the connection factory's timeout stays: a frozen connection is
-        # noticed in seconds, not after 25.
+        # blocking pop. The vmpool dequeue blocks at most half the socket timeout at a
+        # time (workers/dequeue.py) and nothing else blocks, so the connection
+        # factory's timeout stays: a frozen connection is noticed in seconds, not after 25.
         return connection
 
     def check_for_suspension(self, burst: bool) -> None:
