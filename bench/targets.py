@@ -53,7 +53,7 @@ from vmpool.state.records import RequestSettings, Slot  # noqa: E402
 from vmpool.state.store import Store  # noqa: E402
 from vmpool.state.workset import WorkSet  # noqa: E402
 from workers.batching import BatchDispatcher  # noqa: E402
-from workers.queues import RQDispatcher  # noqa: E402
+from workers.queues import RQDispatcher, wake_workers  # noqa: E402
 from workers.table import queue_names  # noqa: E402
 
 POOLS = ("debian", "centos")
@@ -95,6 +95,7 @@ def _release_queues(conn: redis.Redis, keys: Keys) -> None:
     with conn.pipeline(transaction=True) as pipe:
         for q in queue_names(keys):
             pipe.renamenx(f"bench:held:{q}", f"rq:queue:{q}")
+            wake_workers(pipe, f"rq:queue:{q}")  # the workers block until a push wakes them
         pipe.execute(raise_on_error=False)
 
 

@@ -62,7 +62,8 @@ Layout (``P`` is the prefix)::
                                         only a Redis URL finds a fleet of any prefix
 
 RQ's own keys follow from names this module gives: the queue ``P-<short>`` (so
-``rq:queue:P-<short>``, :meth:`Keys.rq_queue`, and RQ's registries per queue name) and
+``rq:queue:P-<short>``, :meth:`Keys.rq_queue`, its workers' wake-up list beside it,
+:meth:`Keys.rq_queue_wake`, and RQ's registries per queue name) and
 job ids that start with the encoded prefix (``rq:job:<id>``, workers/table.py). Two
 fleets with different prefixes in one database share no key, queue or job.
 """
@@ -367,6 +368,14 @@ class Keys:
     def rq_queue(self, short: str) -> str:
         """The Redis list RQ keeps that queue in (``rq.Queue(name).key``)."""
         return f"{RQ_QUEUE_NAMESPACE}{self.queue(short)}"
+
+    @staticmethod
+    def rq_queue_wake(queue_key: str) -> str:
+        """List: a queue's wake-up for the workers blocked on it (workers/dequeue.py).
+
+        Beside the queue's list, as RQ keeps its intermediate queue (``<queue key>:...``).
+        """
+        return f"{queue_key}:wake"
 
     @staticmethod
     def rq_job(job_id: str) -> str:
