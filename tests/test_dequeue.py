@@ -16,13 +16,14 @@ from typing import Any
 
 import pytest
 import redis
-from storehelp import wait_until
 
 from vmpool.state.keys import Keys
 from workers import dequeue
 from workers.dequeue import StampingQueue, pop_job
 from workers.queues import HEARTBEAT_FIELD, STALE_AFTER_SECONDS, enqueue_many
 from workers.table import QUEUE_SWEEPS, QUEUE_VMS, job_id
+
+from storehelp import wait_until
 
 
 def _calls(conn: redis.Redis, command: str) -> int:
