@@ -44,6 +44,8 @@ Layout (``P`` is the prefix)::
     P:schedule:due               zset   the scheduler's templates, score = next due time
     P:schedule:log               list   every move of the schedule, newest first
     P:schedule:last-runs         hash   periodic job -> the RQ id of its last run
+    P:schedule:parked            string the pending sweep is parked: its earliest next due time
+    P:schedule:wake              list   that time, pushed by the reservation that woke it
     P:schedule:schedulers        zset   live scheduler replicas (rq-scheduler's registry)
     P:schedule:scheduler:NAME    hash   one scheduler replica (rq-scheduler's birth record)
     P:health:write-probe         string the readiness probe's write (expires in a minute)
@@ -393,6 +395,16 @@ class Keys:
     @property
     def schedule_last_runs(self) -> str:
         return f"{self.prefix}:schedule:last-runs"
+
+    @property
+    def schedule_parked(self) -> str:
+        """String: the pending sweep waits for a wake-up (its earliest next due time)."""
+        return f"{self.prefix}:schedule:parked"
+
+    @property
+    def schedule_wake(self) -> str:
+        """List: wake-ups of the parked pending sweep, which the schedulers block on."""
+        return f"{self.prefix}:schedule:wake"
 
     @property
     def schedulers(self) -> str:
