@@ -43,12 +43,16 @@ from workers.dequeue import wake_wait_s
 from workers.schedule_log import text
 from workers.table import JOBS, PERIODIC, template_id
 
-__all__ = ["PARK_S", "Parking"]
+__all__ = ["BLOCK_LATE_S", "PARK_S", "Parking"]
 
 log = logging.getLogger(__name__)
 
 # A parked pending sweep's safety tick: it runs this often however idle the fleet is.
 PARK_S: Final = 30.0
+# How late Redis may end a block (BLPOP's timeout): it looks at them once per tick of
+# its ``hz`` (10 by default: measured 0-108 ms late). A wait ends its block that much
+# early and sleeps the rest, so a due time is kept to the millisecond.
+BLOCK_LATE_S: Final = 0.11
 
 
 class Parking:
@@ -88,17 +92,18 @@ class Parking:
         """Sleep ``seconds``, or less: until a reservation wakes the parked sweep.
 
         Blocks on ``keys.schedule_wake`` a few seconds at a time (within the socket
-        timeout). A wake-up moves the sweep's due time (:meth:`wake`) and ends the wait.
+        timeout), and sleeps the last :data:`BLOCK_LATE_S` here. A wake-up moves the
+        sweep's due time (:meth:`wake`) and ends the wait.
         """
         end = time.monotonic() + seconds
-        while (left := end - time.monotonic()) > 0.01:
+        while (left := end - time.monotonic()) > 2 * BLOCK_LATE_S:
             popped = self.connection.blpop(
-                [self.keys.schedule_wake], timeout=min(left, self._block_s)
+                [self.keys.schedule_wake], timeout=min(left - BLOCK_LATE_S, self._block_s)
             )
             if popped is not None:
                 self.wake(text(popped[1]))
                 return
-        time.sleep(max(0.0, end - time.monotonic()))
+        time.sleep(max(0.0, end - time.monotonic()))  # the last bit here, on time
 
     def wake(self, earliest: str) -> None:
         """Move the parking job's due time to ``earliest`` (a wake-up's), if sooner."""
