@@ -90,13 +90,22 @@ class Load:
     rps: float
     latencies: list[float]
     first_body: bytes = b""
+    cpu_us: float = 0.0  # the API process's CPU (user + system) per request
 
     def quantile(self, q: float) -> float:
         return self.latencies[int(q * (len(self.latencies) - 1))] * 1e3
 
 
-def drive(port: int, request: bytes, conns: int, secs: float) -> Load:
-    """``conns`` threads sending ``request`` back to back on their own connection."""
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def drive(port: int, request: bytes, conns: int, secs: float, pid: int = 0) -> Load:
+    """``conns`` threads sending ``request`` back to back on their own connection.
+
+    ``pid``: the API process, whose CPU per request is measured."""
     lat: list[float] = []
     bodies: list[bytes] = []
     lock = threading.Lock()
@@ -126,13 +135,15 @@ def drive(port: int, request: bytes, conns: int, secs: float) -> Load:
     for t in threads:
         t.start()
     stop[0] = time.perf_counter() + secs
+    cpu = cpu_seconds(pid) if pid else 0.0
     start_gate.wait()
     began = time.perf_counter()
     for t in threads:
         t.join()
     elapsed = time.perf_counter() - began
+    cpu = cpu_seconds(pid) - cpu if pid else 0.0
     lat.sort()
-    return Load(len(lat) / elapsed, lat, bodies[0] if bodies else b"")
+    return Load(len(lat) / elapsed, lat, bodies[0] if bodies else b"", cpu * 1e6 / len(lat))
 
 
 def mmm(values: list[float], fmt: str = "{:.0f}") -> str:
@@ -158,11 +169,14 @@ class Runs:
             f"| {label} | {self.conns} | {mmm([x.rps for x in mine])}"
             f" | {mmm([x.quantile(0.5) for x in mine], '{:.1f}')}"
             f" | {mmm([x.quantile(0.99) for x in mine], '{:.1f}')}"
+            f" | {mmm([x.cpu_us for x in mine])}"
             f" | **{mmm(ratios, '{:.2f}')}** |"
         )
 
 
-def measure(url: str, port: int, args: argparse.Namespace) -> tuple[list[Runs], list[float]]:
+def measure(
+    url: str, port: int, pid: int, args: argparse.Namespace
+) -> tuple[list[Runs], list[float]]:
     """Each connection count's runs, alternating the endpoints; Redis commands per POST."""
     conn = redis.Redis.from_url(url)
     healthz = http_request("GET", "/healthz")
@@ -177,14 +191,14 @@ def measure(url: str, port: int, args: argparse.Namespace) -> tuple[list[Runs], 
     cmds: list[float] = []
     for _ in range(args.runs):
         for runs in out:
-            runs.add("healthz", drive(port, healthz, runs.conns, args.seconds))
+            runs.add("healthz", drive(port, healthz, runs.conns, args.seconds, pid))
             conn.config_resetstat()
-            load = drive(port, post, runs.conns, args.seconds)
+            load = drive(port, post, runs.conns, args.seconds, pid)
             stats = conn.info("commandstats")
             calls = sum(int(v["calls"]) for k, v in stats.items() if k != "cmdstat_config")
             cmds.append(calls / max(1, len(load.latencies)))
             runs.add("post", load)
-            runs.add("get", drive(port, get, runs.conns, args.seconds))
+            runs.add("get", drive(port, get, runs.conns, args.seconds, pid))
     return out, cmds
 
 
@@ -207,16 +221,19 @@ def start_api(config: str, url: str, port: int, log_level: str, log: Path) -> su
             time.sleep(0.1)
 
 
-def report(server: RedisServer, args: argparse.Namespace) -> None:
+def report(server: RedisServer, pid: int, args: argparse.Namespace) -> None:
     version = redis.Redis.from_url(server.url).info("server")["redis_version"]
     print(
         f"# nproc={os.cpu_count()} python={platform.python_version()}"
         f" redis-server={version} aof={args.aof} runs={args.runs} seconds={args.seconds}"
         f" log-level={args.log_level} loadavg={os.getloadavg()[0]:.2f}"
     )
-    out, cmds = measure(server.url, args.port, args)
-    print("| endpoint | connections | rps | p50 ms | p99 ms | rps ÷ /healthz rps |")
-    print("|---|---|---|---|---|---|")
+    out, cmds = measure(server.url, args.port, pid, args)
+    print(
+        "| endpoint | connections | rps | p50 ms | p99 ms | API CPU µs per request |"
+        " rps ÷ /healthz rps |"
+    )
+    print("|---|---|---|---|---|---|---|")
     for runs in out:
         print(runs.row("healthz", "GET /healthz"))
         print(runs.row("post", "POST /ondemandvm"))
@@ -241,7 +258,7 @@ def main() -> None:
         config.write_text(CONFIG)
         api = start_api(str(config), server.url, args.port, args.log_level, Path(tmp, "api.log"))
         try:
-            report(server, args)
+            report(server, api.pid, args)
         finally:
             api.kill()
             api.wait(10)

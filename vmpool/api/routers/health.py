@@ -9,7 +9,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.responses import Response
 
 from vmpool.api.deps import State
-from vmpool.api.responses import not_ok, reply
+from vmpool.api.responses import hot_reply, not_ok, reply
 from vmpool.state.redis_health import MESSAGES, RedisCondition, probe
 
 __all__ = ["METRICS_MEDIA_TYPE", "router"]
@@ -21,7 +21,7 @@ router = APIRouter()
 
 @router.get("/healthz")
 async def healthz() -> Response:
-    return reply(200, {"ok": True})
+    return hot_reply(200, {"ok": True})
 
 
 @router.get("/readyz")

@@ -34,7 +34,7 @@ from vmpool.api.parsing import (
     parse_json_body,
     read_body,
 )
-from vmpool.api.responses import not_ok, reply
+from vmpool.api.responses import hot_reply, not_ok, reply
 from vmpool.config import Config
 from vmpool.ids import InvalidIdentifier, Job, validate_request_id
 from vmpool.lifecycle.failpoints import failpoint
@@ -167,7 +167,7 @@ async def create_request(st: ApiState, wanted: Ondemand, token: TokenInfo | None
             ",".join(f"{s.alias}:{s.pool}:{s.count}" for s in slots),
             f" for {token.user}" if token else "",
         )
-    return reply(201, {"ok": True, "request_id": rid})
+    return hot_reply(201, {"ok": True, "request_id": rid})
 
 
 async def _create_pipelined(
@@ -293,7 +293,7 @@ def status_reply(rid: str, record: RequestRecord, hostnames: Mapping[str, list[s
         body["ready"] = True
         for slot in record.slots:
             body.setdefault(slot.alias, {"hostname": list(hostnames.get(slot.alias, []))})
-        return reply(200, body)
+        return hot_reply(200, body)
     if record.status == "failed":
         why = record.failure_reason
         if not why or why.startswith(TTL_FAILURE):
@@ -303,12 +303,12 @@ def status_reply(rid: str, record: RequestRecord, hostnames: Mapping[str, list[s
         if why and why != TTL_FAILURE:
             # a vmpool extension: the last real cause (the cloud's words)
             body["reason"] = why
-        return reply(200, body)
+        return hot_reply(200, body)
     if record.status == "deleted":
         body["message"] = DELETED_MESSAGE
-        return reply(200, body)
+        return hot_reply(200, body)
     body.update(_progress(record))
-    return reply(202, body)
+    return hot_reply(202, body)
 
 
 def _progress(record: RequestRecord) -> dict[str, dict[str, str]]:
