@@ -11,7 +11,6 @@ hiredis the client is left as it is.
 
 from __future__ import annotations
 
-from functools import cache
 from typing import Any
 
 import redis.asyncio as aredis
@@ -27,18 +26,14 @@ class _HiredisPacking:
     _serializer = HiredisRespSerializer()
 
     def pack_command(self, *args: Any) -> list[bytes]:
-        return self._serializer.pack(*args)
-
-
-@cache
-def _packing(connection_class: type) -> type:
-    """``connection_class`` with :class:`_HiredisPacking` in front (one class per base)."""
-    return type(f"Hiredis{connection_class.__name__}", (_HiredisPacking, connection_class), {})
+        packed: list[bytes] = self._serializer.pack(*args)
+        return packed
 
 
 def pack_with_hiredis(client: aredis.Redis) -> None:
     """Make the connections ``client``'s pool opens from now on pack with hiredis."""
-    if not HIREDIS_AVAILABLE:
-        return
     pool = client.connection_pool
-    pool.connection_class = _packing(pool.connection_class)
+    base = pool.connection_class
+    if not HIREDIS_AVAILABLE or issubclass(base, _HiredisPacking):
+        return
+    pool.connection_class = type(f"Hiredis{base.__name__}", (_HiredisPacking, base), {})
