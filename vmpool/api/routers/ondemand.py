@@ -270,6 +270,7 @@ async def request_status(st: ApiState, rid: str) -> Response:
     raw, names = await pipe.execute()
     record = reads.request_from(raw, names)
     if record is None:
+        await confirm_async(client)  # "not found" is shown too: not from a stale or demoted primary
         return _not_found(rid)
     hostnames: dict[str, list[str]] = {}
     if record.status == "ready" and record.vm_names:
