@@ -1,8 +1,8 @@
 """The store's one script registry: every transition script, registered with its preamble.
 
-Each store script is the rendered transition table and metric keys
-(:func:`~vmpool.state.transitions.lua_tables`, :func:`~vmpool.state.counters.lua_metrics`),
-then ``_prelude.lua``, then its own helpers (the work-set functions for
+Each store script is the rendered transition table, metric keys and wake-up keys
+(:func:`~vmpool.state.transitions.lua_tables`, :func:`~vmpool.state.counters.lua_metrics`,
+:func:`lua_wake`), then ``_prelude.lua``, then its own helpers (the work-set functions for
 ``create_request``, ``_pool.lua`` for the warm-pool scripts), then its file. The KEYS
 layouts come from :class:`~vmpool.state.keys.Keys` (``request_script_keys``,
 ``vm_script_keys``). ARGV 1-4 are the same for every script (:meth:`StoreScripts.call`).
@@ -30,7 +30,7 @@ from vmpool.state.records import Outcome, text
 from vmpool.state.transitions import lua_tables
 from vmpool.state.workset import lua_workset
 
-__all__ = ["POOL_SCRIPTS", "POOL_VARIANTS", "REQUEST_SCRIPTS", "StoreScripts"]
+__all__ = ["POOL_SCRIPTS", "POOL_VARIANTS", "REQUEST_SCRIPTS", "StoreScripts", "lua_wake"]
 
 SCRIPTS_PACKAGE: Final = "vmpool.state.scripts"
 
@@ -83,7 +83,7 @@ class StoreScripts:
         self._redis = redis_client
         # The fleet's metric keys are rendered in (per prefix), as the table is: the
         # scripts count in the same unit as the transition they count.
-        self._prelude = lua_tables() + lua_metrics(keys) + _text("_prelude")
+        self._prelude = lua_tables() + lua_metrics(keys) + lua_wake(keys) + _text("_prelude")
         pool_head = _text("_pool")
         self._heads = {name: pool_head for name in POOL_SCRIPTS}
         # create_request adds the request to the provision work set in its unit.
@@ -169,6 +169,17 @@ class StoreScripts:
             script = POOL_VARIANTS.get(script, script)
         keys = self.keys.vm_script_keys(name, request_id)
         return Outcome.from_reply(self.run(script, keys, actor, request_id, args, op))
+
+
+def lua_wake(keys: Keys) -> str:
+    """The keys of the parked pending sweep's wake-up, as Lua source (_prelude.lua's).
+
+    A reservation wakes it in its own unit (workers/schedule.py).
+    """
+    return (
+        f"local SWEEP_PARKED = {keys.schedule_parked!r}\n"
+        f"local SWEEP_WAKE = {keys.schedule_wake!r}\n"
+    )
 
 
 def _text(name: str) -> str:
