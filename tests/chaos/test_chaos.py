@@ -21,14 +21,9 @@ FAILOVERS = ("failover_kill", "failover_lagging")
 
 def _run(tmp_path: Path, target: str, seconds: float, seed: int, **more: Any) -> SoakReport:
     settings: dict[str, Any] = {"rate": 6.0, "fault_gap_s": (1.5, 3.0), **more}
-    opts = SoakOptions(
-        seconds=seconds,
-        seed=seed,
-        target=target,
-        settle_timeout_s=120.0,
-        workdir=str(tmp_path / target),
-        **settings,
-    )
+    settings.setdefault("settle_timeout_s", 120.0)
+    opts = SoakOptions(seconds=seconds, seed=seed, target=target,
+                       workdir=str(tmp_path / target), **settings)  # fmt: skip
     return run_soak(opts)
 
 
@@ -46,9 +41,13 @@ def test_soak_vmpool_has_no_violation_under_every_fault(tmp_path: Path) -> None:
 
 
 def test_soak_catches_the_seed_design(tmp_path: Path) -> None:
-    report = _run(tmp_path, "seed-reference", 30, seed=11)
+    """The soak can fail: against vmpooler's design (tests/chaos/seed_reference.py) it
+    finds the races (a version that went back, VMs of ended requests left running), not
+    only requests left unsettled. Its settle wait is short: the seed design never
+    settles some requests, and waiting longer finds nothing more."""
+    report = _run(tmp_path, "seed-reference", 30, seed=11, settle_timeout_s=30.0)
     text = "\n".join(report.lines())
-    assert report.violation_count > 0, text
+    assert set(report.violations) - {"unsettled"}, text
 
 
 def test_soak_through_sentinel_loses_no_acknowledged_write(tmp_path: Path) -> None:
