@@ -40,6 +40,7 @@ from vmpool.state.durability import (
 from vmpool.state.group_watch import GroupView, GroupWatch, PinnedPrimary
 from vmpool.state.keys import Keys
 from workers.queues import enqueue
+from workers.table import PERIODIC
 from workers.worker import build_worker
 
 from apihelp import API, make_client
@@ -213,3 +214,27 @@ def test_a_unit_whose_primary_changed_is_refused() -> None:
     refusal = guard.refusal()
     assert refusal is not None and "changed" in refusal
     watch.close()
+
+
+def test_an_idle_fleet_sends_no_wait(pair: tuple[Node, Node]) -> None:
+    """Every periodic job run once on a fleet with nothing to do (pools of size 0, no
+    request), by a vmpool worker, and the worker idling: no WAIT (each job's unit made
+    no write; the loop's own writes are unconfirmed)."""
+    primary, _ = pair
+    url = url_of(primary)
+    config = dataclasses.replace(make_config(), redis_options=options(5.0))
+    worker = build_worker(url, config, kind="simple")
+    conn = redis.Redis.from_url(url)
+    keys = Keys(config.key_prefix)
+    primary.client().config_resetstat()
+    for spec in PERIODIC:
+        enqueue(conn, keys, spec.name)
+    worker.work(burst=True)
+    assert worker.failed_job_count == 0
+    per_job = {}
+    for spec in PERIODIC:
+        primary.client().config_resetstat()
+        enqueue(conn, keys, spec.name)
+        worker.work(burst=True)
+        per_job[spec.name] = waits(primary)
+    assert sum(per_job.values()) == 0, per_job

@@ -10,9 +10,8 @@ Redis answers a write once it is in its memory. Two ways to lose such a write re
   rejected. Valkey 9.1.2 answers it on its next event-loop turn without an fsync when no
   write is buffered. A power cut played exactly (the AOF cut back to its last fsync)
   lost WAITAOF-acknowledged writes (docs/reliability.md).
-- A failover to a replica the write had not reached: replication is asynchronous. Per
-  write, ``WAIT N T`` runs in the same round trip: N replicas hold every write of this
-  connection. Through Sentinel, N is every replica the sentinels could promote, as they
+- A failover to a replica the write had not reached: replication is asynchronous.
+  ``WAIT N T``: N replicas hold every write of this connection (a unit of work's, below). Through Sentinel, N is every replica the sentinels could promote, as they
   report the group now (:mod:`vmpool.state.group_watch`): whichever is promoted holds
   the write, in a planned switch and a partition too. A write is also not acknowledged
   through a primary a majority of the sentinels no longer name.
@@ -27,6 +26,25 @@ write confirms the state it was decided on, whoever wrote it. A read answered to
 client is confirmed the same way (:meth:`ConfirmingRedis.confirm`). A ``PUBLISH``
 (replicated, allowed when Redis is full) moves the connection's offset to "now", and
 the same wait follows. The API never shows a state a failover could take back.
+
+A unit of work (:func:`confirmed`, :func:`confirmed_async`): a job (each job a worker
+runs, ``workers.worker.FleetJob``) or an API call pays one confirmation for all its
+writes, not one per script call. In a unit a script call does not wait; the unit's end
+sends ``PUBLISH`` and ``WAIT`` in one round trip through one connection. The PUBLISH
+puts that connection's offset past every write the server holds, so the WAIT covers the
+unit's writes on every connection and client of the process (the pool's, RQ's). A unit
+whose script calls made no write sends nothing; one left by an exception is not
+confirmed (nothing of it is acknowledged). Before a side effect outside Redis that its
+writes or reads decided (a provider's create or destroy), the unit confirms what it has
+so far (:func:`settle`, called by ``FencedLock.ensure_held``). A unit's writes all went
+to one primary: the guard of its first write refuses it when the primary the sentinels
+name changed in its course (:class:`~vmpool.state.group_watch.PinnedPrimary`). The unit
+lives in a context variable: the code it runs, and a thread handed its context (the
+API's thread pool), join it; another thread's writes wait on their own. A write outside
+any unit waits in its own round trip, as above. The worker's loop (its dequeue,
+heartbeats and job counters) and the scheduler's moves run :func:`unconfirmed`: nothing
+outside Redis acts on them, and one a failover loses runs a job again or late (every job
+is idempotent).
 
 The setting (``:redis: durability``, docs/operations.md, "Durability"):
 
