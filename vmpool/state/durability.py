@@ -11,7 +11,8 @@ Redis answers a write once it is in its memory. Two ways to lose such a write re
   write is buffered. A power cut played exactly (the AOF cut back to its last fsync)
   lost WAITAOF-acknowledged writes (docs/reliability.md).
 - A failover to a replica the write had not reached: replication is asynchronous.
-  ``WAIT N T``: N replicas hold every write of this connection (a unit of work's, below). Through Sentinel, N is every replica the sentinels could promote, as they
+  ``WAIT N T``: N replicas hold every write of this connection (a unit of work's,
+  below). Through Sentinel, N is every replica the sentinels could promote, as they
   report the group now (:mod:`vmpool.state.group_watch`): whichever is promoted holds
   the write, in a planned switch and a partition too. A write is also not acknowledged
   through a primary a majority of the sentinels no longer name.
