@@ -7,6 +7,7 @@ What this proves:
   does not, until the replica is back; then every key is on the replica;
 - a unit that wrote nothing, a unit left by an exception and an ``unconfirmed`` block
   send no WAIT; a write outside any unit waits as it does alone;
+- an API call pays one WAIT, whatever it writes (vmpool.api.confirming);
 - the fleet pays about one WAIT per VM: requests posted through the API and run to
   ready by a vmpool worker (each job one unit) cost at most 3 WAITs per VM end to end
   (one per script call, about 12 per VM, without units), and a POST one;
@@ -43,7 +44,7 @@ from workers.queues import enqueue
 from workers.table import PERIODIC
 from workers.worker import build_worker
 
-from apihelp import API, make_client
+from apihelp import API, PASSWORD, make_client, spec_config
 from lifecyclehelp import make_config
 
 pytestmark = pytest.mark.slow
@@ -238,3 +239,34 @@ def test_an_idle_fleet_sends_no_wait(pair: tuple[Node, Node]) -> None:
         worker.work(burst=True)
         per_job[spec.name] = waits(primary)
     assert sum(per_job.values()) == 0, per_job
+
+
+def test_an_api_call_pays_one_wait(pair: tuple[Node, Node]) -> None:
+    """With auth and a rate limit on, each call is one unit of work: a POST (the
+    token's use, the create), a GET (its read, confirmed) and a DELETE (the token's use,
+    the delete) pay one WAIT each (2, 1 and 3 when every script call waits alone). The
+    POST's answer is what the replica holds: the request is on it when the POST answers.
+    """
+    primary, replica = pair
+    config = dataclasses.replace(
+        spec_config(auth=True, rate_limit=1000), redis_options=options(5.0)
+    )
+    client, _ = make_client(config, url_of(primary))
+    token = client.post(f"{API}/token", auth=("jdoe", PASSWORD)).json()["token"]
+    auth = {"X-AUTH-TOKEN": token}
+    client.post(f"{API}/ondemandvm", json={"pool3": 1}, headers=auth)  # the app's first
+    got = {}
+    for call in ("post", "get", "delete"):
+        primary.client().config_resetstat()
+        if call == "post":
+            r = client.post(f"{API}/ondemandvm", json={"pool3": 1}, headers=auth)
+            assert r.status_code == 201, r.text
+            rid = r.json()["request_id"]
+            held = replica.client().exists(f"vmpool:request:{{{rid}}}")
+            assert held, "the POST answered before the replica held the request"
+        elif call == "get":
+            assert client.get(f"{API}/ondemandvm/{rid}").status_code == 202
+        else:
+            assert client.delete(f"{API}/ondemandvm/{rid}", headers=auth).status_code == 200
+        got[call] = waits(primary)
+    assert got == {"post": 1, "get": 1, "delete": 1}, got

@@ -92,7 +92,7 @@ def create_app(
     app.include_router(timeline.router, prefix=API_PREFIX)
     app.include_router(health.router)
     app.include_router(dashboard.router)
-    install_middleware(app, st.metrics)
+    install_middleware(app, st.metrics, st.clients.aio)
     return app
 
 

@@ -1,7 +1,7 @@
-"""The two layers around every request.
+"""The layers around every request.
 
-vmpooler's optional trailing slash, and the per-route response counters and latency
-histogram."""
+vmpooler's optional trailing slash, each call one unit of work (vmpool.api.confirming),
+and the per-route response counters and latency histogram."""
 
 from __future__ import annotations
 
@@ -11,6 +11,8 @@ from typing import Any
 from fastapi import FastAPI
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from vmpool.api.confirming import ConfirmedCalls
+from vmpool.api.deps import LoopClients
 from vmpool.api.metrics import ApiMetrics
 
 __all__ = ["Observe", "TrailingSlash", "install_middleware"]
@@ -67,15 +69,16 @@ class Observe:
             m.latency.labels(template, method).observe(time.perf_counter() - start)
 
 
-def install_middleware(app: FastAPI, metrics: ApiMetrics) -> None:
+def install_middleware(app: FastAPI, metrics: ApiMetrics, clients: LoopClients) -> None:
     """:class:`Observe` in the app's middleware stack.
 
     :class:`TrailingSlash` around the whole built stack, Starlette's own error middleware
-    included, so every layer sees the rewritten path."""
+    included, so every layer sees the rewritten path; inside it, each call one unit of
+    work (:class:`~vmpool.api.confirming.ConfirmedCalls`), its error answers included."""
     app.add_middleware(Observe, metrics=metrics)
     build_stack = app.build_middleware_stack
 
     def build() -> ASGIApp:
-        return TrailingSlash(build_stack())
+        return TrailingSlash(ConfirmedCalls(build_stack(), clients))
 
     app.build_middleware_stack = build  # type: ignore[method-assign]

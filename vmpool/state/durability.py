@@ -100,6 +100,7 @@ __all__ = [
     "current_scope",
     "resolve_durability",
     "settle",
+    "settle_async",
     "unconfirmed",
 ]
 
@@ -220,6 +221,13 @@ def settle(client: redis.Redis) -> None:
     scope = current_scope()
     if scope is not None and scope.settles and scope.pending:
         confirm(client)
+
+
+async def settle_async(client: aredis.Redis) -> None:
+    """:func:`settle` for an asyncio client: the unit's pending writes, confirmed now."""
+    scope = current_scope()
+    if scope is not None and scope.settles and scope.pending:
+        await confirm_async(client)
 
 
 def _opens_scope(client: redis.Redis | aredis.Redis) -> Scope | None:
