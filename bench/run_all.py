@@ -29,8 +29,9 @@ BENCHES: dict[str, list[str]] = {
     "api_rps": ["--runs", "3", "--seconds", "5", "--connections", "16"],
     "ready_latency": ["--requests", "100", "--rate", "10", "--modes", "2:vm,0.25:vm,0.25:list"],
     "durability": ["--runs", "3", "--seconds", "3", "--clients", "1,8"],
+    "durability_fleet": ["--fleet", "200", "--runs", "5"],
 }
-SCRIPT_OF = {"targets_aof": "targets"}
+SCRIPT_OF = {"targets_aof": "targets", "durability_fleet": "durability"}
 
 
 def command(name: str) -> list[str]:
