@@ -295,8 +295,11 @@ def _per_call(on: bool) -> Iterator[None]:
         FleetJob.perform, FleetSimpleWorker.work = saved  # type: ignore[method-assign]
 
 
-def fleet_run(url: str, mode: str, units: bool, n: int) -> tuple[float, float]:
-    """VMs/s and WAITs per VM of one burst worker running ``n`` requests to ready."""
+def fleet_run(url: str, mode: str, units: bool, n: int) -> tuple[float, float, float]:
+    """VMs/s, WAITs and commands per VM of one burst worker running ``n`` requests to ready.
+
+    The commands are every command the primary ran (the bench's own reads between two
+    bursts included)."""
     from vmpool.config import parse_config
     from workers.queues import enqueue
     from workers.worker import build_worker
@@ -331,25 +334,30 @@ def fleet_run(url: str, mode: str, units: bool, n: int) -> tuple[float, float]:
                 for job in ("provision_sweep", "check_pending_sweep"):
                     enqueue(conn, keys, job)
     elapsed = time.perf_counter() - start
-    waits = int(conn.info("commandstats").get("cmdstat_wait", {}).get("calls", 0))
-    return ready / elapsed, waits / max(1, ready)
+    stats = conn.info("commandstats")
+    waits = int(stats.get("cmdstat_wait", {}).get("calls", 0))
+    commands = sum(int(v.get("calls", 0)) for v in stats.values())
+    return ready / elapsed, waits / max(1, ready), commands / max(1, ready)
 
 
 def fleet(root: Path, n: int, runs: int) -> None:
     """The ``--fleet`` table (module docstring)."""
-    got: dict[int, list[tuple[float, float]]] = {}
+    got: dict[int, list[tuple[float, float, float]]] = {}
     with sentinel_group(Path(tempfile.mkdtemp(prefix="group-", dir=root)), replicas=2) as group:
         for _ in range(runs):
             for i, (_, mode, units) in enumerate(FLEET_MODES):
                 got.setdefault(i, []).append(fleet_run(group.url, mode, units, n))
-    base = statistics.median(v for v, _ in got[0])
+    base = statistics.median(v for v, _, _ in got[0])
     print(f"\n| {n} one-VM requests to ready, Sentinel, two replicas | VMs/s (min / median),"
-          " ratio | WAITs per VM (median) |\n|---|---|---|")  # fmt: skip
+          " ratio | WAITs per VM | commands per VM |\n|---|---|---|---|")  # fmt: skip
     for i, (name, _, _) in enumerate(FLEET_MODES):
-        rates = [v for v, _ in got[i]]
-        waits = statistics.median(w for _, w in got[i])
-        print(f"| {name} | {min(rates):,.1f} / {statistics.median(rates):,.1f},"
-              f" {statistics.median(rates) / base:.2f} | {waits:.1f} |")  # fmt: skip
+        rates = [v for v, _, _ in got[i]]
+        waits = statistics.median(w for _, w, _ in got[i])
+        commands = statistics.median(c for _, _, c in got[i])
+        ratio = statistics.median(rates) / base
+        print(f"| {name} | {min(rates):,.1f} / {statistics.median(rates):,.1f}, {ratio:.2f}"
+              f" | {waits:.1f} | {commands:.0f} |")  # fmt: skip
+    print(f"\n# loadavg after: {os.getloadavg()[0]:.2f}; medians of {runs} runs, alternating")
 
 
 def main() -> int:
