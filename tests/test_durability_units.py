@@ -7,6 +7,7 @@ What this proves:
   does not, until the replica is back; then every key is on the replica;
 - a unit that wrote nothing, a unit left by an exception and an ``unconfirmed`` block
   send no WAIT; a write outside any unit waits as it does alone;
+- a job whose writes are not confirmed is failed by RQ, not finished;
 - an API call pays one WAIT, whatever it writes (vmpool.api.confirming);
 - the fleet pays about one WAIT per VM: requests posted through the API and run to
   ready by a vmpool worker (each job one unit) cost at most 3 WAITs per VM end to end
@@ -27,6 +28,8 @@ from pathlib import Path
 
 import pytest
 import redis
+from rq.job import Job as RQJob
+from rq.job import JobStatus
 from sentinelhelp import HOST, Node, wait_for
 
 from vmpool.config import default_redis_options
@@ -41,7 +44,7 @@ from vmpool.state.durability import (
 from vmpool.state.group_watch import GroupView, GroupWatch, PinnedPrimary
 from vmpool.state.keys import Keys
 from workers.queues import enqueue
-from workers.table import PERIODIC
+from workers.table import PERIODIC, job_id
 from workers.worker import build_worker
 
 from apihelp import API, PASSWORD, make_client, spec_config
@@ -270,3 +273,30 @@ def test_an_api_call_pays_one_wait(pair: tuple[Node, Node]) -> None:
             assert client.delete(f"{API}/ondemandvm/{rid}", headers=auth).status_code == 200
         got[call] = waits(primary)
     assert got == {"post": 1, "get": 1, "delete": 1}, got
+
+
+def test_a_job_whose_writes_are_not_confirmed_fails(pair: tuple[Node, Node]) -> None:
+    """A job is done only once its writes are confirmed: with the replica stopped, a
+    provision job reserves its VM on the primary (its script calls do not wait), its
+    unit's end is refused, and RQ records the job failed (WriteNotConfirmed), not
+    finished."""
+    primary, replica = pair
+    url = url_of(primary)
+    config = dataclasses.replace(make_config(), redis_options=options(0.5))
+    client, _ = make_client(config, url)
+    rid = client.post(f"{API}/ondemandvm", json={"debian": 1}).json()["request_id"]
+    conn = redis.Redis.from_url(url)
+    conn.delete(*conn.keys("rq:queue:*"))  # the POST's own batch job: not this test's
+    worker = build_worker(url, config, kind="simple")
+    enqueue(conn, Keys(config.key_prefix), "provision_request", rid)
+    assert replica.pid is not None
+    os.kill(replica.pid, signal.SIGSTOP)
+    try:
+        worker.work(burst=True)
+    finally:
+        os.kill(replica.pid, signal.SIGCONT)
+    job = RQJob.fetch(job_id(Keys(config.key_prefix), "provision_request", rid), connection=conn)
+    assert job.get_status() == JobStatus.FAILED
+    assert "WriteNotConfirmed" in str(job.latest_result().exc_string)
+    reserved = primary.client().hget(f"vmpool:request:{{{rid}}}", "unreserved")
+    assert reserved == b"0", reserved  # written on the primary, not acknowledged
