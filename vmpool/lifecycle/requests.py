@@ -65,7 +65,11 @@ class CloneGate:
 
 
 def provision_request(
-    fleet: Fleet, request_id: str, lock: FencedLock | None = None, gate: CloneGate | None = None
+    fleet: Fleet,
+    request_id: str,
+    lock: FencedLock | None = None,
+    gate: CloneGate | None = None,
+    ready: frozenset[str] | None = None,
 ) -> list[str]:
     """Reserve VMs for the request's unreserved slots.
 
@@ -78,7 +82,8 @@ def provision_request(
     slot whatever the lock does). One clone slot is taken per VM before it is reserved
     and handed to create_vm, which gives it back. ``lock``: already granted that way by
     a batch job, which releases it. Else taken and released here. ``gate``: the batch
-    job's :class:`CloneGate`.
+    job's :class:`CloneGate`. ``ready``: the lending pools a batch claim found holding a
+    ready VM (:func:`~vmpool.lifecycle.warm.pools_with_ready`; None: ask each).
 
     A slot whose pool is no longer in the configuration is skipped with an error in the
     log: no VM exists yet, so there is nothing to fail. The request stays pending and its
@@ -87,20 +92,25 @@ def provision_request(
     reserved: list[str] = []
 
     def step(held: FencedLock) -> None:
-        _reserve_for(fleet, request_id, held, reserved, gate or CloneGate())
+        _reserve_for(fleet, request_id, held, reserved, gate or CloneGate(), ready)
 
     run_locked(fleet, "request", request_id, "provision", step, lock=lock, read_record=True)
     return reserved  # what was reserved before a lock lost midway too
 
 
 def _reserve_for(
-    fleet: Fleet, request_id: str, lock: FencedLock, reserved: list[str], gate: CloneGate
+    fleet: Fleet,
+    request_id: str,
+    lock: FencedLock,
+    reserved: list[str],
+    gate: CloneGate,
+    ready: frozenset[str] | None,
 ) -> None:
     # The record as the grant read it. Its VM names are not needed here (not read).
     req = RequestRecord.from_hash(lock.record) if lock.record else None
     if req is None or req.status != RequestStatus.PENDING or req.unreserved <= 0:
         return
-    if claim_ready(fleet, req):  # ready VMs of warm pools first. Clone the shortfall
+    if claim_ready(fleet, req, ready):  # ready VMs of warm pools first. Clone the shortfall
         req = fleet.store.get_request(request_id)
         if req is None or req.status != RequestStatus.PENDING or req.unreserved <= 0:
             return
