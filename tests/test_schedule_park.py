@@ -128,3 +128,22 @@ def test_a_reservation_during_a_move_is_not_missed(
     a.move(*due)
     assert _due(conn) <= 1000.25 + 1e-9, "parked with a VM reserved"
     assert not conn.exists(K.schedule_parked)
+
+
+def test_a_wait_too_short_to_block_still_takes_the_wake_up(
+    conn: redis.Redis, redis_client: redis.Redis, config: Config
+) -> None:
+    """A replica whose waits are all shorter than a block (``vmpool scheduler --interval
+    0.2``, or another job due within 0.2 s) still takes a wake-up: the parked sweep's due
+    time moves at the next wait. Red against waits that only block: the wake-up stayed in
+    its list and the sweep ran at its safety tick, PARK_S later."""
+    clock = Clock(1000.0)
+    s = FleetScheduler(conn, K, clock=clock, inputs=sweep_inputs(config, K))
+    s.install({PENDING: 0.25})
+    clock.t = 1000.01
+    s.tick()  # parks
+    assert _due(conn) == pytest.approx(1000.01 + PARK_S)
+    _reserve(redis_client, "r-1")
+    s.parking.wait(0.1)
+    assert not conn.exists(K.schedule_wake)
+    assert _due(conn) == pytest.approx(1000.25)

@@ -93,15 +93,24 @@ class Parking:
 
         Blocks on ``keys.schedule_wake`` a few seconds at a time (within the socket
         timeout), and sleeps the last :data:`BLOCK_LATE_S` here. A wake-up moves the
-        sweep's due time (:meth:`wake`) and ends the wait.
+        sweep's due time (:meth:`wake`) and ends the wait. A wait too short to block
+        (a short ``--interval``, another job due soon) looks at the list once without
+        blocking, so a replica whose waits are all short still takes wake-ups.
         """
         end = time.monotonic() + seconds
+        blocked = False
         while (left := end - time.monotonic()) > 2 * BLOCK_LATE_S:
+            blocked = True
             popped = self.connection.blpop(
                 [self.keys.schedule_wake], timeout=min(left - BLOCK_LATE_S, self._block_s)
             )
             if popped is not None:
                 self.wake(text(popped[1]))
+                return
+        if not blocked:
+            earliest = self.connection.lpop(self.keys.schedule_wake)
+            if isinstance(earliest, (bytes, str)):  # LPOP without a count: one value
+                self.wake(text(earliest))
                 return
         time.sleep(max(0.0, end - time.monotonic()))  # the last bit here, on time
 
