@@ -20,6 +20,7 @@ from typing import Any
 from pydantic import ConfigDict, Field
 
 from vmpool.config.auth_settings import AuthSection
+from vmpool.config.quota_settings import QuotasSection
 from vmpool.config.fields import (
     Aliases,
     BatchLanes,
@@ -66,6 +67,7 @@ __all__ = [
     "ConfigSection",
     "DnsConfig",
     "PoolSection",
+    "QuotasSection",
     "RedisSection",
     "Schedule",
     "SentinelSection",
@@ -326,6 +328,10 @@ class ConfigFile(Section):
     )
     redis: RedisSection = RedisSection()
     auth: AuthSection | None = None
+    quotas: QuotasSection | None = Field(
+        default=None,
+        description="Quotas per user and request priorities (vmpool's; absent: no quota)",
+    )
     dns_configs: dict[str, DnsConfig] = Field(default_factory=dict)
     tagfilter: dict[str, Text] = Field(
         default_factory=dict,
