@@ -13,7 +13,6 @@ does.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Annotated, Any, Final
 
@@ -56,9 +55,7 @@ def _user_name(value: Any) -> str:
         raise invalid(str(exc)) from None
 
 
-_UserName = Annotated[
-    str, Field(pattern=f"^{USER_NAME_RE.pattern}$"), BeforeValidator(_user_name)
-]
+_UserName = Annotated[str, Field(pattern=f"^{USER_NAME_RE.pattern}$"), BeforeValidator(_user_name)]
 
 
 class QuotaEntry(Section):
@@ -133,4 +130,3 @@ def build_quotas(section: QuotasSection | None, *, lower_case_users: bool) -> Qu
         users=MappingProxyType(dict(sorted(users.items()))),
         priority_aging_s=aging,
     )
-

@@ -20,7 +20,6 @@ from typing import Any
 from pydantic import ConfigDict, Field
 
 from vmpool.config.auth_settings import AuthSection
-from vmpool.config.quota_settings import QuotasSection
 from vmpool.config.fields import (
     Aliases,
     BatchLanes,
@@ -51,6 +50,7 @@ from vmpool.config.fields import (
     minutes,
     seconds,
 )
+from vmpool.config.quota_settings import QuotasSection
 from vmpool.config.redis_fields import (
     DurabilityModeName,
     HealthCheckSeconds,
