@@ -109,8 +109,8 @@ def test_a_slot_freed_during_a_batch_waits_for_the_older_request(
     _post(fleet, "young")
     acquire = fleet.slots.acquire
 
-    def acquire_then_free(holder: str) -> str | None:
-        got = acquire(holder)
+    def acquire_then_free(holder: str, line: Any = None) -> str | None:
+        got = acquire(holder, line=line)
         if got is None:
             fleet.slots.release("someone-elses-vm")  # the other create just ended
         return got

@@ -41,6 +41,13 @@ class QuotaConfig:
         """The quota of ``user`` (the token's user; '' for a request made without one)."""
         return self.users.get(user, self.default)
 
+    def limits(self, user: str) -> tuple[int | None, int | None]:
+        """``user``'s (max_vms, max_cores), None for no limit; none for '' (no user)."""
+        if not user:
+            return None, None
+        quota = self.of(user)
+        return quota.max_vms, quota.max_cores
+
     def lead_s(self, priority: int) -> float:
         """How far ahead of its arrival a request of ``priority`` stands in line (seconds).
 

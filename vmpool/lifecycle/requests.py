@@ -165,7 +165,9 @@ def _reserve_slots(
             )
             continue
         for _ in range(missing):
-            code = _reserve_one(fleet, request_id, slot.alias, pool, lock, reserved, limits)
+            code = _reserve_one(
+                fleet, request_id, slot.alias, pool, lock, reserved, limits, req.place
+            )
             if code == ReserveCode.CLONE_LIMIT:
                 gate.closed = True
                 return code
@@ -186,11 +188,13 @@ def _reserve_one(
     lock: FencedLock,
     reserved: list[str],
     limits: QuotaLimits,
+    place: float,
 ) -> ReserveCode | StoreCode:
     """Reserve one VM for the request's slot ``alias``.
 
-    The VM is of ``pool``, within its user's quota ``limits``. Its create is dispatched.
-    Returns the code of :func:`~vmpool.lifecycle.reserving.reserve_fresh`."""
+    The VM is of ``pool``, within its user's quota ``limits``, its clone slot taken in the
+    request's turn (its ``place`` in line). Its create is dispatched. Returns the code of
+    :func:`~vmpool.lifecycle.reserving.reserve_fresh`."""
 
     def reserve(name: str) -> Outcome:
         # No ensure_held() first: the fence refuses a stale holder inside the write.
@@ -207,7 +211,7 @@ def _reserve_one(
             quota=limits,
         )
 
-    got = reserve_fresh(fleet, "reserve", reserve)
+    got = reserve_fresh(fleet, "reserve", reserve, line=(request_id, place))
     if got.code == ReserveCode.RESERVED:
         reserved.append(got.name)
         fleet.dispatch.send(Job.CREATE_VM, [got.name])

@@ -282,7 +282,9 @@ def check_pending_sweep(fleet: Fleet, pool: str | None = None) -> int:
     a provider that answers for many at once (the clouds) are checked here instead,
     one list call per provider (``pending.check_batched``). Work-set subjects due back
     in line (deferred, or claimed by a worker that died) are dispatched again too (one
-    read), so a batch job is queued for them within a tick."""
+    read), so a batch job is queued for them within a tick, and so are the requests
+    waiting for a clone slot whose turn has come (one script: a slot freed goes to the
+    first in line within a tick)."""
     now = fleet.store.server_time()
     grace = reserved_grace_s(fleet.config)
     pools = [pool] if pool else list(fleet.config.pools)
@@ -300,6 +302,8 @@ def check_pending_sweep(fleet: Fleet, pool: str | None = None) -> int:
     if stale:
         fleet.dispatch.send(Job.CREATE_VM, stale)
     requests = due.get(Job.PROVISION_REQUEST, [])
+    if pool is None:  # a clone slot free goes to the request first in line waiting for one
+        requests = list(dict.fromkeys([*requests, *fleet.slots.turns()]))
     if requests:
         fleet.dispatch.send(Job.PROVISION_REQUEST, requests)
     return len(pending) + len(stale) + len(requests)

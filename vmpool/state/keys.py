@@ -31,6 +31,7 @@ Layout (``P`` is the prefix)::
     P:clone-slots                zset   the fleet-wide clone semaphore's leases (VM -> lease end)
     P:clone-slots:holders        hash   VM -> the token of its lease's holder
     P:clone-slots:stats          hash   the semaphore's peak and overruns
+    P:clone-slots:line           zset   requests that found no clone slot -> their place in line
     P:provider-circuit:PROVIDER  hash   a provider's circuit breaker and quota hold
     P:provider-launching:PROVIDER zset  creates at a provider now (its max_instances/cores)
     P:metrics:NAME               hash   fleet-wide counters (vmpool.state.counters)
@@ -308,6 +309,11 @@ class Keys:
     def clone_slot_holders(self) -> str:
         """Hash: VM name -> the token of the holder of its clone slot's lease."""
         return f"{self.prefix}:clone-slots:holders"
+
+    @property
+    def clone_slot_line(self) -> str:
+        """Zset: requests that found no clone slot free -> their place in line (in turn)."""
+        return f"{self.prefix}:clone-slots:line"
 
     @property
     def clone_slot_stats(self) -> str:

@@ -88,10 +88,13 @@ class RequestSettings:
     max_vm_retries: int = 3
     vm_lifetime_s: float = 12 * 3600
     data_ttl_s: float = 168 * 3600
-    # ABS's priority (1 highest, 3 lowest), and how far ahead of its arrival it places the
-    # request in line (vmpool.config.QuotaConfig.lead_s: 0 for priority 2)
+    # ABS's priority (1 highest, 3 lowest); how far ahead of its arrival it places the
+    # request in line (vmpool.config.QuotaConfig.lead_s: 0 for priority 2); how far behind
+    # its user's previous waiting request of that priority (the round of fair share: the
+    # aging period; 0: none) (scripts/_line.lua)
     priority: int = 2
     lead_s: float = 0.0
+    round_s: float = 0.0
 
     @classmethod
     def from_config(
@@ -107,6 +110,7 @@ class RequestSettings:
             data_ttl_s=float(config.data_ttl_s),
             priority=int(priority),
             lead_s=float(config.quotas.lead_s(priority)),
+            round_s=float(config.quotas.priority_aging_s),
         )
 
 
@@ -231,8 +235,10 @@ class RequestRecord:
     token_user: str
     token_hash: str
     vm_names: tuple[str, ...] = field(default=())
-    # its priority, and when its ETA at creation said it would be ready (None: no ETA)
+    # its priority, its place in line (scripts/_line.lua; its creation for a request
+    # made before places) and when its ETA at creation said it would be ready (None: none)
     priority: int = 2
+    place: float = 0.0
     eta_at: float | None = None
 
     @classmethod
@@ -266,6 +272,7 @@ class RequestRecord:
             token_hash=h.get("token_hash", ""),
             vm_names=tuple(sorted(vm_names)),
             priority=int(h.get("priority", 2) or 2),
+            place=float(h.get("line_at") or h.get("created") or 0),
             eta_at=_float(h.get("eta_at")),
         )
 

@@ -153,6 +153,7 @@ class Store:
             int(settings.priority),
             repr(float(settings.lead_s)),
             int(clone_limit),
+            repr(float(settings.round_s)),
         ]
         call = self.scripts.call("create_request", keys, actor, request_id, args)
         if pipeline is not None:

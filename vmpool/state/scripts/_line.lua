@@ -5,12 +5,14 @@
 -- QUOTA_PARKED_LINE, LINE_STATS, CLONE_SLOTS: vmpool/state/quotas.py).
 --
 -- The line is the provision queue (Keys.provision_queue: the pending requests with VMs
--- still to reserve), scored by each request's place: its arrival less its priority's
--- lead (create_request.lua). A request's position is 0 once it is being provisioned
--- (a VM of it reserved or claimed), else 1 + the requests ahead of it in that queue.
--- Only a request placed ahead of it raises it: one of a higher (or aged) priority that
--- arrives, or one ahead that lost a VM and waits for its replacement. Round-robin
--- among users may serve a request behind it first: its position then stays as it is.
+-- still to reserve), scored by each request's place (line_new_place), fixed when it is
+-- created: the provision work set serves requests in that order, and a clone slot goes
+-- to the request first in it (clone_semaphore.lua, acquire_in_line). A request's
+-- position is 0 once it is being provisioned (a VM of it reserved or claimed), else 1 +
+-- the requests ahead of it in the queue. Only a request placed ahead of it raises it:
+-- one of a higher (or aged) priority that arrives, another user's that fair share puts
+-- in between its user's waiting requests, or one ahead that lost a VM and waits for its
+-- replacement.
 --
 -- The ETA (seconds from now) is an estimate from what the line observed (LINE_STATS,
 -- kept by _quota.lua in the transitions): the requests ahead that compete for clone
@@ -23,6 +25,27 @@
 
 local function line_number(field)
   return tonumber(redis.call('HGET', LINE_STATS, field) or '') or 0
+end
+
+-- The place in line of a new request ``rid`` of ``user`` at ``priority`` (create_request):
+-- its arrival ``now`` less its priority's ``lead``, and at least one ``round`` (the aging
+-- period) behind its user's previous request of that priority while that one still
+-- waits in line (``queue_key``). So a request's effective priority rises one level per
+-- round it waits, and a user's second waiting request stands one level below their
+-- first: another user's request arriving meanwhile comes in between (fair share), and
+-- one user's burst cannot starve another user's request.
+local function line_new_place(rid, user, priority, now, lead, round, queue_key)
+  local place = now - lead
+  local field = 'last:' .. priority .. ':' .. user
+  local last = redis.call('HGET', LINE_STATS, field)
+  if last then
+    local at, previous = string.match(last, '^(%S+) (.+)$')
+    if previous and redis.call('ZSCORE', queue_key, previous) then
+      place = math.max(place, tonumber(at) + round)
+    end
+  end
+  redis.call('HSET', LINE_STATS, field, string.format('%.6f %s', place, rid))
+  return place
 end
 
 -- The slowest of the request's pools' observed reservation-to-ready time, and whether

@@ -1,7 +1,7 @@
 -- _quota.lua: the users' quotas and the line's pace, counted in the units of the
 -- transitions that change them. The store prepends it to every store script, after the
 -- rendered keys (vmpool/state/quotas.py lua_quota_keys: QUOTA_VMS, QUOTA_CORES,
--- QUOTA_PEAK, QUOTA_PARKED, QUOTA_PARKED_LINE, QUOTA_PARKED_USERS, LINE_STATS,
+-- QUOTA_PEAK, QUOTA_PARKED, QUOTA_PARKED_LINE, QUOTA_PARKED_USERS, LINE_STATS, SLOT_LINE,
 -- METRIC_REQUEST_READY_PREFIX, METRIC_ETA_ERROR, METRIC_QUOTA_WAITS) and the metric
 -- block (READY_BOUNDS, READY_FIELDS, READY_OVERFLOW, READY_SUM), before _prelude.lua,
 -- whose move_vm and fulfil call it.
@@ -88,6 +88,12 @@ local function q_each_chunk(list, fn)
   end
 end
 
+-- A request no longer waits for a clone slot (it has its VMs, is parked, or left pending):
+-- out of the clone semaphore's line (clone_semaphore.lua, acquire_in_line).
+local function slot_line_leave(rid)
+  redis.call('ZREM', SLOT_LINE, rid)
+end
+
 -- Every parked request of ``user`` back within the provision sweep's reach.
 local function quota_unpark(user)
   local lo, hi = '[' .. user .. ':', '(' .. user .. ';'  -- ';' follows ':'
@@ -104,15 +110,18 @@ local function quota_unpark(user)
   q_each_chunk(ids, function(...) redis.call('ZREM', QUOTA_PARKED_LINE, ...) end)
 end
 
--- A request waits for its user's quota, at its place in line ``line_at``.
+-- A request waits for its user's quota, at its place in line ``line_at`` (not for a
+-- clone slot meanwhile).
 local function quota_park(rid, user, line_at)
+  slot_line_leave(rid)
   redis.call('HSET', QUOTA_PARKED, rid, user)
   redis.call('ZADD', QUOTA_PARKED_LINE, line_at, rid)
   redis.call('ZADD', QUOTA_PARKED_USERS, 0, user .. ':' .. rid)
 end
 
--- A request that leaves pending is parked no more.
+-- A request that leaves pending is parked no more, nor waits for a clone slot.
 local function quota_forget(rid)
+  slot_line_leave(rid)
   local user = redis.call('HGET', QUOTA_PARKED, rid)
   if not user then
     return

@@ -32,24 +32,6 @@
 
 local WS_CHUNK = 500
 
--- A request's owner in the provision work set: its user's line of its priority. The
--- priority's lead (seconds the request stands ahead of its arrival: its subjects'
--- arrivals are their `line_at`) names the line: the user alone for no lead (priority 2,
--- and every subject that is not a request), `user#lead` otherwise (no user name has a
--- '#': vmpool.ids). Lines are served round-robin like owners; a line's turn after a
--- service is the time of service less its lead, so a line of a higher priority comes
--- round that much sooner, and one of a lower priority that much later.
-local function ws_line_owner(user, lead)
-  if not lead or lead == '' or tonumber(lead) == 0 then
-    return user or ''
-  end
-  return (user or '') .. '#' .. lead
-end
-
-local function ws_owner_lead(owner)
-  return tonumber(string.match(owner, '#([^#]*)$') or '') or 0
-end
-
 local function ws_now()
   local t = redis.call('TIME')
   return tonumber(t[1]) + tonumber(t[2]) / 1000000
@@ -214,9 +196,10 @@ end
 
 -- Add the subjects ARGV[first..] (work_add.lua's ARGV): with `head` '' they are VMs
 -- (arrival now, no owner), else request ids, whose hash is head .. id .. tail: arrival
--- is the request's place in line (`line_at`; `created` for a request made before
--- priorities), owner its user's line of its priority (ws_line_owner). Returns how many
--- were added.
+-- is the request's place in line (`line_at`: its priority and its user's fair share
+-- are in it, _line.lua), with no owner, so requests are served in the order of their
+-- places; a request made before places has its `created` and its `token_user` as owner
+-- (served round-robin across users, as then). Returns how many were added.
 local function ws_add_subjects(W, head, tail, first)
   local stamp = ws_fmt(ws_now())
   local subjects, arrivals, owners = {}, {}, {}
@@ -224,9 +207,9 @@ local function ws_add_subjects(W, head, tail, first)
     local arrival, owner = stamp, ''
     if head ~= '' then
       local rec = redis.call('HMGET', head .. ARGV[i] .. tail, 'created', 'token_user',
-        'line_at', 'line_lead')
+        'line_at')
       arrival = rec[3] or rec[1] or stamp
-      owner = ws_line_owner(rec[2] or '', rec[4])
+      owner = (not rec[3] and rec[2]) or ''
     end
     subjects[#subjects + 1] = ARGV[i]
     arrivals[#arrivals + 1] = arrival

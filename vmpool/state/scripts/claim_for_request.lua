@@ -67,6 +67,7 @@ for alias, pool in string.gmatch(req.requested, '([^:,]+):([^:,]+):%d+') do
         req.claimed = redis.call('HINCRBY', KEYS[1], 'claimed', 1)
         if redis.call('HINCRBY', KEYS[1], 'unreserved', -1) <= 0 then
           redis.call('ZREM', KEYS[6], RID)
+          slot_line_leave(RID)
         end
         audit('vm:' .. name, 'ready', 'running', 'claimed from the pool', now)
         table.insert(claimed, name)

@@ -8,8 +8,16 @@
 --          VM's reservation (before any lock of it)
 -- KEYS[3]  hash (keys.clone_slot_stats): peak (most live leases seen at once),
 --          overruns (renewals that found their lease gone and no slot free)
--- ARGV[1]  operation: 'acquire' | 'acquire_all' | 'renew' | 'release' | 'count'
+-- KEYS[4]  zset (keys.clone_slot_line): requests that found no slot free -> their place
+--          in line (scripts/_line.lua); reserve_vm.lua takes a request out once it has
+--          its VMs, close_request (the request left pending) and quota_park.lua too
+-- ARGV[1]  operation: 'acquire' | 'acquire_in_line' | 'acquire_all' | 'renew' |
+--          'release' | 'count' | 'turns'
 -- acquire:     ARGV[2] VM name, ARGV[3] token, ARGV[4] limit, ARGV[5] lease seconds
+-- acquire_in_line: as acquire, then ARGV[6] the request's id, ARGV[7] its place: a new
+--          lease only in its turn (fewer requests ahead of it in KEYS[4] than slots
+--          free); refused, the request joins KEYS[4] at its place
+-- turns:       ARGV[2] limit
 -- acquire_all: ARGV[2] limit, ARGV[3] lease seconds, ARGV[4..] VM name, token pairs
 -- renew:       ARGV[2] VM name, ARGV[3] token, ARGV[4] limit, ARGV[5] lease seconds
 -- release:     ARGV[2] VM name, ARGV[3] token
@@ -23,13 +31,16 @@
 --            create is under way; the count stays true, so no new slot is granted
 --            until it is back under the limit);
 --          release -> 1 if the lease was dropped (it was ours or an older holder's),
---            0 otherwise; count -> the number of live leases.
+--            0 otherwise; count -> the number of live leases; turns -> the first
+--            requests of KEYS[4], as many as slots are free.
 -- Invariant: a grant never makes more than the limit live leases (the check and the
 -- ZADD are one unit); a lease is released or renewed only by its holder (or, release,
 -- a newer holder of the VM's lock), so a creator paused past its lease cannot drop
 -- the slot of the one that took its VM over. Expired leases are dropped before
 -- anything is counted, so a dead worker's slot comes back by itself. The peak records
--- the most live leases ever seen at once (the audit and /metrics report it).
+-- the most live leases ever seen at once (the audit and /metrics report it). Slots go
+-- to requests in the order of their places: a request waiting for one is not passed by
+-- a request placed after it (a new one, say, whose provisioning ran first).
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
 local expired = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', string.format('%.6f', now))
@@ -80,6 +91,24 @@ end
 
 if op == 'acquire' then
   return acquire(ARGV[2], ARGV[3], tonumber(ARGV[4]), lease_end(ARGV[5]))
+end
+if op == 'acquire_in_line' then
+  local limit = tonumber(ARGV[4])
+  if not redis.call('ZSCORE', KEYS[1], ARGV[2]) then
+    local ahead = redis.call('ZCOUNT', KEYS[4], '-inf', '(' .. ARGV[7])
+    if redis.call('ZCARD', KEYS[1]) + ahead >= limit then
+      redis.call('ZADD', KEYS[4], ARGV[7], ARGV[6])
+      return 0
+    end
+  end
+  return acquire(ARGV[2], ARGV[3], limit, lease_end(ARGV[5]))
+end
+if op == 'turns' then
+  local free = tonumber(ARGV[2]) - redis.call('ZCARD', KEYS[1])
+  if free <= 0 then
+    return {}
+  end
+  return redis.call('ZRANGE', KEYS[4], 0, free - 1)
 end
 if op == 'acquire_all' then
   local expiry = lease_end(ARGV[3])

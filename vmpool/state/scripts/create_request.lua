@@ -8,9 +8,10 @@
 --   `requested` format); 6 ttl seconds; 7 grace seconds; 8 max_vm_retries;
 --   9 VM lifetime seconds; 10 data_ttl seconds; 11 token user ('' for none);
 --   12 token hash ('' for none); 13 priority (1 highest, 3 lowest; '' for 2);
---   14 the priority's lead in seconds (vmpool.config.QuotaConfig.lead_s: the request's
---   place in line is its arrival less it); 15 the fleet's clone limit (for its ETA; ''
---   or 0: unknown).
+--   14 the priority's lead in seconds (vmpool.config.QuotaConfig.lead_s); 15 the fleet's
+--   clone limit (for its ETA; '' or 0: unknown); 16 the round of fair share in seconds
+--   (the aging period): its place in line is its arrival less the lead, and a round
+--   behind its user's previous request of its priority still waiting (_line.lua).
 -- Returns: {1, 'created', version} or {0, 'exists' | 'empty'}.
 -- Invariant: the request's data and its index entries appear in one unit, so no worker
 -- can see an id without its data (vmpooler ZADDs before it HSETs); an id that exists,
@@ -46,9 +47,8 @@ if not REQUEST_EDGES['none']['pending'] then
   return redis.error_reply('create_request: none -> pending is not an edge of REQUEST_EDGES')
 end
 local priority = tonumber(ARGV[13] or '') or 2
-local lead = tonumber(ARGV[14] or '') or 0
-local lead_text = string.format('%g', lead)
-local line_at = fmt(now - lead)
+local line_at = fmt(line_new_place(RID, ARGV[11], priority, now, tonumber(ARGV[14] or '') or 0,
+  tonumber(ARGV[16] or '') or 0, KEYS[6]))
 local deadline = now + tonumber(ARGV[6])
 local fail_at = deadline + tonumber(ARGV[7])
 local stamp = fmt(now)
@@ -59,7 +59,7 @@ local record = {
   'requested', ARGV[5], 'need', need, 'have', 0, 'unreserved', need, 'retries', 0,
   'max_retries', ARGV[8], 'lifetime', ARGV[9], 'data_ttl', ARGV[10],
   'token_user', ARGV[11], 'token_hash', ARGV[12], 'created_by', ACTOR,
-  'priority', priority, 'line_at', line_at, 'line_lead', lead_text}
+  'priority', priority, 'line_at', line_at}
 for field, value in pairs(fields) do
   record[#record + 1] = field
   record[#record + 1] = value
@@ -69,7 +69,7 @@ redis.call('RPUSH', KEYS[3], audit_entry('request', 'none', 'pending', version, 
 redis.call('ZADD', KEYS[5], fmt(fail_at), RID)
 redis.call('ZADD', KEYS[6], line_at, RID)
 if KEYS[7] then
-  ws_add(ws_parts(KEYS[7]), RID, line_at, ws_line_owner(ARGV[11], lead_text))
+  ws_add(ws_parts(KEYS[7]), RID, line_at, '')  -- served in the order of places
 end
 local placed = {requested = ARGV[5], need = need, unreserved = need, created = stamp}
 local _, eta = line_place(placed, RID, now, KEYS[6], POOL_PREFIX, tonumber(ARGV[15] or '') or 0)

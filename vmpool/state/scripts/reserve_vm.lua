@@ -71,6 +71,7 @@ redis.call('SADD', KEYS[2], name)
 redis.call('HINCRBY', KEYS[1], 'live:' .. slot, 1)
 if redis.call('HINCRBY', KEYS[1], 'unreserved', -1) <= 0 then
   redis.call('ZREM', KEYS[6], RID)
+  slot_line_leave(RID)
 end
 line_started(KEYS[1], KEYS[6], now)
 return {1, 'reserved', audit('vm:' .. name, 'none', 'reserved', 'reserved', now)}

@@ -34,9 +34,8 @@ while #out < want do
       out[#out + 1] = subject
     end
     -- served now: to the back of the line (a microsecond apart within one claim, so
-    -- the owners of one claim keep their order for the next), less the line's lead
-    -- (ws_line_owner): a line of a higher priority comes round that much sooner
-    local served = ws_fmt(now - ws_owner_lead(owner) + #out / 1000000)
+    -- the owners of one claim keep their order for the next)
+    local served = ws_fmt(now + #out / 1000000)
     redis.call('HSET', W.served, owner, served)
     if redis.call('ZCARD', queue) == 0 then
       redis.call('ZREM', W.turns, owner)
