@@ -108,10 +108,9 @@ def check_quotas(
         max_vms, max_cores = quota_of(user)
         vms_now, cores_now = live.get(user, [0, 0])
         if counted.get(user, (0, 0)) != (vms_now, cores_now):
-            kept = counted.get(user, (0, 0))
-            out.append(
-                (user, f"counted {kept[0]} VMs/{kept[1]} cores, holds {vms_now}/{cores_now}")
-            )
+            vms_kept, cores_kept = counted.get(user, (0, 0))
+            seen = f"{vms_now} VMs/{cores_now} cores"
+            out.append((user, f"counted {vms_kept} VMs/{cores_kept} cores, holds {seen}"))
         for what, value, limit in (
             ("holds", vms_now, max_vms),
             ("held at once (trails)", peaks.get(user, Peak(0, 0)).vms, max_vms),
