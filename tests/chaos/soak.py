@@ -71,7 +71,13 @@ for _path in (str(HERE), str(HERE.parent)):
         sys.path.insert(0, _path)
 
 import redis_faults  # noqa: E402
-from history import Client, ClientOptions, check_history, ops_to_jsonl  # noqa: E402
+from history import (  # noqa: E402
+    Client,
+    ClientOptions,
+    check_history,
+    ops_to_jsonl,
+    position_summary,
+)
 from warm_client import (  # noqa: E402
     WarmClient,
     WarmOptions,
@@ -120,6 +126,21 @@ FLAKY_POOLS = ("flaky",)
 WARM_POOLS = ("debian", "centos")
 WARM_SIZES = {"debian": 8, "centos": 5}
 VM_LIFETIME_S = 90.0  # a checkout whose answer was lost is reaped after this
+# Quotas and priorities (vmpool only): the client's requests are made by these users, each
+# with a random priority (soak1 may not ask 1: refused); soak0's quota is small enough
+# that its requests wait for it, and the audit's invariant 11 must hold at the end.
+QUOTA_USERS = {"soak0": 3, "soak1": 5, "soak2": None, "soak3": None}
+QUOTA_SECTIONS = """\
+:auth:
+  provider: static
+  users: {{{users}}}
+:quotas:
+  priority_aging: 20
+  default: {{max_vms: 12, priority: 1}}
+  users:
+    soak0: {{max_vms: 3}}
+    soak1: {{max_vms: 5, priority: 2}}
+"""
 
 CONFIG = """\
 :providers:
@@ -153,7 +174,7 @@ CONFIG = """\
   reconcile: 3
   top_up_pools: 1
   check_ready: 5
-:pools:
+{quota_sections}:pools:
   - {{name: debian-12-x86_64, alias: [debian], size: {debian_size}, ready_ttl: 1,
       provider: simulated, domain: example.com}}
   - {{name: centos-9-x86_64, alias: [centos], size: {centos_size}, provider: simulated}}
@@ -223,6 +244,9 @@ class SoakReport:
     redis_faults: dict[str, Any] = field(default_factory=dict)
     warm_ops: dict[str, int] = field(default_factory=dict)
     clone_slots: dict[str, int] = field(default_factory=dict)
+    quotas: dict[str, Any] = field(default_factory=dict)
+    positions: dict[str, int] = field(default_factory=dict)
+    by_priority: dict[str, int] = field(default_factory=dict)
 
     @property
     def violation_count(self) -> int:
@@ -243,6 +267,9 @@ class SoakReport:
             f"  client ops:  {kv(self.client_ops)}",
             f"  warm ops:    {kv(self.warm_ops)}",
             f"  clone slots: {kv(self.clone_slots)}",
+            f"  quotas:      {json.dumps(self.quotas, sort_keys=True)}",
+            f"  priorities:  {kv(self.by_priority)}",
+            f"  positions:   {kv(self.positions)}",
             f"  faults:      {kv(self.faults)}",
             f"  restarts:    {kv(self.restarts)}",
             "  redis down:  "
@@ -280,6 +307,28 @@ class SoakReport:
         return out
 
 
+def _quota_sections() -> str:
+    from vmpool.state.tokens import hash_password
+
+    secret = hash_password("soak", iterations=1000)
+    users = ", ".join(f'{user}: "{secret}"' for user in QUOTA_USERS)
+    return QUOTA_SECTIONS.format(users=users)
+
+
+def quota_check(store: Store, config: Config, report: SoakReport) -> list[Finding]:
+    """Each user's peak by the trails and the count kept, against their quota (the
+    audit's invariant 11 judges them; here they are reported)."""
+    from vmpool.state.audit import quota_peaks
+
+    peaks = quota_peaks(store)
+    report.quotas = {
+        user: {"peak_vms": peak.vms, "max_vms": config.quotas.limits(user)[0]}
+        for user, peak in sorted(peaks.items())
+    }
+    report.quotas["waits"] = dict(store.quotas.waits())
+    return []
+
+
 def _log(opts: SoakOptions, message: str) -> None:
     stream = opts.log or sys.stderr
     stream.write(f"[soak {time.strftime('%H:%M:%S')}] {message}\n")
@@ -311,6 +360,7 @@ class Cluster:
                 lifetime_hours=f"{VM_LIFETIME_S / 3600:.6f}",
                 debian_size=WARM_SIZES["debian"] if warm else 0,
                 centos_size=WARM_SIZES["centos"] if warm else 0,
+                quota_sections=_quota_sections() if opts.target == "vmpool" else "",
             )
         )
         self.config: Config = load_config(self.config_path)
@@ -947,6 +997,8 @@ def run_soak(opts: SoakOptions, command: str = "") -> SoakReport:
                 seed=opts.seed,
                 rate_per_s=opts.rate,
                 max_requests=opts.requests,
+                tokens=_tokens(cluster) if opts.target == "vmpool" else (),
+                priorities=opts.target == "vmpool",
             )
         )
         if opts.warm and opts.target == "vmpool":
@@ -1015,7 +1067,13 @@ def run_soak(opts: SoakOptions, command: str = "") -> SoakReport:
                 findings += wait_drained_reference(store, providers, 60)
             findings += live_vm_records(store, frozenset(warm_stock(store, cluster.config.pools)))
             findings += clone_limit_check(conn, cluster, report)
-            for v in audit_state(store, providers, sweep_interval_s=opts.sweep_s + 60):
+            quota_of = cluster.config.quotas.limits if opts.target == "vmpool" else None
+            if quota_of is not None:
+                findings += quota_check(store, cluster.config, report)
+            audited = audit_state(
+                store, providers, sweep_interval_s=opts.sweep_s + 60, quota_of=quota_of
+            )
+            for v in audited:
                 kind = f"audit_invariant_{v.invariant}"
                 if v.invariant == 5 and v.message.startswith("version "):
                     kind += "_version"  # two writers numbered their entries alike
@@ -1047,6 +1105,8 @@ def run_soak(opts: SoakOptions, command: str = "") -> SoakReport:
         (workdir / "history.jsonl").write_text(ops_to_jsonl(client.ops))
         findings += nemesis.findings
         report.requests = len(client.tracked)
+        report.positions = position_summary(client.ops)
+        report.by_priority = _by_priority(client)
         report.client_ops = dict(Counter(f"{o.f}:{o.type}" for o in client.ops))
         report.faults = nemesis.counts()
         stops = ("redis_restart", "redis_kill9", "power_loss", *redis_faults.SENTINEL_FAULTS)
@@ -1075,6 +1135,29 @@ def run_soak(opts: SoakOptions, command: str = "") -> SoakReport:
 
         shutil.rmtree(workdir, ignore_errors=True)
     return report
+
+
+def _tokens(cluster: Cluster) -> list[str]:
+    """A token of each soak user, minted in the fleet's Redis (before the load)."""
+    from vmpool.state.tokens import TokenStore
+
+    conn = cluster.admin(decode=True)
+    try:
+        tokens = TokenStore(conn, cluster.keys)
+        return [tokens.create(user) for user in QUOTA_USERS]
+    finally:
+        conn.close()
+
+
+def _by_priority(client: Client) -> dict[str, int]:
+    """By the priority they asked, the requests seen ready and the others: no priority
+    starves."""
+    ready = {op.rid for op in client.ops if op.f == "read" and op.value == "ready"}
+    out: Counter[str] = Counter()
+    for tr in client.tracked.values():
+        if tr.priority is not None:
+            out[f"p{tr.priority}:{'ready' if tr.rid in ready else 'not_ready'}"] += 1
+    return dict(out)
 
 
 def clone_limit_check(conn: redis.Redis, cluster: Cluster, report: SoakReport) -> list[Finding]:
