@@ -5,7 +5,7 @@ are offered a slot decides who is served): the oldest request is served first wh
 id its client chose (a client cannot jump the queue by picking an id that sorts first);
 and one user's burst cannot starve another user's single request (the policy of
 docs/state-machine.md, "Order of service": round-robin across token users, oldest
-first within a user).
+first within a user); and a request past its TTL leaves the clone slots' line at once.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from vmpool.state.records import RequestSettings, Slot
 from workers.batching import BatchDispatcher
 
 from lifecyclehelp import make_config, make_fleet
+from storehelp import wait_until
 
 
 def _batched_fleet(redis_client: redis.Redis, redis_url: str, **overrides: Any) -> Fleet:
@@ -120,3 +121,31 @@ def test_a_slot_freed_during_a_batch_waits_for_the_older_request(
     assert _reserved(fleet) == set()
     monkeypatch.setattr(fleet.slots, "acquire", acquire)
     assert _round(fleet) == {"old"}
+
+
+def test_a_request_past_its_ttl_leaves_the_clone_slot_line(
+    redis_client: redis.Redis, redis_url: str
+) -> None:
+    """Proves: a request that waited in the clone slots' line and whose TTL passed before
+    its turn (not yet failed by the expiry sweep) holds nobody back. At clone limit 1,
+    "old" (TTL 0.3 s) and "young" both wait for the one slot; once old's TTL is over and
+    the slot is free, the provision round that finds old past its deadline takes it out
+    of the line, and young is served in that same round (left in line, old counts as
+    ahead of young until the expiry sweep fails it, and young gets no slot)."""
+    fleet = _batched_fleet(redis_client, redis_url, ondemand_clone_limit=1)
+    assert fleet.slots.acquire("someone-elses-vm") is not None  # the fleet is full
+    short = RequestSettings(ttl_s=0.3)
+    out = fleet.store.create_request(
+        "old", [Slot("deb", "debian", 1)], short, actor="api",
+        work_set=fleet.keys.work_set("provision_request"),
+    )  # fmt: skip
+    assert out.ok, out
+    _post(fleet, "young")
+    assert _round(fleet) == set()
+    line = fleet.keys.clone_slot_line
+    assert redis_client.zrange(line, 0, -1) == ["old"]  # young: the batch's gate closed
+    deadline = float(redis_client.hget(fleet.keys.request("old"), "deadline") or 0)
+    wait_until(lambda: fleet.store.server_time() > deadline, timeout=5)
+    fleet.slots.release("someone-elses-vm")
+    assert _round(fleet) == {"young"}
+    assert redis_client.zrange(line, 0, -1) == []

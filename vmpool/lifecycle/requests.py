@@ -172,6 +172,8 @@ def _reserve_slots(
                 gate.closed = True
                 return code
             if code in _REQUEST_LEVEL_REFUSALS or code.startswith("request_"):
+                if code != "stale_fence":  # it will reserve no more: out of the slot line
+                    fleet.slots.leave_line(request_id)
                 return code
             if is_quota_refusal(code):
                 return code

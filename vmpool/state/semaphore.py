@@ -121,6 +121,11 @@ class CloneSemaphore:
             granted = self._call("acquire_in_line", *args, line[0], repr(float(line[1])))
         return holder if int(str(granted)) == 1 else None
 
+    def leave_line(self, request: str) -> None:
+        """The request waits for no clone slot any more (it can reserve nothing now: its
+        TTL is over, or it left pending), so it holds nobody back."""
+        self.redis.zrem(self._keys[3], request)
+
     def turns(self) -> list[str]:
         """The requests waiting for a clone slot whose turn it is: the first ones in line,
         as many as slots are free (the pending sweep offers them the slots)."""

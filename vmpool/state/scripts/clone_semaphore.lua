@@ -10,7 +10,9 @@
 --          overruns (renewals that found their lease gone and no slot free)
 -- KEYS[4]  zset (keys.clone_slot_line): requests that found no slot free -> their place
 --          in line (scripts/_line.lua); reserve_vm.lua takes a request out once it has
---          its VMs, close_request (the request left pending) and quota_park.lua too
+--          its VMs, close_request (the request left pending) and quota_park.lua too,
+--          and a provision that finds the request past its TTL (leave_line in
+--          vmpool/state/semaphore.py)
 -- ARGV[1]  operation: 'acquire' | 'acquire_in_line' | 'acquire_all' | 'renew' |
 --          'release' | 'count' | 'turns'
 -- acquire:     ARGV[2] VM name, ARGV[3] token, ARGV[4] limit, ARGV[5] lease seconds
