@@ -5,10 +5,11 @@ Proves: a user's count follows every move that starts or ends a VM they hold (re
 claim, checkout; fail, give back, delete, lifetime end) and its peak is kept; a
 reservation, a claim or a checkout over quota is refused and changes nothing; a request
 reserves only while all it still needs fits (so partial reservations never all wait on
-each other); 20 threads racing to reserve for one user with max_vms 5 reserve exactly
-5, where the read-then-reserve check a caller could make in Python lets more through
-(shown by the same race against it); a park finds room freed since the refusal (no lost
-wake-up) and a VM freed later unparks every request of the user.
+each other); a request waiting for its quota still fails at its TTL; 20 threads racing
+to reserve for one user with max_vms 5 reserve exactly 5, where the read-then-reserve
+check a caller could make in Python lets more through (shown by the same race against
+it); a park finds room freed since the refusal (no lost wake-up) and a VM freed later
+unparks every request of the user.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from vmpool.state.quotas import QuotaLimits
 from vmpool.state.records import Slot
 from vmpool.state.store import Store
 
-from storehelp import ACTOR, make_ready, refused, settings, snapshot
+from storehelp import ACTOR, make_ready, refused, settings, snapshot, wait_until
 
 TWO = QuotaLimits(max_vms=2)
 
@@ -241,3 +242,29 @@ def test_a_park_finds_room_freed_since_the_refusal_and_a_later_free_unparks(
     # a request that leaves pending is parked no more
     assert store.delete_request("r4", actor=ACTOR).ok
     assert store.quotas.parked() == {}
+
+
+def test_a_request_waiting_for_its_users_quota_still_fails_at_its_ttl(
+    redis_client: redis.Redis,
+) -> None:
+    """Parked is pending, not exempt: the expiry fails it at its TTL, its record says
+    what it waited for, and it is parked no more (nothing left waiting in the line)."""
+    store = _store(redis_client)
+    _request(store, "r1")
+    _request(store, "r2")
+    out = store.create_request("short", [Slot("debian", "debian", 1)], settings(ttl_s=0.2),
+                               actor=ACTOR, token_user="alice")  # fmt: skip
+    assert out.ok, out
+    assert _reserve(store, "r1", "vm-1").ok
+    assert _reserve(store, "r2", "vm-2").ok
+    assert refused(_reserve(store, "short", "vm-3"), "quota_max_vms")
+    assert store.quotas.park("short", TWO, actor=ACTOR).code == "parked"
+    assert refused(store.expire_request("short", actor=ACTOR), "not_expired")
+    fail_at = float(redis_client.hget(store.keys.request("short"), "fail_at") or 0)
+    wait_until(lambda: store.server_time() >= fail_at, timeout=5)
+    assert store.expire_request("short", actor=ACTOR).code == "failed"
+    failed = store.get_request("short")
+    assert failed is not None and failed.status == "failed"
+    assert "quota (max_vms 2)" in str(redis_client.hget(store.keys.request("short"), "last_error"))
+    assert store.quotas.parked() == {}
+    assert _held(store) == (2, 2)  # what alice holds is untouched
