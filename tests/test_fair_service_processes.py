@@ -15,7 +15,8 @@ Proves the acceptance of quotas and priorities:
   out nothing;
 - at clone limit 1: 6 requests at priority 3, then 2 at priority 1: both priority-1
   requests are ready before any priority-3 request that had not started when they
-  arrived;
+  arrived; between two polls a waiting request's position rises by no more than the
+  higher-priority requests posted meanwhile, and it reads 0 before it is ready;
 - with aging, every priority-3 request is ready before its TTL while priority-1
   requests keep arriving above the fleet's capacity; without it (aging a day) they
   starve and fail at their TTL: the test can fail.
@@ -147,6 +148,8 @@ class Watch:
             if "position" in body:
                 assert body["position"] <= self.positions.get(rid, body["position"]), (rid, body)
                 self.positions[rid] = body["position"]
+            elif body.get("ready") is True and rid in self.positions:  # seen waiting before
+                assert self.positions[rid] == 0, (rid, self.positions)
         return states
 
     def until(self, what: str, pred: Any, timeout: float = 60) -> dict[str, dict[str, Any]]:
@@ -223,14 +226,65 @@ def test_a_checkout_over_quota_is_refused_naming_the_quota(run: Any) -> None:
     assert store.quotas.held()["alice"].vms == 2
 
 
+class Positions:
+    """Reads every watched request at each poll, all from the one thread that also posts
+    (so the requests that arrived between two polls are known exactly). Checks: a
+    pending request's position never rises between two polls by more than the requests
+    of a higher priority posted meanwhile; its last read before it is ready says 0;
+    none fails."""
+
+    def __init__(self, client: Client) -> None:
+        self.client = client
+        self.priority: dict[str, int] = {}
+        self.last: dict[str, int] = {}
+        self.arrived: list[int] = []  # priorities posted since the previous poll
+        self.ready: set[str] = set()
+        self.rises = 0
+
+    def post(self, client: Client, priority: int, own_default: bool = False) -> str:
+        rid = client.request("deb", priority=None if own_default else priority)
+        self.priority[rid] = priority
+        self.arrived.append(priority)
+        return rid
+
+    def poll(self) -> bool:
+        """One read of each request not yet ready; whether all are ready."""
+        for rid, priority in self.priority.items():
+            if rid in self.ready:
+                continue
+            body = self.client.get(rid)
+            assert "message" not in body, body
+            if body["ready"] is True:
+                assert self.last.get(rid) == 0, (rid, self.last.get(rid))
+                self.ready.add(rid)
+                continue
+            before, now = self.last.get(rid), body["position"]
+            if before is not None:
+                ahead = sum(1 for p in self.arrived if p < priority)
+                assert now <= before + ahead, (rid, before, now, self.arrived)
+                self.rises += now > before
+            self.last[rid] = now
+        self.arrived = []
+        return len(self.ready) == len(self.priority)
+
+
 def test_priority_1_requests_overtake_priority_3_ones_at_the_clone_limit(run: Any) -> None:
+    """Also the honesty of positions over real processes: the priority-3 requests'
+    positions rise only by the priority-1 requests posted between two polls (they do
+    rise: the test sees it), never otherwise, and each request reads 0 before ready."""
     fleet, store = run(clone_limit=1, create=0.5)
     nightly, ci = _client(store, fleet, "nightly"), _client(store, fleet, CI[0])
-    low = [nightly.request("deb", priority=3) for _ in range(6)]
-    high = [ci.request("deb") for _ in range(2)]  # ci's own priority: 1
+    line = Positions(nightly)
+    low = [line.post(nightly, 3) for _ in range(6)]
+    line.poll()
+    high = []
+    for _ in range(2):
+        high.append(line.post(ci, 1, own_default=True))  # ci's own priority: 1
+        line.poll()
     arrived = {rid: _field(store, rid, "created") for rid in high}
     everything = [*low, *high]
-    wait_for(lambda: all(nightly.get(r)["ready"] for r in everything), 90, "all ready")
+    wait_for(line.poll, 90, "all ready", step=0.05)
+    assert line.rises >= 1, "no priority-1 arrival was seen moving a priority-3 request back"
     ready_at = {rid: _field(store, rid, "status_since") for rid in everything}
     started = {rid: _field(store, rid, "started") for rid in low}
     for h in high:
