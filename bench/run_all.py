@@ -29,6 +29,7 @@ BENCHES: dict[str, list[str]] = {
     "api_rps": ["--runs", "3", "--seconds", "5", "--connections", "16"],
     "ready_latency": ["--requests", "100", "--rate", "10", "--modes", "2:vm,0.25:vm,0.25:list"],
     "durability": ["--runs", "3", "--seconds", "3", "--clients", "1,8"],
+    "eta": ["--seconds", "120", "--load", "1.2", "--calibrate", "40"],
 }
 SCRIPT_OF = {"targets_aof": "targets"}
 
