@@ -5,7 +5,8 @@ are offered a slot decides who is served): the oldest request is served first wh
 id its client chose (a client cannot jump the queue by picking an id that sorts first);
 and one user's burst cannot starve another user's single request (the policy of
 docs/state-machine.md, "Order of service": round-robin across token users, oldest
-first within a user); and a request past its TTL leaves the clone slots' line at once.
+first within a user); a request past its TTL leaves the clone slots' line at once; and
+a slot a create gives back goes to the first in line at once.
 """
 
 from __future__ import annotations
@@ -15,11 +16,12 @@ from typing import Any
 import redis
 
 from vmpool import lifecycle
+from vmpool.ids import Job
 from vmpool.lifecycle import Fleet
 from vmpool.state.records import RequestSettings, Slot
 from workers.batching import BatchDispatcher
 
-from lifecyclehelp import make_config, make_fleet
+from lifecyclehelp import create_request, make_config, make_fleet, recorder
 from storehelp import wait_until
 
 
@@ -149,3 +151,23 @@ def test_a_request_past_its_ttl_leaves_the_clone_slot_line(
     fleet.slots.release("someone-elses-vm")
     assert _round(fleet) == {"young"}
     assert redis_client.zrange(line, 0, -1) == []
+
+
+def test_a_slot_freed_by_a_create_goes_to_the_first_in_line_at_once(
+    redis_client: redis.Redis,
+) -> None:
+    """Proves: when a create gives its clone slot back, the request first in line for one
+    is dispatched its provision in the same step, not at the next pending sweep: with a
+    line waiting, the fleet keeps the pace it has without one (else every slot freed
+    idles until a sweep and one more job hand it over, and a load the fleet serves
+    without a line grows one once a line forms)."""
+    fleet = make_fleet(redis_client, make_config(ondemand_clone_limit=1))
+    for rid in ("first", "second"):
+        create_request(fleet.store, rid, [Slot("deb", "debian", 1)], fleet.config)
+    [name] = lifecycle.provision_request(fleet, "first")
+    assert lifecycle.provision_request(fleet, "second") == []  # no slot: it waits in line
+    assert redis_client.zrange(fleet.keys.clone_slot_line, 0, -1) == ["second"]
+    recorder(fleet).take()
+    assert lifecycle.create_vm(fleet, name) == "pending"
+    assert (Job.PROVISION_REQUEST, "second") in recorder(fleet).take()
+    assert lifecycle.provision_request(fleet, "second") != []

@@ -867,8 +867,14 @@ def test_model_fleet_finds_the_defects_it_guards(
     def release_any(self: CloneSemaphore, lease: str, token: int = 0) -> bool:
         return self._call("release", lease, 2**62) == 1  # as if every token were newest
 
+    release_to_line = CloneSemaphore.release_to_line
+
+    def release_to_line_any(self: CloneSemaphore, lease: str, token: int = 0) -> list[str] | None:
+        return release_to_line(self, lease, 2**62)  # the same defect in the create's release
+
     with monkeypatch.context() as patch:
         patch.setattr(CloneSemaphore, "release", release_any)
+        patch.setattr(CloneSemaphore, "release_to_line", release_to_line_any)
         assert "dropped" in found("claims")
     with monkeypatch.context() as patch:
         patch.setattr(batch, "DEFERRED", frozenset())

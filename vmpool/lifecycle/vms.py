@@ -85,9 +85,20 @@ def create_vm(
     body = _create_locked if slot is None else partial(_create_locked, slot=slot)
 
     def not_reserved(lock: FencedLock) -> None:
-        fleet.slots.release(name, lock.fence)  # no create needs its slot any more
+        give_slot_back(fleet, name, lock.fence)  # no create needs its slot any more
 
     return _under_vm_lock(fleet, name, VMState.RESERVED, "create", body, lock, not_reserved)
+
+
+def give_slot_back(fleet: Fleet, name: str, fence: int) -> None:
+    """Release VM ``name``'s clone slot (if it is this holder's) and, when one was freed,
+    dispatch the provision of the requests first in line for a slot at once: the pending
+    sweep would hand it over only at its next tick, one job later, so with a line waiting
+    every slot would idle that long and the fleet would serve a line slower than it
+    serves requests that find a slot free."""
+    turns = fleet.slots.release_to_line(name, fence)
+    if turns:
+        fleet.dispatch.send(Job.PROVISION_REQUEST, turns)
 
 
 LockedStep = Callable[[Fleet, VMRecord, Provider, FencedLock], VMCode]
@@ -133,7 +144,7 @@ def _create_locked(
     name = vm.name
     hold = held_back(fleet, provider, vm)
     if hold:
-        fleet.slots.release(name, lock.fence)  # the VM waits reserved, holding no slot
+        give_slot_back(fleet, name, lock.fence)  # the VM waits reserved, holding no slot
         return VMStep(hold)
     if slot is None:  # renews (or takes over) the VM's lease, or takes a free slot
         slot = fleet.slots.acquire(name, lock.fence) is not None
@@ -172,7 +183,7 @@ def _create_locked(
         destroy_at_provider(fleet, name, provider, lock, pool=vm.pool)
         return VMStep.COMPLETED if created.ok else store_code(created)
     finally:
-        fleet.slots.release(name, lock.fence)  # ours only: not a newer creator's
+        give_slot_back(fleet, name, lock.fence)  # ours only: not a newer creator's
         let_go(fleet, provider, vm)
 
 

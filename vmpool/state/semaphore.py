@@ -12,7 +12,8 @@ A lease's life:
   with token 0: no lock of the VM exists yet.
 - Taken over by the VM's create (``lifecycle.create_vm``), under the VM's lock: its
   token is that lock's fencing token. The create gives it back when it is over,
-  however it ends.
+  however it ends (``release_to_line``: the requests whose turn it is then are
+  dispatched their provision at once).
 - Renewed by acquiring again with a token not older than the lease's. A create job
   that runs twice holds one slot, not two.
 - Kept alive while the provider call runs: ``renewing`` renews it every third of
@@ -120,6 +121,16 @@ class CloneSemaphore:
         else:
             granted = self._call("acquire_in_line", *args, line[0], repr(float(line[1])))
         return holder if int(str(granted)) == 1 else None
+
+    def release_to_line(self, lease: str, token: int = 0) -> list[str] | None:
+        """:meth:`release`, and in the same script the requests whose turn it is then
+        (:meth:`turns`): None when no lease was dropped. The caller hands the freed slot
+        to the first in line at once."""
+        reply = self._call("release_to_line", lease, int(token), self.limit)
+        assert isinstance(reply, list)
+        if int(reply[0]) != 1:
+            return None
+        return [r.decode() if isinstance(r, bytes) else str(r) for r in reply[1:]]
 
     def leave_line(self, request: str) -> None:
         """The request waits for no clone slot any more (it can reserve nothing now: its
