@@ -157,6 +157,7 @@ class PositionWatch:
     line ahead of it meanwhile (a higher or aged priority, fair share, a retry)."""
 
     positions: dict[str, int] = field(default_factory=dict)
+    unreserved: dict[str, int] = field(default_factory=dict)
     line: set[str] = field(default_factory=set)
 
     def look(self, store: Any, order: OrderModel, line: set[str]) -> list[str]:
@@ -166,6 +167,7 @@ class PositionWatch:
             req = store.get_request(rid)
             if req is None or req.status != "pending":
                 self.positions.pop(rid, None)
+                self.unreserved.pop(rid, None)
                 continue
             place = store.quotas.place(rid, CLONE_LIMIT)
             assert place is not None
@@ -175,7 +177,10 @@ class PositionWatch:
             if place.position != expected:
                 problems.append(f"{rid} at position {place.position}, {expected} by the line")
             before = self.positions.get(rid)
-            back = rid in entered  # it lost a VM and waits in line again
+            # it lost a VM and waits in line again (entered it, or had stayed in it with
+            # VMs still to reserve: then its count of VMs to reserve rose)
+            back = rid in entered or req.unreserved > self.unreserved.get(rid, req.unreserved)
+            self.unreserved[rid] = req.unreserved
             if before is not None and not back and place.position > before + len(ahead & entered):
                 problems.append(f"{rid} rose from {before} to {place.position}")
             self.positions[rid] = place.position
