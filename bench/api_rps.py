@@ -1,28 +1,34 @@
 """POST /ondemandvm (and GET of a pending request) against /healthz, same API process.
 
-    .venv/bin/python bench/api_rps.py [--runs 3] [--seconds 5] [--connections 16] [--aof]
+    .venv/bin/python bench/api_rps.py [--runs 3] [--seconds 3] [--connections 1,16]
+                                      [--aof] [--log-level info]
 
-Starts a throw-away redis-server (``--aof``: appendfsync always) and one API process
-(uvicorn, one worker, as ``vmpool api`` runs it; no worker, so requests stay pending),
-then drives it from ``--connections`` keep-alive HTTP connections (one thread each) for
-``--seconds`` per endpoint, ``--runs`` times, alternating. Baseline: /healthz on the same
-process in the same run. Reports requests/s, p99 latency and Redis commands per POST
-(INFO commandstats, Lua-internal commands included), min / median of the runs.
+Starts a throw-away redis-server (``--aof``: appendfsync always) and one API process as
+``vmpool up`` runs it: ``vmpool api`` (uvicorn, one worker, ``--log-level info``, so
+uvicorn's access log on, every line written unbuffered to the process's output, here a
+file); no worker, so requests stay pending. ``--log-level warning`` runs it without the
+access log. Then, for each connection count, drives it from that many keep-alive HTTP/1.1
+connections (one thread each, raw sockets: the client's own cost per request is a few
+µs of Python) for ``--seconds`` per endpoint, ``--runs`` times, alternating. Baseline:
+/healthz on the same process in the same run. Reports requests/s, p50 and p99 latency,
+the ratio to /healthz (min / median / max of the runs) and Redis commands per POST
+(INFO commandstats, Lua-internal commands included).
 """
 
 from __future__ import annotations
 
 import argparse
-import http.client
-import json
 import os
 import platform
+import re
+import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import redis
@@ -45,127 +51,218 @@ CONFIG = """
     size: 0
     provider: sim
 """
-API_CODE = (
-    "import sys, uvicorn; from vmpool.config import load_config;"
-    "from vmpool.api.app import create_app;"
-    "uvicorn.run(create_app(load_config(sys.argv[1]), sys.argv[2]), host='127.0.0.1',"
-    " port=int(sys.argv[3]), log_level='warning')"
-)
+POST_BODY = b'{"debian": 1}'
+LENGTH_RE = re.compile(rb"\r\ncontent-length: *(\d+)", re.I)
+REQUEST_ID_RE = re.compile(rb'"request_id": *"([^"]+)"')
 
 
-def drive(port: int, method: str, path: str, body: bytes, conns: int, secs: float) -> tuple:
-    """(requests/s, p99 ms, request ids seen) of ``conns`` threads for ``secs``."""
+def http_request(method: str, path: str, body: bytes = b"") -> bytes:
+    head = f"{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+    if body:
+        head += f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+    return head.encode() + b"\r\n" + body
+
+
+def read_response(sock: socket.socket, buf: bytearray) -> tuple[int, bytes]:
+    """(status, body) of one response on ``sock``; ``buf`` keeps what is read past it."""
+    while (end := buf.find(b"\r\n\r\n")) < 0:
+        chunk = sock.recv(65536)
+        if not chunk:
+            raise ConnectionError("the API closed the connection")
+        buf += chunk
+    head = bytes(buf[: end + 2])
+    match = LENGTH_RE.search(head)
+    size = int(match.group(1)) if match else 0
+    while len(buf) < end + 4 + size:
+        chunk = sock.recv(65536)
+        if not chunk:
+            raise ConnectionError("the API closed the connection")
+        buf += chunk
+    body = bytes(buf[end + 4 : end + 4 + size])
+    del buf[: end + 4 + size]
+    return int(head[9:12]), body
+
+
+@dataclass
+class Load:
+    """One endpoint driven from ``conns`` connections for a while."""
+
+    rps: float
+    latencies: list[float]
+    first_body: bytes = b""
+    cpu_us: float = 0.0  # the API process's CPU (user + system) per request
+
+    def quantile(self, q: float) -> float:
+        return self.latencies[int(q * (len(self.latencies) - 1))] * 1e3
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def drive(port: int, request: bytes, conns: int, secs: float, pid: int = 0) -> Load:
+    """``conns`` threads sending ``request`` back to back on their own connection.
+
+    ``pid``: the API process, whose CPU per request is measured."""
     lat: list[float] = []
-    ids: list[str] = []
+    bodies: list[bytes] = []
     lock = threading.Lock()
-    stop = time.monotonic() + secs
+    start_gate = threading.Barrier(conns + 1)
+    stop = [0.0]
 
     def run() -> None:
-        c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
-        mine, got = [], []
-        while time.monotonic() < stop:
-            t = time.perf_counter()
-            c.request(method, path, body=body or None, headers={"Content-Type": "application/json"})
-            resp = c.getresponse()
-            data = resp.read()
-            assert resp.status < 300, (resp.status, data[:200])
-            mine.append(time.perf_counter() - t)
-            if method == "POST":
-                got.append(json.loads(data)["request_id"])
+        sock = socket.create_connection(("127.0.0.1", port), timeout=30)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        buf = bytearray()
+        mine: list[float] = []
+        start_gate.wait()
+        clock = time.perf_counter
+        while clock() < stop[0]:
+            t = clock()
+            sock.sendall(request)
+            status, body = read_response(sock, buf)
+            mine.append(clock() - t)
+            assert status < 300, (status, body[:200])
+            if not bodies:
+                bodies.append(body)
+        sock.close()
         with lock:
             lat.extend(mine)
-            ids.extend(got)
 
     threads = [threading.Thread(target=run) for _ in range(conns)]
-    start = time.perf_counter()
     for t in threads:
         t.start()
+    stop[0] = time.perf_counter() + secs
+    cpu = cpu_seconds(pid) if pid else 0.0
+    start_gate.wait()
+    began = time.perf_counter()
     for t in threads:
         t.join()
-    elapsed = time.perf_counter() - start
+    elapsed = time.perf_counter() - began
+    cpu = cpu_seconds(pid) - cpu if pid else 0.0
     lat.sort()
-    return len(lat) / elapsed, lat[int(0.99 * (len(lat) - 1))] * 1e3, ids
+    return Load(len(lat) / elapsed, lat, bodies[0] if bodies else b"", cpu * 1e6 / len(lat))
 
 
-def mm(values: list[float], fmt: str = "{:.0f}") -> str:
-    return f"{fmt.format(min(values))} / {fmt.format(statistics.median(values))}"
+def mmm(values: list[float], fmt: str = "{:.0f}") -> str:
+    """min / median / max of ``values``."""
+    parts = (min(values), statistics.median(values), max(values))
+    return " / ".join(fmt.format(v) for v in parts)
 
 
-def measure(url: str, port: int, args: argparse.Namespace) -> list[str]:
+@dataclass
+class Runs:
+    """Every run's load of each endpoint at one connection count."""
+
+    conns: int
+    loads: dict[str, list[Load]] = field(default_factory=dict)
+
+    def add(self, name: str, load: Load) -> None:
+        self.loads.setdefault(name, []).append(load)
+
+    def row(self, name: str, label: str) -> str:
+        mine, base = self.loads[name], self.loads["healthz"]
+        ratios = [a.rps / b.rps for a, b in zip(mine, base, strict=True)]
+        return (
+            f"| {label} | {self.conns} | {mmm([x.rps for x in mine])}"
+            f" | {mmm([x.quantile(0.5) for x in mine], '{:.1f}')}"
+            f" | {mmm([x.quantile(0.99) for x in mine], '{:.1f}')}"
+            f" | {mmm([x.cpu_us for x in mine])}"
+            f" | **{mmm(ratios, '{:.2f}')}** |"
+        )
+
+
+def measure(
+    url: str, port: int, pid: int, args: argparse.Namespace
+) -> tuple[list[Runs], list[float]]:
+    """Each connection count's runs, alternating the endpoints; Redis commands per POST."""
     conn = redis.Redis.from_url(url)
-    res: dict[str, list[tuple]] = {"healthz": [], "post": [], "get": []}
+    healthz = http_request("GET", "/healthz")
+    post = http_request("POST", "/api/v3/ondemandvm", POST_BODY)
+    first = drive(port, post, 1, 0.5)  # warm-up, and the pending request the GETs read
+    match = REQUEST_ID_RE.search(first.first_body)
+    assert match, first.first_body
+    get = http_request("GET", f"/api/v3/ondemandvm/{match.group(1).decode()}")
+    drive(port, healthz, 1, 0.5)
+    drive(port, get, 1, 0.5)
+    out = [Runs(c) for c in args.connections]
     cmds: list[float] = []
-    usecs: list[float] = []
     for _ in range(args.runs):
-        res["healthz"].append(drive(port, "GET", "/healthz", b"", args.connections, args.seconds))
-        conn.config_resetstat()
-        post = drive(port, "POST", "/api/v3/ondemandvm", b'{"debian": 1}', args.connections,
-                     args.seconds)  # fmt: skip
-        stats = conn.info("commandstats")
-        calls = sum(int(v["calls"]) for k, v in stats.items() if k != "cmdstat_config")
-        cmds.append(calls / max(1, len(post[2])))
-        usec = sum(float(v["usec"]) for k, v in stats.items() if k != "cmdstat_config")
-        usecs.append(usec / max(1, len(post[2])))
-        res["post"].append(post)
-        rid = post[2][0]
-        res["get"].append(
-            drive(port, "GET", f"/api/v3/ondemandvm/{rid}", b"", args.connections, args.seconds)
-        )
-    h = [r[0] for r in res["healthz"]]
-    rows = []
-    for name, label in (("post", "POST /ondemandvm"), ("get", "GET /ondemandvm/<pending id>")):
-        rps = [r[0] for r in res[name]]
-        p99 = [r[1] for r in res[name]]
-        rows.append(
-            f"| {label} rps ÷ /healthz rps ({args.connections} connections) | {mm(rps)} ÷ {mm(h)}"
-            f" (p99 {mm(p99)} ms) | {mm([a / b for a, b in zip(rps, h, strict=True)], '{:.2f}')} |"
-        )
-    rows.append(
-        f"| Redis commands / server µs per POST /ondemandvm | {mm(cmds, '{:.1f}')} cmds,"
-        f" {mm(usecs)} µs | - |"
+        for runs in out:
+            runs.add("healthz", drive(port, healthz, runs.conns, args.seconds, pid))
+            conn.config_resetstat()
+            load = drive(port, post, runs.conns, args.seconds, pid)
+            stats = conn.info("commandstats")
+            calls = sum(int(v["calls"]) for k, v in stats.items() if k != "cmdstat_config")
+            cmds.append(calls / max(1, len(load.latencies)))
+            runs.add("post", load)
+            runs.add("get", drive(port, get, runs.conns, args.seconds, pid))
+    return out, cmds
+
+
+def start_api(config: str, url: str, port: int, log_level: str, log: Path) -> subprocess.Popen:
+    """``vmpool api`` as ``vmpool up`` starts it, its output (access log) into ``log``."""
+    cmd = [sys.executable, "-m", "vmpool.cli.main", "api", "--config", config]
+    cmd += ["--redis-url", url, "--port", str(port), "--log-level", log_level]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    with log.open("wb") as out:
+        api = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return api
+        except OSError:
+            if api.poll() is not None or time.monotonic() > deadline:
+                api.kill()
+                sys.exit(f"the API did not start: {log.read_text()[-2000:]}")
+            time.sleep(0.1)
+
+
+def report(server: RedisServer, pid: int, args: argparse.Namespace) -> None:
+    version = redis.Redis.from_url(server.url).info("server")["redis_version"]
+    print(
+        f"# nproc={os.cpu_count()} python={platform.python_version()}"
+        f" redis-server={version} aof={args.aof} runs={args.runs} seconds={args.seconds}"
+        f" log-level={args.log_level} loadavg={os.getloadavg()[0]:.2f}"
     )
-    return rows
+    out, cmds = measure(server.url, args.port, pid, args)
+    print(
+        "| endpoint | connections | rps | p50 ms | p99 ms | API CPU µs per request |"
+        " rps ÷ /healthz rps |"
+    )
+    print("|---|---|---|---|---|---|---|")
+    for runs in out:
+        print(runs.row("healthz", "GET /healthz"))
+        print(runs.row("post", "POST /ondemandvm"))
+        print(runs.row("get", "GET /ondemandvm/<pending id>"))
+    print(f"\nRedis commands per POST /ondemandvm: {mmm(cmds, '{:.1f}')}")
+    print(f"# loadavg after: {os.getloadavg()[0]:.2f}")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--seconds", type=float, default=5.0)
-    parser.add_argument("--connections", type=int, default=16)
+    parser.add_argument("--seconds", type=float, default=3.0)
+    parser.add_argument("--connections", default="1,16", help="comma-separated counts")
     parser.add_argument("--aof", action="store_true", help="appendonly yes, appendfsync always")
+    parser.add_argument("--log-level", default="info", help="vmpool api's (info: access log on)")
     args = parser.parse_args()
+    args.connections = [int(c) for c in args.connections.split(",") if c]
     server = RedisServer(appendonly=args.aof).start()
-    port = free_port()
-    with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
-        f.write(CONFIG)
-    cmd = [sys.executable, "-c", API_CODE, f.name, server.url, str(port)]
-    api = subprocess.Popen(cmd, cwd=ROOT)
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                http.client.HTTPConnection("127.0.0.1", port, timeout=1).request("GET", "/healthz")
-                break
-            except OSError:
-                assert time.monotonic() < deadline, "the API did not start"
-                time.sleep(0.1)
-        version = redis.Redis.from_url(server.url).info("server")["redis_version"]
-        print(
-            f"# nproc={os.cpu_count()} python={platform.python_version()}"
-            f" redis-server={version} aof={args.aof} runs={args.runs}"
-            f" loadavg={os.getloadavg()[0]:.2f}"
-        )
-        rows = measure(server.url, port, args)
-    finally:
-        api.kill()
-        api.wait(10)
-        server.stop()
-        os.unlink(f.name)
-    print("| figure | measured (min / median) | ratio (min / median) |")
-    print("|---|---|---|")
-    for row in rows:
-        print(row)
-    print(f"# loadavg after: {os.getloadavg()[0]:.2f}")
+    args.port = free_port()
+    with tempfile.TemporaryDirectory(prefix="api-rps-") as tmp:
+        config = Path(tmp, "config.yaml")
+        config.write_text(CONFIG)
+        api = start_api(str(config), server.url, args.port, args.log_level, Path(tmp, "api.log"))
+        try:
+            report(server, api.pid, args)
+        finally:
+            api.kill()
+            api.wait(10)
+            server.stop()
 
 
 if __name__ == "__main__":

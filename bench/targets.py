@@ -53,7 +53,7 @@ from vmpool.state.records import RequestSettings, Slot  # noqa: E402
 from vmpool.state.store import Store  # noqa: E402
 from vmpool.state.workset import WorkSet  # noqa: E402
 from workers.batching import BatchDispatcher  # noqa: E402
-from workers.queues import RQDispatcher  # noqa: E402
+from workers.queues import RQDispatcher, wake_workers  # noqa: E402
 from workers.table import queue_names  # noqa: E402
 
 POOLS = ("debian", "centos")
@@ -95,6 +95,7 @@ def _release_queues(conn: redis.Redis, keys: Keys) -> None:
     with conn.pipeline(transaction=True) as pipe:
         for q in queue_names(keys):
             pipe.renamenx(f"bench:held:{q}", f"rq:queue:{q}")
+            wake_workers(pipe, f"rq:queue:{q}")  # the workers block until a push wakes them
         pipe.execute(raise_on_error=False)
 
 
@@ -237,10 +238,44 @@ def make_pending(url: str, config: Config, n: int) -> None:
         list(pool_.map(make, work))
 
 
+def server_cpu_ms(conn: redis.Redis) -> float:
+    """The Redis server process's CPU ms so far (INFO cpu: user + system).
+
+    Unlike commandstats' µs, a script's commands are not counted twice (once in their
+    own stats, once in the EVALSHA's)."""
+    cpu = conn.info("cpu")
+    return (float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"])) * 1e3
+
+
+class TimedListing:
+    """A provider's ``statuses`` (its list call) timed: client wall ms and Redis server
+    CPU ms of every call, so that the sweep's own cost can be told from the simulated
+    cloud's."""
+
+    def __init__(self, provider: Any, conn: redis.Redis) -> None:
+        self.statuses = provider.statuses
+        self.conn = conn
+        self.wall_ms = self.server_ms = 0.0
+        provider.statuses = self  # the instance's attribute: the sweep calls this
+
+    def __call__(self, names: Any) -> Any:
+        before = server_cpu_ms(self.conn)
+        start = time.perf_counter()
+        try:
+            return self.statuses(names)
+        finally:
+            self.wall_ms += (time.perf_counter() - start) * 1e3
+            self.server_ms += server_cpu_ms(self.conn) - before
+
+    def reset(self) -> None:
+        self.wall_ms = self.server_ms = 0.0
+
+
 def sweep_ms(url: str, n: int, runs: int) -> dict[str, dict[str, list[float]]]:
     """Per mode (:data:`SWEEP_MODES`): Redis server ms of one cold and one warm
     check_pending_sweep at ``n`` pending, per run, and the cold one's client wall ms.
-    Cold: no job queued; warm: again at once (the per-VM modes' jobs still queued)."""
+    Cold: no job queued; warm: again at once (the per-VM modes' jobs still queued). For
+    the listing mode, also the cold sweep's listing: its client wall and server ms."""
     plain = redis.Redis.from_url(url)
     plain.flushdb()
     make_pending(url, sweep_config(True), n)
@@ -251,12 +286,15 @@ def sweep_ms(url: str, n: int, runs: int) -> dict[str, dict[str, list[float]]]:
         keys = Keys(config.key_prefix)
         dispatcher = BatchDispatcher(plain, keys) if batched else RQDispatcher(plain, keys)
         fleet = Fleet.build(text, config, dispatcher, "bench")
+        timed = TimedListing(fleet.providers["sim"], plain) if listing else None
         got: dict[str, list[float]] = {"cold": [], "warm": [], "cold_wall": []}
         for _ in range(runs):
             for rq_key in list(plain.scan_iter(match="rq:*", count=1000)):
                 plain.unlink(rq_key)
             WorkSet(plain, keys).clear("check_pending_vm")
             for phase in ("cold", "warm"):
+                if timed is not None:
+                    timed.reset()
                 plain.config_resetstat()
                 start = time.perf_counter()
                 assert lifecycle.check_pending_sweep(fleet) == (0 if listing else n)
@@ -264,6 +302,9 @@ def sweep_ms(url: str, n: int, runs: int) -> dict[str, dict[str, list[float]]]:
                 got[phase].append(server_stats(plain)[1] / 1e3)
                 if phase == "cold":
                     got["cold_wall"].append(wall * 1e3)
+                if phase == "cold" and timed is not None:
+                    got.setdefault("list_wall", []).append(timed.wall_ms)
+                    got.setdefault("list_server", []).append(timed.server_ms)
         out[mode] = got
     return out
 
@@ -453,7 +494,20 @@ def _sweep_rows(url: str, args: argparse.Namespace) -> list[str]:
                 f" (cold client wall {mm(sw['cold_wall'])} ms) |"
                 f" {mm([w / 1e3 for w in sw['warm']], '{:.3f}')} |"
             )
+            if "list_wall" in sw:
+                rows.append(_listing_row(n, sw))
     return rows
+
+
+def _listing_row(n: int, sw: dict[str, list[float]]) -> str:
+    """The cold listing sweep split: the simulated cloud's list call apart, and the rest."""
+    own = [w - lw for w, lw in zip(sw["cold_wall"], sw["list_wall"], strict=True)]
+    return (
+        f"| the same, cold, {n} pending: the sweep's own worker wall ms (the list call's"
+        f" apart: its client wall ms, Redis CPU ms) ÷ 1 s | sweep {mm(own)}"
+        f" (list call {mm(sw['list_wall'])}, Redis CPU {mm(sw['list_server'])}) |"
+        f" {mm([o / 1e3 for o in own], '{:.2f}')} |"
+    )
 
 
 def main() -> None:

@@ -136,6 +136,11 @@ def pretty(obj: Any) -> str:
     return json.dumps(obj, indent=2, ensure_ascii=False)
 
 
+def compact(obj: Any) -> str:
+    """Ruby's JSON.generate: the hot replies (vmpool.api.responses)."""
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
+
+
 def snapshot(redis_url: str) -> dict[bytes, tuple[bytes, bytes | None]]:
     """Every key with its type and DUMP: equal snapshots mean nothing was written."""
     raw = redis.Redis.from_url(redis_url, decode_responses=False)

@@ -14,6 +14,14 @@ server: ``freeze()`` stops forwarding on the connections open now and leaves the
 forwards the next requests that carry a marker (``EVALSHA``), lets the server run them,
 then drops the server's reply and closes that connection (a reply lost after the
 script ran: the client sees a connection error and redis-py sends the call again).
+
+The sentinels log in to the data nodes as their own ACL user (:data:`SENTINEL_USER`);
+vmpool and the replication links use the default user, which has a password
+(:data:`DATA_PASSWORD`, in the group's URL), so that a connection that failed to log in
+can do nothing. :meth:`SentinelGroup.partition` switches the sentinels' user off on
+some data nodes and kills its connections: the sentinels lose those nodes while every
+other link to them (vmpool's, the replicas') still works, a network partition between
+the sentinels and part of the group, on loopback.
 """
 
 from __future__ import annotations
@@ -38,6 +46,9 @@ from vmpool.local.redis_server import free_port
 
 MASTER = "vmpool-test"
 HOST = "127.0.0.1"
+SENTINEL_USER = "sentinel"
+SENTINEL_PASSWORD = "sentinel-pw"
+DATA_PASSWORD = "data-pw"
 
 
 def valkey_binary() -> str:
@@ -66,13 +77,15 @@ class Node:
     args: list[str]
     sentinel: bool = False
     env: dict[str, str] | None = None  # added to this process's environment
+    password: str | None = None  # the default user's, when it has one
     process: subprocess.Popen[bytes] | None = None
 
     host = HOST
 
     @property
     def url(self) -> str:
-        return f"redis://{HOST}:{self.port}/0"
+        auth = f":{self.password}@" if self.password else ""
+        return f"redis://{auth}{HOST}:{self.port}/0"
 
     def start(self, timeout: float = 15.0) -> Node:
         argv = [valkey_binary()]
@@ -105,7 +118,8 @@ class Node:
             return False
 
     def client(self, **kwargs: object) -> redis.Redis:
-        return redis.Redis(host=HOST, port=self.port, socket_connect_timeout=1, **kwargs)  # type: ignore[arg-type]
+        return redis.Redis(host=HOST, port=self.port, socket_connect_timeout=1,  # type: ignore[arg-type]
+                           password=self.password, **kwargs)  # fmt: skip
 
     @property
     def pid(self) -> int | None:
@@ -153,6 +167,7 @@ class SentinelGroup:
     data_args: list[str] = field(default_factory=list)
     proxied_replication: bool = False
     down_after_ms: int = 1000
+    min_replicas_to_write: int = 1
     primary: Node = field(init=False)
     replica_nodes: list[Node] = field(init=False, default_factory=list)
     sentinels: list[Node] = field(init=False, default_factory=list)
@@ -179,8 +194,12 @@ class SentinelGroup:
         directory.mkdir(parents=True, exist_ok=True)
         args = ["--save", "", "--appendonly", "yes", "--appendfsync", "always",
                 "--repl-diskless-sync", "yes", "--repl-diskless-sync-delay", "0",
+                "--min-replicas-to-write", str(self.min_replicas_to_write),
+                "--min-replicas-max-lag", "10", "--masterauth", DATA_PASSWORD,
+                "--user", "default", "on", f">{DATA_PASSWORD}", "~*", "&*", "+@all",
+                "--user", SENTINEL_USER, "on", f">{SENTINEL_PASSWORD}", "~*", "&*", "+@all",
                 *self.data_args, *extra]  # fmt: skip
-        return Node(name, free_port(), directory, args)
+        return Node(name, free_port(), directory, args, password=DATA_PASSWORD)
 
     def _sentinel(self, name: str) -> Node:
         directory = self.root / name
@@ -190,13 +209,15 @@ class SentinelGroup:
             f"sentinel down-after-milliseconds {MASTER} {self.down_after_ms}\n"
             f"sentinel failover-timeout {MASTER} 10000\n"
             f"sentinel parallel-syncs {MASTER} 1\n"
+            f"sentinel auth-user {MASTER} {SENTINEL_USER}\n"
+            f"sentinel auth-pass {MASTER} {SENTINEL_PASSWORD}\n"
         )
         return Node(name, free_port(), directory, [], sentinel=True)
 
     @property
     def url(self) -> str:
         hosts = ",".join(f"{HOST}:{s.port}" for s in self.sentinels)
-        return f"redis+sentinel://{hosts}/{MASTER}/0"
+        return f"redis+sentinel://:{DATA_PASSWORD}@{hosts}/{MASTER}/0"
 
     @property
     def data_nodes(self) -> list[Node]:
@@ -270,6 +291,55 @@ class SentinelGroup:
                 return False
 
         wait_for(moved, timeout, "a failover", step=0.1)
+        return self.current_primary()
+
+    def partition(self, nodes: list[Node]) -> None:
+        """The sentinels lose ``nodes``: their user may run nothing there, and its
+        connections are killed. vmpool's connections and the replication links are
+        untouched.
+
+        The user keeps logging in (it is not switched off): a sentinel whose login failed
+        keeps that connection and never logs in again, so the heal would not reach it.
+        """
+        for node in nodes:
+            with contextlib.closing(node.client(socket_timeout=2)) as c:
+                c.execute_command("ACL", "SETUSER", SENTINEL_USER, "-@all", "resetchannels")
+                c.execute_command("CLIENT", "KILL", "USER", SENTINEL_USER)
+
+    def heal(self, nodes: list[Node]) -> None:
+        """The sentinels reach ``nodes`` again: their connections work at once."""
+        for node in nodes:
+            with contextlib.closing(node.client(socket_timeout=2)) as c:
+                c.execute_command("ACL", "SETUSER", SENTINEL_USER, "+@all", "&*")
+
+    def failover(self) -> None:
+        """``SENTINEL FAILOVER``: a planned switch, asked of one sentinel."""
+        with contextlib.closing(self.sentinels[0].client(socket_timeout=5)) as c:
+            c.execute_command("SENTINEL", "FAILOVER", MASTER)
+
+    def wait_settled(self, timeout: float = 60.0) -> Node:
+        """Until every other data node is a replica of the primary the sentinels name,
+        its link up: the group after a switch, with nothing left to undo."""
+
+        def settled() -> bool:
+            port = self.master_port()
+            if port is None:
+                return False
+            for node in self.data_nodes:
+                if node.port == port or not node.alive():
+                    continue
+                try:
+                    with contextlib.closing(node.client(socket_timeout=1)) as c:
+                        info = c.info("replication")
+                except redis.RedisError:
+                    return False
+                if info.get("role") != "slave" or int(info.get("master_port", 0)) != port:
+                    return False
+                if info.get("master_link_status") != "up":
+                    return False
+            return True
+
+        wait_for(settled, timeout, "the group to settle", step=0.2)
         return self.current_primary()
 
     def stop(self) -> None:

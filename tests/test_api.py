@@ -1,6 +1,6 @@
 """The HTTP API against a real Redis: vmpooler 3.9's ondemandvm_spec.rb behaviours
-(exact bodies, byte for byte, key order included), the path form, GET/DELETE in every
-state, status, health and metrics."""
+(exact bodies, byte for byte, key order included: pretty as vmpooler's, compact for the
+hot replies), the path form, GET/DELETE in every state, status, health and metrics."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ from vmpool.state.tokens import TokenStore
 
 from apihelp import (
     API,
+    compact,
     drive_ready,
     make_app,
     make_client,
@@ -63,7 +64,7 @@ def test_generates_a_request_id(
     assert status == 201
     rid = json.loads(text)["request_id"]
     assert re.match(UUID_RE, rid)
-    assert text == pretty({"ok": True, "request_id": rid})
+    assert text == compact({"ok": True, "request_id": rid})
     record = store.get_request(rid)
     assert record is not None and record.status == "pending"
     assert record.requested == "pool1:pool1:1"
@@ -131,7 +132,7 @@ def test_over_the_maximum_is_403(client: TestClient, redis_url: str) -> None:
 def test_given_request_id_is_used(client: TestClient) -> None:
     status, text = post(client, '{"pool1":"1","request_id":"1234"}')
     assert status == 201
-    assert text == pretty({"ok": True, "request_id": "1234"})
+    assert text == compact({"ok": True, "request_id": "1234"})
 
 
 def test_duplicate_request_id_is_409(client: TestClient, redis_url: str) -> None:
@@ -324,14 +325,14 @@ def test_get_pending_then_ready(client: TestClient, store: Store) -> None:
     rid = client.post(f"{API}/ondemandvm", content='{"pool1":"1"}').json()["request_id"]
     r = client.get(f"{API}/ondemandvm/{rid}")
     assert r.status_code == 202
-    assert r.text == pretty(  # vmpooler's fields, then vmpool's: where it stands
+    assert r.text == compact(  # vmpooler's fields, then vmpool's: where it stands
         {"ok": True, "request_id": rid, "ready": False, "pool1": {"ready": "0", "pending": "1"},
          "position": 1, "eta_s": 0.0}
     )  # fmt: skip
     [vm] = drive_ready(store, rid)
     r = client.get(f"{API}/ondemandvm/{rid}")
     assert r.status_code == 200
-    assert r.text == pretty(
+    assert r.text == compact(
         {"ok": True, "request_id": rid, "ready": True, "pool1": {"hostname": [f"{vm}.example.com"]}}
     )
 
@@ -354,7 +355,7 @@ def test_get_partial_progress_per_alias(client: TestClient, store: Store) -> Non
     store.vm_ready("vm-partial-0", actor="test")
     r = client.get(f"{API}/ondemandvm/{rid}")
     assert r.status_code == 202
-    assert r.text == pretty(
+    assert r.text == compact(
         {
             "ok": True,
             "request_id": rid,
@@ -385,7 +386,7 @@ def test_get_deleted(client: TestClient) -> None:
     assert client.delete(f"{API}/ondemandvm/{rid}").status_code == 200
     r = client.get(f"{API}/ondemandvm/{rid}")
     assert r.status_code == 200
-    assert r.text == pretty(
+    assert r.text == compact(
         {"ok": True, "request_id": rid, "ready": False, "message": "The request has been deleted"}
     )
 
@@ -398,7 +399,7 @@ def test_get_failed(redis_url: str, redis_client: redis.Redis) -> None:
     wait_until(lambda: store.expire_request(rid, actor="test").code == "failed", timeout=5)
     r = c.get(f"{API}/ondemandvm/{rid}")
     assert r.status_code == 200
-    assert r.text == pretty(
+    assert r.text == compact(
         {
             "ok": True,
             "request_id": rid,

@@ -3,13 +3,17 @@ summary, the dependencies' order, and an app that reports only its own fleet."""
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 import pytest
 import redis
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
 from rq import Queue, Worker
 
-from vmpool.api.errors import Rejected
+from vmpool.api.errors import MAX_BODY_BYTES, Rejected
+from vmpool.api.hot_routes import Entry
 from vmpool.api.parsing import (
     MAX_NAMES,
     Ondemand,
@@ -138,6 +142,66 @@ def test_refused_calls_are_counted(redis_url: str, redis_client: redis.Redis) ->
     ]:
         assert "vmpooler_http_requests_vm_total{" + labels in text
     assert 'operation="request",subject="ondemand"' not in text
+
+
+# -- the hot routes --------------------------------------------------------------------
+
+
+def _responses(app: FastAPI, route: str, method: str, status: int) -> float:
+    counter = app.state.vmpool.metrics.responses.labels(route, method, str(status))
+    return float(counter._value.get())
+
+
+def test_hot_routes_answer_as_the_framework_would(redis_url: str) -> None:
+    """Proves: each route the entry layer serves itself (vmpool.api.hot_routes) is the one
+    FastAPI's own stack picks for that path, answers alike (status, body, content type)
+    and is counted under the same route template; a trailing slash is served too. Fails
+    if a hot route's template or endpoint drifts from its router's."""
+    client, app = make_client(spec_config(), redis_url)
+    entry = app.build_middleware_stack()
+    assert isinstance(entry, Entry)
+
+    async def framework(scope: Any, receive: Any, send: Any) -> None:
+        """FastAPI's stack without the entry layer (as Starlette's own call enters it)."""
+        await entry.app({**scope, "app": app}, receive, send)
+
+    stack = TestClient(framework, raise_server_exceptions=False)
+    rid = str(uuid.uuid4())
+    calls = [
+        ("POST", f"{API}/ondemandvm", f"{API}/ondemandvm", '{"pool1": 1}', 201),
+        ("POST", f"{API}/ondemandvm/pool1/", f"{API}/ondemandvm/{{template}}", "", 201),
+        ("GET", f"{API}/ondemandvm/{rid}", f"{API}/ondemandvm/{{request_id}}", "", 202),
+        ("GET", "/healthz", "/healthz", "", 200),
+    ]
+    for method, path, template, body, status in calls:
+        assert entry.routes.match(method, path.rstrip("/")) is not None, path
+        if method == "GET" and "ondemandvm" in path:  # a pending request to look at
+            client.post(f"{API}/ondemandvm", content=f'{{"pool1": 1, "request_id": "{rid}"}}')
+        hot = client.request(method, path, content=body)
+        framework = stack.request(method, path.rstrip("/"), content=body)
+        assert (hot.status_code, framework.status_code) == (status, status), path
+        assert hot.headers["content-type"] == framework.headers["content-type"]
+        if method == "GET":
+            assert hot.text == framework.text
+        else:  # each POST made its own request
+            assert hot.json().keys() == framework.json().keys()
+        assert _responses(app, template, method, status) == 2, template
+
+
+def test_hot_routes_keep_the_error_handlers(redis_url: str) -> None:
+    """Proves: a hot route's refusals are the app's handlers' (a 401 from auth, a 400 for
+    a bad body, a 413 for a body over the limit), counted under its template."""
+    client, app = make_client(spec_config(auth=True), redis_url)
+    assert client.post(f"{API}/ondemandvm", content="{}").status_code == 401
+    client, app = make_client(spec_config(), redis_url)
+    r = client.post(f"{API}/ondemandvm", content="{nope")
+    assert (r.status_code, r.json()) == (
+        400,
+        {"ok": False, "message": "JSON payload could not be parsed"},
+    )
+    r = client.post(f"{API}/ondemandvm", content=b"x" * (MAX_BODY_BYTES + 1))
+    assert r.status_code == 413
+    assert _responses(app, f"{API}/ondemandvm", "POST", 413) == 1
 
 
 # -- one fleet per key prefix ------------------------------------------------------------

@@ -62,6 +62,7 @@ def test_every_command_takes_the_shared_options() -> None:
         "vm extend",
         "vm delete",
         "fleet-id",
+        "redis switchover",
     }
     ctx = click.Context(cli)
     seen = set()

@@ -8,7 +8,10 @@ What this proves:
   API answers 503 naming the request id it tried; the request may exist; a retry with
   that id never makes a second one (409 with the id once the first is durable);
 - the startup check and ``vmpool audit --strict`` name ``appendfsync everysec``, and
-  say what the writes wait for.
+  say what the writes wait for;
+- a plain ``redis://`` URL to a primary that has a replica, with the default durability
+  (which waits for none there), is named at start (a warning; ``--strict`` refuses)
+  and by ``vmpool audit --strict``; so is ``min-replicas-to-write 0`` on that primary.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import signal
 import threading
 import time
@@ -34,7 +38,7 @@ from vmpool.config import default_redis_options
 from vmpool.local.redis_server import free_port
 from vmpool.state.connection import RedisOptions, connect
 from vmpool.state.durability import DurabilitySetting, WriteNotConfirmed
-from vmpool.state.redis_check import check_redis
+from vmpool.state.redis_check import RedisMisconfigured, check_redis, startup_check
 
 from apihelp import API, make_client, spec_config
 
@@ -141,7 +145,8 @@ def test_a_write_that_cannot_be_confirmed_is_a_503_naming_the_request_id(
     written on the primary but not confirmed: 503, "could not be confirmed", with the
     id it tried. GET of that id is refused the same way (its state is not durable). Once
     the replica is back, the request is there (pending), and a POST of the same id
-    is 409 with the id: still one request."""
+    is 409 with the id: still one request. A GET of an id that does not exist is 503
+    too: a 404 from a primary that cannot confirm may be taken back by a failover."""
     primary, replica = primary_and_replica
     config = dataclasses.replace(spec_config(), redis_options=options("replicas", 0.5))
     c, _ = make_client(config, url_of(primary))
@@ -156,6 +161,8 @@ def test_a_write_that_cannot_be_confirmed_is_a_503_naming_the_request_id(
         assert body["request_id"] == rid and body["redis"] == "not_confirmed"
         assert "could not be confirmed" in body["message"]
         assert c.get(f"{API}/ondemandvm/{rid}").status_code == 503
+        # "not found" is a state shown too: a primary that cannot confirm does not say it
+        assert c.get(f"{API}/ondemandvm/{uuid.uuid4()}").status_code == 503
         assert c.get("/readyz").json()["redis"] == "not_confirmed"
     finally:
         os.kill(replica.pid, signal.SIGCONT)
@@ -208,6 +215,28 @@ def test_everysec_is_named_at_start_and_by_audit_strict(tmp_path: Path) -> None:
     finally:
         everysec.stop()
         always.stop()
+
+
+def test_a_plain_url_to_a_primary_with_replicas_is_named(
+    primary_and_replica: tuple[Node, Node], caplog: pytest.LogCaptureFixture
+) -> None:
+    """The default waits for no replica on a redis:// URL: with a replica connected, that
+    is a problem by name at start and in ``vmpool audit --strict`` (exit 1). Waiting for
+    the replica (durability replicas) and min-replicas-to-write 1 leave no problem."""
+    primary, _ = primary_and_replica
+    plain = "Redis has 1 replica(s) and durability waits for none"
+    client = connect(url_of(primary), options("auto"), decode_responses=True)
+    with caplog.at_level("WARNING"):
+        startup_check(client, who="worker w1")
+    assert any(plain in r.getMessage() for r in caplog.records), caplog.text
+    with pytest.raises(RedisMisconfigured, match=re.escape(plain)):
+        startup_check(client, who="worker w1", strict=True)
+    strict = CliRunner().invoke(cli, ["audit", "--strict", "--redis-url", url_of(primary)])
+    assert strict.exit_code == 1, strict.output
+    assert plain in strict.stderr and "min-replicas-to-write is 0" in strict.stderr
+    primary.client().config_set("min-replicas-to-write", 1)
+    waiting = check_redis(connect(url_of(primary), options("replicas"), decode_responses=True))
+    assert waiting.problems() == [], waiting.problems()
 
 
 def test_a_write_not_confirmed_in_time_raises(primary_and_replica: tuple[Node, Node]) -> None:

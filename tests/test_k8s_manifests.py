@@ -1320,11 +1320,14 @@ def test_redis_sentinel() -> None:
     # a primary refuses writes without a replica (docs/operations.md recommends it)
     assert '--min-replicas-to-write "${MIN_REPLICAS_TO_WRITE:-1}"' in start_redis
     # the scripts' defaults name the pods as the StatefulSet does (tests/
-    # test_redis_sentinel_start.py runs them with the addresses given instead)
-    for text in scripts.values():
-        assert 'set_name="${STATEFULSET_NAME:-vmpool-redis}"' in text
-        assert 'domain="${set_name}-headless.' in text
-        assert '"${REDIS_PODS:-3}"' in text
+    # test_redis_sentinel_start.py runs them with the addresses given instead): one
+    # file of addresses, sourced by both from the same ConfigMap
+    addresses = scripts["addresses.sh"]
+    assert 'set_name="${STATEFULSET_NAME:-vmpool-redis}"' in addresses
+    assert 'domain="${set_name}-headless.' in addresses
+    assert '"${REDIS_PODS:-3}"' in addresses
+    for name in ("start-redis.sh", "start-sentinel.sh"):
+        assert '. "$(dirname "$0")/addresses.sh"' in scripts[name]
     assert redis["metadata"]["name"] == "vmpool-redis"
     assert redis["spec"]["serviceName"] == "vmpool-redis-headless"
     # the pods start together: an empty one waits for the others, which OrderedReady

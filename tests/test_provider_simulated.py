@@ -28,8 +28,10 @@ from vmpool.providers import (
     is_permanent_error,
     make_provider,
     providers_from_config,
+    simulated,
 )
 from vmpool.providers.registry import DEFAULT_PROVIDER, PROVIDER_CLASSES, provider_class
+from vmpool.providers.simulated import ListingSimulatedProvider
 from vmpool.state.keys import Keys
 
 FAST: dict[str, Any] = {"boot_seconds": 0}
@@ -542,3 +544,30 @@ def test_providers_from_config_unknown_class(redis_client: redis.Redis, keys: Ke
     config = FakeConfig(providers={"px": FakeProviderConfig("px", "proxmox")})
     with pytest.raises(PermanentProviderError):
         providers_from_config(redis_client, keys, config)
+
+
+# -- the list call ------------------------------------------------------------------------
+
+
+def test_the_list_call_answers_as_get_vm_page_by_page(
+    monkeypatch: pytest.MonkeyPatch, redis_client: redis.Redis, keys: Keys
+) -> None:
+    """Proves: the listing provider's statuses, read on the server one page at a time
+    (simulated_list.lua), answer for every name as get_vm does, across page boundaries,
+    in the order asked, a name given twice once: booted, booting, never ready, and not
+    held (None). Fails if a page drops, shifts or misreads a VM."""
+    monkeypatch.setattr(simulated, "LIST_PAGE", 4)
+    booted = ListingSimulatedProvider(redis_client, keys, "sim", {"boot_seconds": 0})
+    booting = ListingSimulatedProvider(redis_client, keys, "sim", {"boot_seconds": 3600})
+    never = ListingSimulatedProvider(
+        redis_client, keys, "sim", {"boot_seconds": 0, "ready_fail_percent": 100}
+    )
+    names = []
+    for i, provider in enumerate([booted, booting, never] * 3):
+        names.append(provider.create_vm("p", "t", f"vm-{i}").name)
+    asked = [*names[:5], "vm-absent", *names[5:], "vm-0", "vm-gone"]
+    seen = booted.statuses(asked)
+    assert list(seen) == list(dict.fromkeys(asked))
+    assert seen == {name: booted.get_vm("p", name) for name in seen}
+    assert [seen[n].state for n in names[:3]] == ["running", "booting", "booting"]  # type: ignore[union-attr]
+    assert seen["vm-absent"] is None

@@ -14,8 +14,6 @@ What this proves:
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,7 +23,7 @@ import redis
 from prometheus_client.parser import text_string_to_metric_families
 from rq import Queue
 from rq.job import JobStatus
-from workerhelp import start_worker, wait_for, worker_env
+from workerhelp import start_scheduler, start_worker, wait_for, worker_env
 
 from vmpool.local.redis_server import RedisServer
 from vmpool.state.keys import Keys
@@ -100,14 +98,6 @@ def test_the_api_says_redis_is_out_of_memory_and_recovers(server: RedisServer) -
     assert time.monotonic() - freed < READY_AGAIN_S
     assert c.post(f"{API}/ondemandvm", json={"pool3": 1}).status_code == 201
     assert gauges(c.get("/metrics").text)["vmpool_redis_memory_max_bytes"] == 0
-
-
-def start_scheduler(tmp_path: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
-    log = (tmp_path / "scheduler.log").open("wb")
-    return subprocess.Popen(
-        [sys.executable, "-m", "vmpool.cli.main", "scheduler", "--interval", "0.2"],
-        env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-    )  # fmt: skip
 
 
 def test_a_worker_and_a_scheduler_wait_out_a_full_redis(

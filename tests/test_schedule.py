@@ -23,7 +23,6 @@ from pathlib import Path
 
 import pytest
 import redis
-from rq import Queue
 
 from vmpool.config import load_config
 from vmpool.state.keys import Keys
@@ -39,6 +38,8 @@ from workers.schedule import (
 )
 from workers.table import QUEUE_SWEEPS, job_id, template_id
 
+from schedulehelp import Clock, queued, ran
+
 K = Keys()
 KEY = K.schedule_due
 CONFIG = """\
@@ -50,27 +51,6 @@ CONFIG = """\
 :providers:
   :simulated: {}
 """
-
-
-class Clock:
-    """A settable clock standing in for Redis server time."""
-
-    def __init__(self, t: float) -> None:
-        self.t = t
-
-    def __call__(self) -> float:
-        return self.t
-
-
-def _queued(conn: redis.Redis) -> list[str]:
-    return list(Queue(K.queue(QUEUE_SWEEPS), connection=conn).job_ids)
-
-
-def _ran(conn: redis.Redis) -> None:
-    """What the workers do with the queued sweeps: pop, run, delete their hashes."""
-    for jid in _queued(conn):
-        conn.lrem(K.rq_queue(QUEUE_SWEEPS), 0, jid)
-        conn.delete(K.rq_job(jid))
 
 
 def _run_of(job: str, due: float) -> str:
@@ -101,7 +81,7 @@ def test_late_moves_do_not_add_up(conn: redis.Redis) -> None:
         clock.t = _due(conn) + 0.15  # every move 0.15 s after its due time
         assert s.enqueue_jobs() == [template_id(K, "sweep_expired")]
         moves.append(clock.t)
-        _ran(conn)
+        ran(conn, K)
     assert _due(conn) == pytest.approx(1000.0 + 10 * cadence("sweep_expired", 2))
     gaps = [b - a for a, b in pairwise(moves)]
     assert max(gaps) <= 2  # the promise: queued at most one interval apart
@@ -116,10 +96,10 @@ def test_frozen_replica_resumes_without_effect(conn: redis.Redis) -> None:
     assert stale == [(template_id(K, "sweep_expired"), 1000.0)]
     assert b.enqueue_jobs() == [template_id(K, "sweep_expired")]
     after_b = _due(conn)
-    _ran(conn)  # a worker runs the sweep b queued
+    ran(conn, K)  # a worker runs the sweep b queued
     clock.t = 1000.5
     assert a.move(*stale[0]) is False  # a resumes
-    assert _queued(conn) == []
+    assert queued(conn, K) == []
     assert _due(conn) == after_b
     assert [(m.job, m.due, m.replica) for m in read_schedule_log(conn, K)] == [
         ("sweep_expired", 1000.0, b.name)
@@ -144,7 +124,7 @@ def test_lost_race_after_the_check_is_refused_by_the_script(conn: redis.Redis) -
     assert a.move(*due) is False
     assert [m.replica for m in read_schedule_log(conn, K)] == [b.name]
     # queued once (not bounded: its one fixed id)
-    assert _queued(conn) == [job_id(K, "reap_running")]
+    assert queued(conn, K) == [job_id(K, "reap_running")]
 
 
 def test_no_lock_a_frozen_replica_does_not_stop_the_other(conn: redis.Redis) -> None:
@@ -169,7 +149,7 @@ def test_two_replicas_enqueue_each_sweep_once(conn: redis.Redis, tmp_path: Path)
     log = read_schedule_log(conn, K)
     assert sorted(m.job for m in log) == sorted(intervals)
     assert all(m.enqueued for m in log)
-    assert sorted(re.sub(r"_r[0-9]+$", "", j) for j in _queued(conn)) == sorted(
+    assert sorted(re.sub(r"_r[0-9]+$", "", j) for j in queued(conn, K)) == sorted(
         job_id(K, job) for job in intervals
     )
 
@@ -182,7 +162,7 @@ def test_a_still_queued_sweep_is_not_queued_again(conn: redis.Redis) -> None:
     s.tick()
     clock.t = _due(conn) + 0.01  # no worker took the first one
     s.tick()
-    assert _queued(conn) == [_run_of("sweep_expired", 1000.0)]
+    assert queued(conn, K) == [_run_of("sweep_expired", 1000.0)]
     assert 0 < conn.ttl(K.rq_job(_run_of("sweep_expired", 1000.0))) <= q.RUN_WAIT_TTL
     assert [m.enqueued for m in read_schedule_log(conn, K)] == [True, False]
     assert last_run_id(conn, K, "sweep_expired") == _run_of("sweep_expired", 1000.0)
@@ -227,12 +207,12 @@ def test_a_frozen_run_does_not_block_the_next(conn: redis.Redis) -> None:
     s.install({"sweep_expired": 2})
     clock.t = 1000.01
     s.tick()
-    [first] = _queued(conn)
+    [first] = queued(conn, K)
     _frozen_mid_run(conn, first)
     second_due = _due(conn)
     clock.t = second_due + 0.01
     s.tick()
-    assert _queued(conn) == [_run_of("sweep_expired", second_due)]
+    assert queued(conn, K) == [_run_of("sweep_expired", second_due)]
     assert conn.hget(K.rq_job(first), "status") == b"started"  # left alone
 
 
@@ -290,7 +270,7 @@ def test_a_job_of_a_newer_version_is_left_alone(
         assert s.enqueue_jobs() == []
     assert conn.zscore(KEY, future) == 999.0
     assert conn.exists(K.rq_job(future)) == 1
-    assert _queued(conn) == []
+    assert queued(conn, K) == []
     assert sum("future_sweep" in r.getMessage() for r in caplog.records) == 1
     # it is not due for this replica: the sleep is a tick, not a busy loop on it
     assert s.seconds_to_next_tick() >= 1.0

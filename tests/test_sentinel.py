@@ -33,7 +33,7 @@ from pathlib import Path
 import pytest
 import redis
 from redis.sentinel import Sentinel
-from sentinelhelp import Node, SentinelGroup, sentinel_group, wait_for
+from sentinelhelp import DATA_PASSWORD, Node, SentinelGroup, sentinel_group, wait_for
 
 from vmpool.config import default_redis_options
 from vmpool.local.redis_server import free_port
@@ -52,7 +52,7 @@ SERVED_AGAIN_S = 15.0
 
 
 def options(mode: str = "auto") -> RedisOptions:
-    setting = DurabilitySetting(mode=mode, replicas=1, timeout_s=1.0)  # type: ignore[arg-type]
+    setting = DurabilitySetting(mode=mode, replicas=None, timeout_s=1.0)  # type: ignore[arg-type]
     return dataclasses.replace(default_redis_options(), durability=setting)
 
 
@@ -197,17 +197,18 @@ def test_the_primary_is_the_one_a_majority_of_the_sentinels_name(
     takes the first sentinel's word and writes there; vmpool's takes the majority's."""
     impostor_dir = tmp_path / "impostor"
     impostor_dir.mkdir()
-    impostor = Node("impostor", free_port(), impostor_dir, ["--save", ""]).start()
+    args = ["--save", "", "--requirepass", DATA_PASSWORD]
+    impostor = Node("impostor", free_port(), impostor_dir, args, password=DATA_PASSWORD).start()
     try:
         with group.sentinels[0].client() as liar:
             liar.execute_command("SENTINEL", "REMOVE", "vmpool-test")
             liar.execute_command("SENTINEL", "MONITOR", "vmpool-test", "127.0.0.1",
                                  str(impostor.port), "2")  # fmt: skip
-        assert group.url.split("//", 1)[1].startswith(f"127.0.0.1:{group.sentinels[0].port}")
+        assert group.url.split("@", 1)[1].startswith(f"127.0.0.1:{group.sentinels[0].port}")
         ours = connect(group.url, options("none"), decode_responses=True)
         ours.set("majority:key", "1")
         theirs = Sentinel([("127.0.0.1", s.port) for s in group.sentinels])
-        theirs.master_for("vmpool-test").set("first:key", "1")
+        theirs.master_for("vmpool-test", password=DATA_PASSWORD).set("first:key", "1")
         with impostor.client() as wrong, group.current_primary().client() as right:
             assert right.get("majority:key") == b"1" and wrong.get("majority:key") is None
             assert wrong.get("first:key") == b"1"  # what the test guards against

@@ -127,8 +127,9 @@ def test_the_scheduler_stops_on_sigterm_while_redis_is_gone(tmp_path: Path) -> N
     (as when `vmpool up` dies with its Redis): it exits. rq-scheduler's handler wrote
     the scheduler's death to Redis first; the Redis error it met was taken for an outage
     to wait out, and the process never stopped. Every periodic job runs hourly here, so
-    after its first tick the scheduler sleeps (up to --interval, 60 s): the test sends
-    SIGTERM once the kernel shows it in that sleep."""
+    after its first tick the scheduler waits (up to --interval, 60 s, blocked on the
+    parked sweep's wake-up list): the test sends SIGTERM once the kernel shows it in that
+    wait."""
     config = tmp_path / "hourly.yaml"
     hourly = ", ".join(f"{job}: 3600" for job in Schedule.model_fields)
     config.write_text(f":schedule: {{{hourly}}}\n")
@@ -145,8 +146,9 @@ def test_the_scheduler_stops_on_sigterm_while_redis_is_gone(tmp_path: Path) -> N
         wait_until(lambda: client.keys("*scheduler*") != [], timeout=60, step=0.1)
         client.close()
         wchan = Path(f"/proc/{proc.pid}/wchan")
-        wait_until(lambda: "nanosleep" in wchan.read_text(), timeout=30, step=0.05)
-        server.stop()  # Redis gone while the scheduler sleeps
+        waiting = ("nanosleep", "poll_schedule_timeout")  # a sleep, or the wake-up list's block
+        wait_until(lambda: any(w in wchan.read_text() for w in waiting), timeout=30, step=0.05)
+        server.stop()  # Redis gone while the scheduler waits
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=15) is not None, out.text()
     finally:

@@ -335,3 +335,84 @@ def test_a_stop_request_outlives_a_swallowed_stop_requested(
     waiter.start()
     waiter.join(10)
     assert outcome == ["stopped"]
+
+
+@pytest.mark.parametrize("busy", [False, True], ids=["idle", "mid-job"])
+def test_sigterm_stops_the_worker_within_5_s(
+    tmp_path: Path, redis_url: str, conn: redis.Redis, busy: bool
+) -> None:
+    """Proves, with the locked redis-py: `vmpool worker` exits 0 within 5 s of SIGTERM,
+    idle (waiting for a job) and in the middle of a 1 s job (finished first: RQ's warm
+    shutdown). RQ's teardown stops the thread that listens for commands to the worker,
+    and redis-py 8.2's stop() waits for it: with RQ's 60 s wait in that thread, the
+    worker took a minute to exit in some runs (see the next test for the race, made
+    deterministic)."""
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    worker = start_worker(tmp_path, worker_env(tmp_path, redis_url))
+    try:
+        wait_registered(worker, conn)
+        if busy:
+            queue(conn).enqueue("workerhelp.slow_job", str(marks), 1.0, result_ttl=60)
+            wait_for(up_and(worker, (marks / "started").exists), JOB_S, "the job to start")
+        sent = time.monotonic()
+        os.kill(worker.proc.pid, signal.SIGTERM)
+        assert worker.wait(JOB_S) == 0, worker.text()
+        took = time.monotonic() - sent
+        assert took < 5.0, f"exited {took:.1f} s after SIGTERM:\n{worker.text()[-2000:]}"
+        assert (marks / "finished").exists() == busy
+    finally:
+        worker.kill()
+
+
+def test_the_command_thread_notices_a_stop_within_its_wait(redis_url: str) -> None:
+    """Proves: the thread that listens for commands to the worker ends within
+    PUBSUB_WAIT_S (and 3 s) of being stopped while it waits with nothing to read, the state that
+    made a worker's exit hang for 60 s. RQ's teardown sends UNSUBSCRIBE, then stops the
+    thread: when the thread has read the reply first, it waits again, RQ's 60 s, and
+    redis-py 8.2's stop() waits for it. Here the thread is put in that state on purpose:
+    a command is published, its handler seen done, and the thread seen back in its wait
+    (its stack), before it is stopped. Red with RQ's wait of 60 s (with either redis-py:
+    the stop is made from another thread, and the thread is timed, not the stop call)."""
+    import sys
+    import threading
+
+    from workers.loop import PUBSUB_WAIT_S
+    from workers.worker import build_worker
+
+    worker = build_worker(redis_url, None, [queue_names(Keys())[0]])
+    handled = threading.Event()
+
+    def command_handled(message: object) -> None:
+        handled.set()
+
+    worker.handle_payload = command_handled  # type: ignore[method-assign]
+    worker.subscribe()
+    thread = worker.pubsub_thread
+    assert thread is not None
+    publisher = redis.Redis.from_url(redis_url)
+    try:
+
+        def waiting_again() -> bool:
+            frame = sys._current_frames().get(thread.ident or 0)
+            names = []
+            while frame is not None:
+                names.append(frame.f_code.co_name)
+                frame = frame.f_back
+            return "can_read" in names and "command_handled" not in names
+
+        wait_for(
+            lambda: handled.is_set() or bool(publisher.publish(worker.pubsub_channel_name, "{}")),
+            START_S,
+            "the command thread to handle a command",
+        )
+        wait_for(lambda: handled.is_set(), START_S, "the handler")
+        wait_for(waiting_again, START_S, "the command thread back in its wait", step=0.01)
+        stopped = time.monotonic()
+        threading.Thread(target=thread.stop, daemon=True).start()
+        thread.join(3.0)  # seconds, not RQ's minute
+        assert not thread.is_alive(), "the command thread still waits 3 s after its stop"
+        assert time.monotonic() - stopped < PUBSUB_WAIT_S + 1.0
+    finally:
+        publisher.close()
+        worker.connection.close()

@@ -58,6 +58,11 @@ UNCONFIRMED: dict[tuple[str, str], str] = {
     ("HINCRBY", r"vmpool:metrics:"): "a counter of the metrics",
     ("HSET", r"vmpool:metrics:audit$"): "the last audit's count for /metrics: each run's own",
     ("SADD", r"rq:queues$"): "RQ's index of its queues (a job: below)",
+    (
+        "RPUSH",
+        r"rq:queue:[^:]+:wake$",
+    ): "a wake-up for blocked workers: one lost, a block's end finds the job",
+    ("LTRIM", r"rq:queue:[^:]+:wake$"): "the same wake-up list kept to one token",
 }
 # Scripts whose writes are RQ's jobs, queued in a pipeline of their own: a job carries
 # out a change that was confirmed, and a job lost in a failover is found again by the

@@ -93,3 +93,12 @@ def start_worker(tmp_path: Path, env: dict[str, str], *args: str) -> WorkerProce
             start_new_session=True,
         )
     return WorkerProcess(proc, log)
+
+
+def start_scheduler(tmp_path: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
+    """``vmpool scheduler`` ticking every 0.2 s, its output in ``scheduler.log``."""
+    log = (tmp_path / "scheduler.log").open("wb")
+    return subprocess.Popen(
+        [sys.executable, "-m", "vmpool.cli.main", "scheduler", "--interval", "0.2"],
+        env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+    )  # fmt: skip

@@ -10,10 +10,18 @@ duplicate the sweeps meet: Redis time quadratic in the backlog.
 together with the vmpool heartbeat on its hash, so ``reclaim_job.lua`` decides in O(1)
 (a ``queued`` hash without a beat is queued, and with a stale beat its popper died).
 
-Blocking: Lua cannot block, so an idle worker polls, backing off from
-:data:`POLL_MIN_S` to :data:`POLL_MAX_S` (one cheap script per poll: at most 20 per
-second per idle worker), until RQ's dequeue timeout. A job queued while a worker idles
-waits at most :data:`POLL_MAX_S` for it.
+Blocking: Lua cannot block, so a worker whose queues are empty blocks beside the pop,
+on the queues' wake-up lists (``BLPOP``, :meth:`vmpool.state.keys.Keys.rq_queue_wake`),
+and pops again once woken. Every push of vmpool's (:func:`workers.queues.push_unique`:
+the sweeps, the dispatchers, the scheduler) puts a token in its queue's list in the
+same pipeline, and the pop that leaves jobs behind puts one there for the next idle
+worker (``pop_job.lua``). So an idle worker sends a few commands every
+:data:`WAKE_WAIT_S`, not a poll every 5 to 50 ms, and a job pushed while it waits is
+popped one round trip later. No wake-up is lost: the pop that finds every queue
+empty drops their tokens in the same unit, so any push after it leaves a token the
+worker's block returns on. A job pushed another way (RQ's own ``enqueue``, a requeue
+from a dashboard) has no token: a worker's block ends every :func:`wake_wait_s` (at
+most :data:`WAKE_WAIT_S`) and pops again, so such a job waits that long at most.
 """
 
 from __future__ import annotations
@@ -30,21 +38,45 @@ from vmpool.state.keys import Keys
 from vmpool.state.lua import read_script
 from workers.queues import HEARTBEAT_FIELD
 
-__all__ = ["POLL_MAX_S", "POLL_MIN_S", "StampingQueue", "pop_job"]
+__all__ = ["WAKE_WAIT_S", "StampingQueue", "pop_job", "wake_wait_s"]
 
-POLL_MIN_S: Final = 0.005
-POLL_MAX_S: Final = 0.05
+# The longest block on the wake-up lists before the worker pops again: the most a job
+# pushed without a token waits for an idle worker. Each costs an idle worker a BLPOP and
+# a pop (6 Redis commands with 3 queues).
+WAKE_WAIT_S: Final = 2.0
 
 _POP_LUA: Final = read_script("workers", "pop_job.lua")
 
 
 def pop_job(conn: Redis, queue_keys: Sequence[str]) -> tuple[Any, Any] | None:
-    """One pop over ``queue_keys`` in order: (queue key, job id) or None if all empty."""
+    """One pop over ``queue_keys`` in order: (queue key, job id) or None if all empty.
+
+    None also drops the queues' wake-up tokens (pop_job.lua).
+    """
     script = conn.register_script(_POP_LUA)
-    found = script(keys=list(queue_keys), args=[Keys.rq_job(""), HEARTBEAT_FIELD])
+    keys = [*queue_keys, *_wake_keys(queue_keys)]
+    found = script(keys=keys, args=[Keys.rq_job(""), HEARTBEAT_FIELD])
     if not found:
         return None
     return found[0], found[1]
+
+
+def wake_wait_s(conn: Redis) -> float:
+    """How long one block on the wake-up lists lasts: :data:`WAKE_WAIT_S`.
+
+    At most half the connection's socket timeout, so a block is never taken for a dead
+    connection.
+    """
+    timeout = conn.connection_pool.connection_kwargs.get("socket_timeout")
+    return WAKE_WAIT_S if not timeout else min(WAKE_WAIT_S, float(timeout) / 2)
+
+
+def _wake_keys(queue_keys: Sequence[str]) -> list[str]:
+    return [Keys.rq_queue_wake(_text(key)) for key in queue_keys]
+
+
+def _text(key: str | bytes) -> str:
+    return key.decode() if isinstance(key, bytes) else key
 
 
 class StampingQueue(Queue):
@@ -58,7 +90,8 @@ class StampingQueue(Queue):
         if timeout is not None and timeout <= 0:
             raise ValueError("RQ does not support indefinite timeouts")
         deadline = None if timeout is None else time.monotonic() + timeout
-        delay = POLL_MIN_S
+        wakes = _wake_keys(queue_keys)
+        block = wake_wait_s(connection)
         while True:
             found = pop_job(connection, queue_keys)
             if found is not None or deadline is None:
@@ -66,8 +99,8 @@ class StampingQueue(Queue):
             left = deadline - time.monotonic()
             if left <= 0:
                 raise DequeueTimeout(timeout, queue_keys)
-            time.sleep(min(delay, left))
-            delay = min(2 * delay, POLL_MAX_S)
+            # woken by a token, or not within the block: pop again either way
+            connection.blpop(wakes, timeout=min(left, block))
 
     @classmethod
     def lmove(cls, connection: Redis, queue_key: str, timeout: int | None) -> Any:

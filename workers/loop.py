@@ -43,6 +43,7 @@ from vmpool.state.redis_health import MESSAGES, RedisCondition, classify, probe
 from workers.rqcompat import WorkerHooks
 
 __all__ = [
+    "PUBSUB_WAIT_S",
     "AliveFile",
     "RedisOutage",
     "SteadyLoop",
@@ -56,6 +57,13 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 MAX_WAIT_DELAY_S: Final = 2.0  # how late a worker may notice Redis is back
+# How long the thread that listens for commands to the worker waits for one before it
+# looks at its stop flag again, so the longest a stop waits for that thread. RQ's wait
+# is 60 s, and redis-py 8.2's PubSubWorkerThread.stop() joins the thread without a
+# timeout: a worker could take a minute to exit. Below the 1 s RQ's teardown gives the
+# thread (redis-py 8.1), so the thread has closed its connection before RQ closes it
+# again (two closes at once fail in the thread).
+PUBSUB_WAIT_S: Final = 0.5
 
 
 def redis_unusable(exc: BaseException) -> RedisCondition | None:
@@ -170,9 +178,9 @@ class SteadyLoop(WorkerHooks):
 
     def worker_connection(self, connection: redis.Redis) -> redis.Redis:
         # RQ raises the socket timeout to its dequeue timeout + 10 s (25 s here) for a
-        # blocking pop. The vmpool dequeue polls (workers/dequeue.py) and nothing else
-        # blocks, so the connection factory's timeout stays: a frozen connection is
-        # noticed in seconds, not after 25.
+        # blocking pop. The vmpool dequeue blocks at most half the socket timeout at a
+        # time (workers/dequeue.py) and nothing else blocks, so the connection
+        # factory's timeout stays: a frozen connection is noticed in seconds, not after 25.
         return connection
 
     def check_for_suspension(self, burst: bool) -> None:
@@ -222,6 +230,17 @@ class SteadyLoop(WorkerHooks):
             self.outage.lost(exc)
         else:
             self.outage.back()
+
+    def subscribe(self) -> None:
+        # RQ's, with the thread's wait PUBSUB_WAIT_S instead of 60 s: RQ's teardown stops
+        # the thread and (redis-py 8.2) waits for it to end, which it does only once its
+        # wait is over. Its errors go to pubsub_error, as RQ's do.
+        self.log.info("Worker %s: subscribing to channel %s", self.name, self.pubsub_channel_name)
+        self.pubsub = self.connection.pubsub()  # type: ignore[no-untyped-call]
+        self.pubsub.subscribe(**{self.pubsub_channel_name: self.handle_payload})
+        self.pubsub_thread = self.pubsub.run_in_thread(  # type: ignore[assignment]
+            sleep_time=PUBSUB_WAIT_S, daemon=True, exception_handler=self.pubsub_error
+        )
 
     def pubsub_error(
         self, exc: Exception, pubsub: PubSub, pubsub_thread: PubSubWorkerThread

@@ -14,9 +14,10 @@ a hundred provision jobs, and with the requests first the expiry sweep waited 7 
 Then the request jobs, so a new request starts however long the VM backlog. Then the
 VM jobs, the bulk of the work.
 
-Job ids are deterministic (:func:`workers.table.job_id`). Every job is enqueued with
-``unique=True``: while a job of that id exists (queued or running) a second enqueue
-raises ``DuplicateJobError``, which :func:`enqueue` turns into ``False``.
+Job ids are deterministic (:func:`workers.table.job_id`). Every job is enqueued as
+``Queue.enqueue(..., unique=True)`` enqueues it, through RQ's unique-enqueue script
+(:func:`push_unique`): while a job of that id exists (queued or running) a second
+enqueue is refused, and :func:`enqueue` returns ``False``.
 ``result_ttl=0`` deletes the job hash as soon as it succeeds, so the next enqueue of the
 same (job, subject) goes through. A failed job keeps its hash for :data:`FAILURE_TTL`
 seconds only.
@@ -61,8 +62,8 @@ from collections.abc import Sequence
 from typing import Final
 
 import redis
+from redis.client import Pipeline
 from rq import Queue
-from rq.exceptions import DuplicateJobError
 from rq.scripts import UNIQUE_ENQUEUE_SCRIPT
 
 from vmpool.ids import Job, shown, validate
@@ -88,6 +89,7 @@ __all__ = [
     "queue_names",
     "resolve_queue_names",
     "valid_subjects",
+    "wake_workers",
 ]
 
 log = logging.getLogger(__name__)
@@ -166,25 +168,13 @@ def enqueue(
     if spec.subject is not None and subject is not None:
         validate(spec.subject, subject)  # InvalidIdentifier, a ValueError
     jid = job_id(keys, job, subject, run=run)
-    queue = Queue(keys.queue(spec.queue), connection=conn)
     args = () if subject is None else (subject,)
+    ttl = None if run is None else RUN_WAIT_TTL
     for attempt in range(2):
-        try:
-            queue.enqueue(
-                spec.func,
-                args=args,
-                job_id=jid,
-                unique=True,
-                result_ttl=0,
-                failure_ttl=FAILURE_TTL,
-                job_timeout=spec.timeout,
-                description=jid,
-                ttl=None if run is None else RUN_WAIT_TTL,
-            )
+        if push_unique(conn, keys, spec, [(jid, args)], ttl=ttl)[0]:
             return True
-        except DuplicateJobError:
-            if attempt or not _reclaim(conn, keys, jid):
-                return False
+        if attempt or not _reclaim(conn, keys, jid):
+            return False
     return False
 
 
@@ -304,7 +294,18 @@ def push_unique(
             ttl=ttl,
         )
         push_unique_job(pipe, push, queue, job)
-    return [bool(ok) for ok in pipe.execute()[1:]]
+    wake_workers(pipe, queue.key)  # after the pushes: the woken worker's pop finds them
+    return [bool(ok) for ok in pipe.execute()[1 : 1 + len(jobs)]]
+
+
+def wake_workers(pipe: Pipeline, queue_key: str) -> None:
+    """Queue on ``pipe`` a wake-up token for the workers blocked on ``queue_key``.
+
+    Its wake-up list holds at most one (workers/dequeue.py).
+    """
+    wake = Keys.rq_queue_wake(queue_key)
+    pipe.rpush(wake, "1")
+    pipe.ltrim(wake, -1, -1)
 
 
 class RQDispatcher:

@@ -51,15 +51,20 @@ id, so a slow one (a reconcile took 7 s in the soak) never runs beside itself.
 
 There is no scheduler lock to hold. Any number of replicas may wake at once, and each
 due time is moved and logged once (the script's compare). A due time never goes
-backwards, and a replica frozen in the middle of its tick (SIGSTOP, a GC pause) delays nobody.
+backwards (but to a shorter interval's or a wake-up's, both ``ZADD LT``), and a replica
+frozen in the middle of its tick (SIGSTOP, a GC pause) delays nobody.
 Enqueueing before the move means a replica killed between the two leaves the template
 due for the next replica, so no run is lost. (rq-scheduler's own
 loop takes a lock with ``SET NX EX interval+10``. A replica frozen holding it stopped
 every sweep for up to 11 s, longer than the sweep interval. It is not used here.)
 
-Each move is logged to a capped list (``keys.schedule_log``, newest first:
-``<server time> <job> <enqueued 0|1> <due time> <replica>``), for operators and for the
-tests that prove "never doubled, never stopped".
+A job with nothing to do is not run: a move checks the keys its sweep reads first, and
+queues no run when they are all absent, and the pending sweep parks while nothing is
+reserved or booting, until a reservation wakes it (:mod:`workers.schedule_park`).
+
+Each move is logged to a capped list (``keys.schedule_log``, newest first, with what it
+queued and the next due time it set: :mod:`workers.schedule_log`), for operators and
+for the tests that prove "never doubled, never stopped".
 """
 
 from __future__ import annotations
@@ -68,9 +73,8 @@ import logging
 import math
 import random
 import signal
-import time
-from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, Final, NamedTuple
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Final
 
 import redis
 from rq.exceptions import NoSuchJobError
@@ -80,6 +84,15 @@ from vmpool.state.keys import Keys
 from vmpool.state.lua import read_script
 from workers.queues import enqueue
 from workers.rqcompat import SchedulerHooks
+from workers.schedule_log import (
+    LOG_LENGTH,
+    MoveOutcome,
+    ScheduleMove,
+    log_row,
+    read_schedule_log,
+    text,
+)
+from workers.schedule_park import PARK_S, Parking
 from workers.table import JOBS, PERIODIC, QUEUE_SWEEPS, job_id, template_id
 
 if TYPE_CHECKING:
@@ -88,7 +101,9 @@ if TYPE_CHECKING:
 
 __all__ = [
     "MAX_LEAD_S",
+    "PARK_S",
     "FleetScheduler",
+    "MoveOutcome",
     "ScheduleMove",
     "cadence",
     "last_run_id",
@@ -99,7 +114,6 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-_LOG_LENGTH: Final = 2000
 # The lead (see the module docstring): a quarter of the interval, at most 1 s. Measured
 # in the 10,600-request chaos soak (docs/reliability.md), a sweep move came 43 ms
 # (median) after its due time and at worst 0.20 s away from Redis restarts, on a loaded
@@ -134,20 +148,12 @@ def next_due(due: float, every: float, now: float) -> float:
     return due + steps * every
 
 
-class ScheduleMove(NamedTuple):
-    """One row of the schedule log."""
-
-    time: float  # server time of the move
-    job: str
-    enqueued: bool  # False: that job was still queued or running
-    due: float  # the due time this move consumed
-    replica: str
-
-
 class FleetScheduler(SchedulerHooks):
     """rq-scheduler with vmpool's keys, server time, a due-time grid, no lock.
 
     Its enqueues are deduplicated. ``clock`` replaces the Redis server clock (tests only).
+    ``inputs``: per job, the keys it reads first (see the module docstring); a job not
+    in it always runs.
     """
 
     def __init__(
@@ -158,6 +164,7 @@ class FleetScheduler(SchedulerHooks):
         clock: Callable[[], float] | None = None,
         seed: int | None = None,
         alive: AliveFile | None = None,
+        inputs: Mapping[Job, Sequence[str]] | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(
@@ -179,6 +186,7 @@ class FleetScheduler(SchedulerHooks):
         # templates of jobs this version does not know: never moved, cancelled or waited on
         self._foreign: set[str] = set()
         self._alive = alive  # touched on every tick: `vmpool probe scheduler` reads it
+        self.parking = Parking(connection, keys, inputs or {})
 
     def _now(self) -> float:
         if self._clock is not None:
@@ -230,13 +238,14 @@ class FleetScheduler(SchedulerHooks):
         rows = self.connection.zrangebyscore(
             self.scheduled_jobs_key, "-inf", self._now(), withscores=True
         )
-        due = [(_text(member), float(score)) for member, score in rows]
+        due = [(text(member), float(score)) for member, score in rows]
         return [(tid, score) for tid, score in due if tid not in self._foreign]
 
     def move(self, template_id: str, due: float) -> bool:
         """Enqueue the template's job and move it on, if ``due`` is still its due time.
 
-        True if this call moved it (to its next due time).
+        True if this call moved it (to its next due time). A job whose inputs are empty
+        is not run; the pending sweep parks (see the module docstring).
         """
         periodic = self._periodic(template_id)
         if periodic is None:
@@ -247,36 +256,39 @@ class FleetScheduler(SchedulerHooks):
         score = self.connection.zscore(self.scheduled_jobs_key, template_id)
         if score is None or float(score) != due:
             return False
-        run_id = ""
-        enqueued = False
-        # a bounded job's run gets this due time's own id (see the module docstring)
-        run = round(due * 1000) if JOBS[name].bounded else None
-        if run is None or not self._still_waiting(name):
-            run_id = job_id(self.keys, name, run=run)
-            enqueued = enqueue(self.connection, self.keys, name, run=run)
+        every = cadence(name, interval)
+        busy = self.parking.has_work(name)
+        outcome, run_id = self._run(name, due) if busy else (MoveOutcome.IDLE, "")
         now = self._now()
-        row = f"{now:.3f} {name} {int(enqueued)} {due!r} {self.name}"
-        moved = bool(
-            self._move_script(
-                keys=[
-                    self.scheduled_jobs_key,
-                    self.keys.schedule_log,
-                    self.keys.schedule_last_runs,
-                ],
-                args=[
-                    template_id,
-                    repr(due),
-                    repr(next_due(due, cadence(name, interval), now)),
-                    row,
-                    _LOG_LENGTH,
-                    name,
-                    run_id,
-                ],
-            )
-        )
+        after = next_due(due, every, now)
+        keys = [self.scheduled_jobs_key, self.keys.schedule_log, self.keys.schedule_last_runs]
+        row = log_row(now, name, outcome, due, after, self.name)
+        args: list[str | int] = [template_id, repr(due), repr(after), row, LOG_LENGTH, name, run_id]
+        if self.parking.parks(name):  # the script parks it if no input exists
+            parked = max(after, now + PARK_S)
+            keys += self.parking.park_keys(name)
+            args += [
+                repr(due + every),
+                repr(parked),
+                log_row(now, name, outcome, due, parked, self.name),
+            ]
+        moved = int(self._move_script(keys=keys, args=args))
         if moved:
-            log.debug("%s: %s", name, "enqueued" if enqueued else "already queued")
-        return moved
+            log.debug("%s: %s%s", name, outcome.name.lower(), ", parked" if moved == 2 else "")
+        return bool(moved)
+
+    def _run(self, name: Job, due: float) -> tuple[MoveOutcome, str]:
+        """Queue a run of ``name`` for ``due``: what was done, and the run's id ('' none).
+
+        A bounded job's run has this due time's own id, and is not queued while its
+        last run still waits (see the module docstring).
+        """
+        run = round(due * 1000) if JOBS[name].bounded else None
+        if run is not None and self._still_waiting(name):
+            return MoveOutcome.WAITING, ""
+        queued = enqueue(self.connection, self.keys, name, run=run)
+        run_id = job_id(self.keys, name, run=run)
+        return (MoveOutcome.QUEUED if queued else MoveOutcome.WAITING), run_id
 
     def _periodic(self, template_id: str) -> tuple[Job, float] | None:
         """The (job name, interval) of a template this version runs, else None.
@@ -322,7 +334,7 @@ class FleetScheduler(SchedulerHooks):
         rows = self.connection.zrange(
             self.scheduled_jobs_key, 0, len(self._foreign), withscores=True
         )
-        first = [score for member, score in rows if _text(member) not in self._foreign]
+        first = [score for member, score in rows if text(member) not in self._foreign]
         wait = self.tick_s
         if first:
             wait = min(wait, max(0.0, float(first[0]) - self._now()))
@@ -344,7 +356,7 @@ class FleetScheduler(SchedulerHooks):
                 self.tick()
                 if burst:
                     return
-                time.sleep(self.seconds_to_next_tick())
+                self.parking.wait(self.seconds_to_next_tick())
         finally:
             self._say_death()
 
@@ -370,20 +382,7 @@ class FleetScheduler(SchedulerHooks):
             log.info("scheduler: could not record its death: %s", exc)
 
 
-def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value
-
-
 def last_run_id(conn: redis.Redis, keys: Keys, job: Job) -> str | None:
     """The RQ job id of the job's latest scheduled run (its hash is gone once it ran)."""
     value = conn.hget(keys.schedule_last_runs, job)
-    return None if value is None else _text(value)
-
-
-def read_schedule_log(conn: redis.Redis, keys: Keys) -> list[ScheduleMove]:
-    """The schedule log, oldest first."""
-    rows: list[ScheduleMove] = []
-    for raw in reversed(conn.lrange(keys.schedule_log, 0, -1)):
-        when, job, enqueued, due, replica = _text(raw).split(" ", 4)
-        rows.append(ScheduleMove(float(when), job, enqueued == "1", float(due), replica))
-    return rows
+    return None if value is None else text(value)

@@ -10,7 +10,9 @@ One row per job, keyed by its name (:class:`vmpool.ids.Job`: the RQ job function
 - RQ's hard **timeout** for one run
 - whether it is **periodic**: the scheduler enqueues it every ``:schedule:`` interval of
   the same name
-- whether it is **bounded**: its interval is a promised bound, see :mod:`workers.schedule`.
+- whether it is **bounded**: its interval is a promised bound, see :mod:`workers.schedule`
+- whether it is **woken**: it parks while it has nothing to do, and the store's
+  reservation of a VM wakes it, see :mod:`workers.schedule_park`.
 
 ``aliases`` are the job names older releases used, still accepted by ``vmpool enqueue``.
 The config's older ``:schedule:`` keys are the config's own aliases
@@ -79,6 +81,7 @@ class JobSpec:
     summary: str  # one line, for `vmpool enqueue --help` and the docs
     periodic: bool = False
     bounded: bool = False
+    woken: bool = False
     aliases: tuple[str, ...] = ()
 
     @property
@@ -112,7 +115,8 @@ _ROWS: Final = (
     JobSpec(Job.PROVISION_SWEEP, QUEUE_SWEEPS, None, 300,
             "find requests with unreserved slots", periodic=True, aliases=("provision-sweep",)),
     JobSpec(Job.CHECK_PENDING_SWEEP, QUEUE_SWEEPS, None, 300,
-            "find booting VMs to check", periodic=True, aliases=("check-pending-sweep",)),
+            "find booting VMs to check", periodic=True, woken=True,
+            aliases=("check-pending-sweep",)),
     JobSpec(Job.REAP_RUNNING, QUEUE_SWEEPS, None, 300,
             "end running VMs past their lifetime", periodic=True, aliases=("reap",)),
     JobSpec(Job.DESTROY_SWEEP, QUEUE_SWEEPS, None, 300,
@@ -239,6 +243,8 @@ def jobs_markdown() -> str:
         periodic = f"yes (`{spec.name}`)" if spec.periodic else "no"
         if spec.bounded:
             periodic += ", bounded"
+        if spec.woken:
+            periodic += ", woken"
         aliases = ", ".join(f"`{a}`" for a in spec.aliases) or "-"
         argument = _ARGUMENT_SHOWN[spec.subject]
         rows.append(

@@ -22,7 +22,11 @@ different requests are independent, so each is checked alone):
   (``terminal_changed``: includes failed -> deleted, which vmpool's DELETE must refuse);
 - a request acknowledged as created, or seen, is never later missing (``lost_request``);
 - a ``ready`` answer lists as many hostnames per alias as were asked (``ready_wrong_vms``);
-- no hostname is handed to two requests (``hostname_shared``).
+- no hostname is handed to two requests (``hostname_shared``);
+- every acknowledged create and delete is followed by a read that answered
+  (``unchecked_ack`` otherwise): the checks above hold for every acknowledged
+  operation, not for the ones a poll happened to follow (:func:`acknowledged_checked`
+  counts them for the report).
 """
 
 from __future__ import annotations
@@ -514,6 +518,9 @@ def _check_one(rid: str, ops: list[Op], asked: dict[str, int] | None) -> list[Hi
                     out.append(
                         HistoryViolation("terminal_changed", rid, "already deleted, then failed")
                     )
+    for a in acks:
+        if not any(b.t0 > a.t1 for b in reads):
+            out.append(HistoryViolation("unchecked_ack", rid, f"{a.f} acknowledged, never read"))
     if asked is not None:
         for b in reads:
             if b.value != "ready":
@@ -522,6 +529,20 @@ def _check_one(rid: str, ops: list[Op], asked: dict[str, int] | None) -> list[Hi
             if got != asked:
                 out.append(HistoryViolation("ready_wrong_vms", rid, f"asked {asked}, got {got}"))
     return out
+
+
+def acknowledged_checked(ops: Sequence[Op]) -> dict[str, int]:
+    """How many creates and deletes were acknowledged, and how many a later read checked."""
+    last_read: dict[str, float] = {}
+    for op in ops:
+        if op.f == "read" and op.type == "ok":
+            last_read[op.rid] = max(last_read.get(op.rid, 0.0), op.t0)
+    out: Counter[str] = Counter()
+    for op in ops:
+        if op.f in ("create", "delete") and op.type == "ok":
+            out[f"{op.f}_acknowledged"] += 1
+            out[f"{op.f}_checked"] += int(last_read.get(op.rid, 0.0) > op.t1)
+    return dict(out)
 
 
 def _kind(before: str, after: str) -> str:

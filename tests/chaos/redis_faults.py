@@ -12,12 +12,17 @@ Topologies (``--redis``):
   10 s), ``redis_full`` (``maxmemory`` reached under ``noeviction`` for a few seconds)
   and ``power_loss`` (SIGKILL, the AOF cut back to its last fsync, started again).
 - ``sentinel``: a primary, two replicas and three sentinels (quorum 2,
-  ``down-after-milliseconds`` 5000); the fleet is given the
-  ``redis+sentinel://`` URL (durability ``auto``: each write waits for one replica).
-  Faults: ``failover_kill`` (the primary SIGKILLed; once a replica is promoted it is
-  started again on its own data, and is a primary again until the sentinels turn it
-  into a replica) and ``failover_lagging`` (the same, with one or both replicas
-  stalled, SIGSTOP, for a few seconds before the primary dies).
+  ``down-after-milliseconds`` 5000, ``min-replicas-to-write 1``); the fleet is given
+  the ``redis+sentinel://`` URL (durability ``auto``: each write waits for every
+  replica the sentinels could promote). Faults: ``failover_kill`` (the primary
+  SIGKILLed; once a replica is promoted it is started again on its own data, and is a
+  primary again until the sentinels turn it into a replica), ``failover_lagging`` (the
+  same, with one or both replicas stalled, SIGSTOP, for a few seconds before the
+  primary dies), ``planned_switch`` (``SENTINEL FAILOVER``: the old primary takes
+  writes until the sentinels turn it into a replica), ``switchover`` (``vmpool redis
+  switchover``, run as an operator would) and ``partition`` (the sentinels lose the
+  primary and one replica for 15 s, their ACL user switched off there, while the
+  fleet and that replica's replication link still reach the primary; then healed).
 
 Every Redis fault writes a canary first (acknowledged: through Sentinel, confirmed by a
 replica) and checks it after; measures the outage (until Redis takes a confirmed write
@@ -26,7 +31,7 @@ it does for restarts); and measures how long until a new request is ready
 (``served_after_s``, from the fault's end: the promotion, the thaw, memory freed, the
 restart; from the freeze itself for ``freeze_connections``; after a failover also
 ``served_after_writable_s``, from when the promoted primary takes writes confirmed by
-a replica again).
+a replica again; after a partition, from the heal).
 """
 
 from __future__ import annotations
@@ -36,6 +41,8 @@ import json
 import os
 import random
 import signal
+import subprocess
+import sys
 import threading
 import time
 import urllib.error
@@ -58,10 +65,11 @@ from vmpool.state.redis_health import RedisCondition, probe
 
 TOPOLOGIES = ("single", "sentinel")
 SINGLE_FAULTS = ("freeze_connections", "stall_redis", "redis_full", "power_loss")
-SENTINEL_FAULTS = ("failover_kill", "failover_lagging")
+SENTINEL_FAULTS = ("failover_kill", "failover_lagging", "planned_switch", "switchover", "partition")
 # The soak's own faults that restart the one server: not for a Sentinel group.
 SINGLE_SERVER_ONLY = ("redis_restart", "redis_kill9")
 STALL_S = 10.0
+PARTITION_S = 15.0
 DOWN_AFTER_MS = 5000
 SERVED_TIMEOUT_S = 90.0
 
@@ -339,6 +347,68 @@ class SentinelRedis(Topology):
                                 "writable_after_promotion_s": round(writable - promoted, 2),
                                 "served_after_s": served,
                                 "served_after_writable_s": after_writable})  # fmt: skip
+
+    def planned_switch(self, h: Harness) -> Outcome:
+        """``SENTINEL FAILOVER``, as the sentinels' own runbook does it."""
+        value = self.canary()
+        old = self.group.current_primary()
+        at = time.time()
+        self.group.failover()
+        new = self.group.wait_failover(old, timeout=90)
+        promoted = time.time()
+        writable = self.wait_writable()
+        h.record_outage(at, writable)
+        kept = self.canary_kept(value)
+        served = served_after(h.api_ports(), at, h.stop)
+        return Outcome("planned_switch", at, old.name, writable - at,
+                       note=f"{old.name} -> {new.name}", lost_canary=not kept,
+                       figures={"promoted_after_s": round(promoted - at, 2),
+                                "served_after_s": served})  # fmt: skip
+
+    def switchover(self, h: Harness) -> Outcome:
+        """``vmpool redis switchover``, run as an operator would (a process of its own)."""
+        value = self.canary()
+        at = time.time()
+        done = subprocess.run(
+            [sys.executable, "-m", "vmpool.cli.main", "redis", "switchover", "--json",
+             "--redis-url", self.url], capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        ended = time.time()
+        if done.returncode != 0:
+            raise RuntimeError(f"vmpool redis switchover exited {done.returncode}: {done.stderr}")
+        outcome = json.loads(done.stdout)
+        writable = self.wait_writable()
+        h.record_outage(at, writable)
+        kept = self.canary_kept(value)
+        served = served_after(h.api_ports(), at, h.stop)
+        return Outcome("switchover", at, outcome["old_primary"], ended - at,
+                       note=f"{outcome['old_primary']} -> {outcome['new_primary']}",
+                       lost_canary=not kept,
+                       figures={"writes_paused_s": outcome["writes_paused_s"],
+                                "served_after_s": served})  # fmt: skip
+
+    def partition(self, h: Harness) -> Outcome:
+        """The sentinels lose the primary and one replica for :data:`PARTITION_S`."""
+        value = self.canary()
+        old = self.group.current_primary()
+        replica = h.rng.choice([n for n in self.group.data_nodes if n is not old])
+        cut = [old, replica]
+        at = time.time()
+        self.group.partition(cut)
+        try:
+            h.stop.wait(PARTITION_S)
+        finally:
+            self.group.heal(cut)
+        healed = time.time()
+        writable = self.wait_writable()
+        h.record_outage(at, writable)
+        kept = self.canary_kept(value)
+        served = served_after(h.api_ports(), healed, h.stop)
+        moved = self.group.master_port() != old.port
+        return Outcome("partition", at, old.name, healed - at, lost_canary=not kept,
+                       note=f"{old.name}, {replica.name} cut off; failover: {moved}",
+                       figures={"writable_after_heal_s": round(writable - healed, 2),
+                                "served_after_s": served})  # fmt: skip
 
 
 def _start_quietly(node: Node) -> None:

@@ -74,6 +74,7 @@ import redis_faults  # noqa: E402
 from history import (  # noqa: E402
     Client,
     ClientOptions,
+    acknowledged_checked,
     check_history,
     ops_to_jsonl,
     position_summary,
@@ -233,6 +234,7 @@ class SoakReport:
     examples: list[str] = field(default_factory=list)
     settle: dict[str, Any] = field(default_factory=dict)
     client_ops: dict[str, int] = field(default_factory=dict)
+    acknowledged: dict[str, int] = field(default_factory=dict)
     redis_downtime_s: list[float] = field(default_factory=list)
     duration_s: float = 0.0
     load_s: float = 0.0
@@ -265,6 +267,7 @@ class SoakReport:
             f"  requests:    {self.requests}",
             f"  outcomes:    {kv(self.outcomes)}",
             f"  client ops:  {kv(self.client_ops)}",
+            f"  acknowledged: {kv(self.acknowledged)} (checked: a read answered after it)",
             f"  warm ops:    {kv(self.warm_ops)}",
             f"  clone slots: {kv(self.clone_slots)}",
             f"  quotas:      {json.dumps(self.quotas, sort_keys=True)}",
@@ -1103,11 +1106,14 @@ def run_soak(opts: SoakOptions, command: str = "") -> SoakReport:
         finally:
             conn.close()
         (workdir / "history.jsonl").write_text(ops_to_jsonl(client.ops))
+        if warm is not None:
+            (workdir / "warm_history.jsonl").write_text(ops_to_jsonl(warm.ops))
         findings += nemesis.findings
         report.requests = len(client.tracked)
         report.positions = position_summary(client.ops)
         report.by_priority = _by_priority(client)
         report.client_ops = dict(Counter(f"{o.f}:{o.type}" for o in client.ops))
+        report.acknowledged = acknowledged_checked(client.ops)
         report.faults = nemesis.counts()
         stops = ("redis_restart", "redis_kill9", "power_loss", *redis_faults.SENTINEL_FAULTS)
         report.redis_downtime_s = [
@@ -1246,6 +1252,8 @@ def _command(opts: SoakOptions) -> str:
         parts.append(f"--redis {opts.redis}")
     if opts.redis_faults:
         parts.append("--redis-faults")
+    if opts.faults:
+        parts.append(f"--faults {','.join(opts.faults)}")
     if not opts.warm:
         parts.append("--no-warm")
     return " ".join(parts)
@@ -1283,6 +1291,12 @@ def main(argv: list[str] | None = None) -> int:
         help="single: also freeze, stall, fill and power-cut Redis",
     )
     parser.add_argument(
+        "--faults",
+        default="",
+        metavar="KIND,...",
+        help="only these fault kinds (default: every kind of the target and topology)",
+    )
+    parser.add_argument(
         "--no-outage-credit",
         action="store_true",
         help="count Redis downtime against the settle bound too",
@@ -1313,6 +1327,7 @@ def main(argv: list[str] | None = None) -> int:
         workdir=args.workdir,
         redis=args.redis,
         redis_faults=args.redis_faults,
+        faults=tuple(k for k in args.faults.split(",") if k),
     )
     command = "python tests/chaos/soak.py " + " ".join(sys.argv[1:] if argv is None else argv)
     report = run_soak(opts, command)

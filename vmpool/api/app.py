@@ -15,10 +15,11 @@ import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 
-from fastapi import FastAPI
+from fastapi import APIRouter, FastAPI
 
 from vmpool.api.deps import ApiState, RedisClients
 from vmpool.api.errors import install_error_handlers
+from vmpool.api.hot_routes import HotRoute, HotRoutes, install_entry
 from vmpool.api.metrics import ApiMetrics, RedisStateCollector
 from vmpool.api.middleware import install_middleware
 from vmpool.api.routers import (
@@ -82,18 +83,35 @@ def create_app(
     )
     app.state.vmpool = st
     install_error_handlers(app)
-    app.include_router(ondemand.router, prefix=API_PREFIX)
-    app.include_router(token.router, prefix=API_PREFIX)
-    app.include_router(status.router, prefix=API_PREFIX)
-    app.include_router(vm.router, prefix=API_PREFIX)
-    app.include_router(vm_tasks.router, prefix=API_PREFIX)
-    app.include_router(pools.router, prefix=API_PREFIX)
-    app.include_router(summary.router, prefix=API_PREFIX)
-    app.include_router(timeline.router, prefix=API_PREFIX)
-    app.include_router(health.router)
-    app.include_router(dashboard.router)
-    install_middleware(app, st.metrics)
+    templates: dict[int, str] = {}  # id(route) -> its whole path
+    for router, prefix in _ROUTERS:
+        app.include_router(router, prefix=prefix)
+        templates.update((id(r), prefix + getattr(r, "path", "")) for r in router.routes)
+    install_middleware(app, st.metrics, templates)
+    install_entry(app, _hot_routes(), st.metrics)
     return app
+
+
+# Every router, with the prefix it is served under (in the order they are matched).
+_ROUTERS: tuple[tuple[APIRouter, str], ...] = (
+    (ondemand.router, API_PREFIX),
+    (token.router, API_PREFIX),
+    (status.router, API_PREFIX),
+    (vm.router, API_PREFIX),
+    (vm_tasks.router, API_PREFIX),
+    (pools.router, API_PREFIX),
+    (summary.router, API_PREFIX),
+    (timeline.router, API_PREFIX),
+    (health.router, ""),
+    (dashboard.router, ""),
+)
+
+
+def _hot_routes() -> HotRoutes:
+    """The routes the entry layer serves itself (each also in its router, as above)."""
+    routes = [HotRoute(m, API_PREFIX + path, e) for m, path, e in ondemand.HOT]
+    routes += [HotRoute(m, path, e) for m, path, e in health.HOT]
+    return HotRoutes(routes)
 
 
 def _closing(

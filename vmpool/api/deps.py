@@ -27,6 +27,7 @@ from starlette.concurrency import run_in_threadpool
 from vmpool.api.errors import Rejected
 from vmpool.api.ldap_auth import DirectoryUnavailable, ldap_login
 from vmpool.api.metrics import ApiMetrics
+from vmpool.api.packing import pack_with_hiredis
 from vmpool.config import AuthConfig, Config, default_redis_options
 from vmpool.ids import InvalidIdentifier, validate_token, validate_user_name
 from vmpool.state.connection import RedisOptions, connect, connect_async
@@ -87,6 +88,7 @@ class LoopClients:
         client = self._by_loop.get(loop)
         if client is None:
             client = connect_async(self.url, self.options, decode_responses=True)
+            pack_with_hiredis(client)
             self._by_loop[loop] = client
         return client
 

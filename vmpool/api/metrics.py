@@ -107,6 +107,22 @@ class ApiMetrics:
         )
         for kind in ("success", "duplicaterequests"):
             self.generate.labels(kind)
+        # (route, method, status) -> its counter and histogram children: a response is
+        # counted without the label lookups (the label sets are bounded, so is this).
+        self._observed: dict[tuple[str, str, int], tuple[Counter, Histogram]] = {}
+
+    def observe(self, route: str, method: str, status: int, seconds: float) -> None:
+        """One response of ``route`` (a template, or ``unmatched``): counted, and timed."""
+        key = (route, http_method(method), status)
+        children = self._observed.get(key)
+        if children is None:
+            children = (
+                self.responses.labels(route, method, str(status)),
+                self.latency.labels(route, method),
+            )
+            self._observed[key] = children
+        children[0].inc()
+        children[1].observe(seconds)
 
     def render(self) -> bytes:
         return bytes(generate_latest(self.registry))

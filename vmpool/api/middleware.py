@@ -1,11 +1,14 @@
-"""The two layers around every request.
+"""The layer around every request that FastAPI routes, and vmpooler's trailing slash.
 
-vmpooler's optional trailing slash, and the per-route response counters and latency
-histogram."""
+:class:`Observe` counts responses and latency per route template (the hot routes are
+counted alike by :class:`~vmpool.api.hot_routes.Entry`, which serves them without this
+stack). :func:`without_trailing_slash` is vmpooler's optional trailing slash, applied
+by the entry layer before anything else sees the path."""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from fastapi import FastAPI
@@ -13,36 +16,34 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from vmpool.api.metrics import ApiMetrics
 
-__all__ = ["Observe", "TrailingSlash", "install_middleware"]
+__all__ = ["Observe", "install_middleware", "without_trailing_slash"]
 
 
-class TrailingSlash:
-    """vmpooler's routes end in ``/?``: serve ``/x/`` as ``/x`` (no redirect)."""
-
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http":
-            path = scope.get("path", "")
-            if len(path) > 1 and path.endswith("/"):
-                scope = dict(scope)
-                scope["path"] = path.rstrip("/") or "/"
-                raw = scope.get("raw_path")
-                if isinstance(raw, bytes):
-                    scope["raw_path"] = raw.rstrip(b"/") or b"/"
-        await self.app(scope, receive, send)
+def without_trailing_slash(scope: Scope) -> Scope:
+    """vmpooler's routes end in ``/?``: ``/x/`` is served as ``/x`` (no redirect)."""
+    path = scope.get("path", "")
+    if len(path) <= 1 or not path.endswith("/"):
+        return scope
+    scope = dict(scope)
+    scope["path"] = path.rstrip("/") or "/"
+    raw = scope.get("raw_path")
+    if isinstance(raw, bytes):
+        scope["raw_path"] = raw.rstrip(b"/") or b"/"
+    return scope
 
 
 class Observe:
     """Counts responses and latency per route template.
 
-    A 404 that matched no route is counted as ``unmatched``, so hostile paths cannot grow
-    the label set."""
+    The template is the route's whole path, its router's prefix included (``templates``:
+    id(route) -> template; FastAPI hands the route as its router declared it). A 404 that
+    matched no route is counted as ``unmatched``, so hostile paths cannot grow the label
+    set."""
 
-    def __init__(self, app: ASGIApp, metrics: ApiMetrics) -> None:
+    def __init__(self, app: ASGIApp, metrics: ApiMetrics, templates: Mapping[int, str]):
         self.app = app
         self.metrics = metrics
+        self.templates = templates
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -60,22 +61,11 @@ class Observe:
             await self.app(scope, receive, send_wrapper)
         finally:
             route = scope.get("route")
-            template = getattr(route, "path", None) or "unmatched"
+            template = self.templates.get(id(route)) or getattr(route, "path", None) or "unmatched"
             method = str(scope.get("method", ""))
-            m = self.metrics
-            m.responses.labels(template, method, str(status["code"])).inc()
-            m.latency.labels(template, method).observe(time.perf_counter() - start)
+            self.metrics.observe(template, method, status["code"], time.perf_counter() - start)
 
 
-def install_middleware(app: FastAPI, metrics: ApiMetrics) -> None:
-    """:class:`Observe` in the app's middleware stack.
-
-    :class:`TrailingSlash` around the whole built stack, Starlette's own error middleware
-    included, so every layer sees the rewritten path."""
-    app.add_middleware(Observe, metrics=metrics)
-    build_stack = app.build_middleware_stack
-
-    def build() -> ASGIApp:
-        return TrailingSlash(build_stack())
-
-    app.build_middleware_stack = build  # type: ignore[method-assign]
+def install_middleware(app: FastAPI, metrics: ApiMetrics, templates: Mapping[int, str]) -> None:
+    """:class:`Observe` in the app's middleware stack."""
+    app.add_middleware(Observe, metrics=metrics, templates=templates)

@@ -1,8 +1,11 @@
-"""Every response the API sends is JSON rendered as vmpooler renders it.
+"""Every response the API sends is JSON, keeping the key order the handler built.
 
-vmpooler's specs compare ``JSON.pretty_generate`` output byte for byte, so the body is
-two-space indented and keeps the key order the handler built. Errors and unknown routes
-go through the same class.
+Two renderings. Most replies are vmpooler's ``JSON.pretty_generate`` (two-space indent),
+which vmpooler's specs compare byte for byte. The hot replies, those a client sends or
+polls in a loop (POST /ondemandvm's 201, GET /ondemandvm/<id>, /healthz), are
+``JSON.generate``'s compact form: the same JSON to any parser (vmfloaty, vmpooler's
+clients, ``curl | jq``), rendered by the C encoder, where an indent takes Python's own
+(profiled: docs/benchmarks.md). Errors and unknown routes go through the pretty class.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ from typing import Any
 
 from starlette.responses import Response
 
-__all__ = ["PrettyJSON", "not_ok", "reply"]
+__all__ = ["CompactJSON", "PrettyJSON", "hot_reply", "not_ok", "reply"]
 
 
 class PrettyJSON(Response):
@@ -29,11 +32,28 @@ class PrettyJSON(Response):
             return json.dumps(content, indent=2, ensure_ascii=True).encode("ascii")
 
 
+class CompactJSON(Response):
+    """JSON as Ruby's ``JSON.generate`` renders it: no whitespace, the C encoder."""
+
+    media_type = "application/json"
+
+    def render(self, content: Any) -> bytes:
+        try:
+            return json.dumps(content, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+        except UnicodeEncodeError:  # a lone surrogate echoed from hostile input
+            return json.dumps(content, separators=(",", ":")).encode("ascii")
+
+
 def reply(
     status: int, body: Mapping[str, Any], headers: Mapping[str, str] | None = None
 ) -> Response:
     """``body`` as pretty JSON with ``status`` (and ``headers``)."""
     return PrettyJSON(dict(body), status_code=status, headers=dict(headers or {}))
+
+
+def hot_reply(status: int, body: Mapping[str, Any]) -> Response:
+    """``body`` as compact JSON with ``status``: a reply clients send or poll for in a loop."""
+    return CompactJSON(body, status_code=status)
 
 
 def not_ok(status: int, **fields: Any) -> Response:

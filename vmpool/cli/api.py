@@ -107,9 +107,11 @@ def _serve(
     """uvicorn with one app, or ``workers`` processes each building its own.
 
     ``forwarded_allow_ips`` None: uvicorn's default (loopback, or its
-    FORWARDED_ALLOW_IPS)."""
+    FORWARDED_ALLOW_IPS). uvicorn's logging, its access log written off the event loop
+    (vmpool.api.access_log)."""
     import uvicorn
 
+    from vmpool.api.access_log import uvicorn_log_config
     from vmpool.api.app import LISTEN_HOST_ENV, create_app
 
     if workers == 1:
@@ -119,6 +121,7 @@ def _serve(
             host=host,
             port=port,
             log_level=log_level,
+            log_config=uvicorn_log_config(),
             proxy_headers=True,
             forwarded_allow_ips=forwarded_allow_ips,
         )
@@ -135,6 +138,7 @@ def _serve(
         port=port,
         workers=workers,
         log_level=log_level,
+        log_config=uvicorn_log_config(),
         proxy_headers=True,
         forwarded_allow_ips=forwarded_allow_ips,
     )

@@ -13,7 +13,7 @@ from typing import IO, Any
 
 import click
 
-__all__ = ["CliError", "CliFailure", "one_line"]
+__all__ = ["CliError", "CliFailure", "OneLineCommand", "OneLineGroup", "one_line"]
 
 
 def one_line(text: str) -> str:
@@ -37,3 +37,35 @@ class CliFailure(CliError):
     """A failed check or a failed request: the same one line, exit 1."""
 
     exit_code = 1
+
+
+class OneLineCommand(click.Command):
+    """A command whose bad usage is one line and exit 2, like every other failure.
+
+    For commands read by machines or in `kubectl describe pod`, and operators' commands
+    whose bad input must say one thing.
+    """
+
+    def make_context(
+        self,
+        info_name: str | None,
+        args: list[str],
+        parent: click.Context | None = None,
+        **extra: Any,
+    ) -> click.Context:
+        try:
+            return super().make_context(info_name, args, parent=parent, **extra)
+        except click.UsageError as exc:
+            raise CliError(f"{self.name}: {exc.format_message()}") from None
+
+
+class OneLineGroup(click.Group):
+    """A group whose unknown subcommand is one line and exit 2."""
+
+    def resolve_command(
+        self, ctx: click.Context, args: list[str]
+    ) -> tuple[str | None, click.Command | None, list[str]]:
+        try:
+            return super().resolve_command(ctx, args)
+        except click.UsageError as exc:
+            raise CliError(f"{self.name}: {exc.format_message()}") from None

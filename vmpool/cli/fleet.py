@@ -264,13 +264,15 @@ def _schedule(cli: CliContext, interval: float, *, burst: bool, alive: AliveFile
 
     As the worker, a Redis that is gone or refuses writes is waited out (one line when
     lost, one when back), not a crash."""
+    from vmpool.lifecycle.idle import sweep_inputs
     from workers.loop import RedisOutage, redis_unusable, wait_for_redis, writable_check
     from workers.schedule import FleetScheduler, schedule_intervals
 
     conn = cli.rq_redis
     check = writable_check(conn, cli.keys)
+    inputs = sweep_inputs(cli.config, cli.keys)  # a sweep with none of them is not run
     while True:
-        scheduler = FleetScheduler(conn, cli.keys, interval=interval, alive=alive)
+        scheduler = FleetScheduler(conn, cli.keys, interval=interval, alive=alive, inputs=inputs)
         outage = RedisOutage(f"scheduler {scheduler.name}")
         try:
             scheduler.install(schedule_intervals(cli.config.schedule))

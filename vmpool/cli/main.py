@@ -42,6 +42,7 @@ COMMANDS: Final[Mapping[str, str]] = MappingProxyType(
         "probe": "vmpool.cli.probe:probe_group",
         "vm": "vmpool.cli.vm:vm_group",
         "fleet-id": "vmpool.cli.fleet_id:fleet_id_command",
+        "redis": "vmpool.cli.redis_admin:redis_group",
     }
 )
 

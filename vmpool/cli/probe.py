@@ -21,7 +21,7 @@ from typing import Any, Final, TypeVar
 import click
 
 from vmpool.cli.context import CliContext, with_context
-from vmpool.cli.errors import CliError, CliFailure
+from vmpool.cli.errors import CliError, CliFailure, OneLineCommand, OneLineGroup
 
 __all__ = ["ALIVE_FILE_ENV", "SCHEDULER_ALIVE_FILE_ENV", "probe_group"]
 
@@ -29,34 +29,6 @@ __all__ = ["ALIVE_FILE_ENV", "SCHEDULER_ALIVE_FILE_ENV", "probe_group"]
 ALIVE_FILE_ENV: Final = "VMPOOL_WORKER_ALIVE_FILE"
 # The same for `vmpool scheduler`.
 SCHEDULER_ALIVE_FILE_ENV: Final = "VMPOOL_SCHEDULER_ALIVE_FILE"
-
-
-class _OneLineUsage(click.Command):
-    """Bad usage as one line and exit 2, like every other failure here.
-
-    A probe's output is read in `kubectl describe pod`, not in a terminal."""
-
-    def make_context(
-        self,
-        info_name: str | None,
-        args: list[str],
-        parent: click.Context | None = None,
-        **extra: Any,
-    ) -> click.Context:
-        try:
-            return super().make_context(info_name, args, parent=parent, **extra)
-        except click.UsageError as exc:
-            raise CliError(f"{self.name}: {exc.format_message()}") from None
-
-
-class _OneLineGroup(click.Group):
-    def resolve_command(
-        self, ctx: click.Context, args: list[str]
-    ) -> tuple[str | None, click.Command | None, list[str]]:
-        try:
-            return super().resolve_command(ctx, args)
-        except click.UsageError as exc:
-            raise CliError(f"{self.name}: {exc.format_message()}") from None
 
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -86,12 +58,12 @@ def _alive_options(env: str, who: str) -> Callable[[F], F]:
     return decorate
 
 
-@click.group("probe", cls=_OneLineGroup)
+@click.group("probe", cls=OneLineGroup)
 def probe_group() -> None:
     """Health checks for Kubernetes' probes (no Redis needed)."""
 
 
-@probe_group.command("worker", cls=_OneLineUsage)
+@probe_group.command("worker", cls=OneLineCommand)
 @with_context(follow_fleet=False)
 @_alive_options(ALIVE_FILE_ENV, "worker")
 def probe_worker_command(cli: CliContext, max_age: float, path: str | None) -> None:
@@ -100,7 +72,7 @@ def probe_worker_command(cli: CliContext, max_age: float, path: str | None) -> N
     check_alive("worker", path, max_age, ALIVE_FILE_ENV)
 
 
-@probe_group.command("scheduler", cls=_OneLineUsage)
+@probe_group.command("scheduler", cls=OneLineCommand)
 @with_context()
 @_alive_options(SCHEDULER_ALIVE_FILE_ENV, "scheduler")
 def probe_scheduler_command(cli: CliContext, max_age: float, path: str | None) -> None:

@@ -295,8 +295,11 @@ class RedisSection(Section):
         description="What an acknowledged write waits for: auto (replicas through"
         " Sentinel, else none), none, replicas (WAIT for durability_replicas)",
     )
-    durability_replicas: ReplicaCount = Field(
-        default=1, description="Replicas that must hold a write before it is acknowledged"
+    durability_replicas: ReplicaCount | None = Field(
+        default=None,
+        description="Replicas that must hold a write before it is acknowledged (default:"
+        " through Sentinel every replica the sentinels could promote, else 1); fewer"
+        " trades safety for availability",
     )
     durability_timeout: RedisTimeoutSeconds = seconds(
         2, "How long a write waits for its confirmations before it is refused as unconfirmed"

@@ -36,6 +36,7 @@ from vmpool.state.transitions import VM_TO_DESTROY, VMState
 from vmpool.state.workset import WorkSet
 
 __all__ = [
+    "REDISPATCHED",
     "check_pending_sweep",
     "check_pending_vm",
     "create_vm",
@@ -305,7 +306,7 @@ def check_pending_sweep(fleet: Fleet, pool: str | None = None) -> int:
     pending = check_batched(fleet, pools)  # a batching provider's VMs: checked here
     # work-set subjects back in line (a deferral over, a dead claimer's lease ended):
     # dispatched again, which queues a batch job for them (they are in the set once)
-    due = WorkSet(fleet.redis, fleet.keys).lapsed(_REDISPATCH, now) if pool is None else {}
+    due = WorkSet(fleet.redis, fleet.keys).lapsed(REDISPATCHED, now) if pool is None else {}
     pending = list(dict.fromkeys([*pending, *due.get(Job.CHECK_PENDING_VM, [])]))
     stale = list(dict.fromkeys([*stale, *due.get(Job.CREATE_VM, [])]))
     if pending:
@@ -320,8 +321,9 @@ def check_pending_sweep(fleet: Fleet, pool: str | None = None) -> int:
     return len(pending) + len(stale) + len(requests)
 
 
-# The work sets whose subjects the pending sweep dispatches again once they are due.
-_REDISPATCH = (Job.CREATE_VM, Job.CHECK_PENDING_VM, Job.PROVISION_REQUEST)
+# The work sets whose subjects the pending sweep dispatches again once they are due
+# (also what the scheduler checks before it runs it: vmpool/lifecycle/idle.py).
+REDISPATCHED = (Job.CREATE_VM, Job.CHECK_PENDING_VM, Job.PROVISION_REQUEST)
 
 
 def _flat(by_pool: Mapping[str, Sequence[str]]) -> list[str]:

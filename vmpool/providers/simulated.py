@@ -73,6 +73,10 @@ _CREATE_LUA = _lua("simulated_create.lua")
 _DESTROY_ATTEMPT_LUA = _lua("simulated_destroy_attempt.lua")
 _DESTROY_LUA = _lua("simulated_destroy.lua")
 _ANNOTATE_LUA = _lua("simulated_annotate.lua")
+_LIST_LUA = _lua("simulated_list.lua")
+
+# VMs per call of the list (a cloud's page: EC2's DescribeInstances returns up to 1000).
+LIST_PAGE: Final = 1000
 
 
 class SimulatedProvider(Provider, Snapshots, Disks):
@@ -277,14 +281,14 @@ class SimulatedProvider(Provider, Snapshots, Disks):
 
     @staticmethod
     def _to_vm(fields: Mapping[str, str], now: float) -> ProviderVM:
-        ready = fields.get("never_ready") != "1" and float(fields["ready_at"]) <= now
-        return ProviderVM(
-            name=fields["name"],
-            pool=fields["pool"],
-            template=fields["template"],
-            state=ProviderVMState.RUNNING if ready else ProviderVMState.BOOTING,
-            created_at=float(fields["created_at"]),
-            hostname=fields["name"],
+        return _vm(
+            fields["name"],
+            fields["pool"],
+            fields["template"],
+            fields["created_at"],
+            fields["ready_at"],
+            fields.get("never_ready", ""),
+            now,
         )
 
 
@@ -299,27 +303,29 @@ class ListingSimulatedProvider(SimulatedProvider, StatusBatch):
     # eventually consistent list needs: ``vmpool.lifecycle.pending.list_lag_s``).
     list_lag_s = 0.0
 
+    def __init__(
+        self, redis: Redis, keys: Keys, name: str, options: Mapping[str, Any] | None = None
+    ) -> None:
+        super().__init__(redis, keys, name, options)
+        self._list_script = redis.register_script(_LIST_LUA)
+
     def statuses(self, names: Collection[str]) -> dict[str, ProviderVM | None]:
         """Each of ``names`` as of the server's clock now, None for a VM not held.
 
-        One round trip for any number (:class:`~vmpool.providers.StatusBatch`, what a
-        cloud's list call is), so the pending sweep checks every booting VM of this
-        provider at once and takes a lock only for those whose answer changes something."""
+        One call per page of :data:`LIST_PAGE` names, read on the server
+        (simulated_list.lua), as a cloud's list call is one per page: the pending sweep
+        checks every booting VM of this provider at once and takes a lock only for those
+        whose answer changes something."""
         ordered = list(dict.fromkeys(names))
-        if not ordered:
-            return {}
-        # Not a MULTI: a list is a snapshot either way, and a transaction's per-command
-        # QUEUED replies double what the client parses for a long list.
-        pipe = self._redis.pipeline(transaction=False)
-        for name in ordered:  # the fields a status needs: a third of the hash to parse
-            pipe.hmget(self._keys.sim_vm(self.name, name), _STATUS_FIELDS)
-        pipe.time()
-        *records, server_time = pipe.execute()
-        now = _seconds(server_time)
-        return {
-            name: self._to_vm(_status_fields(name, values), now) if values[0] else None
-            for name, values in zip(ordered, records, strict=True)
-        }
+        out: dict[str, ProviderVM | None] = {}
+        vm_key = self._keys.sim_vm
+        for start in range(0, len(ordered), LIST_PAGE):
+            page = ordered[start : start + LIST_PAGE]
+            now_s, *lines = self._list_script(keys=[vm_key(self.name, n) for n in page])
+            now = float(_text(now_s))
+            for name, line in zip(page, lines, strict=True):
+                out[name] = _listed(name, _text(line), now) if line else None
+        return out
 
 
 def simulated_provider(
@@ -338,14 +344,31 @@ def simulated_provider(
     return SimulatedProvider(redis, keys, name, options)
 
 
-# What ``statuses`` reads of a simulated VM's hash (``pool`` first: absent = no VM).
-_STATUS_FIELDS: Final = ("pool", "template", "created_at", "ready_at", "never_ready")
+def _vm(
+    name: str,
+    pool: str,
+    template: str,
+    created_at: str,
+    ready_at: str,
+    never_ready: str,
+    now: float,
+) -> ProviderVM:
+    """A simulated VM as of server time ``now``: running once its ``ready_at`` has passed."""
+    ready = never_ready != "1" and float(ready_at) <= now
+    return ProviderVM(
+        name=name,
+        pool=pool,
+        template=template,
+        state=ProviderVMState.RUNNING if ready else ProviderVMState.BOOTING,
+        created_at=float(created_at),
+        hostname=name,
+    )
 
 
-def _status_fields(name: str, values: list[Any]) -> dict[str, str]:
-    fields = {"name": name}
-    fields.update((k, _text(v)) for k, v in zip(_STATUS_FIELDS, values, strict=True) if v)
-    return fields
+def _listed(name: str, line: str, now: float) -> ProviderVM:
+    """The VM of one line of a simulated_list.lua page, as of ``now``."""
+    pool, template, created_at, ready_at, never_ready = line.split("\t")
+    return _vm(name, pool, template, created_at, ready_at, never_ready, now)
 
 
 def _seconds(server_time: tuple[int, int]) -> float:

@@ -7,10 +7,13 @@
 The client it gives:
 
 - Finds the primary through the sentinels for a ``redis+sentinel://`` URL. That is the
-  address a majority of them name (:class:`MajoritySentinel`).
-- Follows a failover. A connection that meets READONLY (its server became a replica) is
-  dropped, and the next one asks the sentinels again (redis-py's
-  ``SentinelConnectionPool``).
+  address a majority of them name (:class:`~vmpool.state.sentinel.MajoritySentinel`).
+- Follows a failover. The client watches the group (:mod:`vmpool.state.group_watch`):
+  every connection leads to the primary a majority of the sentinels name now, and one
+  open to another server reopens there before it sends
+  (:class:`~vmpool.state.sentinel.FollowingConnection`). A connection that meets
+  READONLY (its server became a replica) is dropped, the sentinels are asked again,
+  and the command is retried where they name.
 - Notices a dead or frozen connection within bounded time. It has a socket timeout on
   every read (``socket_timeout``), a connect timeout, a PING before reusing a connection
   idle for ``health_check_interval``, and TCP keepalive (:data:`KEEPALIVE`) for peers
@@ -19,26 +22,28 @@ The client it gives:
   restart costs no error. The pool's idle connections are closed with it
   (:class:`ResettingRetry`): they lead to the same dead or frozen server, and would each
   cost one more socket timeout.
-- Confirms the durability of every script it runs (:mod:`vmpool.state.durability`).
+- Confirms the durability of every script it runs (:mod:`vmpool.state.durability`):
+  through Sentinel, held by every replica the sentinels could promote.
 
 RQ needs ``decode_responses=False``. The store works with either.
 """
 
 from __future__ import annotations
 
+import asyncio
 import copy
+import functools
 import inspect
 import socket
-from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final, cast
 
 import redis
 from redis.asyncio.retry import Retry as AsyncRetry
-from redis.asyncio.sentinel import Sentinel as AsyncSentinel
-from redis.backoff import ExponentialBackoff
+from redis.backoff import ExponentialBackoff, NoBackoff
 from redis.retry import Retry
-from redis.sentinel import MasterNotFoundError, Sentinel
+from redis.sentinel import Sentinel
 
 from vmpool.state.durability import (
     ConfirmingAsyncRedis,
@@ -46,9 +51,24 @@ from vmpool.state.durability import (
     DurabilitySetting,
     resolve_durability,
 )
+from vmpool.state.group_watch import Address, FollowingDurability, GroupWatch, read_view
 from vmpool.state.redis_target import SentinelTarget, is_sentinel_url, parse_sentinel_url
+from vmpool.state.sentinel import (
+    AsyncFollowingConnection,
+    AsyncMajoritySentinel,
+    FollowingConnection,
+    MajoritySentinel,
+)
 
-__all__ = ["KEEPALIVE", "RETRY_ON", "RedisOptions", "connect", "connect_async"]
+__all__ = [
+    "KEEPALIVE",
+    "RETRY_ON",
+    "RedisOptions",
+    "connect",
+    "connect_async",
+    "node_kwargs",
+    "sentinel_clients",
+]
 
 # TCP keepalive on every connection: the first probe after 10 s idle, then every 5 s,
 # given up after 3 unanswered: a peer gone without a word is noticed within ~25 s even
@@ -66,68 +86,6 @@ _RETRIES: Final = 1
 _BACKOFF: Final = ExponentialBackoff(cap=0.5, base=0.05)
 
 
-def _majority(sentinels: int, votes: Counter[tuple[Any, Any]]) -> tuple[Any, Any] | None:
-    """The address a majority of ``sentinels`` name, if one does."""
-    for address, count in votes.most_common(1):
-        if count > sentinels // 2:
-            return address
-    return None
-
-
-def _no_master(service: str, errors: list[str]) -> MasterNotFoundError:
-    seen = f": {', '.join(errors)}" if errors else ""
-    return MasterNotFoundError(
-        f"No master named by a majority of the sentinels for {service!r}{seen}"
-    )
-
-
-class MajoritySentinel(Sentinel):
-    """redis-py's Sentinel, whose primary is the address a majority of sentinels name.
-
-    redis-py takes the first sentinel's answer. A sentinel that has not heard of a failover
-    yet still names the old primary. That one may be back on its own data, and writes sent
-    there would be lost (docs/reliability.md, Findings).
-    """
-
-    def discover_master(self, service_name: str) -> tuple[Any, Any]:
-        votes: Counter[tuple[Any, Any]] = Counter()
-        errors = []
-        for sentinel in self.sentinels:
-            try:
-                masters: dict[str, Any] = sentinel.sentinel_masters()  # type: ignore[assignment]
-                state = masters.get(service_name)
-            except (redis.ConnectionError, redis.TimeoutError) as exc:
-                errors.append(repr(exc))
-                continue
-            if state and self.check_master_state(state, service_name):  # type: ignore[no-untyped-call]
-                votes[(state["ip"], state["port"])] += 1
-        address = _majority(len(self.sentinels), votes)
-        if address is None:
-            raise _no_master(service_name, errors)
-        return address
-
-
-class AsyncMajoritySentinel(AsyncSentinel):
-    """:class:`MajoritySentinel` for asyncio."""
-
-    async def discover_master(self, service_name: str) -> tuple[Any, Any]:
-        votes: Counter[tuple[Any, Any]] = Counter()
-        errors = []
-        for sentinel in self.sentinels:
-            try:
-                masters: dict[str, Any] = await sentinel.sentinel_masters()  # type: ignore[assignment]
-                state = masters.get(service_name)
-            except (redis.ConnectionError, redis.TimeoutError) as exc:
-                errors.append(repr(exc))
-                continue
-            if state and self.check_master_state(state, service_name):
-                votes[(state["ip"], state["port"])] += 1
-        address = _majority(len(self.sentinels), votes)
-        if address is None:
-            raise _no_master(service_name, errors)
-        return address
-
-
 class _PoolRetry:
     """The retry of one client's connections: a failure closes the idle ones too.
 
@@ -139,6 +97,10 @@ class _PoolRetry:
     """
 
     pool: Any = None
+    # Through Sentinel: called on every failure, before the retry. A demoted primary
+    # (READONLY) or a lost server is a reason to ask the sentinels again, and the retry
+    # goes where they name.
+    refresh: Callable[[], Any] | None = None
 
     def __deepcopy__(self, memo: dict[int, Any]) -> Any:
         clone = copy.copy(self)
@@ -149,6 +111,8 @@ class _PoolRetry:
 class ResettingRetry(_PoolRetry, Retry):
     def call_with_retry(self, do: Any, fail: Any, *args: Any, **kwargs: Any) -> Any:
         def failed(error: Exception, *rest: Any) -> Any:
+            if self.refresh is not None:
+                self.refresh()
             if self.pool is not None:
                 self.pool.disconnect(inuse_connections=False)
             return fail(error, *rest)
@@ -159,6 +123,8 @@ class ResettingRetry(_PoolRetry, Retry):
 class AsyncResettingRetry(_PoolRetry, AsyncRetry):
     async def call_with_retry(self, do: Any, fail: Any, *args: Any, **kwargs: Any) -> Any:
         async def failed(error: Exception, *rest: Any) -> Any:
+            if self.refresh is not None:
+                await asyncio.to_thread(self.refresh)
             if self.pool is not None:
                 await self.pool.disconnect(inuse_connections=False)
             result = fail(error, *rest)
@@ -190,12 +156,18 @@ class RedisOptions:
         }
 
     def sentinel_kwargs(self, target: SentinelTarget) -> dict[str, Any]:
-        """Keyword arguments of the connections to the sentinels themselves."""
-        kwargs = {
+        """Keyword arguments of the connections to the sentinels themselves.
+
+        No retry: a question to the sentinels goes to each of them, and one dead is one
+        voice missing. redis-py's default (10 retries with backoff) spent about 5 s on each
+        dead server, and a view of the group made that slowly was stale when it came.
+        """
+        kwargs: dict[str, Any] = {
             "socket_timeout": self.socket_timeout_s,
             "socket_connect_timeout": self.connect_timeout_s,
             "socket_keepalive": True,
             "socket_keepalive_options": dict(KEEPALIVE),
+            "retry": Retry(NoBackoff(), 0),
         }
         if target.sentinel_password is not None:
             kwargs["password"] = target.sentinel_password
@@ -220,18 +192,24 @@ def connect(
     if max_connections is not None:
         kwargs["max_connections"] = max_connections
     client: ConfirmingRedis
-    if is_sentinel_url(url):
-        target = parse_sentinel_url(url)
-        sentinel = MajoritySentinel(  # type: ignore[no-untyped-call]
-            list(target.hosts), sentinel_kwargs=options.sentinel_kwargs(target)
-        )
-        client = sentinel.master_for(  # type: ignore[no-untyped-call]
-            target.master, redis_class=ConfirmingRedis, **_auth(target), **kwargs
-        )
-        client.via_sentinel = True
-    else:
+    if not is_sentinel_url(url):
         client = cast(ConfirmingRedis, ConfirmingRedis.from_url(url, **kwargs))
-    client.durability = resolve_durability(options.durability, sentinel=client.via_sentinel)
+        client.durability = resolve_durability(options.durability)
+        retry.pool = client.connection_pool  # before any connection copies the retry
+        return client
+    target = parse_sentinel_url(url)
+    sentinel = MajoritySentinel(  # type: ignore[no-untyped-call]
+        list(target.hosts), sentinel_kwargs=options.sentinel_kwargs(target)
+    )
+    following = _following(sentinel, target, options)
+    if following is not None:
+        kwargs["named_primary"] = following.watch.named_primary
+        retry.refresh = following.watch.refresh
+    client = sentinel.master_for(  # type: ignore[no-untyped-call]
+        target.master, redis_class=ConfirmingRedis, connection_class=FollowingConnection,
+        **_auth(target), **kwargs,
+    )  # fmt: skip
+    _follow(client, following, options)
     retry.pool = client.connection_pool  # before any connection copies the retry
     return client
 
@@ -239,26 +217,103 @@ def connect(
 def connect_async(
     url: str, options: RedisOptions, *, decode_responses: bool
 ) -> ConfirmingAsyncRedis:
-    """:func:`connect` for asyncio: one per event loop (a connection belongs to its loop)."""
+    """:func:`connect` for asyncio: one per event loop (a connection belongs to its loop).
+
+    Through Sentinel it watches the group with synchronous clients of its own, in the
+    watch's thread.
+    """
     kwargs = options.client_kwargs()
     retry = AsyncResettingRetry(_BACKOFF, _RETRIES, supported_errors=RETRY_ON)
     kwargs["retry"] = retry
     kwargs["decode_responses"] = decode_responses
     client: ConfirmingAsyncRedis
-    if is_sentinel_url(url):
-        target = parse_sentinel_url(url)
-        sentinel = AsyncMajoritySentinel(  # type: ignore[no-untyped-call]
-            list(target.hosts), sentinel_kwargs=options.sentinel_kwargs(target)
-        )
-        client = sentinel.master_for(
-            target.master, redis_class=ConfirmingAsyncRedis, **_auth(target), **kwargs
-        )
-        client.via_sentinel = True
-    else:
+    if not is_sentinel_url(url):
         client = cast(ConfirmingAsyncRedis, ConfirmingAsyncRedis.from_url(url, **kwargs))
-    client.durability = resolve_durability(options.durability, sentinel=client.via_sentinel)
+        client.durability = resolve_durability(options.durability)
+        retry.pool = client.connection_pool  # before any connection copies the retry
+        return client
+    target = parse_sentinel_url(url)
+    sentinels = AsyncMajoritySentinel(  # type: ignore[no-untyped-call]
+        list(target.hosts), sentinel_kwargs=options.sentinel_kwargs(target)
+    )
+    watcher = MajoritySentinel(  # type: ignore[no-untyped-call]
+        list(target.hosts), sentinel_kwargs=options.sentinel_kwargs(target)
+    )
+    following = _following(watcher, target, options)
+    if following is not None:
+        kwargs["named_primary"] = following.watch.named_primary
+        retry.refresh = following.watch.refresh
+    client = sentinels.master_for(
+        target.master, redis_class=ConfirmingAsyncRedis,
+        connection_class=AsyncFollowingConnection, **_auth(target), **kwargs,
+    )  # fmt: skip
+    _follow(client, following, options)
     retry.pool = client.connection_pool  # before any connection copies the retry
     return client
+
+
+def _following(
+    sentinel: Sentinel, target: SentinelTarget, options: RedisOptions
+) -> FollowingDurability | None:
+    """The durability that follows ``target``'s group (None: ``durability: none``)."""
+    setting = options.durability
+    if setting.mode == "none":
+        return None
+    reader = _ReplicationReader(node_kwargs(target, options))
+    watch = GroupWatch(functools.partial(read_view, sentinel.sentinels, target.master, reader))
+    return FollowingDurability(watch, setting.replicas, setting.timeout_s)
+
+
+def _follow(
+    client: ConfirmingRedis | ConfirmingAsyncRedis,
+    following: FollowingDurability | None,
+    options: RedisOptions,
+) -> None:
+    client.via_sentinel = True
+    if following is None:
+        client.durability = resolve_durability(options.durability)
+    else:
+        client.source = following
+
+
+def node_kwargs(target: SentinelTarget, options: RedisOptions) -> dict[str, Any]:
+    """Keyword arguments of a client of one data node of ``target``'s group.
+
+    Its credentials, the socket settings of the sentinels' clients (no retry); no
+    database.
+    """
+    kwargs = {k: v for k, v in options.sentinel_kwargs(target).items() if k != "password"}
+    kwargs.update(_auth(target))
+    kwargs.pop("db", None)
+    return kwargs
+
+
+def sentinel_clients(target: SentinelTarget, options: RedisOptions) -> list[redis.Redis]:
+    """A client of each of ``target``'s sentinels (for an operator's command)."""
+    return [
+        redis.Redis(host=host, port=port, **options.sentinel_kwargs(target))
+        for host, port in target.hosts
+    ]
+
+
+class _ReplicationReader:
+    """``INFO replication`` of a server the watch names, on one client per address.
+
+    Called from the watch's refresh only (one at a time).
+    """
+
+    def __init__(self, kwargs: dict[str, Any]) -> None:
+        self.kwargs = kwargs
+        self.address: Address | None = None
+        self.client: redis.Redis | None = None
+
+    def __call__(self, address: Address) -> dict[str, Any]:
+        if self.client is None or self.address != address:
+            if self.client is not None:
+                self.client.close()
+            self.address = address
+            self.client = redis.Redis(host=address[0], port=address[1], **self.kwargs)
+        return dict(self.client.info("replication"))
 
 
 def _auth(target: SentinelTarget) -> dict[str, Any]:

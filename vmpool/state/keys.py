@@ -57,6 +57,8 @@ Layout (``P`` is the prefix)::
     P:schedule:due               zset   the scheduler's templates, score = next due time
     P:schedule:log               list   every move of the schedule, newest first
     P:schedule:last-runs         hash   periodic job -> the RQ id of its last run
+    P:schedule:parked            string the pending sweep is parked: its earliest next due time
+    P:schedule:wake              list   that time, pushed by the reservation that woke it
     P:schedule:schedulers        zset   live scheduler replicas (rq-scheduler's registry)
     P:schedule:scheduler:NAME    hash   one scheduler replica (rq-scheduler's birth record)
     P:health:write-probe         string the readiness probe's write (expires in a minute)
@@ -75,7 +77,8 @@ Layout (``P`` is the prefix)::
                                         only a Redis URL finds a fleet of any prefix
 
 RQ's own keys follow from names this module gives: the queue ``P-<short>`` (so
-``rq:queue:P-<short>``, :meth:`Keys.rq_queue`, and RQ's registries per queue name) and
+``rq:queue:P-<short>``, :meth:`Keys.rq_queue`, its workers' wake-up list beside it,
+:meth:`Keys.rq_queue_wake`, and RQ's registries per queue name) and
 job ids that start with the encoded prefix (``rq:job:<id>``, workers/table.py). Two
 fleets with different prefixes in one database share no key, queue or job.
 """
@@ -444,6 +447,14 @@ class Keys:
         return f"{RQ_QUEUE_NAMESPACE}{self.queue(short)}"
 
     @staticmethod
+    def rq_queue_wake(queue_key: str) -> str:
+        """List: a queue's wake-up for the workers blocked on it (workers/dequeue.py).
+
+        Beside the queue's list, as RQ keeps its intermediate queue (``<queue key>:...``).
+        """
+        return f"{queue_key}:wake"
+
+    @staticmethod
     def rq_job(job_id: str) -> str:
         """The hash RQ keeps a job in (``rq.job.Job.key_for(job_id)``)."""
         return f"{RQ_JOB_NAMESPACE}{job_id}"
@@ -459,6 +470,16 @@ class Keys:
     @property
     def schedule_last_runs(self) -> str:
         return f"{self.prefix}:schedule:last-runs"
+
+    @property
+    def schedule_parked(self) -> str:
+        """String: the pending sweep waits for a wake-up (its earliest next due time)."""
+        return f"{self.prefix}:schedule:parked"
+
+    @property
+    def schedule_wake(self) -> str:
+        """List: wake-ups of the parked pending sweep, which the schedulers block on."""
+        return f"{self.prefix}:schedule:wake"
 
     @property
     def schedulers(self) -> str:

@@ -12,7 +12,12 @@ vmpool keeps its state, its audit trails and its queues in Redis. It relies on:
 - The durability of acknowledged writes (:mod:`vmpool.state.durability`). Any
   ``appendfsync`` but ``always`` loses the last second of acknowledged writes on a
   crash or power loss. Through Sentinel, a failover loses the writes the promoted
-  replica had not received, unless each write waits for a replica (WAIT).
+  replica had not received, unless each write waits (WAIT) for every replica the
+  sentinels could promote. A primary with replicas reached by a plain URL and waiting
+  for none loses them when a replica is promoted by hand.
+- ``min-replicas-to-write`` 1 or more on a primary with replicas: a primary cut off from
+  its replicas (or an old primary back on its own data) then refuses every write at
+  once (NOREPLICAS), its clients' other writes (RQ's) included.
 
 How: :func:`check_redis` reads the settings with ``CONFIG GET``. Where a managed Redis
 disables that, it reads ``INFO``. What it cannot read is "unknown", never an error. On a
@@ -34,6 +39,7 @@ from typing import Any
 import redis
 
 from vmpool.state.durability import ConfirmingRedis, Durability
+from vmpool.state.group_watch import FollowingDurability
 
 __all__ = ["UNKNOWN", "RedisCheck", "RedisMisconfigured", "check_redis", "startup_check"]
 
@@ -65,6 +71,7 @@ class RedisCheck:
     min_replicas_to_write: str = UNKNOWN
     durability: Durability | None = None
     via_sentinel: bool = False
+    promotable: int | None = None  # through Sentinel: the replicas it could promote
 
     def problems(self) -> list[str]:
         """One line per setting known to be wrong, naming it.
@@ -106,13 +113,50 @@ class RedisCheck:
                 f" has {connected} connected: every write is refused after"
                 f" {d.timeout_s:g} s until enough replicas are connected"
             )
-        if self.via_sentinel and d is not None and not d.replicas:
-            out.append(
+        if d is not None:
+            out += self._replica_problems(d, connected)
+        return out + self._min_replicas_problems(connected)
+
+    def _replica_problems(self, d: Durability, connected: int | None) -> list[str]:
+        """A failover (or a promotion by hand) that can lose what the writes waited for."""
+        if self.via_sentinel and not d.replicas and (self.promotable or not d.automatic):
+            return [
                 "Redis is reached through Sentinel and durability waits for no replica"
                 " (WAIT): a failover loses the acknowledged writes the promoted replica had"
                 " not received (set durability auto or replicas)"
-            )
-        return out
+            ]
+        if self.via_sentinel and not d.automatic and d.replicas < (self.promotable or 0):
+            return [
+                f"durability waits for {d.replicas} replica(s) (durability_replicas) and the"
+                f" sentinels could promote {self.promotable}: a planned switch (SENTINEL"
+                " FAILOVER) or a partition can lose acknowledged writes (unset"
+                " durability_replicas; switch with vmpool redis switchover)"
+            ]
+        if not self.via_sentinel and not d.replicas and connected:
+            return [
+                f"Redis has {connected} replica(s) and durability waits for none (a"
+                " redis:// URL): a replica promoted by hand lacks the acknowledged writes it"
+                " had not received (reach the group through Sentinel, redis+sentinel://,"
+                " or set durability replicas)"
+            ]
+        return []
+
+    def _min_replicas_problems(self, connected: int | None) -> list[str]:
+        if connected is None or not self.min_replicas_to_write.isdigit():
+            return []
+        wanted = int(self.min_replicas_to_write)
+        if wanted > connected:
+            return [
+                f"Redis min-replicas-to-write is {wanted} and the primary has {connected}"
+                " replica(s) connected: every write is refused (NOREPLICAS)"
+            ]
+        if wanted == 0 and (connected or self.via_sentinel):
+            return [
+                "Redis min-replicas-to-write is 0 on a primary with replicas: cut off from"
+                " them (or back on its own data after a failover) it takes writes a"
+                " failover then drops (set min-replicas-to-write 1)"
+            ]
+        return []
 
     def unknowns(self) -> list[str]:
         return [
@@ -145,6 +189,7 @@ class RedisCheck:
             "min_replicas_to_write": self.min_replicas_to_write,
             "sentinel": self.via_sentinel,
             "durability": self.durability_text(),
+            "promotable_replicas": self.promotable,
             "problems": self.problems(),
         }
 
@@ -198,7 +243,16 @@ def check_redis(client: redis.Redis) -> RedisCheck:
         min_replicas_to_write=_config_get(client, "min-replicas-to-write") or UNKNOWN,
         durability=client.durability if isinstance(client, ConfirmingRedis) else None,
         via_sentinel=client.via_sentinel if isinstance(client, ConfirmingRedis) else False,
+        promotable=_promotable(client),
     )
+
+
+def _promotable(client: redis.Redis) -> int | None:
+    """How many replicas the sentinels could promote, for a client that follows a group."""
+    source = client.source if isinstance(client, ConfirmingRedis) else None
+    if not isinstance(source, FollowingDurability):
+        return None
+    return len(source.watch.current().promotable())
 
 
 def _count(value: Any) -> int | None:

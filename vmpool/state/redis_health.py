@@ -27,9 +27,11 @@ from vmpool.state.durability import WriteNotConfirmed
 from vmpool.state.keys import Keys
 from vmpool.state.lua import read_script
 
-__all__ = ["MESSAGES", "RedisCondition", "classify", "memory", "probe"]
+__all__ = ["MESSAGES", "RedisCondition", "classify", "error_code", "memory", "probe"]
 
 PROBE_TTL_MS: Final = 60_000
+# What redis-py's Pipeline.annotate_exception puts before the server's message.
+_PIPELINE_MARK: Final = " of pipeline caused error: "
 _PROBE_LUA: Final = read_script("vmpool.state.scripts", "write_probe.lua")
 
 
@@ -73,12 +75,23 @@ def classify(exc: BaseException) -> RedisCondition | None:
     if isinstance(exc, WriteNotConfirmed):
         return RedisCondition.NOT_CONFIRMED
     if isinstance(exc, redis.ResponseError):
-        head = str(exc).split(" ", 1)[0]
+        head = error_code(exc)
         if head == "NOREPLICAS":
             return RedisCondition.NO_REPLICAS
         if head == "MASTERDOWN":  # a replica that lost its primary (serve-stale-data no)
             return RedisCondition.READ_ONLY
     return None
+
+
+def error_code(exc: redis.ResponseError) -> str:
+    """The server's error code (the first word of its message).
+
+    redis-py puts ``Command # N (<the command>) of pipeline caused error:`` in front of a
+    pipeline's or a transaction's error: the code is the first word after it.
+    """
+    text = str(exc)
+    _, marker, rest = text.rpartition(_PIPELINE_MARK)
+    return (rest if marker else text).split(" ", 1)[0]
 
 
 def probe(client: redis.Redis, keys: Keys) -> RedisCondition:

@@ -1,10 +1,10 @@
 """The store's one script registry: every transition script, registered with its preamble.
 
-Each store script is the rendered transition table and metric keys
-(:func:`~vmpool.state.transitions.lua_tables`, :func:`~vmpool.state.counters.lua_metrics`:
-the quotas' keys among them), then ``_quota.lua`` and ``_prelude.lua``,
-then its own helpers (the work-set and line functions for ``create_request``,
-``_pool.lua`` for the warm-pool scripts), then its file. The KEYS
+Each store script is the rendered transition table, metric keys (the quotas' keys among
+them) and wake-up keys (:func:`~vmpool.state.transitions.lua_tables`,
+:func:`~vmpool.state.counters.lua_metrics`, :func:`lua_wake`), then ``_quota.lua`` and
+``_prelude.lua``, then its own helpers (the work-set and line functions for
+``create_request``, ``_pool.lua`` for the warm-pool scripts), then its file. The KEYS
 layouts come from :class:`~vmpool.state.keys.Keys` (``request_script_keys``,
 ``vm_script_keys``). ARGV 1-4 are the same for every script (:meth:`StoreScripts.call`).
 A script on one VM takes the layout its record calls for (:meth:`StoreScripts.run_on_vm`).
@@ -31,7 +31,14 @@ from vmpool.state.records import Outcome, text
 from vmpool.state.transitions import lua_tables
 from vmpool.state.workset import lua_workset
 
-__all__ = ["POOL_SCRIPTS", "POOL_VARIANTS", "REQUEST_SCRIPTS", "StoreScripts", "prelude"]
+__all__ = [
+    "POOL_SCRIPTS",
+    "POOL_VARIANTS",
+    "REQUEST_SCRIPTS",
+    "StoreScripts",
+    "lua_wake",
+    "prelude",
+]
 
 SCRIPTS_PACKAGE: Final = "vmpool.state.scripts"
 
@@ -179,10 +186,21 @@ class StoreScripts:
 def prelude(keys: Keys) -> str:
     """The head every store script of ``keys``' fleet starts with.
 
-    The rendered transition table, metric and quota keys, ``_quota.lua`` (whose
+    The rendered transition table, metric, quota and wake-up keys, ``_quota.lua`` (whose
     counting move_vm calls), ``_prelude.lua``.
     """
-    return lua_tables() + lua_metrics(keys) + _text("_quota") + _text("_prelude")
+    return lua_tables() + lua_metrics(keys) + lua_wake(keys) + _text("_quota") + _text("_prelude")
+
+
+def lua_wake(keys: Keys) -> str:
+    """The keys of the parked pending sweep's wake-up, as Lua source (_prelude.lua's).
+
+    A reservation wakes it in its own unit (workers/schedule.py).
+    """
+    return (
+        f"local SWEEP_PARKED = {keys.schedule_parked!r}\n"
+        f"local SWEEP_WAKE = {keys.schedule_wake!r}\n"
+    )
 
 
 def _text(name: str) -> str:

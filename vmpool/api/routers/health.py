@@ -4,15 +4,17 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from typing import Final
+
+from fastapi import APIRouter, Request
 from starlette.concurrency import run_in_threadpool
 from starlette.responses import Response
 
 from vmpool.api.deps import State
-from vmpool.api.responses import not_ok, reply
+from vmpool.api.responses import hot_reply, not_ok, reply
 from vmpool.state.redis_health import MESSAGES, RedisCondition, probe
 
-__all__ = ["METRICS_MEDIA_TYPE", "router"]
+__all__ = ["HOT", "METRICS_MEDIA_TYPE", "router"]
 
 METRICS_MEDIA_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -20,8 +22,8 @@ router = APIRouter()
 
 
 @router.get("/healthz")
-async def healthz() -> Response:
-    return reply(200, {"ok": True})
+async def healthz(request: Request) -> Response:
+    return hot_reply(200, {"ok": True})
 
 
 @router.get("/readyz")
@@ -39,3 +41,7 @@ async def readyz(st: State) -> Response:
 async def metrics(st: State) -> Response:
     data = await run_in_threadpool(st.metrics.render)
     return Response(data, media_type=METRICS_MEDIA_TYPE)
+
+
+# (method, path, endpoint) of the hot routes here (vmpool.api.hot_routes).
+HOT: Final = (("GET", "/healthz", healthz),)

@@ -15,7 +15,7 @@ import logging
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
-from typing import Any
+from typing import Any, Final
 
 import redis
 import redis.asyncio as aredis
@@ -35,7 +35,7 @@ from vmpool.api.parsing import (
     read_body,
 )
 from vmpool.api.quotas import place_fields, request_priority
-from vmpool.api.responses import not_ok, reply
+from vmpool.api.responses import hot_reply, not_ok, reply
 from vmpool.config import Config
 from vmpool.ids import InvalidIdentifier, Job, validate_request_id
 from vmpool.lifecycle.failpoints import failpoint
@@ -50,7 +50,7 @@ from vmpool.state.store import Store
 from vmpool.state.tokens import TokenInfo
 from workers.batching import LaneFollowUp
 
-__all__ = ["create_request", "delete_request", "request_status", "router"]
+__all__ = ["HOT", "create_request", "delete_request", "request_status", "router"]
 
 log = logging.getLogger(__name__)
 
@@ -58,12 +58,17 @@ DELETED_MESSAGE = "The request has been deleted"
 
 router = APIRouter()
 
+# The paths of the routes below that are also hot routes (HOT, at the end).
+ONDEMAND = "/ondemandvm"
+ONDEMAND_FORM = "/ondemandvm/{template}"
+ONDEMAND_STATUS = "/ondemandvm/{request_id}"
+
 
 # The two POST routes take the request alone and do what dependencies did (the state,
 # the vmpooler counter, then auth: that order) inline: FastAPI's dependency solving and
 # the thread hop of the sync auth dependency cost more than the rest of a POST's Python
 # when auth is off (profiled: docs/benchmarks.md).
-@router.post("/ondemandvm")
+@router.post(ONDEMAND)
 async def post_ondemand(request: Request) -> Response:
     st = api_state(request)
     st.metrics.http_requests_vm.labels("post", "ondemand", "requestid").inc()
@@ -77,7 +82,7 @@ async def post_ondemand(request: Request) -> Response:
 
 
 # vmpooler counts this route under the (misnamed) delete.ondemand.template.
-@router.post("/ondemandvm/{template}")
+@router.post(ONDEMAND_FORM)
 async def post_ondemand_path(request: Request) -> Response:
     st = api_state(request)
     st.metrics.http_requests_vm.labels("delete", "ondemand", "template").inc()
@@ -89,14 +94,14 @@ async def post_ondemand_path(request: Request) -> Response:
 
 # As the POST routes: the request alone, the counter inline. The reads awaited on the
 # loop in one pipeline (two when ready: the record, then its VMs).
-@router.get("/ondemandvm/{request_id}")
+@router.get(ONDEMAND_STATUS)
 async def get_ondemand(request: Request) -> Response:
     st = api_state(request)
     st.metrics.http_requests_vm.labels("get", "ondemand", "request").inc()
     return await request_status(st, request.path_params["request_id"])
 
 
-@router.delete("/ondemandvm/{request_id}")
+@router.delete(ONDEMAND_STATUS)
 async def delete_ondemand(request_id: str, request: Request, st: State, token: Token) -> Response:
     # Counted after the auth check, as vmpooler counts it.
     st.metrics.http_requests_vm.labels("delete", "ondemand", "request").inc()
@@ -171,7 +176,7 @@ async def create_request(st: ApiState, wanted: Ondemand, token: TokenInfo | None
             ",".join(f"{s.alias}:{s.pool}:{s.count}" for s in slots),
             f" for {token.user}" if token else "",
         )
-    return reply(201, {"ok": True, "request_id": rid})
+    return hot_reply(201, {"ok": True, "request_id": rid})
 
 
 async def _create_pipelined(
@@ -273,6 +278,7 @@ async def request_status(st: ApiState, rid: str) -> Response:
     raw, names = await pipe.execute()
     record = reads.request_from(raw, names)
     if record is None:
+        await confirm_async(client)  # "not found" is shown too: not from a stale or demoted primary
         return _not_found(rid)
     hostnames: dict[str, list[str]] = {}
     place: Place | None = None
@@ -312,7 +318,7 @@ def status_reply(
         body["ready"] = True
         for slot in record.slots:
             body.setdefault(slot.alias, {"hostname": list(hostnames.get(slot.alias, []))})
-        return reply(200, body)
+        return hot_reply(200, body)
     if record.status == "failed":
         why = record.failure_reason
         if not why or why.startswith(TTL_FAILURE):
@@ -322,13 +328,13 @@ def status_reply(
         if why and why != TTL_FAILURE:
             # a vmpool extension: the last real cause (the cloud's words)
             body["reason"] = why
-        return reply(200, body)
+        return hot_reply(200, body)
     if record.status == "deleted":
         body["message"] = DELETED_MESSAGE
-        return reply(200, body)
+        return hot_reply(200, body)
     body.update(_progress(record))
     body.update(place_fields(place))
-    return reply(202, body)
+    return hot_reply(202, body)
 
 
 def _progress(record: RequestRecord) -> dict[str, dict[str, str]]:
@@ -371,3 +377,12 @@ def delete_request(store: Store, rid: str, token: TokenInfo | None, op: Op | Non
         return not_ok(403, message=f"request_id '{rid}' belongs to another user")
     log.warning("delete of %s refused: %s", rid, outcome.code)
     return not_ok(409, message=f"request_id '{rid}' cannot be deleted: {outcome.code}")
+
+
+# (method, path, endpoint) of this router's hot routes: the app's entry layer serves them
+# without the framework's stack (vmpool.api.hot_routes).
+HOT: Final = (
+    ("POST", ONDEMAND, post_ondemand),
+    ("POST", ONDEMAND_FORM, post_ondemand_path),
+    ("GET", ONDEMAND_STATUS, get_ondemand),
+)

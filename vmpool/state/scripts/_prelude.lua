@@ -7,6 +7,8 @@
 -- observe_hist, observe_request_ready, quota_forget) and this file to each script body,
 -- so every script enforces the same table and counts into the same keys.
 --
+-- SWEEP_PARKED and SWEEP_WAKE (vmpool.state.store_scripts.lua_wake) are rendered in too.
+--
 -- Calling convention of every store script:
 --   KEYS[1] request hash      KEYS[2] request VM set    KEYS[3] request audit trail
 --   KEYS[4] request fence     KEYS[5] open-request index (zset, score = fail_at)
@@ -223,9 +225,20 @@ local function count_made(vm, from, to)
   end
 end
 
+-- A VM reserved wakes the pending sweep if the scheduler parked it (nothing was reserved
+-- or booting): the parked mark (SWEEP_PARKED, rendered in: its earliest next due time)
+-- goes to the list the schedulers block on (SWEEP_WAKE; workers/schedule.py). In the
+-- unit of the reservation, so none is missed; one GETDEL when the sweep is not parked.
+local function wake_pending_sweep()
+  local earliest = redis.call('GETDEL', SWEEP_PARKED)
+  if earliest then
+    redis.call('RPUSH', SWEEP_WAKE, earliest)
+  end
+end
+
 -- Moves a VM along one edge of VM_EDGES and keeps its pool index in step (and the
 -- daily summary: count_vm_move; the pool's totals: count_made; its user's quota count:
--- quota_move).
+-- quota_move; a reservation wakes the pending sweep: wake_pending_sweep).
 -- Returns false (and changes nothing) when the edge does not exist.
 local function move_vm(vm_key, vm, to, now, score, reason)
   local from = vm.state
@@ -245,6 +258,9 @@ local function move_vm(vm_key, vm, to, now, score, reason)
   count_vm_move(vm, from, to, now)
   count_made(vm, from, to)
   quota_move(vm, from, to)
+  if to == 'reserved' then
+    wake_pending_sweep()
+  end
   vm.state = to
   return true
 end

@@ -14,18 +14,8 @@
 # name them instead (SENTINEL_SELF, REDIS_NODES, SENTINEL_NODES: the tests run this on
 # loopback ports).
 set -eu
-set_name="${STATEFULSET_NAME:-vmpool-redis}"
-domain="${set_name}-headless.${POD_NAMESPACE:-default}.svc.${CLUSTER_DOMAIN:-cluster.local}"
-every() {  # every pod's address on port $1
-  i=0
-  while [ "${i}" -lt "${REDIS_PODS:-3}" ]; do
-    printf '%s ' "${set_name}-${i}.${domain}:$1"
-    i=$((i + 1))
-  done
-}
+. "$(dirname "$0")/addresses.sh"  # domain, nodes, sentinels
 self="${SENTINEL_SELF:-${POD_NAME:-}.${domain}:26379}"
-nodes="${REDIS_NODES:-$(every 6379)}"
-sentinels="${SENTINEL_NODES:-$(every 26379)}"
 conf="${SENTINEL_CONF:-/data/sentinel/sentinel.conf}"
 mkdir -p "$(dirname "${conf}")"
 
