@@ -26,6 +26,13 @@ every configuration alternate, so machine load falls on all of them alike.
   replica the sentinels could promote: WAIT 2), and ``durability_replicas: 1`` (the
   knob that trades a planned switch's safety for speed).
 
+``--fleet N`` measures the fleet end to end instead, on one Sentinel group (two
+replicas): N one-VM requests created in the store, ``provision_request`` queued for each,
+one burst vmpool worker (simulated cloud, boot 0 s) runs the chain to ready. VMs/s and
+WAITs per VM (the primary's ``cmdstat_wait``) for ``durability: none``, the default (one
+confirmation per job), and the default with every script call waiting alone (each job
+run outside a unit of work: how the default ran before), runs alternating.
+
 "lost in a power cut": the server is SIGKILLed while one client writes and its AOF is
 cut back to its last fsync, exactly (tests/native/fsync_log.c records every fsync;
 needs a C compiler): how many writes the client had been told were done are gone.
@@ -263,6 +270,96 @@ def fixed_ops(url: str, durability: str, count: int) -> int:
     return 0
 
 
+FLEET_MODES = [
+    ("durability none", "none", True),
+    ("default: one confirmation per job", "auto", True),
+    ("default, every script call waiting alone", "auto", False),
+]
+
+
+@contextmanager
+def _per_call(on: bool) -> Iterator[None]:
+    """With ``on``: no unit of work (each job's, the worker loop's), every call waits alone."""
+    from rq import SimpleWorker
+    from rq.job import Job as RQJob
+
+    from workers.worker import FleetJob, FleetSimpleWorker
+
+    saved = FleetJob.perform, FleetSimpleWorker.work
+    if on:
+        FleetJob.perform = RQJob.perform  # type: ignore[method-assign]
+        FleetSimpleWorker.work = SimpleWorker.work  # type: ignore[method-assign,assignment]
+    try:
+        yield
+    finally:
+        FleetJob.perform, FleetSimpleWorker.work = saved  # type: ignore[method-assign]
+
+
+def fleet_run(url: str, mode: str, units: bool, n: int) -> tuple[float, float, float]:
+    """VMs/s, WAITs and commands per VM of one burst worker running ``n`` requests to ready.
+
+    The commands are every command the primary ran (the bench's own reads between two
+    bursts included)."""
+    from vmpool.config import parse_config
+    from workers.queues import enqueue
+    from workers.worker import build_worker
+
+    data = {
+        ":providers": {"sim": {"provider_class": "simulated", "boot_seconds": 0}},
+        ":config": {"ondemand_request_ttl": 10, "ondemand_clone_limit": 100000},
+        ":pools": [{"name": "debian", "template": "d", "size": 0, "provider": "sim"}],
+    }
+    config = dataclasses.replace(
+        parse_config(data, source="bench", env={}), redis_options=options(mode, None)
+    )
+    conn = connect(url, options("none"), decode_responses=False)
+    conn.flushdb()
+    keys = Keys(config.key_prefix)
+    store = Store(connect(url, options("none"), decode_responses=True), keys)
+    settings = RequestSettings.from_config(config)
+    for i in range(n):
+        assert store.create_request(f"b-{i}", SLOTS[:1], settings, actor="bench").ok
+        enqueue(conn, keys, "provision_request", f"b-{i}")
+    worker = build_worker(url, config, kind="simple")
+    conn.config_resetstat()
+    start = time.perf_counter()
+    with _per_call(not units):
+        ready = 0
+        while ready < n and time.perf_counter() - start < 120:
+            worker.work(burst=True, logging_level="WARNING")
+            ready = sum(
+                1 for i in range(n) if (r := store.get_request(f"b-{i}")) and r.status == "ready"
+            )
+            if ready < n:  # what is left is the sweeps' (no scheduler here)
+                for job in ("provision_sweep", "check_pending_sweep"):
+                    enqueue(conn, keys, job)
+    elapsed = time.perf_counter() - start
+    stats = conn.info("commandstats")
+    waits = int(stats.get("cmdstat_wait", {}).get("calls", 0))
+    commands = sum(int(v.get("calls", 0)) for v in stats.values())
+    return ready / elapsed, waits / max(1, ready), commands / max(1, ready)
+
+
+def fleet(root: Path, n: int, runs: int) -> None:
+    """The ``--fleet`` table (module docstring)."""
+    got: dict[int, list[tuple[float, float, float]]] = {}
+    with sentinel_group(Path(tempfile.mkdtemp(prefix="group-", dir=root)), replicas=2) as group:
+        for _ in range(runs):
+            for i, (_, mode, units) in enumerate(FLEET_MODES):
+                got.setdefault(i, []).append(fleet_run(group.url, mode, units, n))
+    base = statistics.median(v for v, _, _ in got[0])
+    print(f"\n| {n} one-VM requests to ready, Sentinel, two replicas | VMs/s (min / median),"
+          " ratio | WAITs per VM | commands per VM |\n|---|---|---|---|")  # fmt: skip
+    for i, (name, _, _) in enumerate(FLEET_MODES):
+        rates = [v for v, _, _ in got[i]]
+        waits = statistics.median(w for _, w, _ in got[i])
+        commands = statistics.median(c for _, _, c in got[i])
+        ratio = statistics.median(rates) / base
+        print(f"| {name} | {min(rates):,.1f} / {statistics.median(rates):,.1f}, {ratio:.2f}"
+              f" | {waits:.1f} | {commands:.0f} |")  # fmt: skip
+    print(f"\n# loadavg after: {os.getloadavg()[0]:.2f}; medians of {runs} runs, alternating")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--runs", type=int, default=3)
@@ -271,6 +368,7 @@ def main() -> int:
     parser.add_argument("--ops", type=int, default=0, help="with --url: this many, then exit")
     parser.add_argument("--url", default="", help="a running redis+sentinel:// group")
     parser.add_argument("--durability", default="default", help="default, none or a count")
+    parser.add_argument("--fleet", type=int, default=0, help="the fleet end to end instead")
     args = parser.parse_args()
     if args.ops:
         return fixed_ops(args.url, args.durability, args.ops)
@@ -278,6 +376,9 @@ def main() -> int:
     root = Path(tempfile.mkdtemp(prefix="vmpool-bench-durability-"))
     print(f"# nproc={os.cpu_count()} python={platform.python_version()}"
           f" server={Path(valkey_binary()).name} loadavg={os.getloadavg()[0]:.2f}")  # fmt: skip
+    if args.fleet:
+        fleet(root, args.fleet, args.runs)
+        return 0
     results: dict[tuple[int, int], list[float]] = {}
     for _ in range(args.runs):
         for i, setup in enumerate(SETUPS):

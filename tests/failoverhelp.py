@@ -18,12 +18,14 @@ import uuid
 from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import redis
 from sentinelhelp import SentinelGroup
 
 from vmpool.config import default_redis_options
 from vmpool.state.connection import RedisOptions, connect
+from vmpool.state.durability import confirmed
 from vmpool.state.keys import Keys
 from vmpool.state.records import RequestSettings, Slot
 from vmpool.state.redis_health import classify
@@ -56,12 +58,15 @@ class OpWriter(threading.Thread):
     Keeps every create and delete the store acknowledged, with when (monotonic), and
     counts what it was refused, by condition. A refused write is not retried: its id is
     dropped (it may exist: it was not acknowledged, so nothing is promised of it).
+    ``unit`` > 1: that many creates in one unit of work (``confirmed``), acknowledged
+    together when it ends.
     """
 
-    def __init__(self, target: Store, name: str = "writer", lag: int = 100) -> None:
+    def __init__(self, target: Store, name: str = "writer", lag: int = 100, unit: int = 1) -> None:
         super().__init__(daemon=True, name=name)
         self.store = target
         self.lag = lag
+        self.unit = unit
         self.creates: list[tuple[float, str]] = []
         self.deletes: list[tuple[float, str]] = []
         self.refusals: Counter[str] = Counter()
@@ -72,23 +77,30 @@ class OpWriter(threading.Thread):
     def run(self) -> None:
         live: deque[str] = deque()
         while not self.halt.is_set():
-            rid = str(uuid.uuid4())
-            if not self._acknowledged(self._create_one, rid):
+            rids = [str(uuid.uuid4()) for _ in range(self.unit)]
+            if not self._acknowledged(self._create_unit, rids):
                 continue
-            self.creates.append((time.monotonic(), rid))
-            live.append(rid)
-            if len(live) > self.lag:
+            now = time.monotonic()
+            self.creates.extend((now, rid) for rid in rids)
+            live.extend(rids)
+            while len(live) > self.lag:
                 old = live.popleft()
                 if self._acknowledged(self._delete_one, old):
                     self.deletes.append((time.monotonic(), old))
 
-    def _create_one(self, rid: str) -> bool:
-        return self.store.create_request(rid, SLOTS, SETTINGS, actor="test").ok
+    def _create_unit(self, rids: list[str]) -> bool:
+        if len(rids) == 1:
+            return self.store.create_request(rids[0], SLOTS, SETTINGS, actor="test").ok
+        with confirmed(self.store.redis):
+            outcomes = [
+                self.store.create_request(rid, SLOTS, SETTINGS, actor="test") for rid in rids
+            ]
+        return all(o.ok for o in outcomes)
 
     def _delete_one(self, rid: str) -> bool:
         return self.store.delete_request(rid, actor="test").ok
 
-    def _acknowledged(self, op: Callable[[str], bool], rid: str) -> bool:
+    def _acknowledged(self, op: Callable[[Any], bool], rid: Any) -> bool:
         try:
             ok = op(rid)
         except redis.RedisError as exc:

@@ -256,3 +256,38 @@ def test_the_listing_sweep_costs_the_same_for_300_booting_vms_as_for_3(
         costs.append(counter.count - before)
         assert not list(redis_client.scan_iter(match="*lock*"))  # no VM was locked
     assert costs[1] == costs[0] <= 3, costs  # server time, index, one list call
+
+
+def test_the_listing_sweep_grants_and_releases_the_locks_of_a_claim_at_once(
+    redis_url: str, redis_client: redis.Redis
+) -> None:
+    """Proves: the listing sweep records 40 booted VMs ready with their locks granted in
+    one script per 20 VMs and released in one, and one checked transition each: 53
+    round trips (129 with each VM's lock taken and released on its own: the grant,
+    ``vm_ready``, the release)."""
+    from vmpool.lifecycle.pending import LOCKS_AT_ONCE, check_batched
+    from vmpool.providers.simulated import ListingSimulatedProvider
+
+    counter = RoundTrips()
+    client = counter.client(redis_url, decode=True)
+    data = make_config()
+    listing = {**data.providers[SIM].options, "batch_status": True, "boot_seconds": 0}
+    config = dataclasses.replace(
+        data, providers={SIM: dataclasses.replace(data.providers[SIM], options=listing)}
+    )
+    fleet = Fleet.build(client, config, lifecycle.RecordingDispatcher(), "worker:t:1")
+    sim = fleet.providers[SIM]
+    assert isinstance(sim, ListingSimulatedProvider)
+    rig = Rig(counter, fleet, Store(redis_client, fleet.keys), redis_client)
+    names = make_vms(rig, 40, "pending", tag="up")
+    for name in names:
+        sim.create_vm(name.split("-")[1], "t", name)
+    before = counter.count
+    assert check_batched(fleet, list(POOLS)) == []
+    cost = counter.count - before
+    states = {vm.state for n in names if (vm := rig.setup.get_vm(n)) is not None}
+    assert states == {"running"}, states  # ready, and handed to its request
+    claims = -(-len(names) // LOCKS_AT_ONCE)
+    # each vm_ready, the claims' grants and releases, and a constant (the listing's reads)
+    assert cost <= len(names) + 2 * claims + 12, cost
+    assert not list(redis_client.scan_iter(match="*:lock:*"))  # every lock released

@@ -5,12 +5,15 @@ simulated provider, with the recording Dispatcher standing in for RQ."""
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import redis
 
 from vmpool import lifecycle
+from vmpool.ids import Job
 from vmpool.lifecycle import Fleet
 from vmpool.state.records import RequestSettings, Slot
+from workers.batching import BatchDispatcher
 
 from lifecyclehelp import SIM, clean, filled, make_fleet, run_dispatched, warm_config
 from storehelp import wait_until
@@ -170,3 +173,38 @@ def test_vmpool_pools_lists_a_removed_pool_while_it_has_vms(
     assert result.exit_code == 0, result.output
     (line,) = [ln for ln in result.output.splitlines() if ln.startswith("gone ")]
     assert line.split()[:5] == ["gone", "-", "removed", "0", "1"]  # alias, size, ready, pending
+
+
+def test_a_provision_batch_claims_only_where_a_ready_vm_waits(
+    redis_client: redis.Redis, redis_url: str
+) -> None:
+    """Proves: a provision batch reads once per claim which lending pools hold a ready
+    VM. With the pool's ready VMs all taken, its requests run no claim script (one per
+    request before) and clone; with ready VMs waiting, a request of the batch takes
+    them first, as provision_request alone does."""
+    fleet = make_fleet(redis_client, warm_config(2))
+    ready = filled(fleet)
+    fleet.dispatch = BatchDispatcher(redis.Redis.from_url(redis_url), fleet.keys)
+    claims: list[str] = []
+    claim = fleet.store.pools.claim_for_request
+
+    def counted(request_id: str, pools: Any, **kw: Any) -> Any:
+        claims.append(request_id)
+        return claim(request_id, pools, **kw)
+
+    fleet.store.pools.claim_for_request = counted  # type: ignore[method-assign]
+    settings = RequestSettings(ttl_s=60)
+    assert fleet.store.create_request("takes", [Slot("d", "debian", 2)], settings, actor="api").ok
+    fleet.dispatch.send(Job.PROVISION_REQUEST, ["takes"])
+    lifecycle.provision_batch(fleet)
+    req = fleet.store.get_request("takes")
+    assert req is not None and sorted(req.vm_names) == sorted(ready) and claims == ["takes"]
+    rids = [f"clones-{i}" for i in range(3)]
+    for rid in rids:
+        assert fleet.store.create_request(rid, [Slot("d", "debian", 1)], settings, actor="api").ok
+    fleet.dispatch.send(Job.PROVISION_REQUEST, rids)
+    lifecycle.provision_batch(fleet)
+    assert claims == ["takes"]  # the pool had nothing to lend: no claim script
+    for rid in rids:
+        req = fleet.store.get_request(rid)
+        assert req is not None and len(req.vm_names) == 1

@@ -1,14 +1,16 @@
 """Every write a client or an operator is told about goes through the one confirmation
-path (vmpool/state/durability.py): a script (EVALSHA) followed, in its round trip, by
-``WAIT`` for the replicas.
+path (vmpool/state/durability.py): a script (EVALSHA) confirmed by a ``WAIT`` for the
+replicas before the call that made it answers: its own ``WAIT``, or its unit of work's
+``PUBLISH`` + ``WAIT`` (which covers every connection's writes).
 
 A real primary with a real replica; every write waits for it (``durability:
 replicas``). MONITOR on the primary records every command while the API and the CLI
 make every kind of change they offer: tokens minted and revoked, on-demand requests
 created and deleted, checkouts, PUTs, give-backs, pool overrides set and cleared, pool
 resets. The test then lists the writes sent outside a script and fails on any the
-list below does not name with its reason, and fails on any script call not followed
-by its WAIT. A plain ``DEL`` for ``vmpool token revoke`` or a ``MULTI`` for ``DELETE
+list below does not name with its reason, and fails on any script call not confirmed
+before its call answered (the test marks each answer in the stream with an ``ECHO``).
+A plain ``DEL`` for ``vmpool token revoke`` or a ``MULTI`` for ``DELETE
 /config/poolsize/<pool>`` (what they were) fails it.
 """
 
@@ -145,10 +147,25 @@ def primary(tmp_path: Path) -> Iterator[Node]:
             node.stop()
 
 
+# Sent by the test after each answer it got: a script call before it must be confirmed.
+ANSWERED = "vmpool-test-answered"
+
+
+def mark_answers(url: str) -> Any:
+    """A hook that puts an ``ECHO`` of :data:`ANSWERED` in the stream (an answer came)."""
+    marker = redis.Redis.from_url(url)
+
+    def answered(*_: Any) -> None:
+        marker.echo(ANSWERED)
+
+    return answered
+
+
 def api_session(url: str) -> None:
     """Every change the API offers, through its endpoints (auth on, an admin)."""
     config = parse_config(config_data(), source="test", env={})
     c, _ = make_client(config, url)
+    c.event_hooks["response"].append(mark_answers(url))
     basic = {"Authorization": "Basic " + base64.b64encode(f"jdoe:{PASSWORD}".encode()).decode()}
     token = c.post(f"{API}/token", headers=basic).json()["token"]
     auth = {"X-AUTH-TOKEN": token}
@@ -168,9 +185,11 @@ def api_session(url: str) -> None:
 def cli_session(url: str, config_path: Path) -> None:
     """Every change the CLI offers an operator (and `audit --metrics`' record)."""
     runner = CliRunner()
+    answered = mark_answers(url)
 
     def run(*args: str) -> str:
         result = runner.invoke(cli, [*args, "--config", str(config_path), "--redis-url", url])
+        answered()
         assert result.exit_code == 0, result.output
         return str(result.stdout)
 
@@ -194,17 +213,25 @@ def writes(port: int) -> set[str]:
 
 def unconfirmed(seen: list[tuple[str, str, str]], write: set[str]) -> list[str]:
     """What went outside the path: a write not a script's and not listed, or a script
-    call (EVALSHA) whose client sent something else than WAIT before its next command."""
+    call (EVALSHA) not confirmed before the next answer (:data:`ANSWERED`). A WAIT
+    confirms its own client's script calls; a PUBLISH + WAIT every client's."""
     problems = []
     owed: dict[str, bool] = {}  # client -> a script call still to be confirmed
+    last: dict[str, str] = {}  # client -> its previous command
     for client, command, first in seen:
         if client == "lua":
             continue
         if command in ("EVALSHA", "EVAL"):
-            owed[client] = first not in JOB_SCRIPTS
-            continue
-        if owed.pop(client, False) and command != "WAIT":
-            problems.append(f"{client}: a script call followed by {command}, not WAIT")
+            owed[client] = owed.get(client, False) or first not in JOB_SCRIPTS
+        elif command == "WAIT":
+            if last.get(client) == "PUBLISH":
+                owed.clear()
+            owed.pop(client, None)
+        elif command == "ECHO" and first == ANSWERED:
+            problems += [f"{c}: a script call not confirmed before its answer"
+                         for c, left in owed.items() if left]  # fmt: skip
+            owed.clear()
+        last[client] = command
         if command in write and not any(
             c == command and re.match(p, first) for c, p in UNCONFIRMED
         ):
@@ -216,7 +243,7 @@ def unconfirmed(seen: list[tuple[str, str, str]], write: set[str]) -> list[str]:
 def test_every_told_write_is_a_confirmed_script(primary: Node, tmp_path: Path) -> None:
     """Proves: an API session and a CLI session making every kind of change they offer
     send no write outside a script but the listed ones (each with its reason), and
-    every script call is followed by its WAIT in the same round trip."""
+    every script call is confirmed by a WAIT before its call answers."""
     url = f"redis://{HOST}:{primary.port}/0"
     with primary.client(decode_responses=True) as r:
         make_ready(Store(r, Keys()), POOL, 2)
@@ -236,8 +263,9 @@ def test_every_told_write_is_a_confirmed_script(primary: Node, tmp_path: Path) -
 
 def test_the_check_sees_a_plain_write() -> None:
     """Proves the check can fail: a plain DEL (what `vmpool token revoke` sent), a
-    MULTI'd HDEL (DELETE /config/poolsize/<pool>) and a script call without its WAIT
-    are each named."""
+    MULTI'd HDEL (DELETE /config/poolsize/<pool>), a script call answered before any
+    WAIT, and one whose WAIT (no PUBLISH first) came on another client are each named;
+    a unit's PUBLISH + WAIT on one client confirms another client's script call."""
     seen = [
         ("c:1", "DEL", "vmpool:token:ab"),
         ("c:1", "MULTI", ""),
@@ -246,12 +274,22 @@ def test_the_check_sees_a_plain_write() -> None:
         ("c:2", "EVALSHA", "f00"),
         ("lua", "SET", "x"),
         ("c:2", "GET", "y"),
+        ("t:1", "ECHO", ANSWERED),
         ("c:3", "EVALSHA", "f00"),
         ("c:3", "WAIT", "1"),
         ("c:3", "INCRBY", "vmpool:ratelimit:user:x:1"),
+        ("t:1", "ECHO", ANSWERED),
+        ("c:4", "EVALSHA", "f00"),
+        ("c:5", "PUBLISH", "vmpool:confirm"),
+        ("c:5", "WAIT", "1"),
+        ("t:1", "ECHO", ANSWERED),
+        ("c:6", "EVALSHA", "f00"),
+        ("c:7", "WAIT", "1"),
+        ("t:1", "ECHO", ANSWERED),
     ]
     assert unconfirmed(seen, {"DEL", "HDEL", "SET", "INCRBY"}) == [
         "c:1: DEL vmpool:token:ab outside a script",
         "c:1: HDEL vmpool:config:poolsize outside a script",
-        "c:2: a script call followed by GET, not WAIT",
+        "c:2: a script call not confirmed before its answer",
+        "c:6: a script call not confirmed before its answer",
     ]

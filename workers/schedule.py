@@ -80,6 +80,7 @@ import redis
 from rq.exceptions import NoSuchJobError
 
 from vmpool.ids import Job
+from vmpool.state.durability import unconfirmed
 from vmpool.state.keys import Keys
 from vmpool.state.lua import read_script
 from workers.queues import enqueue
@@ -353,7 +354,8 @@ class FleetScheduler(SchedulerHooks):
         self.install_signal_handlers()
         try:
             while True:
-                self.tick()
+                with unconfirmed():  # a move a failover loses runs a job again or late
+                    self.tick()
                 if burst:
                     return
                 self.parking.wait(self.seconds_to_next_tick())

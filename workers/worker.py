@@ -52,6 +52,7 @@ from vmpool.config import default_redis_options
 from vmpool.lifecycle import Fleet
 from vmpool.state.connection import connect
 from vmpool.state.counters import record_job
+from vmpool.state.durability import confirmed, unconfirmed
 from vmpool.state.keys import DEFAULT_PREFIX, Keys
 from vmpool.state.lua import read_script
 from workers.batching import BatchDispatcher
@@ -94,9 +95,19 @@ _BEAT_LUA: Final = read_script("workers", "job_heartbeat.lua")
 
 
 class FleetJob(Job):
-    """An RQ job that the worker hands its process's Fleet right before running it."""
+    """An RQ job that the worker hands its process's Fleet right before running it.
+
+    A job with a Fleet is one unit of work (:func:`vmpool.state.durability.confirmed`):
+    its writes are confirmed once, when its function returns, before RQ records it done.
+    """
 
     fleet: Fleet | None = None
+
+    def perform(self) -> Any:
+        if self.fleet is None:
+            return super().perform()
+        with confirmed(self.fleet.redis):
+            return super().perform()
 
 
 def current_fleet() -> Fleet:
@@ -182,6 +193,10 @@ class JobBeats:
                 self._outage.lost(exc)
 
     def _run(self) -> None:
+        with unconfirmed():  # a beat lost by a failover: the job may run twice, as it may
+            self._beat_until_closed()
+
+    def _beat_until_closed(self) -> None:
         while not self._closed.wait(HEARTBEAT_SECONDS):
             with self._beating:
                 with self._lock:
@@ -235,6 +250,10 @@ class FleetSimpleWorker(SteadyLoop, SimpleWorker):
     fleet: Fleet | None = None
     queue_class = StampingQueue  # pops and stamps the heartbeat in one unit
 
+    def work(self, *args: Any, **kwargs: Any) -> bool:
+        with unconfirmed():  # the loop's own writes (build_worker)
+            return bool(super().work(*args, **kwargs))
+
     def validate_queues(self) -> None:
         _any_rq_queues(self.queues)
 
@@ -279,6 +298,10 @@ class FleetForkWorker(SteadyLoop, Worker):
 
     fleet: Fleet | None = None
     queue_class = StampingQueue  # pops and stamps the heartbeat in one unit
+
+    def work(self, *args: Any, **kwargs: Any) -> bool:
+        with unconfirmed():  # the loop's own writes (build_worker)
+            return bool(super().work(*args, **kwargs))
 
     def validate_queues(self) -> None:
         _any_rq_queues(self.queues)
@@ -350,6 +373,8 @@ def build_worker(
     ``queues``: RQ queue names (default: all of the fleet's, in priority order).
     ``config`` None builds a worker without a Fleet (benchmarks of no-op jobs only).
     ``alive``: the file to touch while the loop lives (workers/loop.py).
+    The loop's own writes (dequeue, heartbeats, job counters) are ``unconfirmed``: a
+    failover that loses one runs a job again or late. Each job confirms its own.
     """
     cls = WORKER_CLASSES[kind]
     keys = Keys(config.key_prefix if config else DEFAULT_PREFIX)

@@ -87,7 +87,7 @@ def create_app(
     for router, prefix in _ROUTERS:
         app.include_router(router, prefix=prefix)
         templates.update((id(r), prefix + getattr(r, "path", "")) for r in router.routes)
-    install_middleware(app, st.metrics, templates)
+    install_middleware(app, st.metrics, templates, st.clients.aio)
     install_entry(app, _hot_routes(), st.metrics)
     return app
 

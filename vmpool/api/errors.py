@@ -32,6 +32,7 @@ __all__ = [
     "BodyTooLarge",
     "Rejected",
     "install_error_handlers",
+    "keyed_refusal",
     "redis_refusal",
 ]
 
@@ -105,12 +106,14 @@ async def _redis_down(request: Request, exc: Exception) -> Response:
     if op_mismatch(exc):
         return not_ok(422, message=f"this {IDEMPOTENCY_HEADER} was used for another request")
     log.error("Redis error serving %s %s: %s", request.method, request.url.path, exc)
-    key = getattr(request.state, IDEMPOTENCY_STATE, None)
-    fields = {} if key is None else {"idempotency_key": key}
-    refusal = redis_refusal(exc, **fields)
-    if refusal is None:
-        return not_ok(500, message="internal error")
-    if key is not None:
+    refusal = keyed_refusal(exc, getattr(request.state, IDEMPOTENCY_STATE, None))
+    return not_ok(500, message="internal error") if refusal is None else refusal
+
+
+def keyed_refusal(exc: redis.RedisError, key: str | None) -> Response | None:
+    """:func:`redis_refusal` naming the call's idempotency key (body and header), if any."""
+    refusal = redis_refusal(exc, **({} if key is None else {"idempotency_key": key}))
+    if refusal is not None and key is not None:
         refusal.headers[IDEMPOTENCY_HEADER] = key
     return refusal
 

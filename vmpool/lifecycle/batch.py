@@ -51,6 +51,7 @@ from vmpool.lifecycle.fleet import Dispatcher, Fleet
 from vmpool.lifecycle.outcomes import BatchCount, LockMiss, VMStep
 from vmpool.lifecycle.requests import CloneGate, provision_request
 from vmpool.lifecycle.vms import check_pending_vm, create_vm
+from vmpool.lifecycle.warm import pools_with_ready
 from vmpool.state.locks import FencedLock, LockKind, acquire_all, release_all
 from vmpool.state.transitions import VMState
 from vmpool.state.workset import Claim, WorkSet
@@ -294,10 +295,17 @@ def provision_batch(fleet: Fleet) -> dict[str, int]:
 
     provision_request for every request in its work set, in the order of service. Once
     one meets the clone limit, the rest of the batch only take ready VMs
-    (:class:`~vmpool.lifecycle.requests.CloneGate`)."""
+    (:class:`~vmpool.lifecycle.requests.CloneGate`). A claim reads once which pools have
+    ready VMs to lend: a request whose pools have none runs no claim script."""
     locked = LOCKED_STEPS[Job.PROVISION_REQUEST]
     step = partial(provision_request, gate=CloneGate())
-    return run_batch(fleet, Job.PROVISION_REQUEST, step, locked)
+    return run_batch(fleet, Job.PROVISION_REQUEST, step, locked, _ready_to_lend)
+
+
+def _ready_to_lend(fleet: Fleet, locks: list[FencedLock]) -> dict[str, dict[str, Any]]:
+    """A provision claim's one read of the pools with ready VMs to lend, for each request."""
+    ready = pools_with_ready(fleet)
+    return {lock.subject: {"ready": ready} for lock in locks}
 
 
 def create_vm_batch(fleet: Fleet) -> dict[str, int]:

@@ -13,8 +13,9 @@ Both paths use it: ``check_pending_vm`` (one VM, one question) and ``check_batch
 The pending sweep runs ``check_batched`` for providers that answer for many VMs at once
 (:class:`~vmpool.providers.StatusBatch`). That is one list call per provider per sweep
 for every pending VM, never one cloud call per VM per tick. Only the VMs whose
-answer changes something take their lock. Every change is the same fenced transition
-as in ``check_pending_vm``.
+answer changes something take their lock, granted and released as a batch job's claim
+(one script each for :data:`LOCKS_AT_ONCE` VMs). Every change is the same fenced
+transition as in ``check_pending_vm``.
 """
 
 from __future__ import annotations
@@ -27,10 +28,10 @@ from vmpool.ids import InvalidIdentifier, Job, validate_vm_name
 from vmpool.lifecycle.failpoints import failpoint
 from vmpool.lifecycle.failures import boot_failed_noted
 from vmpool.lifecycle.fleet import Fleet, after_vm_failed, dispatch_released, note_outcome
-from vmpool.lifecycle.locking import run_locked
+from vmpool.lifecycle.locking import LockMiss, run_locked
 from vmpool.lifecycle.outcomes import VMCode, VMStep, in_state, store_code
 from vmpool.providers import ProviderVM, ProviderVMState, StatusBatch
-from vmpool.state.locks import FencedLock
+from vmpool.state.locks import FencedLock, acquire_all, release_all
 from vmpool.state.records import VMRecord
 from vmpool.state.transitions import VMState
 
@@ -45,6 +46,10 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+# The locks of the VMs one sweep acts on, granted (and released) in one script each so
+# many: a claim's size in the batch jobs.
+LOCKS_AT_ONCE = 20
 
 
 def list_lag_s(provider: object) -> float:
@@ -225,21 +230,35 @@ def list_pending(fleet: Fleet, pools: Sequence[str]) -> Listing:
 def apply_listing(fleet: Fleet, listing: Listing) -> tuple[list[str], dict[str, str]]:
     """The acting half of :func:`check_batched`.
 
-    For each VM whose answer changes something, its lock, its record read under it, and
-    the fenced transition. Returns the names left for per-VM checks and each acted-on
-    VM's outcome."""
+    For the VMs whose answer changes something: their locks granted in one script per
+    :data:`LOCKS_AT_ONCE` (each grant reads the VM's record), each VM's fenced
+    transition, and the locks released in one script. A VM whose lock another worker
+    holds is ``busy``: the next sweep sees it again. Returns the names left for per-VM
+    checks and each acted-on VM's outcome."""
     rest = list(listing.rest)
-    outcomes: dict[str, str] = {}
+    due: list[tuple[str, str, ProviderVM | None, float]] = []
     for provider_name, (booting, seen) in listing.answers.items():
         lag = list_lag_s(fleet.providers[provider_name])
-        for vm in booting:
-            held = seen.get(vm.name)
-            if not _due(fleet, vm, held, listing.now, lag):
-                continue
-            outcome = _observe_locked(fleet, vm.name, provider_name, held, lag)
-            outcomes[vm.name] = outcome
-            if outcome == VMStep.OTHER_PROVIDER:
-                rest.append(vm.name)
+        due += [(vm.name, provider_name, seen.get(vm.name), lag) for vm in booting
+                if _due(fleet, vm, seen.get(vm.name), listing.now, lag)]  # fmt: skip
+    outcomes: dict[str, str] = {}
+    for at in range(0, len(due), LOCKS_AT_ONCE):
+        part = due[at : at + LOCKS_AT_ONCE]
+        asked = [fleet.lock("vm", name, "check_pending", read_record=True) for name, *_ in part]
+        granted = {lock.subject: lock for lock in acquire_all(asked)}
+        try:
+            for name, provider_name, held, lag in part:
+                lock = granted.get(name)
+                outcome = (
+                    _observe_locked(fleet, name, provider_name, held, lag, lock)
+                    if lock is not None
+                    else LockMiss.BUSY
+                )
+                outcomes[name] = outcome
+                if outcome == VMStep.OTHER_PROVIDER:
+                    rest.append(name)
+        finally:
+            release_all(list(granted.values()))
     return rest, outcomes
 
 
@@ -271,12 +290,16 @@ def _due(fleet: Fleet, vm: Booting, held: ProviderVM | None, now: float, lag: fl
 
 
 def _observe_locked(
-    fleet: Fleet, name: str, provider_name: str, held: ProviderVM | None, lag: float
+    fleet: Fleet,
+    name: str,
+    provider_name: str,
+    held: ProviderVM | None,
+    lag: float,
+    lock: FencedLock,
 ) -> VMCode:
-    """Record the cloud's answer for one VM under its lock.
+    """Record the cloud's answer for one VM under its lock (granted, with its record).
 
-    Under the VM's lock, whose grant reads its record (no second read): the cloud's
-    answer recorded if the VM is still pending at ``provider_name``."""
+    The cloud's answer recorded if the VM is still pending at ``provider_name``."""
 
     def step(lock: FencedLock) -> VMCode:
         vm = VMRecord.from_hash(lock.record) if lock.record else None
@@ -289,4 +312,4 @@ def _observe_locked(
         ready = held is not None and held.state == ProviderVMState.RUNNING
         return observe_pending(fleet, vm, lock, held, ready, lag_s=lag)
 
-    return run_locked(fleet, "vm", name, "check_pending", step, read_record=True)
+    return run_locked(fleet, "vm", name, "check_pending", step, lock=lock, read_record=True)

@@ -70,7 +70,11 @@ class CloneGate:
 
 
 def provision_request(
-    fleet: Fleet, request_id: str, lock: FencedLock | None = None, gate: CloneGate | None = None
+    fleet: Fleet,
+    request_id: str,
+    lock: FencedLock | None = None,
+    gate: CloneGate | None = None,
+    ready: frozenset[str] | None = None,
 ) -> list[str]:
     """Reserve VMs for the request's unreserved slots.
 
@@ -83,7 +87,8 @@ def provision_request(
     slot whatever the lock does). One clone slot is taken per VM before it is reserved
     and handed to create_vm, which gives it back. ``lock``: already granted that way by
     a batch job, which releases it. Else taken and released here. ``gate``: the batch
-    job's :class:`CloneGate`.
+    job's :class:`CloneGate`. ``ready``: the lending pools a batch claim found holding a
+    ready VM (:func:`~vmpool.lifecycle.warm.pools_with_ready`; None: ask each).
 
     A slot whose pool is no longer in the configuration is skipped with an error in the
     log: no VM exists yet, so there is nothing to fail. The request stays pending and its
@@ -92,14 +97,19 @@ def provision_request(
     reserved: list[str] = []
 
     def step(held: FencedLock) -> None:
-        _reserve_for(fleet, request_id, held, reserved, gate or CloneGate())
+        _reserve_for(fleet, request_id, held, reserved, gate or CloneGate(), ready)
 
     run_locked(fleet, "request", request_id, "provision", step, lock=lock, read_record=True)
     return reserved  # what was reserved before a lock lost midway too
 
 
 def _reserve_for(
-    fleet: Fleet, request_id: str, lock: FencedLock, reserved: list[str], gate: CloneGate
+    fleet: Fleet,
+    request_id: str,
+    lock: FencedLock,
+    reserved: list[str],
+    gate: CloneGate,
+    ready: frozenset[str] | None,
 ) -> None:
     # The record as the grant read it. Its VM names are not needed here (not read).
     req = RequestRecord.from_hash(lock.record) if lock.record else None
@@ -110,7 +120,7 @@ def _reserve_for(
         park(fleet, request_id, limits)  # if it fits now, the older one goes first
         return
     for _ in range(2):  # a VM of the user freed while the request was being parked: again
-        code, req = _claim_then_reserve(fleet, req, lock, reserved, gate, limits)
+        code, req = _claim_then_reserve(fleet, req, lock, reserved, gate, limits, ready)
         if not is_quota_refusal(code):
             return
         gate.over_quota.add(req.token_user)
@@ -125,10 +135,12 @@ def _claim_then_reserve(
     reserved: list[str],
     gate: CloneGate,
     limits: QuotaLimits,
+    ready: frozenset[str] | None,
 ) -> tuple[str, RequestRecord]:
-    """Ready VMs of warm pools first, then clones of the shortfall. The code that stopped
-    it ('' when it went as far as it could) and the request as last read."""
-    claimed, code = claim_ready(fleet, req, limits)
+    """Ready VMs of warm pools first (``ready``: the lending pools known to hold one),
+    then clones of the shortfall. The code that stopped it ('' when it went as far as it
+    could) and the request as last read."""
+    claimed, code = claim_ready(fleet, req, limits, ready)
     if is_quota_refusal(code):
         return code, req
     if claimed:

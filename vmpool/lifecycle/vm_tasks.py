@@ -24,6 +24,7 @@ from vmpool.lifecycle.fleet import Fleet
 from vmpool.lifecycle.outcomes import TaskCode, TaskStep, store_code
 from vmpool.providers import Disks, Snapshots, is_permanent_error
 from vmpool.providers.registry import provider_class
+from vmpool.state.durability import settle
 from vmpool.state.vm_tasks import TaskKind, VMTask
 
 __all__ = ["capability", "supports", "vm_task"]
@@ -75,6 +76,7 @@ def vm_task(fleet: Fleet, subject: str) -> TaskCode:
     if not isinstance(provider, capability(task.kind)):
         error = f"the provider of pool {vm.pool} cannot do a {task.kind}"
         return store_code(fleet.store.tasks.finish_vm_task(task, actor=actor, error=error))
+    settle(fleet.redis)  # the job's writes confirmed before the side effect
     try:
         _call(provider, vm.pool, task, arg)
     except Exception as exc:  # the task fails, as vmpooler's: its holder may ask again

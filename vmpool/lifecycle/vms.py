@@ -30,6 +30,7 @@ from vmpool.lifecycle.locking import run_locked
 from vmpool.lifecycle.outcomes import VMCode, VMStep, in_state, store_code
 from vmpool.lifecycle.pending import check_batched, list_lag_s, observe_pending
 from vmpool.providers import Provider, ProviderVMState, StatusBatch, create_for_request
+from vmpool.state.durability import settle
 from vmpool.state.locks import FencedLock
 from vmpool.state.records import VMRecord
 from vmpool.state.transitions import VM_TO_DESTROY, VMState
@@ -195,6 +196,7 @@ def _destroy_if_released(fleet: Fleet, name: str, provider: Provider) -> None:
     again (completed or destroyed are final), else leave it to the lock holder."""
     vm = fleet.store.get_vm(name)
     if vm is None or vm.state in (VMState.COMPLETED, VMState.DESTROYED):
+        settle(fleet.redis)  # the job's writes confirmed before the side effect
         try:
             provider.destroy_vm(vm.pool if vm else "", name)
         except Exception as exc:

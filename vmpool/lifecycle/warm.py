@@ -34,7 +34,7 @@ from vmpool.state.quotas import NO_LIMITS, QuotaLimits
 from vmpool.state.records import Outcome, RequestRecord, VMRecord
 from vmpool.state.transitions import RequestStatus, VMState
 
-__all__ = ["check_ready", "claim_ready", "top_up_pools"]
+__all__ = ["check_ready", "claim_ready", "pools_with_ready", "top_up_pools"]
 
 log = logging.getLogger(__name__)
 
@@ -144,14 +144,36 @@ def _why_recycle(
     return (RecycleReason.FAILED_CHECK, None) if not ok else (None, None)
 
 
+def pools_with_ready(fleet: Fleet) -> frozenset[str]:
+    """The pools that lend (``ondemand_from_ready``) and hold a ready VM now: one read.
+
+    A provision claim asks once for its requests (:func:`claim_ready`'s ``ready``): no
+    claim script for a request whose pools have nothing to lend. A VM that turns ready
+    after the read is lent to a later request; this one clones.
+    """
+    lending = sorted(name for name, pool in fleet.config.pools.items() if pool.ondemand_from_ready)
+    if not lending:
+        return frozenset()
+    with fleet.redis.pipeline(transaction=False) as pipe:
+        for name in lending:
+            pipe.zcard(fleet.keys.pool_state(name, "ready"))
+        counts = pipe.execute()
+    return frozenset(name for name, n in zip(lending, counts, strict=True) if int(n))
+
+
 def claim_ready(
-    fleet: Fleet, req: RequestRecord, limits: QuotaLimits = NO_LIMITS
+    fleet: Fleet,
+    req: RequestRecord,
+    limits: QuotaLimits = NO_LIMITS,
+    ready: frozenset[str] | None = None,
 ) -> tuple[list[str], str]:
     """Let a pending request take ready VMs of its pools.
 
     Only pools whose ``ondemand_from_ready`` is on lend, before anything is cloned for
     it. Returns the VMs it took and the claim's code. The claim is one unit, bounded by
-    the request's slots and its user's quota ``limits``."""
+    the request's slots and its user's quota ``limits``. ``ready``: the lending pools
+    known to hold a ready VM (:func:`pools_with_ready`); None: not known, every lending
+    pool is tried."""
     lending = sorted(
         {
             slot.pool
@@ -159,6 +181,7 @@ def claim_ready(
             if slot.want > slot.live
             and (pool := fleet.config.pools.get(slot.pool)) is not None
             and pool.ondemand_from_ready
+            and (ready is None or slot.pool in ready)
         }
     )
     if not lending or req.status != RequestStatus.PENDING:

@@ -10,9 +10,9 @@ Redis answers a write once it is in its memory. Two ways to lose such a write re
   rejected. Valkey 9.1.2 answers it on its next event-loop turn without an fsync when no
   write is buffered. A power cut played exactly (the AOF cut back to its last fsync)
   lost WAITAOF-acknowledged writes (docs/reliability.md).
-- A failover to a replica the write had not reached: replication is asynchronous. Per
-  write, ``WAIT N T`` runs in the same round trip: N replicas hold every write of this
-  connection. Through Sentinel, N is every replica the sentinels could promote, as they
+- A failover to a replica the write had not reached: replication is asynchronous.
+  ``WAIT N T``: N replicas hold every write of this connection (a unit of work's,
+  below). Through Sentinel, N is every replica the sentinels could promote, as they
   report the group now (:mod:`vmpool.state.group_watch`): whichever is promoted holds
   the write, in a planned switch and a partition too. A write is also not acknowledged
   through a primary a majority of the sentinels no longer name.
@@ -28,6 +28,25 @@ client is confirmed the same way (:meth:`ConfirmingRedis.confirm`). A ``PUBLISH`
 (replicated, allowed when Redis is full) moves the connection's offset to "now", and
 the same wait follows. The API never shows a state a failover could take back.
 
+A unit of work (:func:`confirmed`, :func:`confirmed_async`): a job (each job a worker
+runs, ``workers.worker.FleetJob``) or an API call pays one confirmation for all its
+writes, not one per script call. In a unit a script call does not wait; the unit's end
+sends ``PUBLISH`` and ``WAIT`` in one round trip through one connection. The PUBLISH
+puts that connection's offset past every write the server holds, so the WAIT covers the
+unit's writes on every connection and client of the process (the pool's, RQ's). A unit
+whose script calls made no write sends nothing; one left by an exception is not
+confirmed (nothing of it is acknowledged). Before a side effect outside Redis that its
+writes or reads decided (a provider's create or destroy), the unit confirms what it has
+so far (:func:`settle`, called by ``FencedLock.ensure_held``). A unit's writes all went
+to one primary: the guard of its first write refuses it when the primary the sentinels
+name changed in its course (:class:`~vmpool.state.group_watch.PinnedPrimary`). The unit
+lives in a context variable: the code it runs, and a thread handed its context (the
+API's thread pool), join it; another thread's writes wait on their own. A write outside
+any unit waits in its own round trip, as above. The worker's loop (its dequeue,
+heartbeats and job counters) and the scheduler's moves run :func:`unconfirmed`: nothing
+outside Redis acts on them, and one a failover loses runs a job again or late (every job
+is idempotent).
+
 The setting (``:redis: durability``, docs/operations.md, "Durability"):
 
 - ``auto`` (the default): through Sentinel (a failover is then automatic), every
@@ -40,12 +59,27 @@ The setting (``:redis: durability``, docs/operations.md, "Durability"):
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import Any, Final, Literal, Protocol, get_args
+from collections.abc import AsyncIterator, Iterator, Sequence
+from contextlib import asynccontextmanager, contextmanager
+from typing import Any, Final, Protocol
 
 import redis
 import redis.asyncio as aredis
+
+from vmpool.state.confirmation import (
+    DURABILITY_MODES,
+    NO_DURABILITY,
+    Durability,
+    DurabilityMode,
+    DurabilitySetting,
+    Guard,
+    Scope,
+    WriteNotConfirmed,
+    current_scope,
+    resolve_durability,
+    unconfirmed,
+    within,
+)
 
 __all__ = [
     "DURABILITY_MODES",
@@ -57,115 +91,22 @@ __all__ = [
     "DurabilitySetting",
     "DurabilitySource",
     "Guard",
+    "Scope",
     "WriteNotConfirmed",
     "confirm",
     "confirm_async",
+    "confirmed",
+    "confirmed_async",
+    "current_scope",
     "resolve_durability",
+    "settle",
+    "settle_async",
+    "unconfirmed",
 ]
 
-DurabilityMode = Literal["auto", "none", "replicas"]
-DURABILITY_MODES: Final[tuple[str, ...]] = get_args(DurabilityMode)
 # The channel of the read confirmation's PUBLISH (nobody subscribes: only its place in
 # the replication stream matters).
 CONFIRM_CHANNEL: Final = "vmpool:confirm"
-_REPLICA_REFUSAL = "cannot be used with replica instances"
-
-
-class WriteNotConfirmed(redis.RedisError):
-    """A write (or a read) whose durability could not be confirmed in time.
-
-    It is not acknowledged. Not a ConnectionError, so that redis-py does not run it again.
-    """
-
-
-@dataclass(frozen=True)
-class DurabilitySetting:
-    """``:redis: durability``, ``durability_replicas``, ``durability_timeout`` (seconds).
-
-    ``replicas`` None: not set (every replica the sentinels could promote).
-    """
-
-    mode: DurabilityMode
-    replicas: int | None
-    timeout_s: float
-
-
-class Guard(Protocol):
-    """What else a confirmed write must pass.
-
-    :class:`~vmpool.state.group_watch.FollowingDurability` is one.
-    """
-
-    def refusal(self) -> str | None:
-        """Why the write must not be acknowledged, or None."""
-
-    def shortfall(self) -> None:
-        """A WAIT came short: find out why (ask the sentinels again)."""
-
-
-@dataclass(frozen=True)
-class Durability:
-    """The confirmations every acknowledged write waits for.
-
-    ``replicas`` replicas holding it (WAIT), within ``timeout_s``. ``automatic``: the
-    count is every replica the sentinels could promote, as they report the group now.
-    ``guard``: checked once the replies are in.
-    """
-
-    replicas: int
-    timeout_s: float
-    automatic: bool = False
-    guard: Guard | None = field(default=None, compare=False, repr=False)
-
-    @property
-    def waits(self) -> bool:
-        return self.replicas > 0
-
-    def describe(self) -> str:
-        """In words, naming the command: what the startup check and the audit print."""
-        whom = " (every replica the sentinels could promote)" if self.automatic else ""
-        if not self.replicas:
-            return "none (a write is acknowledged once the primary has it)" + whom
-        plural = "s" if self.replicas > 1 else ""
-        return (
-            f"WAIT {self.replicas}: held by {self.replicas} replica{plural} within"
-            f" {self.timeout_s:g} s{whom}"
-        )
-
-    def queue(self, pipe: redis.client.Pipeline | aredis.client.Pipeline) -> None:
-        """Queue the wait on ``pipe``, after the write(s) it holds (one connection)."""
-        if self.replicas:
-            pipe.wait(self.replicas, max(1, round(self.timeout_s * 1000)))
-
-    def check(self, replies: Sequence[Any]) -> None:
-        """Raise unless ``replies`` (of :meth:`queue`'s commands) confirm the write."""
-        for reply in replies:
-            if isinstance(reply, redis.ResponseError):
-                if _REPLICA_REFUSAL in str(reply):  # connected to a replica
-                    raise redis.ReadOnlyError(str(reply))
-                raise WriteNotConfirmed(f"durability confirmation refused: {reply}")
-        if self.replicas and int(replies[0]) < self.replicas:
-            if self.guard is not None:
-                self.guard.shortfall()
-            raise WriteNotConfirmed(
-                f"write not confirmed within {self.timeout_s:g} s: held by {int(replies[0])}"
-                f" of the {self.replicas} replica(s) it waits for"
-            )
-        refusal = None if self.guard is None else self.guard.refusal()
-        if refusal is not None:
-            raise WriteNotConfirmed(f"write not confirmed: {refusal}")
-
-
-NO_DURABILITY: Final = Durability(replicas=0, timeout_s=0.0)
-
-
-def resolve_durability(setting: DurabilitySetting) -> Durability:
-    """What ``setting`` means for a Redis not reached through Sentinel.
-
-    Through Sentinel the group decides (:class:`~vmpool.state.group_watch.FollowingDurability`).
-    """
-    replicas = (setting.replicas or 1) if setting.mode == "replicas" else 0
-    return Durability(replicas, setting.timeout_s)
 
 
 class DurabilitySource(Protocol):
@@ -174,6 +115,17 @@ class DurabilitySource(Protocol):
     def current(self) -> Durability: ...
 
     def close(self) -> None: ...
+
+
+def _check_confirmation(durability: Durability, replies: Sequence[Any]) -> None:
+    """Raise unless ``replies`` (PUBLISH, then :meth:`Durability.queue`'s) confirm."""
+    if isinstance(replies[0], Exception):
+        raise replies[0]
+    scope = current_scope()
+    if scope is not None and scope.settles:
+        scope.check(durability, replies[1:])
+    else:
+        durability.check(replies[1:])
 
 
 class _Confirming:
@@ -199,9 +151,10 @@ class _Confirming:
 
 
 class ConfirmingRedis(_Confirming, redis.Redis):
-    """A client whose every script call returns only once its durability is confirmed.
+    """A client whose script calls return only once their durability is confirmed.
 
-    Every state change vmpool makes is a script call (see the module docstring).
+    Every state change vmpool makes is a script call (see the module docstring). In a
+    unit of work (:func:`confirmed`) a call does not wait: the unit's end does, once.
     :func:`vmpool.state.connection.connect` makes these clients and sets
     :attr:`durability` (or its ``source``).
     """
@@ -209,6 +162,10 @@ class ConfirmingRedis(_Confirming, redis.Redis):
     def evalsha(self, sha: str, numkeys: int, *keys_and_args: Any) -> Any:  # type: ignore[override]
         durability = self.durability
         if not durability.waits:
+            return super().evalsha(sha, numkeys, *keys_and_args)
+        scope = current_scope()
+        if scope is not None:
+            scope.defer(durability)
             return super().evalsha(sha, numkeys, *keys_and_args)
         with self.pipeline(transaction=False) as pipe:
             pipe.evalsha(sha, numkeys, *keys_and_args)
@@ -220,9 +177,11 @@ class ConfirmingRedis(_Confirming, redis.Redis):
         return replies[0]
 
     def confirm(self) -> None:
-        """Confirm every write Redis holds now, before a read is answered as a fact.
+        """Confirm every write Redis holds now (a unit's writes included), in one round trip.
 
-        Whoever made the writes, they are confirmed as a write of this connection would be.
+        Whoever made the writes, on whichever connection: the PUBLISH puts this
+        connection's offset past all of them. Before a read is answered as a fact, before
+        a side effect outside Redis, and at the end of a unit of work.
         """
         durability = self.durability
         if not durability.waits:
@@ -231,9 +190,7 @@ class ConfirmingRedis(_Confirming, redis.Redis):
             pipe.publish(CONFIRM_CHANNEL, "")
             durability.queue(pipe)
             replies = pipe.execute(raise_on_error=False)
-        if isinstance(replies[0], Exception):
-            raise replies[0]
-        durability.check(replies[1:])
+        _check_confirmation(durability, replies)
 
     def close(self) -> None:
         self._close_source()
@@ -255,11 +212,91 @@ async def confirm_async(client: aredis.Redis) -> None:
         await client.confirm()
 
 
+def settle(client: redis.Redis) -> None:
+    """Confirm the unit of work's writes (and reads) so far: before a side effect outside
+    Redis that they decided (a provider call).
+
+    Nothing outside a unit (every write waited already), or when nothing is pending.
+    """
+    scope = current_scope()
+    if scope is not None and scope.settles and scope.pending:
+        confirm(client)
+
+
+async def settle_async(client: aredis.Redis) -> None:
+    """:func:`settle` for an asyncio client: the unit's pending writes, confirmed now."""
+    scope = current_scope()
+    if scope is not None and scope.settles and scope.pending:
+        await confirm_async(client)
+
+
+def _opens_scope(client: redis.Redis | aredis.Redis) -> Scope | None:
+    """A new unit for ``client``, or None: a plain client, or inside a unit already."""
+    outer = current_scope()
+    if not isinstance(client, _Confirming) or (outer is not None and outer.settles):
+        return None
+    return Scope()
+
+
+@contextmanager
+def confirmed(client: redis.Redis) -> Iterator[None]:
+    """A unit of work: its script calls do not wait, and its end confirms them all.
+
+    One PUBLISH and WAIT through ``client`` when something was written, none otherwise;
+    :class:`WriteNotConfirmed` when not confirmed. A unit left by an exception is not
+    confirmed (nothing of it is acknowledged). Inside a unit already: part of that one.
+    Every client of the process, in this context (and the threads it hands it to), joins
+    the unit.
+    """
+    scope = _opens_scope(client)
+    if scope is None:
+        yield
+        return
+    with within(scope):
+        yield
+        if scope.pending:
+            confirm(client)
+
+
+@asynccontextmanager
+async def confirmed_async(client: aredis.Redis) -> AsyncIterator[None]:
+    """:func:`confirmed` for an asyncio client (its end awaits the confirmation)."""
+    scope = _opens_scope(client)
+    if scope is None:
+        yield
+        return
+    with within(scope):
+        yield
+        if scope.pending:
+            await confirm_async(client)
+
+
+def queue_confirmation(pipe: aredis.client.Pipeline, durability: Durability | None) -> bool:
+    """Queue on ``pipe``, after its writes, what confirms them: True when queued.
+
+    A PUBLISH before the WAIT: every write Redis holds is confirmed, the unit of
+    work's so far included, whichever connection made them (its end then has nothing
+    left to wait for). Nothing in an :func:`unconfirmed` block or when ``durability``
+    waits for nothing.
+    """
+    scope = current_scope()
+    if durability is None or not durability.waits or (scope is not None and not scope.settles):
+        return False
+    pipe.publish(CONFIRM_CHANNEL, "")
+    durability.queue(pipe)
+    return True
+
+
+def check_confirmation(durability: Durability, replies: Sequence[Any]) -> None:
+    """Raise unless ``replies`` (of :func:`queue_confirmation`'s commands) confirm."""
+    _check_confirmation(durability, replies)
+
+
 class ConfirmingAsyncRedis(_Confirming, aredis.Redis):  # type: ignore[misc]  # redis-py's own bases
     """The asyncio twin of :class:`ConfirmingRedis`, for the API's hot paths.
 
     Those paths pipeline their scripts themselves: :func:`vmpool.state.lua.run_pipelined_async`
-    queues :meth:`Durability.queue`.
+    queues :func:`queue_confirmation`.
     """
 
     async def confirm(self) -> None:
@@ -274,9 +311,7 @@ class ConfirmingAsyncRedis(_Confirming, aredis.Redis):  # type: ignore[misc]  # 
         pipe.publish(CONFIRM_CHANNEL, "")
         durability.queue(pipe)
         replies = await pipe.execute(raise_on_error=False)
-        if isinstance(replies[0], Exception):
-            raise replies[0]
-        durability.check(replies[1:])
+        _check_confirmation(durability, replies)
 
     async def aclose(self, close_connection_pool: bool | None = None) -> None:
         self._close_source()

@@ -199,6 +199,10 @@ class GroupWatch:
         self._wake = threading.Event()
         self._pid = 0
         self.closed = False
+        # How many times the primary named changed (to another, not to none): a unit of
+        # work's writes all went to one primary only if this did not move meanwhile.
+        self.changes = 0
+        self._named: Address | None = None
 
     def current(self) -> GroupView:
         """The last view; made now on first use (the only wait the write path makes)."""
@@ -214,6 +218,10 @@ class GroupWatch:
             last = self._view
             if fresh.primary is None and last is not None:
                 fresh = GroupView(None, last.replicas, last.linked, fresh.at)
+            if fresh.primary is not None and fresh.primary != self._named:
+                if self._named is not None:
+                    self.changes += 1
+                self._named = fresh.primary
             self._view = fresh
         return fresh
 
@@ -271,7 +279,7 @@ class FollowingDurability:
     def current(self) -> Durability:
         view = self.watch.current()
         count = view.must_hold() if self.replicas is None else self.replicas
-        guard = PinnedPrimary(self.watch, view.primary)
+        guard = PinnedPrimary(self.watch, view.primary, self.watch.changes)
         return Durability(count, self.timeout_s, automatic=self.replicas is None, guard=guard)
 
     def close(self) -> None:
@@ -280,14 +288,21 @@ class FollowingDurability:
 
 @dataclass(frozen=True)
 class PinnedPrimary:
-    """A write's guard: the primary it was counted for must still be the one named."""
+    """A write's guard: the primary it was counted for must still be the one named.
+
+    ``changes``: the watch's count of changes of the primary then. A unit of work's
+    writes since its guard was pinned went to one primary only if it did not move.
+    """
 
     watch: GroupWatch
     primary: Address | None
+    changes: int = 0
 
     def refusal(self) -> str | None:
         """Why a write just confirmed must still not be acknowledged, or None."""
         named = self.watch.current().primary
+        if self.watch.changes != self.changes and self.primary is not None:
+            return f"the primary changed since {_show(self.primary)} took the write"
         if named is None or self.primary is None or named == self.primary:
             return None
         return (

@@ -53,6 +53,7 @@ from typing import Any, Literal, Protocol
 
 import redis
 
+from vmpool.state.durability import settle
 from vmpool.state.keys import Keys
 from vmpool.state.lua import read_script
 from vmpool.state.records import text
@@ -317,7 +318,8 @@ class FencedLock:
         It does not push the expiry out (the renewer does, every third of it): a write
         here would cost an fsync under ``appendfsync always``. Call it before a side
         effect the fence cannot guard (a provider call). The store's fence check remains
-        the guarantee, and no call is needed before a store write.
+        the guarantee, and no call is needed before a store write. In a unit of work
+        (:func:`vmpool.state.durability.confirmed`) it confirms the unit's writes so far.
         """
         if not self._held:
             raise LockLost(f"{self.key}: not held")
@@ -325,6 +327,7 @@ class FencedLock:
             raise LockLost(
                 f"{self.key}: lock lost (fence {self.fence}, owner now {self.owner()!r})"
             )
+        settle(self.redis)  # in a unit of work: its writes and this read, confirmed now
 
     @property
     def held(self) -> bool:

@@ -23,7 +23,12 @@ import redis.asyncio as aredis
 from redis.commands.core import Script
 from redis.exceptions import NoScriptError
 
-from vmpool.state.durability import ConfirmingAsyncRedis, Durability
+from vmpool.state.durability import (
+    ConfirmingAsyncRedis,
+    Durability,
+    check_confirmation,
+    queue_confirmation,
+)
 
 __all__ = ["ScriptCall", "ScriptPipeline", "read_script", "run_pipelined_async"]
 
@@ -104,14 +109,15 @@ async def _pipelined(
 ) -> list[Any]:
     """The calls' replies (errors in place), in one round trip.
 
-    The calls, then (on one connection) the waits of ``durability``, checked.
+    The calls, then (on one connection) their confirmation, checked
+    (:func:`vmpool.state.durability.queue_confirmation`).
     """
     pipe = client.pipeline(transaction=False)
     for call in calls:
         pipe.evalsha(call.script.sha, len(call.keys), *call.keys, *call.args)
-    if durability is not None:
-        durability.queue(pipe)
+    confirming = queue_confirmation(pipe, durability)
     replies = await pipe.execute(raise_on_error=False)
-    if durability is not None and durability.waits:
-        durability.check(replies[len(calls) :])
+    if confirming:
+        assert durability is not None
+        check_confirmation(durability, replies[len(calls) :])
     return list(replies[: len(calls)])

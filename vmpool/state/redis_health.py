@@ -23,7 +23,7 @@ from typing import Final
 
 import redis
 
-from vmpool.state.durability import WriteNotConfirmed
+from vmpool.state.durability import WriteNotConfirmed, confirmed, settle
 from vmpool.state.keys import Keys
 from vmpool.state.lua import read_script
 
@@ -97,10 +97,13 @@ def error_code(exc: redis.ResponseError) -> str:
 def probe(client: redis.Redis, keys: Keys) -> RedisCondition:
     """Make one small write through ``client`` and say what it met.
 
-    The write is confirmed as any of the client's writes.
+    The write is confirmed at once, as any acknowledged write, in a unit of work or an
+    ``unconfirmed`` block too (a worker's loop probes whether writes are confirmed again).
     """
     try:
-        client.register_script(_PROBE_LUA)(keys=[keys.write_probe], args=[PROBE_TTL_MS])
+        with confirmed(client):
+            client.register_script(_PROBE_LUA)(keys=[keys.write_probe], args=[PROBE_TTL_MS])
+            settle(client)
     except redis.RedisError as exc:
         condition = classify(exc)
         if condition is None:

@@ -139,7 +139,10 @@ class CloneSemaphore:
 
     def turns(self) -> list[str]:
         """The requests waiting for a clone slot whose turn it is: the first ones in line,
-        as many as slots are free (the pending sweep offers them the slots)."""
+        as many as slots are free (the pending sweep offers them the slots). Nobody in
+        line: one read, no script (a script writes: it drops expired leases first)."""
+        if not self.redis.exists(self._keys[3]):
+            return []
         reply = self._call("turns", self.limit)
         assert isinstance(reply, list)
         return [r.decode() if isinstance(r, bytes) else str(r) for r in reply]

@@ -41,7 +41,7 @@ from vmpool.ids import InvalidIdentifier, Job, validate_request_id
 from vmpool.lifecycle.failpoints import failpoint
 from vmpool.lifecycle.plan import RequestRejected, plan_slots
 from vmpool.state import reads
-from vmpool.state.durability import confirm, confirm_async
+from vmpool.state.durability import confirm, confirm_async, confirmed_async
 from vmpool.state.lua import ScriptPipeline, run_pipelined_async
 from vmpool.state.ops import Op
 from vmpool.state.quotas import Place
@@ -213,12 +213,15 @@ async def _create_pipelined(
     if refused is not None:
         return refused
     follow_up = st.batch.provision_after_create(pipe)
-    replies = await pipe.execute_async(client)
-    if isinstance(replies[0], Exception):
-        raise replies[0]
-    outcome = Outcome.from_reply(replies[0])
-    if outcome.ok and follow_up.wanted(replies):
-        await run_in_threadpool(_queue_lanes, st, rid, follow_up, replies)
+    # One unit of work: the pipeline confirms the create in its round trip, and the
+    # unit's end the lanes queued after it, if any (vmpool.state.durability).
+    async with confirmed_async(client):
+        replies = await pipe.execute_async(client)
+        if isinstance(replies[0], Exception):
+            raise replies[0]
+        outcome = Outcome.from_reply(replies[0])
+        if outcome.ok and follow_up.wanted(replies):
+            await run_in_threadpool(_queue_lanes, st, rid, follow_up, replies)
     return outcome
 
 
