@@ -12,6 +12,7 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from rq import Queue, Worker
 
+from vmpool.api.confirming import ConfirmedCalls
 from vmpool.api.errors import MAX_BODY_BYTES, Rejected
 from vmpool.api.hot_routes import Entry
 from vmpool.api.parsing import (
@@ -158,7 +159,9 @@ def test_hot_routes_answer_as_the_framework_would(redis_url: str) -> None:
     and is counted under the same route template; a trailing slash is served too. Fails
     if a hot route's template or endpoint drifts from its router's."""
     client, app = make_client(spec_config(), redis_url)
-    entry = app.build_middleware_stack()
+    outer = app.build_middleware_stack()  # each call one unit of work, around the entry
+    assert isinstance(outer, ConfirmedCalls)
+    entry = outer.app
     assert isinstance(entry, Entry)
 
     async def framework(scope: Any, receive: Any, send: Any) -> None:

@@ -17,6 +17,7 @@ from contextlib import AbstractAsyncContextManager, asynccontextmanager
 
 from fastapi import APIRouter, FastAPI
 
+from vmpool.api.confirming import install_confirmed_calls
 from vmpool.api.deps import ApiState, RedisClients
 from vmpool.api.errors import install_error_handlers
 from vmpool.api.hot_routes import HotRoute, HotRoutes, install_entry
@@ -87,8 +88,9 @@ def create_app(
     for router, prefix in _ROUTERS:
         app.include_router(router, prefix=prefix)
         templates.update((id(r), prefix + getattr(r, "path", "")) for r in router.routes)
-    install_middleware(app, st.metrics, templates, st.clients.aio)
+    install_middleware(app, st.metrics, templates)
     install_entry(app, _hot_routes(), st.metrics)
+    install_confirmed_calls(app, st.clients.aio)
     return app
 
 

@@ -1,6 +1,7 @@
 """Each HTTP call is one unit of work: its writes are confirmed once, before it answers.
 
-:class:`ConfirmedCalls` runs the whole app in a unit of work
+:class:`ConfirmedCalls` runs the whole app, the hot routes' entry layer
+(:mod:`vmpool.api.hot_routes`) included, in a unit of work
 (:func:`vmpool.state.durability.confirmed_async`). A script call in a handler, awaited on
 the loop or run in the thread pool (which is handed the call's context), does not wait on
 its own. When the answer starts (``http.response.start``) and something is still
@@ -16,13 +17,14 @@ from __future__ import annotations
 from typing import Any
 
 import redis
+from fastapi import FastAPI
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from vmpool.api.deps import LoopClients
 from vmpool.api.errors import IDEMPOTENCY_STATE, keyed_refusal
 from vmpool.state.durability import confirmed_async, settle_async
 
-__all__ = ["ConfirmedCalls"]
+__all__ = ["ConfirmedCalls", "install_confirmed_calls"]
 
 
 class ConfirmedCalls:
@@ -58,3 +60,14 @@ class ConfirmedCalls:
 
         async with confirmed_async(client):
             await self.app(scope, receive, confirmed_send)
+
+
+def install_confirmed_calls(app: FastAPI, clients: LoopClients) -> None:
+    """:class:`ConfirmedCalls` around ``app``'s whole built stack, the entry layer and its
+    hot routes included: installed last, so it is the outermost layer."""
+    build_stack = app.build_middleware_stack
+
+    def build() -> ASGIApp:
+        return ConfirmedCalls(build_stack(), clients)
+
+    app.build_middleware_stack = build  # type: ignore[method-assign]

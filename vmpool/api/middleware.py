@@ -1,12 +1,10 @@
-"""The layers around every request that FastAPI routes, and vmpooler's trailing slash.
+"""The layer around every request that FastAPI routes, and vmpooler's trailing slash.
 
 :class:`Observe` counts responses and latency per route template (the hot routes are
 counted alike by :class:`~vmpool.api.hot_routes.Entry`, which serves them without this
-stack). Each call FastAPI routes is one unit of work
-(:class:`~vmpool.api.confirming.ConfirmedCalls`: its writes confirmed once, before it
-answers); the hot routes confirm in their own round trip. :func:`without_trailing_slash`
-is vmpooler's optional trailing slash, applied by the entry layer before anything else
-sees the path."""
+stack). :func:`without_trailing_slash` is vmpooler's optional trailing slash, applied
+by the entry layer before anything else sees the path. Outside both, each call is one
+unit of work (:mod:`vmpool.api.confirming`)."""
 
 from __future__ import annotations
 
@@ -17,8 +15,6 @@ from typing import Any
 from fastapi import FastAPI
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from vmpool.api.confirming import ConfirmedCalls
-from vmpool.api.deps import LoopClients
 from vmpool.api.metrics import ApiMetrics
 
 __all__ = ["Observe", "install_middleware", "without_trailing_slash"]
@@ -71,16 +67,6 @@ class Observe:
             self.metrics.observe(template, method, status["code"], time.perf_counter() - start)
 
 
-def install_middleware(
-    app: FastAPI, metrics: ApiMetrics, templates: Mapping[int, str], clients: LoopClients
-) -> None:
-    """:class:`Observe` in the app's middleware stack, and the whole built stack,
-    Starlette's own error middleware included, one unit of work per call
-    (:class:`~vmpool.api.confirming.ConfirmedCalls`, its error answers included)."""
+def install_middleware(app: FastAPI, metrics: ApiMetrics, templates: Mapping[int, str]) -> None:
+    """:class:`Observe` in the app's middleware stack."""
     app.add_middleware(Observe, metrics=metrics, templates=templates)
-    build_stack = app.build_middleware_stack
-
-    def build() -> ASGIApp:
-        return ConfirmedCalls(build_stack(), clients)
-
-    app.build_middleware_stack = build  # type: ignore[method-assign]
