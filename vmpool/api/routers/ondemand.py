@@ -271,7 +271,7 @@ async def request_status(st: ApiState, rid: str) -> Response:
     """GET /ondemandvm/<id> awaited on the loop.
 
     One pipeline for the record and its VM set (MULTI/EXEC: one snapshot), one more for
-    the VMs' hashes when it is ready.
+    the VMs' hashes when it is ready, or for its place in line when it is pending.
     """
     if not _well_formed(rid):
         return _not_found(rid)
@@ -291,7 +291,9 @@ async def request_status(st: ApiState, rid: str) -> Response:
         hostnames = reads.hostnames_by_alias(reads.vms_from(await pipe.execute()))
     elif record.status == "pending":  # where it stands: one read script
         call = st.store.quotas.place_call(rid, st.config.ondemand_clone_limit)
+        # its round trip confirms what Redis holds, so all this call read, as below
         place = Place.from_reply((await run_pipelined_async(client, [call]))[0])
+        return status_reply(rid, record, hostnames, place)
     await confirm_async(client)  # what is shown is durable (vmpool.state.durability)
     return status_reply(rid, record, hostnames, place)
 
