@@ -93,5 +93,8 @@ def filled(fleet: Fleet) -> list[str]:
 
 
 def clean(fleet: Fleet) -> None:
-    problems = audit_state(fleet.store, fleet.providers, sweep_interval_s=60, reap_interval_s=60)
+    problems = audit_state(
+        fleet.store, fleet.providers, sweep_interval_s=60, reap_interval_s=60,
+        quota_of=fleet.config.quotas.limits,
+    )  # fmt: skip
     assert not problems, [p.line() for p in problems]

@@ -9,15 +9,22 @@ split where the real actor waits (a claim and its run; the listing sweep's list 
 acting on it; a create stopped inside its provider call, on a thread, past its lock and
 lease; check_ready's read and its recycle). After every step: the whole audit
 (providers included), every reserved VM in the create work set (no subject lost), the
-clone semaphore never over its limit, and the order of service: each provision claim is
-the one the policy of docs/state-machine.md picks (computed here independently, from
-the arrivals and owners this machine made), each owner's requests are served oldest
-first, and while an owner waits no other owner is served twice.
+clone semaphore never over its limit, and the order of service: each request's place in
+line is the one the policy of docs/state-machine.md gives it (computed here
+independently, from its arrival, its priority and its user's waiting requests), each
+provision claim takes the waiting requests of the smallest places, and no place is
+later than its arrival plus one round per request of its user waiting ahead at its
+priority (so no request starves: one arriving later than that cannot come ahead);
+quotas per user are never exceeded (the audit's invariant 11, the count kept equal to
+the records); every pending request's position is honest (0 once being provisioned,
+else 1 + the requests placed ahead of it in line) and never rises but by the requests
+that entered the line ahead of it since.
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import random
 import threading
 from collections import Counter
@@ -49,6 +56,7 @@ from vmpool.providers import SimulatedProvider
 from vmpool.state.audit import audit_state
 from vmpool.state.keys import Keys
 from vmpool.state.names import NameGenerator
+from vmpool.state.quotas import QuotaLimits
 from vmpool.state.records import RequestSettings, Slot
 from vmpool.state.workset import Claim, WorkSet
 
@@ -58,6 +66,10 @@ SIM = "sim"
 POOLS = ("debian", "centos")  # debian: warm (size 2); centos: on demand only
 CLONE_LIMIT = 4
 USERS = ("", "ann", "bob")
+QUOTA = {"ann": 2, "bob": 1}  # max_vms: small enough that requests wait for them
+# The aging period, which is also the round of fair share: far longer than an example
+# lasts, so the order does not depend on how fast the steps run (the same in replays).
+ROUND_S = 600
 # Ids chosen to sort against their arrival: the order must not follow them.
 ID_HEADS = ("zz", "ffff", "mm", "0000", "a")
 MAX_REQUESTS = 6
@@ -73,6 +85,8 @@ def fleet_config() -> Config:
         # the pending sweep's interval) ends only when a rule ends it, so every example
         # replays the same way
         ":schedule": {"check_pending_sweep": 600},
+        ":quotas": {"priority_aging": ROUND_S, "default": {"priority": 1},
+                    "users": {user: {"max_vms": n} for user, n in QUOTA.items()}},
         ":pools": [
             {"name": "debian", "template": "debian-12", "size": 2, "provider": SIM},
             {"name": "centos", "template": "centos-9", "size": 0, "provider": SIM},
@@ -92,8 +106,7 @@ class WorkSetDispatcher:
         if job == Job.PROVISION_REQUEST:
             for rid in subjects:
                 if self.work.add(job, [rid]):
-                    req = self.store.get_request(rid)
-                    self.added(rid, req.created, req.token_user)
+                    self.added(rid)
         elif job in (Job.CREATE_VM, Job.CHECK_PENDING_VM):
             self.work.add(job, list(subjects))
         # check_request and destroy_vm: the machine's rules stand for what they would do
@@ -102,70 +115,76 @@ class WorkSetDispatcher:
 
 @dataclass
 class OrderModel:
-    """The order of service, computed from what the machine did (arrivals, owners,
-    claims), independently of the scripts: owners round-robin (the one served longest
-    ago first; one that starts waiting takes max(its arrival, its last service)),
-    each owner's requests oldest first."""
+    """The order of service, computed from what the machine did, independently of the
+    scripts: each request's place (its arrival less its priority's lead, and a round
+    behind its user's previous request of that priority while that one waits in line),
+    and the provision claims: the waiting requests of the smallest places first."""
 
-    arrival: dict[str, tuple[float, str]] = field(default_factory=dict)  # waiting or claimed
-    queue: dict[str, list[tuple[float, str]]] = field(default_factory=dict)
-    turn: dict[str, float] = field(default_factory=dict)
-    served: dict[str, float] = field(default_factory=dict)
+    place: dict[str, float] = field(default_factory=dict)  # every request posted
+    created: dict[str, float] = field(default_factory=dict)
+    line_of: dict[str, tuple[str, int]] = field(default_factory=dict)  # rid -> (user, priority)
+    last: dict[tuple[str, int], str] = field(default_factory=dict)  # (user, priority) -> rid
+    waiting: set[str] = field(default_factory=set)  # in the provision work set, unclaimed
 
-    def add(self, rid: str, created: float, owner: str) -> None:
-        if rid in self.arrival:
-            return
-        self.arrival[rid] = (created, owner)
-        self.queue.setdefault(owner, []).append((created, rid))
-        entry = max(created, self.served.get(owner, 0.0))
-        self.turn[owner] = min(self.turn.get(owner, entry), entry)
+    def posted(
+        self, rid: str, created: float, user: str, priority: int, in_line: set[str]
+    ) -> float:
+        """The place the policy gives a new request; ``in_line``: the requests in the
+        provision queue when it was posted."""
+        place = created - (2 - priority) * ROUND_S
+        previous = self.last.get((user, priority))
+        if previous is not None and previous in in_line:
+            place = max(place, self.place[previous] + ROUND_S)
+        self.place[rid], self.created[rid] = place, created
+        self.last[(user, priority)] = rid
+        self.line_of[rid] = (user, priority)
+        return place
 
-    def claim(self, n: int, now: float) -> list[str]:
-        picks: list[str] = []
-        while len(picks) < n and self.turn:
-            owner = min(self.turn, key=lambda o: (self.turn[o], o))
-            queue = sorted(self.queue[owner])
-            _, rid = queue.pop(0)
-            self.queue[owner] = queue
-            self.served[owner] = now + (len(picks) + 1) / 1e6
-            if queue:
-                self.turn[owner] = self.served[owner]
-            else:
-                del self.turn[owner]
-            picks.append(rid)
+    def add(self, rid: str) -> None:
+        self.waiting.add(rid)
+
+    def claim(self, n: int) -> list[str]:
+        picks = sorted(self.waiting, key=lambda r: self.place[r])[:n]
+        self.waiting -= set(picks)
         return picks
-
-    def done(self, rid: str) -> None:
-        self.arrival.pop(rid, None)
 
 
 @dataclass
-class Fairness:
-    """The two properties of the order checked on the claims as they came, whatever
-    the policy's details: an owner's requests are served oldest first, and while an
-    owner waits no other owner is served twice (one user's burst cannot starve
-    another's request)."""
+class PositionWatch:
+    """Every pending request's position as GET shows it, checked against the line: 0
+    once being provisioned, else 1 + the requests placed ahead of it in the provision
+    queue; and between two looks it never rises but by the requests that entered the
+    line ahead of it meanwhile (a higher or aged priority, fair share, a retry)."""
 
-    waiting: dict[str, dict[str, float]] = field(default_factory=dict)  # owner -> rid -> arrival
-    others: dict[str, Counter[str]] = field(default_factory=dict)  # since owner waits or was served
+    positions: dict[str, int] = field(default_factory=dict)
+    unreserved: dict[str, int] = field(default_factory=dict)
+    line: set[str] = field(default_factory=set)
 
-    def add(self, rid: str, created: float, owner: str) -> None:
-        if not self.waiting.get(owner):
-            self.others[owner] = Counter()
-        self.waiting.setdefault(owner, {})[rid] = created
-
-    def picked(self, rid: str, owner: str) -> list[str]:
+    def look(self, store: Any, order: OrderModel, line: set[str]) -> list[str]:
         problems = []
-        mine = self.waiting.get(owner, {})
-        if rid in mine and mine[rid] > min(mine.values()):
-            problems.append(f"{rid} served before an older request of {owner!r}")
-        mine.pop(rid, None)
-        for other, seen in self.others.items():
-            if other != owner and self.waiting.get(other):
-                seen[owner] += 1
-                if seen[owner] > 1:
-                    problems.append(f"{owner!r} served twice while {other!r} waited")
-        self.others[owner] = Counter()
+        entered = line - self.line
+        for rid in sorted(order.place):
+            req = store.get_request(rid)
+            if req is None or req.status != "pending":
+                self.positions.pop(rid, None)
+                self.unreserved.pop(rid, None)
+                continue
+            place = store.quotas.place(rid, CLONE_LIMIT)
+            assert place is not None
+            started = rid not in line or req.unreserved < req.need
+            ahead = {r for r in line if order.place[r] < order.place[rid]}
+            expected = 0 if started else 1 + len(ahead)
+            if place.position != expected:
+                problems.append(f"{rid} at position {place.position}, {expected} by the line")
+            before = self.positions.get(rid)
+            # it lost a VM and waits in line again (entered it, or had stayed in it with
+            # VMs still to reserve: then its count of VMs to reserve rose)
+            back = rid in entered or req.unreserved > self.unreserved.get(rid, req.unreserved)
+            self.unreserved[rid] = req.unreserved
+            if before is not None and not back and place.position > before + len(ahead & entered):
+                problems.append(f"{rid} rose from {before} to {place.position}")
+            self.positions[rid] = place.position
+        self.line = set(line)
         return problems
 
 
@@ -215,7 +234,7 @@ class FleetMachine(RuleBasedStateMachine):
             cls.client = redis.Redis.from_url(self.url, decode_responses=True)
         self.client.flushdb()
         self.order = OrderModel()
-        self.fairness = Fairness()
+        self.positions = PositionWatch()
         self.keys = Keys()
         self.work = WorkSet(self.client, self.keys)
         self.fleet = Fleet.build(self.client, fleet_config(), None, f"worker:{ACTOR}")  # type: ignore[arg-type]
@@ -235,7 +254,7 @@ class FleetMachine(RuleBasedStateMachine):
         """Every example starts with three users' requests (ids sorting against their
         arrival) and a warm pool topped up, so each rule finds something to act on."""
         for user, head in zip(users, heads, strict=False):
-            self.post_request(user, head, 1, "centos")
+            self.post_request(user, head, 1, "centos", 2)
         self.top_up()
 
     def _look(self) -> None:
@@ -259,10 +278,13 @@ class FleetMachine(RuleBasedStateMachine):
         self.seen["create"] = counts[n + 2] - counts[n + 3]
         self.seen["deferred"] = counts[n + 3] - counts[n + 4]
 
-    def _added(self, rid: str, created: float, owner: str) -> None:
+    def _added(self, rid: str) -> None:
         """A request joined the provision work set (posted, or dispatched again)."""
-        self.order.add(rid, created, owner)
-        self.fairness.add(rid, created, owner)
+        self.order.add(rid)
+
+    def _line(self) -> set[str]:
+        """The requests in the provision queue (pending, with VMs still to reserve)."""
+        return set(self.client.zrange(self.keys.provision_queue, 0, -1))
 
     def _note(self, what: str) -> None:
         self.outcomes[what] += 1
@@ -277,46 +299,62 @@ class FleetMachine(RuleBasedStateMachine):
     # -- clients and the order of service -----------------------------------------------
     @precondition(lambda self: len(self.requests) < MAX_REQUESTS)
     @rule(user=st.sampled_from(USERS), head=st.sampled_from(ID_HEADS), n=st.integers(1, 2),
-          pool=st.sampled_from(POOLS))  # fmt: skip
-    def post_request(self, user: str, head: str, n: int, pool: str) -> None:
-        """POST /ondemandvm: a request joins the provision work set in its unit."""
+          pool=st.sampled_from(POOLS), priority=st.sampled_from((1, 2, 3)))  # fmt: skip
+    def post_request(self, user: str, head: str, n: int, pool: str, priority: int) -> None:
+        """POST /ondemandvm: a request joins the provision work set in its unit, at the
+        place the policy gives it; none later than its arrival plus a round per request
+        of its user waiting ahead at its priority (bounded: no request starves)."""
         rid = f"{head}-{len(self.requests)}"
+        in_line = self._line()
+        settings = RequestSettings.from_config(self.fleet.config, priority=priority)
         out = self.fleet.store.create_request(
-            rid, [Slot(pool, pool, n)], RequestSettings(ttl_s=600, max_vm_retries=1),
+            rid, [Slot(pool, pool, n)], dataclasses.replace(settings, ttl_s=600, max_vm_retries=1),
             actor="api", token_user=user, work_set=self.keys.work_set("provision_request"),
         )  # fmt: skip
         assert out.ok, out
         req = self.fleet.store.get_request(rid)
         assert req is not None
-        self._added(rid, req.created, user)
+        expected = self.order.posted(rid, req.created, user, priority, in_line)
+        if abs(req.place - expected) > 1e-5:
+            self.problems.append(f"{rid} placed at {req.place}, the policy places it {expected}")
+        ahead = [r for r in in_line if self.order.line_of.get(r) == (user, priority)]
+        bound = req.created - (2 - priority) * ROUND_S + len(ahead) * ROUND_S
+        if req.place > bound + 1e-5:
+            self.problems.append(f"{rid} placed past its bound {bound} ({len(ahead)} ahead)")
+        self._added(rid)
         self.requests.append(rid)
         self.live.append(rid)
         self._note("post")
+        if req.place != req.created:
+            self._note("order:placed_off_arrival")  # a priority or fair share placed it
+
+    @rule()
+    def provision_sweep(self) -> None:
+        """The provision sweep: the requests with VMs to reserve dispatched again, but
+        those waiting for their user's quota while the user has no room."""
+        self._note(f"provision_sweep:{'some' if lifecycle.provision_sweep(self.fleet) else 'none'}")
 
     @precondition(lambda self: self.seen["provision"] > 0)
     @rule(n=st.integers(1, 3))
     def provision_batch(self, n: int) -> None:
         """A provision batch: a claim in the order of service, each request provisioned
         (ready VMs first, then clones within the limit; the gate once at it)."""
-        now = self.fleet.store.server_time()
         claim = self.work.claim("provision_request", n, 600)
-        expected = self.order.claim(n, now)
+        expected = self.order.claim(n)
         if claim.subjects != expected:
             self.problems.append(f"claimed {claim.subjects}, the policy picks {expected}")
-        owners = [self.order.arrival[r][1] for r in claim.subjects if r in self.order.arrival]
-        for rid, owner in zip(claim.subjects, owners, strict=False):
-            self.problems += self.fairness.picked(rid, owner)
-        if len(set(owners)) > 1:
+        owners = {self.order.line_of[r][0] for r in claim.subjects}
+        if len(owners) > 1:
             self._note("order:owners_mixed")
-        by_arrival = sorted(claim.subjects, key=lambda r: self.order.arrival[r][0])
+        by_arrival = sorted(claim.subjects, key=lambda r: self.order.created[r])
         if claim.subjects != by_arrival:
-            self._note("order:not_by_arrival")  # the rotation, not arrival alone, decided
+            self._note("order:not_by_arrival")  # a priority or fair share, not arrival alone
         gate = CloneGate()
         for rid in claim.subjects:
             lifecycle.provision_request(self.fleet, rid, gate=gate)
         self.work.done("provision_request", claim, claim.subjects)
-        for rid in claim.subjects:
-            self.order.done(rid)
+        if gate.over_quota:
+            self._note("provision:quota_parked")
         self._note(f"provision:{'gate_closed' if gate.closed else 'claimed'}" if claim.subjects
                    else "provision:empty")  # fmt: skip
 
@@ -374,8 +412,10 @@ class FleetMachine(RuleBasedStateMachine):
     @invariant()
     def invariants_hold(self) -> None:
         problems = list(self.problems)
-        found = audit_state(self.fleet.store, self.fleet.providers, sweep_interval_s=3600)
+        found = audit_state(self.fleet.store, self.fleet.providers, sweep_interval_s=3600,
+                            quota_of=self.fleet.config.quotas.limits)  # fmt: skip
         problems += [v.line() for v in found]
+        problems += self.positions.look(self.fleet.store, self.order, self._line())
         reserved = self._vms("reserved")
         pipe = self.client.pipeline(transaction=False)
         for name in reserved:
@@ -411,7 +451,8 @@ class WarmFleetMachine(FleetMachine):
     @rule(n=st.integers(1, 2), user=st.sampled_from(["ann", "bob"]))
     def checkout(self, n: int, user: str) -> None:
         out = self.fleet.store.pools.checkout({"debian": n}, owner=user, owner_hash="",
-                                        lifetime_s=600, actor="api")  # fmt: skip
+                                        lifetime_s=600, actor="api",
+                                        quota=QuotaLimits(QUOTA[user]))  # fmt: skip
         self._note(f"checkout:{out.code}")
 
     @precondition(lambda self: self.seen["running"])

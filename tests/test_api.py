@@ -325,9 +325,10 @@ def test_get_pending_then_ready(client: TestClient, store: Store) -> None:
     rid = client.post(f"{API}/ondemandvm", content='{"pool1":"1"}').json()["request_id"]
     r = client.get(f"{API}/ondemandvm/{rid}")
     assert r.status_code == 202
-    assert r.text == compact(
-        {"ok": True, "request_id": rid, "ready": False, "pool1": {"ready": "0", "pending": "1"}}
-    )
+    assert r.text == compact(  # vmpooler's fields, then vmpool's: where it stands
+        {"ok": True, "request_id": rid, "ready": False, "pool1": {"ready": "0", "pending": "1"},
+         "position": 1, "eta_s": 0.0}
+    )  # fmt: skip
     [vm] = drive_ready(store, rid)
     r = client.get(f"{API}/ondemandvm/{rid}")
     assert r.status_code == 200
@@ -361,6 +362,8 @@ def test_get_partial_progress_per_alias(client: TestClient, store: Store) -> Non
             "ready": False,
             "poolone": {"ready": "1", "pending": "1"},
             "pool3": {"ready": "0", "pending": "1"},
+            "position": 0,  # being provisioned
+            "eta_s": 0.0,
         }
     )
 

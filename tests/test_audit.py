@@ -184,3 +184,66 @@ def test_the_audit_reports_the_clone_limit_as_recorded(redis_url: str, store: St
     as_json = runner.invoke(cli, ["audit", "--json", "--redis-url", redis_url])
     report = json.loads(as_json.stdout)
     assert report["clone_slots"]["peak"] == 2 and report["clone_slots"]["overruns"] == 1
+
+
+def _alice_reserves(store: Store, n: int) -> list[str]:
+    """``n`` one-VM requests of alice, each reserved with no quota given (so none refused)."""
+    from vmpool.state.records import Slot
+
+    from storehelp import settings
+
+    names = []
+    for i in range(n):
+        rid = f"alice-{i}"
+        ok = store.create_request(rid, [Slot("deb", "debian", 1)], settings(), actor=ACTOR,
+                                  token_user="alice").ok  # fmt: skip
+        assert ok
+        name = f"alice-vm{i}"
+        assert store.reserve_vm(rid, name=name, alias="deb", pool="debian", template="t",
+                                provider="sim", domain=None, actor=ACTOR).ok  # fmt: skip
+        names.append(name)
+    return names
+
+
+def _quota_lines(store: Store, max_vms: int) -> list[str]:
+    found = audit_state(store, {}, sweep_interval_s=60, quota_of=lambda u: (max_vms, None))
+    return [v.line() for v in found if v.invariant == 11]
+
+
+def test_the_audit_finds_a_user_above_quota_now_and_in_the_trails(store: Store) -> None:
+    """Invariant 11, two ways: the VMs that name alice now, and the most she held at once
+    by replaying the trails (which remember after the VMs are gone). Held within her
+    quota: clean."""
+    _alice_reserves(store, 3)
+    assert _quota_lines(store, 3) == []
+    assert _quota_lines(store, 2) == [
+        "invariant 11: user alice: holds 3 VMs, above max_vms 2",
+        "invariant 11: user alice: held at once (trails) 3 VMs, above max_vms 2",
+    ]
+    assert store.delete_request("alice-0", actor=ACTOR).ok
+    assert _quota_lines(store, 2) == [
+        "invariant 11: user alice: held at once (trails) 3 VMs, above max_vms 2"
+    ]
+
+
+def test_the_audit_finds_a_count_out_of_step_with_the_records(store: Store) -> None:
+    _alice_reserves(store, 1)
+    assert _quota_lines(store, 5) == []
+    store.redis.hincrby(store.keys.quota_vms, "alice", 1)  # a count no transition made
+    assert _quota_lines(store, 5) == [
+        "invariant 11: user alice: counted 2 VMs/1 cores, holds 1 VMs/1 cores"
+    ]
+
+
+def test_vmpool_audit_reports_each_users_peak(redis_url: str, store: Store) -> None:
+    names = _alice_reserves(store, 2)
+    assert store.vm_created(names[0], actor=ACTOR).ok
+    assert store.vm_failed(names[0], "boom", actor=ACTOR).ok  # freed: 1 held, peak 2
+    runner = CliRunner()
+    result = runner.invoke(cli, ["audit", "--redis-url", redis_url])  # the demo: no quota
+    line = "quota: user alice holds 1 VMs (1 cores), peak 2 VMs (2 cores) by the trails"
+    assert line in result.stderr, result.stderr
+    report = json.loads(runner.invoke(cli, ["audit", "--json", "--redis-url", redis_url]).stdout)
+    assert report["quotas"]["alice"] == {
+        "vms": 1, "cores": 1, "peak_vms": 2, "peak_cores": 2, "max_vms": None, "max_cores": None,
+    }  # fmt: skip

@@ -169,3 +169,23 @@ def test_no_redis_is_one_line_exit_2(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("VMPOOL_REDIS_URL", raising=False)
     result = CliRunner().invoke(cli, ["request", "get", "abc"])
     assert result.exit_code == 2 and "no Redis to use" in result.output
+
+
+def test_get_and_show_print_where_a_pending_request_stands(run, redis_client: redis.Redis) -> None:  # type: ignore[no-untyped-def]
+    """`vmpool request get` (and `show`) print the priority and, while pending, the
+    position and the ETA, as GET /ondemandvm/<id> gives them (`--json`: the same fields)."""
+    publish_demo(redis_client)
+    first = run("request", "create", "debian=1", "--priority", "3").output.strip()
+    second = run("request", "create", "debian=1").output.strip()  # priority 2: ahead
+    assert "  priority: 3" in run("request", "get", first).stdout
+    assert "  place:   position 2 in line, ready in about" in run("request", "show", first).stdout
+    assert "  place:   position 1 in line" in run("request", "get", second).stdout
+    as_json = run("request", "show", second, "--json").stdout
+    assert '"position": 1' in as_json and '"eta_s": ' in as_json and '"priority": 2' in as_json
+    store = Store(redis_client, Keys("vmpool"))
+    assert store.reserve_vm(second, name="vm-second", alias="debian", pool=POOL, template="t",
+                            provider="simulated", domain=None, actor=ACTOR).ok  # fmt: skip
+    assert "  place:   being provisioned, ready in about" in run("request", "get", second).stdout
+    assert "position 1 in line" in run("request", "get", first).stdout
+    bad = run("request", "create", "debian=1", "--priority", "4")
+    assert bad.exit_code == 2

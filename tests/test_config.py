@@ -915,6 +915,7 @@ def test_json_schema() -> None:
         "dns_configs",
         "schedule",
         "tagfilter",
+        "quotas",
     }
     defs = schema["$defs"]
     ttl = defs["ConfigSection"]["properties"]["ondemand_request_ttl"]

@@ -72,6 +72,7 @@ ADDED_TOP = (
     "experimental_features",
     "site_name",
     "allowed_tags",
+    "quotas",
 )
 ADDED_POOL = ("ondemand_from_ready", "provider_options", "hold_failed_s")
 ADDED_AUTH = (

@@ -72,6 +72,10 @@ FULL = """\
   experimental_features: true
   provider_circuit_failures: 7
 :tagfilter: {project: '(.*)'}
+:quotas:
+  default: {max_vms: 20}
+  users:
+    jdoe: {max_vms: 2, max_cores: 8, priority: 1}
 :pools:
   - {name: fleetpool, alias: [fp], domain: example.com, size: 1}
   - name: cloudpool

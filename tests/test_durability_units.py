@@ -257,7 +257,8 @@ def test_an_api_call_pays_one_wait(pair: tuple[Node, Node]) -> None:
     client, _ = make_client(config, url_of(primary))
     token = client.post(f"{API}/token", auth=("jdoe", PASSWORD)).json()["token"]
     auth = {"X-AUTH-TOKEN": token}
-    client.post(f"{API}/ondemandvm", json={"pool3": 1}, headers=auth)  # the app's first
+    first = client.post(f"{API}/ondemandvm", json={"pool3": 1}, headers=auth)  # the app's first
+    client.get(f"{API}/ondemandvm/{first.json()['request_id']}")  # its scripts loaded
     got = {}
     for call in ("post", "get", "delete"):
         primary.client().config_resetstat()

@@ -5,7 +5,8 @@ are offered a slot decides who is served): the oldest request is served first wh
 id its client chose (a client cannot jump the queue by picking an id that sorts first);
 and one user's burst cannot starve another user's single request (the policy of
 docs/state-machine.md, "Order of service": round-robin across token users, oldest
-first within a user).
+first within a user); a request past its TTL leaves the clone slots' line at once; and
+a slot a create gives back goes to the first in line at once.
 """
 
 from __future__ import annotations
@@ -15,11 +16,13 @@ from typing import Any
 import redis
 
 from vmpool import lifecycle
+from vmpool.ids import Job
 from vmpool.lifecycle import Fleet
 from vmpool.state.records import RequestSettings, Slot
 from workers.batching import BatchDispatcher
 
-from lifecyclehelp import make_config, make_fleet
+from lifecyclehelp import create_request, make_config, make_fleet, recorder
+from storehelp import wait_until
 
 
 def _batched_fleet(redis_client: redis.Redis, redis_url: str, **overrides: Any) -> Fleet:
@@ -109,8 +112,8 @@ def test_a_slot_freed_during_a_batch_waits_for_the_older_request(
     _post(fleet, "young")
     acquire = fleet.slots.acquire
 
-    def acquire_then_free(holder: str) -> str | None:
-        got = acquire(holder)
+    def acquire_then_free(holder: str, line: Any = None) -> str | None:
+        got = acquire(holder, line=line)
         if got is None:
             fleet.slots.release("someone-elses-vm")  # the other create just ended
         return got
@@ -120,3 +123,51 @@ def test_a_slot_freed_during_a_batch_waits_for_the_older_request(
     assert _reserved(fleet) == set()
     monkeypatch.setattr(fleet.slots, "acquire", acquire)
     assert _round(fleet) == {"old"}
+
+
+def test_a_request_past_its_ttl_leaves_the_clone_slot_line(
+    redis_client: redis.Redis, redis_url: str
+) -> None:
+    """Proves: a request that waited in the clone slots' line and whose TTL passed before
+    its turn (not yet failed by the expiry sweep) holds nobody back. At clone limit 1,
+    "old" (TTL 0.3 s) and "young" both wait for the one slot; once old's TTL is over and
+    the slot is free, the provision round that finds old past its deadline takes it out
+    of the line, and young is served in that same round (left in line, old counts as
+    ahead of young until the expiry sweep fails it, and young gets no slot)."""
+    fleet = _batched_fleet(redis_client, redis_url, ondemand_clone_limit=1)
+    assert fleet.slots.acquire("someone-elses-vm") is not None  # the fleet is full
+    short = RequestSettings(ttl_s=0.3)
+    out = fleet.store.create_request(
+        "old", [Slot("deb", "debian", 1)], short, actor="api",
+        work_set=fleet.keys.work_set("provision_request"),
+    )  # fmt: skip
+    assert out.ok, out
+    _post(fleet, "young")
+    assert _round(fleet) == set()
+    line = fleet.keys.clone_slot_line
+    assert redis_client.zrange(line, 0, -1) == ["old"]  # young: the batch's gate closed
+    deadline = float(redis_client.hget(fleet.keys.request("old"), "deadline") or 0)
+    wait_until(lambda: fleet.store.server_time() > deadline, timeout=5)
+    fleet.slots.release("someone-elses-vm")
+    assert _round(fleet) == {"young"}
+    assert redis_client.zrange(line, 0, -1) == []
+
+
+def test_a_slot_freed_by_a_create_goes_to_the_first_in_line_at_once(
+    redis_client: redis.Redis,
+) -> None:
+    """Proves: when a create gives its clone slot back, the request first in line for one
+    is dispatched its provision in the same step, not at the next pending sweep: with a
+    line waiting, the fleet keeps the pace it has without one (else every slot freed
+    idles until a sweep and one more job hand it over, and a load the fleet serves
+    without a line grows one once a line forms)."""
+    fleet = make_fleet(redis_client, make_config(ondemand_clone_limit=1))
+    for rid in ("first", "second"):
+        create_request(fleet.store, rid, [Slot("deb", "debian", 1)], fleet.config)
+    [name] = lifecycle.provision_request(fleet, "first")
+    assert lifecycle.provision_request(fleet, "second") == []  # no slot: it waits in line
+    assert redis_client.zrange(fleet.keys.clone_slot_line, 0, -1) == ["second"]
+    recorder(fleet).take()
+    assert lifecycle.create_vm(fleet, name) == "pending"
+    assert (Job.PROVISION_REQUEST, "second") in recorder(fleet).take()
+    assert lifecycle.provision_request(fleet, "second") != []

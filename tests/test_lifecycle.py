@@ -125,8 +125,9 @@ def test_whole_flow_via_dispatch(fleet: Fleet) -> None:
 
 def test_clone_limit_holds_across_two_fleets(redis_client: redis.Redis, redis_url: str) -> None:
     """Proves: the clone limit is fleet-wide. Two Fleets (two worker processes, each with
-    its own connection) provisioning two requests of 3 get 2 reservations between them
+    its own connection) provisioning requests of 2 and 3 get 2 reservations between them
     with ondemand_clone_limit 2; a per-process counter would have let each take 2 (4).
+    (The first request has all it asks, so the slots freed then are the second's turn.)
     A finished create frees a slot for the other fleet, and the slot of a holder that
     was "killed" before its create comes back by itself once its lease runs out (A's
     leases are short, B's long, so only A's dead lease can be what frees the slot)."""
@@ -135,7 +136,7 @@ def test_clone_limit_holds_across_two_fleets(redis_client: redis.Redis, redis_ur
     other_client = redis.Redis.from_url(redis_url, decode_responses=True)
     a = make_fleet(redis_client, short, actor="worker:a:1", seed=1)
     b = make_fleet(other_client, long, actor="worker:b:1", seed=2)
-    create_request(a.store, "ra", [Slot("deb", "debian", 3)], short)
+    create_request(a.store, "ra", [Slot("deb", "debian", 2)], short)
     create_request(a.store, "rb", [Slot("deb", "debian", 3)], short)
 
     got_a = lifecycle.provision_request(a, "ra")

@@ -21,10 +21,9 @@ from vmpool.state.counters import (
     lua_metrics,
 )
 from vmpool.state.keys import Keys
-from vmpool.state.lua import read_script
 from vmpool.state.records import Outcome
 from vmpool.state.store import Store
-from vmpool.state.transitions import lua_tables
+from vmpool.state.store_scripts import prelude
 
 from storehelp import ACTOR, make_request, refused, snapshot, wait_until
 
@@ -213,11 +212,8 @@ def test_a_vm_not_attached_is_not_observed(store: Store) -> None:
 
 def observe_script(store: Store) -> redis.commands.core.Script:
     """A test-only script: the store's own prelude, then one observation."""
-    prelude = (
-        lua_tables() + lua_metrics(store.keys) + read_script("vmpool.state.scripts", "_prelude.lua")
-    )
     return store.redis.register_script(
-        prelude + "observe_ready_time(ARGV[5], tonumber(ARGV[6]))\nreturn 1\n"
+        prelude(store.keys) + "observe_ready_time(ARGV[5], tonumber(ARGV[6]))\nreturn 1\n"
     )
 
 

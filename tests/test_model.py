@@ -44,6 +44,7 @@ a violation and shrink it to a short interleaving: see docs/reliability.md,
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 from collections import Counter
@@ -740,7 +741,8 @@ def test_model_finds_the_api_race_left_by_the_seed_fix(
 
 # Each rule of a fleet machine, by the prefix of the outcomes it records: the vacuity
 # check that every rule fired.
-SHARED_RULES = ("post", "provision:", "delete:", "create_batch:", "top_up:", "fail:", "destroy:")
+SHARED_RULES = ("post", "provision:", "delete:", "create_batch:", "top_up:", "fail:", "destroy:",
+                "provision_sweep:")  # fmt: skip
 WARM_RULES = (*SHARED_RULES, "check:", "checkout:", "give_back:", "provider:", "check_ready:",
               "recycle:", "listing:")  # fmt: skip
 CLAIM_RULES = (*SHARED_RULES, "create:", "claim:lease_ended", "claim:deferral_over",
@@ -776,8 +778,11 @@ def run_fleet_until_covered(
 
 ORDER_GROUPS = (
     ("order:owners_mixed",),  # claims of several users' requests
-    ("order:not_by_arrival",),  # the rotation, not arrival alone, decided a claim
+    ("order:not_by_arrival",),  # a priority or fair share, not arrival alone, decided
+    ("order:placed_off_arrival",),  # a request placed away from its arrival
     ("provision:gate_closed",),  # a batch met the clone limit
+    ("provision:quota_parked",),  # a request waited for its user's quota
+    ("provision_sweep:some",),
 )
 
 
@@ -806,6 +811,7 @@ def test_model_fleet_warm_pools_and_the_listing_sweep(
         ("fail:warm:completed",),
         ("destroy:destroyed",),
         ("checkout:checked_out",),
+        ("checkout:quota_max_vms",),  # a checkout refused for its user's quota
     )
     seen = run_fleet_until_covered(redis_url, "warm", groups)
     print(f"\nfleet (warm), up to {FLEET_EXAMPLES} examples of {FLEET_STEPS} steps: {dict(seen)}")
@@ -839,9 +845,11 @@ def test_model_fleet_finds_the_defects_it_guards(
     redis_url: str, redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Proves the fleet machine can fail: with a clone-slot release that ignores its
-    token (slots keyed by VM name alone), or with a busy subject dropped from its work
-    set, it finds the broken property."""
-    from vmpool.lifecycle import batch
+    token (slots keyed by VM name alone), with a busy subject dropped from its work set,
+    with requests reserved past their user's quota, or placed in line with no fair
+    share, it finds the broken property."""
+    from vmpool.lifecycle import batch, requests
+    from vmpool.state.quotas import NO_LIMITS
     from vmpool.state.semaphore import CloneSemaphore
 
     # found is enough here: no shrinking (it would replay the machine for minutes)
@@ -859,10 +867,27 @@ def test_model_fleet_finds_the_defects_it_guards(
     def release_any(self: CloneSemaphore, lease: str, token: int = 0) -> bool:
         return self._call("release", lease, 2**62) == 1  # as if every token were newest
 
+    release_to_line = CloneSemaphore.release_to_line
+
+    def release_to_line_any(self: CloneSemaphore, lease: str, token: int = 0) -> list[str] | None:
+        return release_to_line(self, lease, 2**62)  # the same defect in the create's release
+
     with monkeypatch.context() as patch:
         patch.setattr(CloneSemaphore, "release", release_any)
+        patch.setattr(CloneSemaphore, "release_to_line", release_to_line_any)
         assert "dropped" in found("claims")
     with monkeypatch.context() as patch:
         patch.setattr(batch, "DEFERRED", frozenset())
         patch.setattr("model_fleet.DEFERRED", frozenset())
         assert "is in no work set" in found("claims")
+    with monkeypatch.context() as patch:  # the quota not passed to the store
+        patch.setattr(requests, "limits_for", lambda *_: NO_LIMITS)
+        assert "invariant 11" in found("warm")
+    with monkeypatch.context() as patch:  # no round between a user's waiting requests
+        from_config = RequestSettings.from_config
+
+        def no_round(*args: Any, **kw: Any) -> RequestSettings:
+            return dataclasses.replace(from_config(*args, **kw), round_s=0.0)
+
+        patch.setattr(RequestSettings, "from_config", no_round)
+        assert "the policy places it" in found("warm")

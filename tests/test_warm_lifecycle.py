@@ -188,9 +188,9 @@ def test_a_provision_batch_claims_only_where_a_ready_vm_waits(
     claims: list[str] = []
     claim = fleet.store.pools.claim_for_request
 
-    def counted(request_id: str, pools: Any, *, actor: str) -> Any:
+    def counted(request_id: str, pools: Any, **kw: Any) -> Any:
         claims.append(request_id)
-        return claim(request_id, pools, actor=actor)
+        return claim(request_id, pools, **kw)
 
     fleet.store.pools.claim_for_request = counted  # type: ignore[method-assign]
     settings = RequestSettings(ttl_s=60)

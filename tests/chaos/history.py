@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import heapq
 import http.client
+import itertools
 import json
 import random
 import socket
@@ -67,6 +68,7 @@ class Op:
     status: int = 0  # HTTP status (0: none)
     hostnames: dict[str, list[str]] = field(default_factory=dict)
     note: str = ""
+    position: int | None = None  # read of a pending request: where it stood (vmpool's)
 
 
 @dataclass(frozen=True)
@@ -90,12 +92,18 @@ class Api:
         self.timeout_s = timeout_s
         self._conn: http.client.HTTPConnection | None = None
 
-    def call(self, method: str, path: str, body: Any = None) -> tuple[int, dict[str, Any]]:
-        """(status, JSON body); raises OSError / HTTPException on transport trouble."""
+    def call(
+        self, method: str, path: str, body: Any = None, token: str = ""
+    ) -> tuple[int, dict[str, Any]]:
+        """(status, JSON body); raises OSError / HTTPException on transport trouble.
+
+        ``token``: sent as X-AUTH-TOKEN ('' for none)."""
         if self._conn is None:
             self._conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=self.timeout_s)
         data = json.dumps(body).encode() if body is not None else None
         headers = {"Content-Type": "application/json"} if data is not None else {}
+        if token:
+            headers["X-AUTH-TOKEN"] = token
         try:
             self._conn.request(method, API + path, body=data, headers=headers)
             resp = self._conn.getresponse()
@@ -155,6 +163,8 @@ class Tracked:
     create_type: str = ""  # ok | fail | info
     delete_at: float | None = None
     delete_acked: bool = False
+    token: str = ""  # its user's (the one who may delete it)
+    priority: int | None = None
     last_seen: str = ""
     reads_after_end: int = 0
     misses: int = 0
@@ -178,6 +188,8 @@ class ClientOptions:
     creators: int = 2
     pollers: int = 3
     http_timeout_s: float = 5.0
+    tokens: Sequence[str] = ()  # users' tokens, one taken at random per request
+    priorities: bool = False  # a random priority 1-3 in each POST (ABS's)
 
 
 class Client:
@@ -285,15 +297,19 @@ class Client:
         counts = self._counts(rng)
         which = rng.randrange(len(apis))
         tr = Tracked(rid, counts, time.monotonic())
+        tr.token = rng.choice(list(self.opts.tokens)) if self.opts.tokens else ""
+        tr.priority = rng.choice((1, 2, 3)) if self.opts.priorities else None
         if rng.random() < self.opts.delete_share:
             tr.delete_at = tr.created_t + rng.uniform(0, self.opts.delete_within_s)
         with self._lock:
             self.tracked[rid] = tr
         body: dict[str, Any] = {k: str(v) for k, v in counts.items()}
         body["request_id"] = rid
+        if tr.priority is not None:
+            body["priority"] = tr.priority
         t0 = time.monotonic()
         try:
-            status, answer = apis[which].call("POST", "/ondemandvm", body)
+            status, answer = apis[which].call("POST", "/ondemandvm", body, tr.token)
         except TRANSPORT_ERRORS as exc:
             kind, value, status, note = "info", "", 0, type(exc).__name__
         else:
@@ -348,13 +364,16 @@ class Client:
             kind, value = classify_read(status, body)
             hostnames = ready_hostnames(body) if value == "ready" else {}
             op = Op(rid, "read", which, t0, time.monotonic(), kind, value, status, hostnames)
+            if isinstance(body.get("position"), int):
+                op.position = int(body["position"])
         self.record(op)
         return op
 
     def delete(self, rid: str, api: Api, which: int) -> Op:
         t0 = time.monotonic()
+        token = self.tracked[rid].token if rid in self.tracked else ""
         try:
-            status, body = api.call("DELETE", f"/ondemandvm/{rid}")
+            status, body = api.call("DELETE", f"/ondemandvm/{rid}", token=token)
         except TRANSPORT_ERRORS as exc:
             op = Op(rid, "delete", which, t0, time.monotonic(), "info", note=type(exc).__name__)
         else:
@@ -538,3 +557,31 @@ def _kind(before: str, after: str) -> str:
 
 def ops_to_jsonl(ops: Iterable[Op]) -> str:
     return "".join(json.dumps(asdict(o), sort_keys=True) + "\n" for o in ops)
+
+
+def position_summary(ops: Sequence[Op]) -> dict[str, int]:
+    """What the pending reads said of where requests stood (GET's ``position``).
+
+    ``reads``: pending reads with a position; ``negative``: impossible positions;
+    ``rises``: a request's position higher than at its previous read (a request placed
+    ahead arrived: higher priority, fair share, or one ahead lost a VM; or its own VM
+    was lost: from 0); ``rises_beyond_creates``: rises larger than the requests this
+    client created between the two reads (then only VMs lost ahead explain them). The
+    strict check of positions is the model test's (tests/model_fleet.py)."""
+    creates = sorted(op.t0 for op in ops if op.f == "create")
+    by_rid: dict[str, list[Op]] = {}
+    for op in ops:
+        if op.f == "read" and op.position is not None:
+            by_rid.setdefault(op.rid, []).append(op)
+    out: Counter[str] = Counter()
+    for reads in by_rid.values():
+        reads.sort(key=lambda o: o.t0)
+        for before, after in itertools.pairwise(reads):
+            pos0, pos1 = before.position or 0, after.position or 0
+            out["negative"] += int(pos1 < 0)
+            if pos1 > pos0 and before.t1 < after.t0:
+                out["rises"] += 1
+                between = sum(1 for t in creates if before.t1 <= t <= after.t0)
+                out["rises_beyond_creates"] += int(pos0 > 0 and pos1 - pos0 > between)
+        out["reads"] += len(reads)
+    return dict(out)

@@ -77,6 +77,7 @@ from history import (  # noqa: E402
     acknowledged_checked,
     check_history,
     ops_to_jsonl,
+    position_summary,
 )
 from warm_client import (  # noqa: E402
     WarmClient,
@@ -126,6 +127,21 @@ FLAKY_POOLS = ("flaky",)
 WARM_POOLS = ("debian", "centos")
 WARM_SIZES = {"debian": 8, "centos": 5}
 VM_LIFETIME_S = 90.0  # a checkout whose answer was lost is reaped after this
+# Quotas and priorities (vmpool only): the client's requests are made by these users, each
+# with a random priority (soak1 may not ask 1: refused); soak0's quota is small enough
+# that its requests wait for it, and the audit's invariant 11 must hold at the end.
+QUOTA_USERS = {"soak0": 3, "soak1": 5, "soak2": None, "soak3": None}
+QUOTA_SECTIONS = """\
+:auth:
+  provider: static
+  users: {{{users}}}
+:quotas:
+  priority_aging: 20
+  default: {{max_vms: 12, priority: 1}}
+  users:
+    soak0: {{max_vms: 3}}
+    soak1: {{max_vms: 5, priority: 2}}
+"""
 
 CONFIG = """\
 :providers:
@@ -159,7 +175,7 @@ CONFIG = """\
   reconcile: 3
   top_up_pools: 1
   check_ready: 5
-:pools:
+{quota_sections}:pools:
   - {{name: debian-12-x86_64, alias: [debian], size: {debian_size}, ready_ttl: 1,
       provider: simulated, domain: example.com}}
   - {{name: centos-9-x86_64, alias: [centos], size: {centos_size}, provider: simulated}}
@@ -230,6 +246,9 @@ class SoakReport:
     redis_faults: dict[str, Any] = field(default_factory=dict)
     warm_ops: dict[str, int] = field(default_factory=dict)
     clone_slots: dict[str, int] = field(default_factory=dict)
+    quotas: dict[str, Any] = field(default_factory=dict)
+    positions: dict[str, int] = field(default_factory=dict)
+    by_priority: dict[str, int] = field(default_factory=dict)
 
     @property
     def violation_count(self) -> int:
@@ -251,6 +270,9 @@ class SoakReport:
             f"  acknowledged: {kv(self.acknowledged)} (checked: a read answered after it)",
             f"  warm ops:    {kv(self.warm_ops)}",
             f"  clone slots: {kv(self.clone_slots)}",
+            f"  quotas:      {json.dumps(self.quotas, sort_keys=True)}",
+            f"  priorities:  {kv(self.by_priority)}",
+            f"  positions:   {kv(self.positions)}",
             f"  faults:      {kv(self.faults)}",
             f"  restarts:    {kv(self.restarts)}",
             "  redis down:  "
@@ -288,6 +310,28 @@ class SoakReport:
         return out
 
 
+def _quota_sections() -> str:
+    from vmpool.state.tokens import hash_password
+
+    secret = hash_password("soak", iterations=1000)
+    users = ", ".join(f'{user}: "{secret}"' for user in QUOTA_USERS)
+    return QUOTA_SECTIONS.format(users=users)
+
+
+def quota_check(store: Store, config: Config, report: SoakReport) -> list[Finding]:
+    """Each user's peak by the trails and the count kept, against their quota (the
+    audit's invariant 11 judges them; here they are reported)."""
+    from vmpool.state.audit import quota_peaks
+
+    peaks = quota_peaks(store)
+    report.quotas = {
+        user: {"peak_vms": peak.vms, "max_vms": config.quotas.limits(user)[0]}
+        for user, peak in sorted(peaks.items())
+    }
+    report.quotas["waits"] = dict(store.quotas.waits())
+    return []
+
+
 def _log(opts: SoakOptions, message: str) -> None:
     stream = opts.log or sys.stderr
     stream.write(f"[soak {time.strftime('%H:%M:%S')}] {message}\n")
@@ -319,6 +363,7 @@ class Cluster:
                 lifetime_hours=f"{VM_LIFETIME_S / 3600:.6f}",
                 debian_size=WARM_SIZES["debian"] if warm else 0,
                 centos_size=WARM_SIZES["centos"] if warm else 0,
+                quota_sections=_quota_sections() if opts.target == "vmpool" else "",
             )
         )
         self.config: Config = load_config(self.config_path)
@@ -955,6 +1000,8 @@ def run_soak(opts: SoakOptions, command: str = "") -> SoakReport:
                 seed=opts.seed,
                 rate_per_s=opts.rate,
                 max_requests=opts.requests,
+                tokens=_tokens(cluster) if opts.target == "vmpool" else (),
+                priorities=opts.target == "vmpool",
             )
         )
         if opts.warm and opts.target == "vmpool":
@@ -1023,7 +1070,13 @@ def run_soak(opts: SoakOptions, command: str = "") -> SoakReport:
                 findings += wait_drained_reference(store, providers, 60)
             findings += live_vm_records(store, frozenset(warm_stock(store, cluster.config.pools)))
             findings += clone_limit_check(conn, cluster, report)
-            for v in audit_state(store, providers, sweep_interval_s=opts.sweep_s + 60):
+            quota_of = cluster.config.quotas.limits if opts.target == "vmpool" else None
+            if quota_of is not None:
+                findings += quota_check(store, cluster.config, report)
+            audited = audit_state(
+                store, providers, sweep_interval_s=opts.sweep_s + 60, quota_of=quota_of
+            )
+            for v in audited:
                 kind = f"audit_invariant_{v.invariant}"
                 if v.invariant == 5 and v.message.startswith("version "):
                     kind += "_version"  # two writers numbered their entries alike
@@ -1057,6 +1110,8 @@ def run_soak(opts: SoakOptions, command: str = "") -> SoakReport:
             (workdir / "warm_history.jsonl").write_text(ops_to_jsonl(warm.ops))
         findings += nemesis.findings
         report.requests = len(client.tracked)
+        report.positions = position_summary(client.ops)
+        report.by_priority = _by_priority(client)
         report.client_ops = dict(Counter(f"{o.f}:{o.type}" for o in client.ops))
         report.acknowledged = acknowledged_checked(client.ops)
         report.faults = nemesis.counts()
@@ -1086,6 +1141,29 @@ def run_soak(opts: SoakOptions, command: str = "") -> SoakReport:
 
         shutil.rmtree(workdir, ignore_errors=True)
     return report
+
+
+def _tokens(cluster: Cluster) -> list[str]:
+    """A token of each soak user, minted in the fleet's Redis (before the load)."""
+    from vmpool.state.tokens import TokenStore
+
+    conn = cluster.admin(decode=True)
+    try:
+        tokens = TokenStore(conn, cluster.keys)
+        return [tokens.create(user) for user in QUOTA_USERS]
+    finally:
+        conn.close()
+
+
+def _by_priority(client: Client) -> dict[str, int]:
+    """By the priority they asked, the requests seen ready and the others: no priority
+    starves."""
+    ready = {op.rid for op in client.ops if op.f == "read" and op.value == "ready"}
+    out: Counter[str] = Counter()
+    for tr in client.tracked.values():
+        if tr.priority is not None:
+            out[f"p{tr.priority}:{'ready' if tr.rid in ready else 'not_ready'}"] += 1
+    return dict(out)
 
 
 def clone_limit_check(conn: redis.Redis, cluster: Cluster, report: SoakReport) -> list[Finding]:

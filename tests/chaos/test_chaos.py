@@ -38,6 +38,15 @@ def test_soak_vmpool_has_no_violation_under_every_fault(tmp_path: Path) -> None:
     for op in ("checkout:checked_out", "giveback:given_back", "request_vm:claimed_from_warm"):
         assert report.warm_ops.get(op, 0) >= 1, f"no {op}:\n{text}"
     assert report.clone_slots["peak"] <= report.clone_slots["limit"], text
+    # quotas and priorities: none exceeded (invariant 11 is in the audit, so in the
+    # violations), a user waited for theirs, every priority served (none starved)
+    assert report.quotas["waits"], text
+    for user, figures in report.quotas.items():
+        if user != "waits" and figures["max_vms"] is not None:
+            assert figures["peak_vms"] <= figures["max_vms"], text
+    for priority in (1, 2, 3):
+        assert report.by_priority.get(f"p{priority}:ready", 0) >= 1, text
+    assert report.positions.get("reads", 0) >= 10 and not report.positions.get("negative"), text
 
 
 def test_soak_catches_the_seed_design(tmp_path: Path) -> None:

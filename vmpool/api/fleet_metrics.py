@@ -33,6 +33,7 @@ from vmpool.api.backlog_metrics import backlog_families, read_backlog
 from vmpool.api.identity_metrics import identity_families
 from vmpool.api.provider_metrics import circuit_families
 from vmpool.api.redis_metrics import redis_health_families, unwritable_family
+from vmpool.api.service_metrics import read_service, service_families
 from vmpool.api.worker_metrics import worker_families
 from vmpool.config import Config, Schedule
 from vmpool.state.counters import (
@@ -72,6 +73,7 @@ class RedisStateCollector(Collector):
         clone_limit: int | None = None,
         schedule: Schedule | None = None,
         providers: Iterable[str] = (),
+        quota_users: Iterable[str] = (),
     ) -> None:
         self.store = store
         self.keys = store.keys
@@ -80,6 +82,7 @@ class RedisStateCollector(Collector):
         self.clone_limit = clone_limit
         self.schedule = schedule
         self.providers = list(providers)
+        self.quota_users = list(quota_users)  # the `user` label's values, besides "other"
 
     @classmethod
     def from_config(
@@ -92,6 +95,7 @@ class RedisStateCollector(Collector):
             clone_limit=config.ondemand_clone_limit,
             schedule=config.schedule,
             providers=config.providers,
+            quota_users=config.quotas.users,
         )
 
     def describe(self) -> Iterable[Metric]:
@@ -117,6 +121,7 @@ class RedisStateCollector(Collector):
         yield from self._vms_and_requests(reads)
         yield from self._queues(reads)
         yield from backlog_families(reads)
+        yield from service_families(reads, self.quota_users)
         yield from self._clone_slots(reads)
         yield from self._schedule(reads, now)
         yield from self._ready_times(reads)
@@ -158,6 +163,7 @@ class RedisStateCollector(Collector):
         add(("skipped",), pipe.hgetall(k.metrics(SKIPPED_METRIC)))
         add(("audit",), pipe.hgetall(k.audit_result))
         read_backlog(k, pipe, add)
+        read_service(k, pipe, add)
         return dict(zip(names, pipe.execute(), strict=True))
 
     def _vms_and_requests(self, reads: Mapping[tuple[str, ...], Any]) -> Iterator[Metric]:

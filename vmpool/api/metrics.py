@@ -83,6 +83,7 @@ class ApiMetrics:
             ["type", "pool"],
             registry=r,
         )
+        self.checkout = _checkout_counter(r)
         self.enqueue_failures = Counter(
             "vmpool_api_enqueue_failures",
             "Provision jobs the API could not enqueue (the periodic sweep finds the request)",
@@ -125,3 +126,15 @@ class ApiMetrics:
 
     def render(self) -> bytes:
         return bytes(generate_latest(self.registry))
+
+
+def _checkout_counter(registry: CollectorRegistry) -> Counter:
+    """vmpooler's ``checkout.<outcome>.<pool>`` as one counter labelled by both."""
+    return Counter(
+        "vmpooler_checkout",
+        "Checkouts (POST /vm) by outcome, vmpooler's checkout.<outcome>.<pool>: success,"
+        " empty (a pool short: nothing handed out), invalid (an unknown name), quota (the"
+        " user's quota: nothing handed out)",
+        ["type", "pool"],
+        registry=registry,
+    )

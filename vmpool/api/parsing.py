@@ -29,6 +29,7 @@ __all__ = [
     "ondemand_from_path",
     "parse_count",
     "parse_json_body",
+    "parse_priority",
     "read_body",
 ]
 
@@ -40,7 +41,7 @@ _UNPARSABLE = "JSON payload could not be parsed"
 
 @dataclass(frozen=True)
 class Ondemand:
-    """What a POST /ondemandvm asks for: name -> count, and the client's request id.
+    """What a POST /ondemandvm asks for: name -> count, the client's request id, a priority.
 
     ``keyed_id``: the id the call's idempotency key names (vmpool/api/idempotency.py),
     taken when the body names none: a repeat of the call finds the request it made."""
@@ -48,6 +49,7 @@ class Ondemand:
     counts: dict[str, int]
     request_id: str | None = None
     keyed_id: str | None = None
+    priority: int | None = None  # ABS's "priority" (1 highest, 3 lowest); None: the user's
 
 
 async def read_body(request: Request, limit: int = MAX_BODY_BYTES) -> bytes:
@@ -114,20 +116,40 @@ def _bad_count(name: str) -> Rejected:
 
 
 def ondemand_from_json(data: Any, config: Config) -> Ondemand:
-    """The parsed JSON body of POST /ondemandvm: ``{"<name>": n, ..., "request_id": id}``."""
+    """The parsed JSON body of POST /ondemandvm: ``{"<name>": n, ..., "request_id": id}``.
+
+    With ABS's ``"priority": 1|2|3`` (a vmpool extension of vmpooler's body), unless a
+    pool or an alias is called ``priority``: then it is that pool's count, as vmpooler
+    reads it."""
     if data is None:
         raise Rejected(404)  # vmpooler: a `null` body is a 404 {"ok": false}
     if not isinstance(data, Mapping):
         raise Rejected(400, message=_UNPARSABLE)
     request_id = _request_id(data["request_id"]) if "request_id" in data else None
-    names = [k for k in data if k != "request_id"]
+    # "priority" is ABS's key, unless the config names a pool (or alias) so
+    own = [PRIORITY_KEY] if PRIORITY_KEY in data and not config.resolve_name(PRIORITY_KEY) else []
+    priority = parse_priority(data[PRIORITY_KEY]) if own else None
+    names = [k for k in data if k != "request_id" and k not in own]
     _check_name_count(names)
     check_names(config, names)
     maximum = config.max_ondemand_instances_per_request
     counts = {name: parse_count(name, data[name], maximum) for name in names}
     if not counts:
         raise Rejected(400, message="no instances requested")
-    return Ondemand(counts, request_id)
+    return Ondemand(counts, request_id, priority=priority)
+
+
+PRIORITY_KEY = "priority"
+_PRIORITIES = (1, 2, 3)
+
+
+def parse_priority(value: Any) -> int:
+    """ABS's priority: 1, 2 or 3 (1 is the highest), as a number or a digit string."""
+    if isinstance(value, str) and value.strip() in ("1", "2", "3"):
+        return int(value.strip())
+    if isinstance(value, int) and not isinstance(value, bool) and value in _PRIORITIES:
+        return value
+    raise Rejected(400, message="priority must be 1, 2 or 3 (1 is the highest)")
 
 
 def ondemand_from_path(names: str) -> Ondemand:

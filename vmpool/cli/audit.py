@@ -9,7 +9,7 @@ import click
 from vmpool.cli.context import CliContext, echo_json, with_context
 from vmpool.cli.errors import CliError
 from vmpool.providers import Provider, providers_from_config
-from vmpool.state.audit import INVARIANTS, audit_state, retired_pool_notes
+from vmpool.state.audit import CHECKED, INVARIANTS, audit_state, quota_peaks, retired_pool_notes
 from vmpool.state.counters import record_audit
 from vmpool.state.fleet_identity import FleetMarks, read_marks
 from vmpool.state.redis_check import RedisCheck, check_redis
@@ -35,7 +35,7 @@ __all__ = ["audit_command"]
     " every write would be refused; one line per problem.",
 )
 def audit_command(cli: CliContext, record: bool, strict: bool) -> None:
-    """Check invariants 1-8 (docs/invariants.md) over the live state.
+    """Check invariants 1-8 and 11 (docs/invariants.md) over the live state.
 
     Exit 0 when every invariant holds and the fleet's Redis has not lost its data (no
     lost mark: docs/operations.md). Exit 1 and one line per violation otherwise (with
@@ -46,15 +46,16 @@ def audit_command(cli: CliContext, record: bool, strict: bool) -> None:
         _providers(cli),
         sweep_interval_s=cli.config.schedule.sweep_expired,
         reap_interval_s=cli.config.schedule.reap_running,
+        quota_of=cli.config.quotas.limits,
     )
+    quotas = _quota_lines(cli)
     redis_settings = check_redis(cli.redis)
     marks = read_marks(cli.redis, cli.keys)
     lost = marks.problem() if marks is not None else None
     notes = retired_pool_notes(cli.store, cli.config.pools)
     limit = cli.config.ondemand_clone_limit
     slots = CloneSemaphore(cli.redis, cli.keys, limit, 2.0 * cli.config.lock_expire_s).stats()
-    if record:
-        # Recorded before the exit status, so an alert sees a failing run too.
+    if record:  # before the exit status, so an alert sees a failing run too
         record_audit(cli.redis, cli.keys, len(violations))
     if cli.as_json:
         echo_json(
@@ -65,21 +66,22 @@ def audit_command(cli: CliContext, record: bool, strict: bool) -> None:
                 "redis": redis_settings.as_dict(),
                 "notes": notes,
                 "clone_slots": {**asdict(slots), "limit": limit, "exceeded": slots.peak > limit},
+                "quotas": quotas,
                 "fleet": _fleet(marks, lost),
             }
         )
     else:
         # Not an invariant (the exit status is the invariants'), but what they rest on.
-        click.echo(_redis_line(redis_settings), err=True)
-        click.echo(_slots_line(slots, limit), err=True)
-        for note in notes:
-            click.echo(f"note: {note}", err=True)
+        lines = [_redis_line(redis_settings), _slots_line(slots, limit)]
+        lines += [_quota_line(user, figures) for user, figures in quotas.items()]
+        for line in [*lines, *(f"note: {note}" for note in notes)]:
+            click.echo(line, err=True)
         for violation in violations:
             click.echo(violation.line())
         if lost:
             click.echo(lost)
         elif not violations:
-            click.echo(f"audit: clean (invariants 1-{max(INVARIANTS)} hold)")
+            click.echo(f"audit: clean (invariants {CHECKED} hold)")
     if violations or lost or (strict and redis_settings.problems()):
         raise SystemExit(1)
 
@@ -124,3 +126,35 @@ def _slots_line(slots: SlotStats, limit: int) -> str:
         f" overruns {slots.overruns}"
     )
     return line + (" (the limit was exceeded)" if slots.peak > limit else "")
+
+
+def _quota_lines(cli: CliContext) -> dict[str, dict[str, int | None]]:
+    """Per user counted now or in the trails: what they hold, the most they held at once
+    (by the trails), and their quota."""
+    held = cli.store.quotas.held()
+    peaks = quota_peaks(cli.store)
+    out: dict[str, dict[str, int | None]] = {}
+    for user in sorted(set(held) | set(peaks)):
+        max_vms, max_cores = cli.config.quotas.limits(user)
+        now, peak = held.get(user), peaks.get(user)
+        out[user] = {
+            "vms": now.vms if now else 0,
+            "cores": now.cores if now else 0,
+            "peak_vms": peak.vms if peak else 0,
+            "peak_cores": peak.cores if peak else 0,
+            "max_vms": max_vms,
+            "max_cores": max_cores,
+        }
+    return out
+
+
+def _quota_line(user: str, f: dict[str, int | None]) -> str:
+    """One user's quota as the audit found it: held now, the trails' peak, the limits."""
+    limits = ", ".join(
+        f"{name} {f[name]}" for name in ("max_vms", "max_cores") if f[name] is not None
+    )
+    return (
+        f"quota: user {user} holds {f['vms']} VMs ({f['cores']} cores), peak"
+        f" {f['peak_vms']} VMs ({f['peak_cores']} cores) by the trails;"
+        f" {limits or 'no quota'}"
+    )

@@ -45,8 +45,12 @@ def _record(store: Store, rid: str) -> RequestRecord:
     return record
 
 
-def request_view(store: Store, record: RequestRecord) -> dict[str, Any]:
-    """The request as data: status, per-alias counts or hostnames, failure reason."""
+def request_view(
+    store: Store, record: RequestRecord, clone_limit: int | None = None
+) -> dict[str, Any]:
+    """The request as data: status, per-alias counts or hostnames, failure reason, its
+    priority, and, given the fleet's ``clone_limit``, where a pending one stands
+    (``position``, ``eta_s``: as GET /ondemandvm/<id> shows them)."""
     hostnames = store.hostnames(record.id)
     aliases: dict[str, Any] = {}
     for slot in record.slots:
@@ -67,6 +71,12 @@ def request_view(store: Store, record: RequestRecord) -> dict[str, Any]:
     }
     if record.failure_reason:
         view["failure_reason"] = record.failure_reason
+    view["priority"] = record.priority
+    place = None
+    if record.status == RequestStatus.PENDING and clone_limit is not None:
+        place = store.quotas.place(record.id, clone_limit)
+    if place is not None:
+        view.update(place.fields())
     return view
 
 
@@ -110,6 +120,13 @@ def request_group() -> None:
 @click.option("--request-id", default=None, help="Use this id instead of a new uuid4.")
 @click.option("--wait", is_flag=True, help="Show progress until ready or failed.")
 @click.option(
+    "--priority",
+    type=click.IntRange(1, 3),
+    default=2,
+    show_default=True,
+    help="Its priority: 1 highest, 3 lowest (ABS's; a request without a user).",
+)
+@click.option(
     "--timeout",
     "timeout_s",
     type=float,
@@ -121,10 +138,11 @@ def request_create(
     pools: tuple[str, ...],
     request_id: str | None,
     wait: bool,
+    priority: int,
     timeout_s: float | None,
 ) -> None:
     """Ask for VMs: prints the request id. With --wait, then the hostnames."""
-    rid = _create(cli, pools, request_id)
+    rid = _create(cli, pools, request_id, priority)
     _enqueue_provision(cli, rid)
     if not wait:
         if cli.as_json:
@@ -156,7 +174,7 @@ def request_create(
         raise CliFailure(f"request {rid} {record.status}: {record.failure_reason or 'no VMs'}")
 
 
-def _create(cli: CliContext, pools: tuple[str, ...], request_id: str | None) -> str:
+def _create(cli: CliContext, pools: tuple[str, ...], request_id: str | None, priority: int) -> str:
     """Create the request (input checked before Redis is touched). Its id."""
     try:
         counts = parse_pool_counts(pools)
@@ -167,8 +185,9 @@ def _create(cli: CliContext, pools: tuple[str, ...], request_id: str | None) -> 
         live = pools_with_overrides(cli.store.redis, cli.keys, cli.config)
         slots = plan_slots(replace(cli.config, pools=live), counts, random.SystemRandom())
     rid = _request_id(request_id) if request_id else str(uuid.uuid4())
+    settings = RequestSettings.from_config(cli.config, priority=priority)
     outcome = cli.store.create_request(
-        rid, slots, RequestSettings.from_config(cli.config), actor="cli"
+        rid, slots, settings, actor="cli", clone_limit=cli.config.ondemand_clone_limit
     )
     if not outcome.ok:
         if outcome.code == "exists":
@@ -191,9 +210,10 @@ def _enqueue_provision(cli: CliContext, rid: str) -> None:
 @with_context(json=True)
 @click.argument("request_id")
 def request_get(cli: CliContext, request_id: str) -> None:
-    """Show a request: status, VMs ready per pool, hostnames."""
+    """Show a request: status, VMs ready per pool, hostnames, priority, and where a pending
+    one stands (its position in line and ETA). Also `vmpool request show`."""
     rid = _request_id(request_id)
-    view = request_view(cli.store, _record(cli.store, rid))
+    view = request_view(cli.store, _record(cli.store, rid), cli.config.ondemand_clone_limit)
     if cli.as_json:
         echo_json(view)
         return
@@ -208,12 +228,23 @@ def request_get(cli: CliContext, request_id: str) -> None:
         )
     if "failure_reason" in view:
         click.echo(f"  reason:  {view['failure_reason']}")
+    click.echo(f"  priority: {view['priority']}")
+    if "position" in view:
+        click.echo(f"  place:   {_place_line(view['position'], view['eta_s'])}")
     for alias, entry in view["pools"].items():
         click.echo(f"  {alias}: {_counts(status, entry['ready'], entry['requested'])}")
         for hostname in (
             entry["hostname"] if status in (RequestStatus.PENDING, RequestStatus.READY) else ()
         ):
             click.echo(f"    {hostname}")
+
+
+def _place_line(position: int, eta_s: float | None) -> str:
+    """Where a pending request stands, in words (GET /ondemandvm/<id>'s position, eta_s)."""
+    where = "being provisioned" if position == 0 else f"position {position} in line"
+    if eta_s is None:
+        return f"{where}, waiting for its user's quota (no ETA)"
+    return f"{where}, ready in about {eta_s:.0f}s"
 
 
 def _counts(status: str, ready: int, requested: int) -> str:
@@ -226,6 +257,8 @@ def _counts(status: str, ready: int, requested: int) -> str:
         return f"{requested} asked, {ready} were ready when it failed"
     return f"{ready}/{requested} ready"
 
+
+request_group.add_command(request_get, "show")
 
 _DELETE_MESSAGES = {
     "deleted": "deleted; its VMs are being destroyed",

@@ -25,6 +25,7 @@ from vmpool.config.errors import ConfigError
 from vmpool.config.fields import in_seconds
 from vmpool.config.ldap import LdapConfig, build_ldap, ssl_version
 from vmpool.config.model import AuthConfig, Config, PoolConfig, ProviderConfig
+from vmpool.config.quota_settings import build_quotas
 from vmpool.config.settings import (
     AuthSection,
     ConfigFile,
@@ -77,6 +78,7 @@ def build(file: ConfigFile, *, source: str, warnings: tuple[str, ...]) -> Config
         provider_quota_wait_s=_seconds(cfg, "provider_quota_wait"),
         schedule=file.schedule,
         auth=None if file.auth is None else _auth(file.auth, source),
+        quotas=build_quotas(file.quotas, lower_case_users=_ldap_users(file.auth)),
         source=source,
         warnings=warnings
         + _unread_provider_defaults(cfg, providers.values(), source)
@@ -102,6 +104,11 @@ def _unread_provider_defaults(
         for key in CONFIG_PROVIDER_DEFAULTS
         if getattr(cfg, key) is not None and key not in read
     )
+
+
+def _ldap_users(auth: AuthSection | None) -> bool:
+    """Whether the users are a directory's (their names compared lower-cased)."""
+    return auth is not None and auth.provider == "ldap"
 
 
 def _ldap_warnings(auth: AuthSection | None, source: str) -> tuple[str, ...]:

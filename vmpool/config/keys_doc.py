@@ -22,6 +22,7 @@ from typing import Any, Final
 from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
+from vmpool.config.quota_settings import QuotaEntry, QuotasSection
 from vmpool.config.settings import AuthSection, ConfigSection, PoolSection, RedisSection, Schedule
 from vmpool.config.vmpooler_keys import (
     AUTH_IGNORED,
@@ -99,6 +100,8 @@ def _read_keys() -> list[str]:
         ("`:redis:`", RedisSection, ()),
         ("`:auth:`", AuthSection, ()),
         ("`:schedule:` (vmpool's: seconds between the periodic jobs)", Schedule, ()),
+        ("`:quotas:` (vmpool's: quotas per user, request priorities)", QuotasSection, ()),
+        ("`:quotas:` `default:` and each entry of `users:`", QuotaEntry, ()),
     ]
     for title, model, skip in sections:
         out += [f"#### {title}", "", *_table(model, skip), ""]

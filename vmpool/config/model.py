@@ -17,10 +17,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from vmpool.config.ldap import LdapConfig
+from vmpool.config.quotas import Quota, QuotaConfig
 from vmpool.config.settings import Schedule
 from vmpool.state.connection import RedisOptions
 
-__all__ = ["AuthConfig", "Config", "PoolConfig", "ProviderConfig"]
+__all__ = ["AuthConfig", "Config", "PoolConfig", "ProviderConfig", "Quota", "QuotaConfig"]
 
 
 @dataclass(frozen=True)
@@ -92,6 +93,7 @@ class Config:
     reconcile_grace_s: float
     schedule: Schedule
     auth: AuthConfig | None
+    quotas: QuotaConfig
     warnings: tuple[str, ...]
     task_limit: int
     batch_lanes: int

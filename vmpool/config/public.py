@@ -34,6 +34,7 @@ from pydantic import BaseModel, SecretStr
 from vmpool.config.build import build
 from vmpool.config.ldap import LdapConfig
 from vmpool.config.model import AuthConfig, Config, PoolConfig, ProviderConfig
+from vmpool.config.quotas import Quota, QuotaConfig
 from vmpool.config.settings import AuthSection, ConfigFile, PoolSection, Schedule
 from vmpool.state.connection import RedisOptions
 from vmpool.state.redis_target import MASK, mask_url_password
@@ -152,12 +153,23 @@ def config_from_form(form: Mapping[str, Any]) -> Config:
         auth["users"] = dict.fromkeys(auth["users"], "")
         auth["ldap"] = auth["ldap"] and _dataclass(LdapConfig, {**_LDAP_BEFORE, **auth["ldap"]})
         data["auth"] = _dataclass(AuthConfig, auth)
+    data["quotas"] = _quotas({**defaults["quotas"], **data["quotas"]})
     data["schedule"] = Schedule.model_validate(
         {k: v for k, v in data["schedule"].items() if k in Schedule.model_fields}
     )
     redis_options = {**defaults["redis_options"], **data["redis_options"]}
     data["redis_options"] = _unflat(RedisOptions, redis_options)
     return _dataclass(Config, data)
+
+
+def _quotas(form: Mapping[str, Any]) -> QuotaConfig:
+    """The quotas a form describes."""
+    users = {user: _dataclass(Quota, quota) for user, quota in form["users"].items()}
+    return QuotaConfig(
+        default=_dataclass(Quota, form["default"]),
+        users=MappingProxyType(users),
+        priority_aging_s=float(form["priority_aging_s"]),
+    )
 
 
 def _unflat(cls: type[_T], form: Mapping[str, Any]) -> _T:

@@ -50,6 +50,7 @@ from vmpool.config.fields import (
     minutes,
     seconds,
 )
+from vmpool.config.quota_settings import QuotasSection
 from vmpool.config.redis_fields import (
     DurabilityModeName,
     HealthCheckSeconds,
@@ -66,6 +67,7 @@ __all__ = [
     "ConfigSection",
     "DnsConfig",
     "PoolSection",
+    "QuotasSection",
     "RedisSection",
     "Schedule",
     "SentinelSection",
@@ -329,6 +331,10 @@ class ConfigFile(Section):
     )
     redis: RedisSection = RedisSection()
     auth: AuthSection | None = None
+    quotas: QuotasSection | None = Field(
+        default=None,
+        description="Quotas per user and request priorities (vmpool's; absent: no quota)",
+    )
     dns_configs: dict[str, DnsConfig] = Field(default_factory=dict)
     tagfilter: dict[str, Text] = Field(
         default_factory=dict,

@@ -55,6 +55,7 @@ def sweep_inputs(config: Config, keys: Keys) -> Mapping[Job, Sequence[str]]:
         Job.CHECK_PENDING_SWEEP: [
             *indexes(VMState.RESERVED, VMState.PENDING),
             *(keys.work_part(job, "claims") for job in REDISPATCHED),
+            keys.clone_slot_line,  # requests waiting for a clone slot: it hands out turns
         ],
         Job.DESTROY_SWEEP: indexes(VMState.COMPLETED, VMState.ON_HOLD),
         Job.CHECK_READY: indexes(VMState.READY),

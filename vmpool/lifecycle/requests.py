@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from redis.exceptions import ResponseError
 
@@ -28,9 +28,11 @@ from vmpool.lifecycle.outcomes import (
     in_state,
     store_code,
 )
+from vmpool.lifecycle.quotas import is_quota_refusal, limits_for, park, unpark_due
 from vmpool.lifecycle.reserving import MAX_NAME_ATTEMPTS, reserve_fresh
 from vmpool.lifecycle.warm import claim_ready
 from vmpool.state.locks import FencedLock
+from vmpool.state.quotas import QuotaLimits
 from vmpool.state.records import Outcome, RequestRecord
 from vmpool.state.transitions import RequestStatus, VMState
 
@@ -54,14 +56,17 @@ _REQUEST_LEVEL_REFUSALS = frozenset({"no_request", "stale_fence", "past_deadline
 
 @dataclass
 class CloneGate:
-    """Keeps a provision batch first come, first served at the clone limit.
+    """Keeps a provision batch first come, first served at the clone limit and the quotas.
 
     Shared by the provision steps a batch job runs in the order of service: once one met
     the clone limit, those after it reserve nothing (they still take ready VMs), so a
     slot freed meanwhile is not handed to a younger request before the older one (first
-    come, first served). The older gets it at its next turn."""
+    come, first served). The older gets it at its next turn. Likewise, once a request of
+    a user met the user's quota, the user's later requests in the batch are parked
+    without trying (``over_quota``): a VM the user frees meanwhile goes to the older."""
 
     closed: bool = False
+    over_quota: set[str] = field(default_factory=set)
 
 
 def provision_request(
@@ -110,12 +115,54 @@ def _reserve_for(
     req = RequestRecord.from_hash(lock.record) if lock.record else None
     if req is None or req.status != RequestStatus.PENDING or req.unreserved <= 0:
         return
-    if claim_ready(fleet, req, ready):  # ready VMs of warm pools first. Clone the shortfall
-        req = fleet.store.get_request(request_id)
-        if req is None or req.status != RequestStatus.PENDING or req.unreserved <= 0:
-            return
-    if gate.closed:
+    limits = limits_for(fleet, req.token_user, (slot.pool for slot in req.slots))
+    if req.token_user in gate.over_quota:  # an older request of the user met its quota
+        park(fleet, request_id, limits)  # if it fits now, the older one goes first
         return
+    for _ in range(2):  # a VM of the user freed while the request was being parked: again
+        code, req = _claim_then_reserve(fleet, req, lock, reserved, gate, limits, ready)
+        if not is_quota_refusal(code):
+            return
+        gate.over_quota.add(req.token_user)
+        if park(fleet, request_id, limits):
+            return
+
+
+def _claim_then_reserve(
+    fleet: Fleet,
+    req: RequestRecord,
+    lock: FencedLock,
+    reserved: list[str],
+    gate: CloneGate,
+    limits: QuotaLimits,
+    ready: frozenset[str] | None,
+) -> tuple[str, RequestRecord]:
+    """Ready VMs of warm pools first (``ready``: the lending pools known to hold one),
+    then clones of the shortfall. The code that stopped it ('' when it went as far as it
+    could) and the request as last read."""
+    claimed, code = claim_ready(fleet, req, limits, ready)
+    if is_quota_refusal(code):
+        return code, req
+    if claimed:
+        fresh = fleet.store.get_request(req.id)
+        if fresh is None or fresh.status != RequestStatus.PENDING or fresh.unreserved <= 0:
+            return "", req
+        req = fresh
+    if gate.closed:
+        return "", req
+    return _reserve_slots(fleet, req, lock, reserved, gate, limits), req
+
+
+def _reserve_slots(
+    fleet: Fleet,
+    req: RequestRecord,
+    lock: FencedLock,
+    reserved: list[str],
+    gate: CloneGate,
+    limits: QuotaLimits,
+) -> str:
+    """Reserve the request's missing VMs, slot by slot. The code that stopped it, or ''."""
+    request_id = req.id
     for slot in req.slots:
         missing = slot.want - slot.live
         if missing <= 0:
@@ -130,16 +177,21 @@ def _reserve_for(
             )
             continue
         for _ in range(missing):
-            code = _reserve_one(fleet, request_id, slot.alias, pool, lock, reserved)
+            code = _reserve_one(
+                fleet, request_id, slot.alias, pool, lock, reserved, limits, req.place
+            )
             if code == ReserveCode.CLONE_LIMIT:
                 gate.closed = True
-                return
-            if code in _REQUEST_LEVEL_REFUSALS:
-                return
-            if code.startswith("request_"):
-                return
+                return code
+            if code in _REQUEST_LEVEL_REFUSALS or code.startswith("request_"):
+                if code != "stale_fence":  # it will reserve no more: out of the slot line
+                    fleet.slots.leave_line(request_id)
+                return code
+            if is_quota_refusal(code):
+                return code
             if code != ReserveCode.RESERVED:
                 break  # slot_full, no_such_slot, names exhausted: next slot
+    return ""
 
 
 def _reserve_one(
@@ -149,10 +201,13 @@ def _reserve_one(
     pool: PoolConfig,
     lock: FencedLock,
     reserved: list[str],
+    limits: QuotaLimits,
+    place: float,
 ) -> ReserveCode | StoreCode:
     """Reserve one VM for the request's slot ``alias``.
 
-    The VM is of ``pool``. Its create is dispatched. Returns the code of
+    The VM is of ``pool``, within its user's quota ``limits``, its clone slot taken in the
+    request's turn (its ``place`` in line). Its create is dispatched. Returns the code of
     :func:`~vmpool.lifecycle.reserving.reserve_fresh`."""
 
     def reserve(name: str) -> Outcome:
@@ -167,9 +222,10 @@ def _reserve_one(
             domain=pool.domain,
             actor=fleet.who("provision"),
             fence=lock.fence,
+            quota=limits,
         )
 
-    got = reserve_fresh(fleet, "reserve", reserve)
+    got = reserve_fresh(fleet, "reserve", reserve, line=(request_id, place))
     if got.code == ReserveCode.RESERVED:
         reserved.append(got.name)
         fleet.dispatch.send(Job.CREATE_VM, [got.name])
@@ -253,8 +309,11 @@ def sweep_expired(fleet: Fleet, limit: int = 1000) -> dict[str, int]:
 
 
 def provision_sweep(fleet: Fleet) -> int:
-    """Dispatch provision_request for every request with unreserved slots (one batch)."""
-    candidates = fleet.store.provision_candidates()
+    """Dispatch provision_request for every request with unreserved slots (one batch).
+
+    A request waiting for its user's quota is passed by while the user has no room
+    (:func:`~vmpool.lifecycle.quotas.unpark_due`)."""
+    candidates = unpark_due(fleet, fleet.store.provision_candidates())
     if candidates:
         fleet.dispatch.send(Job.PROVISION_REQUEST, candidates)
     return len(candidates)

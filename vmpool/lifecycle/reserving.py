@@ -31,15 +31,22 @@ class Reservation:
     name: str = ""
 
 
-def reserve_fresh(fleet: Fleet, what: str, reserve: Callable[[str], Outcome]) -> Reservation:
+def reserve_fresh(
+    fleet: Fleet,
+    what: str,
+    reserve: Callable[[str], Outcome],
+    line: tuple[str, float] | None = None,
+) -> Reservation:
     """Reserve one VM under a fresh name within the clone limit.
 
     Reserve one VM: a fresh name, its clone slot, then ``reserve(name)`` (the store's
     transition, logged as ``what``). Returns ``reserved`` with the name,
-    ``clone_limit``, ``names_exhausted``, or the store's refusal (the slot given back)."""
+    ``clone_limit``, ``names_exhausted``, or the store's refusal (the slot given back).
+    ``line``: the request's id and place in line, for a request's VM: its slot comes in
+    its turn (:meth:`~vmpool.state.semaphore.CloneSemaphore.acquire`)."""
     for _ in range(MAX_NAME_ATTEMPTS):
         name = fleet.names()
-        if fleet.slots.acquire(name) is None:
+        if fleet.slots.acquire(name, line=line) is None:
             return Reservation(ReserveCode.CLONE_LIMIT)
         try:
             outcome = reserve(name)

@@ -87,9 +87,20 @@ def create_vm(
     body = _create_locked if slot is None else partial(_create_locked, slot=slot)
 
     def not_reserved(lock: FencedLock) -> None:
-        fleet.slots.release(name, lock.fence)  # no create needs its slot any more
+        give_slot_back(fleet, name, lock.fence)  # no create needs its slot any more
 
     return _under_vm_lock(fleet, name, VMState.RESERVED, "create", body, lock, not_reserved)
+
+
+def give_slot_back(fleet: Fleet, name: str, fence: int) -> None:
+    """Release VM ``name``'s clone slot (if it is this holder's) and, when one was freed,
+    dispatch the provision of the requests first in line for a slot at once: the pending
+    sweep would hand it over only at its next tick, one job later, so with a line waiting
+    every slot would idle that long and the fleet would serve a line slower than it
+    serves requests that find a slot free."""
+    turns = fleet.slots.release_to_line(name, fence)
+    if turns:
+        fleet.dispatch.send(Job.PROVISION_REQUEST, turns)
 
 
 LockedStep = Callable[[Fleet, VMRecord, Provider, FencedLock], VMCode]
@@ -135,7 +146,7 @@ def _create_locked(
     name = vm.name
     hold = held_back(fleet, provider, vm)
     if hold:
-        fleet.slots.release(name, lock.fence)  # the VM waits reserved, holding no slot
+        give_slot_back(fleet, name, lock.fence)  # the VM waits reserved, holding no slot
         return VMStep(hold)
     if slot is None:  # renews (or takes over) the VM's lease, or takes a free slot
         slot = fleet.slots.acquire(name, lock.fence) is not None
@@ -174,7 +185,7 @@ def _create_locked(
         destroy_at_provider(fleet, name, provider, lock, pool=vm.pool)
         return VMStep.COMPLETED if created.ok else store_code(created)
     finally:
-        fleet.slots.release(name, lock.fence)  # ours only: not a newer creator's
+        give_slot_back(fleet, name, lock.fence)  # ours only: not a newer creator's
         let_go(fleet, provider, vm)
 
 
@@ -285,7 +296,9 @@ def check_pending_sweep(fleet: Fleet, pool: str | None = None) -> int:
     a provider that answers for many at once (the clouds) are checked here instead,
     one list call per provider (``pending.check_batched``). Work-set subjects due back
     in line (deferred, or claimed by a worker that died) are dispatched again too (one
-    read), so a batch job is queued for them within a tick."""
+    read), so a batch job is queued for them within a tick, and so are the requests
+    waiting for a clone slot whose turn has come (one script: a slot freed goes to the
+    first in line within a tick)."""
     now = fleet.store.server_time()
     grace = reserved_grace_s(fleet.config)
     pools = [pool] if pool else list(fleet.config.pools)
@@ -303,6 +316,8 @@ def check_pending_sweep(fleet: Fleet, pool: str | None = None) -> int:
     if stale:
         fleet.dispatch.send(Job.CREATE_VM, stale)
     requests = due.get(Job.PROVISION_REQUEST, [])
+    if pool is None:  # a clone slot free goes to the request first in line waiting for one
+        requests = list(dict.fromkeys([*requests, *fleet.slots.turns()]))
     if requests:
         fleet.dispatch.send(Job.PROVISION_REQUEST, requests)
     return len(pending) + len(stale) + len(requests)

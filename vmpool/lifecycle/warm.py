@@ -28,7 +28,9 @@ from vmpool.lifecycle.failures import top_up_allowance
 from vmpool.lifecycle.fleet import Fleet, note_outcome
 from vmpool.lifecycle.outcomes import RecycleReason, ReserveCode, StoreCode
 from vmpool.lifecycle.overrides import effective_pools
+from vmpool.lifecycle.quotas import cores_of
 from vmpool.lifecycle.reserving import reserve_fresh
+from vmpool.state.quotas import NO_LIMITS, QuotaLimits
 from vmpool.state.records import Outcome, RequestRecord, VMRecord
 from vmpool.state.transitions import RequestStatus, VMState
 
@@ -84,6 +86,7 @@ def _reserve_warm(fleet: Fleet, pool: PoolConfig, names: list[str]) -> ReserveCo
             size=pool.size,
             data_ttl_s=fleet.config.data_ttl_s,
             actor=fleet.who("top_up_pools"),
+            cores=cores_of(fleet, pool.name),
         )
 
     got = reserve_fresh(fleet, "reserve_pool_vm", reserve)
@@ -158,13 +161,19 @@ def pools_with_ready(fleet: Fleet) -> frozenset[str]:
     return frozenset(name for name, n in zip(lending, counts, strict=True) if int(n))
 
 
-def claim_ready(fleet: Fleet, req: RequestRecord, ready: frozenset[str] | None = None) -> list[str]:
+def claim_ready(
+    fleet: Fleet,
+    req: RequestRecord,
+    limits: QuotaLimits = NO_LIMITS,
+    ready: frozenset[str] | None = None,
+) -> tuple[list[str], str]:
     """Let a pending request take ready VMs of its pools.
 
     Only pools whose ``ondemand_from_ready`` is on lend, before anything is cloned for
-    it. Returns the VMs it took. The claim is one unit, bounded by the request's slots.
-    ``ready``: the lending pools known to hold a ready VM (:func:`pools_with_ready`);
-    None: not known, every lending pool is tried."""
+    it. Returns the VMs it took and the claim's code. The claim is one unit, bounded by
+    the request's slots and its user's quota ``limits``. ``ready``: the lending pools
+    known to hold a ready VM (:func:`pools_with_ready`); None: not known, every lending
+    pool is tried."""
     lending = sorted(
         {
             slot.pool
@@ -176,9 +185,11 @@ def claim_ready(fleet: Fleet, req: RequestRecord, ready: frozenset[str] | None =
         }
     )
     if not lending or req.status != RequestStatus.PENDING:
-        return []
-    claim = fleet.store.pools.claim_for_request(req.id, lending, actor=fleet.who("provision"))
+        return [], ""
+    claim = fleet.store.pools.claim_for_request(
+        req.id, lending, actor=fleet.who("provision"), quota=limits
+    )
     if claim.ok:
         log.info("request %s took ready VMs: %s", req.id, ", ".join(claim.names))
-        return list(claim.names)
-    return []
+        return list(claim.names), claim.code
+    return [], claim.code

@@ -4,7 +4,8 @@
   is a pure function, so the race tests can run it over any store's trail, the naive
   reference included.
 - ``audit_state`` walks every request and VM record, the indexes and the providers'
-  inventories (invariants 3 and 4, and the trails).
+  inventories (invariants 3 and 4, and the trails), and, given the quotas, invariant 11
+  (:mod:`vmpool.state.quota_audit`).
 
 Each problem is one ``Violation``: the invariant it breaks and one line saying what was
 seen.
@@ -20,6 +21,7 @@ import redis
 
 from vmpool.state import reads
 from vmpool.state.keys import INDEXED_VM_STATES
+from vmpool.state.quota_audit import Peak, QuotaOf, check_quotas, user_peaks
 from vmpool.state.records import AuditEntry, RequestRecord, VMRecord, decode_trail
 from vmpool.state.store import Store
 from vmpool.state.transitions import (
@@ -40,7 +42,10 @@ INVARIANTS = {
     6: "a VM is held by at most one owner (a checkout or one request)",
     7: "a VM is never at once ready in a pool and held",
     8: "a held VM past its lifetime is reaped within one reap interval",
+    11: "no user holds more than their quota, now or at any time the trails tell",
 }
+# The invariants the audit checks, as a reader counts them ("1-8, 11").
+CHECKED = "1-8, 11"
 # The reasons under which a ready request's VM may leave it (invariant 2).
 RELEASE_REASONS = frozenset({"lifetime ended", "given back"})
 
@@ -164,11 +169,13 @@ def audit_state(
     sweep_interval_s: float,
     reap_interval_s: float | None = None,
     now: float | None = None,
+    quota_of: QuotaOf | None = None,
 ) -> list[Violation]:
     """Every invariant over what Redis and the providers hold right now.
 
     ``reap_interval_s`` (the ``reap_running`` interval) enables invariant 8. Without it a
-    held VM's lifetime is not judged.
+    held VM's lifetime is not judged. ``quota_of`` (a user's max_vms and max_cores, from
+    the config) enables invariant 11 (:mod:`vmpool.state.quota_audit`).
 
     ``providers`` are the configured provider instances by name. A VM whose provider is not
     among them is reported (invariant 3: it can never be destroyed). An empty mapping skips
@@ -176,14 +183,39 @@ def audit_state(
     """
     now = store.server_time() if now is None else now
     requests = _read_requests(store)
-    out = _check_requests(store, requests, now, sweep_interval_s)
+    request_trails = _trails(store, [store.keys.request_audit(rid) for rid in requests])
+    out = _check_requests(requests, request_trails, now, sweep_interval_s)
     vms = _read_vms(store)
+    vm_trails = _warm_trails(store, vms)
     out += _check_vm_owners(requests, vms)
-    out += _check_holders(store, vms, now, reap_interval_s)
+    out += _check_holders(vms, vm_trails, now, reap_interval_s)
     out += _check_indexes(store, vms)
     out += _check_inventory(providers, vms)
     out += _check_reachable(providers, vms)
+    if quota_of is not None:
+        peaks = user_peaks(requests, request_trails, vm_trails, vms)
+        found = check_quotas(_counted(store), vms, peaks, quota_of)
+        out += [Violation(11, f"user {user}", problem) for user, problem in found]
     return out
+
+
+def quota_peaks(store: Store) -> dict[str, Peak]:
+    """Per user, the most VMs and cores held at once, as the trails tell (``vmpool audit``)."""
+    requests = _read_requests(store)
+    request_trails = _trails(store, [store.keys.request_audit(rid) for rid in requests])
+    vms = _read_vms(store)
+    return user_peaks(requests, request_trails, _warm_trails(store, vms), vms)
+
+
+def _counted(store: Store) -> dict[str, tuple[int, int]]:
+    """The scripts' count per user: (VMs, cores)."""
+    return {user: (h.vms, h.cores) for user, h in store.quotas.held().items() if h.vms or h.cores}
+
+
+def _warm_trails(store: Store, vms: Mapping[str, VMRecord]) -> dict[str, list[AuditEntry]]:
+    """The own trails of the warm-pool VMs (no request holds them), by VM."""
+    warm = [vm.name for vm in vms.values() if not vm.request_id]
+    return dict(zip(warm, _trails(store, [store.keys.vm_audit(n) for n in warm]), strict=True))
 
 
 # Records read per round trip (one MULTI/EXEC, so each chunk is one snapshot).
@@ -225,12 +257,14 @@ def _trails(store: Store, keys: Sequence[str]) -> list[list[AuditEntry]]:
 
 
 def _check_requests(
-    store: Store, requests: Mapping[str, RequestRecord], now: float, sweep_interval_s: float
+    requests: Mapping[str, RequestRecord],
+    trails: Sequence[Sequence[AuditEntry]],
+    now: float,
+    sweep_interval_s: float,
 ) -> list[Violation]:
     """Invariants 1, 2 and 5 per trail, 4 (settled in time), 3 (one request per VM)."""
     out: list[Violation] = []
     owner_of: dict[str, str] = {}
-    trails = _trails(store, [store.keys.request_audit(rid) for rid in requests])
     for (rid, req), trail in zip(requests.items(), trails, strict=True):
         out += check_trail(rid, trail)
         if req.status == "pending" and now > req.fail_at + sweep_interval_s:
@@ -272,12 +306,13 @@ def _check_vm_owners(
 
 
 def _check_holders(
-    store: Store, vms: Mapping[str, VMRecord], now: float, reap_interval_s: float | None
+    vms: Mapping[str, VMRecord],
+    trails: Mapping[str, Sequence[AuditEntry]],
+    now: float,
+    reap_interval_s: float | None,
 ) -> list[Violation]:
     """Invariants 6, 7 and 8, and invariant 5 over the warm-pool VMs' own trails."""
     out: list[Violation] = []
-    warm = [vm.name for vm in vms.values() if not vm.request_id]
-    trails = dict(zip(warm, _trails(store, [store.keys.vm_audit(n) for n in warm]), strict=True))
     for vm in vms.values():
         subject = f"vm {vm.name}"
         if vm.request_id and vm.owner:

@@ -41,6 +41,7 @@ __all__ = [
     "bucket_field",
     "cumulative_buckets",
     "lua_metrics",
+    "lua_quota_keys",
     "record_audit",
     "record_error",
     "record_job",
@@ -113,8 +114,31 @@ def lua_metrics(keys: Keys) -> str:
         # each pool's VMs made and destroyed, and its run of failed creates (ended by a
         # create that went through: vmpool/state/pool_failures.py)
         f"local METRIC_VMS = {keys.metrics(VMS_METRIC)!r}\n"
-        f"local POOL_FAILURES_PREFIX = {streak_key_prefix(keys)!r}\n"
+        f"local POOL_FAILURES_PREFIX = {streak_key_prefix(keys)!r}\n" + lua_quota_keys(keys)
     )
+
+
+def lua_quota_keys(keys: Keys) -> str:
+    """The quotas', the line's and the request metrics' keys, as Lua (_quota.lua, _line.lua).
+
+    Part of :func:`lua_metrics`; alone, the head of the line's read script
+    (vmpool/state/quotas.py).
+    """
+    names = {
+        "QUOTA_VMS": keys.quota_vms,
+        "QUOTA_CORES": keys.quota_cores,
+        "QUOTA_PEAK": keys.quota_peak,
+        "QUOTA_PARKED": keys.quota_parked,
+        "QUOTA_PARKED_LINE": keys.quota_parked_line,
+        "QUOTA_PARKED_USERS": keys.quota_parked_users,
+        "LINE_STATS": keys.line_stats,
+        "CLONE_SLOTS": keys.clone_slots,
+        "SLOT_LINE": keys.clone_slot_line,
+        "METRIC_REQUEST_READY_PREFIX": keys.request_ready_metric_prefix(),
+        "METRIC_ETA_ERROR": keys.eta_error_metric,
+        "METRIC_QUOTA_WAITS": keys.quota_waits_metric,
+    }
+    return "".join(f"local {name} = {value!r}\n" for name, value in names.items())
 
 
 def cumulative_buckets(counts: Mapping[str, float]) -> tuple[list[tuple[str, float]], float]:

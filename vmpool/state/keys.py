@@ -31,12 +31,25 @@ Layout (``P`` is the prefix)::
     P:clone-slots                zset   the fleet-wide clone semaphore's leases (VM -> lease end)
     P:clone-slots:holders        hash   VM -> the token of its lease's holder
     P:clone-slots:stats          hash   the semaphore's peak and overruns
+    P:clone-slots:line           zset   requests that found no clone slot -> their place in line
     P:provider-circuit:PROVIDER  hash   a provider's circuit breaker and quota hold
     P:provider-launching:PROVIDER zset  creates at a provider now (its max_instances/cores)
     P:metrics:NAME               hash   fleet-wide counters (vmpool.state.counters)
     P:metrics:requests_finished  hash   requests finished, by outcome (the store's scripts)
     P:metrics:time_to_ready:POOL hash   ready-time histogram of a pool: bucket -> count, sum
     P:metrics:audit              hash   the last `vmpool audit --metrics`: violations, time
+    P:metrics:request_ready:SRC  hash   POST-to-ready histogram of requests served from SRC
+                                        (warm, fresh): bucket -> count, sum
+    P:metrics:eta_error          hash   the ETA's absolute error histogram: bucket -> count, sum
+    P:metrics:quota_waits        hash   user -> requests that waited for the user's quota
+    P:quota:vms                  hash   user -> VMs the user holds or has in the making
+    P:quota:cores                hash   user -> the cores of those VMs
+    P:quota:peak                 hash   vms:USER, cores:USER -> the most the user held at once
+    P:quota:parked               hash   request id -> its user, while it waits for its quota
+    P:quota:parked:line          zset   those requests -> their place in line (line_at)
+    P:quota:parked:users         zset   USER:REQUEST_ID, all scored 0: each user's, by name
+    P:line:stats                 hash   the line's observed pace (the ETA): service interval,
+                                        last start, reservation-to-ready time per pool
     P:history:POOL               hash   a pool's counts, one field a minute for a day (history.py)
     P:pool-failures:POOL         hash   a pool's create failures: streak, last error, back-off
     P:failures                   list   the fleet's latest failures, newest first (pool_failures.py)
@@ -301,6 +314,11 @@ class Keys:
         return f"{self.prefix}:clone-slots:holders"
 
     @property
+    def clone_slot_line(self) -> str:
+        """Zset: requests that found no clone slot free -> their place in line (in turn)."""
+        return f"{self.prefix}:clone-slots:line"
+
+    @property
     def clone_slot_stats(self) -> str:
         """Hash: the clone semaphore's ``peak`` (leases at once) and ``overruns`` (no slot)."""
         return f"{self.prefix}:clone-slots:stats"
@@ -330,6 +348,63 @@ class Keys:
     @property
     def recent_failures(self) -> str:
         return f"{self.prefix}:failures"
+
+    def request_ready_metric(self, source: str) -> str:
+        """Hash: the POST-to-ready histogram of requests served from ``source``."""
+        if source not in ("warm", "fresh"):
+            raise ValueError(f"no request source {source!r}")
+        return self.metrics("request_ready") + ":" + source
+
+    def request_ready_metric_prefix(self) -> str:
+        """Prefix of those histograms. The scripts append the source."""
+        return self.metrics("request_ready") + ":"
+
+    @property
+    def eta_error_metric(self) -> str:
+        """Hash: the ETA's absolute error histogram (bucket bound -> count, ``sum``)."""
+        return self.metrics("eta_error")
+
+    @property
+    def quota_waits_metric(self) -> str:
+        """Hash: user -> requests that waited for the user's quota (each once)."""
+        return self.metrics("quota_waits")
+
+    # -- quotas per user and the line of service (vmpool/state/quotas.py) -------------
+    # User names are validated token users (vmpool.ids): fields and members, never keys.
+    @property
+    def quota_vms(self) -> str:
+        """Hash: user -> VMs the user holds or has in the making (the scripts' count)."""
+        return f"{self.prefix}:quota:vms"
+
+    @property
+    def quota_cores(self) -> str:
+        """Hash: user -> the cores of those VMs."""
+        return f"{self.prefix}:quota:cores"
+
+    @property
+    def quota_peak(self) -> str:
+        """Hash: ``vms:<user>``, ``cores:<user>`` -> the most the user ever held at once."""
+        return f"{self.prefix}:quota:peak"
+
+    @property
+    def quota_parked(self) -> str:
+        """Hash: request id -> its user, while the request waits for the user's quota."""
+        return f"{self.prefix}:quota:parked"
+
+    @property
+    def quota_parked_line(self) -> str:
+        """Zset: the parked requests -> their place in line (``line_at``)."""
+        return f"{self.prefix}:quota:parked:line"
+
+    @property
+    def quota_parked_users(self) -> str:
+        """Zset: ``<user>:<request id>`` of each parked request, all scored 0 (by name)."""
+        return f"{self.prefix}:quota:parked:users"
+
+    @property
+    def line_stats(self) -> str:
+        """Hash: the line's observed pace, which the ETA reads (vmpool/state/quotas.py)."""
+        return f"{self.prefix}:line:stats"
 
     @property
     def audit_result(self) -> str:

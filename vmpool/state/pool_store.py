@@ -32,6 +32,7 @@ from vmpool.ids import (
 from vmpool.state import reads
 from vmpool.state.keys import INDEXED_VM_STATES, Keys
 from vmpool.state.ops import Op
+from vmpool.state.quotas import NO_LIMITS, QuotaLimits
 from vmpool.state.records import AuditEntry, Outcome, VMRecord, decode_hash, text
 from vmpool.state.store_scripts import StoreScripts
 
@@ -43,7 +44,8 @@ class Checkout:
     """What a checkout did.
 
     ``vms`` (name, pool) handed out, or ``short`` naming the pool that had too few ready
-    VMs (then nothing was handed out). ``asked``: the caller's ``asked``, as the checkout
+    VMs (then nothing was handed out), or, refused for the owner's quota, what the owner
+    ``held`` of it. ``asked``: the caller's ``asked``, as the checkout
     that handed them out was given it (a repeat of an operation: the first call's).
     """
 
@@ -52,6 +54,7 @@ class Checkout:
     vms: tuple[tuple[str, str], ...] = ()
     short: str = ""
     asked: str = ""
+    held: int = 0  # refused for a quota (code quota_max_vms, quota_max_cores): held now
 
 
 @dataclass(frozen=True)
@@ -86,10 +89,13 @@ class PoolStore:
         size: int,
         data_ttl_s: float,
         actor: str,
+        cores: int = 1,
     ) -> Outcome:
+        """``cores``: of one VM of the pool (what its checkout or claim counts)."""
         validate_vm_name(name)
         validate_pool_name(pool)
         args = [name, pool, template, provider, domain or "", int(size), repr(float(data_ttl_s))]
+        args.append(int(cores))
         return self.scripts.run_on_vm(name, "pool_reserve", actor, args, request_id="")
 
     def recycle_vm(
@@ -111,29 +117,43 @@ class PoolStore:
         actor: str,
         asked: str = "",
         op: Op | None = None,
+        quota: QuotaLimits = NO_LIMITS,
     ) -> Checkout:
         """Hand out ready VMs of several pools to one client, all or nothing.
 
         ``asked``: what the caller asked in its own terms (opaque), returned in the
         Checkout. ``op``: the operation (:mod:`vmpool.state.ops`; None: one made for the
-        call). The other transitions below take ``op`` alike.
+        call). The other transitions below take ``op`` alike. ``quota``: the owner's
+        (refused ``quota_max_vms`` / ``quota_max_cores`` when the VMs would pass it).
         """
         wanted = ",".join(f"{validate_pool_name(p)}:{int(n)}" for p, n in counts.items() if n > 0)
-        args = [owner, owner_hash, repr(float(lifetime_s)), wanted, asked]
+        args = [owner, owner_hash, repr(float(lifetime_s)), wanted, asked, *quota.argv()[:2]]
         reply = self.scripts.run("checkout", [], actor, "", args, op)
         if int(reply[0]) != 1:
-            return Checkout(False, text(reply[1]), short=text(reply[2]) if len(reply) > 2 else "")
+            code = text(reply[1])
+            if code.startswith("quota_"):
+                return Checkout(False, code, held=int(reply[2]))
+            return Checkout(False, code, short=text(reply[2]) if len(reply) > 2 else "")
         items = [text(x) for x in reply[3:]]
         vms = tuple(zip(items[::2], items[1::2], strict=True))
         return Checkout(True, text(reply[1]), vms, asked=text(reply[2] or ""))
 
-    def claim_for_request(self, request_id: str, pools: Iterable[str], *, actor: str) -> Claim:
+    def claim_for_request(
+        self,
+        request_id: str,
+        pools: Iterable[str],
+        *,
+        actor: str,
+        quota: QuotaLimits = NO_LIMITS,
+    ) -> Claim:
+        """``quota``: the request's user's (as :meth:`Store.reserve_vm`'s)."""
         validate_request_id(request_id)
         lending = ",".join(validate_pool_name(p) for p in pools)
         if not lending:
             return Claim(False, "no_pools")
         keys = self.keys.request_script_keys(request_id)
-        reply = self.scripts.run("claim_for_request", keys, actor, request_id, [lending])
+        args = [lending, *quota.argv()]
+        reply = self.scripts.run("claim_for_request", keys, actor, request_id, args)
         if int(reply[0]) != 1:
             return Claim(False, text(reply[1]))
         return Claim(True, text(reply[1]), int(reply[2]), tuple(text(n) for n in reply[3:]))

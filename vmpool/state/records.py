@@ -88,9 +88,18 @@ class RequestSettings:
     max_vm_retries: int = 3
     vm_lifetime_s: float = 12 * 3600
     data_ttl_s: float = 168 * 3600
+    # ABS's priority (1 highest, 3 lowest); how far ahead of its arrival it places the
+    # request in line (vmpool.config.QuotaConfig.lead_s: 0 for priority 2); how far behind
+    # its user's previous waiting request of that priority (the round of fair share: the
+    # aging period; 0: none) (scripts/_line.lua)
+    priority: int = 2
+    lead_s: float = 0.0
+    round_s: float = 0.0
 
     @classmethod
-    def from_config(cls, config: Any, *, authenticated: bool = False) -> RequestSettings:
+    def from_config(
+        cls, config: Any, *, authenticated: bool = False, priority: int = 2
+    ) -> RequestSettings:
         return cls(
             ttl_s=float(config.ondemand_request_ttl_s),
             grace_s=float(config.ondemand_request_grace_s),
@@ -99,6 +108,9 @@ class RequestSettings:
                 config.vm_lifetime_auth_s if authenticated else config.vm_lifetime_s
             ),
             data_ttl_s=float(config.data_ttl_s),
+            priority=int(priority),
+            lead_s=float(config.quotas.lead_s(priority)),
+            round_s=float(config.quotas.priority_aging_s),
         )
 
 
@@ -153,6 +165,10 @@ class VMRecord:
     address: str = ""
     # on hold (it failed its ready check): kept until then for debugging
     hold_until: float | None = None
+    # the user whose quota it counts against while reserved, booting or running ('' for
+    # none), and its cores as counted
+    quota_user: str = ""
+    cores: int = 1
 
     @property
     def held_by_checkout(self) -> bool:
@@ -186,6 +202,8 @@ class VMRecord:
             disks=tuple(h["disk"].split(":")) if h.get("disk") else (),
             address=h.get("address", ""),
             hold_until=_float(h.get("hold_until")),
+            quota_user=h.get("quota_user", ""),
+            cores=int(h.get("cores", "1") or 1),
         )
 
 
@@ -217,6 +235,11 @@ class RequestRecord:
     token_user: str
     token_hash: str
     vm_names: tuple[str, ...] = field(default=())
+    # its priority, its place in line (scripts/_line.lua; its creation for a request
+    # made before places) and when its ETA at creation said it would be ready (None: none)
+    priority: int = 2
+    place: float = 0.0
+    eta_at: float | None = None
 
     @classmethod
     def from_hash(cls, h: Mapping[str, str], vm_names: Iterable[str] = ()) -> RequestRecord:
@@ -248,6 +271,9 @@ class RequestRecord:
             token_user=h.get("token_user", ""),
             token_hash=h.get("token_hash", ""),
             vm_names=tuple(sorted(vm_names)),
+            priority=int(h.get("priority", 2) or 2),
+            place=float(h.get("line_at") or h.get("created") or 0),
+            eta_at=_float(h.get("eta_at")),
         )
 
 

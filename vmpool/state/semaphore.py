@@ -12,7 +12,8 @@ A lease's life:
   with token 0: no lock of the VM exists yet.
 - Taken over by the VM's create (``lifecycle.create_vm``), under the VM's lock: its
   token is that lock's fencing token. The create gives it back when it is over,
-  however it ends.
+  however it ends (``release_to_line``: the requests whose turn it is then are
+  dispatched their provision at once).
 - Renewed by acquiring again with a token not older than the lease's. A create job
   that runs twice holds one slot, not two.
 - Kept alive while the provider call runs: ``renewing`` renews it every third of
@@ -88,7 +89,12 @@ class CloneSemaphore:
             raise ValueError(f"lease time must be positive, got {lease_s}")
         self.redis = redis_client
         self.key = keys.clone_slots
-        self._keys = [keys.clone_slots, keys.clone_slot_holders, keys.clone_slot_stats]
+        self._keys = [
+            keys.clone_slots,
+            keys.clone_slot_holders,
+            keys.clone_slot_stats,
+            keys.clone_slot_line,
+        ]
         self.limit = int(limit)
         self.lease_s = float(lease_s)
         self._script = redis_client.register_script(_script_text())
@@ -97,15 +103,49 @@ class CloneSemaphore:
     def _call(self, *args: str | int) -> object:
         return self._script(keys=self._keys, args=list(args))
 
-    def acquire(self, holder: str, token: int = 0) -> str | None:
+    def acquire(
+        self, holder: str, token: int = 0, line: tuple[str, float] | None = None
+    ) -> str | None:
         """Take the lease of VM ``holder`` with ``token``: its name, or None.
 
         Taking also renews a lease this holder has, or takes it over from an older token.
         ``token`` is the fence of the VM lock it is taken under (0 at a reservation). None when
-        no slot is free or a newer holder has it.
+        no slot is free or a newer holder has it. ``line``: the request the VM is reserved
+        for and its place in line: then a slot goes to it only in its turn, when fewer
+        requests ahead of it wait for one than slots are free; refused, it waits in line
+        for one (``Keys.clone_slot_line``) until reserve_vm takes it out.
         """
-        granted = self._call("acquire", holder, int(token), self.limit, repr(self.lease_s))
+        args: list[str | int] = [holder, int(token), self.limit, repr(self.lease_s)]
+        if line is None:
+            granted = self._call("acquire", *args)
+        else:
+            granted = self._call("acquire_in_line", *args, line[0], repr(float(line[1])))
         return holder if int(str(granted)) == 1 else None
+
+    def release_to_line(self, lease: str, token: int = 0) -> list[str] | None:
+        """:meth:`release`, and in the same script the requests whose turn it is then
+        (:meth:`turns`): None when no lease was dropped. The caller hands the freed slot
+        to the first in line at once."""
+        reply = self._call("release_to_line", lease, int(token), self.limit)
+        assert isinstance(reply, list)
+        if int(reply[0]) != 1:
+            return None
+        return [r.decode() if isinstance(r, bytes) else str(r) for r in reply[1:]]
+
+    def leave_line(self, request: str) -> None:
+        """The request waits for no clone slot any more (it can reserve nothing now: its
+        TTL is over, or it left pending), so it holds nobody back."""
+        self.redis.zrem(self._keys[3], request)
+
+    def turns(self) -> list[str]:
+        """The requests waiting for a clone slot whose turn it is: the first ones in line,
+        as many as slots are free (the pending sweep offers them the slots). Nobody in
+        line: one read, no script (a script writes: it drops expired leases first)."""
+        if not self.redis.exists(self._keys[3]):
+            return []
+        reply = self._call("turns", self.limit)
+        assert isinstance(reply, list)
+        return [r.decode() if isinstance(r, bytes) else str(r) for r in reply]
 
     def acquire_all(self, holders: Sequence[tuple[str, int]]) -> dict[str, bool]:
         """:meth:`acquire` for each (VM, token) of ``holders`` in turn, in one script.

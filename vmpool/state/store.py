@@ -29,6 +29,7 @@ from vmpool.state.keys import INDEXED_VM_STATES, Keys
 from vmpool.state.lua import ScriptPipeline
 from vmpool.state.ops import Op
 from vmpool.state.pool_store import PoolStore
+from vmpool.state.quotas import NO_LIMITS, QuotaLimits, QuotaStore
 from vmpool.state.records import (
     AuditEntry,
     Outcome,
@@ -61,6 +62,7 @@ class Store:
         self.scripts = StoreScripts(redis_client, keys)
         self.pools = PoolStore(redis_client, keys, self.scripts)
         self.tasks = VMTaskStore(redis_client, keys, self.scripts)
+        self.quotas = QuotaStore(redis_client, keys, self.scripts)
 
     # -- plumbing -------------------------------------------------------------------
     def _run(
@@ -93,6 +95,7 @@ class Store:
         token_user: str = ...,
         token_hash: str = ...,
         work_set: str | None = ...,
+        clone_limit: int = ...,
         pipeline: None = ...,
     ) -> Outcome: ...
 
@@ -107,6 +110,7 @@ class Store:
         token_user: str = ...,
         token_hash: str = ...,
         work_set: str | None = ...,
+        clone_limit: int = ...,
         pipeline: ScriptPipeline,
     ) -> Outcome | None: ...
 
@@ -120,12 +124,14 @@ class Store:
         token_user: str = "",
         token_hash: str = "",
         work_set: str | None = None,
+        clone_limit: int = 0,
         pipeline: ScriptPipeline | None = None,
     ) -> Outcome | None:
         """Create the request (pending, its first trail entry, its queue entries).
 
         ``work_set``: a work-set key (``Keys.work_set('provision_request')``) the id is
-        added to in the same unit (create_request.lua). ``pipeline``: add the script
+        added to in the same unit (create_request.lua). ``clone_limit``: the fleet's,
+        for the ETA the request is created with (0: unknown). ``pipeline``: add the script
         call to it instead of running it, and return None (its reply makes an Outcome
         with ``Outcome.from_reply``). A refusal made without Redis is returned all the
         same, and nothing is added.
@@ -144,6 +150,10 @@ class Store:
             *(repr(float(s)) for s in (settings.vm_lifetime_s, settings.data_ttl_s)),
             token_user,
             token_hash,
+            int(settings.priority),
+            repr(float(settings.lead_s)),
+            int(clone_limit),
+            repr(float(settings.round_s)),
         ]
         call = self.scripts.call("create_request", keys, actor, request_id, args)
         if pipeline is not None:
@@ -163,15 +173,13 @@ class Store:
         domain: str | None,
         actor: str,
         fence: int | None = None,
+        quota: QuotaLimits = NO_LIMITS,
     ) -> Outcome:
+        """``quota``: the request's user's (refused ``quota_max_vms`` / ``quota_max_cores``
+        unless all the request still needs fits it)."""
         validate_vm_name(name)
-        return self._run(
-            "reserve_vm",
-            request_id,
-            actor,
-            [name, alias, pool, template, provider, domain or "", self._fence(fence)],
-            vm_name=name,
-        )
+        args = [name, alias, pool, template, provider, domain or "", self._fence(fence)]
+        return self._run("reserve_vm", request_id, actor, [*args, *quota.argv()], vm_name=name)
 
     def vm_created(
         self, name: str, *, actor: str, fence: int | None = None, request_id: str | None = None

@@ -1,8 +1,9 @@
 """The store's one script registry: every transition script, registered with its preamble.
 
-Each store script is the rendered transition table, metric keys and wake-up keys
-(:func:`~vmpool.state.transitions.lua_tables`, :func:`~vmpool.state.counters.lua_metrics`,
-:func:`lua_wake`), then ``_prelude.lua``, then its own helpers (the work-set functions for
+Each store script is the rendered transition table, metric keys (the quotas' keys among
+them) and wake-up keys (:func:`~vmpool.state.transitions.lua_tables`,
+:func:`~vmpool.state.counters.lua_metrics`, :func:`lua_wake`), then ``_quota.lua`` and
+``_prelude.lua``, then its own helpers (the work-set and line functions for
 ``create_request``, ``_pool.lua`` for the warm-pool scripts), then its file. The KEYS
 layouts come from :class:`~vmpool.state.keys.Keys` (``request_script_keys``,
 ``vm_script_keys``). ARGV 1-4 are the same for every script (:meth:`StoreScripts.call`).
@@ -30,7 +31,14 @@ from vmpool.state.records import Outcome, text
 from vmpool.state.transitions import lua_tables
 from vmpool.state.workset import lua_workset
 
-__all__ = ["POOL_SCRIPTS", "POOL_VARIANTS", "REQUEST_SCRIPTS", "StoreScripts", "lua_wake"]
+__all__ = [
+    "POOL_SCRIPTS",
+    "POOL_VARIANTS",
+    "REQUEST_SCRIPTS",
+    "StoreScripts",
+    "lua_wake",
+    "prelude",
+]
 
 SCRIPTS_PACKAGE: Final = "vmpool.state.scripts"
 
@@ -45,6 +53,7 @@ REQUEST_SCRIPTS: Final = (
     "delete_request",
     "end_vm_lifetime",
     "vm_destroyed",
+    "quota_park",
 )
 # The store's VM transition -> its script for a warm-pool VM (no request).
 POOL_VARIANTS: Final[Mapping[str, str]] = {
@@ -83,11 +92,14 @@ class StoreScripts:
         self._redis = redis_client
         # The fleet's metric keys are rendered in (per prefix), as the table is: the
         # scripts count in the same unit as the transition they count.
-        self._prelude = lua_tables() + lua_metrics(keys) + lua_wake(keys) + _text("_prelude")
+        # The quotas' keys and counting (_quota.lua) come before the prelude, whose
+        # move_vm counts each VM's move for its user in the move's unit.
+        self._prelude = prelude(keys)
         pool_head = _text("_pool")
         self._heads = {name: pool_head for name in POOL_SCRIPTS}
-        # create_request adds the request to the provision work set in its unit.
-        self._heads["create_request"] = lua_workset()
+        # create_request adds the request to the provision work set in its unit, and
+        # records its ETA (the line's functions, _line.lua).
+        self._heads["create_request"] = lua_workset() + _text("_line")
         self._registered: dict[str, Script] = {}
         # How long the reply of a call made without a caller's operation id is kept.
         self.op_ttl_s = retry_window_s(redis_client)
@@ -169,6 +181,15 @@ class StoreScripts:
             script = POOL_VARIANTS.get(script, script)
         keys = self.keys.vm_script_keys(name, request_id)
         return Outcome.from_reply(self.run(script, keys, actor, request_id, args, op))
+
+
+def prelude(keys: Keys) -> str:
+    """The head every store script of ``keys``' fleet starts with.
+
+    The rendered transition table, metric, quota and wake-up keys, ``_quota.lua`` (whose
+    counting move_vm calls), ``_prelude.lua``.
+    """
+    return lua_tables() + lua_metrics(keys) + lua_wake(keys) + _text("_quota") + _text("_prelude")
 
 
 def lua_wake(keys: Keys) -> str:

@@ -34,6 +34,7 @@ from vmpool.api.parsing import (
     parse_json_body,
     read_body,
 )
+from vmpool.api.quotas import place_fields, request_priority
 from vmpool.api.responses import hot_reply, not_ok, reply
 from vmpool.config import Config
 from vmpool.ids import InvalidIdentifier, Job, validate_request_id
@@ -41,8 +42,9 @@ from vmpool.lifecycle.failpoints import failpoint
 from vmpool.lifecycle.plan import RequestRejected, plan_slots
 from vmpool.state import reads
 from vmpool.state.durability import confirm, confirm_async, confirmed_async
-from vmpool.state.lua import ScriptPipeline
+from vmpool.state.lua import ScriptPipeline, run_pipelined_async
 from vmpool.state.ops import Op
+from vmpool.state.quotas import Place
 from vmpool.state.records import Outcome, RequestRecord, RequestSettings, Slot
 from vmpool.state.store import Store
 from vmpool.state.tokens import TokenInfo
@@ -138,10 +140,12 @@ async def create_request(st: ApiState, wanted: Ondemand, token: TokenInfo | None
         slots = plan_slots(config, wanted.counts, st.rng)
     except RequestRejected as rejected:
         return refused(st.metrics, rejected, wanted.counts)
+    user = token.user if token else ""
+    priority = request_priority(st.config, user, wanted.priority, sum(s.count for s in slots))
     rid = wanted.request_id or wanted.keyed_id or str(uuid.uuid4())
     try:
         aio = st.clients.aio.get()
-        outcome = await _create_pipelined(st, aio, rid, slots, token)
+        outcome = await _create_pipelined(st, aio, rid, slots, token, priority)
         if outcome.code == "exists":
             # An id that exists is acknowledged (201 or 409) only once durable. An id the
             # API made up (uuid4, or the key's) can only exist if this very create ran
@@ -181,6 +185,7 @@ async def _create_pipelined(
     rid: str,
     slots: Sequence[Slot],
     token: TokenInfo | None,
+    priority: int,
 ) -> Outcome:
     """Create the request and start its provisioning in one round trip, awaited on the loop.
 
@@ -189,7 +194,9 @@ async def _create_pipelined(
     Only when a lane is free (none live) is one queued (RQ, in the thread pool).
     """
     user, sha = (token.user, token.sha256) if token else ("", "")
-    settings = RequestSettings.from_config(st.config, authenticated=token is not None)
+    settings = RequestSettings.from_config(
+        st.config, authenticated=token is not None, priority=priority
+    )
     pipe = ScriptPipeline()
     work_set = st.keys.work_set(Job.PROVISION_REQUEST)
     refused = st.store.create_request(
@@ -200,6 +207,7 @@ async def _create_pipelined(
         token_user=user,
         token_hash=sha,
         work_set=work_set,
+        clone_limit=st.config.ondemand_clone_limit,
         pipeline=pipe,
     )
     if refused is not None:
@@ -263,7 +271,7 @@ async def request_status(st: ApiState, rid: str) -> Response:
     """GET /ondemandvm/<id> awaited on the loop.
 
     One pipeline for the record and its VM set (MULTI/EXEC: one snapshot), one more for
-    the VMs' hashes when it is ready.
+    the VMs' hashes when it is ready, or for its place in line when it is pending.
     """
     if not _well_formed(rid):
         return _not_found(rid)
@@ -276,12 +284,18 @@ async def request_status(st: ApiState, rid: str) -> Response:
         await confirm_async(client)  # "not found" is shown too: not from a stale or demoted primary
         return _not_found(rid)
     hostnames: dict[str, list[str]] = {}
+    place: Place | None = None
     if record.status == "ready" and record.vm_names:
         pipe = client.pipeline(transaction=False)
         reads.queue_vms(pipe, st.keys, sorted(record.vm_names))
         hostnames = reads.hostnames_by_alias(reads.vms_from(await pipe.execute()))
+    elif record.status == "pending":  # where it stands: one read script
+        call = st.store.quotas.place_call(rid, st.config.ondemand_clone_limit)
+        # its round trip confirms what Redis holds, so all this call read, as below
+        place = Place.from_reply((await run_pipelined_async(client, [call]))[0])
+        return status_reply(rid, record, hostnames, place)
     await confirm_async(client)  # what is shown is durable (vmpool.state.durability)
-    return status_reply(rid, record, hostnames)
+    return status_reply(rid, record, hostnames, place)
 
 
 def _well_formed(rid: str) -> bool:
@@ -292,10 +306,17 @@ def _well_formed(rid: str) -> bool:
     return True
 
 
-def status_reply(rid: str, record: RequestRecord, hostnames: Mapping[str, list[str]]) -> Response:
+def status_reply(
+    rid: str,
+    record: RequestRecord,
+    hostnames: Mapping[str, list[str]],
+    place: Place | None = None,
+) -> Response:
     """The answer to GET /ondemandvm/<id>.
 
-    202 while pending. 200 once ready (with ``hostnames`` by alias), failed or deleted.
+    202 while pending, with where it stands (``place``: its position and ETA, vmpool's
+    fields beside vmpooler's). 200 once ready (with ``hostnames`` by alias), failed or
+    deleted.
     """
     body: dict[str, Any] = {"ok": True, "request_id": rid, "ready": False}
     if record.status == "ready":
@@ -317,6 +338,7 @@ def status_reply(rid: str, record: RequestRecord, hostnames: Mapping[str, list[s
         body["message"] = DELETED_MESSAGE
         return hot_reply(200, body)
     body.update(_progress(record))
+    body.update(place_fields(place))
     return hot_reply(202, body)
 
 

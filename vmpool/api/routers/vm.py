@@ -27,6 +27,7 @@ from vmpool.api.deps import REALM, ApiState, CheckoutToken, State, Token, counte
 from vmpool.api.errors import Rejected
 from vmpool.api.idempotency import CallKey, call_key
 from vmpool.api.parsing import parse_count, parse_json_body, read_body
+from vmpool.api.quotas import checkout_limits, over_quota_message
 from vmpool.api.responses import PrettyJSON, not_ok, reply
 from vmpool.api.routers.vm_tasks import ask
 from vmpool.api.vm_views import (
@@ -38,6 +39,7 @@ from vmpool.api.vm_views import (
 )
 from vmpool.ids import ANONYMOUS_USER, InvalidIdentifier, is_address, validate_vm_name
 from vmpool.state import reads
+from vmpool.state.pool_store import Checkout
 from vmpool.state.records import VMRecord
 from vmpool.state.tokens import TokenInfo
 from vmpool.state.transitions import VMState
@@ -107,27 +109,49 @@ def checkout(
         return not_ok(400, error=f"VM count must be at most {MAX_CHECKOUT}")
     wanted = _choose(st, counts)
     if wanted is None:
+        for name in counts:
+            pool = name if st.config.resolve_name(name) else "unknown"
+            st.metrics.checkout.labels("invalid", pool).inc()
         return not_ok(404)
     per_pool: dict[str, int] = {}
     for _, pool, n in wanted:
         per_pool[pool] = per_pool.get(pool, 0) + n
     lifetime = st.config.vm_lifetime_auth_s if token else st.config.vm_lifetime_s
+    user = token.user if token else ""
     out = st.store.pools.checkout(
         per_pool,
-        owner=token.user if token else "",
+        owner=user,
         owner_hash=token.sha256 if token else "",
         lifetime_s=lifetime,
         actor="api",
         asked=json.dumps(wanted),
-        op=key.op(token.user if token else ""),
+        op=key.op(user),
+        quota=checkout_limits(st.config, user),
     )
     if not out.ok:
         log.info("checkout of %s refused: %s %s", dict(per_pool), out.code, out.short)
-        return not_ok(503)
+        return _refused(st, out, per_pool, user)
+    for pool in per_pool:
+        st.metrics.checkout.labels("success", pool).inc()
     log.info("checked out %s%s", [n for n, _ in out.vms], f" to {token.user}" if token else "")
     hostnames = {vm.name: vm.hostname for vm in st.store.get_vms(n for n, _ in out.vms)}
     asked = [(str(a), str(p), int(n)) for a, p, n in json.loads(out.asked)] if out.asked else wanted
     return reply(200, checkout_body(asked, out.vms, st.config, hostnames))
+
+
+def _refused(st: ApiState, out: Checkout, per_pool: Mapping[str, int], user: str) -> Response:
+    """vmpooler's answer to a checkout that handed out nothing, counted by outcome.
+
+    503 ``{"ok": false}`` when a pool is short (vmpooler's ``checkout.empty``); 403 with
+    a message naming the quota when the VMs would pass the user's (``checkout.quota``).
+    """
+    if out.code.startswith("quota_"):
+        for pool in per_pool:
+            st.metrics.checkout.labels("quota", pool).inc()
+        asked = sum(per_pool.values())
+        return not_ok(403, message=over_quota_message(st.config, user, out.code, out.held, asked))
+    st.metrics.checkout.labels("empty", out.short if out.short in per_pool else "unknown").inc()
+    return not_ok(503)
 
 
 def _vm_name(hostname: str) -> str | None:

@@ -2,15 +2,17 @@
 -- transition tables (vmpool/state/transitions.py: REQUEST_EDGES, VM_EDGES), the metric
 -- block (vmpool/state/counters.py lua_metrics: METRIC_FINISHED, METRIC_READY_PREFIX,
 -- READY_BOUNDS, READY_FIELDS, READY_OVERFLOW, READY_SUM, METRIC_VMS,
--- POOL_FAILURES_PREFIX: the fleet's metric keys and the ready-time buckets) and this file to each script body, so every script enforces
--- the same table and counts into the same keys.
+-- POOL_FAILURES_PREFIX: the fleet's metric keys and the ready-time buckets), the
+-- quotas' keys and helpers (vmpool/state/quotas.py, _quota.lua: quota_move,
+-- observe_hist, observe_request_ready, quota_forget) and this file to each script body,
+-- so every script enforces the same table and counts into the same keys.
 --
 -- SWEEP_PARKED and SWEEP_WAKE (vmpool.state.store_scripts.lua_wake) are rendered in too.
 --
 -- Calling convention of every store script:
 --   KEYS[1] request hash      KEYS[2] request VM set    KEYS[3] request audit trail
 --   KEYS[4] request fence     KEYS[5] open-request index (zset, score = fail_at)
---   KEYS[6] provision queue (zset, score = created)
+--   KEYS[6] provision queue (zset, score = line_at: created less the priority's lead)
 --   KEYS[7] VM hash           KEYS[8] VM fence          (VM scripts only)
 --   ARGV[1] prefix of the per-pool VM indexes ("vmpool:pool:"; POOL:STATE appended)
 --   ARGV[2] prefix of VM hashes ("vmpool:vm:"; NAME appended)
@@ -235,8 +237,8 @@ local function wake_pending_sweep()
 end
 
 -- Moves a VM along one edge of VM_EDGES and keeps its pool index in step (and the
--- daily summary: count_vm_move; the pool's totals: count_made; a reservation wakes the
--- pending sweep: wake_pending_sweep).
+-- daily summary: count_vm_move; the pool's totals: count_made; its user's quota count:
+-- quota_move; a reservation wakes the pending sweep: wake_pending_sweep).
 -- Returns false (and changes nothing) when the edge does not exist.
 local function move_vm(vm_key, vm, to, now, score, reason)
   local from = vm.state
@@ -255,6 +257,7 @@ local function move_vm(vm_key, vm, to, now, score, reason)
   end
   count_vm_move(vm, from, to, now)
   count_made(vm, from, to)
+  quota_move(vm, from, to)
   if to == 'reserved' then
     wake_pending_sweep()
   end
@@ -276,19 +279,11 @@ local function fail_vm(vm, now, reason, hold_s)
   return to
 end
 
--- One observation of the ready-time histogram of a pool: the bucket of the smallest
--- bound at or above it (buckets are not cumulative here; the scrape adds them up).
+-- One observation of the ready-time histogram of a pool (observe_hist), and of the
+-- line's running average of the pool's ready time.
 local function observe_ready_time(pool, seconds)
-  local field = READY_OVERFLOW
-  for i, bound in ipairs(READY_BOUNDS) do
-    if seconds <= bound then
-      field = READY_FIELDS[i]
-      break
-    end
-  end
-  local key = METRIC_READY_PREFIX .. pool
-  redis.call('HINCRBY', key, field, 1)
-  redis.call('HINCRBYFLOAT', key, READY_SUM, fmt(seconds))
+  observe_hist(METRIC_READY_PREFIX .. pool, seconds)
+  line_average('ready:' .. pool, seconds)  -- the ETA's time from reservation to ready
 end
 
 -- Moves the request's status along one edge of REQUEST_EDGES, with its audit entry.
@@ -331,6 +326,7 @@ end
 local function close_request(ttl_s)
   redis.call('ZREM', KEYS[5], RID)
   redis.call('ZREM', KEYS[6], RID)
+  quota_forget(RID)
   local ms = math.floor(ttl_s * 1000)
   for i = 1, 4 do
     redis.call('PEXPIRE', KEYS[i], ms)
@@ -349,6 +345,7 @@ end
 
 local function fulfil(req, now)
   local v = set_status(req, 'ready', 'all VMs ready', now)
+  observe_request_ready(req, now)
   -- a ready request must outlive its VMs' lifetime before it becomes a tombstone
   close_request(tonumber(req.data_ttl) + tonumber(req.lifetime))
   return v

@@ -196,16 +196,20 @@ end
 
 -- Add the subjects ARGV[first..] (work_add.lua's ARGV): with `head` '' they are VMs
 -- (arrival now, no owner), else request ids, whose hash is head .. id .. tail: arrival
--- is the request's `created`, owner its `token_user`. Returns how many were added.
+-- is the request's place in line (`line_at`: its priority and its user's fair share
+-- are in it, _line.lua), with no owner, so requests are served in the order of their
+-- places; a request made before places has its `created` and its `token_user` as owner
+-- (served round-robin across users, as then). Returns how many were added.
 local function ws_add_subjects(W, head, tail, first)
   local stamp = ws_fmt(ws_now())
   local subjects, arrivals, owners = {}, {}, {}
   for i = first, #ARGV do
     local arrival, owner = stamp, ''
     if head ~= '' then
-      local rec = redis.call('HMGET', head .. ARGV[i] .. tail, 'created', 'token_user')
-      arrival = rec[1] or stamp
-      owner = rec[2] or ''
+      local rec = redis.call('HMGET', head .. ARGV[i] .. tail, 'created', 'token_user',
+        'line_at')
+      arrival = rec[3] or rec[1] or stamp
+      owner = (not rec[3] and rec[2]) or ''
     end
     subjects[#subjects + 1] = ARGV[i]
     arrivals[#arrivals + 1] = arrival

@@ -7,7 +7,11 @@
 -- ARGV: 1-4 as in _prelude.lua; 5 slots "alias:pool:n,alias:pool:n" (vmpooler's
 --   `requested` format); 6 ttl seconds; 7 grace seconds; 8 max_vm_retries;
 --   9 VM lifetime seconds; 10 data_ttl seconds; 11 token user ('' for none);
---   12 token hash ('' for none).
+--   12 token hash ('' for none); 13 priority (1 highest, 3 lowest; '' for 2);
+--   14 the priority's lead in seconds (vmpool.config.QuotaConfig.lead_s); 15 the fleet's
+--   clone limit (for its ETA; '' or 0: unknown); 16 the round of fair share in seconds
+--   (the aging period): its place in line is its arrival less the lead, and a round
+--   behind its user's previous request of its priority still waiting (_line.lua).
 -- Returns: {1, 'created', version} or {0, 'exists' | 'empty'}.
 -- Invariant: the request's data and its index entries appear in one unit, so no worker
 -- can see an id without its data (vmpooler ZADDs before it HSETs); an id that exists,
@@ -18,7 +22,8 @@
 -- The request is born pending at version 1 with its first trail entry (none -> pending,
 -- an edge of REQUEST_EDGES): the one HSET writes what set_status and audit would write
 -- with three more commands (fewer commands per script); the trail is new (no
--- key of the id exists), so it is a list from its first entry.
+-- key of the id exists), so it is a list from its first entry. Its ETA now (_line.lua)
+-- is kept (`eta_at`), so its error is measured when it turns ready (_quota.lua).
 if redis.call('EXISTS', KEYS[1], KEYS[2], KEYS[3], KEYS[4]) > 0 then
   return refuse('exists')
 end
@@ -41,6 +46,9 @@ end
 if not REQUEST_EDGES['none']['pending'] then
   return redis.error_reply('create_request: none -> pending is not an edge of REQUEST_EDGES')
 end
+local priority = tonumber(ARGV[13] or '') or 2
+local line_at = fmt(line_new_place(RID, ARGV[11], priority, now, tonumber(ARGV[14] or '') or 0,
+  tonumber(ARGV[16] or '') or 0, KEYS[6]))
 local deadline = now + tonumber(ARGV[6])
 local fail_at = deadline + tonumber(ARGV[7])
 local stamp = fmt(now)
@@ -50,7 +58,8 @@ local record = {
   'created', stamp, 'deadline', fmt(deadline), 'fail_at', fmt(fail_at),
   'requested', ARGV[5], 'need', need, 'have', 0, 'unreserved', need, 'retries', 0,
   'max_retries', ARGV[8], 'lifetime', ARGV[9], 'data_ttl', ARGV[10],
-  'token_user', ARGV[11], 'token_hash', ARGV[12], 'created_by', ACTOR}
+  'token_user', ARGV[11], 'token_hash', ARGV[12], 'created_by', ACTOR,
+  'priority', priority, 'line_at', line_at}
 for field, value in pairs(fields) do
   record[#record + 1] = field
   record[#record + 1] = value
@@ -58,8 +67,13 @@ end
 redis.call('HSET', KEYS[1], unpack(record))
 redis.call('RPUSH', KEYS[3], audit_entry('request', 'none', 'pending', version, 'created', now))
 redis.call('ZADD', KEYS[5], fmt(fail_at), RID)
-redis.call('ZADD', KEYS[6], stamp, RID)
+redis.call('ZADD', KEYS[6], line_at, RID)
 if KEYS[7] then
-  ws_add(ws_parts(KEYS[7]), RID, stamp, ARGV[11])
+  ws_add(ws_parts(KEYS[7]), RID, line_at, '')  -- served in the order of places
+end
+local placed = {requested = ARGV[5], need = need, unreserved = need, created = stamp}
+local _, eta = line_place(placed, RID, now, KEYS[6], POOL_PREFIX, tonumber(ARGV[15] or '') or 0)
+if eta then
+  redis.call('HSET', KEYS[1], 'eta_at', fmt(now + eta))
 end
 return {1, 'created', version}

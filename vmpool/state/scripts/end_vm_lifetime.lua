@@ -33,6 +33,6 @@ if req.status == 'pending' then
   redis.call('HINCRBY', KEYS[1], 'have', -1)
   redis.call('HINCRBY', KEYS[1], 'live:' .. slot, -1)
   redis.call('HINCRBY', KEYS[1], 'unreserved', 1)
-  redis.call('ZADD', KEYS[6], req.created, RID)
+  redis.call('ZADD', KEYS[6], line_score(req), RID)
 end
 return {1, 'completed', audit('vm:' .. vm.name, 'running', 'completed', why, now)}

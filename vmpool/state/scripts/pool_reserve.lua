@@ -3,7 +3,8 @@
 -- KEYS: the pool layout (_pool.lua).
 -- ARGV: 1-4 as in _prelude.lua (4 is ''); 5 VM name; 6 pool; 7 template (the pool's runtime
 --   template wins: pool_template); 8 provider;
---   9 domain ('' for none); 10 the pool's size; 11 data_ttl seconds.
+--   9 domain ('' for none); 10 the pool's size; 11 data_ttl seconds; 12 the cores of
+--   one VM of the pool (what a checkout or claim of it counts against its user's quota).
 -- Returns: {1, 'reserved', version} or {0, 'name_taken' | 'pool_full'}.
 -- Invariant: a pool never holds more warm VMs (ready, plus its own reserved and
 -- booting) than its size, however many top-up jobs run at once; a VM name is unique
@@ -23,6 +24,7 @@ if ARGV[9] ~= '' then
 end
 redis.call('HSET', KEYS[7], 'name', name, 'request_id', '', 'alias', pool, 'pool', pool,
   'template', pool_template(pool, ARGV[7]), 'provider', ARGV[8], 'hostname', hostname, 'attempt', 1,
-  'reserved_at', fmt(now), 'data_ttl', ARGV[11], 'state', 'none', 'version', 0)
+  'reserved_at', fmt(now), 'data_ttl', ARGV[11], 'state', 'none', 'version', 0,
+  'cores', tonumber(ARGV[12] or '') or 1)
 move_vm(KEYS[7], {name = name, pool = pool, state = 'none'}, 'reserved', now, now, '')
 return {1, 'reserved', audit('vm:' .. name, 'none', 'reserved', 'reserved for the pool', now)}

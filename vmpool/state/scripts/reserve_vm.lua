@@ -2,15 +2,22 @@
 -- KEYS: 1-8 as in _prelude.lua.
 -- ARGV: 1-4 as in _prelude.lua; 5 VM name; 6 alias; 7 pool; 8 template (the pool's
 --   runtime template wins: pool_template); 9 provider;
---   10 domain ('' for none); 11 fencing token of the request's lock ('' for none).
+--   10 domain ('' for none); 11 fencing token of the request's lock ('' for none);
+--   12 the user's max_vms, 13 max_cores ('' for no limit); 14 the cores of one VM of
+--   each pool ("pool=n,...", a pool not named counts 1) (vmpool/state/quotas.py).
 -- Returns: {1, 'reserved', version} or {0, 'no_request' | 'stale_fence' |
---   'request_<status>' | 'past_deadline' | 'no_such_slot' | 'slot_full' | 'name_taken'}.
+--   'request_<status>' | 'past_deadline' | 'no_such_slot' | 'slot_full' | 'name_taken'
+--   | 'quota_max_vms' | 'quota_max_cores'}.
 -- Invariant: a request never has more live VMs in a slot than it asked for; a VM name
 -- is unique across the fleet (a record, tombstones included, is never reused; the one
 -- EXISTS on the record also covers the trails naming it, because a tombstone is kept
 -- at least as long as its request's trail: keep_tombstone, close_request); nothing
 -- is reserved for a request that is not pending or whose TTL has passed; a paused lock
--- holder whose lock was granted again is refused.
+-- holder whose lock was granted again is refused. The request's user never holds more
+-- VMs (or cores) than their quota (_quota.lua counts the VM in this unit), and a
+-- request reserves only while all it still needs fits (held + its unreserved VMs): so
+-- requests of one user that each hold part of their VMs are never all stuck waiting for
+-- each other (the last one to reserve has room for its rest).
 local req = load_hash(KEYS[1])
 if not req then
   return refuse('no_request')
@@ -36,6 +43,18 @@ end
 if redis.call('EXISTS', KEYS[7]) == 1 then
   return refuse('name_taken')
 end
+local user = req.token_user or ''
+local over = quota_over(user, tonumber(req.unreserved), quota_missing_cores(req, ARGV[14]),
+  ARGV[12], ARGV[13])
+if over ~= '' then
+  return refuse('quota_' .. over)
+end
+local cores = 1
+for pool, n in string.gmatch(ARGV[14] or '', '([^=,]+)=(%d+)') do
+  if pool == ARGV[7] then
+    cores = tonumber(n)
+  end
+end
 local name = ARGV[5]
 local hostname = name
 if ARGV[10] ~= '' then
@@ -44,11 +63,15 @@ end
 redis.call('HSET', KEYS[7], 'name', name, 'request_id', RID, 'alias', ARGV[6],
   'pool', ARGV[7], 'template', pool_template(ARGV[7], ARGV[8]), 'provider', ARGV[9], 'hostname', hostname,
   'attempt', tonumber(req.retries) + 1, 'reserved_at', fmt(now),
-  'data_ttl', req.data_ttl, 'request_created', req.created, 'state', 'none')
-move_vm(KEYS[7], {name = name, pool = ARGV[7], state = 'none'}, 'reserved', now, now, '')
+  'data_ttl', req.data_ttl, 'request_created', req.created, 'state', 'none',
+  'quota_user', user, 'cores', cores)
+move_vm(KEYS[7], {name = name, pool = ARGV[7], state = 'none', quota_user = user, cores = cores},
+  'reserved', now, now, '')
 redis.call('SADD', KEYS[2], name)
 redis.call('HINCRBY', KEYS[1], 'live:' .. slot, 1)
 if redis.call('HINCRBY', KEYS[1], 'unreserved', -1) <= 0 then
   redis.call('ZREM', KEYS[6], RID)
+  slot_line_leave(RID)
 end
+line_started(KEYS[1], KEYS[6], now)
 return {1, 'reserved', audit('vm:' .. name, 'none', 'reserved', 'reserved', now)}

@@ -39,5 +39,5 @@ if tonumber(req.retries) >= tonumber(req.max_retries) then
 end
 redis.call('HINCRBY', KEYS[1], 'retries', 1)
 redis.call('HINCRBY', KEYS[1], 'unreserved', 1)
-redis.call('ZADD', KEYS[6], req.created, RID)
+redis.call('ZADD', KEYS[6], line_score(req), RID)
 return {1, 'retry', v}
