@@ -302,8 +302,8 @@ class FleetMachine(RuleBasedStateMachine):
           pool=st.sampled_from(POOLS), priority=st.sampled_from((1, 2, 3)))  # fmt: skip
     def post_request(self, user: str, head: str, n: int, pool: str, priority: int) -> None:
         """POST /ondemandvm: a request joins the provision work set in its unit, at the
-        place the policy gives it; none later than its arrival plus a round per request
-        of its user waiting ahead at its priority (bounded: no request starves)."""
+        place the policy gives it; none later than its arrival (less its priority's
+        lead) or a round behind its user's last waiting request of its priority."""
         rid = f"{head}-{len(self.requests)}"
         in_line = self._line()
         settings = RequestSettings.from_config(self.fleet.config, priority=priority)
@@ -317,8 +317,12 @@ class FleetMachine(RuleBasedStateMachine):
         expected = self.order.posted(rid, req.created, user, priority, in_line)
         if abs(req.place - expected) > 1e-5:
             self.problems.append(f"{rid} placed at {req.place}, the policy places it {expected}")
+        # Fair share's bound, from the line alone: no later than a round behind the last
+        # place of its user's requests of its priority still waiting (their count is no
+        # bound: a request that left the line keeps the round it gave the ones behind it).
         ahead = [r for r in in_line if self.order.line_of.get(r) == (user, priority)]
-        bound = req.created - (2 - priority) * ROUND_S + len(ahead) * ROUND_S
+        arrival = req.created - (2 - priority) * ROUND_S
+        bound = max([arrival] + [self.order.place[r] + ROUND_S for r in ahead])
         if req.place > bound + 1e-5:
             self.problems.append(f"{rid} placed past its bound {bound} ({len(ahead)} ahead)")
         self._added(rid)
