@@ -28,6 +28,7 @@ from pathlib import Path
 
 import pytest
 import redis
+from fastapi.testclient import TestClient
 from rq.job import Job as RQJob
 from rq.job import JobStatus
 from sentinelhelp import HOST, Node, wait_for
@@ -301,3 +302,23 @@ def test_a_job_whose_writes_are_not_confirmed_fails(pair: tuple[Node, Node]) -> 
     assert "WriteNotConfirmed" in str(job.latest_result().exc_string)
     reserved = primary.client().hget(f"vmpool:request:{{{rid}}}", "unreserved")
     assert reserved == b"0", reserved  # written on the primary, not acknowledged
+
+
+def test_an_api_call_refused_at_its_end_is_one_503_and_no_error(pair: tuple[Node, Node]) -> None:
+    """A call whose writes cannot be confirmed (the replica stopped: a DELETE's script
+    ran on the primary) is answered 503 and nothing more: the unit's end does not raise
+    again into the server after the refusal went out. Red before, when uvicorn logged
+    "Exception in ASGI application" for such calls in a planned switch."""
+    primary, replica = pair
+    config = dataclasses.replace(spec_config(), redis_options=options(0.5))
+    _, app = make_client(config, url_of(primary))
+    client = TestClient(app)  # raises what reaches the server
+    rid = client.post(f"{API}/ondemandvm", json={"pool3": 1}).json()["request_id"]
+    assert replica.pid is not None
+    os.kill(replica.pid, signal.SIGSTOP)
+    try:
+        reply = client.delete(f"{API}/ondemandvm/{rid}")
+    finally:
+        os.kill(replica.pid, signal.SIGCONT)
+    assert reply.status_code == 503, reply.text
+    assert reply.json()["ok"] is False

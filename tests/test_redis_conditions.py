@@ -11,6 +11,8 @@ scheduler exited.
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -67,3 +69,36 @@ def test_a_script_error_in_a_pipeline_is_still_no_outage(lonely_primary: Node) -
             pipe.execute()
     assert "of pipeline caused error" in str(raised.value)
     assert classify(raised.value) is None
+
+
+def test_a_block_ended_by_a_demotion_is_a_failover(tmp_path: Path) -> None:
+    """A worker blocked on its wake-up list (BLPOP) when its primary becomes a replica gets
+    ``UNBLOCKED ... instance state changed (master -> replica?)``. It is the failover's
+    READ_ONLY, waited out: red before, when the workers of a planned switch stopped on
+    it (the chaos soak's restarts)."""
+    node = Node("primary", free_port(), tmp_path, ["--save", ""]).start()
+    other = Node("other", free_port(), tmp_path, ["--save", ""]).start()
+    try:
+        with node.client() as blocked, node.client() as admin:
+            errors: list[BaseException] = []
+
+            def block() -> None:
+                try:
+                    blocked.blpop(["rq:queue:vmpool-vms:wake"], timeout=20)
+                except redis.RedisError as exc:
+                    errors.append(exc)
+
+            thread = threading.Thread(target=block)
+            thread.start()
+            deadline = time.monotonic() + 10
+            while int(admin.info("clients")["blocked_clients"]) == 0:
+                assert time.monotonic() < deadline, "the BLPOP never blocked"
+                time.sleep(0.01)
+            admin.replicaof("127.0.0.1", other.port)
+            thread.join(15)
+        assert errors and str(errors[0]).startswith("UNBLOCKED"), errors
+        assert classify(errors[0]) is RedisCondition.READ_ONLY
+        assert redis_unusable(errors[0]) is RedisCondition.READ_ONLY
+    finally:
+        node.stop()
+        other.stop()

@@ -58,8 +58,14 @@ class ConfirmedCalls:
                     return
             await send(message)
 
-        async with confirmed_async(client):
-            await self.app(scope, receive, confirmed_send)
+        try:
+            async with confirmed_async(client):
+                await self.app(scope, receive, confirmed_send)
+        except redis.RedisError:
+            if not refused:
+                raise
+            # The refusal is the answer: the unit's end met what its start met, and
+            # nothing of the call was acknowledged.
 
 
 def install_confirmed_calls(app: FastAPI, clients: LoopClients) -> None:

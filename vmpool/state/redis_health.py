@@ -3,7 +3,8 @@
 A Redis that answers PING may still refuse every write:
 
 - it is full (``maxmemory`` reached under ``noeviction``: OOM)
-- it is a replica (READONLY: a failover moved the primary)
+- it is a replica (READONLY: a failover moved the primary; UNBLOCKED: a blocking
+  read ended because its server became one)
 - it lacks the replicas ``min-replicas-to-write`` asks for (NOREPLICAS)
 - a write's durability cannot be confirmed
   (:class:`~vmpool.state.durability.WriteNotConfirmed`).
@@ -79,6 +80,8 @@ def classify(exc: BaseException) -> RedisCondition | None:
         if head == "NOREPLICAS":
             return RedisCondition.NO_REPLICAS
         if head == "MASTERDOWN":  # a replica that lost its primary (serve-stale-data no)
+            return RedisCondition.READ_ONLY
+        if head == "UNBLOCKED":  # a blocking read (BLPOP) ended: its server became a replica
             return RedisCondition.READ_ONLY
     return None
 
