@@ -86,6 +86,7 @@ class Harness(Protocol):
 
     rng: random.Random
     stop: threading.Event
+    probe_headers: dict[str, str]  # what the served-after probe sends (a token when auth is on)
 
     def record_outage(self, down: float, up: float) -> None: ...
 
@@ -233,7 +234,7 @@ class SingleRedis(Topology):
         assert self.proxy is not None
         at = time.time()
         frozen = self.proxy.freeze()
-        served = served_after(h.api_ports(), at, h.stop)
+        served = served_after(h.api_ports(), at, h.stop, h.probe_headers)
         return Outcome("freeze_connections", at, "proxy", note=f"{frozen} connections",
                        figures={"served_after_s": served})  # fmt: skip
 
@@ -247,7 +248,7 @@ class SingleRedis(Topology):
             self.proxy.resume()
         thaw = time.time()
         h.record_outage(at, thaw)
-        served = served_after(h.api_ports(), thaw, h.stop)
+        served = served_after(h.api_ports(), thaw, h.stop, h.probe_headers)
         return Outcome("stall_redis", at, "proxy", thaw - at,
                        figures={"served_after_s": served})  # fmt: skip
 
@@ -264,7 +265,7 @@ class SingleRedis(Topology):
         freed = time.time()
         h.record_outage(at, freed)
         ready = ready_again(h.api_ports(), freed, h.stop)
-        served = served_after(h.api_ports(), freed, h.stop)
+        served = served_after(h.api_ports(), freed, h.stop, h.probe_headers)
         return Outcome("redis_full", at, "redis", freed - at,
                        figures={"ready_after_s": ready, "served_after_s": served})  # fmt: skip
 
@@ -277,7 +278,7 @@ class SingleRedis(Topology):
         up = time.time()
         h.record_outage(at, up)
         kept = self.canary_kept(value)
-        served = served_after(h.api_ports(), up, h.stop)
+        served = served_after(h.api_ports(), up, h.stop, h.probe_headers)
         return Outcome("power_loss", at, "redis", up - at, note=f"{cut} bytes cut",
                        figures={"served_after_s": served, "aof_bytes_cut": cut},
                        lost_canary=not kept)  # fmt: skip
@@ -337,7 +338,7 @@ class SentinelRedis(Topology):
         writable = self.wait_writable()
         h.record_outage(at, writable)
         kept = self.canary_kept(value)
-        served = served_after(h.api_ports(), promoted, h.stop)
+        served = served_after(h.api_ports(), promoted, h.stop, h.probe_headers)
         after_writable = None if served is None else round(served - (writable - promoted), 2)
         note = f"{old.name} -> {new.name}"
         if stalled:
@@ -359,7 +360,7 @@ class SentinelRedis(Topology):
         writable = self.wait_writable()
         h.record_outage(at, writable)
         kept = self.canary_kept(value)
-        served = served_after(h.api_ports(), at, h.stop)
+        served = served_after(h.api_ports(), at, h.stop, h.probe_headers)
         return Outcome("planned_switch", at, old.name, writable - at,
                        note=f"{old.name} -> {new.name}", lost_canary=not kept,
                        figures={"promoted_after_s": round(promoted - at, 2),
@@ -380,7 +381,7 @@ class SentinelRedis(Topology):
         writable = self.wait_writable()
         h.record_outage(at, writable)
         kept = self.canary_kept(value)
-        served = served_after(h.api_ports(), at, h.stop)
+        served = served_after(h.api_ports(), at, h.stop, h.probe_headers)
         return Outcome("switchover", at, outcome["old_primary"], ended - at,
                        note=f"{outcome['old_primary']} -> {outcome['new_primary']}",
                        lost_canary=not kept,
@@ -403,7 +404,7 @@ class SentinelRedis(Topology):
         writable = self.wait_writable()
         h.record_outage(at, writable)
         kept = self.canary_kept(value)
-        served = served_after(h.api_ports(), healed, h.stop)
+        served = served_after(h.api_ports(), healed, h.stop, h.probe_headers)
         moved = self.group.master_port() != old.port
         return Outcome("partition", at, old.name, healed - at, lost_canary=not kept,
                        note=f"{old.name}, {replica.name} cut off; failover: {moved}",
@@ -427,9 +428,11 @@ def make_topology(name: str, root: Path, *, redis_faults: bool) -> Topology:
 # -- what a client sees ----------------------------------------------------------------
 
 
-def _http(method: str, url: str, body: dict[str, Any] | None = None) -> tuple[int, Any]:
+def _http(
+    method: str, url: str, body: dict[str, Any] | None = None, headers: dict[str, str] | None = None
+) -> tuple[int, Any]:
     data = None if body is None else json.dumps(body).encode()
-    request = urllib.request.Request(url, data=data, method=method)
+    request = urllib.request.Request(url, data=data, method=method, headers=headers or {})
     try:
         with urllib.request.urlopen(request, timeout=10) as resp:
             return resp.status, json.loads(resp.read() or b"{}")
@@ -439,10 +442,12 @@ def _http(method: str, url: str, body: dict[str, Any] | None = None) -> tuple[in
         return 0, {}
 
 
-def served_after(ports: list[int], since: float, stop: threading.Event) -> float | None:
+def served_after(
+    ports: list[int], since: float, stop: threading.Event, headers: dict[str, str]
+) -> float | None:
     """Seconds from ``since`` until a request created now is ready (POST retried with
-    its own id until created, GET until ready; then deleted). None: not within the
-    bound, or the run ended first."""
+    its own id until created, GET until ready; then deleted), each call with
+    ``headers``. None: not within the bound, or the run ended first."""
     rid = str(uuid.uuid4())
     base = f"http://127.0.0.1:{ports[0]}/api/v3/ondemandvm"
     deadline = time.monotonic() + SERVED_TIMEOUT_S
@@ -450,10 +455,10 @@ def served_after(ports: list[int], since: float, stop: threading.Event) -> float
     while not stop.is_set() and time.monotonic() < deadline and not ready:
         if not created:
             tried = True  # a 503 may have created it all the same
-            status, _ = _http("POST", base, {"debian": 1, "request_id": rid})
+            status, _ = _http("POST", base, {"debian": 1, "request_id": rid}, headers)
             created = status in (201, 409)
         if created:
-            status, body = _http("GET", f"{base}/{rid}")
+            status, body = _http("GET", f"{base}/{rid}", None, headers)
             ready = status == 200 and body.get("ready") is True
         if not ready:
             time.sleep(0.2)
@@ -462,7 +467,7 @@ def served_after(ports: list[int], since: float, stop: threading.Event) -> float
         took = float("nan")  # cut short by the end of the run: not measured
     release = time.monotonic() + 60  # given back even when the run ends: its VM must go
     while tried and time.monotonic() < release:
-        if _http("DELETE", f"{base}/{rid}")[0] in (200, 404):
+        if _http("DELETE", f"{base}/{rid}", None, headers)[0] in (200, 404):
             break
         time.sleep(0.2)
     return None if took is None else round(took, 2)  # NaN stays NaN

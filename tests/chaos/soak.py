@@ -57,6 +57,7 @@ import time
 import urllib.error
 import urllib.request
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -131,6 +132,8 @@ VM_LIFETIME_S = 90.0  # a checkout whose answer was lost is reaped after this
 # with a random priority (soak1 may not ask 1: refused); soak0's quota is small enough
 # that its requests wait for it, and the audit's invariant 11 must hold at the end.
 QUOTA_USERS = {"soak0": 3, "soak1": 5, "soak2": None, "soak3": None}
+# The Redis faults' served-after probe posts as this user: a quota of its own, never full.
+PROBE_USER = "probe"
 QUOTA_SECTIONS = """\
 :auth:
   provider: static
@@ -141,6 +144,7 @@ QUOTA_SECTIONS = """\
   users:
     soak0: {{max_vms: 3}}
     soak1: {{max_vms: 5, priority: 2}}
+    probe: {{max_vms: 100}}
 """
 
 CONFIG = """\
@@ -314,7 +318,7 @@ def _quota_sections() -> str:
     from vmpool.state.tokens import hash_password
 
     secret = hash_password("soak", iterations=1000)
-    users = ", ".join(f'{user}: "{secret}"' for user in QUOTA_USERS)
+    users = ", ".join(f'{user}: "{secret}"' for user in [*QUOTA_USERS, PROBE_USER])
     return QUOTA_SECTIONS.format(users=users)
 
 
@@ -624,6 +628,7 @@ class Nemesis:
         self.redis_outcomes: list[redis_faults.Outcome] = []
         self.findings: list[Finding] = []
         self.stop = threading.Event()
+        self.probe_headers: dict[str, str] = {}
         self.thread = threading.Thread(target=self._run, daemon=True)
 
     def start(self) -> None:
@@ -1000,7 +1005,7 @@ def run_soak(opts: SoakOptions, command: str = "") -> SoakReport:
                 seed=opts.seed,
                 rate_per_s=opts.rate,
                 max_requests=opts.requests,
-                tokens=_tokens(cluster) if opts.target == "vmpool" else (),
+                tokens=_tokens(cluster, list(QUOTA_USERS)) if opts.target == "vmpool" else (),
                 priorities=opts.target == "vmpool",
             )
         )
@@ -1008,6 +1013,8 @@ def run_soak(opts: SoakOptions, command: str = "") -> SoakReport:
             warm = WarmClient(WarmOptions(ports=cluster.api_ports, pools=WARM_POOLS,
                                           seed=opts.seed, lifetime_s=VM_LIFETIME_S))  # fmt: skip
         nemesis = Nemesis(cluster, opts)
+        if opts.target == "vmpool":  # auth is on: the probe posts with a token
+            nemesis.probe_headers = {"X-AUTH-TOKEN": _tokens(cluster, [PROBE_USER])[0]}
         moves: dict[tuple[str, float], float] = {}  # (job, due) -> move time
         load_started = time.monotonic()
         client.start()
@@ -1143,14 +1150,14 @@ def run_soak(opts: SoakOptions, command: str = "") -> SoakReport:
     return report
 
 
-def _tokens(cluster: Cluster) -> list[str]:
-    """A token of each soak user, minted in the fleet's Redis (before the load)."""
+def _tokens(cluster: Cluster, users: Sequence[str]) -> list[str]:
+    """A token of each of ``users``, minted in the fleet's Redis (before the load)."""
     from vmpool.state.tokens import TokenStore
 
     conn = cluster.admin(decode=True)
     try:
         tokens = TokenStore(conn, cluster.keys)
-        return [tokens.create(user) for user in QUOTA_USERS]
+        return [tokens.create(user) for user in users]
     finally:
         conn.close()
 
