@@ -54,8 +54,8 @@ def test_a_post_is_one_round_trip_and_lands_in_the_work_set(
     assert work.size("provision_request") == LANES + 1
     record = Store(redis_client, keys).get_request(rid)
     assert record is not None and record.status == "pending" and record.version == 1
-    # its place in line is its arrival
-    assert redis_client.zscore(keys.work_set("provision_request"), rid) == record.created
+    # served in the order of places: its place in line (vmpool/state/scripts/_line.lua)
+    assert redis_client.zscore(keys.work_set("provision_request"), rid) == record.place
 
 
 def test_a_post_after_a_script_flush_still_creates_and_dispatches(
@@ -79,9 +79,9 @@ def test_create_request_adds_to_the_work_set_only_when_it_creates(
     redis_client: redis.Redis, keys: Keys
 ) -> None:
     """Proves: create_request.lua's optional work-set key gets the id in the unit that
-    creates the request, claimable at once, in line at its arrival (its `created`)
-    under its token user, and a refused create (the id exists) adds nothing and leaves
-    a claimed entry alone."""
+    creates the request, claimable at once, at its place in line (fair share between
+    users is in the place, so every request is in the one queue), and a refused create
+    (the id exists) adds nothing and leaves a claimed entry alone."""
     store = Store(redis_client, keys)
     work_set = keys.work_set("provision_request")
     settings = RequestSettings(ttl_s=60)
@@ -89,9 +89,10 @@ def test_create_request_adds_to_the_work_set_only_when_it_creates(
     out = store.create_request("r1", slots, settings, actor="t", token_user="ann",
                                work_set=work_set)  # fmt: skip
     assert out.ok
-    created = store.get_request("r1").created  # type: ignore[union-attr]
-    assert redis_client.zscore(work_set, "r1") == created
-    assert redis_client.zscore(keys.work_queue("provision_request", "ann"), "r1") == created
+    place = store.get_request("r1").place  # type: ignore[union-attr]
+    assert redis_client.zscore(work_set, "r1") == place
+    assert redis_client.zscore(keys.work_queue("provision_request", ""), "r1") == place
+    assert redis_client.zscore(keys.work_queue("provision_request", "ann"), "r1") is None
     work = WorkSet(redis_client, keys)
     claim = work.claim("provision_request", 5, lease_s=60)  # claimed by a batch job
     assert claim.subjects == ["r1"]

@@ -49,6 +49,7 @@ def test_every_command_takes_the_shared_options() -> None:
         "config schema",
         "request create",
         "request get",
+        "request show",
         "request delete",
         "request history",
         "pools",
