@@ -365,6 +365,34 @@ def test_sigterm_stops_the_worker_within_5_s(
         worker.kill()
 
 
+def _stopped(pid: int) -> bool:
+    """The process is stopped (SIGSTOP): its state in /proc is T."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return stat[stat.rindex(")") + 2] == "T"
+
+
+def test_sigterm_while_the_worker_starts_stops_it_cleanly(
+    tmp_path: Path, redis_url: str, conn: redis.Redis
+) -> None:
+    """Proves: a SIGTERM that arrives while the worker starts (registered, before RQ
+    installs its signal handlers at the end of its start) ends it with exit 0 and its
+    registration removed, where the default action killed it (-15) and left the
+    registration behind. The worker stops itself (SIGSTOP) at the failpoint inside its
+    start; the SIGTERM sent then waits, unless its action is the default, which kills a
+    stopped process at once; SIGCONT lets it go on."""
+    env = worker_env(tmp_path, redis_url, VMPOOL_FAILPOINTS="worker.start=stop")
+    worker = start_worker(tmp_path, env)
+    try:
+        wait_for(lambda: _stopped(worker.proc.pid), START_S, "the worker to stop in its start")
+        assert Worker.all(connection=conn), "registered before the failpoint"
+        os.kill(worker.proc.pid, signal.SIGTERM)
+        os.kill(worker.proc.pid, signal.SIGCONT)
+        assert worker.wait(JOB_S) == 0, worker.text()
+        assert Worker.all(connection=conn) == []
+    finally:
+        worker.kill()
+
+
 def test_the_command_thread_notices_a_stop_within_its_wait(redis_url: str) -> None:
     """Proves: the thread that listens for commands to the worker ends within
     PUBSUB_WAIT_S (and 3 s) of being stopped while it waits with nothing to read, the state that

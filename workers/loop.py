@@ -21,6 +21,7 @@ The alive file (:class:`AliveFile`) is the loop's liveness signal for Kubernetes
 from __future__ import annotations
 
 import logging
+import signal
 import threading
 import time
 from collections.abc import Callable
@@ -231,10 +232,25 @@ class SteadyLoop(WorkerHooks):
         else:
             self.outage.back()
 
+    def bootstrap(self, *args: Any, **kwargs: Any) -> None:
+        """RQ's start, a stop asked during it kept for the loop's first turn.
+
+        RQ installs its signal handlers once its start is over (registered, subscribed):
+        a SIGTERM before that took the default action, killing the worker with its
+        registration left behind. Its own handlers replace this one after the start.
+        """
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(signum, self._stop_at_start)
+        super().bootstrap(*args, **kwargs)
+
+    def _stop_at_start(self, signum: int, frame: FrameType | None) -> None:
+        self.stop_requested = True  # RQ's loop stops at the top of its first turn
+
     def subscribe(self) -> None:
         # RQ's, with the thread's wait PUBSUB_WAIT_S instead of 60 s: RQ's teardown stops
         # the thread and (redis-py 8.2) waits for it to end, which it does only once its
         # wait is over. Its errors go to pubsub_error, as RQ's do.
+        failpoint("worker.start")
         self.log.info("Worker %s: subscribing to channel %s", self.name, self.pubsub_channel_name)
         self.pubsub = self.connection.pubsub()  # type: ignore[no-untyped-call]
         self.pubsub.subscribe(**{self.pubsub_channel_name: self.handle_payload})
