@@ -24,7 +24,7 @@ import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from vmpool.ids import InvalidIdentifier, Job, validate_vm_name
+from vmpool.ids import VM_NAME_RE, Job
 from vmpool.lifecycle.failpoints import failpoint
 from vmpool.lifecycle.failures import boot_failed_noted
 from vmpool.lifecycle.fleet import Fleet, after_vm_failed, dispatch_released, note_outcome
@@ -36,6 +36,7 @@ from vmpool.state.records import VMRecord
 from vmpool.state.transitions import VMState
 
 __all__ = [
+    "Answers",
     "Booting",
     "Listing",
     "apply_listing",
@@ -152,33 +153,39 @@ def _hostname(vm: VMRecord, held: ProviderVM) -> str:
 
 @dataclass(frozen=True)
 class Booting:
-    """A pending VM as its pool's index holds it.
+    """A pool's pending VMs as its index holds them, oldest first.
 
-    ``since`` is the score, when it went pending. It is all the pending sweep reads of
-    it before a cloud answer is due."""
+    ``lagged`` / ``timed_out``: how many of the first went pending at least the list lag
+    of the pool's provider / the pool's timeout before the listing's ``now`` (the
+    index's score stands in for the record's created_at; the record decides under the
+    lock). It is all the pending sweep reads of them before a cloud answer is due:
+    names, no object per VM."""
 
-    name: str
     pool: str
-    since: float
+    names: list[str]
+    lagged: int
+    timed_out: int
+
+
+# A provider's one answer for many VMs: each as the cloud holds it, or None.
+Answers = Mapping[str, ProviderVM | None]
 
 
 @dataclass(frozen=True)
 class Listing:
     """What the pending sweep read before it acts.
 
-    Per batching provider, its booting VMs (from the pending index) and its one answer
-    for them, at server time ``now``. Also the VMs left for per-VM checks (``rest``).
-    Acting on it later, when some of it is stale, is safe: each VM's record decides
-    under its lock."""
+    Per batching provider, the booting VMs of its pools (from the pending index) and its
+    one answer for them, at server time ``now``. Also the VMs left for per-VM checks
+    (``rest``). Acting on it later, when some of it is stale, is safe: each VM's record
+    decides under its lock."""
 
     now: float
-    answers: dict[str, tuple[list[Booting], Mapping[str, ProviderVM | None]]] = field(
-        default_factory=dict
-    )
+    answers: dict[str, tuple[list[Booting], Answers]] = field(default_factory=dict)
     rest: list[str] = field(default_factory=list)
 
 
-def check_batched(fleet: Fleet, pools: Sequence[str]) -> list[str]:
+def check_batched(fleet: Fleet, pools: Sequence[str], now: float | None = None) -> list[str]:
     """Check the pending VMs of providers that answer for many at once.
 
     Check the pending VMs of ``pools`` whose pool's provider answers for many at once
@@ -186,45 +193,75 @@ def check_batched(fleet: Fleet, pools: Sequence[str]) -> list[str]:
     call per provider, and a lock only for a VM whose answer changes something (up,
     vanished past the provider's list lag, or past its pool's timeout). Returns the
     names left for per-VM checks: those of providers that do not batch, and any VM whose
-    record names another provider than its pool's (checked by its own).
+    record names another provider than its pool's (checked by its own). ``now``: the
+    server time the sweep read, else read here.
 
     So a booting VM costs the sweep its share of the index read and of the list call
-    (the simulated cloud: one HMGET), not a job, a lock and a record read per tick:
-    that is what makes a short ``check_pending_sweep`` cheap (docs/benchmarks.md).
-    :func:`list_pending` is the read, :func:`apply_listing` the acting on it."""
-    rest, _ = apply_listing(fleet, list_pending(fleet, pools))
+    (the simulated cloud: its share of one server-side read), not a job, a lock and a
+    record read per tick: that is what makes a short ``check_pending_sweep`` cheap
+    (docs/benchmarks.md). :func:`list_pending` is the read, :func:`apply_listing` the
+    acting on it."""
+    rest, _ = apply_listing(fleet, list_pending(fleet, pools, now))
     return rest
 
 
-def list_pending(fleet: Fleet, pools: Sequence[str]) -> Listing:
+def list_pending(fleet: Fleet, pools: Sequence[str], now: float | None = None) -> Listing:
     """The read half of :func:`check_batched`.
 
-    The pending index and one list call per batching provider (a provider that fails to
-    answer is left for the next sweep)."""
+    The pending index (names, and how many are past each age that matters) and one list
+    call per batching provider (a provider that fails to answer is left for the next
+    sweep). ``now``: as for :func:`check_batched`."""
+    batching = {pool: _batching_provider(fleet, pool) for pool in dict.fromkeys(pools)}
+    ages = {
+        pool: [list_lag_s(fleet.providers[name]), fleet.pool_timeout_s(pool)] if name else []
+        for pool, name in batching.items()
+    }
+    if now is None:
+        now = fleet.store.server_time() if any(batching.values()) else 0.0
+    listing = Listing(now)
     booting: dict[str, list[Booting]] = {}
-    listing = Listing(now=0.0)
-    for pool, entries in fleet.store.pools_vm_scores(pools, VMState.PENDING).items():
-        pool_config = fleet.config.pools.get(pool)
-        provider_name = pool_config.provider if pool_config is not None else ""
-        if not isinstance(fleet.providers.get(provider_name), StatusBatch):
-            listing.rest.extend(name for name, _ in entries)
+    for pool, (names, older) in fleet.store.pools_vms_aged(VMState.PENDING, ages, now).items():
+        provider_name = batching[pool]
+        if not provider_name:
+            listing.rest.extend(names)
             continue
-        for name, since in entries:
-            if _is_vm_name(name):
-                booting.setdefault(provider_name, []).append(Booting(name, pool, since))
-            else:  # the dispatcher skips, logs and counts it, as for every sweep
-                listing.rest.append(name)
-    if not booting:
-        return listing
-    listing = Listing(fleet.store.server_time(), {}, listing.rest)
-    for provider_name, vms in booting.items():
+        lagged, timed_out = older
+        group = _named(Booting(pool, names, lagged, timed_out), listing.rest)
+        if group.names:
+            booting.setdefault(provider_name, []).append(group)
+    for provider_name, groups in booting.items():
         provider = fleet.providers[provider_name]
         assert isinstance(provider, StatusBatch)
+        names = groups[0].names if len(groups) == 1 else [n for g in groups for n in g.names]
         try:
-            listing.answers[provider_name] = (vms, provider.statuses([vm.name for vm in vms]))
+            listing.answers[provider_name] = (groups, provider.statuses(names))
         except Exception as exc:
             log.warning("check_pending: %s did not answer: %s", provider_name, exc)
     return listing
+
+
+def _batching_provider(fleet: Fleet, pool: str) -> str:
+    """The name of ``pool``'s provider if it answers for many VMs at once, else ''."""
+    pool_config = fleet.config.pools.get(pool)
+    name = pool_config.provider if pool_config is not None else ""
+    return name if isinstance(fleet.providers.get(name), StatusBatch) else ""
+
+
+def _named(group: Booting, rest: list[str]) -> Booting:
+    """``group`` without the entries that are no VM name (added to ``rest``).
+
+    The dispatcher skips, logs and counts them, as for every sweep. One pass at C speed
+    when all are names (the rule of :func:`~vmpool.ids.validate_vm_name`)."""
+    if all(map(VM_NAME_RE.fullmatch, group.names)):
+        return group
+    keep = [VM_NAME_RE.fullmatch(name) is not None for name in group.names]
+    rest.extend(name for name, ok in zip(group.names, keep, strict=True) if not ok)
+    return Booting(
+        group.pool,
+        [name for name, ok in zip(group.names, keep, strict=True) if ok],
+        sum(keep[: group.lagged]),
+        sum(keep[: group.timed_out]),
+    )
 
 
 def apply_listing(fleet: Fleet, listing: Listing) -> tuple[list[str], dict[str, str]]:
@@ -239,8 +276,8 @@ def apply_listing(fleet: Fleet, listing: Listing) -> tuple[list[str], dict[str, 
     due: list[tuple[str, str, ProviderVM | None, float]] = []
     for provider_name, (booting, seen) in listing.answers.items():
         lag = list_lag_s(fleet.providers[provider_name])
-        due += [(vm.name, provider_name, seen.get(vm.name), lag) for vm in booting
-                if _due(fleet, vm, seen.get(vm.name), listing.now, lag)]  # fmt: skip
+        due += [(name, provider_name, held, lag) for group in booting
+                for name, held in _due(group, seen)]  # fmt: skip
     outcomes: dict[str, str] = {}
     for at in range(0, len(due), LOCKS_AT_ONCE):
         part = due[at : at + LOCKS_AT_ONCE]
@@ -262,31 +299,37 @@ def apply_listing(fleet: Fleet, listing: Listing) -> tuple[list[str], dict[str, 
     return rest, outcomes
 
 
-def _is_vm_name(name: str) -> bool:
-    try:
-        validate_vm_name(name)
-    except InvalidIdentifier:
-        return False
-    return True
-
-
 def _age(vm: VMRecord, now: float) -> float:
     since = vm.created_at if vm.created_at is not None else vm.state_since
     return now - since if since is not None else 0.0
 
 
-def _due(fleet: Fleet, vm: Booting, held: ProviderVM | None, now: float, lag: float) -> bool:
-    """Whether the cloud's answer changes anything for ``vm``.
+# The answers that change a booting VM whatever its age.
+_ACTED_ON = frozenset({ProviderVMState.RUNNING, ProviderVMState.FAILED})
 
-    Whether the answer changes anything (so the VM's lock is worth taking). The index's
-    score stands in for the record's created_at here. The record decides under the lock."""
-    age = now - vm.since
-    if held is None:
-        return age >= lag
-    return held.state in (
-        ProviderVMState.RUNNING,
-        ProviderVMState.FAILED,
-    ) or age >= fleet.pool_timeout_s(vm.pool)
+
+def _due(group: Booting, seen: Answers) -> list[tuple[str, ProviderVM | None]]:
+    """The VMs of ``group`` whose answer in ``seen`` changes anything, with it.
+
+    Those whose lock is worth taking: up or failed at the cloud, missing from the list
+    past the provider's list lag, past the pool's timeout with an answer. Past an age is
+    a prefix of the names (oldest first), so each stretch is one pass with one test."""
+    names = group.names
+    lo, hi = sorted((group.lagged, group.timed_out))
+    due = [(name, seen.get(name)) for name in names[:lo]]  # past both: any answer, or none
+    missing_due = group.lagged > group.timed_out  # past one: the lag (missing) or timeout
+    due += [
+        (name, held)
+        for name in names[lo:hi]
+        if ((held := seen.get(name)) is None) == missing_due
+        or (held is not None and held.state in _ACTED_ON)
+    ]
+    due += [
+        (name, held)
+        for name in names[hi:]
+        if (held := seen.get(name)) is not None and held.state in _ACTED_ON
+    ]
+    return due
 
 
 def _observe_locked(

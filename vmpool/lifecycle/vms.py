@@ -305,7 +305,7 @@ def check_pending_sweep(fleet: Fleet, pool: str | None = None) -> int:
     stale = creates_due(
         fleet, fleet.store.pools_vms(pools, VMState.RESERVED, max_score=now - grace)
     )
-    pending = check_batched(fleet, pools)  # a batching provider's VMs: checked here
+    pending = check_batched(fleet, pools, now)  # a batching provider's VMs: checked here
     # work-set subjects back in line (a deferral over, a dead claimer's lease ended):
     # dispatched again, which queues a batch job for them (they are in the set once)
     due = WorkSet(fleet.redis, fleet.keys).lapsed(REDISPATCHED, now) if pool is None else {}

@@ -28,6 +28,7 @@ __all__ = [
     "decode_trail",
     "encode_slots",
     "text",
+    "texts",
 ]
 
 
@@ -35,6 +36,16 @@ def text(value: Any) -> str:
     if isinstance(value, bytes):
         return value.decode()
     return str(value)
+
+
+def texts(values: list[Any]) -> list[str]:
+    """A reply's list of bulk strings (a set's members, an index's names) as str.
+
+    The list itself when the client decodes (all its strings are str, so no copy of a
+    100,000-name index), else each one decoded."""
+    if not values or isinstance(values[0], str):
+        return values
+    return [text(v) for v in values]
 
 
 def _float(value: Any, default: float | None = None) -> float | None:

@@ -18,7 +18,7 @@ Nothing else in vmpool writes a status: not the API, not a job, not the CLI.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, overload
 
 import redis
@@ -40,6 +40,7 @@ from vmpool.state.records import (
     decode_hash,
     encode_slots,
     text,
+    texts,
 )
 from vmpool.state.store_scripts import StoreScripts
 from vmpool.state.vm_tasks import VMTaskStore
@@ -336,22 +337,30 @@ class Store:
         """VM names of a pool in a state (:meth:`pools_vms` for one pool)."""
         return self.pools_vms([pool], state, max_score=max_score, limit=limit)[pool]
 
-    def pools_vm_scores(
-        self, pools: Iterable[str], state: str
-    ) -> dict[str, list[tuple[str, float]]]:
-        """Every VM of ``pools`` in ``state`` with its index score, in one round trip.
+    def pools_vms_aged(
+        self, state: str, ages: Mapping[str, Sequence[float]], now: float
+    ) -> dict[str, tuple[list[str], list[int]]]:
+        """Every VM of each pool of ``ages`` in ``state``, oldest first, in one round trip.
 
-        What the pending sweep reads, so that it needs no record (scores: :meth:`pools_vms`).
+        And per pool, for each of its ``ages`` (seconds), how many of those names have
+        been in the state at least that long at server time ``now``: a prefix of them,
+        the index being in score order (scores: :meth:`pools_vms`). One transaction, so
+        the counts are of the names read. What the pending sweep reads: names and counts,
+        no score or record, so that a VM costs it one string of a list.
         """
-        pools = list(dict.fromkeys(pools))
-        pipe = self.redis.pipeline(transaction=False)
-        for pool in pools:
-            pipe.zrangebyscore(self.keys.pool_state(pool, state), "-inf", "+inf", withscores=True)
-        replies = pipe.execute() if pools else []
-        return {
-            pool: [(text(n), float(score)) for n, score in entries]
-            for pool, entries in zip(pools, replies, strict=True)
-        }
+        counted = any(ages.values())
+        pipe = self.redis.pipeline(transaction=counted)
+        for pool, pool_ages in ages.items():
+            key = self.keys.pool_state(pool, state)
+            pipe.zrange(key, 0, -1)
+            for age in pool_ages:
+                pipe.zcount(key, "-inf", now - age)
+        replies = iter(pipe.execute() if ages else ())
+        out: dict[str, tuple[list[str], list[int]]] = {}
+        for pool, pool_ages in ages.items():
+            names = texts(next(replies))
+            out[pool] = (names, [int(next(replies)) for _ in pool_ages])
+        return out
 
     def pool_counts(self, pools: Iterable[str]) -> dict[str, dict[str, int]]:
         pools = list(pools)
@@ -385,4 +394,4 @@ class Store:
             key = self.keys.pool_state(pool, state)
             pipe.zrangebyscore(key, "-inf", hi, start=start, num=num)
         replies = pipe.execute() if pools else []
-        return {pool: [text(n) for n in names] for pool, names in zip(pools, replies, strict=True)}
+        return {pool: texts(names) for pool, names in zip(pools, replies, strict=True)}
