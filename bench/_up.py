@@ -25,6 +25,7 @@ from vmpool.local.redis_server import free_port
 
 BIN = Path(sys.executable).parent
 UP_LINE = "vmpool is up:"
+TICK = os.sysconf("SC_CLK_TCK")
 
 
 def wait_for(predicate: Callable[[], object], timeout_s: float, what: str) -> None:
@@ -35,6 +36,30 @@ def wait_for(predicate: Callable[[], object], timeout_s: float, what: str) -> No
             return
         time.sleep(0.1)
     raise SystemExit(f"timed out waiting for {what}")
+
+
+def process_tree(root: int) -> list[int]:
+    """``root`` and every process below it."""
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            parents[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
+    found, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        found.append(pid)
+        todo.extend(child for child, parent in parents.items() if parent == pid)
+    return found
+
+
+def cpu_seconds(stat: str) -> float:
+    """The user + system CPU seconds in a /proc/<pid>/stat text."""
+    fields = stat.rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICK  # utime, stime
 
 
 class Up:

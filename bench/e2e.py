@@ -11,7 +11,8 @@ figure is N ÷ the wall time from the first start to the last done seen.
 
 - RQ (the baseline): two stock RQ ``SimpleWorker`` (``rq worker -w
   rq.worker.SimpleWorker``) on a throw-away plain redis-server (no AOF); a unit is one
-  no-op job (``Queue.enqueue``), done when its status reads ``finished``.
+  no-op job (``Queue.enqueue`` of ``os.getpid``), done when its status reads
+  ``finished``.
 - the fleet: ``vmpool up --workers 2`` (the API with its access log, two workers, the
   scheduler; bench/_up.py) on a throw-away redis-server; the simulated provider, boot
   0 s, pools of size 0, so every request provisions a VM; otherwise the defaults
@@ -30,6 +31,9 @@ Configurations of the fleet's Redis (``--configs``):
 
 Each run measures RQ, then each configuration, on fresh data (FLUSHALL); the table
 shows min / median over ``--runs`` and each ratio run by run against that run's RQ.
+Then, per configuration, where a VM's cost goes (the median run): the primary's Redis
+commands and WAITs per VM (INFO commandstats), and the CPU ms per VM of each part (the
+API, the workers, the scheduler, ``vmpool up`` itself, the primary redis-server).
 """
 
 from __future__ import annotations
@@ -56,7 +60,7 @@ import rq
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from _up import BIN, Up, wait_for  # noqa: E402
+from _up import BIN, Up, cpu_seconds, process_tree, wait_for  # noqa: E402
 
 from vmpool.local.redis_server import RedisServer  # noqa: E402
 
@@ -70,6 +74,11 @@ CONFIG = """\
 """
 SAFE_DURABILITY = ":redis: {durability: replicas}\n"
 RQ_QUEUE = "bench-noop"
+# The no-op job: a function with nothing to import (vmpool's workers.jobs.noop would
+# cost each stock worker vmpool's whole import, seconds on a loaded machine, in its
+# first job).
+NOOP = "os.getpid"
+ROLES = ("api", "worker", "scheduler")  # the `vmpool up` children, by their command
 CONFIGS = {
     "plain": "plain Redis, durability auto (none: no replica)",
     "aof_replica": "AOF always + 1 replica, durability replicas (WAIT 1)",
@@ -150,7 +159,7 @@ class RqSession:
         self.jobs: dict[str, rq.job.Job] = {}
 
     def start(self, index: int) -> str:
-        job = self.queue.enqueue("workers.jobs.noop", result_ttl=600)
+        job = self.queue.enqueue(NOOP, result_ttl=600)
         self.jobs[job.id] = job
         return str(job.id)
 
@@ -171,7 +180,8 @@ def rq_workers(url: str) -> Iterator[None]:
     ]
     try:
         client = redis.Redis.from_url(url)
-        wait_for(lambda: len(rq.Worker.all(connection=client)) >= 2, 60, "the RQ workers")
+        idle = lambda: [w.get_state() for w in rq.Worker.all(connection=client)]  # noqa: E731
+        wait_for(lambda: idle() == ["idle", "idle"], 60, "the RQ workers in their dequeue")
         yield
     finally:
         for proc in procs:
@@ -212,12 +222,44 @@ def aof_with_replica() -> Iterator[RedisServer]:
         primary.stop()
 
 
-def fleet_rate(url: str, config: str, args: argparse.Namespace) -> float:
+def cpu_by_role(pids: list[int]) -> dict[str, float]:
+    """CPU seconds of ``pids`` by what each runs: api, worker, scheduler, redis, up."""
+    out: dict[str, float] = {}
+    for pid in pids:
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        words = {w.decode(errors="replace") for w in argv}
+        role = next((r for r in ROLES if r in words), "up")
+        if any("redis-server" in w or "valkey-server" in w for w in words):
+            role = "redis"
+        out[role] = out.get(role, 0.0) + cpu_seconds(stat)
+    return out
+
+
+def fleet_rate(
+    server: RedisServer, config: str, args: argparse.Namespace
+) -> tuple[float, dict[str, float]]:
+    """VMs/s, and the run's profile per VM: Redis commands, WAITs, CPU ms by role."""
     if args.clone_limit is not None:
         config += f":config: {{ondemand_clone_limit: {args.clone_limit}}}\n"
-    redis.Redis.from_url(url).flushall()
-    with Up(config, redis_url=url, tag="e2e") as up:
-        return drive(args.vms, args.connections, lambda: ApiSession(up.port), args.poll)
+    client = redis.Redis.from_url(server.url)
+    client.flushall()
+    with Up(config, redis_url=server.url, tag="e2e") as up:
+        assert server.process is not None
+        pids = [*process_tree(up.pid), server.process.pid]
+        client.config_resetstat()
+        cpu0 = cpu_by_role(pids)
+        rate = drive(args.vms, args.connections, lambda: ApiSession(up.port), args.poll)
+        cpu1 = cpu_by_role(pids)
+        stats = client.info("commandstats")
+    calls = {k.removeprefix("cmdstat_"): int(v["calls"]) for k, v in stats.items()}
+    profile = {f"{role} CPU ms": 1e3 * (cpu1[role] - cpu0.get(role, 0.0)) for role in cpu1}
+    profile["commands"] = sum(calls.values())
+    profile["WAIT"] = calls.get("wait", 0)
+    return rate, {k: v / args.vms for k, v in profile.items()}
 
 
 def rq_rate(url: str, args: argparse.Namespace) -> float:
@@ -227,15 +269,20 @@ def rq_rate(url: str, args: argparse.Namespace) -> float:
 
 
 def one_run(
-    plain: RedisServer, replicated: RedisServer | None, args: argparse.Namespace
+    plain: RedisServer,
+    replicated: RedisServer | None,
+    args: argparse.Namespace,
+    profiles: dict[str, list[dict[str, float]]],
 ) -> dict[str, float]:
+    """One run's rates: RQ's, then each configuration's (its profile to ``profiles``)."""
     rates = {"rq": rq_rate(plain.url, args)}
     for name in args.configs:
         if name == "plain":
-            rates[name] = fleet_rate(plain.url, CONFIG, args)
+            rates[name], profile = fleet_rate(plain, CONFIG, args)
         else:
             assert replicated is not None
-            rates[name] = fleet_rate(replicated.url, CONFIG + SAFE_DURABILITY, args)
+            rates[name], profile = fleet_rate(replicated, CONFIG + SAFE_DURABILITY, args)
+        profiles.setdefault(name, []).append(profile)
     return rates
 
 
@@ -243,7 +290,11 @@ def mm(values: list[float], fmt: str = "{:.1f}") -> str:
     return f"{fmt.format(min(values))} / {fmt.format(statistics.median(values))}"
 
 
-def report(runs: list[dict[str, float]], args: argparse.Namespace) -> None:
+def report(
+    runs: list[dict[str, float]],
+    profiles: dict[str, list[dict[str, float]]],
+    args: argparse.Namespace,
+) -> None:
     print("| figure (min / median) | measured | ÷ RQ, run by run (min / median) |")
     print("|---|---|---|")
     rq_rates = [r["rq"] for r in runs]
@@ -255,6 +306,11 @@ def report(runs: list[dict[str, float]], args: argparse.Namespace) -> None:
             f"| fleet VMs/s through the API, {CONFIGS[name]} | {mm(rates)} |"
             f" {mm(ratios, '{:.2f}')} |"
         )
+    for name in args.configs:
+        keys = sorted({k for p in profiles[name] for k in p})
+        median = {k: statistics.median([p.get(k, 0.0) for p in profiles[name]]) for k in keys}
+        shown = ", ".join(f"{k} {v:.1f}" for k, v in median.items())
+        print(f"# per VM, {name} (median of the runs): {shown}")
 
 
 def main() -> None:
@@ -280,12 +336,13 @@ def main() -> None:
             f" clone_limit={args.clone_limit or 'default'}"
             f" loadavg={os.getloadavg()[0]:.2f}"
         )
+        profiles: dict[str, list[dict[str, float]]] = {}
         if "aof_replica" in args.configs:
             with aof_with_replica() as replicated:
-                runs = [one_run(plain, replicated, args) for _ in range(args.runs)]
+                runs = [one_run(plain, replicated, args, profiles) for _ in range(args.runs)]
         else:
-            runs = [one_run(plain, None, args) for _ in range(args.runs)]
-    report(runs, args)
+            runs = [one_run(plain, None, args, profiles) for _ in range(args.runs)]
+    report(runs, profiles, args)
     print(f"# loadavg after: {os.getloadavg()[0]:.2f}")
 
 

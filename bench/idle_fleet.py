@@ -42,7 +42,7 @@ import rq
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from _up import BIN, Up, wait_for  # noqa: E402
+from _up import BIN, Up, cpu_seconds, process_tree, wait_for  # noqa: E402
 
 from vmpool.local.redis_server import RedisServer  # noqa: E402
 from vmpool.state.keys import Keys  # noqa: E402
@@ -58,25 +58,6 @@ CONFIG = """\
 """
 REDIS_NAMES = ("redis-server", "valkey-server")
 BENCH_COMMANDS = ("cmdstat_config|resetstat", "cmdstat_info")
-TICK = os.sysconf("SC_CLK_TCK")
-
-
-def _tree(root: int) -> list[int]:
-    """``root`` and every process below it."""
-    parents: dict[int, int] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue
-            parents[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
-    found, todo = [], [root]
-    while todo:
-        pid = todo.pop()
-        found.append(pid)
-        todo.extend(child for child, parent in parents.items() if parent == pid)
-    return found
 
 
 def _cpu_s(pids: list[int]) -> tuple[float, float]:
@@ -88,8 +69,7 @@ def _cpu_s(pids: list[int]) -> tuple[float, float]:
             comm = Path(f"/proc/{pid}/comm").read_text().strip()
         except OSError:
             continue
-        fields = stat.rsplit(")", 1)[1].split()
-        seconds = (int(fields[11]) + int(fields[12])) / TICK  # utime, stime
+        seconds = cpu_seconds(stat)
         if comm in REDIS_NAMES:
             server += seconds
         else:
@@ -107,7 +87,7 @@ def _commands(client: redis.Redis) -> tuple[int, dict[str, int]]:
 
 def measure(client: redis.Redis, roots: list[int], window: float) -> dict[str, float | str]:
     """Commands/s, the stack's and Redis' CPU % of a core, the busiest commands."""
-    pids = [pid for root in roots for pid in _tree(root)]
+    pids = [pid for root in roots for pid in process_tree(root)]
     client.config_resetstat()
     cpu0, start = _cpu_s(pids), time.monotonic()
     time.sleep(window)  # the measured window itself
