@@ -11,7 +11,7 @@ workers/schedule.py) and each is short, so they cannot starve the others. So the
 sweep, on which invariant 4's settle bound rests, is never stuck behind a flood of
 other jobs. In the chaos soak a provision-sweep after a Redis restart queued a hundred
 provision jobs, and with the requests first the expiry sweep waited 7 s. The request
-jobs and the VM jobs (the bulk of the work) take weighted turns (workers/lanes.py), so
+jobs and the VM jobs (the bulk of the work) take weighted turns (workers/turns.py), so
 a new request starts however long the VM backlog, and a VM's create is not held back by
 a backlog of provisioning.
 

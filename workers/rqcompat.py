@@ -6,7 +6,7 @@ given a public name, and nowhere else (tests/test_layout.py checks every other m
 - a job built as ``Queue.enqueue(..., unique=True)`` builds it, pushed by RQ's
   unique-enqueue script on a pipeline, so that many jobs cost one round trip
   (workers/queues.py): :func:`push_unique_job`;
-- the worker's hooks vmpool changes (workers/loop.py, workers/lanes.py): the connection
+- the worker's hooks vmpool changes (workers/loop.py, workers/turns.py): the connection
   it keeps, the handler of an error in its pubsub thread, the stop flag its loop checks
   and the order its next pop tries its queues in: :class:`WorkerHooks`;
 - rq-scheduler's job builder (workers/schedule.py):

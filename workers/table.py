@@ -45,12 +45,12 @@ from vmpool.state.keys import Keys
 
 __all__ = [
     "JOBS",
-    "LANE_WEIGHTS",
     "PERIODIC",
     "QUEUES",
     "QUEUE_REQUESTS",
     "QUEUE_SWEEPS",
     "QUEUE_VMS",
+    "QUEUE_WEIGHTS",
     "JobSpec",
     "decode_fragment",
     "encode_fragment",
@@ -69,10 +69,10 @@ QUEUE_REQUESTS: Final = "requests"
 QUEUE_VMS: Final = "vms"
 # The order a worker listens in (see workers/queues.py for why).
 QUEUES: Final[tuple[str, ...]] = (QUEUE_SWEEPS, QUEUE_REQUESTS, QUEUE_VMS)
-# The lanes a worker serves in weighted turns (workers/lanes.py): this many jobs of one
-# lane in a row while the other has jobs waiting. A queue with no weight (the sweeps) is
+# The queues a worker serves in weighted turns (workers/turns.py): this many jobs of one
+# in a row while the other has jobs waiting. A queue with no weight (the sweeps) is
 # served first whenever it has a job.
-LANE_WEIGHTS: Final[Mapping[str, int]] = MappingProxyType({QUEUE_REQUESTS: 1, QUEUE_VMS: 1})
+QUEUE_WEIGHTS: Final[Mapping[str, int]] = MappingProxyType({QUEUE_REQUESTS: 1, QUEUE_VMS: 1})
 
 Subject = Literal["request", "vm", "vm_task"]
 

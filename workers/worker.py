@@ -56,9 +56,9 @@ from vmpool.state.durability import confirmed, unconfirmed
 from vmpool.state.keys import DEFAULT_PREFIX, Keys
 from vmpool.state.lua import read_script
 from workers.batching import BatchDispatcher
-from workers.lanes import LaneDequeue
 from workers.loop import AliveFile, RedisOutage, SteadyLoop, redis_unusable, writable_check
 from workers.queues import HEARTBEAT_FIELD, HEARTBEAT_SECONDS, queue_names
+from workers.turns import FairDequeue
 
 if TYPE_CHECKING:
     from vmpool.config import Config
@@ -244,7 +244,7 @@ def one_job_beats(
         beats.close()
 
 
-class FleetSimpleWorker(LaneDequeue, SteadyLoop, SimpleWorker):
+class FleetSimpleWorker(FairDequeue, SteadyLoop, SimpleWorker):
     """Runs jobs in its own process (no fork), with its Fleet and live heartbeats."""
 
     fleet: Fleet | None = None
@@ -287,7 +287,7 @@ class FleetSimpleWorker(LaneDequeue, SteadyLoop, SimpleWorker):
         super().teardown()
 
 
-class FleetForkWorker(LaneDequeue, SteadyLoop, Worker):
+class FleetForkWorker(FairDequeue, SteadyLoop, Worker):
     """Forks a work horse per job (RQ's default).
 
     The parent keeps RQ's heartbeats (and the alive file: its monitor kills a hung

@@ -1,10 +1,10 @@
-"""Fair lanes: a worker shares its turns between the requests and the VMs queues.
+"""Queue turns: a worker shares its jobs between the requests and the VMs queues.
 
 With strict priority (sweeps, then requests, then VMs) a backlog of request jobs (a
 provision flood, a provision batch that keeps queueing its continuation) holds every
 create of a VM back until it drains: creates waited p50 0.7-3.2 s behind provisioning.
-These tests prove that a job of either lane is picked up within a bounded number of jobs
-whatever the other lane's backlog, that the sweeps still go first, and that a lane that
+These tests prove that a job of either queue is picked up within a bounded number of jobs
+whatever the other queue's backlog, that the sweeps still go first, and that a queue that
 stays empty banks no turns to starve the other later (the order's own rules).
 """
 
@@ -18,10 +18,10 @@ from rq import Queue
 
 from vmpool.config import load_config
 from vmpool.state.keys import Keys
-from workers import lanes
 from workers import queues as q
-from workers.lanes import LaneOrder
-from workers.table import LANE_WEIGHTS, QUEUE_REQUESTS, QUEUE_SWEEPS, QUEUE_VMS
+from workers import turns
+from workers.table import QUEUE_REQUESTS, QUEUE_SWEEPS, QUEUE_VMS, QUEUE_WEIGHTS
+from workers.turns import QueueTurns
 from workers.worker import build_worker
 
 K = Keys()  # the default prefix, `vmpool`
@@ -38,9 +38,9 @@ CONFIG = """
 """
 
 BACKLOG = 40
-# A job of one lane waits at most one full turn of the other lane's weight (plus the job
+# A job of one queue waits at most one full turn of the other queue's weight (plus the job
 # the worker is running): the bound these tests hold the worker to.
-BOUND = max(LANE_WEIGHTS.values()) + 1
+BOUND = max(QUEUE_WEIGHTS.values()) + 1
 
 
 def _request_ids(count: int) -> list[str]:
@@ -87,11 +87,11 @@ def test_a_request_is_picked_up_within_a_bound_behind_a_vm_backlog(
     assert _queued(conn, QUEUE_REQUESTS) == 0
 
 
-def test_the_sweeps_still_go_first_and_the_lanes_alternate(
+def test_the_sweeps_still_go_first_and_the_queues_alternate(
     conn: redis.Redis, redis_url: str, config_path: Path
 ) -> None:
-    """Proves: a queued sweep runs before either lane's backlog, and then the two lanes
-    take turns by their weights (each job's lane read off the queues' lengths)."""
+    """Proves: a queued sweep runs before either queue's backlog, and then the two queues
+    take turns by their weights (each job's queue read off the queues' lengths)."""
     assert q.enqueue_many(conn, K, "provision_request", _request_ids(BACKLOG)) == BACKLOG
     assert q.enqueue_many(conn, K, "create_vm", _vm_names(BACKLOG)) == BACKLOG
     assert q.enqueue(conn, K, "sweep_expired", run=1)
@@ -99,13 +99,15 @@ def test_the_sweeps_still_go_first_and_the_lanes_alternate(
     assert worker.work(burst=True, max_jobs=1)
     assert _queued(conn, QUEUE_SWEEPS) == 0
     assert (_queued(conn, QUEUE_REQUESTS), _queued(conn, QUEUE_VMS)) == (BACKLOG, BACKLOG)
-    turn = sum(LANE_WEIGHTS.values())
+    turn = sum(QUEUE_WEIGHTS.values())
     assert worker.work(burst=True, max_jobs=2 * turn)
     served = {short: BACKLOG - _queued(conn, short) for short in (QUEUE_REQUESTS, QUEUE_VMS)}
-    assert served == {short: 2 * LANE_WEIGHTS[short] for short in served}
+    assert served == {short: 2 * QUEUE_WEIGHTS[short] for short in served}
 
 
-def test_an_empty_lane_banks_no_turns(conn: redis.Redis, redis_url: str, config_path: Path) -> None:
+def test_an_empty_queue_banks_no_turns(
+    conn: redis.Redis, redis_url: str, config_path: Path
+) -> None:
     """Proves: after a run of request jobs alone (the VMs queue empty), VM jobs that
     arrive do not get a burst of saved-up turns: the request backlog still gets its
     share at once."""
@@ -118,20 +120,20 @@ def test_an_empty_lane_banks_no_turns(conn: redis.Redis, redis_url: str, config_
     assert _queued(conn, QUEUE_REQUESTS) < before
 
 
-def test_the_order_serves_each_lane_its_weight_and_keeps_other_queues_first(
+def test_the_order_serves_each_queue_its_weight_and_keeps_other_queues_first(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Proves: with weights 2:1 the order hands the requests two pops in a row, then the
-    VMs one; a queue that is no lane (the sweeps, a plain RQ queue) stays first."""
-    monkeypatch.setattr(lanes, "LANE_WEIGHTS", {QUEUE_REQUESTS: 2, QUEUE_VMS: 1})
+    VMs one; a queue that is no queue (the sweeps, a plain RQ queue) stays first."""
+    monkeypatch.setattr(turns, "QUEUE_WEIGHTS", {QUEUE_REQUESTS: 2, QUEUE_VMS: 1})
     names = ["other", K.queue(QUEUE_SWEEPS), K.queue(QUEUE_REQUESTS), K.queue(QUEUE_VMS)]
-    order = LaneOrder(names)
+    order = QueueTurns(names)
     heads = []
     for _ in range(6):
         first = order.order()
         assert first[:2] == names[:2]
         heads.append(first[2])
-        order.served(first[2])  # both lanes have jobs: the head lane is served
+        order.served(first[2])  # both queues have jobs: the head queue is served
     assert heads == [K.queue(s) for s in ("requests", "requests", "vms") * 2]
-    order.served(K.queue(QUEUE_SWEEPS))  # a sweep does not move the lanes' turns
+    order.served(K.queue(QUEUE_SWEEPS))  # a sweep does not move the queues' turns
     assert order.order()[2] == K.queue(QUEUE_REQUESTS)
