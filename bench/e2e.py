@@ -32,8 +32,9 @@ Configurations of the fleet's Redis (``--configs``):
 Each run measures RQ, then each configuration, on fresh data (FLUSHALL); the table
 shows min / median over ``--runs`` and each ratio run by run against that run's RQ.
 Then, per configuration, where a VM's cost goes (the median run): the primary's Redis
-commands and WAITs per VM (INFO commandstats), and the CPU ms per VM of each part (the
-API, the workers, the scheduler, ``vmpool up`` itself, the primary redis-server).
+commands and WAITs per VM (INFO commandstats; the client's polls included: each GET
+is a confirmed read), and the CPU ms per VM of each part (the API, the workers, the
+scheduler, ``vmpool up`` itself, the primary redis-server).
 """
 
 from __future__ import annotations
@@ -114,7 +115,7 @@ def drive(n: int, connections: int, session: Callable[[], Session], poll_s: floa
             errors.append(exc)
             barrier.abort()
 
-    threads = [threading.Thread(target=one, args=(i,)) for i in range(connections)]
+    threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(connections)]
     for thread in threads:
         thread.start()
     for thread in threads:
