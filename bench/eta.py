@@ -25,10 +25,7 @@ import argparse
 import json
 import os
 import platform
-import re
-import subprocess
 import sys
-import tempfile
 import threading
 import time
 import urllib.request
@@ -40,7 +37,8 @@ import redis
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from vmpool.local.redis_server import free_port  # noqa: E402
+from _up import Up  # noqa: E402
+
 from vmpool.state.counters import READY_BUCKETS, bucket_field  # noqa: E402
 from vmpool.state.keys import Keys  # noqa: E402
 from vmpool.state.store import Store  # noqa: E402
@@ -169,24 +167,10 @@ def fleet_histogram_median(store: Store) -> float:
 
 
 def measure(args: argparse.Namespace) -> dict[str, Any]:
-    work = Path(tempfile.mkdtemp(prefix="vmpool-eta-"))
-    cfg = work / "vmpool.yaml"
-    cfg.write_text(CONFIG)
-    port = free_port()
-    log = (work / "up.log").open("wb")
-    up = subprocess.Popen(
-        [str(Path(sys.executable).parent / "vmpool"), "up", "--config", str(cfg),
-         "--port", str(port), "--workers", "2"],
-        stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-    )  # fmt: skip
-    try:
-        text = lambda: (work / "up.log").read_text(errors="replace")  # noqa: E731
-        _wait(lambda: "redis://" in text(), 60, "vmpool up")
-        match = re.search(r"redis://[^\s]+", text())
-        assert match is not None
-        client = redis.Redis.from_url(match.group(0), decode_responses=True)
+    with Up(CONFIG, tag="eta") as up:
+        port = up.port
+        client = redis.Redis.from_url(up.redis_url, decode_responses=True)
         store = Store(client, Keys())
-        _wait(lambda: _answers(port), 60, "the API")
         capacity = calibrate(port, store, args.calibrate)
         client.delete(store.keys.eta_error_metric)  # the load's alone
         rate = args.load * capacity
@@ -196,13 +180,6 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         started = {r: float(_field(store, r, "started") or ready_at[r]) for r in rids}
         fleet_median = fleet_histogram_median(store)
         client.close()
-    finally:
-        os.killpg(up.pid, 2)
-        try:
-            up.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(up.pid, 9)
-        log.close()
     first = [abs(ready_at[r] - (at + eta)) for r, at, eta, is_first in reads.rows if is_first]
     every = [abs(ready_at[r] - (at + eta)) for r, at, eta, _ in reads.rows]
     waits = [ready_at[r] - created[r] for r in rids]
@@ -216,14 +193,6 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         "slowest_served": ready_at[slowest] - started[slowest],
         "fleet_p50_bucket": fleet_median,
     }  # fmt: skip
-
-
-def _answers(port: int) -> bool:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as reply:
-            return bool(reply.status == 200)
-    except OSError:
-        return False
 
 
 def main() -> None:

@@ -28,15 +28,12 @@ import argparse
 import json
 import os
 import platform
-import re
 import signal
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.request
-from collections.abc import Callable
 from pathlib import Path
 
 import redis
@@ -45,11 +42,12 @@ import rq
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from vmpool.local.redis_server import RedisServer, free_port  # noqa: E402
+from _up import BIN, Up, cpu_seconds, process_tree, wait_for  # noqa: E402
+
+from vmpool.local.redis_server import RedisServer  # noqa: E402
 from vmpool.state.keys import Keys  # noqa: E402
 from vmpool.state.store import Store  # noqa: E402
 
-BIN = Path(sys.executable).parent
 CONFIG = """\
 :providers:
   :simulated: {boot_seconds: [0.5, 1.5], seed: 3}
@@ -60,34 +58,6 @@ CONFIG = """\
 """
 REDIS_NAMES = ("redis-server", "valkey-server")
 BENCH_COMMANDS = ("cmdstat_config|resetstat", "cmdstat_info")
-TICK = os.sysconf("SC_CLK_TCK")
-
-
-def _wait(predicate: Callable[[], object], timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.1)
-    raise SystemExit(f"timed out waiting for {what}")
-
-
-def _tree(root: int) -> list[int]:
-    """``root`` and every process below it."""
-    parents: dict[int, int] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue
-            parents[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
-    found, todo = [], [root]
-    while todo:
-        pid = todo.pop()
-        found.append(pid)
-        todo.extend(child for child, parent in parents.items() if parent == pid)
-    return found
 
 
 def _cpu_s(pids: list[int]) -> tuple[float, float]:
@@ -99,8 +69,7 @@ def _cpu_s(pids: list[int]) -> tuple[float, float]:
             comm = Path(f"/proc/{pid}/comm").read_text().strip()
         except OSError:
             continue
-        fields = stat.rsplit(")", 1)[1].split()
-        seconds = (int(fields[11]) + int(fields[12])) / TICK  # utime, stime
+        seconds = cpu_seconds(stat)
         if comm in REDIS_NAMES:
             server += seconds
         else:
@@ -118,7 +87,7 @@ def _commands(client: redis.Redis) -> tuple[int, dict[str, int]]:
 
 def measure(client: redis.Redis, roots: list[int], window: float) -> dict[str, float | str]:
     """Commands/s, the stack's and Redis' CPU % of a core, the busiest commands."""
-    pids = [pid for root in roots for pid in _tree(root)]
+    pids = [pid for root in roots for pid in process_tree(root)]
     client.config_resetstat()
     cpu0, start = _cpu_s(pids), time.monotonic()
     time.sleep(window)  # the measured window itself
@@ -134,43 +103,23 @@ def measure(client: redis.Redis, roots: list[int], window: float) -> dict[str, f
 
 
 class VmpoolStack:
-    """``vmpool up --workers 2`` on its own Redis, stopped with SIGINT (as Ctrl-C)."""
+    """``vmpool up --workers 2`` on its own Redis (bench/_up.py)."""
 
     def __init__(self) -> None:
-        self.work = Path(tempfile.mkdtemp(prefix="vmpool-idle-"))
-        (self.work / "vmpool.yaml").write_text(CONFIG)
-        self.port = free_port()
-        self.log = (self.work / "up.log").open("wb")
-        self.proc = subprocess.Popen(
-            [str(BIN / "vmpool"), "up", "--config", str(self.work / "vmpool.yaml"),
-             "--port", str(self.port), "--workers", "2"],
-            stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True,
-        )  # fmt: skip
-        text = lambda: (self.work / "up.log").read_text(errors="replace")  # noqa: E731
-        _wait(lambda: "redis://" in text() or self.proc.poll() is not None, 90, "vmpool up")
-        match = re.search(r"redis://[^\s]+", text())
-        if match is None:
-            raise SystemExit(f"vmpool up did not start:\n{text()[-2000:]}")
-        self.client = redis.Redis.from_url(match.group(0), decode_responses=True)
-        _wait(self._answers, 60, "the API")
-
-    def _answers(self) -> bool:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/healthz", timeout=2) as r:
-                return bool(r.status == 200)
-        except OSError:
-            return False
+        self.up = Up(CONFIG, tag="idle")
+        self.port = self.up.port
+        self.client = redis.Redis.from_url(self.up.redis_url, decode_responses=True)
 
     @property
     def roots(self) -> list[int]:
-        return [self.proc.pid]
+        return [self.up.pid]
 
     def wake_gaps(self, count: int) -> list[float]:
         """Up at the cloud -> ready, for ``count`` requests each posted to a parked sweep."""
         keys, gaps = Keys(), []
         store = Store(self.client, keys)
         for _ in range(count):
-            _wait(lambda: self.client.exists(keys.schedule_parked), 60, "the sweep to park")
+            wait_for(lambda: self.client.exists(keys.schedule_parked), 60, "the sweep to park")
             body = json.dumps({"debian": "1"}).encode()
             req = urllib.request.Request(
                 f"http://127.0.0.1:{self.port}/api/v3/ondemandvm", data=body, method="POST",
@@ -179,7 +128,7 @@ class VmpoolStack:
             with urllib.request.urlopen(req, timeout=10) as reply:
                 rid = str(json.loads(reply.read())["request_id"])
             ready = lambda rid=rid: (store.get_request(rid) or _NONE).status == "ready"  # noqa: E731
-            _wait(ready, 60, "the request to be ready")
+            wait_for(ready, 60, "the request to be ready")
             for vm in store.request_vms(rid):
                 up_at = float(self.client.hget(keys.sim_vm(vm.provider, vm.name), "ready_at") or 0)
                 assert vm.ready_at is not None and up_at
@@ -188,13 +137,7 @@ class VmpoolStack:
 
     def stop(self) -> None:
         self.client.close()
-        os.killpg(self.proc.pid, signal.SIGINT)
-        try:
-            self.proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(10)
-        self.log.close()
+        self.up.stop()
 
 
 class _NoRequest:
@@ -216,7 +159,7 @@ class RqStack:
             *(subprocess.Popen([str(BIN / "rq"), "worker", "-u", url], **quiet) for _ in range(2)),
             subprocess.Popen([str(BIN / "rqscheduler"), "-u", url, "-i", "1"], **quiet),
         ]
-        _wait(lambda: len(rq.Worker.all(connection=redis.Redis.from_url(url))) == 2, 60, "rq")
+        wait_for(lambda: len(rq.Worker.all(connection=redis.Redis.from_url(url))) == 2, 60, "rq")
 
     @property
     def roots(self) -> list[int]:

@@ -82,11 +82,14 @@ def test_a_changed_signature_is_found(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_an_attribute_no_longer_set_is_found(monkeypatch: pytest.MonkeyPatch) -> None:
     def init(self: Any, *args: Any, **kwargs: Any) -> None:
-        """An __init__ that no longer sets the stop flag."""
+        """An __init__ that no longer sets the stop flag nor the pop order."""
         self.name = "w"
 
     monkeypatch.setattr(BaseWorker, "__init__", init)
-    assert moved(PRIVATE_NAMES) == ["BaseWorker._stop_requested: no longer set by __init__"]
+    assert moved(PRIVATE_NAMES) == [
+        "BaseWorker._stop_requested: no longer set by __init__",
+        "BaseWorker._ordered_queues: no longer set by __init__",
+    ]
 
 
 def test_the_list_names_every_private_name_the_adapter_touches() -> None:

@@ -1,7 +1,8 @@
 -- pop_job.lua: a worker's dequeue: pop the first job id of the first non-empty queue and
 -- stamp the job's hash with the vmpool heartbeat (Redis server time), in one unit.
 --
--- KEYS     the queue lists (rq:queue:<name>), in the worker's priority order, then each
+-- KEYS     the queue lists (rq:queue:<name>), in the order the worker tries them
+--          (workers/turns.py: the sweeps, then the others in turn order), then each
 --          queue's wake-up list (Keys.rq_queue_wake), in the same order
 -- ARGV[1]  the prefix of RQ's job hashes ("rq:job:")
 -- ARGV[2]  the heartbeat field (workers.queues.HEARTBEAT_FIELD)

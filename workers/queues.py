@@ -5,14 +5,15 @@ The queue names and RQ keys come from :class:`vmpool.state.keys.Keys`, under the
 prefix. Queues (``<prefix>-<short>``): ``sweeps`` (the periodic jobs), ``requests``
 (per request), ``vms`` (per VM).
 
-A worker listens to the sweeps first, then the requests, then the VMs (RQ dequeues by
-strict priority). The sweeps first: only a handful are ever queued (at most one waiting
-run per kind, workers/schedule.py) and each is short, so they cannot starve the others.
-So the expiry sweep, on which invariant 4's settle bound rests, is never stuck behind
-a flood of other jobs. In the chaos soak a provision-sweep after a Redis restart queued
-a hundred provision jobs, and with the requests first the expiry sweep waited 7 s.
-Then the request jobs, so a new request starts however long the VM backlog. Then the
-VM jobs, the bulk of the work.
+A worker listens to the sweeps, the requests and the VMs. The sweeps first, whenever
+one waits: only a handful are ever queued (at most one waiting run per kind,
+workers/schedule.py) and each is short, so they cannot starve the others. So the expiry
+sweep, on which invariant 4's settle bound rests, is never stuck behind a flood of
+other jobs. In the chaos soak a provision-sweep after a Redis restart queued a hundred
+provision jobs, and with the requests first the expiry sweep waited 7 s. The request
+jobs and the VM jobs (the bulk of the work) take weighted turns (workers/turns.py), so
+a new request starts however long the VM backlog, and a VM's create is not held back by
+a backlog of provisioning.
 
 Job ids are deterministic (:func:`workers.table.job_id`). Every job is enqueued as
 ``Queue.enqueue(..., unique=True)`` enqueues it, through RQ's unique-enqueue script

@@ -6,9 +6,9 @@ given a public name, and nowhere else (tests/test_layout.py checks every other m
 - a job built as ``Queue.enqueue(..., unique=True)`` builds it, pushed by RQ's
   unique-enqueue script on a pipeline, so that many jobs cost one round trip
   (workers/queues.py): :func:`push_unique_job`;
-- the worker's hooks vmpool changes (workers/loop.py): the connection it keeps, the
-  handler of an error in its pubsub thread, and the stop flag its loop checks:
-  :class:`WorkerHooks`;
+- the worker's hooks vmpool changes (workers/loop.py, workers/turns.py): the connection
+  it keeps, the handler of an error in its pubsub thread, the stop flag its loop checks
+  and the order its next pop tries its queues in: :class:`WorkerHooks`;
 - rq-scheduler's job builder (workers/schedule.py):
   :class:`SchedulerHooks`.
 
@@ -52,6 +52,7 @@ PRIVATE_NAMES: Final = (
     PrivateName(BaseWorker, "_set_connection", "self connection"),
     PrivateName(BaseWorker, "_pubsub_exception_handler", "self exc pubsub pubsub_thread"),
     PrivateName(BaseWorker, "_stop_requested", None),
+    PrivateName(BaseWorker, "_ordered_queues", None),
     PrivateName(
         Scheduler,
         "_create_job",
@@ -111,6 +112,19 @@ class WorkerHooks(BaseWorker):
     @stop_requested.setter
     def stop_requested(self, value: bool) -> None:
         self._stop_requested = value
+
+    @property
+    def pop_order(self) -> list[Queue]:
+        """The worker's queues in the order its next dequeue tries them.
+
+        RQ sets it to the listening order and reorders it after each job by its dequeue
+        strategy (``reorder_queues``).
+        """
+        return list(self._ordered_queues)
+
+    @pop_order.setter
+    def pop_order(self, queues: list[Queue]) -> None:
+        self._ordered_queues = queues
 
 
 class SchedulerHooks(Scheduler):  # type: ignore[misc]

@@ -50,6 +50,7 @@ __all__ = [
     "QUEUE_REQUESTS",
     "QUEUE_SWEEPS",
     "QUEUE_VMS",
+    "QUEUE_WEIGHTS",
     "JobSpec",
     "decode_fragment",
     "encode_fragment",
@@ -66,8 +67,12 @@ __all__ = [
 QUEUE_SWEEPS: Final = "sweeps"
 QUEUE_REQUESTS: Final = "requests"
 QUEUE_VMS: Final = "vms"
-# The order a worker listens in: strict priority (see workers/queues.py for why).
+# The order a worker listens in (see workers/queues.py for why).
 QUEUES: Final[tuple[str, ...]] = (QUEUE_SWEEPS, QUEUE_REQUESTS, QUEUE_VMS)
+# The queues a worker serves in weighted turns (workers/turns.py): this many jobs of one
+# in a row while the other has jobs waiting. A queue with no weight (the sweeps) is
+# served first whenever it has a job.
+QUEUE_WEIGHTS: Final[Mapping[str, int]] = MappingProxyType({QUEUE_REQUESTS: 1, QUEUE_VMS: 1})
 
 Subject = Literal["request", "vm", "vm_task"]
 

@@ -56,9 +56,9 @@ from vmpool.state.durability import confirmed, unconfirmed
 from vmpool.state.keys import DEFAULT_PREFIX, Keys
 from vmpool.state.lua import read_script
 from workers.batching import BatchDispatcher
-from workers.dequeue import StampingQueue
 from workers.loop import AliveFile, RedisOutage, SteadyLoop, redis_unusable, writable_check
 from workers.queues import HEARTBEAT_FIELD, HEARTBEAT_SECONDS, queue_names
+from workers.turns import FairDequeue
 
 if TYPE_CHECKING:
     from vmpool.config import Config
@@ -244,11 +244,10 @@ def one_job_beats(
         beats.close()
 
 
-class FleetSimpleWorker(SteadyLoop, SimpleWorker):
+class FleetSimpleWorker(FairDequeue, SteadyLoop, SimpleWorker):
     """Runs jobs in its own process (no fork), with its Fleet and live heartbeats."""
 
     fleet: Fleet | None = None
-    queue_class = StampingQueue  # pops and stamps the heartbeat in one unit
 
     def work(self, *args: Any, **kwargs: Any) -> bool:
         with unconfirmed():  # the loop's own writes (build_worker)
@@ -288,7 +287,7 @@ class FleetSimpleWorker(SteadyLoop, SimpleWorker):
         super().teardown()
 
 
-class FleetForkWorker(SteadyLoop, Worker):
+class FleetForkWorker(FairDequeue, SteadyLoop, Worker):
     """Forks a work horse per job (RQ's default).
 
     The parent keeps RQ's heartbeats (and the alive file: its monitor kills a hung
@@ -297,7 +296,6 @@ class FleetForkWorker(SteadyLoop, Worker):
     """
 
     fleet: Fleet | None = None
-    queue_class = StampingQueue  # pops and stamps the heartbeat in one unit
 
     def work(self, *args: Any, **kwargs: Any) -> bool:
         with unconfirmed():  # the loop's own writes (build_worker)
@@ -370,7 +368,7 @@ def build_worker(
 ) -> SteadyLoop:
     """A worker of ``kind`` ("simple" | "fork") on ``queues`` holding its Fleet.
 
-    ``queues``: RQ queue names (default: all of the fleet's, in priority order).
+    ``queues``: RQ queue names (default: all of the fleet's, in listening order).
     ``config`` None builds a worker without a Fleet (benchmarks of no-op jobs only).
     ``alive``: the file to touch while the loop lives (workers/loop.py).
     The loop's own writes (dequeue, heartbeats, job counters) are ``unconfirmed``: a

@@ -72,7 +72,7 @@ def _setup_logging(verbose: bool) -> None:
     "queues_text",
     metavar="Q,...",
     default=None,
-    help="Queues to listen to, in priority order: requests, sweeps, vms (default: all).",
+    help="Queues to listen to: sweeps, requests, vms (default: all).",
 )
 @click.option(
     "--fork/--no-fork",

@@ -29,7 +29,7 @@ Each batch function loops until the set has nothing claimable or it has run for
 :data:`BATCH_TIME_S`. It then returns the count of each outcome, with ``more: 1`` when it
 stopped on time with work left. The job's entry point then queues its continuation
 (``workers.batching.BatchDispatcher.continue_batch``) at the back of the queue, so a long
-backlog never holds a worker away from the sweeps. RQ's priority order serves the sweeps
+backlog never holds a worker away from the sweeps. The worker's dequeue serves the sweeps
 first only at a dequeue, and the expiry sweep's settle bound needs workers to come back
 to the queues.
 """
