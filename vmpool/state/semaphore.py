@@ -48,7 +48,7 @@ import redis
 from vmpool.state.keys import Keys
 from vmpool.state.lua import read_script
 
-__all__ = ["CloneSemaphore", "SlotStats"]
+__all__ = ["CloneSemaphore", "SlotStats", "SlotTerms"]
 
 log = logging.getLogger(__name__)
 
@@ -59,8 +59,39 @@ KEEPER_LINGER_S = 30.0
 _RENEWED, _TAKEN_OVER, _OVERRUN = 1, 2, 3
 
 
+# clone_semaphore.lua's keys, bound for _slots.lua's functions (the store's scripts
+# have them rendered in: vmpool.state.counters.lua_quota_keys).
+_SLOT_KEYS_FROM_KEYS = (
+    "local CLONE_SLOTS, SLOT_HOLDERS, SLOT_STATS, SLOT_LINE = KEYS[1], KEYS[2], KEYS[3], KEYS[4]\n"
+)
+
+
 def _script_text() -> str:
-    return read_script("vmpool.state.scripts", "clone_semaphore.lua")
+    """The semaphore's script: its keys bound, the leases' functions, its operations."""
+    return (
+        _SLOT_KEYS_FROM_KEYS
+        + read_script("vmpool.state.scripts", "_slots.lua")
+        + read_script("vmpool.state.scripts", "clone_semaphore.lua")
+    )
+
+
+@dataclass(frozen=True)
+class SlotTerms:
+    """What a store script taking a VM's clone slot in its own unit is told.
+
+    The fleet's ``limit`` and the lease's length (``lease_s``); for a request's VM, the
+    request's place in line (``place``: its slot comes in its turn), None for a warm
+    pool's. The script's ARGV for them: :meth:`argv`.
+    """
+
+    limit: int
+    lease_s: float
+    place: float | None = None
+
+    def argv(self) -> list[str]:
+        """The limit, the lease seconds and the place ('' for none)."""
+        place = "" if self.place is None else repr(float(self.place))
+        return [str(self.limit), repr(float(self.lease_s)), place]
 
 
 @dataclass(frozen=True)
@@ -99,6 +130,10 @@ class CloneSemaphore:
         self.lease_s = float(lease_s)
         self._script = redis_client.register_script(_script_text())
         self._keeper = _LeaseKeeper(self._renew, self.lease_s / 3)
+
+    def terms(self, place: float | None = None) -> SlotTerms:
+        """The terms a store script takes a slot on (for a request at ``place``)."""
+        return SlotTerms(self.limit, self.lease_s, place)
 
     def _call(self, *args: str | int) -> object:
         return self._script(keys=self._keys, args=list(args))
