@@ -4,8 +4,9 @@ The step a request's provision and a warm pool's top-up share.
 
 The clone slot is taken in the reservation's own unit (the store's script, given the
 semaphore's terms), and handed to the VM's create job, whose ``vm_created`` gives it
-back. A reservation refused holds none. A name already taken (``name_taken``: the name exists, tombstones
-included) is drawn again, up to :data:`MAX_NAME_ATTEMPTS` times. Collisions are rare.
+back. A reservation refused holds none. A name already taken (``name_taken``: the name
+exists, tombstones included) is drawn again, up to :data:`MAX_NAME_ATTEMPTS` times.
+Collisions are rare.
 """
 
 from __future__ import annotations
