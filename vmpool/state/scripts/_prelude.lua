@@ -239,8 +239,10 @@ end
 -- Moves a VM along one edge of VM_EDGES and keeps its pool index in step (and the
 -- daily summary: count_vm_move; the pool's totals: count_made; its user's quota count:
 -- quota_move; a reservation wakes the pending sweep: wake_pending_sweep).
+-- ``fields``: more field, value pairs of the VM's hash the move writes (nil for none),
+-- in the one HSET of its state.
 -- Returns false (and changes nothing) when the edge does not exist.
-local function move_vm(vm_key, vm, to, now, score, reason)
+local function move_vm(vm_key, vm, to, now, score, reason, fields)
   local from = vm.state
   if not VM_EDGES[from] or not VM_EDGES[from][to] then
     return false
@@ -251,10 +253,14 @@ local function move_vm(vm_key, vm, to, now, score, reason)
   if to ~= 'destroyed' then
     redis.call('ZADD', pool_index(vm.pool, to), score, vm.name)
   end
-  redis.call('HSET', vm_key, 'state', to, 'state_since', fmt(now))
+  local set = {'state', to, 'state_since', fmt(now)}
   if reason ~= '' then
-    redis.call('HSET', vm_key, 'reason', reason)
+    set[5], set[6] = 'reason', reason
   end
+  for _, x in ipairs(fields or {}) do
+    set[#set + 1] = x
+  end
+  redis.call('HSET', vm_key, unpack(set))
   count_vm_move(vm, from, to, now)
   count_made(vm, from, to)
   quota_move(vm, from, to)
@@ -270,12 +276,12 @@ end
 -- end, so the destroy sweep finds it when the hold is over). Returns the state reached.
 local function fail_vm(vm, now, reason, hold_s)
   local to, score = 'completed', now
+  local fields = {'error', reason}
   if vm.state == 'pending' and hold_s and hold_s > 0 then
     to, score = 'on_hold', now + hold_s
-    redis.call('HSET', KEYS[7], 'hold_until', fmt(score))
+    fields[3], fields[4] = 'hold_until', fmt(score)
   end
-  move_vm(KEYS[7], vm, to, now, score, reason)
-  redis.call('HSET', KEYS[7], 'error', reason)
+  move_vm(KEYS[7], vm, to, now, score, reason, fields)
   return to
 end
 

@@ -53,10 +53,11 @@ end
 
 -- 1 granted (a new lease, or the VM's lease renewed or taken over: its token was not
 -- newer than ours), 0 refused (no slot free, or a newer holder of the VM has it).
--- ``live``: the live lease count when the caller just read it (else read here).
+-- ``live``: the live lease count when the caller just read it, having found the VM
+-- holding no lease (else both are read here).
 local function slot_acquire(name, token, limit, expiry, now, live)
   slots_drop_expired(now)
-  if redis.call('ZSCORE', CLONE_SLOTS, name) then
+  if not live and redis.call('ZSCORE', CLONE_SLOTS, name) then
     if tonumber(token) < slot_holder(name) then
       return 0
     end

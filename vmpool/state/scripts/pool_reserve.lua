@@ -32,9 +32,10 @@ local hostname = name
 if ARGV[9] ~= '' then
   hostname = name .. '.' .. ARGV[9]
 end
-redis.call('HSET', KEYS[7], 'name', name, 'request_id', '', 'alias', pool, 'pool', pool,
+-- the record is written by the move's one HSET (its state with it)
+move_vm(KEYS[7], {name = name, pool = pool, state = 'none'}, 'reserved', now, now, '', {'name', name,
+  'request_id', '', 'alias', pool, 'pool', pool,
   'template', pool_template(pool, ARGV[7]), 'provider', ARGV[8], 'hostname', hostname, 'attempt', 1,
-  'reserved_at', fmt(now), 'data_ttl', ARGV[11], 'state', 'none', 'version', 0,
-  'cores', tonumber(ARGV[12] or '') or 1)
-move_vm(KEYS[7], {name = name, pool = pool, state = 'none'}, 'reserved', now, now, '')
+  'reserved_at', fmt(now), 'data_ttl', ARGV[11], 'version', 0,
+  'cores', tonumber(ARGV[12] or '') or 1})
 return {1, 'reserved', audit('vm:' .. name, 'none', 'reserved', 'reserved for the pool', now)}

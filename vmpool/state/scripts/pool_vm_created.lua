@@ -11,7 +11,6 @@ if refusal then
   return refusal
 end
 local now = server_now()
-move_vm(KEYS[7], vm, 'pending', now, now, '')
-redis.call('HSET', KEYS[7], 'created_at', fmt(now))
+move_vm(KEYS[7], vm, 'pending', now, now, '', {'created_at', fmt(now)})
 local reply = {1, 'pending', audit('vm:' .. vm.name, 'reserved', 'pending', 'created', now)}
 return slot_give_back(reply, vm.name, ARGV[6], ARGV[7], now)

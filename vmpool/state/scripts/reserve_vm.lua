@@ -73,13 +73,13 @@ local hostname = name
 if ARGV[10] ~= '' then
   hostname = name .. '.' .. ARGV[10]
 end
-redis.call('HSET', KEYS[7], 'name', name, 'request_id', RID, 'alias', ARGV[6],
+-- the record is written by the move's one HSET (its state with it)
+move_vm(KEYS[7], {name = name, pool = ARGV[7], state = 'none', quota_user = user, cores = cores},
+  'reserved', now, now, '', {'name', name, 'request_id', RID, 'alias', ARGV[6],
   'pool', ARGV[7], 'template', pool_template(ARGV[7], ARGV[8]), 'provider', ARGV[9], 'hostname', hostname,
   'attempt', tonumber(req.retries) + 1, 'reserved_at', fmt(now),
-  'data_ttl', req.data_ttl, 'request_created', req.created, 'state', 'none',
-  'quota_user', user, 'cores', cores)
-move_vm(KEYS[7], {name = name, pool = ARGV[7], state = 'none', quota_user = user, cores = cores},
-  'reserved', now, now, '')
+  'data_ttl', req.data_ttl, 'request_created', req.created,
+  'quota_user', user, 'cores', cores})
 redis.call('SADD', KEYS[2], name)
 redis.call('HINCRBY', KEYS[1], 'live:' .. slot, 1)
 if redis.call('HINCRBY', KEYS[1], 'unreserved', -1) <= 0 then

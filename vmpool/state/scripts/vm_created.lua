@@ -20,8 +20,7 @@ local now = server_now()
 local req = request_of(vm)
 local reply
 if req and req.status == 'pending' then
-  move_vm(KEYS[7], vm, 'pending', now, now, '')
-  redis.call('HSET', KEYS[7], 'created_at', fmt(now))
+  move_vm(KEYS[7], vm, 'pending', now, now, '', {'created_at', fmt(now)})
   reply = {1, 'pending', audit('vm:' .. vm.name, 'reserved', 'pending', 'created', now)}
 else
   local why = 'request ' .. ((req and req.status) or 'missing')

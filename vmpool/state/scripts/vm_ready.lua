@@ -35,11 +35,11 @@ if now >= tonumber(req.fail_at) then
   return {1, 'completed', v}
 end
 local lifetime_end = now + tonumber(req.lifetime)
-move_vm(KEYS[7], vm, 'running', now, fmt(lifetime_end), '')
-redis.call('HSET', KEYS[7], 'ready_at', fmt(now), 'lifetime_end', fmt(lifetime_end))
+local fields = {'ready_at', fmt(now), 'lifetime_end', fmt(lifetime_end)}
 if ARGV[7] and ARGV[7] ~= '' then
-  redis.call('HSET', KEYS[7], 'hostname', ARGV[7])
+  fields[5], fields[6] = 'hostname', ARGV[7]
 end
+move_vm(KEYS[7], vm, 'running', now, fmt(lifetime_end), '', fields)
 record_address(KEYS[7], vm.name, ARGV[8], ARGV[9])
 if vm.reserved_at then
   observe_ready_time(vm.pool, math.max(0, now - tonumber(vm.reserved_at)))
