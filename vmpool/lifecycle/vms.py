@@ -29,7 +29,7 @@ from vmpool.lifecycle.fleet import Fleet, note_outcome
 from vmpool.lifecycle.locking import run_locked
 from vmpool.lifecycle.outcomes import VMCode, VMStep, in_state, store_code
 from vmpool.lifecycle.pending import check_batched, list_lag_s, observe_pending
-from vmpool.providers import Provider, ProviderVMState, StatusBatch, create_for_request
+from vmpool.providers import Provider, ProviderVM, ProviderVMState, StatusBatch, create_for_request
 from vmpool.state.durability import settle
 from vmpool.state.locks import FencedLock
 from vmpool.state.records import Outcome, VMRecord
@@ -268,7 +268,12 @@ def _to_destroy_now(fleet: Fleet, vm: VMRecord) -> bool:
 # ------------------------------------------------------------------------------------
 
 
-def check_pending_vm(fleet: Fleet, name: str, lock: FencedLock | None = None) -> VMCode:
+def check_pending_vm(
+    fleet: Fleet,
+    name: str,
+    lock: FencedLock | None = None,
+    seen: Mapping[str, Mapping[str, ProviderVM | None]] | None = None,
+) -> VMCode:
     """Ask the provider whether a pending VM booted.
 
     Returns: 'running' / 'fulfilled' (attached, and the request turned ready in the same
@@ -276,20 +281,28 @@ def check_pending_vm(fleet: Fleet, name: str, lock: FencedLock | None = None) ->
     (not yet), 'retry' / 'request_failed' / 'failed' (past the pool's timeout, counted
     from the VM's created_at in server time, or vanished at the provider), 'busy',
     'provider_error', 'lock_lost', 'no_provider', or a refusal ('no_vm', 'vm_<state>').
-    ``lock``: as for :func:`create_vm`.
+    ``lock``: as for :func:`create_vm`. ``seen``: per provider, its answer for a batch
+    of VMs asked at once after their locks were granted (a batch job's claim): a VM it
+    answers for is not asked again.
     """
-    return _under_vm_lock(
-        fleet, name, VMState.PENDING, "check_pending", _check_pending_locked, lock
-    )
+    body = partial(_check_pending_locked, seen=seen or {})
+    return _under_vm_lock(fleet, name, VMState.PENDING, "check_pending", body, lock)
 
 
 def _check_pending_locked(
-    fleet: Fleet, vm: VMRecord, provider: Provider, lock: FencedLock
+    fleet: Fleet,
+    vm: VMRecord,
+    provider: Provider,
+    lock: FencedLock,
+    seen: Mapping[str, Mapping[str, ProviderVM | None]],
 ) -> VMCode:
     name = vm.name
+    answers = seen.get(vm.provider)
     try:
         if isinstance(provider, StatusBatch):  # one cloud call, not two
-            held = provider.statuses([name]).get(name)
+            if answers is None or name not in answers:
+                answers = provider.statuses([name])
+            held = answers.get(name)
             ready = held is not None and held.state == ProviderVMState.RUNNING
         else:
             held = provider.get_vm(vm.pool, name)
