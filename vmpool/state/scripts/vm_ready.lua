@@ -47,10 +47,10 @@ end
 local slot = vm.alias .. ':' .. vm.pool
 redis.call('HINCRBY', KEYS[1], 'have:' .. slot, 1)
 req.have = redis.call('HINCRBY', KEYS[1], 'have', 1)
-local v = audit('vm:' .. vm.name, 'pending', 'running', 'ready', now)
+local entry = {'vm:' .. vm.name, 'pending', 'running', 'ready'}
 -- `have` counts the request's live attached VMs: end_vm_lifetime takes back a VM whose
 -- lifetime ended while the request was pending, so this never fulfils a request short.
 if tonumber(req.have) >= tonumber(req.need) then
-  return {1, 'fulfilled', fulfil(req, now)}
+  return {1, 'fulfilled', fulfil(req, now, entry)}  -- the VM's entry, then the request's
 end
-return {1, 'running', v}
+return {1, 'running', audit(entry[1], entry[2], entry[3], entry[4], now)}
