@@ -81,8 +81,11 @@ move_vm(KEYS[7], {name = name, pool = ARGV[7], state = 'none', quota_user = user
   'data_ttl', req.data_ttl, 'request_created', req.created,
   'quota_user', user, 'cores', cores})
 redis.call('SADD', KEYS[2], name)
-redis.call('HINCRBY', KEYS[1], 'live:' .. slot, 1)
-if redis.call('HINCRBY', KEYS[1], 'unreserved', -1) <= 0 then
+-- the request's counts, read in this unit, written back in one HSET
+local unreserved = tonumber(req.unreserved) - 1
+redis.call('HSET', KEYS[1], 'live:' .. slot, tonumber(req['live:' .. slot]) + 1,
+  'unreserved', unreserved)
+if unreserved <= 0 then
   redis.call('ZREM', KEYS[6], RID)
   slot_line_leave(RID)
 end

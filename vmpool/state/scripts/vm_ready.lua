@@ -45,8 +45,10 @@ if vm.reserved_at then
   observe_ready_time(vm.pool, math.max(0, now - tonumber(vm.reserved_at)))
 end
 local slot = vm.alias .. ':' .. vm.pool
-redis.call('HINCRBY', KEYS[1], 'have:' .. slot, 1)
-req.have = redis.call('HINCRBY', KEYS[1], 'have', 1)
+-- the request's counts, read in this unit, written back in one HSET
+req.have = (tonumber(req.have) or 0) + 1
+redis.call('HSET', KEYS[1], 'have:' .. slot, (tonumber(req['have:' .. slot]) or 0) + 1,
+  'have', req.have)
 local entry = {'vm:' .. vm.name, 'pending', 'running', 'ready'}
 -- `have` counts the request's live attached VMs: end_vm_lifetime takes back a VM whose
 -- lifetime ended while the request was pending, so this never fulfils a request short.
