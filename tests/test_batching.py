@@ -320,3 +320,61 @@ def test_a_create_claims_clone_slots_hold_the_limit(
     states = sorted(vm.state for vm in fleet.store.get_vms(names))
     assert states == ["pending", "reserved", "reserved"]
     assert sorted(fleet.slots.holders()) == ["other-1", "other-2"]
+
+
+def _pending_vms(fleet: Fleet, n: int) -> list[str]:
+    """``n`` one-VM requests reserved and created: their VMs booting, in the check set."""
+    names: list[str] = []
+    for i in range(n):
+        create_request(fleet.store, f"p{i}", [Slot("deb", "debian", 1)], fleet.config)
+        names += lifecycle.provision_request(fleet, f"p{i}")
+    for name in names:
+        assert lifecycle.create_vm(fleet, name) == "pending"
+    WorkSet(fleet.redis, fleet.keys).add("check_pending_vm", names)
+    return names
+
+
+def test_a_check_claim_asks_its_provider_once_for_all_its_vms(
+    redis_client: redis.Redis, monkeypatch: Any
+) -> None:
+    """Proves: a check batch asks a provider that answers for many (the simulated
+    cloud) about its claim's booting VMs in one call, made after their locks were
+    granted, and each VM's transition uses that answer (red when each VM asks alone:
+    three calls of one name each)."""
+    fleet = make_fleet(redis_client, make_config())
+    names = _pending_vms(fleet, 3)
+    sim = fleet.providers["sim"]
+    asked: list[list[str]] = []
+    statuses = sim.statuses  # type: ignore[attr-defined]
+
+    def counted(vms: Sequence[str]) -> Any:
+        asked.append(sorted(vms))
+        assert all(fleet.redis.exists(fleet.keys.lock("vm", n)) for n in vms)  # locked
+        return statuses(vms)
+
+    monkeypatch.setattr(sim, "statuses", counted)
+    assert lifecycle.check_pending_batch(fleet) == {"fulfilled": 3}
+    assert asked == [sorted(names)]
+
+
+def test_a_check_claim_whose_provider_fails_to_answer_asks_vm_by_vm(
+    redis_client: redis.Redis, monkeypatch: Any
+) -> None:
+    """Proves: when the claim's one status call fails, nothing is lost: each VM asks
+    the provider alone, as a per-VM check would, and turns ready."""
+    fleet = make_fleet(redis_client, make_config())
+    names = _pending_vms(fleet, 3)
+    sim = fleet.providers["sim"]
+    asked: list[list[str]] = []
+    statuses = sim.statuses  # type: ignore[attr-defined]
+
+    def first_fails(vms: Sequence[str]) -> Any:
+        asked.append(sorted(vms))
+        if len(asked) == 1:
+            raise ConnectionError("the cloud's list call timed out")
+        return statuses(vms)
+
+    monkeypatch.setattr(sim, "statuses", first_fails)
+    assert lifecycle.check_pending_batch(fleet) == {"fulfilled": 3}
+    assert asked[0] == sorted(names)
+    assert sorted(asked[1:]) == sorted([n] for n in names)

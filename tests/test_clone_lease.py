@@ -245,6 +245,31 @@ def test_vm_created_gives_back_only_its_holders_slot(redis_client: redis.Redis) 
     assert slots.count() == 1
 
 
+def test_a_warm_pool_reservation_takes_its_slot_in_its_unit(redis_client: redis.Redis) -> None:
+    """Proves: a warm pool's top-up reserves a VM only with a clone slot, taken in the
+    reservation's unit: at the limit (1, held by another VM) it is refused
+    'clone_limit' and writes neither a VM nor a lease; with the slot free it holds the
+    slot (token 0, for its create to take over), and vm_created gives it back."""
+    fleet = make_fleet(redis_client)  # clone limit 1
+    pools, slots = fleet.store.pools, fleet.slots
+
+    def reserve(name: str) -> Outcome:
+        return pools.reserve_pool_vm(
+            name, pool="debian", template="t", provider=SIM, domain=None, size=2,
+            data_ttl_s=60, actor="w", slot=slots.terms(),
+        )  # fmt: skip
+
+    assert slots.acquire("someone-elses-vm") is not None
+    assert reserve("warm-a") == Outcome(False, "clone_limit")
+    assert fleet.store.get_vm("warm-a") is None
+    assert slots.holders() == ["someone-elses-vm"]
+    assert slots.release("someone-elses-vm")
+    assert reserve("warm-a").code == "reserved"
+    assert redis_client.hget(fleet.keys.clone_slot_holders, "warm-a") == "0"
+    created = fleet.store.vm_created("warm-a", actor="w", slot_limit=slots.limit)
+    assert (created.code, slots.count()) == ("pending", 0)
+
+
 def poll_until(predicate: Any, timeout_s: float = 5.0) -> bool:
     done = threading.Event()
     for _ in range(int(timeout_s / 0.02)):
