@@ -22,7 +22,6 @@ import re
 import sys
 import tempfile
 import threading
-import time
 from collections import Counter, defaultdict
 from pathlib import Path
 
@@ -64,12 +63,15 @@ def parse(line: bytes) -> tuple[bool, list[bytes]]:
     return head.split(b" ")[-1] == b"lua", [unescape(a) for a in ARG.findall(rest)]
 
 
+END = b"bench:monitor-end"
+
+
 class Monitor:
-    """A MONITOR client on a thread, keeping every line until stopped."""
+    """A MONITOR client on a thread, keeping every line until it reads the end mark."""
 
     def __init__(self, url: str) -> None:
         self.lines: list[tuple[bool, list[bytes]]] = []
-        self._stop = threading.Event()
+        self._client = redis.Redis.from_url(url)
         self._conn = redis.Redis.from_url(url).connection_pool.get_connection()
         self._conn.send_command("MONITOR")
         self._conn.read_response()
@@ -77,16 +79,21 @@ class Monitor:
         self._thread.start()
 
     def _read(self) -> None:
-        while not self._stop.is_set():
+        while True:
             try:
-                self.lines.append(parse(self._conn.read_response()))
+                in_lua, args = parse(self._conn.read_response())
             except (redis.ConnectionError, OSError):
                 return
+            if args == [b"ECHO", END]:
+                return
+            self.lines.append((in_lua, args))
 
     def stop(self) -> None:
-        self._stop.set()
+        """Send the end mark and wait until every line before it was read (<= 60 s)."""
+        self._client.echo(END)
+        self._thread.join(60)
         self._conn.disconnect()
-        self._thread.join(10)
+        assert not self._thread.is_alive(), "the monitor did not read its end mark"
 
 
 def script_name(text: str) -> str:
@@ -147,7 +154,6 @@ def main() -> None:
         print(f"# nproc={os.cpu_count()} vms={args.vms} loadavg={os.getloadavg()[0]:.2f}")
         monitor = Monitor(server.url)
         targets.fleet_real(server.url, args.vms, f.name)
-        time.sleep(0.2)  # the last lines reach the monitor
         monitor.stop()
     finally:
         server.stop()
