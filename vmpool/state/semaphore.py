@@ -3,17 +3,20 @@
 vmpooler counts clones in progress in one process. vmpool has many worker processes on
 many machines, so the count lives in Redis. It is a zset whose members are VM names and
 whose scores are the leases' expiry times (Redis server time). Beside it sits each
-lease's holder token. ``vmpool/state/scripts/clone_semaphore.lua`` drops expired leases,
-checks the limit and adds the lease in one atomic unit.
+lease's holder token. ``vmpool/state/scripts/_slots.lua`` drops expired leases,
+checks the limit and adds the lease in one atomic unit: in ``clone_semaphore.lua``
+(this module's script) and in the store scripts that take or give back a VM's slot in
+their own unit.
 
 A lease's life:
 
-- Taken when the VM is reserved (``lifecycle.provision_request``, the warm top-up),
-  with token 0: no lock of the VM exists yet.
+- Taken in the VM's reservation (``reserve_vm.lua`` in its request's turn,
+  ``pool_reserve.lua`` for a warm pool; the terms: :class:`SlotTerms`), with token 0:
+  no lock of the VM exists yet.
 - Taken over by the VM's create (``lifecycle.create_vm``), under the VM's lock: its
   token is that lock's fencing token. The create gives it back when it is over,
-  however it ends (``release_to_line``: the requests whose turn it is then are
-  dispatched their provision at once).
+  however it ends: in ``vm_created``'s unit, else ``release_to_line``; either answers
+  the requests whose turn it is then, which are dispatched their provision at once.
 - Renewed by acquiring again with a token not older than the lease's. A create job
   that runs twice holds one slot, not two.
 - Kept alive while the provider call runs: ``renewing`` renews it every third of
@@ -138,23 +141,15 @@ class CloneSemaphore:
     def _call(self, *args: str | int) -> object:
         return self._script(keys=self._keys, args=list(args))
 
-    def acquire(
-        self, holder: str, token: int = 0, line: tuple[str, float] | None = None
-    ) -> str | None:
+    def acquire(self, holder: str, token: int = 0) -> str | None:
         """Take the lease of VM ``holder`` with ``token``: its name, or None.
 
         Taking also renews a lease this holder has, or takes it over from an older token.
         ``token`` is the fence of the VM lock it is taken under (0 at a reservation). None when
-        no slot is free or a newer holder has it. ``line``: the request the VM is reserved
-        for and its place in line: then a slot goes to it only in its turn, when fewer
-        requests ahead of it wait for one than slots are free; refused, it waits in line
-        for one (``Keys.clone_slot_line``) until reserve_vm takes it out.
+        no slot is free or a newer holder has it. A reservation takes its VM's slot in its
+        own unit, in its request's turn (:meth:`terms`, _slots.lua).
         """
-        args: list[str | int] = [holder, int(token), self.limit, repr(self.lease_s)]
-        if line is None:
-            granted = self._call("acquire", *args)
-        else:
-            granted = self._call("acquire_in_line", *args, line[0], repr(float(line[1])))
+        granted = self._call("acquire", holder, int(token), self.limit, repr(self.lease_s))
         return holder if int(str(granted)) == 1 else None
 
     def release_to_line(self, lease: str, token: int = 0) -> list[str] | None:

@@ -89,7 +89,7 @@ local function q_each_chunk(list, fn)
 end
 
 -- A request no longer waits for a clone slot (it has its VMs, is parked, or left pending):
--- out of the clone semaphore's line (clone_semaphore.lua, acquire_in_line).
+-- out of the clone semaphore's line (_slots.lua, slot_acquire_in_line).
 local function slot_line_leave(rid)
   redis.call('ZREM', SLOT_LINE, rid)
 end

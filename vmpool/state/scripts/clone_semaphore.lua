@@ -16,12 +16,10 @@
 --          its VMs, close_request (the request left pending) and quota_park.lua too,
 --          and a provision that finds the request past its TTL (leave_line in
 --          vmpool/state/semaphore.py)
--- ARGV[1]  operation: 'acquire' | 'acquire_in_line' | 'acquire_all' | 'renew' |
---          'release' | 'release_to_line' | 'count' | 'turns'
+-- ARGV[1]  operation: 'acquire' | 'acquire_all' | 'renew' | 'release' |
+--          'release_to_line' | 'count' | 'turns' (a request's VM takes its slot in its
+--          turn in reserve_vm.lua's unit: _slots.lua slot_acquire_in_line)
 -- acquire:     ARGV[2] VM name, ARGV[3] token, ARGV[4] limit, ARGV[5] lease seconds
--- acquire_in_line: as acquire, then ARGV[6] the request's id, ARGV[7] its place: a new
---          lease only in its turn (fewer requests ahead of it in KEYS[4] than slots
---          free); refused, the request joins KEYS[4] at its place
 -- turns:       ARGV[2] limit
 -- acquire_all: ARGV[2] limit, ARGV[3] lease seconds, ARGV[4..] VM name, token pairs
 -- renew:       ARGV[2] VM name, ARGV[3] token, ARGV[4] limit, ARGV[5] lease seconds
@@ -57,10 +55,6 @@ end
 
 if op == 'acquire' then
   return slot_acquire(ARGV[2], ARGV[3], tonumber(ARGV[4]), lease_end(ARGV[5]), now)
-end
-if op == 'acquire_in_line' then
-  return slot_acquire_in_line(ARGV[2], ARGV[3], tonumber(ARGV[4]), lease_end(ARGV[5]), now,
-    ARGV[6], ARGV[7])
 end
 if op == 'turns' then
   return slot_turns(tonumber(ARGV[2]), now)
