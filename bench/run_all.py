@@ -25,6 +25,7 @@ BENCHES: dict[str, list[str]] = {
     "worker_class": ["--noop", "1000", "--requests", "200"],
     "sweep_dispatch": ["--sizes", "100,1000,5000", "--reps", "5"],
     "targets": ["--runs", "3", "--vms", "300", "--pending", "1000,10000"],
+    "command_attribution": ["--vms", "300"],
     "pending_sweep": ["--only", "sweep", "--runs", "3", "--pending", "100000"],
     "targets_aof": ["--runs", "3", "--vms", "300", "--pending", "10000", "--aof"],
     "api_rps": ["--runs", "3", "--seconds", "3", "--connections", "1,16"],

@@ -16,7 +16,8 @@ from vmpool.config import Config, parse_config
 from vmpool.lifecycle import Fleet, RecordingDispatcher
 from vmpool.providers import ProviderVM, SimulatedProvider
 from vmpool.state.names import NameGenerator
-from vmpool.state.records import RequestSettings, Slot
+from vmpool.state.ops import new_op
+from vmpool.state.records import Outcome, RequestSettings, Slot
 from vmpool.state.semaphore import CloneSemaphore
 
 SIM = "sim"
@@ -182,6 +183,91 @@ def _stop_and_take_over(
     creator_b.join(30)
     assert outcomes["b"] == "pending"
     assert fleet_b.slots.count() == 0
+
+
+def test_the_reservation_takes_the_slot_and_vm_created_gives_it_back_once(
+    redis_client: redis.Redis,
+) -> None:
+    """Proves: reserve_vm takes the VM's clone slot in its own unit (limit 1: a second
+    request's reservation is refused 'clone_limit', writes no VM and waits in the slot
+    line), and vm_created gives the slot back in its unit, naming the request whose turn
+    it is then. The same call sent again with its operation id (a retry after a lost
+    reply) answers the first reply, turns included, and changes nothing: the slot the
+    waiting request's VM took meanwhile stays taken. Red on a vm_created that keeps the
+    slot (the count stays 1) or answers no turns; red without the operation id (the
+    repeat is refused 'vm_pending' and the turns are lost)."""
+    fleet = make_fleet(redis_client)  # clone limit 1
+    store, slots = fleet.store, fleet.slots
+    base = RequestSettings.from_config(fleet.config)
+    for rid in ("r1", "r2"):
+        assert store.create_request(rid, [Slot("deb", "debian", 1)], base, actor="api").ok
+
+    def reserve(rid: str, name: str, place: float) -> Outcome:
+        return store.reserve_vm(
+            rid, name=name, alias="deb", pool="debian", template="t", provider=SIM,
+            domain=None, actor="w", slot=slots.terms(place),
+        )  # fmt: skip
+
+    assert reserve("r1", "vm-a", 1.0).code == "reserved"
+    assert slots.holders() == ["vm-a"]
+    assert reserve("r2", "vm-b", 2.0) == Outcome(False, "clone_limit")
+    assert store.get_vm("vm-b") is None
+    assert redis_client.zscore(fleet.keys.clone_slot_line, "r2") == 2.0
+    op = new_op(60)
+    args = ["vm-a", "", slots.limit]
+    first = store.scripts.run_on_vm("vm-a", "vm_created", "w", args, op=op)
+    assert (first.ok, first.code, first.turns) == (True, "pending", ("r2",))
+    assert slots.count() == 0
+    assert reserve("r2", "vm-b", 2.0).code == "reserved"  # its turn: it takes the slot
+    assert redis_client.zscore(fleet.keys.clone_slot_line, "r2") is None
+    again = store.scripts.run_on_vm("vm-a", "vm_created", "w", args, op=op)
+    assert again == first
+    assert slots.holders() == ["vm-b"]
+    assert slots.count() == 1
+
+
+def test_vm_created_gives_back_only_its_holders_slot(redis_client: redis.Redis) -> None:
+    """Proves: vm_created gives the slot back only for the holder of its lease (its
+    fencing token, or an older one): a create whose slot a newer holder of the VM took
+    over (token 7, ours 5) records the VM but leaves that lease, and answers no turns."""
+    fleet = make_fleet(redis_client)
+    store, slots = fleet.store, fleet.slots
+    base = RequestSettings.from_config(fleet.config)
+    assert store.create_request("r1", [Slot("deb", "debian", 1)], base, actor="api").ok
+    assert store.reserve_vm(
+        "r1", name="vm-a", alias="deb", pool="debian", template="t", provider=SIM,
+        domain=None, actor="w", slot=slots.terms(1.0),
+    ).ok  # fmt: skip
+    assert slots.acquire("vm-a", 7) == "vm-a"  # taken over by a newer holder
+    created = store.vm_created("vm-a", actor="w", slot_limit=slots.limit, fence=None)
+    assert (created.code, created.turns) == ("pending", ())
+    assert redis_client.hget(fleet.keys.clone_slot_holders, "vm-a") == "7"
+    assert slots.count() == 1
+
+
+def test_a_warm_pool_reservation_takes_its_slot_in_its_unit(redis_client: redis.Redis) -> None:
+    """Proves: a warm pool's top-up reserves a VM only with a clone slot, taken in the
+    reservation's unit: at the limit (1, held by another VM) it is refused
+    'clone_limit' and writes neither a VM nor a lease; with the slot free it holds the
+    slot (token 0, for its create to take over), and vm_created gives it back."""
+    fleet = make_fleet(redis_client)  # clone limit 1
+    pools, slots = fleet.store.pools, fleet.slots
+
+    def reserve(name: str) -> Outcome:
+        return pools.reserve_pool_vm(
+            name, pool="debian", template="t", provider=SIM, domain=None, size=2,
+            data_ttl_s=60, actor="w", slot=slots.terms(),
+        )  # fmt: skip
+
+    assert slots.acquire("someone-elses-vm") is not None
+    assert reserve("warm-a") == Outcome(False, "clone_limit")
+    assert fleet.store.get_vm("warm-a") is None
+    assert slots.holders() == ["someone-elses-vm"]
+    assert slots.release("someone-elses-vm")
+    assert reserve("warm-a").code == "reserved"
+    assert redis_client.hget(fleet.keys.clone_slot_holders, "warm-a") == "0"
+    created = fleet.store.vm_created("warm-a", actor="w", slot_limit=slots.limit)
+    assert (created.code, slots.count()) == ("pending", 0)
 
 
 def poll_until(predicate: Any, timeout_s: float = 5.0) -> bool:

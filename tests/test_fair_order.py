@@ -18,7 +18,7 @@ import redis
 from vmpool import lifecycle
 from vmpool.ids import Job
 from vmpool.lifecycle import Fleet
-from vmpool.state.records import RequestSettings, Slot
+from vmpool.state.records import Outcome, RequestSettings, Slot
 from workers.batching import BatchDispatcher
 
 from lifecyclehelp import create_request, make_config, make_fleet, recorder
@@ -110,18 +110,18 @@ def test_a_slot_freed_during_a_batch_waits_for_the_older_request(
     assert fleet.slots.acquire("someone-elses-vm") is not None  # the fleet is full
     _post(fleet, "old")
     _post(fleet, "young")
-    acquire = fleet.slots.acquire
+    reserve = fleet.store.reserve_vm  # takes the VM's slot in its unit
 
-    def acquire_then_free(holder: str, line: Any = None) -> str | None:
-        got = acquire(holder, line=line)
-        if got is None:
+    def reserve_then_free(request_id: str, **kwargs: Any) -> Outcome:
+        got = reserve(request_id, **kwargs)
+        if got.code == "clone_limit":
             fleet.slots.release("someone-elses-vm")  # the other create just ended
         return got
 
-    monkeypatch.setattr(fleet.slots, "acquire", acquire_then_free)
+    monkeypatch.setattr(fleet.store, "reserve_vm", reserve_then_free)
     lifecycle.provision_batch(fleet)
     assert _reserved(fleet) == set()
-    monkeypatch.setattr(fleet.slots, "acquire", acquire)
+    monkeypatch.setattr(fleet.store, "reserve_vm", reserve)
     assert _round(fleet) == {"old"}
 
 

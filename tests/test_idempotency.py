@@ -33,6 +33,7 @@ from vmpool.state.lua import ScriptPipeline
 from vmpool.state.ops import new_op
 from vmpool.state.overrides import clear_override, set_overrides
 from vmpool.state.records import Outcome, Slot
+from vmpool.state.semaphore import CloneSemaphore, SlotTerms
 from vmpool.state.store import Store
 from vmpool.state.tokens import MintedToken, TokenStore
 from vmpool.state.vm_tasks import VMTask
@@ -131,6 +132,14 @@ def _running_request(p: Parts) -> str:
     return name
 
 
+def _holding_slot(p: Parts) -> list[str]:
+    """A reserved VM holding the one clone slot, and a request waiting in line for it."""
+    names = make_request(p.store, RID, 1, created=False)
+    assert CloneSemaphore(p.redis, p.keys, 1, 60.0).acquire(names[0]) is not None
+    p.redis.zadd(p.keys.clone_slot_line, {"req-waiting": 1.0})
+    return names
+
+
 def _ended(p: Parts) -> str:
     name = _running_request(p)
     assert p.store.end_vm_lifetime(name, actor=ACTOR, force=True).ok
@@ -199,9 +208,27 @@ CASES: dict[str, Case] = {
             actor=ACTOR,
         ),
     ),
+    "reserve_vm_slot": Case(
+        lambda p: p.store.create_request(RID, [Slot("deb", POOL, 1)], settings(), actor=ACTOR),
+        lambda p, _: p.store.reserve_vm(
+            RID,
+            name="vm-1",
+            alias="deb",
+            pool=POOL,
+            template="t",
+            provider="sim",
+            domain=None,
+            actor=ACTOR,
+            slot=SlotTerms(1, 60.0, 1.0),
+        ),
+    ),
     "vm_created": Case(
         lambda p: make_request(p.store, RID, 1, created=False),
         lambda p, n: p.store.vm_created(n[0], actor=ACTOR),
+    ),
+    "vm_created_slot_back": Case(
+        _holding_slot,
+        lambda p, n: p.store.vm_created(n[0], actor=ACTOR, slot_limit=1),
     ),
     "vm_waiting": Case(
         lambda p: make_request(p.store, RID, 1, created=False),

@@ -52,6 +52,7 @@ from vmpool.lifecycle.outcomes import BatchCount, LockMiss, VMStep
 from vmpool.lifecycle.requests import CloneGate, provision_request
 from vmpool.lifecycle.vms import check_pending_vm, create_vm
 from vmpool.lifecycle.warm import pools_with_ready
+from vmpool.providers import ProviderVM, StatusBatch
 from vmpool.state.locks import FencedLock, LockKind, acquire_all, release_all
 from vmpool.state.transitions import VMState
 from vmpool.state.workset import Claim, WorkSet
@@ -326,6 +327,30 @@ def _take_slots(fleet: Fleet, locks: list[FencedLock]) -> dict[str, dict[str, An
 
 
 def check_pending_batch(fleet: Fleet) -> dict[str, int]:
-    """check_pending_vm for every booting VM in its work set."""
+    """check_pending_vm for every booting VM in its work set.
+
+    A claim asks each provider that answers for many at once about all its VMs in one
+    call (:func:`_ask_at_once`), not one call per VM."""
     job = Job.CHECK_PENDING_VM
-    return run_batch(fleet, job, check_pending_vm, LOCKED_STEPS[job])
+    return run_batch(fleet, job, check_pending_vm, LOCKED_STEPS[job], _ask_at_once)
+
+
+def _ask_at_once(fleet: Fleet, locks: list[FencedLock]) -> dict[str, dict[str, Any]]:
+    """A check claim's one status call per batching provider, for its pending VMs.
+
+    Asked after the locks were granted, as each VM's own check would ask. A provider
+    that fails to answer is left out: its VMs ask alone (and count its error)."""
+    names: dict[str, list[str]] = {}
+    for lock in locks:
+        record = lock.record
+        if record.get("state") == VMState.PENDING:
+            names.setdefault(record.get("provider", ""), []).append(lock.subject)
+    seen: dict[str, Mapping[str, ProviderVM | None]] = {}
+    for provider_name, vms in names.items():
+        provider = fleet.providers.get(provider_name)
+        if isinstance(provider, StatusBatch):
+            try:
+                seen[provider_name] = provider.statuses(vms)
+            except Exception as exc:  # each VM asks alone, as it would have
+                log.warning("check_pending: %s did not answer: %s", provider_name, exc)
+    return {lock.subject: {"seen": seen} for lock in locks} if seen else {}

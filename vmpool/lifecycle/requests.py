@@ -34,6 +34,7 @@ from vmpool.lifecycle.warm import claim_ready
 from vmpool.state.locks import FencedLock
 from vmpool.state.quotas import QuotaLimits
 from vmpool.state.records import Outcome, RequestRecord
+from vmpool.state.semaphore import SlotTerms
 from vmpool.state.transitions import RequestStatus, VMState
 
 __all__ = [
@@ -210,7 +211,7 @@ def _reserve_one(
     request's turn (its ``place`` in line). Its create is dispatched. Returns the code of
     :func:`~vmpool.lifecycle.reserving.reserve_fresh`."""
 
-    def reserve(name: str) -> Outcome:
+    def reserve(name: str, slot: SlotTerms) -> Outcome:
         # No ensure_held() first: the fence refuses a stale holder inside the write.
         return fleet.store.reserve_vm(
             request_id,
@@ -223,9 +224,10 @@ def _reserve_one(
             actor=fleet.who("provision"),
             fence=lock.fence,
             quota=limits,
+            slot=slot,
         )
 
-    got = reserve_fresh(fleet, "reserve", reserve, line=(request_id, place))
+    got = reserve_fresh(fleet, "reserve", reserve, place=place)
     if got.code == ReserveCode.RESERVED:
         reserved.append(got.name)
         fleet.dispatch.send(Job.CREATE_VM, [got.name])

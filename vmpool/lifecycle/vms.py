@@ -29,10 +29,10 @@ from vmpool.lifecycle.fleet import Fleet, note_outcome
 from vmpool.lifecycle.locking import run_locked
 from vmpool.lifecycle.outcomes import VMCode, VMStep, in_state, store_code
 from vmpool.lifecycle.pending import check_batched, list_lag_s, observe_pending
-from vmpool.providers import Provider, ProviderVMState, StatusBatch, create_for_request
+from vmpool.providers import Provider, ProviderVM, ProviderVMState, StatusBatch, create_for_request
 from vmpool.state.durability import settle
 from vmpool.state.locks import FencedLock
-from vmpool.state.records import VMRecord
+from vmpool.state.records import Outcome, VMRecord
 from vmpool.state.transitions import VM_TO_DESTROY, VMState
 from vmpool.state.workset import WorkSet
 
@@ -75,14 +75,16 @@ def create_vm(
     - the store's refusal: 'no_vm', 'vm_<state>', 'stale_fence'.
 
     The create is idempotent at the provider (by name), so a second run, or a run after
-    a worker died mid-create, finds the same VM. The clone slot is released in a
-    ``finally`` once the create is over, whichever way it went. ``lock``: the VM's lock,
+    a worker died mid-create, finds the same VM. The clone slot is given back once the
+    create is over, whichever way it went: by ``vm_created`` in its unit, else in a
+    ``finally``. ``lock``: the VM's lock,
     granted with its record by a batch job, which releases it (see ``_under_vm_lock``).
     ``slot``: whether the batch job took (or renewed) the VM's clone slot for it (one
     script for its claim), else it is taken here. The slot's lease is held with the
     lock's fencing token, so only this create (or a newer holder of the VM's lock)
     releases it: a creator paused past its lock and lease cannot release the slot of
-    the one that took its VM over.
+    the one that took its VM over. A create recorded (``vm_created``) gives the slot
+    back in that unit, with the requests whose turn it is then.
     """
     body = _create_locked if slot is None else partial(_create_locked, slot=slot)
 
@@ -153,7 +155,7 @@ def _create_locked(
     if not slot:
         log.info("create %s: clone limit reached, waiting for a slot", name)
         return VMStep.THROTTLED
-    actor = fleet.who("create")
+    created: Outcome | None = None
     try:
         lock.ensure_held()  # before the provider call: a side effect no fence guards
         refused = admit(fleet, provider, vm, lock)  # the provider's own limits
@@ -166,27 +168,49 @@ def _create_locked(
             return create_failed(fleet, provider, vm, lock, exc)
         failpoint("create_vm.after_provider")
         circuit_closed(fleet, provider, vm)
-        # No ensure_held() before the write: its fence refuses a stale holder inside it.
-        failpoint("create_vm.before_commit")  # a pause here is what the fence is for
-        created = fleet.store.vm_created(
-            name, actor=actor, fence=lock.fence, request_id=vm.request_id
-        )
-        note_outcome("vm_created", name, created)
-        if created.ok and created.code == "pending":
-            fleet.dispatch.send(Job.CHECK_PENDING_VM, [name])
-            return VMStep.PENDING
-        if created.code == "stale_fence":
-            # Another worker holds the VM now and will finish (or undo) this create. But
-            # if the record already let go of the VM, what we made is nobody's.
-            _destroy_if_released(fleet, name, provider)
-            return VMStep.STALE_FENCE
-        # 'completed' (request gone), 'vm_completed' (released meanwhile), ...: the VM we
-        # made belongs to nobody. Destroy it now rather than wait for the reconciler.
-        destroy_at_provider(fleet, name, provider, lock, pool=vm.pool)
-        return VMStep.COMPLETED if created.ok else store_code(created)
+        created = _record_created(fleet, vm, lock)
+        return _after_created(fleet, vm, provider, lock, created)
     finally:
-        give_slot_back(fleet, name, lock.fence)  # ours only: not a newer creator's
+        if created is None or not created.ok:  # else vm_created gave it back
+            give_slot_back(fleet, name, lock.fence)  # ours only: not a newer creator's
         let_go(fleet, provider, vm)
+
+
+def _record_created(fleet: Fleet, vm: VMRecord, lock: FencedLock) -> Outcome:
+    """``vm_created``, which gives the VM's clone slot back in its unit; the requests
+    whose turn for a slot it is then get their provision dispatched at once."""
+    # No ensure_held() before the write: its fence refuses a stale holder inside it.
+    failpoint("create_vm.before_commit")  # a pause here is what the fence is for
+    created = fleet.store.vm_created(
+        vm.name,
+        actor=fleet.who("create"),
+        fence=lock.fence,
+        request_id=vm.request_id,
+        slot_limit=fleet.slots.limit,
+    )
+    note_outcome("vm_created", vm.name, created)
+    if created.turns:
+        fleet.dispatch.send(Job.PROVISION_REQUEST, list(created.turns))
+    return created
+
+
+def _after_created(
+    fleet: Fleet, vm: VMRecord, provider: Provider, lock: FencedLock, created: Outcome
+) -> VMCode:
+    """What follows ``vm_created``'s outcome: the VM's check, or its destruction."""
+    name = vm.name
+    if created.ok and created.code == "pending":
+        fleet.dispatch.send(Job.CHECK_PENDING_VM, [name])
+        return VMStep.PENDING
+    if created.code == "stale_fence":
+        # Another worker holds the VM now and will finish (or undo) this create. But
+        # if the record already let go of the VM, what we made is nobody's.
+        _destroy_if_released(fleet, name, provider)
+        return VMStep.STALE_FENCE
+    # 'completed' (request gone), 'vm_completed' (released meanwhile), ...: the VM we
+    # made belongs to nobody. Destroy it now rather than wait for the reconciler.
+    destroy_at_provider(fleet, name, provider, lock, pool=vm.pool)
+    return VMStep.COMPLETED if created.ok else store_code(created)
 
 
 def _destroy_if_released(fleet: Fleet, name: str, provider: Provider) -> None:
@@ -244,7 +268,12 @@ def _to_destroy_now(fleet: Fleet, vm: VMRecord) -> bool:
 # ------------------------------------------------------------------------------------
 
 
-def check_pending_vm(fleet: Fleet, name: str, lock: FencedLock | None = None) -> VMCode:
+def check_pending_vm(
+    fleet: Fleet,
+    name: str,
+    lock: FencedLock | None = None,
+    seen: Mapping[str, Mapping[str, ProviderVM | None]] | None = None,
+) -> VMCode:
     """Ask the provider whether a pending VM booted.
 
     Returns: 'running' / 'fulfilled' (attached, and the request turned ready in the same
@@ -252,20 +281,28 @@ def check_pending_vm(fleet: Fleet, name: str, lock: FencedLock | None = None) ->
     (not yet), 'retry' / 'request_failed' / 'failed' (past the pool's timeout, counted
     from the VM's created_at in server time, or vanished at the provider), 'busy',
     'provider_error', 'lock_lost', 'no_provider', or a refusal ('no_vm', 'vm_<state>').
-    ``lock``: as for :func:`create_vm`.
+    ``lock``: as for :func:`create_vm`. ``seen``: per provider, its answer for a batch
+    of VMs asked at once after their locks were granted (a batch job's claim): a VM it
+    answers for is not asked again.
     """
-    return _under_vm_lock(
-        fleet, name, VMState.PENDING, "check_pending", _check_pending_locked, lock
-    )
+    body = partial(_check_pending_locked, seen=seen or {})
+    return _under_vm_lock(fleet, name, VMState.PENDING, "check_pending", body, lock)
 
 
 def _check_pending_locked(
-    fleet: Fleet, vm: VMRecord, provider: Provider, lock: FencedLock
+    fleet: Fleet,
+    vm: VMRecord,
+    provider: Provider,
+    lock: FencedLock,
+    seen: Mapping[str, Mapping[str, ProviderVM | None]],
 ) -> VMCode:
     name = vm.name
+    answers = seen.get(vm.provider)
     try:
         if isinstance(provider, StatusBatch):  # one cloud call, not two
-            held = provider.statuses([name]).get(name)
+            if answers is None or name not in answers:
+                answers = provider.statuses([name])
+            held = answers.get(name)
             ready = held is not None and held.state == ProviderVMState.RUNNING
         else:
             held = provider.get_vm(vm.pool, name)

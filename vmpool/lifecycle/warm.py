@@ -32,6 +32,7 @@ from vmpool.lifecycle.quotas import cores_of
 from vmpool.lifecycle.reserving import reserve_fresh
 from vmpool.state.quotas import NO_LIMITS, QuotaLimits
 from vmpool.state.records import Outcome, RequestRecord, VMRecord
+from vmpool.state.semaphore import SlotTerms
 from vmpool.state.transitions import RequestStatus, VMState
 
 __all__ = ["check_ready", "claim_ready", "pools_with_ready", "top_up_pools"]
@@ -76,7 +77,7 @@ def _reserve_warm(fleet: Fleet, pool: PoolConfig, names: list[str]) -> ReserveCo
     It holds a clone slot that its create job takes over. Returns the code of
     :func:`~vmpool.lifecycle.reserving.reserve_fresh`."""
 
-    def reserve(name: str) -> Outcome:
+    def reserve(name: str, slot: SlotTerms) -> Outcome:
         return fleet.store.pools.reserve_pool_vm(
             name,
             pool=pool.name,
@@ -87,6 +88,7 @@ def _reserve_warm(fleet: Fleet, pool: PoolConfig, names: list[str]) -> ReserveCo
             data_ttl_s=fleet.config.data_ttl_s,
             actor=fleet.who("top_up_pools"),
             cores=cores_of(fleet, pool.name),
+            slot=slot,
         )
 
     got = reserve_fresh(fleet, "reserve_pool_vm", reserve)

@@ -133,6 +133,8 @@ def lua_quota_keys(keys: Keys) -> str:
         "QUOTA_PARKED_USERS": keys.quota_parked_users,
         "LINE_STATS": keys.line_stats,
         "CLONE_SLOTS": keys.clone_slots,
+        "SLOT_HOLDERS": keys.clone_slot_holders,
+        "SLOT_STATS": keys.clone_slot_stats,
         "SLOT_LINE": keys.clone_slot_line,
         "METRIC_REQUEST_READY_PREFIX": keys.request_ready_metric_prefix(),
         "METRIC_ETA_ERROR": keys.eta_error_metric,

@@ -34,6 +34,7 @@ from vmpool.state.keys import INDEXED_VM_STATES, Keys
 from vmpool.state.ops import Op
 from vmpool.state.quotas import NO_LIMITS, QuotaLimits
 from vmpool.state.records import AuditEntry, Outcome, VMRecord, decode_hash, text
+from vmpool.state.semaphore import SlotTerms
 from vmpool.state.store_scripts import StoreScripts
 
 __all__ = ["Checkout", "Claim", "PoolStore"]
@@ -90,12 +91,16 @@ class PoolStore:
         data_ttl_s: float,
         actor: str,
         cores: int = 1,
+        slot: SlotTerms | None = None,
     ) -> Outcome:
-        """``cores``: of one VM of the pool (what its checkout or claim counts)."""
+        """``cores``: of one VM of the pool (what its checkout or claim counts). ``slot``:
+        the VM's clone slot is taken in the same unit (refused ``clone_limit``); None
+        takes none."""
         validate_vm_name(name)
         validate_pool_name(pool)
         args = [name, pool, template, provider, domain or "", int(size), repr(float(data_ttl_s))]
         args.append(int(cores))
+        args += slot.argv()[:2] if slot else ["", ""]
         return self.scripts.run_on_vm(name, "pool_reserve", actor, args, request_id="")
 
     def recycle_vm(

@@ -130,11 +130,13 @@ class Outcome:
     """What a transition did, or why it refused.
 
     ``ok`` with a ``code`` (``created``, ``fulfilled``, ``request_failed``...), or a
-    refusal (``ok=False``) whose code says why."""
+    refusal (``ok=False``) whose code says why. ``turns``: the requests whose turn for
+    a clone slot came with the slot a transition gave back (vm_created.lua)."""
 
     ok: bool
     code: str
     version: int | None = None
+    turns: tuple[str, ...] = ()
 
     @classmethod
     def from_reply(cls, reply: Sequence[Any]) -> Outcome:
@@ -142,7 +144,7 @@ class Outcome:
         version = int(reply[2]) if len(reply) > 2 and reply[2] is not None else None
         if version is not None and version < 0:
             version = None  # the request record had already expired
-        return cls(ok, text(reply[1]), version)
+        return cls(ok, text(reply[1]), version, tuple(text(r) for r in reply[3:]))
 
 
 @dataclass(frozen=True)

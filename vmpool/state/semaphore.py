@@ -3,17 +3,20 @@
 vmpooler counts clones in progress in one process. vmpool has many worker processes on
 many machines, so the count lives in Redis. It is a zset whose members are VM names and
 whose scores are the leases' expiry times (Redis server time). Beside it sits each
-lease's holder token. ``vmpool/state/scripts/clone_semaphore.lua`` drops expired leases,
-checks the limit and adds the lease in one atomic unit.
+lease's holder token. ``vmpool/state/scripts/_slots.lua`` drops expired leases,
+checks the limit and adds the lease in one atomic unit: in ``clone_semaphore.lua``
+(this module's script) and in the store scripts that take or give back a VM's slot in
+their own unit.
 
 A lease's life:
 
-- Taken when the VM is reserved (``lifecycle.provision_request``, the warm top-up),
-  with token 0: no lock of the VM exists yet.
+- Taken in the VM's reservation (``reserve_vm.lua`` in its request's turn,
+  ``pool_reserve.lua`` for a warm pool; the terms: :class:`SlotTerms`), with token 0:
+  no lock of the VM exists yet.
 - Taken over by the VM's create (``lifecycle.create_vm``), under the VM's lock: its
   token is that lock's fencing token. The create gives it back when it is over,
-  however it ends (``release_to_line``: the requests whose turn it is then are
-  dispatched their provision at once).
+  however it ends: in ``vm_created``'s unit, else ``release_to_line``; either answers
+  the requests whose turn it is then, which are dispatched their provision at once.
 - Renewed by acquiring again with a token not older than the lease's. A create job
   that runs twice holds one slot, not two.
 - Kept alive while the provider call runs: ``renewing`` renews it every third of
@@ -48,7 +51,7 @@ import redis
 from vmpool.state.keys import Keys
 from vmpool.state.lua import read_script
 
-__all__ = ["CloneSemaphore", "SlotStats"]
+__all__ = ["CloneSemaphore", "SlotStats", "SlotTerms"]
 
 log = logging.getLogger(__name__)
 
@@ -59,8 +62,39 @@ KEEPER_LINGER_S = 30.0
 _RENEWED, _TAKEN_OVER, _OVERRUN = 1, 2, 3
 
 
+# clone_semaphore.lua's keys, bound for _slots.lua's functions (the store's scripts
+# have them rendered in: vmpool.state.counters.lua_quota_keys).
+_SLOT_KEYS_FROM_KEYS = (
+    "local CLONE_SLOTS, SLOT_HOLDERS, SLOT_STATS, SLOT_LINE = KEYS[1], KEYS[2], KEYS[3], KEYS[4]\n"
+)
+
+
 def _script_text() -> str:
-    return read_script("vmpool.state.scripts", "clone_semaphore.lua")
+    """The semaphore's script: its keys bound, the leases' functions, its operations."""
+    return (
+        _SLOT_KEYS_FROM_KEYS
+        + read_script("vmpool.state.scripts", "_slots.lua")
+        + read_script("vmpool.state.scripts", "clone_semaphore.lua")
+    )
+
+
+@dataclass(frozen=True)
+class SlotTerms:
+    """What a store script taking a VM's clone slot in its own unit is told.
+
+    The fleet's ``limit`` and the lease's length (``lease_s``); for a request's VM, the
+    request's place in line (``place``: its slot comes in its turn), None for a warm
+    pool's. The script's ARGV for them: :meth:`argv`.
+    """
+
+    limit: int
+    lease_s: float
+    place: float | None = None
+
+    def argv(self) -> list[str]:
+        """The limit, the lease seconds and the place ('' for none)."""
+        place = "" if self.place is None else repr(float(self.place))
+        return [str(self.limit), repr(float(self.lease_s)), place]
 
 
 @dataclass(frozen=True)
@@ -100,26 +134,22 @@ class CloneSemaphore:
         self._script = redis_client.register_script(_script_text())
         self._keeper = _LeaseKeeper(self._renew, self.lease_s / 3)
 
+    def terms(self, place: float | None = None) -> SlotTerms:
+        """The terms a store script takes a slot on (for a request at ``place``)."""
+        return SlotTerms(self.limit, self.lease_s, place)
+
     def _call(self, *args: str | int) -> object:
         return self._script(keys=self._keys, args=list(args))
 
-    def acquire(
-        self, holder: str, token: int = 0, line: tuple[str, float] | None = None
-    ) -> str | None:
+    def acquire(self, holder: str, token: int = 0) -> str | None:
         """Take the lease of VM ``holder`` with ``token``: its name, or None.
 
         Taking also renews a lease this holder has, or takes it over from an older token.
         ``token`` is the fence of the VM lock it is taken under (0 at a reservation). None when
-        no slot is free or a newer holder has it. ``line``: the request the VM is reserved
-        for and its place in line: then a slot goes to it only in its turn, when fewer
-        requests ahead of it wait for one than slots are free; refused, it waits in line
-        for one (``Keys.clone_slot_line``) until reserve_vm takes it out.
+        no slot is free or a newer holder has it. A reservation takes its VM's slot in its
+        own unit, in its request's turn (:meth:`terms`, _slots.lua).
         """
-        args: list[str | int] = [holder, int(token), self.limit, repr(self.lease_s)]
-        if line is None:
-            granted = self._call("acquire", *args)
-        else:
-            granted = self._call("acquire_in_line", *args, line[0], repr(float(line[1])))
+        granted = self._call("acquire", holder, int(token), self.limit, repr(self.lease_s))
         return holder if int(str(granted)) == 1 else None
 
     def release_to_line(self, lease: str, token: int = 0) -> list[str] | None:

@@ -42,6 +42,7 @@ from vmpool.state.records import (
     text,
     texts,
 )
+from vmpool.state.semaphore import SlotTerms
 from vmpool.state.store_scripts import StoreScripts
 from vmpool.state.vm_tasks import VMTaskStore
 
@@ -175,22 +176,33 @@ class Store:
         actor: str,
         fence: int | None = None,
         quota: QuotaLimits = NO_LIMITS,
+        slot: SlotTerms | None = None,
     ) -> Outcome:
         """``quota``: the request's user's (refused ``quota_max_vms`` / ``quota_max_cores``
-        unless all the request still needs fits it)."""
+        unless all the request still needs fits it). ``slot``: the VM's clone slot is
+        taken in the same unit, in the request's turn (else ``clone_limit``)."""
         validate_vm_name(name)
         args = [name, alias, pool, template, provider, domain or "", self._fence(fence)]
-        return self._run("reserve_vm", request_id, actor, [*args, *quota.argv()], vm_name=name)
+        args += [*quota.argv(), *(slot.argv() if slot else ["", "", ""])]
+        return self._run("reserve_vm", request_id, actor, args, vm_name=name)
 
     def vm_created(
-        self, name: str, *, actor: str, fence: int | None = None, request_id: str | None = None
+        self,
+        name: str,
+        *,
+        actor: str,
+        fence: int | None = None,
+        request_id: str | None = None,
+        slot_limit: int | None = None,
     ) -> Outcome:
         """The provider created the VM, which is booting (reserved -> pending).
 
         ``request_id``: the VM's, from a record read under its lock. It saves a read,
-        and the script checks it all the same.
+        and the script checks it all the same. ``slot_limit``: the clone limit; the VM's
+        clone slot (``fence``'s) is then given back in the same unit, and the outcome's
+        ``turns`` are the requests whose turn for a slot it is now. None keeps the slot.
         """
-        args = [name, self._fence(fence)]
+        args = [name, self._fence(fence), "" if slot_limit is None else int(slot_limit)]
         return self.scripts.run_on_vm(name, "vm_created", actor, args, request_id=request_id)
 
     def vm_ready(

@@ -4,7 +4,8 @@ Each store script is the rendered transition table, metric keys (the quotas' key
 them) and wake-up keys (:func:`~vmpool.state.transitions.lua_tables`,
 :func:`~vmpool.state.counters.lua_metrics`, :func:`lua_wake`), then ``_quota.lua`` and
 ``_prelude.lua``, then its own helpers (the work-set and line functions for
-``create_request``, ``_pool.lua`` for the warm-pool scripts), then its file. The KEYS
+``create_request``, ``_pool.lua`` for the warm-pool scripts, ``_slots.lua`` for those
+that take or give back a VM's clone slot), then its file. The KEYS
 layouts come from :class:`~vmpool.state.keys.Keys` (``request_script_keys``,
 ``vm_script_keys``). ARGV 1-4 are the same for every script (:meth:`StoreScripts.call`).
 A script on one VM takes the layout its record calls for (:meth:`StoreScripts.run_on_vm`).
@@ -35,6 +36,7 @@ __all__ = [
     "POOL_SCRIPTS",
     "POOL_VARIANTS",
     "REQUEST_SCRIPTS",
+    "SLOT_SCRIPTS",
     "StoreScripts",
     "lua_wake",
     "prelude",
@@ -63,6 +65,8 @@ POOL_VARIANTS: Final[Mapping[str, str]] = {
     "end_vm_lifetime": "pool_end_lifetime",
     "vm_destroyed": "pool_vm_destroyed",
 }
+# The scripts that take or give back a VM's clone slot in their unit (_slots.lua).
+SLOT_SCRIPTS: Final = ("reserve_vm", "vm_created", "pool_reserve", "pool_vm_created")
 # The scripts that take the pool layout of KEYS, or either layout (scripts/_pool.lua).
 POOL_SCRIPTS: Final = (
     *POOL_VARIANTS.values(),
@@ -100,6 +104,10 @@ class StoreScripts:
         # create_request adds the request to the provision work set in its unit, and
         # records its ETA (the line's functions, _line.lua).
         self._heads["create_request"] = lua_workset() + _text("_line")
+        # A VM's clone slot is taken in its reservation and given back when it was
+        # created, in those units (_slots.lua, the clone semaphore's leases).
+        for name in SLOT_SCRIPTS:
+            self._heads[name] = self._heads.get(name, "") + _text("_slots")
         self._registered: dict[str, Script] = {}
         # How long the reply of a call made without a caller's operation id is kept.
         self.op_ttl_s = retry_window_s(redis_client)

@@ -7,7 +7,7 @@
 -- The line is the provision queue (Keys.provision_queue: the pending requests with VMs
 -- still to reserve), scored by each request's place (line_new_place), fixed when it is
 -- created: the provision work set serves requests in that order, and a clone slot goes
--- to the request first in it (clone_semaphore.lua, acquire_in_line). A request's
+-- to the request first in it (_slots.lua, slot_acquire_in_line, in reserve_vm.lua). A request's
 -- position is 0 once it is being provisioned (a VM of it reserved or claimed), else 1 +
 -- the requests ahead of it in the queue. Only a request placed ahead of it raises it:
 -- one of a higher (or aged) priority that arrives, another user's that fair share puts

@@ -145,15 +145,28 @@ local function audit_entry(entity, from, to, v, reason, now)
   return cjson.encode({entity, from, to, v, ACTOR, reason, fmt(now)})
 end
 
-local function audit_at(record_key, trail_key, entity, from, to, reason, now)
-  local v = redis.call('HINCRBY', record_key, 'version', 1)
-  local packed = audit_entry(entity, from, to, v, reason, now)
-  local pushed = redis.pcall('RPUSH', trail_key, packed)
-  if type(pushed) == 'table' and pushed.err then
-    redis.call('XADD', trail_key, '*', 'entity', entity, 'from', from, 'to', to,
-      'version', tostring(v), 'actor', ACTOR, 'reason', reason, 'time', fmt(now))
+-- audit_entries_at appends several entries ({entity, from, to, reason} each, in order)
+-- with one version bump and one push, their versions contiguous as if appended one by
+-- one; it returns the last version.
+local function audit_entries_at(record_key, trail_key, entries, now)
+  local n = #entries
+  local last = redis.call('HINCRBY', record_key, 'version', n)
+  local packed = {}
+  for i, e in ipairs(entries) do
+    packed[i] = audit_entry(e[1], e[2], e[3], last - n + i, e[4], now)
   end
-  return v
+  local pushed = redis.pcall('RPUSH', trail_key, unpack(packed))
+  if type(pushed) == 'table' and pushed.err then
+    for i, e in ipairs(entries) do
+      redis.call('XADD', trail_key, '*', 'entity', e[1], 'from', e[2], 'to', e[3],
+        'version', tostring(last - n + i), 'actor', ACTOR, 'reason', e[4], 'time', fmt(now))
+    end
+  end
+  return last
+end
+
+local function audit_at(record_key, trail_key, entity, from, to, reason, now)
+  return audit_entries_at(record_key, trail_key, {{entity, from, to, reason}}, now)
 end
 
 local function audit(entity, from, to, reason, now)
@@ -239,8 +252,10 @@ end
 -- Moves a VM along one edge of VM_EDGES and keeps its pool index in step (and the
 -- daily summary: count_vm_move; the pool's totals: count_made; its user's quota count:
 -- quota_move; a reservation wakes the pending sweep: wake_pending_sweep).
+-- ``fields``: more field, value pairs of the VM's hash the move writes (nil for none),
+-- in the one HSET of its state.
 -- Returns false (and changes nothing) when the edge does not exist.
-local function move_vm(vm_key, vm, to, now, score, reason)
+local function move_vm(vm_key, vm, to, now, score, reason, fields)
   local from = vm.state
   if not VM_EDGES[from] or not VM_EDGES[from][to] then
     return false
@@ -251,10 +266,14 @@ local function move_vm(vm_key, vm, to, now, score, reason)
   if to ~= 'destroyed' then
     redis.call('ZADD', pool_index(vm.pool, to), score, vm.name)
   end
-  redis.call('HSET', vm_key, 'state', to, 'state_since', fmt(now))
+  local set = {'state', to, 'state_since', fmt(now)}
   if reason ~= '' then
-    redis.call('HSET', vm_key, 'reason', reason)
+    set[5], set[6] = 'reason', reason
   end
+  for _, x in ipairs(fields or {}) do
+    set[#set + 1] = x
+  end
+  redis.call('HSET', vm_key, unpack(set))
   count_vm_move(vm, from, to, now)
   count_made(vm, from, to)
   quota_move(vm, from, to)
@@ -270,12 +289,12 @@ end
 -- end, so the destroy sweep finds it when the hold is over). Returns the state reached.
 local function fail_vm(vm, now, reason, hold_s)
   local to, score = 'completed', now
+  local fields = {'error', reason}
   if vm.state == 'pending' and hold_s and hold_s > 0 then
     to, score = 'on_hold', now + hold_s
-    redis.call('HSET', KEYS[7], 'hold_until', fmt(score))
+    fields[3], fields[4] = 'hold_until', fmt(score)
   end
-  move_vm(KEYS[7], vm, to, now, score, reason)
-  redis.call('HSET', KEYS[7], 'error', reason)
+  move_vm(KEYS[7], vm, to, now, score, reason, fields)
   return to
 end
 
@@ -286,12 +305,13 @@ local function observe_ready_time(pool, seconds)
   line_average('ready:' .. pool, seconds)  -- the ETA's time from reservation to ready
 end
 
--- Moves the request's status along one edge of REQUEST_EDGES, with its audit entry.
+-- Moves the request's status along one edge of REQUEST_EDGES, with its audit entry
+-- (after ``before``'s, an entry of the same unit: {entity, from, to, reason}, or nil).
 -- Returns the new version, or false when the edge does not exist.
 -- A request finishes when it leaves pending (to ready, failed or deleted): counted
 -- here, once, whichever script moves it; a ready request deleted later is not counted
 -- again, so the outcomes add up to the requests finished.
-local function set_status(req, to, reason, now)
+local function set_status(req, to, reason, now, before)
   local from = req.status
   if not REQUEST_EDGES[from] or not REQUEST_EDGES[from][to] then
     return false
@@ -301,7 +321,11 @@ local function set_status(req, to, reason, now)
   if from == 'pending' then
     redis.call('HINCRBY', METRIC_FINISHED, to, 1)
   end
-  return audit('request', from, to, reason, now)
+  local entries = {{'request', from, to, reason}}
+  if before then
+    entries = {before, entries[1]}
+  end
+  return audit_entries_at(KEYS[1], KEYS[3], entries, now)
 end
 
 -- Sends every live VM of the request to destruction (state completed).
@@ -343,8 +367,9 @@ local function close_request(ttl_s)
   end
 end
 
-local function fulfil(req, now)
-  local v = set_status(req, 'ready', 'all VMs ready', now)
+-- ``before``: as set_status's (the entry of the VM whose move fulfils it), or nil.
+local function fulfil(req, now, before)
+  local v = set_status(req, 'ready', 'all VMs ready', now, before)
   observe_request_ready(req, now)
   -- a ready request must outlive its VMs' lifetime before it becomes a tombstone
   close_request(tonumber(req.data_ttl) + tonumber(req.lifetime))

@@ -89,7 +89,7 @@ local function q_each_chunk(list, fn)
 end
 
 -- A request no longer waits for a clone slot (it has its VMs, is parked, or left pending):
--- out of the clone semaphore's line (clone_semaphore.lua, acquire_in_line).
+-- out of the clone semaphore's line (_slots.lua, slot_acquire_in_line).
 local function slot_line_leave(rid)
   redis.call('ZREM', SLOT_LINE, rid)
 end
@@ -178,8 +178,13 @@ local function observe_hist(key, seconds)
 end
 
 -- A running average of the line's pace (LINE_STATS ``field``) takes ``sample``.
-local function line_average(field, sample)
-  local old = tonumber(redis.call('HGET', LINE_STATS, field) or '')
+-- ``known``: the field's value when the caller read it in this unit ('' for none), so
+-- it is not read again; nil to read it here.
+local function line_average(field, sample, known)
+  if known == nil then
+    known = redis.call('HGET', LINE_STATS, field) or ''
+  end
+  local old = tonumber(known)
   local value = sample
   if old then
     value = old + LINE_ALPHA * (sample - old)
@@ -194,10 +199,10 @@ local function line_started(req_key, queue_key, now)
   if redis.call('HSETNX', req_key, 'started', q_fmt(now)) == 0 then
     return
   end
-  local last = redis.call('HMGET', LINE_STATS, 'last_start', 'last_backlog')
+  local last = redis.call('HMGET', LINE_STATS, 'last_start', 'last_backlog', 'interval')
   local at, backlog = tonumber(last[1] or ''), tonumber(last[2] or '0') or 0
   if at and backlog > 0 then
-    line_average('interval', math.min(math.max(0, now - at), 3600))
+    line_average('interval', math.min(math.max(0, now - at), 3600), last[3] or '')
   end
   local waiting = redis.call('ZCARD', queue_key) - redis.call('ZCARD', QUOTA_PARKED_LINE)
   redis.call('HSET', LINE_STATS, 'last_start', q_fmt(now), 'last_backlog', math.max(0, waiting))

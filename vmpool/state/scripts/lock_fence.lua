@@ -22,7 +22,10 @@
 -- refuses it ('stale_fence'). Each lock is granted or refused on its own: a busy one
 -- does not stop the others. The counter never goes back while its subject's record
 -- exists: it gets a TTL only when it has none and its subject has one (a tombstone:
--- the counter dies with it) or has no record at all.
+-- the counter dies with it) or has no record at all. Only a counter this grant made
+-- (token 1) is looked at: a transition that gives a subject its TTL gives its counter
+-- the same in its unit (keep_tombstone, close_request, extend_vm, _pool.lua's
+-- tombstone), so an older counter already has its TTL, or its subject none.
 local out = {}
 for i = 1, #KEYS / 3 do
   local lock, fence, subject = KEYS[3 * i - 2], KEYS[3 * i - 1], KEYS[3 * i]
@@ -30,7 +33,7 @@ for i = 1, #KEYS / 3 do
   local record = {}
   if redis.call('SET', lock, ARGV[3 + i], 'NX', 'PX', ARGV[2]) then
     token = redis.call('INCR', fence)
-    if redis.call('PTTL', fence) < 0 then
+    if token == 1 then
       local subject_ttl = redis.call('PTTL', subject)
       if subject_ttl > 0 then
         redis.call('PEXPIRE', fence, subject_ttl)

@@ -21,8 +21,7 @@ if reset_at and vm.reserved_at and tonumber(vm.reserved_at) < tonumber(reset_at)
   move_vm(KEYS[7], vm, 'completed', now, now, 'pool reset')
   return {1, 'completed', audit('vm:' .. vm.name, 'pending', 'completed', 'pool reset', now)}
 end
-move_vm(KEYS[7], vm, 'ready', now, fmt(now), '')
-redis.call('HSET', KEYS[7], 'ready_at', fmt(now))
+move_vm(KEYS[7], vm, 'ready', now, fmt(now), '', {'ready_at', fmt(now)})
 if ARGV[7] and ARGV[7] ~= '' then
   redis.call('HSET', KEYS[7], 'hostname', ARGV[7])
 end

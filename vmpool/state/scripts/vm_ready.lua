@@ -35,22 +35,24 @@ if now >= tonumber(req.fail_at) then
   return {1, 'completed', v}
 end
 local lifetime_end = now + tonumber(req.lifetime)
-move_vm(KEYS[7], vm, 'running', now, fmt(lifetime_end), '')
-redis.call('HSET', KEYS[7], 'ready_at', fmt(now), 'lifetime_end', fmt(lifetime_end))
+local fields = {'ready_at', fmt(now), 'lifetime_end', fmt(lifetime_end)}
 if ARGV[7] and ARGV[7] ~= '' then
-  redis.call('HSET', KEYS[7], 'hostname', ARGV[7])
+  fields[5], fields[6] = 'hostname', ARGV[7]
 end
+move_vm(KEYS[7], vm, 'running', now, fmt(lifetime_end), '', fields)
 record_address(KEYS[7], vm.name, ARGV[8], ARGV[9])
 if vm.reserved_at then
   observe_ready_time(vm.pool, math.max(0, now - tonumber(vm.reserved_at)))
 end
 local slot = vm.alias .. ':' .. vm.pool
-redis.call('HINCRBY', KEYS[1], 'have:' .. slot, 1)
-req.have = redis.call('HINCRBY', KEYS[1], 'have', 1)
-local v = audit('vm:' .. vm.name, 'pending', 'running', 'ready', now)
+-- the request's counts, read in this unit, written back in one HSET
+req.have = (tonumber(req.have) or 0) + 1
+redis.call('HSET', KEYS[1], 'have:' .. slot, (tonumber(req['have:' .. slot]) or 0) + 1,
+  'have', req.have)
+local entry = {'vm:' .. vm.name, 'pending', 'running', 'ready'}
 -- `have` counts the request's live attached VMs: end_vm_lifetime takes back a VM whose
 -- lifetime ended while the request was pending, so this never fulfils a request short.
 if tonumber(req.have) >= tonumber(req.need) then
-  return {1, 'fulfilled', fulfil(req, now)}
+  return {1, 'fulfilled', fulfil(req, now, entry)}  -- the VM's entry, then the request's
 end
-return {1, 'running', v}
+return {1, 'running', audit(entry[1], entry[2], entry[3], entry[4], now)}
