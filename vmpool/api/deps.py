@@ -153,7 +153,7 @@ def counted(method: str, subject: str, operation: str) -> Any:
     so refused calls are counted too, as vmpooler counts them."""
 
     async def count(request: Request) -> None:
-        api_state(request).metrics.http_requests_vm.labels(method, subject, operation).inc()
+        api_state(request).metrics.count_vm_call(method, subject, operation)
 
     return Depends(count)
 

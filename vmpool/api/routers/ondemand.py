@@ -69,7 +69,7 @@ ONDEMAND_STATUS = "/ondemandvm/{request_id}"
 @router.post(ONDEMAND)
 async def post_ondemand(request: Request) -> Response:
     st = api_state(request)
-    st.metrics.http_requests_vm.labels("post", "ondemand", "requestid").inc()
+    st.metrics.count_vm_call("post", "ondemand", "requestid")
     token = await authenticate(request, st)
     data = parse_json_body(await read_body(request))
     try:
@@ -83,7 +83,7 @@ async def post_ondemand(request: Request) -> Response:
 @router.post(ONDEMAND_FORM)
 async def post_ondemand_path(request: Request) -> Response:
     st = api_state(request)
-    st.metrics.http_requests_vm.labels("delete", "ondemand", "template").inc()
+    st.metrics.count_vm_call("delete", "ondemand", "template")
     token = await authenticate(request, st)
     await read_body(request)  # ignored, but bounded
     wanted = ondemand_from_path(request.path_params["template"])
@@ -95,14 +95,14 @@ async def post_ondemand_path(request: Request) -> Response:
 @router.get(ONDEMAND_STATUS)
 async def get_ondemand(request: Request) -> Response:
     st = api_state(request)
-    st.metrics.http_requests_vm.labels("get", "ondemand", "request").inc()
+    st.metrics.count_vm_call("get", "ondemand", "request")
     return await request_status(st, request.path_params["request_id"])
 
 
 @router.delete(ONDEMAND_STATUS)
 async def delete_ondemand(request_id: str, request: Request, st: State, token: Token) -> Response:
     # Counted after the auth check, as vmpooler counts it.
-    st.metrics.http_requests_vm.labels("delete", "ondemand", "request").inc()
+    st.metrics.count_vm_call("delete", "ondemand", "request")
     op = call_key(request).op(token.user if token else "")
     return await run_in_threadpool(delete_request, st.store, request_id, token, op)
 
@@ -165,7 +165,7 @@ async def create_request(st: ApiState, wanted: Ondemand, token: TokenInfo | None
             )
         log.warning("create_request %s refused: %s", rid, outcome.code)
         return not_ok(400, message=f"request refused: {outcome.code}")
-    st.metrics.generate.labels("success").inc()
+    st.metrics.generated.inc()
     if log.isEnabledFor(logging.INFO):  # the line is built only when it is written
         log.info(
             "request %s created: %s%s",
