@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import threading
 import uuid
 from typing import Any
 
@@ -24,6 +25,7 @@ from vmpool.state.store import Store
 from workers.batching import LANES
 
 from apihelp import API, make_app, make_client, spec_config
+from storehelp import poll
 
 
 async def _post(app: FastAPI, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
@@ -120,3 +122,48 @@ def test_a_batch_not_confirmed_fails_each_post_with_its_own_503(
     for rid, (status, body) in zip(chosen, answers, strict=True):
         assert status == 503, body
         assert body["request_id"] == rid and body["redis"] == "not_confirmed"
+
+
+def test_a_batch_whose_connection_dies_in_flight_is_sent_again_and_creates_once(
+    redis_url: str, redis_client: redis.Redis
+) -> None:
+    """Proves: the creates' round trip keeps the connection's retry. Redis holds the
+    batch (CLIENT PAUSE WRITE: its first script waits, unrun), its connection is killed
+    while it waits, and the batch goes again on a new connection: every POST 201, each
+    request created once, in the provision work set."""
+    config = spec_config()
+    app = make_app(config, redis_url)
+    assert _together(app, [{"pool1": 1}])[0][0] == 201  # the scripts loaded, a lane queued
+    chosen = [str(uuid.uuid4()) for _ in range(3)]
+    killed: list[str] = []
+
+    def held() -> list[dict[str, Any]]:
+        return [
+            c for c in redis_client.client_list() if "b" in c["flags"] and c["cmd"] == "evalsha"
+        ]
+
+    def kill_the_held_batch() -> None:
+        try:
+            if poll(lambda: bool(held()), 10.0):
+                for client in held():
+                    redis_client.client_kill_filter(_id=client["id"])
+                    killed.append(client["id"])
+        finally:
+            redis_client.execute_command("CLIENT", "UNPAUSE")
+
+    redis_client.execute_command("CLIENT", "PAUSE", 20_000, "WRITE")
+    killer = threading.Thread(target=kill_the_held_batch)
+    killer.start()
+    try:
+        answers = _together(app, [{"pool1": 1, "request_id": rid} for rid in chosen])
+    finally:
+        killer.join(15)
+    assert len(killed) == 1
+    assert answers == [(201, {"ok": True, "request_id": rid}) for rid in chosen]
+    keys = Keys(config.key_prefix)
+    work = redis_client.zrange(keys.work_set("provision_request"), 0, -1)
+    store = Store(redis_client, keys)
+    for rid in chosen:
+        record = store.get_request(rid)
+        assert record is not None and record.status == "pending" and record.version == 1
+        assert work.count(rid) == 1
