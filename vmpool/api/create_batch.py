@@ -8,9 +8,10 @@ so one check after the batch's creates starts the provisioning of every one). Th
 pipeline adds no atomicity across the creates and takes none away: each reply is its
 call's, an error in its place. A POST alone is a batch of one.
 
-Under load the round trip's client cost (the pipeline, a pooled connection, a send, a
-read) and the lane check were most of a POST's Python past what a /healthz costs
-(profiled: docs/benchmarks.md); batched, they are paid once per turn.
+Under load a round trip's client cost (a pooled connection, a send, the event loop's
+wake-up for the replies) and the lane check were the largest part of a POST's Python
+past what a /healthz costs (profiled: docs/benchmarks.md); batched, they are paid once
+per turn, and Redis runs one lane check for the turn's creates.
 
 The batch is its own unit of work (:func:`vmpool.state.durability.confirmed_async`),
 run in a task with a context of its own: the pipeline confirms the creates in its round
