@@ -111,8 +111,7 @@ class ApiMetrics:
         # (route, method, status) -> its counter and histogram children: a response is
         # counted without the label lookups (the label sets are bounded, so is this).
         self._observed: dict[tuple[str, str, int], tuple[Counter, Histogram]] = {}
-        # (method, subject, operation) -> its vmpooler counter child, made on first use.
-        self._vm_calls: dict[tuple[str, str, str], Counter] = {}
+        self._vm_calls: dict[tuple[str, str, str], Counter] = {}  # made on first use
 
     def count_vm_call(self, method: str, subject: str, operation: str) -> None:
         """One call as vmpooler's ``http_requests_vm_total`` counts it (a hot route's
