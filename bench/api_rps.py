@@ -11,8 +11,10 @@ access log. Then, for each connection count, drives it from that many keep-alive
 connections (one thread each, raw sockets: the client's own cost per request is a few
 µs of Python) for ``--seconds`` per endpoint, ``--runs`` times, alternating. Baseline:
 /healthz on the same process in the same run. Reports requests/s, p50 and p99 latency,
-the ratio to /healthz (min / median / max of the runs) and Redis commands per POST
-(INFO commandstats, Lua-internal commands included).
+the ratio to /healthz (min / median / max of the runs), Redis commands per POST
+(INFO commandstats, Lua-internal commands included) and the Redis server's CPU per POST
+(INFO cpu: on a machine whose cores the API, Redis and this client share, the POST's
+throughput pays it too).
 """
 
 from __future__ import annotations
@@ -174,10 +176,17 @@ class Runs:
         )
 
 
+def server_cpu(conn: redis.Redis) -> float:
+    """The Redis server's CPU seconds (user + system) so far."""
+    info = conn.info("cpu")
+    return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
+
+
 def measure(
     url: str, port: int, pid: int, args: argparse.Namespace
-) -> tuple[list[Runs], list[float]]:
-    """Each connection count's runs, alternating the endpoints; Redis commands per POST."""
+) -> tuple[list[Runs], list[float], list[float]]:
+    """Each connection count's runs, alternating the endpoints; Redis commands and Redis
+    server CPU (µs) per POST."""
     conn = redis.Redis.from_url(url)
     healthz = http_request("GET", "/healthz")
     post = http_request("POST", "/api/v3/ondemandvm", POST_BODY)
@@ -189,17 +198,20 @@ def measure(
     drive(port, get, 1, 0.5)
     out = [Runs(c) for c in args.connections]
     cmds: list[float] = []
+    redis_us: list[float] = []
     for _ in range(args.runs):
         for runs in out:
             runs.add("healthz", drive(port, healthz, runs.conns, args.seconds, pid))
             conn.config_resetstat()
+            redis_cpu = server_cpu(conn)
             load = drive(port, post, runs.conns, args.seconds, pid)
+            redis_us.append((server_cpu(conn) - redis_cpu) * 1e6 / max(1, len(load.latencies)))
             stats = conn.info("commandstats")
             calls = sum(int(v["calls"]) for k, v in stats.items() if k != "cmdstat_config")
             cmds.append(calls / max(1, len(load.latencies)))
             runs.add("post", load)
             runs.add("get", drive(port, get, runs.conns, args.seconds, pid))
-    return out, cmds
+    return out, cmds, redis_us
 
 
 def start_api(config: str, url: str, port: int, log_level: str, log: Path) -> subprocess.Popen:
@@ -228,7 +240,7 @@ def report(server: RedisServer, pid: int, args: argparse.Namespace) -> None:
         f" redis-server={version} aof={args.aof} runs={args.runs} seconds={args.seconds}"
         f" log-level={args.log_level} loadavg={os.getloadavg()[0]:.2f}"
     )
-    out, cmds = measure(server.url, args.port, pid, args)
+    out, cmds, redis_us = measure(server.url, args.port, pid, args)
     print(
         "| endpoint | connections | rps | p50 ms | p99 ms | API CPU µs per request |"
         " rps ÷ /healthz rps |"
@@ -239,6 +251,7 @@ def report(server: RedisServer, pid: int, args: argparse.Namespace) -> None:
         print(runs.row("post", "POST /ondemandvm"))
         print(runs.row("get", "GET /ondemandvm/<pending id>"))
     print(f"\nRedis commands per POST /ondemandvm: {mmm(cmds, '{:.1f}')}")
+    print(f"Redis server CPU µs per POST /ondemandvm (none per /healthz): {mmm(redis_us)}")
     print(f"# loadavg after: {os.getloadavg()[0]:.2f}")
 
 

@@ -18,6 +18,7 @@ from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from fastapi import APIRouter, FastAPI
 
 from vmpool.api.confirming import install_confirmed_calls
+from vmpool.api.create_batch import CreateBatches
 from vmpool.api.deps import ApiState, RedisClients
 from vmpool.api.errors import install_error_handlers
 from vmpool.api.hot_routes import HotRoute, HotRoutes, install_entry
@@ -148,6 +149,7 @@ def _api_state(config: Config, redis_url: str, rng: random.Random | None) -> Api
     store = Store(clients.text, keys)
     metrics = ApiMetrics()
     metrics.registry.register(RedisStateCollector.from_config(store, clients.raw, config))
+    batch = BatchDispatcher(clients.raw, keys, config)
     return ApiState(
         config=config,
         clients=clients,
@@ -155,7 +157,8 @@ def _api_state(config: Config, redis_url: str, rng: random.Random | None) -> Api
         store=store,
         tokens=TokenStore(clients.text, keys),
         metrics=metrics,
-        batch=BatchDispatcher(clients.raw, keys, config),
+        batch=batch,
+        creates=CreateBatches(clients.aio.get, batch, metrics.enqueue_failures.inc),
         rng=rng or random.SystemRandom(),
         started=time.monotonic(),
     )

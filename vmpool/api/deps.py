@@ -24,6 +24,7 @@ import redis
 from fastapi import Depends, Request
 from starlette.concurrency import run_in_threadpool
 
+from vmpool.api.create_batch import CreateBatches
 from vmpool.api.errors import Rejected
 from vmpool.api.ldap_auth import DirectoryUnavailable, ldap_login
 from vmpool.api.metrics import ApiMetrics
@@ -126,10 +127,11 @@ class ApiState:
     store: Store
     tokens: TokenStore
     metrics: ApiMetrics
-    # The fleet's batching dispatcher: a POST creates the request, adds it to the
-    # provision work set and checks the lanes in one round trip (routers/ondemand.py);
-    # the operator endpoints and the VM tasks queue their jobs through it.
+    # The fleet's batching dispatcher: the operator endpoints and the VM tasks queue
+    # their jobs through it; POST's creates check its lanes (``creates``).
     batch: BatchDispatcher
+    # POST /ondemandvm's creates of a loop turn, in one round trip (routers/ondemand.py).
+    creates: CreateBatches
     rng: random.Random
     started: float  # time.monotonic() when the app was built (/status's uptime)
     listen_host: str | None = None  # the address served on, when known (/status warns)
@@ -151,7 +153,7 @@ def counted(method: str, subject: str, operation: str) -> Any:
     so refused calls are counted too, as vmpooler counts them."""
 
     async def count(request: Request) -> None:
-        api_state(request).metrics.http_requests_vm.labels(method, subject, operation).inc()
+        api_state(request).metrics.count_vm_call(method, subject, operation)
 
     return Depends(count)
 

@@ -107,9 +107,20 @@ class ApiMetrics:
         )
         for kind in ("success", "duplicaterequests"):
             self.generate.labels(kind)
+        self.generated = self.generate.labels("success")  # every POST that creates
         # (route, method, status) -> its counter and histogram children: a response is
         # counted without the label lookups (the label sets are bounded, so is this).
         self._observed: dict[tuple[str, str, int], tuple[Counter, Histogram]] = {}
+        self._vm_calls: dict[tuple[str, str, str], Counter] = {}  # made on first use
+
+    def count_vm_call(self, method: str, subject: str, operation: str) -> None:
+        """One call as vmpooler's ``http_requests_vm_total`` counts it (a hot route's
+        every call: the child is looked up once)."""
+        key = (method, subject, operation)
+        child = self._vm_calls.get(key)
+        if child is None:
+            child = self._vm_calls[key] = self.http_requests_vm.labels(*key)
+        child.inc()
 
     def observe(self, route: str, method: str, status: int, seconds: float) -> None:
         """One response of ``route`` (a template, or ``unmatched``): counted, and timed."""

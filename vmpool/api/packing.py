@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import hiredis
 import redis.asyncio as aredis
 from redis.connection import HiredisRespSerializer
 from redis.utils import HIREDIS_AVAILABLE
@@ -26,6 +27,16 @@ class _HiredisPacking:
     _serializer = HiredisRespSerializer()
 
     def pack_command(self, *args: Any) -> list[bytes]:
+        name = args[0]
+        if (b" " if isinstance(name, bytes) else " ") not in name:
+            # The serializer's own steps are for a two-word command name, which it
+            # splits, and bytearray or memoryview arguments, which it copies to bytes
+            # (hiredis refuses those: TypeError, then the serializer's way). Its copy of
+            # the arguments was a third of the packing of a create's 30 (profiled).
+            try:
+                return [hiredis.pack_command(args)]
+            except TypeError:
+                pass
         packed: list[bytes] = self._serializer.pack(*args)
         return packed
 

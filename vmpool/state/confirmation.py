@@ -162,6 +162,14 @@ class Scope:
         write refuses as well when the primary changed since it.
         """
         durability.check(replies)
+        self.covered()
+
+    def covered(self) -> None:
+        """The unit's writes so far, confirmed by a PUBLISH and WAIT sent after them.
+
+        Another unit's confirmation covers them too: the PUBLISH confirms every write
+        Redis held. Raises as :meth:`check` does when the primary changed since the first.
+        """
         guard = None if self.first is None else self.first.guard
         refusal = None if guard is None else guard.refusal()
         if refusal is not None:

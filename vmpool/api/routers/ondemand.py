@@ -2,11 +2,12 @@
 
 POST takes JSON or vmfloaty's path form (/ondemandvm/<template>). The API writes no
 request or VM state itself: POST goes through ``Store.create_request`` (the record,
-its queue entries and its place in the provision work set in one atomic unit), and the
-lane check of the fleet's batching dispatcher
-(``BatchDispatcher.provision_after_create``) runs in the same pipeline: one round trip
-awaited on the loop. GET reads in pipelines awaited on the loop. DELETE goes through
-``Store.delete_request``. A refusal writes nothing. Idempotency keys: vmpool.api.idempotency.
+its queue entries and its place in the provision work set in one atomic unit), sent
+with the other creates of the event loop's turn and one lane check of the fleet's
+batching dispatcher in one pipeline awaited on the loop (vmpool.api.create_batch).
+GET reads in pipelines awaited on the loop. DELETE goes through
+``Store.delete_request``. A refusal writes nothing. Idempotency keys:
+vmpool.api.idempotency.
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ from dataclasses import replace
 from typing import Any, Final
 
 import redis
-import redis.asyncio as aredis
 from fastapi import APIRouter, Request
 from starlette.concurrency import run_in_threadpool
 from starlette.responses import Response
@@ -38,17 +38,15 @@ from vmpool.api.quotas import place_fields, request_priority
 from vmpool.api.responses import hot_reply, not_ok, reply
 from vmpool.config import Config
 from vmpool.ids import InvalidIdentifier, Job, validate_request_id
-from vmpool.lifecycle.failpoints import failpoint
 from vmpool.lifecycle.plan import RequestRejected, plan_slots
 from vmpool.state import reads
-from vmpool.state.durability import confirm, confirm_async, confirmed_async
+from vmpool.state.durability import confirm, confirm_async
 from vmpool.state.lua import ScriptPipeline, run_pipelined_async
 from vmpool.state.ops import Op
 from vmpool.state.quotas import Place
 from vmpool.state.records import Outcome, RequestRecord, RequestSettings, Slot
 from vmpool.state.store import Store
 from vmpool.state.tokens import TokenInfo
-from workers.batching import LaneFollowUp
 
 __all__ = ["HOT", "create_request", "delete_request", "request_status", "router"]
 
@@ -71,7 +69,7 @@ ONDEMAND_STATUS = "/ondemandvm/{request_id}"
 @router.post(ONDEMAND)
 async def post_ondemand(request: Request) -> Response:
     st = api_state(request)
-    st.metrics.http_requests_vm.labels("post", "ondemand", "requestid").inc()
+    st.metrics.count_vm_call("post", "ondemand", "requestid")
     token = await authenticate(request, st)
     data = parse_json_body(await read_body(request))
     try:
@@ -85,7 +83,7 @@ async def post_ondemand(request: Request) -> Response:
 @router.post(ONDEMAND_FORM)
 async def post_ondemand_path(request: Request) -> Response:
     st = api_state(request)
-    st.metrics.http_requests_vm.labels("delete", "ondemand", "template").inc()
+    st.metrics.count_vm_call("delete", "ondemand", "template")
     token = await authenticate(request, st)
     await read_body(request)  # ignored, but bounded
     wanted = ondemand_from_path(request.path_params["template"])
@@ -97,14 +95,14 @@ async def post_ondemand_path(request: Request) -> Response:
 @router.get(ONDEMAND_STATUS)
 async def get_ondemand(request: Request) -> Response:
     st = api_state(request)
-    st.metrics.http_requests_vm.labels("get", "ondemand", "request").inc()
+    st.metrics.count_vm_call("get", "ondemand", "request")
     return await request_status(st, request.path_params["request_id"])
 
 
 @router.delete(ONDEMAND_STATUS)
 async def delete_ondemand(request_id: str, request: Request, st: State, token: Token) -> Response:
     # Counted after the auth check, as vmpooler counts it.
-    st.metrics.http_requests_vm.labels("delete", "ondemand", "request").inc()
+    st.metrics.count_vm_call("delete", "ondemand", "request")
     op = call_key(request).op(token.user if token else "")
     return await run_in_threadpool(delete_request, st.store, request_id, token, op)
 
@@ -144,13 +142,12 @@ async def create_request(st: ApiState, wanted: Ondemand, token: TokenInfo | None
     priority = request_priority(st.config, user, wanted.priority, sum(s.count for s in slots))
     rid = wanted.request_id or wanted.keyed_id or str(uuid.uuid4())
     try:
-        aio = st.clients.aio.get()
-        outcome = await _create_pipelined(st, aio, rid, slots, token, priority)
+        outcome = await _create_batched(st, rid, slots, token, priority)
         if outcome.code == "exists":
             # An id that exists is acknowledged (201 or 409) only once durable. An id the
             # API made up (uuid4, or the key's) can only exist if this very create ran
             # before: redis-py, or the client with its key, sent it again.
-            await confirm_async(aio)
+            await confirm_async(st.clients.aio.get())
             if wanted.request_id is None:
                 outcome = Outcome(True, "created")
     except redis.RedisError as exc:
@@ -168,7 +165,7 @@ async def create_request(st: ApiState, wanted: Ondemand, token: TokenInfo | None
             )
         log.warning("create_request %s refused: %s", rid, outcome.code)
         return not_ok(400, message=f"request refused: {outcome.code}")
-    st.metrics.generate.labels("success").inc()
+    st.metrics.generated.inc()
     if log.isEnabledFor(logging.INFO):  # the line is built only when it is written
         log.info(
             "request %s created: %s%s",
@@ -179,26 +176,20 @@ async def create_request(st: ApiState, wanted: Ondemand, token: TokenInfo | None
     return hot_reply(201, {"ok": True, "request_id": rid})
 
 
-async def _create_pipelined(
-    st: ApiState,
-    client: aredis.Redis,
-    rid: str,
-    slots: Sequence[Slot],
-    token: TokenInfo | None,
-    priority: int,
+async def _create_batched(
+    st: ApiState, rid: str, slots: Sequence[Slot], token: TokenInfo | None, priority: int
 ) -> Outcome:
-    """Create the request and start its provisioning in one round trip, awaited on the loop.
+    """Create the request and start its provisioning in this loop turn's batch.
 
-    create_request.lua adds the new id to the provision work set in its own unit, and
-    the lane check runs after it in the same pipeline (each its own atomic script).
-    Only when a lane is free (none live) is one queued (RQ, in the thread pool).
+    create_request.lua adds the new id to the provision work set in its own unit; the
+    batch's one pipeline runs it with the turn's other creates, then the lane check, and
+    confirms them (vmpool.api.create_batch).
     """
     user, sha = (token.user, token.sha256) if token else ("", "")
     settings = RequestSettings.from_config(
         st.config, authenticated=token is not None, priority=priority
     )
     pipe = ScriptPipeline()
-    work_set = st.keys.work_set(Job.PROVISION_REQUEST)
     refused = st.store.create_request(
         rid,
         slots,
@@ -206,23 +197,16 @@ async def _create_pipelined(
         actor="api",
         token_user=user,
         token_hash=sha,
-        work_set=work_set,
+        work_set=st.keys.work_set(Job.PROVISION_REQUEST),
         clone_limit=st.config.ondemand_clone_limit,
         pipeline=pipe,
     )
     if refused is not None:
         return refused
-    follow_up = st.batch.provision_after_create(pipe)
-    # One unit of work: the pipeline confirms the create in its round trip, and the
-    # unit's end the lanes queued after it, if any (vmpool.state.durability).
-    async with confirmed_async(client):
-        replies = await pipe.execute_async(client)
-        if isinstance(replies[0], Exception):
-            raise replies[0]
-        outcome = Outcome.from_reply(replies[0])
-        if outcome.ok and follow_up.wanted(replies):
-            await run_in_threadpool(_queue_lanes, st, rid, follow_up, replies)
-    return outcome
+    reply = await st.creates.create(pipe.calls[0])
+    if isinstance(reply, Exception):
+        raise reply
+    return Outcome.from_reply(reply)
 
 
 def refused(metrics: ApiMetrics, rejected: RequestRejected, counts: Mapping[str, int]) -> Response:
@@ -238,24 +222,6 @@ def refused(metrics: ApiMetrics, rejected: RequestRejected, counts: Mapping[str,
         if rejected.maximum is not None and count > rejected.maximum:
             metrics.fail.labels("toomanyrequests", name).inc()
     return not_ok(403, message=str(rejected))
-
-
-def _queue_lanes(st: ApiState, rid: str, follow_up: LaneFollowUp, replies: Sequence[Any]) -> None:
-    """Queue the provision lanes the create's lane check found free. A failure is not raised.
-
-    It is counted and logged: the request exists, in the provision work set, and the
-    provision sweep finds it.
-    """
-    try:
-        failpoint("api.queue_lanes")  # tests: the queueing fails after the create
-        follow_up.queue(replies)
-    except Exception as exc:  # the request exists. The provision sweep finds it
-        st.metrics.enqueue_failures.inc()
-        log.warning(
-            "request %s: enqueue of its provisioning failed (%s); the sweep will pick it up",
-            rid,
-            type(exc).__name__,
-        )
 
 
 # The failure reason of a request failed by its TTL (_prelude.lua's expire_or_fulfil),

@@ -1,0 +1,147 @@
+"""POST /ondemandvm's creates, sent together: one round trip for a turn of the event loop.
+
+Each create is its own atomic script call (create_request.lua: the record, its queue
+entries and its place in the provision work set). The creates that handlers ask for in
+one turn of the loop go to Redis in one pipeline, followed by one lane check for all of
+them (``BatchDispatcher.provision_after_create``: a lane job claims the whole work set,
+so one check after the batch's creates starts the provisioning of every one). The
+pipeline adds no atomicity across the creates and takes none away: each reply is its
+call's, an error in its place. A POST alone is a batch of one.
+
+Under load a round trip's client cost (a pooled connection, a send, the event loop's
+wake-up for the replies) and the lane check were the largest part of a POST's Python
+past what a /healthz costs (profiled: docs/benchmarks.md); batched, they are paid once
+per turn, and Redis runs one lane check for the turn's creates.
+
+The batch is its own unit of work (:func:`vmpool.state.durability.confirmed_async`),
+run in a task with a context of its own: the pipeline confirms the creates in its round
+trip, and the unit's end the lanes queued after them, before any POST of the batch is
+answered. A batch that fails (Redis gone, a confirmation refused) fails each of its
+POSTs with that error: each answers its 503 naming its own request id. A POST that stops
+waiting (its client gone) leaves the batch running.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import logging
+import threading
+import weakref
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import redis.asyncio as aredis
+from starlette.concurrency import run_in_threadpool
+
+from vmpool.lifecycle.failpoints import failpoint
+from vmpool.state.confirmation import current_scope
+from vmpool.state.durability import confirmed_async
+from vmpool.state.lua import ScriptCall, ScriptPipeline
+from vmpool.state.records import Outcome
+from workers.batching import BatchDispatcher, LaneFollowUp
+
+__all__ = ["CreateBatches"]
+
+log = logging.getLogger(__name__)
+
+_Waiting = list[tuple[ScriptCall, "asyncio.Future[Any]"]]
+
+
+class CreateBatches:
+    """The creates waiting for this turn's pipeline, one batch per event loop.
+
+    ``client``: the loop's asyncio client (``LoopClients.get``). ``on_enqueue_failure``:
+    called when queueing the lanes found free failed (the API's counter).
+    """
+
+    def __init__(
+        self,
+        client: Callable[[], aredis.Redis],
+        batch: BatchDispatcher,
+        on_enqueue_failure: Callable[[], None],
+    ) -> None:
+        self.client = client
+        self.batch = batch
+        self.on_enqueue_failure = on_enqueue_failure
+        self._waiting: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Waiting] = (
+            weakref.WeakKeyDictionary()
+        )
+        self._lock = threading.Lock()  # a test client may run loops in several threads
+        self._running: set[asyncio.Task[None]] = set()  # held until done
+
+    async def create(self, call: ScriptCall) -> Any:
+        """The reply of ``call`` (create_request.lua), run in this turn's batch.
+
+        Raises the batch's error (Redis, or the confirmation refused); a call's own
+        error is returned in its place, as ``run_pipelined_async`` returns it.
+        """
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[Any] = loop.create_future()
+        with self._lock:
+            waiting = self._waiting.get(loop)
+            if waiting is None:
+                waiting = self._waiting[loop] = []
+                loop.call_soon(self._send, loop)
+            waiting.append((call, done))
+        reply = await done
+        # The batch's confirmation came after the caller's unit's writes so far (a
+        # token's use): it covers them, and the unit's end has nothing left to wait for.
+        scope = current_scope()
+        if scope is not None and scope.settles and scope.pending:
+            scope.covered()
+        return reply
+
+    def _send(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Start this turn's batch in a task of its own context (its own unit of work)."""
+        with self._lock:
+            waiting = self._waiting.pop(loop, [])
+        task = loop.create_task(self._run(waiting), context=contextvars.Context())
+        self._running.add(task)
+        task.add_done_callback(self._running.discard)
+
+    async def _run(self, waiting: _Waiting) -> None:
+        try:
+            replies = await self._execute([call for call, _ in waiting])
+        except Exception as exc:
+            for _, done in waiting:
+                if not done.done():
+                    done.set_exception(exc)
+            return
+        for (_, done), reply in zip(waiting, replies, strict=True):
+            if not done.done():
+                done.set_result(reply)
+
+    async def _execute(self, calls: Sequence[ScriptCall]) -> list[Any]:
+        """The creates' replies: one pipeline with the lane check, one unit of work."""
+        pipe = ScriptPipeline()
+        for call in calls:
+            pipe.add(call)
+        follow_up = self.batch.provision_after_create(pipe)
+        client = self.client()
+        async with confirmed_async(client):
+            replies = await pipe.execute_async(client)
+            if any(_created(reply) for reply in replies[: len(calls)]) and follow_up.wanted(
+                replies
+            ):
+                await run_in_threadpool(self._queue_lanes, follow_up, replies, len(calls))
+        return replies[: len(calls)]
+
+    def _queue_lanes(self, follow_up: LaneFollowUp, replies: Sequence[Any], count: int) -> None:
+        """Queue the lanes the check found free. A failure is counted and logged, not raised:
+        the requests exist, in the provision work set, and the provision sweep finds them."""
+        try:
+            failpoint("api.queue_lanes")  # tests: the queueing fails after the creates
+            follow_up.queue(replies)
+        except Exception as exc:
+            self.on_enqueue_failure()
+            log.warning(
+                "%d request(s) created: enqueue of their provisioning failed (%s);"
+                " the sweep will pick them up",
+                count,
+                type(exc).__name__,
+            )
+
+
+def _created(reply: Any) -> bool:
+    return not isinstance(reply, Exception) and Outcome.from_reply(reply).ok
