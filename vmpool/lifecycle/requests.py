@@ -62,7 +62,8 @@ class CloneGate:
     Shared by the provision steps a batch job runs in the order of service: once one met
     the clone limit, those after it reserve nothing (they still take ready VMs), so a
     slot freed meanwhile is not handed to a younger request before the older one (first
-    come, first served). The older gets it at its next turn. Likewise, once a request of
+    come, first served). The older gets it at its next turn; the younger wait in the
+    clone slots' line behind it, each at its place. Likewise, once a request of
     a user met the user's quota, the user's later requests in the batch are parked
     without trying (``over_quota``): a VM the user frees meanwhile goes to the older."""
 
@@ -149,7 +150,8 @@ def _claim_then_reserve(
         if fresh is None or fresh.status != RequestStatus.PENDING or fresh.unreserved <= 0:
             return "", req
         req = fresh
-    if gate.closed:
+    if gate.closed:  # an older request met the clone limit: wait in line behind it
+        fleet.slots.join_line(req.id, req.place)
         return "", req
     return _reserve_slots(fleet, req, lock, reserved, gate, limits), req
 

@@ -131,6 +131,7 @@ class CloneSemaphore:
         ]
         self.limit = int(limit)
         self.lease_s = float(lease_s)
+        self._request_key = keys.request
         self._script = redis_client.register_script(_script_text())
         self._keeper = _LeaseKeeper(self._renew, self.lease_s / 3)
 
@@ -161,6 +162,17 @@ class CloneSemaphore:
         if int(reply[0]) != 1:
             return None
         return [r.decode() if isinstance(r, bytes) else str(r) for r in reply[1:]]
+
+    def join_line(self, request: str, place: float) -> bool:
+        """The pending request waits in line for a clone slot at ``place``.
+
+        A provision batch reserves nothing for the requests after one refused a slot
+        (first come, first served): they wait in line with it, so the slots freed go to
+        them in turn at once, not at the next provision sweep. False when the request is
+        no longer pending (nothing written)."""
+        keys = [*self._keys, self._request_key(request)]
+        reply = self._script(keys=keys, args=["join", request, repr(float(place))])
+        return int(str(reply)) == 1
 
     def leave_line(self, request: str) -> None:
         """The request waits for no clone slot any more (it can reserve nothing now: its

@@ -16,15 +16,18 @@
 --          its VMs, close_request (the request left pending) and quota_park.lua too,
 --          and a provision that finds the request past its TTL (leave_line in
 --          vmpool/state/semaphore.py)
+-- KEYS[5]  join only: the request's hash (keys.request)
 -- ARGV[1]  operation: 'acquire' | 'acquire_all' | 'renew' | 'release' |
---          'release_to_line' | 'count' | 'turns' (a request's VM takes its slot in its
---          turn in reserve_vm.lua's unit: _slots.lua slot_acquire_in_line)
+--          'release_to_line' | 'count' | 'turns' | 'join' (a request's VM takes its
+--          slot in its turn in reserve_vm.lua's unit: _slots.lua slot_acquire_in_line)
 -- acquire:     ARGV[2] VM name, ARGV[3] token, ARGV[4] limit, ARGV[5] lease seconds
 -- turns:       ARGV[2] limit
 -- acquire_all: ARGV[2] limit, ARGV[3] lease seconds, ARGV[4..] VM name, token pairs
 -- renew:       ARGV[2] VM name, ARGV[3] token, ARGV[4] limit, ARGV[5] lease seconds
 -- release:     ARGV[2] VM name, ARGV[3] token
 -- release_to_line: as release, then ARGV[4] limit
+-- join:        ARGV[2] the request's id, ARGV[3] its place: a request a provision batch
+--              left unreserved behind an older one refused a slot waits in line too
 -- Returns: acquire -> 1 granted (a new lease, or the VM's lease renewed or taken over:
 --            its token was not newer than ours), 0 refused (no slot free, or a newer
 --            holder of the VM has it);
@@ -38,7 +41,9 @@
 --            0 otherwise; release_to_line -> {1, the requests whose turn it is, as
 --            turns} when the lease was dropped, {0} otherwise (the caller hands the
 --            slot to the first in line at once); count -> the number of live leases;
---            turns -> the first requests of KEYS[4], as many as slots are free.
+--            turns -> the first requests of KEYS[4], as many as slots are free;
+--            join -> 1 if the request is pending (in line at its place, or already
+--            there), 0 otherwise (nothing written: an ended request never waits).
 -- Invariant: _slots.lua's (the limit, each lease released or renewed only by its
 -- holder, expired leases dropped first, the peak, the order of the line).
 local t = redis.call('TIME')
@@ -86,6 +91,13 @@ if op == 'renew' then
 end
 if op == 'release' then
   return slot_release(ARGV[2], ARGV[3])
+end
+if op == 'join' then
+  if redis.call('HGET', KEYS[5], 'status') ~= 'pending' then
+    return 0
+  end
+  redis.call('ZADD', SLOT_LINE, 'NX', ARGV[3], ARGV[2])
+  return 1
 end
 if op == 'release_to_line' then
   if slot_release(ARGV[2], ARGV[3]) == 0 then
