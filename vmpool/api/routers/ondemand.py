@@ -237,31 +237,35 @@ async def request_status(st: ApiState, rid: str) -> Response:
     """GET /ondemandvm/<id> awaited on the loop.
 
     One pipeline for the record and its VM set (MULTI/EXEC: one snapshot), one more for
-    the VMs' hashes when it is ready, or for its place in line when it is pending.
+    the VMs' hashes when it is ready, or for its place in line when it is pending. A
+    request that is no longer pending when its place is read (it moved on between the
+    two round trips) is read again: the answer is what it is now.
     """
     if not _well_formed(rid):
         return _not_found(rid)
     client = st.clients.aio.get()
-    pipe = client.pipeline(transaction=True)
-    reads.queue_request(pipe, st.keys, rid)
-    raw, names = await pipe.execute()
-    record = reads.request_from(raw, names)
-    if record is None:
-        await confirm_async(client)  # "not found" is shown too: not from a stale or demoted primary
-        return _not_found(rid)
+    while True:
+        pipe = client.pipeline(transaction=True)
+        reads.queue_request(pipe, st.keys, rid)
+        raw, names = await pipe.execute()
+        record = reads.request_from(raw, names)
+        if record is None:
+            await confirm_async(client)  # "not found" too: not from a stale or demoted primary
+            return _not_found(rid)
+        if record.status != "pending":
+            break
+        call = st.store.quotas.place_call(rid, st.config.ondemand_clone_limit)
+        # its round trip confirms what Redis holds, so all this call read, as below
+        place = Place.from_reply((await run_pipelined_async(client, [call]))[0])
+        if place is not None:  # None: no longer pending (a request never goes back)
+            return status_reply(rid, record, {}, place)
     hostnames: dict[str, list[str]] = {}
-    place: Place | None = None
     if record.status == "ready" and record.vm_names:
         pipe = client.pipeline(transaction=False)
         reads.queue_vms(pipe, st.keys, sorted(record.vm_names))
         hostnames = reads.hostnames_by_alias(reads.vms_from(await pipe.execute()))
-    elif record.status == "pending":  # where it stands: one read script
-        call = st.store.quotas.place_call(rid, st.config.ondemand_clone_limit)
-        # its round trip confirms what Redis holds, so all this call read, as below
-        place = Place.from_reply((await run_pipelined_async(client, [call]))[0])
-        return status_reply(rid, record, hostnames, place)
     await confirm_async(client)  # what is shown is durable (vmpool.state.durability)
-    return status_reply(rid, record, hostnames, place)
+    return status_reply(rid, record, hostnames)
 
 
 def _well_formed(rid: str) -> bool:
