@@ -66,6 +66,9 @@ ALLOWED: Mapping[str, str] = {
 HISTORY_RE = re.compile(r"\b(?:[Ii]ssues?|[Ss]essions?)\s+(?:(?:#|--)\s*)?\d+\b")
 # The one file where the project's history belongs.
 CHANGELOG = "CHANGELOG.md"
+# A commit named on the benchmark page: a measurement of the code as it was.
+COMMIT_RE = re.compile(r"(?:\bcommit\s+`?|`)[0-9a-f]{7,40}\b")
+BENCHMARKS = "docs/benchmarks.md"
 
 
 @dataclass(frozen=True)
@@ -228,6 +231,18 @@ def doc_history_references(root: Path) -> list[str]:
     return _history_in(root, [path for path in paths if path.is_file()])
 
 
+def benchmark_history(root: Path) -> list[str]:
+    """``<line>: <text>`` for each commit named on the benchmark page, which keeps the
+    command, the machine and the table of the code as it is (its history is the
+    CHANGELOG's)."""
+    text = (root / BENCHMARKS).read_text(encoding="utf-8")
+    lines = text.splitlines()
+    return [
+        f"{number}: {lines[number - 1].strip()}"
+        for number in sorted({text.count("\n", 0, m.start()) + 1 for m in COMMIT_RE.finditer(text)})
+    ]
+
+
 # -- RQ's private names -----------------------------------------------------------------
 # The one module that may use them.
 RQ_ADAPTER = "workers.rqcompat"
@@ -384,6 +399,11 @@ def test_no_history_in_docs() -> None:
     assert doc_history_references(ROOT) == []
 
 
+def test_the_benchmark_page_measures_the_code_as_it_is() -> None:
+    """docs/benchmarks.md names no commit: no before/after columns of older code."""
+    assert benchmark_history(ROOT) == []
+
+
 def test_rqs_private_names_are_used_by_the_adapter_alone(project: dict[str, Module]) -> None:
     assert RQ_ADAPTER in project
     assert rq_private_uses(project, rq_private_names()) == []
@@ -495,6 +515,15 @@ def test_checker_finds_history_in_readme_and_docs_not_in_the_changelog(tmp_path:
         "README.md:1: Fast since Session 5.",
         "docs/a.md:1: # Batching (issue 15)",
         "docs/deep/b.md:1: see issue",
+    ]
+
+
+def test_checker_finds_commits_named_on_the_benchmark_page(tmp_path: Path) -> None:
+    page = "# B\n\n| before (commit 4dfd85b) | x |\nrun from `7b75f16`, then\nsha256 and ed25519\n"
+    _tree(tmp_path, {BENCHMARKS: page})
+    assert benchmark_history(tmp_path) == [
+        "3: | before (commit 4dfd85b) | x |",
+        "4: run from `7b75f16`, then",
     ]
 
 
