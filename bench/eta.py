@@ -37,7 +37,7 @@ import redis
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from _up import Up  # noqa: E402
+from _up import Up, wait_for  # noqa: E402
 
 from vmpool.state.counters import READY_BUCKETS, bucket_field  # noqa: E402
 from vmpool.state.keys import Keys  # noqa: E402
@@ -61,15 +61,6 @@ def _call(port: int, method: str, path: str, body: Any = None) -> tuple[int, dic
     )  # fmt: skip
     with urllib.request.urlopen(req, timeout=20) as reply:
         return reply.status, json.loads(reply.read())
-
-
-def _wait(predicate: Any, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.2)
-    raise SystemExit(f"timed out waiting for {what}")
 
 
 def _percentile(values: list[float], q: float) -> float:
@@ -117,7 +108,7 @@ def calibrate(port: int, store: Store, seconds: float) -> float:
     half = begin + (finish - begin) / 2
     starts = [float(_field(store, r, "started") or "inf") for r in rids]
     started = sum(1 for at in starts if half <= at <= finish)
-    _wait(lambda: all(_field(store, r, "status") == "ready" for r in rids), 600, "the burst")
+    wait_for(lambda: all(_field(store, r, "status") == "ready" for r in rids), 600, "the burst")
     return started / (finish - half)
 
 
@@ -148,7 +139,7 @@ def load(
         pollers.append(thread)
         i += 1
         time.sleep(max(0.0, start + i / rate - time.monotonic()))
-    _wait(lambda: all(_field(store, r, "status") == "ready" for r in rids), 600, "the load")
+    wait_for(lambda: all(_field(store, r, "status") == "ready" for r in rids), 600, "the load")
     for thread in pollers:
         thread.join(timeout=30)
     return rids, reads
