@@ -35,6 +35,7 @@ BENCHES: dict[str, list[str]] = {
     "durability_fleet": ["--fleet", "200", "--runs", "5"],
     "eta": ["--seconds", "120", "--load", "2.0", "--calibrate", "40"],
     "e2e": ["--runs", "3", "--vms", "200", "--connections", "8"],
+    "script_cost": ["--requests", "400", "--runs", "5"],
 }
 SCRIPT_OF = {"targets_aof": "targets", "pending_sweep": "targets", "durability_fleet": "durability"}
 

@@ -5,7 +5,8 @@ them) and wake-up keys (:func:`~vmpool.state.transitions.lua_tables`,
 :func:`~vmpool.state.counters.lua_metrics`, :func:`lua_wake`), then ``_quota.lua`` and
 ``_prelude.lua``, then its own helpers (the work-set and line functions for
 ``create_request``, ``_pool.lua`` for the warm-pool scripts, ``_slots.lua`` for those
-that take or give back a VM's clone slot), then its file. The KEYS
+that take or give back a VM's clone slot), then its file; of the helpers, only the
+definitions its file reaches (:func:`~vmpool.state.lua_deps.prune`). The KEYS
 layouts come from :class:`~vmpool.state.keys.Keys` (``request_script_keys``,
 ``vm_script_keys``). ARGV 1-4 are the same for every script (:meth:`StoreScripts.call`).
 A script on one VM takes the layout its record calls for (:meth:`StoreScripts.run_on_vm`).
@@ -27,6 +28,7 @@ from vmpool.ids import validate_vm_name
 from vmpool.state.counters import lua_metrics
 from vmpool.state.keys import Keys
 from vmpool.state.lua import ScriptCall, read_script
+from vmpool.state.lua_deps import prune
 from vmpool.state.ops import Op, new_op, once_text, retry_window_s
 from vmpool.state.records import Outcome, text
 from vmpool.state.transitions import lua_tables
@@ -91,8 +93,11 @@ class StoreScripts:
     :class:`~vmpool.state.vm_tasks.VMTaskStore`) share one registry.
     """
 
-    def __init__(self, redis_client: redis.Redis, keys: Keys) -> None:
+    def __init__(self, redis_client: redis.Redis, keys: Keys, *, whole: bool = False) -> None:
+        """``whole``: compose each script with all the helpers, not only those its body
+        reaches (:func:`~vmpool.state.lua_deps.prune`): the benchmark's baseline."""
         self.keys = keys
+        self._whole = whole
         self._redis = redis_client
         # The fleet's metric keys are rendered in (per prefix), as the table is: the
         # scripts count in the same unit as the transition they count.
@@ -117,9 +122,19 @@ class StoreScripts:
         if script is None:
             if name not in self._heads and name not in REQUEST_SCRIPTS:
                 raise KeyError(f"not a store script: {name!r}")
-            text = self._prelude + self._heads.get(name, "") + once_text(_text(name))
-            script = self._registered[name] = self._redis.register_script(text)
+            script = self._registered[name] = self._redis.register_script(self.text(name))
         return script
+
+    def text(self, name: str) -> str:
+        """The composed text of script ``name``: its helpers, _once.lua, its body.
+
+        Of the helpers, only the definitions the body reaches (:mod:`vmpool.state.lua_deps`):
+        each call runs the script's whole text, so a helper it does not use would still
+        be made on every call.
+        """
+        helpers = self._prelude + self._heads.get(name, "")
+        body = once_text(_text(name))
+        return (helpers if self._whole else prune(helpers, body)) + body
 
     def call(
         self,
