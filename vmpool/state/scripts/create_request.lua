@@ -23,7 +23,8 @@
 -- an edge of REQUEST_EDGES): the one HSET writes what set_status and audit would write
 -- with three more commands (fewer commands per script); the trail is new (no
 -- key of the id exists), so it is a list from its first entry. Its ETA now (_line.lua)
--- is kept (`eta_at`), so its error is measured when it turns ready (_quota.lua).
+-- is kept (`eta_at`, in the same HSET), so its error is measured when it turns ready
+-- (_quota.lua).
 if redis.call('EXISTS', KEYS[1], KEYS[2], KEYS[3], KEYS[4]) > 0 then
   return refuse('exists')
 end
@@ -53,6 +54,11 @@ local deadline = now + tonumber(ARGV[6])
 local fail_at = deadline + tonumber(ARGV[7])
 local stamp = fmt(now)
 local version = 1
+-- In line first: its ETA (line_place) counts from its place there, and reads nothing
+-- of its record, so the ETA is written in the record's one HSET.
+redis.call('ZADD', KEYS[6], line_at, RID)
+local placed = {requested = ARGV[5], need = need, unreserved = need, created = stamp}
+local _, eta = line_place(placed, RID, now, KEYS[6], POOL_PREFIX, tonumber(ARGV[15] or '') or 0)
 local record = {
   'id', RID, 'status', 'pending', 'status_since', stamp, 'version', version,
   'created', stamp, 'deadline', fmt(deadline), 'fail_at', fmt(fail_at),
@@ -60,6 +66,9 @@ local record = {
   'max_retries', ARGV[8], 'lifetime', ARGV[9], 'data_ttl', ARGV[10],
   'token_user', ARGV[11], 'token_hash', ARGV[12], 'created_by', ACTOR,
   'priority', priority, 'line_at', line_at}
+if eta then
+  fields['eta_at'] = fmt(now + eta)
+end
 for field, value in pairs(fields) do
   record[#record + 1] = field
   record[#record + 1] = value
@@ -67,13 +76,7 @@ end
 redis.call('HSET', KEYS[1], unpack(record))
 redis.call('RPUSH', KEYS[3], audit_entry('request', 'none', 'pending', version, 'created', now))
 redis.call('ZADD', KEYS[5], fmt(fail_at), RID)
-redis.call('ZADD', KEYS[6], line_at, RID)
 if KEYS[7] then
   ws_add(ws_parts(KEYS[7]), RID, line_at, '')  -- served in the order of places
-end
-local placed = {requested = ARGV[5], need = need, unreserved = need, created = stamp}
-local _, eta = line_place(placed, RID, now, KEYS[6], POOL_PREFIX, tonumber(ARGV[15] or '') or 0)
-if eta then
-  redis.call('HSET', KEYS[1], 'eta_at', fmt(now + eta))
 end
 return {1, 'created', version}
