@@ -6,11 +6,13 @@ reaches (as the store runs them) against composed with all the helpers.
 Starts a throw-away redis-server. Two stores on it, one per composition, each under its
 own key prefix (vmpool.state.store_scripts.StoreScripts ``whole``). Each run drives
 ``--requests`` one-VM requests through create_request, reserve_vm, vm_created and
-vm_ready on each store in turn, alternating which goes first, plus a create_request of
-an id that exists (refused at its first command: the call's fixed cost alone). Redis'
-time per EVALSHA of each phase is read from INFO commandstats (reset before the phase):
-the server's own CPU for the calls, none of the client's. Reports the median over runs
-of microseconds per call, and the ratio pruned / whole.
+vm_ready on each store in turn, alternating which goes first, plus calls refused at
+their first command (a create_request of an id that exists, a VM script on a VM that
+does not): the call's fixed cost alone. Redis' time per EVALSHA of each phase is read
+from INFO commandstats (reset before the phase): the server's own CPU for the calls,
+none of the client's. Reports the median over runs
+and the least over runs of microseconds per call (the least: the machine's other load
+only adds), and the ratios pruned / whole.
 """
 
 from __future__ import annotations
@@ -34,7 +36,16 @@ from vmpool.state.records import RequestSettings, Slot  # noqa: E402
 from vmpool.state.store import Store  # noqa: E402
 from vmpool.state.store_scripts import StoreScripts  # noqa: E402
 
-PHASES = ("create_request", "create_request (exists)", "reserve_vm", "vm_created", "vm_ready")
+# A phase "(...)" is a refusal at the script's first read: its fixed cost alone.
+PHASES = (
+    "create_request",
+    "create_request (exists)",
+    "reserve_vm",
+    "vm_created",
+    "vm_created (no VM)",
+    "vm_ready",
+    "vm_ready (no VM)",
+)
 VARIANTS = ("pruned", "whole")
 SETTINGS = RequestSettings(ttl_s=3600)
 
@@ -70,10 +81,15 @@ def drive(s: Store, phase: str, ids: list[str], names: list[str]) -> None:
                 domain="example.com",
                 actor="bench",
             )
-        elif phase == "vm_created":
-            s.vm_created(name, actor="bench", request_id=rid)
+        elif phase.startswith("vm_created"):
+            s.vm_created(_vm(phase, name), actor="bench", request_id=rid)
         else:
-            s.vm_ready(name, actor="bench", request_id=rid)
+            s.vm_ready(_vm(phase, name), actor="bench", request_id=rid)
+
+
+def _vm(phase: str, name: str) -> str:
+    """The VM a phase names: ``name``, or one that does not exist (a refusal phase)."""
+    return f"{name}-none" if phase.endswith("(no VM)") else name
 
 
 def one_run(
@@ -103,15 +119,19 @@ def main() -> None:
         one_run(r, stores, 20, -1)  # warm up: scripts loaded, allocator settled
         runs = [one_run(r, stores, args.requests, i) for i in range(args.runs)]
         print(
-            f"load average {os.getloadavg()[0]:.2f}; {args.runs} runs of {args.requests} "
-            "requests; Redis usec per EVALSHA (median)"
+            f"# load average {os.getloadavg()[0]:.2f}; {args.runs} runs of {args.requests} "
+            "requests; Redis µs per EVALSHA, min / median of the runs"
         )
-        print(f"{'script':26} {'pruned':>8} {'whole':>8} {'ratio':>6}")
+        print("| script | pruned | whole | pruned ÷ whole |")
+        print("|---|---|---|---|")
         for phase in PHASES:
-            med = {v: statistics.median(run[v][phase] for run in runs) for v in VARIANTS}
+            got = {v: [run[v][phase] for run in runs] for v in VARIANTS}
+            low = {v: min(got[v]) for v in VARIANTS}
+            mid = {v: statistics.median(got[v]) for v in VARIANTS}
             print(
-                f"{phase:26} {med['pruned']:8.1f} {med['whole']:8.1f} "
-                f"{med['pruned'] / med['whole']:6.2f}"
+                f"| {phase} | {low['pruned']:.1f} / {mid['pruned']:.1f} "
+                f"| {low['whole']:.1f} / {mid['whole']:.1f} "
+                f"| **{low['pruned'] / low['whole']:.2f} / {mid['pruned'] / mid['whole']:.2f}** |"
             )
     finally:
         server.stop()

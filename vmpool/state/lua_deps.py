@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Final
 
 __all__ = ["Definition", "definitions", "identifiers", "prune"]
@@ -85,11 +86,14 @@ def _definition(head: re.Match[str], lines: list[str]) -> Definition:
     return Definition(names, text, head.re is _LOCAL_FUNCTION, frozenset(identifiers(rest)))
 
 
+@lru_cache(maxsize=512)
 def prune(helpers: str, body: str) -> str:
     """The definitions of ``helpers`` that ``body`` reaches, in their order, as source.
 
     A name refers to its latest definition before the referring one (a function's own
-    name to itself: recursion); the body's names to the latest of all.
+    name to itself: recursion); the body's names to the latest of all. Cached: a store
+    made again (a CLI command, a test) composes its scripts without the pass (about 2 ms
+    a script).
     """
     defs = definitions(helpers)
     latest: dict[str, int] = {}
