@@ -4,7 +4,8 @@ Proves: the dependency pass keeps exactly the definitions a body reaches, transi
 in order, resolving each name to the definition in scope where it is used; it refuses a
 helper text with a top-level statement it could not cut safely; every composed store
 script still compiles in Redis, names no helper it lost, and defines nothing its body
-does not reach; and a pruned script behaves as the whole one (same replies, same data).
+does not reach (the place read too); and a pruned script behaves as the whole one (same
+replies, same data).
 """
 
 from __future__ import annotations
@@ -13,7 +14,10 @@ import pytest
 import redis
 
 from vmpool.state.keys import Keys
+from vmpool.state.lua import read_script
 from vmpool.state.lua_deps import definitions, identifiers, prune
+from vmpool.state.ops import once_text
+from vmpool.state.quotas import QuotaStore
 from vmpool.state.records import Slot
 from vmpool.state.store import Store
 from vmpool.state.store_scripts import POOL_SCRIPTS, REQUEST_SCRIPTS, StoreScripts
@@ -66,8 +70,15 @@ def test_a_top_level_statement_in_helpers_is_refused() -> None:
         definitions("local A = 1\nredis.call('DEL', KEYS[1])\n")
 
 
+def _split(text: str, name: str) -> tuple[str, str]:
+    """A composed store script's helpers, and its body run once (ops.once_text)."""
+    body = once_text(read_script("vmpool.state.scripts", f"{name}.lua"))
+    assert text.endswith(body)
+    return text[: -len(body)], body
+
+
 def _store_helper_names(scripts: StoreScripts, name: str) -> set[str]:
-    whole = scripts.text(name).split("-- _once.lua")[0]
+    whole, _ = _split(scripts.text(name), name)
     return {n for d in definitions(whole) for n in d.names}
 
 
@@ -79,7 +90,7 @@ def test_every_composed_script_compiles_and_names_no_helper_it_lost(
     pruned, whole = StoreScripts(redis_client, keys), StoreScripts(redis_client, keys, whole=True)
     text = pruned.text(name)
     redis_client.script_load(text)  # a syntax error or over 200 locals fails here
-    helpers, _, body = text.partition("-- _once.lua")
+    helpers, body = _split(text, name)
     defined = {n for d in definitions(helpers) for n in d.names}
     # Every name of a whole-composition helper the pruned text uses is defined in it:
     # none would be read as an (undefined) global.
@@ -90,6 +101,26 @@ def test_every_composed_script_compiles_and_names_no_helper_it_lost(
         elsewhere = identifiers(body).union(*(identifiers(o.text) for o in kept[i + 1 :]))
         assert d.names & elsewhere, f"{name}: {sorted(d.names)} kept but not reached"
     assert len(text) < len(whole.text(name))
+
+
+def test_the_place_read_compiles_with_only_the_line_functions_it_reaches(
+    redis_client: redis.Redis,
+) -> None:
+    """request_place.lua (GET /ondemandvm/<id>): the line's functions but the new place."""
+    quotas = QuotaStore(redis_client, Keys("vmpool"))
+    text = quotas._place.script
+    redis_client.script_load(text)
+    body = read_script("vmpool.state.scripts", "request_place.lua")
+    assert text.endswith(body)
+    names = {n for d in definitions(text[: -len(body)]) for n in d.names}
+    assert {"line_place", "line_service", "line_wait", "line_number"} <= names
+    assert "line_new_place" not in names and "QUOTA_VMS" not in names
+    store = Store(redis_client, Keys("vmpool"))
+    for rid in ("first", "second"):
+        assert store.create_request(rid, [Slot("deb", "debian", 1)], settings(), actor=ACTOR).ok
+    assert quotas.place("nosuch", 0) is None
+    place = quotas.place("second", 0)
+    assert place is not None and place.position == 2 and place.eta_s is not None
 
 
 def _flow(store: Store, rid: str) -> list[tuple[bool, str, int | None]]:

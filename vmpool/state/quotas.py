@@ -28,6 +28,7 @@ from vmpool.ids import validate_request_id
 from vmpool.state.counters import lua_quota_keys
 from vmpool.state.keys import Keys
 from vmpool.state.lua import ScriptCall, read_script
+from vmpool.state.lua_deps import prune
 from vmpool.state.records import Outcome, text
 from vmpool.state.store_scripts import StoreScripts
 
@@ -105,10 +106,10 @@ class QuotaStore:
         self.redis = redis_client
         self.keys = keys
         self.scripts = scripts or StoreScripts(redis_client, keys)
+        # Of the keys and the line's functions, those the read reaches (lua_deps.prune).
         head = lua_quota_keys(keys) + read_script(_PACKAGE, "_line.lua")
-        self._place = redis_client.register_script(
-            head + read_script(_PACKAGE, "request_place.lua")
-        )
+        body = read_script(_PACKAGE, "request_place.lua")
+        self._place = redis_client.register_script(prune(head, body) + body)
 
     # -- a request over quota ---------------------------------------------------------
     def park(self, request_id: str, limits: QuotaLimits, *, actor: str) -> Outcome:
