@@ -68,6 +68,10 @@ def test_prune_ignores_names_in_comments_and_strings() -> None:
 def test_a_top_level_statement_in_helpers_is_refused() -> None:
     with pytest.raises(ValueError, match=r"redis\.call"):
         definitions("local A = 1\nredis.call('DEL', KEYS[1])\n")
+    with pytest.raises(ValueError, match="runs a command"):
+        definitions("local N = redis.call('INCR', KEYS[1])\n")
+    with pytest.raises(ValueError, match="runs a command"):
+        definitions("local T = {\n  x = table.remove(ARGV),\n}\n")
 
 
 def _split(text: str, name: str) -> tuple[str, str]:

@@ -10,9 +10,10 @@ A helper text is a sequence of top-level definitions, ``local function NAME`` ..
 ``end`` and ``local NAME[, NAME] = ...`` (a table's closing brace at column 0), with
 comments and blank lines between them: nothing else runs at the top level of a helper,
 so a definition left out changes nothing but the names in scope. :func:`definitions`
-refuses any other top-level statement. A name is taken as referenced wherever it
-appears as an identifier outside comments and strings (a field or a parameter of the
-same spelling keeps a definition it does not need: harmless).
+refuses any other top-level statement, and a top-level value that runs a command. A
+name is taken as referenced wherever it appears as an identifier outside comments and
+strings (a field or a parameter of the same spelling keeps a definition it does not
+need: harmless).
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ _TOKEN: Final = re.compile(
     r"""|"(?:\\.|[^"\\\n])*"|([A-Za-z_]\w*)""",
     re.S,
 )
+# What a top-level value must not do: it would not run when its definition is left out.
+_WRITES: Final = re.compile(r"\bredis\.p?call\b|\btable\.(?:remove|insert)\b")
 # Lines at column 0 that continue the definition above them (its closing line).
 _CLOSERS: Final = ("end", "}")
 
@@ -79,11 +82,18 @@ def definitions(helpers: str) -> list[Definition]:
 
 
 def _definition(head: re.Match[str], lines: list[str]) -> Definition:
-    """The definition whose first line ``head`` matched, of source ``lines``."""
+    """The definition whose first line ``head`` matched, of source ``lines``.
+
+    ValueError for a value that writes (a Redis command, ARGV changed): left out, its
+    write would be lost.
+    """
     text = "".join(lines)
     names = frozenset(n.strip() for n in head.group(1).split(","))
     rest = text[text.index(head.group(0)) + len(head.group(0)) :]
-    return Definition(names, text, head.re is _LOCAL_FUNCTION, frozenset(identifiers(rest)))
+    function = head.re is _LOCAL_FUNCTION
+    if not function and _WRITES.search(rest):
+        raise ValueError(f"a helper's top-level value runs a command: {head.group(0)!r}")
+    return Definition(names, text, function, frozenset(identifiers(rest)))
 
 
 @lru_cache(maxsize=512)
