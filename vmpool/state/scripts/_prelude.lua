@@ -147,10 +147,27 @@ end
 
 -- audit_entries_at appends several entries ({entity, from, to, reason} each, in order)
 -- with one version bump and one push, their versions contiguous as if appended one by
--- one; it returns the last version.
-local function audit_entries_at(record_key, trail_key, entries, now)
+-- one; it returns the last version. ``fields``: more field, value pairs of the record
+-- written with the bump (nil for none). ``version``: the record's version as read in
+-- this unit with no bump since (nil when unknown): the bump is then written in the
+-- fields' one HSET instead of an HINCRBY of its own.
+local function audit_entries_at(record_key, trail_key, entries, now, fields, version)
   local n = #entries
-  local last = redis.call('HINCRBY', record_key, 'version', n)
+  local last
+  if version and tonumber(version) then
+    last = tonumber(version) + n
+    local set = {}
+    for i, x in ipairs(fields or {}) do
+      set[i] = x
+    end
+    set[#set + 1], set[#set + 2] = 'version', last
+    redis.call('HSET', record_key, unpack(set))
+  else
+    if fields and #fields > 0 then
+      redis.call('HSET', record_key, unpack(fields))
+    end
+    last = redis.call('HINCRBY', record_key, 'version', n)
+  end
   local packed = {}
   for i, e in ipairs(entries) do
     packed[i] = audit_entry(e[1], e[2], e[3], last - n + i, e[4], now)
@@ -311,12 +328,17 @@ end
 -- A request finishes when it leaves pending (to ready, failed or deleted): counted
 -- here, once, whichever script moves it; a ready request deleted later is not counted
 -- again, so the outcomes add up to the requests finished.
-local function set_status(req, to, reason, now, before)
+-- ``known``: {fields, version} as audit_entries_at's (more fields of the request
+-- written with its status; its version as read in this unit with no bump since), or nil.
+local function set_status(req, to, reason, now, before, known)
   local from = req.status
   if not REQUEST_EDGES[from] or not REQUEST_EDGES[from][to] then
     return false
   end
-  redis.call('HSET', KEYS[1], 'status', to, 'status_since', fmt(now))
+  local set = {'status', to, 'status_since', fmt(now)}
+  for _, x in ipairs((known and known.fields) or {}) do
+    set[#set + 1] = x
+  end
   req.status = to
   if from == 'pending' then
     redis.call('HINCRBY', METRIC_FINISHED, to, 1)
@@ -325,7 +347,7 @@ local function set_status(req, to, reason, now, before)
   if before then
     entries = {before, entries[1]}
   end
-  return audit_entries_at(KEYS[1], KEYS[3], entries, now)
+  return audit_entries_at(KEYS[1], KEYS[3], entries, now, set, known and known.version)
 end
 
 -- Sends every live VM of the request to destruction (state completed).
@@ -367,9 +389,10 @@ local function close_request(ttl_s)
   end
 end
 
--- ``before``: as set_status's (the entry of the VM whose move fulfils it), or nil.
-local function fulfil(req, now, before)
-  local v = set_status(req, 'ready', 'all VMs ready', now, before)
+-- ``before``, ``known``: as set_status's (the entry of the VM whose move fulfils it;
+-- the request's fields written with it), or nil.
+local function fulfil(req, now, before, known)
+  local v = set_status(req, 'ready', 'all VMs ready', now, before, known)
   observe_request_ready(req, now)
   -- a ready request must outlive its VMs' lifetime before it becomes a tombstone
   close_request(tonumber(req.data_ttl) + tonumber(req.lifetime))
