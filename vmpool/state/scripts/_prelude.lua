@@ -369,10 +369,20 @@ end
 -- The request left the open set: drop it from the indexes and give its keys a TTL so
 -- Redis does not grow with history. The tombstone outlives any job that may still
 -- name the request (data_ttl, hours), so no late writer can find the key missing.
-local function close_request(ttl_s)
+-- ``served``: the request has all its VMs (fulfil: `have` >= `need`, so `unreserved`
+-- is 0). It left the provision queue and the slot line in the unit that reserved or
+-- claimed its last VM (reserve_vm, claim_for_request) and joined neither since: only a
+-- unit that raises `unreserved` puts it back in the queue (vm_failed, end_vm_lifetime),
+-- and only one that finds `unreserved` above 0 puts it in the slot line (reserve_vm's
+-- refusal, clone_semaphore.lua's join). So they are not written again.
+local function close_request(ttl_s, served)
   redis.call('ZREM', KEYS[5], RID)
-  redis.call('ZREM', KEYS[6], RID)
-  quota_forget(RID)
+  if served then
+    quota_forget_parked(RID)
+  else
+    redis.call('ZREM', KEYS[6], RID)
+    quota_forget(RID)
+  end
   local ms = math.floor(ttl_s * 1000)
   for i = 1, 4 do
     redis.call('PEXPIRE', KEYS[i], ms)
@@ -395,7 +405,7 @@ local function fulfil(req, now, before, known)
   local v = set_status(req, 'ready', 'all VMs ready', now, before, known)
   observe_request_ready(req, now)
   -- a ready request must outlive its VMs' lifetime before it becomes a tombstone
-  close_request(tonumber(req.data_ttl) + tonumber(req.lifetime))
+  close_request(tonumber(req.data_ttl) + tonumber(req.lifetime), true)
   return v
 end
 

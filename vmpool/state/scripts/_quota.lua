@@ -119,9 +119,9 @@ local function quota_park(rid, user, line_at)
   redis.call('ZADD', QUOTA_PARKED_USERS, 0, user .. ':' .. rid)
 end
 
--- A request that leaves pending is parked no more, nor waits for a clone slot.
-local function quota_forget(rid)
-  slot_line_leave(rid)
+-- A request that leaves pending is parked no more (quota_forget_parked), nor waits for
+-- a clone slot (quota_forget).
+local function quota_forget_parked(rid)
   local user = redis.call('HGET', QUOTA_PARKED, rid)
   if not user then
     return
@@ -129,6 +129,11 @@ local function quota_forget(rid)
   redis.call('HDEL', QUOTA_PARKED, rid)
   redis.call('ZREM', QUOTA_PARKED_LINE, rid)
   redis.call('ZREM', QUOTA_PARKED_USERS, user .. ':' .. rid)
+end
+
+local function quota_forget(rid)
+  slot_line_leave(rid)
+  quota_forget_parked(rid)
 end
 
 local function quota_raise_peak(user, field, value)
