@@ -375,7 +375,9 @@ end
 -- unit that raises `unreserved` puts it back in the queue (vm_failed, end_vm_lifetime),
 -- and only one that finds `unreserved` above 0 puts it in the slot line (reserve_vm's
 -- refusal, clone_semaphore.lua's join). So they are not written again.
-local function close_request(ttl_s, served)
+-- ``alive``: the name of a VM of the request this unit attached (running), or nil: only
+-- a destroyed VM has a TTL (keep_tombstone), so its TTL is not looked at.
+local function close_request(ttl_s, served, alive)
   redis.call('ZREM', KEYS[5], RID)
   if served then
     quota_forget_parked(RID)
@@ -391,7 +393,10 @@ local function close_request(ttl_s, served)
   -- a VM with no TTL is not destroyed yet and gets its TTL from keep_tombstone later.
   for _, name in ipairs(redis.call('SMEMBERS', KEYS[2])) do
     local vm_key = VM_PREFIX .. name
-    local left = redis.call('PTTL', vm_key)
+    local left = -1
+    if name ~= alive then
+      left = redis.call('PTTL', vm_key)
+    end
     if left >= 0 and left < ms then
       redis.call('PEXPIRE', vm_key, ms)
       redis.call('PEXPIRE', vm_key .. ':fence', ms)  -- Keys.vm_fence
@@ -400,12 +405,12 @@ local function close_request(ttl_s, served)
 end
 
 -- ``before``, ``known``: as set_status's (the entry of the VM whose move fulfils it;
--- the request's fields written with it), or nil.
-local function fulfil(req, now, before, known)
+-- the request's fields written with it), or nil. ``alive``: as close_request's.
+local function fulfil(req, now, before, known, alive)
   local v = set_status(req, 'ready', 'all VMs ready', now, before, known)
   observe_request_ready(req, now)
   -- a ready request must outlive its VMs' lifetime before it becomes a tombstone
-  close_request(tonumber(req.data_ttl) + tonumber(req.lifetime), true)
+  close_request(tonumber(req.data_ttl) + tonumber(req.lifetime), true, alive)
   return v
 end
 

@@ -100,14 +100,21 @@ local function slot_turns(limit, now)
 end
 
 -- 1 if the lease of ``name`` was dropped (it was ``token``'s or an older holder's),
--- 0 otherwise.
+-- 0 otherwise. A lease's holder is written and dropped with it (slot_take, here,
+-- slots_drop_expired), so a VM with a holder has its lease: the lease is looked up
+-- only for a VM with none (a lease taken before holders were kept counts as token 0's).
 local function slot_release(name, token)
-  if redis.call('ZSCORE', CLONE_SLOTS, name) and slot_holder(name) <= tonumber(token) then
-    redis.call('ZREM', CLONE_SLOTS, name)
+  local holder = redis.call('HGET', SLOT_HOLDERS, name)
+  if holder then
+    if tonumber(holder) > tonumber(token) then
+      return 0
+    end
     redis.call('HDEL', SLOT_HOLDERS, name)
-    return 1
+  elseif not redis.call('ZSCORE', CLONE_SLOTS, name) then
+    return 0
   end
-  return 0
+  redis.call('ZREM', CLONE_SLOTS, name)
+  return 1
 end
 
 -- A created VM's slot given back by the move that ends its clone (vm_created.lua,

@@ -54,7 +54,8 @@ local entry = {'vm:' .. vm.name, 'pending', 'running', 'ready'}
 -- `have` counts the request's live attached VMs: end_vm_lifetime takes back a VM whose
 -- lifetime ended while the request was pending, so this never fulfils a request short.
 if tonumber(req.have) >= tonumber(req.need) then
-  return {1, 'fulfilled', fulfil(req, now, entry, known)}  -- the VM's entry, then the request's
+  -- the VM's entry, then the request's; the VM is alive (running): it has no TTL
+  return {1, 'fulfilled', fulfil(req, now, entry, known, vm.name)}
 end
 return {1, 'running',
   audit_entries_at(KEYS[1], KEYS[3], {entry}, now, known.fields, known.version)}
