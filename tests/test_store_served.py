@@ -9,6 +9,7 @@ import redis
 
 from vmpool.state.audit import check_trail
 from vmpool.state.keys import Keys
+from vmpool.state.quotas import NO_LIMITS, QuotaLimits
 from vmpool.state.records import Slot
 from vmpool.state.semaphore import CloneSemaphore, SlotTerms
 from vmpool.state.store import Store
@@ -21,10 +22,16 @@ def store(redis_client: redis.Redis, keys: Keys) -> Store:
     return Store(redis_client, keys)
 
 
-def reserve(store: Store, rid: str, name: str, slot: SlotTerms | None = None) -> str:
+def reserve(
+    store: Store,
+    rid: str,
+    name: str,
+    slot: SlotTerms | None = None,
+    quota: QuotaLimits = NO_LIMITS,
+) -> str:
     out = store.reserve_vm(
         rid, name=name, alias="deb", pool="debian", template="t", provider="sim",
-        domain="example.com", actor=ACTOR, slot=slot,
+        domain="example.com", actor=ACTOR, slot=slot, quota=quota,
     )  # fmt: skip
     return out.code
 
@@ -107,3 +114,27 @@ def test_started_is_the_first_reservation_and_feeds_the_line_interval(
     assert float(stats["interval"]) == pytest.approx(
         float(second or 0) - float(started or 0), abs=2e-6
     )
+
+
+def test_a_request_parked_then_served_is_parked_no_more_once_ready(
+    store: Store, redis_client: redis.Redis
+) -> None:
+    """A parked request whose user's limit was raised is reserved while still parked;
+    its fulfil unparks it (it was stamped `quota_waited` when parked), while one never
+    parked is not looked up there and leaves nothing behind either."""
+    one, five = QuotaLimits(max_vms=1), QuotaLimits(max_vms=5)
+    for rid in ("R1", "R2"):
+        out = store.create_request(
+            rid, [Slot("deb", "debian", 1)], settings(), actor=ACTOR, token_user="alice"
+        )
+        assert out.ok
+    assert reserve(store, "R1", "r1-a", quota=one) == "reserved"
+    assert reserve(store, "R2", "r2-a", quota=one) == "quota_max_vms"
+    assert store.quotas.park("R2", one, actor=ACTOR).code == "parked"
+    assert store.quotas.parked() == {"R2": "alice"}
+    assert reserve(store, "R2", "r2-a", quota=five) == "reserved"  # the limit raised
+    for name in ("r1-a", "r2-a"):
+        assert store.vm_created(name, actor=ACTOR).code == "pending"
+        assert store.vm_ready(name, actor=ACTOR).code == "fulfilled"
+    assert store.quotas.parked() == {}
+    assert redis_client.zcard(store.keys.quota_parked_line) == 0

@@ -377,14 +377,13 @@ end
 -- refusal, clone_semaphore.lua's join). So they are not written again.
 -- ``alive``: the name of a VM of the request this unit attached (running), or nil: only
 -- a destroyed VM has a TTL (keep_tombstone), so its TTL is not looked at.
-local function close_request(ttl_s, served, alive)
+-- ``req``: the request's hash as read in this unit (quota_forget's).
+local function close_request(req, ttl_s, served, alive)
   redis.call('ZREM', KEYS[5], RID)
-  if served then
-    quota_forget_parked(RID)
-  else
+  if not served then
     redis.call('ZREM', KEYS[6], RID)
-    quota_forget(RID)
   end
+  quota_forget(RID, req, served)
   local ms = math.floor(ttl_s * 1000)
   for i = 1, 4 do
     redis.call('PEXPIRE', KEYS[i], ms)
@@ -410,7 +409,7 @@ local function fulfil(req, now, before, known, alive)
   local v = set_status(req, 'ready', 'all VMs ready', now, before, known)
   observe_request_ready(req, now)
   -- a ready request must outlive its VMs' lifetime before it becomes a tombstone
-  close_request(tonumber(req.data_ttl) + tonumber(req.lifetime), true, alive)
+  close_request(req, tonumber(req.data_ttl) + tonumber(req.lifetime), true, alive)
   return v
 end
 
@@ -418,7 +417,7 @@ local function fail_request(req, reason, now)
   local v = set_status(req, 'failed', reason, now)
   redis.call('HSET', KEYS[1], 'failure_reason', reason)
   release_vms('request failed', now)
-  close_request(tonumber(req.data_ttl))
+  close_request(req, tonumber(req.data_ttl))
   return tonumber(redis.call('HGET', KEYS[1], 'version')) or v
 end
 

@@ -119,9 +119,18 @@ local function quota_park(rid, user, line_at)
   redis.call('ZADD', QUOTA_PARKED_USERS, 0, user .. ':' .. rid)
 end
 
--- A request that leaves pending is parked no more (quota_forget_parked), nor waits for
--- a clone slot (quota_forget).
-local function quota_forget_parked(rid)
+-- A request that leaves pending is parked no more, nor waits for a clone slot.
+-- ``req``: its hash as read in this unit. One never parked is not looked up in the
+-- parked hash: quota_park.lua stamps `quota_waited` on it in the unit that first
+-- parks it, and nothing takes the stamp away. ``served``: it is out of the slot line
+-- already (close_request's).
+local function quota_forget(rid, req, served)
+  if not served then
+    slot_line_leave(rid)
+  end
+  if not req.quota_waited then
+    return
+  end
   local user = redis.call('HGET', QUOTA_PARKED, rid)
   if not user then
     return
@@ -129,11 +138,6 @@ local function quota_forget_parked(rid)
   redis.call('HDEL', QUOTA_PARKED, rid)
   redis.call('ZREM', QUOTA_PARKED_LINE, rid)
   redis.call('ZREM', QUOTA_PARKED_USERS, user .. ':' .. rid)
-end
-
-local function quota_forget(rid)
-  slot_line_leave(rid)
-  quota_forget_parked(rid)
 end
 
 local function quota_raise_peak(user, field, value)
