@@ -183,6 +183,36 @@ def test_fence_of_a_subject_without_record_gets_a_ttl(
     assert 0 < ttl <= 30_000
 
 
+def test_a_first_fence_follows_its_subjects_ttl_when_the_grant_reads_the_record(
+    redis_client: redis.Redis, keys: Keys
+) -> None:
+    """A grant that reads the record (read_record) knows a live subject has no TTL and a
+    missing one none either, without asking: the counter of a live VM or pending
+    request gets none, of a tombstone the tombstone's, of no record the orphan TTL."""
+    store = Store(redis_client, keys)
+    name = reserved_vm(store)
+    redis_client.hset(keys.vm("vm-dead"), mapping={"state": "destroyed", "name": "vm-dead"})
+    redis_client.pexpire(keys.vm("vm-dead"), 50_000)
+    redis_client.hset(keys.request("r-done"), mapping={"status": "ready", "id": "r-done"})
+    redis_client.pexpire(keys.request("r-done"), 40_000)
+
+    def lock(kind: Any, subject: str) -> FencedLock:
+        return FencedLock(redis_client, keys, kind, subject, expire_s=60,
+                          orphan_fence_ttl_s=30, read_record=True)  # fmt: skip
+
+    locks = [lock("vm", name), lock("request", "r1"), lock("vm", "vm-dead"),
+             lock("request", "r-done"), lock("vm", "vm-none")]  # fmt: skip
+    assert len(acquire_all(locks)) == 5
+    assert [lk.fence for lk in locks] == [1, 1, 1, 1, 1]
+    assert redis_client.pttl(keys.vm_fence(name)) == -1
+    assert redis_client.pttl(keys.request_fence("r1")) == -1
+    assert 30_000 < redis_client.pttl(keys.vm_fence("vm-dead")) <= 50_000
+    assert 20_000 < redis_client.pttl(keys.request_fence("r-done")) <= 40_000
+    assert 0 < redis_client.pttl(keys.vm_fence("vm-none")) <= 30_000
+    assert locks[0].record["state"] == "reserved" and locks[4].record == {}
+    release_all(locks)
+
+
 @pytest.mark.slow
 def test_error_after_grant_leaves_no_renewed_lease(
     redis_client: redis.Redis, keys: Keys, monkeypatch: pytest.MonkeyPatch

@@ -92,6 +92,22 @@ def test_release_is_idempotent_and_reports(redis_client: redis.Redis, keys: Keys
     assert sem.count() == 0
 
 
+def test_a_lease_with_no_holder_recorded_is_released_as_token_zeros(
+    redis_client: redis.Redis, keys: Keys
+) -> None:
+    """Proves: release looks a lease up by its holder first, and a lease written with
+    no holder (before holders were kept) is still released by any token, as token 0's;
+    a holder's lease is released only by its holder or a newer one, and only once."""
+    sem = CloneSemaphore(redis_client, keys, limit=2, lease_s=60)
+    redis_client.zadd(keys.clone_slots, {"vm-old": 2e9})  # a lease with no holder
+    assert sem.release("vm-old", 3) is True and sem.count() == 0
+    assert sem.release("vm-old", 3) is False
+    assert sem.acquire("vm-a", 4) == "vm-a"
+    assert sem.release("vm-a", 3) is False and sem.count() == 1
+    assert sem.release("vm-a", 4) is True and sem.count() == 0
+    assert redis_client.hlen(keys.clone_slot_holders) == 0
+
+
 def test_rejects_nonsense_limits(redis_client: redis.Redis, keys: Keys) -> None:
     with pytest.raises(ValueError):
         CloneSemaphore(redis_client, keys, limit=0, lease_s=1)

@@ -169,7 +169,7 @@ class CloneSemaphore:
         A provision batch reserves nothing for the requests after one refused a slot
         (first come, first served): they wait in line with it, so the slots freed go to
         them in turn at once, not at the next provision sweep. False when the request is
-        no longer pending (nothing written)."""
+        no longer pending or has no VM left to reserve (nothing written)."""
         keys = [*self._keys, self._request_key(request)]
         reply = self._script(keys=keys, args=["join", request, repr(float(place))])
         return int(str(reply)) == 1

@@ -147,10 +147,27 @@ end
 
 -- audit_entries_at appends several entries ({entity, from, to, reason} each, in order)
 -- with one version bump and one push, their versions contiguous as if appended one by
--- one; it returns the last version.
-local function audit_entries_at(record_key, trail_key, entries, now)
+-- one; it returns the last version. ``fields``: more field, value pairs of the record
+-- written with the bump (nil for none). ``version``: the record's version as read in
+-- this unit with no bump since (nil when unknown): the bump is then written in the
+-- fields' one HSET instead of an HINCRBY of its own.
+local function audit_entries_at(record_key, trail_key, entries, now, fields, version)
   local n = #entries
-  local last = redis.call('HINCRBY', record_key, 'version', n)
+  local last
+  if version and tonumber(version) then
+    last = tonumber(version) + n
+    local set = {}
+    for i, x in ipairs(fields or {}) do
+      set[i] = x
+    end
+    set[#set + 1], set[#set + 2] = 'version', last
+    redis.call('HSET', record_key, unpack(set))
+  else
+    if fields and #fields > 0 then
+      redis.call('HSET', record_key, unpack(fields))
+    end
+    last = redis.call('HINCRBY', record_key, 'version', n)
+  end
   local packed = {}
   for i, e in ipairs(entries) do
     packed[i] = audit_entry(e[1], e[2], e[3], last - n + i, e[4], now)
@@ -311,12 +328,17 @@ end
 -- A request finishes when it leaves pending (to ready, failed or deleted): counted
 -- here, once, whichever script moves it; a ready request deleted later is not counted
 -- again, so the outcomes add up to the requests finished.
-local function set_status(req, to, reason, now, before)
+-- ``known``: {fields, version} as audit_entries_at's (more fields of the request
+-- written with its status; its version as read in this unit with no bump since), or nil.
+local function set_status(req, to, reason, now, before, known)
   local from = req.status
   if not REQUEST_EDGES[from] or not REQUEST_EDGES[from][to] then
     return false
   end
-  redis.call('HSET', KEYS[1], 'status', to, 'status_since', fmt(now))
+  local set = {'status', to, 'status_since', fmt(now)}
+  for _, x in ipairs((known and known.fields) or {}) do
+    set[#set + 1] = x
+  end
   req.status = to
   if from == 'pending' then
     redis.call('HINCRBY', METRIC_FINISHED, to, 1)
@@ -325,7 +347,7 @@ local function set_status(req, to, reason, now, before)
   if before then
     entries = {before, entries[1]}
   end
-  return audit_entries_at(KEYS[1], KEYS[3], entries, now)
+  return audit_entries_at(KEYS[1], KEYS[3], entries, now, set, known and known.version)
 end
 
 -- Sends every live VM of the request to destruction (state completed).
@@ -347,10 +369,21 @@ end
 -- The request left the open set: drop it from the indexes and give its keys a TTL so
 -- Redis does not grow with history. The tombstone outlives any job that may still
 -- name the request (data_ttl, hours), so no late writer can find the key missing.
-local function close_request(ttl_s)
+-- ``served``: the request has all its VMs (fulfil: `have` >= `need`, so `unreserved`
+-- is 0). It left the provision queue and the slot line in the unit that reserved or
+-- claimed its last VM (reserve_vm, claim_for_request) and joined neither since: only a
+-- unit that raises `unreserved` puts it back in the queue (vm_failed, end_vm_lifetime),
+-- and only one that finds `unreserved` above 0 puts it in the slot line (reserve_vm's
+-- refusal, clone_semaphore.lua's join). So they are not written again.
+-- ``alive``: the name of a VM of the request this unit attached (running), or nil: only
+-- a destroyed VM has a TTL (keep_tombstone), so its TTL is not looked at.
+-- ``req``: the request's hash as read in this unit (quota_forget's).
+local function close_request(req, ttl_s, served, alive)
   redis.call('ZREM', KEYS[5], RID)
-  redis.call('ZREM', KEYS[6], RID)
-  quota_forget(RID)
+  if not served then
+    redis.call('ZREM', KEYS[6], RID)
+  end
+  quota_forget(RID, req, served)
   local ms = math.floor(ttl_s * 1000)
   for i = 1, 4 do
     redis.call('PEXPIRE', KEYS[i], ms)
@@ -359,7 +392,10 @@ local function close_request(ttl_s)
   -- a VM with no TTL is not destroyed yet and gets its TTL from keep_tombstone later.
   for _, name in ipairs(redis.call('SMEMBERS', KEYS[2])) do
     local vm_key = VM_PREFIX .. name
-    local left = redis.call('PTTL', vm_key)
+    local left = -1
+    if name ~= alive then
+      left = redis.call('PTTL', vm_key)
+    end
     if left >= 0 and left < ms then
       redis.call('PEXPIRE', vm_key, ms)
       redis.call('PEXPIRE', vm_key .. ':fence', ms)  -- Keys.vm_fence
@@ -367,12 +403,13 @@ local function close_request(ttl_s)
   end
 end
 
--- ``before``: as set_status's (the entry of the VM whose move fulfils it), or nil.
-local function fulfil(req, now, before)
-  local v = set_status(req, 'ready', 'all VMs ready', now, before)
+-- ``before``, ``known``: as set_status's (the entry of the VM whose move fulfils it;
+-- the request's fields written with it), or nil. ``alive``: as close_request's.
+local function fulfil(req, now, before, known, alive)
+  local v = set_status(req, 'ready', 'all VMs ready', now, before, known)
   observe_request_ready(req, now)
   -- a ready request must outlive its VMs' lifetime before it becomes a tombstone
-  close_request(tonumber(req.data_ttl) + tonumber(req.lifetime))
+  close_request(req, tonumber(req.data_ttl) + tonumber(req.lifetime), true, alive)
   return v
 end
 
@@ -380,7 +417,7 @@ local function fail_request(req, reason, now)
   local v = set_status(req, 'failed', reason, now)
   redis.call('HSET', KEYS[1], 'failure_reason', reason)
   release_vms('request failed', now)
-  close_request(tonumber(req.data_ttl))
+  close_request(req, tonumber(req.data_ttl))
   return tonumber(redis.call('HGET', KEYS[1], 'version')) or v
 end
 

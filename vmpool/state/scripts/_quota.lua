@@ -120,8 +120,17 @@ local function quota_park(rid, user, line_at)
 end
 
 -- A request that leaves pending is parked no more, nor waits for a clone slot.
-local function quota_forget(rid)
-  slot_line_leave(rid)
+-- ``req``: its hash as read in this unit. One never parked is not looked up in the
+-- parked hash: quota_park.lua stamps `quota_waited` on it in the unit that first
+-- parks it, and nothing takes the stamp away. ``served``: it is out of the slot line
+-- already (close_request's).
+local function quota_forget(rid, req, served)
+  if not served then
+    slot_line_leave(rid)
+  end
+  if not req.quota_waited then
+    return
+  end
   local user = redis.call('HGET', QUOTA_PARKED, rid)
   if not user then
     return
@@ -180,32 +189,44 @@ end
 -- A running average of the line's pace (LINE_STATS ``field``) takes ``sample``.
 -- ``known``: the field's value when the caller read it in this unit ('' for none), so
 -- it is not read again; nil to read it here.
-local function line_average(field, sample, known)
-  if known == nil then
-    known = redis.call('HGET', LINE_STATS, field) or ''
-  end
+-- line_average's new value (formatted), not written.
+local function line_averaged(sample, known)
   local old = tonumber(known)
   local value = sample
   if old then
     value = old + LINE_ALPHA * (sample - old)
   end
-  redis.call('HSET', LINE_STATS, field, q_fmt(value))
+  return q_fmt(value)
+end
+
+local function line_average(field, sample, known)
+  if known == nil then
+    known = redis.call('HGET', LINE_STATS, field) or ''
+  end
+  redis.call('HSET', LINE_STATS, field, line_averaged(sample, known))
 end
 
 -- The request (hash ``req_key``) starts being served: its first VM reserved or claimed.
 -- The time since the previous start is a sample of the line's service interval when
 -- requests waited then (a backlog), so an idle fleet does not count its idle time.
-local function line_started(req_key, queue_key, now)
-  if redis.call('HSETNX', req_key, 'started', q_fmt(now)) == 0 then
+-- ``first``: whether the request had not started, when the caller read it in this unit
+-- and writes its `started` itself (nil: the request's `started` is set here if absent).
+local function line_started(req_key, queue_key, now, first)
+  if first == nil then
+    first = redis.call('HSETNX', req_key, 'started', q_fmt(now)) == 1
+  end
+  if not first then
     return
   end
   local last = redis.call('HMGET', LINE_STATS, 'last_start', 'last_backlog', 'interval')
   local at, backlog = tonumber(last[1] or ''), tonumber(last[2] or '0') or 0
-  if at and backlog > 0 then
-    line_average('interval', math.min(math.max(0, now - at), 3600), last[3] or '')
-  end
   local waiting = redis.call('ZCARD', queue_key) - redis.call('ZCARD', QUOTA_PARKED_LINE)
-  redis.call('HSET', LINE_STATS, 'last_start', q_fmt(now), 'last_backlog', math.max(0, waiting))
+  local set = {'last_start', q_fmt(now), 'last_backlog', math.max(0, waiting)}
+  if at and backlog > 0 then
+    set[5] = 'interval'
+    set[6] = line_averaged(math.min(math.max(0, now - at), 3600), last[3] or '')
+  end
+  redis.call('HSET', LINE_STATS, unpack(set))
 end
 
 -- A request turned ready: its time from POST by where its VMs came from (all from warm

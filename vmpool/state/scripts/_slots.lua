@@ -75,16 +75,16 @@ end
 -- slot_acquire for request ``rid`` at ``place`` in line: a new lease only in its turn
 -- (fewer requests ahead of it in SLOT_LINE than slots free); refused, the request
 -- joins SLOT_LINE at its place (the one write of a refusal: a repeat writes the same).
+-- ``name``: a VM not recorded yet (reserve_vm checked), so it holds no lease: a lease
+-- is taken only with its VM's record or under its lock, and ends long before the
+-- record's tombstone; were one left, it is counted among the live leases all the same.
 local function slot_acquire_in_line(name, token, limit, expiry, now, rid, place)
   slots_drop_expired(now)
-  local live = nil
-  if not redis.call('ZSCORE', CLONE_SLOTS, name) then
-    local ahead = redis.call('ZCOUNT', SLOT_LINE, '-inf', '(' .. place)
-    live = redis.call('ZCARD', CLONE_SLOTS)
-    if live + ahead >= limit then
-      redis.call('ZADD', SLOT_LINE, place, rid)
-      return 0
-    end
+  local ahead = redis.call('ZCOUNT', SLOT_LINE, '-inf', '(' .. place)
+  local live = redis.call('ZCARD', CLONE_SLOTS)
+  if live + ahead >= limit then
+    redis.call('ZADD', SLOT_LINE, place, rid)
+    return 0
   end
   return slot_acquire(name, token, limit, expiry, now, live)
 end
@@ -100,14 +100,21 @@ local function slot_turns(limit, now)
 end
 
 -- 1 if the lease of ``name`` was dropped (it was ``token``'s or an older holder's),
--- 0 otherwise.
+-- 0 otherwise. A lease's holder is written and dropped with it (slot_take, here,
+-- slots_drop_expired), so a VM with a holder has its lease: the lease is looked up
+-- only for a VM with none (a lease taken before holders were kept counts as token 0's).
 local function slot_release(name, token)
-  if redis.call('ZSCORE', CLONE_SLOTS, name) and slot_holder(name) <= tonumber(token) then
-    redis.call('ZREM', CLONE_SLOTS, name)
+  local holder = redis.call('HGET', SLOT_HOLDERS, name)
+  if holder then
+    if tonumber(holder) > tonumber(token) then
+      return 0
+    end
     redis.call('HDEL', SLOT_HOLDERS, name)
-    return 1
+  elseif not redis.call('ZSCORE', CLONE_SLOTS, name) then
+    return 0
   end
-  return 0
+  redis.call('ZREM', CLONE_SLOTS, name)
+  return 1
 end
 
 -- A created VM's slot given back by the move that ends its clone (vm_created.lua,

@@ -28,6 +28,7 @@
 -- release_to_line: as release, then ARGV[4] limit
 -- join:        ARGV[2] the request's id, ARGV[3] its place: a request a provision batch
 --              left unreserved behind an older one refused a slot waits in line too
+--              (a pending request with `unreserved` above 0 only)
 -- Returns: acquire -> 1 granted (a new lease, or the VM's lease renewed or taken over:
 --            its token was not newer than ours), 0 refused (no slot free, or a newer
 --            holder of the VM has it);
@@ -42,8 +43,9 @@
 --            turns} when the lease was dropped, {0} otherwise (the caller hands the
 --            slot to the first in line at once); count -> the number of live leases;
 --            turns -> the first requests of KEYS[4], as many as slots are free;
---            join -> 1 if the request is pending (in line at its place, or already
---            there), 0 otherwise (nothing written: an ended request never waits).
+--            join -> 1 if the request is pending with VMs to reserve (in line at its
+--            place, or already there), 0 otherwise (nothing written: an ended or
+--            fully reserved request never waits).
 -- Invariant: _slots.lua's (the limit, each lease released or renewed only by its
 -- holder, expired leases dropped first, the peak, the order of the line).
 local t = redis.call('TIME')
@@ -93,7 +95,10 @@ if op == 'release' then
   return slot_release(ARGV[2], ARGV[3])
 end
 if op == 'join' then
-  if redis.call('HGET', KEYS[5], 'status') ~= 'pending' then
+  -- a request with no VM left to reserve never waits: its last reservation took it out
+  -- of the line, and its fulfil (close_request) counts on that
+  local req = redis.call('HMGET', KEYS[5], 'status', 'unreserved')
+  if req[1] ~= 'pending' or (tonumber(req[2] or '') or 0) <= 0 then
     return 0
   end
   redis.call('ZADD', SLOT_LINE, 'NX', ARGV[3], ARGV[2])

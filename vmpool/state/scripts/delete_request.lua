@@ -29,5 +29,5 @@ if not v then
   return refuse('request_' .. req.status)
 end
 release_vms('request deleted', now)
-close_request(tonumber(req.data_ttl))
+close_request(req, tonumber(req.data_ttl))
 return {1, 'deleted', tonumber(redis.call('HGET', KEYS[1], 'version'))}

@@ -25,7 +25,29 @@
 -- the counter dies with it) or has no record at all. Only a counter this grant made
 -- (token 1) is looked at: a transition that gives a subject its TTL gives its counter
 -- the same in its unit (keep_tombstone, close_request, extend_vm, _pool.lua's
--- tombstone), so an older counter already has its TTL, or its subject none.
+-- tombstone), so an older counter already has its TTL, or its subject none. A record
+-- read here (ARGV[3]) tells its TTL without a PTTL when it has none: no record (-2), or
+-- one still live, which has no TTL (a request gets one when it leaves pending, a VM
+-- when it is destroyed: close_request, keep_tombstone, _pool.lua's tombstone).
+
+-- The subject's TTL as PTTL answers it, for a counter this grant made (``record``: the
+-- subject's flat HGETALL when read, else nil).
+local function subject_ttl(subject, record)
+  if record then
+    if #record == 0 then
+      return -2
+    end
+    for j = 1, #record, 2 do
+      local field, value = record[j], record[j + 1]
+      if (field == 'status' and value == 'pending')
+        or (field == 'state' and value ~= 'destroyed') then
+        return -1
+      end
+    end
+  end
+  return redis.call('PTTL', subject)
+end
+
 local out = {}
 for i = 1, #KEYS / 3 do
   local lock, fence, subject = KEYS[3 * i - 2], KEYS[3 * i - 1], KEYS[3 * i]
@@ -33,16 +55,18 @@ for i = 1, #KEYS / 3 do
   local record = {}
   if redis.call('SET', lock, ARGV[3 + i], 'NX', 'PX', ARGV[2]) then
     token = redis.call('INCR', fence)
-    if token == 1 then
-      local subject_ttl = redis.call('PTTL', subject)
-      if subject_ttl > 0 then
-        redis.call('PEXPIRE', fence, subject_ttl)
-      elseif subject_ttl == -2 and ARGV[1] ~= '' then
-        redis.call('PEXPIRE', fence, ARGV[1])
-      end
-    end
+    local read = nil
     if ARGV[3] == '1' then
       record = redis.call('HGETALL', subject)
+      read = record
+    end
+    if token == 1 then
+      local ttl = subject_ttl(subject, read)
+      if ttl > 0 then
+        redis.call('PEXPIRE', fence, ttl)
+      elseif ttl == -2 and ARGV[1] ~= '' then
+        redis.call('PEXPIRE', fence, ARGV[1])
+      end
     end
   end
   out[i] = {token, record}

@@ -81,13 +81,18 @@ move_vm(KEYS[7], {name = name, pool = ARGV[7], state = 'none', quota_user = user
   'data_ttl', req.data_ttl, 'request_created', req.created,
   'quota_user', user, 'cores', cores})
 redis.call('SADD', KEYS[2], name)
--- the request's counts, read in this unit, written back in one HSET
 local unreserved = tonumber(req.unreserved) - 1
-redis.call('HSET', KEYS[1], 'live:' .. slot, tonumber(req['live:' .. slot]) + 1,
-  'unreserved', unreserved)
 if unreserved <= 0 then
   redis.call('ZREM', KEYS[6], RID)
   slot_line_leave(RID)
 end
-line_started(KEYS[1], KEYS[6], now)
-return {1, 'reserved', audit('vm:' .. name, 'none', 'reserved', 'reserved', now)}
+-- the request's counts (and `started`, its first VM's), read in this unit, written back
+-- in the one HSET of its version: nothing bumped the version since load_hash read it
+local first = req.started == nil
+local fields = {'live:' .. slot, tonumber(req['live:' .. slot]) + 1, 'unreserved', unreserved}
+if first then
+  fields[5], fields[6] = 'started', fmt(now)
+end
+line_started(KEYS[1], KEYS[6], now, first)
+return {1, 'reserved', audit_entries_at(KEYS[1], KEYS[3],
+  {{'vm:' .. name, 'none', 'reserved', 'reserved'}}, now, fields, req.version)}

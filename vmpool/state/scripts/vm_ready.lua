@@ -45,14 +45,17 @@ if vm.reserved_at then
   observe_ready_time(vm.pool, math.max(0, now - tonumber(vm.reserved_at)))
 end
 local slot = vm.alias .. ':' .. vm.pool
--- the request's counts, read in this unit, written back in one HSET
+-- the request's counts, read in this unit, written back in the one HSET of its version
+-- (and status): nothing bumped the version since request_of read it
 req.have = (tonumber(req.have) or 0) + 1
-redis.call('HSET', KEYS[1], 'have:' .. slot, (tonumber(req['have:' .. slot]) or 0) + 1,
-  'have', req.have)
+local known = {version = req.version, fields = {'have:' .. slot,
+  (tonumber(req['have:' .. slot]) or 0) + 1, 'have', req.have}}
 local entry = {'vm:' .. vm.name, 'pending', 'running', 'ready'}
 -- `have` counts the request's live attached VMs: end_vm_lifetime takes back a VM whose
 -- lifetime ended while the request was pending, so this never fulfils a request short.
 if tonumber(req.have) >= tonumber(req.need) then
-  return {1, 'fulfilled', fulfil(req, now, entry)}  -- the VM's entry, then the request's
+  -- the VM's entry, then the request's; the VM is alive (running): it has no TTL
+  return {1, 'fulfilled', fulfil(req, now, entry, known, vm.name)}
 end
-return {1, 'running', audit(entry[1], entry[2], entry[3], entry[4], now)}
+return {1, 'running',
+  audit_entries_at(KEYS[1], KEYS[3], {entry}, now, known.fields, known.version)}
