@@ -57,6 +57,7 @@ from vmpool.state.durability import settle
 from vmpool.state.keys import Keys
 from vmpool.state.lua import read_script
 from vmpool.state.records import text
+from vmpool.state.renewer_sleep import RenewerSleep
 
 __all__ = [
     "FencedLock",
@@ -121,16 +122,18 @@ class LockRenewer:
 
     def __init__(self) -> None:
         self._cv = threading.Condition()
+        self._sleep = RenewerSleep(self._cv)
         self._locks: dict[int, tuple[Renewable, float]] = {}
         self._thread: threading.Thread | None = None
 
     def add(self, lock: Renewable) -> None:
         with self._cv:
-            self._locks[id(lock)] = (lock, time.monotonic() + lock.renew_every_s())
+            due = time.monotonic() + lock.renew_every_s()
+            self._locks[id(lock)] = (lock, due)
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._run, name="lock-renewer", daemon=True)
                 self._thread.start()
-            self._cv.notify()
+            self._sleep.added(due)
 
     def remove(self, lock: Renewable) -> None:
         with self._cv:
@@ -140,7 +143,7 @@ class LockRenewer:
         with self._cv:
             while True:
                 if not self._locks:
-                    self._cv.wait(RENEWER_LINGER_S)
+                    self._sleep.wait(RENEWER_LINGER_S)
                     if not self._locks:
                         self._thread = None  # add() starts another
                         return None
@@ -151,7 +154,7 @@ class LockRenewer:
                         self._locks[id(lk)] = (lk, now + lk.renew_every_s())
                     return due
                 nxt = min((at for _, at in self._locks.values()), default=None)
-                self._cv.wait(None if nxt is None else nxt - now)
+                self._sleep.wait(None if nxt is None else nxt - now)
 
     def _run(self) -> None:
         while (due := self._due()) is not None:
