@@ -48,6 +48,7 @@ import os
 import threading
 import time
 from collections.abc import Sequence
+from functools import cached_property
 from types import TracebackType
 from typing import Any, Literal, Protocol
 
@@ -212,16 +213,19 @@ class FencedLock:
         # A fresh id per FencedLock (so per grant): the holder for humans, then random.
         self.id = f"{holder or 'pid' + str(os.getpid())}:{os.urandom(9).hex()}"
         self._renewer = (renewer or LockRenewer()) if auto_renewal else None
-        self._grant = redis_client.register_script(_GRANT_LUA)
-        self._extend = redis_client.register_script(_EXTEND_LUA)
-        self._release = redis_client.register_script(_RELEASE_LUA)
-        self._check = redis_client.register_script(_CHECK_LUA)
         self.read_record = read_record
         # The subject's hash as the grant read it (read_record), {} when it has none.
         self.record: dict[str, str] = {}
         self.fence: int = 0
         self._held = False
         self._lost = False
+
+    # Registered on first use: a batch claim grants and releases all its locks through its
+    # first lock's scripts, and few locks are ever renewed or checked.
+    _grant = cached_property(lambda self: self.redis.register_script(_GRANT_LUA))
+    _extend = cached_property(lambda self: self.redis.register_script(_EXTEND_LUA))
+    _release = cached_property(lambda self: self.redis.register_script(_RELEASE_LUA))
+    _check = cached_property(lambda self: self.redis.register_script(_CHECK_LUA))
 
     # -- grant and release -------------------------------------------------------------
     def _try_grant(self) -> int:
