@@ -56,6 +56,7 @@ from vmpool.state.durability import confirmed, unconfirmed
 from vmpool.state.keys import DEFAULT_PREFIX, Keys
 from vmpool.state.lua import read_script
 from workers.batching import BatchDispatcher
+from workers.bookkeeping import LeanBeats, LeanJob
 from workers.loop import AliveFile, RedisOutage, SteadyLoop, redis_unusable, writable_check
 from workers.queues import HEARTBEAT_FIELD, HEARTBEAT_SECONDS, queue_names
 from workers.turns import FairDequeue
@@ -94,7 +95,7 @@ HUNG_AFTER_S: Final = 60.0
 _BEAT_LUA: Final = read_script("workers", "job_heartbeat.lua")
 
 
-class FleetJob(Job):
+class FleetJob(LeanJob):
     """An RQ job that the worker hands its process's Fleet right before running it.
 
     A job with a Fleet is one unit of work (:func:`vmpool.state.durability.confirmed`):
@@ -244,7 +245,7 @@ def one_job_beats(
         beats.close()
 
 
-class FleetSimpleWorker(FairDequeue, SteadyLoop, SimpleWorker):
+class FleetSimpleWorker(FairDequeue, SteadyLoop, LeanBeats, SimpleWorker):
     """Runs jobs in its own process (no fork), with its Fleet and live heartbeats."""
 
     fleet: Fleet | None = None
@@ -287,7 +288,7 @@ class FleetSimpleWorker(FairDequeue, SteadyLoop, SimpleWorker):
         super().teardown()
 
 
-class FleetForkWorker(FairDequeue, SteadyLoop, Worker):
+class FleetForkWorker(FairDequeue, SteadyLoop, LeanBeats, Worker):
     """Forks a work horse per job (RQ's default).
 
     The parent keeps RQ's heartbeats (and the alive file: its monitor kills a hung

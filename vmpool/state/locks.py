@@ -48,6 +48,7 @@ import os
 import threading
 import time
 from collections.abc import Sequence
+from functools import cached_property
 from types import TracebackType
 from typing import Any, Literal, Protocol
 
@@ -57,6 +58,7 @@ from vmpool.state.durability import settle
 from vmpool.state.keys import Keys
 from vmpool.state.lua import read_script
 from vmpool.state.records import text
+from vmpool.state.renewer_sleep import RenewerSleep
 
 __all__ = [
     "FencedLock",
@@ -121,16 +123,18 @@ class LockRenewer:
 
     def __init__(self) -> None:
         self._cv = threading.Condition()
+        self._sleep = RenewerSleep(self._cv)
         self._locks: dict[int, tuple[Renewable, float]] = {}
         self._thread: threading.Thread | None = None
 
     def add(self, lock: Renewable) -> None:
         with self._cv:
-            self._locks[id(lock)] = (lock, time.monotonic() + lock.renew_every_s())
+            due = time.monotonic() + lock.renew_every_s()
+            self._locks[id(lock)] = (lock, due)
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._run, name="lock-renewer", daemon=True)
                 self._thread.start()
-            self._cv.notify()
+            self._sleep.added(due)
 
     def remove(self, lock: Renewable) -> None:
         with self._cv:
@@ -140,7 +144,7 @@ class LockRenewer:
         with self._cv:
             while True:
                 if not self._locks:
-                    self._cv.wait(RENEWER_LINGER_S)
+                    self._sleep.wait(RENEWER_LINGER_S)
                     if not self._locks:
                         self._thread = None  # add() starts another
                         return None
@@ -151,7 +155,7 @@ class LockRenewer:
                         self._locks[id(lk)] = (lk, now + lk.renew_every_s())
                     return due
                 nxt = min((at for _, at in self._locks.values()), default=None)
-                self._cv.wait(None if nxt is None else nxt - now)
+                self._sleep.wait(None if nxt is None else nxt - now)
 
     def _run(self) -> None:
         while (due := self._due()) is not None:
@@ -209,16 +213,19 @@ class FencedLock:
         # A fresh id per FencedLock (so per grant): the holder for humans, then random.
         self.id = f"{holder or 'pid' + str(os.getpid())}:{os.urandom(9).hex()}"
         self._renewer = (renewer or LockRenewer()) if auto_renewal else None
-        self._grant = redis_client.register_script(_GRANT_LUA)
-        self._extend = redis_client.register_script(_EXTEND_LUA)
-        self._release = redis_client.register_script(_RELEASE_LUA)
-        self._check = redis_client.register_script(_CHECK_LUA)
         self.read_record = read_record
         # The subject's hash as the grant read it (read_record), {} when it has none.
         self.record: dict[str, str] = {}
         self.fence: int = 0
         self._held = False
         self._lost = False
+
+    # Registered on first use: a batch claim grants and releases all its locks through its
+    # first lock's scripts, and few locks are ever renewed or checked.
+    _grant = cached_property(lambda self: self.redis.register_script(_GRANT_LUA))
+    _extend = cached_property(lambda self: self.redis.register_script(_EXTEND_LUA))
+    _release = cached_property(lambda self: self.redis.register_script(_RELEASE_LUA))
+    _check = cached_property(lambda self: self.redis.register_script(_CHECK_LUA))
 
     # -- grant and release -------------------------------------------------------------
     def _try_grant(self) -> int:

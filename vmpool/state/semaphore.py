@@ -50,6 +50,7 @@ import redis
 
 from vmpool.state.keys import Keys
 from vmpool.state.lua import read_script
+from vmpool.state.renewer_sleep import RenewerSleep
 
 __all__ = ["CloneSemaphore", "SlotStats", "SlotTerms"]
 
@@ -277,6 +278,7 @@ class _LeaseKeeper:
         self._renew = renew
         self._every = every
         self._cv = threading.Condition()
+        self._sleep = RenewerSleep(self._cv)
         self._due: dict[object, tuple[tuple[str, int], float]] = {}  # ticket -> (lease, due)
         self._running: set[object] = set()  # tickets being renewed now
         self._thread: threading.Thread | None = None
@@ -284,28 +286,30 @@ class _LeaseKeeper:
     def add(self, holder: tuple[str, int]) -> object:
         ticket = object()
         with self._cv:
-            self._due[ticket] = (holder, time.monotonic() + self._every)
+            due = time.monotonic() + self._every
+            self._due[ticket] = (holder, due)
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(
                     target=self._run, name="clone-lease-keeper", daemon=True
                 )
                 self._thread.start()
-            self._cv.notify_all()
+            self._sleep.added(due)
         return ticket
 
     def remove(self, ticket: object) -> None:
+        # No wake-up: a ticket gone makes nothing due sooner. A renewal of it in flight
+        # wakes this wait when it ends (_run).
         with self._cv:
             self._due.pop(ticket, None)
             while ticket in self._running:
                 self._cv.wait()
-            self._cv.notify_all()
 
     def _next(self) -> list[tuple[object, tuple[str, int]]] | None:
         """The tickets due now (marked running), or None when the thread should end."""
         with self._cv:
             while True:
                 if not self._due:
-                    self._cv.wait(KEEPER_LINGER_S)
+                    self._sleep.wait(KEEPER_LINGER_S)
                     if not self._due:
                         self._thread = None  # add() starts another
                         return None
@@ -318,7 +322,7 @@ class _LeaseKeeper:
                         self._running.add(ticket)
                     return due
                 nxt = min(at for _, at in self._due.values())
-                self._cv.wait(None if nxt == math.inf else nxt - now)
+                self._sleep.wait(None if nxt == math.inf else nxt - now)
 
     def _run(self) -> None:
         while (due := self._next()) is not None:

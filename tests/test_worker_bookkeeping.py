@@ -1,0 +1,103 @@
+"""RQ's per-job bookkeeping, its repeats cut (workers/bookkeeping.py).
+
+Stock RQ writes a worker's heartbeat three or four times around every job, its state
+``idle`` twice, and reads a finished job's executions twice to delete them. These tests
+prove the repeats are gone while what the writes are for still holds: the worker's hash
+stays fresh and its key alive, a heartbeat with an explicit TTL (a job's start, the
+beats while it runs) is always written, and a finished job leaves no execution behind.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+import redis
+from rq import Queue
+from rq.executions import ExecutionRegistry
+from rq.job import JobStatus
+from rq.worker.base import BaseWorker
+
+import workers.bookkeeping as bookkeeping
+import workers.worker as worker_module
+from vmpool.state.keys import Keys
+from workers.queues import queue_names
+
+
+def queue(conn: redis.Redis) -> Queue:
+    return Queue(queue_names(Keys())[0], connection=conn)
+
+
+def count_calls(monkeypatch: pytest.MonkeyPatch, owner: Any, name: str) -> list[tuple[Any, ...]]:
+    """Record each call of ``owner.name`` (its arguments), still running it."""
+    calls: list[tuple[Any, ...]] = []
+    real = getattr(owner, name)
+
+    def counting(self: Any, *args: Any, **kwargs: Any) -> Any:
+        calls.append((*args, *kwargs.values()))
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(owner, name, counting)
+    return calls
+
+
+def test_a_burst_of_jobs_writes_the_worker_heartbeat_about_once_a_second(
+    redis_url: str, conn: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Proves: 20 quick jobs write RQ's default heartbeat at most once per BEAT_EVERY_S
+    (stock RQ: 3 times per job, 60+), and the state ``idle`` once per job, when it
+    follows ``busy`` (stock RQ: twice per job, 40)."""
+    beats = count_calls(monkeypatch, BaseWorker, "heartbeat")
+    states = count_calls(monkeypatch, BaseWorker, "set_state")
+    jobs = [queue(conn).enqueue("workerhelp.quick_job") for _ in range(20)]
+    worker = worker_module.build_worker(redis_url, None, [queue(conn).name])
+    started = time.monotonic()
+    assert worker.work(burst=True)
+    elapsed = time.monotonic() - started
+    assert [job.get_status(refresh=True) for job in jobs] == [JobStatus.FINISHED] * 20
+    bound = int(elapsed / bookkeeping.BEAT_EVERY_S) + 2  # the first, and one per period
+    default_beats = [c for c in beats if not c or c[0] is None]
+    assert len(default_beats) <= bound, (len(default_beats), elapsed)
+    idles = [c for c in states if c[0] == "idle" and (len(c) < 2 or c[1] is None)]
+    assert len(idles) <= len(jobs) + bound, (len(idles), elapsed)
+
+
+def test_an_explicit_ttl_is_always_written_and_a_default_beat_after_a_period(
+    redis_url: str, conn: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Proves: heartbeats with a TTL given are never skipped (each sets the key's TTL),
+    a default one right after is skipped, and one a period later is written."""
+    worker = worker_module.build_worker(redis_url, None, [queue(conn).name])
+    worker.register_birth()
+    try:
+        key = worker.key
+        worker.heartbeat(200)
+        assert 190 < conn.ttl(key) <= 200
+        worker.heartbeat(300)
+        assert 290 < conn.ttl(key) <= 300  # written again at once: it names its TTL
+        worker.heartbeat()  # default TTL (worker_ttl + 60 = 90 s), within the period
+        assert conn.ttl(key) > 200  # skipped
+        now = time.monotonic()
+        monkeypatch.setattr(
+            bookkeeping.time, "monotonic", lambda: now + bookkeeping.BEAT_EVERY_S + 0.01
+        )
+        worker.heartbeat()
+        assert conn.ttl(key) <= worker.worker_ttl + 60  # written: the default TTL
+    finally:
+        worker.register_death()
+
+
+def test_a_finished_job_reads_its_executions_once_and_leaves_none(
+    redis_url: str, conn: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Proves: deleting a finished job reads its execution registry once (stock RQ:
+    twice, three round trips each), and its execution is still removed everywhere."""
+    reads = count_calls(monkeypatch, ExecutionRegistry, "get_executions")
+    job = queue(conn).enqueue("workerhelp.quick_job", result_ttl=0)  # as vmpool's jobs
+    worker = worker_module.build_worker(redis_url, None, [queue(conn).name])
+    assert worker.work(burst=True)
+    assert not conn.exists(job.key)  # finished and deleted
+    assert len(reads) == 1, reads
+    assert not conn.keys(b"rq:execution:*") and not conn.keys(b"rq:executions:*")
+    assert conn.zcard(queue(conn).started_job_registry.key) == 0
