@@ -190,3 +190,25 @@ def test_a_slot_freed_by_a_create_goes_to_the_first_in_line_at_once(
     assert lifecycle.create_vm(fleet, name) == "pending"
     assert (Job.PROVISION_REQUEST, "second") in recorder(fleet).take()
     assert lifecycle.provision_request(fleet, "second") != []
+
+
+def test_a_served_request_left_in_the_slot_line_leaves_it_at_its_next_turn(
+    redis_client: redis.Redis,
+) -> None:
+    """Proves: a request whose VMs are all reserved but which still sits in the clone
+    slots' line (data of a fleet whose join let such a request in; fulfil relies on its
+    last reservation having taken it out) does not hold the line up for good: the first
+    provision it is dispatched finds nothing left to reserve and takes it out, so the
+    request placed after it is served. Red without the leave: "served" stayed first in
+    line, counted ahead of "next", and "next" got no slot though one was free."""
+    fleet = make_fleet(redis_client, make_config(ondemand_clone_limit=1))
+    for rid in ("served", "next"):
+        create_request(fleet.store, rid, [Slot("deb", "debian", 1)], fleet.config)
+    [name] = lifecycle.provision_request(fleet, "served")
+    assert lifecycle.create_vm(fleet, name) == "pending"
+    assert fleet.store.vm_ready(name, actor="test").code == "fulfilled"
+    line = fleet.keys.clone_slot_line
+    redis_client.zadd(line, {"served": 0.0})  # left behind by an older join
+    assert lifecycle.provision_request(fleet, "served") == []
+    assert redis_client.zrange(line, 0, -1) == []
+    assert lifecycle.provision_request(fleet, "next") != []

@@ -116,6 +116,10 @@ def _reserve_for(
     # The record as the grant read it. Its VM names are not needed here (not read).
     req = RequestRecord.from_hash(lock.record) if lock.record else None
     if req is None or req.status != RequestStatus.PENDING or req.unreserved <= 0:
+        # Nothing left to reserve: out of the slot line, where a turn (or data of a fleet
+        # whose join let a served request in) may still name it; its fulfil writes no
+        # leave, its last reservation did.
+        fleet.slots.leave_line(request_id)
         return
     limits = limits_for(fleet, req.token_user, (slot.pool for slot in req.slots))
     if req.token_user in gate.over_quota:  # an older request of the user met its quota
