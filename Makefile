@@ -3,6 +3,10 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PYTEST_ARGS ?=
+# make test's pytest-xdist workers, each a process with its own Redis (tests/conftest.py).
+# More than the cores: most of a test's time is a process starting or a deadline poll
+# waiting, not CPU. WORKERS=0 runs in one process.
+WORKERS ?= 4
 
 .PHONY: venv test lint unit soak-tests fast check demo clean distclean
 
@@ -35,12 +39,14 @@ define pytest
 endef
 
 # The whole suite, in two steps: every test but the chaos soaks, then the soaks (each
-# starts a fleet of processes under seeded faults for a minute or two).
+# starts a fleet of processes under seeded faults for a minute or two). Both on WORKERS
+# processes; worksteal hands a finished worker the waiting tests of a busy one.
+XDIST = $(if $(filter-out 0,$(WORKERS)),-n $(WORKERS) --dist worksteal)
 unit: venv
-	$(call pytest,-m "not chaos")
+	$(call pytest,-m "not chaos" $(XDIST))
 
 soak-tests: venv
-	$(call pytest,-m chaos)
+	$(call pytest,-m chaos $(XDIST))
 
 test: lint unit soak-tests
 
