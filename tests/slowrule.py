@@ -57,13 +57,12 @@ class TestTimes:
         self.seconds: dict[str, float] = defaultdict(float)
         self.marked: set[str] = set()
 
-    def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
-        for item in items:
-            if any(item.get_closest_marker(name) for name in OUT_OF_THE_LOOP):
-                self.marked.add(item.nodeid)
-
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        # A report's keywords hold its markers' names, also in a report pytest-xdist
+        # brings from a worker to the controller (which collects no items itself).
         self.seconds[report.nodeid] += report.duration
+        if OUT_OF_THE_LOOP & set(report.keywords):
+            self.marked.add(report.nodeid)
 
     def too_slow(self) -> list[tuple[str, float]]:
         """The tests not marked slow that took longer than the budget, slowest first."""
@@ -76,6 +75,8 @@ class TestTimes:
         return sorted(late, key=lambda pair: -pair[1])
 
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
+        if hasattr(self.config, "workerinput"):
+            return  # a pytest-xdist worker: its controller has every report and writes
         path = self.config.getoption("durations_file")
         if path:
             Path(path).write_text(json.dumps(dict(self.seconds), indent=1, sort_keys=True))

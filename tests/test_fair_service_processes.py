@@ -278,9 +278,13 @@ def test_priority_1_requests_overtake_priority_3_ones_at_the_clone_limit(run: An
     low = [line.post(nightly, 3) for _ in range(6)]
     line.poll()
     high = []
-    for _ in range(2):
-        high.append(line.post(ci, 1, own_default=True))  # ci's own priority: 1
+    # The workers stopped while the priority-1 ones arrive: no request starts between
+    # these polls, so the rise they cause is seen however slow the machine is.
+    with fleet.paused("w0", "w1", "w2"):
         line.poll()
+        for _ in range(2):
+            high.append(line.post(ci, 1, own_default=True))  # ci's own priority: 1
+            line.poll()
     arrived = {rid: _field(store, rid, "created") for rid in high}
     everything = [*low, *high]
     wait_for(line.poll, 90, "all ready", step=0.05)

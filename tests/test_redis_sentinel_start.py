@@ -289,11 +289,11 @@ def test_a_lost_volume_joins_the_primary_the_sentinels_know(pods: Pods) -> None:
 
 def test_an_empty_first_pod_does_not_start_as_the_primary(tmp_path: Path) -> None:
     """The first pod, the primary, loses its volume and starts again at once, while the
-    sentinels still name it (they take a primary for down after 4 s here). It does not
+    sentinels still name it (they take a primary for down after 8 s here). It does not
     start as the primary (it would be empty, and the replicas would follow it and drop
     their data): it waits, the sentinels take it for down and promote a replica, it
     joins that one; every pod ends with every key."""
-    pods = Pods(tmp_path, down_after_ms=4000)
+    pods = Pods(tmp_path, down_after_ms=8000)
     try:
         _empty_first_pod(pods)
     finally:

@@ -58,3 +58,20 @@ def test_the_durations_file_has_every_test(pytester: pytest.Pytester) -> None:
     times = json.loads((pytester.path / "times.json").read_text())
     assert set(times) == {"test_fixture.py::test_quick", "test_fixture.py::test_lingers"}
     assert times["test_fixture.py::test_lingers"] >= 0.3 > times["test_fixture.py::test_quick"]
+
+
+@pytest.mark.slow  # starts two worker processes
+@pytest.mark.parametrize("mark", ["", "@pytest.mark.slow"])
+def test_the_rule_holds_across_xdist_workers(pytester: pytest.Pytester, mark: str) -> None:
+    """Under pytest-xdist (``make test``) the controller judges the workers' reports: a
+    marked test is not reported, an unmarked slow one is, and only the controller writes
+    the durations file (every test in it)."""
+    result = _run(pytester, mark, "-n", "2", "--slow-strict", "--durations-file", "times.json")
+    times = json.loads((pytester.path / "times.json").read_text())
+    assert set(times) == {"test_fixture.py::test_quick", "test_fixture.py::test_lingers"}
+    if mark:
+        assert result.ret == pytest.ExitCode.OK
+        assert "not marked slow" not in result.stdout.str()
+    else:
+        assert result.ret == pytest.ExitCode.TESTS_FAILED
+        result.stdout.fnmatch_lines(["*not marked slow (failing the run)*", "*test_lingers*"])

@@ -7,7 +7,8 @@ once per source and toolchain, and answers None when the packages are absent.
 ``$XDG_CACHE_HOME/vmpool-tests``, else ``~/.cache/vmpool-tests``), so a fresh clone, a
 ``make clean`` or ``pytest --cache-clear`` reuses a build whose inputs are unchanged;
 the binary's name is the hash of those inputs (Go's version, govmomi's source, main.go),
-so a change to any of them builds anew, and the older binaries are removed then.
+so a change to any of them builds anew, and the older binaries are removed then. One
+build at a time (a file lock in ``cache``): parallel workers wait for it and share it.
 ``VCSim.start()`` runs it on a free loopback port (the simulator picks it and prints
 its URL), with a login of the test's choosing; ``stop()`` kills it by pid.
 ``VCSim.client()`` is a pyVmomi session of the test's own, to make hand-made VMs and
@@ -17,6 +18,7 @@ look at what the provider made.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import os
 import shutil
@@ -50,12 +52,56 @@ def build(cache: Path, timeout_s: float = 300.0) -> Path | None:
     go = shutil.which("go")
     if go is None or not (GOCODE / "src/github.com/vmware/govmomi/simulator").is_dir():
         return None
+    binary = binary_for(cache, go)
+    # One build at a time per cache: pytest-xdist's workers (and other checkouts) wait
+    # for the first one's build, then find its binary, instead of each compiling its own.
+    with (cache / "build.lock").open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not binary.exists():
+            _compile(go, cache, binary, timeout_s)
+    return binary
+
+
+def binary_for(cache: Path, go: str) -> Path:
+    """The binary's path in ``cache``: named by the hash of Go's version, govmomi's
+    source and main.go."""
     version = subprocess.run([go, "version"], capture_output=True, text=True, timeout=30).stdout
     govmomi = (GOCODE / "src/github.com/vmware/govmomi/simulator/model.go").stat()
     stamp = f"{version}{govmomi.st_size}:{govmomi.st_mtime_ns}".encode() + SOURCE.read_bytes()
-    binary = cache / f"vcsim-{hashlib.sha256(stamp).hexdigest()[:16]}"
-    if binary.exists():
-        return binary
+    return cache / f"vcsim-{hashlib.sha256(stamp).hexdigest()[:16]}"
+
+
+def _compile(go: str, cache: Path, binary: Path, timeout_s: float) -> None:
+    """Compile main.go into ``binary`` and remove the cache's other binaries."""
+    work = cache / f"build-{os.getpid()}"
+    package = work / "src" / "vmpoolvcsim"
+    package.mkdir(parents=True, exist_ok=True)
+    shutil.copy(SOURCE, package / "main.go")
+    env = {
+        **os.environ,
+        "GO111MODULE": "off",
+        "GOFLAGS": "",
+        "GOPROXY": "off",
+        "GOPATH": f"{work}:{GOCODE}",
+        "GOCACHE": str(cache / "gocache"),
+    }
+    try:
+        subprocess.run(
+            [go, "build", "-o", str(work / "vcsim"), "vmpoolvcsim"],
+            cwd=work,
+            env=env,
+            check=True,
+            capture_output=True,
+            timeout=timeout_s,
+        )
+        os.replace(work / "vcsim", binary)  # atomic: a reader sees no half-written binary
+        for old in cache.glob("vcsim-*"):
+            if old != binary:
+                old.unlink(missing_ok=True)
+    except subprocess.CalledProcessError as exc:
+        raise AssertionError(f"building vcsim failed: {exc.stderr.decode()[-2000:]}") from None
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
     work = cache / f"build-{os.getpid()}"
     package = work / "src" / "vmpoolvcsim"
     package.mkdir(parents=True, exist_ok=True)
