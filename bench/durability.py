@@ -61,9 +61,6 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
-from aof_tail import build_shim, cut_to_fsynced, preload_env  # noqa: E402
-from sentinelhelp import HOST, Node, sentinel_group, valkey_binary, wait_for  # noqa: E402
-
 from vmpool.config import default_redis_options  # noqa: E402
 from vmpool.local.redis_server import free_port  # noqa: E402
 from vmpool.state.connection import RedisOptions, connect  # noqa: E402
@@ -71,6 +68,9 @@ from vmpool.state.durability import DurabilitySetting  # noqa: E402
 from vmpool.state.keys import Keys  # noqa: E402
 from vmpool.state.records import RequestSettings, Slot  # noqa: E402
 from vmpool.state.store import Store  # noqa: E402
+
+from aof_tail import build_shim, cut_to_fsynced, preload_env  # noqa: E402
+from sentinelhelp import HOST, Node, sentinel_group, valkey_binary, wait_for  # noqa: E402
 
 SETTINGS = RequestSettings(ttl_s=3600, data_ttl_s=600)
 SLOTS = [Slot("debian", "debian", 1)]

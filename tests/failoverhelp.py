@@ -21,7 +21,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import redis
-from sentinelhelp import SentinelGroup
 
 from vmpool.config import default_redis_options
 from vmpool.state.connection import RedisOptions, connect
@@ -31,6 +30,8 @@ from vmpool.state.records import RequestSettings, Slot
 from vmpool.state.redis_health import classify
 from vmpool.state.store import Store
 from vmpool.state.transitions import RequestStatus
+
+from sentinelhelp import SentinelGroup
 
 SETTINGS = RequestSettings(ttl_s=3600, grace_s=0, max_vm_retries=1, vm_lifetime_s=3600,
                            data_ttl_s=3600)  # fmt: skip

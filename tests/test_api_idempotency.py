@@ -17,7 +17,6 @@ from typing import Any
 import pytest
 import redis
 from fastapi.testclient import TestClient
-from sentinelhelp import HOST, Node, wait_for
 
 from vmpool.config import default_redis_options
 from vmpool.local.redis_server import free_port
@@ -27,6 +26,7 @@ from vmpool.state.store import Store
 from vmpool.state.tokens import TokenStore
 
 from apihelp import API, PASSWORD, make_client, snapshot, spec_config
+from sentinelhelp import HOST, Node, wait_for
 from storehelp import make_ready
 
 POOL = "pool1"

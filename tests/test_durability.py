@@ -29,9 +29,7 @@ from pathlib import Path
 
 import pytest
 import redis
-from aof_tail import NEEDS, build_shim, cut_to_fsynced, preload_env
 from click.testing import CliRunner
-from sentinelhelp import HOST, Node, wait_for
 
 from vmpool.cli.main import cli
 from vmpool.config import default_redis_options
@@ -40,7 +38,9 @@ from vmpool.state.connection import RedisOptions, connect
 from vmpool.state.durability import DurabilitySetting, WriteNotConfirmed
 from vmpool.state.redis_check import RedisMisconfigured, check_redis, startup_check
 
+from aof_tail import NEEDS, build_shim, cut_to_fsynced, preload_env
 from apihelp import API, make_client, spec_config
+from sentinelhelp import HOST, Node, wait_for
 
 pytestmark = pytest.mark.slow
 

@@ -31,7 +31,6 @@ import redis
 from fastapi.testclient import TestClient
 from rq.job import Job as RQJob
 from rq.job import JobStatus
-from sentinelhelp import HOST, Node, wait_for
 
 from vmpool.config import default_redis_options
 from vmpool.local.redis_server import free_port
@@ -50,6 +49,7 @@ from workers.worker import build_worker
 
 from apihelp import API, PASSWORD, make_client, spec_config
 from lifecyclehelp import make_config
+from sentinelhelp import HOST, Node, wait_for
 
 pytestmark = pytest.mark.slow
 

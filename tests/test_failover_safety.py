@@ -38,13 +38,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from sentinelhelp import SentinelGroup, sentinel_group, wait_for
-from workerhelp import start_scheduler, start_worker, worker_env
 
 from vmpool.state.redis_check import check_redis
 
 from clihelp import assert_one_line_error, run
 from failoverhelp import OpWriter, options, store, verdict, wait_acknowledged, wait_served
+from sentinelhelp import SentinelGroup, sentinel_group, wait_for
+from workerhelp import start_scheduler, start_worker, worker_env
 
 SWITCHES = 2
 SERVED_AFTER_SWITCH_S = 20.0

@@ -23,7 +23,6 @@ from urllib.parse import urlsplit
 
 import pytest
 import redis
-from sentinelhelp import HOST, FaultProxy, Node, wait_for
 
 from vmpool.local.redis_server import RedisServer, free_port
 from vmpool.state.connection import RedisOptions, connect, connect_async
@@ -38,6 +37,7 @@ from vmpool.state.store import Store
 from vmpool.state.tokens import MintedToken, TokenStore
 from vmpool.state.vm_tasks import VMTask
 
+from sentinelhelp import HOST, FaultProxy, Node, wait_for
 from storehelp import ACTOR, make_ready, make_request, settings
 
 POOL = "debian"

@@ -17,11 +17,12 @@ import pytest
 import redis
 from rq import Queue
 from rq.job import JobStatus
-from workerhelp import wait_for
 
 import workers.worker as worker_module
 from vmpool.state.keys import Keys
 from workers.queues import HEARTBEAT_FIELD, queue_names
+
+from workerhelp import wait_for
 
 
 def queue(conn: redis.Redis) -> Queue:

@@ -22,7 +22,6 @@ from typing import Any
 import pytest
 import redis
 import yaml
-from ldaphelp import SERVICE_DN, SERVICE_PW, SUFFIX, Slapd, cleanup, ldap_section, slapd_or_skip
 
 from vmpool.api import deps
 from vmpool.api.ldap_auth import DirectoryUnavailable, ldap_login
@@ -30,6 +29,7 @@ from vmpool.config import ConfigError, LdapConfig, parse_config
 from vmpool.config.public import public_form
 
 from apihelp import make_client
+from ldaphelp import SERVICE_DN, SERVICE_PW, SUFFIX, Slapd, cleanup, ldap_section, slapd_or_skip
 from processhelp import Output
 from storehelp import wait_until
 

@@ -11,13 +11,13 @@ from typing import Any
 
 import pytest
 import redis
-from ldaphelp import BindAnswers, Slapd, cleanup, ldap_section, slapd_or_skip
 
 from vmpool.api import ldap_auth
 from vmpool.api.ldap_auth import DirectoryUnavailable, ldap_login
 from vmpool.config import ConfigError, LdapConfig, parse_config
 
 from apihelp import make_client
+from ldaphelp import BindAnswers, Slapd, cleanup, ldap_section, slapd_or_skip
 
 V = "/api/v3"
 

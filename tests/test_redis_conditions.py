@@ -18,11 +18,12 @@ from pathlib import Path
 
 import pytest
 import redis
-from sentinelhelp import Node
 
 from vmpool.local.redis_server import free_port
 from vmpool.state.redis_health import RedisCondition, classify
 from workers.loop import redis_unusable
+
+from sentinelhelp import Node
 
 
 @pytest.fixture

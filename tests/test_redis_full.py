@@ -23,13 +23,13 @@ import redis
 from prometheus_client.parser import text_string_to_metric_families
 from rq import Queue
 from rq.job import JobStatus
-from workerhelp import start_scheduler, start_worker, wait_for, worker_env
 
 from vmpool.local.redis_server import RedisServer
 from vmpool.state.keys import Keys
 from workers.table import QUEUE_SWEEPS
 
 from apihelp import API, make_client, spec_config
+from workerhelp import start_scheduler, start_worker, wait_for, worker_env
 
 pytestmark = pytest.mark.slow
 

@@ -31,9 +31,10 @@ from typing import Any
 
 import pytest
 import redis
-from sentinelhelp import HOST, valkey_binary, wait_for
 
 from vmpool.local.redis_server import free_port
+
+from sentinelhelp import HOST, valkey_binary, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = ROOT / "deploy" / "k8s" / "components" / "redis-sentinel"

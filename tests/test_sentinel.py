@@ -33,7 +33,6 @@ from pathlib import Path
 import pytest
 import redis
 from redis.sentinel import Sentinel
-from sentinelhelp import DATA_PASSWORD, Node, SentinelGroup, sentinel_group, wait_for
 
 from vmpool.config import default_redis_options
 from vmpool.local.redis_server import free_port
@@ -43,6 +42,8 @@ from vmpool.state.keys import Keys
 from vmpool.state.records import RequestSettings, Slot
 from vmpool.state.redis_check import check_redis
 from vmpool.state.store import Store
+
+from sentinelhelp import DATA_PASSWORD, Node, SentinelGroup, sentinel_group, wait_for
 
 pytestmark = pytest.mark.slow
 

@@ -20,11 +20,12 @@ import redis
 from rq import Queue, Worker
 from rq.job import Job, JobStatus
 from rq.suspension import resume, suspend
-from workerhelp import WorkerProcess, start_worker, wait_for, worker_env
 
 from vmpool.local.redis_server import RedisServer
 from vmpool.state.keys import Keys
 from workers.queues import queue_names
+
+from workerhelp import WorkerProcess, start_worker, wait_for, worker_env
 
 pytestmark = pytest.mark.slow
 

@@ -31,7 +31,6 @@ import pytest
 import redis
 import yaml
 from click.testing import CliRunner
-from sentinelhelp import HOST, Node, wait_for
 
 from vmpool.cli.main import cli
 from vmpool.config import parse_config
@@ -42,6 +41,7 @@ from vmpool.state.tokens import hash_password
 from workers.queues import RECLAIM_LUA, UNIQUE_ENQUEUE_SCRIPT
 
 from apihelp import API, make_client
+from sentinelhelp import HOST, Node, wait_for
 from storehelp import make_ready
 
 pytestmark = pytest.mark.slow

@@ -37,8 +37,6 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-from sentinelhelp import SentinelGroup, sentinel_group, valkey_binary  # noqa: E402
-
 from vmpool.state.switchover import group_access, switchover  # noqa: E402
 
 from failoverhelp import (  # noqa: E402
@@ -51,6 +49,7 @@ from failoverhelp import (  # noqa: E402
     wait_acknowledged,
     wait_served,
 )
+from sentinelhelp import SentinelGroup, sentinel_group, valkey_binary  # noqa: E402
 
 PARTITION_S = 15.0
 WATCH_S = 25.0  # how long after a switch or a kill the writers' gaps are measured

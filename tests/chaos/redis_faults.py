@@ -53,8 +53,6 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import redis
-from aof_tail import build_shim, cut_to_fsynced, preload_env
-from sentinelhelp import FaultProxy, Node, SentinelGroup
 
 from vmpool.config import default_redis_options
 from vmpool.local.redis_server import free_port
@@ -62,6 +60,9 @@ from vmpool.state.connection import connect
 from vmpool.state.durability import DurabilitySetting
 from vmpool.state.keys import Keys
 from vmpool.state.redis_health import RedisCondition, probe
+
+from aof_tail import build_shim, cut_to_fsynced, preload_env
+from sentinelhelp import FaultProxy, Node, SentinelGroup
 
 TOPOLOGIES = ("single", "sentinel")
 SINGLE_FAULTS = ("freeze_connections", "stall_redis", "redis_full", "power_loss")
