@@ -5,7 +5,8 @@ request or VM state itself: POST goes through ``Store.create_request`` (the reco
 its queue entries and its place in the provision work set in one atomic unit), sent
 with the other creates of the event loop's turn and one lane check of the fleet's
 batching dispatcher in one pipeline awaited on the loop (vmpool.api.create_batch).
-GET reads in one script call awaited on the loop. DELETE goes through
+GET reads in one script call awaited on the loop, sent with the turn's other GETs
+(vmpool.api.turn_batch). DELETE goes through
 ``Store.delete_request``. A refusal writes nothing. Idempotency keys:
 vmpool.api.idempotency.
 """
@@ -41,7 +42,7 @@ from vmpool.ids import InvalidIdentifier, Job, validate_request_id
 from vmpool.lifecycle.plan import RequestRejected, plan_slots
 from vmpool.state import reads
 from vmpool.state.durability import confirm, confirm_async
-from vmpool.state.lua import ScriptPipeline, run_pipelined_async
+from vmpool.state.lua import ScriptPipeline
 from vmpool.state.ops import Op
 from vmpool.state.quotas import Place, Standing
 from vmpool.state.records import Outcome, RequestRecord, RequestSettings, Slot
@@ -237,16 +238,16 @@ async def request_status(st: ApiState, rid: str) -> Response:
     """GET /ondemandvm/<id> awaited on the loop.
 
     One script call reads the record, its VM set and, while it is pending, its place in
-    line (one snapshot: scripts/request_place.lua), and its round trip confirms what
-    Redis holds, so all it read (vmpool.state.durability): a pending request, or one
-    not found (not from a stale or demoted primary), is answered from that one round
-    trip. A ready one has its VMs' hashes read in one more, then confirmed.
+    line (one snapshot: scripts/request_place.lua), sent with the other GETs of the
+    loop's turn in one round trip, which confirms what Redis holds, so all it read
+    (vmpool.api.turn_batch, vmpool.state.durability): a pending request, or one not
+    found (not from a stale or demoted primary), is answered from that one round trip.
+    A ready one has its VMs' hashes read in one more, then confirmed.
     """
     if not _well_formed(rid):
         return _not_found(rid)
-    client = st.clients.aio.get()
     call = st.store.quotas.place_call(rid, st.config.ondemand_clone_limit)
-    reply = (await run_pipelined_async(client, [call]))[0]
+    reply = await st.status_reads.submit(call)
     if isinstance(reply, Exception):
         raise reply
     standing = Standing.from_reply(reply)
@@ -255,6 +256,7 @@ async def request_status(st: ApiState, rid: str) -> Response:
         return _not_found(rid)
     hostnames: dict[str, list[str]] = {}
     if record.status == "ready" and record.vm_names:
+        client = st.clients.aio.get()
         pipe = client.pipeline(transaction=False)
         reads.queue_vms(pipe, st.keys, record.vm_names)
         hostnames = reads.hostnames_by_alias(reads.vms_from(await pipe.execute()))
