@@ -29,7 +29,7 @@ from vmpool.state.counters import lua_quota_keys
 from vmpool.state.keys import Keys
 from vmpool.state.lua import ScriptCall, read_script
 from vmpool.state.lua_deps import prune
-from vmpool.state.records import Outcome, RequestRecord, text, texts
+from vmpool.state.records import Outcome, RequestRecord, VMRecord, text, texts
 from vmpool.state.store_scripts import StoreScripts
 
 __all__ = ["NO_LIMITS", "Held", "Place", "QuotaLimits", "QuotaStore", "Standing"]
@@ -91,29 +91,36 @@ class Place:
     @classmethod
     def from_reply(cls, reply: Any) -> Place | None:
         """The script's reply; None for a request that is not pending."""
-        if len(reply) < 4:
+        if len(reply) < 5:
             return None
-        eta = text(reply[3])
-        return cls(int(reply[2]), float(eta) if eta else None)
+        eta = text(reply[4])
+        return cls(int(reply[3]), float(eta) if eta else None)
 
 
 @dataclass(frozen=True)
 class Standing:
-    """A request as one read found it: its ``record`` (None: no such request) and, while
-    it is pending, its ``place`` in line (one snapshot: ``scripts/request_place.lua``)."""
+    """A request as one read found it (one snapshot: ``scripts/request_place.lua``): its
+    ``record`` (None: no such request), once it is ready its VMs (``vms``, a VM gone
+    left out) and, while it is pending, its ``place`` in line."""
 
     record: RequestRecord | None
     place: Place | None
+    vms: tuple[VMRecord, ...] = ()
 
     @classmethod
     def from_reply(cls, reply: Any) -> Standing:
-        """The script's reply: ``{hash, vms[, position, eta]}``."""
+        """The script's reply: ``{hash, vms, ready_vms[, position, eta]}``."""
         flat = texts(reply[0])
         if not flat:
             return cls(None, None)
-        fields = dict(zip(flat[::2], flat[1::2], strict=True))
-        record = RequestRecord.from_hash(fields, texts(reply[1]))
-        return cls(record, Place.from_reply(reply))
+        record = RequestRecord.from_hash(_pairs(flat), texts(reply[1]))
+        vms = tuple(VMRecord.from_hash(_pairs(texts(raw))) for raw in reply[2] if raw)
+        return cls(record, Place.from_reply(reply), vms)
+
+
+def _pairs(flat: list[str]) -> dict[str, str]:
+    """An HGETALL's flat reply (as a script returns it) as a dict."""
+    return dict(zip(flat[::2], flat[1::2], strict=True))
 
 
 class QuotaStore:
@@ -144,7 +151,7 @@ class QuotaStore:
         run alone or in a pipeline."""
         request = self.keys.request(validate_request_id(request_id))
         keys = [request, self.keys.provision_queue, self.keys.request_vms(request_id)]
-        args = [request_id, self.keys.pool_state_prefix(), int(clone_limit)]
+        args = [request_id, self.keys.pool_state_prefix(), int(clone_limit), self.keys.vm_prefix()]
         return ScriptCall(self._place, keys, args)
 
     def standing(self, request_id: str, clone_limit: int) -> Standing:

@@ -92,7 +92,7 @@ async def post_ondemand_path(request: Request) -> Response:
 
 
 # As the POST routes: the request alone, the counter inline. The reads awaited on the
-# loop in one round trip (two when ready: the record, then its VMs).
+# loop in one round trip.
 @router.get(ONDEMAND_STATUS)
 async def get_ondemand(request: Request) -> Response:
     st = api_state(request)
@@ -237,12 +237,12 @@ def _not_found(rid: str) -> Response:
 async def request_status(st: ApiState, rid: str) -> Response:
     """GET /ondemandvm/<id> awaited on the loop.
 
-    One script call reads the record, its VM set and, while it is pending, its place in
-    line (one snapshot: scripts/request_place.lua), sent with the other GETs of the
-    loop's turn in one round trip, which confirms what Redis holds, so all it read
-    (vmpool.api.turn_batch, vmpool.state.durability): a pending request, or one not
-    found (not from a stale or demoted primary), is answered from that one round trip.
-    A ready one has its VMs' hashes read in one more, then confirmed.
+    One script call reads the record, its VM set, its VMs once it is ready and, while it
+    is pending, its place in line (one snapshot: scripts/request_place.lua), sent with
+    the other GETs of the loop's turn in one round trip, which confirms what Redis
+    holds, so all it read (vmpool.api.turn_batch, vmpool.state.durability): every
+    answer, "not found" too (not from a stale or demoted primary), comes from that one
+    round trip.
     """
     if not _well_formed(rid):
         return _not_found(rid)
@@ -251,17 +251,10 @@ async def request_status(st: ApiState, rid: str) -> Response:
     if isinstance(reply, Exception):
         raise reply
     standing = Standing.from_reply(reply)
-    record = standing.record
-    if record is None:
+    if standing.record is None:
         return _not_found(rid)
-    hostnames: dict[str, list[str]] = {}
-    if record.status == "ready" and record.vm_names:
-        client = st.clients.aio.get()
-        pipe = client.pipeline(transaction=False)
-        reads.queue_vms(pipe, st.keys, record.vm_names)
-        hostnames = reads.hostnames_by_alias(reads.vms_from(await pipe.execute()))
-        await confirm_async(client)  # what is shown is durable (vmpool.state.durability)
-    return status_reply(rid, record, hostnames, standing.place)
+    hostnames = reads.hostnames_by_alias(standing.vms)
+    return status_reply(rid, standing.record, hostnames, standing.place)
 
 
 def _well_formed(rid: str) -> bool:
