@@ -14,8 +14,8 @@ import redis
 from fastapi.testclient import TestClient
 
 from vmpool.lifecycle.failpoints import ENV as FAILPOINTS
-from vmpool.state import reads
 from vmpool.state.keys import Keys
+from vmpool.state.quotas import Standing
 from vmpool.state.store import Store
 from vmpool.state.tokens import TokenStore
 
@@ -570,7 +570,7 @@ def test_no_traceback_on_unexpected_errors(
         st.store.delete_request = boom
         r = c.delete(f"{API}/ondemandvm/abc")
     else:
-        monkeypatch.setattr(reads, "request_from", boom)
+        monkeypatch.setattr(Standing, "from_reply", boom)
         r = c.get(f"{API}/ondemandvm/abc")
     assert r.status_code == 500
     assert r.json() == {"ok": False, "message": "internal error"}

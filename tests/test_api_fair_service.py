@@ -22,7 +22,7 @@ from fastapi.testclient import TestClient
 from vmpool.config import Config
 from vmpool.config.quota_settings import QuotasSection, build_quotas
 from vmpool.state.keys import Keys
-from vmpool.state.quotas import QuotaLimits, QuotaStore
+from vmpool.state.quotas import QuotaLimits
 from vmpool.state.store import Store
 from vmpool.state.tokens import TokenStore
 
@@ -116,27 +116,27 @@ def test_a_pool_called_priority_is_a_pool(redis_url: str, redis_client: redis.Re
     assert record is not None and record.requested == "priority:priority:2"
 
 
-def test_a_request_that_moves_on_between_the_two_reads_is_answered_as_it_is(
-    client: TestClient, redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch
+def _calls(conn: redis.Redis, name: str) -> int:
+    return int(conn.info("commandstats").get(f"cmdstat_{name}", {}).get("calls", 0))
+
+
+def test_a_pending_request_is_read_with_its_place_in_one_snapshot(
+    client: TestClient, redis_client: redis.Redis
 ) -> None:
-    """Proves: a GET that read the request pending, then found it no longer pending when
-    it read its place (it turned ready, failed or was deleted between the two round
-    trips), answers what the request is now; it answered "pending" with no position,
-    which a client watching positions (and the process test of priorities) saw."""
+    """Proves: GET of a pending request reads its record, its VMs and its place in line
+    in one script call (one atomic read, one round trip), so a request that moves on
+    (turns ready, fails, is deleted) is answered as it is at that one instant, never as
+    "pending" without a position; it read the record in a MULTI/EXEC, then the place in
+    a second round trip, and a request that moved on between the two was read again."""
     bob = _token(redis_client, "bob")
     rid = client.post(f"{API}/ondemandvm", json={"pool3": 1}, headers=bob).json()["request_id"]
-    place_call = QuotaStore.place_call
-    moved: list[str] = []
-
-    def move_on_first(self: QuotaStore, request_id: str, clone_limit: int) -> object:
-        if not moved:  # between the record's read and the place's, once
-            moved.append(request_id)
-            assert _store(redis_client).delete_request(request_id, actor="test").ok
-        return place_call(self, request_id, clone_limit)
-
-    monkeypatch.setattr(QuotaStore, "place_call", move_on_first)
+    client.get(f"{API}/ondemandvm/{rid}")  # the script loaded (NOSCRIPT: a second EVALSHA)
+    redis_client.config_resetstat()
     r = client.get(f"{API}/ondemandvm/{rid}")
-    assert moved == [rid]
+    assert r.status_code == 202 and r.json()["position"] == 1, r.json()
+    assert (_calls(redis_client, "evalsha"), _calls(redis_client, "multi")) == (1, 0)
+    assert _store(redis_client).delete_request(rid, actor="test").ok
+    r = client.get(f"{API}/ondemandvm/{rid}")
     assert r.status_code == 200 and "position" not in r.json(), r.json()
     assert r.json()["message"], r.json()
 

@@ -36,6 +36,7 @@ from vmpool.api.routers import (
     vm,
     vm_tasks,
 )
+from vmpool.api.turn_batch import ReadBatches
 from vmpool.config import Config, load_config
 from vmpool.state.keys import Keys
 from vmpool.state.store import Store
@@ -159,6 +160,7 @@ def _api_state(config: Config, redis_url: str, rng: random.Random | None) -> Api
         metrics=metrics,
         batch=batch,
         creates=CreateBatches(clients.aio.get, batch, metrics.enqueue_failures.inc),
+        status_reads=ReadBatches(clients.aio.get),
         rng=rng or random.SystemRandom(),
         started=time.monotonic(),
     )

@@ -23,19 +23,15 @@ waiting (its client gone) leaves the batch running.
 
 from __future__ import annotations
 
-import asyncio
-import contextvars
 import logging
-import threading
-import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import redis.asyncio as aredis
 from starlette.concurrency import run_in_threadpool
 
+from vmpool.api.turn_batch import TurnBatches
 from vmpool.lifecycle.failpoints import failpoint
-from vmpool.state.confirmation import current_scope
 from vmpool.state.durability import confirmed_async
 from vmpool.state.lua import ScriptCall, ScriptPipeline
 from vmpool.state.records import Outcome
@@ -45,10 +41,8 @@ __all__ = ["CreateBatches"]
 
 log = logging.getLogger(__name__)
 
-_Waiting = list[tuple[ScriptCall, "asyncio.Future[Any]"]]
 
-
-class CreateBatches:
+class CreateBatches(TurnBatches):
     """The creates waiting for this turn's pipeline, one batch per event loop.
 
     ``client``: the loop's asyncio client (``LoopClients.get``). ``on_enqueue_failure``:
@@ -61,56 +55,14 @@ class CreateBatches:
         batch: BatchDispatcher,
         on_enqueue_failure: Callable[[], None],
     ) -> None:
-        self.client = client
+        super().__init__(client)
         self.batch = batch
         self.on_enqueue_failure = on_enqueue_failure
-        self._waiting: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Waiting] = (
-            weakref.WeakKeyDictionary()
-        )
-        self._lock = threading.Lock()  # a test client may run loops in several threads
-        self._running: set[asyncio.Task[None]] = set()  # held until done
 
     async def create(self, call: ScriptCall) -> Any:
-        """The reply of ``call`` (create_request.lua), run in this turn's batch.
-
-        Raises the batch's error (Redis, or the confirmation refused); a call's own
-        error is returned in its place, as ``run_pipelined_async`` returns it.
-        """
-        loop = asyncio.get_running_loop()
-        done: asyncio.Future[Any] = loop.create_future()
-        with self._lock:
-            waiting = self._waiting.get(loop)
-            if waiting is None:
-                waiting = self._waiting[loop] = []
-                loop.call_soon(self._send, loop)
-            waiting.append((call, done))
-        reply = await done
-        # The batch's confirmation came after the caller's unit's writes so far (a
-        # token's use): it covers them, and the unit's end has nothing left to wait for.
-        scope = current_scope()
-        if scope is not None and scope.settles and scope.pending:
-            scope.covered()
-        return reply
-
-    def _send(self, loop: asyncio.AbstractEventLoop) -> None:
-        """Start this turn's batch in a task of its own context (its own unit of work)."""
-        with self._lock:
-            waiting = self._waiting.pop(loop, [])
-        task = loop.create_task(self._run(waiting), context=contextvars.Context())
-        self._running.add(task)
-        task.add_done_callback(self._running.discard)
-
-    async def _run(self, waiting: _Waiting) -> None:
-        try:
-            replies = await self._execute([call for call, _ in waiting])
-        except Exception as exc:
-            for _, done in waiting:
-                if not done.done():
-                    done.set_exception(exc)
-            return
-        for (_, done), reply in zip(waiting, replies, strict=True):
-            if not done.done():
-                done.set_result(reply)
+        """The reply of ``call`` (create_request.lua), run in this turn's batch
+        (:meth:`TurnBatches.submit`)."""
+        return await self.submit(call)
 
     async def _execute(self, calls: Sequence[ScriptCall]) -> list[Any]:
         """The creates' replies: one pipeline with the lane check, one unit of work."""

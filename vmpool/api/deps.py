@@ -29,6 +29,7 @@ from vmpool.api.errors import Rejected
 from vmpool.api.ldap_auth import DirectoryUnavailable, ldap_login
 from vmpool.api.metrics import ApiMetrics
 from vmpool.api.packing import pack_with_hiredis
+from vmpool.api.turn_batch import ReadBatches
 from vmpool.config import AuthConfig, Config, default_redis_options
 from vmpool.ids import InvalidIdentifier, validate_token, validate_user_name
 from vmpool.state.connection import RedisOptions, connect, connect_async
@@ -132,6 +133,8 @@ class ApiState:
     batch: BatchDispatcher
     # POST /ondemandvm's creates of a loop turn, in one round trip (routers/ondemand.py).
     creates: CreateBatches
+    # GET /ondemandvm/<id>'s reads of a loop turn, in one round trip (routers/ondemand.py).
+    status_reads: ReadBatches
     rng: random.Random
     started: float  # time.monotonic() when the app was built (/status's uptime)
     listen_host: str | None = None  # the address served on, when known (/status warns)

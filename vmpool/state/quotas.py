@@ -12,8 +12,8 @@ freed). Their keys are rendered into the scripts with the metric keys
 (:func:`vmpool.state.counters.lua_quota_keys`).
 
 :class:`QuotaStore` is the store's part for them (``Store.quotas``): a request parked,
-a request's place in line (position and ETA, ``scripts/request_place.lua``), and the
-counts read for the audit, the metrics and the CLI.
+a request read with its place in line (position and ETA, ``scripts/request_place.lua``:
+:class:`Standing`), and the counts read for the audit, the metrics and the CLI.
 """
 
 from __future__ import annotations
@@ -29,10 +29,10 @@ from vmpool.state.counters import lua_quota_keys
 from vmpool.state.keys import Keys
 from vmpool.state.lua import ScriptCall, read_script
 from vmpool.state.lua_deps import prune
-from vmpool.state.records import Outcome, text
+from vmpool.state.records import Outcome, RequestRecord, VMRecord, text, texts
 from vmpool.state.store_scripts import StoreScripts
 
-__all__ = ["NO_LIMITS", "Held", "Place", "QuotaLimits", "QuotaStore"]
+__all__ = ["NO_LIMITS", "Held", "Place", "QuotaLimits", "QuotaStore", "Standing"]
 
 _PACKAGE = "vmpool.state.scripts"
 
@@ -91,10 +91,36 @@ class Place:
     @classmethod
     def from_reply(cls, reply: Any) -> Place | None:
         """The script's reply; None for a request that is not pending."""
-        if not reply:
+        if len(reply) < 5:
             return None
-        eta = text(reply[1])
-        return cls(int(reply[0]), float(eta) if eta else None)
+        eta = text(reply[4])
+        return cls(int(reply[3]), float(eta) if eta else None)
+
+
+@dataclass(frozen=True)
+class Standing:
+    """A request as one read found it (one snapshot: ``scripts/request_place.lua``): its
+    ``record`` (None: no such request), once it is ready its VMs (``vms``, a VM gone
+    left out) and, while it is pending, its ``place`` in line."""
+
+    record: RequestRecord | None
+    place: Place | None
+    vms: tuple[VMRecord, ...] = ()
+
+    @classmethod
+    def from_reply(cls, reply: Any) -> Standing:
+        """The script's reply: ``{hash, vms, ready_vms[, position, eta]}``."""
+        flat = texts(reply[0])
+        if not flat:
+            return cls(None, None)
+        record = RequestRecord.from_hash(_pairs(flat), texts(reply[1]))
+        vms = tuple(VMRecord.from_hash(_pairs(texts(raw))) for raw in reply[2] if raw)
+        return cls(record, Place.from_reply(reply), vms)
+
+
+def _pairs(flat: list[str]) -> dict[str, str]:
+    """An HGETALL's flat reply (as a script returns it) as a dict."""
+    return dict(zip(flat[::2], flat[1::2], strict=True))
 
 
 class QuotaStore:
@@ -121,14 +147,20 @@ class QuotaStore:
 
     # -- where a request stands -------------------------------------------------------
     def place_call(self, request_id: str, clone_limit: int) -> ScriptCall:
-        """The read of a pending request's place, to run alone or in a pipeline."""
-        keys = [self.keys.request(validate_request_id(request_id)), self.keys.provision_queue]
-        args = [request_id, self.keys.pool_state_prefix(), int(clone_limit)]
+        """The read of a request and its place in line (:meth:`Standing.from_reply`), to
+        run alone or in a pipeline."""
+        request = self.keys.request(validate_request_id(request_id))
+        keys = [request, self.keys.provision_queue, self.keys.request_vms(request_id)]
+        args = [request_id, self.keys.pool_state_prefix(), int(clone_limit), self.keys.vm_prefix()]
         return ScriptCall(self._place, keys, args)
+
+    def standing(self, request_id: str, clone_limit: int) -> Standing:
+        """The request and, while it is pending, where it stands (one round trip)."""
+        return Standing.from_reply(self.place_call(request_id, clone_limit).run())
 
     def place(self, request_id: str, clone_limit: int) -> Place | None:
         """Where a pending request stands (None when it is not pending)."""
-        return Place.from_reply(self.place_call(request_id, clone_limit).run())
+        return self.standing(request_id, clone_limit).place
 
     # -- reads --------------------------------------------------------------------------
     def held(self) -> dict[str, Held]:

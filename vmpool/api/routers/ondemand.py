@@ -5,7 +5,8 @@ request or VM state itself: POST goes through ``Store.create_request`` (the reco
 its queue entries and its place in the provision work set in one atomic unit), sent
 with the other creates of the event loop's turn and one lane check of the fleet's
 batching dispatcher in one pipeline awaited on the loop (vmpool.api.create_batch).
-GET reads in pipelines awaited on the loop. DELETE goes through
+GET reads in one script call awaited on the loop, sent with the turn's other GETs
+(vmpool.api.turn_batch). DELETE goes through
 ``Store.delete_request``. A refusal writes nothing. Idempotency keys:
 vmpool.api.idempotency.
 """
@@ -41,9 +42,9 @@ from vmpool.ids import InvalidIdentifier, Job, validate_request_id
 from vmpool.lifecycle.plan import RequestRejected, plan_slots
 from vmpool.state import reads
 from vmpool.state.durability import confirm, confirm_async
-from vmpool.state.lua import ScriptPipeline, run_pipelined_async
+from vmpool.state.lua import ScriptPipeline
 from vmpool.state.ops import Op
-from vmpool.state.quotas import Place
+from vmpool.state.quotas import Place, Standing
 from vmpool.state.records import Outcome, RequestRecord, RequestSettings, Slot
 from vmpool.state.store import Store
 from vmpool.state.tokens import TokenInfo
@@ -91,7 +92,7 @@ async def post_ondemand_path(request: Request) -> Response:
 
 
 # As the POST routes: the request alone, the counter inline. The reads awaited on the
-# loop in one pipeline (two when ready: the record, then its VMs).
+# loop in one round trip.
 @router.get(ONDEMAND_STATUS)
 async def get_ondemand(request: Request) -> Response:
     st = api_state(request)
@@ -236,36 +237,24 @@ def _not_found(rid: str) -> Response:
 async def request_status(st: ApiState, rid: str) -> Response:
     """GET /ondemandvm/<id> awaited on the loop.
 
-    One pipeline for the record and its VM set (MULTI/EXEC: one snapshot), one more for
-    the VMs' hashes when it is ready, or for its place in line when it is pending. A
-    request that is no longer pending when its place is read (it moved on between the
-    two round trips) is read again: the answer is what it is now.
+    One script call reads the record, its VM set, its VMs once it is ready and, while it
+    is pending, its place in line (one snapshot: scripts/request_place.lua), sent with
+    the other GETs of the loop's turn in one round trip, which confirms what Redis
+    holds, so all it read (vmpool.api.turn_batch, vmpool.state.durability): every
+    answer, "not found" too (not from a stale or demoted primary), comes from that one
+    round trip.
     """
     if not _well_formed(rid):
         return _not_found(rid)
-    client = st.clients.aio.get()
-    while True:
-        pipe = client.pipeline(transaction=True)
-        reads.queue_request(pipe, st.keys, rid)
-        raw, names = await pipe.execute()
-        record = reads.request_from(raw, names)
-        if record is None:
-            await confirm_async(client)  # "not found" too: not from a stale or demoted primary
-            return _not_found(rid)
-        if record.status != "pending":
-            break
-        call = st.store.quotas.place_call(rid, st.config.ondemand_clone_limit)
-        # its round trip confirms what Redis holds, so all this call read, as below
-        place = Place.from_reply((await run_pipelined_async(client, [call]))[0])
-        if place is not None:  # None: no longer pending (a request never goes back)
-            return status_reply(rid, record, {}, place)
-    hostnames: dict[str, list[str]] = {}
-    if record.status == "ready" and record.vm_names:
-        pipe = client.pipeline(transaction=False)
-        reads.queue_vms(pipe, st.keys, sorted(record.vm_names))
-        hostnames = reads.hostnames_by_alias(reads.vms_from(await pipe.execute()))
-    await confirm_async(client)  # what is shown is durable (vmpool.state.durability)
-    return status_reply(rid, record, hostnames)
+    call = st.store.quotas.place_call(rid, st.config.ondemand_clone_limit)
+    reply = await st.status_reads.submit(call)
+    if isinstance(reply, Exception):
+        raise reply
+    standing = Standing.from_reply(reply)
+    if standing.record is None:
+        return _not_found(rid)
+    hostnames = reads.hostnames_by_alias(standing.vms)
+    return status_reply(rid, standing.record, hostnames, standing.place)
 
 
 def _well_formed(rid: str) -> bool:

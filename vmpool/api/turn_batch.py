@@ -1,0 +1,104 @@
+"""Script calls that handlers ask for in one turn of the event loop, sent in one round trip.
+
+Under load, a round trip's client cost (a pooled connection, a send, the event loop's
+wake-up for the replies) is most of what a hot route's Redis work costs the API's CPU
+past what a /healthz costs (profiled: docs/benchmarks.md). :class:`TurnBatches` gathers
+the calls of a turn and runs them in one task, so that cost is paid once per turn. Each
+call is still its own atomic script: the round trip adds no atomicity across them and
+takes none away. Each caller gets its own call's reply (an error in its place); an error
+of the whole round trip (Redis gone, a confirmation refused) is raised to each caller. A
+caller that stops waiting (its client gone) leaves the batch running.
+
+The batch runs in a context of its own, so its round trip is not part of any caller's
+unit of work (:mod:`vmpool.state.durability`): it confirms what it wrote or read in that
+same round trip. :class:`ReadBatches` is GET /ondemandvm/<id>'s;
+:class:`vmpool.api.create_batch.CreateBatches` is POST /ondemandvm's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import threading
+import weakref
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import redis.asyncio as aredis
+
+from vmpool.state.confirmation import current_scope
+from vmpool.state.lua import ScriptCall, run_pipelined_async
+
+__all__ = ["ReadBatches", "TurnBatches"]
+
+_Waiting = list[tuple[ScriptCall, "asyncio.Future[Any]"]]
+
+
+class TurnBatches:
+    """The calls waiting for this turn's round trip, one batch per event loop.
+
+    ``client``: the loop's asyncio client (``LoopClients.get``). A subclass says how a
+    batch runs (:meth:`_execute`).
+    """
+
+    def __init__(self, client: Callable[[], aredis.Redis]) -> None:
+        self.client = client
+        self._waiting: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Waiting] = (
+            weakref.WeakKeyDictionary()
+        )
+        self._lock = threading.Lock()  # a test client may run loops in several threads
+        self._running: set[asyncio.Task[None]] = set()  # held until done
+
+    async def submit(self, call: ScriptCall) -> Any:
+        """The reply of ``call``, run in this turn's batch.
+
+        Raises the batch's error (Redis, or the confirmation refused); a call's own
+        error is returned in its place, as ``run_pipelined_async`` returns it.
+        """
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[Any] = loop.create_future()
+        with self._lock:
+            waiting = self._waiting.get(loop)
+            if waiting is None:
+                waiting = self._waiting[loop] = []
+                loop.call_soon(self._send, loop)
+            waiting.append((call, done))
+        reply = await done
+        # The batch's confirmation came after the caller's unit's writes so far (a
+        # token's use): it covers them, and the unit's end has nothing left to wait for.
+        scope = current_scope()
+        if scope is not None and scope.settles and scope.pending:
+            scope.covered()
+        return reply
+
+    def _send(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Start this turn's batch in a task of its own context (its own unit of work)."""
+        with self._lock:
+            waiting = self._waiting.pop(loop, [])
+        task = loop.create_task(self._run(waiting), context=contextvars.Context())
+        self._running.add(task)
+        task.add_done_callback(self._running.discard)
+
+    async def _run(self, waiting: _Waiting) -> None:
+        try:
+            replies = await self._execute([call for call, _ in waiting])
+        except Exception as exc:
+            for _, done in waiting:
+                if not done.done():
+                    done.set_exception(exc)
+            return
+        for (_, done), reply in zip(waiting, replies, strict=True):
+            if not done.done():
+                done.set_result(reply)
+
+    async def _execute(self, calls: Sequence[ScriptCall]) -> list[Any]:
+        """The calls' replies, in order (errors in place)."""
+        raise NotImplementedError
+
+
+class ReadBatches(TurnBatches):
+    """Read scripts of a turn (GET /ondemandvm/<id>'s ``request_place.lua``): one round
+    trip, which confirms what Redis holds, so all they read (``run_pipelined_async``)."""
+
+    async def _execute(self, calls: Sequence[ScriptCall]) -> list[Any]:
+        return await run_pipelined_async(self.client(), calls)
