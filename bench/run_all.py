@@ -33,7 +33,7 @@ BENCHES: dict[str, list[str]] = {
     "durability": ["--runs", "3", "--seconds", "3", "--clients", "1,8"],
     "idle_fleet": ["--runs", "3", "--settle", "10", "--window", "30", "--wakes", "5"],
     "durability_fleet": ["--fleet", "200", "--runs", "5"],
-    "eta": ["--seconds", "120", "--load", "2.0", "--calibrate", "40"],
+    "eta": ["--seconds", "120", "--load", "3.0", "--calibrate", "40"],
     "e2e": ["--runs", "3", "--vms", "200", "--connections", "8"],
     "script_cost": ["--requests", "400", "--runs", "5"],
 }
