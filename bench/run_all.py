@@ -36,6 +36,7 @@ BENCHES: dict[str, list[str]] = {
     "eta": ["--seconds", "120", "--load", "3.0", "--calibrate", "40"],
     "e2e": ["--runs", "3", "--vms", "200", "--connections", "8"],
     "script_cost": ["--requests", "400", "--runs", "5"],
+    "overload": ["--requests", "120", "--gap", "0.55"],
 }
 SCRIPT_OF = {"targets_aof": "targets", "pending_sweep": "targets", "durability_fleet": "durability"}
 
