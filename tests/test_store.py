@@ -173,7 +173,7 @@ def test_vm_created_for_terminal_request_is_released(store: Store) -> None:
 
 
 def test_vm_ready_past_deadline_fails_request_and_releases_vms(store: Store) -> None:
-    a, b = make_request(store, "r1", 2, ttl_s=0.2)
+    a, b = make_request(store, "r1", 2, ttl_s=0.6)
     assert store.vm_ready(a, actor=ACTOR).code == "running"
     past_deadline(store, "r1")
     assert store.vm_ready(b, actor=ACTOR).code == "completed"
@@ -200,7 +200,7 @@ def test_expire_before_deadline_is_refused(store: Store, redis_client: redis.Red
 
 
 def test_expire_past_deadline_fails_and_sends_vms_to_destruction(store: Store, keys: Keys) -> None:
-    a, b = make_request(store, "r1", 2, ttl_s=0.1)
+    a, b = make_request(store, "r1", 2, ttl_s=0.6)
     store.vm_ready(a, actor=ACTOR)
     past_deadline(store, "r1")
     out = store.expire_request("r1", actor=ACTOR)
@@ -219,7 +219,7 @@ def test_expire_on_complete_request_fulfils_it(store: Store, keys: Keys) -> None
     complete-but-pending (the last VM fulfils it), so this test builds that state by
     attaching through the real scripts with the fulfil step disabled: it moves the
     request's `need` up by one before the last attach, and back afterwards."""
-    a, b = make_request(store, "r1", 2, ttl_s=0.3)
+    a, b = make_request(store, "r1", 2, ttl_s=0.6)
     store.vm_ready(a, actor=ACTOR)
     store.redis.hincrby(keys.request("r1"), "need", 1)  # test-only: hold off fulfilment
     assert store.vm_ready(b, actor=ACTOR).code == "running"
@@ -364,7 +364,7 @@ def test_lifetime_not_over_is_refused(store: Store) -> None:
 def test_terminal_request_refuses_every_transition(
     store: Store, redis_client: redis.Redis, terminal: str
 ) -> None:
-    names = make_request(store, "r1", 2, ttl_s=0.1)
+    names = make_request(store, "r1", 2, ttl_s=0.6)
     if terminal == "deleted":
         store.delete_request("r1", actor=ACTOR)
     else:
