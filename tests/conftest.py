@@ -151,3 +151,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 def pytest_configure(config: Any) -> None:
     # Child processes started by tests find the same server through this variable.
     os.environ.setdefault("VMPOOL_TESTING", "1")
+    # Each parallel worker's servers listen on ports of its own, below the ephemeral
+    # range (32768-60999), which clients' outgoing connections take from.
+    low = 10000 + 4000 * worker_number()
+    os.environ.setdefault("VMPOOL_PORT_RANGE", f"{low}-{low + 4000}")

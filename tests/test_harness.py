@@ -32,3 +32,24 @@ def test_the_worker_number_comes_from_xdist(
 ) -> None:
     monkeypatch.setenv("PYTEST_XDIST_WORKER", name)
     assert worker_number() == number
+
+
+def test_free_port_hands_out_the_workers_own_range_in_turn(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Proves: with VMPOOL_PORT_RANGE (each parallel test worker has its own, below the
+    ephemeral range), free_port hands out ports of that range only, distinct from one
+    call to the next, skipping one that is taken; so a server group picking its ports
+    before any binds, another worker, or a client's outgoing connection cannot take the
+    same port (an xdist run failed with "Address already in use" before)."""
+    import socket
+
+    from vmpool.local import redis_server
+
+    monkeypatch.setenv("VMPOOL_PORT_RANGE", "12000-12004")
+    monkeypatch.setattr(redis_server, "_port_turn", [3])  # the next is 12000
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as taken:
+        taken.bind(("127.0.0.1", 12001))
+        taken.listen()
+        ports = [redis_server.free_port() for _ in range(3)]
+    assert ports == [12000, 12002, 12003]

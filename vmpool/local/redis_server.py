@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import shutil
 import signal
 import socket
@@ -83,7 +84,34 @@ def find_redis_server() -> str:
     return str(path)
 
 
+# Ports free_port hands out within VMPOOL_PORT_RANGE ("LOW-HIGH"), in turn from a random
+# start, so one process never hands out a port twice in a row of calls (a server group
+# picks all its ports before any binds).
+_port_turn: list[int] = []
+
+
 def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port of ``host`` nobody listens on now.
+
+    By default one the kernel picks (bind to port 0): from the ephemeral range, where a
+    client's outgoing connection may take it before the server binds it. With
+    ``VMPOOL_PORT_RANGE`` set ("LOW-HIGH", the test harness gives each parallel test
+    worker its own range below the ephemeral one), the next port of that range that
+    binds, so parallel workers and outgoing connections never race for one."""
+    bounds = os.environ.get("VMPOOL_PORT_RANGE", "")
+    if bounds:
+        low, high = (int(x) for x in bounds.split("-", 1))
+        if not _port_turn:
+            _port_turn.append(random.randrange(high - low))
+        for _ in range(high - low):
+            _port_turn[0] = (_port_turn[0] + 1) % (high - low)
+            port = low + _port_turn[0]
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+                try:
+                    sock.bind((host, port))
+                except OSError:
+                    continue
+                return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         return int(sock.getsockname()[1])
