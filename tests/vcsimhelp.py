@@ -102,36 +102,6 @@ def _compile(go: str, cache: Path, binary: Path, timeout_s: float) -> None:
         raise AssertionError(f"building vcsim failed: {exc.stderr.decode()[-2000:]}") from None
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    work = cache / f"build-{os.getpid()}"
-    package = work / "src" / "vmpoolvcsim"
-    package.mkdir(parents=True, exist_ok=True)
-    shutil.copy(SOURCE, package / "main.go")
-    env = {
-        **os.environ,
-        "GO111MODULE": "off",
-        "GOFLAGS": "",
-        "GOPROXY": "off",
-        "GOPATH": f"{work}:{GOCODE}",
-        "GOCACHE": str(cache / "gocache"),
-    }
-    try:
-        subprocess.run(
-            [go, "build", "-o", str(work / "vcsim"), "vmpoolvcsim"],
-            cwd=work,
-            env=env,
-            check=True,
-            capture_output=True,
-            timeout=timeout_s,
-        )
-        os.replace(work / "vcsim", binary)  # atomic: a concurrent build wins or loses whole
-        for old in cache.glob("vcsim-*"):
-            if old != binary:
-                old.unlink(missing_ok=True)
-    except subprocess.CalledProcessError as exc:
-        raise AssertionError(f"building vcsim failed: {exc.stderr.decode()[-2000:]}") from None
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-    return binary
 
 
 @dataclass
