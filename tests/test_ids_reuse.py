@@ -163,10 +163,10 @@ def test_lifetime_ending_while_pending_never_lets_the_request_turn_ready_short(
 
 
 def test_expiry_does_not_fulfil_a_request_whose_attached_vm_ended(store: Store) -> None:
-    (a,) = make_request(store, "r1", 1, ttl_s=0.3, vm_lifetime_s=0.05)
+    (a,) = make_request(store, "r1", 1, ttl_s=0.6, vm_lifetime_s=0.05)
     assert store.vm_ready(a, actor=ACTOR).code == "fulfilled"
     # a fulfilled request is not touched by its VM's end
-    (b, c) = make_request(store, "r2", 2, ttl_s=0.3, vm_lifetime_s=0.05)
+    (b, c) = make_request(store, "r2", 2, ttl_s=0.6, vm_lifetime_s=0.05)
     assert store.vm_ready(b, actor=ACTOR).code == "running"
     assert store.end_vm_lifetime(b, actor=ACTOR, force=True).ok
     rec = store.get_request("r2")

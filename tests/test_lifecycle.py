@@ -317,7 +317,7 @@ def test_stale_creator_cannot_record_its_create(fleet: Fleet) -> None:
 
 
 def test_sweep_expired_fails_late_requests_and_releases_their_vms(fleet: Fleet) -> None:
-    create_request(fleet.store, "late", [Slot("deb", "debian", 2)], fleet.config, ttl_s=0.2)
+    create_request(fleet.store, "late", [Slot("deb", "debian", 2)], fleet.config, ttl_s=0.6)
     create_request(fleet.store, "fine", [Slot("deb", "debian", 1)], fleet.config)
     names = lifecycle.provision_request(fleet, "late")
     assert lifecycle.create_vm(fleet, names[0]) == "pending"

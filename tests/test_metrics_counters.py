@@ -65,7 +65,7 @@ def test_last_vm_ready_counts_ready_once(store: Store) -> None:
 
 def test_expire_that_fulfils_late_counts_ready(store: Store, keys: Keys) -> None:
     """Built as tests/test_store.py builds a complete-but-pending request."""
-    a, b = make_request(store, "r1", 2, ttl_s=0.3)
+    a, b = make_request(store, "r1", 2, ttl_s=0.6)
     store.vm_ready(a, actor=ACTOR)
     store.redis.hincrby(keys.request("r1"), "need", 1)  # test-only: hold off fulfilment
     assert store.vm_ready(b, actor=ACTOR).code == "running"
@@ -91,7 +91,7 @@ def test_expire_that_fails_counts_failed_once(store: Store) -> None:
 
 
 def test_vm_ready_past_the_deadline_counts_failed(store: Store) -> None:
-    a, b = make_request(store, "r1", 2, ttl_s=0.2)
+    a, b = make_request(store, "r1", 2, ttl_s=0.6)
     store.vm_ready(a, actor=ACTOR)
     past_deadline(store, "r1")
     assert store.vm_ready(b, actor=ACTOR).code == "completed"

@@ -252,7 +252,7 @@ def test_a_request_waiting_for_its_users_quota_still_fails_at_its_ttl(
     store = _store(redis_client)
     _request(store, "r1")
     _request(store, "r2")
-    out = store.create_request("short", [Slot("debian", "debian", 1)], settings(ttl_s=0.2),
+    out = store.create_request("short", [Slot("debian", "debian", 1)], settings(ttl_s=0.6),
                                actor=ACTOR, token_user="alice")  # fmt: skip
     assert out.ok, out
     assert _reserve(store, "r1", "vm-1").ok
