@@ -35,10 +35,10 @@ from vmpool.state.transitions import lua_tables
 from vmpool.state.workset import lua_workset
 
 __all__ = [
+    "BATCH_OF",
     "POOL_SCRIPTS",
     "POOL_VARIANTS",
     "REQUEST_SCRIPTS",
-    "BATCH_OF",
     "SLOT_SCRIPTS",
     "StoreScripts",
     "as_function",
