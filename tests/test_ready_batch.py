@@ -64,6 +64,21 @@ def _state(store: Store, booted: list[Booted]) -> list[Any]:
     return out
 
 
+def _metrics(store: Store) -> dict[str, Any]:
+    """The fleet's metric hashes as the transitions leave them, their times aside: each
+    hash's fields, with the integer ones' values (bucket counts, finished requests)."""
+    client = store.redis
+    prefix = store.keys.prefix
+    names = [*client.scan_iter(match=f"{prefix}:metrics:*"), store.keys.line_stats]
+    names += list(client.scan_iter(match=f"{prefix}:summary:*"))
+    out: dict[str, Any] = {}
+    for name in sorted(names):
+        fields = client.hgetall(name)
+        ints = {f: v for f, v in fields.items() if v.lstrip("-").isdigit()}
+        out[name.removeprefix(prefix)] = (sorted(fields), ints)
+    return out
+
+
 def _calls(client: redis.Redis, command: str) -> int:
     return int(client.info("commandstats").get(f"cmdstat_{command}", {}).get("calls", 0))
 
@@ -103,6 +118,33 @@ def test_a_batch_does_what_one_call_per_vm_does_in_one_script_and_one_time(
         (True, "fulfilled"),
     ]
     assert _state(batch, booted) == _state(one, booted_one)
+    assert _metrics(batch) == _metrics(one)
+
+
+def test_a_batch_makes_its_metric_writes_once_with_what_each_vm_counted(
+    redis_client: redis.Redis,
+) -> None:
+    """The gathered metric writes come to what one write per VM makes: the ready-time
+    histogram's sum of every VM's sample, and the pool's running average taking the
+    samples one after the other (each reads the one before it, not the stored value)."""
+    store = Store(redis_client, Keys("avg"))
+    names = make_request(store, "rv", 3)
+    ago = {name: 100.0 * (i + 1) for i, name in enumerate(names)}  # reserved that long ago
+    now = store.server_time()
+    for name in names:
+        redis_client.hset(store.keys.vm(name), "reserved_at", f"{now - ago[name]:.6f}")
+    redis_client.hset(store.keys.line_stats, "ready:debian", "10.000000")
+    replies = store.vms_ready([Booted(n, "rv", None) for n in names], actor=ACTOR)
+    assert [o.code for o in replies] == ["running", "running", "fulfilled"]
+    hist = redis_client.hgetall(store.keys.time_to_ready_prefix() + "debian")
+    late = (float(hist["sum"]) - sum(ago.values())) / 3  # the unit's now - our now
+    assert 0 <= late < 5
+    average = 10.0
+    for name in names:  # as line_average takes them, each written rounded
+        average = float(f"{average + 0.2 * (late + ago[name] - average):.6f}")
+    stored = float(redis_client.hget(store.keys.line_stats, "ready:debian") or 0)
+    assert stored == pytest.approx(average, abs=1e-4)
+    assert sum(int(v) for f, v in hist.items() if f != "sum") == 3
 
 
 def test_a_repeat_of_the_batch_changes_nothing(redis_client: redis.Redis) -> None:

@@ -17,8 +17,76 @@
 -- given, each with its own precondition (record, request, fencing token, state): a
 -- refusal of one changes nothing of it and does not stop the others. The one TIME is
 -- the unit's: the VMs turn ready at the same server instant, as they do in one atomic
--- unit. A repeat of the call (same operation id) answers the first reply and changes
--- nothing.
+-- unit. The metric writes (_quota.lua's metric_*) are gathered and made once each at
+-- the end of the unit (metrics_made), so what they count is counted in the unit of
+-- the transitions it counts, as in vm_ready.lua, and the same: increments summed (a
+-- float's each rounded as its own write rounds it), a field set last wins, a running
+-- average reads what the unit gathered. A repeat of the call (same operation id)
+-- answers the first reply and changes nothing.
+
+-- The unit's metric writes, by kind ('set', 'int', 'float'), hash and field, in the
+-- order first made.
+local gathered, gathered_order = {set = {}, int = {}, float = {}}, {}
+
+local function gather(kind, key, field)
+  local fields = gathered[kind][key]
+  if not fields then
+    fields = {}
+    gathered[kind][key] = fields
+  end
+  local entry = fields[field]
+  if not entry then
+    entry = {kind = kind, key = key, field = field}
+    fields[field] = entry
+    gathered_order[#gathered_order + 1] = entry
+  end
+  return entry
+end
+
+metric_hget = function(key, field)
+  local fields = gathered.set[key]
+  if fields and fields[field] then
+    return fields[field].value
+  end
+  return redis.call('HGET', key, field)
+end
+
+metric_hset = function(key, field, value)
+  gather('set', key, field).value = value
+end
+
+metric_hincrby = function(key, field, n)
+  local entry = gather('int', key, field)
+  entry.value = (entry.value or 0) + n
+end
+
+metric_hincrbyfloat = function(key, field, x)
+  local entry = gather('float', key, field)
+  entry.value = (entry.value or 0) + tonumber(q_fmt(x))
+end
+
+-- The gathered writes made: one HINCRBY or HINCRBYFLOAT per field, one HSET per hash.
+local function metrics_made()
+  local sets, set_keys = {}, {}
+  for _, e in ipairs(gathered_order) do
+    if e.kind == 'int' then
+      redis.call('HINCRBY', e.key, e.field, e.value)
+    elseif e.kind == 'float' then
+      redis.call('HINCRBYFLOAT', e.key, e.field, q_fmt(e.value))
+    else
+      if not sets[e.key] then
+        sets[e.key] = {}
+        set_keys[#set_keys + 1] = e.key
+      end
+      local pairs_of = sets[e.key]
+      pairs_of[#pairs_of + 1], pairs_of[#pairs_of + 2] = e.field, e.value
+    end
+  end
+  for _, key in ipairs(set_keys) do
+    redis.call('HSET', key, unpack(sets[key]))
+  end
+end
+
 local group_keys, group_args = {}, {}
 for i, key in ipairs(KEYS) do
   group_keys[i] = key
@@ -46,4 +114,5 @@ for i = 1, #group_keys / 8 do
   end
   out[i + 1] = reply
 end
+metrics_made()
 return out
