@@ -474,3 +474,32 @@ def test_a_queued_sweep_goes_before_a_flood_of_request_jobs(
     # the one job it ran was the sweep
     assert not conn.exists(RQJob.key_for(job_id(K, "sweep_expired", run=1)))
     assert len(Queue(K.queue(QUEUE_REQUESTS), connection=conn)) == 30
+
+
+# -- round trips of a dispatch ------------------------------------------------------------
+def test_a_dispatch_sends_no_script_exists_and_reloads_flushed_scripts(
+    redis_url: str, redis_client: redis.Redis
+) -> None:
+    """Proves: enqueue_many's two pipelines (the reclaim checks, the pushes) are two round
+    trips, their scripts sent as bare EVALSHA (redis-py's pipeline sends a SCRIPT EXISTS
+    round trip before each: four round trips, two SCRIPT calls); with the server's
+    scripts flushed, the scripts are loaded and the jobs still queued, each once."""
+    from redishelp import RoundTrips
+
+    trips = RoundTrips()
+    conn = trips.client(redis_url, decode=False)
+    try:
+        assert q.enqueue_many(conn, K, Job.DESTROY_VM, ["warm-up"]) == 1  # scripts loaded
+        script_calls = redis_client.info("commandstats").get("cmdstat_script", {}).get("calls", 0)
+        before = trips.count
+        assert q.enqueue_many(conn, K, Job.DESTROY_VM, ["vm-a", "vm-b", "vm-c"]) == 3
+        assert trips.count - before == 2
+        stats = redis_client.info("commandstats")
+        assert stats.get("cmdstat_script", {}).get("calls", 0) == script_calls
+        redis_client.script_flush()
+        assert q.enqueue_many(conn, K, Job.DESTROY_VM, ["vm-d", "vm-a"]) == 1  # vm-a: queued
+        queued = Queue(K.queue(QUEUE_VMS), connection=conn).job_ids
+        names = ["warm-up", "vm-a", "vm-b", "vm-c", "vm-d"]
+        assert sorted(queued) == sorted(job_id(K, Job.DESTROY_VM, n) for n in names)
+    finally:
+        conn.close()

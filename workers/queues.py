@@ -53,7 +53,9 @@ each free job is built as RQ builds it and RQ's own unique-enqueue Lua script
 (``rq.scripts``) runs for all of them in a second pipeline (RQ's private names it takes
 are behind :mod:`workers.rqcompat`). Each script is still its own atomic unit (a pipeline
 is not a transaction), so the per-job uniqueness is RQ's. A live duplicate costs one
-cheap script and no job building.
+cheap script and no job building. Each pipeline is one round trip: its scripts go as
+bare EVALSHA, loaded only when the server lacks them (``execute_loading``), not after
+the SCRIPT EXISTS redis-py's pipeline sends first.
 """
 
 from __future__ import annotations
@@ -70,7 +72,7 @@ from rq.scripts import UNIQUE_ENQUEUE_SCRIPT
 from vmpool.ids import Job, shown, validate
 from vmpool.state.counters import record_skipped
 from vmpool.state.keys import Keys
-from vmpool.state.lua import read_script
+from vmpool.state.lua import evalsha_on, execute_loading, read_script
 from workers.rqcompat import push_unique_job
 from workers.table import QUEUES, JobSpec, job_id, queue_names, spec_of
 
@@ -228,10 +230,13 @@ def enqueue_ids(
     # case when workers are behind) cost no job building at all. A copy that appears
     # between the two pipelines is fresh and live: the push refuses it.
     reclaim = conn.register_script(RECLAIM_LUA)
-    pipe = conn.pipeline(transaction=False)
-    for jid, _ in jobs:
-        reclaim(keys=[keys.rq_job(jid)], args=[HEARTBEAT_FIELD, STALE_AFTER_SECONDS], client=pipe)
-    free = [item for item, ok in zip(jobs, pipe.execute(), strict=True) if ok]
+
+    def reclaim_all(pipe: Pipeline) -> None:
+        for jid, _ in jobs:
+            evalsha_on(pipe, reclaim, [keys.rq_job(jid)], [HEARTBEAT_FIELD, STALE_AFTER_SECONDS])
+
+    replies = execute_loading(conn, reclaim_all, [reclaim])
+    free = [item for item, ok in zip(jobs, replies, strict=True) if ok]
     return sum(push_unique(conn, keys, spec, free, ttl=ttl)) if free else 0
 
 
@@ -281,22 +286,24 @@ def push_unique(
     """
     queue = Queue(keys.queue(spec.queue), connection=conn)
     push = conn.register_script(UNIQUE_ENQUEUE_SCRIPT)
-    pipe = conn.pipeline(transaction=False)
-    pipe.sadd(queue.redis_queues_keys, queue.key)  # what enqueue_job does first
-    for jid, args in jobs:
-        job = queue.create_job(
-            spec.func,
-            args=args,
-            job_id=jid,
-            result_ttl=0,
-            failure_ttl=FAILURE_TTL,
-            timeout=spec.timeout,
-            description=jid,
-            ttl=ttl,
-        )
-        push_unique_job(pipe, push, queue, job)
-    wake_workers(pipe, queue.key)  # after the pushes: the woken worker's pop finds them
-    return [bool(ok) for ok in pipe.execute()[1 : 1 + len(jobs)]]
+
+    def push_all(pipe: Pipeline) -> None:
+        pipe.sadd(queue.redis_queues_keys, queue.key)  # what enqueue_job does first
+        for jid, args in jobs:
+            job = queue.create_job(
+                spec.func,
+                args=args,
+                job_id=jid,
+                result_ttl=0,
+                failure_ttl=FAILURE_TTL,
+                timeout=spec.timeout,
+                description=jid,
+                ttl=ttl,
+            )
+            push_unique_job(pipe, push, queue, job)
+        wake_workers(pipe, queue.key)  # after the pushes: the woken worker's pop finds them
+
+    return [bool(ok) for ok in execute_loading(conn, push_all, [push])[1 : 1 + len(jobs)]]
 
 
 def wake_workers(pipe: Pipeline, queue_key: str) -> None:

@@ -32,6 +32,8 @@ from rq.job import Job
 from rq.worker.base import BaseWorker
 from rq_scheduler import Scheduler
 
+from vmpool.state.lua import evalsha_on
+
 __all__ = ["PRIVATE_NAMES", "PrivateName", "SchedulerHooks", "WorkerHooks", "push_unique_job"]
 
 
@@ -68,12 +70,13 @@ def push_unique_job(pipeline: Pipeline, script: Script, queue: Queue, job: Job) 
     ``job`` is one ``queue.create_job`` made. It is readied for its queue as RQ readies
     it (origin, enqueue time, status), and ``script`` (RQ's ``UNIQUE_ENQUEUE_SCRIPT``,
     registered) saves its hash and pushes its id unless a hash of that id exists: its
-    reply in the pipeline's is 1 when queued, 0 for a duplicate.
+    reply in the pipeline's is 1 when queued, 0 for a duplicate. A bare EVALSHA: the
+    pipeline runs by :func:`vmpool.state.lua.execute_loading`.
     """
     queue._prepare_for_queue(job)
     fields: list[Any] = rq_scripts._build_hset_args(job)  # type: ignore[no-untyped-call]
     ttl = job.ttl if job.ttl is not None else -1
-    script(keys=[job.key, queue.key], args=[job.id, "R", ttl, *fields], client=pipeline)
+    evalsha_on(pipeline, script, [job.key, queue.key], [job.id, "R", ttl, *fields])
 
 
 class WorkerHooks(BaseWorker):

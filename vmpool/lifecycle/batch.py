@@ -49,6 +49,7 @@ from vmpool.ids import Job
 from vmpool.lifecycle.claims import ClaimKeeper
 from vmpool.lifecycle.fleet import Dispatcher, Fleet
 from vmpool.lifecycle.outcomes import BatchCount, LockMiss, VMStep
+from vmpool.lifecycle.ready import ready_now, record_ready_all
 from vmpool.lifecycle.requests import CloneGate, provision_request
 from vmpool.lifecycle.vms import check_pending_vm, create_vm
 from vmpool.lifecycle.warm import pools_with_ready
@@ -339,7 +340,10 @@ def _ask_at_once(fleet: Fleet, locks: list[FencedLock]) -> dict[str, dict[str, A
     """A check claim's one status call per batching provider, for its pending VMs.
 
     Asked after the locks were granted, as each VM's own check would ask. A provider
-    that fails to answer is left out: its VMs ask alone (and count its error)."""
+    that fails to answer is left out: its VMs ask alone (and count its error). The VMs
+    of requests it says booted are recorded ready here, in one store call for the claim
+    (:func:`~vmpool.lifecycle.ready.record_ready_all`), under the locks held: each
+    one's check then returns its code (``readied``)."""
     names: dict[str, list[str]] = {}
     for lock in locks:
         record = lock.record
@@ -353,4 +357,14 @@ def _ask_at_once(fleet: Fleet, locks: list[FencedLock]) -> dict[str, dict[str, A
                 seen[provider_name] = provider.statuses(vms)
             except Exception as exc:  # each VM asks alone, as it would have
                 log.warning("check_pending: %s did not answer: %s", provider_name, exc)
-    return {lock.subject: {"seen": seen} for lock in locks} if seen else {}
+    if not seen:
+        return {}
+    booted = [
+        ready
+        for lock in locks
+        for provider_name in [lock.record.get("provider", "")]
+        if provider_name in seen
+        and (ready := ready_now(lock, provider_name, seen[provider_name].get(lock.subject)))
+    ]
+    readied = record_ready_all(fleet, booted)
+    return {lock.subject: {"seen": seen, "readied": readied.get(lock.subject)} for lock in locks}

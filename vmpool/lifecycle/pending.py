@@ -24,12 +24,12 @@ import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from vmpool.ids import VM_NAME_RE, Job
-from vmpool.lifecycle.failpoints import failpoint
+from vmpool.ids import VM_NAME_RE
 from vmpool.lifecycle.failures import boot_failed_noted
-from vmpool.lifecycle.fleet import Fleet, after_vm_failed, dispatch_released, note_outcome
+from vmpool.lifecycle.fleet import Fleet, after_vm_failed, note_outcome
 from vmpool.lifecycle.locking import LockMiss, run_locked
 from vmpool.lifecycle.outcomes import VMCode, VMStep, in_state, store_code
+from vmpool.lifecycle.ready import ReadyVM, ready_now, record_ready, record_ready_all
 from vmpool.providers import ProviderVM, ProviderVMState, StatusBatch
 from vmpool.state.locks import FencedLock, acquire_all, release_all
 from vmpool.state.records import VMRecord
@@ -89,7 +89,7 @@ def observe_pending(
     elif held.state == ProviderVMState.FAILED:
         reason = f"failed at the provider: {held.error or 'no reason given'}"
     elif ready:
-        return _record_ready(fleet, vm, lock, held)
+        return record_ready(fleet, vm, lock, held)
     else:
         timeout_s = fleet.pool_timeout_s(vm.pool)
         since = vm.created_at if vm.created_at is not None else vm.state_since
@@ -114,41 +114,6 @@ def _hold_s(fleet: Fleet, pool: str) -> float:
     """How long a VM of ``pool`` that failed its ready check is kept on hold."""
     pool_config = fleet.config.pools.get(pool)
     return pool_config.hold_failed_s if pool_config is not None else 0.0
-
-
-def _record_ready(fleet: Fleet, vm: VMRecord, lock: FencedLock, held: ProviderVM) -> VMCode:
-    """Record a booted VM ready. The store's code.
-
-    Record a booted VM ready (attached to its request, or to destruction when the
-    request is gone). The store's code."""
-    name = vm.name
-    # No lock check before the write: the store's fence refuses a stale holder
-    # ('stale_fence'), which is the guarantee. A check here is a round trip per VM.
-    failpoint("check_pending.before_commit")
-    outcome = fleet.store.vm_ready(
-        name,
-        actor=fleet.who("check_pending"),
-        fence=lock.fence,
-        hostname=_hostname(vm, held),
-        request_id=vm.request_id,
-        address=held.address,
-    )
-    note_outcome("vm_ready", name, outcome)
-    if outcome.ok and outcome.code == "completed":
-        fleet.dispatch.send(Job.DESTROY_VM, [name])
-        dispatch_released(fleet, vm.request_id)
-    return store_code(outcome)
-
-
-def _hostname(vm: VMRecord, held: ProviderVM) -> str:
-    """The hostname to record for a VM the cloud booted.
-
-    The cloud's address when the pool has no domain (the record's hostname is then the
-    bare name). '' keeps ``<name>.<domain>``."""
-    address = held.address or (held.hostname if held.hostname != vm.name else "")
-    if vm.hostname == vm.name and address:
-        return address
-    return ""
 
 
 @dataclass(frozen=True)
@@ -284,8 +249,12 @@ def apply_listing(fleet: Fleet, listing: Listing) -> tuple[list[str], dict[str, 
         asked = [fleet.lock("vm", name, "check_pending", read_record=True) for name, *_ in part]
         granted = {lock.subject: lock for lock in acquire_all(asked)}
         try:
+            booted: list[ReadyVM] = []
             for name, provider_name, held, lag in part:
                 lock = granted.get(name)
+                if lock is not None and (ready := ready_now(lock, provider_name, held)):
+                    booted.append(ready)  # recorded below, with the others, in one call
+                    continue
                 outcome = (
                     _observe_locked(fleet, name, provider_name, held, lag, lock)
                     if lock is not None
@@ -294,6 +263,7 @@ def apply_listing(fleet: Fleet, listing: Listing) -> tuple[list[str], dict[str, 
                 outcomes[name] = outcome
                 if outcome == VMStep.OTHER_PROVIDER:
                     rest.append(name)
+            outcomes.update(record_ready_all(fleet, booted))
         finally:
             release_all(list(granted.values()))
     return rest, outcomes

@@ -2,10 +2,9 @@
 
 ``create_vm`` calls the provider for a reserved VM, ``check_pending_vm`` asks whether a
 booting VM is ready (or past its timeout), ``destroy_vm`` gives a completed VM back. The
-sweeps (``check_pending_sweep``, ``destroy_sweep``) find the VMs that need work. The
-reap pass, which ends lifetimes and finishes removed pools, is
-:mod:`vmpool.lifecycle.reaping`. Provider work runs under the VM's fenced lock. Every
-state change is one checked store transition.
+sweeps (``check_pending_sweep``, ``destroy_sweep``) find the VMs that need work; the reap
+pass (lifetimes, removed pools) is :mod:`vmpool.lifecycle.reaping`. Provider work runs
+under the VM's fenced lock. Every state change is one checked store transition.
 """
 
 from __future__ import annotations
@@ -273,6 +272,7 @@ def check_pending_vm(
     name: str,
     lock: FencedLock | None = None,
     seen: Mapping[str, Mapping[str, ProviderVM | None]] | None = None,
+    readied: VMCode | None = None,
 ) -> VMCode:
     """Ask the provider whether a pending VM booted.
 
@@ -281,10 +281,12 @@ def check_pending_vm(
     (not yet), 'retry' / 'request_failed' / 'failed' (past the pool's timeout, counted
     from the VM's created_at in server time, or vanished at the provider), 'busy',
     'provider_error', 'lock_lost', 'no_provider', or a refusal ('no_vm', 'vm_<state>').
-    ``lock``: as for :func:`create_vm`. ``seen``: per provider, its answer for a batch
-    of VMs asked at once after their locks were granted (a batch job's claim): a VM it
-    answers for is not asked again.
-    """
+    ``lock``: as for :func:`create_vm`. ``seen``: per provider, its answer for a batch of
+    VMs asked at once after their locks were granted (a batch job's claim): not asked
+    again. ``readied``: the code of the ready transition that claim recorded for the VM
+    under ``lock`` (record_ready_all)."""
+    if readied is not None and lock is not None:
+        return readied
     body = partial(_check_pending_locked, seen=seen or {})
     return _under_vm_lock(fleet, name, VMState.PENDING, "check_pending", body, lock)
 

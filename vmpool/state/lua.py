@@ -12,7 +12,7 @@ registered scripts in one round trip (a :class:`ScriptPipeline` gathers them).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
@@ -20,6 +20,7 @@ from typing import Any
 
 import redis
 import redis.asyncio as aredis
+from redis.client import Pipeline
 from redis.commands.core import Script
 from redis.exceptions import NoScriptError
 
@@ -30,7 +31,14 @@ from vmpool.state.durability import (
     queue_confirmation,
 )
 
-__all__ = ["ScriptCall", "ScriptPipeline", "read_script", "run_pipelined_async"]
+__all__ = [
+    "ScriptCall",
+    "ScriptPipeline",
+    "evalsha_on",
+    "execute_loading",
+    "read_script",
+    "run_pipelined_async",
+]
 
 
 @cache
@@ -55,6 +63,40 @@ class ScriptCall:
 
     def run(self, client: redis.Redis | None = None) -> Any:
         return self.script(keys=self.keys, args=self.args, client=client)
+
+
+def evalsha_on(pipe: Pipeline, script: Script, keys: Sequence[Any], args: Sequence[Any]) -> None:
+    """Queue a call of registered ``script`` on ``pipe`` as a bare EVALSHA.
+
+    redis-py's pipeline sends SCRIPT EXISTS, a round trip of its own, before every
+    execute that holds a script called on it; a pipeline of these is run by
+    :func:`execute_loading`, which loads a script only when the server lacks it."""
+    pipe.evalsha(script.sha, len(keys), *keys, *args)
+
+
+def execute_loading(
+    conn: redis.Redis, build: Callable[[Pipeline], None], scripts: Sequence[Script]
+) -> list[Any]:
+    """The replies of the pipeline ``build`` fills (scripts queued by :func:`evalsha_on`).
+
+    One round trip. When the server answered NOSCRIPT (it restarted or flushed its
+    scripts), ``scripts`` are loaded and the pipeline is built and sent once more: only
+    for a pipeline whose commands may all run twice (a script call answered NOSCRIPT did
+    not run; every other command of it is idempotent). An error reply is raised, as
+    ``execute`` raises it."""
+    for attempt in range(2):
+        pipe = conn.pipeline(transaction=False)
+        build(pipe)
+        replies: list[Any] = pipe.execute(raise_on_error=False)
+        if not attempt and any(isinstance(r, NoScriptError) for r in replies):
+            for script in scripts:
+                conn.script_load(script.script)
+            continue
+        for reply in replies:
+            if isinstance(reply, Exception):
+                raise reply
+        return replies
+    raise AssertionError("unreachable")  # the second attempt returns or raises
 
 
 class ScriptPipeline:

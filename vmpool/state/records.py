@@ -16,6 +16,7 @@ from vmpool.state.transitions import RequestStatus, VMState
 
 __all__ = [
     "AuditEntry",
+    "Booted",
     "Outcome",
     "RequestRecord",
     "RequestSettings",
@@ -145,6 +146,20 @@ class Outcome:
         if version is not None and version < 0:
             version = None  # the request record had already expired
         return cls(ok, text(reply[1]), version, tuple(text(r) for r in reply[3:]))
+
+
+@dataclass(frozen=True)
+class Booted:
+    """A booted VM of a request, as its ready transition takes it (Store.vms_ready).
+
+    ``fence``: the token of the VM's lock (None: not under a lock); ``hostname`` and
+    ``address``: as :meth:`~vmpool.state.store.Store.vm_ready` takes them."""
+
+    name: str
+    request_id: str
+    fence: int | None
+    hostname: str = ""
+    address: str = ""
 
 
 @dataclass(frozen=True)

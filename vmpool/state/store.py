@@ -33,6 +33,7 @@ from vmpool.state.pool_store import PoolStore
 from vmpool.state.quotas import NO_LIMITS, QuotaLimits, QuotaStore
 from vmpool.state.records import (
     AuditEntry,
+    Booted,
     Outcome,
     RequestRecord,
     RequestSettings,
@@ -225,6 +226,26 @@ class Store(PoolIndexReads):
         index = self.keys.addresses if address else ""
         args = [name, self._fence(fence), hostname, address, index]
         return self.scripts.run_on_vm(name, "vm_ready", actor, args, request_id=request_id)
+
+    def vms_ready(self, booted: Sequence[Booted], *, actor: str) -> list[Outcome]:
+        """:meth:`vm_ready` for each of ``booted`` (VMs of requests), in one unit.
+
+        One script call (vm_ready_batch.lua): one round trip, one server TIME and one
+        operation id for all, each VM still checked and moved as vm_ready.lua does. The
+        outcomes in the order given. A warm-pool VM (request id '') is refused here:
+        its transition is another script (:meth:`vm_ready`)."""
+        keys: list[str] = []
+        args: list[str] = []
+        for vm in booted:
+            if not vm.request_id:
+                raise ValueError(f"{vm.name}: a warm-pool VM has no batched ready")
+            keys += self.keys.vm_script_keys(vm.name, vm.request_id)
+            index = self.keys.addresses if vm.address else ""
+            args += [vm.request_id, vm.name, self._fence(vm.fence), vm.hostname, vm.address, index]
+        if not booted:
+            return []
+        reply = self.scripts.run("vm_ready_batch", keys, actor, "", args)
+        return [Outcome.from_reply(one) for one in reply[1:]]
 
     def vm_failed(
         self,

@@ -35,11 +35,13 @@ from vmpool.state.transitions import lua_tables
 from vmpool.state.workset import lua_workset
 
 __all__ = [
+    "BATCH_OF",
     "POOL_SCRIPTS",
     "POOL_VARIANTS",
     "REQUEST_SCRIPTS",
     "SLOT_SCRIPTS",
     "StoreScripts",
+    "as_function",
     "lua_wake",
     "prelude",
 ]
@@ -52,6 +54,7 @@ REQUEST_SCRIPTS: Final = (
     "reserve_vm",
     "vm_created",
     "vm_ready",
+    "vm_ready_batch",
     "vm_failed",
     "expire_request",
     "delete_request",
@@ -69,6 +72,9 @@ POOL_VARIANTS: Final[Mapping[str, str]] = {
 }
 # The scripts that take or give back a VM's clone slot in their unit (_slots.lua).
 SLOT_SCRIPTS: Final = ("reserve_vm", "vm_created", "pool_reserve", "pool_vm_created")
+# A batch script -> the one-VM script whose body it runs for each of its VMs, composed
+# ahead of it as the function ``<one>_one`` (:func:`as_function`).
+BATCH_OF: Final[Mapping[str, str]] = {"vm_ready_batch": "vm_ready"}
 # The scripts that take the pool layout of KEYS, or either layout (scripts/_pool.lua).
 POOL_SCRIPTS: Final = (
     *POOL_VARIANTS.values(),
@@ -113,6 +119,9 @@ class StoreScripts:
         # created, in those units (_slots.lua, the clone semaphore's leases).
         for name in SLOT_SCRIPTS:
             self._heads[name] = self._heads.get(name, "") + _text("_slots")
+        # A batch script runs its one-VM script's body for each VM (BATCH_OF).
+        for name, one in BATCH_OF.items():
+            self._heads[name] = self._heads.get(one, "") + as_function(one)
         self._registered: dict[str, Script] = {}
         # How long the reply of a call made without a caller's operation id is kept.
         self.op_ttl_s = retry_window_s(redis_client)
@@ -224,6 +233,15 @@ def lua_wake(keys: Keys) -> str:
         f"local SWEEP_PARKED = {keys.schedule_parked!r}\n"
         f"local SWEEP_WAKE = {keys.schedule_wake!r}\n"
     )
+
+
+def as_function(name: str) -> str:
+    """Script ``name``'s body as the helper ``local function <name>_one()`` (indented, so
+    it is one top-level definition for :func:`~vmpool.state.lua_deps.prune`): its
+    top-level ``return`` ends the function, its locals are the function's."""
+    lines = _text(name).splitlines()
+    body = "\n".join(f"  {line}" if line else "" for line in lines)
+    return f"local function {name}_one()\n{body}\nend\n"
 
 
 def _text(name: str) -> str:

@@ -213,7 +213,7 @@ end
 -- One entry of vmpooler's daily summary (GET /summary): the day's hash of ``task``
 -- (boot, clone, tag) gets ``field`` -> ``value``, kept as vmpooler keeps them (no TTL).
 local function count_daily(task, field, value, now)
-  redis.call('HSET', SUMMARY_PREFIX .. task .. ':' .. utc_date(now), field, value)
+  metric_hset(SUMMARY_PREFIX .. task .. ':' .. utc_date(now), field, value)
 end
 
 -- A clone (reserved -> booting) and a boot (booting -> ready or running) are counted
@@ -341,7 +341,7 @@ local function set_status(req, to, reason, now, before, known)
   end
   req.status = to
   if from == 'pending' then
-    redis.call('HINCRBY', METRIC_FINISHED, to, 1)
+    metric_hincrby(METRIC_FINISHED, to, 1)
   end
   local entries = {{'request', from, to, reason}}
   if before then

@@ -32,6 +32,26 @@ local function q_fmt(x)
   return string.format('%.6f', x)
 end
 
+-- The metric writes of a unit (histograms, running averages, daily summaries, the
+-- finished count), each made at once here. A batch script gathers them instead and
+-- makes them once at its end, in its unit (vm_ready_batch.lua: metrics_gathered), so
+-- these four are the one way a helper reads or writes a metric hash.
+local function metric_hget(key, field)
+  return redis.call('HGET', key, field)
+end
+
+local function metric_hset(key, field, value)
+  redis.call('HSET', key, field, value)
+end
+
+local function metric_hincrby(key, field, n)
+  redis.call('HINCRBY', key, field, n)
+end
+
+local function metric_hincrbyfloat(key, field, x)
+  redis.call('HINCRBYFLOAT', key, field, q_fmt(x))
+end
+
 -- A request's place in the provision queue (KEYS[6]): its arrival less its priority's
 -- lead (create_request.lua), its arrival for a request made before priorities.
 local function line_score(req)
@@ -182,8 +202,8 @@ local function observe_hist(key, seconds)
       break
     end
   end
-  redis.call('HINCRBY', key, field, 1)
-  redis.call('HINCRBYFLOAT', key, READY_SUM, q_fmt(seconds))
+  metric_hincrby(key, field, 1)
+  metric_hincrbyfloat(key, READY_SUM, seconds)
 end
 
 -- A running average of the line's pace (LINE_STATS ``field``) takes ``sample``.
@@ -201,9 +221,9 @@ end
 
 local function line_average(field, sample, known)
   if known == nil then
-    known = redis.call('HGET', LINE_STATS, field) or ''
+    known = metric_hget(LINE_STATS, field) or ''
   end
-  redis.call('HSET', LINE_STATS, field, line_averaged(sample, known))
+  metric_hset(LINE_STATS, field, line_averaged(sample, known))
 end
 
 -- The request (hash ``req_key``) starts being served: its first VM reserved or claimed.

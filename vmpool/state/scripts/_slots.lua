@@ -89,12 +89,32 @@ local function slot_acquire_in_line(name, token, limit, expiry, now, rid, place)
   return slot_acquire(name, token, limit, expiry, now, live)
 end
 
--- The first requests of SLOT_LINE, as many as slots are free: whose turn it is.
+-- How many of the line's first requests slot_turns reads before it counts the slots:
+-- an empty line (a fleet within its clone limit) costs one read, a line no longer than
+-- this none more than the count needs.
+local SLOT_TURNS_PEEK = 16
+
+-- The first requests of SLOT_LINE, as many as slots are free: whose turn it is. The line
+-- is read first, so an empty one answers at once (nothing is counted, so nothing needs
+-- dropping); else as many as the peek holds are taken from it.
 local function slot_turns(limit, now)
+  if limit <= 0 then
+    return {}
+  end
+  local first = redis.call('ZRANGE', SLOT_LINE, 0, math.min(limit, SLOT_TURNS_PEEK) - 1)
+  if #first == 0 then
+    return {}
+  end
   slots_drop_expired(now)
   local free = limit - redis.call('ZCARD', CLONE_SLOTS)
   if free <= 0 then
     return {}
+  end
+  if free <= #first then
+    return {unpack(first, 1, free)}
+  end
+  if #first < SLOT_TURNS_PEEK then
+    return first  -- the whole line
   end
   return redis.call('ZRANGE', SLOT_LINE, 0, free - 1)
 end
