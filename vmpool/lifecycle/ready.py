@@ -44,10 +44,8 @@ def ready_now(lock: FencedLock, provider: str, held: ProviderVM | None) -> Ready
 
 
 def record_ready(fleet: Fleet, vm: VMRecord, lock: FencedLock, held: ProviderVM) -> VMCode:
-    """Record a booted VM ready. The store's code.
-
-    Record a booted VM ready (attached to its request, or to destruction when the
-    request is gone). The store's code."""
+    """Record a booted VM ready: attached to its request, or to destruction when the
+    request is gone. The store's code."""
     # No lock check before the write: the store's fence refuses a stale holder
     # ('stale_fence'), which is the guarantee. A check here is a round trip per VM.
     failpoint("check_pending.before_commit")
