@@ -114,11 +114,14 @@ async def _pipelined(
     The calls, then (on one connection) their confirmation, checked
     (:func:`vmpool.state.durability.queue_confirmation`).
     """
-    pipe = client.pipeline(transaction=False)  # gathers the commands; sent below
-    for call in calls:
-        pipe.evalsha(call.script.sha, len(call.keys), *call.keys, *call.args)
+    commands: list[tuple[Any, ...]] = [
+        ("EVALSHA", call.script.sha, len(call.keys), *call.keys, *call.args) for call in calls
+    ]
+    # redis-py's pipeline spells the confirmation's commands; they are sent after the calls
+    pipe = client.pipeline(transaction=False)
     confirming = queue_confirmation(pipe, durability)
-    replies = await _round_trip(client, [args for args, _ in pipe.command_stack])
+    commands += [args for args, _ in pipe.command_stack]
+    replies = await _round_trip(client, commands)
     if confirming:
         assert durability is not None
         check_confirmation(durability, replies[len(calls) :])
