@@ -164,11 +164,11 @@ async def _read_replies(conn: Any, count: int) -> list[Any]:
     connection's socket timeout runs out.
 
     redis-py bounds each reply's read by the socket timeout with a timer of its own (an
-    asyncio timeout armed and cancelled per reply): under load, that was about 40 % of
-    reading a reply (measured: 15 µs against 9 µs without it). One deadline for the round
-    trip's replies costs that once. What it bounds is the same wait: Redis answers a
-    pipeline's commands in order, and the slowest, a confirmation's WAIT, waits at most
-    the durability timeout, which the config keeps under the socket timeout. On the
+    asyncio timeout armed and cancelled per reply): in a round trip of 17 replies, 9.2 µs
+    of client CPU a reply against 5.3 µs with one deadline for them all (measured). It
+    bounds the same wait: Redis answers a pipeline's commands in order and writes their
+    replies together, and the slowest, a confirmation's WAIT, waits at most the
+    durability timeout, which the config keeps under the socket timeout. On the
     deadline the connection is dropped and redis-py's TimeoutError raised, as a read of
     redis-py's own would (the connection's retry then sends the round trip again).
     """
