@@ -600,6 +600,25 @@ def test_selection_distribution_follows_weights(redis_url: str, redis_client: re
     assert choose_pools(cfg, "nope", 3, rng) == {}
 
 
+def test_a_name_of_one_pool_draws_nothing_from_the_rng() -> None:
+    """Proves: a name only one pool can serve picks it without a draw (the API's rng is
+    the system's, a read of the OS per draw), however many instances are asked for."""
+    from random import Random
+
+    from vmpool.lifecycle.plan import choose_pools
+
+    class NoDraws(Random):
+        def random(self) -> float:
+            raise AssertionError("drew from the rng")
+
+        def getrandbits(self, k: int) -> int:
+            raise AssertionError("drew from the rng")
+
+    cfg = spec_config()
+    assert cfg.resolve_name("pool1") == ["pool1"]
+    assert choose_pools(cfg, "pool1", 3, NoDraws()) == {"pool1": 3}
+
+
 def test_tokens_store_hashed_only(redis_url: str, redis_client: redis.Redis) -> None:
     tokens = TokenStore(redis_client, Keys("vmpool"))
     token = tokens.create("jdoe")

@@ -43,6 +43,8 @@ def choose_pools(config: Config, name: str, count: int, rng: random.Random) -> d
     candidates = config.resolve_name(name)
     if not candidates:
         return {}
+    if len(candidates) == 1:  # nothing to pick: no draw (the system's rng reads the OS)
+        return {candidates[0]: count}
     weights: list[float] = []
     for pool_name in candidates:
         target = config.pools[pool_name].clone_target
