@@ -15,8 +15,10 @@ from typing import Any
 import pytest
 import redis
 from rq import Queue
+from rq.exceptions import StopRequested
 from rq.executions import ExecutionRegistry
 from rq.job import JobStatus
+from rq.suspension import resume, suspend
 from rq.worker.base import BaseWorker
 
 import workers.bookkeeping as bookkeeping
@@ -101,3 +103,44 @@ def test_a_finished_job_reads_its_executions_once_and_leaves_none(
     assert len(reads) == 1, reads
     assert not conn.keys(b"rq:execution:*") and not conn.keys(b"rq:executions:*")
     assert conn.zcard(queue(conn).started_job_registry.key) == 0
+
+
+def test_a_burst_of_jobs_reads_the_suspension_flag_about_once_a_second(
+    redis_url: str, conn: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Proves: 20 quick jobs read RQ's suspension flag (a round trip each) at most once
+    per BEAT_EVERY_S (stock RQ: at the top of every turn of the loop, 21 times)."""
+    reads = count_calls(monkeypatch, BaseWorker, "check_for_suspension")
+    jobs = [queue(conn).enqueue("workerhelp.quick_job") for _ in range(20)]
+    worker = worker_module.build_worker(redis_url, None, [queue(conn).name])
+    started = time.monotonic()
+    assert worker.work(burst=True)
+    elapsed = time.monotonic() - started
+    assert [job.get_status(refresh=True) for job in jobs] == [JobStatus.FINISHED] * 20
+    assert 1 <= len(reads) <= int(elapsed / bookkeeping.BEAT_EVERY_S) + 2, (len(reads), elapsed)
+
+
+def test_a_suspension_stops_the_worker_within_a_period(
+    redis_url: str, conn: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Proves: the first check always reads the flag (a worker started suspended runs
+    nothing), and a suspension set after a read is seen once BEAT_EVERY_S has passed."""
+    job = queue(conn).enqueue("workerhelp.quick_job")
+    suspend(conn)
+    worker = worker_module.build_worker(redis_url, None, [queue(conn).name])
+    worker.work(burst=True)  # suspended in burst mode: it quits
+    assert job.get_status(refresh=True) == JobStatus.QUEUED
+    resume(conn)
+    worker = worker_module.build_worker(redis_url, None, [queue(conn).name])
+    worker.check_for_suspension(True)  # not suspended: read, noted
+    suspend(conn)
+    worker.check_for_suspension(True)  # within the period: not read again
+    now = time.monotonic()
+    monkeypatch.setattr(
+        bookkeeping.time, "monotonic", lambda: now + bookkeeping.BEAT_EVERY_S + 0.01
+    )
+    try:
+        with pytest.raises(StopRequested):  # read again: suspended, and in burst mode
+            worker.check_for_suspension(True)
+    finally:
+        resume(conn)

@@ -13,6 +13,11 @@ repeats were most of a worker's Redis round trips, and of its CPU.
   :data:`BEAT_EVERY_S` ago. A heartbeat with an explicit TTL (the job's start, the
   beats while a job runs) is always written. A written one goes out in one round trip.
 - a state already written less than :data:`BEAT_EVERY_S` ago is not written again.
+- the suspension flag (``rq suspend``), read by stock RQ at the top of every turn of the
+  loop (a MULTI/EXISTS/EXEC round trip per job), is read again only
+  :data:`BEAT_EVERY_S` after a read that found the workers not suspended. So a
+  suspension stops a busy worker's next job at most that much later; a worker found
+  suspended waits in RQ's own loop, as stock RQ's does.
 
 So the worker's hash is at most :data:`BEAT_EVERY_S` behind, far inside the freshness
 that RQ and ``/metrics`` judge a worker by (``worker_ttl``, 30 s), and its key's TTL is
@@ -39,10 +44,12 @@ BEAT_EVERY_S: Final = 1.0
 
 
 class LeanBeats(BaseWorker):
-    """RQ's heartbeat and state writes, a repeat within :data:`BEAT_EVERY_S` skipped."""
+    """RQ's heartbeat, state and suspension round trips, a repeat within :data:`BEAT_EVERY_S`
+    skipped."""
 
     _beat_at: float | None = None  # monotonic time of the last heartbeat written
     _state_at: tuple[str, float] | None = None  # the last state written, and when
+    _running_at: float | None = None  # monotonic time of the last read finding no suspension
 
     def heartbeat(self, timeout: int | None = None, pipeline: Pipeline | None = None) -> None:
         now = time.monotonic()
@@ -65,6 +72,13 @@ class LeanBeats(BaseWorker):
                 return
         super().set_state(state, pipeline)
         self._state_at = (state, now)
+
+    def check_for_suspension(self, burst: bool) -> None:
+        now = time.monotonic()
+        if self._running_at is not None and now - self._running_at < BEAT_EVERY_S:
+            return
+        super().check_for_suspension(burst)  # returns once the workers are not suspended
+        self._running_at = time.monotonic()
 
 
 class _ReadOnce(ExecutionRegistry):
