@@ -16,7 +16,7 @@ import pytest
 import redis
 from rq import Queue
 from rq.exceptions import StopRequested
-from rq.executions import ExecutionRegistry
+from rq.executions import Execution
 from rq.job import JobStatus
 from rq.suspension import resume, suspend
 from rq.worker.base import BaseWorker
@@ -94,8 +94,8 @@ def test_a_finished_job_reads_its_executions_once_and_leaves_none(
     redis_url: str, conn: redis.Redis, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Proves: deleting a finished job reads its execution registry once (stock RQ:
-    twice, three round trips each), and its execution is still removed everywhere."""
-    reads = count_calls(monkeypatch, ExecutionRegistry, "get_executions")
+    twice), and its execution is still removed everywhere."""
+    reads = count_calls(monkeypatch, bookkeeping._ReadOnce, "_read_all")
     job = queue(conn).enqueue("workerhelp.quick_job", result_ttl=0)  # as vmpool's jobs
     worker = worker_module.build_worker(redis_url, None, [queue(conn).name])
     assert worker.work(burst=True)
@@ -144,3 +144,53 @@ def test_a_suspension_stops_the_worker_within_a_period(
             worker.check_for_suspension(True)
     finally:
         resume(conn)
+
+
+def test_deleting_a_finished_job_takes_two_round_trips(
+    redis_url: str, conn: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Proves: a finished job's deletion (result_ttl 0, as vmpool's jobs) sends two round
+    trips: its stored status, and its execution ids read with the expired ones dropped;
+    the execution the worker ran is not read back (stock RQ: four, the ids' cleanup, the
+    ids and the execution's hash one by one). Nothing of the job is left."""
+    sent: list[int] = []
+    during: list[int] = []
+    real_send = redis.Connection.send_packed_command
+    real_delete = bookkeeping.LeanJob.delete
+
+    def send(self: redis.Connection, command: Any, check_health: bool = True) -> None:
+        sent.append(1)
+        real_send(self, command, check_health)
+
+    def delete(self: bookkeeping.LeanJob, *args: Any, **kwargs: Any) -> None:
+        before = len(sent)
+        real_delete(self, *args, **kwargs)
+        during.append(len(sent) - before)
+
+    monkeypatch.setattr(redis.Connection, "send_packed_command", send)
+    monkeypatch.setattr(bookkeeping.LeanJob, "delete", delete)
+    jobs = [queue(conn).enqueue("workerhelp.quick_job", result_ttl=0) for _ in range(3)]
+    worker = worker_module.build_worker(redis_url, None, [queue(conn).name])
+    assert worker.work(burst=True)
+    assert during[1:] == [2, 2], during  # the first also connects a second client
+    assert not any(conn.exists(job.key) for job in jobs)
+    assert not conn.keys(b"rq:execution:*") and not conn.keys(b"rq:executions:*")
+    assert not conn.smembers(f"rq:worker:{worker.name}:executions".encode())
+
+
+def test_another_execution_of_the_job_is_read_and_deleted_with_it(
+    redis_url: str, conn: redis.Redis
+) -> None:
+    """Proves: an execution of the job other than the one the worker ran (a dead
+    worker's) is still read (its worker's name from its hash) and deleted everywhere."""
+    job = queue(conn).enqueue("workerhelp.quick_job", result_ttl=0)
+    with conn.pipeline() as pipe:
+        dead = Execution.create(job, 600, pipe, worker_name="dead-worker")
+        pipe.execute()
+    assert conn.sismember(dead.worker_executions_key, dead.composite_key)
+    worker = worker_module.build_worker(redis_url, None, [queue(conn).name])
+    assert worker.work(burst=True)
+    assert not conn.exists(job.key)
+    assert not conn.keys(b"rq:execution:*") and not conn.keys(b"rq:executions:*")
+    assert not conn.smembers(dead.worker_executions_key)
+    assert conn.zcard(queue(conn).started_job_registry.key) == 0
