@@ -194,3 +194,55 @@ def test_another_execution_of_the_job_is_read_and_deleted_with_it(
     assert not conn.keys(b"rq:execution:*") and not conn.keys(b"rq:executions:*")
     assert not conn.smembers(dead.worker_executions_key)
     assert conn.zcard(queue(conn).started_job_registry.key) == 0
+
+
+def sent_commands(monkeypatch: pytest.MonkeyPatch) -> list[tuple[bytes, bytes]]:
+    """Every command sent to Redis from now on (a pipeline's each): name, first argument."""
+    names: list[tuple[bytes, bytes]] = []
+    real = redis.Connection.send_packed_command
+
+    def send(self: redis.Connection, command: Any, check_health: bool = True) -> None:
+        data = b"".join(bytes(part) for part in command) if isinstance(command, list) else command
+        lines = data.split(b"\r\n")
+        for i, line in enumerate(lines[:-4]):
+            if line[:1] == b"*":
+                names.append((lines[i + 2].upper(), lines[i + 4] if line != b"*1" else b""))
+        real(self, command, check_health)
+
+    monkeypatch.setattr(redis.Connection, "send_packed_command", send)
+    return names
+
+
+def test_a_vmpool_job_s_success_reads_no_dependents(
+    redis_url: str, conn: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Proves: the success of vmpool's own jobs (result_ttl 0, as workers/queues.py
+    enqueues them) sends no WATCH or SMEMBERS of their dependents (stock RQ: one each
+    per job), and still counts the job, deletes it and cleans its execution up."""
+    jobs = [queue(conn).enqueue("workers.jobs.noop", result_ttl=0) for _ in range(3)]
+    worker = worker_module.build_worker(redis_url, None, [queue(conn).name])
+    names = sent_commands(monkeypatch)
+    assert worker.work(burst=True)
+    assert not [c for c in names if c[1].endswith(b":dependents")], names
+    assert not any(conn.exists(job.key) for job in jobs)
+    assert not conn.keys(b"rq:execution:*") and not conn.keys(b"rq:executions:*")
+    assert conn.zcard(queue(conn).started_job_registry.key) == 0
+    assert int(conn.hget(worker.key, "successful_job_count") or 0) == 3
+
+
+def test_other_jobs_succeed_the_rq_way(
+    redis_url: str, conn: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Proves: a job that keeps its result, and a job not of vmpool's, go through
+    RQ's own success (its dependents read, its result kept, a dependent enqueued)."""
+    kept = queue(conn).enqueue("workers.jobs.noop", result_ttl=60)
+    other = queue(conn).enqueue("workerhelp.quick_job", result_ttl=0)
+    after = queue(conn).enqueue("workers.jobs.noop", result_ttl=60, depends_on=other)
+    worker = worker_module.build_worker(redis_url, None, [queue(conn).name])
+    names = sent_commands(monkeypatch)
+    assert worker.work(burst=True)
+    watched = {key for name, key in names if name == b"WATCH"}
+    assert {kept.dependents_key.encode(), other.dependents_key.encode()} <= watched
+    assert kept.get_status(refresh=True) == JobStatus.FINISHED
+    assert after.get_status(refresh=True) == JobStatus.FINISHED  # its dependency's success moved it
+    assert not conn.exists(other.key)
