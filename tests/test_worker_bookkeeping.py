@@ -17,7 +17,7 @@ import redis
 from rq import Queue
 from rq.exceptions import StopRequested
 from rq.executions import Execution
-from rq.job import JobStatus
+from rq.job import Job, JobStatus
 from rq.suspension import resume, suspend
 from rq.worker.base import BaseWorker
 
@@ -246,3 +246,34 @@ def test_other_jobs_succeed_the_rq_way(
     assert kept.get_status(refresh=True) == JobStatus.FINISHED
     assert after.get_status(refresh=True) == JobStatus.FINISHED  # its dependency's success moved it
     assert not conn.exists(other.key)
+
+
+def test_a_vmpool_job_s_success_does_not_write_the_last_heartbeat_of_a_deleted_hash(
+    redis_url: str, conn: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Proves: a plain vmpool job's success writes no last heartbeat to its hash, which
+    its success transaction deletes (stock RQ: one HSET round trip per job); a job that
+    keeps its result still gets it."""
+    beats = count_calls(monkeypatch, Job, "heartbeat")
+    plain = [queue(conn).enqueue("workers.jobs.noop", result_ttl=0) for _ in range(3)]
+    kept = queue(conn).enqueue("workers.jobs.noop", result_ttl=60)
+    worker = worker_module.build_worker(redis_url, None, [queue(conn).name])
+    assert worker.work(burst=True)
+    assert not any(conn.exists(job.key) for job in plain)
+    assert len([c for c in beats if len(c) == 2]) == 1  # each start's beat is pipelined
+    assert conn.hget(kept.key, "last_heartbeat")
+
+
+def test_a_failed_vmpool_job_gets_its_last_heartbeat(
+    redis_url: str, conn: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Proves: the last heartbeat held back at a vmpool job's end is written when the job
+    failed (here: a vmpool job run by a worker without a Fleet), before its failure."""
+    beats = count_calls(monkeypatch, Job, "heartbeat")
+    job = queue(conn).enqueue("workers.jobs.provision_batch", result_ttl=0)
+    worker = worker_module.build_worker(redis_url, None, [queue(conn).name])
+    worker.work(burst=True)
+    assert job.get_status(refresh=True) == JobStatus.FAILED
+    assert len([c for c in beats if len(c) == 2]) == 1  # the start's beat is pipelined
+    stamped = conn.hget(job.key, "last_heartbeat")
+    assert stamped and stamped >= conn.hget(job.key, "started_at")

@@ -40,7 +40,7 @@ from redis.client import Pipeline
 from rq.executions import Execution, ExecutionRegistry
 from rq.job import Job, JobStatus
 from rq.queue import Queue
-from rq.utils import as_text, current_timestamp
+from rq.utils import as_text, current_timestamp, now
 from rq.worker.base import BaseWorker
 
 __all__ = ["BEAT_EVERY_S", "VMPOOL_JOBS", "LeanBeats", "LeanJob", "LeanSuccess"]
@@ -106,7 +106,28 @@ class LeanSuccess(BaseWorker):
     success callback) is one transaction: the worker's counters, the job deleted, its
     execution cleaned up, as stock RQ's transaction writes them for such a job. Any
     other job goes RQ's way.
+
+    The job's last heartbeat, which RQ writes to its hash as soon as it ends (a round
+    trip), waits for the outcome: dropped when that is a plain job's success (the
+    transaction deletes the hash), written first on any other way on (RQ's success,
+    a retry, a failure).
     """
+
+    def handle_execution_ended(self, job: Job, queue: Queue, heartbeat_ttl: int) -> None:
+        if not (isinstance(job, LeanJob) and _plain_kind(job, self.default_result_ttl)):
+            super().handle_execution_ended(job, queue, heartbeat_ttl)
+            return
+        job.ended_at = now()
+        job.last_heartbeat = job.ended_at
+        job.beat_due = heartbeat_ttl
+
+    def handle_job_retry(self, job: Job, *args: Any, **kwargs: Any) -> None:
+        _beat_if_due(job)
+        super().handle_job_retry(job, *args, **kwargs)
+
+    def handle_job_failure(self, job: Job, *args: Any, **kwargs: Any) -> None:
+        _beat_if_due(job)
+        super().handle_job_failure(job, *args, **kwargs)
 
     def handle_job_success(
         self,
@@ -116,8 +137,11 @@ class LeanSuccess(BaseWorker):
         execution: Execution,
     ) -> None:
         if not _plain(job, self.default_result_ttl):
+            _beat_if_due(job)
             super().handle_job_success(job, queue, started_job_registry, execution)
             return
+        if isinstance(job, LeanJob):
+            job.beat_due = None  # the hash is deleted below
         assert job.started_at is not None and job.ended_at is not None
         with self.connection.pipeline() as pipe:
             pipe.multi()
@@ -135,13 +159,27 @@ def _plain(job: Job, default_result_ttl: int) -> bool:
     """Whether ``job``'s success needs none of RQ's bookkeeping beyond its deletion."""
     return (
         isinstance(job, LeanJob)
-        and (job.func_name or "").startswith(VMPOOL_JOBS)
         and job.get_status(refresh=False) == JobStatus.FINISHED
+        and _plain_kind(job, default_result_ttl)
+    )
+
+
+def _plain_kind(job: Job, default_result_ttl: int) -> bool:
+    """Whether ``job`` is one of vmpool's whose success leaves nothing of it."""
+    return (
+        (job.func_name or "").startswith(VMPOOL_JOBS)
         and job.get_result_ttl(default_result_ttl) == 0
         and job.repeats_left is None
         and not job.has_rate_limit
         and job.success_callback is None
     )
+
+
+def _beat_if_due(job: Job) -> None:
+    """Write the last heartbeat :meth:`LeanSuccess.handle_execution_ended` held back."""
+    if isinstance(job, LeanJob) and job.beat_due is not None and job.last_heartbeat:
+        ttl, job.beat_due = job.beat_due, None
+        job.heartbeat(job.last_heartbeat, ttl)
 
 
 class _ReadOnce(ExecutionRegistry):
@@ -185,6 +223,7 @@ class LeanJob(Job):
 
     _registry: _ReadOnce | None = None
     ran: Execution | None = None  # the execution of this job the worker ran
+    beat_due: int | None = None  # the TTL of a last heartbeat not written yet (LeanSuccess)
 
     @property
     def execution_registry(self) -> ExecutionRegistry:
