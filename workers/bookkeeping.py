@@ -23,6 +23,9 @@ So the worker's hash is at most :data:`BEAT_EVERY_S` behind, far inside the fres
 that RQ and ``/metrics`` judge a worker by (``worker_ttl``, 30 s), and its key's TTL is
 still renewed well before it runs out (65 s and more).
 
+:class:`LeanSuccess`: the success of vmpool's own plain jobs in one transaction, without
+RQ's read of their dependents and the last heartbeat of a hash it deletes (see there).
+
 :class:`LeanJob`: a job's deletion reads its executions once, not once for the started
 registry and once more for the execution registry, and in one round trip (the expired
 ones dropped and the ids read, pipelined) when the only one is the execution the worker
