@@ -37,6 +37,7 @@ BENCHES: dict[str, list[str]] = {
     "e2e": ["--runs", "3", "--vms", "200", "--connections", "8"],
     "script_cost": ["--requests", "400", "--runs", "5"],
     "overload": ["--requests", "120", "--gap", "0.55"],
+    "job_cost": ["--jobs", "2000", "--runs", "3"],
 }
 SCRIPT_OF = {"targets_aof": "targets", "pending_sweep": "targets", "durability_fleet": "durability"}
 

@@ -56,7 +56,7 @@ from vmpool.state.durability import confirmed, unconfirmed
 from vmpool.state.keys import DEFAULT_PREFIX, Keys
 from vmpool.state.lua import read_script
 from workers.batching import BatchDispatcher
-from workers.bookkeeping import LeanBeats, LeanJob
+from workers.bookkeeping import LeanBeats, LeanJob, LeanSuccess
 from workers.loop import AliveFile, RedisOutage, SteadyLoop, redis_unusable, writable_check
 from workers.queues import HEARTBEAT_FIELD, HEARTBEAT_SECONDS, queue_names
 from workers.turns import FairDequeue
@@ -245,7 +245,7 @@ def one_job_beats(
         beats.close()
 
 
-class FleetSimpleWorker(FairDequeue, SteadyLoop, LeanBeats, SimpleWorker):
+class FleetSimpleWorker(FairDequeue, SteadyLoop, LeanBeats, LeanSuccess, SimpleWorker):
     """Runs jobs in its own process (no fork), with its Fleet and live heartbeats."""
 
     fleet: Fleet | None = None
@@ -288,7 +288,7 @@ class FleetSimpleWorker(FairDequeue, SteadyLoop, LeanBeats, SimpleWorker):
         super().teardown()
 
 
-class FleetForkWorker(FairDequeue, SteadyLoop, LeanBeats, Worker):
+class FleetForkWorker(FairDequeue, SteadyLoop, LeanBeats, LeanSuccess, Worker):
     """Forks a work horse per job (RQ's default).
 
     The parent keeps RQ's heartbeats (and the alive file: its monitor kills a hung
