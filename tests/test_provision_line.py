@@ -98,32 +98,3 @@ def test_a_sweep_dispatches_the_requests_in_line_when_a_lending_pool_has_a_ready
     assert fleet.store.get_vm(ready).request_id == "a"  # type: ignore[union-attr]
     assert lifecycle.provision_sweep(fleet) == 0  # the pool has nothing left to lend
     assert recorder(fleet).take() == []
-
-
-def test_a_slot_a_create_gives_back_goes_to_the_line_before_the_claims_next_create(
-    redis_client: redis.Redis, redis_url: str, monkeypatch: Any
-) -> None:
-    """Proves: a create claim's creates run one after the other, and the clone slot the
-    first gives back is handed to the first in line at once, while the second create
-    still runs. Red when the turn went out with the claim's other follow-ups, at the
-    claim's end: with a provider whose create blocks (1 s in bench/overload.py), each
-    slot then idled through the other create, two creates a claim ran one at a time,
-    and a burst was served at half the fleet's pace."""
-    fleet = _batched_fleet(redis_client, redis_url, ondemand_clone_limit=2)
-    for rid in ("r-1", "r-2", "r-3"):
-        _post(fleet, rid)
-    lifecycle.provision_batch(fleet)  # r-1 and r-2 reserve the two slots, r-3 waits
-    assert redis_client.zrange(fleet.keys.clone_slot_line, 0, -1) == ["r-3"]
-    work = fleet.keys.work_set(Job.PROVISION_REQUEST)
-    assert redis_client.zscore(work, "r-3") is None
-    provider = fleet.providers["sim"]
-    create = provider.create_vm
-    seen: list[bool] = []  # at each create: is r-3's provision dispatched yet?
-
-    def create_noting_the_line(*args: Any, **kwargs: Any) -> Any:
-        seen.append(redis_client.zscore(work, "r-3") is not None)
-        return create(*args, **kwargs)
-
-    monkeypatch.setattr(provider, "create_vm", create_noting_the_line)
-    lifecycle.create_vm_batch(fleet)  # one claim: both creates, one after the other
-    assert seen == [False, True]

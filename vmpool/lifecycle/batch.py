@@ -103,18 +103,13 @@ class DeferredDispatch:
     """A Dispatcher that holds one claim's follow-ups and sends them batched.
 
     It holds what the subjects of one claim send and hands it to ``inner`` at
-    :meth:`flush`: one send per job, each subject once, in the order first asked. The
-    jobs of ``at_once`` go to ``inner`` when asked."""
+    :meth:`flush`: one send per job, each subject once, in the order first asked."""
 
-    def __init__(self, inner: Dispatcher, at_once: frozenset[Job] = frozenset()) -> None:
+    def __init__(self, inner: Dispatcher) -> None:
         self.inner = inner
-        self.at_once = at_once  # the jobs sent when asked, not at the flush
         self._held: dict[Job, dict[str, None]] = {}
 
     def send(self, job: Job, subjects: Sequence[str]) -> None:
-        if job in self.at_once:
-            self.inner.send(job, subjects)
-            return
         self._held.setdefault(job, {}).update(dict.fromkeys(subjects))
 
     def flush(self) -> None:
@@ -123,14 +118,6 @@ class DeferredDispatch:
         for job, subjects in held.items():
             self.inner.send(job, list(subjects))
 
-
-# The follow-ups a batch job's steps send at once, not with the claim's others: a create
-# claim's creates run one after the other, and a clone slot a create gives back goes to
-# the first in line then (their provision), not once the claim's other creates are over
-# (with a provider whose create blocks, the slot would idle through them all).
-SENT_AT_ONCE: Final[Mapping[Job, frozenset[Job]]] = MappingProxyType(
-    {Job.CREATE_VM: frozenset({Job.PROVISION_REQUEST})}
-)
 
 # The lock each batched step runs under: the kind of its subject and the step's name
 # (the holder id says which step holds it).
@@ -172,9 +159,8 @@ def run_batch(
     what to pass each ``fn``. Without ``locked``, ``fn(fleet, subject)`` runs. A
     :class:`~vmpool.lifecycle.claims.ClaimKeeper` keeps the claim while it runs. What
     the subjects dispatch goes out once per claim, after the locks are released and
-    before the claim is marked done (:class:`DeferredDispatch`), but for the follow-ups
-    sent at once (:data:`SENT_AT_ONCE`)."""
-    deferred = DeferredDispatch(fleet.dispatch, SENT_AT_ONCE.get(job, frozenset()))
+    before the claim is marked done (:class:`DeferredDispatch`)."""
+    deferred = DeferredDispatch(fleet.dispatch)
     fleet = copy.copy(fleet)  # the same clients, names and renewer. Its own dispatch
     fleet.dispatch = deferred
     work = WorkSet(fleet.redis, fleet.keys)
