@@ -98,3 +98,31 @@ def test_a_sweep_dispatches_the_requests_in_line_when_a_lending_pool_has_a_ready
     assert fleet.store.get_vm(ready).request_id == "a"  # type: ignore[union-attr]
     assert lifecycle.provision_sweep(fleet) == 0  # the pool has nothing left to lend
     assert recorder(fleet).take() == []
+
+
+def test_a_create_batch_claims_one_create_first_so_another_worker_takes_the_next(
+    redis_client: redis.Redis, redis_url: str, monkeypatch: Any
+) -> None:
+    """Proves: a create batch whose pace is not known yet claims one create, so the other
+    reserved VM stays free for another worker while the first create runs. Red when the
+    first claim took every create in the set (up to 20): a claim's creates run one after
+    the other, so with a provider whose create blocks (1 s in bench/overload.py) the
+    second VM held its clone slot idle until the first was over, and a burst's creates,
+    reserved two at a time, ran one at a time on one worker (one worker busy, one idle
+    on average; the burst at ~0.95 requests/s against ~1.7 steady)."""
+    fleet = _batched_fleet(redis_client, redis_url, ondemand_clone_limit=2)
+    for rid in ("r-1", "r-2"):
+        _post(fleet, rid)
+    lifecycle.provision_batch(fleet)  # two VMs reserved, their creates in the work set
+    claims = fleet.keys.work_part(Job.CREATE_VM, "claims")
+    provider = fleet.providers["sim"]
+    create = provider.create_vm
+    claimed: list[int] = []  # at each create: how many creates are claimed
+
+    def create_noting_the_claims(*args: Any, **kwargs: Any) -> Any:
+        claimed.append(int(redis_client.zcard(claims)))
+        return create(*args, **kwargs)
+
+    monkeypatch.setattr(provider, "create_vm", create_noting_the_claims)
+    lifecycle.create_vm_batch(fleet)
+    assert claimed == [1, 1], claimed
