@@ -46,11 +46,16 @@ def phase(up: Up, client: redis.Redis, n: int, gap: float) -> tuple[float, float
         rids.append(_call(up.port, "POST", "/ondemandvm", {"debian": 1})[1]["request_id"])
         if gap:
             time.sleep(gap)  # the pace of the posts is what is measured against
-    wait_for(
-        lambda: all(client.hget(keys.request(r), "status") == "ready" for r in rids),
-        1200,
-        "every request ready",
-    )
+    waiting = list(reversed(rids))
+
+    def all_ready() -> bool:
+        # the first not ready yet is read again, those before it never: the poll's own
+        # reads stay out of the commands counted per request (about 10 a second)
+        while waiting and client.hget(keys.request(waiting[-1]), "status") == "ready":
+            waiting.pop()
+        return not waiting
+
+    wait_for(all_ready, 1200, "every request ready")
     took = time.monotonic() - begin
     grants = [int(str(client.get(keys.request_fence(r)) or 0)) for r in rids]
     stats = client.info("commandstats")

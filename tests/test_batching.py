@@ -222,10 +222,15 @@ class _CountingDispatcher(RecordingDispatcher):
         self.sends.append((job, list(subjects)))
 
 
-def test_a_claims_follow_ups_are_dispatched_once_per_claim(redis_client: redis.Redis) -> None:
+def test_a_claims_follow_ups_are_dispatched_once_per_claim(
+    redis_client: redis.Redis, monkeypatch: Any
+) -> None:
     """Proves: the checks a create batch dispatches go out as ONE batched dispatch per
     claim (one lane check for all of them), not one dispatch per VM (each a pipeline of
-    lane checks: most of a VM's Redis commands), and every VM is in it once."""
+    lane checks: most of a VM's Redis commands), and every VM is in it once. The batch's
+    first claim takes every create here (as the claims after a first one of a fast
+    provider do), so the batch is that one claim."""
+    monkeypatch.setattr(batch, "FIRST_CLAIM", {})
     fleet = make_fleet(redis_client, make_config())
     names: list[str] = []
     for i in range(3):
@@ -305,12 +310,14 @@ def test_per_vm_round_trips_of_the_batch_steps(redis_url: str) -> None:
 
 
 def test_a_create_claims_clone_slots_hold_the_limit(
-    redis_client: redis.Redis, redis_url: str
+    redis_client: redis.Redis, redis_url: str, monkeypatch: Any
 ) -> None:
     """Proves: when a create claim takes its VMs' clone slots in one script, the limit
     still holds: with the reservations' leases gone (lapsed) and 2 of 3 slots held by
     others, one VM is created and the other two wait ('throttled', still reserved),
-    never more than 3 leases live; the created VM's slot is given back."""
+    never more than 3 leases live; the created VM's slot is given back. The batch's
+    first claim takes all three (as a claim after a fast first one does)."""
+    monkeypatch.setattr(batch, "FIRST_CLAIM", {})
     fleet = _batched_fleet(redis_client, redis_url, ondemand_clone_limit=3)
     create_request(fleet.store, "big", [Slot("deb", "debian", 3)], fleet.config)
     names = lifecycle.provision_request(fleet, "big")

@@ -41,10 +41,12 @@ def _post(fleet: Fleet, rid: str, user: str = "") -> None:
 
 
 def _round(fleet: Fleet) -> set[str]:
-    """One round of the fleet at its clone limit: the provision sweep re-dispatches every
-    request still short of VMs, a provision batch reserves what the limit allows, and a
-    create batch creates them (each create gives its slot back). Returns the requests
-    that got a VM reserved in this round."""
+    """One round of the fleet at its clone limit: the provision sweep dispatches the
+    requests still short of VMs but those waiting in the clone slots' line before their
+    turn, a provision batch reserves what the limit allows (and serves the turns handed
+    on meanwhile), and a create batch creates them (each create gives its slot back and
+    hands it to the first in line). Returns the requests that got a VM reserved in this
+    round."""
     before = _reserved(fleet)
     lifecycle.provision_sweep(fleet)
     lifecycle.provision_batch(fleet)

@@ -80,6 +80,12 @@ log = logging.getLogger(__name__)
 CLAIM_SIZE = 20
 # A batch job claims again only within this many seconds of its start.
 BATCH_TIME_S = 1.0
+# A batch job's first claim, its pace not known yet, by job (CLAIM_SIZE otherwise). A
+# claim's creates run one after the other, and a provider's create may block (a clone):
+# a first claim of every create in the set would keep the other reserved VMs, and their
+# clone slots, idle behind it while other workers idle. The claims after it are sized
+# by the pace, so creates that return at once are still claimed many at a time.
+FIRST_CLAIM: Final[Mapping[Job, int]] = MappingProxyType({Job.CREATE_VM: 1})
 
 # The per-subject job each batch job runs, by batch job.
 BATCHED: Final[Mapping[Job, Job]] = MappingProxyType(
@@ -173,7 +179,7 @@ def run_batch(
         if elapsed >= BATCH_TIME_S:
             counts[BatchCount.MORE] = 1
             return _plain(counts)
-        size = CLAIM_SIZE
+        size = FIRST_CLAIM.get(job, CLAIM_SIZE)
         if ran and elapsed > 0:  # what fits in the time left at the pace so far
             size = int((BATCH_TIME_S - elapsed) * ran / elapsed)
         claim = work.claim(job, max(1, min(CLAIM_SIZE, size)), lease_s(fleet))

@@ -30,7 +30,7 @@ from vmpool.lifecycle.outcomes import (
 )
 from vmpool.lifecycle.quotas import is_quota_refusal, limits_for, park, unpark_due
 from vmpool.lifecycle.reserving import MAX_NAME_ATTEMPTS, reserve_fresh
-from vmpool.lifecycle.warm import claim_ready
+from vmpool.lifecycle.warm import claim_ready, pools_with_ready
 from vmpool.state.locks import FencedLock
 from vmpool.state.quotas import QuotaLimits
 from vmpool.state.records import Outcome, RequestRecord
@@ -119,7 +119,7 @@ def _reserve_for(
         # Nothing left to reserve: out of the slot line, where a turn (or data of a fleet
         # whose join let a served request in) may still name it; its fulfil writes no
         # leave, its last reservation did.
-        fleet.slots.leave_line(request_id)
+        _leave_line(fleet, request_id)
         return
     limits = limits_for(fleet, req.token_user, (slot.pool for slot in req.slots))
     if req.token_user in gate.over_quota:  # an older request of the user met its quota
@@ -132,6 +132,16 @@ def _reserve_for(
         gate.over_quota.add(req.token_user)
         if park(fleet, request_id, limits):
             return
+
+
+def _leave_line(fleet: Fleet, request_id: str) -> None:
+    """Take the request out of the clone slots' line. If it stood there, hand its turn
+    on at once: the requests whose turn it is then are dispatched (the sweeps pass by
+    the requests in line until their turn, and would hand it on only at a tick)."""
+    if fleet.slots.leave_line(request_id):
+        turns = fleet.slots.turns()
+        if turns:
+            fleet.dispatch.send(Job.PROVISION_REQUEST, turns)
 
 
 def _claim_then_reserve(
@@ -192,7 +202,7 @@ def _reserve_slots(
                 return code
             if code in _REQUEST_LEVEL_REFUSALS or code.startswith("request_"):
                 if code != "stale_fence":  # it will reserve no more: out of the slot line
-                    fleet.slots.leave_line(request_id)
+                    _leave_line(fleet, request_id)
                 return code
             if is_quota_refusal(code):
                 return code
@@ -317,11 +327,24 @@ def sweep_expired(fleet: Fleet, limit: int = 1000) -> dict[str, int]:
 
 
 def provision_sweep(fleet: Fleet) -> int:
-    """Dispatch provision_request for every request with unreserved slots (one batch).
+    """Dispatch provision_request for the requests with unreserved slots (one batch).
 
-    A request waiting for its user's quota is passed by while the user has no room
+    A request waiting in the clone slots' line is dispatched only in its turn, or while
+    a pool lending its ready VMs to requests holds one (the sweep is how a waiting
+    request takes a VM that turned ready): else its provision would take its lock only
+    to find no slot free, and a burst past the fleet's capacity would cost a grant per
+    waiting request per sweep. The turns are read here too (as the pending sweep does),
+    so a turn lost at a slot's release is handed out again. A request waiting for its
+    user's quota is passed by while the user has no room
     (:func:`~vmpool.lifecycle.quotas.unpark_due`)."""
-    candidates = unpark_due(fleet, fleet.store.provision_candidates())
+    candidates = fleet.store.provision_candidates()
+    if candidates and not pools_with_ready(fleet):
+        waiting = fleet.slots.in_line(candidates)
+        if waiting:
+            turns = fleet.slots.turns()
+            candidates = [rid for rid in candidates if rid not in waiting]
+            candidates += [rid for rid in turns if rid not in candidates]
+    candidates = unpark_due(fleet, candidates)
     if candidates:
         fleet.dispatch.send(Job.PROVISION_REQUEST, candidates)
     return len(candidates)

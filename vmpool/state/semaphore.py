@@ -175,10 +175,18 @@ class CloneSemaphore:
         reply = self._script(keys=keys, args=["join", request, repr(float(place))])
         return int(str(reply)) == 1
 
-    def leave_line(self, request: str) -> None:
+    def leave_line(self, request: str) -> bool:
         """The request waits for no clone slot any more (it can reserve nothing now: its
-        TTL is over, or it left pending), so it holds nobody back."""
-        self.redis.zrem(self._keys[3], request)
+        TTL is over, or it left pending), so it holds nobody back. True if it stood in
+        line (the caller hands its turn on)."""
+        return int(str(self.redis.zrem(self._keys[3], request))) > 0
+
+    def in_line(self, requests: Sequence[str]) -> set[str]:
+        """Those of ``requests`` waiting in line for a clone slot: one read."""
+        if not requests:
+            return set()
+        places = self.redis.zmscore(self._keys[3], list(requests))
+        return {rid for rid, place in zip(requests, places, strict=True) if place is not None}
 
     def turns(self) -> list[str]:
         """The requests waiting for a clone slot whose turn it is: the first ones in line,
