@@ -151,13 +151,13 @@ def test_a_request_past_its_ttl_leaves_the_clone_slot_line(
 ) -> None:
     """Proves: a request that waited in the clone slots' line and whose TTL passed before
     its turn (not yet failed by the expiry sweep) holds nobody back. At clone limit 1,
-    "old" (TTL 0.3 s) and "young" both wait for the one slot; once old's TTL is over and
+    "old" (TTL 0.6 s) and "young" both wait for the one slot; once old's TTL is over and
     the slot is free, the provision round that finds old past its deadline takes it out
     of the line, and young is served in that same round (left in line, old counts as
     ahead of young until the expiry sweep fails it, and young gets no slot)."""
     fleet = _batched_fleet(redis_client, redis_url, ondemand_clone_limit=1)
     assert fleet.slots.acquire("someone-elses-vm") is not None  # the fleet is full
-    short = RequestSettings(ttl_s=0.3)
+    short = RequestSettings(ttl_s=0.6)
     out = fleet.store.create_request(
         "old", [Slot("deb", "debian", 1)], short, actor="api",
         work_set=fleet.keys.work_set("provision_request"),
