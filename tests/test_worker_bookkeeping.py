@@ -44,6 +44,18 @@ def count_calls(monkeypatch: pytest.MonkeyPatch, owner: Any, name: str) -> list[
     return calls
 
 
+def run_quick_jobs(redis_url: str, conn: redis.Redis, n: int) -> float:
+    """Queue ``n`` quick jobs, run them with one burst worker, check each finished.
+    The seconds the worker took."""
+    jobs = [queue(conn).enqueue("workerhelp.quick_job") for _ in range(n)]
+    worker = worker_module.build_worker(redis_url, None, [queue(conn).name])
+    started = time.monotonic()
+    assert worker.work(burst=True)
+    elapsed = time.monotonic() - started
+    assert [job.get_status(refresh=True) for job in jobs] == [JobStatus.FINISHED] * n
+    return elapsed
+
+
 def test_a_burst_of_jobs_writes_the_worker_heartbeat_about_once_a_second(
     redis_url: str, conn: redis.Redis, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -52,17 +64,12 @@ def test_a_burst_of_jobs_writes_the_worker_heartbeat_about_once_a_second(
     follows ``busy`` (stock RQ: twice per job, 40)."""
     beats = count_calls(monkeypatch, BaseWorker, "heartbeat")
     states = count_calls(monkeypatch, BaseWorker, "set_state")
-    jobs = [queue(conn).enqueue("workerhelp.quick_job") for _ in range(20)]
-    worker = worker_module.build_worker(redis_url, None, [queue(conn).name])
-    started = time.monotonic()
-    assert worker.work(burst=True)
-    elapsed = time.monotonic() - started
-    assert [job.get_status(refresh=True) for job in jobs] == [JobStatus.FINISHED] * 20
+    elapsed = run_quick_jobs(redis_url, conn, 20)
     bound = int(elapsed / bookkeeping.BEAT_EVERY_S) + 2  # the first, and one per period
     default_beats = [c for c in beats if not c or c[0] is None]
     assert len(default_beats) <= bound, (len(default_beats), elapsed)
     idles = [c for c in states if c[0] == "idle" and (len(c) < 2 or c[1] is None)]
-    assert len(idles) <= len(jobs) + bound, (len(idles), elapsed)
+    assert len(idles) <= 20 + bound, (len(idles), elapsed)
 
 
 def test_an_explicit_ttl_is_always_written_and_a_default_beat_after_a_period(
@@ -111,12 +118,7 @@ def test_a_burst_of_jobs_reads_the_suspension_flag_about_once_a_second(
     """Proves: 20 quick jobs read RQ's suspension flag (a round trip each) at most once
     per BEAT_EVERY_S (stock RQ: at the top of every turn of the loop, 21 times)."""
     reads = count_calls(monkeypatch, BaseWorker, "check_for_suspension")
-    jobs = [queue(conn).enqueue("workerhelp.quick_job") for _ in range(20)]
-    worker = worker_module.build_worker(redis_url, None, [queue(conn).name])
-    started = time.monotonic()
-    assert worker.work(burst=True)
-    elapsed = time.monotonic() - started
-    assert [job.get_status(refresh=True) for job in jobs] == [JobStatus.FINISHED] * 20
+    elapsed = run_quick_jobs(redis_url, conn, 20)
     assert 1 <= len(reads) <= int(elapsed / bookkeeping.BEAT_EVERY_S) + 2, (len(reads), elapsed)
 
 
