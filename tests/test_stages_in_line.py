@@ -17,7 +17,7 @@ import redis
 from vmpool import lifecycle
 from vmpool.ids import Job
 from vmpool.lifecycle import Fleet, batch, stages
-from vmpool.lifecycle.pace import StagePace
+from vmpool.lifecycle.pace import RECENT_CLAIMS, StagePace
 from vmpool.state.audit import check_trail
 from vmpool.state.records import Slot
 from vmpool.state.workset import WorkSet
@@ -53,9 +53,9 @@ def _request(fleet: Fleet, rid: str, count: int = 2) -> None:
 def test_one_provision_job_brings_a_request_to_ready_when_its_stages_are_quick(
     redis_client: redis.Redis, redis_url: str
 ) -> None:
-    """Red without stages in line: the job reserves and queues a create batch job."""
-    quick = {Job.CREATE_VM: QUICK, Job.CHECK_PENDING_VM: QUICK}
-    fleet = _fleet(redis_client, redis_url, quick)
+    """Red without stages in line: the job reserves and queues a create batch job. The
+    check has no claim seen yet: it is taken for quick (QUICK_UNSEEN), so it runs too."""
+    fleet = _fleet(redis_client, redis_url, {Job.CREATE_VM: QUICK})
     _request(fleet, "r1")
     counts = lifecycle.provision_batch(fleet)
     request = fleet.store.get_request("r1")
@@ -107,3 +107,21 @@ def test_a_stage_in_line_out_of_time_queues_a_job_for_what_was_held_back(
     lifecycle.create_vm_batch(fleet)  # the queued job: creates, and checks in line
     request = fleet.store.get_request("r1")
     assert request is not None and request.status == "ready"
+
+
+def test_a_stage_is_quick_until_a_slow_claim_and_again_after_enough_quick_ones() -> None:
+    pace = StagePace()
+    assert not pace.quick(Job.CREATE_VM)  # a create none was seen of: it may block
+    assert pace.quick(Job.CHECK_PENDING_VM) and pace.quick(Job.PROVISION_REQUEST)
+    pace.record(Job.CREATE_VM, 0.2, 20)  # 10 ms a VM
+    assert pace.quick(Job.CREATE_VM)
+    pace.record(Job.CREATE_VM, 2.0, 1)  # one blocking clone
+    pace.record(Job.CHECK_PENDING_VM, 0.3, 1)
+    assert not pace.quick(Job.CREATE_VM) and not pace.quick(Job.CHECK_PENDING_VM)
+    for _ in range(RECENT_CLAIMS - 1):
+        pace.record(Job.CREATE_VM, 0.001, 1)
+    assert not pace.quick(Job.CREATE_VM)  # the slow one is still among the last
+    pace.record(Job.CREATE_VM, 0.001, 1)
+    assert pace.quick(Job.CREATE_VM)
+    pace.record(Job.CREATE_VM, 5.0, 0)  # a claim that ran nothing says nothing
+    assert pace.quick(Job.CREATE_VM)

@@ -9,8 +9,10 @@ workers waiting behind it. :class:`StagePace` keeps the time per subject of each
 last claims, and says a stage is quick only when every one of them was.
 
 One per worker process (the Fleet's ``pace``), read and written by its job thread only.
-A stage no claim of this process has run yet is not quick: its first claims go through
-the queues as they always did.
+A stage no claim of this process has run yet is quick only if it makes no provider call
+per subject (:data:`QUICK_UNSEEN`): the first creates go through the queues as they
+always did, while a fleet's first checks do not wait in the queue behind the batch jobs
+that run the creates.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from typing import Final
 
 from vmpool.ids import Job
 
-__all__ = ["QUICK_S", "RECENT_CLAIMS", "StagePace"]
+__all__ = ["QUICK_S", "QUICK_UNSEEN", "RECENT_CLAIMS", "StagePace"]
 
 # The most a stage's claim may take per subject, in each of its last claims, for the
 # stage to be run in line (seconds). A create or a status call that answers at once
@@ -29,6 +31,10 @@ QUICK_S: Final = 0.025
 # The claims per stage whose pace counts: one slow claim among them is enough to queue
 # the stage again until this many quick ones have followed it.
 RECENT_CLAIMS: Final = 8
+# The stages taken for quick before any claim of theirs ran here: a provision claim is
+# Redis alone (lending ready VMs included); a check claim asks each provider once for
+# all of its VMs. A create calls its provider per VM, and a clone may block for minutes.
+QUICK_UNSEEN: Final = frozenset({Job.PROVISION_REQUEST, Job.CHECK_PENDING_VM})
 
 
 class StagePace:
@@ -47,6 +53,9 @@ class StagePace:
         recent.append(seconds / subjects)
 
     def quick(self, job: Job) -> bool:
-        """Whether each of ``job``'s last claims took at most :attr:`quick_s` a subject."""
+        """Whether each of ``job``'s last claims took at most :attr:`quick_s` a subject
+        (with none yet: whether it is one of :data:`QUICK_UNSEEN`)."""
         recent = self._seconds.get(job)
-        return bool(recent) and max(recent or ()) <= self.quick_s
+        if not recent:
+            return job in QUICK_UNSEEN
+        return max(recent) <= self.quick_s
