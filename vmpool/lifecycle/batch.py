@@ -134,7 +134,7 @@ class DeferredDispatch:
 Prepare = Callable[[Fleet, list[FencedLock]], dict[str, dict[str, Any]]]
 # A stage: its per-subject job, the step, the lock it runs under, the per-claim work.
 Stage = tuple[Job, Callable[..., object], tuple[LockKind, str] | None, Prepare | None]
-# How to run each stage, by its per-subject job: a fresh Stage for each run of its loop.
+# How to run each stage, by its per-subject job: a fresh Stage for each claim.
 Stages = Mapping[Job, Callable[[], Stage]]
 
 
@@ -253,6 +253,7 @@ def _run_stage(
             claim = work.claim(job, max(1, min(CLAIM_SIZE, size)), lease_s(fleet))
             if not claim.subjects:
                 return counts
+            how = make()  # per claim: slots may have come back since its gate closed
             done, later = _run_claim(staged, work, how, claim, chain.deadline, counts)
             ran += len(done) + len(later)
             if fleet.pace is not None:
@@ -260,8 +261,7 @@ def _run_stage(
             work.done(job, claim, done)
             work.defer(job, claim, later, retry_s(fleet))
             work.release(job, claim, [s for s in claim.subjects if s not in {*done, *later}])
-            if _run_in_line(fleet, deferred.here, chain, counts):
-                how = make()  # slots may have come back since its gate closed
+            _run_in_line(fleet, deferred.here, chain, counts)
             claimed.update(claim.subjects)
             if in_line and chain.held.get(job, set()) <= claimed:
                 return counts

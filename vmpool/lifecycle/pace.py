@@ -6,7 +6,9 @@ saves a job's whole price, and the wait for a worker, per stage of a VM's way to
 It is right only when the follow-up stage is quick: a create that blocks for a minute (a
 vSphere clone) run in line would keep the other work this job could hand to other
 workers waiting behind it. :class:`StagePace` keeps the time per subject of each stage's
-last claims, and says a stage is quick only when every one of them was.
+last claims, and says a stage is quick when most of them were: a claim slowed once by a
+busy machine (its worker descheduled) does not send the stage back to the queues, a
+provider whose creates block does.
 
 One per worker process (the Fleet's ``pace``), read and written by its job thread only.
 A stage no claim of this process has run yet is quick only if it makes no provider call
@@ -28,8 +30,8 @@ __all__ = ["QUICK_S", "QUICK_UNSEEN", "RECENT_CLAIMS", "StagePace"]
 # stage to be run in line (seconds). A create or a status call that answers at once
 # takes a few milliseconds; one that waits for a cloud takes hundreds.
 QUICK_S: Final = 0.025
-# The claims per stage whose pace counts: one slow claim among them is enough to queue
-# the stage again until this many quick ones have followed it.
+# The claims per stage whose pace counts: the stage is quick while more than half of
+# them were (their upper median).
 RECENT_CLAIMS: Final = 8
 # The stages taken for quick before any claim of theirs ran here: a provision claim is
 # Redis alone (lending ready VMs included); a check claim asks each provider once for
@@ -53,9 +55,9 @@ class StagePace:
         recent.append(seconds / subjects)
 
     def quick(self, job: Job) -> bool:
-        """Whether each of ``job``'s last claims took at most :attr:`quick_s` a subject
-        (with none yet: whether it is one of :data:`QUICK_UNSEEN`)."""
+        """Whether more than half of ``job``'s last claims took at most :attr:`quick_s` a
+        subject (with none yet: whether it is one of :data:`QUICK_UNSEEN`)."""
         recent = self._seconds.get(job)
         if not recent:
             return job in QUICK_UNSEEN
-        return max(recent) <= self.quick_s
+        return sorted(recent)[len(recent) // 2] <= self.quick_s

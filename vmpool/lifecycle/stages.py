@@ -46,14 +46,14 @@ def provision_batch(fleet: Fleet) -> dict[str, int]:
     """Run provision_request for every request in its work set.
 
     provision_request for every request in its work set, in the order of service. Once
-    one meets the clone limit, the rest of the batch only take ready VMs
+    one meets the clone limit, the rest of its claim only take ready VMs
     (:class:`~vmpool.lifecycle.requests.CloneGate`). A claim reads once which pools have
     ready VMs to lend: a request whose pools have none runs no claim script."""
     return run_stages(fleet, Job.PROVISION_REQUEST, STAGES)
 
 
 def _provision_stage() -> Stage:
-    """A provision run's step: a fresh gate (:class:`CloneGate`) for its claims."""
+    """A provision claim's step: a fresh gate (:class:`CloneGate`) for the claim."""
     step = partial(provision_request, gate=CloneGate())
     job = Job.PROVISION_REQUEST
     return (job, step, LOCKED_STEPS[job], _ready_to_lend)
@@ -134,7 +134,7 @@ def _ask_at_once(fleet: Fleet, locks: list[FencedLock]) -> dict[str, dict[str, A
 
 
 # How to run each stage (a per-subject job of BATCHED): a fresh step, lock and
-# preparation for each run of its claim loop.
+# preparation for each claim.
 STAGES: Final[Stages] = MappingProxyType(
     {
         Job.PROVISION_REQUEST: _provision_stage,
