@@ -24,6 +24,7 @@ from vmpool.lifecycle.requests import CloneGate, provision_request
 from vmpool.lifecycle.vms import check_pending_vm, create_vm
 from vmpool.lifecycle.warm import pools_with_ready
 from vmpool.providers import ProviderVM, StatusBatch
+from vmpool.state.durability import write_mark
 from vmpool.state.locks import FencedLock, LockKind
 from vmpool.state.transitions import VMState
 
@@ -81,9 +82,16 @@ def _take_slots(fleet: Fleet, locks: list[FencedLock]) -> dict[str, dict[str, An
     under its lock), its lease renewed or a free slot taken, as ``create_vm`` would do
     alone. Each ``create_vm`` is told whether it holds one (and gives it back, as ever).
     A slot taken for a VM the claim does not reach before its time is over is its own:
-    its next create uses it, and a lease nobody renews ends by itself."""
+    its next create uses it, and a lease nobody renews ends by itself. Each lock is
+    given the job's write mark once the claim's locks and slots are taken
+    (``FencedLock.decided``): what its create must see confirmed before its provider
+    call (one wait for the claim, not one per create: :func:`~vmpool.state.durability.settle`)."""
     held = [(lk.subject, lk.fence) for lk in locks if lk.record.get("state") == VMState.RESERVED]
-    return {name: {"slot": ok} for name, ok in fleet.slots.acquire_all(held).items()}
+    slots = fleet.slots.acquire_all(held)
+    decided = write_mark()  # each create rests on the writes so far, not on those after
+    for lock in locks:
+        lock.decided = decided
+    return {name: {"slot": ok} for name, ok in slots.items()}
 
 
 def check_pending_batch(fleet: Fleet) -> dict[str, int]:
