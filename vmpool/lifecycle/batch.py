@@ -219,19 +219,16 @@ def run_stages(fleet: Fleet, job: Job, stages: Stages) -> dict[str, int]:
     """Run the batch job of stage ``job`` (run_batch), the others of ``stages`` in line."""
     work = WorkSet(fleet.redis, fleet.keys)
     chain = _Chain(fleet.dispatch, time.monotonic() + BATCH_TIME_S, work, fleet.pace, stages)
-    return _plain(_run_stage(fleet, stages[job], chain))
+    return _plain(_run_stage(fleet, job, chain))
 
 
-def _run_stage(
-    fleet: Fleet, make: Callable[[], Stage], chain: _Chain, in_line: bool = False
-) -> Counter[str]:
+def _run_stage(fleet: Fleet, job: Job, chain: _Chain, in_line: bool = False) -> Counter[str]:
     """One stage's claim loop (run_batch), its quick follow-up stages run in line.
 
     ``in_line``: a follow-up stage run in line. Its loop ends once it has claimed what
     this job held back for it (other subjects of its set have their own jobs queued), and
     its first claim is not kept small (:data:`FIRST_CLAIM`): the stage is quick."""
-    how = make()
-    job = how[0]
+    make = chain.stages[job]
     deferred = DeferredDispatch(chain.dispatch, chain)
     staged = copy.copy(fleet)  # the same clients, names and renewer. Its own dispatch
     staged.dispatch = deferred
@@ -271,20 +268,17 @@ def _run_stage(
 
 def _run_in_line(
     fleet: Fleet, here: dict[Job, list[str]], chain: _Chain, counts: Counter[str]
-) -> bool:
-    """Run the stages a claim's follow-ups went to in line. Whether any ran."""
-    ran = False
+) -> None:
+    """Run the stages a claim's follow-ups went to in line."""
     for job in list(here):
         if job in chain.running:
             continue  # its open loop claims them next
-        nested = _run_stage(fleet, chain.stages[job], chain, in_line=True)
-        ran = True
+        nested = _run_stage(fleet, job, chain, in_line=True)
         counts.update({f"{job}:{code}": n for code, n in nested.items()})
         held = chain.held.pop(job, set())
         if nested.get(BatchCount.MORE):  # queue what this job held back, as a send does
             chain.dispatch.send(job, sorted(held))
     here.clear()
-    return ran
 
 
 # Outcomes of a subject whose work is not over: it stays in its work set, back in line
