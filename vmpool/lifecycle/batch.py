@@ -75,6 +75,10 @@ log = logging.getLogger(__name__)
 CLAIM_SIZE = 20
 # A batch job claims again only within this many seconds of its start.
 BATCH_TIME_S = 1.0
+# A batch job runs follow-up stages in line only within this many seconds of its start;
+# after it they are queued. A worker then comes back to its queues (where the expiry
+# sweep waits its turn) about as often as when each stage was a job of its own.
+IN_LINE_S = 0.25
 # A batch job's first claim, its pace not known yet, by job (CLAIM_SIZE otherwise). A
 # claim's creates run one after the other, and a provider's create may block (a clone):
 # a first claim of every create in the set would keep the other reserved VMs, and their
@@ -194,6 +198,7 @@ class _Chain:
 
     dispatch: Dispatcher  # the fleet's own (the queues)
     deadline: float  # monotonic: no claim starts after it
+    in_line_until: float  # monotonic: no stage is taken in line after it (IN_LINE_S)
     work: WorkSet
     pace: StagePace | None  # None: no stage in line (the queues only)
     stages: Stages  # how to run each stage it may run
@@ -205,9 +210,9 @@ class _Chain:
         it is a stage that has been quick, with time left to run it."""
         if self.pace is None or job not in self.stages:
             return False
-        if job in self.running:
-            return True
-        return self.pace.quick(job) and time.monotonic() < self.deadline
+        if time.monotonic() >= self.in_line_until:
+            return False
+        return job in self.running or self.pace.quick(job)
 
     def add(self, job: Job, subjects: list[str]) -> None:
         """Add ``subjects`` to ``job``'s work set, no job queued: this batch job runs them."""
@@ -218,7 +223,10 @@ class _Chain:
 def run_stages(fleet: Fleet, job: Job, stages: Stages) -> dict[str, int]:
     """Run the batch job of stage ``job`` (run_batch), the others of ``stages`` in line."""
     work = WorkSet(fleet.redis, fleet.keys)
-    chain = _Chain(fleet.dispatch, time.monotonic() + BATCH_TIME_S, work, fleet.pace, stages)
+    start = time.monotonic()
+    chain = _Chain(
+        fleet.dispatch, start + BATCH_TIME_S, start + IN_LINE_S, work, fleet.pace, stages
+    )
     return _plain(_run_stage(fleet, job, chain))
 
 
@@ -229,6 +237,7 @@ def _run_stage(fleet: Fleet, job: Job, chain: _Chain, in_line: bool = False) -> 
     this job held back for it (other subjects of its set have their own jobs queued), and
     its first claim is not kept small (:data:`FIRST_CLAIM`): the stage is quick."""
     make = chain.stages[job]
+    deadline = chain.in_line_until if in_line else chain.deadline
     deferred = DeferredDispatch(chain.dispatch, chain)
     staged = copy.copy(fleet)  # the same clients, names and renewer. Its own dispatch
     staged.dispatch = deferred
@@ -241,24 +250,28 @@ def _run_stage(fleet: Fleet, job: Job, chain: _Chain, in_line: bool = False) -> 
     try:
         while True:
             now = time.monotonic()
-            if now >= chain.deadline:
+            if now >= deadline:
                 counts[BatchCount.MORE] = 1
                 return counts
             size = CLAIM_SIZE if in_line else FIRST_CLAIM.get(job, CLAIM_SIZE)
             if ran and now > started:  # what fits in the time left at the pace so far
-                size = int((chain.deadline - now) * ran / (now - started))
+                size = int((deadline - now) * ran / (now - started))
             claim = work.claim(job, max(1, min(CLAIM_SIZE, size)), lease_s(fleet))
             if not claim.subjects:
                 return counts
             how = make()  # per claim: slots may have come back since its gate closed
-            done, later = _run_claim(staged, work, how, claim, chain.deadline, counts)
+            done, later = _run_claim(staged, work, how, claim, deadline, counts)
             ran += len(done) + len(later)
             if fleet.pace is not None:
                 fleet.pace.record(job, time.monotonic() - now, len(done) + len(later))
             work.done(job, claim, done)
             work.defer(job, claim, later, retry_s(fleet))
-            work.release(job, claim, [s for s in claim.subjects if s not in {*done, *later}])
+            let_go = [s for s in claim.subjects if s not in {*done, *later}]
+            work.release(job, claim, let_go)
             _run_in_line(fleet, deferred.here, chain, counts)
+            if let_go:  # its time ran out mid-claim: those let go are queued (MORE)
+                counts[BatchCount.MORE] = 1
+                return counts
             claimed.update(claim.subjects)
             if in_line and chain.held.get(job, set()) <= claimed:
                 return counts
