@@ -50,7 +50,6 @@ from rq.worker.base import BaseWorker
 
 from vmpool.config import default_redis_options
 from vmpool.lifecycle import Fleet
-from vmpool.lifecycle.pace import StagePace
 from vmpool.state.connection import connect
 from vmpool.state.counters import record_job
 from vmpool.state.durability import confirmed, unconfirmed
@@ -355,7 +354,7 @@ def build_fleet(redis_url: str, config: Config, conn: redis.Redis, actor: str) -
     """The per-process Fleet: a decoding client for the domain, RQ dispatch on ``conn``."""
     client = connect(redis_url, config.redis_options, decode_responses=True)
     dispatch = BatchDispatcher(conn, Keys(config.key_prefix), config)
-    return Fleet.build(client, config, dispatch, actor, pace=StagePace())
+    return Fleet.build(client, config, dispatch, actor)
 
 
 def build_worker(
