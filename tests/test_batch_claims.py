@@ -11,34 +11,17 @@ other subjects: once the batch's time is over, the ones it has not started are l
 from __future__ import annotations
 
 import threading
-from typing import Any
 
 import pytest
 import redis
+from batchhelp import FirstCreateWaits, batched_fleet, reserved
 
 from vmpool import lifecycle
-from vmpool.lifecycle import Fleet, batch
-from vmpool.providers import ProviderVM, SimulatedProvider
-from vmpool.state.records import RequestSettings, Slot
+from vmpool.lifecycle import batch
 from vmpool.state.workset import WorkSet
-from workers.batching import BatchDispatcher
 
-from lifecyclehelp import make_config, make_fleet
+from lifecyclehelp import make_fleet
 from storehelp import wait_until
-
-
-def _batched_fleet(redis_client: redis.Redis, redis_url: str, **overrides: Any) -> Fleet:
-    fleet = make_fleet(redis_client, make_config(**overrides))
-    fleet.dispatch = BatchDispatcher(redis.Redis.from_url(redis_url), fleet.keys, fleet.config)
-    return fleet
-
-
-def _reserved(fleet: Fleet, n: int) -> list[str]:
-    settings = RequestSettings.from_config(fleet.config)
-    assert fleet.store.create_request("r1", [Slot("deb", "debian", n)], settings, actor="api").ok
-    names = lifecycle.provision_request(fleet, "r1")  # dispatches their creates: in the set
-    assert len(names) == n
-    return names
 
 
 def test_a_busy_subject_stays_in_its_work_set_and_is_run_later(
@@ -47,8 +30,8 @@ def test_a_busy_subject_stays_in_its_work_set_and_is_run_later(
     """Red before: the batch counted the subject 'busy' and removed it from the set;
     when the other holder stopped, nothing brought it back until the stale-reservation
     pass (10 s or more)."""
-    fleet = _batched_fleet(redis_client, redis_url)
-    (name,) = _reserved(fleet, 1)
+    fleet = batched_fleet(redis_client, redis_url)
+    (name,) = reserved(fleet, 1)
     other = fleet.lock("vm", name, "create")
     assert other.acquire()  # another worker is on it
     assert lifecycle.create_vm_batch(fleet) == {"busy": 1}
@@ -63,31 +46,6 @@ def test_a_busy_subject_stays_in_its_work_set_and_is_run_later(
     assert work.size("create_vm") == 0
 
 
-class _FirstCreateWaits:
-    """The simulated provider; the first create waits until the test lets it go (a slow
-    cloud call, deterministically), the others answer at once."""
-
-    def __init__(self, sim: SimulatedProvider) -> None:
-        self.sim = sim
-        self.inside = threading.Event()
-        self.go = threading.Event()
-        self.first: str | None = None
-        self._lock = threading.Lock()
-
-    def create_vm(self, pool: str, template: str, vm_name: str) -> ProviderVM:
-        with self._lock:
-            slow = self.first is None
-            if slow:
-                self.first = vm_name
-        if slow:
-            self.inside.set()
-            assert self.go.wait(30), "the test never let the create go"
-        return self.sim.create_vm(pool, template, vm_name)
-
-    def __getattr__(self, attr: str) -> Any:
-        return getattr(self.sim, attr)
-
-
 @pytest.mark.slow
 def test_a_slow_create_keeps_its_claim_and_lets_the_others_go(
     redis_client: redis.Redis, redis_url: str, monkeypatch: pytest.MonkeyPatch
@@ -98,9 +56,9 @@ def test_a_slow_create_keeps_its_claim_and_lets_the_others_go(
     retries for up to 60 s). The claim holds both creates (as a claim after a fast first
     one may: a batch's first claim takes one create)."""
     monkeypatch.setattr(batch, "FIRST_CLAIM", {})
-    fleet = _batched_fleet(redis_client, redis_url, lock_expire_s=1)  # claim lease 1 s
-    names = _reserved(fleet, 2)
-    slow = _FirstCreateWaits(fleet.providers["sim"])  # type: ignore[arg-type]
+    fleet = batched_fleet(redis_client, redis_url, lock_expire_s=1)  # claim lease 1 s
+    names = reserved(fleet, 2)
+    slow = FirstCreateWaits(fleet.providers["sim"])  # type: ignore[arg-type]
     fleet.providers = {"sim": slow}
     counts: dict[str, int] = {}
     worker = threading.Thread(target=lambda: counts.update(lifecycle.create_vm_batch(fleet)))

@@ -45,6 +45,7 @@ from vmpool.config import Config
 from vmpool.ids import Job
 from vmpool.lifecycle import Fleet
 from vmpool.lifecycle.batch import BATCHED, CLAIM_SIZE
+from vmpool.state.connection import connect
 from vmpool.state.keys import Keys
 from vmpool.state.lua import ScriptCall, ScriptPipeline, read_script
 from vmpool.state.workset import WorkSet, lua_workset
@@ -58,7 +59,7 @@ from workers.queues import (
     push_unique,
     valid_subjects,
 )
-from workers.table import JOBS, JobSpec, job_id
+from workers.table import JOBS, QUEUE_SWEEPS, JobSpec, job_id
 
 __all__ = [
     "LANES",
@@ -66,6 +67,7 @@ __all__ = [
     "LaneFollowUp",
     "LaneProbe",
     "Lanes",
+    "build_fleet",
     "continued",
     "lanes_for",
     "queue_free_lanes",
@@ -191,8 +193,9 @@ class BatchDispatcher(RQDispatcher):
         keys: Keys,
         config: Config | None = None,
         rng: random.Random | None = None,
+        serves_sweeps: bool = True,
     ) -> None:
-        super().__init__(conn, keys)
+        super().__init__(conn, keys, serves_sweeps)
         self.work = WorkSet(conn, keys)
         count = lanes_for(config)
         # The lanes of each batch job, by the per-subject job it runs.
@@ -286,3 +289,16 @@ def continued(fleet: Fleet, batch_job: Job, counts: dict[str, int]) -> dict[str,
     if counts.get("more") and current is not None and isinstance(fleet.dispatch, BatchDispatcher):
         fleet.dispatch.continue_batch(batch_job, current.id)
     return counts
+
+
+def build_fleet(
+    redis_url: str, config: Config, conn: redis.Redis, actor: str, queues: Sequence[str]
+) -> Fleet:
+    """A worker process's Fleet: a decoding client for the domain, batched dispatch on
+    ``conn``. Its batch jobs stop for a waiting sweep when ``queues`` (RQ queue names,
+    the worker's) include the sweeps'."""
+    client = connect(redis_url, config.redis_options, decode_responses=True)
+    keys = Keys(config.key_prefix)
+    sweeps = keys.queue(QUEUE_SWEEPS) in queues
+    dispatch = BatchDispatcher(conn, keys, config, serves_sweeps=sweeps)
+    return Fleet.build(client, config, dispatch, actor)

@@ -74,7 +74,7 @@ from vmpool.state.counters import record_skipped
 from vmpool.state.keys import Keys
 from vmpool.state.lua import evalsha_on, execute_loading, read_script
 from workers.rqcompat import push_unique_job
-from workers.table import QUEUES, JobSpec, job_id, queue_names, spec_of
+from workers.table import QUEUE_SWEEPS, QUEUES, JobSpec, job_id, queue_names, spec_of
 
 __all__ = [
     "ENQUEUE_CHUNK",
@@ -323,10 +323,18 @@ class RQDispatcher:
     the work, and the periodic sweeps re-find anything a lost job leaves behind.
     """
 
-    def __init__(self, conn: redis.Redis, keys: Keys) -> None:
+    def __init__(self, conn: redis.Redis, keys: Keys, serves_sweeps: bool = True) -> None:
         self.conn = conn
         self.keys = keys
+        # Whether the worker it sends for takes the sweeps: only then do its batch jobs
+        # stop for a waiting one (a worker of other queues would stop for nothing).
+        self.serves_sweeps = serves_sweeps
 
     def send(self, job: Job, subjects: Sequence[str]) -> None:
         """:func:`enqueue_many`: a constant number of round trips per ENQUEUE_CHUNK."""
         enqueue_many(self.conn, self.keys, job, subjects)
+
+    def sweep_waiting(self) -> bool:
+        """Whether a job waits in the sweeps' queue for this worker (vmpool.lifecycle's
+        SweepWatch): never for a worker that does not take them."""
+        return self.serves_sweeps and bool(self.conn.llen(self.keys.rq_queue(QUEUE_SWEEPS)))

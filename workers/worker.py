@@ -55,7 +55,7 @@ from vmpool.state.counters import record_job
 from vmpool.state.durability import confirmed, unconfirmed
 from vmpool.state.keys import DEFAULT_PREFIX, Keys
 from vmpool.state.lua import read_script
-from workers.batching import BatchDispatcher
+from workers.batching import build_fleet
 from workers.bookkeeping import LeanBeats, LeanJob, LeanSuccess
 from workers.loop import AliveFile, RedisOutage, SteadyLoop, redis_unusable, writable_check
 from workers.queues import HEARTBEAT_FIELD, HEARTBEAT_SECONDS, queue_names
@@ -70,7 +70,6 @@ __all__ = [
     "FleetForkWorker",
     "FleetJob",
     "FleetSimpleWorker",
-    "build_fleet",
     "build_worker",
     "current_fleet",
     "worker_name",
@@ -350,13 +349,6 @@ def worker_name() -> str:
     return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
 
 
-def build_fleet(redis_url: str, config: Config, conn: redis.Redis, actor: str) -> Fleet:
-    """The per-process Fleet: a decoding client for the domain, RQ dispatch on ``conn``."""
-    client = connect(redis_url, config.redis_options, decode_responses=True)
-    dispatch = BatchDispatcher(conn, Keys(config.key_prefix), config)
-    return Fleet.build(client, config, dispatch, actor)
-
-
 def build_worker(
     redis_url: str,
     config: Config | None,
@@ -393,7 +385,7 @@ def build_worker(
     worker.alive = alive
     worker.redis_check = writable_check(conn, keys)
     if config is not None:
-        fleet = build_fleet(redis_url, config, conn, actor=f"worker:{name}")
+        fleet = build_fleet(redis_url, config, conn, f"worker:{name}", queues)
         if isinstance(worker, FleetSimpleWorker | FleetForkWorker):
             worker.fleet = fleet
     return worker

@@ -31,14 +31,14 @@ stopped on time with work left. The job's entry point then queues its continuati
 (``workers.batching.BatchDispatcher.continue_batch``) at the back of the queue, so a long
 backlog never holds a worker away from the sweeps. The worker's dequeue serves the sweeps
 first only at a dequeue, and the expiry sweep's settle bound needs workers to come back
-to the queues.
+to the queues: a job also stops early once a sweep waits
+(:mod:`vmpool.lifecycle.batch_time`).
 """
 
 from __future__ import annotations
 
 import copy
 import logging
-import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from functools import partial
@@ -46,6 +46,7 @@ from types import MappingProxyType
 from typing import Any, Final
 
 from vmpool.ids import Job
+from vmpool.lifecycle.batch_time import BatchTime
 from vmpool.lifecycle.claims import ClaimKeeper
 from vmpool.lifecycle.fleet import Dispatcher, Fleet
 from vmpool.lifecycle.outcomes import BatchCount, LockMiss, VMStep
@@ -80,6 +81,7 @@ log = logging.getLogger(__name__)
 CLAIM_SIZE = 20
 # A batch job claims again only within this many seconds of its start.
 BATCH_TIME_S = 1.0
+# (It also stops when a sweep waits for its worker: vmpool.lifecycle.batch_time.)
 # A batch job's first claim, its pace not known yet, by job (CLAIM_SIZE otherwise). A
 # claim's creates run one after the other, and a provider's create may block (a clone):
 # a first claim of every create in the set would keep the other reserved VMs, and their
@@ -150,12 +152,12 @@ def run_batch(
     """Run ``fn`` for the subjects of ``job``'s work set, a claim at a time.
 
     Subjects are claimed in the order of service until none is claimable ('more'
-    absent) or :data:`BATCH_TIME_S` is over ('more': 1, and those not yet run go back in
-    line at once). A claim is sized to what fits in the time left at the pace so far (1 to
-    :data:`CLAIM_SIZE`). An exception of one subject is logged and counted ('error').
-    The subject is done (the sweeps re-find real work). A subject not over
-    (:data:`DEFERRED`) stays in the set, back in line after a lease (the pending sweep
-    then has a batch job queued for it).
+    absent) or :data:`BATCH_TIME_S` is over or a sweep waits (:class:`BatchTime`; 'more':
+    1, and those not yet run go back in line at once). A claim is sized to what fits in
+    the time left at the pace so far (1 to :data:`CLAIM_SIZE`). An exception of one
+    subject is logged and counted ('error'). The subject is done (the sweeps re-find
+    real work). A subject not over (:data:`DEFERRED`) stays in the set, back in line
+    after a lease (the pending sweep then has a batch job queued for it).
 
     With ``locked`` (the lock's kind and step, :data:`LOCKED_STEPS`), the locks of a
     claim's subjects are granted in one script (each its own lock and token, read with
@@ -167,25 +169,25 @@ def run_batch(
     :class:`~vmpool.lifecycle.claims.ClaimKeeper` keeps the claim while it runs. What
     the subjects dispatch goes out once per claim, after the locks are released and
     before the claim is marked done (:class:`DeferredDispatch`)."""
+    clock = BatchTime(fleet.dispatch, BATCH_TIME_S)
     deferred = DeferredDispatch(fleet.dispatch)
     fleet = copy.copy(fleet)  # the same clients, names and renewer. Its own dispatch
     fleet.dispatch = deferred
     work = WorkSet(fleet.redis, fleet.keys)
     counts: Counter[str] = Counter()
-    started = time.monotonic()
     ran = 0
     while True:
-        elapsed = time.monotonic() - started
-        if elapsed >= BATCH_TIME_S:
+        if clock.over():
             counts[BatchCount.MORE] = 1
             return _plain(counts)
+        elapsed = clock.elapsed()
         size = FIRST_CLAIM.get(job, CLAIM_SIZE)
         if ran and elapsed > 0:  # what fits in the time left at the pace so far
             size = int((BATCH_TIME_S - elapsed) * ran / elapsed)
         claim = work.claim(job, max(1, min(CLAIM_SIZE, size)), lease_s(fleet))
         if not claim.subjects:
             return _plain(counts)
-        done, later = _run_claim(fleet, work, (job, fn, locked, prepare), claim, started, counts)
+        done, later = _run_claim(fleet, work, (job, fn, locked, prepare), claim, clock, counts)
         ran += len(done) + len(later)
         work.done(job, claim, done)
         work.defer(job, claim, later, retry_s(fleet))
@@ -214,14 +216,15 @@ _How = tuple[Job, Callable[..., object], tuple[LockKind, str] | None, Prepare | 
 
 
 def _run_claim(
-    fleet: Fleet, work: WorkSet, how: _How, claim: Claim, started: float, counts: Counter[str]
+    fleet: Fleet, work: WorkSet, how: _How, claim: Claim, clock: BatchTime, counts: Counter[str]
 ) -> tuple[list[str], list[str]]:
     """Run one claim's subjects. Returns those done and those deferred.
 
     Run the claimed subjects (under their locks, for a locked step) until the batch's
-    time is over. Returns those done and those deferred (:data:`DEFERRED`). The claim is
-    kept (renewed, its unstarted subjects let go at the batch's end: ClaimKeeper) while
-    it runs. The locks are released and the follow-ups dispatched whatever happens."""
+    time is over or a sweep waits. Returns those done and those deferred
+    (:data:`DEFERRED`). The claim is kept (renewed, its unstarted subjects let go at the
+    batch's end: ClaimKeeper) while it runs. The locks are released and the follow-ups
+    dispatched whatever happens."""
     assert isinstance(fleet.dispatch, DeferredDispatch)
     job, fn, locked, prepare = how
     held: dict[str, FencedLock] = {}
@@ -236,11 +239,11 @@ def _run_claim(
             held = {lock.subject: lock for lock in acquire_all(asked)}
             extra = prepare(fleet, list(held.values())) if prepare and held else {}
         keeper = ClaimKeeper(
-            work, job, claim, held, lease_s=lease_s(fleet), deadline=started + BATCH_TIME_S
+            work, job, claim, held, lease_s=lease_s(fleet), deadline=clock.deadline
         )
         fleet.lock_renewer.add(keeper)
         for subject in claim.subjects:
-            if (done or later) and time.monotonic() - started >= BATCH_TIME_S:
+            if (done or later) and clock.over():
                 break
             if not keeper.start(subject):
                 continue  # let go: another worker runs it

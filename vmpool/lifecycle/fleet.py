@@ -32,7 +32,7 @@ import logging
 import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from redis import Redis
 
@@ -54,6 +54,7 @@ __all__ = [
     "Dispatcher",
     "Fleet",
     "RecordingDispatcher",
+    "SweepWatch",
     "after_vm_failed",
     "dispatch_released",
     "note_outcome",
@@ -75,6 +76,17 @@ class Dispatcher(Protocol):
         a constant number of Redis round trips per call however many subjects: a sweep
         sends all it found at once, never one round trip per open request per tick.
         """
+
+
+@runtime_checkable
+class SweepWatch(Protocol):
+    """A Dispatcher that can tell whether a sweep waits for a worker (workers/queues.py's).
+
+    A long batch job asks it now and then and stops when one does
+    (:class:`vmpool.lifecycle.batch.BatchTime`)."""
+
+    def sweep_waiting(self) -> bool:
+        """Whether a job waits in the sweeps' queue (one read)."""
 
 
 @dataclass
