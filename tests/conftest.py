@@ -26,8 +26,9 @@ import redis
 from vmpool.local.redis_server import RedisServer
 from vmpool.state.keys import Keys
 
-# The fast loop's budget per test: a test over it must be marked slow (tests/slowrule.py).
-pytest_plugins = ("slowrule", "pytester")
+# The fast loop's budget per test: a test over it must be marked slow (tests/slowrule.py);
+# each parallel worker's port range (tests/portrange.py).
+pytest_plugins = ("slowrule", "portrange", "pytester")
 
 
 def _docker_answers() -> bool:
@@ -38,12 +39,6 @@ def _docker_answers() -> bool:
         return True
     except Exception:
         return False
-
-
-def worker_number() -> int:
-    """This process's pytest-xdist worker number (``gw2``: 2); 0 when not under xdist."""
-    name = os.environ.get("PYTEST_XDIST_WORKER", "")
-    return int(name.removeprefix("gw")) if name.startswith("gw") else 0
 
 
 def worker_database(url: str, worker: int) -> str:
@@ -60,6 +55,8 @@ def worker_database(url: str, worker: int) -> str:
 def redis_url() -> Iterator[str]:
     url = os.environ.get("VMPOOL_TEST_REDIS_URL")
     if url:
+        from portrange import worker_number  # the plugin (imported after it loads)
+
         yield worker_database(url, worker_number())
         return
     if _docker_answers():
@@ -151,7 +148,3 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 def pytest_configure(config: Any) -> None:
     # Child processes started by tests find the same server through this variable.
     os.environ.setdefault("VMPOOL_TESTING", "1")
-    # Each parallel worker's servers listen on ports of its own, below the ephemeral
-    # range (32768-60999), which clients' outgoing connections take from.
-    low = 10000 + 4000 * worker_number()
-    os.environ.setdefault("VMPOOL_PORT_RANGE", f"{low}-{low + 4000}")

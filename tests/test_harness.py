@@ -4,7 +4,8 @@
 from __future__ import annotations
 
 import pytest
-from conftest import worker_database, worker_number
+from conftest import worker_database
+from portrange import worker_number
 
 
 @pytest.mark.parametrize(
