@@ -25,6 +25,8 @@ import httpx
 
 from vmpool.local.redis_server import free_port
 
+from processhelp import wait_serving
+
 API = "/api/v3"
 
 
@@ -73,16 +75,7 @@ class ProcessFleet:
         """One `vmpool api` process on a port of its own; its base URL once it is ready."""
         port = free_port()
         proc = self.start(label, "api", "--port", str(port), "--log-level", "warning")
-        url = f"http://127.0.0.1:{port}"
-
-        def ready() -> bool:
-            assert proc.poll() is None, self.log(label)[-4000:]
-            try:
-                return httpx.get(url + "/readyz", timeout=1).status_code == 200
-            except httpx.HTTPError:
-                return False
-
-        wait_for(ready, 60, f"{label} to answer /readyz", step=0.2)
+        url = wait_serving(proc, port, self.tmp / f"{label}.log", timeout=60)
         self.apis.append(url)
         return url
 

@@ -26,7 +26,7 @@ from vmpool.state.audit import check_trail
 from vmpool.state.keys import Keys
 from vmpool.state.store import Store
 
-from storehelp import wait_until
+from processhelp import wait_serving
 
 pytestmark = pytest.mark.slow
 
@@ -64,18 +64,8 @@ def api_server(tmp_path: Path, redis_url: str, redis_client: redis.Redis) -> Ite
         stderr=subprocess.STDOUT,
         start_new_session=True,
     )
-    url = f"http://127.0.0.1:{port}"
     try:
-
-        def healthy() -> bool:
-            assert proc.poll() is None, (tmp_path / "api.log").read_text()
-            try:
-                return httpx.get(url + "/readyz", timeout=1).status_code == 200
-            except httpx.HTTPError:
-                return False
-
-        wait_until(healthy, timeout=30, step=0.2)
-        yield url
+        yield wait_serving(proc, port, tmp_path / "api.log")
     finally:
         proc.send_signal(signal.SIGTERM)
         try:

@@ -16,7 +16,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -29,6 +28,7 @@ from vmpool.cli.main import cli
 from vmpool.local.redis_server import free_port
 
 from apihelp import PASSWORD_HASH
+from processhelp import wait_serving
 
 CONFIG = f"""
 :providers:
@@ -72,18 +72,8 @@ def api(tmp_path: Path, redis_url: str, trusted: str) -> Iterator[str]:
         start_new_session=True,
     )
     log.close()
-    base = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            assert proc.poll() is None, (tmp_path / f"api-{port}.log").read_text()
-            try:
-                with urllib.request.urlopen(f"{base}/healthz", timeout=2):
-                    break
-            except OSError:
-                assert time.monotonic() < deadline, "the API did not start"
-                time.sleep(0.2)
-        yield base
+        yield wait_serving(proc, port, tmp_path / f"api-{port}.log", path="/healthz")
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)

@@ -26,7 +26,7 @@ from vmpool.local.redis_server import free_port
 from vmpool.state.audit import audit_state
 
 from lifecyclehelp import run_dispatched
-from storehelp import wait_until
+from processhelp import wait_serving
 
 pytestmark = pytest.mark.slow
 
@@ -54,18 +54,8 @@ def two_process_api(
          "--workers", "2", "--log-level", "warning"],
         env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
     )  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
     try:
-
-        def healthy() -> bool:
-            assert proc.poll() is None, (tmp_path / "api.log").read_text()
-            try:
-                return httpx.get(url + "/readyz", timeout=1).status_code == 200
-            except httpx.HTTPError:
-                return False
-
-        wait_until(healthy, timeout=30, step=0.2)
-        yield url, str(config)
+        yield wait_serving(proc, port, tmp_path / "api.log"), str(config)
     finally:
         proc.send_signal(signal.SIGTERM)
         try:

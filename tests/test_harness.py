@@ -1,11 +1,22 @@
 """The test harness under pytest-xdist (tests/conftest.py): given one Redis server
-(``VMPOOL_TEST_REDIS_URL``), each worker flushes and uses a database of its own."""
+(``VMPOOL_TEST_REDIS_URL``), each worker flushes and uses a database of its own; ports
+come from the worker's own range; a server a test starts is waited for until it, not
+another process, answers."""
 
 from __future__ import annotations
+
+import http.server
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
 
 import pytest
 from conftest import worker_database
 from portrange import worker_number
+
+from processhelp import listens_on, wait_serving
 
 
 @pytest.mark.parametrize(
@@ -54,3 +65,41 @@ def test_free_port_hands_out_the_workers_own_range_in_turn(
         taken.listen()
         ports = [redis_server.free_port() for _ in range(3)]
     assert ports == [12000, 12002, 12003]
+
+
+def test_a_server_answered_by_another_process_fails_its_wait_naming_it(tmp_path: Path) -> None:
+    """Proves: wait_serving (tests/processhelp.py) does not take another process's answer
+    on the port for our server's: a foreign HTTP server already listens on the port
+    ``free_port`` gave, our server (a stand-in that exits once the foreign server has
+    answered) never listens, and the wait fails at once saying so, with our log, where
+    it used to return and let the test talk to the foreign server."""
+    ours = subprocess.Popen(
+        [sys.executable, "-c", "import sys; sys.stdin.read(); print('cannot listen')"],
+        stdin=subprocess.PIPE,
+        stdout=(tmp_path / "ours.log").open("wb"),
+    )
+
+    class Foreign(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.end_headers()
+            assert ours.stdin is not None
+            ours.stdin.close()  # ours exits: it could not listen
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    foreign = http.server.HTTPServer(("127.0.0.1", 0), Foreign)
+    port = foreign.server_address[1]
+    threading.Thread(target=foreign.serve_forever, daemon=True).start()
+    try:
+        assert listens_on(os.getpid(), port) and not listens_on(ours.pid, port)
+        with pytest.raises(AssertionError, match="not from our server") as failure:
+            wait_serving(ours, port, tmp_path / "ours.log", timeout=10)
+        assert f"another process listens on port {port}" in str(failure.value)
+        assert "exit code 0" in str(failure.value) and "cannot listen" in str(failure.value)
+    finally:
+        foreign.shutdown()
+        foreign.server_close()
+        ours.kill()
+        ours.wait(timeout=10)
