@@ -9,6 +9,7 @@ beats while it runs) is always written, and a finished job leaves no execution b
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Any
 
@@ -25,6 +26,8 @@ import workers.bookkeeping as bookkeeping
 import workers.worker as worker_module
 from vmpool.state.keys import Keys
 from workers.queues import queue_names
+
+from storehelp import wait_until
 
 
 def queue(conn: redis.Redis) -> Queue:
@@ -146,6 +149,42 @@ def test_a_suspension_stops_the_worker_within_a_period(
             worker.check_for_suspension(True)
     finally:
         resume(conn)
+
+
+def test_a_suspension_check_skipped_before_an_idle_wait_is_made_before_it(
+    redis_url: str, conn: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Proves: a worker whose check at the top of a turn was skipped (a read found the
+    workers not suspended less than BEAT_EVERY_S before) reads the flag before it waits
+    for a job, so an idle worker parks in the suspension check. Red against the skip
+    alone: a suspension set between that read and a pop was seen neither before the job
+    nor after it, the worker waited for its next job as ``idle`` and would run it
+    whenever it came, suspended or not (``park_in_suspension_check`` in
+    tests/test_worker_lifecycle.py timed out waiting for ``suspended``)."""
+    monkeypatch.setattr(bookkeeping, "BEAT_EVERY_S", 60.0)  # every skip below happens
+    reads = count_calls(monkeypatch, BaseWorker, "check_for_suspension")
+    worker = worker_module.build_worker(redis_url, None, [queue(conn).name])
+    worker.check_for_suspension(False)  # the top of a turn: not suspended, read
+    suspend(conn)  # then, before the worker's pop: a suspension and a job
+    first = queue(conn).enqueue("workerhelp.quick_job", result_ttl=60)
+    popped = worker.dequeue_job_and_maintain_ttl(10)
+    assert popped is not None and popped[0].id == first.id
+    worker.execute_job(*popped)
+    worker.check_for_suspension(False)  # the next turn's top: within the period, skipped
+    assert len(reads) == 1
+    waited: list[Any] = []
+    thread = threading.Thread(target=lambda: waited.append(worker.dequeue_job_and_maintain_ttl(10)))
+    thread.start()
+    try:
+        wait_until(lambda: conn.hget(worker.key, "state") == b"suspended", timeout=10)
+        second = queue(conn).enqueue("workerhelp.quick_job", result_ttl=60)
+        assert second.get_status(refresh=True) == JobStatus.QUEUED
+    finally:
+        resume(conn)
+        thread.join(timeout=20)
+        worker.teardown()  # its job-beats thread too
+    assert not thread.is_alive() and waited and waited[0] is not None
+    assert waited[0][0].id == second.id  # taken once the workers were resumed
 
 
 def test_deleting_a_finished_job_takes_two_round_trips(

@@ -85,8 +85,9 @@ def wait_done(worker: WorkerProcess, conn: redis.Redis, job: Job) -> None:
 
 
 def park_in_suspension_check(worker: WorkerProcess, conn: redis.Redis) -> None:
-    """Suspend the workers and hand this one a job: after it, the worker sits in RQ's
-    suspension check, which reads Redis every second (where RQ swallows an error)."""
+    """Suspend the workers and hand this one a job: before it (its first read of the
+    flag found the suspension) or after it, the worker sits in RQ's suspension check,
+    which reads Redis every second (where RQ swallows an error)."""
     rq_worker = wait_registered(worker, conn)
     suspend(conn)
     queue(conn).enqueue("workerhelp.quick_job")
@@ -96,6 +97,31 @@ def park_in_suspension_check(worker: WorkerProcess, conn: redis.Redis) -> None:
         "the worker to park in its suspension check",
         step=0.2,
     )
+
+
+def test_a_suspension_just_after_the_worker_read_the_flag_parks_it_after_its_job(
+    tmp_path: Path, redis_url: str, conn: redis.Redis
+) -> None:
+    """Proves: the worker parks in the suspension check after a job it popped less than
+    a second after its last read of the flag (the read the next turn skips). Red before
+    workers/bookkeeping.py read the skipped flag before an idle wait (5 of 5 runs): the
+    job ran, the worker waited for its next job as ``idle`` and never parked, the way
+    park_in_suspension_check timed out in parallel runs. The job is pushed as vmpool
+    pushes (a wake-up token), so the worker pops it at once."""
+    worker = start_worker(tmp_path, worker_env(tmp_path, redis_url))
+    try:
+        key = wait_registered(worker, conn).key
+        idle = up_and(worker, lambda: conn.hget(key, "state") == b"idle")
+        wait_for(idle, START_S, "the worker to wait for a job", step=0.01)  # just read
+        suspend(conn)
+        job = queue(conn).enqueue("workerhelp.quick_job", result_ttl=60)
+        conn.lpush(Keys.rq_queue_wake(queue(conn).key), "1")
+        wait_done(worker, conn, job)
+        parked = up_and(worker, lambda: conn.hget(key, "state") == b"suspended")
+        wait_for(parked, START_S, "the worker to park in its suspension check", step=0.1)
+    finally:
+        resume(conn)
+        worker.kill()
 
 
 def test_a_frozen_redis_during_the_suspension_check_is_waited_out(

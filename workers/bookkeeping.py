@@ -17,7 +17,10 @@ repeats were most of a worker's Redis round trips, and of its CPU.
   loop (a MULTI/EXISTS/EXEC round trip per job), is read again only
   :data:`BEAT_EVERY_S` after a read that found the workers not suspended. So a
   suspension stops a busy worker's next job at most that much later; a worker found
-  suspended waits in RQ's own loop, as stock RQ's does.
+  suspended waits in RQ's own loop, as stock RQ's does. A read skipped at the top of a
+  turn is made before the worker waits for a job (its queues found empty), so a
+  suspension set just before the worker's last job still parks it once it is idle,
+  not after whatever job comes next.
 
 So the worker's hash is at most :data:`BEAT_EVERY_S` behind, far inside the freshness
 that RQ and ``/metrics`` judge a worker by (``worker_ttl``, 30 s), and its key's TTL is
@@ -62,6 +65,7 @@ class LeanBeats(BaseWorker):
     _beat_at: float | None = None  # monotonic time of the last heartbeat written
     _state_at: tuple[str, float] | None = None  # the last state written, and when
     _running_at: float | None = None  # monotonic time of the last read finding no suspension
+    _check_owed = False  # the last check was skipped: read the flag before a wait for a job
 
     def heartbeat(self, timeout: int | None = None, pipeline: Pipeline | None = None) -> None:
         now = time.monotonic()
@@ -88,9 +92,25 @@ class LeanBeats(BaseWorker):
     def check_for_suspension(self, burst: bool) -> None:
         now = time.monotonic()
         if self._running_at is not None and now - self._running_at < BEAT_EVERY_S:
+            self._check_owed = not burst  # a burst worker never waits for a job
             return
+        self._check_owed = False
         super().check_for_suspension(burst)  # returns once the workers are not suspended
         self._running_at = time.monotonic()
+
+    def dequeue_job_and_maintain_ttl(
+        self, timeout: int | None, max_idle_time: int | None = None
+    ) -> tuple[Job, Queue] | None:
+        # A check skipped at the top of this turn is made before the worker waits for a
+        # job: a suspension it missed would otherwise be seen only after the next job,
+        # however late that comes. A pop first, so a busy worker skips it still.
+        if self._check_owed and timeout is not None:
+            found = super().dequeue_job_and_maintain_ttl(None, max_idle_time)  # no wait
+            if found is not None:
+                return found
+            self._running_at = None
+            self.check_for_suspension(False)  # the whole loop's, with its guard
+        return super().dequeue_job_and_maintain_ttl(timeout, max_idle_time)
 
     def perform_job(self, job: Job, queue: Queue, execution: Execution) -> bool:
         if isinstance(job, LeanJob):
