@@ -71,13 +71,14 @@ def test_a_server_answered_by_another_process_fails_its_wait_naming_it(tmp_path:
     """Proves: wait_serving (tests/processhelp.py) does not take another process's answer
     on the port for our server's: a foreign HTTP server already listens on the port
     ``free_port`` gave, our server (a stand-in that exits once the foreign server has
-    answered) never listens, and the wait fails at once saying so, with our log, where
-    it used to return and let the test talk to the foreign server."""
-    ours = subprocess.Popen(
-        [sys.executable, "-c", "import sys; sys.stdin.read(); print('cannot listen')"],
-        stdin=subprocess.PIPE,
-        stdout=(tmp_path / "ours.log").open("wb"),
-    )
+    answered) never listens, and the wait fails at once saying so, with our log. A wait
+    for the first answer returned, and the test talked to the foreign server."""
+    with (tmp_path / "ours.log").open("wb") as log:
+        ours = subprocess.Popen(
+            [sys.executable, "-c", "import sys; sys.stdin.read(); print('cannot listen')"],
+            stdin=subprocess.PIPE,
+            stdout=log,
+        )
 
     class Foreign(http.server.BaseHTTPRequestHandler):
         def do_GET(self) -> None:
