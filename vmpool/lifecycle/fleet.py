@@ -84,7 +84,7 @@ class SweepWatch(Protocol):
     """A Dispatcher that can tell whether a sweep waits for a worker (workers/queues.py's).
 
     A long batch job asks it now and then and stops when one does
-    (:class:`vmpool.lifecycle.batch.BatchTime`)."""
+    (:class:`vmpool.lifecycle.batch_time.BatchTime`)."""
 
     def sweep_waiting(self) -> bool:
         """Whether a job waits in the sweeps' queue (one read)."""
