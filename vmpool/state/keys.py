@@ -122,6 +122,8 @@ WORK_PARTS = {
 VM_STATES = ("reserved", "pending", "ready", "running", "completed", "on_hold", "destroyed")
 # VM states that have a per-pool index. Destroyed VMs keep only their tombstone hash.
 INDEXED_VM_STATES = ("reserved", "pending", "ready", "running", "completed", "on_hold")
+# The suffixes of a request's keys past its hash (its VM set, trail and fence).
+_VMS, _AUDIT, _FENCE = ":vms", ":audit", ":fence"
 # RQ's namespaces (rq.Queue.redis_queue_namespace_prefix, rq.job.Job's): a test checks.
 RQ_QUEUE_NAMESPACE = "rq:queue:"
 RQ_JOB_NAMESPACE = "rq:job:"
@@ -147,13 +149,13 @@ class Keys:
         return f"{self.prefix}:request:{{{validate_request_id(request_id)}}}"
 
     def request_vms(self, request_id: str) -> str:
-        return self.request(request_id) + ":vms"
+        return self.request(request_id) + _VMS
 
     def request_audit(self, request_id: str) -> str:
-        return self.request(request_id) + ":audit"
+        return self.request(request_id) + _AUDIT
 
     def request_fence(self, request_id: str) -> str:
-        return self.request(request_id) + ":fence"
+        return self.request(request_id) + _FENCE
 
     def request_pattern(self) -> str:
         """SCAN pattern matching every request hash (and only those)."""
@@ -174,12 +176,15 @@ class Keys:
         return f"{self.prefix}:requests:provision"
 
     def request_script_keys(self, request_id: str) -> list[str]:
-        """KEYS 1-6 of a request's store script (scripts/_prelude.lua)."""
+        """KEYS 1-6 of a request's store script (scripts/_prelude.lua).
+
+        The id is checked once, for the four keys named after it."""
+        record = self.request(request_id)
         return [
-            self.request(request_id),
-            self.request_vms(request_id),
-            self.request_audit(request_id),
-            self.request_fence(request_id),
+            record,
+            record + _VMS,
+            record + _AUDIT,
+            record + _FENCE,
             self.open_requests,
             self.provision_queue,
         ]

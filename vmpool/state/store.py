@@ -23,7 +23,7 @@ from typing import Any, overload
 
 import redis
 
-from vmpool.ids import validate_request_id, validate_vm_name
+from vmpool.ids import validate_vm_name
 from vmpool.state import reads
 from vmpool.state.keys import Keys
 from vmpool.state.lua import ScriptPipeline
@@ -139,11 +139,10 @@ class Store(PoolIndexReads):
         with ``Outcome.from_reply``). A refusal made without Redis is returned all the
         same, and nothing is added.
         """
-        validate_request_id(request_id)
+        keys = self.keys.request_script_keys(request_id)  # checks the id first
         requested = encode_slots(slots)
         if not requested:
             return Outcome(False, "empty")
-        keys = self.keys.request_script_keys(request_id)
         if work_set is not None:
             keys.append(work_set)
         args = [
