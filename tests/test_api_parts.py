@@ -24,6 +24,7 @@ from vmpool.api.parsing import (
     parse_json_body,
 )
 from vmpool.api.routers.status import pools_status
+from vmpool.ids import new_request_id, validate_request_id
 from vmpool.lifecycle.plan import RequestRejected
 from vmpool.state.keys import Keys
 from workers.queues import queue_names
@@ -57,6 +58,19 @@ def test_parse_json_body_refuses(body: bytes) -> None:
         400,
         {"message": "JSON payload could not be parsed"},
     )
+
+
+def test_new_request_ids_are_canonical_uuid4s() -> None:
+    """Proves: the ids the API makes are uuid4s in ``str(uuid.uuid4())``'s text (version
+    4, RFC 4122 variant, lowercase), all distinct, each a valid request id."""
+    made = [new_request_id() for _ in range(2000)]
+    assert len(set(made)) == len(made)
+    for rid in made:
+        parsed = uuid.UUID(rid)
+        assert (parsed.version, parsed.variant) == (4, uuid.RFC_4122)
+        assert str(parsed) == rid == validate_request_id(rid)
+    # every value of the variant's two random bits occurs
+    assert {rid[19] for rid in made} == set("89ab")
 
 
 def test_ondemand_from_json() -> None:

@@ -186,7 +186,7 @@ def test_a_generated_id_that_exists_is_this_create_sent_again(
 
     c, _ = make_client(spec_config(), redis_url)
     rid = c.post(f"{API}/ondemandvm", json={"pool3": 1}).json()["request_id"]
-    monkeypatch.setattr(ondemand.uuid, "uuid4", lambda: uuid.UUID(rid))
+    monkeypatch.setattr(ondemand, "new_request_id", lambda: rid)
     again = c.post(f"{API}/ondemandvm", json={"pool3": 1})
     assert (again.status_code, again.json()) == (201, {"ok": True, "request_id": rid})
     chosen = c.post(f"{API}/ondemandvm", json={"pool3": 1, "request_id": rid})

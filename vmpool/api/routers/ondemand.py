@@ -14,7 +14,6 @@ vmpool.api.idempotency.
 from __future__ import annotations
 
 import logging
-import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any, Final
@@ -38,7 +37,7 @@ from vmpool.api.parsing import (
 from vmpool.api.quotas import place_fields, request_priority
 from vmpool.api.responses import hot_reply, not_ok, reply
 from vmpool.config import Config
-from vmpool.ids import InvalidIdentifier, Job, validate_request_id
+from vmpool.ids import InvalidIdentifier, Job, new_request_id, validate_request_id
 from vmpool.lifecycle.plan import RequestRejected, plan_slots
 from vmpool.state import reads
 from vmpool.state.durability import confirm, confirm_async
@@ -141,7 +140,7 @@ async def create_request(st: ApiState, wanted: Ondemand, token: TokenInfo | None
         return refused(st.metrics, rejected, wanted.counts)
     user = token.user if token else ""
     priority = request_priority(st.config, user, wanted.priority, sum(s.count for s in slots))
-    rid = wanted.request_id or wanted.keyed_id or str(uuid.uuid4())
+    rid = wanted.request_id or wanted.keyed_id or new_request_id()
     try:
         outcome = await _create_batched(st, rid, slots, token, priority)
         if outcome.code == "exists":
