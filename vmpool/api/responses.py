@@ -32,6 +32,11 @@ class PrettyJSON(Response):
             return json.dumps(content, indent=2, ensure_ascii=True).encode("ascii")
 
 
+# Made once: ``json.dumps`` given an argument makes an encoder on every call.
+_COMPACT = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
+_COMPACT_ASCII = json.JSONEncoder(separators=(",", ":"))
+
+
 class CompactJSON(Response):
     """JSON as Ruby's ``JSON.generate`` renders it: no whitespace, the C encoder."""
 
@@ -39,9 +44,9 @@ class CompactJSON(Response):
 
     def render(self, content: Any) -> bytes:
         try:
-            return json.dumps(content, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+            return _COMPACT.encode(content).encode("utf-8")
         except UnicodeEncodeError:  # a lone surrogate echoed from hostile input
-            return json.dumps(content, separators=(",", ":")).encode("ascii")
+            return _COMPACT_ASCII.encode(content).encode("ascii")
 
 
 def reply(
