@@ -17,7 +17,7 @@ import binascii
 import logging
 import random
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Annotated, Any
 
 import redis
@@ -35,6 +35,7 @@ from vmpool.ids import InvalidIdentifier, validate_token, validate_user_name
 from vmpool.state.connection import RedisOptions, connect, connect_async
 from vmpool.state.durability import ConfirmingAsyncRedis
 from vmpool.state.keys import Keys
+from vmpool.state.records import RequestSettings
 from vmpool.state.store import Store
 from vmpool.state.tokens import (
     TokenInfo,
@@ -138,6 +139,18 @@ class ApiState:
     rng: random.Random
     started: float  # time.monotonic() when the app was built (/status's uptime)
     listen_host: str | None = None  # the address served on, when known (/status warns)
+    # A new request's settings by (authenticated, priority): the config's, made once each.
+    settings_made: dict[tuple[bool, int], RequestSettings] = field(default_factory=dict)
+
+    def request_settings(self, *, authenticated: bool, priority: int) -> RequestSettings:
+        """The settings a new request is created under (``RequestSettings.from_config``)."""
+        made = self.settings_made.get((authenticated, priority))
+        if made is None:
+            made = RequestSettings.from_config(
+                self.config, authenticated=authenticated, priority=priority
+            )
+            self.settings_made[(authenticated, priority)] = made
+        return made
 
 
 def api_state(request: Request) -> ApiState:

@@ -44,7 +44,7 @@ from vmpool.state.durability import confirm, confirm_async
 from vmpool.state.lua import ScriptPipeline
 from vmpool.state.ops import Op
 from vmpool.state.quotas import Place, Standing
-from vmpool.state.records import Outcome, RequestRecord, RequestSettings, Slot
+from vmpool.state.records import Outcome, RequestRecord, Slot
 from vmpool.state.store import Store
 from vmpool.state.tokens import TokenInfo
 
@@ -186,9 +186,7 @@ async def _create_batched(
     confirms them (vmpool.api.create_batch).
     """
     user, sha = (token.user, token.sha256) if token else ("", "")
-    settings = RequestSettings.from_config(
-        st.config, authenticated=token is not None, priority=priority
-    )
+    settings = st.request_settings(authenticated=token is not None, priority=priority)
     pipe = ScriptPipeline()
     refused = st.store.create_request(
         rid,
