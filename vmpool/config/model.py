@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 from vmpool.config.ldap import LdapConfig
@@ -116,8 +117,18 @@ class Config:
         First the pool of that name, if any, then every pool that lists it as an alias, in
         file order. ``[]`` when nothing matches.
         """
-        selected = [name] if name in self.pools else []
+        return list(self._pools_by_name.get(name, ()))
+
+    @cached_property
+    def _pools_by_name(self) -> dict[str, tuple[str, ...]]:
+        """Every pool name and alias -> the pools it selects (resolve_name's order).
+
+        Made once per config: every POST looks its names up two or three times, and a
+        scan of every pool's aliases grows with the pools."""
+        by_name: dict[str, list[str]] = {name: [name] for name in self.pools}
         for pool in self.pools.values():
-            if name in pool.alias and pool.name not in selected:
-                selected.append(pool.name)
-        return selected
+            for alias in pool.alias:
+                selected = by_name.setdefault(alias, [])
+                if pool.name not in selected:
+                    selected.append(pool.name)
+        return {name: tuple(pools) for name, pools in by_name.items()}
