@@ -418,6 +418,72 @@ def _start_quietly(node: Node) -> None:
         node.start(timeout=60)
 
 
+class ConfirmWatch:
+    """The windows in which no write confirmed as the fleet's is taken, faults or not.
+
+    A fault measures its outage until Redis takes a confirmed write once. A Sentinel
+    group can stop confirming again after that, with no fault running: a failed-over
+    primary started on its own data is turned into a replica of the promoted one some
+    seconds later, and until its full sync ends it holds none of the new writes while
+    the sentinels could promote it. Every write of the fleet then waits for it
+    (durability ``auto``) and is not acknowledged: no expiry can be, whatever the
+    workers do. The watch makes that write (:func:`probe`, the fleet's confirmation)
+    every :attr:`POLL_S`; each window in which it failed, from the start of the first
+    write that failed to the end of the next that passed, goes to ``harness`` as an
+    outage, which the soak credits to the settle bound as it does the faults' own (and
+    the fleet's recovery after it). Windows overlapping a fault's are credited once.
+    """
+
+    POLL_S = 0.1
+
+    def __init__(self, topology: Topology, harness: Harness) -> None:
+        self.topology = topology
+        self.harness = harness
+        self.windows: list[tuple[float, float]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="confirm-watch", daemon=True)
+        self._recorders: list[threading.Thread] = []
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, timeout_s: float = 70.0) -> None:
+        """Stop probing; wait for the recorded windows' recoveries (a sweep after each)."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout_s)
+        for recorder in self._recorders:
+            recorder.join(timeout_s)
+
+    def _run(self) -> None:
+        client = self.topology.confirmed()
+        failing_since: float | None = None
+        try:
+            while not self._stop.wait(self.POLL_S):
+                at = time.time()
+                try:
+                    ok = probe(client, self.topology.keys) is RedisCondition.OK
+                except redis.RedisError:
+                    ok = False
+                if not ok and failing_since is None:
+                    failing_since = at
+                elif ok and failing_since is not None:
+                    self._record(failing_since, time.time())
+                    failing_since = None
+            if failing_since is not None:
+                self._record(failing_since, time.time())
+        finally:
+            client.close()
+
+    def _record(self, down: float, up: float) -> None:
+        # The harness waits for the fleet's next sweep after ``up``: not in the probe's
+        # loop, which goes on watching meanwhile.
+        self.windows.append((down, up))
+        recorder = threading.Thread(target=self.harness.record_outage, args=(down, up))
+        recorder.start()
+        self._recorders.append(recorder)
+
+
 def make_topology(name: str, root: Path, *, redis_faults: bool) -> Topology:
     if name == "sentinel":
         return SentinelRedis(root)

@@ -240,6 +240,8 @@ class SoakReport:
     client_ops: dict[str, int] = field(default_factory=dict)
     acknowledged: dict[str, int] = field(default_factory=dict)
     redis_downtime_s: list[float] = field(default_factory=list)
+    # windows in which no fleet-confirmed write was taken (redis_faults.ConfirmWatch)
+    unconfirmed_s: list[float] | None = None
     duration_s: float = 0.0
     load_s: float = 0.0
     machine: str = ""
@@ -282,6 +284,16 @@ class SoakReport:
             "  redis down:  "
             + (", ".join(f"{d:.2f}s" for d in self.redis_downtime_s[:12]) or "never")
             + (" ..." if len(self.redis_downtime_s) > 12 else ""),
+            *(
+                []
+                if self.unconfirmed_s is None
+                else [
+                    "  unconfirmed: "
+                    + (", ".join(f"{d:.2f}s" for d in self.unconfirmed_s[:12]) or "never")
+                    + (" ..." if len(self.unconfirmed_s) > 12 else "")
+                    + " (no write confirmed as the fleet's taken; credited as Redis down)"
+                ]
+            ),
             f"  settle:      {s.get('measured', 0)} settled by the fleet; worst lateness"
             f" {s.get('worst_lateness_s', 0):+.2f}s past TTL + sweep"
             f" ({s.get('worst_request', '-')}), p99 {s.get('p99_lateness_s', 0):+.2f}s;"
@@ -798,7 +810,14 @@ def schedule_stats(
 
 
 def _overlap(a0: float, a1: float, windows: list[tuple[float, float]]) -> float:
-    return sum(max(0.0, min(a1, w1) - max(a0, w0)) for w0, w1 in windows)
+    """How long [a0, a1] overlaps the union of ``windows`` (overlapping windows count once)."""
+    total, covered = 0.0, a0
+    for w0, w1 in sorted(windows):
+        start, end = max(covered, w0), min(a1, w1)
+        if end > start:
+            total += end - start
+        covered = max(covered, min(a1, w1))
+    return total
 
 
 def _collect_schedule_quietly(
@@ -990,6 +1009,7 @@ def run_soak(opts: SoakOptions, command: str = "") -> SoakReport:
     client: Client | None = None
     warm: WarmClient | None = None
     nemesis: Nemesis | None = None
+    watch: redis_faults.ConfirmWatch | None = None
     try:
         cluster.start()
         _log(
@@ -1021,6 +1041,9 @@ def run_soak(opts: SoakOptions, command: str = "") -> SoakReport:
         if warm is not None:
             warm.start()
         nemesis.start()
+        if isinstance(cluster.topology, redis_faults.SentinelRedis):
+            watch = redis_faults.ConfirmWatch(cluster.topology, cluster)
+            watch.start()
         # the load phase: until `seconds` (or, with --requests, until that many were sent)
         last_note = time.monotonic()
         while True:
@@ -1088,6 +1111,9 @@ def run_soak(opts: SoakOptions, command: str = "") -> SoakReport:
                 if v.invariant == 5 and v.message.startswith("version "):
                     kind += "_version"  # two writers numbered their entries alike
                 findings.append(Finding(kind, v.subject, v.message))
+            if watch is not None:  # every window it saw is credited before the check
+                watch.stop()
+                report.unconfirmed_s = [round(b - a, 2) for a, b in watch.windows]
             stats, late, paths = settle_check(
                 store, rids, opts.sweep_s, cluster.recoveries, opts.outage_credit
             )
@@ -1134,6 +1160,8 @@ def run_soak(opts: SoakOptions, command: str = "") -> SoakReport:
             warm.join(5)
         if nemesis is not None:
             nemesis.join()
+        if watch is not None:
+            watch.stop(5)
         with contextlib.suppress(Exception):
             report.restarts = cluster.restarts()
         left = cluster.stop()
