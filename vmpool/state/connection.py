@@ -304,16 +304,14 @@ class _ReplicationReader:
 
     def __init__(self, kwargs: dict[str, Any]) -> None:
         self.kwargs = kwargs
-        self.address: Address | None = None
-        self.client: redis.Redis | None = None
+        self.clients: dict[Address, redis.Redis] = {}
 
     def __call__(self, address: Address) -> dict[str, Any]:
-        if self.client is None or self.address != address:
-            if self.client is not None:
-                self.client.close()
-            self.address = address
-            self.client = redis.Redis(host=address[0], port=address[1], **self.kwargs)
-        return dict(self.client.info("replication"))
+        client = self.clients.get(address)
+        if client is None:
+            client = redis.Redis(host=address[0], port=address[1], **self.kwargs)
+            self.clients[address] = client
+        return dict(client.info("replication"))
 
 
 def _auth(target: SentinelTarget) -> dict[str, Any]:

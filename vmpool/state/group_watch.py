@@ -19,12 +19,19 @@ runs:
   that primary, and the write is not acknowledged when, by the time its replies are
   in, a majority of the sentinels name another one (:class:`PinnedPrimary`).
 
-A replica that a majority of the sentinels hold down, and that the primary has no live
-link to (online, acknowledged within :data:`LAG_LIMIT_S`), is not waited for. It holds
-nothing new, and it cannot be promoted while down. When it is back it resyncs from the
-primary before it is counted again. A replica that the sentinels lost but that still
-follows the primary (a partition between the sentinels and part of the group) is waited
-for: the sentinels may promote another one meanwhile, and the write must be refused.
+A replica that a majority of the sentinels hold down (subjectively or objectively), and
+that the primary has no live link to (online, acknowledged within :data:`LAG_LIMIT_S`),
+is not waited for. It holds nothing new, and it cannot be promoted while down. When it
+is back it resyncs from the primary before it is counted again. A replica a majority of
+the sentinels only have no link to (``disconnected``) is down only when the watch cannot
+reach it either (a server gone, not yet held down): the sentinel that promotes a replica
+kills that replica's clients as it does (``CLIENT KILL TYPE normal`` and ``pubsub``),
+the sentinels' own links among them, so for a moment every sentinel shows the replica
+being promoted as disconnected, while the old primary still takes writes that only the
+other replica follows: counted as down, it would let ``WAIT 1`` acknowledge writes that
+the promotion loses. A replica that the sentinels lost but that still follows the
+primary (a partition between the sentinels and part of the group) is waited for: the
+sentinels may promote another one meanwhile, and the write must be refused.
 
 :class:`GroupWatch` asks the sentinels (and the primary, for its links) every
 :data:`REFRESH_S` seconds in a thread of its own, at once when a write's ``WAIT`` came
@@ -60,6 +67,7 @@ __all__ = [
     "GroupWatch",
     "ReplicaSeen",
     "read_view",
+    "replicas_seen",
 ]
 
 Address = tuple[str, int]
@@ -129,9 +137,16 @@ def _ask(sentinel: redis.Redis, service: str) -> tuple[Address, list[dict[str, A
     return _address(master), list(replicas)
 
 
-def _replicas(answers: Sequence[list[dict[str, Any]]]) -> tuple[ReplicaSeen, ...]:
-    """The replicas any of ``answers`` lists, down when a majority of them say so."""
-    down: Counter[Address] = Counter()
+def replicas_seen(
+    answers: Sequence[list[dict[str, Any]]], reachable: Callable[[Address], bool]
+) -> tuple[ReplicaSeen, ...]:
+    """The replicas any of ``answers`` lists, and which are down (module docstring).
+
+    Down: a majority of ``answers`` hold it down, or a majority hold it down or have no
+    link to it and ``reachable`` says the watch has none either.
+    """
+    held_down: Counter[Address] = Counter()
+    no_link: Counter[Address] = Counter()
     promotable: dict[Address, bool] = {}
     for replicas in answers:
         for state in replicas:
@@ -139,11 +154,19 @@ def _replicas(answers: Sequence[list[dict[str, Any]]]) -> tuple[ReplicaSeen, ...
             promotable[address] = promotable.get(address, False) or (
                 int(state.get("slave-priority", 100)) != 0
             )
-            if state.get("is_sdown") or state.get("is_odown") or state.get("is_disconnected"):
-                down[address] += 1
+            if state.get("is_sdown") or state.get("is_odown"):
+                held_down[address] += 1
+            elif state.get("is_disconnected"):
+                no_link[address] += 1
+    majority = len(answers) // 2
+
+    def down(address: Address) -> bool:
+        if held_down[address] > majority:
+            return True
+        return held_down[address] + no_link[address] > majority and not reachable(address)
+
     return tuple(
-        ReplicaSeen(address, promotable[address], down[address] > len(answers) // 2)
-        for address in sorted(promotable)
+        ReplicaSeen(address, promotable[address], down(address)) for address in sorted(promotable)
     )
 
 
@@ -166,7 +189,9 @@ def read_view(
     """Ask every sentinel, and the primary a majority names for its replication links.
 
     ``replication_of(address)``: that server's ``INFO replication`` (an error leaves
-    its links unknown: none). A server that says it is a replica is named by no view.
+    its links unknown: none); asked of a replica too, whether the watch reaches it, when
+    the sentinels have no link to it. A server that says it is a replica is named by no
+    view.
     """
     answers = [a for a in (_ask(s, service) for s in sentinels) if a is not None]
     votes = Counter(address for address, _ in answers)
@@ -180,8 +205,20 @@ def read_view(
         info = {}
     if info.get("role") == "slave":  # demoted: the sentinels will say so soon
         return GroupView(primary=None, at=time.monotonic())
-    replicas = _replicas([r for address, r in answers if address == primary])
-    return GroupView(primary, replicas, _linked(info), time.monotonic())
+    linked = _linked(info)
+
+    def reachable(address: Address) -> bool:
+        # Linked: waited for whatever the sentinels say, no need to ask it.
+        if address in linked:
+            return True
+        try:
+            replication_of(address)
+        except _ERRORS:
+            return False
+        return True
+
+    replicas = replicas_seen([r for address, r in answers if address == primary], reachable)
+    return GroupView(primary, replicas, linked, time.monotonic())
 
 
 class GroupWatch:
