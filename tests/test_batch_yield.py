@@ -20,11 +20,13 @@ import redis
 from batchhelp import FirstCreateWaits, batched_fleet, reserved
 
 from vmpool.ids import Job
-from vmpool.lifecycle import Fleet, batch, batch_time, create_vm_batch
+from vmpool.lifecycle import Fleet, batch, batch_time, create_vm_batch, provision_batch
+from vmpool.lifecycle.pace import StagePace
+from vmpool.state.records import Slot
 from vmpool.state.workset import WorkSet
 from workers.queues import enqueue
 
-from lifecyclehelp import make_config
+from lifecyclehelp import create_request, make_config
 
 
 def _first_create_blocked(fleet: Fleet, n: int) -> tuple[FirstCreateWaits, list[str]]:
@@ -92,3 +94,50 @@ def test_a_job_looks_at_the_sweeps_queue_only_after_its_poll_interval(
     assert looked == []
     monkeypatch.undo()
     assert make_config().schedule.sweep_expired / 4 > 2 * batch_time.SWEEP_POLL_S
+
+
+class _SweepQueuedAtFirstCreate:
+    """The simulated provider; its first create queues the expiry sweep first (the
+    scheduler's move lands while the job runs its creates in line)."""
+
+    def __init__(self, fleet: Fleet, url: str) -> None:
+        self.sim = fleet.providers["sim"]
+        self.keys = fleet.keys
+        self.url = url
+        self.creates = 0
+
+    def create_vm(self, pool: str, template: str, vm_name: str) -> Any:
+        self.creates += 1
+        if self.creates == 1:
+            enqueue(redis.Redis.from_url(self.url), self.keys, Job.SWEEP_EXPIRED)
+        return self.sim.create_vm(pool, template, vm_name)
+
+    def __getattr__(self, attr: str) -> Any:
+        return getattr(self.sim, attr)
+
+
+def test_stages_run_in_line_stop_for_a_waiting_sweep_and_queue_what_they_held(
+    redis_client: redis.Redis, redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A provision job whose creates run in line (a worker's pace has seen them quick)
+    stops after the create that saw the sweep queued: the rest of the creates, and the
+    checks, are queued as batch jobs (behind the sweep), not run in this job. Red without
+    the look at the sweeps' queue: the job ran every create and check in line and the
+    request was ready before the sweep could run."""
+    monkeypatch.setattr(batch_time, "SWEEP_POLL_S", 0.0)
+    fleet = batched_fleet(redis_client, redis_url)
+    fleet.pace = StagePace()
+    fleet.pace.record(Job.CREATE_VM, 0.001, 1)
+    provider = _SweepQueuedAtFirstCreate(fleet, redis_url)
+    fleet.providers = {"sim": provider}  # type: ignore[dict-item]
+    create_request(fleet.store, "r1", [Slot("deb", "debian", 4)], fleet.config)
+    WorkSet(fleet.redis, fleet.keys).add(Job.PROVISION_REQUEST, ["r1"])
+    counts = provision_batch(fleet)
+    assert provider.creates == 1, counts
+    assert counts.get("create_vm:more") == 1, counts
+    request = fleet.store.get_request("r1")
+    assert request is not None and request.status == "pending"
+    work = WorkSet(fleet.redis, fleet.keys)
+    assert work.size(Job.CREATE_VM) == 3  # queued for their own job
+    queued = redis_client.lrange(fleet.keys.rq_queue("vms"), 0, -1)
+    assert queued, "the creates held back for the job were not queued"

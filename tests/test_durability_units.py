@@ -9,6 +9,9 @@ What this proves:
   send no WAIT; a write outside any unit waits as it does alone;
 - a job whose writes are not confirmed is failed by RQ, not finished;
 - an API call pays one WAIT, whatever it writes (vmpool.api.confirming);
+- a create claim waits once before its provider calls, not once per create (the
+  records of its earlier creates decide nothing of the later ones), and its end
+  confirms them;
 - the fleet pays about one WAIT per VM: requests posted through the API and run to
   ready by a vmpool worker (each job one unit) cost at most 3 WAITs per VM end to end
   (one per script call, about 12 per VM, without units), and a POST one;
@@ -32,7 +35,10 @@ from fastapi.testclient import TestClient
 from rq.job import Job as RQJob
 from rq.job import JobStatus
 
+from vmpool import lifecycle
 from vmpool.config import default_redis_options
+from vmpool.ids import Job
+from vmpool.lifecycle import batch
 from vmpool.local.redis_server import free_port
 from vmpool.state.connection import RedisOptions, connect
 from vmpool.state.durability import (
@@ -43,12 +49,14 @@ from vmpool.state.durability import (
 )
 from vmpool.state.group_watch import GroupView, GroupWatch, PinnedPrimary
 from vmpool.state.keys import Keys
+from vmpool.state.records import Slot
+from vmpool.state.workset import WorkSet
 from workers.queues import enqueue
 from workers.table import PERIODIC, job_id
 from workers.worker import build_worker
 
 from apihelp import API, PASSWORD, make_client, spec_config
-from lifecyclehelp import make_config
+from lifecyclehelp import create_request, make_config, make_fleet
 from sentinelhelp import HOST, Node, wait_for
 
 pytestmark = pytest.mark.slow
@@ -169,6 +177,31 @@ def test_what_sends_no_wait_and_what_waits_alone(pair: tuple[Node, Node]) -> Non
             script(keys=["f"], args=["1"])
         script(keys=["g"], args=["1"])
     assert waits(primary) == 3
+
+
+def test_a_create_claim_waits_once_before_its_creates(
+    pair: tuple[Node, Node], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Five reserved VMs created by one claim in one unit: one WAIT before the first
+    provider call (the claim's locks and slots, the reservations), none before the four
+    after it (red before: one per create, 6 in all), one at the unit's end for the
+    records. Every VM pending, and its record on the replica."""
+    primary, replica = pair
+    config = dataclasses.replace(make_config(), redis_options=options(5.0))
+    client = connect(url_of(primary), options(5.0), decode_responses=True)
+    fleet = make_fleet(client, config)
+    create_request(fleet.store, "r1", [Slot("deb", "debian", 5)], config)
+    names = lifecycle.provision_request(fleet, "r1")
+    assert len(names) == 5
+    WorkSet(client, fleet.keys).add(Job.CREATE_VM, names)
+    monkeypatch.setattr(batch, "FIRST_CLAIM", {})  # one claim of all five
+    primary.client().config_resetstat()
+    with confirmed(client):
+        counts = lifecycle.create_vm_batch(fleet)
+    assert counts == {"pending": 5}
+    assert waits(primary) == 2
+    on_replica = replica.client()
+    assert all(on_replica.hget(fleet.keys.vm(n), "state") == b"pending" for n in names)
 
 
 def test_the_fleet_pays_one_wait_per_vm_or_so(pair: tuple[Node, Node]) -> None:

@@ -45,6 +45,7 @@ from vmpool.config import Config
 from vmpool.ids import Job
 from vmpool.lifecycle import Fleet
 from vmpool.lifecycle.batch import BATCHED, CLAIM_SIZE
+from vmpool.lifecycle.pace import StagePace
 from vmpool.state.connection import connect
 from vmpool.state.keys import Keys
 from vmpool.state.lua import ScriptCall, ScriptPipeline, read_script
@@ -301,4 +302,4 @@ def build_fleet(
     keys = Keys(config.key_prefix)
     sweeps = keys.queue(QUEUE_SWEEPS) in queues
     dispatch = BatchDispatcher(conn, keys, config, serves_sweeps=sweeps)
-    return Fleet.build(client, config, dispatch, actor)
+    return Fleet.build(client, config, dispatch, actor, pace=StagePace())

@@ -21,7 +21,6 @@ normal answer of a race it lost (logged, never raised).
 - :mod:`~vmpool.lifecycle.history`: each pool's counts, a point a minute (the dashboard).
 """
 
-from vmpool.lifecycle.batch import check_pending_batch, create_vm_batch, provision_batch
 from vmpool.lifecycle.fleet import Dispatcher, Fleet, RecordingDispatcher
 from vmpool.lifecycle.history import record_history
 from vmpool.lifecycle.reaping import reap_running
@@ -32,6 +31,7 @@ from vmpool.lifecycle.requests import (
     provision_sweep,
     sweep_expired,
 )
+from vmpool.lifecycle.stages import check_pending_batch, create_vm_batch, provision_batch
 from vmpool.lifecycle.vm_tasks import vm_task
 from vmpool.lifecycle.vms import (
     check_pending_sweep,

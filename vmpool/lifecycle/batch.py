@@ -39,24 +39,21 @@ from __future__ import annotations
 
 import copy
 import logging
+import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from functools import partial
 from types import MappingProxyType
 from typing import Any, Final
 
 from vmpool.ids import Job
-from vmpool.lifecycle.batch_time import BatchTime
+from vmpool.lifecycle.batch_time import BatchTime, StageTime
 from vmpool.lifecycle.claims import ClaimKeeper
 from vmpool.lifecycle.fleet import Dispatcher, Fleet
 from vmpool.lifecycle.outcomes import BatchCount, LockMiss, VMStep
-from vmpool.lifecycle.ready import ready_now, record_ready_all
-from vmpool.lifecycle.requests import CloneGate, provision_request
-from vmpool.lifecycle.vms import check_pending_vm, create_vm
-from vmpool.lifecycle.warm import pools_with_ready
-from vmpool.providers import ProviderVM, StatusBatch
+from vmpool.lifecycle.pace import StagePace
 from vmpool.state.locks import FencedLock, LockKind, acquire_all, release_all
-from vmpool.state.transitions import VMState
 from vmpool.state.workset import Claim, WorkSet
 
 __all__ = [
@@ -64,14 +61,13 @@ __all__ = [
     "BATCH_TIME_S",
     "CLAIM_SIZE",
     "DEFERRED",
-    "LOCKED_STEPS",
     "DeferredDispatch",
-    "check_pending_batch",
-    "create_vm_batch",
+    "Stage",
+    "Stages",
     "lease_s",
-    "provision_batch",
     "retry_s",
     "run_batch",
+    "run_stages",
 ]
 
 log = logging.getLogger(__name__)
@@ -79,9 +75,12 @@ log = logging.getLogger(__name__)
 # Subjects claimed per round trip. Small enough that a slow provider call does not keep
 # many subjects waiting behind it in one job while other workers idle.
 CLAIM_SIZE = 20
-# A batch job claims again only within this many seconds of its start.
+# A batch job claims again only within this many seconds of its start (batch_time.py).
 BATCH_TIME_S = 1.0
-# (It also stops when a sweep waits for its worker: vmpool.lifecycle.batch_time.)
+# A batch job runs follow-up stages in line only within this many seconds of its start;
+# after it they are queued. A worker then comes back to its queues (where the expiry
+# sweep waits its turn) about as often as when each stage was a job of its own.
+IN_LINE_S = 0.25
 # A batch job's first claim, its pace not known yet, by job (CLAIM_SIZE otherwise). A
 # claim's creates run one after the other, and a provider's create may block (a clone):
 # a first claim of every create in the set would keep the other reserved VMs, and their
@@ -112,34 +111,37 @@ class DeferredDispatch:
     """A Dispatcher that holds one claim's follow-ups and sends them batched.
 
     It holds what the subjects of one claim send and hands it to ``inner`` at
-    :meth:`flush`: one send per job, each subject once, in the order first asked."""
+    :meth:`flush`: one send per job, each subject once, in the order first asked. With
+    ``in_line`` (a batch job's stages), the follow-ups to a stage it takes are only
+    added to their work set, and kept in :attr:`here` for the job to run."""
 
-    def __init__(self, inner: Dispatcher) -> None:
+    def __init__(self, inner: Dispatcher, in_line: _Chain | None = None) -> None:
         self.inner = inner
+        self._in_line = in_line
         self._held: dict[Job, dict[str, None]] = {}
+        self.here: dict[Job, list[str]] = {}
 
     def send(self, job: Job, subjects: Sequence[str]) -> None:
         self._held.setdefault(job, {}).update(dict.fromkeys(subjects))
 
     def flush(self) -> None:
-        """Dispatch what is held, one send per job."""
+        """Dispatch what is held, one send per job (or one work-set add, in line)."""
         held, self._held = self._held, {}
         for job, subjects in held.items():
-            self.inner.send(job, list(subjects))
+            names = list(subjects)
+            if self._in_line is not None and self._in_line.takes(job):
+                self._in_line.add(job, names)
+                self.here.setdefault(job, []).extend(names)
+            else:
+                self.inner.send(job, names)
 
-
-# The lock each batched step runs under: the kind of its subject and the step's name
-# (the holder id says which step holds it).
-LOCKED_STEPS: Final[Mapping[Job, tuple[LockKind, str]]] = MappingProxyType(
-    {
-        Job.PROVISION_REQUEST: ("request", "provision"),
-        Job.CREATE_VM: ("vm", "create"),
-        Job.CHECK_PENDING_VM: ("vm", "check_pending"),
-    }
-)
 
 # Per-claim work done for all granted subjects at once: subject -> extra arguments.
 Prepare = Callable[[Fleet, list[FencedLock]], dict[str, dict[str, Any]]]
+# A stage: its per-subject job, the step, the lock it runs under, the per-claim work.
+Stage = tuple[Job, Callable[..., object], tuple[LockKind, str] | None, Prepare | None]
+# How to run each stage, by its per-subject job: a fresh Stage for each claim.
+Stages = Mapping[Job, Callable[[], Stage]]
 
 
 def run_batch(
@@ -159,39 +161,140 @@ def run_batch(
     real work). A subject not over (:data:`DEFERRED`) stays in the set, back in line
     after a lease (the pending sweep then has a batch job queued for it).
 
-    With ``locked`` (the lock's kind and step, :data:`LOCKED_STEPS`), the locks of a
-    claim's subjects are granted in one script (each its own lock and token, read with
-    its subject's record) and ``fn(fleet, subject, lock)`` runs for each granted one. A
+    With ``locked`` (the lock's kind and step, as in
+    :data:`~vmpool.lifecycle.stages.LOCKED_STEPS`), the locks of a claim's subjects are
+    granted in one script (each its own lock and token, read with its subject's record)
+    and ``fn(fleet, subject, lock)`` runs for each granted one. A
     subject whose lock another worker holds is 'busy'. The locks are released in one
     script once the claim has run. ``prepare``, given the granted locks, does for those
     subjects at once what each would do alone (the create claim's clone slots) and says
     what to pass each ``fn``. Without ``locked``, ``fn(fleet, subject)`` runs. A
     :class:`~vmpool.lifecycle.claims.ClaimKeeper` keeps the claim while it runs. What
     the subjects dispatch goes out once per claim, after the locks are released and
-    before the claim is marked done (:class:`DeferredDispatch`)."""
-    clock = BatchTime(fleet.dispatch, BATCH_TIME_S)
-    deferred = DeferredDispatch(fleet.dispatch)
-    fleet = copy.copy(fleet)  # the same clients, names and renewer. Its own dispatch
-    fleet.dispatch = deferred
+    before the claim is marked done (:class:`DeferredDispatch`).
+
+    With a ``fleet.pace`` (a worker's), the follow-ups of a claim to a stage that has
+    been quick (:class:`~vmpool.lifecycle.pace.StagePace`) are run in line, in this
+    job, within its time (:func:`_run_stage`)."""
+    how: Stage = (job, fn, locked, prepare)
+    return run_stages(fleet, job, {job: lambda: how})
+
+
+# Stages run in line. A VM's way to ready is three stages, each a batch job: a provision
+# claim reserves VMs (each takes a clone slot), a create claim creates them (each gives
+# its slot back, handing the slot's turn to the next request in line), a check claim
+# finds them booted. Queued, each stage costs a job and the wait for a worker; at the
+# clone limit, the slots stay held through those waits. So a claim's follow-ups to a
+# stage that has been quick in this worker are only added to their work set (no job
+# queued) and run by this job right after the claim, within its time. Those to a stage
+# whose loop is already open in this job (the turns a create hands back, to the
+# provision loop running it) wait for that loop's next claim. A stage run in line that
+# stops on time queues a batch job for what it held back, as a dispatch would have. A
+# worker killed meanwhile leaves them in their work sets, where the periodic sweeps'
+# dispatch finds them (the bound of a lost job).
+
+
+@dataclass
+class _Chain:
+    """What the stages one batch job runs share."""
+
+    dispatch: Dispatcher  # the fleet's own (the queues)
+    clock: BatchTime  # the job's: no claim starts once it is over
+    in_line_until: float  # monotonic: no stage is taken in line after it (IN_LINE_S)
+    work: WorkSet
+    pace: StagePace | None  # None: no stage in line (the queues only)
+    stages: Stages  # how to run each stage it may run
+    running: list[Job] = field(default_factory=list)  # the open stage loops, outermost first
+    held: dict[Job, set[str]] = field(default_factory=dict)  # added, no job queued for them
+
+    def takes(self, job: Job) -> bool:
+        """Whether a follow-up to ``job`` stays in this batch job: its loop is open, or
+        it is a stage that has been quick, with time left to run it."""
+        if self.pace is None or job not in self.stages:
+            return False
+        if self.clock.yielded or time.monotonic() >= self.in_line_until:
+            return False
+        return job in self.running or self.pace.quick(job)
+
+    def add(self, job: Job, subjects: list[str]) -> None:
+        """Add ``subjects`` to ``job``'s work set, no job queued: this batch job runs them."""
+        self.work.add(job, subjects)
+        self.held.setdefault(job, set()).update(subjects)
+
+
+def run_stages(fleet: Fleet, job: Job, stages: Stages) -> dict[str, int]:
+    """Run the batch job of stage ``job`` (run_batch), the others of ``stages`` in line."""
     work = WorkSet(fleet.redis, fleet.keys)
+    clock = BatchTime(fleet.dispatch, BATCH_TIME_S)
+    in_line_until = clock.started + IN_LINE_S
+    chain = _Chain(fleet.dispatch, clock, in_line_until, work, fleet.pace, stages)
+    return _plain(_run_stage(fleet, job, chain))
+
+
+def _run_stage(fleet: Fleet, job: Job, chain: _Chain, in_line: bool = False) -> Counter[str]:
+    """One stage's claim loop (run_batch), its quick follow-up stages run in line.
+
+    ``in_line``: a follow-up stage run in line. Its loop ends once it has claimed what
+    this job held back for it (other subjects of its set have their own jobs queued), and
+    its first claim is not kept small (:data:`FIRST_CLAIM`): the stage is quick."""
+    make = chain.stages[job]
+    deadline = chain.in_line_until if in_line else chain.clock.deadline
+    until = StageTime(chain.clock, deadline)
+    deferred = DeferredDispatch(chain.dispatch, chain)
+    staged = copy.copy(fleet)  # the same clients, names and renewer. Its own dispatch
+    staged.dispatch = deferred
+    work = chain.work
     counts: Counter[str] = Counter()
+    started = time.monotonic()
     ran = 0
-    while True:
-        if clock.over():
-            counts[BatchCount.MORE] = 1
-            return _plain(counts)
-        elapsed = clock.elapsed()
-        size = FIRST_CLAIM.get(job, CLAIM_SIZE)
-        if ran and elapsed > 0:  # what fits in the time left at the pace so far
-            size = int((BATCH_TIME_S - elapsed) * ran / elapsed)
-        claim = work.claim(job, max(1, min(CLAIM_SIZE, size)), lease_s(fleet))
-        if not claim.subjects:
-            return _plain(counts)
-        done, later = _run_claim(fleet, work, (job, fn, locked, prepare), claim, clock, counts)
-        ran += len(done) + len(later)
-        work.done(job, claim, done)
-        work.defer(job, claim, later, retry_s(fleet))
-        work.release(job, claim, [s for s in claim.subjects if s not in {*done, *later}])
+    claimed: set[str] = set()
+    chain.running.append(job)
+    try:
+        while True:
+            if until.over():
+                counts[BatchCount.MORE] = 1
+                return counts
+            now = time.monotonic()
+            size = CLAIM_SIZE if in_line else FIRST_CLAIM.get(job, CLAIM_SIZE)
+            if ran and now > started:  # what fits in the time left at the pace so far
+                size = int((deadline - now) * ran / (now - started))
+            claim = work.claim(job, max(1, min(CLAIM_SIZE, size)), lease_s(fleet))
+            if not claim.subjects:
+                return counts
+            how = make()  # per claim: slots may have come back since its gate closed
+            done, later = _run_claim(staged, work, how, claim, until, counts)
+            ran += len(done) + len(later)
+            if fleet.pace is not None:
+                fleet.pace.record(job, time.monotonic() - now, len(done) + len(later))
+            work.done(job, claim, done)
+            chain.held.get(job, set()).difference_update(done)  # gone: not to be queued
+            work.defer(job, claim, later, retry_s(fleet))
+            let_go = [s for s in claim.subjects if s not in {*done, *later}]
+            work.release(job, claim, let_go)
+            _run_in_line(fleet, deferred.here, chain, counts)
+            if let_go:  # its time ran out mid-claim: those let go are queued (MORE)
+                counts[BatchCount.MORE] = 1
+                return counts
+            claimed.update(claim.subjects)
+            if in_line and chain.held.get(job, set()) <= claimed:
+                return counts
+    finally:
+        chain.running.pop()
+
+
+def _run_in_line(
+    fleet: Fleet, here: dict[Job, list[str]], chain: _Chain, counts: Counter[str]
+) -> None:
+    """Run the stages a claim's follow-ups went to in line."""
+    for job in list(here):
+        if job in chain.running:
+            continue  # its open loop claims them next
+        nested = _run_stage(fleet, job, chain, in_line=True)
+        counts.update({f"{job}:{code}": n for code, n in nested.items()})
+        held = chain.held.pop(job, set())
+        if nested.get(BatchCount.MORE):  # queue what this job held back, as a send does
+            chain.dispatch.send(job, sorted(held))
+    here.clear()
 
 
 # Outcomes of a subject whose work is not over: it stays in its work set, back in line
@@ -212,19 +315,15 @@ def retry_s(fleet: Fleet) -> float:
     return min(lease_s(fleet), max(0.5, fleet.config.schedule.check_pending_sweep))
 
 
-_How = tuple[Job, Callable[..., object], tuple[LockKind, str] | None, Prepare | None]
-
-
 def _run_claim(
-    fleet: Fleet, work: WorkSet, how: _How, claim: Claim, clock: BatchTime, counts: Counter[str]
+    fleet: Fleet, work: WorkSet, how: Stage, claim: Claim, until: StageTime, counts: Counter[str]
 ) -> tuple[list[str], list[str]]:
     """Run one claim's subjects. Returns those done and those deferred.
 
-    Run the claimed subjects (under their locks, for a locked step) until the batch's
-    time is over or a sweep waits. Returns those done and those deferred
-    (:data:`DEFERRED`). The claim is kept (renewed, its unstarted subjects let go at the
-    batch's end: ClaimKeeper) while it runs. The locks are released and the follow-ups
-    dispatched whatever happens."""
+    Run the claimed subjects (under their locks, for a locked step) until the stage's
+    time is over. Returns those done and those deferred (:data:`DEFERRED`). The claim is
+    kept (renewed, its unstarted subjects let go at the stage's deadline: ClaimKeeper)
+    while it runs. The locks are released and the follow-ups dispatched whatever happens."""
     assert isinstance(fleet.dispatch, DeferredDispatch)
     job, fn, locked, prepare = how
     held: dict[str, FencedLock] = {}
@@ -239,11 +338,11 @@ def _run_claim(
             held = {lock.subject: lock for lock in acquire_all(asked)}
             extra = prepare(fleet, list(held.values())) if prepare and held else {}
         keeper = ClaimKeeper(
-            work, job, claim, held, lease_s=lease_s(fleet), deadline=clock.deadline
+            work, job, claim, held, lease_s=lease_s(fleet), deadline=until.deadline
         )
         fleet.lock_renewer.add(keeper)
         for subject in claim.subjects:
-            if (done or later) and clock.over():
+            if (done or later) and until.over():
                 break
             if not keeper.start(subject):
                 continue  # let go: another worker runs it
@@ -299,81 +398,3 @@ def _run_one(job: Job, subject: str, call: Callable[[], object]) -> str:
 def _plain(counts: Counter[str]) -> dict[str, int]:
     """The counts keyed by plain strings (a code's value, not its enum member)."""
     return {str(code): n for code, n in counts.items()}
-
-
-def provision_batch(fleet: Fleet) -> dict[str, int]:
-    """Run provision_request for every request in its work set.
-
-    provision_request for every request in its work set, in the order of service. Once
-    one meets the clone limit, the rest of the batch only take ready VMs
-    (:class:`~vmpool.lifecycle.requests.CloneGate`). A claim reads once which pools have
-    ready VMs to lend: a request whose pools have none runs no claim script."""
-    locked = LOCKED_STEPS[Job.PROVISION_REQUEST]
-    step = partial(provision_request, gate=CloneGate())
-    return run_batch(fleet, Job.PROVISION_REQUEST, step, locked, _ready_to_lend)
-
-
-def _ready_to_lend(fleet: Fleet, locks: list[FencedLock]) -> dict[str, dict[str, Any]]:
-    """A provision claim's one read of the pools with ready VMs to lend, for each request."""
-    ready = pools_with_ready(fleet)
-    return {lock.subject: {"ready": ready} for lock in locks}
-
-
-def create_vm_batch(fleet: Fleet) -> dict[str, int]:
-    """create_vm for every reserved VM in its work set."""
-    return run_batch(fleet, Job.CREATE_VM, create_vm, LOCKED_STEPS[Job.CREATE_VM], _take_slots)
-
-
-def _take_slots(fleet: Fleet, locks: list[FencedLock]) -> dict[str, dict[str, Any]]:
-    """Take a create claim's clone slots in one script.
-
-    A create claim's clone slots in one script: for each VM still reserved (as read
-    under its lock), its lease renewed or a free slot taken, as ``create_vm`` would do
-    alone. Each ``create_vm`` is told whether it holds one (and gives it back, as ever).
-    A slot taken for a VM the claim does not reach before its time is over is its own:
-    its next create uses it, and a lease nobody renews ends by itself."""
-    held = [(lk.subject, lk.fence) for lk in locks if lk.record.get("state") == VMState.RESERVED]
-    return {name: {"slot": ok} for name, ok in fleet.slots.acquire_all(held).items()}
-
-
-def check_pending_batch(fleet: Fleet) -> dict[str, int]:
-    """check_pending_vm for every booting VM in its work set.
-
-    A claim asks each provider that answers for many at once about all its VMs in one
-    call (:func:`_ask_at_once`), not one call per VM."""
-    job = Job.CHECK_PENDING_VM
-    return run_batch(fleet, job, check_pending_vm, LOCKED_STEPS[job], _ask_at_once)
-
-
-def _ask_at_once(fleet: Fleet, locks: list[FencedLock]) -> dict[str, dict[str, Any]]:
-    """A check claim's one status call per batching provider, for its pending VMs.
-
-    Asked after the locks were granted, as each VM's own check would ask. A provider
-    that fails to answer is left out: its VMs ask alone (and count its error). The VMs
-    of requests it says booted are recorded ready here, in one store call for the claim
-    (:func:`~vmpool.lifecycle.ready.record_ready_all`), under the locks held: each
-    one's check then returns its code (``readied``)."""
-    names: dict[str, list[str]] = {}
-    for lock in locks:
-        record = lock.record
-        if record.get("state") == VMState.PENDING:
-            names.setdefault(record.get("provider", ""), []).append(lock.subject)
-    seen: dict[str, Mapping[str, ProviderVM | None]] = {}
-    for provider_name, vms in names.items():
-        provider = fleet.providers.get(provider_name)
-        if isinstance(provider, StatusBatch):
-            try:
-                seen[provider_name] = provider.statuses(vms)
-            except Exception as exc:  # each VM asks alone, as it would have
-                log.warning("check_pending: %s did not answer: %s", provider_name, exc)
-    if not seen:
-        return {}
-    booted = [
-        ready
-        for lock in locks
-        for provider_name in [lock.record.get("provider", "")]
-        if provider_name in seen
-        and (ready := ready_now(lock, provider_name, seen[provider_name].get(lock.subject)))
-    ]
-    readied = record_ready_all(fleet, booted)
-    return {lock.subject: {"seen": seen, "readied": readied.get(lock.subject)} for lock in locks}

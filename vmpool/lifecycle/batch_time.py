@@ -13,11 +13,12 @@ and stops if one does. Its continuation is queued behind the sweep.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Final
 
 from vmpool.lifecycle.fleet import Dispatcher, SweepWatch
 
-__all__ = ["SWEEP_POLL_S", "BatchTime"]
+__all__ = ["SWEEP_POLL_S", "BatchTime", "StageTime"]
 
 # How long a batch job runs before it first looks for a waiting sweep, and between two
 # looks. Well within the expiry sweep's lead (0.5 s at its 2 s default interval).
@@ -39,13 +40,26 @@ class BatchTime:
     def elapsed(self) -> float:
         return time.monotonic() - self.started
 
-    def over(self) -> bool:
-        """Whether the job stops claiming and running subjects now."""
+    def over(self, deadline: float | None = None) -> bool:
+        """Whether the job (or its stage, to end at ``deadline``, monotonic, when given)
+        stops claiming and running subjects now."""
         now = time.monotonic()
-        if self.yielded or now >= self.deadline:
+        if self.yielded or now >= (self.deadline if deadline is None else deadline):
             return True
         if self._watch is None or now - self._looked < SWEEP_POLL_S:
             return False
         self._looked = now
         self.yielded = self._watch.sweep_waiting()
         return self.yielded
+
+
+@dataclass(frozen=True)
+class StageTime:
+    """One stage's time in a batch job: over at its own ``deadline`` (monotonic) or when
+    the job's ``clock`` is (a sweep seen waiting by any stage stops them all)."""
+
+    clock: BatchTime
+    deadline: float
+
+    def over(self) -> bool:
+        return self.clock.over(self.deadline)

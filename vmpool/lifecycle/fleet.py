@@ -38,6 +38,7 @@ from redis import Redis
 
 from vmpool.config import Config
 from vmpool.ids import Job
+from vmpool.lifecycle.pace import StagePace
 from vmpool.providers import Provider, providers_from_config
 from vmpool.state.capacity import ProviderCapacity
 from vmpool.state.circuit import ProviderCircuit
@@ -125,6 +126,9 @@ class Fleet:
     identity: IdentityWatch = field(init=False)
     # One renewal thread for every lock this process holds (not one per lock).
     lock_renewer: LockRenewer = field(default_factory=LockRenewer)
+    # How quick each batch stage has been in this process; None: every follow-up is
+    # queued, none run in line (vmpool.lifecycle.batch). A worker process sets one.
+    pace: StagePace | None = None
 
     def __post_init__(self) -> None:
         if self.clone_slots is None:
@@ -142,7 +146,14 @@ class Fleet:
         self.identity = IdentityWatch(self.redis, self.keys)
 
     @classmethod
-    def build(cls, redis_client: Redis, config: Config, dispatch: Dispatcher, actor: str) -> Fleet:
+    def build(
+        cls,
+        redis_client: Redis,
+        config: Config,
+        dispatch: Dispatcher,
+        actor: str,
+        pace: StagePace | None = None,
+    ) -> Fleet:
         keys = Keys(config.key_prefix)
         fleet = cls(
             redis=redis_client,
@@ -152,6 +163,7 @@ class Fleet:
             providers=providers_from_config(redis_client, keys, config),
             dispatch=dispatch,
             actor=actor,
+            pace=pace,
         )
         fleet.identity.start()  # held from now on, so that a loss is noticed
         return fleet

@@ -57,13 +57,15 @@ _REQUEST_LEVEL_REFUSALS = frozenset({"no_request", "stale_fence", "past_deadline
 
 @dataclass
 class CloneGate:
-    """Keeps a provision batch first come, first served at the clone limit and the quotas.
+    """Keeps a provision claim first come, first served at the clone limit and the quotas.
 
-    Shared by the provision steps a batch job runs in the order of service: once one met
-    the clone limit, those after it reserve nothing (they still take ready VMs), so a
+    Shared by the provision steps of one claim, run in the order of service: once one
+    met the clone limit, those after it reserve nothing (they still take ready VMs), so a
     slot freed meanwhile is not handed to a younger request before the older one (first
     come, first served). The older gets it at its next turn; the younger wait in the
-    clone slots' line behind it, each at its place. Likewise, once a request of
+    clone slots' line behind it, each at its place. The next claim starts with the gate
+    open (slots may have come back, and the turns with them; the slots' line still
+    serves in order). Likewise, once a request of
     a user met the user's quota, the user's later requests in the batch are parked
     without trying (``over_quota``): a VM the user frees meanwhile goes to the older."""
 

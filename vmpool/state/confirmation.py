@@ -142,18 +142,23 @@ class Scope:
     ``settles`` False: bookkeeping nothing outside Redis acts on (:func:`unconfirmed`),
     never waited for. ``first``: the durability read at the first write since the last
     confirmation; its guard pins the primary those writes went to. ``pending``: a write
-    made since the last confirmation.
+    made since the last confirmation. ``writes``: the unit's writes so far, of which the
+    first ``confirmed_writes`` are confirmed (a settle told where its side effect was
+    decided skips a wait for the writes after that: :func:`vmpool.state.durability.settle`).
     """
 
     settles: bool = True
     first: Durability | None = None
     pending: bool = False
+    writes: int = 0
+    confirmed_writes: int = 0
 
     def defer(self, durability: Durability) -> None:
         """A write of the unit, left to the unit's confirmation."""
         if self.first is None:
             self.first = durability
         self.pending = True
+        self.writes += 1
 
     def check(self, durability: Durability, replies: Sequence[Any]) -> None:
         """Raise unless ``replies`` (a PUBLISH's WAIT) confirm every write of the unit so far.
@@ -176,6 +181,7 @@ class Scope:
             raise WriteNotConfirmed(f"write not confirmed: {refusal}")
         self.first = None
         self.pending = False
+        self.confirmed_writes = self.writes
 
 
 _SCOPE: ContextVar[Scope | None] = ContextVar("vmpool_durability_scope", default=None)

@@ -37,7 +37,10 @@ unit's writes on every connection and client of the process (the pool's, RQ's). 
 whose script calls made no write sends nothing; one left by an exception is not
 confirmed (nothing of it is acknowledged). Before a side effect outside Redis that its
 writes or reads decided (a provider's create or destroy), the unit confirms what it has
-so far (:func:`settle`, called by ``FencedLock.ensure_held``). A unit's writes all went
+so far (:func:`settle`, called by ``FencedLock.ensure_held``; a create claim's creates,
+what it had once its locks and clone slots were taken: the claim waits once, not once
+per create, as the records of its earlier creates decide nothing of the later ones). A
+unit's writes all went
 to one primary: the guard of its first write refuses it when the primary the sentinels
 name changed in its course (:class:`~vmpool.state.group_watch.PinnedPrimary`). The unit
 lives in a context variable: the code it runs, and a thread handed its context (the
@@ -212,15 +215,30 @@ async def confirm_async(client: aredis.Redis) -> None:
         await client.confirm()
 
 
-def settle(client: redis.Redis) -> None:
+def settle(client: redis.Redis, decided: int | None = None) -> None:
     """Confirm the unit of work's writes (and reads) so far: before a side effect outside
     Redis that they decided (a provider call).
 
     Nothing outside a unit (every write waited already), or when nothing is pending.
+    ``decided``: the :func:`write_mark` at which the side effect was decided (a create
+    claim's, once its locks and clone slots are taken). Nothing either when every write
+    before it is confirmed: the writes since are other subjects' (the records of the
+    claim's creates before this one), which nothing of this side effect rests on, and the
+    unit's end confirms them. So a claim of creates waits once, not once per create.
     """
     scope = current_scope()
-    if scope is not None and scope.settles and scope.pending:
-        confirm(client)
+    if scope is None or not scope.settles or not scope.pending:
+        return
+    if decided is not None and scope.confirmed_writes >= decided:
+        return
+    confirm(client)
+
+
+def write_mark() -> int | None:
+    """The count of the calling unit's writes so far (None outside a unit): where a side
+    effect is decided, for its :func:`settle`."""
+    scope = current_scope()
+    return None if scope is None else scope.writes
 
 
 async def settle_async(client: aredis.Redis) -> None:

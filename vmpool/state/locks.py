@@ -217,6 +217,8 @@ class FencedLock:
         # The subject's hash as the grant read it (read_record), {} when it has none.
         self.record: dict[str, str] = {}
         self.fence: int = 0
+        # The write mark its side effect rests on (durability.write_mark): None, all so far.
+        self.decided: int | None = None
         self._held = False
         self._lost = False
 
@@ -326,7 +328,8 @@ class FencedLock:
         here would cost an fsync under ``appendfsync always``. Call it before a side
         effect the fence cannot guard (a provider call). The store's fence check remains
         the guarantee, and no call is needed before a store write. In a unit of work
-        (:func:`vmpool.state.durability.confirmed`) it confirms the unit's writes so far.
+        (:func:`vmpool.state.durability.confirmed`) it confirms the unit's writes so far:
+        those before :attr:`decided` when it is set (for this call only).
         """
         if not self._held:
             raise LockLost(f"{self.key}: not held")
@@ -334,7 +337,8 @@ class FencedLock:
             raise LockLost(
                 f"{self.key}: lock lost (fence {self.fence}, owner now {self.owner()!r})"
             )
-        settle(self.redis)  # in a unit of work: its writes and this read, confirmed now
+        settle(self.redis, self.decided)  # in a unit of work: its writes and this read
+        self.decided = None  # the mark was the next side effect's: later ones confirm all
 
     @property
     def held(self) -> bool:

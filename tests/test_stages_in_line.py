@@ -1,0 +1,134 @@
+"""Stages run in line: a batch job runs its claims' quick follow-up stages itself.
+
+Proves: with a worker's pace (StagePace) that has seen quick creates and checks, one
+provision batch job brings a request to ready (reserve, create, check) and queues no
+create or check batch job; a stage that has been slow is queued as before; a stage run
+in line that finds the job's time over queues a batch job for what the job held back,
+so nothing waits for a sweep; a request's VMs still get one transition each.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import redis
+
+from vmpool import lifecycle
+from vmpool.ids import Job
+from vmpool.lifecycle import Fleet, batch, stages
+from vmpool.lifecycle.pace import RECENT_CLAIMS, StagePace
+from vmpool.state.audit import check_trail
+from vmpool.state.records import Slot
+from vmpool.state.workset import WorkSet
+from workers.batching import BatchDispatcher
+
+from lifecyclehelp import create_request, make_config, make_fleet
+
+QUICK, SLOW = 0.001, 1.0
+
+
+def _fleet(client: redis.Redis, url: str, seconds: dict[Job, float]) -> Fleet:
+    """A fleet as a worker builds it (batching dispatch, a pace) with ``seconds`` seen."""
+    fleet = make_fleet(client, make_config())
+    fleet.dispatch = BatchDispatcher(redis.Redis.from_url(url), fleet.keys)
+    fleet.pace = StagePace()
+    for job, took in seconds.items():
+        fleet.pace.record(job, took, 1)
+    return fleet
+
+
+def _queued(client: redis.Redis, fleet: Fleet) -> list[Any]:
+    return [
+        *client.lrange(fleet.keys.rq_queue("vms"), 0, -1),
+        *client.lrange(fleet.keys.rq_queue("requests"), 0, -1),
+    ]
+
+
+def _request(fleet: Fleet, rid: str, count: int = 2) -> None:
+    create_request(fleet.store, rid, [Slot("deb", "debian", count)], fleet.config)
+    WorkSet(fleet.redis, fleet.keys).add(Job.PROVISION_REQUEST, [rid])
+
+
+def test_one_provision_job_brings_a_request_to_ready_when_its_stages_are_quick(
+    redis_client: redis.Redis, redis_url: str
+) -> None:
+    """Red without stages in line: the job reserves and queues a create batch job. The
+    check has no claim seen yet: it is taken for quick (QUICK_UNSEEN), so it runs too."""
+    fleet = _fleet(redis_client, redis_url, {Job.CREATE_VM: QUICK})
+    _request(fleet, "r1")
+    counts = lifecycle.provision_batch(fleet)
+    request = fleet.store.get_request("r1")
+    assert request is not None and request.status == "ready", counts
+    assert _queued(redis_client, fleet) == []  # no create or check batch job
+    work = WorkSet(fleet.redis, fleet.keys)
+    assert [work.size(j) for j in stages.STAGES] == [0, 0, 0]
+    assert counts.get("create_vm:pending") == 2, counts  # both created, in this job
+    trail = fleet.store.history("r1")
+    assert check_trail("r1", trail) == []
+    assert sum(1 for e in trail if e.entity.startswith("vm:")) == 2 * 3  # once each
+
+
+def test_a_stage_not_seen_quick_is_queued_as_before(
+    redis_client: redis.Redis, redis_url: str
+) -> None:
+    """A create that took a second (a blocking clone), or none seen yet: queued."""
+    for seen in ({Job.CREATE_VM: SLOW, Job.CHECK_PENDING_VM: QUICK}, {}):
+        fleet = _fleet(redis_client, redis_url, seen)
+        redis_client.flushdb()
+        _request(fleet, "r1")
+        lifecycle.provision_batch(fleet)
+        request = fleet.store.get_request("r1")
+        assert request is not None and request.status == "pending"
+        assert WorkSet(fleet.redis, fleet.keys).size(Job.CREATE_VM) == 2
+        assert any("create_vm_batch" in str(jid) for jid in _queued(redis_client, fleet))
+
+
+def test_a_stage_in_line_out_of_time_queues_a_job_for_what_was_held_back(
+    redis_client: redis.Redis, redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The job's time ends between the hold of the creates and their run in line (a
+    failpoint): the creates are queued as a dispatch would have, not left to a sweep."""
+    quick = {Job.CREATE_VM: QUICK, Job.CHECK_PENDING_VM: QUICK}
+    fleet = _fleet(redis_client, redis_url, quick)
+    add = batch._Chain.add
+
+    def add_then_time_over(chain: Any, job: Job, subjects: list[str]) -> None:
+        add(chain, job, subjects)
+        chain.deadline = chain.in_line_until = 0.0
+
+    monkeypatch.setattr(batch._Chain, "add", add_then_time_over)
+    _request(fleet, "r1")
+    counts = lifecycle.provision_batch(fleet)
+    assert counts.get("create_vm:more") == 1
+    assert WorkSet(fleet.redis, fleet.keys).size(Job.CREATE_VM) == 2
+    assert any("create_vm_batch" in str(jid) for jid in _queued(redis_client, fleet))
+    monkeypatch.undo()
+    lifecycle.create_vm_batch(fleet)  # the queued job: creates, and checks in line
+    request = fleet.store.get_request("r1")
+    assert request is not None and request.status == "ready"
+
+
+def test_a_stage_is_quick_while_most_of_its_last_claims_were() -> None:
+    pace = StagePace()
+    assert not pace.quick(Job.CREATE_VM)  # a create none was seen of: it may block
+    assert pace.quick(Job.CHECK_PENDING_VM) and pace.quick(Job.PROVISION_REQUEST)
+    pace.record(Job.CREATE_VM, 2.0, 1)  # a blocking clone first: not quick
+    assert not pace.quick(Job.CREATE_VM)
+    pace.record(Job.CREATE_VM, 0.2, 20)  # 10 ms a VM: one of two, not more than half
+    assert not pace.quick(Job.CREATE_VM)
+    pace.record(Job.CREATE_VM, 0.001, 1)
+    assert pace.quick(Job.CREATE_VM)  # two of three
+    for _ in range(RECENT_CLAIMS):  # a provider whose creates block, from now on
+        pace.record(Job.CREATE_VM, 1.5, 1)
+        if not pace.quick(Job.CREATE_VM):
+            break
+    assert not pace.quick(Job.CREATE_VM)
+    pace.record(Job.CHECK_PENDING_VM, 0.3, 1)  # a slow status call, seen first
+    assert not pace.quick(Job.CHECK_PENDING_VM)
+    slow_once = StagePace()
+    for took in [0.001] * (RECENT_CLAIMS - 1) + [0.5]:  # one descheduled claim
+        slow_once.record(Job.CREATE_VM, took, 1)
+    assert slow_once.quick(Job.CREATE_VM)
+    slow_once.record(Job.CREATE_VM, 5.0, 0)  # a claim that ran nothing says nothing
+    assert slow_once.quick(Job.CREATE_VM)

@@ -1,0 +1,63 @@
+"""How quick each batch stage has been lately in this worker.
+
+A batch job may run the follow-ups of its claims itself, in the same job, instead of
+queueing a batch job for them (:mod:`vmpool.lifecycle.batch`, "Stages run in line"). That
+saves a job's whole price, and the wait for a worker, per stage of a VM's way to ready.
+It is right only when the follow-up stage is quick: a create that blocks for a minute (a
+vSphere clone) run in line would keep the other work this job could hand to other
+workers waiting behind it. :class:`StagePace` keeps the time per subject of each stage's
+last claims, and says a stage is quick when most of them were: a claim slowed once by a
+busy machine (its worker descheduled) does not send the stage back to the queues, a
+provider whose creates block does.
+
+One per worker process (the Fleet's ``pace``), read and written by its job thread only.
+A stage no claim of this process has run yet is quick only if it makes no provider call
+per subject (:data:`QUICK_UNSEEN`): the first creates go through the queues as they
+always did, while a fleet's first checks do not wait in the queue behind the batch jobs
+that run the creates.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Final
+
+from vmpool.ids import Job
+
+__all__ = ["QUICK_S", "QUICK_UNSEEN", "RECENT_CLAIMS", "StagePace"]
+
+# The most a stage's claim may take per subject, in each of its last claims, for the
+# stage to be run in line (seconds). A create or a status call that answers at once
+# takes a few milliseconds; one that waits for a cloud takes hundreds.
+QUICK_S: Final = 0.025
+# The claims per stage whose pace counts: the stage is quick while more than half of
+# them were (their upper median).
+RECENT_CLAIMS: Final = 8
+# The stages taken for quick before any claim of theirs ran here: a provision claim is
+# Redis alone (lending ready VMs included); a check claim asks each provider once for
+# all of its VMs. A create calls its provider per VM, and a clone may block for minutes.
+QUICK_UNSEEN: Final = frozenset({Job.PROVISION_REQUEST, Job.CHECK_PENDING_VM})
+
+
+class StagePace:
+    """The time per subject of each stage's last :data:`RECENT_CLAIMS` claims."""
+
+    def __init__(self, quick_s: float = QUICK_S, recent: int = RECENT_CLAIMS) -> None:
+        self.quick_s = quick_s
+        self._recent = recent
+        self._seconds: dict[Job, deque[float]] = {}
+
+    def record(self, job: Job, seconds: float, subjects: int) -> None:
+        """One claim of ``job`` ran ``subjects`` subjects in ``seconds``."""
+        if subjects <= 0:
+            return
+        recent = self._seconds.setdefault(job, deque(maxlen=self._recent))
+        recent.append(seconds / subjects)
+
+    def quick(self, job: Job) -> bool:
+        """Whether more than half of ``job``'s last claims took at most :attr:`quick_s` a
+        subject (with none yet: whether it is one of :data:`QUICK_UNSEEN`)."""
+        recent = self._seconds.get(job)
+        if not recent:
+            return job in QUICK_UNSEEN
+        return sorted(recent)[len(recent) // 2] <= self.quick_s
