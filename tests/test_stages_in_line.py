@@ -95,7 +95,7 @@ def test_a_stage_in_line_out_of_time_queues_a_job_for_what_was_held_back(
 
     def add_then_time_over(chain: Any, job: Job, subjects: list[str]) -> None:
         add(chain, job, subjects)
-        chain.deadline = chain.in_line_until = 0.0
+        chain.clock.deadline = chain.in_line_until = 0.0
 
     monkeypatch.setattr(batch._Chain, "add", add_then_time_over)
     _request(fleet, "r1")

@@ -78,8 +78,8 @@ CLAIM_SIZE = 20
 # A batch job claims again only within this many seconds of its start (batch_time.py).
 BATCH_TIME_S = 1.0
 # A batch job runs follow-up stages in line only within this many seconds of its start;
-# after it they are queued. A worker then comes back to its queues (where the expiry
-# sweep waits its turn) about as often as when each stage was a job of its own.
+# after it they are queued, so the jobs of the other queue's lanes get the worker about
+# as often as when each stage was a job of its own (a waiting sweep stops it at once).
 IN_LINE_S = 0.25
 # A batch job's first claim, its pace not known yet, by job (CLAIM_SIZE otherwise). A
 # claim's creates run one after the other, and a provider's create may block (a clone):
