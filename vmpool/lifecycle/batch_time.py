@@ -26,9 +26,9 @@ SWEEP_POLL_S: Final = 0.05
 
 
 class BatchTime:
-    """The clock of one batch job: :meth:`over` once ``budget`` seconds have passed
-    or a sweep waits (asked of ``dispatch`` when it is a :class:`SweepWatch`). A job
-    shorter than :data:`SWEEP_POLL_S` reads nothing."""
+    """The clock of one batch job: its :attr:`deadline` is ``budget`` seconds after its
+    start, and it is :meth:`over` earlier once a sweep waits (asked of ``dispatch`` when
+    it is a :class:`SweepWatch`). A job shorter than :data:`SWEEP_POLL_S` reads nothing."""
 
     def __init__(self, dispatch: Dispatcher, budget: float) -> None:
         self.started = time.monotonic()
@@ -40,11 +40,11 @@ class BatchTime:
     def elapsed(self) -> float:
         return time.monotonic() - self.started
 
-    def over(self, deadline: float | None = None) -> bool:
-        """Whether the job (or its stage, to end at ``deadline``, monotonic, when given)
-        stops claiming and running subjects now."""
+    def over(self, deadline: float) -> bool:
+        """Whether a stage of the job that ends at ``deadline`` (monotonic, at most the
+        job's) stops claiming and running subjects now."""
         now = time.monotonic()
-        if self.yielded or now >= (self.deadline if deadline is None else deadline):
+        if self.yielded or now >= deadline:
             return True
         if self._watch is None or now - self._looked < SWEEP_POLL_S:
             return False
