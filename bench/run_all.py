@@ -20,6 +20,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "benchmarks.md"
 
+# The end-to-end run, at the default clone limit and at one that never binds.
+E2E = ["--runs", "3", "--vms", "200", "--connections", "8"]
 # name -> arguments; every script in bench/ except this one (and the _* helpers) is listed.
 BENCHES: dict[str, list[str]] = {
     "worker_class": ["--noop", "1000", "--requests", "200"],
@@ -34,12 +36,18 @@ BENCHES: dict[str, list[str]] = {
     "idle_fleet": ["--runs", "3", "--settle", "10", "--window", "30", "--wakes", "5"],
     "durability_fleet": ["--fleet", "200", "--runs", "5"],
     "eta": ["--seconds", "120", "--load", "3.0", "--calibrate", "40"],
-    "e2e": ["--runs", "3", "--vms", "200", "--connections", "8"],
+    "e2e": E2E,
+    "e2e_clone_limit": [*E2E, "--clone-limit", "1000"],
     "script_cost": ["--requests", "400", "--runs", "5"],
     "overload": ["--requests", "120", "--gap", "0.55"],
     "job_cost": ["--jobs", "2000", "--runs", "3"],
 }
-SCRIPT_OF = {"targets_aof": "targets", "pending_sweep": "targets", "durability_fleet": "durability"}
+SCRIPT_OF = {
+    "targets_aof": "targets",
+    "pending_sweep": "targets",
+    "durability_fleet": "durability",
+    "e2e_clone_limit": "e2e",
+}
 
 
 def command(name: str) -> list[str]:
