@@ -10,8 +10,6 @@ configuration: it is read through the few attributes the registry needs.
 
 from vmpool.providers.base import (
     Capacity,
-    CreateBatch,
-    CreateOrder,
     Disks,
     PermanentProviderError,
     Provider,
@@ -31,8 +29,6 @@ from vmpool.providers.simulated import SimulatedOptions, SimulatedProvider
 
 __all__ = [
     "Capacity",
-    "CreateBatch",
-    "CreateOrder",
     "Disks",
     "PermanentProviderError",
     "Provider",
