@@ -21,12 +21,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 
 from vmpool.config import default_redis_options
+from vmpool.state import connection
 from vmpool.state.group_watch import Address, GroupView, replicas_seen
 from vmpool.state.switchover import group_access
 
 from sentinelhelp import sentinel_group
+from storehelp import wait_until
 
 PROMOTING: Address = ("127.0.0.1", 41213)
 FOLLOWING: Address = ("127.0.0.1", 57445)
@@ -92,3 +95,21 @@ def test_a_planned_switch_never_lowers_the_count_while_the_old_primary_is_named(
         else:
             pytest.fail("the sentinels named no new primary within 30 s")
     assert counts and min(counts) == 2, Counter(counts)
+
+
+def test_the_replication_reader_keeps_a_client_for_the_addresses_asked_last(
+    redis_url: str, redis_client: redis.Redis
+) -> None:
+    """A server asked at a new address (a pod restarted elsewhere) gets a client of its
+    own; beyond ``keep`` addresses the one asked longest ago is closed. Red when every
+    client was kept open: two connections named here stay on the server."""
+    port = redis.Redis.from_url(redis_url).connection_pool.connection_kwargs["port"]
+    reader = connection._ReplicationReader({"client_name": "reader-test"}, keep=1)
+    assert reader(("127.0.0.1", port))["role"] == "master"
+    assert reader(("localhost", port))["role"] == "master"  # another address, same server
+
+    def named() -> int:
+        return sum(c.get("name") == "reader-test" for c in redis_client.client_list())
+
+    wait_until(lambda: named() == 1)
+    assert list(reader.clients) == [("localhost", port)]

@@ -296,21 +296,31 @@ def sentinel_clients(target: SentinelTarget, options: RedisOptions) -> list[redi
     ]
 
 
+# Clients a replication reader keeps: a group's data nodes, with room for the addresses
+# a restarted pod leaves behind (the oldest asked is closed beyond it).
+READER_CLIENTS: Final = 8
+
+
 class _ReplicationReader:
     """``INFO replication`` of a server the watch names, on one client per address.
 
-    Called from the watch's refresh only (one at a time).
+    Called from the watch's refresh only (one at a time). The :data:`READER_CLIENTS`
+    addresses asked last keep their client; an older one's is closed (a pod's old
+    address is never asked again).
     """
 
-    def __init__(self, kwargs: dict[str, Any]) -> None:
+    def __init__(self, kwargs: dict[str, Any], keep: int = READER_CLIENTS) -> None:
         self.kwargs = kwargs
-        self.clients: dict[Address, redis.Redis] = {}
+        self.keep = keep
+        self.clients: dict[Address, redis.Redis] = {}  # in the order last asked
 
     def __call__(self, address: Address) -> dict[str, Any]:
-        client = self.clients.get(address)
+        client = self.clients.pop(address, None)
         if client is None:
             client = redis.Redis(host=address[0], port=address[1], **self.kwargs)
-            self.clients[address] = client
+        self.clients[address] = client
+        while len(self.clients) > self.keep:
+            self.clients.pop(next(iter(self.clients))).close()
         return dict(client.info("replication"))
 
 
