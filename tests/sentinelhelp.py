@@ -132,6 +132,13 @@ class Node:
         """SIGKILL, as a crash or a power cut of the process."""
         self._signal(signal.SIGKILL)
 
+    def pause(self) -> None:
+        """SIGSTOP: the process holds its sockets and answers nothing, as a host frozen."""
+        self._signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        self._signal(signal.SIGCONT)
+
     def stop(self, timeout: float = 10.0) -> None:
         proc = self.process
         if proc is not None and proc.poll() is None:
