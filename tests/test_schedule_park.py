@@ -8,6 +8,10 @@ store's scripts for the reservations):
   safety tick, and it still runs), and the store's reservation of a VM wakes it: a
   replica's wait ends at once, the due time goes to a cadence after the last move, and
   the sweep runs at its interval while a VM is reserved;
+- a wait whose blocking pop has its connection killed (the soak's ``client_kill``) still
+  ends at its due time. Red against redis-py's retry of the pop: sent again with its
+  whole timeout, a 1 s wait cut at 0.5 s lasted about 1.5 s, and with both replicas
+  blocked a due expiry sweep was queued 0.8 s late (the plain soak's settle bound);
 - a reservation made while a replica moves the sweep (after it read the due time, before
   its script, with another replica taking wake-ups meanwhile) is not missed. Red
   against the check made before the move's script (a separate unit): the mark that
@@ -17,17 +21,20 @@ store's scripts for the reservations):
 
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
 
 import pytest
 import redis
 
-from vmpool.config import Config, load_config
+from vmpool.config import Config, default_redis_options, load_config
 from vmpool.lifecycle.idle import sweep_inputs
+from vmpool.state.connection import connect
 from vmpool.state.keys import Keys
 from vmpool.state.store import Store
 from workers.schedule import PARK_S, FleetScheduler, MoveOutcome, read_schedule_log
+from workers.schedule_park import Parking
 from workers.table import job_id, template_id
 
 from schedulehelp import Clock, queued, ran
@@ -147,3 +154,37 @@ def test_a_wait_too_short_to_block_still_takes_the_wake_up(
     s.parking.wait(0.1)
     assert not conn.exists(K.schedule_wake)
     assert _due(conn) == pytest.approx(1000.25)
+
+
+def _kill_blocked_pop(admin: redis.Redis, at: float, killed: threading.Event) -> None:
+    """At ``at`` (monotonic), kill the connection blocked in BLPOP, once it is."""
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        blocked = [c for c in admin.client_list() if c["cmd"] == "blpop"]
+        if blocked:
+            time.sleep(max(0.0, at - time.monotonic()))  # the fault's moment, not a sync
+            admin.client_kill_filter(_id=blocked[0]["id"])
+            killed.set()
+            return
+        time.sleep(0.01)
+
+
+def test_a_wait_whose_connection_is_killed_still_ends_at_its_due_time(
+    redis_url: str, redis_client: redis.Redis, config: Config
+) -> None:
+    """The replica's client as vmpool makes it (one retry on a dead connection): its
+    block killed halfway, the wait still ends within a block's lateness of its end."""
+    client = connect(redis_url, default_redis_options(), decode_responses=False)
+    parking = Parking(client, K, sweep_inputs(config, K))
+    killed = threading.Event()
+    start = time.monotonic()
+    killer = threading.Thread(target=_kill_blocked_pop, args=(redis_client, start + 0.5, killed))
+    killer.start()
+    try:
+        parking.wait(1.0)
+        took = time.monotonic() - start
+    finally:
+        killer.join(10)
+        client.close()
+    assert killed.is_set()
+    assert took < 1.0 + 0.2, took

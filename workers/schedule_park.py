@@ -38,6 +38,7 @@ from typing import Final
 import redis
 
 from vmpool.ids import Job
+from vmpool.state.connection import one_try
 from vmpool.state.keys import Keys
 from workers.dequeue import wake_wait_s
 from workers.schedule_log import text
@@ -101,9 +102,15 @@ class Parking:
         blocked = False
         while (left := end - time.monotonic()) > 2 * BLOCK_LATE_S:
             blocked = True
-            popped = self.connection.blpop(
-                [self.keys.schedule_wake], timeout=min(left - BLOCK_LATE_S, self._block_s)
-            )
+            try:
+                with one_try():  # a retried block would overrun the due time
+                    popped = self.connection.blpop(
+                        [self.keys.schedule_wake], timeout=min(left - BLOCK_LATE_S, self._block_s)
+                    )
+            except (redis.ConnectionError, redis.TimeoutError) as exc:
+                # Killed or lost: sleep to the due time; the tick then meets Redis as it is.
+                log.info("scheduler: its wait for a wake-up was cut (%s)", exc)
+                break
             if popped is not None:
                 self.wake(text(popped[1]))
                 return

@@ -18,8 +18,9 @@ The client it gives:
   every read (``socket_timeout``), a connect timeout, a PING before reusing a connection
   idle for ``health_check_interval``, and TCP keepalive (:data:`KEEPALIVE`) for peers
   that vanish while a connection idles.
-- Retries a command that meets a dead connection once, on a new connection. A server
-  restart costs no error. The pool's idle connections are closed with it
+- Retries a command that meets a dead connection once, on a new connection (not
+  inside :func:`one_try`: a blocking command with a deadline). A server restart costs
+  no error. The pool's idle connections are closed with it
   (:class:`ResettingRetry`): they lead to the same dead or frozen server, and would each
   cost one more socket timeout.
 - Confirms the durability of every script it runs (:mod:`vmpool.state.durability`):
@@ -31,11 +32,13 @@ RQ needs ``decode_responses=False``. The store works with either.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import functools
 import inspect
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, Final, cast
 
@@ -67,6 +70,7 @@ __all__ = [
     "connect",
     "connect_async",
     "node_kwargs",
+    "one_try",
     "sentinel_clients",
 ]
 
@@ -84,6 +88,24 @@ KEEPALIVE: Final[dict[int, int]] = {
 RETRY_ON: Final = (redis.ConnectionError, redis.TimeoutError)
 _RETRIES: Final = 1
 _BACKOFF: Final = ExponentialBackoff(cap=0.5, base=0.05)
+# Set inside :func:`one_try`: the commands of this thread (or task) are sent once.
+_ONE_TRY: Final[ContextVar[bool]] = ContextVar("vmpool_one_try", default=False)
+
+
+@contextlib.contextmanager
+def one_try() -> Iterator[None]:
+    """The commands sent inside are not retried: a dead connection raises at once.
+
+    For a blocking command that ends at a deadline (the scheduler's wait for a wake-up):
+    redis-py's retry sends it again with the whole of its timeout, counted from the
+    retry, so a connection killed in the middle of a 1 s block made it last up to 2 s.
+    The connection is closed as on any failure; the caller decides what to do.
+    """
+    token = _ONE_TRY.set(True)
+    try:
+        yield
+    finally:
+        _ONE_TRY.reset(token)
 
 
 class _PoolRetry:
@@ -117,6 +139,13 @@ class ResettingRetry(_PoolRetry, Retry):
                 self.pool.disconnect(inuse_connections=False)
             return fail(error, *rest)
 
+        if _ONE_TRY.get():
+            try:
+                return do()
+            except self._supported_errors as error:  # type: ignore[misc]
+                counted = kwargs.get("with_failure_count", len(args) > 1 and args[1])
+                failed(error, 1) if counted else failed(error)
+                raise
         return super().call_with_retry(do, failed, *args, **kwargs)
 
 
