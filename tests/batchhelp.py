@@ -32,9 +32,21 @@ def reserved(fleet: Fleet, n: int) -> list[str]:
     return names
 
 
-class FirstCreateWaits:
-    """The simulated provider; the first create waits until the test lets it go (a slow
-    cloud call, deterministically), the others answer at once."""
+class OneByOne:
+    """The simulated provider (``sim``) as a cloud that creates one VM per call: no
+    ``create_vms``, so each VM of a claim creates alone, through ``create_vm``."""
+
+    sim: SimulatedProvider
+
+    def __getattr__(self, attr: str) -> Any:
+        if attr == "create_vms":
+            raise AttributeError(attr)
+        return getattr(self.sim, attr)
+
+
+class FirstCreateWaits(OneByOne):
+    """The simulated provider, one VM per call; the first create waits until the test
+    lets it go (a slow cloud call, deterministically), the others answer at once."""
 
     def __init__(self, sim: SimulatedProvider) -> None:
         self.sim = sim
@@ -52,6 +64,3 @@ class FirstCreateWaits:
             self.inside.set()
             assert self.go.wait(30), "the test never let the create go"
         return self.sim.create_vm(pool, template, vm_name)
-
-    def __getattr__(self, attr: str) -> Any:
-        return getattr(self.sim, attr)

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 import redis
-from batchhelp import FirstCreateWaits, batched_fleet, reserved
+from batchhelp import FirstCreateWaits, OneByOne, batched_fleet, reserved
 
 from vmpool.ids import Job
 from vmpool.lifecycle import Fleet, batch, batch_time, create_vm_batch, provision_batch
@@ -96,12 +96,12 @@ def test_a_job_looks_at_the_sweeps_queue_only_after_its_poll_interval(
     assert make_config().schedule.sweep_expired / 4 > 2 * batch_time.SWEEP_POLL_S
 
 
-class _SweepQueuedAtFirstCreate:
-    """The simulated provider; its first create queues the expiry sweep first (the
-    scheduler's move lands while the job runs its creates in line)."""
+class _SweepQueuedAtFirstCreate(OneByOne):
+    """The simulated provider, one VM per call; its first create queues the expiry sweep
+    first (the scheduler's move lands while the job runs its creates in line)."""
 
     def __init__(self, fleet: Fleet, url: str) -> None:
-        self.sim = fleet.providers["sim"]
+        self.sim = fleet.providers["sim"]  # type: ignore[assignment]
         self.keys = fleet.keys
         self.url = url
         self.creates = 0
@@ -111,9 +111,6 @@ class _SweepQueuedAtFirstCreate:
         if self.creates == 1:
             enqueue(redis.Redis.from_url(self.url), self.keys, Job.SWEEP_EXPIRED)
         return self.sim.create_vm(pool, template, vm_name)
-
-    def __getattr__(self, attr: str) -> Any:
-        return getattr(self.sim, attr)
 
 
 def test_stages_run_in_line_stop_for_a_waiting_sweep_and_queue_what_they_held(

@@ -77,9 +77,9 @@ def test_the_check_is_red_without_the_work_set_claims(redis_client: redis.Redis)
     config = make_config()
     fleet = make_fleet(redis_client, config)
     _fill_every_index(redis_client, fleet.keys, config)
-    claims = {fleet.keys.work_part(j, "claims") for j in lifecycle.vms.REDISPATCHED}
+    claims = {fleet.keys.work_part(j, "claims") for j in lifecycle.pending.REDISPATCHED}
     inputs = sweep_inputs(config, fleet.keys)[Job.CHECK_PENDING_SWEEP]
     redis_client.delete(*[key for key in inputs if key not in claims])
-    assert WorkSet(redis_client, fleet.keys).lapsed(lifecycle.vms.REDISPATCHED, 2.0)
+    assert WorkSet(redis_client, fleet.keys).lapsed(lifecycle.pending.REDISPATCHED, 2.0)
     lifecycle.check_pending_sweep(fleet)
     assert recorder(fleet).take() != []

@@ -116,13 +116,16 @@ def test_a_create_batch_claims_one_create_first_so_another_worker_takes_the_next
     lifecycle.provision_batch(fleet)  # two VMs reserved, their creates in the work set
     claims = fleet.keys.work_part(Job.CREATE_VM, "claims")
     provider = fleet.providers["sim"]
-    create = provider.create_vm
-    claimed: list[int] = []  # at each create: how many creates are claimed
+    claimed: list[int] = []  # at each call of the provider: how many creates are claimed
 
-    def create_noting_the_claims(*args: Any, **kwargs: Any) -> Any:
-        claimed.append(int(redis_client.zcard(claims)))
-        return create(*args, **kwargs)
+    def noting_the_claims(call: Any) -> Any:
+        def noted(*args: Any, **kwargs: Any) -> Any:
+            claimed.append(int(redis_client.zcard(claims)))
+            return call(*args, **kwargs)
 
-    monkeypatch.setattr(provider, "create_vm", create_noting_the_claims)
+        return noted
+
+    for name in ("create_vm", "create_vms"):  # one VM a call, or a claim's VMs at once
+        monkeypatch.setattr(provider, name, noting_the_claims(getattr(provider, name)))
     lifecycle.create_vm_batch(fleet)
     assert claimed == [1, 1], claimed

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from vmpool.state.locks import LockRenewer
+from vmpool.state.lock_renewer import LockRenewer
 from vmpool.state.renewer_sleep import RenewerSleep
 
 from storehelp import wait_until

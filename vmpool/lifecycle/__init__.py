@@ -23,6 +23,7 @@ normal answer of a race it lost (logged, never raised).
 
 from vmpool.lifecycle.fleet import Dispatcher, Fleet, RecordingDispatcher
 from vmpool.lifecycle.history import record_history
+from vmpool.lifecycle.pending import check_pending_sweep, reserved_grace_s
 from vmpool.lifecycle.reaping import reap_running
 from vmpool.lifecycle.reconcile import reconcile
 from vmpool.lifecycle.requests import (
@@ -33,14 +34,7 @@ from vmpool.lifecycle.requests import (
 )
 from vmpool.lifecycle.stages import check_pending_batch, create_vm_batch, provision_batch
 from vmpool.lifecycle.vm_tasks import vm_task
-from vmpool.lifecycle.vms import (
-    check_pending_sweep,
-    check_pending_vm,
-    create_vm,
-    destroy_sweep,
-    destroy_vm,
-    reserved_grace_s,
-)
+from vmpool.lifecycle.vms import check_pending_vm, create_vm, destroy_sweep, destroy_vm
 from vmpool.lifecycle.warm import check_ready, claim_ready, top_up_pools
 
 __all__ = [

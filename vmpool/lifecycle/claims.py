@@ -38,7 +38,7 @@ class ClaimKeeper:
 
     Keeps ``claim`` of ``job`` (subjects in the order they are run) for its batch job:
     renews its lease (``lease_s``) every third of it, and at ``deadline`` (monotonic)
-    lets go of the subjects not started. A :class:`~vmpool.state.locks.Renewable`."""
+    lets go of the subjects not started. A :class:`~vmpool.state.lock_renewer.Renewable`."""
 
     def __init__(
         self,

@@ -44,6 +44,7 @@ __all__ = [
     "creates_due",
     "held_back",
     "let_go",
+    "limited",
     "quota_wait",
 ]
 
@@ -130,12 +131,17 @@ def admit(
     return VMStep.QUOTA if noted.ok else store_code(noted)
 
 
+def limited(provider: Provider) -> bool:
+    """Whether the provider has limits of its own (max_instances, max_cores)."""
+    return isinstance(provider, Capacity) and any(provider.limits())
+
+
 def let_go(fleet: Fleet, provider: Provider, vm: VMRecord) -> None:
     """Give back the create's claim within the provider's limits.
 
     The create is over: its claim within the provider's limits is given back (the VM, if
     made, is counted by its pool's index from now on)."""
-    if isinstance(provider, Capacity) and any(provider.limits()):
+    if limited(provider):
         fleet.capacity.release(vm.provider, vm.pool, vm.name)
 
 

@@ -44,7 +44,8 @@ from vmpool.state.capacity import ProviderCapacity
 from vmpool.state.circuit import ProviderCircuit
 from vmpool.state.fleet_identity import IdentityWatch
 from vmpool.state.keys import Keys
-from vmpool.state.locks import FencedLock, LockKind, LockRenewer
+from vmpool.state.lock_renewer import LockRenewer
+from vmpool.state.locks import FencedLock, LockKind
 from vmpool.state.names import NameGenerator
 from vmpool.state.records import Outcome, VMRecord
 from vmpool.state.semaphore import CloneSemaphore

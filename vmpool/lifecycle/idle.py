@@ -13,7 +13,7 @@ its inputs absent and everything else present, and finds it changes nothing):
 - ``sweep_expired``: the open-request index (``Store.due_for_expiry``)
 - ``provision_sweep``: the requests with unreserved slots (``provision_candidates``)
 - ``check_pending_sweep``: every pool's reserved and pending VMs, and the claims of the
-  work sets it dispatches again (:data:`vmpool.lifecycle.vms.REDISPATCHED`)
+  work sets it dispatches again (:data:`vmpool.lifecycle.pending.REDISPATCHED`)
 - ``destroy_sweep``: every pool's completed and on-hold VMs
 - ``check_ready``: every pool's ready VMs
 - ``top_up_pools``: nothing while some pool has a size; with every size 0, the sizes set
@@ -32,7 +32,7 @@ from collections.abc import Mapping, Sequence
 
 from vmpool.config import Config
 from vmpool.ids import Job
-from vmpool.lifecycle.vms import REDISPATCHED
+from vmpool.lifecycle.pending import REDISPATCHED
 from vmpool.state.keys import Keys
 from vmpool.state.transitions import VMState
 

@@ -24,7 +24,9 @@ import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from vmpool.ids import VM_NAME_RE
+from vmpool.config import Config
+from vmpool.ids import VM_NAME_RE, Job
+from vmpool.lifecycle.cloudsteps import creates_due
 from vmpool.lifecycle.failures import boot_failed_noted
 from vmpool.lifecycle.fleet import Fleet, after_vm_failed, note_outcome
 from vmpool.lifecycle.locking import LockMiss, run_locked
@@ -34,16 +36,20 @@ from vmpool.providers import ProviderVM, ProviderVMState, StatusBatch
 from vmpool.state.locks import FencedLock, acquire_all, release_all
 from vmpool.state.records import VMRecord
 from vmpool.state.transitions import VMState
+from vmpool.state.workset import WorkSet
 
 __all__ = [
+    "REDISPATCHED",
     "Answers",
     "Booting",
     "Listing",
     "apply_listing",
     "check_batched",
+    "check_pending_sweep",
     "list_lag_s",
     "list_pending",
     "observe_pending",
+    "reserved_grace_s",
 ]
 
 log = logging.getLogger(__name__)
@@ -326,3 +332,55 @@ def _observe_locked(
         return observe_pending(fleet, vm, lock, held, ready, lag_s=lag)
 
     return run_locked(fleet, "vm", name, "check_pending", step, lock=lock, read_record=True)
+
+
+def reserved_grace_s(config: Config) -> float:
+    """How long a reservation may wait for its create job.
+
+    Then the pending sweep dispatches the create again (it is idempotent, and a running one
+    answers 'busy')."""
+    return max(10.0, 2.0 * config.schedule.check_pending_sweep)
+
+
+def check_pending_sweep(fleet: Fleet, pool: str | None = None) -> int:
+    """Dispatch the checks and creates the booting and reserved VMs need.
+
+    Dispatch check_pending_vm for every pending VM of every configured pool (or of
+    ``pool``), and create_vm again for reservations older than ``reserved_grace_s`` (a
+    lost create job, or one that found no clone slot). Returns the dispatch count.
+
+    Batched: one read per state for all pools (a pipeline), one dispatch batch per job,
+    so the round trips per tick do not grow with the number of pending VMs. The VMs of
+    a provider that answers for many at once (the clouds) are checked here instead,
+    one list call per provider (``pending.check_batched``). Work-set subjects due back
+    in line (deferred, or claimed by a worker that died) are dispatched again too (one
+    read), so a batch job is queued for them within a tick, and so are the requests
+    waiting for a clone slot whose turn has come (one script: a slot freed goes to the
+    first in line within a tick)."""
+    now = fleet.store.server_time()
+    grace = reserved_grace_s(fleet.config)
+    pools = [pool] if pool else list(fleet.config.pools)
+    stale = creates_due(
+        fleet, fleet.store.pools_vms(pools, VMState.RESERVED, max_score=now - grace)
+    )
+    pending = check_batched(fleet, pools, now)  # a batching provider's VMs: checked here
+    # work-set subjects back in line (a deferral over, a dead claimer's lease ended):
+    # dispatched again, which queues a batch job for them (they are in the set once)
+    due = WorkSet(fleet.redis, fleet.keys).lapsed(REDISPATCHED, now) if pool is None else {}
+    pending = list(dict.fromkeys([*pending, *due.get(Job.CHECK_PENDING_VM, [])]))
+    stale = list(dict.fromkeys([*stale, *due.get(Job.CREATE_VM, [])]))
+    if pending:
+        fleet.dispatch.send(Job.CHECK_PENDING_VM, pending)
+    if stale:
+        fleet.dispatch.send(Job.CREATE_VM, stale)
+    requests = due.get(Job.PROVISION_REQUEST, [])
+    if pool is None:  # a clone slot free goes to the request first in line waiting for one
+        requests = list(dict.fromkeys([*requests, *fleet.slots.turns()]))
+    if requests:
+        fleet.dispatch.send(Job.PROVISION_REQUEST, requests)
+    return len(pending) + len(stale) + len(requests)
+
+
+# The work sets whose subjects the pending sweep dispatches again once they are due
+# (also what the scheduler checks before it runs it: vmpool/lifecycle/idle.py).
+REDISPATCHED = (Job.CREATE_VM, Job.CHECK_PENDING_VM, Job.PROVISION_REQUEST)

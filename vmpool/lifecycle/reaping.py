@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 
 from vmpool.ids import Job
 from vmpool.lifecycle.fleet import Fleet, note_outcome
-from vmpool.lifecycle.vms import reserved_grace_s
+from vmpool.lifecycle.pending import reserved_grace_s
 from vmpool.state.transitions import VMState
 
 __all__ = ["reap_running", "retired_pools"]

@@ -18,6 +18,7 @@ from typing import Any, Final
 
 from vmpool.ids import Job
 from vmpool.lifecycle.batch import Stage, Stages, run_stages
+from vmpool.lifecycle.creating import create_at_once
 from vmpool.lifecycle.fleet import Fleet
 from vmpool.lifecycle.ready import ready_now, record_ready_all
 from vmpool.lifecycle.requests import CloneGate, provision_request
@@ -76,7 +77,8 @@ def _create_stage() -> Stage:
 
 
 def _take_slots(fleet: Fleet, locks: list[FencedLock]) -> dict[str, dict[str, Any]]:
-    """Take a create claim's clone slots in one script.
+    """Take a create claim's clone slots in one script; the VMs a provider makes at once,
+    made (:func:`~vmpool.lifecycle.creating.create_at_once`).
 
     A create claim's clone slots in one script: for each VM still reserved (as read
     under its lock), its lease renewed or a free slot taken, as ``create_vm`` would do
@@ -91,7 +93,8 @@ def _take_slots(fleet: Fleet, locks: list[FencedLock]) -> dict[str, dict[str, An
     decided = write_mark()  # each create rests on the writes so far, not on those after
     for lock in locks:
         lock.decided = decided
-    return {name: {"slot": ok} for name, ok in slots.items()}
+    made = create_at_once(fleet, locks, slots)
+    return {name: {"slot": ok, "made": made.get(name)} for name, ok in slots.items()}
 
 
 def check_pending_batch(fleet: Fleet) -> dict[str, int]:

@@ -13,37 +13,32 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 
-from vmpool.config import Config
 from vmpool.ids import Job
 from vmpool.lifecycle.cloudsteps import (
     admit,
     circuit_closed,
     create_failed,
-    creates_due,
     held_back,
     let_go,
 )
+from vmpool.lifecycle.creating import Made
 from vmpool.lifecycle.failpoints import failpoint
 from vmpool.lifecycle.fleet import Fleet, note_outcome
 from vmpool.lifecycle.locking import run_locked
-from vmpool.lifecycle.outcomes import VMCode, VMStep, in_state, store_code
-from vmpool.lifecycle.pending import check_batched, list_lag_s, observe_pending
+from vmpool.lifecycle.outcomes import StoreCode, VMCode, VMStep, in_state, store_code
+from vmpool.lifecycle.pending import list_lag_s, observe_pending
 from vmpool.providers import Provider, ProviderVM, ProviderVMState, StatusBatch, create_for_request
 from vmpool.state.durability import settle
 from vmpool.state.locks import FencedLock
 from vmpool.state.records import Outcome, VMRecord
 from vmpool.state.transitions import VM_TO_DESTROY, VMState
-from vmpool.state.workset import WorkSet
 
 __all__ = [
-    "REDISPATCHED",
-    "check_pending_sweep",
     "check_pending_vm",
     "create_vm",
     "destroy_at_provider",
     "destroy_sweep",
     "destroy_vm",
-    "reserved_grace_s",
 ]
 
 log = logging.getLogger(__name__)
@@ -54,7 +49,11 @@ log = logging.getLogger(__name__)
 
 
 def create_vm(
-    fleet: Fleet, name: str, lock: FencedLock | None = None, slot: bool | None = None
+    fleet: Fleet,
+    name: str,
+    lock: FencedLock | None = None,
+    slot: bool | None = None,
+    made: Made | None = None,
 ) -> VMCode:
     """Create a reserved VM at its provider and record it pending.
 
@@ -83,9 +82,11 @@ def create_vm(
     lock's fencing token, so only this create (or a newer holder of the VM's lock)
     releases it: a creator paused past its lock and lease cannot release the slot of
     the one that took its VM over. A create recorded (``vm_created``) gives the slot
-    back in that unit, with the requests whose turn it is then.
+    back in that unit, with the requests whose turn it is then. ``made``: the VM made
+    and recorded with the rest of its claim (:mod:`vmpool.lifecycle.creating`); this
+    goes on from there.
     """
-    body = _create_locked if slot is None else partial(_create_locked, slot=slot)
+    body = partial(_create_locked, slot=slot, made=made)
 
     def not_reserved(lock: FencedLock) -> None:
         give_slot_back(fleet, name, lock.fence)  # no create needs its slot any more
@@ -142,32 +143,33 @@ def _under_vm_lock(
 
 
 def _create_locked(
-    fleet: Fleet, vm: VMRecord, provider: Provider, lock: FencedLock, slot: bool | None = None
+    fleet: Fleet,
+    vm: VMRecord,
+    provider: Provider,
+    lock: FencedLock,
+    slot: bool | None = None,
+    made: Made | None = None,
 ) -> VMCode:
     name = vm.name
-    hold = held_back(fleet, provider, vm)
-    if hold:
-        give_slot_back(fleet, name, lock.fence)  # the VM waits reserved, holding no slot
-        return VMStep(hold)
-    if slot is None:  # renews (or takes over) the VM's lease, or takes a free slot
-        slot = fleet.slots.acquire(name, lock.fence) is not None
-    if not slot:
-        log.info("create %s: clone limit reached, waiting for a slot", name)
-        return VMStep.THROTTLED
+    if made is None:
+        hold = held_back(fleet, provider, vm)
+        if hold:
+            give_slot_back(fleet, name, lock.fence)  # the VM waits reserved, holding no slot
+            return VMStep(hold)
+        if slot is None:  # renews (or takes over) the VM's lease, or takes a free slot
+            slot = fleet.slots.acquire(name, lock.fence) is not None
+        if not slot:
+            log.info("create %s: clone limit reached, waiting for a slot", name)
+            return VMStep.THROTTLED
     created: Outcome | None = None
     try:
-        lock.ensure_held()  # before the provider call: a side effect no fence guards
-        refused = admit(fleet, provider, vm, lock)  # the provider's own limits
-        if refused:
-            return refused
-        try:
-            with fleet.slots.renewing(name, lock.fence):  # held as long as the call runs
-                create_for_request(provider, vm.pool, vm.template, name, vm.request_id)
-        except Exception as exc:  # any provider failure is recorded, never raised
-            return create_failed(fleet, provider, vm, lock, exc)
-        failpoint("create_vm.after_provider")
+        answer = made.answer if made else _create_at_provider(fleet, provider, vm, lock)
+        if isinstance(answer, str):
+            return answer  # the provider's own limits: the VM waits
+        if isinstance(answer, Exception):  # any provider failure is recorded, never raised
+            return create_failed(fleet, provider, vm, lock, answer)
         circuit_closed(fleet, provider, vm)
-        created = _record_created(fleet, vm, lock)
+        created = _record_created(fleet, vm, lock, made)
         return _after_created(fleet, vm, provider, lock, created)
     finally:
         if created is None or not created.ok:  # else vm_created gave it back
@@ -175,18 +177,41 @@ def _create_locked(
         let_go(fleet, provider, vm)
 
 
-def _record_created(fleet: Fleet, vm: VMRecord, lock: FencedLock) -> Outcome:
-    """``vm_created``, which gives the VM's clone slot back in its unit; the requests
-    whose turn for a slot it is then get their provision dispatched at once."""
-    # No ensure_held() before the write: its fence refuses a stale holder inside it.
-    failpoint("create_vm.before_commit")  # a pause here is what the fence is for
-    created = fleet.store.vm_created(
-        vm.name,
-        actor=fleet.who("create"),
-        fence=lock.fence,
-        request_id=vm.request_id,
-        slot_limit=fleet.slots.limit,
-    )
+def _create_at_provider(
+    fleet: Fleet, provider: Provider, vm: VMRecord, lock: FencedLock
+) -> ProviderVM | Exception | VMStep | StoreCode:
+    """The provider's create of ``vm`` (its error in place), or why it must wait."""
+    lock.ensure_held()  # before the provider call: a side effect no fence guards
+    refused = admit(fleet, provider, vm, lock)  # the provider's own limits
+    if refused:
+        return refused
+    try:
+        with fleet.slots.renewing(vm.name, lock.fence):  # held as long as the call runs
+            made = create_for_request(provider, vm.pool, vm.template, vm.name, vm.request_id)
+    except Exception as exc:
+        return exc
+    failpoint("create_vm.after_provider")
+    return made
+
+
+def _record_created(fleet: Fleet, vm: VMRecord, lock: FencedLock, made: Made | None) -> Outcome:
+    """``vm_created`` (run with its claim's when ``made``), which gives the VM's clone slot
+    back in its unit; the requests whose turn for a slot it is then get their provision
+    dispatched at once."""
+    if made is None:
+        # No ensure_held() before the write: its fence refuses a stale holder inside it.
+        failpoint("create_vm.before_commit")  # a pause here is what the fence is for
+        created: Outcome | Exception | None = fleet.store.vm_created(
+            vm.name,
+            actor=fleet.who("create"),
+            fence=lock.fence,
+            request_id=vm.request_id,
+            slot_limit=fleet.slots.limit,
+        )
+    else:
+        created = made.created
+    if not isinstance(created, Outcome):
+        raise created or RuntimeError(f"create {vm.name}: made, and no record of it")
     note_outcome("vm_created", vm.name, created)
     if created.turns:
         fleet.dispatch.send(Job.PROVISION_REQUEST, list(created.turns))
@@ -313,58 +338,6 @@ def _check_pending_locked(
         log.warning("check_pending %s: provider error, next check retries: %s", name, exc)
         return VMStep.PROVIDER_ERROR
     return observe_pending(fleet, vm, lock, held, ready, lag_s=list_lag_s(provider))
-
-
-def reserved_grace_s(config: Config) -> float:
-    """How long a reservation may wait for its create job.
-
-    Then the pending sweep dispatches the create again (it is idempotent, and a running one
-    answers 'busy')."""
-    return max(10.0, 2.0 * config.schedule.check_pending_sweep)
-
-
-def check_pending_sweep(fleet: Fleet, pool: str | None = None) -> int:
-    """Dispatch the checks and creates the booting and reserved VMs need.
-
-    Dispatch check_pending_vm for every pending VM of every configured pool (or of
-    ``pool``), and create_vm again for reservations older than ``reserved_grace_s`` (a
-    lost create job, or one that found no clone slot). Returns the dispatch count.
-
-    Batched: one read per state for all pools (a pipeline), one dispatch batch per job,
-    so the round trips per tick do not grow with the number of pending VMs. The VMs of
-    a provider that answers for many at once (the clouds) are checked here instead,
-    one list call per provider (``pending.check_batched``). Work-set subjects due back
-    in line (deferred, or claimed by a worker that died) are dispatched again too (one
-    read), so a batch job is queued for them within a tick, and so are the requests
-    waiting for a clone slot whose turn has come (one script: a slot freed goes to the
-    first in line within a tick)."""
-    now = fleet.store.server_time()
-    grace = reserved_grace_s(fleet.config)
-    pools = [pool] if pool else list(fleet.config.pools)
-    stale = creates_due(
-        fleet, fleet.store.pools_vms(pools, VMState.RESERVED, max_score=now - grace)
-    )
-    pending = check_batched(fleet, pools, now)  # a batching provider's VMs: checked here
-    # work-set subjects back in line (a deferral over, a dead claimer's lease ended):
-    # dispatched again, which queues a batch job for them (they are in the set once)
-    due = WorkSet(fleet.redis, fleet.keys).lapsed(REDISPATCHED, now) if pool is None else {}
-    pending = list(dict.fromkeys([*pending, *due.get(Job.CHECK_PENDING_VM, [])]))
-    stale = list(dict.fromkeys([*stale, *due.get(Job.CREATE_VM, [])]))
-    if pending:
-        fleet.dispatch.send(Job.CHECK_PENDING_VM, pending)
-    if stale:
-        fleet.dispatch.send(Job.CREATE_VM, stale)
-    requests = due.get(Job.PROVISION_REQUEST, [])
-    if pool is None:  # a clone slot free goes to the request first in line waiting for one
-        requests = list(dict.fromkeys([*requests, *fleet.slots.turns()]))
-    if requests:
-        fleet.dispatch.send(Job.PROVISION_REQUEST, requests)
-    return len(pending) + len(stale) + len(requests)
-
-
-# The work sets whose subjects the pending sweep dispatches again once they are due
-# (also what the scheduler checks before it runs it: vmpool/lifecycle/idle.py).
-REDISPATCHED = (Job.CREATE_VM, Job.CHECK_PENDING_VM, Job.PROVISION_REQUEST)
 
 
 def _flat(by_pool: Mapping[str, Sequence[str]]) -> list[str]:

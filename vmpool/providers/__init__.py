@@ -10,6 +10,8 @@ configuration: it is read through the few attributes the registry needs.
 
 from vmpool.providers.base import (
     Capacity,
+    CreateBatch,
+    CreateOrder,
     Disks,
     PermanentProviderError,
     Provider,
@@ -29,6 +31,8 @@ from vmpool.providers.simulated import SimulatedOptions, SimulatedProvider
 
 __all__ = [
     "Capacity",
+    "CreateBatch",
+    "CreateOrder",
     "Disks",
     "PermanentProviderError",
     "Provider",

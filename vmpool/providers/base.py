@@ -17,7 +17,7 @@ so everything here is about the provider's own contract:
 from __future__ import annotations
 
 import re
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import ClassVar, Protocol, runtime_checkable
@@ -26,6 +26,8 @@ from vmpool.ids import InvalidIdentifier, validate_pool_name
 
 __all__ = [
     "Capacity",
+    "CreateBatch",
+    "CreateOrder",
     "Disks",
     "PermanentProviderError",
     "Provider",
@@ -224,6 +226,29 @@ class StatusBatch(Protocol):
         """Each of ``names`` as the cloud sees it now, None for a VM the cloud does not hold.
 
         ``state`` is 'running' once the VM passes the ready check."""
+        ...
+
+
+@dataclass(frozen=True)
+class CreateOrder:
+    """One VM of a :class:`CreateBatch` call: what ``create_vm`` is told of it."""
+
+    pool: str
+    template: str
+    name: str
+    request_id: str = ""
+
+
+@runtime_checkable
+class CreateBatch(Protocol):
+    """A provider that creates many VMs with one call (the simulated cloud: one round trip).
+
+    A create claim hands it all its VMs at once instead of one ``create_vm`` each. Each
+    VM is made as ``create_vm`` makes it, idempotent by name, and fails alone."""
+
+    def create_vms(self, orders: Sequence[CreateOrder]) -> list[ProviderVM | Exception]:
+        """Each order's VM (made, or found made), or the error ``create_vm`` would have
+        raised for it, in the orders' order."""
         ...
 
 

@@ -29,11 +29,13 @@ from __future__ import annotations
 import logging
 import random
 import time
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, Final
 
 from vmpool.ids import validate_pool_name, validate_vm_name
 from vmpool.providers.base import (
+    CreateBatch,
+    CreateOrder,
     Disks,
     PermanentProviderError,
     Provider,
@@ -45,7 +47,15 @@ from vmpool.providers.base import (
     validate_provider_name,
 )
 from vmpool.providers.simulated_options import SimulatedOptions
-from vmpool.state.lua import read_script
+from vmpool.providers.simulated_records import (
+    created_vm,
+    decoded,
+    listed_vm,
+    seconds,
+    text,
+    vm_of,
+)
+from vmpool.state.lua import ScriptCall, read_script, run_pipelined
 
 if TYPE_CHECKING:
     from redis import Redis
@@ -79,7 +89,7 @@ _LIST_LUA = _lua("simulated_list.lua")
 LIST_PAGE: Final = 1000
 
 
-class SimulatedProvider(Provider, Snapshots, Disks):
+class SimulatedProvider(Provider, CreateBatch, Snapshots, Disks):
     """A provider whose cloud is a pair of Redis keys per instance name.
 
     Names are unique within one provider instance (as hostnames are in a real cloud), so
@@ -143,10 +153,41 @@ class SimulatedProvider(Provider, Snapshots, Disks):
         and TransientProviderError for a seeded create failure. Neither leaves anything in
         the inventory.
         """
-        validate_vm_name(name)
-        validate_pool_name(pool)
+        answer = self._before_write(CreateOrder(pool, template, name, request_id))
+        if isinstance(answer, Exception):
+            raise answer
+        if answer is not None:
+            return answer
+        return self._write(
+            pool, template, name, self.boot_seconds_for(name), self.never_ready_for(name)
+        )
+
+    def create_vms(self, orders: Sequence[CreateOrder]) -> list[ProviderVM | Exception]:
+        """:meth:`create_vm` for each order, the writes of all in one round trip (a cloud's
+        bulk create): each VM written by its own script, failing alone."""
+        answers = [self._before_write(order) for order in orders]
+        writes = [order for order, answer in zip(orders, answers, strict=True) if answer is None]
+        calls = [self._write_call(o.pool, o.template, o.name) for o in writes]
+        written = iter(run_pipelined(self._redis, calls))
+        out: list[ProviderVM | Exception] = []
+        for answer in answers:
+            if answer is None:
+                reply = next(written)
+                answer = reply if isinstance(reply, Exception) else created_vm(reply)
+            out.append(answer)
+        return out
+
+    def _before_write(self, order: CreateOrder) -> ProviderVM | Exception | None:
+        """What a create of ``order`` answers before any write: its error, or a VM planted
+        under its name; None when it is to be written."""
+        name, pool, template = order.name, order.pool, order.template
+        try:
+            validate_vm_name(name)
+            validate_pool_name(pool)
+        except Exception as exc:
+            return exc
         if template in self.options.permanent_fail_templates:
-            raise PermanentProviderError(
+            return PermanentProviderError(
                 f"simulated provider {self.name!r}: template {template!r} not found"
             )
         if self.options.create_latency_s > 0:
@@ -156,13 +197,11 @@ class SimulatedProvider(Provider, Snapshots, Disks):
             existing = self.get_vm(pool, name)
             if existing is not None:
                 return existing
-            raise TransientProviderError(
+            return TransientProviderError(
                 f"simulated create failure for VM {name!r} in pool {pool!r}"
                 f" (provider {self.name!r})"
             )
-        return self._write(
-            pool, template, name, self.boot_seconds_for(name), self.never_ready_for(name)
-        )
+        return None
 
     def is_ready(self, pool: str, name: str) -> bool:
         """True once the VM's boot time has passed on the server clock.
@@ -202,12 +241,12 @@ class SimulatedProvider(Provider, Snapshots, Disks):
         fields, server_time = pipe.execute()
         if not fields:
             return None
-        return self._to_vm(_decoded(fields), _seconds(server_time))
+        return vm_of(decoded(fields), seconds(server_time))
 
     def inventory(self) -> list[ProviderVM]:
         """Every VM this provider instance holds, all pools, sorted by name."""
         members = self._redis.smembers(self._keys.sim_inventory(self.name))
-        names = sorted(_text(member) for member in members)
+        names = sorted(text(member) for member in members)
         if not names:
             return []
         pipe = self._redis.pipeline(transaction=True)
@@ -215,9 +254,9 @@ class SimulatedProvider(Provider, Snapshots, Disks):
             pipe.hgetall(self._keys.sim_vm(self.name, name))
         pipe.time()
         *records, server_time = pipe.execute()
-        now = _seconds(server_time)
+        now = seconds(server_time)
         # A name destroyed between SMEMBERS and the pipeline has an empty hash: skip it.
-        return [self._to_vm(_decoded(fields), now) for fields in records if fields]
+        return [vm_of(decoded(fields), now) for fields in records if fields]
 
     # -- snapshots and disks (vmpool.providers.Snapshots, Disks) ----------------------------
     def create_snapshot(self, pool: str, name: str, snapshot: str) -> None:
@@ -238,7 +277,7 @@ class SimulatedProvider(Provider, Snapshots, Disks):
         """For tests: the snapshots, disks and ``reverted_to`` of VM ``name``.
 
         Snapshots as ``snapshot:<id>``, disks as ``disk:<label>`` -> GB."""
-        fields = _decoded(self._redis.hgetall(self._keys.sim_vm(self.name, name)))
+        fields = decoded(self._redis.hgetall(self._keys.sim_vm(self.name, name)))
         wanted = ("snapshot:", "disk:", "reverted_to")
         return {k: v for k, v in fields.items() if k.startswith(wanted)}
 
@@ -268,28 +307,28 @@ class SimulatedProvider(Provider, Snapshots, Disks):
         return int(self._redis.scard(self._keys.sim_inventory(self.name)))
 
     # -- internals -------------------------------------------------------------------------
+    def _write_call(
+        self,
+        pool: str,
+        template: str,
+        name: str,
+        boot_s: float | None = None,
+        never_ready: bool | None = None,
+    ) -> ScriptCall:
+        """simulated_create.lua's call for VM ``name`` (its boot under this seed unless told)."""
+        boot_s = self.boot_seconds_for(name) if boot_s is None else boot_s
+        never_ready = self.never_ready_for(name) if never_ready is None else never_ready
+        return ScriptCall(
+            self._create_script,
+            [self._keys.sim_vm(self.name, name), self._keys.sim_inventory(self.name)],
+            [name, pool, template, f"{boot_s:.6f}", "1" if never_ready else "0"],
+        )
+
     def _write(
         self, pool: str, template: str, name: str, boot_s: float, never_ready: bool
     ) -> ProviderVM:
-        reply = self._create_script(
-            keys=[self._keys.sim_vm(self.name, name), self._keys.sim_inventory(self.name)],
-            args=[name, pool, template, f"{boot_s:.6f}", "1" if never_ready else "0"],
-        )
-        _created, now, flat = reply
-        fields = dict(zip(flat[::2], flat[1::2], strict=True))
-        return self._to_vm(_decoded(fields), float(_text(now)))
-
-    @staticmethod
-    def _to_vm(fields: Mapping[str, str], now: float) -> ProviderVM:
-        return _vm(
-            fields["name"],
-            fields["pool"],
-            fields["template"],
-            fields["created_at"],
-            fields["ready_at"],
-            fields.get("never_ready", ""),
-            now,
-        )
+        reply = self._write_call(pool, template, name, boot_s, never_ready).run()
+        return created_vm(reply)
 
 
 class ListingSimulatedProvider(SimulatedProvider, StatusBatch):
@@ -322,9 +361,9 @@ class ListingSimulatedProvider(SimulatedProvider, StatusBatch):
         for start in range(0, len(ordered), LIST_PAGE):
             page = ordered[start : start + LIST_PAGE]
             now_s, *lines = self._list_script(keys=[vm_key(self.name, n) for n in page])
-            now = float(_text(now_s))
+            now = float(text(now_s))
             for name, line in zip(page, lines, strict=True):
-                out[name] = _listed(name, _text(line), now) if line else None
+                out[name] = listed_vm(name, text(line), now) if line else None
         return out
 
 
@@ -342,45 +381,3 @@ def simulated_provider(
     if SimulatedOptions.parse(options or {}).batch_status:
         return ListingSimulatedProvider(redis, keys, name, options)
     return SimulatedProvider(redis, keys, name, options)
-
-
-def _vm(
-    name: str,
-    pool: str,
-    template: str,
-    created_at: str,
-    ready_at: str,
-    never_ready: str,
-    now: float,
-) -> ProviderVM:
-    """A simulated VM as of server time ``now``: running once its ``ready_at`` has passed."""
-    ready = never_ready != "1" and float(ready_at) <= now
-    return ProviderVM(
-        name=name,
-        pool=pool,
-        template=template,
-        state=ProviderVMState.RUNNING if ready else ProviderVMState.BOOTING,
-        created_at=float(created_at),
-        hostname=name,
-    )
-
-
-def _listed(name: str, line: str, now: float) -> ProviderVM:
-    """The VM of one line of a simulated_list.lua page, as of ``now``."""
-    pool, template, created_at, ready_at, never_ready = line.split("\t")
-    return _vm(name, pool, template, created_at, ready_at, never_ready, now)
-
-
-def _seconds(server_time: tuple[int, int]) -> float:
-    """A Redis TIME reply (seconds, microseconds) as float seconds."""
-    seconds, micros = server_time
-    return float(seconds) + float(micros) / 1_000_000
-
-
-def _text(value: str | bytes) -> str:
-    """Replies are str with decode_responses=True. Accept a bytes client as well."""
-    return value.decode() if isinstance(value, bytes) else value
-
-
-def _decoded(fields: Mapping[Any, Any]) -> dict[str, str]:
-    return {_text(key): _text(value) for key, value in fields.items()}

@@ -19,16 +19,19 @@ is granted the same lock. Three things make that harmless:
    write it is not needed and not made (the fence refuses a stale holder inside the
    write). It narrows the window, the fence closes it.
 
-Renewal: a :class:`LockRenewer` (one daemon thread, shared by every lock of a process
-that is given it: the Fleet holds one) extends each held lock every third of its expiry
+Renewal: a :class:`~vmpool.state.lock_renewer.LockRenewer` (one daemon thread, shared
+by every lock of a process that is given it: the Fleet holds one) extends each held
+lock every third of its expiry
 with the same token-checked script. A lock it finds lost is marked lost (and
 :meth:`FencedLock.ensure_held` raises). A lock given no renewer gets a renewer of its
 own. A grant is one script and a release another (no round trip or thread per lock
 beyond them).
 
 Batch jobs: :func:`acquire_all` grants the locks of a claim's subjects in
-one script and :func:`release_all` releases them in one. Each is still its own lock
-with its own fresh id and token, granted or refused on its own. A lock made with
+one script, :func:`held_all` checks them in one read before a side effect for all of
+them (a provider's create of many VMs), and :func:`release_all` releases them in one.
+Each is still its own lock with its own fresh id and token, granted or refused on its
+own. A lock made with
 ``read_record=True`` also gets its subject's record, read in the grant's unit
 (:attr:`FencedLock.record`), so its holder need not read it again.
 
@@ -45,29 +48,27 @@ from __future__ import annotations
 import logging
 import math
 import os
-import threading
 import time
 from collections.abc import Sequence
 from functools import cached_property
 from types import TracebackType
-from typing import Any, Literal, Protocol
+from typing import Any, Literal
 
 import redis
 
 from vmpool.state.durability import settle
 from vmpool.state.keys import Keys
+from vmpool.state.lock_renewer import LockRenewer
 from vmpool.state.lua import read_script
 from vmpool.state.records import text
-from vmpool.state.renewer_sleep import RenewerSleep
 
 __all__ = [
     "FencedLock",
     "LockBusy",
     "LockKind",
     "LockLost",
-    "LockRenewer",
-    "Renewable",
     "acquire_all",
+    "held_all",
     "release_all",
 ]
 
@@ -90,81 +91,6 @@ _RELEASE_LUA = read_script("vmpool.state.scripts", "lock_release.lua")
 _CHECK_LUA = read_script("vmpool.state.scripts", "lock_check.lua")
 # A blocking acquire polls the grant this often at most.
 _POLL_MAX_S = 0.1
-# An idle renewer thread ends after this long without a lock.
-RENEWER_LINGER_S = 30.0
-
-
-class Renewable(Protocol):
-    """What a :class:`LockRenewer` keeps alive: a lock, or another lease of the process.
-
-    A batch job's claim is one (vmpool.lifecycle.claims).
-    """
-
-    key: str
-
-    def renew_every_s(self) -> float:
-        """Seconds until the next renewal is due (asked after each one)."""
-        ...
-
-    def _renew(self) -> bool:
-        """One renewal. False to be renewed no more."""
-        ...
-
-
-class LockRenewer:
-    """One daemon thread extending every lock it is given, each every third of its expiry.
-
-    A lock is extended until it is released or found lost. The thread starts on first
-    use. It idles (waiting on a condition, no Redis traffic) while no lock is held, and
-    ends after :data:`RENEWER_LINGER_S` without any (a process holding locks now and
-    then keeps one thread, not one per lock). It keeps any :class:`Renewable` the same
-    way.
-    """
-
-    def __init__(self) -> None:
-        self._cv = threading.Condition()
-        self._sleep = RenewerSleep(self._cv)
-        self._locks: dict[int, tuple[Renewable, float]] = {}
-        self._thread: threading.Thread | None = None
-
-    def add(self, lock: Renewable) -> None:
-        with self._cv:
-            due = time.monotonic() + lock.renew_every_s()
-            self._locks[id(lock)] = (lock, due)
-            if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(target=self._run, name="lock-renewer", daemon=True)
-                self._thread.start()
-            self._sleep.added(due)
-
-    def remove(self, lock: Renewable) -> None:
-        with self._cv:
-            self._locks.pop(id(lock), None)
-
-    def _due(self) -> list[Renewable] | None:
-        with self._cv:
-            while True:
-                if not self._locks:
-                    self._sleep.wait(RENEWER_LINGER_S)
-                    if not self._locks:
-                        self._thread = None  # add() starts another
-                        return None
-                now = time.monotonic()
-                due = [lk for lk, at in self._locks.values() if at <= now]
-                if due:
-                    for lk in due:
-                        self._locks[id(lk)] = (lk, now + lk.renew_every_s())
-                    return due
-                nxt = min((at for _, at in self._locks.values()), default=None)
-                self._sleep.wait(None if nxt is None else nxt - now)
-
-    def _run(self) -> None:
-        while (due := self._due()) is not None:
-            for lock in due:
-                try:
-                    if not lock._renew():
-                        self.remove(lock)
-                except redis.RedisError as exc:  # the next round may land
-                    log.warning("lock %s: renewal failed: %s", lock.key, exc)
 
 
 class FencedLock:
@@ -382,6 +308,25 @@ def acquire_all(locks: Sequence[FencedLock]) -> list[FencedLock]:
     keys = [k for lk in locks for k in (lk.key, lk.fence_key, lk.subject_key)]
     replies = first._grant(keys=keys, args=[*_grant_args(first), *(lk.id for lk in locks)])
     return [lk for lk, reply in zip(locks, replies, strict=True) if lk._taken(lk._granted(reply))]
+
+
+def held_all(locks: Sequence[FencedLock]) -> bool:
+    """:meth:`FencedLock.ensure_held` for every lock of ``locks`` (one client) at once.
+
+    One token-checked read of them all, then the unit's writes before the first lock's
+    :attr:`~FencedLock.decided` mark confirmed (the locks of one claim share it): before
+    one side effect for all their subjects (a provider's create of many VMs). False when
+    one is not held or not ours any more: each then checks alone, as it would have."""
+    if not locks or not all(lk._held and not lk._lost for lk in locks):
+        return False
+    first = locks[0]
+    owned = int(first._check(keys=[lk.key for lk in locks], args=[lk.id for lk in locks]))
+    if owned < len(locks):
+        return False
+    settle(first.redis, first.decided)
+    for lock in locks:
+        lock.decided = None  # as ensure_held: the mark was this side effect's
+    return True
 
 
 def release_all(locks: Sequence[FencedLock]) -> None:

@@ -28,8 +28,10 @@ from redis.exceptions import NoScriptError
 
 from vmpool.state.durability import (
     ConfirmingAsyncRedis,
+    ConfirmingRedis,
     Durability,
     check_confirmation,
+    current_scope,
     queue_confirmation,
 )
 
@@ -39,6 +41,7 @@ __all__ = [
     "evalsha_on",
     "execute_loading",
     "read_script",
+    "run_pipelined",
     "run_pipelined_async",
 ]
 
@@ -99,6 +102,35 @@ def execute_loading(
                 raise reply
         return replies
     raise AssertionError("unreachable")  # the second attempt returns or raises
+
+
+def run_pipelined(client: redis.Redis, calls: Sequence[ScriptCall]) -> list[Any]:
+    """The replies of ``calls`` run in order in one round trip (an error reply in its place).
+
+    Each call is still its own atomic script; the pipeline adds no atomicity across
+    them. A call the server answered NOSCRIPT did not run: it runs again alone, its
+    script loaded (after the calls that followed it: rare, after a Redis restart or
+    SCRIPT FLUSH). Their durability is a script call's on ``client``
+    (:class:`~vmpool.state.durability.ConfirmingRedis`): in a unit of work left to the
+    unit's end, else confirmed at once, one wait for them all."""
+    if not calls:
+        return []
+    with client.pipeline(transaction=False) as pipe:
+        for call in calls:
+            evalsha_on(pipe, call.script, call.keys, call.args)
+        replies: list[Any] = pipe.execute(raise_on_error=False)
+    out = [
+        call.run(client) if isinstance(reply, NoScriptError) else reply
+        for call, reply in zip(calls, replies, strict=True)
+    ]
+    if isinstance(client, ConfirmingRedis) and client.durability.waits:
+        scope = current_scope()
+        if scope is None:
+            client.confirm()
+        else:
+            for _ in calls:
+                scope.defer(client.durability)
+    return out
 
 
 class ScriptPipeline:

@@ -1,6 +1,6 @@
 """The sleep of a renewer thread, woken only when a lease added is due before it ends.
 
-A process's lock renewer (:class:`vmpool.state.locks.LockRenewer`) and clone-lease
+A process's lock renewer (:class:`vmpool.state.lock_renewer.LockRenewer`) and clone-lease
 keeper (:mod:`vmpool.state.semaphore`) each sleep on a condition until their next lease
 is due. Every lock a batch job takes is added to one, and every clone slot held while a
 create runs to the other: dozens per second under load. Notifying the thread at each

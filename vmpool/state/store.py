@@ -26,7 +26,7 @@ import redis
 from vmpool.ids import validate_vm_name
 from vmpool.state import reads
 from vmpool.state.keys import Keys
-from vmpool.state.lua import ScriptPipeline
+from vmpool.state.lua import ScriptPipeline, run_pipelined
 from vmpool.state.ops import Op
 from vmpool.state.pool_index import PoolIndexReads
 from vmpool.state.pool_store import PoolStore
@@ -204,6 +204,23 @@ class Store(PoolIndexReads):
         """
         args = [name, self._fence(fence), "" if slot_limit is None else int(slot_limit)]
         return self.scripts.run_on_vm(name, "vm_created", actor, args, request_id=request_id)
+
+    def vm_created_all(
+        self, created: Sequence[tuple[str, int, str]], *, actor: str, slot_limit: int
+    ) -> list[Outcome | Exception]:
+        """:meth:`vm_created` for each (name, fence, request id as read under the VM's
+        lock), in one round trip: each its own script, refused or not on its own (a
+        script's error in its place)."""
+        calls = [
+            self.scripts.call_on_vm(
+                name, "vm_created", actor, [name, self._fence(fence), int(slot_limit)], request_id
+            )
+            for name, fence, request_id in created
+        ]
+        return [
+            reply if isinstance(reply, Exception) else Outcome.from_reply(reply)
+            for reply in run_pipelined(self.redis, calls)
+        ]
 
     def vm_ready(
         self,

@@ -209,10 +209,23 @@ class StoreScripts:
         request_id = self.request_of(name, request_id)
         if request_id is None:
             return Outcome(False, "no_vm")
+        return Outcome.from_reply(self.call_on_vm(name, script, actor, args, request_id, op).run())
+
+    def call_on_vm(
+        self,
+        name: str,
+        script: str,
+        actor: str,
+        args: Sequence[Any],
+        request_id: str,
+        op: Op | None = None,
+    ) -> ScriptCall:
+        """:meth:`run_on_vm`'s call of ``script`` on VM ``name`` of ``request_id`` ('' for
+        a warm-pool VM: its pool variant), to run alone or with others."""
         if not request_id:
             script = POOL_VARIANTS.get(script, script)
         keys = self.keys.vm_script_keys(name, request_id)
-        return Outcome.from_reply(self.run(script, keys, actor, request_id, args, op))
+        return self.call(script, keys, actor, request_id, args, op)
 
 
 def prelude(keys: Keys) -> str:
