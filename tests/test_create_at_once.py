@@ -25,6 +25,10 @@ from vmpool.lifecycle.creating import create_at_once
 from vmpool.providers import CreateOrder, ProviderVM, SimulatedProvider
 from vmpool.state.locks import acquire_all, held_all
 from vmpool.state.workset import WorkSet
+from workers.batching import BatchDispatcher
+
+from lifecyclehelp import make_config, make_fleet
+from redishelp import RoundTrips
 
 
 class Counted:
@@ -156,3 +160,24 @@ def test_the_simulated_provider_creates_many_in_one_call_each_alone(
     assert isinstance(again[0], ProviderVM) and isinstance(first[0], ProviderVM)
     assert again[0].created_at == first[0].created_at
     assert sim.count() == 2
+
+
+def test_a_claims_round_trips_do_not_grow_with_its_creates(
+    redis_client: redis.Redis, redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A create claim of 10 costs the round trips of a claim of 5 (its locks, slots,
+    one lock check, one provider call, one round trip of records, its dispatch: 9).
+    Red before, when each create added three (a lock check, the create, its record):
+    21 and 36."""
+    monkeypatch.setattr(batch, "FIRST_CLAIM", {})
+    costs = []
+    for n in (1, 5, 10):  # the first loads the scripts
+        redis_client.flushdb()
+        counter = RoundTrips()
+        fleet = make_fleet(counter.client(redis_url, decode=True), make_config())
+        fleet.dispatch = BatchDispatcher(redis.Redis.from_url(redis_url), fleet.keys, fleet.config)
+        reserved(fleet, n)
+        before = counter.count
+        assert lifecycle.create_vm_batch(fleet) == {"pending": n}
+        costs.append(counter.count - before)
+    assert costs[2] - costs[1] <= 2, costs
