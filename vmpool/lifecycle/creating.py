@@ -17,7 +17,6 @@ no limits of its own (those are decided VM by VM). The others create alone.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Mapping, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass
@@ -33,8 +32,6 @@ from vmpool.state.records import Outcome, VMRecord
 from vmpool.state.transitions import VMState
 
 __all__ = ["Made", "create_at_once"]
-
-log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -55,21 +52,30 @@ def create_at_once(
     ``locks``: the claim's granted locks, each with its VM's record; ``slots``: whether
     each holds its clone slot. One group per provider."""
     groups: dict[str, list[tuple[FencedLock, VMRecord]]] = {}
+    makers: dict[str, CreateBatch | None] = {}  # by provider name, asked once a claim
     for lock in locks:
         vm = VMRecord.from_hash(lock.record) if lock.record else None
         if vm is None or vm.state != VMState.RESERVED or not slots.get(lock.subject):
             continue
-        provider = fleet.providers.get(vm.provider)
-        # a breaker or limits are decided VM by VM: such a provider's VMs create alone
-        alone = uses_circuit(provider) or provider is None or limited(provider)
-        if isinstance(provider, CreateBatch) and not alone:
+        if vm.provider not in makers:
+            makers[vm.provider] = _maker(fleet, vm.provider)
+        if makers[vm.provider] is not None:
             groups.setdefault(vm.provider, []).append((lock, vm))
     made: dict[str, Made] = {}
     for name, group in groups.items():
-        provider = fleet.providers[name]
-        assert isinstance(provider, CreateBatch)
-        made.update(_made_by(fleet, provider, group))
+        maker = makers[name]
+        assert maker is not None
+        made.update(_made_by(fleet, maker, group))
     return made
+
+
+def _maker(fleet: Fleet, name: str) -> CreateBatch | None:
+    """Provider ``name`` when it makes many VMs at once and decides nothing VM by VM (a
+    circuit breaker, limits of its own: such a provider's VMs create alone)."""
+    provider = fleet.providers.get(name)
+    if provider is None or uses_circuit(provider) or limited(provider):
+        return None
+    return provider if isinstance(provider, CreateBatch) else None
 
 
 def _made_by(
