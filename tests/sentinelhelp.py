@@ -326,7 +326,11 @@ class SentinelGroup:
 
     def wait_settled(self, timeout: float = 60.0) -> Node:
         """Until every other data node is a replica of the primary the sentinels name,
-        its link up: the group after a switch, with nothing left to undo."""
+        its link up, and every sentinel has seen it so: the group after a switch, with
+        nothing left to undo. A sentinel still seeing an old primary report itself a
+        primary (it asks a replica every 10 s) converts it later, even after another
+        sentinel promoted it in the next switch, which that switch then waits out and
+        aborts."""
 
         def settled() -> bool:
             port = self.master_port()
@@ -344,10 +348,31 @@ class SentinelGroup:
                     return False
                 if info.get("master_link_status") != "up":
                     return False
-            return True
+            return self._sentinels_see_replicas_of(port)
 
         wait_for(settled, timeout, "the group to settle", step=0.2)
         return self.current_primary()
+
+    def _sentinels_see_replicas_of(self, port: int) -> bool:
+        """Whether every running sentinel's last word from each running data node but
+        the primary on ``port`` is that it replicates from ``port``."""
+        others = {n.port for n in self.data_nodes if n.alive() and n.port != port}
+        for node in self.sentinels:
+            if not node.alive():
+                continue
+            try:
+                with contextlib.closing(node.client(socket_timeout=1)) as c:
+                    rows = c.execute_command("SENTINEL", "REPLICAS", MASTER)
+            except redis.RedisError:
+                return False
+            seen = {int(row[b"port"]): row for row in rows}  # redis-py parses each into a dict
+            for other in others:
+                row = seen.get(other)
+                if row is None or row.get(b"role-reported") != b"slave":
+                    return False
+                if int(row.get(b"master-port", 0)) != port:
+                    return False
+        return True
 
     def stop(self) -> None:
         for proxy in self.link_proxies:
