@@ -234,6 +234,8 @@ class SoakReport:
     requests: int = 0
     outcomes: dict[str, int] = field(default_factory=dict)
     faults: dict[str, int] = field(default_factory=dict)
+    # every fault applied, in order: its kind, wall-clock time, target, length, note
+    fault_log: list[dict[str, Any]] = field(default_factory=list)
     violations: dict[str, int] = field(default_factory=dict)
     examples: list[str] = field(default_factory=list)
     settle: dict[str, Any] = field(default_factory=dict)
@@ -1148,6 +1150,7 @@ def run_soak(opts: SoakOptions, command: str = "") -> SoakReport:
         report.client_ops = dict(Counter(f"{o.f}:{o.type}" for o in client.ops))
         report.acknowledged = acknowledged_checked(client.ops)
         report.faults = nemesis.counts()
+        report.fault_log = [asdict(fault) for fault in nemesis.faults]
         stops = ("redis_restart", "redis_kill9", "power_loss", *redis_faults.SENTINEL_FAULTS)
         report.redis_downtime_s = [
             round(f.duration_s, 2) for f in nemesis.faults if f.kind in stops
