@@ -143,8 +143,10 @@ class ResettingRetry(_PoolRetry, Retry):
             try:
                 return do()
             except self._supported_errors as error:  # type: ignore[misc]
-                counted = kwargs.get("with_failure_count", len(args) > 1 and args[1])
-                failed(error, 1) if counted else failed(error)
+                if kwargs.get("with_failure_count", len(args) > 1 and args[1]):
+                    failed(error, 1)  # the first failure, and the last
+                else:
+                    failed(error)
                 raise
         return super().call_with_retry(do, failed, *args, **kwargs)
 
