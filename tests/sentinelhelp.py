@@ -230,17 +230,24 @@ class SentinelGroup:
     def data_nodes(self) -> list[Node]:
         return [self.primary, *self.replica_nodes]
 
-    def master_port(self) -> int | None:
-        """The primary's port as a majority of the sentinels name it now."""
-        seen: dict[int, int] = {}
+    def ask_sentinels(self, *command: str) -> list[Any]:
+        """``SENTINEL <command> <master>``'s reply from each running sentinel, None from
+        one that did not answer."""
+        replies: list[Any] = []
         for node in self.sentinels:
             if not node.alive():
                 continue
             try:
                 with contextlib.closing(node.client(socket_timeout=1)) as c:
-                    addr = c.execute_command("SENTINEL", "GET-MASTER-ADDR-BY-NAME", MASTER)
+                    replies.append(c.execute_command("SENTINEL", *command, MASTER))
             except redis.RedisError:
-                continue
+                replies.append(None)
+        return replies
+
+    def master_port(self) -> int | None:
+        """The primary's port as a majority of the sentinels name it now."""
+        seen: dict[int, int] = {}
+        for addr in self.ask_sentinels("GET-MASTER-ADDR-BY-NAME"):
             if addr:
                 port = int(addr[1])
                 seen[port] = seen.get(port, 0) + 1
@@ -357,13 +364,8 @@ class SentinelGroup:
         """Whether every running sentinel's last word from each running data node but
         the primary on ``port`` is that it replicates from ``port``."""
         others = {n.port for n in self.data_nodes if n.alive() and n.port != port}
-        for node in self.sentinels:
-            if not node.alive():
-                continue
-            try:
-                with contextlib.closing(node.client(socket_timeout=1)) as c:
-                    rows = c.execute_command("SENTINEL", "REPLICAS", MASTER)
-            except redis.RedisError:
+        for rows in self.ask_sentinels("REPLICAS"):
+            if rows is None:
                 return False
             seen = {int(row[b"port"]): row for row in rows}  # redis-py parses each into a dict
             for other in others:

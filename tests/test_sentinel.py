@@ -89,6 +89,21 @@ class Creator(threading.Thread):
         self.halt.set()
         self.join(20)
 
+    def served_after(self, since: float, what: str) -> float:
+        """Seconds from ``since`` (monotonic) to the first create acknowledged after it,
+        waiting for one up to ``SERVED_AGAIN_S`` + 15 s."""
+        wait_for(lambda: any(t > since for t, _ in self.acked), SERVED_AGAIN_S + 15, what)
+        return min(t for t, _ in self.acked if t > since) - since
+
+
+def killed_under_writes(group: SentinelGroup, creator: Creator) -> tuple[Node, Node]:
+    """Once ``creator`` has 20 creates acknowledged, the primary killed and the
+    sentinels' failover done: (the old primary, the new)."""
+    wait_for(lambda: len(creator.acked) >= 20, 20, "creates before the fault")
+    old = group.current_primary()
+    old.kill()
+    return old, group.wait_failover(old)
+
 
 @pytest.fixture
 def group(tmp_path: Path) -> Iterator[SentinelGroup]:
@@ -108,15 +123,10 @@ def test_a_failover_with_the_old_primary_back_loses_no_acknowledged_create(
     assert creator.store.redis.durability.replicas == 1  # auto, through Sentinel
     creator.start()
     try:
-        wait_for(lambda: len(creator.acked) >= 20, 20, "creates before the fault")
-        old = group.current_primary()
-        old.kill()
-        new = group.wait_failover(old)
+        old, new = killed_under_writes(group, creator)
         promoted = time.monotonic()
         old.start()  # back on its own data: a primary again until the sentinels see it
-        wait_for(lambda: any(t > promoted for t, _ in creator.acked), SERVED_AGAIN_S + 15,
-                 "a create acknowledged after the failover")  # fmt: skip
-        served_after = min(t for t, _ in creator.acked if t > promoted) - promoted
+        served_after = creator.served_after(promoted, "a create acknowledged after the failover")
         group.wait_settled()
     finally:
         creator.stop()
@@ -135,15 +145,10 @@ def test_a_failover_and_one_back_lose_no_acknowledged_create(group: SentinelGrou
     creator = Creator(store(group.url))
     creator.start()
     try:
-        wait_for(lambda: len(creator.acked) >= 20, 20, "creates before the fault")
-        first = group.current_primary()
-        first.kill()
-        second = group.wait_failover(first)
+        first, second = killed_under_writes(group, creator)
         first.start()
         group.wait_settled()
-        settled = time.monotonic()
-        wait_for(lambda: any(t > settled for t, _ in creator.acked), SERVED_AGAIN_S + 15,
-                 "a create acknowledged on the second primary")  # fmt: skip
+        creator.served_after(time.monotonic(), "a create acknowledged on the second primary")
         second.pause()
         try:
             back = group.wait_failover(second)
@@ -151,8 +156,7 @@ def test_a_failover_and_one_back_lose_no_acknowledged_create(group: SentinelGrou
             second.resume()
         promoted = time.monotonic()
         assert group.wait_settled() is back
-        wait_for(lambda: any(t > promoted for t, _ in creator.acked), SERVED_AGAIN_S + 15,
-                 "a create acknowledged after the failover back")  # fmt: skip
+        creator.served_after(promoted, "a create acknowledged after the failover back")
     finally:
         creator.stop()
     assert back is first
