@@ -38,7 +38,7 @@ from workers.schedule_park import Parking
 from workers.table import job_id, template_id
 
 from schedulehelp import Clock, queued, ran
-from storehelp import make_request
+from storehelp import make_request, poll
 
 K = Keys()
 PENDING = "check_pending_sweep"
@@ -158,15 +158,16 @@ def test_a_wait_too_short_to_block_still_takes_the_wake_up(
 
 def _kill_blocked_pop(admin: redis.Redis, at: float, killed: threading.Event) -> None:
     """At ``at`` (monotonic), kill the connection blocked in BLPOP, once it is."""
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline:
-        blocked = [c for c in admin.client_list() if c["cmd"] == "blpop"]
-        if blocked:
-            time.sleep(max(0.0, at - time.monotonic()))  # the fault's moment, not a sync
-            admin.client_kill_filter(_id=blocked[0]["id"])
-            killed.set()
-            return
-        time.sleep(0.01)
+    blocked: list[dict[str, str]] = []
+
+    def found() -> bool:
+        blocked[:] = [c for c in admin.client_list() if c["cmd"] == "blpop"]
+        return bool(blocked)
+
+    if poll(found, 5, 0.01):
+        time.sleep(max(0.0, at - time.monotonic()))  # the fault's moment, not a sync
+        admin.client_kill_filter(_id=blocked[0]["id"])
+        killed.set()
 
 
 def test_a_wait_whose_connection_is_killed_still_ends_at_its_due_time(
