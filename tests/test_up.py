@@ -15,6 +15,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.request
@@ -22,6 +23,9 @@ from pathlib import Path
 
 import pytest
 import redis
+
+from vmpool.local.lifeline import stamp
+from vmpool.local.redis_server import DIR_PREFIX, OWNER_FILE
 
 from processhelp import Output
 from storehelp import wait_until
@@ -279,7 +283,8 @@ def test_up_with_the_dashboard_serves_the_fleets_queues() -> None:
     )
     out = Output(proc.stdout)
     try:
-        wait_until(lambda: "vmpool is up" in out.text(), timeout=90, step=0.1)
+        # the announcement's lines arrive one by one: wait for its last, not its first
+        wait_until(lambda: "Ctrl-C stops everything" in out.text(), timeout=90, step=0.1)
         board = re.search(r"rq-dashboard: (http://\S+)", out.text())
         assert board, out.text()
         with urllib.request.urlopen(board.group(1) + "/0/data/queues.json", timeout=10) as resp:
@@ -296,18 +301,31 @@ def test_up_with_the_dashboard_serves_the_fleets_queues() -> None:
             proc.wait(10)
 
 
-def test_up_dashboard_without_the_extra_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_up_dashboard_without_the_extra_is_one_line(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     """Without rq-dashboard installed, --dashboard is a usage error: exit 2, one line,
-    naming the extra to install, before anything is started."""
+    naming the extra to install, before anything is started or removed.
+
+    A killed run's directory is there (as a test that killed its `vmpool up` leaves one):
+    the usage error comes before the clean-up, so it stays, and nothing else is said."""
     from click.testing import CliRunner
 
     import vmpool.cli.up as up
 
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    left = tmp_path / (DIR_PREFIX + "killed")
+    left.mkdir()
+    owner = subprocess.Popen(["sleep", "60"])
+    (left / OWNER_FILE).write_text(stamp(owner.pid))
+    owner.kill()
+    owner.wait(10)
     monkeypatch.setattr(up, "dashboard_installed", lambda: False)
     res = CliRunner().invoke(up.up_command, ["--dashboard"])
     assert res.exit_code == 2
     assert "pip install 'vmpool[dashboard]'" in res.output
-    assert res.output.strip().count("\n") == 0
+    assert res.output.strip().count("\n") == 0, res.output
+    assert left.is_dir()
 
 
 def test_demo_report_is_quiet_and_says_its_failures_are_the_flaky_pools(tmp_path: Path) -> None:

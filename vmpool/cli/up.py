@@ -144,6 +144,8 @@ def up_command(
     process's log is a file in the run directory). Ctrl-C or SIGTERM stops them all.
     """
     config = cli.config
+    if dashboard and not dashboard_installed():  # a usage error changes nothing, not even /tmp
+        raise CliError("--dashboard needs rq-dashboard: pip install 'vmpool[dashboard]'")
     clean_leftovers_of_killed_runs()
     port, board_url = _ports(host, port, dashboard_port if dashboard else None, demo=demo)
     run_dir = _run_dir(log_dir)
@@ -241,8 +243,6 @@ def _ports(
     host: str, port: int | None, dashboard_port: int | None, *, demo: bool
 ) -> tuple[int, str | None]:
     """The API's port and the dashboard's URL (None: no dashboard), both free to listen on."""
-    if dashboard_port is not None and not dashboard_installed():
-        raise CliError("--dashboard needs rq-dashboard: pip install 'vmpool[dashboard]'")
     port = _api_port(host, port, demo)
     board_url = None
     if dashboard_port is not None:
