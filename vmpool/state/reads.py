@@ -1,11 +1,12 @@
-"""The store's reads as pipeline steps, and the trail read.
+"""The store's reads as pipeline steps, the trail read, and the store's record reads.
 
 A read queues its commands on any pipeline (sync or asyncio, so the API can await them
 on its loop), then builds the records from the replies. A read of several keys is one
 pipeline, not a round trip per key.
 
-:class:`~vmpool.state.store.Store` runs them on its own client. The API's hot GET paths
-run them on a redis.asyncio pipeline.
+:class:`RecordReads`, which :class:`~vmpool.state.store.Store` carries, runs them on
+the store's own client. The API's hot GET paths run them on a redis.asyncio pipeline.
+Nothing here writes.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from vmpool.state.records import (
 )
 
 __all__ = [
+    "RecordReads",
     "hostnames_by_alias",
     "queue_request",
     "queue_vms",
@@ -91,3 +93,66 @@ def trail(client: redis.Redis, key: str) -> list[AuditEntry]:
         if "WRONGTYPE" not in str(exc):
             raise
     return decode_stream_trail(client.xrange(key) or [])
+
+
+class RecordReads:
+    """The request and VM reads of a store with ``redis`` and ``keys``."""
+
+    redis: redis.Redis
+    keys: Keys
+
+    def server_time(self) -> float:
+        return time_from(self.redis.time())
+
+    def get_request(self, request_id: str) -> RequestRecord | None:
+        pipe = self.redis.pipeline(transaction=True)
+        queue_request(pipe, self.keys, request_id)
+        raw, names = pipe.execute()
+        return request_from(raw, names)
+
+    def get_vm(self, name: str) -> VMRecord | None:
+        raw = self.redis.hgetall(self.keys.vm(name))
+        return VMRecord.from_hash(decode_hash(raw)) if raw else None
+
+    def vm_at_address(self, address: str) -> str | None:
+        """The name of the VM that last turned ready with this cloud address, if any."""
+        raw = self.redis.hget(self.keys.addresses, address)
+        return None if raw is None else text(raw)
+
+    def get_vms(self, names: Iterable[str]) -> list[VMRecord]:
+        names = list(names)
+        if not names:
+            return []
+        pipe = self.redis.pipeline(transaction=False)
+        queue_vms(pipe, self.keys, names)
+        return vms_from(pipe.execute())
+
+    def request_vms(self, request_id: str) -> list[VMRecord]:
+        names = self.redis.smembers(self.keys.request_vms(request_id))
+        return self.get_vms(sorted(text(n) for n in names))
+
+    def hostnames(self, request_id: str) -> dict[str, list[str]]:
+        """Hostnames (FQDN) of the VMs attached to the request, by the alias asked for."""
+        return hostnames_by_alias(self.request_vms(request_id))
+
+    def history(self, request_id: str) -> list[AuditEntry]:
+        """A request's trail, oldest first."""
+        return trail(self.redis, self.keys.request_audit(request_id))
+
+    def due_for_expiry(self, limit: int = 1000, now: float | None = None) -> list[str]:
+        """Pending requests whose time is up (the script re-checks each one).
+
+        Read by score range: the cost follows the number due, not the number open.
+        """
+        now = self.server_time() if now is None else now
+        ids = self.redis.zrangebyscore(self.keys.open_requests, "-inf", now, start=0, num=limit)
+        return [text(i) for i in ids]
+
+    def open_requests(self, limit: int | None = None) -> list[str]:
+        end = -1 if limit is None else limit - 1
+        return [text(i) for i in self.redis.zrange(self.keys.open_requests, 0, end)]
+
+    def provision_candidates(self, limit: int = 1000) -> list[str]:
+        """Requests with unreserved slots, oldest first."""
+        ids = self.redis.zrange(self.keys.provision_queue, 0, limit - 1)
+        return [text(i) for i in ids]

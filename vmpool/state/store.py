@@ -18,39 +18,52 @@ Nothing else in vmpool writes a status: not the API, not a job, not the CLI.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, overload
 
 import redis
 
 from vmpool.ids import validate_vm_name
-from vmpool.state import reads
 from vmpool.state.keys import Keys
-from vmpool.state.lua import ScriptPipeline, run_pipelined
+from vmpool.state.lua import ScriptCall, ScriptPipeline, run_pipelined
 from vmpool.state.ops import Op
 from vmpool.state.pool_index import PoolIndexReads
 from vmpool.state.pool_store import PoolStore
 from vmpool.state.quotas import NO_LIMITS, QuotaLimits, QuotaStore
+from vmpool.state.reads import RecordReads
 from vmpool.state.records import (
-    AuditEntry,
     Booted,
     Outcome,
-    RequestRecord,
     RequestSettings,
     Slot,
-    VMRecord,
-    decode_hash,
     encode_slots,
-    text,
 )
 from vmpool.state.semaphore import SlotTerms
 from vmpool.state.store_scripts import StoreScripts
 from vmpool.state.vm_tasks import VMTaskStore
 
-__all__ = ["Store"]
+__all__ = ["Store", "VMAsk"]
 
 
-class Store(PoolIndexReads):
+@dataclass(frozen=True)
+class VMAsk:
+    """One VM to reserve for a request: its name, the slot alias it is for, its pool's
+    template, provider and domain, the request lock's fence, and its clone slot's terms
+    (None: no slot taken)."""
+
+    request_id: str
+    name: str
+    alias: str
+    pool: str
+    template: str
+    provider: str
+    domain: str | None
+    fence: int | None = None
+    slot: SlotTerms | None = None
+
+
+class Store(RecordReads, PoolIndexReads):
     """The request/VM state in Redis, changed only through checked atomic scripts.
 
     Its parts: ``pools`` (warm pools) and ``tasks`` (VM tasks), sharing its Redis, its
@@ -181,10 +194,26 @@ class Store(PoolIndexReads):
         """``quota``: the request's user's (refused ``quota_max_vms`` / ``quota_max_cores``
         unless all the request still needs fits it). ``slot``: the VM's clone slot is
         taken in the same unit, in the request's turn (else ``clone_limit``)."""
-        validate_vm_name(name)
-        args = [name, alias, pool, template, provider, domain or "", self._fence(fence)]
-        args += [*quota.argv(), *(slot.argv() if slot else ["", "", ""])]
-        return self._run("reserve_vm", request_id, actor, args, vm_name=name)
+        ask = VMAsk(request_id, name, alias, pool, template, provider, domain, fence, slot)
+        return Outcome.from_reply(self._reserve_call(ask, actor, quota).run())
+
+    def reserve_vms(self, asks: Sequence[VMAsk], *, actor: str) -> list[Outcome | Exception]:
+        """:meth:`reserve_vm` for each ask (of users without a quota), in one round trip:
+        each its own script, refused or not on its own (a script's error in its place),
+        in the order asked."""
+        calls = [self._reserve_call(ask, actor, NO_LIMITS) for ask in asks]
+        return [
+            reply if isinstance(reply, Exception) else Outcome.from_reply(reply)
+            for reply in run_pipelined(self.redis, calls)
+        ]
+
+    def _reserve_call(self, ask: VMAsk, actor: str, quota: QuotaLimits) -> ScriptCall:
+        validate_vm_name(ask.name)
+        args = [ask.name, ask.alias, ask.pool, ask.template, ask.provider, ask.domain or ""]
+        args += [self._fence(ask.fence), *quota.argv()]
+        args += ask.slot.argv() if ask.slot else ["", "", ""]
+        keys = self.keys.vm_script_keys(ask.name, ask.request_id)
+        return self.scripts.call("reserve_vm", keys, actor, ask.request_id, args)
 
     def vm_created(
         self,
@@ -317,60 +346,3 @@ class Store(PoolIndexReads):
     def vm_destroyed(self, name: str, *, actor: str, fence: int | None = None) -> Outcome:
         args = [name, self._fence(fence), self.keys.addresses]
         return self.scripts.run_on_vm(name, "vm_destroyed", actor, args)
-
-    # -- reads --------------------------------------------------------------------------
-    def server_time(self) -> float:
-        return reads.time_from(self.redis.time())
-
-    def get_request(self, request_id: str) -> RequestRecord | None:
-        pipe = self.redis.pipeline(transaction=True)
-        reads.queue_request(pipe, self.keys, request_id)
-        raw, names = pipe.execute()
-        return reads.request_from(raw, names)
-
-    def get_vm(self, name: str) -> VMRecord | None:
-        raw = self.redis.hgetall(self.keys.vm(name))
-        return VMRecord.from_hash(decode_hash(raw)) if raw else None
-
-    def vm_at_address(self, address: str) -> str | None:
-        """The name of the VM that last turned ready with this cloud address, if any."""
-        raw = self.redis.hget(self.keys.addresses, address)
-        return None if raw is None else text(raw)
-
-    def get_vms(self, names: Iterable[str]) -> list[VMRecord]:
-        names = list(names)
-        if not names:
-            return []
-        pipe = self.redis.pipeline(transaction=False)
-        reads.queue_vms(pipe, self.keys, names)
-        return reads.vms_from(pipe.execute())
-
-    def request_vms(self, request_id: str) -> list[VMRecord]:
-        names = self.redis.smembers(self.keys.request_vms(request_id))
-        return self.get_vms(sorted(text(n) for n in names))
-
-    def hostnames(self, request_id: str) -> dict[str, list[str]]:
-        """Hostnames (FQDN) of the VMs attached to the request, by the alias asked for."""
-        return reads.hostnames_by_alias(self.request_vms(request_id))
-
-    def history(self, request_id: str) -> list[AuditEntry]:
-        """A request's trail, oldest first."""
-        return reads.trail(self.redis, self.keys.request_audit(request_id))
-
-    def due_for_expiry(self, limit: int = 1000, now: float | None = None) -> list[str]:
-        """Pending requests whose time is up (the script re-checks each one).
-
-        Read by score range: the cost follows the number due, not the number open.
-        """
-        now = self.server_time() if now is None else now
-        ids = self.redis.zrangebyscore(self.keys.open_requests, "-inf", now, start=0, num=limit)
-        return [text(i) for i in ids]
-
-    def open_requests(self, limit: int | None = None) -> list[str]:
-        end = -1 if limit is None else limit - 1
-        return [text(i) for i in self.redis.zrange(self.keys.open_requests, 0, end)]
-
-    def provision_candidates(self, limit: int = 1000) -> list[str]:
-        """Requests with unreserved slots, oldest first."""
-        ids = self.redis.zrange(self.keys.provision_queue, 0, limit - 1)
-        return [text(i) for i in ids]
