@@ -19,6 +19,7 @@ from vmpool import lifecycle
 from vmpool.ids import Job
 from vmpool.lifecycle import Fleet
 from vmpool.state.records import Outcome, RequestSettings, Slot
+from vmpool.state.store import VMAsk
 from workers.batching import BatchDispatcher
 
 from lifecyclehelp import create_request, make_config, make_fleet, recorder
@@ -107,23 +108,33 @@ def test_a_slot_freed_during_a_batch_waits_for_the_older_request(
     a slot freed a moment later (a create elsewhere finished) is not taken by a younger
     request of the same batch; the older one gets it at its next turn. The slot is
     freed at the exact moment of the older request's refusal, so the test is
-    deterministic (without the batch's gate the younger one takes it)."""
+    deterministic (without the batch's gate and the slots' line the younger one takes
+    it). The claim's reservations are one pipeline, whose scripts other clients' commands
+    may come between: here they are sent one by one, the slot freed right after the
+    refusal; a request's own step, reserving alone, frees it the same way."""
     fleet = _batched_fleet(redis_client, redis_url, ondemand_clone_limit=1)
     assert fleet.slots.acquire("someone-elses-vm") is not None  # the fleet is full
     _post(fleet, "old")
     _post(fleet, "young")
-    reserve = fleet.store.reserve_vm  # takes the VM's slot in its unit
+    reserve, reserve_all = fleet.store.reserve_vm, fleet.store.reserve_vms
 
-    def reserve_then_free(request_id: str, **kwargs: Any) -> Outcome:
-        got = reserve(request_id, **kwargs)
-        if got.code == "clone_limit":
+    def free_if_refused(got: Outcome | Exception) -> Outcome | Exception:
+        if isinstance(got, Outcome) and got.code == "clone_limit":
             fleet.slots.release("someone-elses-vm")  # the other create just ended
         return got
 
+    def reserve_then_free(request_id: str, **kwargs: Any) -> Outcome | Exception:
+        return free_if_refused(reserve(request_id, **kwargs))
+
+    def reserve_all_then_free(asks: list[VMAsk], **kwargs: Any) -> list[Outcome | Exception]:
+        return [free_if_refused(reserve_all([ask], **kwargs)[0]) for ask in asks]
+
     monkeypatch.setattr(fleet.store, "reserve_vm", reserve_then_free)
+    monkeypatch.setattr(fleet.store, "reserve_vms", reserve_all_then_free)
     lifecycle.provision_batch(fleet)
     assert _reserved(fleet) == set()
     monkeypatch.setattr(fleet.store, "reserve_vm", reserve)
+    monkeypatch.setattr(fleet.store, "reserve_vms", reserve_all)
     assert _round(fleet) == {"old"}
 
 

@@ -29,7 +29,12 @@ from vmpool.lifecycle.outcomes import (
     store_code,
 )
 from vmpool.lifecycle.quotas import is_quota_refusal, limits_for, park, unpark_due
-from vmpool.lifecycle.reserving import MAX_NAME_ATTEMPTS, reserve_fresh
+from vmpool.lifecycle.reserving import (
+    MAX_NAME_ATTEMPTS,
+    MadeAtOnce,
+    configured_pool,
+    reserve_fresh,
+)
 from vmpool.lifecycle.warm import claim_ready, pools_with_ready
 from vmpool.state.locks import FencedLock
 from vmpool.state.quotas import QuotaLimits
@@ -71,6 +76,8 @@ class CloneGate:
 
     closed: bool = False
     over_quota: set[str] = field(default_factory=set)
+    # The reservations the claim made at once, by request (reserving.reserve_at_once)
+    made: dict[str, MadeAtOnce] = field(default_factory=dict)
 
 
 def provision_request(
@@ -182,12 +189,13 @@ def _reserve_slots(
 ) -> str:
     """Reserve the request's missing VMs, slot by slot. The code that stopped it, or ''."""
     request_id = req.id
+    made = gate.made.get(request_id, MadeAtOnce())
     for slot in req.slots:
         missing = slot.want - slot.live
         if missing <= 0:
             continue
-        pool = fleet.config.pools.get(slot.pool)
-        if pool is None or pool.provider not in fleet.providers:
+        pool = configured_pool(fleet, slot.pool)
+        if pool is None:
             log.error(
                 "request %s asks for pool %r, which is not configured (or has no provider);"
                 " skipping the slot",
@@ -196,8 +204,9 @@ def _reserve_slots(
             )
             continue
         for _ in range(missing):
+            first = made.take(slot.alias)
             code = _reserve_one(
-                fleet, request_id, slot.alias, pool, lock, reserved, limits, req.place
+                fleet, request_id, slot.alias, pool, lock, reserved, limits, req.place, first
             )
             if code == ReserveCode.CLONE_LIMIT:
                 gate.closed = True
@@ -222,12 +231,14 @@ def _reserve_one(
     reserved: list[str],
     limits: QuotaLimits,
     place: float,
+    first: tuple[str, Outcome] | None = None,
 ) -> ReserveCode | StoreCode:
     """Reserve one VM for the request's slot ``alias``.
 
     The VM is of ``pool``, within its user's quota ``limits``, its clone slot taken in the
     request's turn (its ``place`` in line). Its create is dispatched. Returns the code of
-    :func:`~vmpool.lifecycle.reserving.reserve_fresh`."""
+    :func:`~vmpool.lifecycle.reserving.reserve_fresh`. ``first``: the first try, made by
+    the claim (:func:`~vmpool.lifecycle.reserving.reserve_at_once`)."""
 
     def reserve(name: str, slot: SlotTerms) -> Outcome:
         # No ensure_held() first: the fence refuses a stale holder inside the write.
@@ -245,7 +256,7 @@ def _reserve_one(
             slot=slot,
         )
 
-    got = reserve_fresh(fleet, "reserve", reserve, place=place)
+    got = reserve_fresh(fleet, "reserve", reserve, place=place, made=first)
     if got.code == ReserveCode.RESERVED:
         reserved.append(got.name)
         fleet.dispatch.send(Job.CREATE_VM, [got.name])

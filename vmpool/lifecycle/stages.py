@@ -22,6 +22,7 @@ from vmpool.lifecycle.creating import create_at_once
 from vmpool.lifecycle.fleet import Fleet
 from vmpool.lifecycle.ready import ready_now, record_ready_all
 from vmpool.lifecycle.requests import CloneGate, provision_request
+from vmpool.lifecycle.reserving import reserve_at_once
 from vmpool.lifecycle.vms import check_pending_vm, create_vm
 from vmpool.lifecycle.warm import pools_with_ready
 from vmpool.providers import ProviderVM, StatusBatch
@@ -56,14 +57,23 @@ def provision_batch(fleet: Fleet) -> dict[str, int]:
 
 def _provision_stage() -> Stage:
     """A provision claim's step: a fresh gate (:class:`CloneGate`) for the claim."""
-    step = partial(provision_request, gate=CloneGate())
+    gate = CloneGate()
+    step = partial(provision_request, gate=gate)
     job = Job.PROVISION_REQUEST
-    return (job, step, LOCKED_STEPS[job], _ready_to_lend)
+    return (job, step, LOCKED_STEPS[job], partial(_reserve_for_claim, gate=gate))
 
 
-def _ready_to_lend(fleet: Fleet, locks: list[FencedLock]) -> dict[str, dict[str, Any]]:
-    """A provision claim's one read of the pools with ready VMs to lend, for each request."""
+def _reserve_for_claim(
+    fleet: Fleet, locks: list[FencedLock], gate: CloneGate
+) -> dict[str, dict[str, Any]]:
+    """A provision claim's one read of the pools with ready VMs to lend, for each request.
+
+    When none has one to lend, the VMs the claim's requests miss are reserved in one
+    round trip (:func:`~vmpool.lifecycle.reserving.reserve_at_once`), their outcomes on
+    the claim's ``gate`` for each request's step to take."""
     ready = pools_with_ready(fleet)
+    if not ready:
+        gate.made = reserve_at_once(fleet, locks)
     return {lock.subject: {"ready": ready} for lock in locks}
 
 
