@@ -174,7 +174,9 @@ def _claim_then_reserve(
             return "", req
         req = fresh
     if gate.closed:  # an older request met the clone limit: wait in line behind it
-        fleet.slots.join_line(req.id, req.place)
+        made = gate.made.get(req.id)
+        if made is None or not made.placed:  # else its claim's reservation placed it
+            fleet.slots.join_line(req.id, req.place)
         return "", req
     return _reserve_slots(fleet, req, lock, reserved, gate, limits), req
 

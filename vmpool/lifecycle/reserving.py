@@ -59,6 +59,9 @@ class MadeAtOnce:
     order made: each stands for its step's first try of one VM (:func:`reserve_fresh`)."""
 
     by_alias: dict[str, list[tuple[str, Outcome]]] = field(default_factory=dict)
+    # Each VM reserved or refused a clone slot: the request has its VMs, or the refusal's
+    # script put it in the slots' line at its place (nothing left for its step to write)
+    placed: bool = False
 
     def take(self, alias: str) -> tuple[str, Outcome] | None:
         """The next reservation made for ``alias``: its VM's name and outcome."""
@@ -93,6 +96,9 @@ def reserve_at_once(fleet: Fleet, locks: Sequence[FencedLock]) -> dict[str, Made
         by_alias.setdefault(ask.alias, []).append((ask.name, outcome))
         if outcome.ok:
             reserved.append(ask.name)
+    for one in made.values():
+        tried = [got for tries in one.by_alias.values() for _, got in tries]
+        one.placed = all(got.ok or got.code == ReserveCode.CLONE_LIMIT for got in tried)
     if reserved:
         fleet.dispatch.send(Job.CREATE_VM, reserved)
     return made
