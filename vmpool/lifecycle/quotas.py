@@ -18,7 +18,7 @@ from vmpool.lifecycle.fleet import Fleet
 from vmpool.providers import Capacity
 from vmpool.state.quotas import NO_LIMITS, QuotaLimits
 
-__all__ = ["cores_of", "is_quota_refusal", "limits_for", "park", "unpark_due"]
+__all__ = ["cores_of", "has_quota", "is_quota_refusal", "limits_for", "park", "unpark_due"]
 
 log = logging.getLogger(__name__)
 
@@ -47,18 +47,20 @@ def cores_of(fleet: Fleet, pool: str) -> int:
         return 1
 
 
+def has_quota(fleet: Fleet, user: str) -> bool:
+    """Whether ``user``'s quota limits anything (the anonymous user '' has none)."""
+    return fleet.config.quotas.limits(user) != (None, None)
+
+
 def limits_for(fleet: Fleet, user: str, pools: Iterable[str]) -> QuotaLimits:
     """The quota ``user``'s request for ``pools`` is checked against.
 
-    The anonymous user ('') has none, nor has a user whose quota limits nothing.
-    """
-    if not user:
+    NO_LIMITS for a user without one (:func:`has_quota`)."""
+    max_vms, max_cores = fleet.config.quotas.limits(user)
+    if max_vms is None and max_cores is None:
         return NO_LIMITS
-    quota = fleet.config.quotas.of(user)
-    if quota.max_vms is None and quota.max_cores is None:
-        return NO_LIMITS
-    cores = {pool: cores_of(fleet, pool) for pool in pools} if quota.max_cores is not None else {}
-    return QuotaLimits(quota.max_vms, quota.max_cores, cores)
+    cores = {pool: cores_of(fleet, pool) for pool in pools} if max_cores is not None else {}
+    return QuotaLimits(max_vms, max_cores, cores)
 
 
 def park(fleet: Fleet, request_id: str, limits: QuotaLimits) -> bool:

@@ -24,9 +24,8 @@ from vmpool.config import PoolConfig
 from vmpool.ids import Job
 from vmpool.lifecycle.fleet import Fleet, note_outcome
 from vmpool.lifecycle.outcomes import ReserveCode, StoreCode, store_code
-from vmpool.lifecycle.quotas import limits_for
+from vmpool.lifecycle.quotas import has_quota
 from vmpool.state.locks import FencedLock
-from vmpool.state.quotas import NO_LIMITS
 from vmpool.state.records import Outcome, RequestRecord
 from vmpool.state.semaphore import SlotTerms
 from vmpool.state.store import VMAsk
@@ -111,7 +110,7 @@ def _missing_vms(fleet: Fleet, locks: Sequence[FencedLock]) -> list[VMAsk]:
         req = RequestRecord.from_hash(lock.record) if lock.record else None
         if req is None or req.status != RequestStatus.PENDING or req.unreserved <= 0:
             continue
-        if limits_for(fleet, req.token_user, (slot.pool for slot in req.slots)) != NO_LIMITS:
+        if has_quota(fleet, req.token_user):
             continue
         terms = fleet.slots.terms(req.place)
         for slot in req.slots:
