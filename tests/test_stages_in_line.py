@@ -91,13 +91,14 @@ def test_a_stage_in_line_out_of_time_queues_a_job_for_what_was_held_back(
     failpoint): the creates are queued as a dispatch would have, not left to a sweep."""
     quick = {Job.CREATE_VM: QUICK, Job.CHECK_PENDING_VM: QUICK}
     fleet = _fleet(redis_client, redis_url, quick)
-    add = batch._Chain.add
+    add_call = batch._Chain.add_call
 
-    def add_then_time_over(chain: Any, job: Job, subjects: list[str]) -> None:
-        add(chain, job, subjects)
+    def add_then_time_over(chain: Any, job: Job, subjects: list[str]) -> Any:
+        call = add_call(chain, job, subjects)
         chain.clock.deadline = chain.in_line_until = 0.0
+        return call
 
-    monkeypatch.setattr(batch._Chain, "add", add_then_time_over)
+    monkeypatch.setattr(batch._Chain, "add_call", add_then_time_over)
     _request(fleet, "r1")
     counts = lifecycle.provision_batch(fleet)
     assert counts.get("create_vm:more") == 1

@@ -18,12 +18,12 @@ any work.
 
 The follow-up work a subject's step dispatches (the create of a reserved VM, the check
 of a created one, a destroy) is collected while a claim runs. It is dispatched once per
-claim (:class:`DeferredDispatch`), one send per job. A dispatch costs a script of lane
-checks (``workers.batching.BatchDispatcher.probe``), which done per VM would be most of a
-VM's Redis commands. The claim is marked done only after that dispatch. So a worker
-killed in between leaves the claim to be run again (each step is idempotent), and a
-subject's follow-up is never lost with it. A follow-up whose dispatch is lost anyway
-(Redis gone) is re-found by the periodic sweeps.
+claim, one send per job, at the claim's end (:mod:`vmpool.lifecycle.deferred`): the
+claim's locks released, then its follow-ups dispatched, then its subjects marked done,
+in one round trip when its follow-ups all stay in the batch job. So a worker killed in
+between leaves the claim to be run again (each step is idempotent), and a subject's
+follow-up is never lost with it. A follow-up whose dispatch is lost anyway (Redis gone)
+is re-found by the periodic sweeps.
 
 Each batch function loops until the set has nothing claimable or it has run for
 :data:`BATCH_TIME_S`. It then returns the count of each outcome, with ``more: 1`` when it
@@ -41,7 +41,7 @@ import copy
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import partial
 from types import MappingProxyType
@@ -50,10 +50,12 @@ from typing import Any, Final
 from vmpool.ids import Job
 from vmpool.lifecycle.batch_time import BatchTime, StageTime
 from vmpool.lifecycle.claims import ClaimKeeper
+from vmpool.lifecycle.deferred import DeferredDispatch, end_claim
 from vmpool.lifecycle.fleet import Dispatcher, Fleet
 from vmpool.lifecycle.outcomes import BatchCount, LockMiss, VMStep
 from vmpool.lifecycle.pace import StagePace
-from vmpool.state.locks import FencedLock, LockKind, acquire_all, release_all
+from vmpool.state.locks import FencedLock, LockKind, acquire_all
+from vmpool.state.lua import ScriptCall
 from vmpool.state.workset import Claim, WorkSet
 
 __all__ = [
@@ -61,7 +63,6 @@ __all__ = [
     "BATCH_TIME_S",
     "CLAIM_SIZE",
     "DEFERRED",
-    "DeferredDispatch",
     "Stage",
     "Stages",
     "lease_s",
@@ -105,35 +106,6 @@ def lease_s(fleet: Fleet) -> float:
     claim outliving it lets a second job try the subject, which its lock and checked
     transitions make harmless."""
     return float(fleet.config.lock_expire_s)
-
-
-class DeferredDispatch:
-    """A Dispatcher that holds one claim's follow-ups and sends them batched.
-
-    It holds what the subjects of one claim send and hands it to ``inner`` at
-    :meth:`flush`: one send per job, each subject once, in the order first asked. With
-    ``in_line`` (a batch job's stages), the follow-ups to a stage it takes are only
-    added to their work set, and kept in :attr:`here` for the job to run."""
-
-    def __init__(self, inner: Dispatcher, in_line: _Chain | None = None) -> None:
-        self.inner = inner
-        self._in_line = in_line
-        self._held: dict[Job, dict[str, None]] = {}
-        self.here: dict[Job, list[str]] = {}
-
-    def send(self, job: Job, subjects: Sequence[str]) -> None:
-        self._held.setdefault(job, {}).update(dict.fromkeys(subjects))
-
-    def flush(self) -> None:
-        """Dispatch what is held, one send per job (or one work-set add, in line)."""
-        held, self._held = self._held, {}
-        for job, subjects in held.items():
-            names = list(subjects)
-            if self._in_line is not None and self._in_line.takes(job):
-                self._in_line.add(job, names)
-                self.here.setdefault(job, []).extend(names)
-            else:
-                self.inner.send(job, names)
 
 
 # Per-claim work done for all granted subjects at once: subject -> extra arguments.
@@ -216,10 +188,11 @@ class _Chain:
             return False
         return job in self.running or self.pace.quick(job)
 
-    def add(self, job: Job, subjects: list[str]) -> None:
-        """Add ``subjects`` to ``job``'s work set, no job queued: this batch job runs them."""
-        self.work.add(job, subjects)
+    def add_call(self, job: Job, subjects: list[str]) -> ScriptCall:
+        """The call that adds ``subjects`` to ``job``'s work set, no job queued: this batch
+        job runs them."""
         self.held.setdefault(job, set()).update(subjects)
+        return self.work.add_call(job, subjects)
 
 
 def run_stages(fleet: Fleet, job: Job, stages: Stages) -> dict[str, int]:
@@ -262,15 +235,11 @@ def _run_stage(fleet: Fleet, job: Job, chain: _Chain, in_line: bool = False) -> 
             if not claim.subjects:
                 return counts
             how = make()  # per claim: slots may have come back since its gate closed
-            done, later = _run_claim(staged, work, how, claim, until, counts)
+            done, later, let_go = _run_claim(staged, work, how, claim, until, counts)
             ran += len(done) + len(later)
             if fleet.pace is not None:
                 fleet.pace.record(job, time.monotonic() - now, len(done) + len(later))
-            work.done(job, claim, done)
             chain.held.get(job, set()).difference_update(done)  # gone: not to be queued
-            work.defer(job, claim, later, retry_s(fleet))
-            let_go = [s for s in claim.subjects if s not in {*done, *later}]
-            work.release(job, claim, let_go)
             _run_in_line(fleet, deferred.here, chain, counts)
             if let_go:  # its time ran out mid-claim: those let go are queued (MORE)
                 counts[BatchCount.MORE] = 1
@@ -317,19 +286,24 @@ def retry_s(fleet: Fleet) -> float:
 
 def _run_claim(
     fleet: Fleet, work: WorkSet, how: Stage, claim: Claim, until: StageTime, counts: Counter[str]
-) -> tuple[list[str], list[str]]:
-    """Run one claim's subjects. Returns those done and those deferred.
+) -> tuple[list[str], list[str], list[str]]:
+    """Run one claim's subjects. Returns those done, those deferred and those let go.
 
     Run the claimed subjects (under their locks, for a locked step) until the stage's
-    time is over. Returns those done and those deferred (:data:`DEFERRED`). The claim is
-    kept (renewed, its unstarted subjects let go at the stage's deadline: ClaimKeeper)
-    while it runs. The locks are released and the follow-ups dispatched whatever happens."""
+    time is over. Done, deferred (:data:`DEFERRED`: back in line after :func:`retry_s`)
+    and let go (not run: back in line at once) are ended so in the work set. The claim
+    is kept (renewed, its unstarted subjects let go at the stage's deadline:
+    ClaimKeeper) while it runs. The locks are released and the follow-ups dispatched
+    whatever happens, in the round trip that ends the subjects
+    (:meth:`~vmpool.lifecycle.deferred.DeferredDispatch.end`)."""
     assert isinstance(fleet.dispatch, DeferredDispatch)
     job, fn, locked, prepare = how
     held: dict[str, FencedLock] = {}
     extra: dict[str, dict[str, Any]] = {}
     done: list[str] = []
     later: list[str] = []
+    let_go: list[str] = []
+    ends: list[ScriptCall] = []  # the subjects' ends, once all ran
     keeper: ClaimKeeper | None = None
     try:
         if locked is not None:
@@ -352,17 +326,11 @@ def _run_claim(
                 keeper.finish()
             counts[outcome] += 1
             (later if outcome in DEFERRED else done).append(subject)
+        let_go = [s for s in claim.subjects if s not in {*done, *later}]
+        ends = work.end_calls(job, claim, done, later, let_go, retry_s(fleet))
     finally:
-        let_go = set()
-        if keeper is not None:
-            keeper.close()
-            fleet.lock_renewer.remove(keeper)
-            let_go = set(keeper.let_go)
-            if let_go:
-                counts[BatchCount.RELEASED] += len(let_go)
-        release_all([lock for s, lock in held.items() if s not in let_go])
-        fleet.dispatch.flush()
-    return done, later
+        end_claim(fleet.dispatch, work, fleet.lock_renewer, keeper, held, ends, counts)
+    return done, later, let_go
 
 
 def _run_subject(

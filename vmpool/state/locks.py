@@ -59,7 +59,7 @@ import redis
 from vmpool.state.durability import settle
 from vmpool.state.keys import Keys
 from vmpool.state.lock_renewer import LockRenewer
-from vmpool.state.lua import read_script
+from vmpool.state.lua import ScriptCall, read_script
 from vmpool.state.records import text
 
 __all__ = [
@@ -67,9 +67,13 @@ __all__ = [
     "LockBusy",
     "LockKind",
     "LockLost",
+    "LockRelease",
     "acquire_all",
+    "all_owned",
+    "check_call",
     "held_all",
     "release_all",
+    "releasing",
 ]
 
 log = logging.getLogger(__name__)
@@ -317,16 +321,27 @@ def held_all(locks: Sequence[FencedLock]) -> bool:
     :attr:`~FencedLock.decided` mark confirmed (the locks of one claim share it): before
     one side effect for all their subjects (a provider's create of many VMs). False when
     one is not held or not ours any more: each then checks alone, as it would have."""
-    if not locks or not all(lk._held and not lk._lost for lk in locks):
+    call = check_call(locks)
+    if call is None or not all_owned(locks, call.run()):
         return False
     first = locks[0]
-    owned = int(first._check(keys=[lk.key for lk in locks], args=[lk.id for lk in locks]))
-    if owned < len(locks):
-        return False
     settle(first.redis, first.decided)
     for lock in locks:
         lock.decided = None  # as ensure_held: the mark was this side effect's
     return True
+
+
+def check_call(locks: Sequence[FencedLock]) -> ScriptCall | None:
+    """:func:`held_all`'s token-checked read, to run with other calls (its reply goes to
+    :func:`all_owned`). None when a lock of ``locks`` is not held here, or lost."""
+    if not locks or not all(lk._held and not lk._lost for lk in locks):
+        return None
+    return ScriptCall(locks[0]._check, [lk.key for lk in locks], [lk.id for lk in locks])
+
+
+def all_owned(locks: Sequence[FencedLock], reply: Any) -> bool:
+    """Whether :func:`check_call`'s ``reply`` found every lock of ``locks`` ours."""
+    return not isinstance(reply, Exception) and int(reply) == len(locks)
 
 
 def release_all(locks: Sequence[FencedLock]) -> None:
@@ -335,11 +350,37 @@ def release_all(locks: Sequence[FencedLock]) -> None:
     Each is checked on its own: only a lock still ours is deleted. Locks found expired
     are logged, as :meth:`FencedLock.release` does.
     """
+    release = releasing(locks)
+    if release is not None:
+        release.check(release.call.run())
+
+
+class LockRelease:
+    """The release of a claim's held locks, to run alone or with other calls.
+
+    :attr:`call` deletes each lock still ours (one script). Its reply goes to
+    :meth:`check`, which logs the locks found expired, as :meth:`FencedLock.release`
+    does. The locks are already marked released (the renewer forgets them)."""
+
+    def __init__(self, locks: list[FencedLock]) -> None:
+        self.locks = locks
+        first = locks[0]
+        self.call = ScriptCall(first._release, [lk.key for lk in locks], [lk.id for lk in locks])
+
+    def check(self, reply: Any) -> None:
+        """Log the locks that had expired before the release (``reply``: the call's)."""
+        if isinstance(reply, Exception):
+            raise reply
+        if int(reply) < len(self.locks):
+            for lock in self.locks:
+                if lock.owner() != lock.id:
+                    lock._expired_before_release()
+
+
+def releasing(locks: Sequence[FencedLock]) -> LockRelease | None:
+    """The release of the held locks of ``locks`` (one client), or None: none held.
+
+    Those held are marked released at once: the caller runs :attr:`LockRelease.call`
+    (with other calls in one round trip: the end of a batch claim) and checks its reply."""
     held = [lk for lk in locks if lk._let_go()]
-    if not held:
-        return
-    owned = int(held[0]._release(keys=[lk.key for lk in held], args=[lk.id for lk in held]))
-    if owned < len(held):
-        for lock in held:
-            if lock.owner() != lock.id:
-                lock._expired_before_release()
+    return LockRelease(held) if held else None

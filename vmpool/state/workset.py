@@ -34,7 +34,7 @@ import redis
 
 from vmpool.ids import Job
 from vmpool.state.keys import WORK_PARTS, Keys
-from vmpool.state.lua import read_script
+from vmpool.state.lua import ScriptCall, read_script
 from vmpool.state.records import text
 
 __all__ = ["REQUEST_JOBS", "Claim", "WorkSet", "lua_workset"]
@@ -86,11 +86,14 @@ class WorkSet:
         """
         if not subjects:
             return 0
-        head, tail = self.record_key_parts(job)
-        reply = self._add(
-            keys=[self.keys.work_set(job)], args=[head, tail, *subjects], client=client
-        )
+        call = self.add_call(job, subjects)
+        reply = call.script(keys=call.keys, args=call.args, client=client)
         return 0 if client is not None else int(reply)
+
+    def add_call(self, job: Job, subjects: Sequence[str]) -> ScriptCall:
+        """The call of :meth:`add`, to run with others (its reply: how many were added)."""
+        head, tail = self.record_key_parts(job)
+        return ScriptCall(self._add, [self.keys.work_set(job)], [head, tail, *subjects])
 
     def claim(self, job: Job, n: int, lease_s: float) -> Claim:
         claim_id = os.urandom(8).hex()
@@ -125,10 +128,37 @@ class WorkSet:
     def _end(
         self, job: Job, claim: Claim, mode: str, subjects: Sequence[str], secs: float = 0.0
     ) -> int:
+        call = self.end_call(job, claim, mode, subjects, secs)
+        return 0 if call is None else int(call.run())
+
+    def end_call(
+        self, job: Job, claim: Claim, mode: str, subjects: Sequence[str], secs: float = 0.0
+    ) -> ScriptCall | None:
+        """The call that ends ``subjects`` of ``claim`` (``mode``: 'done', 'release',
+        'defer' or 'renew', as the methods of those names), to run with others. None
+        when there are none."""
         if not subjects:
-            return 0
+            return None
         keys = [self.keys.work_set(job)]
-        return int(self._done(keys=keys, args=[claim.id, mode, repr(float(secs)), *subjects]))
+        return ScriptCall(self._done, keys, [claim.id, mode, repr(float(secs)), *subjects])
+
+    def end_calls(
+        self,
+        job: Job,
+        claim: Claim,
+        done: Sequence[str],
+        deferred: Sequence[str],
+        released: Sequence[str],
+        delay_s: float,
+    ) -> list[ScriptCall]:
+        """The calls that end a claim: ``done`` out of the set, ``deferred`` back in line
+        after ``delay_s``, ``released`` back in line at once (those not empty)."""
+        calls = [
+            self.end_call(job, claim, "done", done),
+            self.end_call(job, claim, "defer", deferred, delay_s),
+            self.end_call(job, claim, "release", released),
+        ]
+        return [call for call in calls if call is not None]
 
     def size(self, job: Job) -> int:
         """Subjects in the set: waiting, claimed or deferred."""
