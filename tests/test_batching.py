@@ -312,6 +312,19 @@ def test_per_vm_round_trips_of_the_batch_steps(redis_url: str) -> None:
     assert per_vm["check_pending_batch"] <= 0.2, per_vm
 
 
+def test_a_claims_own_round_trips(redis_url: str) -> None:
+    """Proves: what a claim costs in round trips beyond its subjects' work. A check
+    claim of 2 VMs: its claim, its locks' grant, the status call, the ready record, then
+    its end (the locks released and the subjects marked done: one pipeline), and the
+    empty claim that ends the job: 6 (7 with the end in two). A create claim takes its
+    clone slots and checks its locks in one round trip before its provider call: the
+    job's two claims (the first is of one VM) cost 19 (21 in two)."""
+    _round_trips_per_vm(redis_url, 1)  # the scripts loaded
+    small = _round_trips_per_vm(redis_url, 2)
+    assert small["check_pending_batch"] <= 6, small
+    assert small["create_vm_batch"] <= 19, small
+
+
 def test_a_create_claims_clone_slots_hold_the_limit(
     redis_client: redis.Redis, redis_url: str, monkeypatch: Any
 ) -> None:

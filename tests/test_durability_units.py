@@ -11,7 +11,7 @@ What this proves:
 - an API call pays one WAIT, whatever it writes (vmpool.api.confirming);
 - a create claim waits once before its provider calls, not once per create (the
   records of its earlier creates decide nothing of the later ones), and its end
-  confirms them;
+  confirms them; a pipeline ``settled`` in a unit carries that wait itself;
 - the fleet pays about one WAIT per VM: requests posted through the API and run to
   ready by a vmpool worker (each job one unit) cost at most 3 WAITs per VM end to end
   (one per script call, about 12 per VM, without units), and a POST one;
@@ -45,10 +45,12 @@ from vmpool.state.durability import (
     DurabilitySetting,
     WriteNotConfirmed,
     confirmed,
+    current_scope,
     unconfirmed,
 )
 from vmpool.state.group_watch import GroupView, GroupWatch, PinnedPrimary
 from vmpool.state.keys import Keys
+from vmpool.state.lua import run_pipelined
 from vmpool.state.records import Slot
 from vmpool.state.workset import WorkSet
 from workers.queues import enqueue
@@ -202,6 +204,29 @@ def test_a_create_claim_waits_once_before_its_creates(
     assert waits(primary) == 2
     on_replica = replica.client()
     assert all(on_replica.hget(fleet.keys.vm(n), "state") == b"pending" for n in names)
+
+
+def test_a_settled_pipeline_confirms_the_units_writes_in_its_round_trip(
+    pair: tuple[Node, Node],
+) -> None:
+    """A unit writes, then runs a pipeline ``settled`` (a create claim's slots and lock
+    check, before its provider call): once it returns, nothing of the unit is pending
+    (the earlier write and the pipeline's are confirmed), both are on the replica, and
+    the unit's end sends no second WAIT: one in all."""
+    primary, replica = pair
+    client = connect(url_of(primary), options(5.0), decode_responses=True)
+    work = WorkSet(client, Keys("settle"))
+    primary.client().config_resetstat()
+    with confirmed(client):
+        work.add(Job.CREATE_VM, ["a"])
+        scope = current_scope()
+        assert scope is not None and scope.pending
+        replies = run_pipelined(client, [work.add_call(Job.CREATE_VM, ["b"])], settled=True)
+        assert replies == [1]
+        assert not scope.pending and waits(primary) == 1
+        members = replica.client().zrange(Keys("settle").work_set(Job.CREATE_VM), 0, -1)
+        assert sorted(members) == [b"a", b"b"]
+    assert waits(primary) == 1
 
 
 def test_the_fleet_pays_one_wait_per_vm_or_so(pair: tuple[Node, Node]) -> None:

@@ -45,12 +45,15 @@ class Made:
 
 
 def create_at_once(
-    fleet: Fleet, locks: Sequence[FencedLock], slots: Mapping[str, bool]
+    fleet: Fleet, locks: Sequence[FencedLock], slots: Mapping[str, bool], *, checked: bool = False
 ) -> dict[str, Made]:
     """The creates of a claim's VMs that a provider makes at once, by VM name.
 
     ``locks``: the claim's granted locks, each with its VM's record; ``slots``: whether
-    each holds its clone slot. One group per provider."""
+    each holds its clone slot. One group per provider. ``checked``: the locks of every
+    reserved VM were found ours and the claim's writes confirmed, in the round trip that
+    took the slots (each group's :func:`~vmpool.state.locks.held_all` is then not asked
+    again)."""
     groups: dict[str, list[tuple[FencedLock, VMRecord]]] = {}
     makers: dict[str, CreateBatch | None] = {}  # by provider name, asked once a claim
     for lock in locks:
@@ -65,7 +68,7 @@ def create_at_once(
     for name, group in groups.items():
         maker = makers[name]
         assert maker is not None
-        made.update(_made_by(fleet, maker, group))
+        made.update(_made_by(fleet, maker, group, checked))
     return made
 
 
@@ -79,13 +82,13 @@ def _maker(fleet: Fleet, name: str) -> CreateBatch | None:
 
 
 def _made_by(
-    fleet: Fleet, provider: CreateBatch, group: list[tuple[FencedLock, VMRecord]]
+    fleet: Fleet, provider: CreateBatch, group: list[tuple[FencedLock, VMRecord]], checked: bool
 ) -> dict[str, Made]:
     """One provider's VMs of the claim: made in one call, recorded in one round trip.
 
     Nothing when a lock is not ours any more: each VM then creates alone, checking its
     own lock first."""
-    if not held_all([lock for lock, _ in group]):  # and the claim's writes confirmed
+    if not (checked or held_all([lock for lock, _ in group])):  # and the writes confirmed
         return {}
     orders = [CreateOrder(vm.pool, vm.template, vm.name, vm.request_id) for _, vm in group]
     with ExitStack() as leases:  # each slot held as long as the call runs

@@ -27,7 +27,8 @@ from vmpool.lifecycle.vms import check_pending_vm, create_vm
 from vmpool.lifecycle.warm import pools_with_ready
 from vmpool.providers import ProviderVM, StatusBatch
 from vmpool.state.durability import write_mark
-from vmpool.state.locks import FencedLock, LockKind
+from vmpool.state.locks import FencedLock, LockKind, all_owned, check_call
+from vmpool.state.lua import run_pipelined
 from vmpool.state.transitions import VMState
 
 __all__ = ["LOCKED_STEPS", "STAGES", "check_pending_batch", "create_vm_batch", "provision_batch"]
@@ -94,16 +95,26 @@ def _take_slots(fleet: Fleet, locks: list[FencedLock]) -> dict[str, dict[str, An
     under its lock), its lease renewed or a free slot taken, as ``create_vm`` would do
     alone. Each ``create_vm`` is told whether it holds one (and gives it back, as ever).
     A slot taken for a VM the claim does not reach before its time is over is its own:
-    its next create uses it, and a lease nobody renews ends by itself. Each lock is
-    given the job's write mark once the claim's locks and slots are taken
+    its next create uses it, and a lease nobody renews ends by itself. In the same round
+    trip, the locks of those VMs are checked (as ``held_all`` would before the provider's
+    call) and the job's writes so far confirmed (``settled``). Each lock is given the
+    job's write mark once the claim's locks and slots are taken
     (``FencedLock.decided``): what its create must see confirmed before its provider
     call (one wait for the claim, not one per create: :func:`~vmpool.state.durability.settle`)."""
-    held = [(lk.subject, lk.fence) for lk in locks if lk.record.get("state") == VMState.RESERVED]
-    slots = fleet.slots.acquire_all(held)
+    reserved = [lk for lk in locks if lk.record.get("state") == VMState.RESERVED]
+    held = [(lk.subject, lk.fence) for lk in reserved]
+    slots: dict[str, bool] = {}
+    checked = False
+    if held:  # the slots taken, the locks checked, the writes so far confirmed: one trip
+        check = check_call(reserved)
+        calls = [fleet.slots.acquire_all_call(held), *([check] if check else [])]
+        replies = run_pipelined(fleet.redis, calls, settled=True)
+        slots = fleet.slots.granted(held, replies[0])
+        checked = check is not None and all_owned(reserved, replies[1])
     decided = write_mark()  # each create rests on the writes so far, not on those after
     for lock in locks:
         lock.decided = decided
-    made = create_at_once(fleet, locks, slots)
+    made = create_at_once(fleet, locks, slots, checked=checked)
     return {name: {"slot": ok, "made": made.get(name)} for name, ok in slots.items()}
 
 

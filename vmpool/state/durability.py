@@ -289,7 +289,9 @@ async def confirmed_async(client: aredis.Redis) -> AsyncIterator[None]:
             await confirm_async(client)
 
 
-def queue_confirmation(pipe: aredis.client.Pipeline, durability: Durability | None) -> bool:
+def queue_confirmation(
+    pipe: redis.client.Pipeline | aredis.client.Pipeline, durability: Durability | None
+) -> bool:
     """Queue on ``pipe``, after its writes, what confirms them: True when queued.
 
     A PUBLISH before the WAIT: every write Redis holds is confirmed, the unit of

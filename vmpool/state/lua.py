@@ -31,6 +31,7 @@ from vmpool.state.durability import (
     ConfirmingRedis,
     Durability,
     check_confirmation,
+    confirm,
     current_scope,
     queue_confirmation,
 )
@@ -104,7 +105,9 @@ def execute_loading(
     raise AssertionError("unreachable")  # the second attempt returns or raises
 
 
-def run_pipelined(client: redis.Redis, calls: Sequence[ScriptCall]) -> list[Any]:
+def run_pipelined(
+    client: redis.Redis, calls: Sequence[ScriptCall], *, settled: bool = False
+) -> list[Any]:
     """The replies of ``calls`` run in order in one round trip (an error reply in its place).
 
     Each call is still its own atomic script; the pipeline adds no atomicity across
@@ -112,24 +115,32 @@ def run_pipelined(client: redis.Redis, calls: Sequence[ScriptCall]) -> list[Any]
     script loaded (after the calls that followed it: rare, after a Redis restart or
     SCRIPT FLUSH). Their durability is a script call's on ``client``
     (:class:`~vmpool.state.durability.ConfirmingRedis`): in a unit of work left to the
-    unit's end, else confirmed at once, one wait for them all."""
+    unit's end, else confirmed at once, one wait for them all. ``settled``: in a unit,
+    its writes so far (these calls' included) are confirmed in the same round trip, as
+    :func:`~vmpool.state.durability.settle` would after them: before a side effect
+    outside Redis that the calls decide (:class:`WriteNotConfirmed` when not)."""
     if not calls:
         return []
+    durability = client.durability if isinstance(client, ConfirmingRedis) else None
+    confirming = durability is not None and durability.waits
+    scope = current_scope() if confirming else None
     with client.pipeline(transaction=False) as pipe:
         for call in calls:
             evalsha_on(pipe, call.script, call.keys, call.args)
+        settles = settled and scope is not None and queue_confirmation(pipe, durability)
         replies: list[Any] = pipe.execute(raise_on_error=False)
+    if scope is not None:
+        assert durability is not None
+        for _ in calls:
+            scope.defer(durability)
+        if settles:
+            check_confirmation(durability, replies[len(calls) :])
     out = [
         call.run(client) if isinstance(reply, NoScriptError) else reply
-        for call, reply in zip(calls, replies, strict=True)
+        for call, reply in zip(calls, replies[: len(calls)], strict=True)
     ]
-    if isinstance(client, ConfirmingRedis) and client.durability.waits:
-        scope = current_scope()
-        if scope is None:
-            client.confirm()
-        else:
-            for _ in calls:
-                scope.defer(client.durability)
+    if confirming and scope is None:
+        confirm(client)
     return out
 
 

@@ -45,11 +45,12 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 import redis
 
 from vmpool.state.keys import Keys
-from vmpool.state.lua import read_script
+from vmpool.state.lua import ScriptCall, read_script
 from vmpool.state.renewer_sleep import RenewerSleep
 
 __all__ = ["CloneSemaphore", "SlotStats", "SlotTerms"]
@@ -205,10 +206,22 @@ class CloneSemaphore:
         """
         if not holders:
             return {}
+        return self.granted(holders, self.acquire_all_call(holders).run())
+
+    def acquire_all_call(self, holders: Sequence[tuple[str, int]]) -> ScriptCall:
+        """The call of :meth:`acquire_all` (``holders`` not empty), to run with others.
+        Its reply goes to :meth:`granted`."""
         pairs = [x for name, token in holders for x in (name, int(token))]
-        granted = self._call("acquire_all", self.limit, repr(self.lease_s), *pairs)
-        assert isinstance(granted, list)
-        return {name: int(g) == 1 for (name, _), g in zip(holders, granted, strict=True)}
+        args = ["acquire_all", self.limit, repr(self.lease_s), *pairs]
+        return ScriptCall(self._script, list(self._keys), args)
+
+    @staticmethod
+    def granted(holders: Sequence[tuple[str, int]], reply: Any) -> dict[str, bool]:
+        """VM -> whether it holds a lease, from :meth:`acquire_all_call`'s reply."""
+        if isinstance(reply, Exception):
+            raise reply
+        assert isinstance(reply, list)
+        return {name: int(g) == 1 for (name, _), g in zip(holders, reply, strict=True)}
 
     def release(self, lease: str, token: int = 0) -> bool:
         """Give the slot of VM ``lease`` back, if it is ours or an older token's.
