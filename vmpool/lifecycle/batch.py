@@ -82,7 +82,8 @@ BATCH_TIME_S = 1.0
 # after it they are queued, so the jobs of the other queue's lanes get the worker about
 # as often as when each stage was a job of its own (a waiting sweep stops it at once).
 IN_LINE_S = 0.25
-# A batch job's first claim, its pace not known yet, by job (CLAIM_SIZE otherwise). A
+# A batch job's first claim of a stage not known to be quick in this worker
+# (StagePace), by job (CLAIM_SIZE otherwise). A
 # claim's creates run one after the other, and a provider's create may block (a clone):
 # a first claim of every create in the set would keep the other reserved VMs, and their
 # clone slots, idle behind it while other workers idle. The claims after it are sized
@@ -188,6 +189,10 @@ class _Chain:
             return False
         return job in self.running or self.pace.quick(job)
 
+    def quick(self, job: Job) -> bool:
+        """Whether ``job``'s stage has been quick in this worker (its claims not kept small)."""
+        return self.pace is not None and self.pace.quick(job)
+
     def add_call(self, job: Job, subjects: list[str]) -> ScriptCall:
         """The call that adds ``subjects`` to ``job``'s work set, no job queued: this batch
         job runs them."""
@@ -209,7 +214,8 @@ def _run_stage(fleet: Fleet, job: Job, chain: _Chain, in_line: bool = False) -> 
 
     ``in_line``: a follow-up stage run in line. Its loop ends once it has claimed what
     this job held back for it (other subjects of its set have their own jobs queued), and
-    its first claim is not kept small (:data:`FIRST_CLAIM`): the stage is quick."""
+    its first claim is not kept small (:data:`FIRST_CLAIM`): the stage is quick. Nor is
+    a batch job's first claim of a stage that has been quick in this worker."""
     make = chain.stages[job]
     deadline = chain.in_line_until if in_line else chain.clock.deadline
     until = StageTime(chain.clock, deadline)
@@ -228,7 +234,7 @@ def _run_stage(fleet: Fleet, job: Job, chain: _Chain, in_line: bool = False) -> 
                 counts[BatchCount.MORE] = 1
                 return counts
             now = time.monotonic()
-            size = CLAIM_SIZE if in_line else FIRST_CLAIM.get(job, CLAIM_SIZE)
+            size = CLAIM_SIZE if in_line or chain.quick(job) else FIRST_CLAIM.get(job, CLAIM_SIZE)
             if ran and now > started:  # what fits in the time left at the pace so far
                 size = int((deadline - now) * ran / (now - started))
             claim = work.claim(job, max(1, min(CLAIM_SIZE, size)), lease_s(fleet))
