@@ -133,3 +133,31 @@ def test_a_stage_is_quick_while_most_of_its_last_claims_were() -> None:
     assert slow_once.quick(Job.CREATE_VM)
     slow_once.record(Job.CREATE_VM, 5.0, 0)  # a claim that ran nothing says nothing
     assert slow_once.quick(Job.CREATE_VM)
+
+
+def test_a_create_jobs_first_claim_is_of_one_vm_unless_creates_have_been_quick(
+    redis_client: redis.Redis, redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A create batch job's first claim is kept to one VM (FIRST_CLAIM: a clone may
+    block) while creates have not been quick here; once they have, it takes every
+    reserved VM at once. Red with the first claim always of one: [1, 1]."""
+    claim = WorkSet.claim
+    sizes: list[int] = []
+
+    def counted(work: WorkSet, job: Job, n: int, lease_s: float) -> Any:
+        if job == Job.CREATE_VM:
+            sizes.append(n)
+        return claim(work, job, n, lease_s)
+
+    monkeypatch.setattr(WorkSet, "claim", counted)
+    firsts = []
+    for seen in ({}, {Job.CREATE_VM: QUICK}):
+        redis_client.flushdb()
+        fleet = _fleet(redis_client, redis_url, seen)
+        create_request(fleet.store, "r1", [Slot("deb", "debian", 3)], fleet.config)
+        names = lifecycle.provision_request(fleet, "r1")
+        WorkSet(fleet.redis, fleet.keys).add(Job.CREATE_VM, names)
+        sizes.clear()
+        lifecycle.create_vm_batch(fleet)
+        firsts.append(sizes[0])
+    assert firsts == [1, batch.CLAIM_SIZE]
