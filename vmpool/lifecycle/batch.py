@@ -42,18 +42,17 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from functools import partial
 from types import MappingProxyType
 from typing import Any, Final
 
 from vmpool.ids import Job
 from vmpool.lifecycle.batch_time import BatchTime, StageTime
+from vmpool.lifecycle.chain import Chain, Prepare, Stage, Stages
 from vmpool.lifecycle.claims import ClaimKeeper
 from vmpool.lifecycle.deferred import DeferredDispatch, end_claim
-from vmpool.lifecycle.fleet import Dispatcher, Fleet
+from vmpool.lifecycle.fleet import Fleet
 from vmpool.lifecycle.outcomes import BatchCount, LockMiss, VMStep
-from vmpool.lifecycle.pace import StagePace
 from vmpool.state.locks import FencedLock, LockKind, acquire_all
 from vmpool.state.lua import ScriptCall
 from vmpool.state.workset import Claim, WorkSet
@@ -109,14 +108,6 @@ def lease_s(fleet: Fleet) -> float:
     return float(fleet.config.lock_expire_s)
 
 
-# Per-claim work done for all granted subjects at once: subject -> extra arguments.
-Prepare = Callable[[Fleet, list[FencedLock]], dict[str, dict[str, Any]]]
-# A stage: its per-subject job, the step, the lock it runs under, the per-claim work.
-Stage = tuple[Job, Callable[..., object], tuple[LockKind, str] | None, Prepare | None]
-# How to run each stage, by its per-subject job: a fresh Stage for each claim.
-Stages = Mapping[Job, Callable[[], Stage]]
-
-
 def run_batch(
     fleet: Fleet,
     job: Job,
@@ -153,63 +144,21 @@ def run_batch(
     return run_stages(fleet, job, {job: lambda: how})
 
 
-# Stages run in line. A VM's way to ready is three stages, each a batch job: a provision
-# claim reserves VMs (each takes a clone slot), a create claim creates them (each gives
-# its slot back, handing the slot's turn to the next request in line), a check claim
-# finds them booted. Queued, each stage costs a job and the wait for a worker; at the
-# clone limit, the slots stay held through those waits. So a claim's follow-ups to a
-# stage that has been quick in this worker are only added to their work set (no job
-# queued) and run by this job right after the claim, within its time. Those to a stage
-# whose loop is already open in this job (the turns a create hands back, to the
-# provision loop running it) wait for that loop's next claim. A stage run in line that
-# stops on time queues a batch job for what it held back, as a dispatch would have. A
-# worker killed meanwhile leaves them in their work sets, where the periodic sweeps'
-# dispatch finds them (the bound of a lost job).
-
-
-@dataclass
-class _Chain:
-    """What the stages one batch job runs share."""
-
-    dispatch: Dispatcher  # the fleet's own (the queues)
-    clock: BatchTime  # the job's: no claim starts once it is over
-    in_line_until: float  # monotonic: no stage is taken in line after it (IN_LINE_S)
-    work: WorkSet
-    pace: StagePace | None  # None: no stage in line (the queues only)
-    stages: Stages  # how to run each stage it may run
-    running: list[Job] = field(default_factory=list)  # the open stage loops, outermost first
-    held: dict[Job, set[str]] = field(default_factory=dict)  # added, no job queued for them
-
-    def takes(self, job: Job) -> bool:
-        """Whether a follow-up to ``job`` stays in this batch job: its loop is open, or
-        it is a stage that has been quick, with time left to run it."""
-        if self.pace is None or job not in self.stages:
-            return False
-        if self.clock.yielded or time.monotonic() >= self.in_line_until:
-            return False
-        return job in self.running or self.pace.quick(job)
-
-    def quick(self, job: Job) -> bool:
-        """Whether ``job``'s stage has been quick in this worker (its claims not kept small)."""
-        return self.pace is not None and self.pace.quick(job)
-
-    def add_call(self, job: Job, subjects: list[str]) -> ScriptCall:
-        """The call that adds ``subjects`` to ``job``'s work set, no job queued: this batch
-        job runs them."""
-        self.held.setdefault(job, set()).update(subjects)
-        return self.work.add_call(job, subjects)
-
-
 def run_stages(fleet: Fleet, job: Job, stages: Stages) -> dict[str, int]:
     """Run the batch job of stage ``job`` (run_batch), the others of ``stages`` in line."""
     work = WorkSet(fleet.redis, fleet.keys)
     clock = BatchTime(fleet.dispatch, BATCH_TIME_S)
     in_line_until = clock.started + IN_LINE_S
-    chain = _Chain(fleet.dispatch, clock, in_line_until, work, fleet.pace, stages)
-    return _plain(_run_stage(fleet, job, chain))
+    chain = Chain(
+        fleet.dispatch, clock, in_line_until, work, fleet.pace, stages, lease_s(fleet), CLAIM_SIZE
+    )
+    try:
+        return _plain(_run_stage(fleet, job, chain))
+    finally:
+        chain.let_go_ahead()
 
 
-def _run_stage(fleet: Fleet, job: Job, chain: _Chain, in_line: bool = False) -> Counter[str]:
+def _run_stage(fleet: Fleet, job: Job, chain: Chain, in_line: bool = False) -> Counter[str]:
     """One stage's claim loop (run_batch), its quick follow-up stages run in line.
 
     ``in_line``: a follow-up stage run in line. Its loop ends once it has claimed what
@@ -237,7 +186,9 @@ def _run_stage(fleet: Fleet, job: Job, chain: _Chain, in_line: bool = False) -> 
             size = CLAIM_SIZE if in_line or chain.quick(job) else FIRST_CLAIM.get(job, CLAIM_SIZE)
             if ran and now > started:  # what fits in the time left at the pace so far
                 size = int((deadline - now) * ran / (now - started))
-            claim = work.claim(job, max(1, min(CLAIM_SIZE, size)), lease_s(fleet))
+            claim = chain.made_ahead.pop(job, None) if in_line and not claimed else None
+            if claim is None:
+                claim = work.claim(job, max(1, min(CLAIM_SIZE, size)), lease_s(fleet))
             if not claim.subjects:
                 return counts
             how = make()  # per claim: slots may have come back since its gate closed
@@ -258,13 +209,14 @@ def _run_stage(fleet: Fleet, job: Job, chain: _Chain, in_line: bool = False) -> 
 
 
 def _run_in_line(
-    fleet: Fleet, here: dict[Job, list[str]], chain: _Chain, counts: Counter[str]
+    fleet: Fleet, here: dict[Job, list[str]], chain: Chain, counts: Counter[str]
 ) -> None:
     """Run the stages a claim's follow-ups went to in line."""
     for job in list(here):
         if job in chain.running:
             continue  # its open loop claims them next
         nested = _run_stage(fleet, job, chain, in_line=True)
+        chain.let_go_ahead(job)  # not used: the stage stopped on time before its claim
         counts.update({f"{job}:{code}": n for code, n in nested.items()})
         held = chain.held.pop(job, set())
         if nested.get(BatchCount.MORE):  # queue what this job held back, as a send does

@@ -42,13 +42,20 @@ __all__ = ["DeferredDispatch", "InLine", "end_claim"]
 
 
 class InLine(Protocol):
-    """The stages a batch job runs itself (``batch._Chain``)."""
+    """The stages a batch job runs itself (:class:`~vmpool.lifecycle.chain.Chain`)."""
 
     def takes(self, job: Job) -> bool:
         """Whether a follow-up to ``job`` stays in this batch job."""
 
     def add_call(self, job: Job, subjects: list[str]) -> ScriptCall:
         """The call that adds ``subjects`` to ``job``'s work set, no job queued."""
+
+    def ahead(self, jobs: Sequence[Job]) -> list[tuple[Job, str, ScriptCall]]:
+        """The first claims of the stages of ``jobs`` this batch job runs next, each its
+        job, claim id and call; their replies go to :meth:`keep_ahead`."""
+
+    def keep_ahead(self, job: Job, claim_id: str, reply: Any) -> None:
+        """Keep the claim a call of :meth:`ahead` made, for its stage's first claim."""
 
 
 class DeferredDispatch:
@@ -79,7 +86,10 @@ class DeferredDispatch:
         In that order (the module's docstring), in one round trip when nothing held goes
         to the queues. ``ends``: the calls that end the claim's subjects in their work
         set (none when the claim is left by an exception: its lease brings them back).
-        The first error reply is raised once every call has run."""
+        Then, in the same round trip, the first claim of each stage the follow-ups went
+        to in line (:meth:`InLine.ahead`): the stage runs right after, and its claim
+        costs no round trip of its own. The first error reply is raised once every call
+        has run."""
         held, self._held = self._held, {}
         first: list[ScriptCall] = [] if release is None else [release.call]
         sends: list[tuple[Job, list[str]]] = []
@@ -90,14 +100,20 @@ class DeferredDispatch:
                 self.here.setdefault(job, []).extend(names)
             else:
                 sends.append((job, names))
+        ahead = [] if self._in_line is None else self._in_line.ahead(list(self.here))
+        last = [*ends, *(call for _, _, call in ahead)]
         replies: list[Any]
         if sends:
             replies = run_pipelined(client, first)
             for job, names in sends:
                 self.inner.send(job, names)
-            replies += run_pipelined(client, ends)
+            replies += run_pipelined(client, last)
         else:
-            replies = run_pipelined(client, [*first, *ends])
+            replies = run_pipelined(client, [*first, *last])
+        if ahead:
+            assert self._in_line is not None
+            for (job, claim_id, _), reply in zip(ahead, replies[-len(ahead) :], strict=True):
+                self._in_line.keep_ahead(job, claim_id, reply)
         if release is not None:
             release.check(replies[0])
         for reply in replies:

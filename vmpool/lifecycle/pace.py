@@ -1,7 +1,7 @@
 """How quick each batch stage has been lately in this worker.
 
 A batch job may run the follow-ups of its claims itself, in the same job, instead of
-queueing a batch job for them (:mod:`vmpool.lifecycle.batch`, "Stages run in line"). That
+queueing a batch job for them (:mod:`vmpool.lifecycle.chain`). That
 saves a job's whole price, and the wait for a worker, per stage of a VM's way to ready.
 It is right only when the follow-up stage is quick: a create that blocks for a minute (a
 vSphere clone) run in line would keep the other work this job could hand to other

@@ -96,10 +96,21 @@ class WorkSet:
         return ScriptCall(self._add, [self.keys.work_set(job)], [head, tail, *subjects])
 
     def claim(self, job: Job, n: int, lease_s: float) -> Claim:
+        claim_id, call = self.claim_call(job, n, lease_s)
+        return self.claimed(claim_id, call.run())
+
+    def claim_call(self, job: Job, n: int, lease_s: float) -> tuple[str, ScriptCall]:
+        """The call of :meth:`claim` with its fresh claim id, to run with others (its reply
+        goes to :meth:`claimed`)."""
         claim_id = os.urandom(8).hex()
-        reply: list[Any] = self._claim(
-            keys=[self.keys.work_set(job)], args=[n, repr(float(lease_s)), claim_id]
-        )
+        args = [n, repr(float(lease_s)), claim_id]
+        return claim_id, ScriptCall(self._claim, [self.keys.work_set(job)], args)
+
+    @staticmethod
+    def claimed(claim_id: str, reply: Any) -> Claim:
+        """The claim :meth:`claim_call`'s ``reply`` made."""
+        if isinstance(reply, Exception):
+            raise reply
         return Claim(claim_id, [text(s) for s in reply])
 
     def done(self, job: Job, claim: Claim, subjects: Sequence[str]) -> int:
