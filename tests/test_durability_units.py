@@ -229,6 +229,30 @@ def test_a_settled_pipeline_confirms_the_units_writes_in_its_round_trip(
     assert waits(primary) == 1
 
 
+def test_a_batch_job_that_finds_nothing_to_claim_waits_for_no_replica(
+    pair: tuple[Node, Node],
+) -> None:
+    """A batch job whose work set another worker has emptied (its claim finds nothing)
+    sends no WAIT: its claim is bookkeeping, as a dequeue is (red before: one WAIT for
+    the empty claim). A job that claims and creates still waits, for the writes its
+    claim led to."""
+    primary, _ = pair
+    config = dataclasses.replace(make_config(), redis_options=options(5.0))
+    client = connect(url_of(primary), options(5.0), decode_responses=True)
+    fleet = make_fleet(client, config)
+    primary.client().config_resetstat()
+    with confirmed(client):
+        assert lifecycle.create_vm_batch(fleet) == {}
+    assert waits(primary) == 0
+    create_request(fleet.store, "r1", [Slot("deb", "debian", 1)], config)
+    names = lifecycle.provision_request(fleet, "r1")
+    WorkSet(client, fleet.keys).add(Job.CREATE_VM, names)
+    primary.client().config_resetstat()
+    with confirmed(client):
+        assert lifecycle.create_vm_batch(fleet) == {"pending": 1}
+    assert waits(primary) >= 1
+
+
 def test_the_fleet_pays_one_wait_per_vm_or_so(pair: tuple[Node, Node]) -> None:
     """Ten one-VM requests posted through the API (each POST one WAIT at most, plus the
     one that queues the lanes) and run to ready by a vmpool worker: at most 3 WAITs per

@@ -46,9 +46,9 @@ name changed in its course (:class:`~vmpool.state.group_watch.PinnedPrimary`). T
 lives in a context variable: the code it runs, and a thread handed its context (the
 API's thread pool), join it; another thread's writes wait on their own. A write outside
 any unit waits in its own round trip, as above. The worker's loop (its dequeue,
-heartbeats and job counters) and the scheduler's moves run :func:`unconfirmed`: nothing
-outside Redis acts on them, and one a failover loses runs a job again or late (every job
-is idempotent).
+heartbeats and job counters), a batch job's work-set claims and the scheduler's moves
+run :func:`unconfirmed`: nothing outside Redis acts on them, and one a failover loses
+runs a job again or late (every job is idempotent).
 
 The setting (``:redis: durability``, docs/operations.md, "Durability"):
 

@@ -33,6 +33,7 @@ from typing import Any
 import redis
 
 from vmpool.ids import Job
+from vmpool.state.durability import unconfirmed
 from vmpool.state.keys import WORK_PARTS, Keys
 from vmpool.state.lua import ScriptCall, read_script
 from vmpool.state.records import text
@@ -96,8 +97,16 @@ class WorkSet:
         return ScriptCall(self._add, [self.keys.work_set(job)], [head, tail, *subjects])
 
     def claim(self, job: Job, n: int, lease_s: float) -> Claim:
+        """Claim up to ``n`` subjects of ``job``'s set in the order of service, for ``lease_s``.
+
+        Not a write its unit of work waits for (:func:`~vmpool.state.durability.unconfirmed`),
+        as a worker's dequeue is not: a claim a failover loses runs its subjects again
+        (each step is idempotent), and the writes a claim leads to are confirmed after
+        it, which confirms it too (a replica holds a stream in order). So a batch job that
+        finds nothing to claim waits for no replica."""
         claim_id, call = self.claim_call(job, n, lease_s)
-        return self.claimed(claim_id, call.run())
+        with unconfirmed():
+            return self.claimed(claim_id, call.run())
 
     def claim_call(self, job: Job, n: int, lease_s: float) -> tuple[str, ScriptCall]:
         """The call of :meth:`claim` with its fresh claim id, to run with others (its reply
