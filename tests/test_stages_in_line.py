@@ -89,7 +89,9 @@ def test_a_stage_in_line_out_of_time_queues_a_job_for_what_was_held_back(
     redis_client: redis.Redis, redis_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The job's time ends between the hold of the creates and their run in line (a
-    failpoint): the creates are queued as a dispatch would have, not left to a sweep."""
+    failpoint): the creates are queued as a dispatch would have, not left to a sweep,
+    and the claim made ahead for them is let go (red without: the queued job finds
+    them claimed, the request stays pending)."""
     quick = {Job.CREATE_VM: QUICK, Job.CHECK_PENDING_VM: QUICK}
     fleet = _fleet(redis_client, redis_url, quick)
     add_call = chain.Chain.add_call

@@ -46,6 +46,8 @@ from functools import partial
 from types import MappingProxyType
 from typing import Any, Final
 
+import redis
+
 from vmpool.ids import Job
 from vmpool.lifecycle.batch_time import BatchTime, StageTime
 from vmpool.lifecycle.chain import Chain, Prepare, Stage, Stages
@@ -155,7 +157,10 @@ def run_stages(fleet: Fleet, job: Job, stages: Stages) -> dict[str, int]:
     try:
         return _plain(_run_stage(fleet, job, chain))
     finally:
-        chain.let_go_ahead()
+        try:
+            chain.let_go_ahead()
+        except redis.RedisError as exc:  # their lease brings them back; keep the job's error
+            log.warning("claims made ahead not let go: %s", exc)
 
 
 def _run_stage(fleet: Fleet, job: Job, chain: Chain, in_line: bool = False) -> Counter[str]:

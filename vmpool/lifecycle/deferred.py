@@ -87,9 +87,9 @@ class DeferredDispatch:
         to the queues. ``ends``: the calls that end the claim's subjects in their work
         set (none when the claim is left by an exception: its lease brings them back).
         Then, in the same round trip, the first claim of each stage the follow-ups went
-        to in line (:meth:`InLine.ahead`): the stage runs right after, and its claim
-        costs no round trip of its own. The first error reply is raised once every call
-        has run."""
+        to in line (:meth:`InLine.ahead`; not for a claim left by an exception): the
+        stage runs right after, and its claim costs no round trip of its own. The first
+        error reply is raised once every call has run."""
         held, self._held = self._held, {}
         first: list[ScriptCall] = [] if release is None else [release.call]
         sends: list[tuple[Job, list[str]]] = []
@@ -100,7 +100,7 @@ class DeferredDispatch:
                 self.here.setdefault(job, []).extend(names)
             else:
                 sends.append((job, names))
-        ahead = [] if self._in_line is None else self._in_line.ahead(list(self.here))
+        ahead = [] if self._in_line is None or not ends else self._in_line.ahead(list(self.here))
         last = [*ends, *(call for _, _, call in ahead)]
         replies: list[Any]
         if sends:
