@@ -318,11 +318,14 @@ def test_a_claims_own_round_trips(redis_url: str) -> None:
     its end (the locks released and the subjects marked done: one pipeline), and the
     empty claim that ends the job: 6 (7 with the end in two). A create claim takes its
     clone slots and checks its locks in one round trip before its provider call: the
-    job's two claims (the first is of one VM) cost 19 (21 in two)."""
+    job's two claims (the first is of one VM) cost 19 (21 in two). A provision claim
+    reads which lending pools hold a ready VM in the round trip that grants its locks:
+    its job costs 8 (9 with the read a round trip of its own)."""
     _round_trips_per_vm(redis_url, 1)  # the scripts loaded
     small = _round_trips_per_vm(redis_url, 2)
     assert small["check_pending_batch"] <= 6, small
     assert small["create_vm_batch"] <= 19, small
+    assert small["provision_batch"] <= 8, small
 
 
 def test_a_create_claims_clone_slots_hold_the_limit(

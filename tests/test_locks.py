@@ -16,6 +16,7 @@ from vmpool.state.locks import (
     LockLost,
     LockRenewer,
     acquire_all,
+    acquire_all_reading,
     release_all,
 )
 from vmpool.state.records import RequestSettings, Slot
@@ -294,3 +295,27 @@ def test_ensure_held_writes_nothing(redis_client: redis.Redis, keys: Keys) -> No
     assert writes() == before
     assert 0 < redis_client.pttl(lock.key) <= 30_000
     lock.release()
+
+
+def test_a_grant_with_reads_answers_both_even_after_a_script_flush(
+    redis_client: redis.Redis, keys: Keys
+) -> None:
+    """Proves: reads queued with a batch grant (a provision claim's read of its lending
+    pools) come back after the grant's reply, read after it; with the server's scripts
+    flushed (a restart) the grant is loaded and run again, and the reads read again
+    after it, so the replies still say what the state was after the grant."""
+    store = Store(redis_client, keys)
+    names = [reserved_vm(store, f"r-rd-{i}", f"vm-rd-{i}") for i in range(2)]
+
+    def reads(pipe: Any) -> None:
+        pipe.exists(keys.lock("vm", names[0]))
+        pipe.zcard("no-such-set")
+
+    for flushed in (False, True):
+        if flushed:
+            redis_client.script_flush()
+        asked = [FencedLock(redis_client, keys, "vm", n, expire_s=60) for n in names]
+        granted, replies = acquire_all_reading(asked, reads)
+        assert [lk.subject for lk in granted] == names
+        assert replies == [1, 0]  # the lock, granted before the read
+        release_all(granted)

@@ -50,12 +50,12 @@ import redis
 
 from vmpool.ids import Job
 from vmpool.lifecycle.batch_time import BatchTime, StageTime
-from vmpool.lifecycle.chain import Chain, Prepare, Stage, Stages
+from vmpool.lifecycle.chain import Chain, Prepare, Reading, Stage, Stages
 from vmpool.lifecycle.claims import ClaimKeeper
 from vmpool.lifecycle.deferred import DeferredDispatch, end_claim
 from vmpool.lifecycle.fleet import Fleet
 from vmpool.lifecycle.outcomes import BatchCount, LockMiss, VMStep
-from vmpool.state.locks import FencedLock, LockKind, acquire_all
+from vmpool.state.locks import FencedLock, LockKind, acquire_all_reading
 from vmpool.state.lua import ScriptCall
 from vmpool.state.workset import Claim, WorkSet
 
@@ -272,8 +272,7 @@ def _run_claim(
         if locked is not None:
             kind, step = locked
             asked = [fleet.lock(kind, s, step, read_record=True) for s in claim.subjects]
-            held = {lock.subject: lock for lock in acquire_all(asked)}
-            extra = prepare(fleet, list(held.values())) if prepare and held else {}
+            held, extra = _grant(fleet, asked, prepare)
         keeper = ClaimKeeper(
             work, job, claim, held, lease_s=lease_s(fleet), deadline=until.deadline
         )
@@ -294,6 +293,22 @@ def _run_claim(
     finally:
         end_claim(fleet.dispatch, work, fleet.lock_renewer, keeper, held, ends, counts)
     return done, later, let_go
+
+
+def _grant(
+    fleet: Fleet, asked: list[FencedLock], prepare: Prepare | Reading | None
+) -> tuple[dict[str, FencedLock], dict[str, dict[str, Any]]]:
+    """Grant a claim's locks (one script, the ``Reading``'s read in its round trip), then
+    its per-claim work for the granted: the held locks by subject, and each one's extra
+    arguments."""
+    reads = partial(prepare.reads, fleet) if isinstance(prepare, Reading) else None
+    granted, replies = acquire_all_reading(asked, reads)
+    held = {lock.subject: lock for lock in granted}
+    if not held or prepare is None:
+        return held, {}
+    if isinstance(prepare, Reading):
+        return held, prepare.prepare(fleet, granted, replies)
+    return held, prepare(fleet, granted)
 
 
 def _run_subject(

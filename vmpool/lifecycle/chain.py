@@ -25,6 +25,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from redis.client import Pipeline
+
 from vmpool.ids import Job
 from vmpool.lifecycle.batch_time import BatchTime
 from vmpool.lifecycle.fleet import Dispatcher, Fleet
@@ -33,12 +35,24 @@ from vmpool.state.locks import FencedLock, LockKind
 from vmpool.state.lua import ScriptCall
 from vmpool.state.workset import Claim, WorkSet
 
-__all__ = ["Chain", "Prepare", "Stage", "Stages"]
+__all__ = ["Chain", "Prepare", "Reading", "Stage", "Stages"]
 
 # Per-claim work done for all granted subjects at once: subject -> extra arguments.
 Prepare = Callable[[Fleet, list[FencedLock]], dict[str, dict[str, Any]]]
+
+
+@dataclass(frozen=True)
+class Reading:
+    """Per-claim work that starts from a read of its own, made in the round trip that
+    grants the claim's locks (``reads`` queues it on that pipeline; ``prepare`` gets the
+    granted locks and its replies)."""
+
+    reads: Callable[[Fleet, Pipeline], None]
+    prepare: Callable[[Fleet, list[FencedLock], list[Any]], dict[str, dict[str, Any]]]
+
+
 # A stage: its per-subject job, the step, the lock it runs under, the per-claim work.
-Stage = tuple[Job, Callable[..., object], tuple[LockKind, str] | None, Prepare | None]
+Stage = tuple[Job, Callable[..., object], tuple[LockKind, str] | None, Prepare | Reading | None]
 # How to run each stage, by its per-subject job: a fresh Stage for each claim.
 Stages = Mapping[Job, Callable[[], Stage]]
 

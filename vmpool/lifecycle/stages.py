@@ -16,15 +16,18 @@ from functools import partial
 from types import MappingProxyType
 from typing import Any, Final
 
+from redis.client import Pipeline
+
 from vmpool.ids import Job
 from vmpool.lifecycle.batch import Stage, Stages, run_stages
+from vmpool.lifecycle.chain import Reading
 from vmpool.lifecycle.creating import create_at_once
 from vmpool.lifecycle.fleet import Fleet
 from vmpool.lifecycle.ready import ready_now, record_ready_all
 from vmpool.lifecycle.requests import CloneGate, provision_request
 from vmpool.lifecycle.reserving import reserve_at_once
 from vmpool.lifecycle.vms import check_pending_vm, create_vm
-from vmpool.lifecycle.warm import pools_with_ready
+from vmpool.lifecycle.warm import ReadyRead
 from vmpool.providers import ProviderVM, StatusBatch
 from vmpool.state.durability import write_mark
 from vmpool.state.locks import FencedLock, LockKind, all_owned, check_call
@@ -57,22 +60,29 @@ def provision_batch(fleet: Fleet) -> dict[str, int]:
 
 
 def _provision_stage() -> Stage:
-    """A provision claim's step: a fresh gate (:class:`CloneGate`) for the claim."""
+    """A provision claim's step: a fresh gate (:class:`CloneGate`) for the claim, and its
+    read of the pools with ready VMs made with its locks' grant (:class:`ReadyRead`)."""
     gate = CloneGate()
     step = partial(provision_request, gate=gate)
     job = Job.PROVISION_REQUEST
-    return (job, step, LOCKED_STEPS[job], partial(_reserve_for_claim, gate=gate))
+    prepare = Reading(_read_ready, partial(_reserve_for_claim, gate=gate))
+    return (job, step, LOCKED_STEPS[job], prepare)
+
+
+def _read_ready(fleet: Fleet, pipe: Pipeline) -> None:
+    ReadyRead(fleet).queue(pipe)
 
 
 def _reserve_for_claim(
-    fleet: Fleet, locks: list[FencedLock], gate: CloneGate
+    fleet: Fleet, locks: list[FencedLock], replies: list[Any], gate: CloneGate
 ) -> dict[str, dict[str, Any]]:
-    """A provision claim's one read of the pools with ready VMs to lend, for each request.
+    """A provision claim's one read of the pools with ready VMs to lend (``replies``, made
+    in its locks' round trip), for each request.
 
     When none has one to lend, the VMs the claim's requests miss are reserved in one
     round trip (:func:`~vmpool.lifecycle.reserving.reserve_at_once`), their outcomes on
     the claim's ``gate`` for each request's step to take."""
-    ready = pools_with_ready(fleet)
+    ready = ReadyRead(fleet).found(replies)
     if not ready:
         gate.made = reserve_at_once(fleet, locks)
     return {lock.subject: {"ready": ready} for lock in locks}

@@ -21,6 +21,10 @@ over-fill a pool.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
+from typing import Any
+
+from redis.client import Pipeline
 
 from vmpool.config import PoolConfig
 from vmpool.ids import Job
@@ -35,7 +39,7 @@ from vmpool.state.records import Outcome, RequestRecord, VMRecord
 from vmpool.state.semaphore import SlotTerms
 from vmpool.state.transitions import RequestStatus, VMState
 
-__all__ = ["check_ready", "claim_ready", "pools_with_ready", "top_up_pools"]
+__all__ = ["ReadyRead", "check_ready", "claim_ready", "pools_with_ready", "top_up_pools"]
 
 log = logging.getLogger(__name__)
 
@@ -151,16 +155,35 @@ def pools_with_ready(fleet: Fleet) -> frozenset[str]:
 
     A provision claim asks once for its requests (:func:`claim_ready`'s ``ready``): no
     claim script for a request whose pools have nothing to lend. A VM that turns ready
-    after the read is lent to a later request; this one clones.
+    after the read is lent to a later request; this one clones. A provision claim reads
+    them in the round trip that grants its locks (:class:`ReadyRead`).
     """
-    lending = sorted(name for name, pool in fleet.config.pools.items() if pool.ondemand_from_ready)
-    if not lending:
+    read = ReadyRead(fleet)
+    if not read.pools:
         return frozenset()
     with fleet.redis.pipeline(transaction=False) as pipe:
-        for name in lending:
-            pipe.zcard(fleet.keys.pool_state(name, "ready"))
-        counts = pipe.execute()
-    return frozenset(name for name, n in zip(lending, counts, strict=True) if int(n))
+        read.queue(pipe)
+        return read.found(pipe.execute())
+
+
+class ReadyRead:
+    """The read of :func:`pools_with_ready`, to queue on a pipeline with other commands."""
+
+    def __init__(self, fleet: Fleet) -> None:
+        self.keys = fleet.keys
+        self.pools = sorted(n for n, pool in fleet.config.pools.items() if pool.ondemand_from_ready)
+
+    def queue(self, pipe: Pipeline) -> None:
+        """Queue the read: one ZCARD per lending pool."""
+        for name in self.pools:
+            pipe.zcard(self.keys.pool_state(name, "ready"))
+
+    def found(self, replies: Sequence[Any]) -> frozenset[str]:
+        """The lending pools whose count in ``replies`` (the read's, in order) is not 0."""
+        for reply in replies:
+            if isinstance(reply, Exception):
+                raise reply
+        return frozenset(name for name, n in zip(self.pools, replies, strict=True) if int(n))
 
 
 def claim_ready(

@@ -49,17 +49,18 @@ import logging
 import math
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import cached_property
 from types import TracebackType
 from typing import Any, Literal
 
 import redis
+from redis.client import Pipeline
 
 from vmpool.state.durability import settle
 from vmpool.state.keys import Keys
 from vmpool.state.lock_renewer import LockRenewer
-from vmpool.state.lua import ScriptCall, read_script
+from vmpool.state.lua import ScriptCall, read_script, run_pipelined
 from vmpool.state.records import text
 
 __all__ = [
@@ -69,6 +70,7 @@ __all__ = [
     "LockLost",
     "LockRelease",
     "acquire_all",
+    "acquire_all_reading",
     "all_owned",
     "check_call",
     "held_all",
@@ -304,14 +306,26 @@ def acquire_all(locks: Sequence[FencedLock]) -> list[FencedLock]:
     :attr:`~FencedLock.fence` (and :attr:`~FencedLock.record`) and is renewed as usual
     until released.
     """
+    return acquire_all_reading(locks)[0]
+
+
+def acquire_all_reading(
+    locks: Sequence[FencedLock], reads: Callable[[Pipeline], None] | None = None
+) -> tuple[list[FencedLock], list[Any]]:
+    """:func:`acquire_all`, and ``reads`` (plain reads queued on a pipeline) in the same
+    round trip, after the grant: the granted locks and the reads' replies."""
     if not locks:
-        return []
+        return [], []
     first = locks[0]
     if any(lk._held for lk in locks):
         raise RuntimeError("acquire_all: a lock is already acquired")
     keys = [k for lk in locks for k in (lk.key, lk.fence_key, lk.subject_key)]
-    replies = first._grant(keys=keys, args=[*_grant_args(first), *(lk.id for lk in locks)])
-    return [lk for lk, reply in zip(locks, replies, strict=True) if lk._taken(lk._granted(reply))]
+    grant = ScriptCall(first._grant, keys, [*_grant_args(first), *(lk.id for lk in locks)])
+    replies = run_pipelined(first.redis, [grant], reads=reads)
+    if isinstance(replies[0], Exception):
+        raise replies[0]
+    granted = [lk for lk, r in zip(locks, replies[0], strict=True) if lk._taken(lk._granted(r))]
+    return granted, replies[1:]
 
 
 def held_all(locks: Sequence[FencedLock]) -> bool:

@@ -106,7 +106,11 @@ def execute_loading(
 
 
 def run_pipelined(
-    client: redis.Redis, calls: Sequence[ScriptCall], *, settled: bool = False
+    client: redis.Redis,
+    calls: Sequence[ScriptCall],
+    *,
+    settled: bool = False,
+    reads: Callable[[Pipeline], None] | None = None,
 ) -> list[Any]:
     """The replies of ``calls`` run in order in one round trip (an error reply in its place).
 
@@ -118,7 +122,10 @@ def run_pipelined(
     unit's end, else confirmed at once, one wait for them all. ``settled``: in a unit,
     its writes so far (these calls' included) are confirmed in the same round trip, as
     :func:`~vmpool.state.durability.settle` would after them: before a side effect
-    outside Redis that the calls decide (:class:`WriteNotConfirmed` when not)."""
+    outside Redis that the calls decide (:class:`WriteNotConfirmed` when not).
+    ``reads``: queues plain read commands after the calls, in the same round trip;
+    their replies follow the calls' (run again with them when the server answered a
+    call NOSCRIPT)."""
     if not calls:
         return []
     durability = client.durability if isinstance(client, ConfirmingRedis) else None
@@ -127,21 +134,35 @@ def run_pipelined(
     with client.pipeline(transaction=False) as pipe:
         for call in calls:
             evalsha_on(pipe, call.script, call.keys, call.args)
+        if reads is not None:
+            reads(pipe)
+        read_count = len(pipe.command_stack) - len(calls)
         settles = settled and scope is not None and queue_confirmation(pipe, durability)
         replies: list[Any] = pipe.execute(raise_on_error=False)
+    read_replies = replies[len(calls) : len(calls) + read_count]
     if scope is not None:
         assert durability is not None
         for _ in calls:
             scope.defer(durability)
         if settles:
-            check_confirmation(durability, replies[len(calls) :])
+            check_confirmation(durability, replies[len(calls) + read_count :])
     out = [
         call.run(client) if isinstance(reply, NoScriptError) else reply
         for call, reply in zip(calls, replies[: len(calls)], strict=True)
     ]
+    if reads is not None and any(isinstance(r, NoScriptError) for r in replies[: len(calls)]):
+        read_replies = _reads_again(client, reads)  # after the calls that ran again
     if confirming and scope is None:
         confirm(client)
-    return out
+    return out + read_replies
+
+
+def _reads_again(client: redis.Redis, reads: Callable[[Pipeline], None]) -> list[Any]:
+    """The replies of ``reads`` run alone: after a call that the server answered
+    NOSCRIPT ran again, as the reads came after it."""
+    with client.pipeline(transaction=False) as pipe:
+        reads(pipe)
+        return list(pipe.execute(raise_on_error=False))
 
 
 class ScriptPipeline:
