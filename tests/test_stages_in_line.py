@@ -17,6 +17,7 @@ import redis
 from vmpool import lifecycle
 from vmpool.ids import Job
 from vmpool.lifecycle import Fleet, batch, chain, stages
+from vmpool.lifecycle.batch_time import StageTime
 from vmpool.lifecycle.pace import RECENT_CLAIMS, StagePace
 from vmpool.state.audit import check_trail
 from vmpool.state.records import Slot
@@ -195,3 +196,26 @@ def test_a_stage_run_in_line_claims_in_the_round_trip_that_ended_the_claim_befor
     round trip of its own."""
     _round_trips_to_ready(redis_url)
     assert _round_trips_to_ready(redis_url) <= 15
+
+
+def test_a_create_claims_vms_made_at_once_are_run_even_once_its_time_is_over(
+    redis_client: redis.Redis, redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Proves: the stage's time ending in the course of a create claim whose VMs its
+    provider made at once lets none of them go. Each one's step runs (recording its
+    create, dispatching its check, handing on its slot's turn), none stays in the
+    create work set to be claimed and locked again only to find itself created. Red
+    before: one step ran, two VMs were let go, their steps not run."""
+    monkeypatch.setattr(batch, "FIRST_CLAIM", {})
+    fleet = _fleet(redis_client, redis_url, {})
+    create_request(fleet.store, "r1", [Slot("deb", "debian", 3)], fleet.config)
+    names = lifecycle.provision_request(fleet, "r1")
+    work = WorkSet(fleet.redis, fleet.keys)
+    work.add(Job.CREATE_VM, names)
+    calls = iter([False])  # the loop's first look: time left; every look after: over
+
+    monkeypatch.setattr(StageTime, "over", lambda self: next(calls, True))
+    counts = lifecycle.create_vm_batch(fleet)
+    assert counts.get("pending") == 3, counts  # the job then stops on time ('more')
+    assert work.size(Job.CREATE_VM) == 0
+    assert all(vm.state == "pending" for vm in fleet.store.get_vms(names))

@@ -50,7 +50,7 @@ import redis
 
 from vmpool.ids import Job
 from vmpool.lifecycle.batch_time import BatchTime, StageTime
-from vmpool.lifecycle.chain import Chain, Prepare, Reading, Stage, Stages
+from vmpool.lifecycle.chain import Chain, Prepare, Reading, Stage, Stages, done_by_claim
 from vmpool.lifecycle.claims import ClaimKeeper
 from vmpool.lifecycle.deferred import DeferredDispatch, end_claim
 from vmpool.lifecycle.fleet import Fleet
@@ -253,12 +253,11 @@ def _run_claim(
     """Run one claim's subjects. Returns those done, those deferred and those let go.
 
     Run the claimed subjects (under their locks, for a locked step) until the stage's
-    time is over. Done, deferred (:data:`DEFERRED`: back in line after :func:`retry_s`)
-    and let go (not run: back in line at once) are ended so in the work set. The claim
-    is kept (renewed, its unstarted subjects let go at the stage's deadline:
-    ClaimKeeper) while it runs. The locks are released and the follow-ups dispatched
-    whatever happens, in the round trip that ends the subjects
-    (:meth:`~vmpool.lifecycle.deferred.DeferredDispatch.end`)."""
+    time is over, those whose work the claim did (``chain.DONE_BY_CLAIM``) even then.
+    Done, deferred (:data:`DEFERRED`: back in line after :func:`retry_s`) and let go
+    (not run: back in line at once) are ended so in the work set. A ClaimKeeper keeps
+    the claim while it runs. The locks are released and the follow-ups dispatched
+    whatever happens (:func:`~vmpool.lifecycle.deferred.end_claim`)."""
     assert isinstance(fleet.dispatch, DeferredDispatch)
     job, fn, locked, prepare = how
     held: dict[str, FencedLock] = {}
@@ -273,13 +272,12 @@ def _run_claim(
             kind, step = locked
             asked = [fleet.lock(kind, s, step, read_record=True) for s in claim.subjects]
             held, extra = _grant(fleet, asked, prepare)
-        keeper = ClaimKeeper(
-            work, job, claim, held, lease_s=lease_s(fleet), deadline=until.deadline
-        )
+        settled = done_by_claim(extra)
+        keeper = ClaimKeeper(work, job, claim, held, lease_s(fleet), until.deadline, settled)
         fleet.lock_renewer.add(keeper)
         for subject in claim.subjects:
-            if (done or later) and until.over():
-                break
+            if (done or later) and subject not in settled and until.over():
+                continue  # out of time: let go (but a subject whose work its claim did)
             if not keeper.start(subject):
                 continue  # let go: another worker runs it
             try:

@@ -38,7 +38,8 @@ class ClaimKeeper:
 
     Keeps ``claim`` of ``job`` (subjects in the order they are run) for its batch job:
     renews its lease (``lease_s``) every third of it, and at ``deadline`` (monotonic)
-    lets go of the subjects not started. A :class:`~vmpool.state.lock_renewer.Renewable`."""
+    lets go of the subjects not started, but those whose work the claim did
+    (``done_by_claim``). A :class:`~vmpool.state.lock_renewer.Renewable`."""
 
     def __init__(
         self,
@@ -46,15 +47,16 @@ class ClaimKeeper:
         job: Job,
         claim: Claim,
         locks: Mapping[str, FencedLock],
-        *,
         lease_s: float,
         deadline: float,
+        done_by_claim: frozenset[str] = frozenset(),
     ) -> None:
         self.key = f"claim {claim.id} of {job}"
         self._work, self._job, self._claim = work, job, claim
         self._locks = dict(locks)
         self._lease_s = lease_s
         self._deadline = deadline
+        self._done_by_claim = done_by_claim  # run whatever the time: never let go
         self._mutex = threading.Lock()  # held for a whole renewal, its Redis calls too
         self._waiting = list(claim.subjects)
         self._running: str | None = None
@@ -94,9 +96,11 @@ class ClaimKeeper:
             if self._waiting and time.monotonic() >= self._deadline:
                 # out of the list first: if Redis fails midway, none of them is started
                 # (their locks and claims then run out by themselves)
-                let_go, self._waiting = self._waiting, []
+                let_go = [s for s in self._waiting if s not in self._done_by_claim]
+                self._waiting = [s for s in self._waiting if s in self._done_by_claim]
                 self.let_go.extend(let_go)
-                self._let_go(let_go)
+                if let_go:
+                    self._let_go(let_go)
             keep = [*([self._running] if self._running else []), *self._waiting]
             if keep:
                 self._work.renew(self._job, self._claim, keep, self._lease_s)
