@@ -50,7 +50,7 @@ import redis
 
 from vmpool.ids import Job
 from vmpool.lifecycle.batch_time import BatchTime, StageTime
-from vmpool.lifecycle.chain import Chain, Prepare, Reading, Stage, Stages, done_by_claim
+from vmpool.lifecycle.chain import Chain, Prepare, Prepared, Reading, Stage, Stages
 from vmpool.lifecycle.claims import ClaimKeeper
 from vmpool.lifecycle.deferred import DeferredDispatch, end_claim
 from vmpool.lifecycle.fleet import Fleet
@@ -253,7 +253,7 @@ def _run_claim(
     """Run one claim's subjects. Returns those done, those deferred and those let go.
 
     Run the claimed subjects (under their locks, for a locked step) until the stage's
-    time is over, those whose work the claim did (``chain.DONE_BY_CLAIM``) even then.
+    time is over, those whose work the claim did (``Prepared.done``) even then.
     Done, deferred (:data:`DEFERRED`: back in line after :func:`retry_s`) and let go
     (not run: back in line at once) are ended so in the work set. A ClaimKeeper keeps
     the claim while it runs. The locks are released and the follow-ups dispatched
@@ -262,6 +262,7 @@ def _run_claim(
     job, fn, locked, prepare = how
     held: dict[str, FencedLock] = {}
     extra: dict[str, dict[str, Any]] = {}
+    settled: frozenset[str] = frozenset()  # their work done by the claim: run whatever the time
     done: list[str] = []
     later: list[str] = []
     let_go: list[str] = []
@@ -271,8 +272,8 @@ def _run_claim(
         if locked is not None:
             kind, step = locked
             asked = [fleet.lock(kind, s, step, read_record=True) for s in claim.subjects]
-            held, extra = _grant(fleet, asked, prepare)
-        settled = done_by_claim(extra)
+            held, prepared = _grant(fleet, asked, prepare)
+            extra, settled = prepared.extra, prepared.done
         keeper = ClaimKeeper(work, job, claim, held, lease_s(fleet), until.deadline, settled)
         fleet.lock_renewer.add(keeper)
         for subject in claim.subjects:
@@ -295,15 +296,14 @@ def _run_claim(
 
 def _grant(
     fleet: Fleet, asked: list[FencedLock], prepare: Prepare | Reading | None
-) -> tuple[dict[str, FencedLock], dict[str, dict[str, Any]]]:
+) -> tuple[dict[str, FencedLock], Prepared]:
     """Grant a claim's locks (one script, the ``Reading``'s read in its round trip), then
-    its per-claim work for the granted: the held locks by subject, and each one's extra
-    arguments."""
+    its per-claim work for the granted: the held locks by subject, and what the work did."""
     reads = partial(prepare.reads, fleet) if isinstance(prepare, Reading) else None
     granted, replies = acquire_all_reading(asked, reads)
     held = {lock.subject: lock for lock in granted}
     if not held or prepare is None:
-        return held, {}
+        return held, Prepared({})
     if isinstance(prepare, Reading):
         return held, prepare.prepare(fleet, granted, replies)
     return held, prepare(fleet, granted)

@@ -23,7 +23,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Any
 
 from redis.client import Pipeline
 
@@ -35,25 +35,24 @@ from vmpool.state.locks import FencedLock, LockKind
 from vmpool.state.lua import ScriptCall
 from vmpool.state.workset import Claim, WorkSet
 
-__all__ = ["DONE_BY_CLAIM", "Chain", "Prepare", "Reading", "Stage", "Stages", "done_by_claim"]
-
-# Per-claim work done for all granted subjects at once: subject -> extra arguments.
-Prepare = Callable[[Fleet, list[FencedLock]], dict[str, dict[str, Any]]]
-# The extra arguments that carry the outcome of a subject's work its claim already did
-# (a create made at once, a ready recorded at once). Such a subject's step only goes on
-# from it, so it runs even once the stage's time is over: let go, it would be claimed
-# and locked again only to find its work done, and what its step hands on (a freed
-# slot's turn, its check) would wait for that.
-DONE_BY_CLAIM: Final = ("made", "readied")
+__all__ = ["Chain", "Prepare", "Prepared", "Reading", "Stage", "Stages"]
 
 
-def done_by_claim(extra: Mapping[str, dict[str, Any]]) -> frozenset[str]:
-    """The subjects whose work their claim did (:data:`DONE_BY_CLAIM`)."""
-    return frozenset(
-        subject
-        for subject, args in extra.items()
-        if any(args.get(key) is not None for key in DONE_BY_CLAIM)
-    )
+@dataclass(frozen=True)
+class Prepared:
+    """What a claim's per-claim work did for its granted subjects: each one's extra
+    arguments for its step, and ``done``, those whose work it did itself (a create made
+    at once, a ready recorded at once). Such a subject's step only goes on from that
+    outcome, so it runs even once the stage's time is over: let go, it would be claimed
+    and locked again only to find its work done, and what its step hands on (a freed
+    slot's turn, its check) would wait for that."""
+
+    extra: dict[str, dict[str, Any]]
+    done: frozenset[str] = frozenset()
+
+
+# Per-claim work done for all granted subjects at once.
+Prepare = Callable[[Fleet, list[FencedLock]], Prepared]
 
 
 @dataclass(frozen=True)
@@ -63,7 +62,7 @@ class Reading:
     granted locks and its replies)."""
 
     reads: Callable[[Fleet, Pipeline], None]
-    prepare: Callable[[Fleet, list[FencedLock], list[Any]], dict[str, dict[str, Any]]]
+    prepare: Callable[[Fleet, list[FencedLock], list[Any]], Prepared]
 
 
 # A stage: its per-subject job, the step, the lock it runs under, the per-claim work.

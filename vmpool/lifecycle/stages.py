@@ -20,7 +20,7 @@ from redis.client import Pipeline
 
 from vmpool.ids import Job
 from vmpool.lifecycle.batch import Stage, Stages, run_stages
-from vmpool.lifecycle.chain import Reading
+from vmpool.lifecycle.chain import Prepared, Reading
 from vmpool.lifecycle.creating import create_at_once
 from vmpool.lifecycle.fleet import Fleet
 from vmpool.lifecycle.ready import ready_now, record_ready_all
@@ -75,7 +75,7 @@ def _read_ready(fleet: Fleet, pipe: Pipeline) -> None:
 
 def _reserve_for_claim(
     fleet: Fleet, locks: list[FencedLock], replies: list[Any], gate: CloneGate
-) -> dict[str, dict[str, Any]]:
+) -> Prepared:
     """A provision claim's one read of the pools with ready VMs to lend (``replies``, made
     in its locks' round trip), for each request.
 
@@ -85,7 +85,7 @@ def _reserve_for_claim(
     ready = ReadyRead(fleet).found(replies)
     if not ready:
         gate.made = reserve_at_once(fleet, locks)
-    return {lock.subject: {"ready": ready} for lock in locks}
+    return Prepared({lock.subject: {"ready": ready} for lock in locks})
 
 
 def create_vm_batch(fleet: Fleet) -> dict[str, int]:
@@ -97,7 +97,7 @@ def _create_stage() -> Stage:
     return (Job.CREATE_VM, create_vm, LOCKED_STEPS[Job.CREATE_VM], _take_slots)
 
 
-def _take_slots(fleet: Fleet, locks: list[FencedLock]) -> dict[str, dict[str, Any]]:
+def _take_slots(fleet: Fleet, locks: list[FencedLock]) -> Prepared:
     """Take a create claim's clone slots in one script; the VMs a provider makes at once,
     made (:func:`~vmpool.lifecycle.creating.create_at_once`).
 
@@ -125,7 +125,8 @@ def _take_slots(fleet: Fleet, locks: list[FencedLock]) -> dict[str, dict[str, An
     for lock in locks:
         lock.decided = decided
     made = create_at_once(fleet, locks, slots, checked=checked)
-    return {name: {"slot": ok, "made": made.get(name)} for name, ok in slots.items()}
+    extra = {name: {"slot": ok, "made": made.get(name)} for name, ok in slots.items()}
+    return Prepared(extra, done=frozenset(made))  # made at once: their steps go on from it
 
 
 def check_pending_batch(fleet: Fleet) -> dict[str, int]:
@@ -141,7 +142,7 @@ def _check_stage() -> Stage:
     return (job, check_pending_vm, LOCKED_STEPS[job], _ask_at_once)
 
 
-def _ask_at_once(fleet: Fleet, locks: list[FencedLock]) -> dict[str, dict[str, Any]]:
+def _ask_at_once(fleet: Fleet, locks: list[FencedLock]) -> Prepared:
     """A check claim's one status call per batching provider, for its pending VMs.
 
     Asked after the locks were granted, as each VM's own check would ask. A provider
@@ -163,7 +164,7 @@ def _ask_at_once(fleet: Fleet, locks: list[FencedLock]) -> dict[str, dict[str, A
             except Exception as exc:  # each VM asks alone, as it would have
                 log.warning("check_pending: %s did not answer: %s", provider_name, exc)
     if not seen:
-        return {}
+        return Prepared({})
     booted = [
         ready
         for lock in locks
@@ -172,7 +173,8 @@ def _ask_at_once(fleet: Fleet, locks: list[FencedLock]) -> dict[str, dict[str, A
         and (ready := ready_now(lock, provider_name, seen[provider_name].get(lock.subject)))
     ]
     readied = record_ready_all(fleet, booted)
-    return {lock.subject: {"seen": seen, "readied": readied.get(lock.subject)} for lock in locks}
+    extra = {lock.subject: {"seen": seen, "readied": readied.get(lock.subject)} for lock in locks}
+    return Prepared(extra, done=frozenset(readied))  # recorded ready: their steps go on
 
 
 # How to run each stage (a per-subject job of BATCHED): a fresh step, lock and
