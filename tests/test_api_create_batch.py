@@ -18,6 +18,7 @@ from typing import Any
 import redis
 from fastapi import FastAPI
 
+from vmpool.api.turn_batch import BATCH_MOST
 from vmpool.config import default_redis_options
 from vmpool.state.durability import DurabilitySetting
 from vmpool.state.keys import Keys
@@ -102,6 +103,28 @@ def test_the_creates_of_one_turn_go_in_one_pipeline_each_with_its_own_answer(
         assert rid in work
     taken_record = store.get_request(taken)
     assert taken_record is not None and taken_record.requested == "pool1:pool1:1"
+
+
+def test_a_turn_of_more_creates_than_a_batch_holds_is_sent_in_batches_of_the_most(
+    redis_url: str, redis_client: redis.Redis
+) -> None:
+    """Proves: a turn's creates past BATCH_MOST start another batch (so Redis runs the
+    first while the loop answers the replies of another): 19
+    POSTs of one turn with a most of 8 send three pipelines, each with its own lane
+    check (22 EVALSHA; one pipeline for the whole turn sends 20), and each POST is still
+    answered for its own request, all of them created."""
+    config = spec_config()
+    client, _ = make_client(config, redis_url)
+    for _ in range(LANES):  # every lane queued: the lane check then finds none free
+        assert client.post(f"{API}/ondemandvm", json={"pool1": 1}).status_code == 201
+    chosen = [str(uuid.uuid4()) for _ in range(2 * BATCH_MOST + 3)]
+    app = make_app(config, redis_url)
+    redis_client.config_resetstat()
+    answers = _together(app, [{"pool1": 1, "request_id": rid} for rid in chosen])
+    assert _calls(redis_client, "evalsha") == len(chosen) + 3
+    assert answers == [(201, {"ok": True, "request_id": rid}) for rid in chosen]
+    work = redis_client.zrange(Keys(config.key_prefix).work_set("provision_request"), 0, -1)
+    assert set(chosen) <= set(work)
 
 
 def test_a_batch_not_confirmed_fails_each_post_with_its_own_503(
