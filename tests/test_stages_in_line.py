@@ -219,3 +219,24 @@ def test_a_create_claims_vms_made_at_once_are_run_even_once_its_time_is_over(
     assert counts.get("pending") == 3, counts  # the job then stops on time ('more')
     assert work.size(Job.CREATE_VM) == 0
     assert all(vm.state == "pending" for vm in fleet.store.get_vms(names))
+
+
+def test_a_claim_made_ahead_that_found_nothing_yet_claims_again(
+    redis_client: redis.Redis, redis_url: str
+) -> None:
+    """Proves: a stage's claim made ahead that came back empty although its follow-ups
+    were just added (the add's script was not on the server: answered NOSCRIPT, it ran
+    again after the claim that followed it in the pipeline) claims again, so the
+    follow-ups run in this job. Red before: the stage ended at its empty claim, the
+    created VMs' follow-ups stayed in their work set with no job queued for them, and
+    the request waited for a sweep (seen as a 10 s stall on a fresh Redis)."""
+    fleet = _fleet(redis_client, redis_url, {Job.CREATE_VM: QUICK})
+    _request(fleet, "r1")
+    redis_client.script_flush()  # a fresh or restarted Redis: no script loaded
+    WorkSet(fleet.redis, fleet.keys).claim(Job.CREATE_VM, 1, 10.0)  # the claim's only
+    counts = lifecycle.provision_batch(fleet)
+    request = fleet.store.get_request("r1")
+    assert request is not None and request.status == "ready", counts
+    assert _queued(redis_client, fleet) == []
+    work = WorkSet(fleet.redis, fleet.keys)
+    assert [work.size(j) for j in stages.STAGES] == [0, 0, 0]
