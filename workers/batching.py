@@ -39,7 +39,9 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 import redis
+from redis.commands.core import Script
 from rq.job import get_current_job
+from rq.scripts import UNIQUE_ENQUEUE_SCRIPT
 
 from vmpool.config import Config
 from vmpool.ids import Job
@@ -203,6 +205,13 @@ class BatchDispatcher(RQDispatcher):
         self.lanes = {job: Lanes.of(self.work, batch, count) for batch, job in BATCHED.items()}
         self._rng = rng or random.Random()
         self._probes: dict[Job, LaneProbe] = {}  # the probes that never vary
+
+    @property
+    def scripts(self) -> list[Script]:
+        """The scripts its sends run: the lane check, RQ's unique enqueue, the reclaim
+        (for :func:`~vmpool.state.lua.load_missing`)."""
+        texts = (_PROBE_LUA, UNIQUE_ENQUEUE_SCRIPT, RECLAIM_LUA)
+        return [self.conn.register_script(text) for text in texts]
 
     def send(self, job: Job, subjects: Sequence[str]) -> None:
         """Batched work to its work set and a lane, the rest as RQDispatcher sends it."""

@@ -31,6 +31,7 @@ from collections.abc import Sequence
 from typing import Any, Final
 
 from redis import Redis
+from redis.commands.core import Script
 from rq import Queue
 from rq.exceptions import DequeueTimeout
 
@@ -38,7 +39,7 @@ from vmpool.state.keys import Keys
 from vmpool.state.lua import read_script
 from workers.queues import HEARTBEAT_FIELD
 
-__all__ = ["WAKE_WAIT_S", "StampingQueue", "pop_job", "wake_wait_s"]
+__all__ = ["WAKE_WAIT_S", "StampingQueue", "pop_job", "pop_script", "wake_wait_s"]
 
 # The longest block on the wake-up lists before the worker pops again: the most a job
 # pushed without a token waits for an idle worker. Each costs an idle worker a BLPOP and
@@ -48,12 +49,17 @@ WAKE_WAIT_S: Final = 2.0
 _POP_LUA: Final = read_script("workers", "pop_job.lua")
 
 
+def pop_script(conn: Redis) -> Script:
+    """The pop's script on ``conn`` (for :func:`~vmpool.state.lua.load_missing`)."""
+    return conn.register_script(_POP_LUA)
+
+
 def pop_job(conn: Redis, queue_keys: Sequence[str]) -> tuple[Any, Any] | None:
     """One pop over ``queue_keys`` in order: (queue key, job id) or None if all empty.
 
     None also drops the queues' wake-up tokens (pop_job.lua).
     """
-    script = conn.register_script(_POP_LUA)
+    script = pop_script(conn)
     keys = [*queue_keys, *_wake_keys(queue_keys)]
     found = script(keys=keys, args=[Keys.rq_job(""), HEARTBEAT_FIELD])
     if not found:

@@ -55,8 +55,9 @@ from vmpool.state.counters import record_job
 from vmpool.state.durability import confirmed, unconfirmed
 from vmpool.state.keys import DEFAULT_PREFIX, Keys
 from vmpool.state.lua import read_script
-from workers.batching import build_fleet
+from workers.batching import BatchDispatcher, build_fleet
 from workers.bookkeeping import LeanBeats, LeanJob, LeanSuccess
+from workers.dequeue import pop_script
 from workers.loop import AliveFile, RedisOutage, SteadyLoop, redis_unusable, writable_check
 from workers.queues import HEARTBEAT_FIELD, HEARTBEAT_SECONDS, queue_names
 from workers.turns import FairDequeue
@@ -386,6 +387,14 @@ def build_worker(
     worker.redis_check = writable_check(conn, keys)
     if config is not None:
         fleet = build_fleet(redis_url, config, conn, f"worker:{name}", queues)
+        try:
+            # Its scripts composed and on the server before its first job.
+            own = [pop_script(conn)]
+            if isinstance(fleet.dispatch, BatchDispatcher):
+                own += fleet.dispatch.scripts
+            fleet.warm(own)
+        except redis.RedisError as exc:  # its first calls load them, as they always could
+            log.warning("scripts not loaded at start: %s", exc)
         if isinstance(worker, FleetSimpleWorker | FleetForkWorker):
             worker.fleet = fleet
     return worker

@@ -9,13 +9,16 @@ calls in each process of ``vmpool api --workers N``.
 
 from __future__ import annotations
 
+import logging
 import os
 import random
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 
+import redis
 from fastapi import APIRouter, FastAPI
+from starlette.concurrency import run_in_threadpool
 
 from vmpool.api.confirming import install_confirmed_calls
 from vmpool.api.create_batch import CreateBatches
@@ -39,6 +42,7 @@ from vmpool.api.routers import (
 from vmpool.api.turn_batch import ReadBatches
 from vmpool.config import Config, load_config
 from vmpool.state.keys import Keys
+from vmpool.state.lua import load_missing
 from vmpool.state.store import Store
 from vmpool.state.tokens import TokenStore
 from workers.batching import BatchDispatcher
@@ -49,6 +53,8 @@ __all__ = [
     "app_from_env",
     "create_app",
 ]
+
+log = logging.getLogger(__name__)
 
 API_PREFIX = "/api/v3"
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
@@ -82,7 +88,7 @@ def create_app(
         docs_url=None,
         redoc_url=None,
         openapi_url=None,
-        lifespan=_closing(st.clients),
+        lifespan=_lifespan(st),
     )
     app.state.vmpool = st
     install_error_handlers(app)
@@ -118,19 +124,30 @@ def _hot_routes() -> HotRoutes:
     return HotRoutes(routes)
 
 
-def _closing(
-    clients: RedisClients,
-) -> Callable[[FastAPI], AbstractAsyncContextManager[None]]:
-    """A lifespan that closes ``clients`` when the app shuts down."""
+def _lifespan(st: ApiState) -> Callable[[FastAPI], AbstractAsyncContextManager[None]]:
+    """A lifespan that makes the scripts ready as the app starts (:func:`_warm`) and
+    closes its clients when it shuts down."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        await run_in_threadpool(_warm, st)
         try:
             yield
         finally:
-            await _close_clients(clients)
+            await _close_clients(st.clients)
 
     return lifespan
+
+
+def _warm(st: ApiState) -> None:
+    """The store's scripts composed and on the server before the first request (each
+    composed on its first use, and answered NOSCRIPT once on a fresh Redis, otherwise).
+    Redis down: the first requests load them, as they always could."""
+    scripts = [*st.store.scripts.all(), st.store.quotas.place_script, *st.batch.scripts]
+    try:
+        load_missing(st.clients.text, scripts)
+    except redis.RedisError as exc:
+        log.warning("scripts not loaded at start: %s", exc)
 
 
 async def _close_clients(clients: RedisClients) -> None:

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 from redis import Redis
+from redis.commands.core import Script
 
 from vmpool.config import Config
 from vmpool.ids import Job
@@ -45,12 +46,14 @@ from vmpool.state.circuit import ProviderCircuit
 from vmpool.state.fleet_identity import IdentityWatch
 from vmpool.state.keys import Keys
 from vmpool.state.lock_renewer import LockRenewer
-from vmpool.state.locks import FencedLock, LockKind
+from vmpool.state.locks import LOCK_TEXTS, FencedLock, LockKind
+from vmpool.state.lua import load_missing
 from vmpool.state.names import NameGenerator
 from vmpool.state.records import Outcome, VMRecord
 from vmpool.state.semaphore import CloneSemaphore
 from vmpool.state.store import Store
 from vmpool.state.transitions import VMState
+from vmpool.state.workset import WorkSet
 
 __all__ = [
     "Dispatcher",
@@ -168,6 +171,23 @@ class Fleet:
         )
         fleet.identity.start()  # held from now on, so that a loss is noticed
         return fleet
+
+    def warm(self, extra: Sequence[Script] = ()) -> int:
+        """Make the scripts of the store, work sets, locks, clone slots and providers (and
+        ``extra``: the worker's own) ready before the first job; how many Redis lacked
+        (now loaded).
+
+        Each store script's text is composed on its first use (its helpers pruned: a few
+        ms each), and on a fresh or restarted Redis each script's first call is answered
+        NOSCRIPT (a round trip and a load; in a pipeline, the call runs again after those
+        that followed it). A worker pays both as it starts, not in its first claims."""
+        scripts = [*self.store.scripts.all(), *WorkSet(self.redis, self.keys).scripts]
+        scripts += [self.redis.register_script(text) for text in LOCK_TEXTS]
+        if self.clone_slots is not None:
+            scripts += self.clone_slots.scripts
+        for provider in self.providers.values():  # the simulated cloud's, on Redis
+            scripts += getattr(provider, "scripts", [])
+        return load_missing(self.redis, [*scripts, *extra])
 
     # -- helpers ------------------------------------------------------------------------
     @property

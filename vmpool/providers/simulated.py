@@ -59,6 +59,7 @@ from vmpool.state.lua import ScriptCall, read_script, run_pipelined
 
 if TYPE_CHECKING:
     from redis import Redis
+    from redis.commands.core import Script
 
     from vmpool.state.keys import Keys
 
@@ -116,6 +117,16 @@ class SimulatedProvider(Provider, CreateBatch, Snapshots, Disks):
 
     def __repr__(self) -> str:
         return f"SimulatedProvider(name={self.name!r}, options={self.options!r})"
+
+    @property
+    def scripts(self) -> list[Script]:
+        """Its scripts on the simulated cloud's Redis (loaded as a worker starts)."""
+        return [
+            self._create_script,
+            self._destroy_attempt_script,
+            self._destroy_script,
+            self._annotate_script,
+        ]
 
     # -- deterministic decisions -----------------------------------------------------------
     def _rng(self, vm_name: str, what: str) -> random.Random:
@@ -347,6 +358,10 @@ class ListingSimulatedProvider(SimulatedProvider, StatusBatch):
     ) -> None:
         super().__init__(redis, keys, name, options)
         self._list_script = redis.register_script(_LIST_LUA)
+
+    @property
+    def scripts(self) -> list[Script]:
+        return [*super().scripts, self._list_script]
 
     def statuses(self, names: Collection[str]) -> dict[str, ProviderVM | None]:
         """Each of ``names`` as of the server's clock now, None for a VM not held.

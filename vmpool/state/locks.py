@@ -21,19 +21,17 @@ is granted the same lock. Three things make that harmless:
 
 Renewal: a :class:`~vmpool.state.lock_renewer.LockRenewer` (one daemon thread, shared
 by every lock of a process that is given it: the Fleet holds one) extends each held
-lock every third of its expiry
-with the same token-checked script. A lock it finds lost is marked lost (and
-:meth:`FencedLock.ensure_held` raises). A lock given no renewer gets a renewer of its
-own. A grant is one script and a release another (no round trip or thread per lock
-beyond them).
+lock every third of its expiry with the same token-checked script. A lock it finds
+lost is marked lost (and :meth:`FencedLock.ensure_held` raises). A lock given no
+renewer gets a renewer of its own. A grant is one script and a release another (no
+round trip or thread per lock beyond them).
 
-Batch jobs: :func:`acquire_all` grants the locks of a claim's subjects in
-one script, :func:`held_all` checks them in one read before a side effect for all of
-them (a provider's create of many VMs), and :func:`release_all` releases them in one.
-Each is still its own lock with its own fresh id and token, granted or refused on its
-own. A lock made with
-``read_record=True`` also gets its subject's record, read in the grant's unit
-(:attr:`FencedLock.record`), so its holder need not read it again.
+Batch jobs: :func:`acquire_all` grants the locks of a claim's subjects in one script,
+:func:`held_all` checks them in one read before a side effect for all of them (a
+provider's create of many VMs), and :func:`release_all` releases them in one. Each is
+still its own lock with its own fresh id and token, granted or refused on its own. A
+lock made with ``read_record=True`` also gets its subject's record, read in the
+grant's unit (:attr:`FencedLock.record`), so its holder need not read it again.
 
 Acquisition is non-blocking by default: a job that finds the lock taken returns
 ``busy`` (another worker is on it, and the periodic sweeps bring the work back if that
@@ -64,6 +62,7 @@ from vmpool.state.lua import ScriptCall, read_script, run_pipelined
 from vmpool.state.records import text
 
 __all__ = [
+    "LOCK_TEXTS",
     "FencedLock",
     "LockBusy",
     "LockKind",
@@ -95,6 +94,7 @@ _GRANT_LUA = read_script("vmpool.state.scripts", "lock_fence.lua")
 _EXTEND_LUA = read_script("vmpool.state.scripts", "lock_extend.lua")
 _RELEASE_LUA = read_script("vmpool.state.scripts", "lock_release.lua")
 _CHECK_LUA = read_script("vmpool.state.scripts", "lock_check.lua")
+LOCK_TEXTS = (_GRANT_LUA, _EXTEND_LUA, _RELEASE_LUA, _CHECK_LUA)  # to load them at start
 # A blocking acquire polls the grant this often at most.
 _POLL_MAX_S = 0.1
 

@@ -41,6 +41,7 @@ __all__ = [
     "ScriptPipeline",
     "evalsha_on",
     "execute_loading",
+    "load_missing",
     "read_script",
     "run_pipelined",
     "run_pipelined_async",
@@ -103,6 +104,27 @@ def execute_loading(
                 raise reply
         return replies
     raise AssertionError("unreachable")  # the second attempt returns or raises
+
+
+def load_missing(client: redis.Redis, scripts: Sequence[Script]) -> int:
+    """Load into the server those of ``scripts`` it does not hold; how many it loaded.
+
+    Two round trips at most: one SCRIPT EXISTS for all, one pipeline of the loads. A
+    process runs it as it starts (:meth:`vmpool.lifecycle.fleet.Fleet.warm`), so that its
+    first calls are not answered NOSCRIPT on a fresh or restarted Redis: each such
+    answer costs a round trip and a load, and in a pipeline the call runs again after
+    the calls that followed it."""
+    unique = list({script.sha: script for script in scripts}.values())
+    if not unique:
+        return 0
+    held = client.script_exists(*(script.sha for script in unique))
+    missing = [script for script, has in zip(unique, held, strict=True) if not has]
+    if missing:
+        pipe = client.pipeline(transaction=False)
+        for script in missing:
+            pipe.script_load(script.script)
+        pipe.execute()
+    return len(missing)
 
 
 def run_pipelined(

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import redis
+from redis.commands.core import Script
 
 from vmpool.ids import validate_request_id
 from vmpool.state.counters import lua_quota_keys
@@ -136,6 +137,11 @@ class QuotaStore:
         head = lua_quota_keys(keys) + read_script(_PACKAGE, "_line.lua")
         body = read_script(_PACKAGE, "request_place.lua")
         self._place = redis_client.register_script(prune(head, body) + body)
+
+    @property
+    def place_script(self) -> Script:
+        """The script of :meth:`read_placed` (for :func:`~vmpool.state.lua.load_missing`)."""
+        return self._place
 
     # -- a request over quota ---------------------------------------------------------
     def park(self, request_id: str, limits: QuotaLimits, *, actor: str) -> Outcome:

@@ -48,6 +48,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import redis
+from redis.commands.core import Script
 
 from vmpool.state.keys import Keys
 from vmpool.state.lua import ScriptCall, read_script
@@ -136,6 +137,11 @@ class CloneSemaphore:
         self._request_key = keys.request
         self._script = redis_client.register_script(_script_text())
         self._keeper = _LeaseKeeper(self._renew, self.lease_s / 3)
+
+    @property
+    def scripts(self) -> list[Script]:
+        """Its script (for :func:`~vmpool.state.lua.load_missing`)."""
+        return [self._script]
 
     def terms(self, place: float | None = None) -> SlotTerms:
         """The terms a store script takes a slot on (for a request at ``place``)."""

@@ -134,6 +134,10 @@ class StoreScripts:
             script = self._registered[name] = self._redis.register_script(self.text(name))
         return script
 
+    def all(self) -> list[Script]:
+        """Every store script, each registered (its text composed) now if not yet."""
+        return [self[name] for name in dict.fromkeys([*REQUEST_SCRIPTS, *self._heads])]
+
     def text(self, name: str) -> str:
         """The composed text of script ``name``: its helpers, _once.lua, its body.
 

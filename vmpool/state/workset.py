@@ -31,6 +31,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 import redis
+from redis.commands.core import Script
 
 from vmpool.ids import Job
 from vmpool.state.durability import unconfirmed
@@ -70,6 +71,11 @@ class WorkSet:
         self._add = redis_client.register_script(head + read_script(_PACKAGE, "work_add.lua"))
         self._claim = redis_client.register_script(head + read_script(_PACKAGE, "work_claim.lua"))
         self._done = redis_client.register_script(head + read_script(_PACKAGE, "work_done.lua"))
+
+    @property
+    def scripts(self) -> list[Script]:
+        """The work set's scripts (for :func:`~vmpool.state.lua.load_missing`)."""
+        return [self._add, self._claim, self._done]
 
     def record_key_parts(self, job: Job) -> tuple[str, str]:
         """The parts of a request's key around its id, for a job on requests.
