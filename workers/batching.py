@@ -51,6 +51,7 @@ from vmpool.lifecycle.pace import StagePace
 from vmpool.state.connection import connect
 from vmpool.state.keys import Keys
 from vmpool.state.lua import ScriptCall, ScriptPipeline, read_script
+from vmpool.state.pace_board import PaceBoard
 from vmpool.state.workset import WorkSet, lua_workset
 from workers.queues import (
     HEARTBEAT_FIELD,
@@ -311,4 +312,5 @@ def build_fleet(
     keys = Keys(config.key_prefix)
     sweeps = keys.queue(QUEUE_SWEEPS) in queues
     dispatch = BatchDispatcher(conn, keys, config, serves_sweeps=sweeps)
-    return Fleet.build(client, config, dispatch, actor, pace=StagePace())
+    pace = StagePace(board=PaceBoard(client, keys))  # the fleet's word on unseen stages
+    return Fleet.build(client, config, dispatch, actor, pace=pace)

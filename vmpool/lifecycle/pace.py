@@ -11,20 +11,26 @@ busy machine (its worker descheduled) does not send the stage back to the queues
 provider whose creates block does.
 
 One per worker process (the Fleet's ``pace``), read and written by its job thread only.
-A stage no claim of this process has run yet is quick only if it makes no provider call
-per subject (:data:`QUICK_UNSEEN`): the first creates go through the queues as they
-always did, while a fleet's first checks do not wait in the queue behind the batch jobs
-that run the creates.
+A stage no claim of this process has run yet takes the fleet's word on it (its
+:class:`~vmpool.state.pace_board.PaceBoard`, where each worker posts its verdict when
+it changes, read at most every :data:`BOARD_READ_S`): a worker started beside others
+that found creates quick runs its creates in line at once. With no word either, a
+stage is quick only if it makes no provider call per subject (:data:`QUICK_UNSEEN`):
+a fleet's first creates go through the queues as they always did, while its first
+checks do not wait in the queue behind the batch jobs that run the creates.
 """
 
 from __future__ import annotations
 
+import time
 from collections import deque
+from collections.abc import Callable
 from typing import Final
 
 from vmpool.ids import Job
+from vmpool.state.pace_board import PaceBoard
 
-__all__ = ["QUICK_S", "QUICK_UNSEEN", "RECENT_CLAIMS", "StagePace"]
+__all__ = ["BOARD_READ_S", "QUICK_S", "QUICK_UNSEEN", "RECENT_CLAIMS", "StagePace"]
 
 # The most a stage's claim may take per subject, in each of its last claims, for the
 # stage to be run in line (seconds). A create or a status call that answers at once
@@ -37,27 +43,63 @@ RECENT_CLAIMS: Final = 8
 # Redis alone (lending ready VMs included); a check claim asks each provider once for
 # all of its VMs. A create calls its provider per VM, and a clone may block for minutes.
 QUICK_UNSEEN: Final = frozenset({Job.PROVISION_REQUEST, Job.CHECK_PENDING_VM})
+# How often a worker with no verdict of its own on a stage reads the fleet's (seconds).
+BOARD_READ_S: Final = 1.0
 
 
 class StagePace:
-    """The time per subject of each stage's last :data:`RECENT_CLAIMS` claims."""
+    """The time per subject of each stage's last :data:`RECENT_CLAIMS` claims.
 
-    def __init__(self, quick_s: float = QUICK_S, recent: int = RECENT_CLAIMS) -> None:
+    ``board``: the fleet's (None: this worker's claims alone). ``clock``: monotonic
+    seconds (tests pass their own)."""
+
+    def __init__(
+        self,
+        quick_s: float = QUICK_S,
+        recent: int = RECENT_CLAIMS,
+        board: PaceBoard | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.quick_s = quick_s
         self._recent = recent
         self._seconds: dict[Job, deque[float]] = {}
+        self._board = board
+        self._clock = clock
+        self._posted: dict[Job, bool] = {}  # this worker's verdicts the board has
+        self._fleet: dict[str, bool] = {}  # the board as last read
+        self._read_at = float("-inf")
 
     def record(self, job: Job, seconds: float, subjects: int) -> None:
-        """One claim of ``job`` ran ``subjects`` subjects in ``seconds``."""
+        """One claim of ``job`` ran ``subjects`` subjects in ``seconds``; a verdict that
+        changed is posted to the board."""
         if subjects <= 0:
             return
         recent = self._seconds.setdefault(job, deque(maxlen=self._recent))
         recent.append(seconds / subjects)
+        if self._board is not None:
+            verdict = self._verdict(recent)
+            if self._posted.get(job) != verdict and self._board.post(job, verdict):
+                self._posted[job] = verdict
 
     def quick(self, job: Job) -> bool:
         """Whether more than half of ``job``'s last claims took at most :attr:`quick_s` a
-        subject (with none yet: whether it is one of :data:`QUICK_UNSEEN`)."""
+        subject; with none yet, the fleet's word (the board), else whether it is one of
+        :data:`QUICK_UNSEEN`."""
         recent = self._seconds.get(job)
-        if not recent:
-            return job in QUICK_UNSEEN
+        if recent:
+            return self._verdict(recent)
+        word = self._word(job)
+        return job in QUICK_UNSEEN if word is None else word
+
+    def _verdict(self, recent: deque[float]) -> bool:
         return sorted(recent)[len(recent) // 2] <= self.quick_s
+
+    def _word(self, job: Job) -> bool | None:
+        """The board's verdict on ``job``, read again at most every :data:`BOARD_READ_S`
+        while it has none."""
+        if self._board is None:
+            return None
+        if job not in self._fleet and self._clock() - self._read_at >= BOARD_READ_S:
+            self._read_at = self._clock()
+            self._fleet = self._board.read()
+        return self._fleet.get(job)

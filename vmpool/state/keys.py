@@ -288,6 +288,12 @@ class Keys:
         """Zset: a provider's creates now, 'pool|name' -> when the claim lapses (capacity.py)."""
         return f"{self.prefix}:provider-launching:{validate_pool_name(provider)}"
 
+    @property
+    def stage_pace(self) -> str:
+        """Hash: batch stage (job name) -> '1' quick, '0' slow, as the fleet's workers last
+        found it (vmpool.state.pace_board)."""
+        return f"{self.prefix}:stage-pace"
+
     def work_set(self, job: Job) -> str:
         """Zset: the subjects of per-subject ``job`` waiting for a batch job or claimed.
 
