@@ -43,8 +43,9 @@ RECENT_CLAIMS: Final = 8
 # Redis alone (lending ready VMs included); a check claim asks each provider once for
 # all of its VMs. A create calls its provider per VM, and a clone may block for minutes.
 QUICK_UNSEEN: Final = frozenset({Job.PROVISION_REQUEST, Job.CHECK_PENDING_VM})
-# How often a worker with no verdict of its own on a stage reads the fleet's (seconds).
-BOARD_READ_S: Final = 1.0
+# How often a worker with no verdict of its own on a stage reads the fleet's (seconds): a
+# read only while its claims want the stage, and its own first claim ends them.
+BOARD_READ_S: Final = 0.1
 
 
 class StagePace:
