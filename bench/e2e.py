@@ -34,7 +34,10 @@ shows min / median over ``--runs`` and each ratio run by run against that run's 
 Then, per configuration, where a VM's cost goes (the median run): the primary's Redis
 commands and WAITs per VM (INFO commandstats; the client's polls included: each GET
 is a confirmed read), and the CPU ms per VM of each part (the API, the workers, the
-scheduler, ``vmpool up`` itself, the primary redis-server).
+scheduler, ``vmpool up`` itself, the primary redis-server); and when its VMs got
+ready, in seconds from the first POST (each request's ready time from its record): the
+last POST answered, the first and the last VM ready, the last ready seen by a poll,
+and the VMs/s from the first ready to the last.
 """
 
 from __future__ import annotations
@@ -63,7 +66,9 @@ sys.path.insert(0, str(ROOT))
 
 from _up import BIN, Up, cpu_seconds, process_tree, wait_for  # noqa: E402
 
+from vmpool.ids import DEFAULT_PREFIX  # noqa: E402
 from vmpool.local.redis_server import RedisServer  # noqa: E402
+from vmpool.state.keys import Keys  # noqa: E402
 
 POOLS = ("debian", "centos")
 CONFIG = """\
@@ -94,8 +99,17 @@ class Session(Protocol):
     def done(self, unit: str) -> bool: ...
 
 
-def drive(n: int, connections: int, session: Callable[[], Session], poll_s: float) -> float:
-    """N ÷ (first start -> last done seen), N units over ``connections`` threads."""
+def drive(
+    n: int,
+    connections: int,
+    session: Callable[[], Session],
+    poll_s: float,
+    seen: dict[str, tuple[float, float]] | None = None,
+) -> float:
+    """N ÷ (first start -> last done seen), N units over ``connections`` threads.
+
+    ``seen``: filled with each unit's (started, done seen), in ``time.time()`` seconds
+    (the clock a Redis server on this host stamps its trails with)."""
     barrier = threading.Barrier(connections)
     starts: list[float] = []
     ends: list[float] = []
@@ -106,10 +120,14 @@ def drive(n: int, connections: int, session: Callable[[], Session], poll_s: floa
             client = session()
             barrier.wait()
             starts.append(time.perf_counter())
-            units = [client.start(i) for i in range(first, n, connections)]
-            for unit in units:
+            units = []
+            for i in range(first, n, connections):
+                units.append((client.start(i), time.time()))
+            for unit, started in units:
                 while not client.done(unit):
                     time.sleep(poll_s)
+                if seen is not None:
+                    seen[unit] = (started, time.time())
             ends.append(time.perf_counter())
         except BaseException as exc:  # reported by the caller
             errors.append(exc)
@@ -253,14 +271,37 @@ def fleet_rate(
         pids = [*process_tree(up.pid), server.process.pid]
         client.config_resetstat()
         cpu0 = cpu_by_role(pids)
-        rate = drive(args.vms, args.connections, lambda: ApiSession(up.port), args.poll)
+        seen: dict[str, tuple[float, float]] = {}
+        rate = drive(args.vms, args.connections, lambda: ApiSession(up.port), args.poll, seen)
         cpu1 = cpu_by_role(pids)
         stats = client.info("commandstats")
+        phases = timeline(client, seen)
     calls = {k.removeprefix("cmdstat_"): int(v["calls"]) for k, v in stats.items()}
     profile = {f"{role} CPU ms": 1e3 * (cpu1[role] - cpu0.get(role, 0.0)) for role in cpu1}
     profile["commands"] = sum(calls.values())
     profile["WAIT"] = calls.get("wait", 0)
-    return rate, {k: v / args.vms for k, v in profile.items()}
+    return rate, {**{k: v / args.vms for k, v in profile.items()}, **phases}
+
+
+def timeline(client: redis.Redis, seen: dict[str, tuple[float, float]]) -> dict[str, float]:
+    """When the run's VMs got ready, from each request's ready time (its hash's
+    ``status_since``, the server's clock): seconds from the first POST to the last POST
+    answered, the first and the last ready, the last ready seen by the client's poll,
+    and VMs/s from the first ready to the last (keys prefixed ``@``: not per VM)."""
+    keys = Keys(DEFAULT_PREFIX)
+    pipe = client.pipeline(transaction=False)
+    for rid in seen:
+        pipe.hget(keys.request(rid), "status_since")
+    ready = sorted(float(r) for r in pipe.execute())
+    t0 = min(started for started, _ in seen.values())
+    span = ready[-1] - ready[0]
+    return {
+        "@last POST answered s": max(started for started, _ in seen.values()) - t0,
+        "@first ready s": ready[0] - t0,
+        "@last ready s": ready[-1] - t0,
+        "@last ready seen s": max(done for _, done in seen.values()) - t0,
+        "@VMs/s first to last ready": (len(ready) - 1) / span if span > 0 else 0.0,
+    }
 
 
 def rq_rate(url: str, args: argparse.Namespace) -> float:
@@ -310,8 +351,13 @@ def report(
     for name in args.configs:
         keys = sorted({k for p in profiles[name] for k in p})
         median = {k: statistics.median([p.get(k, 0.0) for p in profiles[name]]) for k in keys}
-        shown = ", ".join(f"{k} {v:.1f}" for k, v in median.items())
+        shown = ", ".join(f"{k} {v:.1f}" for k, v in median.items() if k[0] != "@")
         print(f"# per VM, {name} (median of the runs): {shown}")
+        phases = ", ".join(
+            f"{k[1:]} {v:.0f}" if k.startswith("@VMs") else f"{k[1:].removesuffix(' s')} {v:.3f} s"
+            for k, v in ((k, median[k]) for k in profiles[name][0] if k[0] == "@")
+        )
+        print(f"# from the first POST, {name} (median of the runs): {phases}")
 
 
 def main() -> None:
