@@ -10,12 +10,11 @@ of the whole round trip (Redis gone, a confirmation refused) is raised to each c
 caller that stops waiting (its client gone) leaves the batch running.
 
 A turn's calls past :data:`BATCH_MOST` start another batch, sent in the same turn. One
-round trip for a whole turn made the API and Redis take turns: the loop parsed and
-planned every POST of the turn while Redis sat idle, then idled itself while Redis ran
+round trip for a whole turn makes the API and Redis take turns: the loop parses and
+plans every POST of the turn while Redis sits idle, then idles itself while Redis runs
 every script. Split, the replies of the first part come back while Redis runs the
 next, and the loop answers them (and reads the requests their clients send next)
-meanwhile: at 16 connections the API went from 80 % to 95 % of a core busy, and POST
-/ondemandvm from 0.54 to 0.58 of /healthz (docs/benchmarks.md).
+meanwhile (measured: docs/benchmarks.md, "API").
 
 The batch runs in a context of its own, so its round trip is not part of any caller's
 unit of work (:mod:`vmpool.state.durability`): it confirms what it wrote or read in that
@@ -39,8 +38,9 @@ from vmpool.state.lua import ScriptCall, run_pipelined_async
 
 __all__ = ["BATCH_MOST", "ReadBatches", "TurnBatches"]
 
-# The most calls in one round trip (bench/api_rps.py at 16 connections: 6, 8 and 12
-# alike within the runs' spread, 2 and 4 cost more round trips than they overlap).
+# The most calls in one round trip (bench/api_rps.py at 16 connections: 6 and 8 alike;
+# 12 overlaps little more than one batch a turn; 2 and 4 cost more round trips than they
+# overlap).
 BATCH_MOST = 8
 
 _Waiting = list[tuple[ScriptCall, "asyncio.Future[Any]"]]
