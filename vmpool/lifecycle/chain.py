@@ -15,7 +15,9 @@ sets, where the periodic sweeps' dispatch finds them (the bound of a lost job).
 The first claim of a stage run in line is made ahead, in the round trip that ends the
 claim whose follow-ups it runs (:meth:`Chain.ahead`; the work-set adds come first in
 it, so the claim finds them). One that goes unused (the stage stopped on time first,
-or the job failed) is let go at once, its subjects back in line.
+or the job failed) is let go at once, its subjects back in line; one that comes back
+empty is made again (an add answered NOSCRIPT runs again after the calls that followed
+it, the claim among them).
 """
 
 from __future__ import annotations
