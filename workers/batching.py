@@ -47,7 +47,7 @@ from vmpool.config import Config
 from vmpool.ids import Job
 from vmpool.lifecycle import Fleet
 from vmpool.lifecycle.batch import BATCHED, CLAIM_SIZE
-from vmpool.lifecycle.pace import StagePace
+from vmpool.lifecycle.pace import StagePace, quick_unseen
 from vmpool.state.connection import connect
 from vmpool.state.keys import Keys
 from vmpool.state.lua import ScriptCall, ScriptPipeline, read_script
@@ -312,5 +312,9 @@ def build_fleet(
     keys = Keys(config.key_prefix)
     sweeps = keys.queue(QUEUE_SWEEPS) in queues
     dispatch = BatchDispatcher(conn, keys, config, serves_sweeps=sweeps)
-    pace = StagePace(board=PaceBoard(client, keys))  # the fleet's word on unseen stages
-    return Fleet.build(client, config, dispatch, actor, pace=pace)
+    fleet = Fleet.build(client, config, dispatch, actor)
+    # The fleet's word on unseen stages; its own providers' on creates.
+    fleet.pace = StagePace(
+        board=PaceBoard(client, keys), unseen=quick_unseen(fleet.providers.values())
+    )
+    return fleet

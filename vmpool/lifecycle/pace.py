@@ -17,20 +17,24 @@ it changes, read at most every :data:`BOARD_READ_S`): a worker started beside ot
 that found creates quick runs its creates in line at once. With no word either, a
 stage is quick only if it makes no provider call per subject (:data:`QUICK_UNSEEN`):
 a fleet's first creates go through the queues as they always did, while its first
-checks do not wait in the queue behind the batch jobs that run the creates.
+checks do not wait in the queue behind the batch jobs that run the creates. A fleet
+whose providers all say their creates answer at once
+(:class:`~vmpool.providers.base.InstantCreates`) takes creates for quick too
+(:func:`quick_unseen`): there is no clone that could block to find out about.
 """
 
 from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Final
 
 from vmpool.ids import Job
+from vmpool.providers.base import InstantCreates, Provider
 from vmpool.state.pace_board import PaceBoard
 
-__all__ = ["BOARD_READ_S", "QUICK_S", "QUICK_UNSEEN", "RECENT_CLAIMS", "StagePace"]
+__all__ = ["BOARD_READ_S", "QUICK_S", "QUICK_UNSEEN", "RECENT_CLAIMS", "StagePace", "quick_unseen"]
 
 # The most a stage's claim may take per subject, in each of its last claims, for the
 # stage to be run in line (seconds). A create or a status call that answers at once
@@ -48,10 +52,20 @@ QUICK_UNSEEN: Final = frozenset({Job.PROVISION_REQUEST, Job.CHECK_PENDING_VM})
 BOARD_READ_S: Final = 0.1
 
 
+def quick_unseen(providers: Iterable[Provider]) -> frozenset[Job]:
+    """The stages taken for quick before any claim of theirs ran, in a fleet of
+    ``providers``: :data:`QUICK_UNSEEN`, and creates if every provider's answer at once."""
+    listed = list(providers)
+    if listed and all(isinstance(p, InstantCreates) and p.creates_at_once() for p in listed):
+        return QUICK_UNSEEN | {Job.CREATE_VM}
+    return QUICK_UNSEEN
+
+
 class StagePace:
     """The time per subject of each stage's last :data:`RECENT_CLAIMS` claims.
 
-    ``board``: the fleet's (None: this worker's claims alone). ``clock``: monotonic
+    ``board``: the fleet's (None: this worker's claims alone). ``unseen``: the stages
+    taken for quick with no word on them (:func:`quick_unseen`). ``clock``: monotonic
     seconds (tests pass their own)."""
 
     def __init__(
@@ -59,9 +73,11 @@ class StagePace:
         quick_s: float = QUICK_S,
         recent: int = RECENT_CLAIMS,
         board: PaceBoard | None = None,
+        unseen: frozenset[Job] = QUICK_UNSEEN,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.quick_s = quick_s
+        self.unseen = unseen
         self._recent = recent
         self._seconds: dict[Job, deque[float]] = {}
         self._board = board
@@ -85,12 +101,12 @@ class StagePace:
     def quick(self, job: Job) -> bool:
         """Whether more than half of ``job``'s last claims took at most :attr:`quick_s` a
         subject; with none yet, the fleet's word (the board), else whether it is one of
-        :data:`QUICK_UNSEEN`."""
+        :attr:`unseen`."""
         recent = self._seconds.get(job)
         if recent:
             return self._verdict(recent)
         word = self._word(job)
-        return job in QUICK_UNSEEN if word is None else word
+        return job in self.unseen if word is None else word
 
     def _verdict(self, recent: deque[float]) -> bool:
         return sorted(recent)[len(recent) // 2] <= self.quick_s

@@ -29,6 +29,7 @@ __all__ = [
     "CreateBatch",
     "CreateOrder",
     "Disks",
+    "InstantCreates",
     "PermanentProviderError",
     "Provider",
     "ProviderError",
@@ -179,8 +180,8 @@ class Provider(Protocol):
       input.
 
     The optional calls are protocols of their own, which a provider declares by
-    subclassing them: :class:`StatusBatch`, :class:`Snapshots`, :class:`Disks` and
-    :class:`Capacity`.
+    subclassing them: :class:`StatusBatch`, :class:`CreateBatch`,
+    :class:`InstantCreates`, :class:`Snapshots`, :class:`Disks` and :class:`Capacity`.
     """
 
     name: str
@@ -249,6 +250,20 @@ class CreateBatch(Protocol):
     def create_vms(self, orders: Sequence[CreateOrder]) -> list[ProviderVM | Exception]:
         """Each order's VM (made, or found made), or the error ``create_vm`` would have
         raised for it, in the orders' order."""
+        ...
+
+
+@runtime_checkable
+class InstantCreates(Protocol):
+    """A provider whose creates may answer at once, with no cloud to wait for (the
+    simulated cloud, given no create latency).
+
+    A fleet whose providers all say so runs its creates in line from its first claim
+    (:func:`vmpool.lifecycle.pace.quick_unseen`); otherwise a worker learns their pace
+    from a first claim of one VM, since a clone may block for minutes."""
+
+    def creates_at_once(self) -> bool:
+        """Whether every ``create_vm`` answers without waiting on a cloud."""
         ...
 
 

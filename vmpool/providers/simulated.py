@@ -37,6 +37,7 @@ from vmpool.providers.base import (
     CreateBatch,
     CreateOrder,
     Disks,
+    InstantCreates,
     PermanentProviderError,
     Provider,
     ProviderVM,
@@ -47,14 +48,7 @@ from vmpool.providers.base import (
     validate_provider_name,
 )
 from vmpool.providers.simulated_options import SimulatedOptions
-from vmpool.providers.simulated_records import (
-    created_vm,
-    decoded,
-    listed_vm,
-    seconds,
-    text,
-    vm_of,
-)
+from vmpool.providers.simulated_records import created_vm, decoded, listed_vm, seconds, text, vm_of
 from vmpool.state.lua import ScriptCall, read_script, run_pipelined
 
 if TYPE_CHECKING:
@@ -90,7 +84,7 @@ _LIST_LUA = _lua("simulated_list.lua")
 LIST_PAGE: Final = 1000
 
 
-class SimulatedProvider(Provider, CreateBatch, Snapshots, Disks):
+class SimulatedProvider(Provider, CreateBatch, InstantCreates, Snapshots, Disks):
     """A provider whose cloud is a pair of Redis keys per instance name.
 
     Names are unique within one provider instance (as hostnames are in a real cloud), so
@@ -117,6 +111,10 @@ class SimulatedProvider(Provider, CreateBatch, Snapshots, Disks):
 
     def __repr__(self) -> str:
         return f"SimulatedProvider(name={self.name!r}, options={self.options!r})"
+
+    def creates_at_once(self) -> bool:
+        """Its creates are a script on Redis: at once, unless a create latency is set."""
+        return self.options.create_latency_s == 0
 
     @property
     def scripts(self) -> list[Script]:
