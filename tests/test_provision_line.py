@@ -31,13 +31,19 @@ def _batched_fleet(redis_client: redis.Redis, redis_url: str, **overrides: Any) 
     return fleet
 
 
-def _post(fleet: Fleet, rid: str) -> None:
-    """A request as the API creates it: added to the provision work set in its unit."""
+def _post(fleet: Fleet, rid: str, clone_limit: int = 0) -> None:
+    """A request as the API creates it: added to the provision work set in its unit.
+    ``clone_limit``: the fleet's, as the API passes it (0: the line is never joined)."""
     out = fleet.store.create_request(
         rid, [Slot("deb", "debian", 1)], RequestSettings.from_config(fleet.config),
         actor="api", work_set=fleet.keys.work_set(Job.PROVISION_REQUEST),
+        clone_limit=clone_limit,
     )  # fmt: skip
     assert out.ok, out
+
+
+def _in_work_set(fleet: Fleet, rid: str) -> bool:
+    return fleet.redis.zscore(fleet.keys.work_set(Job.PROVISION_REQUEST), rid) is not None
 
 
 def _grants(fleet: Fleet, rids: list[str]) -> dict[str, int]:
@@ -129,3 +135,82 @@ def test_a_create_batch_claims_one_create_first_so_another_worker_takes_the_next
         monkeypatch.setattr(provider, name, noting_the_claims(getattr(provider, name)))
     lifecycle.create_vm_batch(fleet)
     assert claimed == [1, 1], claimed
+
+
+def test_a_request_created_behind_a_full_line_waits_in_it_from_its_creation(
+    redis_client: redis.Redis, redis_url: str
+) -> None:
+    """Proves: at the clone limit, a request created while others wait in the slots'
+    line joins the line in its create's unit, at its place, and stays out of the
+    provision work set, so no provision claim grants its lock only to find no slot (red
+    before: in a burst past the limit each new request's first claim did just that, a
+    claim of 20 costing four round trips and 20 reservations, half the slots' pace in
+    an end-to-end run with AOF). A request created with nobody in line is claimed as
+    before; so is the first in line once a slot is free."""
+    fleet = _batched_fleet(redis_client, redis_url, ondemand_clone_limit=1)
+    assert fleet.slots.acquire("someone-elses-vm") is not None  # the fleet is full
+    _post(fleet, "r-0", clone_limit=1)
+    assert _in_work_set(fleet, "r-0")  # nobody in line: a worker's claim finds it
+    lifecycle.provision_batch(fleet)  # the limit met: it waits in line
+    rids = [f"r-{i}" for i in range(1, 5)]
+    for rid in rids:
+        _post(fleet, rid, clone_limit=1)
+    line = fleet.keys.clone_slot_line
+    assert redis_client.zrange(line, 0, -1) == ["r-0", *rids]
+    places = {r: fleet.store.get_request(r).place for r in rids}  # type: ignore[union-attr]
+    assert {r: redis_client.zscore(line, r) for r in rids} == places  # at its place
+    assert not any(_in_work_set(fleet, rid) for rid in rids)
+    lifecycle.provision_batch(fleet)
+    assert _grants(fleet, ["r-0", *rids]) == {"r-0": 1, **dict.fromkeys(rids, 0)}
+    fleet.slots.release("someone-elses-vm")  # a slot free, and no turn handed out
+    assert lifecycle.provision_sweep(fleet) == 1  # the first in line only
+    lifecycle.provision_batch(fleet)
+    assert fleet.store.get_request("r-0").vm_names  # type: ignore[union-attr]
+    assert _grants(fleet, rids) == dict.fromkeys(rids, 0)
+
+
+def test_a_request_joined_at_its_creation_is_served_in_its_turn(
+    redis_client: redis.Redis, redis_url: str
+) -> None:
+    """Proves: the turn a created VM hands back reaches a request that joined the line
+    at its creation: every request gets its VM, in the order of the line, each lock
+    granted once (in its turn). Red before on its first check only (r-2 went to the work
+    set); the rest guards against a request left out of both the work set and the turns
+    (it would wait for a provision sweep while the slots cycle)."""
+    fleet = _batched_fleet(redis_client, redis_url, ondemand_clone_limit=1)
+    _post(fleet, "r-0", clone_limit=1)
+    lifecycle.provision_batch(fleet)  # r-0 reserved: the one slot is its VM's
+    _post(fleet, "r-1", clone_limit=1)  # nobody in line yet: claimed, waits in line
+    lifecycle.provision_batch(fleet)
+    _post(fleet, "r-2", clone_limit=1)  # behind r-1: in line from its creation
+    assert not _in_work_set(fleet, "r-2")
+    served = []
+    for _ in range(6):  # each round: the creates (a slot back, a turn), then provisions
+        lifecycle.create_vm_batch(fleet)
+        lifecycle.provision_batch(fleet)
+        served = [r for r in ("r-0", "r-1", "r-2") if fleet.store.get_request(r).vm_names]  # type: ignore[union-attr]
+        if len(served) == 3:
+            break
+    assert served == ["r-0", "r-1", "r-2"]
+    assert _grants(fleet, ["r-1", "r-2"]) == {"r-1": 2, "r-2": 1}
+    assert redis_client.zcard(fleet.keys.clone_slot_line) == 0
+
+
+def test_a_request_whose_pool_holds_a_ready_vm_is_not_put_in_line_at_creation(
+    redis_client: redis.Redis,
+) -> None:
+    """Proves: a pool of the request holding a ready VM (which it may lend) keeps a new
+    request in the provision work set even behind a full line: its claim may take it."""
+    config = dataclasses.replace(warm_config(1), ondemand_clone_limit=1)
+    fleet = make_fleet(redis_client, config)
+    filled(fleet)
+    assert fleet.slots.acquire("someone-elses-vm") is not None  # the fleet is full
+    create_request(fleet.store, "earlier", [Slot("debian", "debian", 1)], config)
+    assert fleet.slots.join_line("earlier", 0.0)
+    out = fleet.store.create_request(
+        "r-1", [Slot("debian", "debian", 1)], RequestSettings.from_config(config),
+        actor="api", work_set=fleet.keys.work_set(Job.PROVISION_REQUEST), clone_limit=1,
+    )  # fmt: skip
+    assert out.ok, out
+    assert _in_work_set(fleet, "r-1")
+    assert redis_client.zrange(fleet.keys.clone_slot_line, 0, -1) == ["earlier"]

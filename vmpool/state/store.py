@@ -146,8 +146,11 @@ class Store(RecordReads, PoolIndexReads):
         """Create the request (pending, its first trail entry, its queue entries).
 
         ``work_set``: a work-set key (``Keys.work_set('provision_request')``) the id is
-        added to in the same unit (create_request.lua). ``clone_limit``: the fleet's,
-        for the ETA the request is created with (0: unknown). ``pipeline``: add the script
+        added to in the same unit (create_request.lua), unless the request waits in the
+        clone slots' line from its creation (others wait ahead of it, no slot is free in
+        its turn, none of its pools holds a ready VM): then it is dispatched in its turn.
+        ``clone_limit``: the fleet's, for the ETA the request is created with and that
+        line (0: unknown; the line is not joined). ``pipeline``: add the script
         call to it instead of running it, and return None (its reply makes an Outcome
         with ``Outcome.from_reply``). A refusal made without Redis is returned all the
         same, and nothing is added.

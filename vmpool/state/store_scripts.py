@@ -70,8 +70,15 @@ POOL_VARIANTS: Final[Mapping[str, str]] = {
     "end_vm_lifetime": "pool_end_lifetime",
     "vm_destroyed": "pool_vm_destroyed",
 }
-# The scripts that take or give back a VM's clone slot in their unit (_slots.lua).
-SLOT_SCRIPTS: Final = ("reserve_vm", "vm_created", "pool_reserve", "pool_vm_created")
+# The scripts that take or give back a VM's clone slot in their unit, or put a new
+# request in the slots' line (_slots.lua).
+SLOT_SCRIPTS: Final = (
+    "create_request",
+    "reserve_vm",
+    "vm_created",
+    "pool_reserve",
+    "pool_vm_created",
+)
 # A batch script -> the one-VM script whose body it runs for each of its VMs, composed
 # ahead of it as the function ``<one>_one`` (:func:`as_function`).
 BATCH_OF: Final[Mapping[str, str]] = {"vm_ready_batch": "vm_ready"}
@@ -116,7 +123,8 @@ class StoreScripts:
         # records its ETA (the line's functions, _line.lua).
         self._heads["create_request"] = lua_workset() + _text("_line")
         # A VM's clone slot is taken in its reservation and given back when it was
-        # created, in those units (_slots.lua, the clone semaphore's leases).
+        # created, in those units (_slots.lua, the clone semaphore's leases); a new
+        # request behind a full line joins it in its create's.
         for name in SLOT_SCRIPTS:
             self._heads[name] = self._heads.get(name, "") + _text("_slots")
         # A batch script runs its one-VM script's body for each VM (BATCH_OF).

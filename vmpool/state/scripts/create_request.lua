@@ -3,13 +3,18 @@
 --   (vmpool.state.workset.WorkSet, Keys.work_set('provision_request')): when given, the
 --   new request's id is added to it (its place in line: its arrival, `created`; its
 --   owner: the token user), so the batch provisioning finds it without another round
---   trip. The store prepends the work-set functions (_workset.lua).
+--   trip; or, when others wait for a clone slot ahead of it with none free in its turn
+--   and none of its pools holds a ready VM, it waits in the clone slots' line instead
+--   (_slots.lua slot_line_join_new), to be dispatched in its turn as the provision sweep
+--   dispatches the requests in that line. The store prepends the work-set functions
+--   (_workset.lua) and the slots' (_slots.lua).
 -- ARGV: 1-4 as in _prelude.lua; 5 slots "alias:pool:n,alias:pool:n" (vmpooler's
 --   `requested` format); 6 ttl seconds; 7 grace seconds; 8 max_vm_retries;
 --   9 VM lifetime seconds; 10 data_ttl seconds; 11 token user ('' for none);
 --   12 token hash ('' for none); 13 priority (1 highest, 3 lowest; '' for 2);
 --   14 the priority's lead in seconds (vmpool.config.QuotaConfig.lead_s); 15 the fleet's
---   clone limit (for its ETA; '' or 0: unknown); 16 the round of fair share in seconds
+--   clone limit (for its ETA and the slots' line; '' or 0: unknown, the line is never
+--   joined here); 16 the round of fair share in seconds
 --   (the aging period): its place in line is its arrival less the lead, and a round
 --   behind its user's previous request of its priority still waiting (_line.lua).
 -- Returns: {1, 'created', version} or {0, 'exists' | 'empty'}.
@@ -25,6 +30,17 @@
 -- key of the id exists), so it is a list from its first entry. Its ETA now (_line.lua)
 -- is kept (`eta_at`, in the same HSET), so its error is measured when it turns ready
 -- (_quota.lua).
+
+-- Whether a pool of ``requested`` ("alias:pool:n,...") holds a ready VM it might lend.
+local function pools_hold_ready(requested)
+  for _, pool in string.gmatch(requested, '([^:,]+):([^:,]+):%d+') do
+    if redis.call('ZCARD', POOL_PREFIX .. pool .. ':ready') > 0 then
+      return true
+    end
+  end
+  return false
+end
+
 if redis.call('EXISTS', KEYS[1], KEYS[2], KEYS[3], KEYS[4]) > 0 then
   return refuse('exists')
 end
@@ -76,7 +92,11 @@ end
 redis.call('HSET', KEYS[1], unpack(record))
 redis.call('RPUSH', KEYS[3], audit_entry('request', 'none', 'pending', version, 'created', now))
 redis.call('ZADD', KEYS[5], fmt(fail_at), RID)
-if KEYS[7] then
+-- Behind a full clone line its first provision claim would only put it in the line:
+-- a claim of a burst's new requests would cost their locks and reservations for that.
+local clone_limit = tonumber(ARGV[15] or '') or 0
+if KEYS[7] and not (clone_limit > 0 and not pools_hold_ready(ARGV[5])
+    and slot_line_join_new(RID, line_at, clone_limit, now)) then
   ws_add(ws_parts(KEYS[7]), RID, line_at, '')  -- served in the order of places
 end
 return {1, 'created', version}
