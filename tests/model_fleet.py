@@ -301,15 +301,18 @@ class FleetMachine(RuleBasedStateMachine):
     @rule(user=st.sampled_from(USERS), head=st.sampled_from(ID_HEADS), n=st.integers(1, 2),
           pool=st.sampled_from(POOLS), priority=st.sampled_from((1, 2, 3)))  # fmt: skip
     def post_request(self, user: str, head: str, n: int, pool: str, priority: int) -> None:
-        """POST /ondemandvm: a request joins the provision work set in its unit, at the
-        place the policy gives it; none later than its arrival (less its priority's
-        lead) or a round behind its user's last waiting request of its priority."""
+        """POST /ondemandvm: a request joins the provision work set in its unit (or, with
+        others waiting for a clone slot ahead of it and none free in its turn, the slots'
+        line: its turn dispatches it), at the place the policy gives it; none later than
+        its arrival (less its priority's lead) or a round behind its user's last waiting
+        request of its priority."""
         rid = f"{head}-{len(self.requests)}"
         in_line = self._line()
         settings = RequestSettings.from_config(self.fleet.config, priority=priority)
         out = self.fleet.store.create_request(
             rid, [Slot(pool, pool, n)], dataclasses.replace(settings, ttl_s=600, max_vm_retries=1),
             actor="api", token_user=user, work_set=self.keys.work_set("provision_request"),
+            clone_limit=CLONE_LIMIT,
         )  # fmt: skip
         assert out.ok, out
         req = self.fleet.store.get_request(rid)
@@ -325,7 +328,10 @@ class FleetMachine(RuleBasedStateMachine):
         bound = max([arrival] + [self.order.place[r] + ROUND_S for r in ahead])
         if req.place > bound + 1e-5:
             self.problems.append(f"{rid} placed past its bound {bound} ({len(ahead)} ahead)")
-        self._added(rid)
+        if self.client.zscore(self.keys.work_set("provision_request"), rid) is not None:
+            self._added(rid)
+        else:
+            self._note("post:in_slot_line")
         self.requests.append(rid)
         self.live.append(rid)
         self._note("post")
