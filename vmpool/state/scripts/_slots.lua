@@ -119,23 +119,18 @@ local function slot_turns(limit, now)
   return redis.call('ZRANGE', SLOT_LINE, 0, free - 1)
 end
 
--- Whether request ``rid``, new at ``place``, waits in SLOT_LINE from its creation
--- (create_request.lua): others wait in line ahead of it and no slot is free in its
--- turn, so its first reservation would only put it there (slot_acquire_in_line). If
--- so it joins the line, at its place. An empty line is never joined here: a fleet
--- within its clone limit, or one whose slots come back faster than requests arrive,
--- keeps every new request in reach of any worker's provision claim.
-local function slot_line_join_new(rid, place, limit, now)
+-- Whether a request new at ``place`` would only join SLOT_LINE at its first reservation
+-- (slot_acquire_in_line): others wait in line ahead of it and no slot is free in its
+-- turn. An empty line answers false at once (one read): a fleet within its clone
+-- limit, or one whose slots come back faster than requests arrive, keeps every new
+-- request in reach of any worker's provision claim.
+local function slot_line_full_for(place, limit, now)
   local ahead = redis.call('ZCOUNT', SLOT_LINE, '-inf', '(' .. place)
   if ahead == 0 then
     return false
   end
   slots_drop_expired(now)
-  if redis.call('ZCARD', CLONE_SLOTS) + ahead < limit then
-    return false
-  end
-  redis.call('ZADD', SLOT_LINE, place, rid)
-  return true
+  return redis.call('ZCARD', CLONE_SLOTS) + ahead >= limit
 end
 
 -- 1 if the lease of ``name`` was dropped (it was ``token``'s or an older holder's),

@@ -4,9 +4,9 @@
 --   new request's id is added to it (its place in line: its arrival, `created`; its
 --   owner: the token user), so the batch provisioning finds it without another round
 --   trip; or, when others wait for a clone slot ahead of it with none free in its turn
---   and none of its pools holds a ready VM, it waits in the clone slots' line instead
---   (_slots.lua slot_line_join_new), to be dispatched in its turn as the provision sweep
---   dispatches the requests in that line. The store prepends the work-set functions
+--   and none of its pools holds a ready VM, it waits in the clone slots' line instead,
+--   at its place (_slots.lua slot_line_full_for), to be dispatched in its turn as the
+--   provision sweep dispatches the requests in that line. The store prepends the work-set functions
 --   (_workset.lua) and the slots' (_slots.lua).
 -- ARGV: 1-4 as in _prelude.lua; 5 slots "alias:pool:n,alias:pool:n" (vmpooler's
 --   `requested` format); 6 ttl seconds; 7 grace seconds; 8 max_vm_retries;
@@ -94,9 +94,14 @@ redis.call('RPUSH', KEYS[3], audit_entry('request', 'none', 'pending', version, 
 redis.call('ZADD', KEYS[5], fmt(fail_at), RID)
 -- Behind a full clone line its first provision claim would only put it in the line:
 -- a claim of a burst's new requests would cost their locks and reservations for that.
+-- The line is read first: its pools' ready VMs are read only when it is full.
 local clone_limit = tonumber(ARGV[15] or '') or 0
-if KEYS[7] and not (clone_limit > 0 and not pools_hold_ready(ARGV[5])
-    and slot_line_join_new(RID, line_at, clone_limit, now)) then
-  ws_add(ws_parts(KEYS[7]), RID, line_at, '')  -- served in the order of places
+if KEYS[7] then
+  if clone_limit > 0 and slot_line_full_for(line_at, clone_limit, now)
+      and not pools_hold_ready(ARGV[5]) then
+    redis.call('ZADD', SLOT_LINE, line_at, RID)  -- waits for its turn, at its place
+  else
+    ws_add(ws_parts(KEYS[7]), RID, line_at, '')  -- served in the order of places
+  end
 end
 return {1, 'created', version}
