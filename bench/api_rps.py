@@ -1,7 +1,7 @@
 """POST /ondemandvm (and GET of a pending request) against /healthz, same API process.
 
     .venv/bin/python bench/api_rps.py [--runs 3] [--seconds 3] [--connections 1,16]
-                                      [--aof] [--log-level info]
+                                      [--aof] [--log-level info] [--creates-at-once]
 
 Starts a throw-away redis-server (``--aof``: appendfsync always) and one API process as
 ``vmpool up`` runs it: ``vmpool api`` (uvicorn, one worker, ``--log-level info``, so
@@ -15,6 +15,11 @@ the ratio to /healthz (min / median / max of the runs), Redis commands per POST
 (INFO commandstats, Lua-internal commands included) and the Redis server's CPU per POST
 (INFO cpu: on a machine whose cores the API, Redis and this client share, the POST's
 throughput pays it too).
+
+``--creates-at-once`` puts bench/_ablation on the API process's path: after the first
+batch, each batch of the POSTs' creates is answered ``created`` without its round trip
+to Redis. It measures a bound (the ratio if that round trip cost nothing), not the
+API's behaviour.
 """
 
 from __future__ import annotations
@@ -214,11 +219,18 @@ def measure(
     return out, cmds, redis_us
 
 
-def start_api(config: str, url: str, port: int, log_level: str, log: Path) -> subprocess.Popen:
-    """``vmpool api`` as ``vmpool up`` starts it, its output (access log) into ``log``."""
+def start_api(
+    config: str, url: str, port: int, log_level: str, log: Path, creates_at_once: bool = False
+) -> subprocess.Popen:
+    """``vmpool api`` as ``vmpool up`` starts it, its output (access log) into ``log``.
+
+    ``creates_at_once``: with bench/_ablation on its path (see ``--creates-at-once``)."""
     cmd = [sys.executable, "-m", "vmpool.cli.main", "api", "--config", config]
     cmd += ["--redis-url", url, "--port", str(port), "--log-level", log_level]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    if creates_at_once:
+        paths = [str(ROOT / "bench" / "_ablation"), env.get("PYTHONPATH", "")]
+        env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
     with log.open("wb") as out:
         api = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 30
@@ -238,7 +250,8 @@ def report(server: RedisServer, pid: int, args: argparse.Namespace) -> None:
     print(
         f"# nproc={os.cpu_count()} python={platform.python_version()}"
         f" redis-server={version} aof={args.aof} runs={args.runs} seconds={args.seconds}"
-        f" log-level={args.log_level} loadavg={os.getloadavg()[0]:.2f}"
+        f" log-level={args.log_level} creates-at-once={args.creates_at_once}"
+        f" loadavg={os.getloadavg()[0]:.2f}"
     )
     out, cmds, redis_us = measure(server.url, args.port, pid, args)
     print(
@@ -262,6 +275,11 @@ def main() -> None:
     parser.add_argument("--connections", default="1,16", help="comma-separated counts")
     parser.add_argument("--aof", action="store_true", help="appendonly yes, appendfsync always")
     parser.add_argument("--log-level", default="info", help="vmpool api's (info: access log on)")
+    parser.add_argument(
+        "--creates-at-once",
+        action="store_true",
+        help="answer the creates without Redis (a bound, see bench/_ablation)",
+    )
     args = parser.parse_args()
     args.connections = [int(c) for c in args.connections.split(",") if c]
     server = RedisServer(appendonly=args.aof).start()
@@ -269,7 +287,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="api-rps-") as tmp:
         config = Path(tmp, "config.yaml")
         config.write_text(CONFIG)
-        api = start_api(str(config), server.url, args.port, args.log_level, Path(tmp, "api.log"))
+        log = Path(tmp, "api.log")
+        api = start_api(
+            str(config), server.url, args.port, args.log_level, log, args.creates_at_once
+        )
         try:
             report(server, api.pid, args)
         finally:

@@ -38,6 +38,7 @@ BENCHES: dict[str, list[str]] = {
     "eta": ["--seconds", "120", "--load", "3.0", "--calibrate", "40"],
     "e2e": E2E,
     "e2e_clone_limit": [*E2E, "--clone-limit", "1000"],
+    "e2e_steady": ["--runs", "5", "--vms", "1000", "--connections", "8"],
     "script_cost": ["--requests", "400", "--runs", "5"],
     "overload": ["--requests", "120", "--gap", "0.55"],
     "job_cost": ["--jobs", "2000", "--runs", "3"],
@@ -47,6 +48,7 @@ SCRIPT_OF = {
     "pending_sweep": "targets",
     "durability_fleet": "durability",
     "e2e_clone_limit": "e2e",
+    "e2e_steady": "e2e",
 }
 
 
