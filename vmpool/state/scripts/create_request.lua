@@ -6,8 +6,8 @@
 --   trip; or, when others wait for a clone slot ahead of it with none free in its turn
 --   and none of its pools holds a ready VM, it waits in the clone slots' line instead,
 --   at its place (_slots.lua slot_line_full_for), to be dispatched in its turn as the
---   provision sweep dispatches the requests in that line. The store prepends the work-set functions
---   (_workset.lua) and the slots' (_slots.lua).
+--   provision sweep dispatches the requests in that line. The store prepends the
+--   work-set functions (_workset.lua) and the slots' (_slots.lua).
 -- ARGV: 1-4 as in _prelude.lua; 5 slots "alias:pool:n,alias:pool:n" (vmpooler's
 --   `requested` format); 6 ttl seconds; 7 grace seconds; 8 max_vm_retries;
 --   9 VM lifetime seconds; 10 data_ttl seconds; 11 token user ('' for none);
