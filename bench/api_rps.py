@@ -249,7 +249,8 @@ def report(server: RedisServer, pid: int, args: argparse.Namespace) -> None:
     version = redis.Redis.from_url(server.url).info("server")["redis_version"]
     print(
         f"# nproc={os.cpu_count()} python={platform.python_version()}"
-        f" redis-server={version} aof={args.aof} runs={args.runs} seconds={args.seconds}"
+        f" redis-server={version} "
+        f"malloc={server.allocator} aof={args.aof} runs={args.runs} seconds={args.seconds}"
         f" log-level={args.log_level} creates-at-once={args.creates_at_once}"
         f" loadavg={os.getloadavg()[0]:.2f}"
     )

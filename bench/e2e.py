@@ -378,7 +378,8 @@ def main() -> None:
         version = redis.Redis.from_url(plain.url).info("server")["redis_version"]
         print(
             f"# nproc={os.cpu_count()} python={platform.python_version()} rq={rq.__version__}"
-            f" redis-py={redis.__version__} redis-server={version} runs={args.runs}"
+            f" redis-py={redis.__version__} redis-server={version} "
+            f"malloc={plain.allocator} runs={args.runs}"
             f" vms={args.vms} connections={args.connections} poll={args.poll:g}s"
             f" clone_limit={args.clone_limit or 'default'}"
             f" loadavg={os.getloadavg()[0]:.2f}"

@@ -119,8 +119,9 @@ def main() -> None:
         one_run(r, stores, 20, -1)  # warm up: scripts loaded, allocator settled
         runs = [one_run(r, stores, args.requests, i) for i in range(args.runs)]
         print(
-            f"# load average {os.getloadavg()[0]:.2f}; {args.runs} runs of {args.requests} "
-            "requests; Redis µs per EVALSHA, min / median of the runs"
+            f"# load average {os.getloadavg()[0]:.2f}; malloc {server.allocator};"
+            f" {args.runs} runs of {args.requests} requests; Redis µs per EVALSHA, min / median"
+            " of the runs"
         )
         print("| script | pruned | whole | pruned ÷ whole |")
         print("|---|---|---|---|")

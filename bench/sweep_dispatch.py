@@ -170,7 +170,8 @@ def main() -> None:
         version = redis.Redis.from_url(server.url).info("server")["redis_version"]
         print(
             f"# nproc={os.cpu_count()} python={platform.python_version()} rq={rq.__version__}"
-            f" redis-py={redis.__version__} redis-server={version} aof={args.aof}"
+            f" redis-py={redis.__version__} redis-server={version} "
+            f"malloc={server.allocator} aof={args.aof}"
             f" reps={args.reps} loadavg={os.getloadavg()[0]:.2f}"
         )
         rows = run(server.url, sizes, args.reps)

@@ -560,7 +560,8 @@ def main() -> None:
         version = redis.Redis.from_url(server.url).info("server")["redis_version"]
         print(
             f"# nproc={os.cpu_count()} python={platform.python_version()} rq={rq.__version__}"
-            f" redis-py={redis.__version__} redis-server={version} aof={args.aof}"
+            f" redis-py={redis.__version__} redis-server={version} "
+            f"malloc={server.allocator} aof={args.aof}"
             f" runs={args.runs} loadavg={os.getloadavg()[0]:.2f}"
         )
         rows = measure(server.url, args, f.name)

@@ -42,7 +42,7 @@ from typing import Any
 
 import redis
 
-from vmpool.local.redis_server import free_port
+from vmpool.local.redis_server import free_port, server_env
 
 MASTER = "vmpool-test"
 HOST = "127.0.0.1"
@@ -76,7 +76,7 @@ class Node:
     directory: Path
     args: list[str]
     sentinel: bool = False
-    env: dict[str, str] | None = None  # added to this process's environment
+    env: dict[str, str] | None = None  # added to this process's environment (server_env)
     password: str | None = None  # the default user's, when it has one
     process: subprocess.Popen[bytes] | None = None
 
@@ -99,7 +99,7 @@ class Node:
         self.process = subprocess.Popen(
             argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL, start_new_session=True,
-            env={**os.environ, **self.env} if self.env else None,
+            env=server_env(argv[0], self.env),
         )  # fmt: skip
         client = self.client(socket_timeout=1)
         try:

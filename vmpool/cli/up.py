@@ -46,7 +46,14 @@ from vmpool.local.dashboard import (
     dashboard_installed,
     dashboard_spec,
 )
-from vmpool.local.redis_server import RedisServer, RedisServerError, free_port, listen_problem
+from vmpool.local.redis_server import (
+    AllocatorSettingError,
+    RedisServer,
+    RedisServerError,
+    allocator_choice,
+    free_port,
+    listen_problem,
+)
 from vmpool.local.screen import Screen, fleet_summary
 from vmpool.local.supervisor import ChildSpec, Supervisor
 from vmpool.state.connection import connect
@@ -144,8 +151,7 @@ def up_command(
     process's log is a file in the run directory). Ctrl-C or SIGTERM stops them all.
     """
     config = cli.config
-    if dashboard and not dashboard_installed():  # a usage error changes nothing, not even /tmp
-        raise CliError("--dashboard needs rq-dashboard: pip install 'vmpool[dashboard]'")
+    _check_usage(config, dashboard=dashboard)  # a usage error changes nothing, not even /tmp
     clean_leftovers_of_killed_runs()
     port, board_url = _ports(host, port, dashboard_port if dashboard else None, demo=demo)
     run_dir = _run_dir(log_dir)
@@ -174,6 +180,18 @@ def up_command(
         announce(screen, sup, api_url, url, board_url, demo=demo)
         code = _serve(cli, sup, stop, api_url, url, demo=demo, screen=screen, every_s=summary_s)
     sys.exit(code)
+
+
+def _check_usage(config: Config, *, dashboard: bool) -> None:
+    """What makes the command bad input, raised as CliError before anything starts: the
+    dashboard's extra missing, a bad allocator for the embedded Redis."""
+    if dashboard and not dashboard_installed():
+        raise CliError("--dashboard needs rq-dashboard: pip install 'vmpool[dashboard]'")
+    if not config.redis_url:
+        try:
+            allocator_choice()
+        except AllocatorSettingError as exc:
+            raise CliError(str(exc)) from None
 
 
 def _start_children(

@@ -7,6 +7,13 @@ the tests need root or a package manager.
 The server dies with the process that started it (vmpool/local/lifeline.py), and its
 temporary directory names that process (``owner``): :func:`clean_leftovers` removes the
 directories, and stops the servers, of owners no longer alive (a `vmpool up` killed).
+
+The wheel's server is built with the C library's malloc, where Redis builds (the
+official images, Debian's package) use jemalloc. A Lua script allocates at every call,
+and vmpool's state changes are all scripts: on the C library's malloc they cost the
+server 1.5-1.8 times as much (bench/script_cost.py, docs/benchmarks.md). So a server
+built with it is started with the machine's jemalloc preloaded when there is one
+(:func:`server_env`; ``VMPOOL_REDIS_ALLOCATOR`` chooses).
 """
 
 from __future__ import annotations
@@ -14,12 +21,15 @@ from __future__ import annotations
 import contextlib
 import os
 import random
+import re
 import shutil
 import signal
 import socket
 import subprocess
+import sysconfig
 import tempfile
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 import redis
@@ -29,9 +39,21 @@ from vmpool.local.lifeline import preexec, stamp, stamp_alive
 DIR_PREFIX = "vmpool-redis-"
 OWNER_FILE = "owner"  # the stamp of the process that made the directory
 
+# Which malloc a server built with the C library's runs on: "auto" (the default: the
+# machine's jemalloc preloaded when found, else the C library's), "builtin" (the one it
+# was built with), or the path of a shared library to preload.
+ALLOCATOR_ENV = "VMPOOL_REDIS_ALLOCATOR"
+JEMALLOC = "libjemalloc.so.2"
+# Where a distribution puts its shared libraries (Debian's by architecture first).
+_LIBRARY_DIRS = ("/usr/lib/{multiarch}", "/usr/lib64", "/usr/lib", "/usr/local/lib")
+
 
 class RedisServerError(RuntimeError):
     pass
+
+
+class AllocatorSettingError(RedisServerError):
+    """:data:`ALLOCATOR_ENV` names no allocator: bad input, nothing was started."""
 
 
 def clean_leftovers(root: str | None = None) -> list[str]:
@@ -82,6 +104,70 @@ def find_redis_server() -> str:
     if not path.exists():
         raise RedisServerError(f"the embedded redis-server is missing at {path}")
     return str(path)
+
+
+def built_allocator(binary: str) -> str:
+    """The malloc ``binary`` was built with ("libc", "jemalloc-5.3.0"; "" if it does not
+    say), from its ``--version`` line (``... malloc=libc bits=64 ...``)."""
+    try:
+        out = subprocess.run(
+            [binary, "--version"], capture_output=True, text=True, timeout=10, check=False
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    match = re.search(r"\bmalloc=(\S+)", out)
+    return match.group(1) if match else ""
+
+
+def find_jemalloc() -> str | None:
+    """The path of the machine's jemalloc shared library, None if there is none."""
+    multiarch = sysconfig.get_config_var("MULTIARCH") or ""
+    for directory in _LIBRARY_DIRS:
+        if "{multiarch}" in directory and not multiarch:
+            continue
+        path = Path(directory.format(multiarch=multiarch), JEMALLOC)
+        if path.is_file():
+            return str(path)
+    return None
+
+
+def allocator_choice(environ: Mapping[str, str] = os.environ) -> str:
+    """:data:`ALLOCATOR_ENV`'s value: "auto" (also when unset or empty), "builtin", or the
+    path of a shared library to preload, which must exist (AllocatorSettingError names
+    the variable and the value otherwise)."""
+    choice = environ.get(ALLOCATOR_ENV, "").strip() or "auto"
+    if choice not in ("auto", "builtin") and not Path(choice).is_file():
+        raise AllocatorSettingError(
+            f"{ALLOCATOR_ENV}={choice!r}: no such file (auto, builtin or the path of a"
+            " shared library to preload)"
+        )
+    return choice
+
+
+def preload_for(binary: str, environ: Mapping[str, str] = os.environ) -> str | None:
+    """The shared library to preload into ``binary`` (:func:`allocator_choice`), or None.
+
+    "auto": the machine's jemalloc when ``binary`` was built with the C library's
+    malloc. "builtin": none. A path: that library."""
+    choice = allocator_choice(environ)
+    if choice == "builtin":
+        return None
+    if choice == "auto":
+        return find_jemalloc() if built_allocator(binary) == "libc" else None
+    return choice
+
+
+def server_env(binary: str, extra: Mapping[str, str] | None = None) -> dict[str, str] | None:
+    """The environment to start ``binary`` in: this process's, ``extra`` added, and the
+    allocator of :func:`preload_for` ahead of any other preload. None: this process's as
+    it is (nothing to add)."""
+    library = preload_for(binary)
+    if library is None and not extra:
+        return None
+    env = {**os.environ, **(extra or {})}
+    if library is not None:
+        env["LD_PRELOAD"] = " ".join(p for p in (library, env.get("LD_PRELOAD", "")) if p)
+    return env
 
 
 # Ports free_port hands out within VMPOOL_PORT_RANGE ("LOW-HIGH"), in turn from a random
@@ -151,6 +237,7 @@ class RedisServer:
         self.port = port or free_port(host)
         self.appendonly = appendonly
         self.binary = binary or find_redis_server()
+        self.env = server_env(self.binary)
         self._own_dir = directory is None
         self.directory = directory or tempfile.mkdtemp(prefix=DIR_PREFIX)
         if self._own_dir:
@@ -160,6 +247,15 @@ class RedisServer:
     @property
     def url(self) -> str:
         return f"redis://{self.host}:{self.port}/0"
+
+    @property
+    def allocator(self) -> str:
+        """The malloc the server runs on: as built ("libc", "jemalloc-5.3.0"), or
+        "preloaded <library>"."""
+        preloaded = (self.env or {}).get("LD_PRELOAD", "").split()
+        if preloaded:
+            return f"preloaded {Path(preloaded[0]).name}"
+        return built_allocator(self.binary) or "unknown"
 
     def command(self) -> list[str]:
         args = [
@@ -195,6 +291,7 @@ class RedisServer:
             stderr=subprocess.DEVNULL,
             start_new_session=True,
             preexec_fn=preexec(),  # dies with its owner, however that dies
+            env=self.env,
         )
         deadline = time.monotonic() + timeout
         client = redis.Redis(host=self.host, port=self.port, socket_connect_timeout=0.5)
