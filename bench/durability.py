@@ -62,7 +62,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
 from vmpool.config import default_redis_options  # noqa: E402
-from vmpool.local.redis_server import free_port  # noqa: E402
+from vmpool.local.redis_server import free_port, running_allocator, server_env  # noqa: E402
 from vmpool.state.connection import RedisOptions, connect  # noqa: E402
 from vmpool.state.durability import DurabilitySetting  # noqa: E402
 from vmpool.state.keys import Keys  # noqa: E402
@@ -375,7 +375,9 @@ def main() -> int:
     counts = [int(c) for c in args.clients.split(",")]
     root = Path(tempfile.mkdtemp(prefix="vmpool-bench-durability-"))
     print(f"# nproc={os.cpu_count()} python={platform.python_version()}"
-          f" server={Path(valkey_binary()).name} loadavg={os.getloadavg()[0]:.2f}")  # fmt: skip
+          f" server={Path(valkey_binary()).name}"
+          f" malloc={running_allocator(valkey_binary(), server_env(valkey_binary()))}"
+          f" loadavg={os.getloadavg()[0]:.2f}")  # fmt: skip
     if args.fleet:
         fleet(root, args.fleet, args.runs)
         return 0

@@ -8,11 +8,11 @@ The server dies with the process that started it (vmpool/local/lifeline.py), and
 temporary directory names that process (``owner``): :func:`clean_leftovers` removes the
 directories, and stops the servers, of owners no longer alive (a `vmpool up` killed).
 
-The wheel's server is built with the C library's malloc, where Redis builds (the
+The wheel's server is built with the C library's malloc, where Redis's own builds (the
 official images, Debian's package) use jemalloc. A Lua script allocates at every call,
 and vmpool's state changes are all scripts: on the C library's malloc they cost the
-server 1.5-1.8 times as much (bench/script_cost.py, docs/benchmarks.md). So a server
-built with it is started with the machine's jemalloc preloaded when there is one
+server 1.2-1.8 times as much (docs/benchmarks.md, "The allocator"). So a server built
+with it is started with the machine's jemalloc preloaded when there is one
 (:func:`server_env`; ``VMPOOL_REDIS_ALLOCATOR`` chooses).
 """
 
@@ -170,6 +170,15 @@ def server_env(binary: str, extra: Mapping[str, str] | None = None) -> dict[str,
     return env
 
 
+def running_allocator(binary: str, env: Mapping[str, str] | None) -> str:
+    """The malloc ``binary`` runs on when started in ``env`` (:func:`server_env`): as
+    built ("libc", "jemalloc-5.3.0"), or "preloaded <library>" (the first preload)."""
+    preloaded = (env or {}).get("LD_PRELOAD", "").split()
+    if preloaded:
+        return f"preloaded {Path(preloaded[0]).name}"
+    return built_allocator(binary) or "unknown"
+
+
 # Ports free_port hands out within VMPOOL_PORT_RANGE ("LOW-HIGH"), in turn from a random
 # start, so one process never hands out a port twice in a row of calls (a server group
 # picks all its ports before any binds).
@@ -250,12 +259,8 @@ class RedisServer:
 
     @property
     def allocator(self) -> str:
-        """The malloc the server runs on: as built ("libc", "jemalloc-5.3.0"), or
-        "preloaded <library>"."""
-        preloaded = (self.env or {}).get("LD_PRELOAD", "").split()
-        if preloaded:
-            return f"preloaded {Path(preloaded[0]).name}"
-        return built_allocator(self.binary) or "unknown"
+        """The malloc the server runs on (:func:`running_allocator`)."""
+        return running_allocator(self.binary, self.env)
 
     def command(self) -> list[str]:
         args = [
