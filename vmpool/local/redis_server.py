@@ -39,9 +39,9 @@ from vmpool.local.lifeline import preexec, stamp, stamp_alive
 DIR_PREFIX = "vmpool-redis-"
 OWNER_FILE = "owner"  # the stamp of the process that made the directory
 
-# Which malloc a server built with the C library's runs on: "auto" (the default: the
-# machine's jemalloc preloaded when found, else the C library's), "builtin" (the one it
-# was built with), or the path of a shared library to preload.
+# Which malloc a throw-away server runs on: "auto" (the default: one built with the C
+# library's gets the machine's jemalloc preloaded when found), "builtin" (the one it was
+# built with), or the path of a shared library to preload into any server.
 ALLOCATOR_ENV = "VMPOOL_REDIS_ALLOCATOR"
 JEMALLOC = "libjemalloc.so.2"
 # Where a distribution puts its shared libraries (Debian's by architecture first).
