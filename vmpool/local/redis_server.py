@@ -11,7 +11,7 @@ directories, and stops the servers, of owners no longer alive (a `vmpool up` kil
 The wheel's server is built with the C library's malloc, where Redis's own builds (the
 official images, Debian's package) use jemalloc. A Lua script allocates at every call,
 and vmpool's state changes are all scripts: on the C library's malloc they cost the
-server 1.2-1.8 times as much (docs/benchmarks.md, "The allocator"). So a server built
+server 1.1-1.8 times as much (docs/benchmarks.md, "The allocator"). So a server built
 with it is started with the machine's jemalloc preloaded when there is one
 (:func:`server_env`; ``VMPOOL_REDIS_ALLOCATOR`` chooses).
 """
