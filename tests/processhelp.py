@@ -1,5 +1,6 @@
 """Helpers shared by the tests that start processes: their output collected by a reader
-thread; a server process waited for until it, and not another process, answers."""
+thread; a server process waited for until it, and not another process, answers; the
+directory a killed run left behind."""
 
 from __future__ import annotations
 
@@ -10,6 +11,9 @@ import threading
 from pathlib import Path
 
 import httpx
+
+from vmpool.local.lifeline import stamp
+from vmpool.local.redis_server import DIR_PREFIX, OWNER_FILE
 
 from storehelp import wait_until
 
@@ -95,3 +99,15 @@ def wait_serving(
 
 def _tail(log: Path, size: int = 4000) -> str:
     return log.read_text(errors="replace")[-size:] if log.exists() else f"(no {log})"
+
+
+def killed_run_dir(root: Path) -> Path:
+    """A server directory under ``root`` whose owner is dead, as a killed `vmpool up`
+    leaves one (its owner stamp names a process that has exited)."""
+    left = root / (DIR_PREFIX + "killed")
+    left.mkdir()
+    owner = subprocess.Popen(["sleep", "60"])
+    (left / OWNER_FILE).write_text(stamp(owner.pid))
+    owner.kill()
+    owner.wait(10)
+    return left

@@ -11,18 +11,14 @@ a bad value is one line of bad input that starts nothing.
 from __future__ import annotations
 
 import os
-import subprocess
 import tempfile
 from pathlib import Path
 
 import pytest
 import redis
 
-from vmpool.local.lifeline import stamp
 from vmpool.local.redis_server import (
     ALLOCATOR_ENV,
-    DIR_PREFIX,
-    OWNER_FILE,
     AllocatorSettingError,
     RedisServer,
     allocator_choice,
@@ -31,6 +27,8 @@ from vmpool.local.redis_server import (
     find_redis_server,
     server_env,
 )
+
+from processhelp import killed_run_dir
 
 
 def _mapped(pid: int) -> list[str]:
@@ -118,12 +116,7 @@ def test_up_with_a_bad_allocator_is_one_line_and_starts_nothing(
     import vmpool.cli.up as up
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
-    left = tmp_path / (DIR_PREFIX + "killed")
-    left.mkdir()
-    owner = subprocess.Popen(["sleep", "60"])
-    (left / OWNER_FILE).write_text(stamp(owner.pid))
-    owner.kill()
-    owner.wait(10)
+    left = killed_run_dir(tmp_path)
     monkeypatch.delenv("VMPOOL_REDIS_URL", raising=False)
     monkeypatch.setenv(ALLOCATOR_ENV, "/nowhere/libjemalloc.so.2")
     res = CliRunner().invoke(up.up_command, ["--log-dir", str(tmp_path / "run")])

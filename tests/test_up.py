@@ -24,10 +24,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from vmpool.local.lifeline import stamp
-from vmpool.local.redis_server import DIR_PREFIX, OWNER_FILE
-
-from processhelp import Output
+from processhelp import Output, killed_run_dir
 from storehelp import wait_until
 
 pytestmark = pytest.mark.slow
@@ -314,12 +311,7 @@ def test_up_dashboard_without_the_extra_is_one_line(
     import vmpool.cli.up as up
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
-    left = tmp_path / (DIR_PREFIX + "killed")
-    left.mkdir()
-    owner = subprocess.Popen(["sleep", "60"])
-    (left / OWNER_FILE).write_text(stamp(owner.pid))
-    owner.kill()
-    owner.wait(10)
+    left = killed_run_dir(tmp_path)
     monkeypatch.setattr(up, "dashboard_installed", lambda: False)
     res = CliRunner().invoke(up.up_command, ["--dashboard"])
     assert res.exit_code == 2
