@@ -9,6 +9,7 @@ so nothing waits for a sweep; a request's VMs still get one transition each.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
@@ -240,3 +241,52 @@ def test_a_claim_made_ahead_that_found_nothing_yet_claims_again(
     assert _queued(redis_client, fleet) == []
     work = WorkSet(fleet.redis, fleet.keys)
     assert [work.size(j) for j in stages.STAGES] == [0, 0, 0]
+
+
+def _round_trips_for_a_turn(url: str) -> tuple[int, int]:
+    """Client round trips of one provision job that brings two 1-VM requests to ready at
+    a clone limit of 1 (the second waits for the first's turn), and the provision claims
+    it made on round trips of their own."""
+    trips = RoundTrips()
+    client = trips.client(url, decode=True)
+    config = make_config()
+    config = dataclasses.replace(config, ondemand_clone_limit=1)
+    fleet = make_fleet(client, config)
+    fleet.dispatch = BatchDispatcher(trips.client(url, decode=False), fleet.keys)
+    fleet.pace = StagePace()
+    for _ in range(RECENT_CLAIMS):  # quick however long one claim of this run takes
+        fleet.pace.record(Job.CREATE_VM, QUICK, 1)
+        fleet.pace.record(Job.CHECK_PENDING_VM, QUICK, 1)
+    client.flushdb()
+    for rid in ("r1", "r2"):
+        _request(fleet, rid, count=1)
+    own_claims = 0
+    claim = WorkSet.claim
+
+    def counted(self: WorkSet, job: Job, size: int, lease_s: float) -> Any:
+        nonlocal own_claims
+        own_claims += job == Job.PROVISION_REQUEST
+        return claim(self, job, size, lease_s)
+
+    before = trips.count
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(WorkSet, "claim", counted)
+        lifecycle.provision_batch(fleet)
+    for rid in ("r1", "r2"):
+        request = fleet.store.get_request(rid)
+        assert request is not None and request.status == "ready", rid
+    return trips.count - before, own_claims
+
+
+def test_a_turn_handed_back_to_the_open_provision_loop_is_claimed_on_the_create_claims_end(
+    redis_url: str,
+) -> None:
+    """Proves: the turn a create hands back (its VM created, its clone slot free for the
+    next request in line) is claimed by the provision loop still open in this job in the
+    round trip that ends the create claim, not in one of its own after the check stage:
+    at a clone limit of 1, two requests come to ready with the provision loop claiming
+    on its own only at its start and at its end (finding nothing), not for the turn.
+    Red before: a claim of its own for the turn too (three), after the check stage."""
+    _round_trips_for_a_turn(redis_url)  # the scripts loaded
+    _, own_claims = _round_trips_for_a_turn(redis_url)
+    assert own_claims <= 2

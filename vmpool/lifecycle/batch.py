@@ -191,7 +191,7 @@ def _run_stage(fleet: Fleet, job: Job, chain: Chain, in_line: bool = False) -> C
             size = CLAIM_SIZE if in_line or chain.quick(job) else FIRST_CLAIM.get(job, CLAIM_SIZE)
             if ran and now > started:  # what fits in the time left at the pace so far
                 size = int((deadline - now) * ran / (now - started))
-            claim = chain.made_ahead.pop(job, None) if in_line and not claimed else None
+            claim = chain.made_ahead.pop(job, None)
             if claim is None or not claim.subjects:
                 # Made ahead and empty, it may have run before the add of what it was made
                 # for: a call answered NOSCRIPT runs again after those that followed it.

@@ -12,12 +12,14 @@ loop's next claim. A stage run in line that stops on time queues a batch job for
 held back, as a dispatch would have. A worker killed meanwhile leaves them in their work
 sets, where the periodic sweeps' dispatch finds them (the bound of a lost job).
 
-The first claim of a stage run in line is made ahead, in the round trip that ends the
-claim whose follow-ups it runs (:meth:`Chain.ahead`; the work-set adds come first in
-it, so the claim finds them). One that goes unused (the stage stopped on time first,
-or the job failed) is let go at once, its subjects back in line; one that comes back
-empty is made again (an add answered NOSCRIPT runs again after the calls that followed
-it, the claim among them).
+The next claim of each stage a claim's follow-ups went to is made ahead, in the round
+trip that ends that claim (:meth:`Chain.ahead`; the work-set adds come first in it, so
+the claim finds them): the first claim of a stage run in line, and the next claim of a
+loop already open (the turns a create hands back: at the clone limit, the next reserve
+waits for that claim). One that goes unused (the stage stopped on time first, or the
+job failed) is let go at once, its subjects back in line; one that comes back empty is
+made again (an add answered NOSCRIPT runs again after the calls that followed it, the
+claim among them).
 """
 
 from __future__ import annotations
@@ -87,7 +89,7 @@ class Chain:
     claim_size: int  # a stage's first claim in line (batch.CLAIM_SIZE)
     running: list[Job] = field(default_factory=list)  # the open stage loops, outermost first
     held: dict[Job, set[str]] = field(default_factory=dict)  # added, no job queued for them
-    made_ahead: dict[Job, Claim] = field(default_factory=dict)  # first claims made ahead
+    made_ahead: dict[Job, Claim] = field(default_factory=dict)  # next claims made ahead
 
     def takes(self, job: Job) -> bool:
         """Whether a follow-up to ``job`` stays in this batch job: its loop is open, or
@@ -109,12 +111,12 @@ class Chain:
         return self.work.add_call(job, subjects)
 
     def ahead(self, jobs: Sequence[Job]) -> list[tuple[Job, str, ScriptCall]]:
-        """The first claims of the stages of ``jobs`` that run in line next (those whose
-        loop is not open), as their loop would make them: each its job, id and call."""
+        """The next claims of the stages of ``jobs`` (each run in line next, or its loop
+        open), as their loop would make them: each its job, id and call."""
         lease = float(self.work_lease_s)
         calls = []
         for job in jobs:
-            if job not in self.running and job not in self.made_ahead:
+            if job not in self.made_ahead:
                 claim_id, call = self.work.claim_call(job, self.claim_size, lease)
                 calls.append((job, claim_id, call))
         return calls
