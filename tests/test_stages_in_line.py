@@ -92,8 +92,9 @@ def test_a_stage_in_line_out_of_time_queues_a_job_for_what_was_held_back(
 ) -> None:
     """The job's time ends between the hold of the creates and their run in line (a
     failpoint): the creates are queued as a dispatch would have, not left to a sweep,
-    and the claim made ahead for them is let go (red without: the queued job finds
-    them claimed, the request stays pending)."""
+    and the claim made ahead for them is let go, the locks granted with it released
+    (red without: the queued job finds them claimed, or their locks held, and the
+    request stays pending)."""
     quick = {Job.CREATE_VM: QUICK, Job.CHECK_PENDING_VM: QUICK}
     fleet = _fleet(redis_client, redis_url, quick)
     add_call = chain.Chain.add_call
@@ -109,6 +110,7 @@ def test_a_stage_in_line_out_of_time_queues_a_job_for_what_was_held_back(
     assert counts.get("create_vm:more") == 1
     assert WorkSet(fleet.redis, fleet.keys).size(Job.CREATE_VM) == 2
     assert any("create_vm_batch" in str(jid) for jid in _queued(redis_client, fleet))
+    assert redis_client.keys(fleet.keys.lock("*", "*")) == []
     monkeypatch.undo()
     lifecycle.create_vm_batch(fleet)  # the queued job: creates, and checks in line
     request = fleet.store.get_request("r1")
@@ -186,17 +188,18 @@ def _round_trips_to_ready(url: str) -> int:
     return trips.count - before
 
 
-def test_a_stage_run_in_line_claims_in_the_round_trip_that_ended_the_claim_before(
+def test_a_stage_run_in_line_claims_and_locks_in_the_round_trip_that_ended_the_claim_before(
     redis_url: str,
 ) -> None:
     """Proves: the first claim of a stage run in line rides on the round trip that ends
     the claim whose follow-ups it runs (its locks released, its subjects done): the
     create stage's on the provision claim's end, the check stage's on the create
-    claim's. A provision job bringing a request to ready costs 15 round trips (its
-    lending pools read with its locks' grant); 17 when each stage's first claim is a
-    round trip of its own."""
+    claim's, each with the grant of its subjects' locks. A provision job bringing a
+    request to ready costs 13 round trips (its lending pools read with its locks'
+    grant); 15 when each stage's grant is a round trip of its own, 17 when its claim
+    is too."""
     _round_trips_to_ready(redis_url)
-    assert _round_trips_to_ready(redis_url) <= 15
+    assert _round_trips_to_ready(redis_url) <= 13
 
 
 def test_a_create_claims_vms_made_at_once_are_run_even_once_its_time_is_over(

@@ -50,12 +50,12 @@ import redis
 
 from vmpool.ids import Job
 from vmpool.lifecycle.batch_time import BatchTime, StageTime
-from vmpool.lifecycle.chain import Chain, Prepare, Prepared, Reading, Stage, Stages
+from vmpool.lifecycle.chain import Chain, Prepare, Stage, Stages, grant_claim
 from vmpool.lifecycle.claims import ClaimKeeper
 from vmpool.lifecycle.deferred import DeferredDispatch, end_claim
 from vmpool.lifecycle.fleet import Fleet
 from vmpool.lifecycle.outcomes import BatchCount, LockMiss, VMStep
-from vmpool.state.locks import FencedLock, LockKind, acquire_all_reading
+from vmpool.state.locks import FencedLock, LockKind
 from vmpool.state.lua import ScriptCall
 from vmpool.state.workset import Claim, WorkSet
 
@@ -151,8 +151,17 @@ def run_stages(fleet: Fleet, job: Job, stages: Stages) -> dict[str, int]:
     work = WorkSet(fleet.redis, fleet.keys)
     clock = BatchTime(fleet.dispatch, BATCH_TIME_S)
     in_line_until = clock.started + IN_LINE_S
+    lock = partial(fleet.lock, read_record=True)  # as a claim asks its locks (_run_claim)
     chain = Chain(
-        fleet.dispatch, clock, in_line_until, work, fleet.pace, stages, lease_s(fleet), CLAIM_SIZE
+        fleet.dispatch,
+        clock,
+        in_line_until,
+        work,
+        fleet.pace,
+        stages,
+        lease_s(fleet),
+        CLAIM_SIZE,
+        lock,
     )
     try:
         return _plain(_run_stage(fleet, job, chain))
@@ -191,15 +200,11 @@ def _run_stage(fleet: Fleet, job: Job, chain: Chain, in_line: bool = False) -> C
             size = CLAIM_SIZE if in_line or chain.quick(job) else FIRST_CLAIM.get(job, CLAIM_SIZE)
             if ran and now > started:  # what fits in the time left at the pace so far
                 size = int((deadline - now) * ran / (now - started))
-            claim = chain.made_ahead.pop(job, None)
-            if claim is None or not claim.subjects:
-                # Made ahead and empty, it may have run before the add of what it was made
-                # for: a call answered NOSCRIPT runs again after those that followed it.
-                claim = work.claim(job, max(1, min(CLAIM_SIZE, size)), lease_s(fleet))
+            claim, granted = chain.next_claim(job, max(1, min(CLAIM_SIZE, size)))
             if not claim.subjects:
                 return counts
             how = make()  # per claim: slots may have come back since its gate closed
-            done, later, let_go = _run_claim(staged, work, how, claim, until, counts)
+            done, later, let_go = _run_claim(staged, work, how, claim, until, counts, granted)
             ran += len(done) + len(later)
             if fleet.pace is not None:
                 fleet.pace.record(job, time.monotonic() - now, len(done) + len(later))
@@ -250,16 +255,23 @@ def retry_s(fleet: Fleet) -> float:
 
 
 def _run_claim(
-    fleet: Fleet, work: WorkSet, how: Stage, claim: Claim, until: StageTime, counts: Counter[str]
+    fleet: Fleet,
+    work: WorkSet,
+    how: Stage,
+    claim: Claim,
+    until: StageTime,
+    counts: Counter[str],
+    granted: dict[str, FencedLock],
 ) -> tuple[list[str], list[str], list[str]]:
     """Run one claim's subjects. Returns those done, those deferred and those let go.
 
     Run the claimed subjects (under their locks, for a locked step) until the stage's
     time is over, those whose work the claim did (``Prepared.done``) even then.
     Done, deferred (:data:`DEFERRED`: back in line after :func:`retry_s`) and let go
-    (not run: back in line at once) are ended so in the work set. A ClaimKeeper keeps
-    the claim while it runs. The locks are released and the follow-ups dispatched
-    whatever happens (:func:`~vmpool.lifecycle.deferred.end_claim`)."""
+    (not run: back in line at once) are ended so in the work set. ``granted``: locks
+    granted ahead with the claim, by subject (:func:`~vmpool.lifecycle.chain.grant_claim`).
+    A ClaimKeeper keeps the claim while it runs. The locks are released and the
+    follow-ups dispatched whatever happens (:func:`~vmpool.lifecycle.deferred.end_claim`)."""
     assert isinstance(fleet.dispatch, DeferredDispatch)
     job, fn, locked, prepare = how
     held: dict[str, FencedLock] = {}
@@ -272,9 +284,7 @@ def _run_claim(
     keeper: ClaimKeeper | None = None
     try:
         if locked is not None:
-            kind, step = locked
-            asked = [fleet.lock(kind, s, step, read_record=True) for s in claim.subjects]
-            held, prepared = _grant(fleet, asked, prepare)
+            held, prepared = grant_claim(fleet, locked, claim.subjects, prepare, granted)
             extra, settled = prepared.extra, prepared.done
         keeper = ClaimKeeper(work, job, claim, held, lease_s(fleet), until.deadline, settled)
         fleet.lock_renewer.add(keeper)
@@ -294,21 +304,6 @@ def _run_claim(
     finally:
         end_claim(fleet.dispatch, work, fleet.lock_renewer, keeper, held, ends, counts)
     return done, later, let_go
-
-
-def _grant(
-    fleet: Fleet, asked: list[FencedLock], prepare: Prepare | Reading | None
-) -> tuple[dict[str, FencedLock], Prepared]:
-    """Grant a claim's locks (one script, the ``Reading``'s read in its round trip), then
-    its per-claim work for the granted: the held locks by subject, and what the work did."""
-    reads = partial(prepare.reads, fleet) if isinstance(prepare, Reading) else None
-    granted, replies = acquire_all_reading(asked, reads)
-    held = {lock.subject: lock for lock in granted}
-    if not held or prepare is None:
-        return held, Prepared({})
-    if isinstance(prepare, Reading):
-        return held, prepare.prepare(fleet, granted, replies)
-    return held, prepare(fleet, granted)
 
 
 def _run_subject(

@@ -24,7 +24,7 @@ in two: 1 with the in-line adds, then the sends, then 3.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 import redis
@@ -50,12 +50,13 @@ class InLine(Protocol):
     def add_call(self, job: Job, subjects: list[str]) -> ScriptCall:
         """The call that adds ``subjects`` to ``job``'s work set, no job queued."""
 
-    def ahead(self, jobs: Sequence[Job]) -> list[tuple[Job, str, ScriptCall]]:
-        """The first claims of the stages of ``jobs`` this batch job runs next, each its
-        job, claim id and call; their replies go to :meth:`keep_ahead`."""
+    def ahead(self, here: Mapping[Job, Sequence[str]]) -> list[tuple[Job, str, list[ScriptCall]]]:
+        """The next claims of the stages ``here`` went to (each stage's follow-ups), each
+        its job, claim id and calls (the claim's, then the grant of its follow-ups'
+        locks when the stage takes them ahead); their replies go to :meth:`keep_ahead`."""
 
-    def keep_ahead(self, job: Job, claim_id: str, reply: Any) -> None:
-        """Keep the claim a call of :meth:`ahead` made, for its stage's first claim."""
+    def keep_ahead(self, job: Job, claim_id: str, replies: Sequence[Any]) -> None:
+        """Keep what the calls of :meth:`ahead` for ``job`` made, for its next claim."""
 
 
 class DeferredDispatch:
@@ -86,10 +87,11 @@ class DeferredDispatch:
         In that order (the module's docstring), in one round trip when nothing held goes
         to the queues. ``ends``: the calls that end the claim's subjects in their work
         set (none when the claim is left by an exception: its lease brings them back).
-        Then, in the same round trip, the first claim of each stage the follow-ups went
-        to in line (:meth:`InLine.ahead`; not for a claim left by an exception): the
-        stage runs right after, and its claim costs no round trip of its own. The first
-        error reply is raised once every call has run."""
+        Then, in the same round trip, the next claim of each stage the follow-ups went
+        to in line, and the grant of their locks for a stage that takes them ahead
+        (:meth:`InLine.ahead`; not for a claim left by an exception): the stage runs
+        right after, and neither its claim nor its grant costs a round trip of its own.
+        The first error reply is raised once every call has run."""
         held, self._held = self._held, {}
         first: list[ScriptCall] = [] if release is None else [release.call]
         sends: list[tuple[Job, list[str]]] = []
@@ -100,8 +102,8 @@ class DeferredDispatch:
                 self.here.setdefault(job, []).extend(names)
             else:
                 sends.append((job, names))
-        ahead = [] if self._in_line is None or not ends else self._in_line.ahead(list(self.here))
-        last = [*ends, *(call for _, _, call in ahead)]
+        ahead = [] if self._in_line is None or not ends else self._in_line.ahead(self.here)
+        last = [*ends, *(call for _, _, calls in ahead for call in calls)]
         replies: list[Any]
         if sends:
             replies = run_pipelined(client, first)
@@ -112,8 +114,10 @@ class DeferredDispatch:
             replies = run_pipelined(client, [*first, *last])
         if ahead:
             assert self._in_line is not None
-            for (job, claim_id, _), reply in zip(ahead, replies[-len(ahead) :], strict=True):
-                self._in_line.keep_ahead(job, claim_id, reply)
+            at = len(replies) - sum(len(calls) for _, _, calls in ahead)
+            for job, claim_id, calls in ahead:
+                self._in_line.keep_ahead(job, claim_id, replies[at : at + len(calls)])
+                at += len(calls)
         if release is not None:
             release.check(replies[0])
         for reply in replies:

@@ -49,7 +49,6 @@ import os
 import time
 from collections.abc import Callable, Sequence
 from functools import cached_property
-from types import TracebackType
 from typing import Any, Literal
 
 import redis
@@ -72,9 +71,11 @@ __all__ = [
     "acquire_all_reading",
     "all_owned",
     "check_call",
+    "grant_call",
     "held_all",
     "release_all",
     "releasing",
+    "take_granted",
 ]
 
 log = logging.getLogger(__name__)
@@ -163,9 +164,7 @@ class FencedLock:
 
     # -- grant and release -------------------------------------------------------------
     def _try_grant(self) -> int:
-        keys = [self.key, self.fence_key, self.subject_key]
-        args = [*_grant_args(self), self.id]
-        (reply,) = self._grant(keys=keys, args=args)
+        (reply,) = grant_call([self]).run()
         return self._granted(reply)
 
     def _granted(self, reply: list[Any]) -> int:
@@ -283,18 +282,8 @@ class FencedLock:
             raise LockBusy(self.key)
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.release()
-
-
-def _grant_args(lock: FencedLock) -> list[str | int]:
-    """lock_fence.lua's ARGV before the lock ids: orphan fence TTL, expiry, read flag."""
-    return [lock.orphan_fence_ttl_ms, lock.expire_s * 1000, "1" if lock.read_record else "0"]
 
 
 def acquire_all(locks: Sequence[FencedLock]) -> list[FencedLock]:
@@ -316,16 +305,27 @@ def acquire_all_reading(
     round trip, after the grant: the granted locks and the reads' replies."""
     if not locks:
         return [], []
+    replies = run_pipelined(locks[0].redis, [grant_call(locks)], reads=reads)
+    return take_granted(locks, replies[0]), replies[1:]
+
+
+def grant_call(locks: Sequence[FencedLock]) -> ScriptCall:
+    """:func:`acquire_all`'s call (``locks`` not empty); its reply to :func:`take_granted`."""
     first = locks[0]
     if any(lk._held for lk in locks):
         raise RuntimeError("acquire_all: a lock is already acquired")
     keys = [k for lk in locks for k in (lk.key, lk.fence_key, lk.subject_key)]
-    grant = ScriptCall(first._grant, keys, [*_grant_args(first), *(lk.id for lk in locks)])
-    replies = run_pipelined(first.redis, [grant], reads=reads)
-    if isinstance(replies[0], Exception):
-        raise replies[0]
-    granted = [lk for lk, r in zip(locks, replies[0], strict=True) if lk._taken(lk._granted(r))]
-    return granted, replies[1:]
+    # lock_fence.lua's ARGV: the orphan fence TTL, the expiry, the read flag, the lock ids
+    read = "1" if first.read_record else "0"
+    args = [first.orphan_fence_ttl_ms, first.expire_s * 1000, read, *(lk.id for lk in locks)]
+    return ScriptCall(first._grant, keys, args)
+
+
+def take_granted(locks: Sequence[FencedLock], reply: Any) -> list[FencedLock]:
+    """Those of ``locks`` :func:`grant_call`'s ``reply`` granted, held (raises an error)."""
+    if isinstance(reply, Exception):
+        raise reply
+    return [lk for lk, r in zip(locks, reply, strict=True) if lk._taken(lk._granted(r))]
 
 
 def held_all(locks: Sequence[FencedLock]) -> bool:
