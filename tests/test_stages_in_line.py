@@ -21,8 +21,9 @@ from vmpool.lifecycle import Fleet, batch, chain, stages
 from vmpool.lifecycle.batch_time import StageTime
 from vmpool.lifecycle.pace import RECENT_CLAIMS, StagePace
 from vmpool.state.audit import check_trail
+from vmpool.state.locks import grant_call, release_all, take_granted
 from vmpool.state.records import Slot
-from vmpool.state.workset import WorkSet
+from vmpool.state.workset import Claim, WorkSet
 from workers.batching import BatchDispatcher
 
 from lifecyclehelp import create_request, make_config, make_fleet
@@ -246,10 +247,10 @@ def test_a_claim_made_ahead_that_found_nothing_yet_claims_again(
     assert [work.size(j) for j in stages.STAGES] == [0, 0, 0]
 
 
-def _round_trips_for_a_turn(url: str) -> tuple[int, int]:
+def _round_trips_for_a_turn(url: str) -> tuple[int, int, int]:
     """Client round trips of one provision job that brings two 1-VM requests to ready at
     a clone limit of 1 (the second waits for the first's turn), and the provision claims
-    it made on round trips of their own."""
+    and the provision grants it made on round trips of their own."""
     trips = RoundTrips()
     client = trips.client(url, decode=True)
     config = make_config()
@@ -263,22 +264,28 @@ def _round_trips_for_a_turn(url: str) -> tuple[int, int]:
     client.flushdb()
     for rid in ("r1", "r2"):
         _request(fleet, rid, count=1)
-    own_claims = 0
-    claim = WorkSet.claim
+    own = {"claims": 0, "grants": 0}
+    claim, grant = WorkSet.claim, chain.acquire_all_reading
 
-    def counted(self: WorkSet, job: Job, size: int, lease_s: float) -> Any:
-        nonlocal own_claims
-        own_claims += job == Job.PROVISION_REQUEST
+    def claimed(self: WorkSet, job: Job, size: int, lease_s: float) -> Any:
+        own["claims"] += job == Job.PROVISION_REQUEST
         return claim(self, job, size, lease_s)
+
+    def granted(locks: list[Any], reads: Any = None) -> Any:
+        own["grants"] += locks[0].kind == "request"
+        return grant(locks, reads)
 
     before = trips.count
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(WorkSet, "claim", counted)
+        patch.setattr(WorkSet, "claim", claimed)
+        patch.setattr(chain, "acquire_all_reading", granted)
         lifecycle.provision_batch(fleet)
     for rid in ("r1", "r2"):
         request = fleet.store.get_request(rid)
         assert request is not None and request.status == "ready", rid
-    return trips.count - before, own_claims
+    trips_taken = trips.count - before
+    assert client.keys(fleet.keys.lock("*", "*")) == []  # every lock granted ahead let go
+    return trips_taken, own["claims"], own["grants"]
 
 
 def test_a_turn_handed_back_to_the_open_provision_loop_is_claimed_on_the_create_claims_end(
@@ -291,5 +298,47 @@ def test_a_turn_handed_back_to_the_open_provision_loop_is_claimed_on_the_create_
     on its own only at its start and at its end (finding nothing), not for the turn.
     Red before: a claim of its own for the turn too (three), after the check stage."""
     _round_trips_for_a_turn(redis_url)  # the scripts loaded
-    _, own_claims = _round_trips_for_a_turn(redis_url)
+    _, own_claims, _ = _round_trips_for_a_turn(redis_url)
     assert own_claims <= 2
+
+
+def test_the_locks_of_a_provision_claim_made_ahead_ride_on_the_next_claims_end(
+    redis_url: str,
+) -> None:
+    """Proves: the provision loop's claim made ahead on a create claim's end (the turn it
+    hands back) has its locks granted, with its read of the lending pools, on the end of
+    the check claim that runs before it: the loop grants locks on its own only for its
+    first claim. The run takes 23 round trips (24 with that grant a round trip of its
+    own, 28 with the create and check stages' grants too). Red before: two grants of its
+    own."""
+    _round_trips_for_a_turn(redis_url)  # the scripts loaded
+    trips, _, own_grants = _round_trips_for_a_turn(redis_url)
+    assert own_grants == 1
+    assert trips <= 23
+
+
+def test_a_reading_claim_whose_locks_were_not_all_granted_ahead_asks_them_all_again(
+    redis_client: redis.Redis, redis_url: str
+) -> None:
+    """Proves: a provision claim (a Reading: its read of the lending pools goes with its
+    grant) that got a subject whose lock was not granted ahead lets go of those that
+    were and asks every lock again, its read made with them, not the one made ahead:
+    what it reads rests on locks it holds. Red with the read made ahead used anyway."""
+    fleet = _fleet(redis_client, redis_url, {})
+    for rid in ("r1", "r2"):
+        _request(fleet, rid, count=1)
+    early = fleet.lock("request", "r1", "provision", read_record=True)
+    assert take_granted([early], grant_call([early]).run()) == [early]
+    made = chain.Ahead(Claim("c1", ["r1", "r2"]), {"r1": early}, True, reads=["made ahead"])
+    seen: list[Any] = []
+
+    def prepare(fleet: Fleet, locks: list[Any], replies: list[Any]) -> chain.Prepared:
+        seen.extend(replies)
+        return chain.Prepared({})
+
+    reading = chain.Reading(lambda fleet, pipe: pipe.get("vmpool:nothing"), prepare)
+    held, _ = chain.grant_claim(fleet, ("request", "provision"), made, reading)
+    assert sorted(held) == ["r1", "r2"]
+    assert held["r1"] is not early and not early.held
+    assert seen == [None]
+    release_all(list(held.values()))

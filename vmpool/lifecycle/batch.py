@@ -50,14 +50,14 @@ import redis
 
 from vmpool.ids import Job
 from vmpool.lifecycle.batch_time import BatchTime, StageTime
-from vmpool.lifecycle.chain import Chain, Prepare, Stage, Stages, grant_claim
+from vmpool.lifecycle.chain import Ahead, Chain, Prepare, Stage, Stages, grant_claim
 from vmpool.lifecycle.claims import ClaimKeeper
 from vmpool.lifecycle.deferred import DeferredDispatch, end_claim
 from vmpool.lifecycle.fleet import Fleet
 from vmpool.lifecycle.outcomes import BatchCount, LockMiss, VMStep
 from vmpool.state.locks import FencedLock, LockKind
 from vmpool.state.lua import ScriptCall
-from vmpool.state.workset import Claim, WorkSet
+from vmpool.state.workset import WorkSet
 
 __all__ = [
     "BATCHED",
@@ -151,7 +151,6 @@ def run_stages(fleet: Fleet, job: Job, stages: Stages) -> dict[str, int]:
     work = WorkSet(fleet.redis, fleet.keys)
     clock = BatchTime(fleet.dispatch, BATCH_TIME_S)
     in_line_until = clock.started + IN_LINE_S
-    lock = partial(fleet.lock, read_record=True)  # as a claim asks its locks (_run_claim)
     chain = Chain(
         fleet.dispatch,
         clock,
@@ -161,7 +160,7 @@ def run_stages(fleet: Fleet, job: Job, stages: Stages) -> dict[str, int]:
         stages,
         lease_s(fleet),
         CLAIM_SIZE,
-        lock,
+        fleet,
     )
     try:
         return _plain(_run_stage(fleet, job, chain))
@@ -200,11 +199,12 @@ def _run_stage(fleet: Fleet, job: Job, chain: Chain, in_line: bool = False) -> C
             size = CLAIM_SIZE if in_line or chain.quick(job) else FIRST_CLAIM.get(job, CLAIM_SIZE)
             if ran and now > started:  # what fits in the time left at the pace so far
                 size = int((deadline - now) * ran / (now - started))
-            claim, granted = chain.next_claim(job, max(1, min(CLAIM_SIZE, size)))
+            made = chain.next_claim(job, max(1, min(CLAIM_SIZE, size)))
+            claim = made.claim
             if not claim.subjects:
                 return counts
             how = make()  # per claim: slots may have come back since its gate closed
-            done, later, let_go = _run_claim(staged, work, how, claim, until, counts, granted)
+            done, later, let_go = _run_claim(staged, work, how, made, until, counts)
             ran += len(done) + len(later)
             if fleet.pace is not None:
                 fleet.pace.record(job, time.monotonic() - now, len(done) + len(later))
@@ -255,25 +255,20 @@ def retry_s(fleet: Fleet) -> float:
 
 
 def _run_claim(
-    fleet: Fleet,
-    work: WorkSet,
-    how: Stage,
-    claim: Claim,
-    until: StageTime,
-    counts: Counter[str],
-    granted: dict[str, FencedLock],
+    fleet: Fleet, work: WorkSet, how: Stage, made: Ahead, until: StageTime, counts: Counter[str]
 ) -> tuple[list[str], list[str], list[str]]:
     """Run one claim's subjects. Returns those done, those deferred and those let go.
 
     Run the claimed subjects (under their locks, for a locked step) until the stage's
     time is over, those whose work the claim did (``Prepared.done``) even then.
     Done, deferred (:data:`DEFERRED`: back in line after :func:`retry_s`) and let go
-    (not run: back in line at once) are ended so in the work set. ``granted``: locks
-    granted ahead with the claim, by subject (:func:`~vmpool.lifecycle.chain.grant_claim`).
+    (not run: back in line at once) are ended so in the work set. ``made``: the claim,
+    what was granted and read ahead for it (:func:`~vmpool.lifecycle.chain.grant_claim`).
     A ClaimKeeper keeps the claim while it runs. The locks are released and the
     follow-ups dispatched whatever happens (:func:`~vmpool.lifecycle.deferred.end_claim`)."""
     assert isinstance(fleet.dispatch, DeferredDispatch)
     job, fn, locked, prepare = how
+    claim = made.claim
     held: dict[str, FencedLock] = {}
     extra: dict[str, dict[str, Any]] = {}
     settled: frozenset[str] = frozenset()  # their work done by the claim: run whatever the time
@@ -284,7 +279,7 @@ def _run_claim(
     keeper: ClaimKeeper | None = None
     try:
         if locked is not None:
-            held, prepared = grant_claim(fleet, locked, claim.subjects, prepare, granted)
+            held, prepared = grant_claim(fleet, locked, made, prepare)
             extra, settled = prepared.extra, prepared.done
         keeper = ClaimKeeper(work, job, claim, held, lease_s(fleet), until.deadline, settled)
         fleet.lock_renewer.add(keeper)

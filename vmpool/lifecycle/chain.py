@@ -18,14 +18,18 @@ the claim finds them): the first claim of a stage run in line, and the next clai
 loop already open (the turns a create hands back: at the clone limit, the next reserve
 waits for that claim). In the same round trip the follow-ups' own locks are granted
 for the stage that takes them (the create of the VMs just reserved, the check of
-those just created; not the provision stage, whose read of the lending pools goes
-with its grant): its claim then asks only the locks of subjects it got beyond them,
-and releases those it did not get. So a stage run in line costs neither a claim's nor
-a grant's round trip. One made ahead that goes unused (the stage stopped on time
-first, or the job failed) is let go at once, its subjects back in line and its locks
-released; one that comes back empty is made again (an add answered NOSCRIPT runs
-again after the calls that followed it, the claim among them; a grant that found a
-lock not yet released so leaves it to be asked again).
+those just created): its claim then asks only the locks of subjects it got beyond
+them, and releases those it did not get. The provision stage reads the lending pools
+with its grant, so its locks are not granted with the follow-ups; a provision claim
+made ahead has them granted, with that read, on the next claim's end, once its
+subjects are known (the check claim's, between a create claim and the reserves
+after it); a claim that got a subject not granted so asks them all again with the
+read. So a stage run in line costs neither a claim's nor a grant's round trip. One
+made ahead that goes unused (the stage stopped on time first, or the job failed) is
+let go at once, its subjects back in line and its locks released; one that comes back
+empty is made again (an add answered NOSCRIPT runs again after the calls that
+followed it, the claim among them; a grant that found a lock not yet released so
+leaves it to be asked again).
 """
 
 from __future__ import annotations
@@ -115,13 +119,10 @@ class Chain:
     stages: Stages  # how to run each stage it may run
     work_lease_s: float  # a claim's lease (batch.lease_s)
     claim_size: int  # a stage's first claim in line (batch.CLAIM_SIZE)
-    lock: Callable[[LockKind, str, str], FencedLock]  # a subject's lock (Fleet.lock), reading
+    fleet: Fleet  # the job's (its locks and reads ahead)
     running: list[Job] = field(default_factory=list)  # the open stage loops, outermost first
     held: dict[Job, set[str]] = field(default_factory=dict)  # added, no job queued for them
     made_ahead: dict[Job, Ahead] = field(default_factory=dict)  # next claims made ahead
-    _asked: dict[Job, list[FencedLock]] = field(
-        default_factory=dict, init=False, repr=False
-    )  # the locks ahead asked, by job, until keep_ahead has the grant's reply
 
     def takes(self, job: Job) -> bool:
         """Whether a follow-up to ``job`` stays in this batch job: its loop is open, or
@@ -142,70 +143,117 @@ class Chain:
         self.held.setdefault(job, set()).update(subjects)
         return self.work.add_call(job, subjects)
 
-    def ahead(self, here: Mapping[Job, Sequence[str]]) -> list[tuple[Job, str, list[ScriptCall]]]:
-        """The next claims of the stages ``here`` went to (each run in line next, or its
-        loop open), as their loop would make them, each with the grant of its follow-ups'
-        locks when the stage takes them ahead (:meth:`_locks_ahead`): each its job,
-        claim id and calls."""
+    def ahead(self, here: Mapping[Job, Sequence[str]]) -> AheadRound:
+        """What the end of a claim runs for the stages next in line.
+
+        The next claims of the stages ``here`` went to (``here``: each stage's
+        follow-ups), as their loop would make them, each with the grant of its
+        follow-ups' locks when the stage takes them (:meth:`_locks_of`: not a
+        :class:`Reading`). And the grant of the locks of each claim made ahead before,
+        whose subjects are known now, granted none yet (the provision loop's, made on a
+        create claim's end, granted on the end of the check claim after it), with its
+        ``Reading``'s read."""
         lease = float(self.work_lease_s)
-        made = []
+        plan: list[tuple[Job, str | None, list[FencedLock], bool]] = []
+        calls: list[ScriptCall] = []
         for job, subjects in here.items():
             if job in self.made_ahead:
                 continue
             claim_id, call = self.work.claim_call(job, self.claim_size, lease)
-            locks = self._locks_ahead(job, subjects)
-            self._asked[job] = locks
-            made.append((job, claim_id, [call, *([grant_call(locks)] if locks else [])]))
-        return made
+            locks = self._locks_of(job, subjects, reading=False)
+            plan.append((job, claim_id, locks, False))
+            calls += [call, *([grant_call(locks)] if locks else [])]
+        for job, made in self.made_ahead.items():
+            if made.asked or not made.claim.subjects:
+                continue
+            made.asked = True
+            locks = self._locks_of(job, made.claim.subjects, reading=True)
+            if locks:
+                plan.append((job, None, locks, self._reads(job) is not None))
+                calls.append(grant_call(locks))
+        readers = [reads for job, _, _, reading in plan if reading and (reads := self._reads(job))]
+        counts: list[int] = []
 
-    def _locks_ahead(self, job: Job, subjects: Sequence[str]) -> list[FencedLock]:
-        """The locks of ``subjects`` (``job``'s follow-ups) to grant with its claim made
-        ahead, as its claim would ask them: none for a stage not run under locks, or whose
-        per-claim work reads in its grant's round trip (a :class:`Reading`)."""
+        def read_all(pipe: Pipeline) -> None:
+            for reads in readers:
+                before = len(pipe.command_stack)
+                reads(pipe)
+                counts.append(len(pipe.command_stack) - before)
+
+        def keep(replies: Sequence[Any], read_replies: Sequence[Any]) -> None:
+            at = read_at = 0
+            for job, claim_id, locks, reading in plan:
+                took = 1 + bool(locks) if claim_id is not None else 1
+                read = counts.pop(0) if reading else 0
+                self._keep(job, claim_id, locks, replies[at : at + took])
+                if reading and job in self.made_ahead:
+                    self.made_ahead[job].reads = list(read_replies[read_at : read_at + read])
+                at, read_at = at + took, read_at + read
+
+        return AheadRound(calls, read_all if readers else None, keep)
+
+    def _locks_of(self, job: Job, subjects: Sequence[str], *, reading: bool) -> list[FencedLock]:
+        """The locks of ``subjects`` as ``job``'s claim asks them (none for a stage not run
+        under locks; none for a :class:`Reading` stage unless ``reading``)."""
         make = self.stages.get(job)
         if make is None or not subjects:
             return []
         _, _, locked, prepare = make()
-        if locked is None or isinstance(prepare, Reading):
+        if locked is None or (isinstance(prepare, Reading) and not reading):
             return []
         kind, step = locked
-        return [self.lock(kind, subject, step) for subject in dict.fromkeys(subjects)]
+        lock = self.fleet.lock
+        return [lock(kind, subject, step, read_record=True) for subject in dict.fromkeys(subjects)]
 
-    def keep_ahead(self, job: Job, claim_id: str, replies: Sequence[Any]) -> None:
-        """Keep a claim made ahead, with the locks granted with it, for its stage's next
-        claim. Locks granted with a claim that failed are released at once."""
-        locks = self._asked.pop(job, [])
+    def _reads(self, job: Job) -> Callable[[Pipeline], None] | None:
+        """The read ``job``'s stage makes with its grant (its :class:`Reading`), if any."""
+        _, _, _, prepare = self.stages[job]()
+        return partial(prepare.reads, self.fleet) if isinstance(prepare, Reading) else None
+
+    def _keep(
+        self, job: Job, claim_id: str | None, locks: list[FencedLock], replies: Sequence[Any]
+    ) -> None:
+        """Keep what :meth:`ahead` made for ``job``: a claim (``claim_id``; its reply
+        first) with the grant of ``locks`` after it, or (None) the grant of a claim's
+        locks made ahead before. Locks granted with a claim that failed are released."""
         granted: list[FencedLock] = []
         if locks:
             try:
-                granted = take_granted(locks, replies[1])
+                granted = take_granted(locks, replies[-1])
             except redis.RedisError:  # not granted: the claim grants its own
                 granted = []
+        if claim_id is None:
+            made = self.made_ahead.get(job)
+            if made is None:  # let go meanwhile (cannot happen in one round trip)
+                release_granted(granted)
+            else:
+                made.granted.update((lock.subject, lock) for lock in granted)
+            return
         if isinstance(replies[0], Exception):
             release_granted(granted)
             return
         claim = WorkSet.claimed(claim_id, replies[0])
-        self.made_ahead[job] = Ahead(claim, {lock.subject: lock for lock in granted})
+        self.made_ahead[job] = Ahead(claim, {lock.subject: lock for lock in granted}, bool(locks))
 
-    def next_claim(self, job: Job, size: int) -> tuple[Claim, dict[str, FencedLock]]:
-        """``job``'s next claim, and the locks granted ahead with it by subject: the claim
+    def next_claim(self, job: Job, size: int) -> Ahead:
+        """``job``'s next claim, with what was granted and read ahead for it: the claim
         made ahead, or one of ``size`` made now when none was or it came back empty (it
         may have run before the add of what it was made for: a call answered NOSCRIPT
         runs again after those that followed it). The locks are released when the claim
         is empty or cannot be made."""
-        ahead = self.made_ahead.pop(job, None)
-        granted = ahead.granted if ahead is not None else {}
+        made = self.made_ahead.pop(job, None)
+        granted = made.granted if made is not None else {}
         try:
-            claim = ahead.claim if ahead is not None else None
-            if claim is None or not claim.subjects:
+            if made is None or not made.claim.subjects:
                 claim = self.work.claim(job, size, float(self.work_lease_s))
+                made = Ahead(claim, granted, True)
         except BaseException:
             release_granted(list(granted.values()))
             raise
-        if not claim.subjects:
+        if not made.claim.subjects:
             release_granted(list(granted.values()))
-            return claim, {}
-        return claim, granted
+            made.granted = {}
+        return made
 
     def let_go_ahead(self, job: Job | None = None) -> None:
         """Put back in line the subjects of claims made ahead and not used (of ``job``, or
@@ -220,11 +268,25 @@ class Chain:
 
 @dataclass
 class Ahead:
-    """A stage's next claim made ahead (:meth:`Chain.ahead`), and the locks of the
-    follow-ups that went to it granted in the same round trip, by subject."""
+    """A stage's next claim made ahead (:meth:`Chain.ahead`) and what was done for it
+    ahead: the locks granted, by subject (its follow-ups', in its own round trip, or its
+    subjects', in a later one), and its ``Reading``'s read (their replies), if made."""
 
     claim: Claim
     granted: dict[str, FencedLock] = field(default_factory=dict)
+    asked: bool = False  # its locks asked ahead (not again)
+    reads: list[Any] | None = None
+
+
+@dataclass(frozen=True)
+class AheadRound:
+    """What a claim's end runs for the stages next in line (:meth:`Chain.ahead`): its
+    calls, the reads queued after them, and ``keep`` (the calls' and the reads'
+    replies), which keeps what they made."""
+
+    calls: list[ScriptCall]
+    reads: Callable[[Pipeline], None] | None
+    keep: Callable[[Sequence[Any], Sequence[Any]], None]
 
 
 def release_granted(locks: list[FencedLock]) -> None:
@@ -238,30 +300,27 @@ def release_granted(locks: list[FencedLock]) -> None:
 
 
 def grant_claim(
-    fleet: Fleet,
-    locked: tuple[LockKind, str],
-    subjects: list[str],
-    prepare: Prepare | Reading | None,
-    ahead: dict[str, FencedLock],
+    fleet: Fleet, locked: tuple[LockKind, str], made: Ahead, prepare: Prepare | Reading | None
 ) -> tuple[dict[str, FencedLock], Prepared]:
-    """Grant a claim's locks (``locked``: their kind and step; one script, the
-    ``Reading``'s read in its round trip), but those granted ahead (``ahead``, by
-    subject), then its per-claim work for the granted: the held locks by subject, and
-    what the work did.
+    """Grant the locks of claim ``made`` (``locked``: their kind and step; one script,
+    the ``Reading``'s read in its round trip) but those granted ahead for it, then its
+    per-claim work for the granted: the held locks by subject, and what the work did.
 
     A lock granted ahead for a subject the claim did not get is released. A ``Reading``
-    stage is never granted ahead (its read goes with its grant); its locks are all
-    asked here."""
+    stage uses what was granted and read ahead only when it was all its subjects' locks
+    and its read (the read goes with the grant); else its locks are all asked here."""
+    subjects = made.claim.subjects
+    ahead = made.granted
     held: dict[str, FencedLock] = {}
     try:
-        if isinstance(prepare, Reading):
+        replies = made.reads if isinstance(prepare, Reading) else None
+        if isinstance(prepare, Reading) and (replies is None or not ahead.keys() >= {*subjects}):
             release_granted(list(ahead.values()))
-            ahead = {}
+            ahead, replies = {}, None
         held = {s: ahead.pop(s) for s in subjects if s in ahead}
         release_granted(list(ahead.values()))
         kind, step = locked
         asked = [fleet.lock(kind, s, step, read_record=True) for s in subjects if s not in held]
-        replies: list[Any] = []
         if asked:
             reads = partial(prepare.reads, fleet) if isinstance(prepare, Reading) else None
             granted, replies = acquire_all_reading(asked, reads)
@@ -271,7 +330,7 @@ def grant_claim(
         if not held or prepare is None:
             return held, Prepared({})
         if isinstance(prepare, Reading):
-            return held, prepare.prepare(fleet, ordered, replies)
+            return held, prepare.prepare(fleet, ordered, replies or [])
         return held, prepare(fleet, ordered)
     except BaseException:  # the claim never holds them: let them go, not renewed on
         release_granted([*held.values(), *ahead.values()])

@@ -30,6 +30,7 @@ from typing import Any, Protocol
 import redis
 
 from vmpool.ids import Job
+from vmpool.lifecycle.chain import AheadRound
 from vmpool.lifecycle.claims import ClaimKeeper
 from vmpool.lifecycle.fleet import Dispatcher
 from vmpool.lifecycle.outcomes import BatchCount
@@ -50,13 +51,9 @@ class InLine(Protocol):
     def add_call(self, job: Job, subjects: list[str]) -> ScriptCall:
         """The call that adds ``subjects`` to ``job``'s work set, no job queued."""
 
-    def ahead(self, here: Mapping[Job, Sequence[str]]) -> list[tuple[Job, str, list[ScriptCall]]]:
-        """The next claims of the stages ``here`` went to (each stage's follow-ups), each
-        its job, claim id and calls (the claim's, then the grant of its follow-ups'
-        locks when the stage takes them ahead); their replies go to :meth:`keep_ahead`."""
-
-    def keep_ahead(self, job: Job, claim_id: str, replies: Sequence[Any]) -> None:
-        """Keep what the calls of :meth:`ahead` for ``job`` made, for its next claim."""
+    def ahead(self, here: Mapping[Job, Sequence[str]]) -> AheadRound:
+        """What the end of a claim runs for the stages next in line (``here``: each
+        stage's follow-ups): the next claims, and grants of locks (with reads) for them."""
 
 
 class DeferredDispatch:
@@ -102,22 +99,21 @@ class DeferredDispatch:
                 self.here.setdefault(job, []).extend(names)
             else:
                 sends.append((job, names))
-        ahead = [] if self._in_line is None or not ends else self._in_line.ahead(self.here)
-        last = [*ends, *(call for _, _, calls in ahead for call in calls)]
+        ahead = None if self._in_line is None or not ends else self._in_line.ahead(self.here)
+        last = [*ends, *(ahead.calls if ahead is not None else [])]
+        reads = ahead.reads if ahead is not None else None
         replies: list[Any]
         if sends:
             replies = run_pipelined(client, first)
             for job, names in sends:
                 self.inner.send(job, names)
-            replies += run_pipelined(client, last)
+            replies += run_pipelined(client, last, reads=reads)
         else:
-            replies = run_pipelined(client, [*first, *last])
-        if ahead:
-            assert self._in_line is not None
-            at = len(replies) - sum(len(calls) for _, _, calls in ahead)
-            for job, claim_id, calls in ahead:
-                self._in_line.keep_ahead(job, claim_id, replies[at : at + len(calls)])
-                at += len(calls)
+            replies = run_pipelined(client, [*first, *last], reads=reads)
+        read_replies = replies[len(first) + len(last) :]
+        replies = replies[: len(first) + len(last)]
+        if ahead is not None and ahead.calls:
+            ahead.keep(replies[len(replies) - len(ahead.calls) :], read_replies)
         if release is not None:
             release.check(replies[0])
         for reply in replies:
