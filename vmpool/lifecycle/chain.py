@@ -101,6 +101,8 @@ class Reading:
     prepare: Callable[[Fleet, list[FencedLock], list[Any]], Prepared]
 
 
+# Plain reads queued on a round trip's pipeline (a Reading's, bound to its fleet).
+_Reads = Callable[[Pipeline], None]
 # A stage: its per-subject job, the step, the lock it runs under, the per-claim work.
 Stage = tuple[Job, Callable[..., object], tuple[LockKind, str] | None, Prepare | Reading | None]
 # How to run each stage, by its per-subject job: a fresh Stage for each claim.
@@ -144,71 +146,72 @@ class Chain:
         return self.work.add_call(job, subjects)
 
     def ahead(self, here: Mapping[Job, Sequence[str]]) -> AheadRound:
-        """What the end of a claim runs for the stages next in line.
-
-        The next claims of the stages ``here`` went to (``here``: each stage's
-        follow-ups), as their loop would make them, each with the grant of its
-        follow-ups' locks when the stage takes them (:meth:`_locks_of`: not a
-        :class:`Reading`). And the grant of the locks of each claim made ahead before,
-        whose subjects are known now, granted none yet (the provision loop's, made on a
-        create claim's end, granted on the end of the check claim after it), with its
-        ``Reading``'s read."""
+        """What the end of a claim runs for the stages next in line: the next claims of
+        the stages ``here`` (each stage's follow-ups) went to, each with the grant of its
+        follow-ups' locks unless a :class:`Reading`; and the grant of the locks of each
+        claim made ahead before and granted none yet, with its ``Reading``'s read (the
+        provision loop's, made on a create claim's end, on the check claim's end)."""
         lease = float(self.work_lease_s)
-        plan: list[tuple[Job, str | None, list[FencedLock], bool]] = []
+        # Per job: its claim's id (None: a grant for a claim made before), the locks
+        # asked, its calls' count, its read (None: none).
+        plan: list[tuple[Job, str | None, list[FencedLock], int, _Reads | None]] = []
         calls: list[ScriptCall] = []
         for job, subjects in here.items():
             if job in self.made_ahead:
                 continue
             claim_id, call = self.work.claim_call(job, self.claim_size, lease)
-            locks = self._locks_of(job, subjects, reading=False)
-            plan.append((job, claim_id, locks, False))
-            calls += [call, *([grant_call(locks)] if locks else [])]
+            locks, _ = self._grant_of(job, subjects, reading=False)
+            mine = [call, *([grant_call(locks)] if locks else [])]
+            plan.append((job, claim_id, locks, len(mine), None))
+            calls += mine
         for job, made in self.made_ahead.items():
             if made.asked or not made.claim.subjects:
                 continue
             made.asked = True
-            locks = self._locks_of(job, made.claim.subjects, reading=True)
+            locks, reads = self._grant_of(job, made.claim.subjects, reading=True)
             if locks:
-                plan.append((job, None, locks, self._reads(job) is not None))
+                plan.append((job, None, locks, 1, reads))
                 calls.append(grant_call(locks))
-        readers = [reads for job, _, _, reading in plan if reading and (reads := self._reads(job))]
-        counts: list[int] = []
+        counts: list[int] = []  # each read's replies, in plan order
 
         def read_all(pipe: Pipeline) -> None:
-            for reads in readers:
-                before = len(pipe.command_stack)
-                reads(pipe)
-                counts.append(len(pipe.command_stack) - before)
+            for *_, reads in plan:
+                if reads is not None:
+                    before = len(pipe.command_stack)
+                    reads(pipe)
+                    counts.append(len(pipe.command_stack) - before)
 
         def keep(replies: Sequence[Any], read_replies: Sequence[Any]) -> None:
             at = read_at = 0
-            for job, claim_id, locks, reading in plan:
-                took = 1 + bool(locks) if claim_id is not None else 1
-                read = counts.pop(0) if reading else 0
+            for job, claim_id, locks, took, reads in plan:
                 self._keep(job, claim_id, locks, replies[at : at + took])
-                if reading and job in self.made_ahead:
-                    self.made_ahead[job].reads = list(read_replies[read_at : read_at + read])
-                at, read_at = at + took, read_at + read
+                at += took
+                if reads is not None:
+                    read = counts.pop(0)
+                    if job in self.made_ahead:
+                        self.made_ahead[job].reads = list(read_replies[read_at : read_at + read])
+                    read_at += read
 
-        return AheadRound(calls, read_all if readers else None, keep)
+        any_reads = any(reads is not None for *_, reads in plan)
+        return AheadRound(calls, read_all if any_reads else None, keep)
 
-    def _locks_of(self, job: Job, subjects: Sequence[str], *, reading: bool) -> list[FencedLock]:
-        """The locks of ``subjects`` as ``job``'s claim asks them (none for a stage not run
-        under locks; none for a :class:`Reading` stage unless ``reading``)."""
+    def _grant_of(
+        self, job: Job, subjects: Sequence[str], *, reading: bool
+    ) -> tuple[list[FencedLock], _Reads | None]:
+        """The locks of ``subjects`` as ``job``'s claim asks them, and the read its stage
+        makes with its grant (a :class:`Reading`'s). None for a stage not run under
+        locks; none for a ``Reading`` stage unless ``reading``."""
         make = self.stages.get(job)
         if make is None or not subjects:
-            return []
+            return [], None
         _, _, locked, prepare = make()
         if locked is None or (isinstance(prepare, Reading) and not reading):
-            return []
+            return [], None
         kind, step = locked
         lock = self.fleet.lock
-        return [lock(kind, subject, step, read_record=True) for subject in dict.fromkeys(subjects)]
-
-    def _reads(self, job: Job) -> Callable[[Pipeline], None] | None:
-        """The read ``job``'s stage makes with its grant (its :class:`Reading`), if any."""
-        _, _, _, prepare = self.stages[job]()
-        return partial(prepare.reads, self.fleet) if isinstance(prepare, Reading) else None
+        locks = [lock(kind, subject, step, read_record=True) for subject in dict.fromkeys(subjects)]
+        reads = partial(prepare.reads, self.fleet) if isinstance(prepare, Reading) else None
+        return locks, reads
 
     def _keep(
         self, job: Job, claim_id: str | None, locks: list[FencedLock], replies: Sequence[Any]
