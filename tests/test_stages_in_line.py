@@ -342,3 +342,27 @@ def test_a_reading_claim_whose_locks_were_not_all_granted_ahead_asks_them_all_ag
     assert held["r1"] is not early and not early.held
     assert seen == [None]
     release_all(list(held.values()))
+
+
+def test_a_claims_locks_are_let_go_when_its_per_claim_work_fails(
+    redis_client: redis.Redis, redis_url: str
+) -> None:
+    """Proves: a claim whose per-claim work raises after its grant (Redis gone in the
+    create claim's slots call, say) lets go of every lock it was granted, those granted
+    ahead included: the claim never held them, so its end would not release them, and
+    the renewer would keep them taken for as long as the worker lives. Red before: both
+    locks still held after the error."""
+    fleet = _fleet(redis_client, redis_url, {})
+    for rid in ("r1", "r2"):
+        _request(fleet, rid, count=1)
+    early = fleet.lock("request", "r1", "provision", read_record=True)
+    assert take_granted([early], grant_call([early]).run()) == [early]
+    made = chain.Ahead(Claim("c1", ["r1", "r2"]), {"r1": early}, True)
+
+    def failing(fleet: Fleet, locks: list[Any]) -> chain.Prepared:
+        raise redis.ConnectionError("gone")
+
+    with pytest.raises(redis.ConnectionError):
+        chain.grant_claim(fleet, ("request", "provision"), made, failing)
+    assert redis_client.keys(fleet.keys.lock("*", "*")) == []
+    assert not early.held
