@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import re
 import socket
 import statistics
@@ -42,6 +41,8 @@ import redis
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from _machine import machine_line, server_version  # noqa: E402
 
 from vmpool.local.redis_server import RedisServer, free_port  # noqa: E402
 
@@ -246,14 +247,10 @@ def start_api(
 
 
 def report(server: RedisServer, pid: int, args: argparse.Namespace) -> None:
-    version = redis.Redis.from_url(server.url).info("server")["redis_version"]
-    print(
-        f"# nproc={os.cpu_count()} python={platform.python_version()}"
-        f" redis-server={version} "
-        f"malloc={server.allocator} aof={args.aof} runs={args.runs} seconds={args.seconds}"
-        f" log-level={args.log_level} creates-at-once={args.creates_at_once}"
-        f" loadavg={os.getloadavg()[0]:.2f}"
-    )
+    settings = {"aof": args.aof, "runs": args.runs, "seconds": args.seconds}
+    settings |= {"log-level": args.log_level, "creates-at-once": args.creates_at_once}
+    version = server_version(server.url)
+    print(machine_line(settings, server=version, allocator=server.allocator))
     out, cmds, redis_us = measure(server.url, args.port, pid, args)
     print(
         "| endpoint | connections | rps | p50 ms | p99 ms | API CPU µs per request |"

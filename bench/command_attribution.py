@@ -33,6 +33,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 import targets  # noqa: E402
+from _machine import machine_line, server_version  # noqa: E402
 
 from vmpool.local.redis_server import RedisServer  # noqa: E402
 
@@ -151,7 +152,8 @@ def main() -> None:
     with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
         yaml.safe_dump(targets.config_data(), f)
     try:
-        print(f"# nproc={os.cpu_count()} vms={args.vms} loadavg={os.getloadavg()[0]:.2f}")
+        version = server_version(server.url)
+        print(machine_line({"vms": args.vms}, server=version, allocator=server.allocator))
         monitor = Monitor(server.url)
         targets.fleet_real(server.url, args.vms, f.name)
         monitor.stop()

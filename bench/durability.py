@@ -43,7 +43,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -60,6 +59,8 @@ import redis
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
+
+from _machine import machine_line  # noqa: E402
 
 from vmpool.config import default_redis_options  # noqa: E402
 from vmpool.local.redis_server import free_port, running_allocator, server_env  # noqa: E402
@@ -374,10 +375,9 @@ def main() -> int:
         return fixed_ops(args.url, args.durability, args.ops)
     counts = [int(c) for c in args.clients.split(",")]
     root = Path(tempfile.mkdtemp(prefix="vmpool-bench-durability-"))
-    print(f"# nproc={os.cpu_count()} python={platform.python_version()}"
-          f" server={Path(valkey_binary()).name}"
-          f" malloc={running_allocator(valkey_binary(), server_env(valkey_binary()))}"
-          f" loadavg={os.getloadavg()[0]:.2f}")  # fmt: skip
+    binary = valkey_binary()
+    allocator = running_allocator(binary, server_env(binary))
+    print(machine_line(server=Path(binary).name, allocator=allocator))
     if args.fleet:
         fleet(root, args.fleet, args.runs)
         return 0

@@ -46,7 +46,6 @@ import argparse
 import http.client
 import json
 import os
-import platform
 import signal
 import statistics
 import subprocess
@@ -64,6 +63,7 @@ import rq
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from _machine import machine_line, server_version  # noqa: E402
 from _up import BIN, Up, cpu_seconds, process_tree, wait_for  # noqa: E402
 
 from vmpool.ids import DEFAULT_PREFIX  # noqa: E402
@@ -375,15 +375,10 @@ def main() -> None:
     if unknown := set(args.configs) - set(CONFIGS):
         parser.error(f"unknown --configs {sorted(unknown)}; any of {', '.join(CONFIGS)}")
     with RedisServer(appendonly=False) as plain:
-        version = redis.Redis.from_url(plain.url).info("server")["redis_version"]
-        print(
-            f"# nproc={os.cpu_count()} python={platform.python_version()} rq={rq.__version__}"
-            f" redis-py={redis.__version__} redis-server={version} "
-            f"malloc={plain.allocator} runs={args.runs}"
-            f" vms={args.vms} connections={args.connections} poll={args.poll:g}s"
-            f" clone_limit={args.clone_limit or 'default'}"
-            f" loadavg={os.getloadavg()[0]:.2f}"
-        )
+        settings = {"runs": args.runs, "vms": args.vms, "connections": args.connections}
+        settings |= {"poll": f"{args.poll:g}s", "clone_limit": args.clone_limit or "default"}
+        version = server_version(plain.url)
+        print(machine_line(settings, server=version, allocator=plain.allocator))
         profiles: dict[str, list[dict[str, float]]] = {}
         if "aof_replica" in args.configs:
             with aof_with_replica() as replicated:

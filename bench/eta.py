@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import sys
 import threading
 import time
@@ -37,6 +36,7 @@ import redis
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from _machine import machine_line  # noqa: E402
 from _up import Up, wait_for  # noqa: E402
 
 from vmpool.state.counters import READY_BUCKETS, bucket_field  # noqa: E402
@@ -193,10 +193,7 @@ def main() -> None:
     parser.add_argument("--calibrate", type=float, default=40.0, help="seconds")
     parser.add_argument("--poll", type=float, default=5.0)
     args = parser.parse_args()
-    print(
-        f"# nproc={os.cpu_count()} python={platform.python_version()}"
-        f" loadavg={os.getloadavg()[0]:.2f} seconds={args.seconds:g} load={args.load:g}x"
-    )
+    print(machine_line({"seconds": f"{args.seconds:g}", "load": f"{args.load:g}x"}))
     m = measure(args)
     print()
     print(

@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import signal
 import statistics
 import subprocess
@@ -42,6 +41,7 @@ import rq
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from _machine import machine_line  # noqa: E402
 from _up import BIN, Up, cpu_seconds, process_tree, wait_for  # noqa: E402
 
 from vmpool.local.redis_server import RedisServer  # noqa: E402
@@ -227,11 +227,8 @@ def main() -> None:
     if args.only:
         print(json.dumps(run_once(args.only, args.settle, args.window, 0)))
         return
-    print(
-        f"# nproc={os.cpu_count()} python={platform.python_version()} rq={rq.__version__}"
-        f" redis-py={redis.__version__} runs={args.runs} window={args.window:g}s"
-        f" settle={args.settle:g}s loadavg={os.getloadavg()[0]:.2f}"
-    )
+    settings = {"runs": args.runs, "window": f"{args.window:g}s", "settle": f"{args.settle:g}s"}
+    print(machine_line(settings))
     print()
     runs = []
     for _ in range(args.runs):

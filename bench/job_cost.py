@@ -29,6 +29,8 @@ import rq
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from _machine import machine_line
+
 import workers.jobs  # noqa: F401  (imported before the clock runs, for both workers)
 from vmpool.local.redis_server import RedisServer
 from vmpool.state.keys import Keys
@@ -79,10 +81,7 @@ def main() -> int:
         for _ in range(args.runs):
             for name, make in workers_by_name.items():
                 results[name].append(drain(url, args.jobs, make))
-    print(
-        f"# nproc={os.cpu_count()} rq={rq.__version__} jobs={args.jobs} runs={args.runs}"
-        f" loadavg={os.getloadavg()[0]:.2f}"
-    )
+    print(machine_line({"jobs": args.jobs, "runs": args.runs}))
     print("| worker | CPU us per job | round trips per job | jobs/s |")
     print("|---|---|---|---|")
     for name, runs in results.items():

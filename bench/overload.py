@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import sys
 import time
 from pathlib import Path
@@ -29,6 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
+from _machine import machine_line  # noqa: E402
 from _up import Up, wait_for  # noqa: E402
 from eta import CONFIG, _call  # noqa: E402
 
@@ -68,8 +68,7 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=120)
     parser.add_argument("--gap", type=float, default=0.55, help="seconds between steady posts")
     args = parser.parse_args()
-    load = os.getloadavg()[0]
-    print(f"nproc={os.cpu_count()} python={platform.python_version()} loadavg={load:.2f}")
+    print(machine_line({"requests": args.requests, "gap": f"{args.gap:g}s"}))
     print()
     with Up(CONFIG, tag="overload") as up:
         client = redis.Redis.from_url(up.redis_url, decode_responses=True)

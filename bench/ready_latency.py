@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import re
 import subprocess
 import sys
@@ -36,6 +35,8 @@ import redis
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from _machine import machine_line  # noqa: E402
 
 from vmpool.local.redis_server import free_port  # noqa: E402
 from vmpool.state.keys import Keys  # noqa: E402
@@ -154,10 +155,7 @@ def main() -> None:
     parser.add_argument("--modes", default="2:vm,0.25:vm,0.25:list")
     parser.add_argument("--idle", type=float, default=5.0)
     args = parser.parse_args()
-    print(
-        f"# nproc={os.cpu_count()} python={platform.python_version()}"
-        f" loadavg={os.getloadavg()[0]:.2f} requests={args.requests} rate={args.rate}"
-    )
+    print(machine_line({"requests": args.requests, "rate": args.rate}))
     print()
     print(
         "| check_pending_sweep interval, provider | last VM up → ready: p50 / p99 / max (s)"

@@ -18,7 +18,6 @@ only adds), and the ratios pruned / whole.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 from collections.abc import Callable
@@ -29,6 +28,8 @@ import redis
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from _machine import machine_line, server_version  # noqa: E402
 
 from vmpool.local.redis_server import RedisServer  # noqa: E402
 from vmpool.state.keys import Keys  # noqa: E402
@@ -118,11 +119,10 @@ def main() -> None:
         stores["whole"].scripts = StoreScripts(r, stores["whole"].keys, whole=True)
         one_run(r, stores, 20, -1)  # warm up: scripts loaded, allocator settled
         runs = [one_run(r, stores, args.requests, i) for i in range(args.runs)]
-        print(
-            f"# load average {os.getloadavg()[0]:.2f}; malloc {server.allocator};"
-            f" {args.runs} runs of {args.requests} requests; Redis µs per EVALSHA, min / median"
-            " of the runs"
-        )
+        settings = {"runs": args.runs, "requests": args.requests}
+        version = server_version(server.url)
+        print(machine_line(settings, server=version, allocator=server.allocator))
+        print("# Redis µs per EVALSHA, min / median of the runs")
         print("| script | pruned | whole | pruned ÷ whole |")
         print("|---|---|---|---|")
         for phase in PHASES:

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import statistics
 import sys
 import time
@@ -30,9 +29,10 @@ from pathlib import Path
 from typing import Any
 
 import redis
-import rq
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from _machine import machine_line, server_version
 
 from vmpool import lifecycle
 from vmpool.config import Config, parse_config
@@ -167,13 +167,9 @@ def main() -> None:
     sizes = [int(s) for s in args.sizes.split(",")]
     server = RedisServer(appendonly=args.aof).start()
     try:
-        version = redis.Redis.from_url(server.url).info("server")["redis_version"]
-        print(
-            f"# nproc={os.cpu_count()} python={platform.python_version()} rq={rq.__version__}"
-            f" redis-py={redis.__version__} redis-server={version} "
-            f"malloc={server.allocator} aof={args.aof}"
-            f" reps={args.reps} loadavg={os.getloadavg()[0]:.2f}"
-        )
+        settings = {"aof": args.aof, "reps": args.reps}
+        version = server_version(server.url)
+        print(machine_line(settings, server=version, allocator=server.allocator))
         rows = run(server.url, sizes, args.reps)
     finally:
         server.stop()

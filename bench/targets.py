@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import gc
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -44,6 +43,8 @@ import rq
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from _machine import machine_line, server_version  # noqa: E402
 
 from vmpool import lifecycle  # noqa: E402
 from vmpool.config import Config, parse_config  # noqa: E402
@@ -557,13 +558,9 @@ def main() -> None:
 
         yaml.safe_dump(config_data(), f)
     try:
-        version = redis.Redis.from_url(server.url).info("server")["redis_version"]
-        print(
-            f"# nproc={os.cpu_count()} python={platform.python_version()} rq={rq.__version__}"
-            f" redis-py={redis.__version__} redis-server={version} "
-            f"malloc={server.allocator} aof={args.aof}"
-            f" runs={args.runs} loadavg={os.getloadavg()[0]:.2f}"
-        )
+        settings = {"aof": args.aof, "runs": args.runs}
+        version = server_version(server.url)
+        print(machine_line(settings, server=version, allocator=server.allocator))
         rows = measure(server.url, args, f.name)
     finally:
         server.stop()

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import sys
 import tempfile
 import time
@@ -26,6 +25,8 @@ import redis
 import rq
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from _machine import machine_line, server_version
 
 from vmpool.config import load_config
 from vmpool.local.redis_server import RedisServer
@@ -103,11 +104,9 @@ def main() -> None:
     parser.add_argument("--noop", type=int, default=2000)
     parser.add_argument("--requests", type=int, default=300)
     args = parser.parse_args()
-    print(
-        f"# nproc={os.cpu_count()} python={platform.python_version()} rq={rq.__version__}"
-        f" redis-py={redis.__version__}"
-    )
     server = RedisServer(appendonly=False).start()
+    settings = {"noop": args.noop, "requests": args.requests}
+    print(machine_line(settings, server=server_version(server.url), allocator=server.allocator))
     with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
         f.write(CONFIG)
     try:
