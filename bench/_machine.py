@@ -31,8 +31,8 @@ def machine_line(
 ) -> str:
     """``# nproc=… python=… rq=… redis-py=… [redis-server=… malloc=…] <settings> loadavg=…``.
 
-    ``server``: the Redis server's version (:func:`server_version`) or name, when the
-    benchmark runs one; ``allocator``: the malloc it runs on (``RedisServer.allocator``).
+    ``server``: the Redis server's version (:func:`server_version`), when the benchmark
+    runs one; ``allocator``: the malloc it runs on (``RedisServer.allocator``).
     ``settings``: the benchmark's own, as ``key=value`` in the order given."""
     parts = [
         f"nproc={os.cpu_count()}",

@@ -377,7 +377,7 @@ def main() -> int:
     root = Path(tempfile.mkdtemp(prefix="vmpool-bench-durability-"))
     binary = valkey_binary()
     allocator = running_allocator(binary, server_env(binary))
-    print(machine_line(server=Path(binary).name, allocator=allocator))
+    print(machine_line({"server": Path(binary).name}, allocator=allocator))
     if args.fleet:
         fleet(root, args.fleet, args.runs)
         return 0
