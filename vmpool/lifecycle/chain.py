@@ -322,6 +322,7 @@ def grant_claim(
             ahead, replies = {}, None
         held = {s: ahead.pop(s) for s in subjects if s in ahead}
         release_granted(list(ahead.values()))
+        ahead = {}  # released: not again if what follows raises
         kind, step = locked
         asked = [fleet.lock(kind, s, step, read_record=True) for s in subjects if s not in held]
         if asked:
