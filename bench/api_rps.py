@@ -1,7 +1,8 @@
 """POST /ondemandvm (and GET of a pending request) against /healthz, same API process.
 
     .venv/bin/python bench/api_rps.py [--runs 3] [--seconds 3] [--connections 1,16]
-                                      [--aof] [--log-level info] [--creates-at-once]
+                                      [--aof] [--log-level info]
+                                      [--creates-at-once | --post-floor]
 
 Starts a throw-away redis-server (``--aof``: appendfsync always) and one API process as
 ``vmpool up`` runs it: ``vmpool api`` (uvicorn, one worker, ``--log-level info``, so
@@ -16,10 +17,13 @@ the ratio to /healthz (min / median / max of the runs), Redis commands per POST
 (INFO cpu: on a machine whose cores the API, Redis and this client share, the POST's
 throughput pays it too).
 
-``--creates-at-once`` puts bench/_ablation on the API process's path: after the first
-batch, each batch of the POSTs' creates is answered ``created`` without its round trip
-to Redis. It measures a bound (the ratio if that round trip cost nothing), not the
-API's behaviour.
+``--creates-at-once`` and ``--post-floor`` put bench/_ablation on the API process's
+path. With the first, after the first batch, each batch of the POSTs' creates is
+answered ``created`` without its round trip to Redis. With the second, POST
+/ondemandvm is served by the least a create does in this server stack (its body
+parsed, a new id, the store's create call in the turn's batch, a raw reply): none of
+vmpool's route. Each measures a bound (the ratio without that part), not the API's
+behaviour.
 """
 
 from __future__ import annotations
@@ -221,17 +225,19 @@ def measure(
 
 
 def start_api(
-    config: str, url: str, port: int, log_level: str, log: Path, creates_at_once: bool = False
+    config: str, url: str, port: int, log_level: str, log: Path, ablation: str = ""
 ) -> subprocess.Popen:
     """``vmpool api`` as ``vmpool up`` starts it, its output (access log) into ``log``.
 
-    ``creates_at_once``: with bench/_ablation on its path (see ``--creates-at-once``)."""
+    ``ablation``: with bench/_ablation on its path, that bound of it (see
+    ``--creates-at-once`` and ``--post-floor``); empty: none."""
     cmd = [sys.executable, "-m", "vmpool.cli.main", "api", "--config", config]
     cmd += ["--redis-url", url, "--port", str(port), "--log-level", log_level]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    if creates_at_once:
+    if ablation:
         paths = [str(ROOT / "bench" / "_ablation"), env.get("PYTHONPATH", "")]
         env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
+        env["VMPOOL_BENCH_ABLATION"] = ablation
     with log.open("wb") as out:
         api = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 30
@@ -249,6 +255,7 @@ def start_api(
 def report(server: RedisServer, pid: int, args: argparse.Namespace) -> None:
     settings = {"aof": args.aof, "runs": args.runs, "seconds": args.seconds}
     settings |= {"log-level": args.log_level, "creates-at-once": args.creates_at_once}
+    settings |= {"post-floor": args.post_floor}
     version = server_version(server.url)
     print(machine_line(settings, server=version, allocator=server.allocator))
     out, cmds, redis_us = measure(server.url, args.port, pid, args)
@@ -266,6 +273,13 @@ def report(server: RedisServer, pid: int, args: argparse.Namespace) -> None:
     print(f"# loadavg after: {os.getloadavg()[0]:.2f}")
 
 
+def ablation(args: argparse.Namespace) -> str:
+    """The bound bench/_ablation puts on the API's path for ``args``, empty for none."""
+    if args.creates_at_once:
+        return "creates-at-once"
+    return "post-floor" if args.post_floor else ""
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--runs", type=int, default=3)
@@ -273,10 +287,16 @@ def main() -> None:
     parser.add_argument("--connections", default="1,16", help="comma-separated counts")
     parser.add_argument("--aof", action="store_true", help="appendonly yes, appendfsync always")
     parser.add_argument("--log-level", default="info", help="vmpool api's (info: access log on)")
-    parser.add_argument(
+    bounds = parser.add_mutually_exclusive_group()
+    bounds.add_argument(
         "--creates-at-once",
         action="store_true",
         help="answer the creates without Redis (a bound, see bench/_ablation)",
+    )
+    bounds.add_argument(
+        "--post-floor",
+        action="store_true",
+        help="serve POST with none of vmpool's route (a bound, see bench/_ablation)",
     )
     args = parser.parse_args()
     args.connections = [int(c) for c in args.connections.split(",") if c]
@@ -286,9 +306,7 @@ def main() -> None:
         config = Path(tmp, "config.yaml")
         config.write_text(CONFIG)
         log = Path(tmp, "api.log")
-        api = start_api(
-            str(config), server.url, args.port, args.log_level, log, args.creates_at_once
-        )
+        api = start_api(str(config), server.url, args.port, args.log_level, log, ablation(args))
         try:
             report(server, api.pid, args)
         finally:
