@@ -9,14 +9,14 @@ installed; ``VMPOOL_BENCH_ABLATION`` names which. Each measures a bound (what PO
   ``created`` without its round trip to Redis. The POST's own Python and the HTTP layer
   stay; the round trip and Redis's work go.
 - ``post-floor``: POST /ondemandvm served by the least a create does in this server
-  stack. Its body is read and parsed, a new id made, the create script call built by the
-  store (the plan made once) and run in the turn's batch with its lane check, and the
-  reply sent as two raw ASGI messages. Gone: the route's auth check, idempotency key,
-  validation, plan, priority and outcome handling, its counters and latency histogram,
-  Starlette's Request and Response. Kept: uvicorn and h11, the access log, the unit of
-  work around every call (vmpool.api.confirming), the hot route lookup, the batch and
-  its round trip. What a POST could reach in uvicorn + h11 + redis-py with none of
-  vmpool's route.
+  stack. Its body is read and parsed, a new id made, and the route's own create call
+  awaited (``_create_batched``: the store's script call in the turn's batch with its
+  lane check, its outcome read; the plan made once); the reply goes as two raw ASGI
+  messages. Gone: the route's auth check, idempotency key, validation, plan, priority
+  and refusals, its counters and latency histogram, Starlette's Request and Response.
+  Kept: uvicorn and h11, the access log, the unit of work around every call
+  (vmpool.api.confirming), the hot route lookup, the batch and its round trip. What a
+  POST could reach in uvicorn + h11 + redis-py with none of vmpool's route.
 """
 
 from __future__ import annotations
@@ -48,9 +48,10 @@ def _creates_at_once(module: ModuleType) -> None:
 
 
 def _post_floor(module: ModuleType) -> None:
-    from vmpool.ids import Job, new_request_id
+    from vmpool.api.quotas import request_priority
+    from vmpool.api.routers.ondemand import _create_batched
+    from vmpool.ids import new_request_id
     from vmpool.lifecycle.plan import plan_slots
-    from vmpool.state.lua import ScriptPipeline
 
     entry = module.Entry
     real = entry._serve
@@ -66,22 +67,9 @@ def _post_floor(module: ModuleType) -> None:
         counts = json.loads((await receive())["body"])
         if not made:
             made["slots"] = plan_slots(st.config, counts, st.rng)
-            made["settings"] = st.request_settings(authenticated=False, priority=0)
-            made["work_set"] = st.keys.work_set(Job.PROVISION_REQUEST)
+            made["priority"] = request_priority(st.config, "", None, sum(counts.values()))
         rid = new_request_id()
-        pipe = ScriptPipeline()
-        st.store.create_request(
-            rid,
-            made["slots"],
-            made["settings"],
-            actor="api",
-            work_set=made["work_set"],
-            clone_limit=st.config.ondemand_clone_limit,
-            pipeline=pipe,
-        )
-        reply = await st.creates.create(pipe.calls[0])
-        if isinstance(reply, Exception):
-            raise reply
+        await _create_batched(st, rid, made["slots"], None, made["priority"])
         body = json.dumps({"ok": True, "request_id": rid}).encode()
         headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]
         await send({"type": "http.response.start", "status": 201, "headers": headers})
