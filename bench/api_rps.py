@@ -21,7 +21,7 @@ throughput pays it too).
 path. With the first, after the first batch, each batch of the POSTs' creates is
 answered ``created`` without its round trip to Redis. With the second, POST
 /ondemandvm is served by the least a create does in this server stack (its body
-parsed, a new id, the store's create call in the turn's batch, a raw reply): none of
+parsed, a new id, the route's create call in the turn's batch, a raw reply): none of
 vmpool's route. Each measures a bound (the ratio without that part), not the API's
 behaviour.
 """
