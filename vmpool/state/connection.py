@@ -99,7 +99,9 @@ def one_try() -> Iterator[None]:
     For a blocking command that ends at a deadline (the scheduler's wait for a wake-up):
     redis-py's retry sends it again with the whole of its timeout, counted from the
     retry, so a connection killed in the middle of a 1 s block made it last up to 2 s.
-    The connection is closed as on any failure; the caller decides what to do.
+    The connection is closed as on any failure; the caller decides what to do. The same
+    for an asyncio client (vmpool.state.direct_pipeline: a batch overdue on its own
+    connection, sent once more).
     """
     token = _ONE_TRY.set(True)
     try:
@@ -161,6 +163,15 @@ class AsyncResettingRetry(_PoolRetry, AsyncRetry):
             result = fail(error, *rest)
             return await result if inspect.isawaitable(result) else result
 
+        if _ONE_TRY.get():
+            try:
+                return await do()
+            except self._supported_errors as error:  # type: ignore[misc]
+                if kwargs.get("with_failure_count", len(args) > 1 and args[1]):
+                    await failed(error, 1)  # the first failure, and the last
+                else:
+                    await failed(error)
+                raise
         return await super().call_with_retry(do, failed, *args, **kwargs)
 
 

@@ -39,9 +39,11 @@ from vmpool.state.durability import (
 __all__ = [
     "ScriptCall",
     "ScriptPipeline",
+    "durability_of",
     "evalsha_on",
     "execute_loading",
     "load_missing",
+    "pipelined_commands",
     "read_script",
     "run_pipelined",
     "run_pipelined_async",
@@ -220,7 +222,7 @@ async def run_pipelined_async(client: aredis.Redis, calls: Sequence[ScriptCall])
     durability is confirmed in the same round trip (:mod:`vmpool.state.durability`):
     WriteNotConfirmed is raised when it is not.
     """
-    durability = client.durability if isinstance(client, ConfirmingAsyncRedis) else None
+    durability = durability_of(client)
     replies = await _pipelined(client, calls, durability)
     out = []
     for call, reply in zip(calls, replies, strict=True):
@@ -242,6 +244,25 @@ async def _pipelined(
     The calls, then (on one connection) their confirmation, checked
     (:func:`vmpool.state.durability.queue_confirmation`).
     """
+    commands, confirming = pipelined_commands(client, calls, durability)
+    replies = await _round_trip(client, commands)
+    if confirming:
+        assert durability is not None
+        check_confirmation(durability, replies[len(calls) :])
+    return replies[: len(calls)]
+
+
+def durability_of(client: aredis.Redis) -> Durability | None:
+    """What ``client``'s writes wait for; None for a client not of the connection factory."""
+    return client.durability if isinstance(client, ConfirmingAsyncRedis) else None
+
+
+def pipelined_commands(
+    client: aredis.Redis, calls: Sequence[ScriptCall], durability: Durability | None
+) -> tuple[list[tuple[Any, ...]], bool]:
+    """The commands that run ``calls`` in one round trip (EVALSHA each), then those that
+    confirm them (:func:`vmpool.state.durability.queue_confirmation`); and whether the
+    confirmation is there (its replies follow the calls')."""
     commands: list[tuple[Any, ...]] = [
         ("EVALSHA", call.script.sha, len(call.keys), *call.keys, *call.args) for call in calls
     ]
@@ -249,11 +270,7 @@ async def _pipelined(
     pipe = client.pipeline(transaction=False)
     confirming = queue_confirmation(pipe, durability)
     commands += [args for args, _ in pipe.command_stack]
-    replies = await _round_trip(client, commands)
-    if confirming:
-        assert durability is not None
-        check_confirmation(durability, replies[len(calls) :])
-    return replies[: len(calls)]
+    return commands, confirming
 
 
 async def _round_trip(client: aredis.Redis, commands: list[tuple[Any, ...]]) -> list[Any]:
