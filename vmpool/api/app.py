@@ -158,7 +158,7 @@ async def _close_clients(clients: RedisClients) -> None:
     """
     clients.text.close()
     clients.raw.close()
-    await clients.aio.get().aclose()
+    await clients.aio.aclose()
 
 
 def _api_state(config: Config, redis_url: str, rng: random.Random | None) -> ApiState:
@@ -176,8 +176,8 @@ def _api_state(config: Config, redis_url: str, rng: random.Random | None) -> Api
         tokens=TokenStore(clients.text, keys),
         metrics=metrics,
         batch=batch,
-        creates=CreateBatches(clients.aio.get, batch, metrics.enqueue_failures.inc),
-        status_reads=ReadBatches(clients.aio.get),
+        creates=CreateBatches(clients.aio.pipeline, batch, metrics.enqueue_failures.inc),
+        status_reads=ReadBatches(clients.aio.pipeline),
         rng=rng or random.SystemRandom(),
         started=time.monotonic(),
     )

@@ -13,9 +13,10 @@ wake-up for the replies) and the lane check were the largest part of a POST's Py
 past what a /healthz costs (profiled: docs/benchmarks.md); batched, they are paid once
 per turn, and Redis runs one lane check for the turn's creates.
 
-The batch is its own unit of work (:func:`vmpool.state.durability.confirmed_async`),
-run in a task with a context of its own: the pipeline confirms the creates in its round
-trip, and the unit's end the lanes queued after them, before any POST of the batch is
+The batch is sent in a context of its own (no POST's unit of work,
+:mod:`vmpool.state.durability`): the pipeline confirms the creates in its round trip. The
+lanes the check found free are queued in a unit of work of their own (a task, the RQ
+enqueue in the thread pool), whose end confirms them, before any POST of the batch is
 answered. A batch that fails (Redis gone, a confirmation refused) fails each of its
 POSTs with that error: each answers its 503 naming its own request id. A POST that stops
 waiting (its client gone) leaves the batch running.
@@ -27,11 +28,11 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import redis.asyncio as aredis
 from starlette.concurrency import run_in_threadpool
 
 from vmpool.api.turn_batch import TurnBatches
 from vmpool.lifecycle.failpoints import failpoint
+from vmpool.state.direct_pipeline import DirectPipeline, Replied
 from vmpool.state.durability import confirmed_async
 from vmpool.state.lua import ScriptCall, ScriptPipeline
 from vmpool.state.records import Outcome
@@ -45,17 +46,17 @@ log = logging.getLogger(__name__)
 class CreateBatches(TurnBatches):
     """The creates waiting for this turn's pipeline, one batch per event loop.
 
-    ``client``: the loop's asyncio client (``LoopClients.get``). ``on_enqueue_failure``:
+    ``pipeline``: the loop's pipeline (``LoopClients.pipeline``). ``on_enqueue_failure``:
     called when queueing the lanes found free failed (the API's counter).
     """
 
     def __init__(
         self,
-        client: Callable[[], aredis.Redis],
+        pipeline: Callable[[], DirectPipeline],
         batch: BatchDispatcher,
         on_enqueue_failure: Callable[[], None],
     ) -> None:
-        super().__init__(client)
+        super().__init__(pipeline)
         self.batch = batch
         self.on_enqueue_failure = on_enqueue_failure
 
@@ -64,20 +65,42 @@ class CreateBatches(TurnBatches):
         (:meth:`TurnBatches.submit`)."""
         return await self.submit(call)
 
-    async def _execute(self, calls: Sequence[ScriptCall]) -> list[Any]:
-        """The creates' replies: one pipeline with the lane check, one unit of work."""
+    def _send_batch(self, calls: Sequence[ScriptCall], settle: Replied) -> None:
+        """The creates, then the lane check, in one round trip; the lanes found free
+        queued (a unit of work of its own) before any create is answered."""
         pipe = ScriptPipeline()
         for call in calls:
             pipe.add(call)
         follow_up = self.batch.provision_after_create(pipe)
-        client = self.client()
-        async with confirmed_async(client):
-            replies = await pipe.execute_async(client)
-            if any(_created(reply) for reply in replies[: len(calls)]) and follow_up.wanted(
-                replies
-            ):
-                await run_in_threadpool(self._queue_lanes, follow_up, replies, len(calls))
-        return replies[: len(calls)]
+        pipeline = self.pipeline()
+        count = len(calls)
+
+        def replied(result: list[Any] | Exception) -> None:
+            if isinstance(result, Exception):
+                settle(result)
+            elif any(_created(reply) for reply in result[:count]) and follow_up.wanted(result):
+                self._task(self._queue_then_settle(pipeline, follow_up, result, count, settle))
+            else:
+                settle(result[:count])
+
+        pipeline.run(pipe.calls, replied)
+
+    async def _queue_then_settle(
+        self,
+        pipeline: DirectPipeline,
+        follow_up: LaneFollowUp,
+        replies: list[Any],
+        count: int,
+        settle: Replied,
+    ) -> None:
+        """Queue the lanes (RQ: in the thread pool), confirm that, then answer the creates."""
+        try:
+            async with confirmed_async(pipeline.client):
+                await run_in_threadpool(self._queue_lanes, follow_up, replies, count)
+        except Exception as exc:
+            settle(exc)
+            return
+        settle(replies[:count])
 
     def _queue_lanes(self, follow_up: LaneFollowUp, replies: Sequence[Any], count: int) -> None:
         """Queue the lanes the check found free. A failure is counted and logged, not raised:

@@ -33,6 +33,7 @@ from vmpool.api.turn_batch import ReadBatches
 from vmpool.config import AuthConfig, Config, default_redis_options
 from vmpool.ids import InvalidIdentifier, validate_token, validate_user_name
 from vmpool.state.connection import RedisOptions, connect, connect_async
+from vmpool.state.direct_pipeline import DirectPipeline
 from vmpool.state.durability import ConfirmingAsyncRedis
 from vmpool.state.keys import Keys
 from vmpool.state.records import RequestSettings
@@ -85,6 +86,9 @@ class LoopClients:
         self._by_loop: weakref.WeakKeyDictionary[
             asyncio.AbstractEventLoop, ConfirmingAsyncRedis
         ] = weakref.WeakKeyDictionary()
+        self._pipelines: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, DirectPipeline] = (
+            weakref.WeakKeyDictionary()
+        )
 
     def get(self) -> ConfirmingAsyncRedis:
         loop = asyncio.get_running_loop()
@@ -94,6 +98,21 @@ class LoopClients:
             pack_with_hiredis(client)
             self._by_loop[loop] = client
         return client
+
+    def pipeline(self) -> DirectPipeline:
+        """This loop's pipeline of the hot batches (vmpool.api.turn_batch), on its client."""
+        loop = asyncio.get_running_loop()
+        pipeline = self._pipelines.get(loop)
+        if pipeline is None:
+            pipeline = self._pipelines[loop] = DirectPipeline(self.get())
+        return pipeline
+
+    async def aclose(self) -> None:
+        """Close this loop's client and its pipeline's connection."""
+        pipeline = self._pipelines.pop(asyncio.get_running_loop(), None)
+        if pipeline is not None:
+            pipeline.close()
+        await self.get().aclose()
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,9 @@
 Under load, a round trip's client cost (a pooled connection, a send, the event loop's
 wake-up for the replies) is most of what a hot route's Redis work costs the API's CPU
 past what a /healthz costs (profiled: docs/benchmarks.md). :class:`TurnBatches` gathers
-the calls of a turn and runs them in one task, so that cost is paid once per turn. Each
+the calls of a turn and sends them together, on the loop's
+:class:`~vmpool.state.direct_pipeline.DirectPipeline` (no task, no pooled connection, on
+the plain path), so that cost is paid once per turn. Each
 call is still its own atomic script: the round trip adds no atomicity across them and
 takes none away. Each caller gets its own call's reply (an error in its place); an error
 of the whole round trip (Redis gone, a confirmation refused) is raised to each caller. A
@@ -16,7 +18,7 @@ every script. Split, the replies of the first part come back while Redis runs th
 next, and the loop answers them (and reads the requests their clients send next)
 meanwhile (measured: docs/benchmarks.md, "API").
 
-The batch runs in a context of its own, so its round trip is not part of any caller's
+The batch is sent in a context of its own, so its round trip is not part of any caller's
 unit of work (:mod:`vmpool.state.durability`): it confirms what it wrote or read in that
 same round trip. :class:`ReadBatches` is GET /ondemandvm/<id>'s;
 :class:`vmpool.api.create_batch.CreateBatches` is POST /ondemandvm's.
@@ -28,13 +30,12 @@ import asyncio
 import contextvars
 import threading
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
-import redis.asyncio as aredis
-
 from vmpool.state.confirmation import current_scope
-from vmpool.state.lua import ScriptCall, run_pipelined_async
+from vmpool.state.direct_pipeline import DirectPipeline, Replied
+from vmpool.state.lua import ScriptCall
 
 __all__ = ["BATCH_MOST", "ReadBatches", "TurnBatches"]
 
@@ -49,12 +50,12 @@ _Waiting = list[tuple[ScriptCall, "asyncio.Future[Any]"]]
 class TurnBatches:
     """The calls waiting for this turn's round trip, one batch per event loop.
 
-    ``client``: the loop's asyncio client (``LoopClients.get``). A subclass says how a
-    batch runs (:meth:`_execute`).
+    ``pipeline``: the loop's pipeline (``LoopClients.pipeline``), which sends a batch and
+    hands it its replies. A subclass may say how a batch is sent (:meth:`_send_batch`).
     """
 
-    def __init__(self, client: Callable[[], aredis.Redis]) -> None:
-        self.client = client
+    def __init__(self, pipeline: Callable[[], DirectPipeline]) -> None:
+        self.pipeline = pipeline
         self._waiting: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Waiting] = (
             weakref.WeakKeyDictionary()
         )
@@ -79,7 +80,7 @@ class TurnBatches:
             if len(waiting) >= BATCH_MOST:
                 full, self._waiting[loop] = waiting, []  # the turn's next calls: a new batch
         if full is not None:
-            self._start(loop, full)
+            self._start(full)
         reply = await done
         # The batch's confirmation came after the caller's unit's writes so far (a
         # token's use): it covers them, and the unit's end has nothing left to wait for.
@@ -93,34 +94,35 @@ class TurnBatches:
         with self._lock:
             waiting = self._waiting.pop(loop, [])
         if waiting:
-            self._start(loop, waiting)
+            self._start(waiting)
 
-    def _start(self, loop: asyncio.AbstractEventLoop, waiting: _Waiting) -> None:
-        """Run ``waiting`` in a task of its own context (its own unit of work)."""
-        task = loop.create_task(self._run(waiting), context=contextvars.Context())
+    def _start(self, waiting: _Waiting) -> None:
+        """Send ``waiting``'s calls; each caller gets its reply, or the batch's error."""
+
+        def settle(result: list[Any] | Exception) -> None:
+            if isinstance(result, Exception):
+                for _, done in waiting:
+                    if not done.done():
+                        done.set_exception(result)
+                return
+            for (_, done), reply in zip(waiting, result, strict=True):
+                if not done.done():
+                    done.set_result(reply)
+
+        self._send_batch([call for call, _ in waiting], settle)
+
+    def _send_batch(self, calls: Sequence[ScriptCall], settle: Replied) -> None:
+        """Send ``calls`` in one round trip; ``settle`` gets their replies (errors in
+        place) or the batch's error."""
+        self.pipeline().run(calls, settle)
+
+    def _task(self, work: Coroutine[Any, Any, None]) -> None:
+        """Run ``work`` in a task of its own context (a unit of work of its own)."""
+        task = asyncio.get_running_loop().create_task(work, context=contextvars.Context())
         self._running.add(task)
         task.add_done_callback(self._running.discard)
-
-    async def _run(self, waiting: _Waiting) -> None:
-        try:
-            replies = await self._execute([call for call, _ in waiting])
-        except Exception as exc:
-            for _, done in waiting:
-                if not done.done():
-                    done.set_exception(exc)
-            return
-        for (_, done), reply in zip(waiting, replies, strict=True):
-            if not done.done():
-                done.set_result(reply)
-
-    async def _execute(self, calls: Sequence[ScriptCall]) -> list[Any]:
-        """The calls' replies, in order (errors in place)."""
-        raise NotImplementedError
 
 
 class ReadBatches(TurnBatches):
     """Read scripts of a turn (GET /ondemandvm/<id>'s ``request_place.lua``): one round
-    trip, which confirms what Redis holds, so all they read (``run_pipelined_async``)."""
-
-    async def _execute(self, calls: Sequence[ScriptCall]) -> list[Any]:
-        return await run_pipelined_async(self.client(), calls)
+    trip, which confirms what Redis holds, so all they read."""
