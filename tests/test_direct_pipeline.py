@@ -295,3 +295,20 @@ def test_an_owner_that_fails_on_its_replies_is_handed_that_error(
 
     run_with(redis_url, options(), body)
     assert seen[0] == [1] and isinstance(seen[1], KeyError)
+
+
+def test_a_shut_pipeline_opens_no_connection_and_still_answers(
+    redis_url: str, redis_client: redis.Redis
+) -> None:
+    """Proves: once shut (its client closing), batches still get their replies, the
+    standard way, and no direct connection is opened again after them."""
+    redis_client.script_load(APPEND)
+
+    async def body(pipeline: DirectPipeline) -> Any:
+        pipeline.shut()
+        result = await batch(pipeline, calls(redis_client, "shut", ["a"]))
+        await asyncio.gather(*pipeline._running)  # the batch's task, connect included
+        assert pipeline.direct is None
+        return result
+
+    assert run_with(redis_url, options(), body) == [1]

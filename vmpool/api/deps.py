@@ -111,7 +111,7 @@ class LoopClients:
         """Close this loop's client and its pipeline's connection."""
         pipeline = self._pipelines.pop(asyncio.get_running_loop(), None)
         if pipeline is not None:
-            pipeline.close()
+            pipeline.shut()
         await self.get().aclose()
 
 

@@ -163,6 +163,7 @@ class DirectPipeline:
         self.client = client
         self.direct: DirectConnection | None = None
         self._opening = False
+        self._shut = False  # closed for good: no connection opened again
         self._running: set[asyncio.Task[None]] = set()  # held until done
 
     def run(self, calls: Sequence[ScriptCall], done: Replied) -> None:
@@ -268,7 +269,7 @@ class DirectPipeline:
     async def connect(self) -> None:
         """Open the direct connection, unless it is open or being opened. A failure leaves
         none: batches go the standard way, and the next one's success tries again."""
-        if self._opening or (self.direct is not None and self.direct.is_open):
+        if self._shut or self._opening or (self.direct is not None and self.direct.is_open):
             return
         self._opening = True
         try:
@@ -277,12 +278,20 @@ class DirectPipeline:
             self.direct = None
         finally:
             self._opening = False
+        if self._shut:  # shut while it opened
+            self.close()
 
     def close(self) -> None:
-        """Close the direct connection (batches waiting on it go the standard way)."""
+        """Close the direct connection (batches waiting on it go the standard way); a
+        later batch opens another."""
         direct, self.direct = self.direct, None
         if direct is not None:
             direct.close()
+
+    def shut(self) -> None:
+        """Close the direct connection for good (the client is being closed)."""
+        self._shut = True
+        self.close()
 
 
 def _hand(done: Replied, result: list[Any] | Exception) -> None:
