@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 
 import pytest
 import redis
+from redis._parsers import _AsyncRESP2Parser
 from redis.exceptions import ReadOnlyError
 
 from vmpool.local.redis_server import RedisServer, free_port
@@ -312,3 +313,25 @@ def test_a_shut_pipeline_opens_no_connection_and_still_answers(
         return result
 
     assert run_with(redis_url, options(), body) == [1]
+
+
+def test_without_a_hiredis_reader_every_batch_goes_the_standard_way(
+    redis_url: str, redis_client: redis.Redis
+) -> None:
+    """Proves: a connection redis-py reads with its pure-Python parser (nothing to take
+    over) is not taken; the batches still get their replies, the standard way."""
+    redis_client.script_load(APPEND)
+
+    async def main() -> list[Any]:
+        client = connect_async(redis_url, options(), decode_responses=True)
+        client.connection_pool.connection_kwargs["parser_class"] = _AsyncRESP2Parser
+        pipeline = DirectPipeline(client)
+        try:
+            await pipeline.connect()
+            assert pipeline.direct is None
+            return [await batch(pipeline, calls(redis_client, "pure", [v])) for v in "ab"]
+        finally:
+            pipeline.shut()
+            await client.aclose()
+
+    assert asyncio.run(main()) == [[1], [2]]

@@ -95,15 +95,17 @@ class DirectConnection(asyncio.Protocol):
     @classmethod
     async def open(cls, client: aredis.Redis) -> DirectConnection | None:
         """A connection of ``client``'s pool, opened and taken over; None where redis-py
-        does not read it with hiredis (no reader to take over)."""
+        does not read it with hiredis, or keeps its stream and reader under other names
+        (a redis-py not the locked one): then every batch goes the standard way."""
         opened = client.connection_pool.make_connection()  # type: ignore[no-untyped-call]
         await opened.connect()
         parser = getattr(opened, "_parser", None)
+        reader = getattr(parser, "_reader", None)
         writer = getattr(opened, "_writer", None)
-        if not isinstance(parser, _AsyncHiredisParser) or writer is None:
+        if not isinstance(parser, _AsyncHiredisParser) or reader is None or writer is None:
             await opened.disconnect()
             return None
-        direct = cls(opened, parser._reader)
+        direct = cls(opened, reader)
         direct.transport = writer.transport
         writer.transport.set_protocol(direct)
         return direct
