@@ -47,9 +47,10 @@ from redis._parsers.hiredis import NOT_ENOUGH_DATA, _AsyncHiredisParser
 from redis.exceptions import NoScriptError, ReadOnlyError
 
 from vmpool.state.connection import one_try
-from vmpool.state.durability import Durability, check_confirmation
+from vmpool.state.durability import Durability
 from vmpool.state.lua import (
     ScriptCall,
+    checked_replies,
     durability_of,
     pipelined_commands,
     run_pipelined_async,
@@ -178,14 +179,12 @@ class DirectPipeline:
         if direct is None:
             self._standard(calls, done, reopen=True)
             return
-        durability = durability_of(self.client)
-        commands, confirming = pipelined_commands(self.client, calls, durability)
+        commands, confirmed = pipelined_commands(self.client, calls, durability_of(self.client))
 
         def replied(replies: list[Any] | None) -> None:
             if replies is None:  # lost: sent again, once more only if it was overdue
                 self._standard(calls, done, reopen=False, one=direct.overdue)
             else:
-                confirmed = durability if confirming else None
                 contextvars.Context().run(self._replied, calls, replies, confirmed, done)
 
         direct.send(direct.opened.pack_commands(commands), len(commands), replied)
@@ -200,14 +199,11 @@ class DirectPipeline:
         """Hand ``done`` the calls' replies: confirmed, and NOSCRIPT calls run again."""
         if any(isinstance(reply, ReadOnlyError) for reply in replies):
             self.close()  # a demoted server: the next batch goes the standard way
-        count = len(calls)
-        if confirmed is not None:  # the confirmation's replies follow the calls'
-            try:
-                check_confirmation(confirmed, replies[count:])
-            except Exception as exc:
-                _hand(done, exc)
-                return
-        mine = replies[:count]
+        try:
+            mine = checked_replies(replies, len(calls), confirmed)
+        except Exception as exc:
+            _hand(done, exc)
+            return
         if any(isinstance(reply, NoScriptError) for reply in mine):
             self._start(self._rerun_missing(calls, mine, done))
         else:

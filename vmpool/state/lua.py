@@ -39,6 +39,7 @@ from vmpool.state.durability import (
 __all__ = [
     "ScriptCall",
     "ScriptPipeline",
+    "checked_replies",
     "durability_of",
     "evalsha_on",
     "execute_loading",
@@ -244,12 +245,8 @@ async def _pipelined(
     The calls, then (on one connection) their confirmation, checked
     (:func:`vmpool.state.durability.queue_confirmation`).
     """
-    commands, confirming = pipelined_commands(client, calls, durability)
-    replies = await _round_trip(client, commands)
-    if confirming:
-        assert durability is not None
-        check_confirmation(durability, replies[len(calls) :])
-    return replies[: len(calls)]
+    commands, confirmed = pipelined_commands(client, calls, durability)
+    return checked_replies(await _round_trip(client, commands), len(calls), confirmed)
 
 
 def durability_of(client: aredis.Redis) -> Durability | None:
@@ -259,18 +256,29 @@ def durability_of(client: aredis.Redis) -> Durability | None:
 
 def pipelined_commands(
     client: aredis.Redis, calls: Sequence[ScriptCall], durability: Durability | None
-) -> tuple[list[tuple[Any, ...]], bool]:
+) -> tuple[list[tuple[Any, ...]], Durability | None]:
     """The commands that run ``calls`` in one round trip (EVALSHA each), then those that
-    confirm them (:func:`vmpool.state.durability.queue_confirmation`); and whether the
-    confirmation is there (its replies follow the calls')."""
+    confirm them (:func:`vmpool.state.durability.queue_confirmation`); and the durability
+    they confirm, None when there is no confirmation (:func:`checked_replies`)."""
     commands: list[tuple[Any, ...]] = [
         ("EVALSHA", call.script.sha, len(call.keys), *call.keys, *call.args) for call in calls
     ]
+    if durability is None or not durability.waits:
+        return commands, None
     # redis-py's pipeline spells the confirmation's commands; they are sent after the calls
     pipe = client.pipeline(transaction=False)
-    confirming = queue_confirmation(pipe, durability)
-    commands += [args for args, _ in pipe.command_stack]
-    return commands, confirming
+    if not queue_confirmation(pipe, durability):
+        return commands, None
+    return commands + [args for args, _ in pipe.command_stack], durability
+
+
+def checked_replies(replies: Sequence[Any], count: int, confirmed: Durability | None) -> list[Any]:
+    """The calls' replies, the first ``count`` of a round trip of
+    :func:`pipelined_commands`, once the rest confirm them (``confirmed``: the durability
+    it names; WriteNotConfirmed otherwise)."""
+    if confirmed is not None:
+        check_confirmation(confirmed, replies[count:])
+    return list(replies[:count])
 
 
 async def _round_trip(client: aredis.Redis, commands: list[tuple[Any, ...]]) -> list[Any]:
