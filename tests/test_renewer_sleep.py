@@ -39,13 +39,14 @@ class Lease:
         return True
 
 
-def counted_waits(monkeypatch: pytest.MonkeyPatch) -> list[float | None]:
-    """Record each wait a renewer thread starts (each wake-up starts another)."""
-    waits: list[float | None] = []
+def counted_waits(monkeypatch: pytest.MonkeyPatch) -> list[tuple[RenewerSleep, float | None]]:
+    """Record each wait a renewer thread starts (each wake-up starts another), with the
+    sleep it is of: another test's renewer, still running in this process, waits too."""
+    waits: list[tuple[RenewerSleep, float | None]] = []
     real = RenewerSleep.wait
 
     def counting(self: RenewerSleep, timeout: float | None) -> None:
-        waits.append(timeout)
+        waits.append((self, timeout))
         real(self, timeout)
 
     monkeypatch.setattr(RenewerSleep, "wait", counting)
@@ -63,14 +64,18 @@ def test_leases_due_after_the_wait_do_not_wake_the_thread(
     no new wait (a notify per add, as before, woke it 50 times)."""
     waits = counted_waits(monkeypatch)
     renewer = LockRenewer()
+
+    def mine() -> list[float | None]:
+        return [timeout for sleep, timeout in waits if sleep is renewer._sleep]
+
     renewer.add(Lease("first", 30.0))
     wait_until(lambda: asleep(renewer), timeout=5)
-    before = len(waits)
+    before = len(mine())
     leases = [Lease(f"lock-{i}", 30.0) for i in range(50)]
     for lease in leases:
         renewer.add(lease)
     time.sleep(0.2)  # room for any wake-up to show; none is expected
-    assert len(waits) == before, waits[before:]
+    assert len(mine()) == before, mine()[before:]
     for lease in leases:
         renewer.remove(lease)
 
