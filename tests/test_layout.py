@@ -276,21 +276,26 @@ def _from_rq(module: str | None) -> bool:
 
 def _rq_classes(modules: Mapping[str, Module]) -> set[str]:
     """The project's classes (by name) derived from a class of RQ, directly or not."""
+    # Each module walked once: the names it imports from RQ, its classes and their bases.
+    walked: list[tuple[set[str], list[tuple[str, list[str]]]]] = []
+    for module in modules.values():
+        rq_names: set[str] = set()
+        classes: list[tuple[str, list[str]]] = []
+        for node in ast.walk(module.tree):
+            if isinstance(node, ast.ImportFrom) and _from_rq(node.module):
+                rq_names.update(alias.asname or alias.name for alias in node.names)
+            elif isinstance(node, ast.Import):
+                rq_names.update(a.asname or a.name for a in node.names if _from_rq(a.name))
+            elif isinstance(node, ast.ClassDef):
+                classes.append((node.name, [_root_name(base) for base in node.bases]))
+        walked.append((rq_names, classes))
     found: set[str] = set()
     while True:
         before = len(found)
-        for module in modules.values():
-            rq_names = set()
-            for node in ast.walk(module.tree):
-                if isinstance(node, ast.ImportFrom) and _from_rq(node.module):
-                    rq_names.update(alias.asname or alias.name for alias in node.names)
-                elif isinstance(node, ast.Import):
-                    rq_names.update(a.asname or a.name for a in node.names if _from_rq(a.name))
-            for node in ast.walk(module.tree):
-                if isinstance(node, ast.ClassDef) and any(
-                    _root_name(base) in rq_names | found for base in node.bases
-                ):
-                    found.add(node.name)
+        for rq_names, classes in walked:
+            for name, bases in classes:
+                if any(base in rq_names or base in found for base in bases):
+                    found.add(name)
         if len(found) == before:
             return found
 
