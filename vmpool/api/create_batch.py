@@ -79,7 +79,7 @@ class CreateBatches(TurnBatches):
             if isinstance(result, Exception):
                 settle(result)
             elif any(_created(reply) for reply in result[:count]) and follow_up.wanted(result):
-                self._task(self._queue_then_settle(pipeline, follow_up, result, count, settle))
+                pipeline.start(self._queue_then_settle(pipeline, follow_up, result, count, settle))
             else:
                 settle(result[:count])
 

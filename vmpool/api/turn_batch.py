@@ -27,10 +27,9 @@ same round trip. :class:`ReadBatches` is GET /ondemandvm/<id>'s;
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import threading
 import weakref
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from vmpool.state.confirmation import current_scope
@@ -60,7 +59,6 @@ class TurnBatches:
             weakref.WeakKeyDictionary()
         )
         self._lock = threading.Lock()  # a test client may run loops in several threads
-        self._running: set[asyncio.Task[None]] = set()  # held until done
 
     async def submit(self, call: ScriptCall) -> Any:
         """The reply of ``call``, run in this turn's batch.
@@ -115,12 +113,6 @@ class TurnBatches:
         """Send ``calls`` in one round trip; ``settle`` gets their replies (errors in
         place) or the batch's error."""
         self.pipeline().run(calls, settle)
-
-    def _task(self, work: Coroutine[Any, Any, None]) -> None:
-        """Run ``work`` in a task of its own context (a unit of work of its own)."""
-        task = asyncio.get_running_loop().create_task(work, context=contextvars.Context())
-        self._running.add(task)
-        task.add_done_callback(self._running.discard)
 
 
 class ReadBatches(TurnBatches):

@@ -205,7 +205,7 @@ class DirectPipeline:
             _hand(done, exc)
             return
         if any(isinstance(reply, NoScriptError) for reply in mine):
-            self._start(self._rerun_missing(calls, mine, done))
+            self.start(self._rerun_missing(calls, mine, done))
         else:
             _hand(done, mine)
 
@@ -242,9 +242,11 @@ class DirectPipeline:
             if reopen:
                 await self.connect()
 
-        self._start(standard())
+        self.start(standard())
 
-    def _start(self, work: Coroutine[Any, Any, None]) -> None:
+    def start(self, work: Coroutine[Any, Any, None]) -> None:
+        """Run ``work`` on the loop in a task of its own context (no caller's unit of
+        work), held until done."""
         task = asyncio.get_running_loop().create_task(work, context=contextvars.Context())
         self._running.add(task)
         task.add_done_callback(self._running.discard)
