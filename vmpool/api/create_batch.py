@@ -60,11 +60,6 @@ class CreateBatches(TurnBatches):
         self.batch = batch
         self.on_enqueue_failure = on_enqueue_failure
 
-    async def create(self, call: ScriptCall) -> Any:
-        """The reply of ``call`` (create_request.lua), run in this turn's batch
-        (:meth:`TurnBatches.submit`)."""
-        return await self.submit(call)
-
     def _send_batch(self, calls: Sequence[ScriptCall], settle: Replied) -> None:
         """The creates, then the lane check, in one round trip; the lanes found free
         queued (a unit of work of its own) before any create is answered."""

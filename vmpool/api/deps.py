@@ -32,6 +32,7 @@ from vmpool.api.packing import pack_with_hiredis
 from vmpool.api.turn_batch import ReadBatches
 from vmpool.config import AuthConfig, Config, default_redis_options
 from vmpool.ids import InvalidIdentifier, validate_token, validate_user_name
+from vmpool.lifecycle.plan import Plans
 from vmpool.state.connection import RedisOptions, connect, connect_async
 from vmpool.state.direct_pipeline import DirectPipeline
 from vmpool.state.durability import ConfirmingAsyncRedis
@@ -160,6 +161,11 @@ class ApiState:
     listen_host: str | None = None  # the address served on, when known (/status warns)
     # A new request's settings by (authenticated, priority): the config's, made once each.
     settings_made: dict[tuple[bool, int], RequestSettings] = field(default_factory=dict)
+    # POST /ondemandvm's plans against the config (those that pick nothing, made once).
+    plans: Plans = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.plans = Plans(self.config, self.rng)
 
     def request_settings(self, *, authenticated: bool, priority: int) -> RequestSettings:
         """The settings a new request is created under (``RequestSettings.from_config``)."""

@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sized
 from dataclasses import dataclass
 from typing import Any
 
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 
 from vmpool.api.errors import MAX_BODY_BYTES, BodyTooLarge, Rejected
 from vmpool.config import Config
@@ -63,14 +63,21 @@ async def read_body(request: Request, limit: int = MAX_BODY_BYTES) -> bytes:
                 raise BodyTooLarge
         except ValueError:
             pass
+    # The ASGI messages read as they come: Starlette's ``stream()`` is an async
+    # generator (the loop's hooks and a frame of its own, on every POST).
     chunks: list[bytes] = []
     size = 0
-    async for chunk in request.stream():
+    while True:
+        message = await request.receive()
+        if message["type"] != "http.request":
+            raise ClientDisconnect
+        chunk: bytes = message.get("body", b"")
         size += len(chunk)
         if size > limit:
             raise BodyTooLarge
+        if not message.get("more_body", False):
+            return b"".join([*chunks, chunk]) if chunks else chunk
         chunks.append(chunk)
-    return b"".join(chunks)
 
 
 def _no_constants(name: str) -> Any:

@@ -16,7 +16,7 @@ from typing import Any
 
 from starlette.responses import Response
 
-__all__ = ["CompactJSON", "PrettyJSON", "hot_reply", "not_ok", "reply"]
+__all__ = ["CompactJSON", "PrettyJSON", "created_reply", "hot_reply", "not_ok", "reply"]
 
 
 class PrettyJSON(Response):
@@ -35,6 +35,7 @@ class PrettyJSON(Response):
 # Made once: ``json.dumps`` given an argument makes an encoder on every call.
 _COMPACT = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
 _COMPACT_ASCII = json.JSONEncoder(separators=(",", ":"))
+_JSON_TYPE = b"application/json"
 
 
 class CompactJSON(Response):
@@ -42,7 +43,17 @@ class CompactJSON(Response):
 
     media_type = "application/json"
 
+    def init_headers(self, headers: Mapping[str, str] | None = None) -> None:
+        if headers or self.status_code < 200 or self.status_code in (204, 304):
+            super().init_headers(headers)
+            return
+        # Starlette's two, without its search of given headers and media type for them
+        length = str(len(self.body)).encode("latin-1")
+        self.raw_headers = [(b"content-length", length), (b"content-type", _JSON_TYPE)]
+
     def render(self, content: Any) -> bytes:
+        if isinstance(content, bytes):
+            return content  # rendered already (created_reply)
         try:
             return _COMPACT.encode(content).encode("utf-8")
         except UnicodeEncodeError:  # a lone surrogate echoed from hostile input
@@ -59,6 +70,15 @@ def reply(
 def hot_reply(status: int, body: Mapping[str, Any]) -> Response:
     """``body`` as compact JSON with ``status``: a reply clients send or poll for in a loop."""
     return CompactJSON(body, status_code=status)
+
+
+def created_reply(request_id: str) -> Response:
+    """POST /ondemandvm's 201, ``{"ok":true,"request_id":"<id>"}``, as :func:`hot_reply`
+    renders it.
+
+    Spelt without the encoder (a request's every POST): a request id is letters, digits,
+    '-', '_' and '.' (vmpool.ids, checked before the create), nothing JSON escapes."""
+    return CompactJSON(b'{"ok":true,"request_id":"%s"}' % request_id.encode("ascii"), 201)
 
 
 def not_ok(status: int, **fields: Any) -> Response:

@@ -88,6 +88,38 @@ def plan_slots(config: Config, counts: Mapping[str, int], rng: random.Random) ->
     return slots
 
 
+# The most plans one Plans keeps: a fleet asks for a few shapes of request (past it, the
+# kept ones are dropped and the plans made again).
+PLANS_KEPT = 256
+
+
+class Plans:
+    """:func:`plan_slots` for one config and rng, each plan that picks nothing made once.
+
+    When every name selects one pool, the plan is a function of the counts alone: no
+    backend to pick, no draw. The API is asked for the same few shapes over and over
+    (``{"debian": 1}``) and keeps those plans; a plan that picks among pools draws every
+    time, and a refused one raises every time."""
+
+    def __init__(self, config: Config, rng: random.Random) -> None:
+        self.config = config
+        self.rng = rng
+        self._fixed: dict[tuple[tuple[str, int], ...], tuple[Slot, ...]] = {}
+
+    def slots(self, counts: Mapping[str, int]) -> tuple[Slot, ...]:
+        """The slots of ``counts``, as :func:`plan_slots` makes them."""
+        key = tuple(counts.items())
+        fixed = self._fixed.get(key)
+        if fixed is not None:
+            return fixed
+        slots = tuple(plan_slots(self.config, counts, self.rng))
+        if all(len(self.config.resolve_name(name)) == 1 for name in counts):
+            if len(self._fixed) >= PLANS_KEPT:
+                self._fixed.clear()
+            self._fixed[key] = slots
+        return slots
+
+
 def check_counts(config: Config, counts: Mapping[str, int]) -> None:
     """Refuse counts over the maximum per name or per request.
 

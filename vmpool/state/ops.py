@@ -19,7 +19,7 @@ Two kinds of id:
 
 from __future__ import annotations
 
-import secrets
+import os
 from dataclasses import dataclass
 from typing import Final
 
@@ -78,7 +78,7 @@ class Op:
 
 def new_op(ttl_s: float) -> Op:
     """An operation id made for one call (128 random bits), kept ``ttl_s`` seconds."""
-    return Op(secrets.token_hex(16), ttl_s)
+    return Op(os.urandom(16).hex(), ttl_s)
 
 
 def retry_window_s(client: redis.Redis) -> float:

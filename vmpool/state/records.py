@@ -145,7 +145,8 @@ class Outcome:
         version = int(reply[2]) if len(reply) > 2 and reply[2] is not None else None
         if version is not None and version < 0:
             version = None  # the request record had already expired
-        return cls(ok, text(reply[1]), version, tuple(text(r) for r in reply[3:]))
+        turns = tuple(text(r) for r in reply[3:]) if len(reply) > 3 else ()
+        return cls(ok, text(reply[1]), version, turns)
 
 
 @dataclass(frozen=True)

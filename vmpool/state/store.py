@@ -18,6 +18,7 @@ Nothing else in vmpool writes a status: not the API, not a job, not the CLI.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, overload
@@ -61,6 +62,26 @@ class VMAsk:
     domain: str | None
     fence: int | None = None
     slot: SlotTerms | None = None
+
+
+@functools.lru_cache(maxsize=64)
+def _policy_args(
+    settings: RequestSettings, clone_limit: int
+) -> tuple[tuple[str | int, ...], tuple[str | int, ...]]:
+    """create_request.lua's ARGV 6-10 and 13-16 for ``settings``: spelt once per policy
+    (an API has a few), not on every create."""
+    policy: tuple[str | int, ...] = (
+        *(repr(float(s)) for s in (settings.ttl_s, settings.grace_s)),
+        int(settings.max_vm_retries),
+        *(repr(float(s)) for s in (settings.vm_lifetime_s, settings.data_ttl_s)),
+    )
+    line: tuple[str | int, ...] = (
+        int(settings.priority),
+        repr(float(settings.lead_s)),
+        int(clone_limit),
+        repr(float(settings.round_s)),
+    )
+    return policy, line
 
 
 class Store(RecordReads, PoolIndexReads):
@@ -161,18 +182,8 @@ class Store(RecordReads, PoolIndexReads):
             return Outcome(False, "empty")
         if work_set is not None:
             keys.append(work_set)
-        args = [
-            requested,
-            *(repr(float(s)) for s in (settings.ttl_s, settings.grace_s)),
-            int(settings.max_vm_retries),
-            *(repr(float(s)) for s in (settings.vm_lifetime_s, settings.data_ttl_s)),
-            token_user,
-            token_hash,
-            int(settings.priority),
-            repr(float(settings.lead_s)),
-            int(clone_limit),
-            repr(float(settings.round_s)),
-        ]
+        policy, line = _policy_args(settings, clone_limit)
+        args = [requested, *policy, token_user, token_hash, *line]
         call = self.scripts.call("create_request", keys, actor, request_id, args)
         if pipeline is not None:
             pipeline.add(call)

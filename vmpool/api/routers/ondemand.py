@@ -35,7 +35,7 @@ from vmpool.api.parsing import (
     read_body,
 )
 from vmpool.api.quotas import place_fields, request_priority
-from vmpool.api.responses import hot_reply, not_ok, reply
+from vmpool.api.responses import created_reply, hot_reply, not_ok, reply
 from vmpool.config import Config
 from vmpool.ids import InvalidIdentifier, Job, new_request_id, validate_request_id
 from vmpool.lifecycle.plan import RequestRejected, plan_slots
@@ -70,7 +70,7 @@ ONDEMAND_STATUS = "/ondemandvm/{request_id}"
 async def post_ondemand(request: Request) -> Response:
     st = api_state(request)
     st.metrics.count_vm_call("post", "ondemand", "requestid")
-    token = await authenticate(request, st)
+    token = None if st.config.auth is None else await authenticate(request, st)
     data = parse_json_body(await read_body(request))
     try:
         wanted = ondemand_from_json(data, st.config)
@@ -133,9 +133,11 @@ async def _weighing(st: ApiState) -> Config:
 
 async def create_request(st: ApiState, wanted: Ondemand, token: TokenInfo | None) -> Response:
     """Plan ``wanted`` against the config, create the request, start its provisioning."""
-    config = await _weighing(st) if _weighed(st.config, wanted.counts) else st.config
     try:
-        slots = plan_slots(config, wanted.counts, st.rng)
+        if _weighed(st.config, wanted.counts):
+            slots: Sequence[Slot] = plan_slots(await _weighing(st), wanted.counts, st.rng)
+        else:
+            slots = st.plans.slots(wanted.counts)
     except RequestRejected as rejected:
         return refused(st.metrics, rejected, wanted.counts)
     user = token.user if token else ""
@@ -173,7 +175,7 @@ async def create_request(st: ApiState, wanted: Ondemand, token: TokenInfo | None
             ",".join(f"{s.alias}:{s.pool}:{s.count}" for s in slots),
             f" for {token.user}" if token else "",
         )
-    return hot_reply(201, {"ok": True, "request_id": rid})
+    return created_reply(rid)
 
 
 async def _create_batched(
@@ -201,7 +203,7 @@ async def _create_batched(
     )
     if refused is not None:
         return refused
-    reply = await st.creates.create(pipe.calls[0])
+    reply = await st.creates.submit(pipe.calls[0])
     if isinstance(reply, Exception):
         raise reply
     return Outcome.from_reply(reply)
