@@ -95,6 +95,17 @@ def conn(redis_url: str, redis_client: redis.Redis) -> Iterator[redis.Redis]:
 
 
 @pytest.fixture
+def own_redis() -> Iterator[tuple[str, redis.Redis]]:
+    """A Redis server of the test's own: for a test that pauses the whole server, or
+    demotes it (the shared one serves other workers' tests meanwhile)."""
+    server = RedisServer().start()
+    try:
+        yield server.url, redis.Redis.from_url(server.url, decode_responses=True)
+    finally:
+        server.stop()
+
+
+@pytest.fixture
 def keys() -> Keys:
     return Keys("vmpool")
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 import pytest
@@ -19,34 +19,16 @@ import redis
 from redis._parsers import _AsyncRESP2Parser
 from redis.exceptions import ReadOnlyError
 
-from vmpool.local.redis_server import RedisServer, free_port
+from vmpool.local.redis_server import free_port
 from vmpool.state.confirmation import WriteNotConfirmed
 from vmpool.state.connection import RedisOptions, connect_async
 from vmpool.state.direct_pipeline import DirectPipeline
-from vmpool.state.durability import DurabilitySetting
 from vmpool.state.lua import ScriptCall, run_pipelined_async
 
+from pipelinehelp import APPEND, FAILS, calls, options
 from storehelp import poll
 
 T = TypeVar("T")
-
-# Appends its argument to its key and answers the list's length: a write, so that a
-# batch sent twice would show (and CLIENT PAUSE WRITE holds it).
-APPEND = "redis.call('RPUSH', KEYS[1], ARGV[1]); return redis.call('LLEN', KEYS[1])"
-FAILS = "return redis.error_reply('ERR refused on purpose')"
-
-
-def options(
-    socket_timeout: float = 5.0, health_check: float = 0, replicas: int = 0
-) -> RedisOptions:
-    mode = "replicas" if replicas else "none"
-    setting = DurabilitySetting(mode, replicas, 0.05)  # type: ignore[arg-type]
-    return RedisOptions(socket_timeout, 2.0, health_check, setting)
-
-
-def calls(conn: redis.Redis, key: str, values: Sequence[str]) -> list[ScriptCall]:
-    script = conn.register_script(APPEND)
-    return [ScriptCall(script, [key], [value]) for value in values]
 
 
 async def batch(pipeline: DirectPipeline, batch_calls: Sequence[ScriptCall]) -> Any:
@@ -71,16 +53,6 @@ def run_with(url: str, opts: RedisOptions, body: Callable[[DirectPipeline], Awai
             await client.aclose()
 
     return asyncio.run(main())
-
-
-@pytest.fixture
-def own_redis() -> Iterator[tuple[str, redis.Redis]]:
-    """A Redis server of the test's own: its tests pause the whole server, or demote it."""
-    server = RedisServer().start()
-    try:
-        yield server.url, redis.Redis.from_url(server.url, decode_responses=True)
-    finally:
-        server.stop()
 
 
 def direct_clients(conn: redis.Redis) -> list[dict[str, Any]]:

@@ -18,6 +18,12 @@ every script. Split, the replies of the first part come back while Redis runs th
 next, and the loop answers them (and reads the requests their clients send next)
 meanwhile (measured: docs/benchmarks.md, "API").
 
+While :data:`MOST_IN_FLIGHT` batches of the loop are out, the calls a turn asks for wait
+for the next reply and go together then: under load the requests of a few clients
+come in a turn or two apart, and a round trip for each such turn cost the loop more
+than their wait (measured: docs/benchmarks.md, "API"). A full batch goes at once. When
+nothing is out, a turn's calls go at its end: a quiet API waits for nothing.
+
 The batch is sent in a context of its own, so its round trip is not part of any caller's
 unit of work (:mod:`vmpool.state.durability`): it confirms what it wrote or read in that
 same round trip. :class:`ReadBatches` is GET /ondemandvm/<id>'s;
@@ -36,18 +42,36 @@ from vmpool.state.confirmation import current_scope
 from vmpool.state.direct_pipeline import DirectPipeline, Replied
 from vmpool.state.lua import ScriptCall
 
-__all__ = ["BATCH_MOST", "ReadBatches", "TurnBatches"]
+__all__ = ["BATCH_MOST", "MOST_IN_FLIGHT", "ReadBatches", "TurnBatches"]
 
 # The most calls in one round trip (bench/api_rps.py at 16 connections: 6 and 8 alike;
 # 12 overlaps little more than one batch a turn; 2 and 4 cost more round trips than they
 # overlap).
 BATCH_MOST = 8
+# With this many batches of a loop out, a turn's calls wait for a reply (bench/api_rps.py
+# at 16 connections: 1 better than 2, both better than no wait).
+MOST_IN_FLIGHT = 1
 
 _Waiting = list[tuple[ScriptCall, "asyncio.Future[Any]"]]
 
 
+class _Line:
+    """One loop's calls waiting for a round trip, and its batches out.
+
+    ``due``: a send at the turn's end is scheduled. ``held``: the turn ended with
+    :data:`MOST_IN_FLIGHT` batches out; the next reply sends what waits."""
+
+    __slots__ = ("due", "held", "out", "waiting")
+
+    def __init__(self) -> None:
+        self.waiting: _Waiting = []
+        self.out = 0
+        self.due = False
+        self.held = False
+
+
 class TurnBatches:
-    """The calls waiting for this turn's round trip, one batch per event loop.
+    """The calls waiting for their round trip, one line per event loop.
 
     ``pipeline``: the loop's pipeline (``LoopClients.pipeline``), which sends a batch and
     hands it its replies. A subclass may say how a batch is sent (:meth:`_send_batch`).
@@ -55,13 +79,13 @@ class TurnBatches:
 
     def __init__(self, pipeline: Callable[[], DirectPipeline]) -> None:
         self.pipeline = pipeline
-        self._waiting: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Waiting] = (
+        self._lines: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Line] = (
             weakref.WeakKeyDictionary()
         )
         self._lock = threading.Lock()  # a test client may run loops in several threads
 
     async def submit(self, call: ScriptCall) -> Any:
-        """The reply of ``call``, run in this turn's batch.
+        """The reply of ``call``, run in this turn's batch (or the next reply's).
 
         Raises the batch's error (Redis, or the confirmation refused); a call's own
         error is returned in its place, as ``run_pipelined_async`` returns it.
@@ -70,15 +94,18 @@ class TurnBatches:
         done: asyncio.Future[Any] = loop.create_future()
         full: _Waiting | None = None
         with self._lock:
-            waiting = self._waiting.get(loop)
-            if waiting is None:
-                waiting = self._waiting[loop] = []
-                loop.call_soon(self._send, loop)
-            waiting.append((call, done))
-            if len(waiting) >= BATCH_MOST:
-                full, self._waiting[loop] = waiting, []  # the turn's next calls: a new batch
+            line = self._lines.get(loop)
+            if line is None:
+                line = self._lines[loop] = _Line()
+            if not (line.due or line.held):
+                line.due = True
+                loop.call_soon(self._turn_ended, line)
+            line.waiting.append((call, done))
+            if len(line.waiting) >= BATCH_MOST:
+                full, line.waiting = line.waiting, []  # the next calls: a new batch
+                line.out += 1
         if full is not None:
-            self._start(full)
+            self._start(line, full)
         reply = await done
         # The batch's confirmation came after the caller's unit's writes so far (a
         # token's use): it covers them, and the unit's end has nothing left to wait for.
@@ -87,17 +114,44 @@ class TurnBatches:
             scope.covered()
         return reply
 
-    def _send(self, loop: asyncio.AbstractEventLoop) -> None:
-        """Start the turn's last batch (every call since the last full one), if any."""
+    def _turn_ended(self, line: _Line) -> None:
+        """Send what the turn asked for, unless a reply is due to send it."""
         with self._lock:
-            waiting = self._waiting.pop(loop, [])
+            line.due = False
+            if line.out >= MOST_IN_FLIGHT and line.waiting:
+                line.held = True
+                return
+            waiting = self._take(line)
         if waiting:
-            self._start(waiting)
+            self._start(line, waiting)
 
-    def _start(self, waiting: _Waiting) -> None:
+    def _replied(self, line: _Line) -> None:
+        """A batch of ``line`` is answered: send what waited for it, if anything."""
+        with self._lock:
+            line.out -= 1
+            waiting = self._take(line) if line.held else []
+            line.held = False
+        if waiting:
+            self._start(line, waiting)
+
+    @staticmethod
+    def _take(line: _Line) -> _Waiting:
+        """The calls waiting in ``line`` (counted out: the caller sends them)."""
+        waiting, line.waiting = line.waiting, []
+        if waiting:
+            line.out += 1
+        return waiting
+
+    def _start(self, line: _Line, waiting: _Waiting) -> None:
         """Send ``waiting``'s calls; each caller gets its reply, or the batch's error."""
 
+        answered = False
+
         def settle(result: list[Any] | Exception) -> None:
+            nonlocal answered
+            if not answered:  # settle is handed an error again if it fails (bug)
+                answered = True
+                self._replied(line)
             if isinstance(result, Exception):
                 for _, done in waiting:
                     if not done.done():
