@@ -22,7 +22,7 @@ from redis.exceptions import ReadOnlyError
 from vmpool.local.redis_server import free_port
 from vmpool.state.confirmation import WriteNotConfirmed
 from vmpool.state.connection import RedisOptions, connect_async
-from vmpool.state.direct_pipeline import DirectPipeline
+from vmpool.state.direct_pipeline import DirectPipeline, _packed
 from vmpool.state.lua import ScriptCall, run_pipelined_async
 
 from pipelinehelp import APPEND, FAILS, calls, options
@@ -307,3 +307,28 @@ def test_without_a_hiredis_reader_every_batch_goes_the_standard_way(
             await client.aclose()
 
     assert asyncio.run(main()) == [[1], [2]]
+
+
+def test_a_batch_is_packed_as_the_connection_packs_it(redis_url: str) -> None:
+    """Proves: the batch's one buffer (hiredis, each command) holds the bytes the
+    connection's own packing writes, for a batch's commands (EVALSHA with text, integer
+    and float arguments, then PUBLISH and WAIT), and for a command hiredis refuses (a
+    memoryview argument) or whose name is two words, which go the connection's way."""
+
+    async def main() -> None:
+        client = connect_async(redis_url, options(), decode_responses=True)
+        opened = client.connection_pool.make_connection()
+        try:
+            batches = [
+                [("EVALSHA", "ab" * 20, 2, "k1", "k2", "é", 7, 0.25), ("PUBLISH", "c", "")],
+                [("WAIT", 1, 50)],
+                [("EVALSHA", "ab" * 20, 0, memoryview(b"raw"))],
+                [("CLIENT SETNAME", "vmpool")],
+            ]
+            for commands in batches:
+                ours = b"".join(_packed(opened, commands))
+                assert ours == b"".join(opened.pack_commands(commands))
+        finally:
+            await client.aclose()
+
+    asyncio.run(main())

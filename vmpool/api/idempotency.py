@@ -28,7 +28,7 @@ from typing import Final
 from fastapi import Request
 
 from vmpool.api.errors import IDEMPOTENCY_HEADER, IDEMPOTENCY_STATE, Rejected
-from vmpool.api.parsing import Ondemand
+from vmpool.api.parsing import Ondemand, raw_header
 from vmpool.state.ops import Op
 from vmpool.state.tokens import TokenInfo
 
@@ -83,6 +83,10 @@ class CallKey:
         return hmac.digest(self.key.encode(), f"seal\0{user}".encode(), "sha256")
 
 
+# The header's name as the ASGI server hands it (lower case).
+_HEADER_NAME: Final = IDEMPOTENCY_HEADER.lower().encode("latin-1")
+
+
 def _digest(*parts: str) -> str:
     joined = "\0".join(parts).encode("utf-8", "surrogateescape")
     return hashlib.sha256(joined).hexdigest()[:32]
@@ -112,6 +116,6 @@ def keyed(wanted: Ondemand, request: Request, token: TokenInfo | None) -> Ondema
 
     Unchanged without the header: nothing more is done on the hot path.
     """
-    if IDEMPOTENCY_HEADER not in request.headers:
+    if raw_header(request, _HEADER_NAME) is None:
         return wanted
     return replace(wanted, keyed_id=call_key(request).request_id(token.user if token else ""))

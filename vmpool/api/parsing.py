@@ -30,6 +30,7 @@ __all__ = [
     "parse_count",
     "parse_json_body",
     "parse_priority",
+    "raw_header",
     "read_body",
 ]
 
@@ -52,11 +53,23 @@ class Ondemand:
     priority: int | None = None  # ABS's "priority" (1 highest, 3 lowest); None: the user's
 
 
+def raw_header(request: Request, name: bytes) -> bytes | None:
+    """The first value of header ``name`` (lower case: the ASGI server lowers names).
+
+    Read from the scope, as Starlette's ``request.headers`` reads it, without building
+    that mapping: a POST's hot path reads two headers, each at most once."""
+    for key, value in request.scope["headers"]:
+        if key == name:
+            found: bytes = value
+            return found
+    return None
+
+
 async def read_body(request: Request, limit: int = MAX_BODY_BYTES) -> bytes:
     """The body, read up to ``limit`` bytes.
 
     BodyTooLarge past the limit, whatever the Content-Length claims."""
-    length = request.headers.get("content-length")
+    length = raw_header(request, b"content-length")
     if length is not None:
         try:
             if int(length) > limit:

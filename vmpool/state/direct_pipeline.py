@@ -41,6 +41,7 @@ from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import hiredis
 import redis
 import redis.asyncio as aredis
 from redis._parsers.hiredis import NOT_ENOUGH_DATA, _AsyncHiredisParser
@@ -187,7 +188,7 @@ class DirectPipeline:
             else:
                 contextvars.Context().run(self._replied, calls, replies, confirmed, done)
 
-        direct.send(direct.opened.pack_commands(commands), len(commands), replied)
+        direct.send(_packed(direct.opened, commands), len(commands), replied)
 
     def _replied(
         self,
@@ -292,6 +293,21 @@ class DirectPipeline:
         """Close the direct connection for good (the client is being closed)."""
         self._shut = True
         self.close()
+
+
+def _packed(opened: aredis.Connection, commands: Sequence[tuple[Any, ...]]) -> list[bytes]:
+    """``commands`` in RESP, in one buffer, each packed by hiredis.
+
+    The connection's own ``pack_commands`` joins the packed pieces in Python, a loop per
+    argument; it still packs a command hiredis refuses (a bytearray or memoryview
+    argument) or whose name is two words (which it splits)."""
+    if all(" " not in command[0] for command in commands):
+        try:
+            return [b"".join([hiredis.pack_command(command) for command in commands])]
+        except TypeError:
+            pass
+    packed: list[bytes] = opened.pack_commands(commands)
+    return packed
 
 
 def _hand(done: Replied, result: list[Any] | Exception) -> None:
