@@ -31,6 +31,7 @@ BENCHES: dict[str, list[str]] = {
     "pending_sweep": ["--only", "sweep", "--runs", "3", "--pending", "100000"],
     "targets_aof": ["--runs", "3", "--vms", "300", "--pending", "10000", "--aof"],
     "api_rps": ["--runs", "3", "--seconds", "3", "--connections", "1,16"],
+    "api_instructions": ["--rounds", "100"],
     "ready_latency": ["--requests", "100", "--rate", "10", "--modes", "2:vm,0.25:vm,0.25:list"],
     "durability": ["--runs", "3", "--seconds", "3", "--clients", "1,8"],
     "idle_fleet": ["--runs", "3", "--settle", "10", "--window", "30", "--wakes", "5"],
