@@ -19,6 +19,7 @@ import redis
 from redis._parsers import _AsyncRESP2Parser
 from redis.exceptions import ReadOnlyError
 
+from vmpool.api.packing import pack_with_hiredis
 from vmpool.local.redis_server import free_port
 from vmpool.state.confirmation import WriteNotConfirmed
 from vmpool.state.connection import RedisOptions, connect_async
@@ -310,25 +311,28 @@ def test_without_a_hiredis_reader_every_batch_goes_the_standard_way(
 
 
 def test_a_batch_is_packed_as_the_connection_packs_it(redis_url: str) -> None:
-    """Proves: the batch's one buffer (hiredis, each command) holds the bytes the
-    connection's own packing writes, for a batch's commands (EVALSHA with text, integer
-    and float arguments, then PUBLISH and WAIT), and for a command hiredis refuses (a
-    memoryview argument) or whose name is two words, which go the connection's way."""
+    """Proves: the batch's one buffer holds the bytes the connection's own
+    ``pack_commands`` writes, on a connection that packs with hiredis as the API's do
+    (and on a plain one), for a batch's commands (EVALSHA with text, integer and float
+    arguments, then PUBLISH and WAIT), a memoryview argument and a two-word name."""
 
     async def main() -> None:
-        client = connect_async(redis_url, options(), decode_responses=True)
-        opened = client.connection_pool.make_connection()
-        try:
-            batches = [
-                [("EVALSHA", "ab" * 20, 2, "k1", "k2", "é", 7, 0.25), ("PUBLISH", "c", "")],
-                [("WAIT", 1, 50)],
-                [("EVALSHA", "ab" * 20, 0, memoryview(b"raw"))],
-                [("CLIENT SETNAME", "vmpool")],
-            ]
-            for commands in batches:
-                ours = b"".join(_packed(opened, commands))
-                assert ours == b"".join(opened.pack_commands(commands))
-        finally:
-            await client.aclose()
+        batches = [
+            [("EVALSHA", "ab" * 20, 2, "k1", "k2", "é", 7, 0.25), ("PUBLISH", "c", "")],
+            [("WAIT", 1, 50)],
+            [("EVALSHA", "ab" * 20, 0, memoryview(b"raw"))],
+            [("CLIENT SETNAME", "vmpool")],
+        ]
+        for hiredis_packing in (True, False):
+            client = connect_async(redis_url, options(), decode_responses=True)
+            if hiredis_packing:
+                pack_with_hiredis(client)
+            opened = client.connection_pool.make_connection()
+            try:
+                for commands in batches:
+                    ours = b"".join(_packed(opened, commands))
+                    assert ours == b"".join(opened.pack_commands(commands))
+            finally:
+                await client.aclose()
 
     asyncio.run(main())

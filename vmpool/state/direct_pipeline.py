@@ -41,7 +41,6 @@ from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import hiredis
 import redis
 import redis.asyncio as aredis
 from redis._parsers.hiredis import NOT_ENOUGH_DATA, _AsyncHiredisParser
@@ -296,18 +295,10 @@ class DirectPipeline:
 
 
 def _packed(opened: aredis.Connection, commands: Sequence[tuple[Any, ...]]) -> list[bytes]:
-    """``commands`` in RESP, in one buffer, each packed by hiredis.
-
-    The connection's own ``pack_commands`` joins the packed pieces in Python, a loop per
-    argument; it still packs a command hiredis refuses (a bytearray or memoryview
-    argument) or whose name is two words (which it splits)."""
-    if all(" " not in command[0] for command in commands):
-        try:
-            return [b"".join([hiredis.pack_command(command) for command in commands])]
-        except TypeError:
-            pass
-    packed: list[bytes] = opened.pack_commands(commands)
-    return packed
+    """``commands`` in RESP, in one buffer: each packed by the connection (by hiredis on
+    the API's clients, vmpool/api/packing.py), the pieces joined once (the connection's
+    ``pack_commands`` weighs each piece in a Python loop to join them in parts)."""
+    return [b"".join([piece for command in commands for piece in opened.pack_command(*command)])]
 
 
 def _hand(done: Replied, result: list[Any] | Exception) -> None:
