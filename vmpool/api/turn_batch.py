@@ -48,8 +48,8 @@ __all__ = ["BATCH_MOST", "MOST_IN_FLIGHT", "ReadBatches", "TurnBatches"]
 # 12 overlaps little more than one batch a turn; 2 and 4 cost more round trips than they
 # overlap).
 BATCH_MOST = 8
-# With this many batches of a loop out, a turn's calls wait for a reply (bench/api_rps.py
-# at 16 connections: 1 better than 2, both better than no wait).
+# With this many batches of a loop out, a turn's calls wait for a reply (two APIs side by
+# side at 16 connections: one and two out both better than no wait; docs/benchmarks.md).
 MOST_IN_FLIGHT = 1
 
 _Waiting = list[tuple[ScriptCall, "asyncio.Future[Any]"]]
@@ -102,8 +102,7 @@ class TurnBatches:
                 loop.call_soon(self._turn_ended, line)
             line.waiting.append((call, done))
             if len(line.waiting) >= BATCH_MOST:
-                full, line.waiting = line.waiting, []  # the next calls: a new batch
-                line.out += 1
+                full = self._take(line)  # the next calls: a new batch
         if full is not None:
             self._start(line, full)
         reply = await done
